@@ -1,0 +1,214 @@
+"""Run configuration: small frozen dataclasses, one per component, loaded from TOML.
+
+A run's spec travels from the coordinator to every peer as JSON (``RunConfig.to_json``), so every
+peer builds the same model, data shards and hyper-parameters.  Unknown keys and bad values raise
+``ConfigError`` with one sentence that says what to fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+
+class ConfigError(ValueError):
+    """A user mistake in a run config; the message says what is wrong and what to do."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    preset: str = "tiny"  # see swarm.model.PRESETS
+    context: Optional[int] = None  # overrides the preset's context length when set
+    dropout: float = 0.0
+
+    def validate(self) -> None:
+        from swarm.model import PRESETS
+
+        if self.preset not in PRESETS:
+            raise ConfigError(
+                f"[model] preset {self.preset!r} is unknown; choose one of {sorted(PRESETS)}."
+            )
+        if self.context is not None and self.context < 8:
+            raise ConfigError(f"[model] context must be at least 8 bytes, got {self.context}.")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"[model] dropout must be in [0, 1), got {self.dropout}.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    source: str = "stdlib"  # "stdlib" or a path to a text file / directory of text files
+    seq_len: int = 128
+    batch_size: int = 8
+    eval_fraction: float = 0.05  # held-out share of the corpus, taken from its end
+    eval_batches: int = 8
+    num_shards: int = 16  # the training split is cut into this many disjoint shards
+    max_bytes: Optional[int] = 8_000_000  # cap on corpus size read (None: all)
+
+    def validate(self) -> None:
+        if self.source != "stdlib" and not Path(self.source).exists():
+            raise ConfigError(
+                f"[data] source {self.source!r} does not exist; give 'stdlib' or a path to text files."
+            )
+        for name in ("seq_len", "batch_size", "eval_batches", "num_shards"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"[data] {name} must be a positive integer, got {getattr(self, name)}.")
+        if not 0.0 < self.eval_fraction < 0.5:
+            raise ConfigError(f"[data] eval_fraction must be in (0, 0.5), got {self.eval_fraction}.")
+        if self.max_bytes is not None and self.max_bytes < 100_000:
+            raise ConfigError(f"[data] max_bytes must be at least 100000, got {self.max_bytes}.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InnerOptConfig:
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    warmup_steps: int = 20
+    grad_clip: float = 1.0
+
+    def validate(self) -> None:
+        if not self.lr > 0:
+            raise ConfigError(f"[inner] lr must be positive, got {self.lr}.")
+        if self.weight_decay < 0 or self.warmup_steps < 0 or self.grad_clip < 0:
+            raise ConfigError("[inner] weight_decay, warmup_steps and grad_clip must be non-negative.")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise ConfigError("[inner] beta1 and beta2 must be in [0, 1).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OuterOptConfig:
+    lr: float = 0.7
+    momentum: float = 0.9
+    nesterov: bool = True
+
+    def validate(self) -> None:
+        if not self.lr > 0:
+            raise ConfigError(f"[outer] lr must be positive, got {self.lr}.")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"[outer] momentum must be in [0, 1), got {self.momentum}.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundConfig:
+    inner_steps: int = 50  # H: inner steps per round
+    max_rounds: Optional[int] = None  # the run finishes after this many committed rounds
+    min_peers: int = 1  # round 1 opens once this many peers are ready
+    codec: str = "fp32"  # wire format of pseudo-gradients
+    eval_every_rounds: int = 1
+    matchmaking_window_s: float = 15.0  # how long a peer waits for missing groupmates
+    exchange_timeout_s: float = 60.0  # bound on moving the tensors once a group formed
+    round_timeout_s: float = 900.0  # a round undecided this long after it opened is decided as is
+
+    def validate(self) -> None:
+        from swarm.codec import CODECS
+
+        if self.inner_steps < 1:
+            raise ConfigError(f"[rounds] inner_steps must be at least 1, got {self.inner_steps}.")
+        if self.max_rounds is not None and self.max_rounds < 1:
+            raise ConfigError(f"[rounds] max_rounds must be at least 1, got {self.max_rounds}.")
+        if self.min_peers < 1:
+            raise ConfigError(f"[rounds] min_peers must be at least 1, got {self.min_peers}.")
+        if self.codec not in CODECS:
+            raise ConfigError(f"[rounds] codec {self.codec!r} is unknown; choose one of {sorted(CODECS)}.")
+        if self.eval_every_rounds < 1:
+            raise ConfigError("[rounds] eval_every_rounds must be at least 1.")
+        for name in ("matchmaking_window_s", "exchange_timeout_s", "round_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"[rounds] {name} must be positive, got {getattr(self, name)}.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    inner: InnerOptConfig = field(default_factory=InnerOptConfig)
+    outer: OuterOptConfig = field(default_factory=OuterOptConfig)
+    rounds: RoundConfig = field(default_factory=RoundConfig)
+
+    def validate(self) -> "RunConfig":
+        for section in (self.model, self.data, self.inner, self.outer, self.rounds):
+            section.validate()
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, origin: str = "config") -> "RunConfig":
+        return _build(cls, data, origin=origin, section="").validate()
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunConfig":
+        return cls.from_dict(json.loads(text), origin="run spec")
+
+    def replace(self, **sections: Any) -> "RunConfig":
+        return dataclasses.replace(self, **sections)
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """Read a run TOML file; every mistake becomes one ConfigError sentence."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist; check the --config path.") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path} is not valid TOML ({e}); fix the syntax.") from None
+    return RunConfig.from_dict(data, origin=str(path))
+
+
+def _build(cls: type, data: Any, *, origin: str, section: str) -> Any:
+    where = f"[{section}]" if section else "the top level"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: {where} must be a table, got {type(data).__name__}.")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{origin}: unknown key {unknown[0]!r} in {where}; valid keys are {sorted(fields)}."
+        )
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        default = getattr(cls(), name)
+        if dataclasses.is_dataclass(default):
+            kwargs[name] = _build(type(default), value, origin=origin, section=name)
+        else:
+            kwargs[name] = _coerce(value, default, name=name, origin=origin, where=where)
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, default: Any, *, name: str, origin: str, where: str) -> Any:
+    bad = ConfigError(
+        f"{origin}: {name} in {where} has the wrong type {type(value).__name__}"
+        f" ({value!r}); expected {type(default).__name__ if default is not None else 'a number or nothing'}."
+    )
+    if default is None:  # optional numbers default to None
+        if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            return value
+        raise bad
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise bad
+        return value
+    raise bad

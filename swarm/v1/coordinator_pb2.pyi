@@ -1,0 +1,308 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PeerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PEER_STATE_UNSPECIFIED: _ClassVar[PeerState]
+    PEER_STATE_JOINING: _ClassVar[PeerState]
+    PEER_STATE_READY: _ClassVar[PeerState]
+    PEER_STATE_TRAINING: _ClassVar[PeerState]
+    PEER_STATE_EXCHANGING: _ClassVar[PeerState]
+    PEER_STATE_LEFT: _ClassVar[PeerState]
+    PEER_STATE_EVICTED: _ClassVar[PeerState]
+
+class RoundOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROUND_OUTCOME_UNSPECIFIED: _ClassVar[RoundOutcome]
+    ROUND_OUTCOME_OPEN: _ClassVar[RoundOutcome]
+    ROUND_OUTCOME_COMMITTED: _ClassVar[RoundOutcome]
+    ROUND_OUTCOME_VOIDED: _ClassVar[RoundOutcome]
+PEER_STATE_UNSPECIFIED: PeerState
+PEER_STATE_JOINING: PeerState
+PEER_STATE_READY: PeerState
+PEER_STATE_TRAINING: PeerState
+PEER_STATE_EXCHANGING: PeerState
+PEER_STATE_LEFT: PeerState
+PEER_STATE_EVICTED: PeerState
+ROUND_OUTCOME_UNSPECIFIED: RoundOutcome
+ROUND_OUTCOME_OPEN: RoundOutcome
+ROUND_OUTCOME_COMMITTED: RoundOutcome
+ROUND_OUTCOME_VOIDED: RoundOutcome
+
+class JoinRequest(_message.Message):
+    __slots__ = ("token", "site", "device", "name", "swarm_version")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SWARM_VERSION_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    site: str
+    device: str
+    name: str
+    swarm_version: str
+    def __init__(self, token: _Optional[str] = ..., site: _Optional[str] = ..., device: _Optional[str] = ..., name: _Optional[str] = ..., swarm_version: _Optional[str] = ...) -> None: ...
+
+class JoinResponse(_message.Message):
+    __slots__ = ("peer_id", "run_id", "run_spec_json", "dht_initial_peers", "heartbeat_interval_s", "lease_s", "peer_index", "round")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    DHT_INITIAL_PEERS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    PEER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    run_id: str
+    run_spec_json: str
+    dht_initial_peers: _containers.RepeatedScalarFieldContainer[str]
+    heartbeat_interval_s: float
+    lease_s: float
+    peer_index: int
+    round: RoundInfo
+    def __init__(self, peer_id: _Optional[str] = ..., run_id: _Optional[str] = ..., run_spec_json: _Optional[str] = ..., dht_initial_peers: _Optional[_Iterable[str]] = ..., heartbeat_interval_s: _Optional[float] = ..., lease_s: _Optional[float] = ..., peer_index: _Optional[int] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ...) -> None: ...
+
+class RoundInfo(_message.Message):
+    __slots__ = ("round", "outcome", "participants", "committed_hash", "holders", "last_committed_round", "last_committed_hash", "finished", "open_round")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_HASH_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    LAST_COMMITTED_ROUND_FIELD_NUMBER: _ClassVar[int]
+    LAST_COMMITTED_HASH_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    OPEN_ROUND_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    outcome: RoundOutcome
+    participants: _containers.RepeatedScalarFieldContainer[str]
+    committed_hash: str
+    holders: _containers.RepeatedScalarFieldContainer[str]
+    last_committed_round: int
+    last_committed_hash: str
+    finished: bool
+    open_round: int
+    def __init__(self, round: _Optional[int] = ..., outcome: _Optional[_Union[RoundOutcome, str]] = ..., participants: _Optional[_Iterable[str]] = ..., committed_hash: _Optional[str] = ..., holders: _Optional[_Iterable[str]] = ..., last_committed_round: _Optional[int] = ..., last_committed_hash: _Optional[str] = ..., finished: _Optional[bool] = ..., open_round: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("peer_id", "state", "round", "params_hash", "params_round", "model_fingerprint", "param_count", "dht_peer_id", "loss", "step_time_s", "tokens_per_s", "inner_time_s", "wall_time_s", "inner_steps", "tokens", "bytes_sent", "bytes_received", "eval_loss", "eval_round")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_HASH_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_ROUND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PARAM_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DHT_PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    INNER_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    WALL_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_ROUND_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    state: PeerState
+    round: int
+    params_hash: str
+    params_round: int
+    model_fingerprint: str
+    param_count: int
+    dht_peer_id: str
+    loss: float
+    step_time_s: float
+    tokens_per_s: float
+    inner_time_s: float
+    wall_time_s: float
+    inner_steps: int
+    tokens: int
+    bytes_sent: int
+    bytes_received: int
+    eval_loss: float
+    eval_round: int
+    def __init__(self, peer_id: _Optional[str] = ..., state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., params_hash: _Optional[str] = ..., params_round: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., param_count: _Optional[int] = ..., dht_peer_id: _Optional[str] = ..., loss: _Optional[float] = ..., step_time_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., inner_time_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., inner_steps: _Optional[int] = ..., tokens: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("round", "lease_s")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    round: RoundInfo
+    lease_s: float
+    def __init__(self, round: _Optional[_Union[RoundInfo, _Mapping]] = ..., lease_s: _Optional[float] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("peer_id", "reason")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    reason: str
+    def __init__(self, peer_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class LeaveResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReportRoundRequest(_message.Message):
+    __slots__ = ("peer_id", "round", "ok", "params_hash", "group", "samples", "inner_steps", "inner_time_s", "exchange_time_s", "bytes_sent", "bytes_received", "loss", "error", "param_count")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_HASH_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    INNER_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    EXCHANGE_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    PARAM_COUNT_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    round: int
+    ok: bool
+    params_hash: str
+    group: _containers.RepeatedScalarFieldContainer[str]
+    samples: int
+    inner_steps: int
+    inner_time_s: float
+    exchange_time_s: float
+    bytes_sent: int
+    bytes_received: int
+    loss: float
+    error: str
+    param_count: int
+    def __init__(self, peer_id: _Optional[str] = ..., round: _Optional[int] = ..., ok: _Optional[bool] = ..., params_hash: _Optional[str] = ..., group: _Optional[_Iterable[str]] = ..., samples: _Optional[int] = ..., inner_steps: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., exchange_time_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., param_count: _Optional[int] = ...) -> None: ...
+
+class ReportRoundResponse(_message.Message):
+    __slots__ = ("round",)
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    round: RoundInfo
+    def __init__(self, round: _Optional[_Union[RoundInfo, _Mapping]] = ...) -> None: ...
+
+class GetRoundRequest(_message.Message):
+    __slots__ = ("peer_id", "round")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    round: int
+    def __init__(self, peer_id: _Optional[str] = ..., round: _Optional[int] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    def __init__(self, token: _Optional[str] = ...) -> None: ...
+
+class RunStatus(_message.Message):
+    __slots__ = ("run_id", "open_round", "rounds_committed", "rounds_voided", "committed_hash", "eval_loss", "eval_round", "initial_eval_loss", "finished", "max_rounds", "inner_steps", "codec", "model_preset", "param_count", "loss", "uptime_s")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    OPEN_ROUND_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_VOIDED_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_HASH_FIELD_NUMBER: _ClassVar[int]
+    EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_ROUND_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PRESET_FIELD_NUMBER: _ClassVar[int]
+    PARAM_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    open_round: int
+    rounds_committed: int
+    rounds_voided: int
+    committed_hash: str
+    eval_loss: float
+    eval_round: int
+    initial_eval_loss: float
+    finished: bool
+    max_rounds: int
+    inner_steps: int
+    codec: str
+    model_preset: str
+    param_count: int
+    loss: float
+    uptime_s: float
+    def __init__(self, run_id: _Optional[str] = ..., open_round: _Optional[int] = ..., rounds_committed: _Optional[int] = ..., rounds_voided: _Optional[int] = ..., committed_hash: _Optional[str] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., initial_eval_loss: _Optional[float] = ..., finished: _Optional[bool] = ..., max_rounds: _Optional[int] = ..., inner_steps: _Optional[int] = ..., codec: _Optional[str] = ..., model_preset: _Optional[str] = ..., param_count: _Optional[int] = ..., loss: _Optional[float] = ..., uptime_s: _Optional[float] = ...) -> None: ...
+
+class PeerStatus(_message.Message):
+    __slots__ = ("id", "name", "site", "state", "device", "params_hash", "params_round", "rounds_joined", "rounds_missed", "tokens_per_s", "loss", "step_time_s", "bytes_sent", "bytes_received", "last_seen_s", "compute_utilization")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_HASH_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_ROUND_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_JOINED_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_MISSED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    site: str
+    state: str
+    device: str
+    params_hash: str
+    params_round: int
+    rounds_joined: int
+    rounds_missed: int
+    tokens_per_s: float
+    loss: float
+    step_time_s: float
+    bytes_sent: int
+    bytes_received: int
+    last_seen_s: float
+    compute_utilization: float
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., site: _Optional[str] = ..., state: _Optional[str] = ..., device: _Optional[str] = ..., params_hash: _Optional[str] = ..., params_round: _Optional[int] = ..., rounds_joined: _Optional[int] = ..., rounds_missed: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., loss: _Optional[float] = ..., step_time_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., last_seen_s: _Optional[float] = ..., compute_utilization: _Optional[float] = ...) -> None: ...
+
+class Totals(_message.Message):
+    __slots__ = ("bytes_sent", "bytes_received", "ddp_equivalent_bytes", "compute_utilization", "tokens", "inner_steps", "inner_time_s", "wall_time_s")
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    DDP_EQUIVALENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    INNER_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    WALL_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    bytes_sent: int
+    bytes_received: int
+    ddp_equivalent_bytes: int
+    compute_utilization: float
+    tokens: int
+    inner_steps: int
+    inner_time_s: float
+    wall_time_s: float
+    def __init__(self, bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., ddp_equivalent_bytes: _Optional[int] = ..., compute_utilization: _Optional[float] = ..., tokens: _Optional[int] = ..., inner_steps: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ...) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("run", "peers", "totals")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    TOTALS_FIELD_NUMBER: _ClassVar[int]
+    run: RunStatus
+    peers: _containers.RepeatedCompositeFieldContainer[PeerStatus]
+    totals: Totals
+    def __init__(self, run: _Optional[_Union[RunStatus, _Mapping]] = ..., peers: _Optional[_Iterable[_Union[PeerStatus, _Mapping]]] = ..., totals: _Optional[_Union[Totals, _Mapping]] = ...) -> None: ...
