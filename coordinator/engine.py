@@ -1,0 +1,347 @@
+"""The coordinator's logic in one place: membership and round decisions applied to the store.
+
+Every public method takes one lock, reads the injected clock once, evicts expired peers, does its
+work with the pure functions of ``membership`` and ``rounds``, retries the round decision, and
+saves the result in one SQLite transaction.  Refusals are ``coordinator.errors.Rejection``s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import secrets
+import threading
+import time
+from typing import Any, Callable, Iterator, Optional
+
+from coordinator import membership, rounds
+from coordinator.errors import BadRequest, Rejection, UnknownPeer
+from coordinator.records import COMMITTED, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
+from coordinator.store import Store
+from coordinator.views import RunPosition, round_info, status_response
+from swarm.config import ConfigError
+from swarm.v1 import coordinator_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+
+class CoordinatorEngine:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        run_spec_json: Optional[str],
+        lease_s: float = 15.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """Open the run kept in ``store``, or start a new one with ``run_spec_json``.
+
+        Raises ConfigError when the store holds a run with a different spec, or none and no spec.
+        """
+        self._store = store
+        self._lease_s = lease_s
+        self._clock = clock
+        self._lock = threading.RLock()
+        self.started_at = clock()
+        run = store.get_run()
+        if run is None:
+            if run_spec_json is None:
+                raise ConfigError("this state directory holds no run yet; give --config to start one.")
+            run = RunRecord(
+                run_id="run-" + secrets.token_hex(6),
+                token=secrets.token_urlsafe(24),
+                run_spec_json=run_spec_json,
+                created_at=self.started_at,
+            )
+            store.put_run(run)
+            logger.info("run %s: started a new run", run.run_id)
+        else:
+            if run_spec_json is not None:
+                _check_same_spec(run, run_spec_json, store.path)
+            logger.info("run %s: resumed from %s", run.run_id, store.path)
+        spec = json.loads(run.run_spec_json)
+        self.spec: dict[str, Any] = spec
+        self._min_peers = int(spec["rounds"]["min_peers"])
+        self._max_rounds: Optional[int] = spec["rounds"].get("max_rounds")
+        self._round_timeout_s = float(spec["rounds"]["round_timeout_s"])
+        self._load()
+        # Peers kept training while the coordinator was down; give each a fresh lease to check in.
+        with store.transaction():
+            for peer in list(self._peers.values()):
+                if peer.alive and peer.lease_expiry < self.started_at + lease_s:
+                    self._save_peer(dataclasses.replace(peer, lease_expiry=self.started_at + lease_s))
+
+    def _load(self) -> None:
+        self._run: RunRecord = self._store.get_run()  # type: ignore[assignment]
+        self._peers: dict[str, PeerRecord] = {p.peer_id: p for p in self._store.peers()}
+        self._latest: Optional[RoundRecord] = self._store.latest_round()
+        self._open: Optional[RoundRecord] = (
+            self._latest if self._latest is not None and self._latest.outcome == OPEN else None
+        )
+        self._last_committed: Optional[RoundRecord] = self._store.latest_committed_round()
+
+    @property
+    def run(self) -> RunRecord:
+        return self._run
+
+    @property
+    def lease_s(self) -> float:
+        return self._lease_s
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def join(
+        self, token: str, *, name: str = "", site: str = "", device: str = "", swarm_version: str = ""
+    ) -> tuple[PeerRecord, pb.RoundInfo]:
+        with self._session() as now:
+            membership.check_token(self._run, token)
+            peer_id = _new_peer_id(self._peers)
+            run, peer = membership.new_peer(
+                self._run, peer_id=peer_id, now=now, lease_s=self._lease_s,
+                name=name, site=site, device=device, swarm_version=swarm_version,
+            )
+            self._save_run(run)
+            self._save_peer(peer)
+            logger.info("peer %s: joined as index %d (name %r, site %r, device %r)",
+                        peer_id, peer.peer_index, name, site, device)
+            return peer, self._current_info()
+
+    def heartbeat(self, hb: pb.HeartbeatRequest) -> pb.RoundInfo:
+        with self._session() as now:
+            peer = membership.check_member(hb.peer_id, self._peers.get(hb.peer_id))
+            result = membership.apply_heartbeat(self._run, peer, hb, now=now, lease_s=self._lease_s)
+            self._save_run(result.run)
+            self._save_peer(result.peer)
+            if result.rejection is not None:
+                logger.warning("peer %s: evicted: %s", hb.peer_id, result.rejection)
+                self._settle(now)
+                raise result.rejection
+            self._settle(now)
+            return self._current_info()
+
+    def leave(self, peer_id: str, reason: str = "") -> None:
+        with self._session() as now:
+            peer = self._peers.get(peer_id)
+            if peer is None:
+                raise UnknownPeer(peer_id)
+            if not peer.alive:
+                return  # leaving twice is fine
+            self._save_peer(membership.leave(peer, reason))
+            logger.info("peer %s: left (%s)", peer_id, reason or "no reason given")
+            self._settle(now)
+
+    def report(self, req: pb.ReportRoundRequest) -> pb.RoundInfo:
+        with self._session() as now:
+            peer = membership.check_member(req.peer_id, self._peers.get(req.peer_id))
+            if req.round < 1:
+                raise BadRequest(f"round {req.round} cannot be reported; rounds are numbered from 1.")
+            self._save_peer(membership.touch(peer, now, self._lease_s))
+            if self._open is None or req.round != self._open.round:
+                return self._info(req.round)  # late or early: nothing to decide, say how it stands
+            report = _report_record(req, now)
+            if self._store.add_report(report):
+                log = logger.info if req.ok else logger.warning
+                log("peer %s: round %d: reported %s%s", req.peer_id, req.round,
+                    f"hash {req.params_hash[:12]}" if req.ok else "failure",
+                    f" ({req.error})" if req.error else "")
+            self._settle(now)
+            return self._current_info()
+
+    def round_info(self, peer_id: str, number: int) -> pb.RoundInfo:
+        with self._session():
+            membership.check_member(peer_id, self._peers.get(peer_id))
+            if number < 0:
+                raise BadRequest(f"round {number} does not exist; ask for round 0 (the current one) or later.")
+            return self._current_info() if number == 0 else self._info(number)
+
+    def status(self, token: str) -> pb.GetStatusResponse:
+        with self._session() as now:
+            membership.check_token(self._run, token)
+            return status_response(
+                run=self._run, spec=self.spec, peers=list(self._peers.values()), position=self._position(),
+                last_committed=self._last_committed,
+                rounds_committed=self._store.count_rounds(COMMITTED),
+                rounds_voided=self._store.count_rounds(pb.ROUND_OUTCOME_VOIDED),
+                now=now, started_at=self.started_at,
+            )
+
+    def tick(self) -> None:
+        """Evict expired peers and decide rounds that timed out; call it every fraction of a second."""
+        with self._session():
+            pass
+
+    def done(self, *, linger_s: float = 20.0) -> bool:
+        """The run finished and the final round's participants left (or ``linger_s`` passed)."""
+        with self._lock:
+            if self._run.finished_at is None:
+                return False
+            if self._clock() - self._run.finished_at >= linger_s:
+                return True
+            final = self._latest.participants if self._latest is not None else ()
+            return not any(self._peers[p].alive for p in final if p in self._peers)
+
+    def remember_port(self, port: int) -> None:
+        with self._lock:
+            if self._run.grpc_port != port:
+                self._save_run(dataclasses.replace(self._run, grpc_port=port))
+
+    # --- internals ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[float]:
+        """Lock, one clock reading, one transaction; a Rejection is raised after the commit."""
+        with self._lock:
+            now = self._clock()
+            rejection: Optional[Rejection] = None
+            try:
+                with self._store.transaction():
+                    self._evict_expired(now)
+                    self._settle(now)
+                    try:
+                        yield now
+                    except Rejection as e:
+                        rejection = e  # its state changes (an eviction) must still be saved
+            except BaseException:
+                self._load()  # the transaction rolled back; forget what memory holds beyond it
+                raise
+            if rejection is not None:
+                raise rejection
+
+    def _evict_expired(self, now: float) -> None:
+        for peer in membership.expired(self._peers.values(), now):
+            self._save_peer(peer)
+            logger.warning("peer %s: evicted: %s", peer.peer_id, peer.gone_reason)
+
+    def _settle(self, now: float) -> None:
+        """Decide the open round if it can be, admit late peers, open the next round when possible."""
+        if self._open is not None:
+            reports = self._store.reports(self._open.round)
+            alive = [p for p in self._open.participants if p in self._peers and self._peers[p].alive]
+            decision = rounds.decide_round(
+                now, self._open, alive, reports, self._round_timeout_s, param_count=self._run.param_count
+            )
+            if not decision.decided:
+                admitted = rounds.admit_late(self._open, reports, self._ready())
+                if admitted is not self._open:
+                    newcomers = admitted.participants[len(self._open.participants):]
+                    logger.info("round %d: admitted late %s", admitted.round, ", ".join(newcomers))
+                    self._save_round(admitted)
+                return
+            self._apply(decision, now)
+        if self._run.finished:
+            return
+        number = (self._latest.round if self._latest is not None else 0) + 1
+        planned, reason = rounds.plan_round(
+            now=now, round_number=number, ready=self._ready(), carried=self._carried(),
+            min_peers=self._min_peers,
+        )
+        if planned is not None:
+            self._save_round(planned)
+            logger.info("round %d: opened with %s", number, ", ".join(planned.participants))
+
+    def _apply(self, decision: rounds.Decision, now: float) -> None:
+        decided = decision.round
+        self._save_round(decided)
+        for peer_id, field in [(p, "rounds_joined") for p in decision.joined] + [
+            (p, "rounds_missed") for p in decision.missed
+        ]:
+            peer = self._peers.get(peer_id)
+            if peer is not None:
+                self._save_peer(dataclasses.replace(peer, **{field: getattr(peer, field) + 1}))
+        run = dataclasses.replace(
+            self._run, ddp_equivalent_bytes=self._run.ddp_equivalent_bytes + decision.ddp_equivalent_bytes
+        )
+        if decided.outcome == COMMITTED and rounds.finishes_run(
+            decided, self._store.count_rounds(COMMITTED), self._max_rounds
+        ):
+            run = dataclasses.replace(run, finished_at=now)
+            logger.info("run %s: finished after round %d", run.run_id, decided.round)
+        self._save_run(run)
+        logger.info("round %d: %s", decided.round, decided.reason)
+
+    def _last_committed_state(self) -> tuple[int, str]:
+        if self._last_committed is not None:
+            return self._last_committed.round, self._last_committed.committed_hash
+        return 0, self._run.initial_hash
+
+    def _ready(self) -> list[str]:
+        return membership.ready_peer_ids(self._peers.values(), *self._last_committed_state())
+
+    def _carried(self) -> list[str]:
+        """The last committed round's holders still alive: they hold its state without saying so yet."""
+        if self._last_committed is None:
+            return []
+        return [p for p in self._last_committed.holders if p in self._peers and self._peers[p].alive]
+
+    def _position(self) -> RunPosition:
+        last_round, last_hash = self._last_committed_state()
+        return RunPosition(
+            last_committed_round=last_round,
+            last_committed_hash=last_hash,
+            open_round=self._open.round if self._open is not None else 0,
+            finished=self._run.finished,
+            state_holders=tuple(dict.fromkeys(self._carried() + self._ready())),
+        )
+
+    def _current_info(self) -> pb.RoundInfo:
+        """The open round, or the latest decided one when none is open (round 0 before any)."""
+        row = self._open or self._latest
+        return round_info(row.round if row else 0, row, self._position(), self._peers)
+
+    def _info(self, number: int) -> pb.RoundInfo:
+        row = self._store.get_round(number) if number > 0 else None
+        return round_info(number, row, self._position(), self._peers)
+
+    def _save_run(self, run: RunRecord) -> None:
+        if to_json(run) != to_json(self._run):  # not ==: NaN fields never compare equal
+            self._store.put_run(run)
+            self._run = run
+
+    def _save_peer(self, peer: PeerRecord) -> None:
+        self._store.put_peer(peer)
+        self._peers[peer.peer_id] = peer
+
+    def _save_round(self, row: RoundRecord) -> None:
+        self._store.put_round(row)
+        if self._latest is None or row.round >= self._latest.round:
+            self._latest = row
+        self._open = row if row.outcome == OPEN else None
+        if row.outcome == COMMITTED:
+            self._last_committed = row
+
+
+def _new_peer_id(existing: dict[str, PeerRecord]) -> str:
+    while True:
+        peer_id = "p-" + secrets.token_hex(4)
+        if peer_id not in existing:
+            return peer_id
+
+
+def _report_record(req: pb.ReportRoundRequest, now: float) -> ReportRecord:
+    return ReportRecord(
+        round=req.round, peer_id=req.peer_id, reported_at=now, ok=req.ok, params_hash=req.params_hash,
+        group=tuple(req.group), samples=req.samples, inner_steps=req.inner_steps,
+        inner_time_s=req.inner_time_s, exchange_time_s=req.exchange_time_s, bytes_sent=req.bytes_sent,
+        bytes_received=req.bytes_received, loss=req.loss, error=req.error, param_count=req.param_count,
+    )
+
+
+def _check_same_spec(run: RunRecord, run_spec_json: str, where: str) -> None:
+    stored, given = json.loads(run.run_spec_json), json.loads(run_spec_json)
+    if stored == given:
+        return
+    key = _first_difference(stored, given)
+    raise ConfigError(
+        f"{where} holds run {run.run_id}, started with a different config ({key} differs); "
+        "restart with the original --config, or use a new --state-dir to start a new run."
+    )
+
+
+def _first_difference(a: Any, b: Any, prefix: str = "") -> str:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                return _first_difference(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else key)
+    return prefix or "the config"

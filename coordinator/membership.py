@@ -1,0 +1,178 @@
+"""Membership decisions: who joined, who is alive, who is ready, who is evicted and why.
+
+Pure functions over records with an explicit ``now``; they return new records (and, for a
+heartbeat, the rejection to send) and never touch the store or the clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from coordinator.errors import BadToken, PeerGone, Rejection, StateMismatch, UnknownPeer
+from coordinator.records import (
+    EVICTED,
+    GONE_STATES,
+    HOLDING_STATES,
+    JOINING,
+    LEFT,
+    PeerRecord,
+    RunRecord,
+    finite,
+)
+from swarm.v1 import coordinator_pb2 as pb
+
+_REPORTABLE_STATES = (JOINING,) + HOLDING_STATES  # what a heartbeat may set; leaving goes through Leave
+
+
+def check_token(run: RunRecord, token: str) -> None:
+    if not hmac.compare_digest(run.token.encode(), token.encode()):
+        raise BadToken()
+
+
+def new_peer(
+    run: RunRecord, *, peer_id: str, now: float, lease_s: float, name: str = "", site: str = "",
+    device: str = "", swarm_version: str = "",
+) -> tuple[RunRecord, PeerRecord]:
+    """A new member in state JOINING with the next unused peer index (indices are never reused)."""
+    peer = PeerRecord(
+        peer_id=peer_id, peer_index=run.next_peer_index, joined_at=now, last_seen=now,
+        lease_expiry=now + lease_s, state=JOINING, name=name, site=site, device=device,
+        swarm_version=swarm_version,
+    )
+    return dataclasses.replace(run, next_peer_index=run.next_peer_index + 1), peer
+
+
+def check_member(peer_id: str, peer: Optional[PeerRecord]) -> PeerRecord:
+    """The peer's record if it is a live member; otherwise the rejection that tells it to rejoin."""
+    if peer is None:
+        raise UnknownPeer(peer_id)
+    if peer.state == EVICTED:
+        raise PeerGone(f"peer {peer_id} was evicted ({peer.gone_reason}); restart the peer to join again.")
+    if peer.state == LEFT:
+        raise PeerGone(f"peer {peer_id} left the run ({peer.gone_reason}); restart the peer to join again.")
+    return peer
+
+
+def expired(peers: Iterable[PeerRecord], now: float) -> list[PeerRecord]:
+    """Evicted copies of the live peers whose lease ran out before ``now``."""
+    return [
+        evict(p, f"no heartbeat for {now - p.last_seen:.0f}s")
+        for p in peers
+        if p.state not in GONE_STATES and now > p.lease_expiry
+    ]
+
+
+def evict(peer: PeerRecord, reason: str) -> PeerRecord:
+    return dataclasses.replace(peer, state=EVICTED, gone_reason=reason)
+
+
+def leave(peer: PeerRecord, reason: str) -> PeerRecord:
+    return dataclasses.replace(peer, state=LEFT, gone_reason=reason or "it said goodbye")
+
+
+def touch(peer: PeerRecord, now: float, lease_s: float) -> PeerRecord:
+    """Any message from a peer shows it is alive: extend its lease."""
+    return dataclasses.replace(peer, last_seen=now, lease_expiry=now + lease_s)
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    run: RunRecord
+    peer: PeerRecord
+    rejection: Optional[Rejection] = None  # to send after saving; the peer was evicted
+
+
+def apply_heartbeat(
+    run: RunRecord, peer: PeerRecord, hb: pb.HeartbeatRequest, *, now: float, lease_s: float
+) -> HeartbeatResult:
+    """Record a live peer's heartbeat; evict it when its model or initial state differs from the run's."""
+    peer = touch(peer, now, lease_s)
+    if hb.model_fingerprint:
+        if not run.model_fingerprint:
+            run = dataclasses.replace(run, model_fingerprint=hb.model_fingerprint)
+        elif hb.model_fingerprint != run.model_fingerprint:
+            return _mismatch(
+                run, peer,
+                reason=f"its model fingerprint {_short(hb.model_fingerprint)} differs from the run's",
+                sentence=(
+                    f"this peer's model (fingerprint {_short(hb.model_fingerprint)}) does not match the run's "
+                    f"({_short(run.model_fingerprint)}); run the same swarm version and config as the coordinator."
+                ),
+            )
+        if not run.param_count and hb.param_count:
+            run = dataclasses.replace(run, param_count=hb.param_count)
+    if hb.params_round == 0 and hb.params_hash:
+        if not run.initial_hash:
+            run = dataclasses.replace(run, initial_hash=hb.params_hash)
+        elif hb.params_hash != run.initial_hash:
+            return _mismatch(
+                run, peer,
+                reason=f"its initial state {_short(hb.params_hash)} differs from the run's",
+                sentence=(
+                    f"this peer's initial model state (hash {_short(hb.params_hash)}) differs from the run's "
+                    f"({_short(run.initial_hash)}); run the same swarm version and config as the coordinator."
+                ),
+            )
+    peer = dataclasses.replace(
+        peer,
+        state=hb.state if hb.state in _REPORTABLE_STATES else peer.state,
+        round=hb.round,
+        params_hash=hb.params_hash,
+        params_round=hb.params_round,
+        model_fingerprint=hb.model_fingerprint or peer.model_fingerprint,
+        param_count=hb.param_count or peer.param_count,
+        dht_peer_id=hb.dht_peer_id or peer.dht_peer_id,
+        loss=hb.loss,
+        step_time_s=hb.step_time_s,
+        tokens_per_s=hb.tokens_per_s,
+        inner_time_s=hb.inner_time_s,
+        wall_time_s=hb.wall_time_s,
+        inner_steps=hb.inner_steps,
+        tokens=hb.tokens,
+        bytes_sent=hb.bytes_sent,
+        bytes_received=hb.bytes_received,
+    )
+    return HeartbeatResult(run=record_eval(run, hb.eval_loss, hb.eval_round), peer=peer)
+
+
+def record_eval(run: RunRecord, eval_loss: float, eval_round: int) -> RunRecord:
+    """Keep the newest evaluation (by round) and the one of the initial state (round 0).
+
+    A heartbeat carries an evaluation when its eval_loss is a positive finite number; eval_round 0
+    then means the initial state.
+    """
+    if not (finite(eval_loss) and eval_loss > 0 and eval_round >= 0):
+        return run
+    if eval_round == 0 and not finite(run.initial_eval_loss):
+        run = dataclasses.replace(run, initial_eval_loss=eval_loss)
+    if eval_round >= run.eval_round:
+        run = dataclasses.replace(run, eval_loss=eval_loss, eval_round=eval_round)
+    return run
+
+
+def is_ready(peer: PeerRecord, last_committed_round: int, last_committed_hash: str) -> bool:
+    """Alive, says it is ready (or busy in a round) and holds exactly the last committed state."""
+    return (
+        peer.alive
+        and peer.state in HOLDING_STATES
+        and bool(last_committed_hash)
+        and peer.params_round == last_committed_round
+        and peer.params_hash == last_committed_hash
+    )
+
+
+def ready_peer_ids(peers: Iterable[PeerRecord], last_committed_round: int, last_committed_hash: str) -> list[str]:
+    """Ids of the ready peers, in joining order."""
+    ready = [p for p in peers if is_ready(p, last_committed_round, last_committed_hash)]
+    return [p.peer_id for p in sorted(ready, key=lambda p: p.peer_index)]
+
+
+def _mismatch(run: RunRecord, peer: PeerRecord, *, reason: str, sentence: str) -> HeartbeatResult:
+    return HeartbeatResult(run=run, peer=evict(peer, reason), rejection=StateMismatch(sentence))
+
+
+def _short(digest: str) -> str:
+    return digest if len(digest) <= 16 else digest[:16] + "…"

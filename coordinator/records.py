@@ -1,0 +1,145 @@
+"""The coordinator's state as plain records: the run, its peers, its rounds and the peers' reports.
+
+The logic (membership, rounds) reads and replaces these; the store saves them as JSON rows.
+States and outcomes use the protocol's enum numbers (``swarm.v1.coordinator_pb2``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from swarm.v1 import coordinator_pb2 as pb
+
+JOINING = pb.PEER_STATE_JOINING
+READY = pb.PEER_STATE_READY
+TRAINING = pb.PEER_STATE_TRAINING
+EXCHANGING = pb.PEER_STATE_EXCHANGING
+LEFT = pb.PEER_STATE_LEFT
+EVICTED = pb.PEER_STATE_EVICTED
+GONE_STATES = (LEFT, EVICTED)
+HOLDING_STATES = (READY, TRAINING, EXCHANGING)  # states in which a peer holds a usable global state
+
+OPEN = pb.ROUND_OUTCOME_OPEN
+COMMITTED = pb.ROUND_OUTCOME_COMMITTED
+VOIDED = pb.ROUND_OUTCOME_VOIDED
+
+NAN = float("nan")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRecord:
+    run_id: str
+    token: str
+    run_spec_json: str
+    created_at: float
+    model_fingerprint: str = ""  # set by the first peer that reports one
+    param_count: int = 0
+    initial_hash: str = ""  # hash of round 0's state, set by the first peer that reports one
+    next_peer_index: int = 0
+    ddp_equivalent_bytes: int = 0
+    finished_at: float | None = None
+    eval_loss: float = NAN
+    eval_round: int = -1  # -1: no evaluation reported yet
+    initial_eval_loss: float = NAN
+    grpc_port: int = 0  # the port the last server bound, reused on restart so the join string holds
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_at is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeerRecord:
+    peer_id: str
+    peer_index: int
+    joined_at: float
+    last_seen: float
+    lease_expiry: float
+    state: int = JOINING
+    gone_reason: str = ""  # why it left or was evicted, in words
+    name: str = ""
+    site: str = ""
+    device: str = ""
+    swarm_version: str = ""
+    # from its latest heartbeat
+    round: int = 0
+    params_hash: str = ""
+    params_round: int = -1  # -1: no state reported yet
+    model_fingerprint: str = ""
+    param_count: int = 0
+    dht_peer_id: str = ""
+    loss: float = NAN
+    step_time_s: float = 0.0
+    tokens_per_s: float = 0.0
+    inner_time_s: float = 0.0
+    wall_time_s: float = 0.0
+    inner_steps: int = 0
+    tokens: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    # kept by the coordinator
+    rounds_joined: int = 0
+    rounds_missed: int = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in GONE_STATES
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundRecord:
+    round: int
+    opened_at: float
+    participants: tuple[str, ...] = ()
+    outcome: int = OPEN
+    decided_at: float | None = None
+    committed_hash: str = ""
+    holders: tuple[str, ...] = ()  # peer ids that reported the committed hash
+    mean_loss: float = NAN
+    reason: str = ""  # why it was decided so, in words
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportRecord:
+    round: int
+    peer_id: str
+    reported_at: float
+    ok: bool = False
+    params_hash: str = ""
+    group: tuple[str, ...] = ()
+    samples: int = 0
+    inner_steps: int = 0
+    inner_time_s: float = 0.0
+    exchange_time_s: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    loss: float = NAN
+    error: str = ""
+    param_count: int = 0
+
+
+R = TypeVar("R")
+
+
+def to_json(record: Any) -> str:
+    return json.dumps(dataclasses.asdict(record), sort_keys=True)
+
+
+def from_json(cls: type[R], text: str) -> R:
+    """Rebuild a record, ignoring fields a newer version dropped and defaulting fields it added."""
+    data = json.loads(text)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            value = data[f.name]
+            kwargs[f.name] = tuple(value) if isinstance(value, list) else value
+    return cls(**kwargs)
+
+
+def finite(value: float) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+

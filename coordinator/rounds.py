@@ -1,0 +1,128 @@
+"""Round decisions: when a round opens, who takes part, and whether it commits or is voided.
+
+Pure functions with an explicit ``now``; each returns the decision and the reason in words, so the
+tests need no clock and the log can say why.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Collection, Optional, Sequence
+
+from coordinator.records import COMMITTED, OPEN, VOIDED, ReportRecord, RoundRecord, finite
+
+
+@dataclass(frozen=True)
+class Decision:
+    round: RoundRecord  # the round as decided (or unchanged while it stays open)
+    decided: bool
+    reason: str
+    joined: tuple[str, ...] = ()  # participants that hold the committed state
+    missed: tuple[str, ...] = ()  # the other participants
+    ddp_equivalent_bytes: int = 0
+
+
+def decide_round(
+    now: float,
+    round_row: RoundRecord,
+    participants_alive: Collection[str],
+    reports: Sequence[ReportRecord],
+    round_timeout_s: float,
+    *,
+    param_count: int = 0,
+) -> Decision:
+    """Commit the hash most participants reported, void the round if none succeeded, or keep waiting.
+
+    The round waits while a live participant has not reported and the round is younger than
+    ``round_timeout_s``.  ``param_count`` is used for reports that do not carry their own.
+    """
+    participants = round_row.participants
+    reported = {r.peer_id for r in reports}
+    pending = [p for p in participants if p in participants_alive and p not in reported]
+    deadline = round_row.opened_at + round_timeout_s
+    if pending and now < deadline:
+        return Decision(
+            round=round_row, decided=False,
+            reason=f"waiting for {len(pending)} of {len(participants)} participants until {deadline - now:.0f}s from now",
+        )
+    members = set(participants)
+    counted = [r for r in reports if r.peer_id in members]
+    votes = collections.Counter(r.params_hash for r in counted if r.ok and r.params_hash)
+    why = _why_now(len(participants), len(counted), len(pending), round_timeout_s)
+    mean_loss = _mean([r.loss for r in counted if finite(r.loss) and r.loss > 0])
+    if not votes:
+        decided = dataclasses.replace(
+            round_row, outcome=VOIDED, decided_at=now, mean_loss=mean_loss,
+            reason=f"voided: no participant reported a successful exchange ({why})",
+        )
+        return Decision(round=decided, decided=True, reason=decided.reason, missed=tuple(participants))
+    winner, count = min(votes.items(), key=lambda item: (-item[1], item[0]))
+    by_peer = {r.peer_id: r for r in counted}
+    holders = tuple(p for p in participants if p in by_peer and by_peer[p].ok and by_peer[p].params_hash == winner)
+    dissent = f"; {sum(votes.values()) - count} reported other hashes" if count < sum(votes.values()) else ""
+    decided = dataclasses.replace(
+        round_row, outcome=COMMITTED, decided_at=now, committed_hash=winner, holders=holders,
+        mean_loss=mean_loss, reason=f"committed: {count} participants agree on {winner[:12]} ({why}{dissent})",
+    )
+    return Decision(
+        round=decided, decided=True, reason=decided.reason, joined=holders,
+        missed=tuple(p for p in participants if p not in holders),
+        ddp_equivalent_bytes=ddp_equivalent_bytes([by_peer[h] for h in holders], param_count=param_count),
+    )
+
+
+def ddp_equivalent_bytes(holder_reports: Sequence[ReportRecord], *, param_count: int = 0) -> int:
+    """What data-parallel training would have sent for the same inner steps.
+
+    A ring all-reduce of fp32 gradients sends 2(K−1)/K × 4 × param_count bytes per peer per step.
+    """
+    k = len(holder_reports)
+    if k <= 1:
+        return 0
+    per_step_factor = 2 * (k - 1) / k * 4
+    return int(round(sum(r.inner_steps * per_step_factor * (r.param_count or param_count) for r in holder_reports)))
+
+
+def plan_round(
+    *, now: float, round_number: int, ready: Sequence[str], carried: Sequence[str] = (), min_peers: int = 1
+) -> tuple[Optional[RoundRecord], str]:
+    """Open round ``round_number`` with the carried holders plus the ready peers, if there are enough.
+
+    ``min_peers`` applies to round 1 only; a later round needs one peer.
+    """
+    participants = tuple(dict.fromkeys([*carried, *ready]))
+    needed = min_peers if round_number == 1 else 1
+    if len(participants) < needed:
+        return None, f"round {round_number} waits for {needed} ready peers, has {len(participants)}"
+    round_row = RoundRecord(round=round_number, opened_at=now, participants=participants, outcome=OPEN)
+    return round_row, f"round {round_number} opened with {len(participants)} participants"
+
+
+def admit_late(round_row: RoundRecord, reports: Sequence[ReportRecord], ready: Sequence[str]) -> RoundRecord:
+    """Append newly ready peers to an open round, but only until its first report arrives."""
+    if round_row.outcome != OPEN or reports:
+        return round_row
+    newcomers = tuple(p for p in ready if p not in round_row.participants)
+    if not newcomers:
+        return round_row
+    return dataclasses.replace(round_row, participants=round_row.participants + newcomers)
+
+
+def finishes_run(round_row: RoundRecord, committed_rounds: int, max_rounds: Optional[int]) -> bool:
+    """A run with max_rounds finishes once that many rounds have committed (voided rounds don't count)."""
+    return round_row.outcome == COMMITTED and bool(max_rounds) and committed_rounds >= max_rounds
+
+
+def _why_now(n_participants: int, n_reported: int, n_pending: int, round_timeout_s: float) -> str:
+    if n_pending:
+        return f"{n_pending} participants did not report within {round_timeout_s:.0f}s"
+    if n_reported < n_participants:
+        return f"{n_reported} of {n_participants} participants reported, the rest are gone"
+    return f"all {n_participants} participants reported"
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan

@@ -1,0 +1,205 @@
+"""The coordinator process: TLS gRPC server, DHT node, state in SQLite, and a tick for timeouts.
+
+``serve()`` is what ``swarm coordinator`` runs: it prints the join string and blocks until the run
+finishes or it is interrupted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Optional
+
+import grpc
+
+from coordinator.dht_node import DHTNode
+from coordinator.engine import CoordinatorEngine
+from coordinator.servicer import CoordinatorServicer
+from coordinator.store import Store
+from swarm import tls
+from swarm.config import RunConfig
+from swarm.joinstring import JoinString
+from swarm.v1 import coordinator_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+JOIN_STRING_FILE = "join-string"
+FINISH_LINGER_S = 20.0  # after the run finishes, how long to wait for the last peers to say goodbye
+_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+class CoordinatorServer:
+    def __init__(
+        self,
+        *,
+        run: Optional[RunConfig],
+        state_dir: Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        dht_port: int = 0,
+        announce_host: Optional[str] = None,
+        lease_s: float = 15.0,
+        heartbeat_interval_s: float = 2.0,
+        tick_interval_s: float = 0.5,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``run`` may be None to resume the run kept in ``state_dir``; port 0 reuses the port of the
+        previous start when it is free (so the join string stays valid), else lets the OS choose."""
+        self._run = run
+        self._state_dir = Path(state_dir)
+        self._host = host
+        self._port = port
+        self._dht_port = dht_port
+        self._announce_host = announce_host
+        self._lease_s = lease_s
+        self._heartbeat_interval_s = heartbeat_interval_s
+        self._tick_interval_s = tick_interval_s
+        self._clock = clock
+        self._store: Optional[Store] = None
+        self._dht: Optional[DHTNode] = None
+        self._grpc: Optional[grpc.Server] = None
+        self._ticker: Optional[threading.Thread] = None
+        self._stopping = threading.Event()
+        self._done = threading.Event()
+        self.engine: Optional[CoordinatorEngine] = None
+        self.join_string: Optional[JoinString] = None
+
+    def start(self) -> JoinString:
+        self._state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._store = Store.in_dir(self._state_dir)
+            self.engine = CoordinatorEngine(
+                self._store, run_spec_json=self._run.to_json() if self._run is not None else None,
+                lease_s=self._lease_s, clock=self._clock,
+            )
+            cert_pem, key_pem = tls.ensure_certificate(self._state_dir)
+            self._dht = DHTNode(
+                state_dir=self._state_dir, host=self._host, port=self._dht_port, announce_host=self._announce_host
+            )
+            initial_peers = self._dht.start()
+            self._grpc = grpc.server(
+                ThreadPoolExecutor(max_workers=16, thread_name_prefix="coordinator-rpc"),
+                options=[("grpc.so_reuseport", 0)],  # a second coordinator on the same port must fail, not share
+            )
+            servicer = CoordinatorServicer(
+                self.engine, dht_initial_peers=initial_peers, heartbeat_interval_s=self._heartbeat_interval_s
+            )
+            pb_grpc.add_CoordinatorServicer_to_server(servicer, self._grpc)
+            port = self._bind(self._grpc, tls.server_credentials(cert_pem, key_pem))
+            self._grpc.start()
+        except BaseException:
+            self.stop()
+            raise
+        self.engine.remember_port(port)
+        self._ticker = threading.Thread(target=self._tick_loop, name="coordinator-tick", daemon=True)
+        self._ticker.start()
+        self.join_string = JoinString(
+            host=self._public_host(), port=port, token=self.engine.run.token, fingerprint=tls.fingerprint(cert_pem)
+        )
+        (self._state_dir / JOIN_STRING_FILE).write_text(f"{self.join_string}\n")
+        logger.info("run %s: coordinator listening on %s:%d", self.engine.run.run_id, self._host, port)
+        return self.join_string
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until the run finished and its last peers left (or lingered too long); False on timeout."""
+        return self._done.wait(timeout)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._ticker is not None:
+            self._ticker.join()
+            self._ticker = None
+        if self._grpc is not None:
+            self._grpc.stop(grace=1.0).wait()
+            self._grpc = None
+        if self._dht is not None:
+            self._dht.stop()
+            self._dht = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def _bind(self, server: grpc.Server, credentials: grpc.ServerCredentials) -> int:
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        previous = self.engine.run.grpc_port if self.engine is not None else 0
+        if self._port == 0 and previous:
+            try:
+                return server.add_secure_port(f"{host}:{previous}", credentials)
+            except RuntimeError:
+                logger.warning("port %d of the previous start is taken; the join string changes", previous)
+        try:
+            bound = server.add_secure_port(f"{host}:{self._port}", credentials)
+        except RuntimeError:
+            bound = 0
+        if not bound:
+            raise OSError(f"cannot listen on {host}:{self._port} (in use or not a local address); choose another --port.")
+        return bound
+
+    def _public_host(self) -> str:
+        if self._announce_host:
+            return self._announce_host
+        if self._host in _WILDCARDS:
+            logger.warning("listening on all interfaces but the join string names 127.0.0.1; "
+                           "give an announce host so peers on other machines can reach the coordinator")
+            return "127.0.0.1"
+        return self._host
+
+    def _tick_loop(self) -> None:
+        assert self.engine is not None
+        while not self._stopping.wait(self._tick_interval_s):
+            try:
+                self.engine.tick()
+                if self.engine.done(linger_s=FINISH_LINGER_S):
+                    self._done.set()
+            except Exception:
+                logger.exception("coordinator tick failed")
+
+
+def serve(
+    run: Optional[RunConfig],
+    state_dir: Path,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    dht_port: int = 0,
+    announce_host: Optional[str] = None,
+    lease_s: float = 15.0,
+    heartbeat_interval_s: float = 2.0,
+    max_rounds: Optional[int] = None,
+) -> int:
+    """Run a coordinator until its run finishes or it is interrupted (Ctrl-C, SIGTERM); returns 0.
+
+    Prints one line, ``join: swarm://...``, to stdout.  Raises ConfigError (a different config for
+    an existing state dir) or OSError (the port is taken) before printing it.
+    """
+    if max_rounds is not None and run is not None:
+        run = run.replace(rounds=dataclasses.replace(run.rounds, max_rounds=max_rounds))
+    server = CoordinatorServer(
+        run=run, state_dir=Path(state_dir), host=host, port=port, dht_port=dht_port,
+        announce_host=announce_host, lease_s=lease_s, heartbeat_interval_s=heartbeat_interval_s,
+    )
+    join = server.start()
+    terminated = threading.Event()
+    previous_handler = None
+    if threading.current_thread() is threading.main_thread():
+        previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: terminated.set())
+    try:
+        print(f"join: {join}", flush=True)
+        while not terminated.is_set():
+            if server.wait(timeout=0.5):
+                logger.info("run finished; shutting down")
+                break
+    except KeyboardInterrupt:
+        logger.info("interrupted; shutting down")
+    finally:
+        server.stop()
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
+        sys.stdout.flush()
+    return 0

@@ -1,0 +1,146 @@
+"""The coordinator's durable state in SQLite, so a restarted coordinator carries on where it stopped.
+
+One file, ``<state_dir>/coordinator.sqlite3`` (WAL), one connection guarded by a lock.  Each table
+keys a record (see ``coordinator.records``) and keeps the rest of it as JSON, so adding a field
+needs no migration.  ``":memory:"`` gives a throwaway store for tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Iterator, Optional
+
+from coordinator.records import (
+    COMMITTED,
+    PeerRecord,
+    ReportRecord,
+    RoundRecord,
+    RunRecord,
+    from_json,
+    to_json,
+)
+
+STORE_FILE = "coordinator.sqlite3"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS run (id INTEGER PRIMARY KEY CHECK (id = 1), data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS peers (
+    peer_id TEXT PRIMARY KEY, peer_index INTEGER NOT NULL UNIQUE, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rounds (
+    round INTEGER PRIMARY KEY, outcome INTEGER NOT NULL, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS reports (
+    round INTEGER NOT NULL, peer_id TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (round, peer_id));
+"""
+
+
+class Store:
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._lock = threading.RLock()
+        self._depth = 0
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a group of writes is atomic.
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        if self.path != ":memory:":
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    @classmethod
+    def in_dir(cls, state_dir: str | Path) -> "Store":
+        state_dir = Path(state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        return cls(state_dir / STORE_FILE)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Group writes into one atomic commit; nests (only the outermost commits)."""
+        with self._lock:
+            if self._depth == 0:
+                self._db.execute("BEGIN IMMEDIATE")
+            self._depth += 1
+            try:
+                yield
+            except BaseException:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._db.execute("ROLLBACK")
+                raise
+            self._depth -= 1
+            if self._depth == 0:
+                self._db.execute("COMMIT")
+
+    def _write(self, sql: str, args: tuple) -> int:
+        with self.transaction():
+            return self._db.execute(sql, args).rowcount
+
+    def _one(self, sql: str, args: tuple = ()) -> Optional[str]:
+        with self._lock:
+            row = self._db.execute(sql, args).fetchone()
+        return None if row is None else row[0]
+
+    def _all(self, sql: str, args: tuple = ()) -> list[str]:
+        with self._lock:
+            return [row[0] for row in self._db.execute(sql, args).fetchall()]
+
+    # run identity and run-wide counters
+    def get_run(self) -> Optional[RunRecord]:
+        text = self._one("SELECT data FROM run WHERE id = 1")
+        return None if text is None else from_json(RunRecord, text)
+
+    def put_run(self, run: RunRecord) -> None:
+        self._write("INSERT OR REPLACE INTO run (id, data) VALUES (1, ?)", (to_json(run),))
+
+    # peers, every one that ever joined
+    def peers(self) -> list[PeerRecord]:
+        return [from_json(PeerRecord, t) for t in self._all("SELECT data FROM peers ORDER BY peer_index")]
+
+    def put_peer(self, peer: PeerRecord) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO peers (peer_id, peer_index, data) VALUES (?, ?, ?)",
+            (peer.peer_id, peer.peer_index, to_json(peer)),
+        )
+
+    # rounds
+    def get_round(self, round_number: int) -> Optional[RoundRecord]:
+        text = self._one("SELECT data FROM rounds WHERE round = ?", (round_number,))
+        return None if text is None else from_json(RoundRecord, text)
+
+    def latest_round(self) -> Optional[RoundRecord]:
+        text = self._one("SELECT data FROM rounds ORDER BY round DESC LIMIT 1")
+        return None if text is None else from_json(RoundRecord, text)
+
+    def latest_committed_round(self) -> Optional[RoundRecord]:
+        text = self._one("SELECT data FROM rounds WHERE outcome = ? ORDER BY round DESC LIMIT 1", (COMMITTED,))
+        return None if text is None else from_json(RoundRecord, text)
+
+    def put_round(self, round_record: RoundRecord) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO rounds (round, outcome, data) VALUES (?, ?, ?)",
+            (round_record.round, round_record.outcome, to_json(round_record)),
+        )
+
+    def count_rounds(self, outcome: int) -> int:
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM rounds WHERE outcome = ?", (outcome,)).fetchone()[0]
+
+    # reports, one per (round, peer)
+    def reports(self, round_number: int) -> list[ReportRecord]:
+        return [
+            from_json(ReportRecord, t)
+            for t in self._all("SELECT data FROM reports WHERE round = ? ORDER BY peer_id", (round_number,))
+        ]
+
+    def add_report(self, report: ReportRecord) -> bool:
+        """Record a report; False when this peer already reported this round (the first one stands)."""
+        inserted = self._write(
+            "INSERT OR IGNORE INTO reports (round, peer_id, data) VALUES (?, ?, ?)",
+            (report.round, report.peer_id, to_json(report)),
+        )
+        return inserted == 1

@@ -1,0 +1,128 @@
+"""What the coordinator tells peers and the status CLI: RoundInfo and GetStatusResponse from records.
+
+Pure functions; the engine passes the records in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+from coordinator.records import COMMITTED, PeerRecord, RoundRecord, RunRecord
+from swarm.v1 import coordinator_pb2 as pb
+
+
+@dataclass(frozen=True)
+class RunPosition:
+    """Where the run stands: the facts every RoundInfo repeats."""
+
+    last_committed_round: int
+    last_committed_hash: str
+    open_round: int  # 0: none open
+    finished: bool
+    state_holders: tuple[str, ...]  # live peer ids known to hold the last committed state
+
+
+def round_info(
+    number: int, round_row: Optional[RoundRecord], position: RunPosition, peers: Mapping[str, PeerRecord]
+) -> pb.RoundInfo:
+    """Describe round ``number`` (its record may be missing: round 0, or a round not opened yet).
+
+    ``holders`` lists DHT peer ids to download a state from: for a committed round, its live
+    holders; for round 0 and for rounds without a committed state of their own (open, voided, not
+    yet opened), the live peers that hold the run's last committed state.
+    """
+    info = pb.RoundInfo(
+        round=number,
+        last_committed_round=position.last_committed_round,
+        last_committed_hash=position.last_committed_hash,
+        finished=position.finished,
+        open_round=position.open_round,
+    )
+    if round_row is not None:
+        info.outcome = round_row.outcome
+        info.participants.extend(round_row.participants)
+        if round_row.outcome == COMMITTED:
+            info.committed_hash = round_row.committed_hash
+            info.holders.extend(_dht_ids(round_row.holders, peers))
+            return info
+    elif number == 0 and position.last_committed_round == 0 and position.last_committed_hash:
+        info.outcome = COMMITTED  # round 0 is the initial state
+        info.committed_hash = position.last_committed_hash
+    info.holders.extend(_dht_ids(position.state_holders, peers))
+    return info
+
+
+def _dht_ids(peer_ids: Sequence[str], peers: Mapping[str, PeerRecord]) -> list[str]:
+    return [peers[p].dht_peer_id for p in peer_ids if p in peers and peers[p].alive and peers[p].dht_peer_id]
+
+
+def state_word(state: int) -> str:
+    """PEER_STATE_TRAINING -> "training"."""
+    return pb.PeerState.Name(state).removeprefix("PEER_STATE_").lower() if state in pb.PeerState.values() else "unknown"
+
+
+def status_response(
+    *,
+    run: RunRecord,
+    spec: Mapping[str, Any],
+    peers: Sequence[PeerRecord],
+    position: RunPosition,
+    last_committed: Optional[RoundRecord],
+    rounds_committed: int,
+    rounds_voided: int,
+    now: float,
+    started_at: float,
+) -> pb.GetStatusResponse:
+    rounds_spec = spec.get("rounds", {})
+    status = pb.RunStatus(
+        run_id=run.run_id,
+        open_round=position.open_round,
+        rounds_committed=rounds_committed,
+        rounds_voided=rounds_voided,
+        committed_hash=position.last_committed_hash,
+        eval_loss=run.eval_loss if run.eval_round >= 0 else math.nan,
+        eval_round=max(run.eval_round, 0),
+        initial_eval_loss=run.initial_eval_loss,
+        finished=position.finished,
+        max_rounds=rounds_spec.get("max_rounds") or 0,
+        inner_steps=rounds_spec.get("inner_steps", 0),
+        codec=rounds_spec.get("codec", ""),
+        model_preset=spec.get("model", {}).get("preset", ""),
+        param_count=run.param_count,
+        loss=last_committed.mean_loss if last_committed is not None else math.nan,
+        uptime_s=max(0.0, now - started_at),
+    )
+    response = pb.GetStatusResponse(run=status)
+    for p in sorted(peers, key=lambda p: p.peer_index):
+        response.peers.append(
+            pb.PeerStatus(
+                id=p.peer_id, name=p.name, site=p.site, state=state_word(p.state), device=p.device,
+                params_hash=p.params_hash, params_round=max(p.params_round, 0),
+                rounds_joined=p.rounds_joined, rounds_missed=p.rounds_missed,
+                tokens_per_s=p.tokens_per_s, loss=p.loss, step_time_s=p.step_time_s,
+                bytes_sent=p.bytes_sent, bytes_received=p.bytes_received,
+                last_seen_s=max(0.0, now - p.last_seen),
+                compute_utilization=_ratio(p.inner_time_s, p.wall_time_s),
+            )
+        )
+    inner_time_s = sum(p.inner_time_s for p in peers)
+    wall_time_s = sum(p.wall_time_s for p in peers)
+    response.totals.CopyFrom(
+        pb.Totals(
+            bytes_sent=sum(p.bytes_sent for p in peers),
+            bytes_received=sum(p.bytes_received for p in peers),
+            ddp_equivalent_bytes=run.ddp_equivalent_bytes,
+            compute_utilization=_ratio(inner_time_s, wall_time_s),
+            tokens=sum(p.tokens for p in peers),
+            inner_steps=sum(p.inner_steps for p in peers),
+            inner_time_s=inner_time_s,
+            wall_time_s=wall_time_s,
+        )
+    )
+    return response
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator > 0 else 0.0

@@ -1,0 +1,291 @@
+"""The peer daemon: join a run, train H inner steps, average pseudo-gradients, commit only what all agree on.
+
+Run it with ``swarm peer --join 'swarm://...'``. One round, from this peer's side:
+
+    hold θg of committed round r−1 → wait to be planned into round r → H inner AdamW steps →
+    find the group (DHT) → butterfly-average Δ (bit-identical on every member) → tentative θg' →
+    report hash(θg') → the coordinator commits the hash most members hold, or voids the round →
+    keep θg' if it is the committed one, else download the committed state from a holder.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from safetensors.torch import save_file
+
+from peer.heartbeat import HeartbeatThread
+from peer.retry import with_retry
+from peer.stats import PeerStats
+from swarm.algorithm import state_hash
+from swarm.config import RunConfig
+from swarm.control import CoordinatorClient, CoordinatorRejected
+from swarm.exchange import Exchange, ExchangeFailed
+from swarm.joinstring import JoinString
+from swarm.rendezvous import Member, group_key, rendezvous
+from swarm.state_transfer import GlobalState, StateServer, StateUnavailable, download_state
+from swarm.trainer import LocalTrainer
+from swarm.transport import Transport
+from swarm.v1 import coordinator_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeerOptions:
+    join: JoinString
+    device: str = "cpu"
+    state_dir: Path = Path("swarm-peer")
+    site: str = ""
+    name: str = ""
+    threads: Optional[int] = None  # torch intra-op threads; None keeps torch's default
+    p2p_host: str = "127.0.0.1"
+    p2p_port: int = 0
+    announce_host: Optional[str] = None
+    poll_s: float = 0.2  # how often a waiting peer asks the coordinator about the round
+    state_timeout_s: float = 120.0
+
+
+class PeerExit(Exception):
+    """Stop the daemon with this exit code; the message has already been logged."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+class PeerDaemon:
+    def __init__(self, options: PeerOptions):
+        self.options = options
+        self.stop = threading.Event()
+        self.stats = PeerStats()
+        self.client = CoordinatorClient(options.join)
+        self.peer_id = ""
+        self.transport: Optional[Transport] = None
+        self.heartbeat: Optional[HeartbeatThread] = None
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def run(self) -> int:
+        try:
+            return self._run()
+        except PeerExit as e:
+            if self.heartbeat is not None and self.heartbeat.rejection:
+                logger.error("%s the coordinator rejected this peer: %s", self._tag(), self.heartbeat.rejection)
+                return 2
+            return e.code
+        except CoordinatorRejected as e:
+            logger.error("%s the coordinator rejected this peer: %s", self._tag(), e)
+            return 2
+        finally:
+            self._shutdown()
+
+    def _run(self) -> int:
+        if self.options.threads:
+            torch.set_num_threads(self.options.threads)
+        joined = self._call(lambda: self.client.join(
+            site=self.options.site, device=self.options.device, name=self.options.name or socket.gethostname()
+        ), "join")
+        self.peer_id = joined.peer_id
+        self.run_id = joined.run_id
+        self.run_config = RunConfig.from_json(joined.run_spec_json)
+        logger.info("%s joined run %s as peer index %d", self._tag(), joined.run_id, joined.peer_index)
+
+        self.trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=self.options.device)
+        self.transport = Transport(
+            initial_peers=list(joined.dht_initial_peers),
+            host=self.options.p2p_host,
+            port=self.options.p2p_port,
+            announce_host=self.options.announce_host,
+        )
+        self.exchange = Exchange(self.transport, run_id=self.run_id)
+        self.state_server = StateServer(self.transport, run_id=self.run_id)
+        self.stats.update(
+            model_fingerprint=self.trainer.fingerprint,
+            param_count=self.trainer.param_count,
+            dht_peer_id=self.transport.peer_id,
+        )
+        self._commit_state(self.trainer.global_params, self.trainer.momentum, 0)
+        self._evaluate()
+        self.heartbeat = HeartbeatThread(self.client, self.peer_id, self.stats, self.stop,
+                                         interval_s=joined.heartbeat_interval_s)
+        self.heartbeat.start()
+
+        while not self.stop.is_set():
+            if self.heartbeat.rejection:
+                logger.error("%s %s", self._tag(), self.heartbeat.rejection)
+                return 2
+            info = self._round_info(0)
+            if info.last_committed_round > self.trainer.round:
+                self._sync(info)
+                continue
+            if info.finished:
+                return self._finish()
+            if info.open_round and self.peer_id in info.participants and info.round == info.open_round:
+                self._run_round(info.open_round)
+                continue
+            self.stats.update(state=pb.PEER_STATE_READY)
+            self.stop.wait(self.options.poll_s)  # waiting to be planned into a round
+        return 0
+
+    def _shutdown(self) -> None:
+        self.stop.set()
+        if self.heartbeat is not None:
+            self.heartbeat.join(timeout=5)
+        if self.peer_id:
+            try:
+                self.client.leave(peer_id=self.peer_id, reason="peer exiting")
+            except Exception as e:  # leaving is best effort: the lease expires anyway
+                logger.debug("leave failed: %r", e)
+        if self.transport is not None:
+            self.transport.shutdown()
+        self.client.close()
+
+    # ---- one round ---------------------------------------------------------------------------------
+    def _run_round(self, round_: int) -> None:
+        tag = self._tag(round_)
+        run = self.run_config
+        self.stats.update(state=pb.PEER_STATE_TRAINING, round=round_)
+        train = self.trainer.train(run.rounds.inner_steps)
+        self.stats.add(inner_time_s=train.inner_time_s, inner_steps=train.steps, tokens=train.tokens)
+        self.stats.update(
+            loss=train.mean_loss,
+            step_time_s=train.inner_time_s / max(1, train.steps),
+            tokens_per_s=train.tokens / max(1e-9, train.inner_time_s),
+        )
+        logger.info("%s trained %d steps, loss %.4f, %.0f tokens/s", tag, train.steps, train.mean_loss,
+                    train.tokens / max(1e-9, train.inner_time_s))
+
+        self.stats.update(state=pb.PEER_STATE_EXCHANGING)
+        self.heartbeat.beat_now()  # closes late admission to this round at the coordinator
+        delta = self.trainer.pseudo_gradient()
+        me = Member(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, index=self.trainer.peer_index,
+                    weight=float(train.samples), numel=delta.numel(), codec=run.rounds.codec)
+        key = group_key(self.run_id, round_)
+        ok, error, new_hash, group_ids, sent, received, exchange_s = False, "", "", [], 0, 0, 0.0
+        tentative = None
+        try:
+            group = rendezvous(
+                self.transport.dht, key=key, me=me, planned=lambda: self._planned(round_),
+                window_s=run.rounds.matchmaking_window_s,
+                ttl_s=run.rounds.matchmaking_window_s + run.rounds.exchange_timeout_s,
+            )
+            group_ids = [m.peer_id for m in group]
+            result = self.exchange.average(key=key, group=group, me=me, delta=delta,
+                                           timeout_s=run.rounds.exchange_timeout_s)
+            sent, received, exchange_s = result.bytes_sent, result.bytes_received, result.seconds
+            tentative = self.trainer.apply(result.average)
+            new_hash = state_hash(*tentative)
+            ok = True
+            logger.info("%s averaged with %d peers in %.2fs (%d bytes sent), tentative hash %s",
+                        tag, len(group), exchange_s, sent, new_hash)
+        except ExchangeFailed as e:
+            error = str(e)
+            logger.warning("%s exchange failed: %s", tag, e)
+        self.stats.add(bytes_sent=sent, bytes_received=received)
+
+        request = pb.ReportRoundRequest(
+            peer_id=self.peer_id, round=round_, ok=ok, params_hash=new_hash, group=group_ids,
+            samples=train.samples, inner_steps=train.steps, inner_time_s=train.inner_time_s,
+            exchange_time_s=exchange_s, bytes_sent=sent, bytes_received=received, loss=train.mean_loss,
+            error=error, param_count=self.trainer.param_count,
+        )
+        self._call(lambda: self.client.report_round(request), f"report round {round_}")
+        decision = self._await_decision(round_)
+        if decision.outcome == pb.ROUND_OUTCOME_COMMITTED and tentative is not None \
+                and decision.committed_hash == new_hash:
+            self._commit_state(tentative[0], tentative[1], round_)
+            logger.info("%s committed, hash %s", tag, new_hash)
+            if round_ % run.rounds.eval_every_rounds == 0 or decision.finished:
+                self._evaluate()
+        elif decision.outcome == pb.ROUND_OUTCOME_VOIDED:
+            logger.warning("%s voided by the coordinator; keeping the round %d state", tag, round_ - 1)
+        # A commit this peer does not hold is fetched by the main loop's sync.
+
+    def _await_decision(self, round_: int) -> pb.RoundInfo:
+        while not self.stop.is_set():
+            info = self._round_info(round_)
+            if info.outcome != pb.ROUND_OUTCOME_OPEN:
+                return info
+            self.stop.wait(self.options.poll_s)  # the decision waits for the slowest groupmate's report
+        raise PeerExit(0)
+
+    def _planned(self, round_: int) -> Optional[set[str]]:
+        try:
+            info = self.client.get_round(peer_id=self.peer_id, round=round_)
+        except Exception:
+            return None  # the plan is unknown: the group is whoever shows up in the window
+        return set(info.participants)
+
+    # ---- state ---------------------------------------------------------------------------------------
+    def _commit_state(self, params, momentum, round_: int) -> None:
+        self.trainer.commit(params, momentum, round_)
+        h = self.trainer.state_hash()
+        self.state_server.publish(GlobalState(round=round_, params=list(params), momentum=list(momentum), hash=h))
+        self.stats.update(params_hash=h, params_round=round_, state=pb.PEER_STATE_READY)
+
+    def _sync(self, info: pb.RoundInfo) -> None:
+        """Download the newest committed state from a holder and verify its hash."""
+        target = info.last_committed_round
+        holders_info = self._round_info(target)
+        holders = list(holders_info.holders)
+        self.stats.update(state=pb.PEER_STATE_JOINING)
+        logger.info("%s behind (holds round %d, committed is %d): downloading from %d holders",
+                    self._tag(), self.trainer.round, target, len(holders))
+        try:
+            state, nbytes = download_state(
+                self.transport, run_id=self.run_id, holders=holders, round_=target,
+                expected_hash=info.last_committed_hash, shapes=[p.shape for p in self.trainer.global_params],
+                timeout_s=self.options.state_timeout_s,
+            )
+        except StateUnavailable as e:
+            logger.warning("%s %s; will retry", self._tag(), e)
+            self.stop.wait(1.0)
+            return
+        self.stats.add(bytes_received=nbytes)
+        self._commit_state(state.params, state.momentum, target)
+        logger.info("%s synced to round %d, hash %s", self._tag(), target, state.hash)
+        self._evaluate()
+
+    def _evaluate(self) -> None:
+        loss = self.trainer.eval_loss()
+        self.stats.update(eval_loss=loss, eval_round=self.trainer.round)
+        logger.info("%s eval loss %.4f at round %d", self._tag(), loss, self.trainer.round)
+
+    def _finish(self) -> int:
+        final_dir = self.options.state_dir / "final"
+        final_dir.mkdir(parents=True, exist_ok=True)
+        names = [name for name, _ in self.trainer.model.named_parameters()]
+        tensors = {name: p.contiguous() for name, p in zip(names, self.trainer.global_params)}
+        tmp = final_dir / "model.safetensors.tmp"
+        save_file(tensors, str(tmp), metadata={"round": str(self.trainer.round), "hash": self.trainer.state_hash()})
+        os.replace(tmp, final_dir / "model.safetensors")
+        logger.info("%s run finished at round %d; wrote %s", self._tag(), self.trainer.round,
+                    final_dir / "model.safetensors")
+        return 0
+
+    # ---- helpers -------------------------------------------------------------------------------------
+    def _round_info(self, round_: int) -> pb.RoundInfo:
+        return self._call(lambda: self.client.get_round(peer_id=self.peer_id, round=round_), "get round")
+
+    def _call(self, fn, what: str):
+        result = with_retry(fn, what=f"{self._tag()} {what}", stop=self.stop)
+        if result is None:
+            raise PeerExit(0)
+        return result
+
+    def _tag(self, round_: Optional[int] = None) -> str:
+        peer = self.peer_id or "peer"
+        return f"[{peer} r{round_}]" if round_ is not None else f"[{peer}]"
+
+
+def run_peer(options: PeerOptions) -> int:
+    return PeerDaemon(options).run()

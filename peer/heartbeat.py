@@ -1,0 +1,44 @@
+"""The peer's heartbeat thread: renews its lease and reports its numbers while the loop trains."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Optional
+
+from peer.stats import PeerStats
+from swarm.control import CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
+
+logger = logging.getLogger(__name__)
+
+
+class HeartbeatThread(threading.Thread):
+    def __init__(self, client: CoordinatorClient, peer_id: str, stats: PeerStats, stop: threading.Event,
+                 *, interval_s: float):
+        super().__init__(name="swarm-heartbeat", daemon=True)
+        self.client, self.peer_id, self.stats, self.stop = client, peer_id, stats, stop
+        self.interval_s = max(0.2, interval_s)
+        self.rejection: Optional[str] = None  # set when the coordinator refuses this peer for good
+        self._wake = threading.Event()
+        self._unreachable_since_logged = False
+
+    def beat_now(self) -> None:
+        self._wake.set()
+
+    def run(self) -> None:
+        while not self.stop.is_set() and self.rejection is None:
+            try:
+                self.client.heartbeat(self.stats.heartbeat_request(self.peer_id))
+                if self._unreachable_since_logged:
+                    logger.info("[%s] coordinator reachable again; heartbeats resumed", self.peer_id)
+                    self._unreachable_since_logged = False
+            except CoordinatorUnreachable as e:
+                if not self._unreachable_since_logged:
+                    logger.warning("[%s] %s; training continues, heartbeats will retry", self.peer_id, e)
+                    self._unreachable_since_logged = True
+            except CoordinatorRejected as e:
+                self.rejection = str(e)
+                self.stop.set()
+                return
+            self._wake.wait(self.interval_s)
+            self._wake.clear()

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install Swarm with its test extras. Idempotent; safe to run twice.
+# torch is pinned to the CPU build that every project machine has on local disk; a newer torch or an
+# open range with no torch installed would pull a multi-gigabyte CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+TORCH_VERSION=${SWARM_TORCH_VERSION:-2.13.0}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  echo "setup: installing torch==$TORCH_VERSION" >&2
+  "${PIP[@]}" install "torch==$TORCH_VERSION"
+fi
+stamp=.venv/.swarm-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup: installing swarm and its dependencies" >&2
+  "${PIP[@]}" install -e ".[dev]"
+  touch "$stamp"
+fi

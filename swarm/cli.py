@@ -1,0 +1,194 @@
+"""The `swarm` command: coordinator, peer, status and demo.
+
+    swarm coordinator [--config run.toml] [--host 0.0.0.0] [--port 0] [--state-dir DIR] [--max-rounds N]
+    swarm peer --join 'swarm://...' [--device cpu|cuda] [--state-dir DIR] [--site LABEL]
+    swarm status 'swarm://...' [--json] [--watch]
+    swarm demo [--peers 3] [--rounds N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from swarm.config import ConfigError, RunConfig, load_run_config
+
+logger = logging.getLogger("swarm")
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    for noisy in ("hivemind", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _run_config(args: argparse.Namespace) -> RunConfig:
+    run = load_run_config(args.config) if args.config else RunConfig()
+    rounds = run.rounds
+    overrides = {}
+    if args.max_rounds is not None:
+        overrides["max_rounds"] = args.max_rounds
+    if args.min_peers is not None:
+        overrides["min_peers"] = args.min_peers
+    if args.inner_steps is not None:
+        overrides["inner_steps"] = args.inner_steps
+    if overrides:
+        import dataclasses
+
+        run = run.replace(rounds=dataclasses.replace(rounds, **overrides))
+    if args.preset is not None:
+        import dataclasses
+
+        run = run.replace(model=dataclasses.replace(run.model, preset=args.preset))
+    return run.validate()
+
+
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    from coordinator.server import serve
+
+    run = _run_config(args)
+    return serve(
+        run=run,
+        state_dir=Path(args.state_dir),
+        host=args.host,
+        port=args.port,
+        dht_port=args.dht_port,
+        announce_host=args.announce_host,
+        lease_s=args.lease_s,
+        config_given=args.config is not None,
+    )
+
+
+def cmd_peer(args: argparse.Namespace) -> int:
+    from peer.daemon import PeerOptions, run_peer
+    from swarm.joinstring import JoinString
+
+    join = JoinString.parse(args.join)
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {args.device} was asked for but torch sees no CUDA device; use --device cpu.")
+    options = PeerOptions(
+        join=join,
+        device=args.device,
+        state_dir=Path(args.state_dir),
+        site=args.site,
+        name=args.name,
+        threads=args.threads,
+        p2p_host=args.p2p_host,
+        p2p_port=args.p2p_port,
+        announce_host=args.announce_host,
+    )
+    return run_peer(options)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from swarm.control import CoordinatorClient
+    from swarm.joinstring import JoinString
+    from swarm.status import print_status, status_to_dict, watch
+
+    client = CoordinatorClient(JoinString.parse(args.join))
+    try:
+        fetch = lambda: status_to_dict(client.get_status())  # noqa: E731
+        console = Console()
+        if args.watch and not args.json:
+            try:
+                watch(fetch, interval_s=args.interval, console=console)
+            except KeyboardInterrupt:
+                pass
+            return 0
+        print_status(fetch(), as_json=args.json, console=console)
+        return 0
+    finally:
+        client.close()
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from swarm.demo import DemoOptions, run_demo
+
+    return run_demo(DemoOptions(
+        peers=args.peers, rounds=args.rounds, inner_steps=args.inner_steps, preset=args.preset,
+        as_json=args.json, workdir=Path(args.state_dir) if args.state_dir else None, timeout_s=args.timeout,
+    ))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swarm", description="Train one model on many poorly connected computers.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("coordinator", help="start a run and print its join string")
+    c.add_argument("--config", help="run TOML file (default: the embedded byte-level GPT on the stdlib corpus)")
+    c.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all interfaces)")
+    c.add_argument("--port", type=int, default=0, help="gRPC port (0: any free port)")
+    c.add_argument("--dht-port", type=int, default=0, help="hivemind DHT port (0: any free port)")
+    c.add_argument("--announce-host", help="address peers should use to reach this host, when --host is 0.0.0.0")
+    c.add_argument("--state-dir", default="swarm-coordinator", help="where the SQLite state, TLS key and join string live")
+    c.add_argument("--max-rounds", type=int, help="finish the run after this many committed rounds")
+    c.add_argument("--min-peers", type=int, help="open the first round once this many peers are ready")
+    c.add_argument("--inner-steps", type=int, help="H: inner steps per round")
+    c.add_argument("--preset", help="model preset (tiny, small, medium, gpt2)")
+    c.add_argument("--lease-s", type=float, default=15.0, help="evict a peer after this many seconds without heartbeat")
+    c.set_defaults(func=cmd_coordinator)
+
+    p = sub.add_parser("peer", help="lend this machine to a run")
+    p.add_argument("--join", required=True, help="the join string printed by `swarm coordinator`")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--state-dir", default="swarm-peer", help="where the final model and checkpoints go")
+    p.add_argument("--site", default="", help="a label for this machine's location (datacenter, lab)")
+    p.add_argument("--name", default="", help="a human-readable name (default: hostname)")
+    p.add_argument("--threads", type=int, help="torch threads for training (default: torch's choice)")
+    p.add_argument("--p2p-host", default="127.0.0.1", help="address for the peer-to-peer transport to listen on")
+    p.add_argument("--p2p-port", type=int, default=0, help="port for the peer-to-peer transport (0: any)")
+    p.add_argument("--announce-host", help="address other peers should use to reach this one")
+    p.set_defaults(func=cmd_peer)
+
+    s = sub.add_parser("status", help="show how a run is doing")
+    s.add_argument("join", help="the run's join string")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--watch", action="store_true", help="refresh live until the run finishes")
+    s.add_argument("--interval", type=float, default=2.0, help="refresh period for --watch, seconds")
+    s.set_defaults(func=cmd_status)
+
+    d = sub.add_parser("demo", help="a coordinator and peers on this machine, training the embedded default")
+    d.add_argument("--peers", type=int, default=3)
+    d.add_argument("--rounds", type=int, default=10)
+    d.add_argument("--inner-steps", type=int, default=50)
+    d.add_argument("--preset", default="tiny")
+    d.add_argument("--state-dir", help="keep the run's files here (default: a temporary directory)")
+    d.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
+    d.add_argument("--json", action="store_true", help="end with one JSON line summarising the run")
+    d.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from swarm.control import CoordinatorError
+    from swarm.joinstring import JoinStringError
+
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, JoinStringError, CoordinatorError) as e:
+        print(f"swarm {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""The peer's and the status CLI's client for the coordinator's control plane (gRPC over pinned TLS).
+
+Every call has a deadline.  Failures come as ``CoordinatorUnreachable`` (retry later; the peer keeps
+training) or ``CoordinatorRejected`` (the coordinator said no; its one sentence says what to do).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Optional
+
+import grpc
+
+from swarm import tls
+from swarm.joinstring import JoinString
+from swarm.v1 import coordinator_pb2 as pb
+from swarm.v1 import coordinator_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+# CANCELLED: only when close() (or a reconnect) cut a call short; the coordinator never cancels.
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+
+
+class CoordinatorError(Exception):
+    """Any failure to get an answer from the coordinator."""
+
+
+class CoordinatorUnreachable(CoordinatorError):
+    """No answer (refused, timed out, unavailable): worth retrying later."""
+
+
+class CoordinatorRejected(CoordinatorError):
+    """The coordinator answered no; retrying the same request will not help."""
+
+    def __init__(self, details: str, code: grpc.StatusCode) -> None:
+        super().__init__(details)
+        self.details = details
+        self.code = code
+
+
+class CoordinatorImpostor(CoordinatorRejected, tls.TLSPinError):
+    """The server at the join string's address presented a certificate the join string does not pin."""
+
+    def __init__(self, details: str) -> None:
+        super().__init__(details, grpc.StatusCode.UNAUTHENTICATED)
+
+
+def _swarm_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("swarm-train")
+    except Exception:  # running from a source checkout
+        return "0+unknown"
+
+
+class CoordinatorClient:
+    """Thread-safe; connects on first use and reconnects (re-checking the certificate) after a failure."""
+
+    def __init__(self, join: JoinString, *, request_timeout_s: float = 10.0, connect_timeout_s: float = 10.0) -> None:
+        self.join_string = join
+        self.request_timeout_s = request_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._lock = threading.Lock()
+        self._channel: Optional[grpc.Channel] = None
+        self._stub: Optional[pb_grpc.CoordinatorStub] = None
+
+    # --- calls ----------------------------------------------------------------------------------
+
+    def join(self, *, site: str = "", device: str = "", name: str = "", swarm_version: Optional[str] = None) -> pb.JoinResponse:
+        return self._call("Join", pb.JoinRequest(
+            token=self.join_string.token, site=site, device=device, name=name,
+            swarm_version=_swarm_version() if swarm_version is None else swarm_version,
+        ))
+
+    def heartbeat(self, peer_id: str, **fields: Any) -> pb.HeartbeatResponse:
+        """``fields`` are HeartbeatRequest fields: state, round, params_hash, params_round, loss, ..."""
+        return self._call("Heartbeat", pb.HeartbeatRequest(peer_id=peer_id, **fields))
+
+    def leave(self, peer_id: str, reason: str = "") -> pb.LeaveResponse:
+        return self._call("Leave", pb.LeaveRequest(peer_id=peer_id, reason=reason))
+
+    def report_round(self, peer_id: str, round: int, *, ok: bool, **fields: Any) -> pb.ReportRoundResponse:
+        """``fields`` are ReportRoundRequest fields: params_hash, group, samples, inner_steps, ..."""
+        return self._call("ReportRound", pb.ReportRoundRequest(peer_id=peer_id, round=round, ok=ok, **fields))
+
+    def get_round(self, peer_id: str, round: int = 0) -> pb.RoundInfo:
+        """Round ``round``, or with 0 the open one (the latest decided when none is open)."""
+        return self._call("GetRound", pb.GetRoundRequest(peer_id=peer_id, round=round))
+
+    def get_status(self) -> pb.GetStatusResponse:
+        return self._call("GetStatus", pb.GetStatusRequest(token=self.join_string.token))
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop_channel()
+
+    def __enter__(self) -> "CoordinatorClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # --- plumbing -------------------------------------------------------------------------------
+
+    def _call(self, method: str, request: Any) -> Any:
+        stub = self._connect()
+        try:
+            return getattr(stub, method)(request, timeout=self.request_timeout_s)
+        except grpc.RpcError as e:
+            code, details = e.code(), e.details() or ""
+            if code in _RETRYABLE:
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    with self._lock:
+                        if self._stub is stub:  # the next call re-fetches and re-checks the certificate
+                            self._drop_channel()
+                raise self._unreachable(f"{_code_words(code)}: {details}" if details else _code_words(code)) from None
+            raise CoordinatorRejected(details or f"the coordinator refused {method} ({code.name})", code) from None
+
+    def _connect(self) -> pb_grpc.CoordinatorStub:
+        with self._lock:
+            if self._stub is not None:
+                return self._stub
+            j = self.join_string
+            try:
+                self._channel = tls.pinned_channel(j.host, j.port, j.fingerprint, timeout_s=self.connect_timeout_s)
+            except tls.TLSPinError as e:
+                raise CoordinatorImpostor(str(e)) from None
+            except ConnectionRefusedError:
+                raise self._unreachable("connection refused") from None
+            except TimeoutError:
+                raise self._unreachable(f"no answer within {self.connect_timeout_s:g}s") from None
+            except OSError as e:  # DNS failure, unreachable network, TLS handshake failure
+                raise self._unreachable(e.strerror or str(e) or type(e).__name__) from None
+            self._stub = pb_grpc.CoordinatorStub(self._channel)
+            return self._stub
+
+    def _drop_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = None
+        self._stub = None
+
+    def _unreachable(self, why: str) -> CoordinatorUnreachable:
+        return CoordinatorUnreachable(
+            f"cannot reach the coordinator at {self.join_string.address} ({why}); "
+            "check the address and that the coordinator is running."
+        )
+
+
+def _code_words(code: grpc.StatusCode) -> str:
+    return {
+        grpc.StatusCode.DEADLINE_EXCEEDED: "no answer before the deadline",
+        grpc.StatusCode.CANCELLED: "the call was cancelled",
+    }.get(code, "unavailable")

@@ -1,0 +1,191 @@
+"""The embedded corpus: bytes of the Python standard library (or the user's text files), a held-out
+evaluation split, disjoint per-peer training shards and a resumable, deterministic batch sampler.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import torch
+import torch.nn as nn
+
+from swarm.config import DataConfig
+
+log = logging.getLogger(__name__)
+
+_THIRD_PARTY_DIRS = {"site-packages", "dist-packages"}
+
+
+def stdlib_files() -> list[Path]:
+    """The standard library's ``*.py`` files, sorted by path relative to the stdlib root.
+
+    The same Python version gives the same list (and so the same corpus) on every machine.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return _walk(root, keep=lambda name: name.endswith(".py"), skip_dirs=_THIRD_PARTY_DIRS)
+
+
+def _walk(root: Path, *, keep, skip_dirs: set[str]) -> list[Path]:
+    """Files under ``root`` sorted by relative POSIX path; pruned dirs are never descended into
+    (site-packages can be much larger than the stdlib itself)."""
+    found: list[tuple[str, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in skip_dirs and not d.startswith((".", "__pycache__"))]
+        for name in filenames:
+            if keep(name):
+                path = Path(dirpath, name)
+                found.append((path.relative_to(root).as_posix(), path))
+    found.sort()
+    return [path for _, path in found]
+
+
+def _source_files(source: str) -> list[Path]:
+    if source == "stdlib":
+        return stdlib_files()
+    path = Path(source)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        # Hidden files and folders (.git, editor swap files) are not text the user meant to train on.
+        return _walk(path, keep=lambda name: not name.startswith("."), skip_dirs=set())
+    raise ValueError(f"data source {source!r} does not exist; give 'stdlib' or a path to text files.")
+
+
+@dataclass(frozen=True, eq=False)
+class ByteCorpus:
+    """A corpus as two uint8 tensors.  They are shared by every user in the process: treat them as
+    read-only."""
+
+    train: torch.Tensor
+    eval: torch.Tensor
+
+    @staticmethod
+    def load(cfg: DataConfig) -> "ByteCorpus":
+        """Read ``cfg.source`` (files in sorted order, up to ``cfg.max_bytes``); the eval split is the
+        last ``cfg.eval_fraction`` of the bytes.  Cached per process: virtual peers share one copy."""
+        return _load_cached(cfg.source, cfg.max_bytes, cfg.eval_fraction)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(source: str, max_bytes: Optional[int], eval_fraction: float) -> ByteCorpus:
+    buf = bytearray()
+    files_read = 0
+    for path in _source_files(source):
+        if max_bytes is not None and len(buf) >= max_bytes:
+            break
+        buf += path.read_bytes()
+        files_read += 1
+    if max_bytes is not None:
+        del buf[max_bytes:]
+    if not buf:
+        raise ValueError(f"data source {source!r} holds no bytes; point it at non-empty text files.")
+    data = torch.frombuffer(buf, dtype=torch.uint8).clone()
+    n_eval = max(1, round(len(data) * eval_fraction))
+    corpus = ByteCorpus(train=data[: len(data) - n_eval], eval=data[len(data) - n_eval :])
+    log.info(
+        "corpus %s: %d files read, %d train bytes, %d eval bytes",
+        source, files_read, corpus.train.numel(), corpus.eval.numel(),
+    )
+    return corpus
+
+
+def shard_index_for_peer(peer_index: int, num_shards: int) -> int:
+    return peer_index % num_shards
+
+
+def shard(split: torch.Tensor, *, shard_index: int, num_shards: int) -> torch.Tensor:
+    """Contiguous shard ``shard_index`` of ``num_shards`` equal shards (the remainder is dropped, so
+    shards never overlap)."""
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard_index must be in [0, {num_shards}), got {shard_index}.")
+    size = split.numel() // num_shards
+    return split[shard_index * size : (shard_index + 1) * size]
+
+
+class BatchSampler:
+    """Deterministic (x, y) int64 batches of random windows from one shard; y is x shifted by one.
+
+    Batch k is drawn from a generator seeded by (seed, shard_index, k), so resuming needs only k.
+    """
+
+    def __init__(
+        self,
+        corpus_split: torch.Tensor,
+        *,
+        shard_index: int,
+        num_shards: int,
+        batch_size: int,
+        seq_len: int,
+        seed: int,
+    ) -> None:
+        self.data = shard(corpus_split, shard_index=shard_index, num_shards=num_shards)
+        if self.data.numel() < seq_len + 1:
+            raise ValueError(
+                f"shard {shard_index} of {num_shards} holds {self.data.numel()} bytes, fewer than"
+                f" seq_len + 1 = {seq_len + 1}; use fewer shards, a shorter seq_len or more data."
+            )
+        self.shard_index = shard_index
+        self.batch_size = batch_size
+        self.seq_len = seq_len
+        self.seed = seed
+        self.batches_drawn = 0
+        self._window = torch.arange(seq_len + 1)
+
+    def _generator(self, batch: int) -> torch.Generator:
+        key = f"swarm-batch:{self.seed}:{self.shard_index}:{batch}".encode()
+        return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little"))
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = self._generator(self.batches_drawn)
+        self.batches_drawn += 1
+        starts = torch.randint(0, self.data.numel() - self.seq_len, (self.batch_size, 1), generator=gen)
+        windows = self.data[starts + self._window].long()
+        return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            yield self.next_batch()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"batches_drawn": self.batches_drawn, "shard_index": self.shard_index, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state.get("shard_index", self.shard_index) != self.shard_index or state.get("seed", self.seed) != self.seed:
+            raise ValueError("sampler state belongs to another shard or seed; it cannot be resumed here.")
+        self.batches_drawn = int(state["batches_drawn"])
+
+
+def eval_windows(split: torch.Tensor, *, batch_size: int, seq_len: int, num_batches: int) -> list[int]:
+    """Start offsets of ``batch_size * num_batches`` evenly spaced windows over ``split``."""
+    last = split.numel() - seq_len - 1
+    if last < 0:
+        raise ValueError(f"the eval split ({split.numel()} bytes) is shorter than seq_len + 1; use more data.")
+    total = batch_size * num_batches
+    return [(k * last) // max(1, total - 1) for k in range(total)]
+
+
+@torch.no_grad()
+def eval_loss(model: nn.Module, corpus: ByteCorpus, *, batch_size: int, seq_len: int, num_batches: int) -> float:
+    """Mean loss (nats per byte) over fixed windows of the eval split; the model's train/eval mode is
+    restored afterwards."""
+    starts = torch.tensor(eval_windows(corpus.eval, batch_size=batch_size, seq_len=seq_len, num_batches=num_batches))
+    device = next(model.parameters()).device
+    windows = corpus.eval[starts[:, None] + torch.arange(seq_len + 1)].long()
+    was_training = model.training
+    model.eval()
+    try:
+        total = 0.0
+        for b in range(num_batches):
+            w = windows[b * batch_size : (b + 1) * batch_size].to(device)
+            _, loss = model(w[:, :-1], w[:, 1:])
+            total += loss.item()
+    finally:
+        model.train(was_training)
+    return total / num_batches

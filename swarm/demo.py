@@ -1,0 +1,210 @@
+"""`swarm demo`: a coordinator and N peers as separate processes on loopback, training the embedded default.
+
+It shows progress while the run trains, checks that every peer ended with the same θg, and ends
+with a summary table (or, with --json, one JSON line).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.console import Console
+from rich.table import Table
+
+from swarm.status import format_bytes, status_to_dict
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoOptions:
+    peers: int = 3
+    rounds: int = 10
+    inner_steps: int = 50
+    preset: str = "tiny"
+    as_json: bool = False
+    workdir: Optional[Path] = None
+    timeout_s: float = 900.0
+
+
+def _spawn(args: list[str], log: Path, *, stdout=None) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen(
+        [sys.executable, "-m", "swarm.cli", *args],
+        stdout=stdout if stdout is not None else open(log, "ab"),
+        stderr=open(log, "ab"),
+        env=env,
+        start_new_session=True,
+    )
+
+
+def _read_join_string(proc: subprocess.Popen, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    os.set_blocking(proc.stdout.fileno(), True)
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline().decode()
+        if line.startswith("join: "):
+            return line.split(" ", 1)[1].strip()
+        if not line and proc.poll() is not None:
+            break
+    raise RuntimeError("the demo coordinator did not print its join string; see its log")
+
+
+def _tensor_digest(path: Path) -> str:
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode())
+        h.update(tensors[name].contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def run_demo(options: DemoOptions) -> int:
+    console = Console(stderr=options.as_json)
+    workdir = options.workdir or Path(tempfile.mkdtemp(prefix="swarm-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    console.print(f"[bold]swarm demo[/bold]: coordinator + {options.peers} peers on loopback, "
+                  f"{options.rounds} rounds of H={options.inner_steps}, model preset {options.preset}; files in {workdir}")
+
+    coordinator = _spawn(
+        ["coordinator", "--state-dir", str(workdir / "coordinator"), "--max-rounds", str(options.rounds),
+         "--min-peers", str(options.peers), "--inner-steps", str(options.inner_steps), "--preset", options.preset],
+        workdir / "coordinator.log", stdout=subprocess.PIPE,
+    )
+    procs: list[subprocess.Popen] = []
+    try:
+        join = _read_join_string(coordinator, timeout_s=120)
+        console.print(f"join string: {join}")
+        for i in range(options.peers):
+            procs.append(_spawn(
+                ["peer", "--join", join, "--state-dir", str(workdir / f"peer-{i}"), "--threads", "1",
+                 "--name", f"demo-peer-{i}", "--site", "loopback"],
+                workdir / f"peer-{i}.log",
+            ))
+        status = _follow(join, procs, console, deadline=started + options.timeout_s)
+        codes = [p.wait(timeout=max(1.0, started + options.timeout_s - time.monotonic())) for p in procs]
+        coordinator.wait(timeout=60)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        console.print(f"[red]demo failed: {e}[/red]; logs are in {workdir}")
+        return 1
+    finally:
+        for proc in [*procs, coordinator]:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+    finals = [workdir / f"peer-{i}" / "final" / "model.safetensors" for i in range(options.peers)]
+    digests = [_tensor_digest(f) if f.exists() else None for f in finals]
+    consistent = all(d is not None for d in digests) and len(set(digests)) == 1
+    final_eval = _final_eval_loss(finals[0], options) if finals[0].exists() else math.nan
+    run, totals = (status or {}).get("run", {}), (status or {}).get("totals", {})
+    summary = {
+        "rounds_committed": run.get("rounds_committed", 0),
+        "initial_eval_loss": run.get("initial_eval_loss"),
+        "final_eval_loss": final_eval,
+        "peers": options.peers,
+        "peer_exit_codes": codes,
+        "bytes_sent_total": totals.get("bytes_sent", 0),
+        "ddp_equivalent_bytes": totals.get("ddp_equivalent_bytes", 0),
+        "compute_utilization": totals.get("compute_utilization", 0.0),
+        "consistent": consistent,
+        "final_hashes": digests,
+        "wall_s": round(time.monotonic() - started, 1),
+        "workdir": str(workdir),
+    }
+    _print_summary(summary, console)
+    if options.as_json:
+        print(json.dumps(summary), flush=True)
+    ok = consistent and all(c == 0 for c in codes) and summary["rounds_committed"] == options.rounds
+    return 0 if ok else 1
+
+
+def _follow(join: str, procs: list[subprocess.Popen], console: Console, *, deadline: float) -> Optional[dict[str, Any]]:
+    """Print a line per committed round until the run finishes; return the last status seen."""
+    from swarm.control import CoordinatorClient, CoordinatorError
+    from swarm.joinstring import JoinString
+
+    client = CoordinatorClient(JoinString.parse(join))
+    last: Optional[dict[str, Any]] = None
+    shown = -1
+    try:
+        while time.monotonic() < deadline:
+            try:
+                last = status_to_dict(client.get_status())
+            except CoordinatorError:
+                if all(p.poll() is not None for p in procs):
+                    return last
+                time.sleep(1.0)  # a progress display's refresh period
+                continue
+            run, totals = last["run"], last["totals"]
+            if run["rounds_committed"] != shown:
+                shown = run["rounds_committed"]
+                eval_loss = "—" if run["eval_loss"] is None else f"{run['eval_loss']:.3f}"
+                live = sum(1 for p in last["peers"] if p["state"] not in ("left", "evicted"))
+                console.print(
+                    f"round {shown}/{run['max_rounds']} committed  eval loss {eval_loss}  "
+                    f"train loss {run['loss'] or 0:.3f}  peers {live}  sent {format_bytes(totals['bytes_sent'])}  "
+                    f"hash {run['committed_hash'] or '—'}"
+                )
+            if run["finished"] or all(p.poll() is not None for p in procs):
+                return last
+            time.sleep(1.0)  # a progress display's refresh period
+        raise RuntimeError(f"the run did not finish within the demo timeout")
+    finally:
+        client.close()
+
+
+def _final_eval_loss(path: Path, options: DemoOptions) -> float:
+    """Evaluate the final model on the held-out split, exactly as the peers do."""
+    import dataclasses
+
+    import torch
+    from safetensors.torch import load_file
+
+    from swarm.config import RunConfig
+    from swarm.data import ByteCorpus, eval_loss
+    from swarm.model import build_model
+
+    run = RunConfig()
+    run = run.replace(model=dataclasses.replace(run.model, preset=options.preset))
+    model = build_model(run.model, seed=run.seed)
+    tensors = load_file(str(path))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(tensors[name])
+    corpus = ByteCorpus.load(run.data)
+    return eval_loss(model, corpus, batch_size=run.data.batch_size, seq_len=run.data.seq_len,
+                     num_batches=run.data.eval_batches)
+
+
+def _print_summary(summary: dict[str, Any], console: Console) -> None:
+    table = Table(title="swarm demo — summary", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    fmt = lambda v: "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"  # noqa: E731
+    table.add_row("rounds committed", str(summary["rounds_committed"]))
+    table.add_row("eval loss (nats/byte)", f"{fmt(summary['initial_eval_loss'])} → {fmt(summary['final_eval_loss'])}")
+    table.add_row("peers (exit codes)", f"{summary['peers']} {summary['peer_exit_codes']}")
+    sent, ddp = summary["bytes_sent_total"], summary["ddp_equivalent_bytes"]
+    ratio = f" ({ddp / sent:,.0f}× less)" if sent and ddp else ""
+    table.add_row("bytes sent", f"{format_bytes(sent)} vs {format_bytes(ddp)} for data-parallel{ratio}")
+    table.add_row("compute utilization", f"{100 * summary['compute_utilization']:.1f}%")
+    table.add_row("final θg identical on all peers", "yes" if summary["consistent"] else "[red]NO[/red]")
+    table.add_row("wall time", f"{summary['wall_s']:.0f} s")
+    console.print(table)

@@ -1,0 +1,201 @@
+"""Butterfly all-reduce of pseudo-gradients over hivemind's libp2p transport, bit-identical on every peer.
+
+Why not ``hivemind.averaging.DecentralizedAverager.step``: it hands every peer ``local + (average −
+local)`` with the delta compressed per peer, so peers end with different bits (and with 8-bit codecs
+under numpy 2, or a lost part, with a silently partial average: see docs/ARCHITECTURE.md). Here the
+flat vector is cut into one slice per group member; each member reduces its slice from everyone's
+encoded contribution in the group's canonical order, encodes the average once, and sends those same
+bytes to every member. Every member decodes identical bytes, so every member holds the same average;
+a slice that does not arrive in time fails the exchange instead of being replaced by local values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from hivemind.p2p import P2PContext, PeerID
+from hivemind.utils.asyncio import as_aiter
+
+from swarm.algorithm import weighted_average
+from swarm.codec import CODECS
+from swarm.rendezvous import Member, group_digest
+from swarm.transport import Transport
+from swarm.v1 import exchange_pb2
+
+logger = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1 << 20  # below hivemind's 2 MiB unary limit and small enough to interleave streams
+MAX_OPEN_KEYS = 4  # rounds whose early parts are buffered; older ones are dropped
+
+
+class ExchangeFailed(RuntimeError):
+    """The group could not complete the average; nothing of it may be applied."""
+
+
+@dataclass
+class ExchangeResult:
+    average: torch.Tensor
+    group: list[Member]
+    bytes_sent: int
+    bytes_received: int
+    seconds: float
+
+
+def part_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous, nearly equal slices [start, end) covering numel elements."""
+    base, extra = divmod(numel, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        end = start + base + (1 if i < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+class Exchange:
+    def __init__(self, transport: Transport, *, run_id: str):
+        self.transport = transport
+        self._handler_name = f"swarm_{run_id}.part"
+        self._inbox: dict[str, dict[tuple, bytes]] = {}
+        self._received_bytes: dict[str, int] = {}
+        self._cond: Optional[asyncio.Condition] = None
+        transport.run(self._start(), timeout_s=30)
+
+    async def _start(self) -> None:
+        self._cond = asyncio.Condition()
+        await self.transport.p2p.add_protobuf_handler(
+            self._handler_name, self._on_chunks, exchange_pb2.TensorChunk, stream_input=True
+        )
+
+    def average(
+        self, *, key: str, group: list[Member], me: Member, delta: torch.Tensor, timeout_s: float
+    ) -> ExchangeResult:
+        """Average delta with the group; raises ExchangeFailed unless every slice arrived intact."""
+        try:
+            return self.transport.run(
+                asyncio.wait_for(self._average(key, group, me, delta), timeout_s), timeout_s=timeout_s + 5
+            )
+        except (asyncio.TimeoutError, TimeoutError):
+            raise ExchangeFailed(f"{key}: the group did not complete the exchange within {timeout_s:.0f}s") from None
+        finally:
+            self.transport.run(self._forget(key), timeout_s=5)
+
+    async def _average(self, key: str, group: list[Member], me: Member, delta: torch.Tensor) -> ExchangeResult:
+        started = time.perf_counter()
+        codec = CODECS[me.codec]
+        if any(m.numel != me.numel or m.codec != me.codec for m in group):
+            raise ExchangeFailed(f"{key}: groupmates disagree on the vector size or codec")
+        position = [m.peer_id for m in group].index(me.peer_id)
+        digest = group_digest(group)
+        bounds = part_bounds(me.numel, len(group))
+        flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
+        sent = 0
+
+        # Phase 1: every slice goes, encoded, to its owner (this peer's own slice stays here).
+        sends = []
+        for owner, (start, end) in enumerate(bounds):
+            payload = codec.encode(flat[start:end].contiguous())
+            if owner == position:
+                await self._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload)
+            else:
+                sends.append(self._send(group[owner], key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload))
+        sent += sum(await asyncio.gather(*sends))
+
+        # Reduce this peer's slice in the group's order, then send the same encoded bytes to all.
+        start, end = bounds[position]
+        contributions = await self._wait_for(
+            key, [(digest, exchange_pb2.PHASE_CONTRIBUTION, position, sender) for sender in range(len(group))]
+        )
+        decoded = [self._decode(codec, data, end - start, key) for data in contributions]
+        averaged = codec.encode(weighted_average(decoded, [m.weight for m in group]).contiguous())
+        await self._deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
+        sends = [
+            self._send(member, key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
+            for i, member in enumerate(group) if i != position
+        ]
+        sent += sum(await asyncio.gather(*sends))
+
+        # Phase 2: collect every owner's averaged slice.
+        parts = await self._wait_for(
+            key, [(digest, exchange_pb2.PHASE_AVERAGED, owner, owner) for owner in range(len(group))]
+        )
+        average = torch.cat([self._decode(codec, data, e - s, key) for data, (s, e) in zip(parts, bounds)])
+        return ExchangeResult(
+            average=average,
+            group=group,
+            bytes_sent=sent,
+            bytes_received=self._received_bytes.get(key, 0),
+            seconds=time.perf_counter() - started,
+        )
+
+    @staticmethod
+    def _decode(codec, data: bytes, numel: int, key: str) -> torch.Tensor:
+        try:
+            tensor = codec.decode(data, numel)
+        except ValueError as e:
+            raise ExchangeFailed(f"{key}: a groupmate sent a malformed slice ({e})") from None
+        if not torch.isfinite(tensor).all():
+            raise ExchangeFailed(f"{key}: a groupmate sent non-finite values")
+        return tensor
+
+    async def _send(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes) -> int:
+        num_chunks = max(1, -(-len(payload) // CHUNK_BYTES))
+        messages = [
+            exchange_pb2.TensorChunk(
+                key=key, group_digest=digest, phase=phase, part=part, sender=sender, chunk=i,
+                num_chunks=num_chunks, data=payload[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES],
+            )
+            for i in range(num_chunks)
+        ]
+        try:
+            ack = await self.transport.p2p.call_protobuf_handler(
+                PeerID.from_base58(member.dht_peer_id), self._handler_name, as_aiter(*messages), exchange_pb2.ChunkAck
+            )
+        except Exception as e:
+            raise ExchangeFailed(f"{key}: could not send to {member.peer_id} ({e!r})") from None
+        if not ack.ok:
+            raise ExchangeFailed(f"{key}: {member.peer_id} refused a slice: {ack.error}")
+        return sum(m.ByteSize() for m in messages)
+
+    async def _on_chunks(self, requests, context: P2PContext) -> exchange_pb2.ChunkAck:
+        chunks: list[exchange_pb2.TensorChunk] = []
+        async for message in requests:
+            chunks.append(message)
+        if not chunks:
+            return exchange_pb2.ChunkAck(ok=False, error="empty stream")
+        head = chunks[0]
+        if len(chunks) != head.num_chunks or any(
+            (c.key, c.group_digest, c.phase, c.part, c.sender, c.chunk) != (head.key, head.group_digest, head.phase, head.part, head.sender, i)
+            for i, c in enumerate(chunks)
+        ):
+            return exchange_pb2.ChunkAck(ok=False, error="chunks of one slice arrived inconsistent or incomplete")
+        payload = b"".join(c.data for c in chunks)
+        self._received_bytes[head.key] = self._received_bytes.get(head.key, 0) + sum(c.ByteSize() for c in chunks)
+        await self._deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload)
+        return exchange_pb2.ChunkAck(ok=True)
+
+    async def _deliver(self, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes) -> None:
+        async with self._cond:
+            if key not in self._inbox:
+                while len(self._inbox) >= MAX_OPEN_KEYS:
+                    stale = next(iter(self._inbox))
+                    self._inbox.pop(stale)
+                    self._received_bytes.pop(stale, None)
+                self._inbox[key] = {}
+            self._inbox[key][(digest, phase, part, sender)] = payload
+            self._cond.notify_all()
+
+    async def _wait_for(self, key: str, wanted: list[tuple]) -> list[bytes]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: all(w in self._inbox.get(key, {}) for w in wanted))
+            return [self._inbox[key][w] for w in wanted]
+
+    async def _forget(self, key: str) -> None:
+        async with self._cond:
+            self._inbox.pop(key, None)
+            self._received_bytes.pop(key, None)

@@ -1,0 +1,178 @@
+"""The embedded default model: a small byte-level GPT in nanoGPT style (vocabulary = 256 bytes).
+
+``build_model(cfg, seed=...)`` gives bit-identical parameters for the same seed on every machine, so
+all peers of a run start from the same global parameters without transferring them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from swarm.config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+VOCAB_SIZE = 256  # one token per byte: no tokenizer to ship or agree on
+
+# Approximate parameter counts (embeddings included, lm_head tied to the token embedding).
+PRESETS: dict[str, dict] = {
+    # ~0.44M: CPU tests; one AdamW step on 8x128 bytes takes ~60 ms on one core (2-core EPYC VM).
+    "tiny": dict(n_layer=2, n_head=4, d_model=128, context=128),
+    # ~10.8M: a CPU or a small GPU.
+    "small": dict(n_layer=6, n_head=6, d_model=384, context=256),
+    # ~38M: a GPU.
+    "medium": dict(n_layer=12, n_head=8, d_model=512, context=512),
+    # ~86M: GPT-2 small's shape (124M there is mostly its 50k-token embedding).
+    "gpt2": dict(n_layer=12, n_head=12, d_model=768, context=1024),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPTConfig:
+    n_layer: int
+    n_head: int
+    d_model: int
+    context: int
+    vocab_size: int = VOCAB_SIZE
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_head != 0:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head}).")
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.dropout = cfg.dropout
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=False)
+        self.proj = nn.Linear(4 * cfg.d_model, cfg.d_model, bias=False)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.d_model, bias=False)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.d_model, bias=False)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.context, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.d_model, bias=False)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying: fewer parameters to train and send
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (B, T, 256) and, given targets, the mean cross-entropy in nats."""
+        _, t = idx.shape
+        if t > self.cfg.context:
+            raise ValueError(f"sequence length {t} exceeds the model context {self.cfg.context}.")
+        pos = torch.arange(t, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss
+
+    def param_count(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def gpt_config(cfg: ModelConfig) -> GPTConfig:
+    """The GPTConfig a run's ModelConfig describes (preset plus overrides)."""
+    if cfg.preset not in PRESETS:
+        raise ValueError(f"model preset {cfg.preset!r} is unknown; choose one of {sorted(PRESETS)}.")
+    shape = dict(PRESETS[cfg.preset])
+    if cfg.context is not None:
+        shape["context"] = cfg.context
+    return GPTConfig(**shape, dropout=cfg.dropout)
+
+
+def build_model(cfg: ModelConfig, *, seed: int) -> GPT:
+    """A GPT on the CPU whose parameters depend only on ``cfg`` and ``seed``, bit for bit."""
+    gcfg = gpt_config(cfg)
+    # Module constructors draw from the global RNG; fork it so callers' random streams are untouched.
+    # Every parameter is overwritten below anyway.
+    with torch.random.fork_rng(devices=[]):
+        model = GPT(gcfg)
+    gen = torch.Generator().manual_seed(seed)
+    residual_std = 0.02 / math.sqrt(2 * gcfg.n_layer)  # GPT-2: scale residual projections by depth
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:  # LayerNorm gains
+                p.fill_(1.0)
+            elif name.endswith("proj.weight"):
+                p.copy_(_portable_normal(p.shape, std=residual_std, generator=gen))
+            else:
+                p.copy_(_portable_normal(p.shape, std=0.02, generator=gen))
+    log.debug("built %s model (%d parameters) from seed %d", cfg.preset, model.param_count(), seed)
+    return model
+
+
+def _portable_normal(shape: torch.Size, *, std: float, generator: torch.Generator) -> torch.Tensor:
+    """Approximately normal samples that are bit-identical on every CPU.
+
+    torch's ``normal_`` takes a vectorised path on AVX2 machines with its own log/cos, so its bits can
+    differ between machines.  Here the only random op is integer ``randint`` (exact everywhere); the
+    sum of four uniform integers (Irwin-Hall, clipped at ±3.5 std) is exact, converts to fp32 exactly
+    (< 2**24), and one correctly rounded multiply scales it.
+    """
+    n = 1 << 16
+    draws = torch.randint(0, n, (4, *shape), generator=generator, dtype=torch.int32)
+    centred = 2 * (draws[0] + draws[1] + draws[2] + draws[3]) - 4 * (n - 1)  # mean 0, |x| < 2**18
+    unit_std = 4.0 * math.sqrt((n * n - 1) / 12.0)  # std of `centred`
+    scale = torch.tensor(std / unit_std, dtype=torch.float32)
+    return centred.to(torch.float32) * scale
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    """sha256 hex of parameter names, shapes and dtypes (not values): "same architecture" check."""
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        h.update(f"{name}:{tuple(p.shape)}:{p.dtype}\n".encode())
+    return h.hexdigest()

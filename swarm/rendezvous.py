@@ -1,0 +1,94 @@
+"""Forming a round's averaging group through the hivemind DHT.
+
+Every peer that finished its inner steps posts one entry (its ids, position and weight) under the
+round's key, then reads the key until every planned participant has posted or the matchmaking
+window closes. The group is the posted entries of planned participants, ordered by peer index, so
+every member that sees the same entries derives the same group, parts and weights. Members compare
+a digest of the group in every message, so a peer that saw a different group is caught, not merged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
+
+import hivemind
+from hivemind.utils.timed_storage import get_dht_time
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Member:
+    peer_id: str  # swarm peer id given by the coordinator
+    dht_peer_id: str  # libp2p peer id, where its parts are sent
+    index: int  # the peer's index in the run: orders the group
+    weight: float  # samples processed this round
+    numel: int
+    codec: str
+
+
+def group_key(run_id: str, round_: int, fragment: int = 0) -> str:
+    return f"{run_id}.round{round_}.fragment{fragment}"
+
+
+def group_digest(members: list[Member]) -> str:
+    text = "|".join(f"{m.peer_id},{m.dht_peer_id},{m.index},{m.weight!r},{m.numel},{m.codec}" for m in members)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def rendezvous(
+    dht: hivemind.DHT,
+    *,
+    key: str,
+    me: Member,
+    planned: Callable[[], Optional[set[str]]],
+    window_s: float,
+    ttl_s: float,
+    poll_s: float = 0.1,
+    plan_refresh_s: float = 1.0,
+) -> list[Member]:
+    """Post this peer under key and return the group, ordered by peer index.
+
+    planned() returns the planned participants' peer ids, or None when the plan is unknown (the
+    coordinator is unreachable): then whoever posted within the window forms the group.
+    """
+    dht.store(key, subkey=me.peer_id, value=asdict(me), expiration_time=get_dht_time() + ttl_s)
+    deadline = time.monotonic() + window_s
+    expected = planned()
+    next_plan_at = time.monotonic() + plan_refresh_s
+    while True:
+        posted = _read_members(dht, key)
+        posted[me.peer_id] = me
+        if expected is not None and expected <= set(posted):
+            break
+        if time.monotonic() >= deadline:
+            logger.info("%s: matchmaking window closed with %d of %s planned peers", key, len(posted),
+                        "?" if expected is None else len(expected))
+            break
+        if time.monotonic() >= next_plan_at:
+            expected = planned() or expected
+            next_plan_at = time.monotonic() + plan_refresh_s
+        time.sleep(poll_s)  # polling the DHT: there is no change notification to await
+    members = [m for pid, m in posted.items() if expected is None or pid in expected or pid == me.peer_id]
+    return sorted(members, key=lambda m: (m.index, m.peer_id))
+
+
+def _read_members(dht: hivemind.DHT, key: str) -> dict[str, Member]:
+    found = dht.get(key, latest=True)
+    members: dict[str, Member] = {}
+    if found is None or not isinstance(found.value, dict):
+        return members
+    for subkey, entry in found.value.items():
+        value = getattr(entry, "value", None)
+        try:
+            member = Member(**value)
+        except TypeError:
+            logger.warning("%s: ignoring a malformed group entry under %r", key, subkey)
+            continue
+        if member.peer_id == subkey:
+            members[subkey] = member
+    return members

@@ -1,0 +1,150 @@
+"""Serving and fetching the committed global state (θg and the outer-optimizer state) between peers.
+
+A peer publishes a safetensors snapshot of every state it commits; a joiner or a peer that fell out of
+step downloads it in chunks from the holders the coordinator names and accepts it only when its hash
+equals the committed hash of that round. Nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+from hivemind.p2p import P2PContext, PeerID
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from swarm.algorithm import state_hash
+from swarm.transport import Transport
+from swarm.v1 import exchange_pb2
+
+logger = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1 << 20
+
+
+class StateUnavailable(RuntimeError):
+    """No holder could serve a state with the committed hash."""
+
+
+@dataclass(frozen=True)
+class GlobalState:
+    round: int
+    params: list[torch.Tensor]
+    momentum: list[torch.Tensor]
+    hash: str
+
+
+def serialize_state(state: GlobalState) -> bytes:
+    tensors = {f"param.{i:05d}": t.contiguous() for i, t in enumerate(state.params)}
+    tensors.update({f"momentum.{i:05d}": t.contiguous() for i, t in enumerate(state.momentum)})
+    return save_safetensors(tensors, metadata={"round": str(state.round), "hash": state.hash})
+
+
+def deserialize_state(data: bytes, *, round_: int, shapes: Sequence[torch.Size]) -> GlobalState:
+    """Parse a snapshot; raises ValueError when it does not fit this model."""
+    try:
+        tensors = load_safetensors(data)
+    except Exception as e:
+        raise ValueError(f"the state snapshot is not valid safetensors ({e})") from None
+    params = [tensors.get(f"param.{i:05d}") for i in range(len(shapes))]
+    momentum = [tensors.get(f"momentum.{i:05d}") for i in range(len(shapes))]
+    if len(tensors) != 2 * len(shapes) or any(t is None for t in params + momentum):
+        raise ValueError("the state snapshot holds a different set of tensors than this model")
+    for t, m, shape in zip(params, momentum, shapes):
+        if t.shape != shape or m.shape != shape or t.dtype != torch.float32 or m.dtype != torch.float32:
+            raise ValueError("the state snapshot's tensor shapes do not match this model")
+    return GlobalState(round=round_, params=params, momentum=momentum, hash=state_hash(params, momentum))
+
+
+class StateServer:
+    """Serves this peer's newest committed state to others."""
+
+    def __init__(self, transport: Transport, *, run_id: str):
+        self.transport = transport
+        self.handler_name = f"swarm_{run_id}.state"
+        self._lock = threading.Lock()
+        self._round = -1
+        self._hash = ""
+        self._blob = b""
+        transport.run(
+            transport.p2p.add_protobuf_handler(self.handler_name, self._on_request, exchange_pb2.StateRequest),
+            timeout_s=30,
+        )
+
+    def publish(self, state: GlobalState) -> None:
+        blob = serialize_state(state)
+        with self._lock:
+            self._round, self._hash, self._blob = state.round, state.hash, blob
+
+    async def _on_request(self, request: exchange_pb2.StateRequest, context: P2PContext) -> exchange_pb2.StateChunk:
+        with self._lock:
+            round_, hash_, blob = self._round, self._hash, self._blob
+        if round_ != request.round:
+            return exchange_pb2.StateChunk(round=round_, error=f"this peer holds round {round_}")
+        length = max(0, min(request.length, CHUNK_BYTES))
+        data = blob[request.offset:request.offset + length]
+        return exchange_pb2.StateChunk(
+            round=round_, state_hash=hash_, total_bytes=len(blob), offset=request.offset, data=data
+        )
+
+
+def download_state(
+    transport: Transport,
+    *,
+    run_id: str,
+    holders: Sequence[str],
+    round_: int,
+    expected_hash: str,
+    shapes: Sequence[torch.Size],
+    timeout_s: float,
+) -> tuple[GlobalState, int]:
+    """Fetch the state of round_ from the first holder that serves it intact; returns (state, bytes)."""
+    handler = f"swarm_{run_id}.state"
+    deadline = time.monotonic() + timeout_s
+    errors: list[str] = []
+    for holder in holders:
+        if holder == transport.peer_id:
+            continue
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        try:
+            blob = transport.run(_fetch(transport, holder, handler, round_), timeout_s=remaining)
+            state = deserialize_state(blob, round_=round_, shapes=shapes)
+        except Exception as e:
+            errors.append(f"{holder[-8:]}: {e}")
+            continue
+        if state.hash != expected_hash:
+            errors.append(f"{holder[-8:]}: served hash {state.hash}, committed is {expected_hash}")
+            continue
+        logger.info("downloaded round %d state (%d bytes) from %s", round_, len(blob), holder[-8:])
+        return state, len(blob)
+    raise StateUnavailable(
+        f"no holder served round {round_} with hash {expected_hash} ({'; '.join(errors) or 'no holders'})"
+    )
+
+
+async def _fetch(transport: Transport, holder: str, handler: str, round_: int) -> bytes:
+    peer = PeerID.from_base58(holder)
+    parts: list[bytes] = []
+    offset, total = 0, None
+    while total is None or offset < total:
+        chunk = await transport.p2p.call_protobuf_handler(
+            peer, handler, exchange_pb2.StateRequest(round=round_, offset=offset, length=CHUNK_BYTES),
+            exchange_pb2.StateChunk,
+        )
+        if chunk.error:
+            raise RuntimeError(chunk.error)
+        if total is not None and chunk.total_bytes != total:
+            raise RuntimeError("the holder's state changed during the download")
+        total = chunk.total_bytes
+        if not chunk.data and offset < total:
+            raise RuntimeError("the holder sent an empty chunk")
+        parts.append(chunk.data)
+        offset += len(chunk.data)
+    return b"".join(parts)

@@ -1,0 +1,104 @@
+"""`swarm status`: the run as the coordinator sees it, as rich tables or one JSON object."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+from rich.console import Console
+from rich.table import Table
+
+from swarm.v1 import coordinator_pb2 as pb
+
+
+def status_to_dict(response: pb.GetStatusResponse) -> dict[str, Any]:
+    """The JSON shape of `swarm status --json`: {"run": {...}, "peers": [...], "totals": {...}}."""
+
+    def plain(message) -> dict[str, Any]:
+        data = MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        for field in message.DESCRIPTOR.fields:  # int64 comes back as str, NaN as "NaN": make them numbers
+            value = getattr(message, field.name)
+            if isinstance(value, float):
+                data[field.name] = None if math.isnan(value) else value
+            elif isinstance(value, int) and not isinstance(value, bool):
+                data[field.name] = int(value)
+        return data
+
+    return {
+        "run": plain(response.run),
+        "peers": [plain(p) for p in response.peers],
+        "totals": plain(response.totals),
+    }
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _num(value: Any, fmt: str = "{:.3f}") -> str:
+    return "—" if value is None else fmt.format(value)
+
+
+def status_tables(status: dict[str, Any]) -> list[Table]:
+    run, totals = status["run"], status["totals"]
+    state = "finished" if run["finished"] else (f"round {run['open_round']} open" if run["open_round"] else "waiting for peers")
+    table = Table(title=f"run {run['run_id']} — {state}", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    max_rounds = run["max_rounds"] or "∞"
+    table.add_row("rounds committed", f"{run['rounds_committed']} / {max_rounds} ({run['rounds_voided']} voided)")
+    table.add_row("committed θg hash", run["committed_hash"] or "—")
+    table.add_row("eval loss", f"{_num(run['eval_loss'])} at round {run['eval_round']} (initial {_num(run['initial_eval_loss'])})")
+    table.add_row("train loss", _num(run["loss"]))
+    table.add_row("model", f"{run['model_preset']} ({run['param_count']:,} parameters)")
+    table.add_row("plan", f"H = {run['inner_steps']} inner steps, codec {run['codec']}")
+    ddp = totals["ddp_equivalent_bytes"]
+    sent = totals["bytes_sent"]
+    ratio = f" ({ddp / sent:,.0f}× less)" if sent and ddp else ""
+    table.add_row("bytes sent", f"{format_bytes(sent)} vs {format_bytes(ddp)} for data-parallel{ratio}")
+    table.add_row("compute utilization", f"{100 * totals['compute_utilization']:.1f}% (inner-step time / wall time)")
+    table.add_row("tokens", f"{totals['tokens']:,}")
+
+    peers = Table(title="peers")
+    for column in ("id", "name", "site", "state", "θg hash", "round", "joined", "missed", "tokens/s", "loss", "sent", "util", "seen"):
+        peers.add_column(column)
+    for p in status["peers"]:
+        peers.add_row(
+            p["id"], p["name"], p["site"] or "—", p["state"], p["params_hash"] or "—", str(p["params_round"]),
+            str(p["rounds_joined"]), str(p["rounds_missed"]), f"{p['tokens_per_s']:,.0f}", _num(p["loss"]),
+            format_bytes(p["bytes_sent"]), f"{100 * p['compute_utilization']:.0f}%", f"{p['last_seen_s']:.0f}s ago",
+        )
+    return [table, peers]
+
+
+def render_status(status: dict[str, Any], console: Console) -> None:
+    for table in status_tables(status):
+        console.print(table)
+
+
+def print_status(status: dict[str, Any], *, as_json: bool, console: Console) -> None:
+    if as_json:
+        print(json.dumps(status, sort_keys=True), flush=True)
+    else:
+        render_status(status, console)
+
+
+def watch(fetch, *, interval_s: float, console: Console) -> None:
+    """Refresh the tables in place until interrupted or the run finishes."""
+    from rich.console import Group
+    from rich.live import Live
+
+    with Live(console=console, auto_refresh=False) as live:
+        while True:
+            status = fetch()
+            live.update(Group(*status_tables(status)), refresh=True)
+            if status["run"]["finished"]:
+                return
+            time.sleep(interval_s)  # a display refresh period, not a wait for a condition

@@ -1,0 +1,80 @@
+"""A peer's handle on hivemind's DHT and libp2p transport, with an asyncio loop of its own.
+
+The training loop is synchronous; the data plane (``swarm.exchange``, ``swarm.state_transfer``) is
+asyncio on hivemind's ``P2P``. This object owns the DHT, a replica of its P2P daemon client, and one
+event-loop thread, and runs coroutines there with a bound on every wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from typing import Any, Awaitable, Optional, Sequence
+
+import hivemind
+
+logger = logging.getLogger(__name__)
+
+
+class Transport:
+    def __init__(
+        self,
+        *,
+        initial_peers: Sequence[str],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        announce_host: Optional[str] = None,
+        start_timeout_s: float = 60.0,
+    ):
+        host_maddrs = [f"/ip4/{host}/tcp/{port}"]
+        announce = [f"/ip4/{announce_host}/tcp/{port}"] if announce_host and port else None
+        self.dht = hivemind.DHT(
+            start=True,
+            initial_peers=list(initial_peers),
+            host_maddrs=host_maddrs,
+            announce_maddrs=announce,
+            await_ready=True,
+            startup_timeout=start_timeout_s,
+        )
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="swarm-p2p", daemon=True)
+        self._thread.start()
+        self.p2p = self.run(self.dht.replicate_p2p(), timeout_s=start_timeout_s)
+        self.peer_id = str(self.p2p.peer_id)
+
+    @property
+    def visible_maddrs(self) -> list[str]:
+        return [str(m) for m in self.dht.get_visible_maddrs()]
+
+    def run(self, coro: Awaitable[Any], *, timeout_s: float) -> Any:
+        """Run a coroutine on the transport loop and wait for it at most timeout_s seconds."""
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"transport operation did not finish within {timeout_s:.1f}s") from None
+
+    def submit(self, coro: Awaitable[Any]) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def shutdown(self) -> None:
+        try:
+            self.run(self._cancel_tasks(), timeout_s=5)
+        except Exception as e:  # shutting down; nothing left to protect
+            logger.debug("transport tasks: %r", e)
+        try:
+            self.dht.shutdown()
+        except Exception as e:
+            logger.debug("DHT shutdown: %r", e)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    async def _cancel_tasks(self) -> None:
+        current = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,122 @@
+"""Real coordinator and peer processes on loopback, for the integration tests."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from swarm.control import CoordinatorClient, CoordinatorError
+from swarm.joinstring import JoinString
+from swarm.status import status_to_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def swarm_process(args: list[str], log: Path, *, stdout=None) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+    return subprocess.Popen(
+        [sys.executable, "-m", "swarm.cli", *args],
+        stdout=stdout if stdout is not None else open(log, "ab"),
+        stderr=open(log, "ab"),
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def poll(predicate: Callable[[], object], *, timeout_s: float, what: str, interval_s: float = 0.2):
+    """Return predicate()'s first truthy value; fail with `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+@dataclass
+class Swarm:
+    """A coordinator plus peers started by a test, with their logs in one directory."""
+
+    workdir: Path
+    coordinator: Optional[subprocess.Popen] = None
+    join: str = ""
+    peers: dict[str, subprocess.Popen] = field(default_factory=dict)
+    _client: Optional[CoordinatorClient] = None
+
+    def start_coordinator(self, *args: str, timeout_s: float = 60) -> str:
+        self.coordinator = swarm_process(
+            ["coordinator", "--state-dir", str(self.workdir / "coordinator"), *args],
+            self.workdir / "coordinator.log", stdout=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.coordinator.stdout.readline().decode()
+            if line.startswith("join: "):
+                self.join = line.split(" ", 1)[1].strip()
+                return self.join
+            if not line and self.coordinator.poll() is not None:
+                break
+        raise AssertionError(f"coordinator printed no join string:\n{self.log('coordinator')}")
+
+    def start_peer(self, name: str, *args: str) -> subprocess.Popen:
+        proc = swarm_process(
+            ["peer", "--join", self.join, "--state-dir", str(self.workdir / name), "--threads", "1",
+             "--name", name, *args],
+            self.workdir / f"{name}.log",
+        )
+        self.peers[name] = proc
+        return proc
+
+    def status(self) -> Optional[dict]:
+        if self._client is None:
+            self._client = CoordinatorClient(JoinString.parse(self.join), request_timeout_s=5)
+        try:
+            return status_to_dict(self._client.get_status())
+        except CoordinatorError:
+            return None
+
+    def wait_status(self, predicate: Callable[[dict], bool], *, timeout_s: float, what: str) -> dict:
+        return poll(lambda: (lambda s: s if s and predicate(s) else None)(self.status()),
+                    timeout_s=timeout_s, what=what)
+
+    def wait_peers(self, *, timeout_s: float) -> dict[str, int]:
+        codes = {}
+        for name, proc in self.peers.items():
+            try:
+                codes[name] = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"peer {name} did not exit:\n{self.log(name)[-3000:]}")
+        return codes
+
+    def final_model(self, name: str) -> Path:
+        return self.workdir / name / "final" / "model.safetensors"
+
+    def log(self, name: str) -> str:
+        path = self.workdir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        for proc in [*self.peers.values(), self.coordinator]:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def tensors_digest(path: Path) -> str:
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode())
+        h.update(tensors[name].contiguous().numpy().tobytes())
+    return h.hexdigest()

@@ -1,0 +1,199 @@
+"""The coordinator end to end over real gRPC + TLS on 127.0.0.1, driven by CoordinatorClient."""
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import pytest
+from google.protobuf import json_format
+
+from coordinator.server import JOIN_STRING_FILE, CoordinatorServer, serve
+from swarm import tls
+from swarm.config import RoundConfig, RunConfig
+from swarm.control import CoordinatorClient, CoordinatorError, CoordinatorRejected, CoordinatorUnreachable
+from swarm.joinstring import JoinString
+from swarm.v1 import coordinator_pb2 as pb
+
+pytestmark = pytest.mark.timeout(60)
+
+RUN = RunConfig(rounds=RoundConfig(min_peers=2, max_rounds=3, inner_steps=5))
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorServer]:
+    server = CoordinatorServer(run=RUN, state_dir=tmp_path_factory.mktemp("coordinator"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(server: CoordinatorServer) -> Iterator[CoordinatorClient]:
+    with CoordinatorClient(server.join_string, request_timeout_s=5, connect_timeout_s=5) as client:
+        yield client
+
+
+def ready(client: CoordinatorClient, peer_id: str, params_round: int = 0, params_hash: str = "h0") -> pb.HeartbeatResponse:
+    return client.heartbeat(
+        peer_id, state=pb.PEER_STATE_READY, params_round=params_round, params_hash=params_hash,
+        model_fingerprint="fp", param_count=1000, dht_peer_id="dht-" + peer_id,
+        tokens=640, inner_steps=5, inner_time_s=3.0, wall_time_s=4.0, bytes_sent=100, bytes_received=90,
+    )
+
+
+def test_join_string_is_printed_to_the_state_dir(server: CoordinatorServer) -> None:
+    text = (server._state_dir / JOIN_STRING_FILE).read_text().strip()
+    join = JoinString.parse(text)
+    assert join == server.join_string and join.host == "127.0.0.1" and join.port > 0
+
+
+def test_bad_token_is_rejected_and_the_server_keeps_serving(server: CoordinatorServer) -> None:
+    impostor = CoordinatorClient(dataclasses.replace(server.join_string, token="guessed"), request_timeout_s=5)
+    with pytest.raises(CoordinatorRejected) as info:
+        impostor.join(name="x")
+    assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
+    assert "ask the operator for the current join string" in str(info.value)
+    impostor.close()
+    with CoordinatorClient(server.join_string, request_timeout_s=5) as honest:
+        response = honest.join(name="honest", site="lab", device="cpu")
+    assert response.peer_id.startswith("p-")
+    assert response.run_spec_json == RUN.to_json()
+    assert response.dht_initial_peers and response.dht_initial_peers[0].startswith("/ip4/127.0.0.1/tcp/")
+    assert "/p2p/" in response.dht_initial_peers[0]
+    assert (response.lease_s, response.heartbeat_interval_s) == (15.0, 2.0)
+
+
+def test_unknown_peer_heartbeat_is_not_found(client: CoordinatorClient) -> None:
+    with pytest.raises(CoordinatorRejected) as info:
+        client.heartbeat("p-00000000", state=pb.PEER_STATE_READY)
+    assert info.value.code == grpc.StatusCode.NOT_FOUND
+    assert "is not a member of this run" in info.value.details
+
+
+def test_two_ready_peers_open_round_one_and_commit_it(client: CoordinatorClient) -> None:
+    a, b = client.join(name="a"), client.join(name="b")
+    ready(client, a.peer_id)
+    info = ready(client, b.peer_id).round
+    assert info.open_round == 1 and {a.peer_id, b.peer_id} <= set(info.participants)
+    for peer_id in (a.peer_id, b.peer_id):
+        client.report_round(peer_id, 1, ok=True, params_hash="h1", inner_steps=5, loss=3.5, samples=40)
+    committed = client.get_round(a.peer_id, 1)
+    assert (committed.outcome, committed.committed_hash) == (pb.ROUND_OUTCOME_COMMITTED, "h1")
+    assert set(committed.holders) >= {"dht-" + a.peer_id, "dht-" + b.peer_id}
+    assert client.get_round(a.peer_id).round == 2  # 0 asks for the current round
+
+    status = json_format.MessageToDict(client.get_status(), preserving_proto_field_name=True)
+    run = status["run"]
+    assert run["open_round"] == "2" and run["rounds_committed"] == "1" and run["committed_hash"] == "h1"
+    assert (run["max_rounds"], run["inner_steps"], run["codec"], run["model_preset"]) == ("3", "5", "fp32", "tiny")
+    assert run["param_count"] == "1000" and run["loss"] == 3.5 and run["eval_loss"] == "NaN"
+    peers = {p["id"]: p for p in status["peers"]}
+    assert peers[a.peer_id]["state"] == "ready" and peers[a.peer_id]["rounds_joined"] == "1"
+    assert peers[a.peer_id]["compute_utilization"] == 0.75
+    totals = status["totals"]
+    assert int(totals["ddp_equivalent_bytes"]) >= 2 * 5 * 1 * 4 * 1000
+    assert totals["compute_utilization"] == 0.75 and int(totals["bytes_sent"]) >= 200
+
+
+def test_leave_then_heartbeat_is_told_to_rejoin(client: CoordinatorClient) -> None:
+    peer = client.join(name="brief")
+    client.leave(peer.peer_id, "done")
+    with pytest.raises(CoordinatorRejected) as info:
+        ready(client, peer.peer_id)
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION and "left the run" in info.value.details
+
+
+def test_unreachable_port_is_a_clear_retryable_error() -> None:
+    with socket.socket() as bound_not_listening:
+        bound_not_listening.bind(("127.0.0.1", 0))
+        port = bound_not_listening.getsockname()[1]
+        join = JoinString(host="127.0.0.1", port=port, token="t", fingerprint="0" * 64)
+        with pytest.raises(CoordinatorUnreachable) as info:
+            CoordinatorClient(join, connect_timeout_s=2).get_status()
+    assert str(info.value) == (
+        f"cannot reach the coordinator at 127.0.0.1:{port} (connection refused); "
+        "check the address and that the coordinator is running."
+    )
+
+
+def test_wrong_fingerprint_is_an_impostor(server: CoordinatorServer) -> None:
+    join = dataclasses.replace(server.join_string, fingerprint="1" * 64)
+    with pytest.raises(CoordinatorRejected) as info:
+        CoordinatorClient(join).get_status()
+    assert isinstance(info.value, tls.TLSPinError) and isinstance(info.value, CoordinatorError)
+    assert "may be an impostor" in str(info.value)
+
+
+def test_restart_keeps_the_join_string_and_the_open_round(tmp_path: Path) -> None:
+    first = CoordinatorServer(run=RUN, state_dir=tmp_path)
+    join = first.start()
+    try:
+        with CoordinatorClient(join, request_timeout_s=5) as client:
+            a, b = client.join(), client.join()
+            for p in (a, b):
+                ready(client, p.peer_id)
+            for p in (a, b):
+                client.report_round(p.peer_id, 1, ok=True, params_hash="h1")
+            assert client.get_status().run.open_round == 2
+    finally:
+        first.stop()
+
+    second = CoordinatorServer(run=RUN, state_dir=tmp_path)
+    assert second.start() == join
+    try:
+        with CoordinatorClient(join, request_timeout_s=5) as client:
+            assert client.get_status().run.open_round == 2
+            info = ready(client, a.peer_id, params_round=1, params_hash="h1").round  # still a member
+            assert (info.round, info.last_committed_round) == (2, 1)
+    finally:
+        second.stop()
+
+
+def test_serve_prints_the_join_string_and_returns_when_the_run_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read_fd, write_fd = os.pipe()  # serve's stdout, so the test can block on its one line
+    monkeypatch.setattr(sys, "stdout", os.fdopen(write_fd, "w"))
+    lines = os.fdopen(read_fd)
+    result: list[int] = []
+    run = RunConfig(rounds=RoundConfig(min_peers=1))
+    thread = threading.Thread(target=lambda: result.append(serve(run, tmp_path, max_rounds=1)), daemon=True)
+    thread.start()
+    line = lines.readline()
+    assert line.startswith("join: swarm://"), line
+    with CoordinatorClient(JoinString.parse(line.removeprefix("join: ")), request_timeout_s=5) as client:
+        peer = client.join()
+        ready(client, peer.peer_id)
+        info = client.report_round(peer.peer_id, 1, ok=True, params_hash="h1").round
+        assert info.finished and info.outcome == pb.ROUND_OUTCOME_COMMITTED
+        client.leave(peer.peer_id, "run finished")
+    thread.join(timeout=20)
+    assert result == [0]
+    sys.stdout.close()
+    assert lines.read() == ""  # exactly one line
+    lines.close()
+
+
+def test_serve_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    code = (
+        "import sys; from pathlib import Path; from coordinator.server import serve; "
+        "from swarm.config import RunConfig; "
+        f"sys.exit(serve(RunConfig(), Path({str(tmp_path)!r})))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().startswith("join: swarm://")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    finally:
+        process.kill()
+        process.wait()

@@ -1,0 +1,193 @@
+"""Membership: joining, heartbeats, leases and evictions, with an injected clock (no sleeps)."""
+
+import math
+
+import pytest
+
+from coordinator import membership
+from coordinator.engine import CoordinatorEngine
+from coordinator.errors import BadToken, PeerGone, StateMismatch, UnknownPeer
+from coordinator.records import EVICTED, JOINING, LEFT, READY, PeerRecord, RunRecord
+from coordinator.store import Store
+from swarm.config import RoundConfig, RunConfig
+from swarm.v1 import coordinator_pb2 as pb
+
+pytestmark = pytest.mark.timeout(20)
+
+LEASE_S = 10.0
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_engine(clock: FakeClock, **rounds: object) -> CoordinatorEngine:
+    spec = RunConfig(rounds=RoundConfig(**rounds)).to_json()
+    return CoordinatorEngine(Store(":memory:"), run_spec_json=spec, lease_s=LEASE_S, clock=clock)
+
+
+def run_record(**fields: object) -> RunRecord:
+    return RunRecord(run_id="run-x", token="secret", run_spec_json="{}", created_at=0.0, **fields)
+
+
+def ready_beat(peer_id: str, **fields: object) -> pb.HeartbeatRequest:
+    values = dict(state=READY, params_round=0, params_hash="h0", model_fingerprint="fp", param_count=100)
+    values.update(fields)
+    return pb.HeartbeatRequest(peer_id=peer_id, **values)
+
+
+# --- pure functions -----------------------------------------------------------------------------
+
+
+def test_new_peers_get_increasing_indices_and_a_lease() -> None:
+    run = run_record()
+    run, first = membership.new_peer(run, peer_id="p-1", now=5.0, lease_s=LEASE_S, name="a")
+    run, second = membership.new_peer(run, peer_id="p-2", now=6.0, lease_s=LEASE_S)
+    assert (first.peer_index, second.peer_index, run.next_peer_index) == (0, 1, 2)
+    assert first.state == JOINING and first.lease_expiry == 15.0
+
+
+def test_token_check() -> None:
+    membership.check_token(run_record(), "secret")
+    with pytest.raises(BadToken, match="not valid for this run; ask the operator for the current join string"):
+        membership.check_token(run_record(), "guess")
+    assert BadToken.code == "UNAUTHENTICATED"
+
+
+def test_lease_expiry_evicts_only_after_the_lease() -> None:
+    peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=0.0, last_seen=0.0, lease_expiry=LEASE_S)
+    assert membership.expired([peer], now=LEASE_S) == []
+    (evicted,) = membership.expired([peer], now=LEASE_S + 0.5)
+    assert evicted.state == EVICTED and evicted.gone_reason == "no heartbeat for 10s"
+    assert membership.expired([evicted], now=100.0) == []  # evicted once
+
+
+def test_heartbeat_records_stats_and_sets_the_run_model() -> None:
+    run = run_record()
+    peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=0.0, last_seen=0.0, lease_expiry=LEASE_S)
+    hb = ready_beat("p-1", loss=2.5, tokens=1000, inner_time_s=3.0, wall_time_s=4.0, dht_peer_id="Qm1",
+                    eval_loss=3.0, eval_round=0)
+    result = membership.apply_heartbeat(run, peer, hb, now=5.0, lease_s=LEASE_S)
+    assert result.rejection is None
+    assert result.run.model_fingerprint == "fp" and result.run.param_count == 100
+    assert result.run.initial_hash == "h0"
+    assert result.run.initial_eval_loss == 3.0 and result.run.eval_round == 0
+    assert result.peer.state == READY and result.peer.lease_expiry == 15.0
+    assert (result.peer.loss, result.peer.tokens, result.peer.dht_peer_id) == (2.5, 1000, "Qm1")
+
+
+def test_newest_eval_wins_and_missing_eval_is_ignored() -> None:
+    run = membership.record_eval(run_record(), 3.0, 2)
+    run = membership.record_eval(run, 4.0, 1)  # older round: ignored
+    run = membership.record_eval(run, 0.0, 5)  # no evaluation in this heartbeat
+    run = membership.record_eval(run, math.nan, 6)
+    assert (run.eval_loss, run.eval_round) == (3.0, 2)
+    assert math.isnan(run.initial_eval_loss)
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("model_fingerprint", "other-fp", "this peer's model (fingerprint other-fp) does not match the run's (fp)"),
+        ("params_hash", "h-other", "initial model state (hash h-other) differs from the run's (h0)"),
+    ],
+)
+def test_model_or_initial_state_mismatch_evicts(field: str, value: str, words: str) -> None:
+    run = run_record(model_fingerprint="fp", initial_hash="h0")
+    peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=0.0, last_seen=0.0, lease_expiry=LEASE_S)
+    result = membership.apply_heartbeat(run, peer, ready_beat("p-1", **{field: value}), now=1.0, lease_s=LEASE_S)
+    assert result.peer.state == EVICTED
+    assert isinstance(result.rejection, StateMismatch) and result.rejection.code == "FAILED_PRECONDITION"
+    assert words in str(result.rejection)
+    assert "run the same swarm version and config as the coordinator" in str(result.rejection)
+
+
+def test_ready_means_alive_holding_the_last_committed_state() -> None:
+    base = PeerRecord(peer_id="p", peer_index=0, joined_at=0, last_seen=0, lease_expiry=9,
+                      state=READY, params_round=3, params_hash="h3")
+    assert membership.is_ready(base, 3, "h3")
+    assert not membership.is_ready(base, 4, "h4")  # behind
+    assert not membership.is_ready(base, 3, "other")  # diverged
+    assert not membership.is_ready(PeerRecord(**{**base.__dict__, "state": JOINING}), 3, "h3")
+    assert not membership.is_ready(PeerRecord(**{**base.__dict__, "state": LEFT}), 3, "h3")
+
+
+# --- through the engine, with a fake clock --------------------------------------------------------
+
+
+def test_join_then_heartbeat_then_eviction_after_the_lease() -> None:
+    clock = FakeClock()
+    engine = make_engine(clock)
+    peer, info = engine.join(engine.run.token, name="a", site="lab")
+    assert peer.peer_id.startswith("p-") and len(peer.peer_id) == 10
+    assert info.round == 0 and info.open_round == 0
+    clock.now += LEASE_S - 1
+    engine.heartbeat(ready_beat(peer.peer_id))  # renews the lease
+    clock.now += LEASE_S - 1
+    engine.tick()
+    assert engine.status(engine.run.token).peers[0].state == "ready"
+    clock.now += 2
+    engine.tick()
+    assert engine.status(engine.run.token).peers[0].state == "evicted"
+    with pytest.raises(PeerGone, match=r"was evicted \(no heartbeat for 11s\); restart the peer to join again"):
+        engine.heartbeat(ready_beat(peer.peer_id))
+
+
+def test_late_heartbeat_is_evicted_before_it_is_applied() -> None:
+    clock = FakeClock()
+    engine = make_engine(clock)
+    peer, _ = engine.join(engine.run.token)
+    clock.now += LEASE_S + 1  # no tick in between: the RPC itself notices the expired lease
+    with pytest.raises(PeerGone, match="was evicted"):
+        engine.heartbeat(ready_beat(peer.peer_id))
+
+
+def test_bad_token_and_unknown_peer_are_refused() -> None:
+    engine = make_engine(FakeClock())
+    with pytest.raises(BadToken):
+        engine.join("wrong")
+    with pytest.raises(BadToken):
+        engine.status("wrong")
+    with pytest.raises(UnknownPeer, match=r"peer p-nobody is not a member of this run; restart `swarm peer --join"):
+        engine.heartbeat(ready_beat("p-nobody"))
+    assert UnknownPeer.code == "NOT_FOUND"
+
+
+def test_left_peer_is_told_to_rejoin_and_its_index_is_not_reused() -> None:
+    engine = make_engine(FakeClock())
+    first, _ = engine.join(engine.run.token)
+    engine.leave(first.peer_id, "shutting down")
+    engine.leave(first.peer_id)  # twice is fine
+    with pytest.raises(PeerGone, match=r"left the run \(shutting down\); restart the peer to join again"):
+        engine.heartbeat(ready_beat(first.peer_id))
+    second, _ = engine.join(engine.run.token)
+    assert second.peer_index == 1
+
+
+def test_fingerprint_mismatch_eviction_is_saved_although_the_call_fails() -> None:
+    engine = make_engine(FakeClock())
+    good, _ = engine.join(engine.run.token)
+    bad, _ = engine.join(engine.run.token)
+    engine.heartbeat(ready_beat(good.peer_id))
+    with pytest.raises(StateMismatch, match="does not match the run's"):
+        engine.heartbeat(ready_beat(bad.peer_id, model_fingerprint="another-model"))
+    states = {p.id: p.state for p in engine.status(engine.run.token).peers}
+    assert states == {good.peer_id: "ready", bad.peer_id: "evicted"}
+    with pytest.raises(PeerGone, match="model fingerprint"):
+        engine.heartbeat(ready_beat(bad.peer_id))
+
+
+def test_restart_gives_alive_peers_a_fresh_lease(tmp_path) -> None:
+    clock = FakeClock()
+    spec = RunConfig().to_json()
+    store = Store(tmp_path / "c.sqlite3")
+    engine = CoordinatorEngine(store, run_spec_json=spec, lease_s=LEASE_S, clock=clock)
+    peer, _ = engine.join(engine.run.token)
+    store.close()
+    clock.now += 10 * LEASE_S  # the coordinator was down much longer than a lease
+    engine = CoordinatorEngine(Store(tmp_path / "c.sqlite3"), run_spec_json=spec, lease_s=LEASE_S, clock=clock)
+    engine.heartbeat(ready_beat(peer.peer_id))  # still a member

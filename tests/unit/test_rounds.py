@@ -1,0 +1,246 @@
+"""Rounds: when they open, who takes part, how they are decided; pure functions and an injected clock."""
+
+import pytest
+
+from coordinator import rounds
+from coordinator.engine import CoordinatorEngine
+from coordinator.records import COMMITTED, OPEN, READY, VOIDED, ReportRecord, RoundRecord
+from coordinator.store import Store
+from swarm.config import RoundConfig, RunConfig
+from swarm.v1 import coordinator_pb2 as pb
+
+pytestmark = pytest.mark.timeout(20)
+
+TIMEOUT_S = 100.0
+LEASE_S = 10.0
+
+
+def report(peer: str, params_hash: str = "h1", ok: bool = True, **fields: object) -> ReportRecord:
+    return ReportRecord(round=1, peer_id=peer, reported_at=0.0, ok=ok, params_hash=params_hash, **fields)
+
+
+def open_round(*participants: str) -> RoundRecord:
+    return RoundRecord(round=1, opened_at=0.0, participants=participants)
+
+
+# --- decide_round ---------------------------------------------------------------------------------
+
+
+def test_all_identical_hashes_commit() -> None:
+    d = rounds.decide_round(1.0, open_round("a", "b"), {"a", "b"}, [report("a"), report("b")], TIMEOUT_S)
+    assert d.decided and d.round.outcome == COMMITTED and d.round.committed_hash == "h1"
+    assert d.round.holders == ("a", "b") and d.joined == ("a", "b") and d.missed == ()
+    assert "all 2 participants reported" in d.reason
+
+
+def test_majority_hash_wins_and_dissenters_miss_the_round() -> None:
+    reports = [report("a"), report("b", "bad"), report("c")]
+    d = rounds.decide_round(1.0, open_round("a", "b", "c"), {"a", "b", "c"}, reports, TIMEOUT_S)
+    assert d.round.committed_hash == "h1" and d.round.holders == ("a", "c") and d.missed == ("b",)
+
+
+def test_tie_goes_to_the_smallest_hash() -> None:
+    d = rounds.decide_round(1.0, open_round("a", "b"), {"a", "b"}, [report("a", "hz"), report("b", "ha")], TIMEOUT_S)
+    assert d.round.committed_hash == "ha" and d.round.holders == ("b",)
+
+
+def test_all_failed_voids_the_round() -> None:
+    reports = [report("a", "", ok=False, error="exchange timed out"), report("b", "h1", ok=False)]
+    d = rounds.decide_round(1.0, open_round("a", "b"), {"a", "b"}, reports, TIMEOUT_S)
+    assert d.decided and d.round.outcome == VOIDED and d.round.committed_hash == ""
+    assert d.missed == ("a", "b") and d.ddp_equivalent_bytes == 0
+
+
+def test_waits_for_a_live_participant_until_the_timeout() -> None:
+    still_open = rounds.decide_round(TIMEOUT_S - 1, open_round("a", "b"), {"a", "b"}, [report("a")], TIMEOUT_S)
+    assert not still_open.decided and still_open.round.outcome == OPEN
+    timed_out = rounds.decide_round(TIMEOUT_S, open_round("a", "b"), {"a", "b"}, [report("a")], TIMEOUT_S)
+    assert timed_out.round.outcome == COMMITTED and timed_out.missed == ("b",)
+    assert "did not report" in timed_out.reason
+
+
+def test_a_gone_participant_is_not_waited_for() -> None:
+    d = rounds.decide_round(1.0, open_round("a", "b"), {"a"}, [report("a")], TIMEOUT_S)
+    assert d.decided and d.round.holders == ("a",) and d.missed == ("b",)
+
+
+def test_reports_from_non_participants_do_not_vote() -> None:
+    reports = [report("a", "h1"), report("x", "h2"), report("y", "h2")]
+    d = rounds.decide_round(1.0, open_round("a"), {"a"}, reports, TIMEOUT_S)
+    assert d.round.committed_hash == "h1"
+
+
+def test_mean_loss_of_the_round() -> None:
+    reports = [report("a", loss=2.0), report("b", loss=4.0)]
+    d = rounds.decide_round(1.0, open_round("a", "b"), {"a", "b"}, reports, TIMEOUT_S)
+    assert d.round.mean_loss == 3.0
+
+
+def test_ddp_equivalent_bytes() -> None:
+    # K = 3 holders: each inner step of data-parallel training sends 2(K-1)/K * 4 bytes per parameter.
+    holders = [report(p, inner_steps=steps, param_count=300) for p, steps in (("a", 10), ("b", 20), ("c", 30))]
+    assert rounds.ddp_equivalent_bytes(holders) == round(60 * (4 / 3) * 4 * 300)
+    assert rounds.ddp_equivalent_bytes(holders[:1]) == 0  # one peer sends nothing
+    without_count = [report("a", inner_steps=5), report("b", inner_steps=5)]
+    assert rounds.ddp_equivalent_bytes(without_count, param_count=1000) == 10 * 1 * 4 * 1000
+    d = rounds.decide_round(1.0, open_round("a", "b", "c"), {"a", "b", "c"}, holders, TIMEOUT_S)
+    assert d.ddp_equivalent_bytes == round(60 * (4 / 3) * 4 * 300)
+
+
+def test_plan_needs_min_peers_for_round_one_only() -> None:
+    assert rounds.plan_round(now=0.0, round_number=1, ready=["a"], min_peers=2)[0] is None
+    planned, _ = rounds.plan_round(now=0.0, round_number=1, ready=["a", "b"], min_peers=2)
+    assert planned.participants == ("a", "b") and planned.outcome == OPEN
+    later, _ = rounds.plan_round(now=0.0, round_number=5, ready=["b"], carried=["a", "b"], min_peers=2)
+    assert later.participants == ("a", "b")
+    assert rounds.plan_round(now=0.0, round_number=5, ready=[], min_peers=2)[0] is None
+
+
+def test_late_admission_only_before_the_first_report() -> None:
+    row = open_round("a")
+    assert rounds.admit_late(row, [], ["a", "b"]).participants == ("a", "b")
+    assert rounds.admit_late(row, [report("a")], ["a", "b"]).participants == ("a",)
+
+
+# --- through the engine ---------------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def make_engine(clock: FakeClock, **round_fields: object) -> CoordinatorEngine:
+    spec = RunConfig(rounds=RoundConfig(round_timeout_s=TIMEOUT_S, **round_fields)).to_json()
+    return CoordinatorEngine(Store(":memory:"), run_spec_json=spec, lease_s=LEASE_S, clock=clock)
+
+
+def join_ready(engine: CoordinatorEngine, params_round: int = 0, params_hash: str = "h0") -> str:
+    peer, _ = engine.join(engine.run.token)
+    beat(engine, peer.peer_id, params_round, params_hash)
+    return peer.peer_id
+
+
+def beat(engine: CoordinatorEngine, peer_id: str, params_round: int = 0, params_hash: str = "h0") -> pb.RoundInfo:
+    return engine.heartbeat(pb.HeartbeatRequest(
+        peer_id=peer_id, state=READY, params_round=params_round, params_hash=params_hash,
+        model_fingerprint="fp", param_count=1000, dht_peer_id="dht-" + peer_id,
+    ))
+
+
+def send(engine: CoordinatorEngine, peer_id: str, number: int, params_hash: str = "h1", ok: bool = True) -> pb.RoundInfo:
+    return engine.report(pb.ReportRoundRequest(
+        peer_id=peer_id, round=number, ok=ok, params_hash=params_hash, inner_steps=10, loss=2.0,
+    ))
+
+
+def test_round_one_opens_at_min_peers_and_admits_late_peers(clock: FakeClock) -> None:
+    engine = make_engine(clock, min_peers=2)
+    a = join_ready(engine)
+    assert engine.round_info(a, 0).open_round == 0  # one ready peer is not enough
+    b = join_ready(engine)
+    info = engine.round_info(a, 0)
+    assert (info.round, info.outcome, list(info.participants)) == (1, OPEN, [a, b])
+    assert list(info.holders) == ["dht-" + a, "dht-" + b]  # they hold round 0's state
+    c = join_ready(engine)  # ready before any report: joins round 1
+    assert list(engine.round_info(a, 1).participants) == [a, b, c]
+    send(engine, a, 1)
+    d = join_ready(engine)  # too late for round 1
+    assert d not in engine.round_info(a, 1).participants
+
+
+def test_commit_opens_the_next_round_with_the_holders(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    a, b, c = join_ready(engine), join_ready(engine), join_ready(engine)
+    send(engine, a, 1)
+    send(engine, b, 1)
+    info = send(engine, c, 1, params_hash="diverged")
+    assert (info.round, info.outcome, info.last_committed_round, info.last_committed_hash) == (2, OPEN, 1, "h1")
+    assert list(info.participants) == [a, b]  # c must resync before it is ready again
+    committed = engine.round_info(a, 1)
+    assert (committed.outcome, committed.committed_hash) == (COMMITTED, "h1")
+    assert list(committed.holders) == ["dht-" + a, "dht-" + b]
+    beat(engine, c, params_round=1, params_hash="h1")  # resynced before round 2's first report
+    assert list(engine.round_info(a, 2).participants) == [a, b, c]
+    status = engine.status(engine.run.token)
+    assert {p.id: (p.rounds_joined, p.rounds_missed) for p in status.peers} == {a: (1, 0), b: (1, 0), c: (0, 1)}
+    assert status.totals.ddp_equivalent_bytes == 2 * 10 * 1 * 4 * 1000
+    assert status.run.loss == 2.0 and status.run.rounds_committed == 1
+
+
+def test_report_for_a_decided_round_returns_its_outcome(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    a = join_ready(engine)
+    send(engine, a, 1)
+    again = send(engine, a, 1, params_hash="changed-mind")  # duplicate: the first report stands
+    assert (again.round, again.outcome, again.committed_hash) == (1, COMMITTED, "h1")
+    early = send(engine, a, 7)
+    assert (early.round, early.outcome, early.open_round) == (7, pb.ROUND_OUTCOME_UNSPECIFIED, 2)
+
+
+def test_timeout_decides_without_the_silent_participant(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    a, b = join_ready(engine), join_ready(engine)
+    send(engine, a, 1)
+    for _ in range(int(TIMEOUT_S // 5)):  # b keeps its lease but never reports
+        clock.now += 5
+        beat(engine, a)
+        beat(engine, b)
+    engine.tick()
+    info = engine.round_info(a, 1)
+    assert (info.outcome, list(info.holders)) == (COMMITTED, ["dht-" + a])
+
+
+def test_evicted_participant_is_not_waited_for(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    a, b = join_ready(engine), join_ready(engine)
+    send(engine, a, 1)
+    assert engine.round_info(a, 1).outcome == OPEN
+    for _ in range(2):  # b goes silent for longer than its lease while a keeps beating
+        clock.now += 0.6 * LEASE_S
+        beat(engine, a)
+    engine.tick()
+    info = engine.round_info(a, 1)
+    assert (info.outcome, list(info.holders)) == (COMMITTED, ["dht-" + a])
+    assert clock.now < 1_000.0 + TIMEOUT_S  # decided by the eviction, not by the round timeout
+
+
+def test_void_keeps_the_previous_state_and_opens_the_next_round(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    a = join_ready(engine)
+    info = send(engine, a, 1, params_hash="", ok=False)
+    assert (info.round, info.last_committed_round, info.last_committed_hash) == (2, 0, "h0")
+    assert engine.round_info(a, 1).outcome == VOIDED
+    assert engine.status(engine.run.token).run.rounds_voided == 1
+
+
+def test_max_rounds_finishes_the_run(clock: FakeClock) -> None:
+    engine = make_engine(clock, max_rounds=2)
+    a = join_ready(engine)
+    send(engine, a, 1)
+    beat(engine, a, 1, "h1")
+    info = send(engine, a, 2, params_hash="h2")
+    assert info.finished and info.open_round == 0 and info.round == 2 and info.outcome == COMMITTED
+    beat(engine, a, 2, "h2")
+    engine.tick()
+    assert engine.status(engine.run.token).run.open_round == 0  # no round 3
+    assert not engine.done()  # waits for the last participant to leave
+    engine.leave(a, "run finished")
+    assert engine.done()
+
+
+def test_finished_run_stops_waiting_for_goodbyes_after_the_linger(clock: FakeClock) -> None:
+    engine = make_engine(clock, max_rounds=1)
+    a = join_ready(engine)
+    send(engine, a, 1)
+    assert not engine.done(linger_s=20)
+    clock.now += 20
+    assert engine.done(linger_s=20)

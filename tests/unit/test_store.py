@@ -1,0 +1,99 @@
+"""The coordinator's SQLite state survives a restart: same run, peers, rounds, reports and totals."""
+
+from pathlib import Path
+
+import pytest
+
+from coordinator.engine import CoordinatorEngine
+from coordinator.records import COMMITTED, OPEN, READY, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
+from coordinator.store import STORE_FILE, Store
+from swarm.config import ConfigError, RoundConfig, RunConfig
+from swarm.v1 import coordinator_pb2 as pb
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def test_records_survive_close_and_reopen(tmp_path: Path) -> None:
+    store = Store.in_dir(tmp_path)
+    run = RunRecord(run_id="run-1", token="t", run_spec_json="{}", created_at=1.0, ddp_equivalent_bytes=42)
+    peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=1.0, last_seen=2.0, lease_expiry=3.0, state=READY)
+    committed = RoundRecord(round=1, opened_at=1.0, participants=("p-1",), outcome=COMMITTED,
+                            committed_hash="h1", holders=("p-1",))
+    with store.transaction():
+        store.put_run(run)
+        store.put_peer(peer)
+        store.put_round(committed)
+        store.put_round(RoundRecord(round=2, opened_at=5.0, participants=("p-1",)))
+    assert store.add_report(ReportRecord(round=2, peer_id="p-1", reported_at=6.0, ok=True, group=("p-1",)))
+    assert not store.add_report(ReportRecord(round=2, peer_id="p-1", reported_at=7.0))  # first one stands
+    store.close()
+
+    assert (tmp_path / STORE_FILE).exists()
+    store = Store.in_dir(tmp_path)
+    assert to_json(store.get_run()) == to_json(run)  # (NaN fields never compare equal)
+    assert [to_json(p) for p in store.peers()] == [to_json(peer)]
+    assert to_json(store.get_round(1)) == to_json(committed)
+    assert store.latest_round().outcome == OPEN and store.latest_round().round == 2
+    assert store.latest_committed_round().committed_hash == "h1"
+    assert store.count_rounds(COMMITTED) == 1
+    (report,) = store.reports(2)
+    assert report.reported_at == 6.0 and report.group == ("p-1",)
+    store.close()
+
+
+def test_failed_transaction_writes_nothing() -> None:
+    store = Store(":memory:")
+    with pytest.raises(RuntimeError):
+        with store.transaction():
+            store.put_peer(PeerRecord(peer_id="p-1", peer_index=0, joined_at=0, last_seen=0, lease_expiry=1))
+            raise RuntimeError("crash in the middle")
+    assert store.peers() == []
+
+
+def _beat(engine: CoordinatorEngine, peer_id: str, params_round: int, params_hash: str) -> None:
+    engine.heartbeat(pb.HeartbeatRequest(
+        peer_id=peer_id, state=READY, params_round=params_round, params_hash=params_hash,
+        model_fingerprint="fp", param_count=1000, tokens=500, bytes_sent=7, wall_time_s=2.0, inner_time_s=1.0,
+    ))
+
+
+def test_restarted_coordinator_continues_where_it_stopped(tmp_path: Path) -> None:
+    now = [1_000.0]
+    spec = RunConfig(rounds=RoundConfig(min_peers=2)).to_json()
+
+    def engine() -> CoordinatorEngine:
+        return CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=spec, clock=lambda: now[0])
+
+    first = engine()
+    a, _ = first.join(first.run.token)
+    b, _ = first.join(first.run.token)
+    for p in (a, b):
+        _beat(first, p.peer_id, 0, "h0")
+    for p in (a, b):
+        first.report(pb.ReportRoundRequest(peer_id=p.peer_id, round=1, ok=True, params_hash="h1", inner_steps=3))
+    before = first.status(first.run.token)
+    assert before.run.open_round == 2
+    first._store.close()
+
+    now[0] += 5
+    second = engine()
+    after = second.status(second.run.token)
+    assert (after.run.run_id, after.run.open_round, after.run.rounds_committed) == (before.run.run_id, 2, 1)
+    assert after.run.committed_hash == "h1" and after.run.param_count == 1000
+    assert [(p.id, p.rounds_joined) for p in after.peers] == [(a.peer_id, 1), (b.peer_id, 1)]
+    assert after.totals == before.totals
+    assert second.run.token == first.run.token
+    c, _ = second.join(second.run.token)
+    assert c.peer_index == 2  # indices are not reused after a restart
+    for p in (a, b):
+        second.report(pb.ReportRoundRequest(peer_id=p.peer_id, round=2, ok=True, params_hash="h2"))
+    assert second.status(second.run.token).run.open_round == 3
+
+
+def test_a_different_config_for_an_existing_run_is_refused(tmp_path: Path) -> None:
+    CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=RunConfig().to_json())._store.close()
+    other = RunConfig(rounds=RoundConfig(inner_steps=7)).to_json()
+    with pytest.raises(ConfigError, match=r"different config \(rounds.inner_steps differs\).*original --config"):
+        CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=other)
+    resumed = CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=None)  # no config: resume as stored
+    assert '"inner_steps": 50' in resumed.run.run_spec_json
