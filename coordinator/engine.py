@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from coordinator import membership, rounds
 from coordinator.errors import BadRequest, Rejection, UnknownPeer
-from coordinator.records import COMMITTED, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
+from coordinator.records import COMMITTED, EXCHANGING, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
 from coordinator.store import Store
 from coordinator.views import RunPosition, round_info, status_response
 from swarm.config import ConfigError
@@ -33,12 +33,15 @@ class CoordinatorEngine:
         store: Store,
         *,
         run_spec_json: Optional[str],
+        check_spec: bool = True,
         lease_s: float = 15.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """Open the run kept in ``store``, or start a new one with ``run_spec_json``.
 
-        Raises ConfigError when the store holds a run with a different spec, or none and no spec.
+        Raises ConfigError when the store holds a run with a different spec (unless ``check_spec`` is
+        False: the spec is a default, not the user's choice, and the stored one wins), or when the
+        store holds no run and no spec is given.
         """
         self._store = store
         self._lease_s = lease_s
@@ -58,8 +61,11 @@ class CoordinatorEngine:
             store.put_run(run)
             logger.info("run %s: started a new run", run.run_id)
         else:
-            if run_spec_json is not None:
+            if run_spec_json is not None and check_spec:
                 _check_same_spec(run, run_spec_json, store.path)
+            elif run_spec_json is not None and json.loads(run_spec_json) != json.loads(run.run_spec_json):
+                logger.warning("run %s: keeps its stored config; the settings given now differ in %s",
+                               run.run_id, _first_difference(json.loads(run.run_spec_json), json.loads(run_spec_json)))
             logger.info("run %s: resumed from %s", run.run_id, store.path)
         spec = json.loads(run.run_spec_json)
         self.spec: dict[str, Any] = spec
@@ -223,7 +229,10 @@ class CoordinatorEngine:
                 now, self._open, alive, reports, self._round_timeout_s, param_count=self._run.param_count
             )
             if not decision.decided:
-                admitted = rounds.admit_late(self._open, reports, self._ready())
+                exchanging = any(
+                    self._peers[p].state == EXCHANGING and self._peers[p].round == self._open.round for p in alive
+                )
+                admitted = rounds.admit_late(self._open, reports, self._ready(), exchange_started=exchanging)
                 if admitted is not self._open:
                     newcomers = admitted.participants[len(self._open.participants):]
                     logger.info("round %d: admitted late %s", admitted.round, ", ".join(newcomers))
@@ -233,7 +242,7 @@ class CoordinatorEngine:
         if self._run.finished:
             return
         number = (self._latest.round if self._latest is not None else 0) + 1
-        planned, reason = rounds.plan_round(
+        planned, _why_not = rounds.plan_round(
             now=now, round_number=number, ready=self._ready(), carried=self._carried(),
             min_peers=self._min_peers,
         )
@@ -244,12 +253,14 @@ class CoordinatorEngine:
     def _apply(self, decision: rounds.Decision, now: float) -> None:
         decided = decision.round
         self._save_round(decided)
-        for peer_id, field in [(p, "rounds_joined") for p in decision.joined] + [
-            (p, "rounds_missed") for p in decision.missed
-        ]:
-            peer = self._peers.get(peer_id)
-            if peer is not None:
-                self._save_peer(dataclasses.replace(peer, **{field: getattr(peer, field) + 1}))
+        for peer_id in decision.joined:
+            if peer_id in self._peers:
+                peer = self._peers[peer_id]
+                self._save_peer(dataclasses.replace(peer, rounds_joined=peer.rounds_joined + 1))
+        for peer_id in decision.missed:
+            if peer_id in self._peers:
+                peer = self._peers[peer_id]
+                self._save_peer(dataclasses.replace(peer, rounds_missed=peer.rounds_missed + 1))
         run = dataclasses.replace(
             self._run, ddp_equivalent_bytes=self._run.ddp_equivalent_bytes + decision.ddp_equivalent_bytes
         )

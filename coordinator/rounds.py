@@ -101,9 +101,14 @@ def plan_round(
     return round_row, f"round {round_number} opened with {len(participants)} participants"
 
 
-def admit_late(round_row: RoundRecord, reports: Sequence[ReportRecord], ready: Sequence[str]) -> RoundRecord:
-    """Append newly ready peers to an open round, but only until its first report arrives."""
-    if round_row.outcome != OPEN or reports:
+def admit_late(
+    round_row: RoundRecord, reports: Sequence[ReportRecord], ready: Sequence[str], *, exchange_started: bool = False
+) -> RoundRecord:
+    """Append newly ready peers to an open round until its first report arrives or its exchange starts.
+
+    After that the participants may already be matching their groups by the plan, so it stays fixed.
+    """
+    if round_row.outcome != OPEN or reports or exchange_started:
         return round_row
     newcomers = tuple(p for p in ready if p not in round_row.participants)
     if not newcomers:

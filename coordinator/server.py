@@ -46,12 +46,18 @@ class CoordinatorServer:
         announce_host: Optional[str] = None,
         lease_s: float = 15.0,
         heartbeat_interval_s: float = 2.0,
+        config_given: bool = True,
         tick_interval_s: float = 0.5,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``run`` may be None to resume the run kept in ``state_dir``; port 0 reuses the port of the
-        previous start when it is free (so the join string stays valid), else lets the OS choose."""
+        """Serve ``run``, or resume the run kept in ``state_dir``.
+
+        A kept run with a different config is refused, unless ``config_given`` is False (``run`` is
+        then only the default for a new run) or ``run`` is None.  Port 0 reuses the port of the
+        previous start when it is free (so the join string stays valid), else lets the OS choose.
+        """
         self._run = run
+        self._config_given = config_given
         self._state_dir = Path(state_dir)
         self._host = host
         self._port = port
@@ -76,7 +82,7 @@ class CoordinatorServer:
             self._store = Store.in_dir(self._state_dir)
             self.engine = CoordinatorEngine(
                 self._store, run_spec_json=self._run.to_json() if self._run is not None else None,
-                lease_s=self._lease_s, clock=self._clock,
+                check_spec=self._config_given, lease_s=self._lease_s, clock=self._clock,
             )
             cert_pem, key_pem = tls.ensure_certificate(self._state_dir)
             self._dht = DHTNode(
@@ -172,17 +178,20 @@ def serve(
     lease_s: float = 15.0,
     heartbeat_interval_s: float = 2.0,
     max_rounds: Optional[int] = None,
+    config_given: bool = True,
 ) -> int:
     """Run a coordinator until its run finishes or it is interrupted (Ctrl-C, SIGTERM); returns 0.
 
     Prints one line, ``join: swarm://...``, to stdout.  Raises ConfigError (a different config for
-    an existing state dir) or OSError (the port is taken) before printing it.
+    an existing state dir) or OSError (the port is taken) before printing it.  ``max_rounds``
+    overrides the run's; ``config_given=False`` says ``run`` is a default that a kept run overrides.
     """
     if max_rounds is not None and run is not None:
         run = run.replace(rounds=dataclasses.replace(run.rounds, max_rounds=max_rounds))
     server = CoordinatorServer(
         run=run, state_dir=Path(state_dir), host=host, port=port, dht_port=dht_port,
         announce_host=announce_host, lease_s=lease_s, heartbeat_interval_s=heartbeat_interval_s,
+        config_given=config_given,
     )
     join = server.start()
     terminated = threading.Event()

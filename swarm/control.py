@@ -75,16 +75,20 @@ class CoordinatorClient:
             swarm_version=_swarm_version() if swarm_version is None else swarm_version,
         ))
 
-    def heartbeat(self, peer_id: str, **fields: Any) -> pb.HeartbeatResponse:
-        """``fields`` are HeartbeatRequest fields: state, round, params_hash, params_round, loss, ..."""
-        return self._call("Heartbeat", pb.HeartbeatRequest(peer_id=peer_id, **fields))
+    def heartbeat(self, request: pb.HeartbeatRequest | str, **fields: Any) -> pb.HeartbeatResponse:
+        """Send a HeartbeatRequest, or build one from a peer id and its fields (state, round, ...)."""
+        if isinstance(request, str):
+            request = pb.HeartbeatRequest(peer_id=request, **fields)
+        return self._call("Heartbeat", request)
 
     def leave(self, peer_id: str, reason: str = "") -> pb.LeaveResponse:
         return self._call("Leave", pb.LeaveRequest(peer_id=peer_id, reason=reason))
 
-    def report_round(self, peer_id: str, round: int, *, ok: bool, **fields: Any) -> pb.ReportRoundResponse:
-        """``fields`` are ReportRoundRequest fields: params_hash, group, samples, inner_steps, ..."""
-        return self._call("ReportRound", pb.ReportRoundRequest(peer_id=peer_id, round=round, ok=ok, **fields))
+    def report_round(self, request: pb.ReportRoundRequest | str, round: int = 0, **fields: Any) -> pb.ReportRoundResponse:
+        """Send a ReportRoundRequest, or build one from a peer id, the round and its fields (ok, ...)."""
+        if isinstance(request, str):
+            request = pb.ReportRoundRequest(peer_id=request, round=round, **fields)
+        return self._call("ReportRound", request)
 
     def get_round(self, peer_id: str, round: int = 0) -> pb.RoundInfo:
         """Round ``round``, or with 0 the open one (the latest decided when none is open)."""

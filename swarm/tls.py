@@ -77,6 +77,10 @@ def _make_certificate() -> tuple[bytes, bytes]:
 
 def fingerprint(cert_pem: bytes | str) -> str:
     """SHA-256 hex of the certificate's DER encoding (what the join string's ``fp`` holds)."""
+    return _cert_sha256(cert_pem)
+
+
+def _cert_sha256(cert_pem: bytes | str) -> str:
     if isinstance(cert_pem, str):
         cert_pem = cert_pem.encode()
     der = x509.load_pem_x509_certificate(cert_pem).public_bytes(serialization.Encoding.DER)
@@ -105,17 +109,17 @@ def fetch_certificate(host: str, port: int, *, timeout_s: float) -> bytes:
     return ssl.DER_cert_to_PEM_cert(der).encode()
 
 
-def pinned_channel(host: str, port: int, expected_fingerprint: str, *, timeout_s: float) -> grpc.Channel:
+def pinned_channel(host: str, port: int, fingerprint: str, *, timeout_s: float) -> grpc.Channel:
     """A TLS gRPC channel that trusts only the certificate with the given SHA-256 fingerprint.
 
     Raises TLSPinError on a different certificate, OSError when nothing answers at host:port.
     """
     cert_pem = fetch_certificate(host, port, timeout_s=timeout_s)
-    presented = fingerprint(cert_pem)
-    if presented != expected_fingerprint.lower():
+    presented = _cert_sha256(cert_pem)
+    if presented != fingerprint.lower():
         raise TLSPinError(
             f"the coordinator at {host}:{port} presented a different certificate "
-            f"(fingerprint {presented[:16]}…) than the join string names ({expected_fingerprint[:16]}…), "
+            f"(fingerprint {presented[:16]}…) than the join string names ({fingerprint[:16]}…), "
             "so it may be an impostor; get a fresh join string from the operator."
         )
     credentials = grpc.ssl_channel_credentials(root_certificates=cert_pem)

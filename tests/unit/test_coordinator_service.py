@@ -83,8 +83,9 @@ def test_two_ready_peers_open_round_one_and_commit_it(client: CoordinatorClient)
     ready(client, a.peer_id)
     info = ready(client, b.peer_id).round
     assert info.open_round == 1 and {a.peer_id, b.peer_id} <= set(info.participants)
-    for peer_id in (a.peer_id, b.peer_id):
-        client.report_round(peer_id, 1, ok=True, params_hash="h1", inner_steps=5, loss=3.5, samples=40)
+    client.report_round(a.peer_id, 1, ok=True, params_hash="h1", inner_steps=5, loss=3.5, samples=40)
+    client.report_round(pb.ReportRoundRequest(  # a prebuilt request works too
+        peer_id=b.peer_id, round=1, ok=True, params_hash="h1", inner_steps=5, loss=3.5, samples=40))
     committed = client.get_round(a.peer_id, 1)
     assert (committed.outcome, committed.committed_hash) == (pb.ROUND_OUTCOME_COMMITTED, "h1")
     assert set(committed.holders) >= {"dht-" + a.peer_id, "dht-" + b.peer_id}

@@ -100,6 +100,7 @@ def test_late_admission_only_before_the_first_report() -> None:
     row = open_round("a")
     assert rounds.admit_late(row, [], ["a", "b"]).participants == ("a", "b")
     assert rounds.admit_late(row, [report("a")], ["a", "b"]).participants == ("a",)
+    assert rounds.admit_late(row, [], ["a", "b"], exchange_started=True).participants == ("a",)
 
 
 # --- through the engine ---------------------------------------------------------------------------
@@ -155,6 +156,16 @@ def test_round_one_opens_at_min_peers_and_admits_late_peers(clock: FakeClock) ->
     send(engine, a, 1)
     d = join_ready(engine)  # too late for round 1
     assert d not in engine.round_info(a, 1).participants
+
+
+def test_late_admission_closes_once_a_participant_exchanges(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    a = join_ready(engine)
+    engine.heartbeat(pb.HeartbeatRequest(peer_id=a, state=pb.PEER_STATE_EXCHANGING, round=1, params_round=0,
+                                         params_hash="h0", model_fingerprint="fp"))
+    b = join_ready(engine)
+    assert list(engine.round_info(a, 1).participants) == [a]
+    assert b not in engine.round_info(b, 1).participants
 
 
 def test_commit_opens_the_next_round_with_the_holders(clock: FakeClock) -> None:

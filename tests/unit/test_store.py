@@ -97,3 +97,6 @@ def test_a_different_config_for_an_existing_run_is_refused(tmp_path: Path) -> No
         CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=other)
     resumed = CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=None)  # no config: resume as stored
     assert '"inner_steps": 50' in resumed.run.run_spec_json
+    resumed._store.close()
+    defaulted = CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=other, check_spec=False)
+    assert defaulted.spec["rounds"]["inner_steps"] == 50  # a default config does not override the kept run
