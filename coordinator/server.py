@@ -49,6 +49,7 @@ class CoordinatorServer:
         config_given: bool = True,
         tick_interval_s: float = 0.5,
         clock: Callable[[], float] = time.time,
+        exit_grace_s: float = 2.0,
     ) -> None:
         """Serve ``run``, or resume the run kept in ``state_dir``.
 
@@ -57,6 +58,7 @@ class CoordinatorServer:
         previous start when it is free (so the join string stays valid), else lets the OS choose.
         """
         self._run = run
+        self._exit_grace_s = exit_grace_s  # after the run is done, keep serving status this long
         self._config_given = config_given
         self._state_dir = Path(state_dir)
         self._host = host
@@ -158,10 +160,14 @@ class CoordinatorServer:
 
     def _tick_loop(self) -> None:
         assert self.engine is not None
+        done_since: Optional[float] = None
         while not self._stopping.wait(self._tick_interval_s):
             try:
                 self.engine.tick()
-                if self.engine.done(linger_s=FINISH_LINGER_S):
+                if done_since is None and self.engine.done(linger_s=FINISH_LINGER_S):
+                    done_since = time.monotonic()
+                # keep answering status for a moment, so a watcher sees the final numbers
+                if done_since is not None and time.monotonic() - done_since >= self._exit_grace_s:
                     self._done.set()
             except Exception:
                 logger.exception("coordinator tick failed")
@@ -179,6 +185,7 @@ def serve(
     heartbeat_interval_s: float = 2.0,
     max_rounds: Optional[int] = None,
     config_given: bool = True,
+    exit_grace_s: float = 2.0,
 ) -> int:
     """Run a coordinator until its run finishes or it is interrupted (Ctrl-C, SIGTERM); returns 0.
 
@@ -191,7 +198,7 @@ def serve(
     server = CoordinatorServer(
         run=run, state_dir=Path(state_dir), host=host, port=port, dht_port=dht_port,
         announce_host=announce_host, lease_s=lease_s, heartbeat_interval_s=heartbeat_interval_s,
-        config_given=config_given,
+        config_given=config_given, exit_grace_s=exit_grace_s,
     )
     join = server.start()
     terminated = threading.Event()

@@ -99,6 +99,10 @@ class PeerDaemon:
         self.run_config = RunConfig.from_json(joined.run_spec_json)
         logger.info("%s joined run %s as peer index %d", self._tag(), joined.run_id, joined.peer_index)
 
+        # heartbeats start now: building the model and the transport takes longer than a short lease
+        self.heartbeat = HeartbeatThread(self.client, self.peer_id, self.stats, self.stop,
+                                         interval_s=joined.heartbeat_interval_s)
+        self.heartbeat.start()
         self.trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=self.options.device)
         self.transport = Transport(
             initial_peers=list(joined.dht_initial_peers),
@@ -115,9 +119,7 @@ class PeerDaemon:
         )
         self._commit_state(self.trainer.global_params, self.trainer.momentum, 0)
         self._evaluate()
-        self.heartbeat = HeartbeatThread(self.client, self.peer_id, self.stats, self.stop,
-                                         interval_s=joined.heartbeat_interval_s)
-        self.heartbeat.start()
+        self.heartbeat.beat_now()
 
         while not self.stop.is_set():
             if self.heartbeat.rejection:

@@ -65,6 +65,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         announce_host=args.announce_host,
         lease_s=args.lease_s,
         config_given=args.config is not None,
+        exit_grace_s=args.exit_grace_s,
     )
 
 
@@ -141,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--inner-steps", type=int, help="H: inner steps per round")
     c.add_argument("--preset", help="model preset (tiny, small, medium, gpt2)")
     c.add_argument("--lease-s", type=float, default=15.0, help="evict a peer after this many seconds without heartbeat")
+    c.add_argument("--exit-grace-s", type=float, default=2.0,
+                   help="after the run finished and its peers left, keep answering status this long")
     c.set_defaults(func=cmd_coordinator)
 
     p = sub.add_parser("peer", help="lend this machine to a run")
