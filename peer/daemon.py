@@ -53,6 +53,7 @@ class PeerOptions:
     announce_host: Optional[str] = None
     poll_s: float = 0.2  # how often a waiting peer asks the coordinator about the round
     state_timeout_s: float = 120.0
+    join_timeout_s: float = 120.0  # give up joining when the coordinator stays unreachable this long
 
 
 class PeerExit(Exception):
@@ -91,9 +92,15 @@ class PeerDaemon:
     def _run(self) -> int:
         if self.options.threads:
             torch.set_num_threads(self.options.threads)
-        joined = self._call(lambda: self.client.join(
-            site=self.options.site, device=self.options.device, name=self.options.name or socket.gethostname()
-        ), "join")
+        joined = with_retry(
+            lambda: self.client.join(site=self.options.site, device=self.options.device,
+                                     name=self.options.name or socket.gethostname()),
+            what="join", stop=self.stop, give_up_after_s=self.options.join_timeout_s,
+        )
+        if joined is None:
+            logger.error("could not reach the coordinator at %s for %.0fs; check the join string's address "
+                         "and that the coordinator is running", self.options.join.address, self.options.join_timeout_s)
+            raise PeerExit(2)
         self.peer_id = joined.peer_id
         self.run_id = joined.run_id
         self.run_config = RunConfig.from_json(joined.run_spec_json)
@@ -143,6 +150,10 @@ class PeerDaemon:
         if self.heartbeat is not None:
             self.heartbeat.join(timeout=5)
         if self.peer_id:
+            try:  # a last heartbeat carries the final round's numbers (bytes, eval loss) before leaving
+                self.client.heartbeat(self.stats.heartbeat_request(self.peer_id))
+            except Exception as e:
+                logger.debug("final heartbeat failed: %r", e)
             try:
                 self.client.leave(peer_id=self.peer_id, reason="peer exiting")
             except Exception as e:  # leaving is best effort: the lease expires anyway

@@ -89,6 +89,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         p2p_host=args.p2p_host,
         p2p_port=args.p2p_port,
         announce_host=args.announce_host,
+        join_timeout_s=args.join_timeout_s,
     )
     return run_peer(options)
 
@@ -156,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--p2p-host", default="127.0.0.1", help="address for the peer-to-peer transport to listen on")
     p.add_argument("--p2p-port", type=int, default=0, help="port for the peer-to-peer transport (0: any)")
     p.add_argument("--announce-host", help="address other peers should use to reach this one")
+    p.add_argument("--join-timeout-s", type=float, default=120.0,
+                   help="give up (exit 2) when the coordinator stays unreachable this long at start")
     p.set_defaults(func=cmd_peer)
 
     s = sub.add_parser("status", help="show how a run is doing")

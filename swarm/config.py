@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import tomllib
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -177,10 +178,13 @@ def _build(cls: type, data: Any, *, origin: str, section: str) -> Any:
             f"{origin}: unknown key {unknown[0]!r} in {where}; valid keys are {sorted(fields)}."
         )
     kwargs: dict[str, Any] = {}
+    hints = typing.get_type_hints(cls)
     for name, value in data.items():
         default = getattr(cls(), name)
         if dataclasses.is_dataclass(default):
             kwargs[name] = _build(type(default), value, origin=origin, section=name)
+        elif value is None and type(None) in typing.get_args(hints[name]):
+            kwargs[name] = None  # an Optional field switched off (JSON null; TOML has no null)
         else:
             kwargs[name] = _coerce(value, default, name=name, origin=origin, where=where)
     return cls(**kwargs)
@@ -189,10 +193,10 @@ def _build(cls: type, data: Any, *, origin: str, section: str) -> Any:
 def _coerce(value: Any, default: Any, *, name: str, origin: str, where: str) -> Any:
     bad = ConfigError(
         f"{origin}: {name} in {where} has the wrong type {type(value).__name__}"
-        f" ({value!r}); expected {type(default).__name__ if default is not None else 'a number or nothing'}."
+        f" ({value!r}); expected {type(default).__name__ if default is not None else 'an integer or nothing'}."
     )
-    if default is None:  # optional numbers default to None
-        if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+    if default is None:  # the optional fields (context, max_rounds) are integers that default to None
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
             return value
         raise bad
     if isinstance(default, bool):

@@ -81,7 +81,8 @@ def run_demo(options: DemoOptions) -> int:
 
     coordinator = _spawn(
         ["coordinator", "--state-dir", str(workdir / "coordinator"), "--max-rounds", str(options.rounds),
-         "--min-peers", str(options.peers), "--inner-steps", str(options.inner_steps), "--preset", options.preset],
+         "--min-peers", str(options.peers), "--inner-steps", str(options.inner_steps), "--preset", options.preset,
+         "--exit-grace-s", "10"],
         workdir / "coordinator.log", stdout=subprocess.PIPE,
     )
     procs: list[subprocess.Popen] = []
@@ -96,6 +97,8 @@ def run_demo(options: DemoOptions) -> int:
             ))
         status = _follow(join, procs, console, deadline=started + options.timeout_s)
         codes = [p.wait(timeout=max(1.0, started + options.timeout_s - time.monotonic())) for p in procs]
+        status = _final_status(join) or status  # after the peers' last heartbeats
+        coordinator.send_signal(signal.SIGTERM)  # its exit grace only serves status readers like us
         coordinator.wait(timeout=60)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         console.print(f"[red]demo failed: {e}[/red]; logs are in {workdir}")
@@ -158,14 +161,27 @@ def _follow(join: str, procs: list[subprocess.Popen], console: Console, *, deadl
                 eval_loss = "—" if run["eval_loss"] is None else f"{run['eval_loss']:.3f}"
                 live = sum(1 for p in last["peers"] if p["state"] not in ("left", "evicted"))
                 console.print(
-                    f"round {shown}/{run['max_rounds']} committed  eval loss {eval_loss}  "
-                    f"train loss {run['loss'] or 0:.3f}  peers {live}  sent {format_bytes(totals['bytes_sent'])}  "
-                    f"hash {run['committed_hash'] or '—'}"
+                    f"round {shown}/{run['max_rounds']} committed  eval {eval_loss}  train {run['loss'] or 0:.3f}  "
+                    f"peers {live}  sent {format_bytes(totals['bytes_sent'])}  θg {run['committed_hash'] or '—'}",
+                    soft_wrap=True,
                 )
             if run["finished"] or all(p.poll() is not None for p in procs):
                 return last
             time.sleep(1.0)  # a progress display's refresh period
         raise RuntimeError(f"the run did not finish within the demo timeout")
+    finally:
+        client.close()
+
+
+def _final_status(join: str) -> Optional[dict[str, Any]]:
+    from swarm.control import CoordinatorClient, CoordinatorError
+    from swarm.joinstring import JoinString
+
+    client = CoordinatorClient(JoinString.parse(join), request_timeout_s=5)
+    try:
+        return status_to_dict(client.get_status())
+    except CoordinatorError:
+        return None
     finally:
         client.close()
 
