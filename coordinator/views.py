@@ -42,7 +42,10 @@ def round_info(
     )
     if round_row is not None:
         info.outcome = round_row.outcome
-        info.participants.extend(round_row.participants)
+        if round_row.outcome == COMMITTED or round_row.outcome == pb.ROUND_OUTCOME_VOIDED:
+            info.participants.extend(round_row.participants)
+        else:  # an open round: only the live ones, so groupmates stop waiting for a peer that left
+            info.participants.extend(p for p in round_row.participants if p in peers and peers[p].alive)
         if round_row.outcome == COMMITTED:
             info.committed_hash = round_row.committed_hash
             info.holders.extend(_dht_ids(round_row.holders, peers))

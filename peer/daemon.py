@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import socket
 import threading
 import time
@@ -134,7 +135,10 @@ class PeerDaemon:
                 return 2
             info = self._round_info(0)
             if info.last_committed_round > self.trainer.round:
-                self._sync(info)
+                if not self._sync(info) and info.finished:
+                    logger.error("%s the run finished at round %d before this peer could download its state; "
+                                 "no final model was written", self._tag(), info.last_committed_round)
+                    return 1
                 continue
             if info.finished:
                 return self._finish()
@@ -177,6 +181,8 @@ class PeerDaemon:
         logger.info("%s trained %d steps, loss %.4f, %.0f tokens/s", tag, train.steps, train.mean_loss,
                     train.tokens / max(1e-9, train.inner_time_s))
 
+        if self.stop.is_set():
+            return  # leaving: the group goes on without this peer's contribution
         self.stats.update(state=pb.PEER_STATE_EXCHANGING)
         self.heartbeat.beat_now()  # closes late admission to this round at the coordinator
         delta = self.trainer.pseudo_gradient()
@@ -245,7 +251,7 @@ class PeerDaemon:
         self.state_server.publish(GlobalState(round=round_, params=list(params), momentum=list(momentum), hash=h))
         self.stats.update(params_hash=h, params_round=round_, state=pb.PEER_STATE_READY)
 
-    def _sync(self, info: pb.RoundInfo) -> None:
+    def _sync(self, info: pb.RoundInfo) -> bool:
         """Download the newest committed state from a holder and verify its hash."""
         target = info.last_committed_round
         holders_info = self._round_info(target)
@@ -261,12 +267,13 @@ class PeerDaemon:
             )
         except StateUnavailable as e:
             logger.warning("%s %s; will retry", self._tag(), e)
-            self.stop.wait(1.0)
-            return
+            self.stop.wait(1.0)  # back off before asking the coordinator for holders again
+            return False
         self.stats.add(bytes_received=nbytes)
         self._commit_state(state.params, state.momentum, target)
         logger.info("%s synced to round %d, hash %s", self._tag(), target, state.hash)
         self._evaluate()
+        return True
 
     def _evaluate(self) -> None:
         loss = self.trainer.eval_loss()
@@ -301,4 +308,13 @@ class PeerDaemon:
 
 
 def run_peer(options: PeerOptions) -> int:
-    return PeerDaemon(options).run()
+    """Run a peer until the run finishes; SIGINT/SIGTERM leave the run cleanly and exit 0."""
+    daemon = PeerDaemon(options)
+    if threading.current_thread() is threading.main_thread():
+        def leave_on_signal(signum, frame):
+            logger.info("%s signal %d: leaving the run after the current step", daemon._tag(), signum)
+            daemon.stop.set()
+
+        signal.signal(signal.SIGTERM, leave_on_signal)
+        signal.signal(signal.SIGINT, leave_on_signal)
+    return daemon.run()

@@ -53,9 +53,9 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
-    from coordinator.server import serve
+    run = _run_config(args)  # config mistakes are reported before the slow imports
 
-    run = _run_config(args)
+    from coordinator.server import serve
     return serve(
         run=run,
         state_dir=Path(args.state_dir),
@@ -70,10 +70,11 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
 
 def cmd_peer(args: argparse.Namespace) -> int:
-    from peer.daemon import PeerOptions, run_peer
     from swarm.joinstring import JoinString
 
-    join = JoinString.parse(args.join)
+    join = JoinString.parse(args.join)  # a malformed join string is reported before the slow imports
+
+    from peer.daemon import PeerOptions, run_peer
     if args.device.startswith("cuda"):
         import torch
 

@@ -1,10 +1,30 @@
 """Shared test fixtures: reap every child process a test started, even when it fails."""
 
+import ctypes
 import os
 import signal
+import sys
 
 import psutil
 import pytest
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> None:
+    """Make orphans re-parent to this process instead of init, so the reaper below still sees them.
+
+    A test that SIGKILLs a coordinator or peer would otherwise orphan its hivemind DHT process (a fork)
+    and that process's p2pd, which then outlive the test session.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
+_become_subreaper()
 
 
 @pytest.fixture(autouse=True)

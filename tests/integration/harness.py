@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+import psutil
+
 from swarm.control import CoordinatorClient, CoordinatorError
 from swarm.joinstring import JoinString
 from swarm.status import status_to_dict
@@ -107,8 +109,20 @@ class Swarm:
             self._client.close()
         for proc in [*self.peers.values(), self.coordinator]:
             if proc is not None and proc.poll() is None:
+                # hivemind's DHT runs in a forked child (with its p2pd below it): killing only this process
+                # would orphan them to init, out of reach of the conftest's reaper.
+                try:
+                    descendants = psutil.Process(proc.pid).children(recursive=True)
+                except psutil.NoSuchProcess:
+                    descendants = []
                 proc.kill()
                 proc.wait(timeout=10)
+                for child in descendants:
+                    try:
+                        child.kill()
+                    except psutil.NoSuchProcess:
+                        pass
+                psutil.wait_procs(descendants, timeout=5)
 
 
 def tensors_digest(path: Path) -> str:

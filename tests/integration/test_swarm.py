@@ -49,13 +49,21 @@ def test_two_peers_commit_identical_state_that_matches_the_simulator(swarm):
         assert torch.equal(final[name], expected), f"{name} differs from the simulator"
 
 
-def test_late_joiner_catches_up_and_killed_peer_is_evicted(swarm):
-    swarm.start_coordinator("--max-rounds", "6", "--min-peers", "2", "--inner-steps", "10", "--lease-s", "4",
+def test_late_joiner_catches_up_killed_peer_is_evicted_and_stopped_peer_leaves(swarm):
+    swarm.start_coordinator("--max-rounds", "8", "--min-peers", "2", "--inner-steps", "20", "--lease-s", "4",
                            "--exit-grace-s", "30")
     swarm.start_peer("peer-0")
     swarm.start_peer("peer-1")
     swarm.start_peer("victim")
+    swarm.start_peer("quitter")
     swarm.wait_status(lambda s: s["run"]["rounds_committed"] >= 1, timeout_s=120, what="round 1 to commit")
+
+    swarm.start_peer("late")  # joins a run in progress: downloads θg, then takes part
+    quitter = swarm.peers.pop("quitter")
+    quitter.send_signal(signal.SIGTERM)
+    assert quitter.wait(timeout=60) == 0, swarm.log("quitter")[-2000:]
+    swarm.wait_status(lambda s: any(p["name"] == "quitter" and p["state"] == "left" for p in s["peers"]),
+                      timeout_s=30, what="the stopped peer to be marked as left")
 
     swarm.peers["victim"].send_signal(signal.SIGKILL)
     swarm.peers.pop("victim").wait(timeout=10)
@@ -65,13 +73,12 @@ def test_late_joiner_catches_up_and_killed_peer_is_evicted(swarm):
     )
     committed_at_eviction = status["run"]["rounds_committed"]
 
-    swarm.start_peer("late")
     codes = swarm.wait_peers(timeout_s=180)
     assert all(code == 0 for code in codes.values()), codes
 
     final = swarm.status()
     assert final is not None, "the coordinator stopped answering before its exit grace ended"
-    assert final["run"]["rounds_committed"] == 6
+    assert final["run"]["rounds_committed"] == 8
     assert final["run"]["rounds_committed"] > committed_at_eviction
     late = next(p for p in final["peers"] if p["name"] == "late")
     assert late["rounds_joined"] >= 1, "the late joiner never contributed to a committed round"
