@@ -17,13 +17,14 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 import torch
 from safetensors.torch import save_file
 
+from peer.faults import FaultPlan
 from peer.heartbeat import HeartbeatThread
 from peer.retry import with_retry
 from peer.stats import PeerStats
@@ -55,6 +56,7 @@ class PeerOptions:
     poll_s: float = 0.2  # how often a waiting peer asks the coordinator about the round
     state_timeout_s: float = 120.0
     join_timeout_s: float = 120.0  # give up joining when the coordinator stays unreachable this long
+    faults: FaultPlan = field(default_factory=FaultPlan)  # deterministic fault injection (tests, chaos)
 
 
 class PeerExit(Exception):
@@ -109,7 +111,7 @@ class PeerDaemon:
 
         # heartbeats start now: building the model and the transport takes longer than a short lease
         self.heartbeat = HeartbeatThread(self.client, self.peer_id, self.stats, self.stop,
-                                         interval_s=joined.heartbeat_interval_s)
+                                         interval_s=joined.heartbeat_interval_s, faults=self.options.faults)
         self.heartbeat.start()
         self.trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=self.options.device)
         self.transport = Transport(
@@ -181,6 +183,8 @@ class PeerDaemon:
         logger.info("%s trained %d steps, loss %.4f, %.0f tokens/s", tag, train.steps, train.mean_loss,
                     train.tokens / max(1e-9, train.inner_time_s))
 
+        faults = self.options.faults
+        faults.at(round_, "trained")
         if self.stop.is_set():
             return  # leaving: the group goes on without this peer's contribution
         self.stats.update(state=pb.PEER_STATE_EXCHANGING)
@@ -196,10 +200,12 @@ class PeerDaemon:
                 self.transport.dht, key=key, me=me, planned=lambda: self._planned(round_),
                 window_s=run.rounds.matchmaking_window_s,
                 ttl_s=run.rounds.matchmaking_window_s + run.rounds.exchange_timeout_s,
+                on_posted=lambda: faults.at(round_, "matchmaking"),
             )
             group_ids = [m.peer_id for m in group]
             result = self.exchange.average(key=key, group=group, me=me, delta=delta,
-                                           timeout_s=run.rounds.exchange_timeout_s)
+                                           timeout_s=run.rounds.exchange_timeout_s,
+                                           on_phase=lambda phase: faults.at(round_, phase))
             sent, received, exchange_s = result.bytes_sent, result.bytes_received, result.seconds
             tentative = self.trainer.apply(result.average)
             new_hash = state_hash(*tentative)
@@ -210,6 +216,7 @@ class PeerDaemon:
             error = str(e)
             logger.warning("%s exchange failed: %s", tag, e)
         self.stats.add(bytes_sent=sent, bytes_received=received)
+        faults.at(round_, "averaged")
 
         request = pb.ReportRoundRequest(
             peer_id=self.peer_id, round=round_, ok=ok, params_hash=new_hash, group=group_ids,
@@ -217,7 +224,9 @@ class PeerDaemon:
             exchange_time_s=exchange_s, bytes_sent=sent, bytes_received=received, loss=train.mean_loss,
             error=error, param_count=self.trainer.param_count,
         )
-        self._call(lambda: self.client.report_round(request), f"report round {round_}")
+        if not faults.drops(round_, "report"):
+            self._call(lambda: self.client.report_round(request), f"report round {round_}")
+        faults.at(round_, "reported")
         decision = self._await_decision(round_)
         if decision.outcome == pb.ROUND_OUTCOME_COMMITTED and tentative is not None \
                 and decision.committed_hash == new_hash:

@@ -6,6 +6,7 @@ import logging
 import threading
 from typing import Optional
 
+from peer.faults import FaultPlan
 from peer.stats import PeerStats
 from swarm.control import CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
 
@@ -14,10 +15,11 @@ logger = logging.getLogger(__name__)
 
 class HeartbeatThread(threading.Thread):
     def __init__(self, client: CoordinatorClient, peer_id: str, stats: PeerStats, stop: threading.Event,
-                 *, interval_s: float):
+                 *, interval_s: float, faults: Optional[FaultPlan] = None):
         super().__init__(name="swarm-heartbeat", daemon=True)
         self.client, self.peer_id, self.stats, self.stop = client, peer_id, stats, stop
         self.interval_s = max(0.2, interval_s)
+        self.faults = faults or FaultPlan()
         self.rejection: Optional[str] = None  # set when the coordinator refuses this peer for good
         self._wake = threading.Event()
         self._unreachable_since_logged = False
@@ -28,7 +30,8 @@ class HeartbeatThread(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set() and self.rejection is None:
             try:
-                self.client.heartbeat(self.stats.heartbeat_request(self.peer_id))
+                if not self.faults.drops(self.stats.round, "heartbeat"):
+                    self.client.heartbeat(self.stats.heartbeat_request(self.peer_id))
                 if self._unreachable_since_logged:
                     logger.info("[%s] coordinator reachable again; heartbeats resumed", self.peer_id)
                     self._unreachable_since_logged = False

@@ -73,6 +73,9 @@ def cmd_peer(args: argparse.Namespace) -> int:
     from swarm.joinstring import JoinString
 
     join = JoinString.parse(args.join)  # a malformed join string is reported before the slow imports
+    from peer.faults import FaultPlan
+
+    faults = FaultPlan.parse(args.faults or os.environ.get("SWARM_FAULTS", ""))
 
     from peer.daemon import PeerOptions, run_peer
     if args.device.startswith("cuda"):
@@ -91,6 +94,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         p2p_port=args.p2p_port,
         announce_host=args.announce_host,
         join_timeout_s=args.join_timeout_s,
+        faults=faults,
     )
     return run_peer(options)
 
@@ -160,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--announce-host", help="address other peers should use to reach this one")
     p.add_argument("--join-timeout-s", type=float, default=120.0,
                    help="give up (exit 2) when the coordinator stays unreachable this long at start")
+    p.add_argument("--faults", help="fault injection for tests, e.g. 'crash@3:sending,delay@2:reported=5' "
+                                    "(see peer/faults.py); also read from SWARM_FAULTS")
     p.set_defaults(func=cmd_peer)
 
     s = sub.add_parser("status", help="show how a run is doing")
@@ -182,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from peer.faults import FaultSpecError
     from swarm.control import CoordinatorError
     from swarm.joinstring import JoinStringError
 
@@ -189,7 +196,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _setup_logging(args.verbose)
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, JoinStringError, CoordinatorError) as e:
+    except (ConfigError, JoinStringError, CoordinatorError, FaultSpecError) as e:
         print(f"swarm {args.command}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from hivemind.p2p import P2PContext, PeerID
@@ -73,19 +73,27 @@ class Exchange:
         )
 
     def average(
-        self, *, key: str, group: list[Member], me: Member, delta: torch.Tensor, timeout_s: float
+        self, *, key: str, group: list[Member], me: Member, delta: torch.Tensor, timeout_s: float,
+        on_phase: Optional[Callable[[str], None]] = None,
     ) -> ExchangeResult:
-        """Average delta with the group; raises ExchangeFailed unless every slice arrived intact."""
+        """Average delta with the group; raises ExchangeFailed unless every slice arrived intact.
+
+        on_phase("sending") and on_phase("reducing") are called as the exchange passes those points
+        (fault injection uses them).
+        """
+        on_phase = on_phase or (lambda phase: None)
         try:
             return self.transport.run(
-                asyncio.wait_for(self._average(key, group, me, delta), timeout_s), timeout_s=timeout_s + 5
+                asyncio.wait_for(self._average(key, group, me, delta, on_phase), timeout_s), timeout_s=timeout_s + 5
             )
         except (asyncio.TimeoutError, TimeoutError):
             raise ExchangeFailed(f"{key}: the group did not complete the exchange within {timeout_s:.0f}s") from None
         finally:
             self.transport.run(self._forget(key), timeout_s=5)
 
-    async def _average(self, key: str, group: list[Member], me: Member, delta: torch.Tensor) -> ExchangeResult:
+    async def _average(
+        self, key: str, group: list[Member], me: Member, delta: torch.Tensor, on_phase: Callable[[str], None]
+    ) -> ExchangeResult:
         started = time.perf_counter()
         codec = CODECS[me.codec]
         if any(m.numel != me.numel or m.codec != me.codec for m in group):
@@ -97,6 +105,7 @@ class Exchange:
         sent = 0
 
         # Phase 1: every slice goes, encoded, to its owner (this peer's own slice stays here).
+        on_phase("sending")
         sends = []
         for owner, (start, end) in enumerate(bounds):
             payload = codec.encode(flat[start:end].contiguous())
@@ -111,6 +120,7 @@ class Exchange:
         contributions = await self._wait_for(
             key, [(digest, exchange_pb2.PHASE_CONTRIBUTION, position, sender) for sender in range(len(group))]
         )
+        on_phase("reducing")
         decoded = [self._decode(codec, data, end - start, key) for data in contributions]
         averaged = codec.encode(weighted_average(decoded, [m.weight for m in group]).contiguous())
         await self._deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)

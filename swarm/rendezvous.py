@@ -50,6 +50,7 @@ def rendezvous(
     ttl_s: float,
     poll_s: float = 0.1,
     plan_refresh_s: float = 1.0,
+    on_posted: Optional[Callable[[], None]] = None,
 ) -> list[Member]:
     """Post this peer under key and return the group, ordered by peer index.
 
@@ -57,6 +58,8 @@ def rendezvous(
     coordinator is unreachable): then whoever posted within the window forms the group.
     """
     dht.store(key, subkey=me.peer_id, value=asdict(me), expiration_time=get_dht_time() + ttl_s)
+    if on_posted is not None:
+        on_posted()
     deadline = time.monotonic() + window_s
     expected = planned()
     next_plan_at = time.monotonic() + plan_refresh_s

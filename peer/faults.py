@@ -1,0 +1,86 @@
+"""Deterministic fault injection for tests and chaos runs: crash, delay or drop at (round, phase).
+
+A peer takes a plan with ``--faults 'crash@3:sending, delay@2:reported=5, drop@4:report'`` (or the
+SWARM_FAULTS environment variable). Each entry fires once, when this peer reaches that phase of
+that round, so a test says exactly where a peer dies instead of sleeping and hoping.
+
+Phases, in the order a round passes them:
+    trained        inner steps done, before looking for the group
+    matchmaking    posted in the DHT, before the group is known
+    sending        group formed, slices being sent (fires inside the exchange)
+    reducing       own slice's contributions received, before its average is sent
+    averaged       average complete, before the vote is reported
+    reported       vote reported, before the decision is known
+Actions: ``crash`` (exit at once, like SIGKILL: no leave, no cleanup), ``delay`` (=seconds),
+``drop`` (the named coordinator call is not sent this round: ``report`` or ``heartbeat``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+PHASES = ("trained", "matchmaking", "sending", "reducing", "averaged", "reported")
+DROPPABLE = ("report", "heartbeat")
+_ENTRY = re.compile(r"^(crash|delay|drop)@(\d+):([a-z]+)(?:=([0-9.]+))?$")
+
+
+class FaultSpecError(ValueError):
+    """A malformed --faults plan."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str
+    round: int
+    phase: str  # a phase, or for drop the coordinator call
+    seconds: float = 0.0
+
+
+@dataclass
+class FaultPlan:
+    faults: list[Fault] = field(default_factory=list)
+    _fired: set[int] = field(default_factory=set)
+
+    @classmethod
+    def parse(cls, spec: str) -> "FaultPlan":
+        faults = []
+        for raw in filter(None, (part.strip() for part in spec.split(","))):
+            match = _ENTRY.match(raw)
+            if not match:
+                raise FaultSpecError(f"fault {raw!r} is malformed; write ACTION@ROUND:PHASE, e.g. crash@3:sending")
+            action, round_, phase, value = match.groups()
+            valid = DROPPABLE if action == "drop" else PHASES
+            if phase not in valid:
+                raise FaultSpecError(f"fault {raw!r}: {phase!r} is not one of {', '.join(valid)}")
+            if action == "delay" and value is None:
+                raise FaultSpecError(f"fault {raw!r}: a delay needs seconds, e.g. delay@2:reported=5")
+            faults.append(Fault(action, int(round_), phase, float(value or 0.0)))
+        return cls(faults)
+
+    def at(self, round_: int, phase: str) -> None:
+        """Called by the peer at each phase: crash or delay here if the plan says so."""
+        for i, fault in enumerate(self.faults):
+            if i in self._fired or fault.action == "drop" or (fault.round, fault.phase) != (round_, phase):
+                continue
+            self._fired.add(i)
+            if fault.action == "crash":
+                logger.warning("fault injection: crashing at round %d, phase %s", round_, phase)
+                logging.shutdown()
+                os._exit(137)
+            logger.warning("fault injection: delaying %.1fs at round %d, phase %s", fault.seconds, round_, phase)
+            time.sleep(fault.seconds)  # the injected fault is the wait itself
+
+    def drops(self, round_: int, call: str) -> bool:
+        """True when the plan drops this coordinator call in this round (fires once)."""
+        for i, fault in enumerate(self.faults):
+            if i not in self._fired and fault.action == "drop" and (fault.round, fault.phase) == (round_, call):
+                self._fired.add(i)
+                logger.warning("fault injection: dropping %s of round %d", call, round_)
+                return True
+        return False

@@ -1,0 +1,71 @@
+"""Peers that die at a chosen phase of a chosen round: the survivors always end with one identical θg."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.harness import Swarm, tensors_digest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+FAST_FAILURE_CONFIG = """
+[rounds]
+inner_steps = 10
+max_rounds = 6
+min_peers = 4
+matchmaking_window_s = 6.0
+exchange_timeout_s = 8.0
+round_timeout_s = 30.0
+"""
+
+
+@pytest.fixture
+def swarm(tmp_path):
+    s = Swarm(workdir=tmp_path)
+    yield s
+    s.close()
+
+
+def test_crashes_mid_exchange_void_the_round_and_after_averaging_commit_it(swarm, tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(FAST_FAILURE_CONFIG)
+    swarm.start_coordinator("--config", str(config), "--lease-s", "4", "--exit-grace-s", "30")
+    swarm.start_peer("steady-0")
+    swarm.start_peer("steady-1")
+    swarm.start_peer("dies-sending", "--faults", "crash@2:sending")
+    swarm.start_peer("dies-after-average", "--faults", "crash@4:averaged")
+
+    assert swarm.peers["dies-sending"].wait(timeout=180) == 137
+    assert swarm.peers["dies-after-average"].wait(timeout=180) == 137
+    for name in ("dies-sending", "dies-after-average"):
+        swarm.peers.pop(name)
+    codes = swarm.wait_peers(timeout_s=180)
+    assert codes == {"steady-0": 0, "steady-1": 0}
+
+    status = swarm.status()
+    assert status is not None
+    run = status["run"]
+    assert run["rounds_committed"] == 6
+    # Round 2 lost a groupmate mid-exchange: nobody got every slice, so nobody applied it.
+    assert run["rounds_voided"] == 1
+    # Round 4's average completed before its peer died: the others committed it.
+    dead = {p["name"]: p for p in status["peers"] if p["name"].startswith("dies")}
+    assert dead["dies-after-average"]["rounds_joined"] >= 2
+    assert {p["state"] for p in dead.values()} == {"evicted"}
+    digests = {tensors_digest(swarm.final_model(n)) for n in ("steady-0", "steady-1")}
+    assert len(digests) == 1, "survivors hold different global parameters"
+    assert run["committed_hash"], "no committed hash"
+
+
+def test_a_peer_that_never_reports_does_not_stall_or_split_the_run(swarm, tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(FAST_FAILURE_CONFIG.replace("min_peers = 4", "min_peers = 2").replace("max_rounds = 6", "max_rounds = 3")
+                      .replace("round_timeout_s = 30.0", "round_timeout_s = 8.0"))
+    swarm.start_coordinator("--config", str(config), "--exit-grace-s", "30")
+    swarm.start_peer("steady")
+    swarm.start_peer("silent", "--faults", "drop@2:report")
+    codes = swarm.wait_peers(timeout_s=180)
+    assert codes == {"steady": 0, "silent": 0}
+    status = swarm.status()
+    assert status is not None and status["run"]["rounds_committed"] == 3
+    assert tensors_digest(swarm.final_model("steady")) == tensors_digest(swarm.final_model("silent"))
