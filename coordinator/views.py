@@ -85,6 +85,8 @@ def status_response(
         rounds_committed=rounds_committed,
         rounds_voided=rounds_voided,
         committed_hash=position.last_committed_hash,
+        committed_round=position.last_committed_round,
+        fragments=rounds_spec.get("fragments", 1),
         eval_loss=run.eval_loss if run.eval_round >= 0 else math.nan,
         eval_round=max(run.eval_round, 0),
         initial_eval_loss=run.initial_eval_loss,
