@@ -128,7 +128,8 @@ class PeerDaemon:
             dht_peer_id=self.transport.peer_id,
         )
         self._commit_state(self.trainer.global_params, self.trainer.momentum, 0)
-        self._evaluate()
+        if joined.round.last_committed_round == 0:
+            self._evaluate()  # the initial loss; a joiner of a run under way evaluates after its download
         self.heartbeat.beat_now()
 
         while not self.stop.is_set():

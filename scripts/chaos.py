@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Chaos soak: a swarm on loopback whose peers are SIGKILLed and restarted at random, and whose
+coordinator is killed and restarted, while every committed round is checked on every live peer.
+
+    .venv/bin/python scripts/chaos.py --peers 5 --rounds 40 --mtbf-s 4 --coordinator-kills 1 --json
+
+Then it runs a fault-free swarm of the same length for comparison. With --json the last stdout line
+is one JSON object: faults_injected, coordinator_restarts, rounds_committed, rounds_voided,
+divergent_commits (must be 0), nonfinite_seen (must be 0), final_eval_loss, fault_free_eval_loss,
+mean_rejoin_s. Exit status 0 only when there was no divergence and nothing non-finite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from swarm.control import CoordinatorClient, CoordinatorError  # noqa: E402
+from swarm.joinstring import JoinString  # noqa: E402
+from swarm.status import status_to_dict  # noqa: E402
+
+
+def spawn(args: list[str], log: Path, stdout=None) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "swarm.cli", *args], stdout=stdout or open(log, "ab"),
+                            stderr=open(log, "ab"), env=env, cwd=ROOT, start_new_session=True)
+
+
+def kill_tree(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # the process group: the daemon and its hivemind/p2pd children
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace, workdir: Path, *, faults: bool):
+        self.args, self.workdir, self.faults = args, workdir, faults
+        self.rng = random.Random(args.seed)
+        self.config = workdir / "run.toml"
+        self.config.write_text(
+            f"[rounds]\ninner_steps = {args.inner_steps}\nmax_rounds = {args.rounds}\nmin_peers = {args.peers}\n"
+            "matchmaking_window_s = 5.0\nexchange_timeout_s = 8.0\nround_timeout_s = 60.0\n"
+        )
+        self.coordinator: Optional[subprocess.Popen] = None
+        self.join = ""
+        self.peers: dict[str, subprocess.Popen] = {}
+        self.restarted_at: dict[str, float] = {}
+        self.rejoin_s: list[float] = []
+        self.faults_injected = 0
+        self.coordinator_restarts = 0
+        self.divergent = 0
+        self.nonfinite = 0
+        self.committed: dict[int, str] = {}
+
+    def start_coordinator(self) -> None:
+        self.coordinator = spawn(["coordinator", "--config", str(self.config), "--state-dir", str(self.workdir / "coordinator"),
+                                  "--lease-s", "4", "--exit-grace-s", "30"], self.workdir / "coordinator.log",
+                                 stdout=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = self.coordinator.stdout.readline().decode()
+            if line.startswith("join: "):
+                self.join = line.split(" ", 1)[1].strip()
+                return
+            if not line and self.coordinator.poll() is not None:
+                break
+        raise RuntimeError("the coordinator did not start; see coordinator.log")
+
+    def start_peer(self, name: str) -> None:
+        self.peers[name] = spawn(["peer", "--join", self.join, "--state-dir", str(self.workdir / name),
+                                  "--threads", "1", "--name", name, "--join-timeout-s", "300"],
+                                 self.workdir / f"{name}.log")
+
+    def status(self, client: CoordinatorClient) -> Optional[dict]:
+        try:
+            return status_to_dict(client.get_status())
+        except CoordinatorError:
+            return None
+
+    def check(self, status: dict) -> None:
+        run = status["run"]
+        if run["committed_hash"]:
+            self.committed[run["committed_round"]] = run["committed_hash"]
+        for peer in status["peers"]:
+            if peer["state"] in ("left", "evicted"):
+                continue
+            expected = self.committed.get(peer["params_round"])
+            if expected and peer["params_hash"] and peer["params_hash"] != expected:
+                self.divergent += 1
+                print(f"DIVERGENT: {peer['name']} holds {peer['params_hash']} for round {peer['params_round']}, "
+                      f"committed {expected}", file=sys.stderr)
+            if peer["loss"] is not None and not math.isfinite(peer["loss"]):
+                self.nonfinite += 1
+            name = peer["name"]
+            if name in self.restarted_at:
+                when, old_ids = self.restarted_at[name]
+                if peer["id"] not in old_ids and peer["rounds_joined"] > 0:
+                    self.rejoin_s.append(time.monotonic() - when)
+                    del self.restarted_at[name]
+
+    def run(self) -> dict:
+        started = time.monotonic()
+        self.start_coordinator()
+        for i in range(self.args.peers):
+            self.start_peer(f"peer-{i}")
+        client = CoordinatorClient(JoinString.parse(self.join), request_timeout_s=3)
+        next_fault = time.monotonic() + self.rng.expovariate(1 / self.args.mtbf_s) + 10
+        kill_coordinator_at = sorted(self.rng.uniform(0.3, 0.7) * self.args.rounds for _ in range(self.args.coordinator_kills))
+        pending_restarts: list[tuple[float, str]] = []
+        status: Optional[dict] = None
+        deadline = started + self.args.timeout_s
+        while time.monotonic() < deadline:
+            status = self.status(client) or status
+            if status:
+                self.check(status)
+                if status["run"]["finished"]:
+                    break
+            now = time.monotonic()
+            committed = status["run"]["rounds_committed"] if status else 0
+            if self.faults and kill_coordinator_at and committed >= kill_coordinator_at[0]:
+                kill_coordinator_at.pop(0)
+                kill_tree(self.coordinator)
+                time.sleep(self.rng.uniform(1, 4))  # the outage
+                self.start_coordinator()
+                self.coordinator_restarts += 1
+                self.faults_injected += 1
+            if self.faults and now >= next_fault and status and status["run"]["rounds_committed"] >= 1:
+                live = [n for n, p in self.peers.items() if p.poll() is None]
+                if len(live) > 2:  # keep a quorum that can hold the state
+                    victim = self.rng.choice(live)
+                    kill_tree(self.peers[victim])
+                    self.faults_injected += 1
+                    pending_restarts.append((now + self.rng.uniform(0.5, 3.0), victim))
+                next_fault = now + self.rng.expovariate(1 / self.args.mtbf_s)
+            for when, name in list(pending_restarts):
+                if now >= when:
+                    pending_restarts.remove((when, name))
+                    self.start_peer(name)
+                    old_ids = {p["id"] for p in (status or {}).get("peers", []) if p["name"] == name}
+                    self.restarted_at[name] = (time.monotonic(), old_ids)
+            time.sleep(0.3)  # the soak's sampling period
+        for proc in self.peers.values():
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                kill_tree(proc)
+        final = self.status(client) or status or {"run": {}}
+        client.close()
+        kill_tree(self.coordinator, signal.SIGTERM)
+        return {
+            "rounds_committed": final["run"].get("rounds_committed", 0),
+            "rounds_voided": final["run"].get("rounds_voided", 0),
+            "final_eval_loss": final_eval(self.workdir, self.peers),
+            "wall_s": round(time.monotonic() - started, 1),
+        }
+
+
+def final_eval(workdir: Path, peers: dict[str, subprocess.Popen]) -> Optional[float]:
+    import torch
+    from safetensors.torch import load_file
+
+    from swarm.config import RunConfig
+    from swarm.data import ByteCorpus, eval_loss
+    from swarm.model import build_model
+
+    for name in sorted(peers):
+        path = workdir / name / "final" / "model.safetensors"
+        if path.exists():
+            run = RunConfig()
+            model = build_model(run.model, seed=run.seed)
+            tensors = load_file(str(path))
+            with torch.no_grad():
+                for pname, param in model.named_parameters():
+                    param.copy_(tensors[pname])
+            return eval_loss(model, ByteCorpus.load(run.data), batch_size=run.data.batch_size,
+                             seq_len=run.data.seq_len, num_batches=run.data.eval_batches)
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peers", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--inner-steps", type=int, default=10)
+    parser.add_argument("--mtbf-s", type=float, default=4.0, help="mean seconds between peer kills")
+    parser.add_argument("--coordinator-kills", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout-s", type=float, default=1800)
+    parser.add_argument("--skip-fault-free", action="store_true")
+    parser.add_argument("--workdir", help="keep logs here (default: a temporary directory)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    base = Path(args.workdir or tempfile.mkdtemp(prefix="swarm-chaos-"))
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "chaos").mkdir(exist_ok=True)
+    soak = Soak(args, base / "chaos", faults=True)
+    result = soak.run()
+    fault_free = None
+    if not args.skip_fault_free:
+        (base / "calm").mkdir(exist_ok=True)
+        fault_free = Soak(args, base / "calm", faults=False).run()["final_eval_loss"]
+    summary = {
+        "faults_injected": soak.faults_injected,
+        "coordinator_restarts": soak.coordinator_restarts,
+        "rounds_committed": result["rounds_committed"],
+        "rounds_voided": result["rounds_voided"],
+        "divergent_commits": soak.divergent,
+        "nonfinite_seen": soak.nonfinite,
+        "final_eval_loss": result["final_eval_loss"],
+        "fault_free_eval_loss": fault_free,
+        "mean_rejoin_s": round(sum(soak.rejoin_s) / len(soak.rejoin_s), 2) if soak.rejoin_s else None,
+        "rejoins_measured": len(soak.rejoin_s),
+        "wall_s": result["wall_s"],
+        "workdir": str(base),
+    }
+    print(json.dumps(summary) if args.json else json.dumps(summary, indent=1), flush=True)
+    return 0 if soak.divergent == 0 and soak.nonfinite == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
