@@ -83,15 +83,36 @@ class InnerOptConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class OuterOptConfig:
+    # "nesterov": the explicit SGD-with-momentum step (lr, momentum, nesterov below), bit-identical on
+    # every machine.  Any other value names a torch.optim class ("SGD", "Adam", "AdamW", ...), stepped
+    # on the CPU in fp32 with lr and the [outer.options] table as its keyword arguments.
+    name: str = "nesterov"
     lr: float = 0.7
-    momentum: float = 0.9
-    nesterov: bool = True
+    momentum: float = 0.9  # nesterov only
+    nesterov: bool = True  # nesterov only
+    options: dict[str, Any] = field(default_factory=dict)  # e.g. betas = [0.9, 0.95], eps = 1e-8
 
     def validate(self) -> None:
         if not self.lr > 0:
             raise ConfigError(f"[outer] lr must be positive, got {self.lr}.")
         if not 0 <= self.momentum < 1:
             raise ConfigError(f"[outer] momentum must be in [0, 1), got {self.momentum}.")
+        from swarm.algorithm import NESTEROV, outer_optimizer_names, torch_optimizer_kwargs
+
+        if self.name not in outer_optimizer_names():
+            raise ConfigError(f"[outer] name {self.name!r} is unknown; choose one of {outer_optimizer_names()}.")
+        if self.name == NESTEROV:
+            if self.options:
+                raise ConfigError("[outer] options apply to torch.optim optimizers; nesterov takes lr, momentum"
+                                  " and nesterov.")
+            return
+        import torch
+
+        cls, kwargs = torch_optimizer_kwargs(self.name, self.lr, dict(self.options))
+        try:
+            cls([torch.nn.Parameter(torch.zeros(1))], **kwargs)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"[outer] options {self.options} do not fit torch.optim.{self.name} ({e}).") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +125,17 @@ class RoundConfig:
     matchmaking_window_s: float = 15.0  # how long a peer waits for missing groupmates
     exchange_timeout_s: float = 60.0  # bound on moving the tensors once a group formed
     round_timeout_s: float = 900.0  # a round undecided this long after it opened is decided as is
+    # Lossy codecs only: a peer adds what the codec dropped last time to its next pseudo-gradient.
+    error_feedback: bool = True
+    # Streaming DiLoCo (see swarm.streaming): the parameters are split into `fragments` groups of layers
+    # that sync one per round, staggered, each once every inner_steps steps; 1 is plain DiLoCo.
+    fragments: int = 1
+    fragment_pattern: str = "strided"  # "strided" (Streaming DiLoCo) or "contiguous" (torchft)
+    # A fragment's exchange runs during the next overlap_steps inner steps and is merged after them
+    # (0: the peer waits for it).
+    overlap_steps: int = 0
+    # With overlap: local ← alpha·local + (1−alpha)·global for the merged fragment (the paper's 0.5).
+    mixing_alpha: float = 0.5
 
     def validate(self) -> None:
         from swarm.codec import CODECS
@@ -121,6 +153,19 @@ class RoundConfig:
         for name in ("matchmaking_window_s", "exchange_timeout_s", "round_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"[rounds] {name} must be positive, got {getattr(self, name)}.")
+        from swarm.streaming import PATTERNS
+
+        if not 1 <= self.fragments <= self.inner_steps:
+            raise ConfigError(f"[rounds] fragments must be between 1 and inner_steps ({self.inner_steps}),"
+                              f" got {self.fragments}.")
+        if self.fragment_pattern not in PATTERNS:
+            raise ConfigError(f"[rounds] fragment_pattern {self.fragment_pattern!r} is unknown; choose one of {list(PATTERNS)}.")
+        gap = self.inner_steps // self.fragments
+        if not 0 <= self.overlap_steps <= gap:
+            raise ConfigError(f"[rounds] overlap_steps must be between 0 and inner_steps // fragments ({gap}),"
+                              f" got {self.overlap_steps}; an exchange must land before the next sync.")
+        if not 0.0 <= self.mixing_alpha < 1.0:
+            raise ConfigError(f"[rounds] mixing_alpha must be in [0, 1), got {self.mixing_alpha}.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,4 +260,18 @@ def _coerce(value: Any, default: Any, *, name: str, origin: str, where: str) -> 
         if not isinstance(value, str):
             raise bad
         return value
+    if isinstance(default, dict):  # a sub-table of keyword arguments, e.g. [outer.options]
+        if not isinstance(value, dict):
+            raise bad
+        out = {}
+        for key, item in value.items():
+            number = (int, float)
+            ok = isinstance(item, (bool, int, float)) or (
+                isinstance(item, (list, tuple)) and all(isinstance(x, number) and not isinstance(x, bool) for x in item)
+            )
+            if not isinstance(key, str) or not ok:
+                raise ConfigError(f"{origin}: {name}.{key} in {where} must be a number, a boolean or a list of"
+                                  f" numbers, got {item!r}.")
+            out[key] = list(item) if isinstance(item, (list, tuple)) else item
+        return out
     raise bad

@@ -1,6 +1,9 @@
-"""N virtual DiLoCo peers in one process, calling exactly the functions a real peer calls.
+"""N virtual DiLoCo peers in one process, calling exactly the functions a real peer calls (the trainer,
+the outer optimizer, and ``algorithm.butterfly_reference`` for the all-reduce), so given the same run
+it computes the same global parameters as a real swarm, bit for bit.
 
     python -m swarm.sim --peers 2 --rounds 3 --json
+    python -m swarm.sim --peers 4 --rounds 12 --codec int4 --fragments 2 --overlap 2 --speeds 1,1,0.5,0.33
 """
 
 from __future__ import annotations
@@ -9,16 +12,18 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import sys
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Optional, Sequence
 
 import torch
 
-from swarm import algorithm
+from swarm import algorithm, streaming
 from swarm.codec import get_codec
 from swarm.config import RunConfig, load_run_config
-from swarm.trainer import LocalTrainer
+from swarm.trainer import LocalTrainer, TrainStats
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +31,17 @@ log = logging.getLogger(__name__)
 @dataclass
 class SimRound:
     round: int  # the committed round number (1-based; round 0 is the initial state)
-    state_hash: str  # peer 0's hash of (θg, momentum)
+    state_hash: str  # peer 0's hash of (θg, outer state)
     peer_hashes: list[str]
     train_loss: float  # peers' mean inner loss, weighted by samples
     eval_loss: Optional[float]  # held-out loss of θg; None on rounds without evaluation
     samples: int
     tokens: int
     inner_time_s: float  # the slowest peer's inner time: the round's wall time if peers ran in parallel
+    fragment: int = 0  # the fragment this round synced
+    steps: list[int] = field(default_factory=list)  # inner steps each peer ran in the round
+    group: list[int] = field(default_factory=list)  # peers in the exchange (those with samples to send)
+    bytes_sent: list[int] = field(default_factory=list)  # payload bytes each peer sent in the exchange
 
     @property
     def consistent(self) -> bool:
@@ -46,12 +55,19 @@ class SimResult:
     param_count: int
     initial_hash: str
     initial_eval_loss: float
-    # Estimate of bytes each peer sends per round in a K-peer butterfly all-reduce of the encoded
-    # pseudo-gradient: 2 (K-1)/K x payload (reduce-scatter, then all-gather); headers not counted.
+    # Payload bytes a peer sends per round in the butterfly all-reduce (its encoded slices for the
+    # other owners, then its averaged slice to each of them), averaged over peers and rounds; before
+    # any round, what a full group would send. Message headers are not counted.
     bytes_per_peer_per_round: float
+    fragments: int = 1
+    overlap_steps: int = 0
+    error_feedback: bool = False  # in effect: on in the config and the codec is lossy
+    outer: str = "nesterov"
+    bytes_sent_per_peer: list[int] = field(default_factory=list)  # each peer's total over the run
+    peak_bytes_per_sync: int = 0  # the most one peer sent in one exchange
     rounds: list[SimRound] = field(default_factory=list)
     final_params: list[torch.Tensor] = field(default_factory=list, repr=False)
-    final_momentum: list[torch.Tensor] = field(default_factory=list, repr=False)
+    final_momentum: list[torch.Tensor] = field(default_factory=list, repr=False)  # the outer state
 
     @property
     def final_hash(self) -> str:
@@ -60,6 +76,11 @@ class SimResult:
     @property
     def consistent(self) -> bool:
         return all(r.consistent for r in self.rounds)
+
+    @property
+    def final_eval_loss(self) -> float:
+        evaluated = [r.eval_loss for r in self.rounds if r.eval_loss is not None]
+        return evaluated[-1] if evaluated else self.initial_eval_loss
 
     def to_dict(self) -> dict:
         """JSON-ready summary (no tensors)."""
@@ -71,67 +92,180 @@ class SimResult:
         return out
 
 
+def _rates(run: RunConfig, peers: int, steps_per_peer: Sequence[int] | None,
+           speeds: Sequence[float] | None) -> list[Fraction]:
+    """Inner steps per nominal step for each peer (exact fractions, so step counts never drift)."""
+    h = run.rounds.inner_steps
+    if steps_per_peer is not None and speeds is not None:
+        raise ValueError("give steps_per_peer or speeds, not both.")
+    if speeds is not None:
+        if len(speeds) != peers or any(not (math.isfinite(s) and s * h >= 1) for s in speeds):
+            raise ValueError(f"speeds must give every one of the {peers} peers a finite speed of at least"
+                             f" 1/inner_steps = {1 / h:.4g}.")
+        return [Fraction(s).limit_denominator(1_000_000) for s in speeds]
+    if steps_per_peer is None:
+        steps_per_peer = [h] * peers
+    if len(steps_per_peer) != peers or any(s < 1 for s in steps_per_peer):
+        raise ValueError(f"steps_per_peer must give every one of the {peers} peers at least one step.")
+    return [Fraction(int(s), h) for s in steps_per_peer]
+
+
+def _steps_between(rate: Fraction, start: int, end: int) -> int:
+    """Inner steps a peer at ``rate`` completes between nominal steps ``start`` and ``end`` (a time
+    budget: progress carries over, so a 1/3-speed peer does exactly one step in three)."""
+    return math.floor(rate * end) - math.floor(rate * start)
+
+
+def _combine(parts: list[TrainStats]) -> TrainStats:
+    steps = sum(p.steps for p in parts)
+    loss = sum(p.mean_loss * p.steps for p in parts if p.steps) / steps if steps else float("nan")
+    return TrainStats(steps=steps, samples=sum(p.samples for p in parts), tokens=sum(p.tokens for p in parts),
+                      mean_loss=loss, inner_time_s=sum(p.inner_time_s for p in parts))
+
+
+@dataclass
+class _Sync:
+    """A round's exchange result, waiting to be applied (at once, or after the overlap)."""
+
+    round: int
+    fragment: int
+    average: torch.Tensor
+    stats: list[list[TrainStats]]
+    group: list[int]
+    bytes_sent: list[int]
+
+
 def simulate(
     run: RunConfig,
     *,
     peers: int,
     rounds: int,
     steps_per_peer: Sequence[int] | None = None,
+    speeds: Sequence[float] | None = None,
     codec: str | None = None,
+    error_feedback: bool | None = None,
+    fragments: int | None = None,
+    overlap_steps: int | None = None,
+    mixing_alpha: float | None = None,
+    outer: str | None = None,
 ) -> SimResult:
-    """Run ``rounds`` DiLoCo rounds with ``peers`` virtual peers; ``codec`` defaults to the run's."""
+    """Run ``rounds`` DiLoCo rounds with ``peers`` virtual peers, computing what a real swarm computes.
+
+    Every keyword left None takes the run's value. ``steps_per_peer[i]`` is peer i's inner steps per
+    ``inner_steps`` nominal steps (per round in plain DiLoCo); ``speeds[i]`` is the same as a factor
+    (1/3: a third of the steps). Rounds are time budgets: a slow peer does fewer steps and its
+    pseudo-gradient weighs its samples. With fragments F, round r syncs fragment (r − 1) % F after
+    ``streaming.round_steps`` nominal steps. With overlap τ the exchange's result is applied after the
+    first τ nominal steps of the next round (the "background" exchange is a delay), and the last one
+    when the run ends.
+    """
     if peers < 1 or rounds < 0:
         raise ValueError(f"need at least one peer and a non-negative number of rounds, got {peers} and {rounds}.")
-    if steps_per_peer is None:
-        steps_per_peer = [run.rounds.inner_steps] * peers
-    if len(steps_per_peer) != peers or any(s < 1 for s in steps_per_peer):
-        raise ValueError(f"steps_per_peer must give every one of the {peers} peers at least one step.")
-    wire = get_codec(codec or run.rounds.codec)
+    round_overrides = {k: v for k, v in (("codec", codec), ("error_feedback", error_feedback),
+                                         ("fragments", fragments), ("overlap_steps", overlap_steps),
+                                         ("mixing_alpha", mixing_alpha)) if v is not None}
+    if round_overrides:
+        run = run.replace(rounds=dataclasses.replace(run.rounds, **round_overrides))
+    if outer is not None:
+        run = run.replace(outer=dataclasses.replace(run.outer, name=outer))
+    if round_overrides or outer is not None:
+        get_codec(run.rounds.codec)  # an unknown codec: its own message, not the config's
+        run.validate()
+    rc = run.rounds
+    wire = get_codec(rc.codec)
+    rates = _rates(run, peers, steps_per_peer, speeds)
+    h, num_fragments, overlap = rc.inner_steps, rc.fragments, rc.overlap_steps
 
     trainers = [LocalTrainer(run, peer_index=i) for i in range(peers)]
     numel = trainers[0].param_count
-    payload = wire.encoded_size(numel)
+    fragment_numel = [trainers[0].fragment_numel(f) for f in range(num_fragments)]
+    full_group = [sum(algorithm.butterfly_bytes_sent(n, peers, wire)) / peers for n in fragment_numel]
     result = SimResult(
         peers=peers,
         codec=wire.name,
         param_count=numel,
         initial_hash=trainers[0].state_hash(),
         initial_eval_loss=trainers[0].eval_loss(),
-        bytes_per_peer_per_round=2 * (peers - 1) / peers * payload,
+        bytes_per_peer_per_round=sum(full_group) / num_fragments,
+        fragments=num_fragments,
+        overlap_steps=overlap,
+        error_feedback=rc.error_feedback and not wire.lossless,
+        outer=run.outer.name,
+        bytes_sent_per_peer=[0] * peers,
     )
-    log.info("sim: %d peers, %d parameters, codec %s, initial eval loss %.4f",
-             peers, numel, wire.name, result.initial_eval_loss)
+    log.info("sim: %d peers, %d parameters, codec %s, %d fragments, overlap %d, initial eval loss %.4f",
+             peers, numel, wire.name, num_fragments, overlap, result.initial_eval_loss)
 
-    for r in range(1, rounds + 1):
-        stats = [t.train(steps) for t, steps in zip(trainers, steps_per_peer)]
-        # Each contribution goes over the wire encoded; the reducer sees the decoded values.
-        deltas = [wire.decode(wire.encode(t.pseudo_gradient()), numel) for t in trainers]
-        avg = algorithm.weighted_average(deltas, [float(s.samples) for s in stats])
-        # The reduced part is sent encoded once more and every peer decodes those same bytes.
-        avg = wire.decode(wire.encode(avg), numel)
+    def train_until(stats: list[list[TrainStats]], start: int, end: int) -> None:
+        for t, rate, peer_stats in zip(trainers, rates, stats):
+            peer_stats.append(t.train(_steps_between(rate, start, end)))
+
+    def finish(sync: _Sync) -> None:
         for t in trainers:
-            params, momentum = t.apply(avg)
-            t.commit(params, momentum, round=r)
-
+            params, state = t.apply(sync.average, fragment=sync.fragment)
+            t.commit(params, state, round=sync.round, fragment=sync.fragment)
         hashes = [t.state_hash() for t in trainers]
         if len(set(hashes)) != 1:
-            log.error("sim round %d: peers disagree on the global state: %s", r, hashes)
-        samples = sum(s.samples for s in stats)
-        evaluate = r % run.rounds.eval_every_rounds == 0 or r == rounds
+            log.error("sim round %d: peers disagree on the global state: %s", sync.round, hashes)
+        per_peer = [_combine(s) for s in sync.stats]
+        samples = sum(s.samples for s in per_peer)
+        evaluate = sync.round % rc.eval_every_rounds == 0 or sync.round == rounds
         result.rounds.append(SimRound(
-            round=r,
+            round=sync.round,
             state_hash=hashes[0],
             peer_hashes=hashes,
-            train_loss=sum(s.mean_loss * s.samples for s in stats) / samples,
+            train_loss=sum(s.mean_loss * s.samples for s in per_peer if s.samples) / samples if samples else float("nan"),
             eval_loss=trainers[0].eval_loss() if evaluate else None,
             samples=samples,
-            tokens=sum(s.tokens for s in stats),
-            inner_time_s=max(s.inner_time_s for s in stats),
+            tokens=sum(s.tokens for s in per_peer),
+            inner_time_s=max(s.inner_time_s for s in per_peer),
+            fragment=sync.fragment,
+            steps=[s.steps for s in per_peer],
+            group=sync.group,
+            bytes_sent=sync.bytes_sent,
         ))
         last = result.rounds[-1]
-        log.info("sim round %d: train loss %.4f, eval loss %s, hash %s",
-                 r, last.train_loss, "-" if last.eval_loss is None else f"{last.eval_loss:.4f}", last.state_hash)
+        log.info("sim round %d (fragment %d): train loss %.4f, eval loss %s, hash %s", last.round, last.fragment,
+                 last.train_loss, "-" if last.eval_loss is None else f"{last.eval_loss:.4f}", last.state_hash)
 
+    in_flight: _Sync | None = None
+    for r in range(1, rounds + 1):
+        f = streaming.round_fragment(r, num_fragments)
+        start, end = streaming.round_end_step(r - 1, h, num_fragments), streaming.round_end_step(r, h, num_fragments)
+        stats: list[list[TrainStats]] = [[] for _ in trainers]
+        if in_flight is not None:  # the previous exchange lands after τ steps of this round
+            train_until(stats, start, start + overlap)
+            finish(in_flight)
+            in_flight = None
+            train_until(stats, start + overlap, end)
+        else:
+            train_until(stats, start, end)
+
+        # The exchange: every peer with samples since this fragment's last sync, in peer order.
+        group = [i for i, t in enumerate(trainers) if t.samples_since_sync(f) > 0]
+        if not group:
+            raise ValueError(f"round {r}: no peer ran an inner step since fragment {f} last synced;"
+                             " raise the speeds or inner_steps.")
+        contributions = [trainers[i].take_contribution(f) for i in group]
+        for i, c in zip(group, contributions):
+            trainers[i].record_sent(c, wire, parts=len(group))
+        average = algorithm.butterfly_reference([c.delta for c in contributions],
+                                                [float(c.samples) for c in contributions], wire)
+        sent = [0] * peers
+        for i, nbytes in zip(group, algorithm.butterfly_bytes_sent(fragment_numel[f], len(group), wire)):
+            sent[i] = nbytes
+            result.bytes_sent_per_peer[i] += nbytes
+        result.peak_bytes_per_sync = max(result.peak_bytes_per_sync, max(sent))
+        sync = _Sync(round=r, fragment=f, average=average, stats=stats, group=group, bytes_sent=sent)
+        if overlap:
+            in_flight = sync
+        else:
+            finish(sync)
+    if in_flight is not None:  # the run ends: the peers wait for the last exchange
+        finish(in_flight)
+
+    if rounds:
+        result.bytes_per_peer_per_round = sum(result.bytes_sent_per_peer) / (peers * rounds)
     result.final_params = trainers[0].global_params
     result.final_momentum = trainers[0].momentum
     return result
@@ -144,7 +278,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="number of outer rounds")
     parser.add_argument("--steps", type=int, help="inner steps per round (default: the run's inner_steps)")
     parser.add_argument("--preset", help="model preset, overriding the config")
-    parser.add_argument("--codec", help="wire codec, overriding the config")
+    parser.add_argument("--codec", help="wire codec (fp32, fp16, bf16, int8, int4), overriding the config")
+    parser.add_argument("--no-error-feedback", action="store_true", help="send lossy codecs without error feedback")
+    parser.add_argument("--fragments", type=int, help="Streaming DiLoCo fragments F, overriding the config")
+    parser.add_argument("--overlap", type=int, help="inner steps an exchange overlaps (tau), overriding the config")
+    parser.add_argument("--alpha", type=float, help="mixing factor for overlapped merges, overriding the config")
+    parser.add_argument("--outer", help="outer optimizer: nesterov or a torch.optim class name")
+    parser.add_argument("--speeds", help="comma-separated speed factor per peer, e.g. 1,1,0.5")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     args = parser.parse_args(argv)
@@ -161,7 +301,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.codec:
             run = run.replace(rounds=dataclasses.replace(run.rounds, codec=args.codec))
         run.validate()
-        result = simulate(run, peers=args.peers, rounds=args.rounds)
+        speeds = [float(x) for x in args.speeds.split(",")] if args.speeds else None
+        result = simulate(run, peers=args.peers, rounds=args.rounds, speeds=speeds,
+                          error_feedback=False if args.no_error_feedback else None, fragments=args.fragments,
+                          overlap_steps=args.overlap, mixing_alpha=args.alpha, outer=args.outer)
     except ValueError as e:  # ConfigError and the other user mistakes: one sentence, no traceback
         sys.stderr.write(f"error: {e}\n")
         return 2
@@ -169,13 +312,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
     else:
         sys.stdout.write(
-            f"{result.peers} peers, {result.param_count} parameters, codec {result.codec}\n"
+            f"{result.peers} peers, {result.param_count} parameters, codec {result.codec}"
+            f"{' + error feedback' if result.error_feedback else ''}, {result.fragments} fragments,"
+            f" overlap {result.overlap_steps}, outer {result.outer}\n"
             f"round 0: eval loss {result.initial_eval_loss:.4f} hash {result.initial_hash}\n"
         )
         for r in result.rounds:
             ev = "-" if r.eval_loss is None else f"{r.eval_loss:.4f}"
             sys.stdout.write(f"round {r.round}: train loss {r.train_loss:.4f} eval loss {ev}"
                              f" hash {r.state_hash}{'' if r.consistent else ' INCONSISTENT'}\n")
+        sys.stdout.write(f"bytes sent per peer {result.bytes_sent_per_peer}, peak per sync {result.peak_bytes_per_sync}\n")
     return 0 if result.consistent else 1
 
 

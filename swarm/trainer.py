@@ -1,5 +1,19 @@
 """One peer's local training state: the model and inner AdamW (θl), the committed global state (θg
-and outer momentum), and the DiLoCo steps on them.  The simulator and the peer daemon both use it.
+and the outer optimizer's state), its error feedback, and the DiLoCo / Streaming DiLoCo steps on them.
+The simulator and the peer daemon both use it.
+
+A round, as the peer daemon drives it (f = ``streaming.round_fragment(r, F)``; F = 1: f = 0):
+
+    trainer.train(n)                             # n = streaming.round_steps(r, H, F) at full speed
+    c = trainer.take_contribution(f)             # Δ_f (+ error-feedback residual) and its weight
+    trainer.record_sent(c, codec)                # what the codec drops, carried to the next round
+    avg = <butterfly all-reduce of c.delta, weight c.samples>   (background while overlapping)
+    trainer.train(τ)                             # overlap: keep training while it is in flight
+    params, state = trainer.apply(avg, fragment=f)              # tentative, hashed, voted on
+    trainer.commit(params, state, r, fragment=f) # install θg; merge the local fragment
+
+With F = 1 and no overlap (plain DiLoCo) every round starts from θg: ``train`` resets θl first, exactly
+as before fragments existed, so ``train / pseudo_gradient / apply / commit`` still work unchanged.
 """
 
 from __future__ import annotations
@@ -10,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from swarm import algorithm
+from swarm import algorithm, streaming
+from swarm.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
 from swarm.config import RunConfig
 from swarm.data import BatchSampler, ByteCorpus, eval_loss, shard_index_for_peer
 from swarm.model import build_model, model_fingerprint
@@ -27,8 +42,17 @@ class TrainStats:
     inner_time_s: float
 
 
+@dataclass(frozen=True)
+class Contribution:
+    """What a peer sends for one sync: the flat vector and its weight."""
+
+    fragment: int
+    delta: torch.Tensor  # Δ_f = θg_f − θl_f, plus the error-feedback residual when that is on
+    samples: int  # sequences this peer processed since the fragment's previous sync: the weight
+
+
 class LocalTrainer:
-    """θl (model + AdamW, never reset or averaged) and the committed θg, momentum and round."""
+    """θl (model + AdamW, never reset or averaged) and the committed θg, outer state and round."""
 
     def __init__(self, run: RunConfig, *, peer_index: int, device: str = "cpu") -> None:
         self.run = run
@@ -62,9 +86,26 @@ class LocalTrainer:
         )
         self.inner_steps_done = 0  # counts toward the warmup across rounds
         self.global_params: list[torch.Tensor] = [algorithm.as_cpu_f32(p).clone() for p in self._params]
-        self.momentum: list[torch.Tensor] = algorithm.OuterState.zeros_like(self.global_params).momentum
+        shapes = [p.shape for p in self._params]
+        self.outer = algorithm.OuterOptimizer(run.outer, shapes)
         self.round = 0  # the committed round the global state belongs to
         self._step_time_ema_s: float | None = None
+
+        rounds = run.rounds
+        names = [name for name, _ in self.model.named_parameters()]
+        self.fragments: list[list[int]] = streaming.fragments(
+            list(zip(names, shapes)), rounds.fragments, rounds.fragment_pattern)
+        # Plain DiLoCo (one fragment, no overlap) restarts every round from θg; streaming peers keep
+        # training and replace or mix one fragment at a time when its global value arrives.
+        self.streaming = rounds.fragments > 1 or rounds.overlap_steps > 0
+        # α only weighs the τ steps a peer trained while the exchange was in flight; without overlap the
+        # local fragment is the one whose Δ was just sent, and keeping part of it would count it twice.
+        self.mixing_alpha = rounds.mixing_alpha if rounds.overlap_steps > 0 else 0.0
+        self.error_feedback: list[ErrorFeedback] | None = (
+            [ErrorFeedback(self.fragment_numel(f)) for f in range(len(self.fragments))]
+            if rounds.error_feedback else None
+        )
+        self._samples_since_sync = [0] * len(self.fragments)
 
     # ---- inner loop ---------------------------------------------------------------------------
 
@@ -76,10 +117,12 @@ class LocalTrainer:
         return self.run.inner.lr
 
     def train(self, steps: int) -> TrainStats:
-        """θl ← θg, then ``steps`` AdamW steps on this peer's shard."""
+        """``steps`` AdamW steps on this peer's shard; in plain DiLoCo (not ``streaming``) θl ← θg first."""
         if steps < 0:
             raise ValueError(f"steps must be non-negative, got {steps}.")
-        self.load_global_into_model()
+        if not self.streaming:
+            self.load_global_into_model()
+            self._samples_since_sync = [0] * len(self.fragments)
         self.model.train()
         start = time.perf_counter()
         loss_sum = torch.zeros((), device=self.device)
@@ -103,6 +146,7 @@ class LocalTrainer:
             ema = self._step_time_ema_s
             self._step_time_ema_s = per_step if ema is None else 0.7 * ema + 0.3 * per_step
         samples = steps * self.run.data.batch_size
+        self._samples_since_sync = [n + samples for n in self._samples_since_sync]
         log.debug("peer %d round %d: %d steps, loss %.4f, %.2fs", self.peer_index, self.round + 1, steps, mean_loss, elapsed)
         return TrainStats(steps=steps, samples=samples, tokens=samples * self.run.data.seq_len,
                           mean_loss=mean_loss, inner_time_s=elapsed)
@@ -112,39 +156,117 @@ class LocalTrainer:
         for p, g in zip(self._params, self.global_params):
             p.copy_(g)
 
+    # ---- fragments ------------------------------------------------------------------------------
+
+    @property
+    def num_fragments(self) -> int:
+        return len(self.fragments)
+
+    def _indices(self, fragment: int | None) -> list[int]:
+        if fragment is None:
+            return list(range(len(self._params)))
+        if not 0 <= fragment < len(self.fragments):
+            raise ValueError(f"fragment {fragment} does not exist; this run has {len(self.fragments)}.")
+        return self.fragments[fragment]
+
+    def _fragment_or_only(self, fragment: int | None) -> int:
+        if fragment is None:
+            if len(self.fragments) != 1:
+                raise ValueError(f"this run has {len(self.fragments)} fragments; name the one to sync.")
+            return 0
+        self._indices(fragment)
+        return fragment
+
+    def fragment_numel(self, fragment: int | None = None) -> int:
+        return sum(self.global_params[i].numel() for i in self._indices(fragment))
+
+    def samples_since_sync(self, fragment: int | None = None) -> int:
+        """Sequences processed since ``fragment`` last contributed (or since θl was last reset)."""
+        return self._samples_since_sync[self._fragment_or_only(fragment)]
+
     # ---- outer step ---------------------------------------------------------------------------
 
-    def local_params(self) -> list[torch.Tensor]:
-        return [algorithm.as_cpu_f32(p) for p in self._params]
+    def local_params(self, fragment: int | None = None) -> list[torch.Tensor]:
+        return [algorithm.as_cpu_f32(self._params[i]) for i in self._indices(fragment)]
 
-    def pseudo_gradient(self) -> torch.Tensor:
-        """Δ = θg − θl, flattened to one fp32 CPU vector."""
-        return algorithm.flatten(algorithm.pseudo_gradient(self.global_params, self.local_params()))
+    def pseudo_gradient(self, fragment: int | None = None) -> torch.Tensor:
+        """Δ = θg − θl over ``fragment``'s parameters (default: all), flattened to one fp32 CPU vector."""
+        indices = self._indices(fragment)
+        return algorithm.flatten(algorithm.pseudo_gradient(
+            [self.global_params[i] for i in indices], self.local_params(fragment)))
 
-    def apply(self, avg_delta_flat: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The tentative (θg, momentum) after an outer step with Δ̄; the trainer is not changed, so a
-        round that is not committed leaves no trace."""
-        outer = self.run.outer
-        deltas = algorithm.unflatten(avg_delta_flat, self.global_params)
-        return algorithm.outer_step(self.global_params, deltas, self.momentum,
-                                    lr=outer.lr, momentum_coef=outer.momentum, nesterov=outer.nesterov)
+    def take_contribution(self, fragment: int | None = None) -> Contribution:
+        """At a sync point: Δ of ``fragment`` (None: the only one) plus its error-feedback residual, and
+        the samples behind it; the fragment's sample count restarts."""
+        f = self._fragment_or_only(fragment)
+        delta = self.pseudo_gradient(f)
+        if self.error_feedback is not None:
+            delta = self.error_feedback[f].compensate(delta)
+        samples, self._samples_since_sync[f] = self._samples_since_sync[f], 0
+        return Contribution(fragment=f, delta=delta, samples=samples)
 
-    def commit(self, params: list[torch.Tensor], momentum: list[torch.Tensor], round: int) -> None:
-        """Install (θg, momentum) as the committed global state of ``round``; the trainer keeps the
-        tensors, so the caller must not modify them afterwards."""
-        if len(params) != len(self.global_params) or len(momentum) != len(self.global_params):
+    def record_sent(self, contribution: Contribution, codec: Codec | str, parts: int | None = None) -> None:
+        """Error feedback: remember what ``codec`` drops from ``contribution.delta`` when it is sent as
+        ``parts`` block-aligned slices (any count gives the same values; default 1).  Call it once the
+        contribution went out; a no-op when error feedback is off."""
+        if self.error_feedback is None:
+            return
+        codec = get_codec(codec)
+        feedback = self.error_feedback[contribution.fragment]
+        if codec.lossless:
+            feedback.reset()
+            return
+        bounds = algorithm.part_bounds(contribution.delta.numel(), parts or 1, codec.block)
+        feedback.update(contribution.delta, codec_round_trip(contribution.delta, codec, bounds))
+
+    def apply(self, avg_delta_flat: torch.Tensor, fragment: int | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The tentative (θg, outer state) after an outer step of ``fragment`` (default: every
+        parameter) with the averaged Δ̄ over it; the trainer is not changed, so a round that is not
+        committed leaves no trace."""
+        indices = self._indices(fragment)
+        deltas = algorithm.unflatten(avg_delta_flat, [self.global_params[i] for i in indices])
+        return self.outer.tentative_step(self.global_params, deltas, indices)
+
+    def commit(self, params: list[torch.Tensor], momentum: list[torch.Tensor], round: int, *,
+               fragment: int | None = None) -> None:
+        """Install (θg, outer state) as the committed global state of ``round``; the trainer keeps the
+        tensors, so the caller must not modify them afterwards.
+
+        ``fragment=None`` (the initial state, a state downloaded from a peer, a plain DiLoCo round):
+        θl restarts from θg (at once when streaming, else at the next ``train``).  ``fragment=f`` (a
+        streaming round) merges only that fragment into θl: replaced by θg_f, or, with overlap, mixed
+        as α·θl_f + (1 − α)·θg_f (``mixing_alpha``); the rest of θl keeps training.
+        """
+        if len(params) != len(self.global_params):
             raise ValueError("committed state has the wrong number of tensors.")
-        for new, m, old in zip(params, momentum, self.global_params):
-            if new.shape != old.shape or m.shape != old.shape:
+        for new, old in zip(params, self.global_params):
+            if new.shape != old.shape:
                 raise ValueError(f"committed tensor shape {tuple(new.shape)} does not match {tuple(old.shape)}.")
+        indices = self._indices(fragment)  # checks the fragment before anything changes
+        self.outer.load_state_tensors(momentum)
         self.global_params = [algorithm.as_cpu_f32(t).contiguous() for t in params]
-        self.momentum = [algorithm.as_cpu_f32(t).contiguous() for t in momentum]
         self.round = round
+        if fragment is None:
+            if self.streaming:  # plain DiLoCo resets θl at the start of the next train() anyway
+                self.load_global_into_model()
+                self._samples_since_sync = [0] * len(self.fragments)
+            return
+        merged = streaming.merge_fragment(self.local_params(fragment), [self.global_params[i] for i in indices],
+                                          self.mixing_alpha)
+        with torch.no_grad():
+            for i, value in zip(indices, merged):
+                self._params[i].copy_(value)
+
+    @property
+    def momentum(self) -> list[torch.Tensor]:
+        """The outer optimizer's state tensors (for Nesterov: one momentum buffer per parameter)."""
+        return self.outer.state_tensors()
 
     # ---- reporting ----------------------------------------------------------------------------
 
     def state_hash(self) -> str:
-        return algorithm.state_hash(self.global_params, self.momentum)
+        """Hash of θg and the outer optimizer's state: equal on every peer after a committed round."""
+        return algorithm.state_hash(self.global_params, self.outer.state_tensors())
 
     @property
     def param_count(self) -> int:

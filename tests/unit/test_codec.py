@@ -1,9 +1,14 @@
-"""Wire codecs: exact sizes, little-endian bytes, round-trip error bounds and refusal of bad input."""
+"""Wire codecs: exact sizes, little-endian bytes, round-trip error bounds and refusal of bad input;
+error feedback."""
 
+import math
+
+import numpy as np
 import pytest
 import torch
 
-from swarm.codec import CODECS, get_codec
+from swarm.algorithm import part_bounds
+from swarm.codec import BLOCK, CODECS, ErrorFeedback, codec_round_trip, get_codec
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -16,13 +21,28 @@ def _values(n=10_000, seed=0):
     return (mags * signs).to(torch.float32)
 
 
-@pytest.mark.parametrize("name, width", [("fp32", 4), ("fp16", 2)])
-def test_encoded_size_is_exact(name, width):
+EXPECTED_SIZE = {
+    "fp32": lambda n: 4 * n,
+    "fp16": lambda n: 2 * n,
+    "bf16": lambda n: 2 * n,
+    "int8": lambda n: 4 * math.ceil(n / 64) + n,  # an fp32 scale per 64 elements, one byte each
+    "int4": lambda n: 4 * math.ceil(n / 64) + math.ceil(n / 2),  # two codes per byte
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_SIZE))
+def test_encoded_size_is_exact(name):
     codec = CODECS[name]
-    for n in (0, 1, 7, 1000):
-        data = codec.encode(torch.ones(n))
-        assert len(data) == codec.encoded_size(n) == width * n
+    assert set(EXPECTED_SIZE) == set(CODECS)
+    for n in (0, 1, 7, 63, 64, 65, 1000, 1001):
+        data = codec.encode(_values(n, seed=n) if n else torch.ones(0))
+        assert len(data) == codec.encoded_size(n) == EXPECTED_SIZE[name](n), n
         assert codec.decode(data, n).shape == (n,)
+
+
+def test_block_sizes():
+    assert [CODECS[n].block for n in ("fp32", "fp16", "bf16")] == [1, 1, 1]
+    assert CODECS["int8"].block == CODECS["int4"].block == BLOCK == 64
 
 
 def test_fp32_round_trip_is_exact():
@@ -77,3 +97,129 @@ def test_wrong_lengths_and_bad_inputs_are_refused(name):
 def test_unknown_codec_names_the_choices():
     with pytest.raises(ValueError, match="fp16"):
         get_codec("int3")
+
+
+def test_bf16_rounds_to_nearest_even_like_torch_and_saturates():
+    x = _values(20_000, seed=3) * 1e3
+    # ties: 1 + 2**-8 lies halfway between two bfloat16 values and must go to the even one (1.0)
+    ties = torch.tensor([1.0 + 2**-8, 1.0 + 3 * 2**-8, -(1.0 + 2**-8)])
+    y = torch.cat([x, ties])
+    got = CODECS["bf16"].decode(CODECS["bf16"].encode(y), y.numel())
+    assert torch.equal(got, y.to(torch.bfloat16).to(torch.float32))
+    assert got[-3:].tolist() == [1.0, 1.0 + 2**-6, -1.0]
+    big = torch.tensor([3.4e38, -3.4e38])
+    assert torch.isfinite(CODECS["bf16"].decode(CODECS["bf16"].encode(big), 2)).all()
+
+
+@pytest.mark.parametrize("name, qmax", [("int8", 127), ("int4", 7)])
+def test_integer_codecs_error_is_at_most_half_a_step_of_each_blocks_absmax(name, qmax):
+    codec = CODECS[name]
+    # Blocks of very different magnitudes, so a shared scale would fail the bound.
+    x = _values(64 * 50 + 17, seed=5)
+    y = codec.decode(codec.encode(x), x.numel())
+    for start in range(0, x.numel(), 64):
+        block, back = x[start:start + 64].double(), y[start:start + 64].double()
+        bound = block.abs().max().item() / qmax / 2
+        assert (back - block).abs().max().item() <= bound * (1 + 1e-6), start
+
+
+@pytest.mark.parametrize("name, qmax", [("int8", 127), ("int4", 7)])
+def test_integer_codecs_round_half_to_even_and_keep_zeros(name, qmax):
+    codec = CODECS[name]
+    # absmax = qmax makes the scale exactly 1.0, so the codes are the rounded values themselves.
+    x = torch.tensor([float(qmax), 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.0] + [0.0] * 56 + [0.0] * 64)
+    y = codec.decode(codec.encode(x), x.numel())
+    assert y[:8].tolist() == [qmax, 0.0, 2.0, 2.0, -0.0, -2.0, -2.0, 0.0]
+    assert torch.equal(y[64:], torch.zeros(64))  # an all-zero block: scale 0, exact zeros
+
+
+def test_int4_packs_two_codes_per_byte_low_nibble_first():
+    x = torch.tensor([7.0, -7.0, 1.0])  # scale 1.0; codes q + 8 = 15, 1, 9 and a pad of 8
+    assert CODECS["int4"].encode(x) == bytes.fromhex("0000803f") + bytes([0x1F, 0x89])
+    x8 = torch.tensor([127.0, -127.0, 1.0])  # scale 1.0; two's complement bytes
+    assert CODECS["int8"].encode(x8) == bytes.fromhex("0000803f") + bytes([0x7F, 0x81, 0x01])
+
+
+@pytest.mark.parametrize("name", sorted(CODECS))
+def test_block_aligned_slices_decode_exactly_like_the_whole_vector(name):
+    codec = CODECS[name]
+    x = _values(64 * 7 + 5, seed=9)
+    whole = codec.decode(codec.encode(x), x.numel())
+    for parts in (2, 3, 5):
+        assert torch.equal(codec_round_trip(x, codec, part_bounds(x.numel(), parts, codec.block)), whole)
+
+
+@pytest.mark.parametrize("name", sorted(CODECS))
+def test_non_finite_input_is_refused(name):
+    for bad in (math.nan, math.inf, -math.inf):
+        with pytest.raises(ValueError, match="inf or nan"):
+            CODECS[name].encode(torch.tensor([1.0, bad, 2.0]))
+
+
+def test_corrupt_integer_payloads_are_refused():
+    data8 = bytearray(CODECS["int8"].encode(torch.ones(10)))
+    data8[4] = 0x80  # code -128
+    data4 = bytearray(CODECS["int4"].encode(torch.ones(10)))
+    data4[4] = 0xF0  # a low nibble of 0 is code -8
+    for name, data in (("int8", data8), ("int4", data4)):
+        with pytest.raises(ValueError, match="never produces"):
+            CODECS[name].decode(bytes(data), 10)
+    for scale in (-1.0, math.nan, math.inf):
+        data = bytearray(CODECS["int8"].encode(torch.ones(10)))
+        data[:4] = np.float32(scale).tobytes()
+        with pytest.raises(ValueError, match="scale"):
+            CODECS["int8"].decode(bytes(data), 10)
+    with pytest.raises(ValueError, match="inf or nan"):
+        CODECS["bf16"].decode(bytes.fromhex("807f"), 1)
+
+
+# ---- error feedback -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["int4", "int8", "bf16"])
+def test_error_feedback_loses_nothing_over_rounds(name):
+    codec = CODECS[name]
+    n = 64 * 20 + 3
+    feedback = ErrorFeedback(n)
+    inputs, decoded, scale = (torch.zeros(n, dtype=torch.float64) for _ in range(3))
+    for r in range(12):
+        delta = _values(n, seed=100 + r) * 1e-3
+        sent = feedback.compensate(delta)
+        got = codec_round_trip(sent, codec, part_bounds(n, 3, codec.block))
+        feedback.update(sent, got)
+        inputs += delta.double()
+        decoded += got.double()
+        scale += sent.double().abs() + got.double().abs()
+    # Σ decoded = Σ Δ − final residual: exact in real arithmetic; in fp32 each + and − rounds once.
+    residual = feedback.residual.double()
+    assert ((decoded - (inputs - residual)).abs() <= scale * 2**-23).all()
+    assert residual.abs().max() > 0
+
+
+def test_error_feedback_sends_a_small_component_that_plain_int4_drops_forever():
+    # In a block with one large value, int4 rounds every |x| < absmax/14 to zero: without error
+    # feedback such a coordinate never moves; with it, the residual builds up until it is sent.
+    delta = torch.zeros(64)
+    delta[0], delta[1] = 7.0, 0.3
+    codec, feedback = CODECS["int4"], ErrorFeedback(64)
+    plain = sum(codec.decode(codec.encode(delta), 64)[1].item() for _ in range(10))
+    compensated = 0.0
+    for _ in range(10):
+        sent = feedback.compensate(delta)
+        got = codec.decode(codec.encode(sent), 64)
+        feedback.update(sent, got)
+        compensated += got[1].item()
+    assert plain == 0.0
+    assert abs(compensated - 3.0) <= 0.5 + 1e-6  # within one quantization step of the truth
+
+
+def test_error_feedback_is_the_identity_while_nothing_was_lost():
+    feedback = ErrorFeedback(3)
+    delta = torch.tensor([-0.0, 1.0, -2.5])
+    assert feedback.compensate(delta) is delta  # no +0.0 added: -0.0 keeps its sign bit
+    feedback.update(delta, CODECS["fp32"].decode(CODECS["fp32"].encode(delta), 3))
+    assert feedback.compensate(delta) is delta
+    feedback.update(delta, torch.tensor([0.0, 1.0, -2.0]))
+    assert torch.equal(feedback.compensate(delta), torch.tensor([-0.0, 1.0, -3.0]))
+    with pytest.raises(ValueError, match="3 fp32 elements"):
+        feedback.compensate(torch.zeros(4))

@@ -1,0 +1,157 @@
+"""Streaming DiLoCo's pure pieces: which parameters form each fragment, when each fragment syncs, and
+how an arrived global fragment is merged into the local parameters.
+
+Rounds and fragments. A round syncs one fragment; with F fragments and H inner steps per full sync,
+round r (1, 2, …) syncs fragment ``(r − 1) % F`` after inner step ``((r − 1) // F)·H + (f + 1)·H // F``
+(counting steps from 1), i.e. fragment f syncs whenever ``step % H == (f + 1)·H // F % H``: every
+fragment exactly once per H steps, staggered, the last one on the full-sync boundary. This is
+torchft's order (fragment = commits so far mod F, one sync every H // F steps when F divides H) and
+Streaming DiLoCo's staggered offsets. As in both, the first sync of fragment f spans only
+(f + 1)·H // F steps; after that each fragment's pseudo-gradient spans H steps. F = 1 is DiLoCo.
+
+Fragments. Parameters are grouped into layer units (the parameters of one transformer block, i.e.
+names sharing their first ``.<number>.``; embeddings join the first block, the final norm the last;
+a model without numbered blocks has one unit per parameter), and units are
+dealt to fragments either **strided** (unit u → fragment u mod F; Streaming DiLoCo's choice, which
+mixes shallow and deep layers in every fragment and was slightly better in the paper) or
+**contiguous** (F runs of consecutive units with near-equal element counts; torchft's model
+fragments). Every parameter is in exactly one fragment.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence, Union
+
+import torch
+
+PATTERNS = ("strided", "contiguous")
+
+_BLOCK_INDEX = re.compile(r"\.(\d+)\.")
+
+ParamSpec = Union[str, torch.Size, tuple, "tuple[str, torch.Size]"]
+
+
+def _describe(params: Sequence[ParamSpec]) -> tuple[list[str | None], list[int | None]]:
+    """Names and element counts of a list of names, shapes, or (name, shape) pairs."""
+    names: list[str | None] = []
+    sizes: list[int | None] = []
+    for p in params:
+        if isinstance(p, str):
+            names.append(p)
+            sizes.append(None)
+        elif isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str):
+            names.append(p[0])
+            sizes.append(torch.Size(p[1]).numel())
+        else:
+            names.append(None)
+            sizes.append(torch.Size(p).numel())
+    return names, sizes
+
+
+def layer_units(params: Sequence[ParamSpec]) -> list[list[int]]:
+    """Consecutive parameter indices that belong together: one transformer block's parameters (same
+    first ``.<number>.`` in their names).  Parameters outside the blocks join their neighbouring block
+    (embeddings the first, the final norm and head the last), so fragments of equal block counts have
+    near-equal sizes.  Without numbered names (or given shapes), every parameter is its own unit."""
+    names, _ = _describe(params)
+    keys: list[str | None] = []
+    for name in names:
+        match = _BLOCK_INDEX.search(name) if name else None
+        keys.append(name[: match.end()] if match else None)
+    if all(k is None for k in keys):
+        return [[i] for i in range(len(names))]
+    first = next(k for k in keys if k is not None)
+    previous = first
+    for i, key in enumerate(keys):
+        if key is None:
+            keys[i] = previous
+        previous = keys[i]
+    units: list[list[int]] = []
+    for i, key in enumerate(keys):
+        if i > 0 and key == keys[i - 1]:
+            units[-1].append(i)
+        else:
+            units.append([i])
+    return units
+
+
+def fragments(params: Sequence[ParamSpec], num_fragments: int, pattern: str = "strided") -> list[list[int]]:
+    """Parameter indices of each fragment (ascending), for parameters given as names, shapes, or
+    (name, shape) pairs in model order. ValueError when there are fewer layer units than fragments."""
+    if pattern not in PATTERNS:
+        raise ValueError(f"fragment pattern {pattern!r} is unknown; choose one of {list(PATTERNS)}.")
+    units = layer_units(params)
+    if not 1 <= num_fragments <= len(units):
+        raise ValueError(f"{num_fragments} fragments need at least as many layer units; this model has"
+                         f" {len(units)}: lower [rounds] fragments.")
+    if pattern == "strided":
+        groups = [units[f::num_fragments] for f in range(num_fragments)]
+    else:
+        _, sizes = _describe(params)
+        weight = [sum(1 if sizes[i] is None else sizes[i] for i in unit) for unit in units]
+        total = sum(weight)
+        cuts, cumulative, u = [0], 0, 0
+        for f in range(1, num_fragments):
+            # cut where the running total is nearest f/F of the whole (a unit goes left when its midpoint
+            # does), leaving every fragment at least one unit
+            while u < len(units) and (2 * cumulative + weight[u]) * num_fragments <= 2 * total * f:
+                cumulative += weight[u]
+                u += 1
+            cut = min(max(u, cuts[-1] + 1), len(units) - (num_fragments - f))
+            cumulative = sum(weight[:cut])
+            u = cut
+            cuts.append(cut)
+        cuts.append(len(units))
+        groups = [units[a:b] for a, b in zip(cuts, cuts[1:])]
+    return [sorted(i for unit in group for i in unit) for group in groups]
+
+
+def sync_schedule(inner_steps: int, num_fragments: int) -> dict[int, int]:
+    """``{step % H: fragment}``: fragment f syncs after every inner step whose count (from 1) is
+    ≡ (f + 1)·H // F (mod H)."""
+    if not 1 <= num_fragments <= inner_steps:
+        raise ValueError(f"need 1 <= fragments <= inner_steps, got {num_fragments} and {inner_steps}.")
+    return {((f + 1) * inner_steps // num_fragments) % inner_steps: f for f in range(num_fragments)}
+
+
+def round_fragment(round_: int, num_fragments: int) -> int:
+    """The fragment round ``round_`` (1-based) syncs."""
+    if round_ < 1:
+        raise ValueError(f"rounds are numbered from 1, got {round_}.")
+    return (round_ - 1) % num_fragments
+
+
+def round_end_step(round_: int, inner_steps: int, num_fragments: int) -> int:
+    """Inner steps done by a full-speed peer when round ``round_`` syncs (0 for round 0)."""
+    if round_ == 0:
+        return 0
+    period, f = divmod(round_ - 1, num_fragments)
+    return period * inner_steps + (f + 1) * inner_steps // num_fragments
+
+
+def round_steps(round_: int, inner_steps: int, num_fragments: int) -> int:
+    """Inner steps a full-speed peer runs in round ``round_``: H // F or H // F + 1."""
+    return round_end_step(round_, inner_steps, num_fragments) - round_end_step(round_ - 1, inner_steps, num_fragments)
+
+
+def merge_fragment(local: Sequence[torch.Tensor], global_new: Sequence[torch.Tensor], alpha: float) -> list[torch.Tensor]:
+    """α·θl + (1 − α)·θg per tensor (new fp32 CPU tensors): Streaming DiLoCo's merge of a fragment whose
+    global value arrived while the peer kept training. α = 0 is plain replacement (an exact copy of θg);
+    otherwise two roundings per element, in this order: (θl·α) + (θg·fl32(1 − α))."""
+    if len(local) != len(global_new):
+        raise ValueError(f"got {len(local)} local and {len(global_new)} global tensors.")
+    if not 0.0 <= alpha < 1.0:
+        raise ValueError(f"mixing alpha must be in [0, 1), got {alpha}.")
+    out = []
+    a = torch.tensor(alpha, dtype=torch.float32)
+    b = torch.tensor(1.0 - alpha, dtype=torch.float32)
+    for l, g in zip(local, global_new):
+        if l.shape != g.shape:
+            raise ValueError(f"local and global tensor shapes differ: {tuple(l.shape)} vs {tuple(g.shape)}.")
+        g = g.detach().to(device="cpu", dtype=torch.float32)
+        if alpha == 0.0:
+            out.append(g.clone())
+        else:
+            out.append((l.detach().to(device="cpu", dtype=torch.float32) * a) + (g * b))
+    return out
