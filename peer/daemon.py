@@ -10,6 +10,7 @@ Run it with ``swarm peer --join 'swarm://...'``. One round, from this peer's sid
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import math
 import os
@@ -35,7 +36,8 @@ from swarm.exchange import Exchange, ExchangeFailed
 from swarm.joinstring import JoinString
 from swarm.rendezvous import Member, group_key, rendezvous
 from swarm.state_transfer import GlobalState, StateServer, StateUnavailable, download_state
-from swarm.trainer import LocalTrainer
+from swarm.streaming import round_fragment, round_steps
+from swarm.trainer import LocalTrainer, TrainStats
 from swarm.transport import Transport
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -75,6 +77,7 @@ class PeerDaemon:
         self.client = CoordinatorClient(options.join)
         self.peer_id = ""
         self.transport: Optional[Transport] = None
+        self._background: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self.heartbeat: Optional[HeartbeatThread] = None
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -122,6 +125,7 @@ class PeerDaemon:
         )
         self.exchange = Exchange(self.transport, run_id=self.run_id)
         self.state_server = StateServer(self.transport, run_id=self.run_id)
+        self._background = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="swarm-exchange")
         self.stats.update(
             model_fingerprint=self.trainer.fingerprint,
             param_count=self.trainer.param_count,
@@ -132,10 +136,14 @@ class PeerDaemon:
             self._evaluate()  # the initial loss; a joiner of a run under way evaluates after its download
         self.heartbeat.beat_now()
 
+        carry: Optional[_Pending] = None
         while not self.stop.is_set():
             if self.heartbeat.rejection:
                 logger.error("%s %s", self._tag(), self.heartbeat.rejection)
                 return 2
+            if carry is not None:  # overlap: the next round starts before the coordinator opens it
+                carry = self._run_round(carry.round + 1, carry)
+                continue
             info = self._round_info(0)
             if info.last_committed_round > self.trainer.round:
                 if not self._sync(info) and info.finished:
@@ -146,7 +154,7 @@ class PeerDaemon:
             if info.finished:
                 return self._finish()
             if info.open_round and self.peer_id in info.participants and info.round == info.open_round:
-                self._run_round(info.open_round)
+                carry = self._run_round(info.open_round, None)
                 continue
             self.stats.update(state=pb.PEER_STATE_READY)
             self.stop.wait(self.options.poll_s)  # waiting to be planned into a round
@@ -154,6 +162,8 @@ class PeerDaemon:
 
     def _shutdown(self) -> None:
         self.stop.set()
+        if self._background is not None:
+            self._background.shutdown(wait=True, cancel_futures=True)
         if self.heartbeat is not None:
             self.heartbeat.join(timeout=5)
         if self.peer_id:
@@ -170,49 +180,77 @@ class PeerDaemon:
         self.client.close()
 
     # ---- one round ---------------------------------------------------------------------------------
-    def _run_round(self, round_: int) -> None:
-        tag = self._tag(round_)
-        run = self.run_config
-        self.stats.update(state=pb.PEER_STATE_TRAINING, round=round_)
-        train = self.trainer.train(run.rounds.inner_steps)
-        self.stats.add(inner_time_s=train.inner_time_s, inner_steps=train.steps, tokens=train.tokens)
-        self.stats.update(
-            loss=train.mean_loss,
-            step_time_s=train.inner_time_s / max(1, train.steps),
-            tokens_per_s=train.tokens / max(1e-9, train.inner_time_s),
-        )
-        logger.info("%s trained %d steps, loss %.4f, %.0f tokens/s", tag, train.steps, train.mean_loss,
-                    train.tokens / max(1e-9, train.inner_time_s))
+    def _run_round(self, round_: int, carry: Optional["_Pending"]) -> Optional["_Pending"]:
+        """Train round_'s inner steps and start its exchange; returns it still in flight when it overlaps
+        the next round's first τ steps (Streaming DiLoCo), else finishes it and returns None.
 
-        faults = self.options.faults
-        faults.at(round_, "trained")
+        carry is the previous round's exchange, still in flight: it is finished after τ steps here.
+        """
+        run = self.run_config.rounds
+        steps = round_steps(round_, run.inner_steps, run.fragments)
+        fragment = round_fragment(round_, run.fragments)
+        self.stats.update(state=pb.PEER_STATE_TRAINING, round=round_)
+        parts = []
+        if carry is not None:
+            parts.append(self.trainer.train(min(run.overlap_steps, steps)))
+            if not self._finish_round(carry):
+                return None  # the previous round left this peer behind: the main loop resyncs
+            info = self._round_info(round_)
+            if info.outcome != pb.ROUND_OUTCOME_OPEN or self.peer_id not in info.participants:
+                return None  # not planned into this round after all; the main loop decides what next
+            parts.append(self.trainer.train(steps - parts[0].steps))
+        else:
+            parts.append(self.trainer.train(steps))
+        train = _combine(parts)
+        self.stats.add(inner_time_s=train.inner_time_s, inner_steps=train.steps, tokens=train.tokens)
+        self.stats.update(loss=train.mean_loss, step_time_s=train.inner_time_s / max(1, train.steps),
+                          tokens_per_s=train.tokens / max(1e-9, train.inner_time_s))
+        logger.info("%s trained %d steps, loss %.4f, %.0f tokens/s", self._tag(round_), train.steps,
+                    train.mean_loss, train.tokens / max(1e-9, train.inner_time_s))
+        self.options.faults.at(round_, "trained")
         if self.stop.is_set():
-            return  # leaving: the group goes on without this peer's contribution
+            return None  # leaving: the group goes on without this peer's contribution
+
+        contribution = self.trainer.take_contribution(fragment)
+        self.trainer.record_sent(contribution, run.codec)  # error feedback keeps what the codec drops
         self.stats.update(state=pb.PEER_STATE_EXCHANGING)
         self.heartbeat.beat_now()  # closes late admission to this round at the coordinator
-        delta = self.trainer.pseudo_gradient()
+        pending = _Pending(round=round_, fragment=fragment,
+                           future=self._background.submit(self._exchange_and_vote, round_, contribution, train))
+        last = self.run_config.rounds.max_rounds is not None and round_ >= self.run_config.rounds.max_rounds
+        if run.overlap_steps > 0 and not last:
+            return pending  # the exchange runs while the next round's first τ steps train
+        self._finish_round(pending)
+        return None
+
+    def _exchange_and_vote(self, round_: int, contribution, train) -> "_Outcome":
+        """Find the group, average, vote with the tentative state's hash, wait for the decision."""
+        tag = self._tag(round_)
+        run = self.run_config.rounds
+        faults = self.options.faults
         me = Member(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, index=self.trainer.peer_index,
-                    weight=float(train.samples), numel=delta.numel(), codec=run.rounds.codec)
-        key = group_key(self.run_id, round_)
+                    weight=float(contribution.samples), numel=contribution.delta.numel(), codec=run.codec)
+        key = group_key(self.run_id, round_, contribution.fragment)
         ok, error, new_hash, group_ids, sent, received, exchange_s = False, "", "", [], 0, 0, 0.0
         tentative = None
         try:
+            if contribution.samples <= 0:
+                raise ExchangeFailed(f"{key}: no inner steps since this fragment last synced")
             group = rendezvous(
                 self.transport.dht, key=key, me=me, planned=lambda: self._planned(round_),
-                window_s=run.rounds.matchmaking_window_s,
-                ttl_s=run.rounds.matchmaking_window_s + run.rounds.exchange_timeout_s,
+                window_s=run.matchmaking_window_s, ttl_s=run.matchmaking_window_s + run.exchange_timeout_s,
                 on_posted=lambda: faults.at(round_, "matchmaking"),
             )
             group_ids = [m.peer_id for m in group]
-            result = self.exchange.average(key=key, group=group, me=me, delta=delta,
-                                           timeout_s=run.rounds.exchange_timeout_s,
+            result = self.exchange.average(key=key, group=group, me=me, delta=contribution.delta,
+                                           timeout_s=run.exchange_timeout_s,
                                            on_phase=lambda phase: faults.at(round_, phase))
             sent, received, exchange_s = result.bytes_sent, result.bytes_received, result.seconds
-            tentative = self.trainer.apply(result.average)
+            tentative = self.trainer.apply(result.average, fragment=contribution.fragment)
             new_hash = state_hash(*tentative)
             ok = True
-            logger.info("%s averaged with %d peers in %.2fs (%d bytes sent), tentative hash %s",
-                        tag, len(group), exchange_s, sent, new_hash)
+            logger.info("%s averaged fragment %d with %d peers in %.2fs (%d bytes sent), tentative hash %s",
+                        tag, contribution.fragment, len(group), exchange_s, sent, new_hash)
         except ExchangeFailed as e:
             error = str(e)
             logger.warning("%s exchange failed: %s", tag, e)
@@ -221,23 +259,31 @@ class PeerDaemon:
 
         request = pb.ReportRoundRequest(
             peer_id=self.peer_id, round=round_, ok=ok, params_hash=new_hash, group=group_ids,
-            samples=train.samples, inner_steps=train.steps, inner_time_s=train.inner_time_s,
+            samples=contribution.samples, inner_steps=train.steps, inner_time_s=train.inner_time_s,
             exchange_time_s=exchange_s, bytes_sent=sent, bytes_received=received, loss=train.mean_loss,
             error=error, param_count=self.trainer.param_count,
         )
         if not faults.drops(round_, "report"):
             self._call(lambda: self.client.report_round(request), f"report round {round_}")
         faults.at(round_, "reported")
-        decision = self._await_decision(round_)
-        if decision.outcome == pb.ROUND_OUTCOME_COMMITTED and tentative is not None \
-                and decision.committed_hash == new_hash:
-            self._commit_state(tentative[0], tentative[1], round_)
-            logger.info("%s committed, hash %s", tag, new_hash)
-            if round_ % run.rounds.eval_every_rounds == 0 or decision.finished:
-                self._evaluate()
-        elif decision.outcome == pb.ROUND_OUTCOME_VOIDED:
-            logger.warning("%s voided by the coordinator; keeping the round %d state", tag, round_ - 1)
-        # A commit this peer does not hold is fetched by the main loop's sync.
+        return _Outcome(decision=self._await_decision(round_), tentative=tentative, new_hash=new_hash)
+
+    def _finish_round(self, pending: "_Pending") -> bool:
+        """Apply a decided round; False when this peer must resync (it does not hold the committed state)."""
+        outcome = pending.future.result()
+        tag, decision = self._tag(pending.round), outcome.decision
+        if decision.outcome == pb.ROUND_OUTCOME_VOIDED:
+            logger.warning("%s voided by the coordinator; keeping the round %d state", tag, self.trainer.round)
+            return True
+        if outcome.tentative is None or decision.committed_hash != outcome.new_hash:
+            logger.info("%s committed %s, which this peer does not hold", tag, decision.committed_hash)
+            return False
+        params, state = outcome.tentative
+        self._commit_state(params, state, pending.round, fragment=pending.fragment)
+        logger.info("%s committed, hash %s", tag, outcome.new_hash)
+        if pending.round % self.run_config.rounds.eval_every_rounds == 0 or decision.finished:
+            self._evaluate()
+        return True
 
     def _await_decision(self, round_: int) -> pb.RoundInfo:
         while not self.stop.is_set():
@@ -255,8 +301,8 @@ class PeerDaemon:
         return set(info.participants)
 
     # ---- state ---------------------------------------------------------------------------------------
-    def _commit_state(self, params, momentum, round_: int) -> None:
-        self.trainer.commit(params, momentum, round_)
+    def _commit_state(self, params, momentum, round_: int, fragment: Optional[int] = None) -> None:
+        self.trainer.commit(params, momentum, round_, fragment=fragment)
         h = self.trainer.state_hash()
         self.state_server.publish(GlobalState(round=round_, params=list(params), momentum=list(momentum), hash=h))
         self.stats.update(params_hash=h, params_round=round_, state=pb.PEER_STATE_READY)
@@ -273,7 +319,7 @@ class PeerDaemon:
             state, nbytes = download_state(
                 self.transport, run_id=self.run_id, holders=holders, round_=target,
                 expected_hash=info.last_committed_hash, shapes=[p.shape for p in self.trainer.global_params],
-                timeout_s=self.options.state_timeout_s,
+                state_shapes=self.trainer.outer.state_shapes(), timeout_s=self.options.state_timeout_s,
             )
         except StateUnavailable as e:
             logger.warning("%s %s; will retry", self._tag(), e)
@@ -315,6 +361,27 @@ class PeerDaemon:
     def _tag(self, round_: Optional[int] = None) -> str:
         peer = self.peer_id or "peer"
         return f"[{peer} r{round_}]" if round_ is not None else f"[{peer}]"
+
+
+@dataclass
+class _Outcome:
+    decision: pb.RoundInfo
+    tentative: Optional[tuple]  # (params, outer state) the exchange produced, None when it failed
+    new_hash: str
+
+
+@dataclass
+class _Pending:
+    round: int
+    fragment: int
+    future: concurrent.futures.Future  # of _Outcome
+
+
+def _combine(parts: list[TrainStats]) -> TrainStats:
+    steps = sum(p.steps for p in parts)
+    loss = sum(p.mean_loss * p.steps for p in parts if p.steps) / steps if steps else math.nan
+    return TrainStats(steps=steps, samples=sum(p.samples for p in parts), tokens=sum(p.tokens for p in parts),
+                      mean_loss=loss, inner_time_s=sum(p.inner_time_s for p in parts))
 
 
 def run_peer(options: PeerOptions) -> int:

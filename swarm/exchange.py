@@ -21,7 +21,7 @@ import torch
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.utils.asyncio import as_aiter
 
-from swarm.algorithm import weighted_average
+from swarm.algorithm import part_bounds, weighted_average
 from swarm.codec import CODECS
 from swarm.rendezvous import Member, group_digest
 from swarm.transport import Transport
@@ -44,17 +44,6 @@ class ExchangeResult:
     bytes_sent: int
     bytes_received: int
     seconds: float
-
-
-def part_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
-    """Contiguous, nearly equal slices [start, end) covering numel elements."""
-    base, extra = divmod(numel, parts)
-    bounds, start = [], 0
-    for i in range(parts):
-        end = start + base + (1 if i < extra else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
 
 
 class Exchange:
@@ -100,7 +89,7 @@ class Exchange:
             raise ExchangeFailed(f"{key}: groupmates disagree on the vector size or codec")
         position = [m.peer_id for m in group].index(me.peer_id)
         digest = group_digest(group)
-        bounds = part_bounds(me.numel, len(group))
+        bounds = part_bounds(me.numel, len(group), codec.block)  # block-aligned: slices quantize like the whole
         flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
         sent = 0
 
@@ -108,7 +97,7 @@ class Exchange:
         on_phase("sending")
         sends = []
         for owner, (start, end) in enumerate(bounds):
-            payload = codec.encode(flat[start:end].contiguous())
+            payload = self._encode(codec, flat[start:end].contiguous(), key)
             if owner == position:
                 await self._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload)
             else:
@@ -122,7 +111,7 @@ class Exchange:
         )
         on_phase("reducing")
         decoded = [self._decode(codec, data, end - start, key) for data in contributions]
-        averaged = codec.encode(weighted_average(decoded, [m.weight for m in group]).contiguous())
+        averaged = self._encode(codec, weighted_average(decoded, [m.weight for m in group]).contiguous(), key)
         await self._deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
         sends = [
             self._send(member, key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
@@ -142,6 +131,13 @@ class Exchange:
             bytes_received=self._received_bytes.get(key, 0),
             seconds=time.perf_counter() - started,
         )
+
+    @staticmethod
+    def _encode(codec, tensor: torch.Tensor, key: str) -> bytes:
+        try:
+            return codec.encode(tensor)
+        except ValueError as e:  # non-finite values: never sent, never applied
+            raise ExchangeFailed(f"{key}: cannot encode this slice ({e})") from None
 
     @staticmethod
     def _decode(codec, data: bytes, numel: int, key: str) -> torch.Tensor:

@@ -45,19 +45,28 @@ def serialize_state(state: GlobalState) -> bytes:
     return save_safetensors(tensors, metadata={"round": str(state.round), "hash": state.hash})
 
 
-def deserialize_state(data: bytes, *, round_: int, shapes: Sequence[torch.Size]) -> GlobalState:
-    """Parse a snapshot; raises ValueError when it does not fit this model."""
+def deserialize_state(
+    data: bytes, *, round_: int, shapes: Sequence[torch.Size], state_shapes: Optional[Sequence[torch.Size]] = None
+) -> GlobalState:
+    """Parse a snapshot; raises ValueError when it does not fit this model.
+
+    shapes are the parameters'; state_shapes the outer optimizer's state tensors (default: one
+    momentum tensor per parameter, as Nesterov SGD keeps).
+    """
+    state_shapes = list(shapes if state_shapes is None else state_shapes)
     try:
         tensors = load_safetensors(data)
     except Exception as e:
         raise ValueError(f"the state snapshot is not valid safetensors ({e})") from None
     params = [tensors.get(f"param.{i:05d}") for i in range(len(shapes))]
-    momentum = [tensors.get(f"momentum.{i:05d}") for i in range(len(shapes))]
-    if len(tensors) != 2 * len(shapes) or any(t is None for t in params + momentum):
+    momentum = [tensors.get(f"momentum.{i:05d}") for i in range(len(state_shapes))]
+    if len(tensors) != len(shapes) + len(state_shapes) or any(t is None for t in params + momentum):
         raise ValueError("the state snapshot holds a different set of tensors than this model")
-    for t, m, shape in zip(params, momentum, shapes):
-        if t.shape != shape or m.shape != shape or t.dtype != torch.float32 or m.dtype != torch.float32:
+    for t, shape in zip(params + momentum, list(shapes) + state_shapes):
+        if t.shape != shape:
             raise ValueError("the state snapshot's tensor shapes do not match this model")
+    if any(t.dtype != torch.float32 for t in params):
+        raise ValueError("the state snapshot's parameters are not fp32")
     return GlobalState(round=round_, params=params, momentum=momentum, hash=state_hash(params, momentum))
 
 
@@ -102,6 +111,7 @@ def download_state(
     expected_hash: str,
     shapes: Sequence[torch.Size],
     timeout_s: float,
+    state_shapes: Optional[Sequence[torch.Size]] = None,
 ) -> tuple[GlobalState, int]:
     """Fetch the state of round_ from the first holder that serves it intact; returns (state, bytes)."""
     handler = f"swarm_{run_id}.state"
@@ -115,7 +125,7 @@ def download_state(
             break
         try:
             blob = transport.run(_fetch(transport, holder, handler, round_), timeout_s=remaining)
-            state = deserialize_state(blob, round_=round_, shapes=shapes)
+            state = deserialize_state(blob, round_=round_, shapes=shapes, state_shapes=state_shapes)
         except Exception as e:
             errors.append(f"{holder[-8:]}: {e}")
             continue

@@ -84,3 +84,39 @@ def test_late_joiner_catches_up_killed_peer_is_evicted_and_stopped_peer_leaves(s
     assert late["rounds_joined"] >= 1, "the late joiner never contributed to a committed round"
     digests = {tensors_digest(swarm.final_model(n)) for n in ("peer-0", "peer-1", "late")}
     assert len(digests) == 1, "survivors and the late joiner hold different global parameters"
+
+
+STREAMING_INT8 = """
+[rounds]
+inner_steps = 10
+max_rounds = 4
+min_peers = 2
+codec = "int8"
+fragments = 2
+overlap_steps = 2
+"""
+
+
+def test_int8_streaming_swarm_with_overlap_matches_the_simulator(swarm, tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(STREAMING_INT8)
+    swarm.start_coordinator("--config", str(config), "--exit-grace-s", "0")
+    swarm.start_peer("peer-0")
+    swarm.start_peer("peer-1")
+    codes = swarm.wait_peers(timeout_s=180)
+    assert codes == {"peer-0": 0, "peer-1": 0}, swarm.log("peer-0")[-3000:]
+    assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))
+
+    from swarm.config import load_run_config
+
+    run = load_run_config(config)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        sim = simulate(run, peers=2, rounds=4)
+    finally:
+        torch.set_num_threads(threads)
+    names = [name for name, _ in build_model(run.model, seed=run.seed).named_parameters()]
+    final = load_file(str(swarm.final_model("peer-0")))
+    for name, expected in zip(names, sim.final_params):
+        assert torch.equal(final[name], expected), f"{name} differs from the simulator"

@@ -68,7 +68,7 @@ def test_deserialize_rejects_a_snapshot_with_tensors_missing_or_extra() -> None:
 def test_deserialize_rejects_other_dtypes() -> None:
     state = make_state(1, seed=3)
     doubles = GlobalState(round=1, params=[p.double() for p in state.params], momentum=state.momentum, hash="")
-    with pytest.raises(ValueError, match="do not match"):
+    with pytest.raises(ValueError, match="not fp32"):
         deserialize_state(serialize_state(doubles), round_=1, shapes=SHAPES)
 
 
