@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 from peer.faults import FaultPlan
 from peer.heartbeat import HeartbeatThread
 from peer.retry import with_retry
+from peer.resume import checkpoint_dir, maybe_resume, save_trainer
 from peer.stats import PeerStats
 from swarm.algorithm import state_hash
 from swarm.config import RunConfig
@@ -59,6 +60,7 @@ class PeerOptions:
     state_timeout_s: float = 120.0
     join_timeout_s: float = 120.0  # give up joining when the coordinator stays unreachable this long
     faults: FaultPlan = field(default_factory=FaultPlan)  # deterministic fault injection (tests, chaos)
+    checkpoint_every_rounds: int = 5  # 0: never (a checkpoint is still written when the peer exits)
 
 
 class PeerExit(Exception):
@@ -132,8 +134,13 @@ class PeerDaemon:
             dht_peer_id=self.transport.peer_id,
         )
         self._commit_state(self.trainer.global_params, self.trainer.momentum, 0)
-        if joined.round.last_committed_round == 0:
+        committed = joined.round.last_committed_round
+        if committed == 0:
             self._evaluate()  # the initial loss; a joiner of a run under way evaluates after its download
+        elif maybe_resume(self.options.state_dir, self.trainer, run_id=self.run_id, round_=committed,
+                          state_hash=joined.round.last_committed_hash) is not None:
+            self._publish_state()
+            self._evaluate()
         self.heartbeat.beat_now()
 
         carry: Optional[_Pending] = None
@@ -164,6 +171,8 @@ class PeerDaemon:
         self.stop.set()
         if self._background is not None:
             self._background.shutdown(wait=True, cancel_futures=True)
+        if getattr(self, "trainer", None) is not None and self.trainer.round > 0:
+            self._checkpoint()  # a restarted peer resumes here if the run has not moved on
         if self.heartbeat is not None:
             self.heartbeat.join(timeout=5)
         if self.peer_id:
@@ -303,8 +312,23 @@ class PeerDaemon:
     # ---- state ---------------------------------------------------------------------------------------
     def _commit_state(self, params, momentum, round_: int, fragment: Optional[int] = None) -> None:
         self.trainer.commit(params, momentum, round_, fragment=fragment)
+        self._publish_state()
+        every = self.options.checkpoint_every_rounds
+        if round_ > 0 and every > 0 and round_ % every == 0:
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        try:
+            save_trainer(checkpoint_dir(self.options.state_dir), self.trainer, run_id=self.run_id,
+                         state_hash=self.trainer.state_hash())
+        except OSError as e:  # a full disk must not stop training; the next checkpoint may succeed
+            logger.warning("%s could not write a checkpoint: %s", self._tag(), e)
+
+    def _publish_state(self) -> None:
+        round_ = self.trainer.round
         h = self.trainer.state_hash()
-        self.state_server.publish(GlobalState(round=round_, params=list(params), momentum=list(momentum), hash=h))
+        self.state_server.publish(GlobalState(round=round_, params=list(self.trainer.global_params),
+                                              momentum=list(self.trainer.momentum), hash=h))
         self.stats.update(params_hash=h, params_round=round_, state=pb.PEER_STATE_READY)
 
     def _sync(self, info: pb.RoundInfo) -> bool:

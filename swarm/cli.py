@@ -95,6 +95,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         announce_host=args.announce_host,
         join_timeout_s=args.join_timeout_s,
         faults=faults,
+        checkpoint_every_rounds=args.checkpoint_every,
     )
     return run_peer(options)
 
@@ -164,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--announce-host", help="address other peers should use to reach this one")
     p.add_argument("--join-timeout-s", type=float, default=120.0,
                    help="give up (exit 2) when the coordinator stays unreachable this long at start")
+    p.add_argument("--checkpoint-every", type=int, default=5,
+                   help="write a checkpoint to <state-dir>/checkpoint every N committed rounds (0: only at exit)")
     p.add_argument("--faults", help="fault injection for tests, e.g. 'crash@3:sending,delay@2:reported=5' "
                                     "(see peer/faults.py); also read from SWARM_FAULTS")
     p.set_defaults(func=cmd_peer)

@@ -107,6 +107,7 @@ class Swarm:
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+            self._client = None
         for proc in [*self.peers.values(), self.coordinator]:
             if proc is not None and proc.poll() is None:
                 # hivemind's DHT runs in a forked child (with its p2pd below it): killing only this process

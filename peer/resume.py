@@ -1,0 +1,117 @@
+"""What a peer checkpoints and how it resumes: θg and the outer state, its local model, its inner
+AdamW state, its error-feedback residuals and its data position (see peer/checkpoint.py for the format).
+
+A restarted peer resumes from its own checkpoint only when it is current: the same run, and the
+round and hash the coordinator says were committed last. Otherwise it downloads the state from peers.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from peer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from swarm.trainer import LocalTrainer
+
+logger = logging.getLogger(__name__)
+
+
+def save_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str, state_hash: str) -> None:
+    tensors: dict[str, torch.Tensor] = {}
+    for i, t in enumerate(trainer.global_params):
+        tensors[f"global.{i:05d}"] = t
+    for i, t in enumerate(trainer.outer.state_tensors()):
+        tensors[f"outer.{i:05d}"] = t
+    for i, p in enumerate(trainer.model.parameters()):
+        tensors[f"local.{i:05d}"] = p.detach()
+    inner = trainer.optimizer.state_dict()
+    for index, state in inner["state"].items():
+        for key, value in state.items():
+            tensors[f"inner.{int(index):05d}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
+    for f, feedback in enumerate(trainer.error_feedback or []):
+        tensors[f"feedback.{f:03d}"] = feedback.residual
+    manifest = {
+        "run_id": run_id,
+        "round": trainer.round,
+        "state_hash": state_hash,
+        "peer_index": trainer.peer_index,
+        "inner_steps_done": trainer.inner_steps_done,
+        "samples_since_sync": list(trainer._samples_since_sync),
+        "sampler": trainer.sampler.state_dict(),
+        "inner_param_groups": _jsonable(inner["param_groups"]),
+    }
+    save_checkpoint(directory, tensors=tensors, manifest=manifest)
+
+
+def resume_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str, round_: int, state_hash: str) -> bool:
+    """Load the checkpoint into trainer when it holds exactly (run_id, round_, state_hash); True if so."""
+    if not Path(directory).exists():
+        return False
+    try:
+        tensors, manifest = load_checkpoint(directory)
+    except CheckpointError as e:
+        logger.warning("%s; downloading the state from peers instead", e)
+        return False
+    if (manifest.get("run_id"), manifest.get("round"), manifest.get("state_hash")) != (run_id, round_, state_hash):
+        logger.info("checkpoint in %s holds round %s of run %s, not the committed round %d; downloading instead",
+                    directory, manifest.get("round"), manifest.get("run_id"), round_)
+        return False
+    try:
+        _restore(trainer, tensors, manifest)
+    except (KeyError, ValueError, RuntimeError) as e:
+        logger.warning("checkpoint in %s does not fit this model (%s); downloading the state instead", directory, e)
+        return False
+    if trainer.state_hash() != state_hash:
+        logger.warning("checkpoint in %s restored a state whose hash differs from its manifest; downloading instead",
+                       directory)
+        return False
+    return True
+
+
+def _restore(trainer: LocalTrainer, tensors: dict[str, torch.Tensor], manifest: dict[str, Any]) -> None:
+    n_params = len(trainer.global_params)
+    params = [tensors[f"global.{i:05d}"] for i in range(n_params)]
+    outer = [tensors[f"outer.{i:05d}"] for i in range(len(trainer.outer.state_shapes()))]
+    trainer.commit(params, outer, manifest["round"])  # checks shapes; resets θl to θg when streaming
+    with torch.no_grad():
+        for i, p in enumerate(trainer.model.parameters()):
+            p.copy_(tensors[f"local.{i:05d}"])
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        if name.startswith("inner."):
+            _, index, key = name.split(".", 2)
+            state.setdefault(int(index), {})[key] = value
+    trainer.optimizer.load_state_dict({"state": state, "param_groups": manifest["inner_param_groups"]})
+    for f, feedback in enumerate(trainer.error_feedback or []):
+        residual = tensors.get(f"feedback.{f:03d}")
+        if residual is not None:
+            feedback.update(residual, torch.zeros_like(residual))  # residual = residual − 0
+    trainer.inner_steps_done = int(manifest["inner_steps_done"])
+    trainer._samples_since_sync = [int(n) for n in manifest["samples_since_sync"]]
+    if manifest.get("peer_index") == trainer.peer_index:
+        trainer.sampler.load_state_dict(manifest["sampler"])  # same shard: continue where it stopped
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if torch.is_tensor(value):
+        return value.item()
+    return value
+
+
+def checkpoint_dir(state_dir: Path) -> Path:
+    return Path(state_dir) / "checkpoint"
+
+
+def maybe_resume(state_dir: Path, trainer: LocalTrainer, *, run_id: str, round_: int, state_hash: str) -> Optional[int]:
+    """Resume when the peer's own checkpoint is current; returns the round resumed or None."""
+    if resume_trainer(checkpoint_dir(state_dir), trainer, run_id=run_id, round_=round_, state_hash=state_hash):
+        logger.info("resumed from own checkpoint at round %d (hash %s)", round_, state_hash)
+        return round_
+    return None

@@ -1,0 +1,43 @@
+"""Stopping the whole swarm and starting it again continues the same run from checkpoints."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.integration.harness import Swarm, tensors_digest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+def test_whole_swarm_restarts_from_checkpoints_and_continues_the_run(tmp_path):
+    swarm = Swarm(workdir=tmp_path)
+    try:
+        swarm.start_coordinator("--max-rounds", "4", "--min-peers", "2", "--inner-steps", "10", "--exit-grace-s", "60")
+        join = swarm.join
+        for name in ("peer-0", "peer-1"):
+            swarm.start_peer(name, "--checkpoint-every", "1")
+        swarm.wait_status(lambda s: s["run"]["rounds_committed"] >= 2, timeout_s=120, what="two committed rounds")
+
+        for proc in swarm.peers.values():
+            proc.send_signal(signal.SIGTERM)
+        assert all(code == 0 for code in swarm.wait_peers(timeout_s=60).values())
+        swarm.coordinator.send_signal(signal.SIGTERM)
+        assert swarm.coordinator.wait(timeout=60) == 0
+        swarm.peers.clear()
+        swarm.close()
+        assert swarm.start_coordinator("--exit-grace-s", "60") == join, "a restart must keep the join string"
+        committed_before = swarm.status()["run"]["rounds_committed"]
+        assert committed_before >= 2
+        for name in ("peer-0", "peer-1"):
+            swarm.start_peer(name, "--checkpoint-every", "1")
+        codes = swarm.wait_peers(timeout_s=180)
+        assert codes == {"peer-0": 0, "peer-1": 0}, swarm.log("peer-0")[-3000:]
+        for name in ("peer-0", "peer-1"):
+            assert "resumed from own checkpoint" in swarm.log(name), f"{name} did not resume from its checkpoint"
+        final = swarm.status()
+        assert final["run"]["rounds_committed"] == 4
+        assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))
+    finally:
+        swarm.close()
