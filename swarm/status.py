@@ -58,7 +58,9 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
     table.add_row("eval loss", f"{_num(run['eval_loss'])} at round {run['eval_round']} (initial {_num(run['initial_eval_loss'])})")
     table.add_row("train loss", _num(run["loss"]))
     table.add_row("model", f"{run['model_preset']} ({run['param_count']:,} parameters)")
-    table.add_row("plan", f"H = {run['inner_steps']} inner steps, codec {run['codec']}")
+    fragments = run.get("fragments") or 1
+    streaming = f", {fragments} fragments synced in turn" if fragments > 1 else ""
+    table.add_row("plan", f"H = {run['inner_steps']} inner steps, codec {run['codec']}{streaming}")
     ddp = totals["ddp_equivalent_bytes"]
     sent = totals["bytes_sent"]
     ratio = f" ({ddp / sent:,.0f}× less)" if sent and ddp else ""
