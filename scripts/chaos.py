@@ -174,24 +174,13 @@ class Soak:
 
 
 def final_eval(workdir: Path, peers: dict[str, subprocess.Popen]) -> Optional[float]:
-    import torch
-    from safetensors.torch import load_file
-
     from swarm.config import RunConfig
-    from swarm.data import ByteCorpus, eval_loss
-    from swarm.model import build_model
+    from swarm.final_model import final_eval_loss
 
     for name in sorted(peers):
         path = workdir / name / "final" / "model.safetensors"
         if path.exists():
-            run = RunConfig()
-            model = build_model(run.model, seed=run.seed)
-            tensors = load_file(str(path))
-            with torch.no_grad():
-                for pname, param in model.named_parameters():
-                    param.copy_(tensors[pname])
-            return eval_loss(model, ByteCorpus.load(run.data), batch_size=run.data.batch_size,
-                             seq_len=run.data.seq_len, num_batches=run.data.eval_batches)
+            return final_eval_loss(path, RunConfig())
     return None
 
 

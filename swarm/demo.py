@@ -6,7 +6,6 @@ with a summary table (or, with --json, one JSON line).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -22,6 +21,7 @@ from typing import Any, Optional
 from rich.console import Console
 from rich.table import Table
 
+from swarm.final_model import tensors_digest
 from swarm.status import format_bytes, status_to_dict
 
 
@@ -58,17 +58,6 @@ def _read_join_string(proc: subprocess.Popen, timeout_s: float) -> str:
         if not line and proc.poll() is not None:
             break
     raise RuntimeError("the demo coordinator did not print its join string; see its log")
-
-
-def _tensor_digest(path: Path) -> str:
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(path))
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        h.update(name.encode())
-        h.update(tensors[name].contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def run_demo(options: DemoOptions) -> int:
@@ -113,7 +102,7 @@ def run_demo(options: DemoOptions) -> int:
                     os.killpg(proc.pid, signal.SIGKILL)
 
     finals = [workdir / f"peer-{i}" / "final" / "model.safetensors" for i in range(options.peers)]
-    digests = [_tensor_digest(f) if f.exists() else None for f in finals]
+    digests = [tensors_digest(f) if f.exists() else None for f in finals]
     consistent = all(d is not None for d in digests) and len(set(digests)) == 1
     final_eval = _final_eval_loss(finals[0], options) if finals[0].exists() else math.nan
     run, totals = (status or {}).get("run", {}), (status or {}).get("totals", {})
@@ -168,7 +157,7 @@ def _follow(join: str, procs: list[subprocess.Popen], console: Console, *, deadl
             if run["finished"] or all(p.poll() is not None for p in procs):
                 return last
             time.sleep(1.0)  # a progress display's refresh period
-        raise RuntimeError(f"the run did not finish within the demo timeout")
+        raise RuntimeError("the run did not finish within the demo timeout")
     finally:
         client.close()
 
@@ -187,26 +176,13 @@ def _final_status(join: str) -> Optional[dict[str, Any]]:
 
 
 def _final_eval_loss(path: Path, options: DemoOptions) -> float:
-    """Evaluate the final model on the held-out split, exactly as the peers do."""
     import dataclasses
 
-    import torch
-    from safetensors.torch import load_file
-
     from swarm.config import RunConfig
-    from swarm.data import ByteCorpus, eval_loss
-    from swarm.model import build_model
+    from swarm.final_model import final_eval_loss
 
     run = RunConfig()
-    run = run.replace(model=dataclasses.replace(run.model, preset=options.preset))
-    model = build_model(run.model, seed=run.seed)
-    tensors = load_file(str(path))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(tensors[name])
-    corpus = ByteCorpus.load(run.data)
-    return eval_loss(model, corpus, batch_size=run.data.batch_size, seq_len=run.data.seq_len,
-                     num_batches=run.data.eval_batches)
+    return final_eval_loss(path, run.replace(model=dataclasses.replace(run.model, preset=options.preset)))
 
 
 def _print_summary(summary: dict[str, Any], console: Console) -> None:

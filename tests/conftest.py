@@ -1,7 +1,6 @@
 """Shared test fixtures: reap every child process a test started, even when it fails."""
 
 import ctypes
-import os
 import signal
 import sys
 

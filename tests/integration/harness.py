@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -124,14 +123,3 @@ class Swarm:
                     except psutil.NoSuchProcess:
                         pass
                 psutil.wait_procs(descendants, timeout=5)
-
-
-def tensors_digest(path: Path) -> str:
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(path))
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        h.update(name.encode())
-        h.update(tensors[name].contiguous().numpy().tobytes())
-    return h.hexdigest()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.harness import Swarm, tensors_digest
+from swarm.final_model import tensors_digest
+from tests.integration.harness import Swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

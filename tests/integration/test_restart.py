@@ -6,7 +6,8 @@ import signal
 
 import pytest
 
-from tests.integration.harness import Swarm, tensors_digest
+from swarm.final_model import tensors_digest
+from tests.integration.harness import Swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

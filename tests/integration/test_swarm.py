@@ -9,12 +9,27 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from swarm.config import RunConfig
+from swarm.config import RunConfig, load_run_config
 from swarm.model import build_model
 from swarm.sim import simulate
-from tests.integration.harness import Swarm, tensors_digest
+from swarm.final_model import tensors_digest
+from tests.integration.harness import Swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+def assert_matches_simulator(final_model, run: RunConfig, *, peers: int, rounds: int) -> None:
+    """The real swarm's final θg equals the simulator's for the same config, bit for bit."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the peers train single-threaded; GEMM bits depend on the thread count
+    try:
+        sim = simulate(run, peers=peers, rounds=rounds)
+    finally:
+        torch.set_num_threads(threads)
+    names = [name for name, _ in build_model(run.model, seed=run.seed).named_parameters()]
+    final = load_file(str(final_model))
+    for name, expected in zip(names, sim.final_params):
+        assert torch.equal(final[name], expected), f"{name} differs from the simulator"
 
 
 @pytest.fixture
@@ -37,16 +52,7 @@ def test_two_peers_commit_identical_state_that_matches_the_simulator(swarm):
 
     run = RunConfig()
     run = run.replace(rounds=dataclasses.replace(run.rounds, inner_steps=10, max_rounds=3, min_peers=2))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the peers train single-threaded; GEMM bits depend on the thread count
-    try:
-        sim = simulate(run, peers=2, rounds=3)
-    finally:
-        torch.set_num_threads(threads)
-    names = [name for name, _ in build_model(run.model, seed=run.seed).named_parameters()]
-    final = load_file(str(swarm.final_model("peer-0")))
-    for name, expected in zip(names, sim.final_params):
-        assert torch.equal(final[name], expected), f"{name} differs from the simulator"
+    assert_matches_simulator(swarm.final_model("peer-0"), run, peers=2, rounds=3)
 
 
 def test_late_joiner_catches_up_killed_peer_is_evicted_and_stopped_peer_leaves(swarm):
@@ -107,16 +113,4 @@ def test_int8_streaming_swarm_with_overlap_matches_the_simulator(swarm, tmp_path
     assert codes == {"peer-0": 0, "peer-1": 0}, swarm.log("peer-0")[-3000:]
     assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))
 
-    from swarm.config import load_run_config
-
-    run = load_run_config(config)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        sim = simulate(run, peers=2, rounds=4)
-    finally:
-        torch.set_num_threads(threads)
-    names = [name for name, _ in build_model(run.model, seed=run.seed).named_parameters()]
-    final = load_file(str(swarm.final_model("peer-0")))
-    for name, expected in zip(names, sim.final_params):
-        assert torch.equal(final[name], expected), f"{name} differs from the simulator"
+    assert_matches_simulator(swarm.final_model("peer-0"), load_run_config(config), peers=2, rounds=4)

@@ -1,0 +1,45 @@
+"""The final model a peer writes when a run finishes: `<state-dir>/final/model.safetensors`.
+
+Tensor names are those of `swarm.model.GPT.named_parameters()`; the metadata holds the round and the
+state hash. Helpers here read it back: a digest to compare peers, and its held-out eval loss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from swarm.config import RunConfig
+
+
+def tensors_digest(path: Path) -> str:
+    """SHA-256 (16 hex chars) over the file's tensors by name: equal digests mean equal parameters."""
+    tensors = load_file(str(path))
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode())
+        digest.update(tensors[name].contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def load_into_model(path: Path, run: RunConfig) -> torch.nn.Module:
+    from swarm.model import build_model
+
+    model = build_model(run.model, seed=run.seed)
+    tensors = load_file(str(path))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(tensors[name])
+    return model
+
+
+def final_eval_loss(path: Path, run: RunConfig) -> float:
+    """Held-out loss of a final model, computed exactly as the peers evaluate."""
+    from swarm.data import ByteCorpus, eval_loss
+
+    model = load_into_model(path, run)
+    return eval_loss(model, ByteCorpus.load(run.data), batch_size=run.data.batch_size,
+                     seq_len=run.data.seq_len, num_batches=run.data.eval_batches)
