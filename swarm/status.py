@@ -59,8 +59,15 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
     table.add_row("train loss", _num(run["loss"]))
     table.add_row("model", f"{run['model_preset']} ({run['param_count']:,} parameters)")
     fragments = run.get("fragments") or 1
-    streaming = f", {fragments} fragments synced in turn" if fragments > 1 else ""
-    table.add_row("plan", f"H = {run['inner_steps']} inner steps, codec {run['codec']}{streaming}")
+    plan = f"H = {run['inner_steps']} inner steps, codec {run['codec']}"
+    if run.get("error_feedback") and run["codec"] not in ("fp32", ""):
+        plan += " with error feedback"
+    if fragments > 1:
+        plan += f", {fragments} fragments synced in turn"
+    if run.get("overlap_steps"):
+        plan += f", exchanges overlap {run['overlap_steps']} steps"
+    plan += f", outer {run.get('outer_optimizer') or 'nesterov'}"
+    table.add_row("plan", plan)
     ddp = totals["ddp_equivalent_bytes"]
     sent = totals["bytes_sent"]
     ratio = f" ({ddp / sent:,.0f}× less)" if sent and ddp else ""

@@ -206,7 +206,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self, token: _Optional[str] = ...) -> None: ...
 
 class RunStatus(_message.Message):
-    __slots__ = ("run_id", "open_round", "rounds_committed", "rounds_voided", "committed_hash", "eval_loss", "eval_round", "initial_eval_loss", "finished", "max_rounds", "inner_steps", "codec", "model_preset", "param_count", "loss", "uptime_s", "committed_round", "fragments")
+    __slots__ = ("run_id", "open_round", "rounds_committed", "rounds_voided", "committed_hash", "eval_loss", "eval_round", "initial_eval_loss", "finished", "max_rounds", "inner_steps", "codec", "model_preset", "param_count", "loss", "uptime_s", "committed_round", "fragments", "overlap_steps", "outer_optimizer", "error_feedback")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     OPEN_ROUND_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_COMMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +225,9 @@ class RunStatus(_message.Message):
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_ROUND_FIELD_NUMBER: _ClassVar[int]
     FRAGMENTS_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_STEPS_FIELD_NUMBER: _ClassVar[int]
+    OUTER_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FEEDBACK_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     open_round: int
     rounds_committed: int
@@ -243,7 +246,10 @@ class RunStatus(_message.Message):
     uptime_s: float
     committed_round: int
     fragments: int
-    def __init__(self, run_id: _Optional[str] = ..., open_round: _Optional[int] = ..., rounds_committed: _Optional[int] = ..., rounds_voided: _Optional[int] = ..., committed_hash: _Optional[str] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., initial_eval_loss: _Optional[float] = ..., finished: _Optional[bool] = ..., max_rounds: _Optional[int] = ..., inner_steps: _Optional[int] = ..., codec: _Optional[str] = ..., model_preset: _Optional[str] = ..., param_count: _Optional[int] = ..., loss: _Optional[float] = ..., uptime_s: _Optional[float] = ..., committed_round: _Optional[int] = ..., fragments: _Optional[int] = ...) -> None: ...
+    overlap_steps: int
+    outer_optimizer: str
+    error_feedback: bool
+    def __init__(self, run_id: _Optional[str] = ..., open_round: _Optional[int] = ..., rounds_committed: _Optional[int] = ..., rounds_voided: _Optional[int] = ..., committed_hash: _Optional[str] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., initial_eval_loss: _Optional[float] = ..., finished: _Optional[bool] = ..., max_rounds: _Optional[int] = ..., inner_steps: _Optional[int] = ..., codec: _Optional[str] = ..., model_preset: _Optional[str] = ..., param_count: _Optional[int] = ..., loss: _Optional[float] = ..., uptime_s: _Optional[float] = ..., committed_round: _Optional[int] = ..., fragments: _Optional[int] = ..., overlap_steps: _Optional[int] = ..., outer_optimizer: _Optional[str] = ..., error_feedback: _Optional[bool] = ...) -> None: ...
 
 class PeerStatus(_message.Message):
     __slots__ = ("id", "name", "site", "state", "device", "params_hash", "params_round", "rounds_joined", "rounds_missed", "tokens_per_s", "loss", "step_time_s", "bytes_sent", "bytes_received", "last_seen_s", "compute_utilization")
