@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -31,7 +32,7 @@ from peer.resume import checkpoint_dir, maybe_resume, save_trainer
 from peer.stats import PeerStats
 from swarm.algorithm import state_hash
 from swarm.config import RunConfig
-from swarm.control import CoordinatorClient, CoordinatorRejected
+from swarm.control import CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
 from swarm.exchange import Exchange, ExchangeFailed
 from swarm.joinstring import JoinString
 from swarm.rendezvous import Member, group_key, rendezvous
@@ -60,6 +61,7 @@ class PeerOptions:
     join_timeout_s: float = 120.0  # give up joining when the coordinator stays unreachable this long
     faults: FaultPlan = field(default_factory=FaultPlan)  # deterministic fault injection (tests, chaos)
     checkpoint_every_rounds: int = 5  # 0: never (a checkpoint is still written when the peer exits)
+    leave_grace_s: float = 10.0  # a leaving peer still waits this long for its round's decision
 
 
 class PeerExit(Exception):
@@ -294,12 +296,23 @@ class PeerDaemon:
         return True
 
     def _await_decision(self, round_: int) -> pb.RoundInfo:
-        while not self.stop.is_set():
-            info = self._round_info(round_)
-            if info.outcome != pb.ROUND_OUTCOME_OPEN:
+        """Wait for the coordinator's decision on round_; a peer asked to leave still waits up to
+        leave_grace_s, so that it leaves holding the committed state (and checkpoints it)."""
+        leave_by: Optional[float] = None
+        while True:
+            if self.stop.is_set():
+                leave_by = leave_by or time.monotonic() + self.options.leave_grace_s
+                if time.monotonic() > leave_by:
+                    raise PeerExit(0)
+            try:
+                info = self.client.get_round(peer_id=self.peer_id, round=round_)
+            except CoordinatorUnreachable as e:
+                logger.warning("%s waiting for the decision: %s", self._tag(round_), e)
+                info = None
+            if info is not None and info.outcome != pb.ROUND_OUTCOME_OPEN:
                 return info
-            self.stop.wait(self.options.poll_s)  # the decision waits for the slowest groupmate's report
-        raise PeerExit(0)
+            # the decision waits for the slowest groupmate's report; polled, there is no push
+            time.sleep(self.options.poll_s if info is not None else 1.0)
 
     def _planned(self, round_: int) -> Optional[set[str]]:
         try:

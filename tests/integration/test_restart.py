@@ -35,8 +35,10 @@ def test_whole_swarm_restarts_from_checkpoints_and_continues_the_run(tmp_path):
             swarm.start_peer(name, "--checkpoint-every", "1")
         codes = swarm.wait_peers(timeout_s=180)
         assert codes == {"peer-0": 0, "peer-1": 0}, swarm.log("peer-0")[-3000:]
-        for name in ("peer-0", "peer-1"):
-            assert "resumed from own checkpoint" in swarm.log(name), f"{name} did not resume from its checkpoint"
+        # Nobody else holds the state after a full stop: the run continues only because a peer resumed
+        # from its own checkpoint (the other may instead download it, if it left one round behind).
+        resumed = [name for name in ("peer-0", "peer-1") if "resumed from own checkpoint" in swarm.log(name)]
+        assert resumed, "no peer resumed from its checkpoint"
         final = swarm.status()
         assert final["run"]["rounds_committed"] == 4
         assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))
