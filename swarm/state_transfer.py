@@ -7,6 +7,7 @@ equals the committed hash of that round. Nothing is unpickled.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -113,48 +114,80 @@ def download_state(
     timeout_s: float,
     state_shapes: Optional[Sequence[torch.Size]] = None,
 ) -> tuple[GlobalState, int]:
-    """Fetch the state of round_ from the first holder that serves it intact; returns (state, bytes)."""
+    """Fetch the state of round_, in chunks spread over every holder that serves it, and accept it
+    only when its hash is expected_hash; returns (state, bytes).
+
+    A holder that fails or moves on mid-download hands its chunks to the others (the download
+    resumes where it was). If the assembled state has the wrong hash — a holder sent bad bytes — each
+    holder is tried alone, so one bad holder cannot stop a peer from joining.
+    """
     handler = f"swarm_{run_id}.state"
+    sources = [h for h in holders if h != transport.peer_id]
+    if not sources:
+        raise StateUnavailable(f"no holder serves round {round_} (no holders: no other peer holds it)")
     deadline = time.monotonic() + timeout_s
     errors: list[str] = []
-    for holder in holders:
-        if holder == transport.peer_id:
-            continue
+    for attempt in [sources] + ([[h] for h in sources] if len(sources) > 1 else []):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
         try:
-            blob = transport.run(_fetch(transport, holder, handler, round_), timeout_s=remaining)
+            blob = transport.run(_fetch(transport, attempt, handler, round_, expected_hash, errors),
+                                 timeout_s=remaining)
             state = deserialize_state(blob, round_=round_, shapes=shapes, state_shapes=state_shapes)
         except Exception as e:
-            errors.append(f"{holder[-8:]}: {e}")
+            errors.append(f"{'+'.join(h[-8:] for h in attempt)}: {e}")
             continue
         if state.hash != expected_hash:
-            errors.append(f"{holder[-8:]}: served hash {state.hash}, committed is {expected_hash}")
+            errors.append(f"{'+'.join(h[-8:] for h in attempt)}: served hash {state.hash}, committed is {expected_hash}")
             continue
-        logger.info("downloaded round %d state (%d bytes) from %s", round_, len(blob), holder[-8:])
+        logger.info("downloaded round %d state (%d bytes) from %d holder(s)", round_, len(blob), len(attempt))
         return state, len(blob)
-    raise StateUnavailable(
-        f"no holder served round {round_} with hash {expected_hash} ({'; '.join(errors) or 'no holders'})"
-    )
+    raise StateUnavailable(f"no holder served round {round_} with hash {expected_hash} ({'; '.join(errors)})")
 
 
-async def _fetch(transport: Transport, holder: str, handler: str, round_: int) -> bytes:
-    peer = PeerID.from_base58(holder)
-    parts: list[bytes] = []
-    offset, total = 0, None
-    while total is None or offset < total:
+async def _fetch(transport: Transport, holders: Sequence[str], handler: str, round_: int, expected_hash: str,
+                 errors: list[str]) -> bytes:
+    async def request(holder: str, offset: int) -> exchange_pb2.StateChunk:
         chunk = await transport.p2p.call_protobuf_handler(
-            peer, handler, exchange_pb2.StateRequest(round=round_, offset=offset, length=CHUNK_BYTES),
-            exchange_pb2.StateChunk,
+            PeerID.from_base58(holder), handler,
+            exchange_pb2.StateRequest(round=round_, offset=offset, length=CHUNK_BYTES), exchange_pb2.StateChunk,
         )
         if chunk.error:
             raise RuntimeError(chunk.error)
-        if total is not None and chunk.total_bytes != total:
-            raise RuntimeError("the holder's state changed during the download")
-        total = chunk.total_bytes
-        if not chunk.data and offset < total:
-            raise RuntimeError("the holder sent an empty chunk")
-        parts.append(chunk.data)
-        offset += len(chunk.data)
-    return b"".join(parts)
+        if chunk.state_hash != expected_hash:
+            raise RuntimeError(f"served hash {chunk.state_hash}, committed is {expected_hash}")
+        return chunk
+
+    first = await asyncio.gather(*(request(h, 0) for h in holders), return_exceptions=True)
+    serving = [(h, c) for h, c in zip(holders, first) if not isinstance(c, BaseException)]
+    errors.extend(f"{h[-8:]}: {c}" for h, c in zip(holders, first) if isinstance(c, BaseException))
+    if not serving:
+        raise RuntimeError("no holder answered")
+    total = serving[0][1].total_bytes
+    serving = [(h, c) for h, c in serving if c.total_bytes == total]
+    parts: dict[int, bytes] = {0: serving[0][1].data}
+    if not parts[0] and total:
+        raise RuntimeError("the holder sent an empty chunk")
+    todo = list(range(len(parts[0]), total, CHUNK_BYTES))
+
+    async def worker(holder: str) -> None:
+        while todo:
+            offset = todo.pop(0)
+            try:
+                chunk = await request(holder, offset)
+                if chunk.total_bytes != total or not chunk.data:
+                    raise RuntimeError("its state changed during the download")
+            except Exception as e:
+                todo.append(offset)  # another holder picks it up: the download resumes, not restarts
+                errors.append(f"{holder[-8:]}: {e}")
+                return
+            parts[offset] = chunk.data
+
+    await asyncio.gather(*(worker(h) for h, _ in serving))
+    if todo:
+        raise RuntimeError("every holder failed before the download completed")
+    blob = b"".join(parts[offset] for offset in sorted(parts))
+    if len(blob) != total:
+        raise RuntimeError(f"assembled {len(blob)} of {total} bytes")
+    return blob

@@ -154,3 +154,29 @@ def test_no_holders_is_unavailable(transports: tuple[Transport, Transport]) -> N
     with pytest.raises(StateUnavailable, match="no holders"):
         download_state(fetcher, run_id="run-none", holders=[fetcher.peer_id], round_=1,
                        expected_hash="0" * 16, shapes=SHAPES, timeout_s=5)
+
+
+def test_download_spreads_over_holders_and_survives_a_bad_one(transports: tuple[Transport, Transport]) -> None:
+    from swarm.state_transfer import CHUNK_BYTES
+
+    holder, fetcher = transports
+    third = Transport(initial_peers=holder.visible_maddrs)
+    try:
+        good = StateServer(holder, run_id="run-striped")
+        liar = StateServer(third, run_id="run-striped")
+        big_shapes = [torch.Size([3 * CHUNK_BYTES // 8 + 5])]  # params + momentum: ~3 MiB, several chunks
+        gen = torch.Generator().manual_seed(4)
+        params = [torch.randn(big_shapes[0], generator=gen)]
+        momentum = [torch.randn(big_shapes[0], generator=gen)]
+        state = GlobalState(round=5, params=params, momentum=momentum, hash=state_hash(params, momentum))
+        good.publish(state)
+        # The liar claims the committed hash but serves other numbers: striping fails the hash check,
+        # then each holder alone is tried and the honest one wins.
+        wrong = GlobalState(round=5, params=[params[0] + 1], momentum=momentum, hash=state.hash)
+        liar.publish(wrong)
+        loaded, nbytes = download_state(fetcher, run_id="run-striped", holders=[third.peer_id, holder.peer_id],
+                                        round_=5, expected_hash=state.hash, shapes=big_shapes, timeout_s=60)
+        assert loaded.hash == state.hash and nbytes > 2 * CHUNK_BYTES
+        assert torch.equal(loaded.params[0], params[0])
+    finally:
+        third.shutdown()
