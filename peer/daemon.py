@@ -34,6 +34,7 @@ from swarm.algorithm import state_hash
 from swarm.config import RunConfig
 from swarm.control import CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
 from swarm.exchange import Exchange, ExchangeFailed
+from swarm.group_vote import Vote, collect_votes, group_decision, post_vote
 from swarm.joinstring import JoinString
 from swarm.rendezvous import Member, group_key, rendezvous
 from swarm.state_transfer import GlobalState, StateServer, StateUnavailable, download_state
@@ -81,6 +82,10 @@ class PeerDaemon:
         self.peer_id = ""
         self.transport: Optional[Transport] = None
         self._background: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._offline_next: Optional[int] = None  # next round to run while the coordinator is down
+        self._decided_by_group: Optional[int] = None  # the last round the group decided without it
+        self._last_group: Optional[set[str]] = None  # the last known plan
+        self._backlog: list[tuple[pb.ReportRoundRequest, Optional[str]]] = []  # group-decided rounds to report
         self.heartbeat: Optional[HeartbeatThread] = None
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -152,7 +157,16 @@ class PeerDaemon:
             if carry is not None:  # overlap: the next round starts before the coordinator opens it
                 carry = self._run_round(carry.round + 1, carry)
                 continue
-            info = self._round_info(0)
+            try:
+                info = self.client.get_round(peer_id=self.peer_id, round=0)
+            except CoordinatorUnreachable:
+                if self._offline_next is not None:  # the group keeps averaging while the coordinator is down
+                    carry = self._run_round(self._offline_next, None)
+                    continue
+                info = self._round_info(0)  # nothing to do without it: wait (with backoff, logged)
+            if self._backlog:
+                self._flush_backlog()
+                continue
             if info.last_committed_round > self.trainer.round:
                 if not self._sync(info) and info.finished:
                     logger.error("%s the run finished at round %d before this peer could download its state; "
@@ -205,9 +219,10 @@ class PeerDaemon:
             parts.append(self.trainer.train(min(run.overlap_steps, steps)))
             if not self._finish_round(carry):
                 return None  # the previous round left this peer behind: the main loop resyncs
-            info = self._round_info(round_)
-            if info.outcome != pb.ROUND_OUTCOME_OPEN or self.peer_id not in info.participants:
-                return None  # not planned into this round after all; the main loop decides what next
+            if self._offline_next != round_:
+                info = self._round_info(round_)
+                if info.outcome != pb.ROUND_OUTCOME_OPEN or self.peer_id not in info.participants:
+                    return None  # not planned into this round after all; the main loop decides what next
             parts.append(self.trainer.train(steps - parts[0].steps))
         else:
             parts.append(self.trainer.train(steps))
@@ -273,15 +288,66 @@ class PeerDaemon:
             exchange_time_s=exchange_s, bytes_sent=sent, bytes_received=received, loss=train.mean_loss,
             error=error, param_count=self.trainer.param_count,
         )
-        if not faults.drops(round_, "report"):
+        post_vote(self.transport.dht, key, Vote(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, ok=ok,
+                                                params_hash=new_hash), ttl_s=600)
+        if faults.drops(round_, "report"):
+            faults.at(round_, "reported")
+            return _Outcome(decision=self._await_decision(round_), tentative=tentative, new_hash=new_hash,
+                            group=group_ids)
+        try:
+            response = self.client.report_round(request)
+            if 0 < response.round.open_round < round_:
+                # The coordinator is back but still behind this group (it did not count this report):
+                # the group's votes decide, and the backlog brings the coordinator up to date.
+                raise CoordinatorUnreachable(f"the coordinator is at round {response.round.open_round}")
+        except CoordinatorUnreachable as e:
+            decision = self._decide_without_coordinator(round_, key, group_ids, request, e)
+            if decision is not None:
+                return _Outcome(decision=decision, tentative=tentative, new_hash=new_hash, by_group=True,
+                                group=group_ids)
             self._call(lambda: self.client.report_round(request), f"report round {round_}")
         faults.at(round_, "reported")
-        return _Outcome(decision=self._await_decision(round_), tentative=tentative, new_hash=new_hash)
+        # Should the coordinator go down before it decides, the group's votes decide instead.
+        fallback = lambda error: self._decide_without_coordinator(round_, key, group_ids, request, error)  # noqa: E731
+        decision = self._await_decision(round_, fallback=fallback)
+        return _Outcome(decision=decision, tentative=tentative, new_hash=new_hash, group=group_ids,
+                        by_group=self._decided_by_group == round_)
+
+    def _decide_without_coordinator(self, round_: int, key: str, group_ids: list[str], request, error) -> Optional[pb.RoundInfo]:
+        """The coordinator is unreachable: decide round_ from the group's DHT votes if all are in."""
+        if not group_ids:
+            return None
+        votes = collect_votes(self.transport.dht, key, group_ids,
+                              timeout_s=self.run_config.rounds.exchange_timeout_s)
+        if votes is None:
+            logger.warning("%s %s; not every groupmate's vote arrived, waiting for the coordinator",
+                           self._tag(round_), error)
+            return None
+        committed = group_decision(votes)
+        self._backlog.append((request, committed))
+        self._decided_by_group = round_
+        info = pb.RoundInfo(round=round_, open_round=round_ + 1, last_committed_round=self.trainer.round)
+        if committed is None:
+            info.outcome = pb.ROUND_OUTCOME_VOIDED
+        else:
+            info.outcome = pb.ROUND_OUTCOME_COMMITTED
+            info.committed_hash = committed
+            info.holders.extend(v.dht_peer_id for v in votes.values() if v.ok and v.params_hash == committed)
+        logger.warning("%s coordinator unreachable; round decided by the group's %d votes: %s", self._tag(round_),
+                       len(votes), f"committed {committed}" if committed else "voided")
+        return info
 
     def _finish_round(self, pending: "_Pending") -> bool:
         """Apply a decided round; False when this peer must resync (it does not hold the committed state)."""
         outcome = pending.future.result()
         tag, decision = self._tag(pending.round), outcome.decision
+        max_rounds = self.run_config.rounds.max_rounds
+        holds = decision.outcome == pb.ROUND_OUTCOME_VOIDED or (
+            outcome.tentative is not None and decision.committed_hash == outcome.new_hash)
+        # Should the coordinator be unreachable for the next round, this group goes on without it.
+        self._offline_next = pending.round + 1 if holds and (max_rounds is None or pending.round < max_rounds) else None
+        if outcome.group:
+            self._last_group = set(outcome.group)
         if decision.outcome == pb.ROUND_OUTCOME_VOIDED:
             logger.warning("%s voided by the coordinator; keeping the round %d state", tag, self.trainer.round)
             return True
@@ -295,10 +361,38 @@ class PeerDaemon:
             self._evaluate()
         return True
 
-    def _await_decision(self, round_: int) -> pb.RoundInfo:
+    def _flush_backlog(self) -> None:
+        """The coordinator is back: report the rounds the group decided without it, in order, and check
+        that it confirms each decision; on any contradiction this peer resyncs from its committed state."""
+        backlog, self._backlog = self._backlog, []
+        self._offline_next = None
+        for request, local in backlog:
+            self._call(lambda: self.client.report_round(request), f"report round {request.round}")
+            decision = self._await_decision(request.round)
+            confirmed = decision.committed_hash if decision.outcome == pb.ROUND_OUTCOME_COMMITTED else None
+            if confirmed != local:
+                logger.error("%s the coordinator decided %s where the group decided %s; resyncing",
+                             self._tag(request.round), confirmed or "void", local or "void")
+                self._force_resync()
+                return
+            logger.info("%s the coordinator confirmed the group's decision", self._tag(request.round))
+
+    def _force_resync(self) -> None:
+        info = self._round_info(0)
+        self.trainer.round = -1  # not a committed state any more: the main loop downloads the committed one
+        self.stats.update(params_round=-1)
+        if info.last_committed_round >= 0:
+            self._sync(info)
+
+    def _await_decision(self, round_: int, fallback=None) -> pb.RoundInfo:
         """Wait for the coordinator's decision on round_; a peer asked to leave still waits up to
-        leave_grace_s, so that it leaves holding the committed state (and checkpoints it)."""
+        leave_grace_s, so that it leaves holding the committed state (and checkpoints it).
+
+        fallback(error), tried once when the coordinator stays unreachable for a few seconds, may
+        return the group's decision instead.
+        """
         leave_by: Optional[float] = None
+        unreachable_since: Optional[float] = None
         while True:
             if self.stop.is_set():
                 leave_by = leave_by or time.monotonic() + self.options.leave_grace_s
@@ -309,7 +403,12 @@ class PeerDaemon:
             except CoordinatorUnreachable as e:
                 logger.warning("%s waiting for the decision: %s", self._tag(round_), e)
                 info = None
-            if info is not None and info.outcome != pb.ROUND_OUTCOME_OPEN:
+                unreachable_since = unreachable_since or time.monotonic()
+                if fallback is not None and time.monotonic() - unreachable_since > 2.0:
+                    decision, fallback = fallback(e), None
+                    if decision is not None:
+                        return decision
+            if info is not None and info.outcome in (pb.ROUND_OUTCOME_COMMITTED, pb.ROUND_OUTCOME_VOIDED):
                 return info
             # the decision waits for the slowest groupmate's report; polled, there is no push
             time.sleep(self.options.poll_s if info is not None else 1.0)
@@ -318,8 +417,11 @@ class PeerDaemon:
         try:
             info = self.client.get_round(peer_id=self.peer_id, round=round_)
         except Exception:
-            return None  # the plan is unknown: the group is whoever shows up in the window
-        return set(info.participants)
+            return self._last_group  # the coordinator is down: the last group, or whoever shows up
+        if info.round != round_ or info.outcome != pb.ROUND_OUTCOME_OPEN:
+            return self._last_group  # the coordinator has not caught up with this round (after an outage)
+        self._last_group = set(info.participants)
+        return self._last_group
 
     # ---- state ---------------------------------------------------------------------------------------
     def _commit_state(self, params, momentum, round_: int, fragment: Optional[int] = None) -> None:
@@ -362,6 +464,7 @@ class PeerDaemon:
             self.stop.wait(1.0)  # back off before asking the coordinator for holders again
             return False
         self.stats.add(bytes_received=nbytes)
+        self._offline_next = None  # the group this peer was in moved on without it
         self._commit_state(state.params, state.momentum, target)
         logger.info("%s synced to round %d, hash %s", self._tag(), target, state.hash)
         self._evaluate()
@@ -404,6 +507,8 @@ class _Outcome:
     decision: pb.RoundInfo
     tentative: Optional[tuple]  # (params, outer state) the exchange produced, None when it failed
     new_hash: str
+    by_group: bool = False  # decided from the group's DHT votes while the coordinator was unreachable
+    group: list[str] = field(default_factory=list)
 
 
 @dataclass

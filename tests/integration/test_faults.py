@@ -98,3 +98,34 @@ def test_two_peers_die_in_one_round_and_a_killed_coordinator_restarts_without_lo
     assert run["committed_round"] == run["rounds_committed"] + run["rounds_voided"]
     assert run["rounds_voided"] >= 1  # round 2 lost a groupmate that had already posted
     assert tensors_digest(swarm.final_model("steady-0")) == tensors_digest(swarm.final_model("steady-1"))
+
+
+def test_peers_keep_averaging_while_the_coordinator_is_down_and_it_confirms_their_rounds(swarm, tmp_path):
+    from tests.integration.harness import poll
+
+    config = tmp_path / "run.toml"
+    config.write_text(FAST_FAILURE_CONFIG.replace("min_peers = 4", "min_peers = 2").replace("max_rounds = 6", "max_rounds = 8"))
+    swarm.start_coordinator("--config", str(config), "--exit-grace-s", "30")
+    join = swarm.join
+    swarm.start_peer("peer-0")
+    swarm.start_peer("peer-1")
+    swarm.wait_status(lambda s: s["run"]["rounds_committed"] >= 2, timeout_s=120, what="two committed rounds")
+    swarm.coordinator.kill()
+    swarm.coordinator.wait(timeout=30)
+    swarm._client = None
+
+    decided = "round decided by the group"
+    poll(lambda: all(swarm.log(n).count(decided) >= 2 for n in ("peer-0", "peer-1")), timeout_s=120,
+         what="both peers to commit two rounds without the coordinator")
+    assert swarm.start_coordinator("--config", str(config), "--exit-grace-s", "30") == join
+
+    codes = swarm.wait_peers(timeout_s=180)
+    assert codes == {"peer-0": 0, "peer-1": 0}, swarm.log("peer-0")[-3000:]
+    run = swarm.status()["run"]
+    assert run["rounds_committed"] == 8
+    assert run["committed_round"] == run["rounds_committed"] + run["rounds_voided"]
+    for name in ("peer-0", "peer-1"):
+        log = swarm.log(name)
+        assert "the coordinator confirmed the group's decision" in log
+        assert "resyncing" not in log
+    assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))

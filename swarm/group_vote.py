@@ -1,0 +1,70 @@
+"""The round's vote, posted in the DHT too, so a group can decide a round while the coordinator is down.
+
+Every member posts (ok, hash of its tentative state) under the round's key. When the coordinator
+cannot be reached, a member that reads the votes of *every* groupmate applies the coordinator's own
+rule to them: the hash most members hold commits (ties: the smallest hash), no ok vote voids. Members
+that saw the same complete set of votes therefore decide the same; a member that cannot see them all
+decides nothing and waits for the coordinator, which later receives the same reports and, by the
+same rule, confirms the decision (a peer whose local decision is contradicted resyncs).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import hivemind
+from hivemind.utils.timed_storage import get_dht_time
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Vote:
+    peer_id: str
+    dht_peer_id: str
+    ok: bool
+    params_hash: str
+
+
+def vote_key(group_key: str) -> str:
+    return f"{group_key}.votes"
+
+
+def post_vote(dht: hivemind.DHT, group_key: str, vote: Vote, *, ttl_s: float) -> None:
+    dht.store(vote_key(group_key), subkey=vote.peer_id, value=asdict(vote), expiration_time=get_dht_time() + ttl_s)
+
+
+def collect_votes(dht: hivemind.DHT, group_key: str, members: list[str], *, timeout_s: float,
+                  poll_s: float = 0.2) -> Optional[dict[str, Vote]]:
+    """Every member's vote, or None when some are still missing after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = dht.get(vote_key(group_key), latest=True)
+        votes: dict[str, Vote] = {}
+        if found is not None and isinstance(found.value, dict):
+            for subkey, entry in found.value.items():
+                try:
+                    vote = Vote(**getattr(entry, "value", None))
+                except TypeError:
+                    continue
+                if vote.peer_id == subkey and subkey in members:
+                    votes[subkey] = vote
+        if set(votes) == set(members):
+            return votes
+        if time.monotonic() >= deadline:
+            logger.info("%s: %d of %d votes arrived", group_key, len(votes), len(members))
+            return None
+        time.sleep(poll_s)  # polling the DHT: there is no change notification to await
+
+
+def group_decision(votes: dict[str, Vote]) -> Optional[str]:
+    """The coordinator's rule on a complete set of votes: the committed hash, or None (void)."""
+    counts = Counter(v.params_hash for v in votes.values() if v.ok and v.params_hash)
+    if not counts:
+        return None
+    best = max(counts.values())
+    return min(h for h, n in counts.items() if n == best)
