@@ -129,3 +129,23 @@ def test_peers_keep_averaging_while_the_coordinator_is_down_and_it_confirms_thei
         assert "the coordinator confirmed the group's decision" in log
         assert "resyncing" not in log
     assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))
+
+
+def test_crash_while_reducing_voids_and_crash_after_reporting_commits(swarm, tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(FAST_FAILURE_CONFIG.replace("max_rounds = 6", "max_rounds = 5"))
+    swarm.start_coordinator("--config", str(config), "--lease-s", "4", "--exit-grace-s", "30")
+    swarm.start_peer("steady-0")
+    swarm.start_peer("steady-1")
+    swarm.start_peer("dies-reducing", "--faults", "crash@2:reducing")
+    swarm.start_peer("dies-after-report", "--faults", "crash@3:reported")
+    for name in ("dies-reducing", "dies-after-report"):
+        assert swarm.peers.pop(name).wait(timeout=180) == 137
+    assert swarm.wait_peers(timeout_s=180) == {"steady-0": 0, "steady-1": 0}
+    status = swarm.status()
+    run = status["run"]
+    assert run["rounds_committed"] == 5
+    assert run["rounds_voided"] == 1  # round 2: a slice owner died before sending its average
+    reporter = next(p for p in status["peers"] if p["name"] == "dies-after-report")
+    assert reporter["rounds_joined"] >= 2  # its round-3 vote counted: it died after reporting
+    assert tensors_digest(swarm.final_model("steady-0")) == tensors_digest(swarm.final_model("steady-1"))

@@ -180,3 +180,37 @@ def test_download_spreads_over_holders_and_survives_a_bad_one(transports: tuple[
         assert torch.equal(loaded.params[0], params[0])
     finally:
         third.shutdown()
+
+
+class DyingStateServer(StateServer):
+    """Serves two chunks, then fails every request: a holder that dies in the middle of a download."""
+
+    served = 0
+
+    async def _on_request(self, request, context):
+        self.served += 1
+        if self.served > 2:
+            raise ConnectionError("holder died")
+        return await super()._on_request(request, context)
+
+
+def test_download_resumes_on_another_holder_when_its_source_dies_mid_way(transports: tuple[Transport, Transport]) -> None:
+    from swarm.state_transfer import CHUNK_BYTES
+
+    holder, fetcher = transports
+    second = Transport(initial_peers=holder.visible_maddrs)
+    try:
+        dying = DyingStateServer(holder, run_id="run-resume")
+        healthy = StateServer(second, run_id="run-resume")
+        shapes = [torch.Size([4 * CHUNK_BYTES // 8])]  # params + momentum: 8 chunks
+        gen = torch.Generator().manual_seed(11)
+        params, momentum = [torch.randn(shapes[0], generator=gen)], [torch.randn(shapes[0], generator=gen)]
+        state = GlobalState(round=2, params=params, momentum=momentum, hash=state_hash(params, momentum))
+        dying.publish(state)
+        healthy.publish(state)
+        loaded, _ = download_state(fetcher, run_id="run-resume", holders=[holder.peer_id, second.peer_id], round_=2,
+                                   expected_hash=state.hash, shapes=shapes, timeout_s=60)
+        assert loaded.hash == state.hash
+        assert dying.served >= 3, "the dying holder was never asked for a chunk after it failed"
+    finally:
+        second.shutdown()
