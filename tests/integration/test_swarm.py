@@ -56,7 +56,7 @@ def test_two_peers_commit_identical_state_that_matches_the_simulator(swarm):
 
 
 def test_late_joiner_catches_up_killed_peer_is_evicted_and_stopped_peer_leaves(swarm):
-    swarm.start_coordinator("--max-rounds", "8", "--min-peers", "2", "--inner-steps", "20", "--lease-s", "4",
+    swarm.start_coordinator("--max-rounds", "8", "--min-peers", "2", "--inner-steps", "20", "--lease-s", "6",
                            "--exit-grace-s", "30")
     swarm.start_peer("peer-0")
     swarm.start_peer("peer-1")
