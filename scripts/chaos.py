@@ -86,7 +86,7 @@ class Soak:
 
     def start_peer(self, name: str) -> None:
         self.peers[name] = spawn(["peer", "--join", self.join, "--state-dir", str(self.workdir / name),
-                                  "--threads", "1", "--name", name, "--join-timeout-s", "300"],
+                                  "--threads", "1", "--name", name, "--join-timeout-s", "300", "--checkpoint-every", "1"],
                                  self.workdir / f"{name}.log")
 
     def status(self, client: CoordinatorClient) -> Optional[dict]:
@@ -144,6 +144,12 @@ class Soak:
                 self.faults_injected += 1
             if self.faults and now >= next_fault and status and status["run"]["rounds_committed"] >= 1:
                 live = [n for n, p in self.peers.items() if p.poll() is None]
+                committed = status["run"]["committed_hash"]
+                holders = {p["name"] for p in status["peers"]
+                           if p["state"] not in ("left", "evicted") and p["params_hash"] == committed}
+                # Never kill one of the last two holders of the committed state: with every holder dead
+                # the state is gone (found by this soak: a run with all holders killed cannot go on).
+                live = [n for n in live if n not in holders or len(holders) > 2]
                 if len(live) > 2:  # keep a quorum that can hold the state
                     victim = self.rng.choice(live)
                     kill_tree(self.peers[victim])
