@@ -6,6 +6,7 @@ import sys
 
 import psutil
 import pytest
+import torch
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -38,3 +39,13 @@ def reap_children():
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs([c for c in psutil.Process().children(recursive=True) if c.pid not in before], timeout=5)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Train single-threaded, as the peers do: GEMM bits depend on the thread count, and two intra-op
+    threads on a shared 2-core machine spin-wait and can run 20x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

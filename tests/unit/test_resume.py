@@ -9,15 +9,9 @@ from peer.resume import resume_trainer, save_trainer
 from swarm.config import DataConfig, RunConfig
 from swarm.trainer import LocalTrainer
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _run(codec: str = "int8") -> RunConfig:

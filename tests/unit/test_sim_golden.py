@@ -21,7 +21,7 @@ import torch
 from swarm.config import DataConfig, InnerOptConfig, ModelConfig, OuterOptConfig, RoundConfig, RunConfig
 from swarm.sim import simulate
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]
 
 GOLDEN = Path(__file__).parent / "golden" / "sim_2peers_3rounds.json"
 
@@ -47,12 +47,6 @@ SCENARIOS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _environment() -> dict:

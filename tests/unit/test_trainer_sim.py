@@ -16,17 +16,9 @@ from swarm.sim import main as sim_main
 from swarm.sim import simulate
 from swarm.trainer import LocalTrainer
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    # Two intra-op threads on a 2-core machine shared with other test runs spin-wait and can run
-    # 20x slower; one thread keeps these tests fast whatever else is running.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 RUN = RunConfig(
