@@ -30,7 +30,7 @@ def round_info(
     """Describe round ``number`` (its record may be missing: round 0, or a round not opened yet).
 
     ``holders`` lists DHT peer ids to download a state from: for a committed round, its live
-    holders; for round 0 and for rounds without a committed state of their own (open, voided, not
+    holders (for the last committed round, also the live peers that synced or resumed it since); for round 0 and for rounds without a committed state of their own (open, voided, not
     yet opened), the live peers that hold the run's last committed state.
     """
     info = pb.RoundInfo(
@@ -48,7 +48,10 @@ def round_info(
             info.participants.extend(p for p in round_row.participants if p in peers and peers[p].alive)
         if round_row.outcome == COMMITTED:
             info.committed_hash = round_row.committed_hash
-            info.holders.extend(_dht_ids(round_row.holders, peers))
+            holders = list(round_row.holders)
+            if number == position.last_committed_round:  # also peers that synced or resumed it since
+                holders += position.state_holders
+            info.holders.extend(_dht_ids(tuple(dict.fromkeys(holders)), peers))
             return info
     elif number == 0 and position.last_committed_round == 0 and position.last_committed_hash:
         info.outcome = COMMITTED  # round 0 is the initial state

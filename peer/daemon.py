@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from peer.faults import FaultPlan
 from peer.heartbeat import HeartbeatThread
 from peer.retry import with_retry
-from peer.resume import checkpoint_dir, maybe_resume, save_trainer
+from peer.resume import checkpoint_dir, maybe_resume, save_trainer, save_vote
 from peer.stats import PeerStats
 from swarm.algorithm import state_hash
 from swarm.config import RunConfig
@@ -61,7 +61,8 @@ class PeerOptions:
     state_timeout_s: float = 120.0
     join_timeout_s: float = 120.0  # give up joining when the coordinator stays unreachable this long
     faults: FaultPlan = field(default_factory=FaultPlan)  # deterministic fault injection (tests, chaos)
-    checkpoint_every_rounds: int = 5  # 0: never (a checkpoint is still written when the peer exits)
+    checkpoint_every_rounds: int = 5  # 0: never, and votes are not written either (a checkpoint is still
+    # written when the peer exits)
     leave_grace_s: float = 10.0  # a leaving peer still waits this long for its round's decision
 
 
@@ -274,6 +275,7 @@ class PeerDaemon:
             tentative = self.trainer.apply(result.average, fragment=contribution.fragment)
             new_hash = state_hash(*tentative)
             ok = True
+            self._persist_vote(round_, tentative, new_hash)
             logger.info("%s averaged fragment %d with %d peers in %.2fs (%d bytes sent), tentative hash %s",
                         tag, contribution.fragment, len(group), exchange_s, sent, new_hash)
         except ExchangeFailed as e:
@@ -437,6 +439,16 @@ class PeerDaemon:
                          state_hash=self.trainer.state_hash())
         except OSError as e:  # a full disk must not stop training; the next checkpoint may succeed
             logger.warning("%s could not write a checkpoint: %s", self._tag(), e)
+
+    def _persist_vote(self, round_: int, tentative, new_hash: str) -> None:
+        """Write the tentative state to disk before its hash is reported: should every peer whose vote
+        counts die before hearing the decision, the committed round still survives on their disks."""
+        if self.options.checkpoint_every_rounds <= 0:
+            return
+        try:
+            save_vote(self.options.state_dir, *tentative, run_id=self.run_id, round_=round_, state_hash=new_hash)
+        except OSError as e:  # the vote still counts; only this disk copy is missing
+            logger.warning("%s could not write the vote to disk: %s", self._tag(round_), e)
 
     def _publish_state(self) -> None:
         round_ = self.trainer.round

@@ -3,6 +3,11 @@ AdamW state, its error-feedback residuals and its data position (see peer/checkp
 
 A restarted peer resumes from its own checkpoint only when it is current: the same run, and the
 round and hash the coordinator says were committed last. Otherwise it downloads the state from peers.
+
+Before a peer reports the hash of its tentative θg' it also writes that state to disk (its *vote*,
+``save_vote``). A committed round is therefore on the disk of every peer whose vote counted, even if
+all of them are killed before they learn the decision: restarted, they resume from their votes
+(``maybe_resume``), so no committed round is ever lost while one of their disks survives.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any, Optional
 import torch
 
 from peer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from swarm.algorithm import state_hash as hash_state
 from swarm.trainer import LocalTrainer
 
 logger = logging.getLogger(__name__)
@@ -109,9 +115,68 @@ def checkpoint_dir(state_dir: Path) -> Path:
     return Path(state_dir) / "checkpoint"
 
 
+def vote_dir(state_dir: Path) -> Path:
+    return Path(state_dir) / "vote"
+
+
+def save_vote(state_dir: Path, params: list[torch.Tensor], outer: list[torch.Tensor], *, run_id: str, round_: int,
+              state_hash: str) -> None:
+    """Persist the tentative (θg', outer state) of round_ before its hash is reported (atomic, verified)."""
+    tensors = {f"global.{i:05d}": t for i, t in enumerate(params)}
+    tensors.update({f"outer.{i:05d}": t for i, t in enumerate(outer)})
+    save_checkpoint(vote_dir(state_dir), tensors=tensors,
+                    manifest={"kind": "vote", "run_id": run_id, "round": round_, "state_hash": state_hash})
+
+
+def resume_from_vote(state_dir: Path, trainer: LocalTrainer, *, run_id: str, round_: int, state_hash: str) -> bool:
+    """Install the peer's vote for round_ as its committed state when the vote is what was committed.
+
+    The peer's local training state (θl, AdamW, data position) comes from its own checkpoint of an
+    earlier round of the run when there is one; error feedback restarts from zero, since the residual
+    in that checkpoint was already sent in round_.
+    """
+    try:
+        tensors, manifest = load_checkpoint(vote_dir(state_dir))
+    except CheckpointError as e:
+        if vote_dir(state_dir).exists():
+            logger.warning("%s; downloading the state from peers instead", e)
+        return False
+    if (manifest.get("run_id"), manifest.get("round"), manifest.get("state_hash")) != (run_id, round_, state_hash):
+        return False
+    try:
+        params = [tensors[f"global.{i:05d}"] for i in range(len(trainer.global_params))]
+        outer = [tensors[f"outer.{i:05d}"] for i in range(len(trainer.outer.state_shapes()))]
+    except KeyError as e:
+        logger.warning("the vote in %s lacks tensor %s; downloading the state instead", vote_dir(state_dir), e)
+        return False
+    if hash_state(params, outer) != state_hash:
+        logger.warning("the vote in %s does not hash to its manifest's %s; downloading instead", vote_dir(state_dir),
+                       state_hash)
+        return False
+    try:
+        local, local_manifest = load_checkpoint(checkpoint_dir(state_dir))
+        if local_manifest.get("run_id") == run_id and int(local_manifest.get("round", -1)) < round_:
+            _restore(trainer, local, local_manifest)
+    except (CheckpointError, KeyError, ValueError, RuntimeError) as e:
+        logger.info("no usable local checkpoint to go with the vote (%s); inner state starts fresh", e)
+    try:
+        trainer.commit(params, outer, round_)  # θl restarts from θg, as after any full sync
+    except ValueError as e:
+        logger.warning("the vote in %s does not fit this model (%s); downloading the state instead",
+                       vote_dir(state_dir), e)
+        return False
+    for feedback in trainer.error_feedback or []:
+        feedback.reset()
+    return True
+
+
 def maybe_resume(state_dir: Path, trainer: LocalTrainer, *, run_id: str, round_: int, state_hash: str) -> Optional[int]:
-    """Resume when the peer's own checkpoint is current; returns the round resumed or None."""
+    """Resume when the peer's own checkpoint, or else its last vote, is the committed state of round_;
+    returns the round resumed or None (the peer then downloads the state from peers)."""
     if resume_trainer(checkpoint_dir(state_dir), trainer, run_id=run_id, round_=round_, state_hash=state_hash):
         logger.info("resumed from own checkpoint at round %d (hash %s)", round_, state_hash)
+        return round_
+    if resume_from_vote(state_dir, trainer, run_id=run_id, round_=round_, state_hash=state_hash):
+        logger.info("resumed from own vote for round %d, which was committed (hash %s)", round_, state_hash)
         return round_
     return None

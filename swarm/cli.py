@@ -166,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--join-timeout-s", type=float, default=120.0,
                    help="give up (exit 2) when the coordinator stays unreachable this long at start")
     p.add_argument("--checkpoint-every", type=int, default=5,
-                   help="write a checkpoint to <state-dir>/checkpoint every N committed rounds (0: only at exit)")
+                   help="write a checkpoint to <state-dir>/checkpoint every N committed rounds, and each round's "
+                        "vote to <state-dir>/vote before reporting it (0: a checkpoint only at exit, no votes)")
     p.add_argument("--faults", help="fault injection for tests, e.g. 'crash@3:sending,delay@2:reported=5' "
                                     "(see peer/faults.py); also read from SWARM_FAULTS")
     p.set_defaults(func=cmd_peer)

@@ -44,3 +44,26 @@ def test_whole_swarm_restarts_from_checkpoints_and_continues_the_run(tmp_path):
         assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))
     finally:
         swarm.close()
+
+
+def test_every_voter_killed_before_the_decision_resumes_from_its_vote_and_no_round_is_lost(tmp_path):
+    swarm = Swarm(workdir=tmp_path)
+    try:
+        swarm.start_coordinator("--max-rounds", "4", "--min-peers", "2", "--inner-steps", "10", "--exit-grace-s", "60")
+        for name in ("peer-0", "peer-1"):  # both report round 2, then die before they hear it committed
+            swarm.start_peer(name, "--checkpoint-every", "1", "--faults", "crash@2:reported")
+        assert swarm.wait_peers(timeout_s=180) == {"peer-0": 137, "peer-1": 137}
+        run = swarm.wait_status(lambda s: s["run"]["committed_round"] == 2, timeout_s=30, what="round 2 committed")["run"]
+        round_two = run["committed_hash"]
+
+        for name in ("peer-0", "peer-1"):  # no live peer holds round 2: only their disks do
+            swarm.start_peer(name, "--checkpoint-every", "1")
+        codes = swarm.wait_peers(timeout_s=180)
+        assert codes == {"peer-0": 0, "peer-1": 0}, swarm.log("peer-0")[-3000:]
+        for name in ("peer-0", "peer-1"):
+            assert f"resumed from own vote for round 2, which was committed (hash {round_two})" in swarm.log(name)
+        final = swarm.status()["run"]
+        assert final["rounds_committed"] == 4 and final["committed_round"] == 4 and final["rounds_voided"] == 0
+        assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))
+    finally:
+        swarm.close()

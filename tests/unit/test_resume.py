@@ -5,13 +5,12 @@ import dataclasses
 import pytest
 import torch
 
-from peer.resume import resume_trainer, save_trainer
+from peer.resume import maybe_resume, resume_trainer, save_trainer, save_vote
+from swarm.algorithm import state_hash
 from swarm.config import DataConfig, RunConfig
 from swarm.trainer import LocalTrainer
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
-
-
 
 
 def _run(codec: str = "int8") -> RunConfig:
@@ -55,3 +54,40 @@ def test_a_stale_or_foreign_checkpoint_is_not_used(tmp_path):
     assert not resume_trainer(tmp_path / "ckpt", fresh, run_id="run-y", round_=1, state_hash=trainer.state_hash())
     assert fresh.round == 0
     assert not resume_trainer(tmp_path / "missing", fresh, run_id="run-x", round_=1, state_hash=trainer.state_hash())
+
+
+def test_a_peer_killed_before_hearing_the_decision_resumes_from_its_vote(tmp_path):
+    original = LocalTrainer(_run(), peer_index=1)
+    _one_round(original, 1)
+    save_trainer(tmp_path / "checkpoint", original, run_id="run-x", state_hash=original.state_hash())
+    original.train(4)  # round 2: averaged, voted, then killed before the coordinator's decision arrived
+    contribution = original.take_contribution(0)
+    params, state = original.apply(contribution.delta * 0.5)
+    voted = state_hash(params, state)
+    save_vote(tmp_path, params, state, run_id="run-x", round_=2, state_hash=voted)
+
+    restarted = LocalTrainer(_run(), peer_index=1)
+    assert maybe_resume(tmp_path, restarted, run_id="run-x", round_=2, state_hash=voted) == 2
+    assert restarted.round == 2 and restarted.state_hash() == voted
+    # the inner AdamW state came from the round-1 checkpoint: it is not a fresh optimizer
+    assert restarted.optimizer.state_dict()["state"], "inner optimizer state was not restored"
+    assert all(not f.residual.any() for f in restarted.error_feedback or []), "the residual was already sent"
+
+
+def test_a_vote_that_was_not_committed_or_is_damaged_is_not_used(tmp_path, caplog):
+    trainer = LocalTrainer(_run(), peer_index=0)
+    trainer.train(4)
+    params, state = trainer.apply(trainer.take_contribution(0).delta)
+    voted = state_hash(params, state)
+    save_vote(tmp_path, params, state, run_id="run-x", round_=1, state_hash=voted)
+    fresh = LocalTrainer(_run(), peer_index=0)
+    assert maybe_resume(tmp_path, fresh, run_id="run-x", round_=1, state_hash="0" * 16) is None  # another hash won
+    assert maybe_resume(tmp_path, fresh, run_id="run-x", round_=2, state_hash=voted) is None
+    assert fresh.round == 0
+    blob = tmp_path / "vote" / "state.safetensors"
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    assert maybe_resume(tmp_path, fresh, run_id="run-x", round_=1, state_hash=voted) is None
+    assert fresh.round == 0
+    assert "corrupted" in caplog.text

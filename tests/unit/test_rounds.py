@@ -187,6 +187,19 @@ def test_commit_opens_the_next_round_with_the_holders(clock: FakeClock) -> None:
     assert status.run.loss == 2.0 and status.run.rounds_committed == 1
 
 
+def test_peers_that_resumed_the_committed_state_are_its_holders_after_its_voters_die(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    a, b = join_ready(engine), join_ready(engine)
+    send(engine, a, 1)
+    send(engine, b, 1)
+    c = join_ready(engine)  # restarted, still holding round 0
+    engine.leave(a, "killed")
+    engine.leave(b, "killed")
+    assert list(engine.round_info(c, 1).holders) == []  # every voter of round 1 is gone
+    beat(engine, c, params_round=1, params_hash="h1")  # c resumed round 1 from its vote
+    assert list(engine.round_info(c, 1).holders) == ["dht-" + c]
+
+
 def test_report_for_a_decided_round_returns_its_outcome(clock: FakeClock) -> None:
     engine = make_engine(clock)
     a = join_ready(engine)
