@@ -270,7 +270,7 @@ class PeerDaemon:
             group_ids = [m.peer_id for m in group]
             result = self.exchange.average(key=key, group=group, me=me, delta=contribution.delta,
                                            timeout_s=run.exchange_timeout_s,
-                                           on_phase=lambda phase: faults.at(round_, phase))
+                                           on_phase=lambda phase: faults.fire(round_, phase))
             sent, received, exchange_s = result.bytes_sent, result.bytes_received, result.seconds
             tentative = self.trainer.apply(result.average, fragment=contribution.fragment)
             new_hash = state_hash(*tentative)

@@ -65,6 +65,11 @@ class FaultPlan:
 
     def at(self, round_: int, phase: str) -> None:
         """Called by the peer at each phase: crash or delay here if the plan says so."""
+        time.sleep(self.fire(round_, phase))  # the injected fault is the wait itself
+
+    def fire(self, round_: int, phase: str) -> float:
+        """Crash here if the plan says so; else the seconds to delay at this phase (0.0: none). The
+        exchange awaits the delay, so a slow peer's transport keeps serving others meanwhile."""
         for i, fault in enumerate(self.faults):
             if i in self._fired or fault.action == "drop" or (fault.round, fault.phase) != (round_, phase):
                 continue
@@ -74,7 +79,8 @@ class FaultPlan:
                 logging.shutdown()
                 os._exit(137)
             logger.warning("fault injection: delaying %.1fs at round %d, phase %s", fault.seconds, round_, phase)
-            time.sleep(fault.seconds)  # the injected fault is the wait itself
+            return fault.seconds
+        return 0.0
 
     def drops(self, round_: int, call: str) -> bool:
         """True when the plan drops this coordinator call in this round (fires once)."""

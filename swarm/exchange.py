@@ -63,12 +63,12 @@ class Exchange:
 
     def average(
         self, *, key: str, group: list[Member], me: Member, delta: torch.Tensor, timeout_s: float,
-        on_phase: Optional[Callable[[str], None]] = None,
+        on_phase: Optional[Callable[[str], Optional[float]]] = None,
     ) -> ExchangeResult:
         """Average delta with the group; raises ExchangeFailed unless every slice arrived intact.
 
         on_phase("sending") and on_phase("reducing") are called as the exchange passes those points
-        (fault injection uses them).
+        (fault injection uses them); a number they return is a delay the exchange awaits there.
         """
         on_phase = on_phase or (lambda phase: None)
         try:
@@ -94,10 +94,11 @@ class Exchange:
         sent = 0
 
         # Phase 1: every slice goes, encoded, to its owner (this peer's own slice stays here).
-        on_phase("sending")
+        await _pause(on_phase("sending"))
         sends = []
         for owner, (start, end) in enumerate(bounds):
-            payload = self._encode(codec, flat[start:end].contiguous(), key)
+            # codec work runs off the event loop, which keeps serving the other peers' streams meanwhile
+            payload = await asyncio.to_thread(self._encode, codec, flat[start:end].contiguous(), key)
             if owner == position:
                 await self._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload)
             else:
@@ -109,9 +110,8 @@ class Exchange:
         contributions = await self._wait_for(
             key, [(digest, exchange_pb2.PHASE_CONTRIBUTION, position, sender) for sender in range(len(group))]
         )
-        on_phase("reducing")
-        decoded = [self._decode(codec, data, end - start, key) for data in contributions]
-        averaged = self._encode(codec, weighted_average(decoded, [m.weight for m in group]).contiguous(), key)
+        await _pause(on_phase("reducing"))
+        averaged = await asyncio.to_thread(self._reduce, codec, contributions, [m.weight for m in group], end - start, key)
         await self._deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
         sends = [
             self._send(member, key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
@@ -123,7 +123,8 @@ class Exchange:
         parts = await self._wait_for(
             key, [(digest, exchange_pb2.PHASE_AVERAGED, owner, owner) for owner in range(len(group))]
         )
-        average = torch.cat([self._decode(codec, data, e - s, key) for data, (s, e) in zip(parts, bounds)])
+        average = await asyncio.to_thread(
+            lambda: torch.cat([self._decode(codec, data, e - s, key) for data, (s, e) in zip(parts, bounds)]))
         return ExchangeResult(
             average=average,
             group=group,
@@ -131,6 +132,12 @@ class Exchange:
             bytes_received=self._received_bytes.get(key, 0),
             seconds=time.perf_counter() - started,
         )
+
+    @classmethod
+    def _reduce(cls, codec, contributions: list[bytes], weights: list[float], numel: int, key: str) -> bytes:
+        """Decode every contribution to this peer's slice, average them in the group's order, encode."""
+        decoded = [cls._decode(codec, data, numel, key) for data in contributions]
+        return cls._encode(codec, weighted_average(decoded, weights).contiguous(), key)
 
     @staticmethod
     def _encode(codec, tensor: torch.Tensor, key: str) -> bytes:
@@ -217,3 +224,8 @@ class Exchange:
         async with self._cond:
             self._inbox.pop(key, None)
             self._received_bytes.pop(key, None)
+
+
+async def _pause(seconds: Optional[float]) -> None:
+    if seconds:
+        await asyncio.sleep(seconds)

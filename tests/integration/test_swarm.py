@@ -114,3 +114,41 @@ def test_int8_streaming_swarm_with_overlap_matches_the_simulator(swarm, tmp_path
     assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))
 
     assert_matches_simulator(swarm.final_model("peer-0"), load_run_config(config), peers=2, rounds=4)
+
+
+SLOW_EXCHANGE = """
+[rounds]
+inner_steps = 10
+max_rounds = 4
+min_peers = 2
+exchange_timeout_s = 60.0
+round_timeout_s = 90.0
+"""
+
+
+def test_a_joiner_arriving_mid_exchange_waits_for_the_decision_and_does_not_dilute_it(swarm, tmp_path):
+    from tests.integration.harness import poll
+
+    config = tmp_path / "run.toml"
+    config.write_text(SLOW_EXCHANGE)
+    swarm.start_coordinator("--config", str(config), "--exit-grace-s", "30")
+    swarm.start_peer("peer-0", "--faults", "delay@2:reducing=20")  # holds round 2's exchange open for 20 s
+    swarm.start_peer("peer-1")
+    poll(lambda: "r2] trained" in swarm.log("peer-0"), timeout_s=120, what="round 2's exchange to start")
+
+    swarm.start_peer("late")
+    status = swarm.wait_status(lambda s: any(p["name"] == "late" for p in s["peers"]), timeout_s=60,
+                               what="the joiner to join")
+    assert status["run"]["committed_round"] == 1, "round 2 was decided before the joiner arrived"
+
+    codes = swarm.wait_peers(timeout_s=180)
+    assert codes == {"peer-0": 0, "peer-1": 0, "late": 0}, swarm.log("late")[-3000:]
+    final = swarm.status()
+    assert final["run"]["rounds_committed"] == 4 and final["run"]["rounds_voided"] == 0
+    late = next(p for p in final["peers"] if p["name"] == "late")
+    # not a participant of round 2 (it would count as missed), a contributor from a later round on
+    assert late["rounds_missed"] == 0 and 1 <= late["rounds_joined"] <= 2
+    # it downloaded round 1 from peers that were in the middle of round 2's exchange
+    assert "synced to round 1," in swarm.log("late")
+    digests = {tensors_digest(swarm.final_model(n)) for n in ("peer-0", "peer-1", "late")}
+    assert len(digests) == 1, "the joiner and the others hold different global parameters"
