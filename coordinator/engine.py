@@ -99,19 +99,25 @@ class CoordinatorEngine:
     # --- requests -------------------------------------------------------------------------------
 
     def join(
-        self, token: str, *, name: str = "", site: str = "", device: str = "", swarm_version: str = ""
+        self, token: str, *, name: str = "", site: str = "", device: str = "", swarm_version: str = "",
+        previous_peer_id: str = "",
     ) -> tuple[PeerRecord, pb.RoundInfo]:
         with self._session() as now:
             membership.check_token(self._run, token)
             peer_id = _new_peer_id(self._peers)
+            previous = self._peers.get(previous_peer_id) if previous_peer_id else None
+            if previous is not None and previous.alive:  # its process is gone: it restarted as peer_id
+                self._save_peer(membership.leave(previous, f"restarted as {peer_id}"))
             run, peer = membership.new_peer(
                 self._run, peer_id=peer_id, now=now, lease_s=self._lease_s,
-                name=name, site=site, device=device, swarm_version=swarm_version,
+                name=name, site=site, device=device, swarm_version=swarm_version, previous=previous,
             )
             self._save_run(run)
             self._save_peer(peer)
-            logger.info("peer %s: joined as index %d (name %r, site %r, device %r)",
-                        peer_id, peer.peer_index, name, site, device)
+            logger.info("peer %s: joined as index %d (name %r, site %r, device %r)%s", peer_id, peer.peer_index,
+                        name, site, device, f", restarted from {previous_peer_id}" if previous is not None else "")
+            if previous is not None:
+                self._settle(now)  # the retired id no longer holds up its round
             return peer, self._current_info()
 
     def heartbeat(self, hb: pb.HeartbeatRequest) -> pb.RoundInfo:

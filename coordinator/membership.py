@@ -34,14 +34,18 @@ def check_token(run: RunRecord, token: str) -> None:
 
 def new_peer(
     run: RunRecord, *, peer_id: str, now: float, lease_s: float, name: str = "", site: str = "",
-    device: str = "", swarm_version: str = "",
+    device: str = "", swarm_version: str = "", previous: Optional[PeerRecord] = None,
 ) -> tuple[RunRecord, PeerRecord]:
-    """A new member in state JOINING with the next unused peer index (indices are never reused)."""
+    """A new member in state JOINING with the next unused peer index, or with the index of ``previous``
+    (the record this peer had before it restarted: same index, same data shard)."""
+    index = previous.peer_index if previous is not None else run.next_peer_index
     peer = PeerRecord(
-        peer_id=peer_id, peer_index=run.next_peer_index, joined_at=now, last_seen=now,
+        peer_id=peer_id, peer_index=index, joined_at=now, last_seen=now,
         lease_expiry=now + lease_s, state=JOINING, name=name, site=site, device=device,
         swarm_version=swarm_version,
     )
+    if previous is not None:
+        return run, peer
     return dataclasses.replace(run, next_peer_index=run.next_peer_index + 1), peer
 
 

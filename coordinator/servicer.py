@@ -52,7 +52,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def Join(self, request: pb.JoinRequest, context) -> pb.JoinResponse:
         peer, info = self._engine.join(
             request.token, name=request.name, site=request.site, device=request.device,
-            swarm_version=request.swarm_version,
+            swarm_version=request.swarm_version, previous_peer_id=request.previous_peer_id,
         )
         return pb.JoinResponse(
             peer_id=peer.peer_id,

@@ -25,10 +25,11 @@ from typing import Optional
 import torch
 from safetensors.torch import save_file
 
+from peer import identity
 from peer.faults import FaultPlan
 from peer.heartbeat import HeartbeatThread
 from peer.retry import with_retry
-from peer.resume import checkpoint_dir, maybe_resume, save_trainer, save_vote
+from peer.resume import checkpoint_dir, maybe_resume, prune_votes, save_trainer, save_vote
 from peer.stats import PeerStats
 from swarm.algorithm import state_hash
 from swarm.config import RunConfig
@@ -88,6 +89,8 @@ class PeerDaemon:
         self._last_group: Optional[set[str]] = None  # the last known plan
         self._backlog: list[tuple[pb.ReportRoundRequest, Optional[str]]] = []  # group-decided rounds to report
         self.heartbeat: Optional[HeartbeatThread] = None
+        self._disk_tried: Optional[int] = None
+        self._provisional = False  # the state is a round the group decided without the coordinator  # the committed round last looked for on this peer's disk
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -107,9 +110,10 @@ class PeerDaemon:
     def _run(self) -> int:
         if self.options.threads:
             torch.set_num_threads(self.options.threads)
+        previous = identity.previous_peer_id(self.options.state_dir)
         joined = with_retry(
             lambda: self.client.join(site=self.options.site, device=self.options.device,
-                                     name=self.options.name or socket.gethostname()),
+                                     name=self.options.name or socket.gethostname(), previous_peer_id=previous),
             what="join", stop=self.stop, give_up_after_s=self.options.join_timeout_s,
         )
         if joined is None:
@@ -119,7 +123,10 @@ class PeerDaemon:
         self.peer_id = joined.peer_id
         self.run_id = joined.run_id
         self.run_config = RunConfig.from_json(joined.run_spec_json)
-        logger.info("%s joined run %s as peer index %d", self._tag(), joined.run_id, joined.peer_index)
+        logger.info("%s joined run %s as peer index %d%s", self._tag(), joined.run_id, joined.peer_index,
+                    f" (restarted; was {previous})" if previous else "")
+        identity.remember(self.options.state_dir, run_id=self.run_id, peer_id=self.peer_id,
+                          peer_index=joined.peer_index)
 
         # heartbeats start now: building the model and the transport takes longer than a short lease
         self.heartbeat = HeartbeatThread(self.client, self.peer_id, self.stats, self.stop,
@@ -141,13 +148,8 @@ class PeerDaemon:
             dht_peer_id=self.transport.peer_id,
         )
         self._commit_state(self.trainer.global_params, self.trainer.momentum, 0)
-        committed = joined.round.last_committed_round
-        if committed == 0:
-            self._evaluate()  # the initial loss; a joiner of a run under way evaluates after its download
-        elif maybe_resume(self.options.state_dir, self.trainer, run_id=self.run_id, round_=committed,
-                          state_hash=joined.round.last_committed_hash) is not None:
-            self._publish_state()
-            self._evaluate()
+        if joined.round.last_committed_round == 0:
+            self._evaluate()  # the initial loss; a joiner of a run under way resumes or downloads in _sync
         self.heartbeat.beat_now()
 
         carry: Optional[_Pending] = None
@@ -187,7 +189,7 @@ class PeerDaemon:
         self.stop.set()
         if self._background is not None:
             self._background.shutdown(wait=True, cancel_futures=True)
-        if getattr(self, "trainer", None) is not None and self.trainer.round > 0:
+        if getattr(self, "trainer", None) is not None and self.trainer.round > 0 and not self._provisional:
             self._checkpoint()  # a restarted peer resumes here if the run has not moved on
         if self.heartbeat is not None:
             self.heartbeat.join(timeout=5)
@@ -351,13 +353,16 @@ class PeerDaemon:
         if outcome.group:
             self._last_group = set(outcome.group)
         if decision.outcome == pb.ROUND_OUTCOME_VOIDED:
-            logger.warning("%s voided by the coordinator; keeping the round %d state", tag, self.trainer.round)
+            logger.warning("%s voided by the %s; keeping the round %d state", tag,
+                           "group" if outcome.by_group else "coordinator", self.trainer.round)
+            if not outcome.by_group:
+                prune_votes(self.options.state_dir, below=self.trainer.round)
             return True
         if outcome.tentative is None or decision.committed_hash != outcome.new_hash:
             logger.info("%s committed %s, which this peer does not hold", tag, decision.committed_hash)
             return False
         params, state = outcome.tentative
-        self._commit_state(params, state, pending.round, fragment=pending.fragment)
+        self._commit_state(params, state, pending.round, fragment=pending.fragment, provisional=outcome.by_group)
         logger.info("%s committed, hash %s", tag, outcome.new_hash)
         if pending.round % self.run_config.rounds.eval_every_rounds == 0 or decision.finished:
             self._evaluate()
@@ -378,9 +383,14 @@ class PeerDaemon:
                 self._force_resync()
                 return
             logger.info("%s the coordinator confirmed the group's decision", self._tag(request.round))
+            prune_votes(self.options.state_dir, below=min(request.round, self.trainer.round))
+        self._provisional = False
+        if backlog and self.trainer.round == backlog[-1][0].round and self.options.checkpoint_every_rounds > 0:
+            self._checkpoint()  # the provisional rounds are confirmed: this state is safe to resume from
 
     def _force_resync(self) -> None:
         info = self._round_info(0)
+        self._disk_tried = None  # its own vote for the committed round may be on disk
         self.trainer.round = -1  # not a committed state any more: the main loop downloads the committed one
         self.stats.update(params_round=-1)
         if info.last_committed_round >= 0:
@@ -426,9 +436,16 @@ class PeerDaemon:
         return self._last_group
 
     # ---- state ---------------------------------------------------------------------------------------
-    def _commit_state(self, params, momentum, round_: int, fragment: Optional[int] = None) -> None:
+    def _commit_state(self, params, momentum, round_: int, fragment: Optional[int] = None,
+                      provisional: bool = False) -> None:
+        """Install a committed state. A provisional one (decided by the group while the coordinator is
+        down) is neither checkpointed nor allowed to delete older votes: the coordinator may still void it."""
         self.trainer.commit(params, momentum, round_, fragment=fragment)
         self._publish_state()
+        self._provisional = provisional
+        if provisional:
+            return
+        prune_votes(self.options.state_dir, below=round_)
         every = self.options.checkpoint_every_rounds
         if round_ > 0 and every > 0 and round_ % every == 0:
             self._checkpoint()
@@ -458,8 +475,17 @@ class PeerDaemon:
         self.stats.update(params_hash=h, params_round=round_, state=pb.PEER_STATE_READY)
 
     def _sync(self, info: pb.RoundInfo) -> bool:
-        """Download the newest committed state from a holder and verify its hash."""
+        """Resume the newest committed state from this peer's own disk (a checkpoint or its vote), or
+        else download it from a holder; either way its hash must be the committed one."""
         target = info.last_committed_round
+        if self._disk_tried != target:
+            self._disk_tried = target
+            if maybe_resume(self.options.state_dir, self.trainer, run_id=self.run_id, round_=target,
+                            state_hash=info.last_committed_hash) is not None:
+                self._offline_next = None
+                self._publish_state()
+                self._evaluate()
+                return True
         holders_info = self._round_info(target)
         holders = list(holders_info.holders)
         self.stats.update(state=pb.PEER_STATE_JOINING)

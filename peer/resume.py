@@ -5,14 +5,19 @@ A restarted peer resumes from its own checkpoint only when it is current: the sa
 round and hash the coordinator says were committed last. Otherwise it downloads the state from peers.
 
 Before a peer reports the hash of its tentative θg' it also writes that state to disk (its *vote*,
-``save_vote``). A committed round is therefore on the disk of every peer whose vote counted, even if
-all of them are killed before they learn the decision: restarted, they resume from their votes
-(``maybe_resume``), so no committed round is ever lost while one of their disks survives.
+``save_vote``, one directory per round). A committed round is therefore on the disk of every peer
+whose vote counted, even if all of them are killed before they learn the decision: restarted, they
+resume from their votes (``maybe_resume``), so no committed round is ever lost while one of their
+disks survives. A vote is deleted only once the coordinator has committed a later round
+(``prune_votes``): rounds a group decides on its own during a coordinator outage are provisional, and
+the last round the coordinator committed stays on disk until it confirms them.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import shutil
 from pathlib import Path
 from typing import Any, Optional
 
@@ -115,8 +120,8 @@ def checkpoint_dir(state_dir: Path) -> Path:
     return Path(state_dir) / "checkpoint"
 
 
-def vote_dir(state_dir: Path) -> Path:
-    return Path(state_dir) / "vote"
+def vote_dir(state_dir: Path, round_: int) -> Path:
+    return Path(state_dir) / "votes" / f"r{round_:08d}"
 
 
 def save_vote(state_dir: Path, params: list[torch.Tensor], outer: list[torch.Tensor], *, run_id: str, round_: int,
@@ -124,8 +129,21 @@ def save_vote(state_dir: Path, params: list[torch.Tensor], outer: list[torch.Ten
     """Persist the tentative (θg', outer state) of round_ before its hash is reported (atomic, verified)."""
     tensors = {f"global.{i:05d}": t for i, t in enumerate(params)}
     tensors.update({f"outer.{i:05d}": t for i, t in enumerate(outer)})
-    save_checkpoint(vote_dir(state_dir), tensors=tensors,
+    save_checkpoint(vote_dir(state_dir, round_), tensors=tensors,
                     manifest={"kind": "vote", "run_id": run_id, "round": round_, "state_hash": state_hash})
+
+
+def prune_votes(state_dir: Path, *, below: int) -> None:
+    """Delete the votes of rounds before ``below``: the coordinator committed a later round (or ``below``
+    itself). Votes of rounds decided only by the group during a coordinator outage are kept, with the
+    last round the coordinator committed, until the coordinator confirms something newer."""
+    votes = Path(state_dir) / "votes"
+    if not votes.exists():
+        return
+    for path in votes.iterdir():
+        match = re.fullmatch(r"r(\d{8})(\.tmp|\.old)?", path.name)
+        if match and int(match.group(1)) < below:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def resume_from_vote(state_dir: Path, trainer: LocalTrainer, *, run_id: str, round_: int, state_hash: str) -> bool:
@@ -135,11 +153,13 @@ def resume_from_vote(state_dir: Path, trainer: LocalTrainer, *, run_id: str, rou
     earlier round of the run when there is one; error feedback restarts from zero, since the residual
     in that checkpoint was already sent in round_.
     """
+    directory = vote_dir(state_dir, round_)
+    if not directory.exists() and not directory.with_name(directory.name + ".old").exists():
+        return False
     try:
-        tensors, manifest = load_checkpoint(vote_dir(state_dir))
+        tensors, manifest = load_checkpoint(directory)
     except CheckpointError as e:
-        if vote_dir(state_dir).exists():
-            logger.warning("%s; downloading the state from peers instead", e)
+        logger.warning("%s; downloading the state from peers instead", e)
         return False
     if (manifest.get("run_id"), manifest.get("round"), manifest.get("state_hash")) != (run_id, round_, state_hash):
         return False
@@ -147,10 +167,10 @@ def resume_from_vote(state_dir: Path, trainer: LocalTrainer, *, run_id: str, rou
         params = [tensors[f"global.{i:05d}"] for i in range(len(trainer.global_params))]
         outer = [tensors[f"outer.{i:05d}"] for i in range(len(trainer.outer.state_shapes()))]
     except KeyError as e:
-        logger.warning("the vote in %s lacks tensor %s; downloading the state instead", vote_dir(state_dir), e)
+        logger.warning("the vote in %s lacks tensor %s; downloading the state instead", directory, e)
         return False
     if hash_state(params, outer) != state_hash:
-        logger.warning("the vote in %s does not hash to its manifest's %s; downloading instead", vote_dir(state_dir),
+        logger.warning("the vote in %s does not hash to its manifest's %s; downloading instead", directory,
                        state_hash)
         return False
     try:
@@ -163,7 +183,7 @@ def resume_from_vote(state_dir: Path, trainer: LocalTrainer, *, run_id: str, rou
         trainer.commit(params, outer, round_)  # θl restarts from θg, as after any full sync
     except ValueError as e:
         logger.warning("the vote in %s does not fit this model (%s); downloading the state instead",
-                       vote_dir(state_dir), e)
+                       directory, e)
         return False
     for feedback in trainer.error_feedback or []:
         feedback.reset()

@@ -6,8 +6,9 @@ coordinator is killed and restarted, while every committed round is checked on e
 
 Then it runs a fault-free swarm of the same length for comparison. With --json the last stdout line
 is one JSON object: faults_injected, coordinator_restarts, rounds_committed, rounds_voided,
-divergent_commits (must be 0), nonfinite_seen (must be 0), final_eval_loss, fault_free_eval_loss,
-mean_rejoin_s. Exit status 0 only when there was no divergence and nothing non-finite.
+divergent_commits (must be 0), lost_committed_rounds (must be 0), nonfinite_seen (must be 0),
+final_eval_loss, fault_free_eval_loss, mean_rejoin_s. Exit status 0 only when there was no divergence,
+no lost committed round and nothing non-finite.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class Soak:
         self.coordinator_restarts = 0
         self.divergent = 0
         self.nonfinite = 0
+        self.lost = 0
         self.committed: dict[int, str] = {}
 
     def start_coordinator(self) -> None:
@@ -98,7 +100,12 @@ class Soak:
     def check(self, status: dict) -> None:
         run = status["run"]
         if run["committed_hash"]:
-            self.committed[run["committed_round"]] = run["committed_hash"]
+            seen = self.committed.setdefault(run["committed_round"], run["committed_hash"])
+            if seen != run["committed_hash"]:  # a committed round replaced: it was lost
+                self.lost += 1
+                print(f"LOST: round {run['committed_round']} was committed as {seen}, now {run['committed_hash']}",
+                      file=sys.stderr)
+                self.committed[run["committed_round"]] = run["committed_hash"]
         for peer in status["peers"]:
             if peer["state"] in ("left", "evicted"):
                 continue
@@ -143,14 +150,10 @@ class Soak:
                 self.coordinator_restarts += 1
                 self.faults_injected += 1
             if self.faults and now >= next_fault and status and status["run"]["rounds_committed"] >= 1:
+                # Any live peer may die, also the last holder of the committed state: every voter wrote
+                # its vote to disk before reporting it, and a restarted peer resumes from it.
                 live = [n for n, p in self.peers.items() if p.poll() is None]
-                committed = status["run"]["committed_hash"]
-                holders = {p["name"] for p in status["peers"]
-                           if p["state"] not in ("left", "evicted") and p["params_hash"] == committed}
-                # Never kill one of the last two holders of the committed state: with every holder dead
-                # the state is gone (found by this soak: a run with all holders killed cannot go on).
-                live = [n for n in live if n not in holders or len(holders) > 2]
-                if len(live) > 2:  # keep a quorum that can hold the state
+                if len(live) > 2:  # two peers keep training while the others restart
                     victim = self.rng.choice(live)
                     kill_tree(self.peers[victim])
                     self.faults_injected += 1
@@ -171,6 +174,10 @@ class Soak:
         final = self.status(client) or status or {"run": {}}
         client.close()
         kill_tree(self.coordinator, signal.SIGTERM)
+        run = final["run"]
+        # Round numbers are dense: every round up to the last committed one was committed or voided once.
+        gaps = run.get("committed_round", 0) - run.get("rounds_committed", 0) - run.get("rounds_voided", 0)
+        self.lost += max(0, gaps)
         return {
             "rounds_committed": final["run"].get("rounds_committed", 0),
             "rounds_voided": final["run"].get("rounds_voided", 0),
@@ -219,6 +226,7 @@ def main() -> int:
         "rounds_committed": result["rounds_committed"],
         "rounds_voided": result["rounds_voided"],
         "divergent_commits": soak.divergent,
+        "lost_committed_rounds": soak.lost,
         "nonfinite_seen": soak.nonfinite,
         "final_eval_loss": result["final_eval_loss"],
         "fault_free_eval_loss": fault_free,
@@ -228,7 +236,7 @@ def main() -> int:
         "workdir": str(base),
     }
     print(json.dumps(summary) if args.json else json.dumps(summary, indent=1), flush=True)
-    return 0 if soak.divergent == 0 and soak.nonfinite == 0 else 1
+    return 0 if soak.divergent == 0 and soak.nonfinite == 0 and soak.lost == 0 else 1
 
 
 if __name__ == "__main__":

@@ -69,10 +69,12 @@ class CoordinatorClient:
 
     # --- calls ----------------------------------------------------------------------------------
 
-    def join(self, *, site: str = "", device: str = "", name: str = "", swarm_version: Optional[str] = None) -> pb.JoinResponse:
+    def join(self, *, site: str = "", device: str = "", name: str = "", swarm_version: Optional[str] = None,
+             previous_peer_id: str = "") -> pb.JoinResponse:
         return self._call("Join", pb.JoinRequest(
             token=self.join_string.token, site=site, device=device, name=name,
             swarm_version=_swarm_version() if swarm_version is None else swarm_version,
+            previous_peer_id=previous_peer_id,
         ))
 
     def heartbeat(self, request: pb.HeartbeatRequest | str, **fields: Any) -> pb.HeartbeatResponse:

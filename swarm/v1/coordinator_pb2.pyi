@@ -36,18 +36,20 @@ ROUND_OUTCOME_COMMITTED: RoundOutcome
 ROUND_OUTCOME_VOIDED: RoundOutcome
 
 class JoinRequest(_message.Message):
-    __slots__ = ("token", "site", "device", "name", "swarm_version")
+    __slots__ = ("token", "site", "device", "name", "swarm_version", "previous_peer_id")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     SITE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SWARM_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_PEER_ID_FIELD_NUMBER: _ClassVar[int]
     token: str
     site: str
     device: str
     name: str
     swarm_version: str
-    def __init__(self, token: _Optional[str] = ..., site: _Optional[str] = ..., device: _Optional[str] = ..., name: _Optional[str] = ..., swarm_version: _Optional[str] = ...) -> None: ...
+    previous_peer_id: str
+    def __init__(self, token: _Optional[str] = ..., site: _Optional[str] = ..., device: _Optional[str] = ..., name: _Optional[str] = ..., swarm_version: _Optional[str] = ..., previous_peer_id: _Optional[str] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
     __slots__ = ("peer_id", "run_id", "run_spec_json", "dht_initial_peers", "heartbeat_interval_s", "lease_s", "peer_index", "round")

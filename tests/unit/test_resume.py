@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from peer.resume import maybe_resume, resume_trainer, save_trainer, save_vote
+from peer.resume import maybe_resume, prune_votes, resume_trainer, save_trainer, save_vote, vote_dir
 from swarm.algorithm import state_hash
 from swarm.config import DataConfig, RunConfig
 from swarm.trainer import LocalTrainer
@@ -84,10 +84,24 @@ def test_a_vote_that_was_not_committed_or_is_damaged_is_not_used(tmp_path, caplo
     assert maybe_resume(tmp_path, fresh, run_id="run-x", round_=1, state_hash="0" * 16) is None  # another hash won
     assert maybe_resume(tmp_path, fresh, run_id="run-x", round_=2, state_hash=voted) is None
     assert fresh.round == 0
-    blob = tmp_path / "vote" / "state.safetensors"
+    blob = vote_dir(tmp_path, 1) / "state.safetensors"
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0xFF
     blob.write_bytes(bytes(data))
     assert maybe_resume(tmp_path, fresh, run_id="run-x", round_=1, state_hash=voted) is None
     assert fresh.round == 0
     assert "corrupted" in caplog.text
+
+
+def test_votes_are_kept_until_the_coordinator_commits_a_later_round(tmp_path):
+    trainer = LocalTrainer(_run(), peer_index=0)
+    for r in (3, 4, 5, 6):  # 3 committed by the coordinator; 4-6 decided by the group while it was down
+        save_vote(tmp_path, trainer.global_params, trainer.momentum, run_id="run-x", round_=r,
+                  state_hash=trainer.state_hash())
+    prune_votes(tmp_path, below=3)
+    assert [r for r in range(3, 7) if vote_dir(tmp_path, r).exists()] == [3, 4, 5, 6]
+    # the coordinator came back and voided 4: round 3 must still be there to resume from
+    assert maybe_resume(tmp_path, LocalTrainer(_run(), peer_index=0), run_id="run-x", round_=3,
+                        state_hash=trainer.state_hash()) == 3
+    prune_votes(tmp_path, below=6)
+    assert [r for r in range(3, 7) if vote_dir(tmp_path, r).exists()] == [6]

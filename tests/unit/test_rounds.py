@@ -4,6 +4,7 @@ import pytest
 
 from coordinator import rounds
 from coordinator.engine import CoordinatorEngine
+from coordinator.errors import PeerGone
 from coordinator.records import COMMITTED, OPEN, READY, VOIDED, ReportRecord, RoundRecord
 from coordinator.store import Store
 from swarm.config import RoundConfig, RunConfig
@@ -268,3 +269,15 @@ def test_finished_run_stops_waiting_for_goodbyes_after_the_linger(clock: FakeClo
     assert not engine.done(linger_s=20)
     clock.now += 20
     assert engine.done(linger_s=20)
+
+
+def test_a_restarted_peer_gets_its_index_back_and_its_old_id_is_retired(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    a, b = join_ready(engine), join_ready(engine)
+    restarted, _ = engine.join(engine.run.token, previous_peer_id=b)
+    stranger, _ = engine.join(engine.run.token, previous_peer_id="p-unknown")
+    peers = {p.id: p for p in engine.status(engine.run.token).peers}
+    assert restarted.peer_index == 1 and stranger.peer_index == 2  # b's index; the next unused one
+    assert peers[b].state == "left" and peers[a].state != "left"
+    with pytest.raises(PeerGone, match="restarted as"):
+        beat(engine, b)  # the old process, should it still run, is told it was replaced
