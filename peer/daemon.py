@@ -191,7 +191,9 @@ class PeerDaemon:
             self._background.shutdown(wait=True, cancel_futures=True)
         if getattr(self, "trainer", None) is not None and self.trainer.round > 0 and not self._provisional:
             self._checkpoint()  # a restarted peer resumes here if the run has not moved on
+        logger.debug("%s checkpointed; leaving", self._tag())
         if self.heartbeat is not None:
+            self.heartbeat.beat_now()  # wakes it from its interval wait: it sees stop and ends
             self.heartbeat.join(timeout=5)
         if self.peer_id:
             try:  # a last heartbeat carries the final round's numbers (bytes, eval loss) before leaving
@@ -202,9 +204,11 @@ class PeerDaemon:
                 self.client.leave(peer_id=self.peer_id, reason="peer exiting")
             except Exception as e:  # leaving is best effort: the lease expires anyway
                 logger.debug("leave failed: %r", e)
+        logger.debug("%s left the coordinator; closing the transport", self._tag())
         if self.transport is not None:
             self.transport.shutdown()
         self.client.close()
+        logger.debug("%s shut down", self._tag())
 
     # ---- one round ---------------------------------------------------------------------------------
     def _run_round(self, round_: int, carry: Optional["_Pending"]) -> Optional["_Pending"]:

@@ -1,4 +1,4 @@
-"""Stopping the whole swarm and starting it again continues the same run from checkpoints."""
+"""Peers killed at the worst moment, and a whole swarm stopped and started again, continue the same run."""
 
 from __future__ import annotations
 
@@ -10,18 +10,31 @@ import pytest
 from swarm.final_model import tensors_digest
 from tests.integration.harness import Swarm
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(360)]
+
+PEERS = ("peer-0", "peer-1")
 
 
-def test_whole_swarm_restarts_from_checkpoints_and_continues_the_run(tmp_path):
+def test_killed_voters_resume_from_their_votes_and_a_stopped_swarm_resumes_from_checkpoints(tmp_path):
     swarm = Swarm(workdir=tmp_path)
     try:
-        swarm.start_coordinator("--max-rounds", "4", "--min-peers", "2", "--inner-steps", "10", "--exit-grace-s", "60")
+        swarm.start_coordinator("--max-rounds", "5", "--min-peers", "2", "--inner-steps", "10", "--exit-grace-s", "60")
         join = swarm.join
-        for name in ("peer-0", "peer-1"):
-            swarm.start_peer(name, "--checkpoint-every", "1")
-        swarm.wait_status(lambda s: s["run"]["rounds_committed"] >= 2, timeout_s=120, what="two committed rounds")
+        # 1. Both peers report round 2, then are killed (kill -9) before they hear it was committed.
+        for name in PEERS:
+            swarm.start_peer(name, "--checkpoint-every", "1", "--faults", "crash@2:reported")
+        assert swarm.wait_peers(timeout_s=180) == {name: 137 for name in PEERS}
+        run = swarm.wait_status(lambda s: s["run"]["committed_round"] == 2, timeout_s=30, what="round 2 committed")["run"]
+        round_two = run["committed_hash"]
 
+        # No live peer holds round 2 any more, only their disks: restarted, they resume from their votes.
+        for name in PEERS:
+            swarm.start_peer(name, "--checkpoint-every", "1")
+        swarm.wait_status(lambda s: s["run"]["rounds_committed"] >= 3, timeout_s=120, what="a round after the kill")
+        for name in PEERS:
+            assert f"resumed from own vote for round 2, which was committed (hash {round_two})" in swarm.log(name)
+
+        # 2. Stop everything (SIGTERM: peers checkpoint and leave, the coordinator exits) and start again.
         for proc in swarm.peers.values():
             proc.send_signal(signal.SIGTERM)
         assert all(code == 0 for code in swarm.wait_peers(timeout_s=60).values())
@@ -30,45 +43,20 @@ def test_whole_swarm_restarts_from_checkpoints_and_continues_the_run(tmp_path):
         swarm.peers.clear()
         swarm.close()
         assert swarm.start_coordinator("--exit-grace-s", "60") == join, "a restart must keep the join string"
-        committed_before = swarm.status()["run"]["rounds_committed"]
-        assert committed_before >= 2
-        for name in ("peer-0", "peer-1"):
+        for name in PEERS:
             swarm.start_peer(name, "--checkpoint-every", "1")
         codes = swarm.wait_peers(timeout_s=180)
-        assert codes == {"peer-0": 0, "peer-1": 0}, swarm.log("peer-0")[-3000:]
+        assert codes == {name: 0 for name in PEERS}, swarm.log("peer-0")[-3000:]
         # Nobody else holds the state after a full stop: the run continues only because a peer resumed
         # from its own checkpoint (the other may instead download it, if it left one round behind).
-        resumed = [name for name in ("peer-0", "peer-1") if "resumed from own checkpoint" in swarm.log(name)]
-        assert resumed, "no peer resumed from its checkpoint"
-        for name in ("peer-0", "peer-1"):  # each got its peer index (its data shard) back
-            first, second = re.findall(r"as peer index (\d+)", swarm.log(name))
-            assert first == second, f"{name} rejoined with another data shard"
-        final = swarm.status()
-        assert final["run"]["rounds_committed"] == 4
-        assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))
-    finally:
-        swarm.close()
+        assert any("resumed from own checkpoint" in swarm.log(name) for name in PEERS), "no peer resumed"
+        for name in PEERS:  # every restart got the peer's index (its data shard) back
+            indices = re.findall(r"as peer index (\d+)", swarm.log(name))
+            assert len(indices) == 3 and len(set(indices)) == 1, f"{name} rejoined with another data shard"
 
-
-def test_every_voter_killed_before_the_decision_resumes_from_its_vote_and_no_round_is_lost(tmp_path):
-    swarm = Swarm(workdir=tmp_path)
-    try:
-        swarm.start_coordinator("--max-rounds", "4", "--min-peers", "2", "--inner-steps", "10", "--exit-grace-s", "60")
-        for name in ("peer-0", "peer-1"):  # both report round 2, then die before they hear it committed
-            swarm.start_peer(name, "--checkpoint-every", "1", "--faults", "crash@2:reported")
-        assert swarm.wait_peers(timeout_s=180) == {"peer-0": 137, "peer-1": 137}
-        run = swarm.wait_status(lambda s: s["run"]["committed_round"] == 2, timeout_s=30, what="round 2 committed")["run"]
-        round_two = run["committed_hash"]
-
-        for name in ("peer-0", "peer-1"):  # no live peer holds round 2: only their disks do
-            swarm.start_peer(name, "--checkpoint-every", "1")
-        codes = swarm.wait_peers(timeout_s=180)
-        assert codes == {"peer-0": 0, "peer-1": 0}, swarm.log("peer-0")[-3000:]
-        for name in ("peer-0", "peer-1"):
-            assert f"resumed from own vote for round 2, which was committed (hash {round_two})" in swarm.log(name)
         final = swarm.status()["run"]
-        # round 2 stands; round 3, opened for the two dead peers, is voided; the run ends after 4 commits
-        assert final["rounds_committed"] == 4
+        assert final["rounds_committed"] == 5
+        # no committed round lost: every round number was committed or voided exactly once
         assert final["committed_round"] == final["rounds_committed"] + final["rounds_voided"]
         assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))
     finally:
