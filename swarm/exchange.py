@@ -7,6 +7,9 @@ flat vector is cut into one slice per group member; each member reduces its slic
 encoded contribution in the group's canonical order, encodes the average once, and sends those same
 bytes to every member. Every member decodes identical bytes, so every member holds the same average;
 a slice that does not arrive in time fails the exchange instead of being replaced by local values.
+A member whose exchange fails (a groupmate it cannot reach, a malformed slice, its own timeout) tells
+the others at once (an abort message), so a dead groupmate costs the group one failed send, not
+everyone's full timeout.
 """
 
 from __future__ import annotations
@@ -31,10 +34,15 @@ logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20  # below hivemind's 2 MiB unary limit and small enough to interleave streams
 MAX_OPEN_KEYS = 4  # rounds whose early parts are buffered; older ones are dropped
+ABORT_TIMEOUT_S = 2.0  # how long a failing member spends telling its groupmates
 
 
 class ExchangeFailed(RuntimeError):
     """The group could not complete the average; nothing of it may be applied."""
+
+    def __init__(self, message: str, *, from_groupmate: bool = False):
+        super().__init__(message)
+        self.from_groupmate = from_groupmate  # a groupmate's abort: not passed on again
 
 
 @dataclass
@@ -72,13 +80,44 @@ class Exchange:
         """
         on_phase = on_phase or (lambda phase: None)
         try:
-            return self.transport.run(
-                asyncio.wait_for(self._average(key, group, me, delta, on_phase), timeout_s), timeout_s=timeout_s + 5
-            )
+            return self.transport.run(self._average_or_abort(key, group, me, delta, on_phase, timeout_s),
+                                      timeout_s=timeout_s + ABORT_TIMEOUT_S + 5)
         except (asyncio.TimeoutError, TimeoutError):
             raise ExchangeFailed(f"{key}: the group did not complete the exchange within {timeout_s:.0f}s") from None
         finally:
             self.transport.run(self._forget(key), timeout_s=5)
+
+    async def _average_or_abort(self, key: str, group: list[Member], me: Member, delta: torch.Tensor,
+                                on_phase: Callable[[str], Optional[float]], timeout_s: float) -> ExchangeResult:
+        """_average within timeout_s; on failure tell every groupmate at once (PHASE_ABORT), so they fail
+        now instead of waiting out their own timeout for slices that will never come."""
+        try:
+            return await asyncio.wait_for(self._average(key, group, me, delta, on_phase), timeout_s)
+        except (ExchangeFailed, asyncio.TimeoutError, TimeoutError) as e:
+            if not isinstance(e, ExchangeFailed) or not e.from_groupmate:
+                reason = str(e) if isinstance(e, ExchangeFailed) else f"no complete exchange within {timeout_s:.0f}s"
+                await self._abort(key, group, me, reason)
+            raise
+
+    async def _abort(self, key: str, group: list[Member], me: Member, reason: str) -> None:
+        position = [m.peer_id for m in group].index(me.peer_id)
+        digest = group_digest(group)
+        message = exchange_pb2.TensorChunk(key=key, group_digest=digest, phase=exchange_pb2.PHASE_ABORT, part=0,
+                                           sender=position, chunk=0, num_chunks=1, data=reason.encode()[:1000])
+
+        async def tell(member: Member) -> None:
+            try:
+                await self.transport.p2p.call_protobuf_handler(
+                    PeerID.from_base58(member.dht_peer_id), self._handler_name, as_aiter(message),
+                    exchange_pb2.ChunkAck)
+            except Exception as e:  # best effort: a groupmate that misses it times out as before
+                logger.debug("%s: could not tell %s about the abort (%r)", key, member.peer_id, e)
+
+        others = [m for m in group if m.peer_id != me.peer_id]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(tell(m) for m in others)), ABORT_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            pass
 
     async def _average(
         self, key: str, group: list[Member], me: Member, delta: torch.Tensor, on_phase: Callable[[str], None]
@@ -108,7 +147,7 @@ class Exchange:
         # Reduce this peer's slice in the group's order, then send the same encoded bytes to all.
         start, end = bounds[position]
         contributions = await self._wait_for(
-            key, [(digest, exchange_pb2.PHASE_CONTRIBUTION, position, sender) for sender in range(len(group))]
+            key, [(digest, exchange_pb2.PHASE_CONTRIBUTION, position, sender) for sender in range(len(group))], group
         )
         await _pause(on_phase("reducing"))
         averaged = await asyncio.to_thread(self._reduce, codec, contributions, [m.weight for m in group], end - start, key)
@@ -121,7 +160,7 @@ class Exchange:
 
         # Phase 2: collect every owner's averaged slice.
         parts = await self._wait_for(
-            key, [(digest, exchange_pb2.PHASE_AVERAGED, owner, owner) for owner in range(len(group))]
+            key, [(digest, exchange_pb2.PHASE_AVERAGED, owner, owner) for owner in range(len(group))], group
         )
         average = await asyncio.to_thread(
             lambda: torch.cat([self._decode(codec, data, e - s, key) for data, (s, e) in zip(parts, bounds)]))
@@ -215,9 +254,24 @@ class Exchange:
             self._inbox[key][(digest, phase, part, sender)] = payload
             self._cond.notify_all()
 
-    async def _wait_for(self, key: str, wanted: list[tuple]) -> list[bytes]:
+    async def _wait_for(self, key: str, wanted: list[tuple], group: list[Member]) -> list[bytes]:
+        """The wanted slices once all are here; ExchangeFailed as soon as a groupmate aborts."""
+        digest = wanted[0][0]
+
+        def aborted() -> Optional[tuple[int, bytes]]:
+            for (d, phase, _, sender), data in self._inbox.get(key, {}).items():
+                if phase == exchange_pb2.PHASE_ABORT and d == digest:
+                    return sender, data
+            return None
+
         async with self._cond:
-            await self._cond.wait_for(lambda: all(w in self._inbox.get(key, {}) for w in wanted))
+            await self._cond.wait_for(lambda: aborted() or all(w in self._inbox.get(key, {}) for w in wanted))
+            abort = aborted()
+            if abort is not None:
+                sender, why = abort
+                who = group[sender].peer_id if 0 <= sender < len(group) else f"member {sender}"
+                raise ExchangeFailed(f"{key}: groupmate {who} gave up ({why.decode(errors='replace')})",
+                                     from_groupmate=True)
             return [self._inbox[key][w] for w in wanted]
 
     async def _forget(self, key: str) -> None:

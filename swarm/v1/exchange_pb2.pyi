@@ -10,9 +10,11 @@ class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PHASE_UNSPECIFIED: _ClassVar[Phase]
     PHASE_CONTRIBUTION: _ClassVar[Phase]
     PHASE_AVERAGED: _ClassVar[Phase]
+    PHASE_ABORT: _ClassVar[Phase]
 PHASE_UNSPECIFIED: Phase
 PHASE_CONTRIBUTION: Phase
 PHASE_AVERAGED: Phase
+PHASE_ABORT: Phase
 
 class TensorChunk(_message.Message):
     __slots__ = ("key", "group_digest", "phase", "part", "sender", "chunk", "num_chunks", "data")
