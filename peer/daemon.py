@@ -488,7 +488,7 @@ class PeerDaemon:
                             state_hash=info.last_committed_hash) is not None:
                 self._offline_next = None
                 self._publish_state()
-                self._evaluate()
+                self._evaluate_on_schedule()
                 return True
         holders_info = self._round_info(target)
         holders = list(holders_info.holders)
@@ -509,8 +509,14 @@ class PeerDaemon:
         self._offline_next = None  # the group this peer was in moved on without it
         self._commit_state(state.params, state.momentum, target)
         logger.info("%s synced to round %d, hash %s", self._tag(), target, state.hash)
-        self._evaluate()
+        self._evaluate_on_schedule()
         return True
+
+    def _evaluate_on_schedule(self) -> None:
+        """After a sync: evaluate only on the run's eval rounds, so a (re)joining peer starts training
+        sooner; its status shows the eval of the round it last evaluated."""
+        if self.trainer.round % self.run_config.rounds.eval_every_rounds == 0:
+            self._evaluate()
 
     def _evaluate(self) -> None:
         loss = self.trainer.eval_loss()
