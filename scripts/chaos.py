@@ -178,7 +178,9 @@ class Soak:
         # Round numbers are dense: every round up to the last committed one was committed or voided once.
         gaps = run.get("committed_round", 0) - run.get("rounds_committed", 0) - run.get("rounds_voided", 0)
         self.lost += max(0, gaps)
+        joined = sum(peer.get("rounds_joined", 0) for peer in final.get("peers", []))
         return {
+            "mean_contributors": round(joined / max(1, run.get("rounds_committed", 0)), 2),
             "rounds_committed": final["run"].get("rounds_committed", 0),
             "rounds_voided": final["run"].get("rounds_voided", 0),
             "final_eval_loss": final_eval(self.workdir, self.peers),
@@ -216,10 +218,10 @@ def main() -> int:
     (base / "chaos").mkdir(exist_ok=True)
     soak = Soak(args, base / "chaos", faults=True)
     result = soak.run()
-    fault_free = None
+    calm: dict = {}
     if not args.skip_fault_free:
         (base / "calm").mkdir(exist_ok=True)
-        fault_free = Soak(args, base / "calm", faults=False).run()["final_eval_loss"]
+        calm = Soak(args, base / "calm", faults=False).run()
     summary = {
         "faults_injected": soak.faults_injected,
         "coordinator_restarts": soak.coordinator_restarts,
@@ -229,7 +231,10 @@ def main() -> int:
         "lost_committed_rounds": soak.lost,
         "nonfinite_seen": soak.nonfinite,
         "final_eval_loss": result["final_eval_loss"],
-        "fault_free_eval_loss": fault_free,
+        "fault_free_eval_loss": calm.get("final_eval_loss"),
+        # peers whose update each committed round holds, on average: what the faults cost in compute
+        "mean_contributors": result["mean_contributors"],
+        "fault_free_mean_contributors": calm.get("mean_contributors"),
         "mean_rejoin_s": round(sum(soak.rejoin_s) / len(soak.rejoin_s), 2) if soak.rejoin_s else None,
         "rejoins_measured": len(soak.rejoin_s),
         "wall_s": result["wall_s"],
