@@ -9,6 +9,7 @@ from typing import Optional
 from peer.faults import FaultPlan
 from peer.stats import PeerStats
 from swarm.control import CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
+from swarm.transport import FORK_LOCK
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,8 @@ class HeartbeatThread(threading.Thread):
         while not self.stop.is_set() and self.rejection is None:
             try:
                 if not self.faults.drops(self.stats.round, "heartbeat"):
-                    self.client.heartbeat(self.stats.heartbeat_request(self.peer_id))
+                    with FORK_LOCK:  # never in a gRPC call while the transport forks its DHT process
+                        self.client.heartbeat(self.stats.heartbeat_request(self.peer_id))
                 if self._unreachable_since_logged:
                     logger.info("[%s] coordinator reachable again; heartbeats resumed", self.peer_id)
                     self._unreachable_since_logged = False

@@ -18,6 +18,13 @@ import hivemind
 logger = logging.getLogger(__name__)
 
 
+# hivemind's DHT runs in a forked child process. Forking while another thread is inside a gRPC call
+# corrupts gRPC's state in the child (seen as "Other threads are currently calling into gRPC, skipping
+# fork() handlers" and then an abseil mutex abort), and the peer hangs waiting for a DHT that never
+# gets ready. Threads that call gRPC while a Transport may be starting hold this lock around each call.
+FORK_LOCK = threading.Lock()
+
+
 class Transport:
     def __init__(
         self,
@@ -31,13 +38,15 @@ class Transport:
         host_maddrs = [f"/ip4/{host}/tcp/{port}"]
         announce = [f"/ip4/{announce_host}/tcp/{port}"] if announce_host and port else None
         self.dht = hivemind.DHT(
-            start=True,
+            start=False,
             initial_peers=list(initial_peers),
             host_maddrs=host_maddrs,
             announce_maddrs=announce,
-            await_ready=True,
             startup_timeout=start_timeout_s,
         )
+        with FORK_LOCK:  # the DHT runs in a forked process: no gRPC call may be in flight meanwhile
+            self.dht.start()
+        self.dht.wait_until_ready(start_timeout_s)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="swarm-p2p", daemon=True)
         self._thread.start()
