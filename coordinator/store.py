@@ -28,7 +28,7 @@ STORE_FILE = "coordinator.sqlite3"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS run (id INTEGER PRIMARY KEY CHECK (id = 1), data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS peers (
-    peer_id TEXT PRIMARY KEY, peer_index INTEGER NOT NULL UNIQUE, data TEXT NOT NULL);
+    peer_id TEXT PRIMARY KEY, peer_index INTEGER NOT NULL, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rounds (
     round INTEGER PRIMARY KEY, outcome INTEGER NOT NULL, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS reports (
@@ -47,6 +47,22 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        self._drop_unique_peer_index()
+
+    def _drop_unique_peer_index(self) -> None:
+        """Stores written before restarted peers got their index back declared peer_index UNIQUE, so a
+        restarted peer's record replaced its old one; rebuild that table without the constraint."""
+        unique = [row for row in self._db.execute("PRAGMA index_list(peers)") if row[2]]
+        if not any(col[2] == "peer_index" for idx in unique for col in self._db.execute(f"PRAGMA index_info('{idx[1]}')")):
+            return
+        self._db.executescript("""
+            BEGIN;
+            ALTER TABLE peers RENAME TO peers_unique_index;
+            CREATE TABLE peers (peer_id TEXT PRIMARY KEY, peer_index INTEGER NOT NULL, data TEXT NOT NULL);
+            INSERT INTO peers SELECT peer_id, peer_index, data FROM peers_unique_index;
+            DROP TABLE peers_unique_index;
+            COMMIT;
+        """)
 
     @classmethod
     def in_dir(cls, state_dir: str | Path) -> "Store":

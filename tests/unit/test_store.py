@@ -100,3 +100,33 @@ def test_a_different_config_for_an_existing_run_is_refused(tmp_path: Path) -> No
     resumed._store.close()
     defaulted = CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=other, check_spec=False)
     assert defaulted.spec["rounds"]["inner_steps"] == 50  # a default config does not override the kept run
+
+
+def test_a_restarted_peer_keeps_its_old_record_beside_the_new_one_across_a_coordinator_restart(tmp_path: Path) -> None:
+    spec = RunConfig().to_json()
+    engine = CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=spec, lease_s=10)
+    old, _ = engine.join(engine.run.token, name="laptop")
+    engine.heartbeat(pb.HeartbeatRequest(peer_id=old.peer_id, state=READY, bytes_sent=1000, model_fingerprint="fp"))
+    new, _ = engine.join(engine.run.token, name="laptop", previous_peer_id=old.peer_id)
+
+    reopened = CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=spec, lease_s=10)
+    peers = {p.id: p for p in reopened.status(reopened.run.token).peers}
+    assert set(peers) == {old.peer_id, new.peer_id}  # the old record (and its bytes) is not overwritten
+    assert peers[old.peer_id].state == "left" and peers[old.peer_id].bytes_sent == 1000
+    assert old.peer_index == new.peer_index
+
+
+def test_a_store_with_the_old_unique_peer_index_is_migrated(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / STORE_FILE)
+    db.execute("CREATE TABLE peers (peer_id TEXT PRIMARY KEY, peer_index INTEGER NOT NULL UNIQUE, data TEXT NOT NULL)")
+    first = PeerRecord(peer_id="p-1", peer_index=0, joined_at=1.0, last_seen=2.0, lease_expiry=3.0, state=READY)
+    db.execute("INSERT INTO peers VALUES (?, ?, ?)", (first.peer_id, 0, to_json(first)))
+    db.commit()
+    db.close()
+    store = Store.in_dir(tmp_path)
+    again = PeerRecord(peer_id="p-2", peer_index=0, joined_at=4.0, last_seen=4.0, lease_expiry=9.0, state=READY)
+    store.put_peer(again)
+    assert [p.peer_id for p in store.peers()] == ["p-1", "p-2"]
+    store.close()
