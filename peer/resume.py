@@ -59,17 +59,10 @@ def save_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str, state_h
 
 def resume_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str, round_: int, state_hash: str) -> bool:
     """Load the checkpoint into trainer when it holds exactly (run_id, round_, state_hash); True if so."""
-    if not Path(directory).exists():
+    loaded = _load_if_committed(directory, run_id=run_id, round_=round_, state_hash=state_hash, what="checkpoint")
+    if loaded is None:
         return False
-    try:
-        tensors, manifest = load_checkpoint(directory)
-    except CheckpointError as e:
-        logger.warning("%s; downloading the state from peers instead", e)
-        return False
-    if (manifest.get("run_id"), manifest.get("round"), manifest.get("state_hash")) != (run_id, round_, state_hash):
-        logger.info("checkpoint in %s holds round %s of run %s, not the committed round %d; downloading instead",
-                    directory, manifest.get("round"), manifest.get("run_id"), round_)
-        return False
+    tensors, manifest = loaded
     try:
         _restore(trainer, tensors, manifest)
     except (KeyError, ValueError, RuntimeError) as e:
@@ -80,6 +73,25 @@ def resume_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str, round
                        directory)
         return False
     return True
+
+
+def _load_if_committed(directory: Path, *, run_id: str, round_: int, state_hash: str,
+                       what: str) -> Optional[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
+    """(tensors, manifest) of the checkpoint or vote in directory if it holds exactly the committed
+    (run_id, round_, state_hash); None (logged) when it is missing, damaged or another state."""
+    directory = Path(directory)
+    if not directory.exists() and not directory.with_name(directory.name + ".old").exists():
+        return None
+    try:
+        tensors, manifest = load_checkpoint(directory)
+    except CheckpointError as e:
+        logger.warning("%s; downloading the state from peers instead", e)
+        return None
+    if (manifest.get("run_id"), manifest.get("round"), manifest.get("state_hash")) != (run_id, round_, state_hash):
+        logger.info("%s in %s holds round %s of run %s, not the committed round %d", what, directory,
+                    manifest.get("round"), manifest.get("run_id"), round_)
+        return None
+    return tensors, manifest
 
 
 def _restore(trainer: LocalTrainer, tensors: dict[str, torch.Tensor], manifest: dict[str, Any]) -> None:
@@ -154,15 +166,10 @@ def resume_from_vote(state_dir: Path, trainer: LocalTrainer, *, run_id: str, rou
     in that checkpoint was already sent in round_.
     """
     directory = vote_dir(state_dir, round_)
-    if not directory.exists() and not directory.with_name(directory.name + ".old").exists():
+    loaded = _load_if_committed(directory, run_id=run_id, round_=round_, state_hash=state_hash, what="vote")
+    if loaded is None:
         return False
-    try:
-        tensors, manifest = load_checkpoint(directory)
-    except CheckpointError as e:
-        logger.warning("%s; downloading the state from peers instead", e)
-        return False
-    if (manifest.get("run_id"), manifest.get("round"), manifest.get("state_hash")) != (run_id, round_, state_hash):
-        return False
+    tensors, _ = loaded
     try:
         params = [tensors[f"global.{i:05d}"] for i in range(len(trainer.global_params))]
         outer = [tensors[f"outer.{i:05d}"] for i in range(len(trainer.outer.state_shapes()))]
