@@ -55,6 +55,9 @@ def check_member(peer_id: str, peer: Optional[PeerRecord]) -> PeerRecord:
         raise UnknownPeer(peer_id)
     if peer.state == EVICTED:
         raise PeerGone(f"peer {peer_id} was evicted ({peer.gone_reason}); restart the peer to join again.")
+    if peer.state == LEFT and peer.gone_reason.startswith("restarted as "):
+        raise PeerGone(f"peer {peer_id} was replaced: another process joined with its state dir "
+                       f"({peer.gone_reason}); give every peer its own --state-dir.")
     if peer.state == LEFT:
         raise PeerGone(f"peer {peer_id} left the run ({peer.gone_reason}); restart the peer to join again.")
     return peer
