@@ -2,7 +2,7 @@
 """Chaos soak: a swarm on loopback whose peers are SIGKILLed and restarted at random, and whose
 coordinator is killed and restarted, while every committed round is checked on every live peer.
 
-    .venv/bin/python scripts/chaos.py --peers 5 --rounds 40 --mtbf-s 4 --coordinator-kills 1 --json
+    .venv/bin/python scripts/chaos.py --peers 5 --rounds 60 --mtbf-s 4 --coordinator-kills 1 --json
 
 Then it runs a fault-free swarm of the same length for comparison. With --json the last stdout line
 is one JSON object: faults_injected, coordinator_restarts, rounds_committed, rounds_voided,
