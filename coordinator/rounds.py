@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Collection, Optional, Sequence
 
 from coordinator.records import COMMITTED, OPEN, VOIDED, ReportRecord, RoundRecord, finite
+from swarm.group_vote import winning_hash
 
 
 @dataclass(frozen=True)
@@ -53,13 +54,14 @@ def decide_round(
     votes = collections.Counter(r.params_hash for r in counted if r.ok and r.params_hash)
     why = _why_now(len(participants), len(counted), len(pending), round_timeout_s)
     mean_loss = _mean([r.loss for r in counted if finite(r.loss) and r.loss > 0])
-    if not votes:
+    won = winning_hash(votes)
+    if won is None:
         decided = dataclasses.replace(
             round_row, outcome=VOIDED, decided_at=now, mean_loss=mean_loss,
             reason=f"voided: no participant reported a successful exchange ({why})",
         )
         return Decision(round=decided, decided=True, reason=decided.reason, missed=tuple(participants))
-    winner, count = min(votes.items(), key=lambda item: (-item[1], item[0]))
+    winner, count = won
     by_peer = {r.peer_id: r for r in counted}
     holders = tuple(p for p in participants if p in by_peer and by_peer[p].ok and by_peer[p].params_hash == winner)
     dissent = f"; {sum(votes.values()) - count} reported other hashes" if count < sum(votes.values()) else ""

@@ -30,8 +30,9 @@ def round_info(
     """Describe round ``number`` (its record may be missing: round 0, or a round not opened yet).
 
     ``holders`` lists DHT peer ids to download a state from: for a committed round, its live
-    holders (for the last committed round, also the live peers that synced or resumed it since); for round 0 and for rounds without a committed state of their own (open, voided, not
-    yet opened), the live peers that hold the run's last committed state.
+    holders (for the last committed round, also the live peers that synced or resumed it since);
+    for round 0 and for rounds without a committed state of their own (open, voided, not yet
+    opened), the live peers that hold the run's last committed state.
     """
     info = pb.RoundInfo(
         round=number,

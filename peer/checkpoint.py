@@ -14,7 +14,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -56,20 +56,36 @@ def save_checkpoint(directory: Path, *, tensors: dict[str, torch.Tensor], manife
         shutil.rmtree(previous)
 
 
-def load_checkpoint(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Return (tensors, manifest); raises CheckpointError for a missing, truncated or corrupted one."""
+def _resolve(directory: Path) -> Path:
     directory = Path(directory)
     if not directory.exists() and directory.with_name(directory.name + ".old").exists():
-        directory = directory.with_name(directory.name + ".old")  # a crash between the two renames
-    manifest_path, tensor_path = directory / MANIFEST, directory / TENSORS
-    if not manifest_path.exists() or not tensor_path.exists():
-        raise CheckpointError(f"no complete checkpoint in {directory}")
+        return directory.with_name(directory.name + ".old")  # a crash between the two renames
+    return directory
+
+
+def read_manifest(directory: Path) -> Optional[dict[str, Any]]:
+    """The manifest alone (cheap: no tensor is read or hashed); None when there is no checkpoint.
+    Raises CheckpointError for an unreadable one."""
+    directory = _resolve(directory)
+    manifest_path = directory / MANIFEST
+    if not manifest_path.exists():
+        return None
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint manifest {manifest_path} is unreadable ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {directory} has an unknown format")
+    return manifest
+
+
+def load_checkpoint(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Return (tensors, manifest); raises CheckpointError for a missing, truncated or corrupted one."""
+    directory = _resolve(directory)
+    manifest = read_manifest(directory)
+    tensor_path = directory / TENSORS
+    if manifest is None or not tensor_path.exists():
+        raise CheckpointError(f"no complete checkpoint in {directory}")
     if tensor_path.stat().st_size != manifest.get("tensors_bytes"):
         raise CheckpointError(f"checkpoint {tensor_path} is truncated "
                               f"({tensor_path.stat().st_size} of {manifest.get('tensors_bytes')} bytes)")

@@ -89,8 +89,8 @@ class PeerDaemon:
         self._last_group: Optional[set[str]] = None  # the last known plan
         self._backlog: list[tuple[pb.ReportRoundRequest, Optional[str]]] = []  # group-decided rounds to report
         self.heartbeat: Optional[HeartbeatThread] = None
-        self._disk_tried: Optional[int] = None
-        self._provisional = False  # the state is a round the group decided without the coordinator  # the committed round last looked for on this peer's disk
+        self._disk_tried: Optional[int] = None  # the committed round last looked for on this peer's disk
+        self._provisional = False  # the state is a round the group decided without the coordinator
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -125,8 +125,7 @@ class PeerDaemon:
         self.run_config = RunConfig.from_json(joined.run_spec_json)
         logger.info("%s joined run %s as peer index %d%s", self._tag(), joined.run_id, joined.peer_index,
                     f" (restarted; was {previous})" if previous else "")
-        identity.remember(self.options.state_dir, run_id=self.run_id, peer_id=self.peer_id,
-                          peer_index=joined.peer_index)
+        identity.remember(self.options.state_dir, run_id=self.run_id, peer_id=self.peer_id)
 
         # heartbeats start now: building the model and the transport takes longer than a short lease
         self.heartbeat = HeartbeatThread(self.client, self.peer_id, self.stats, self.stop,
@@ -191,7 +190,6 @@ class PeerDaemon:
             self._background.shutdown(wait=True, cancel_futures=True)
         if getattr(self, "trainer", None) is not None and self.trainer.round > 0 and not self._provisional:
             self._checkpoint()  # a restarted peer resumes here if the run has not moved on
-        logger.debug("%s checkpointed; leaving", self._tag())
         if self.heartbeat is not None:
             self.heartbeat.beat_now()  # wakes it from its interval wait: it sees stop and ends
             self.heartbeat.join(timeout=5)
@@ -204,11 +202,9 @@ class PeerDaemon:
                 self.client.leave(peer_id=self.peer_id, reason="peer exiting")
             except Exception as e:  # leaving is best effort: the lease expires anyway
                 logger.debug("leave failed: %r", e)
-        logger.debug("%s left the coordinator; closing the transport", self._tag())
         if self.transport is not None:
             self.transport.shutdown()
         self.client.close()
-        logger.debug("%s shut down", self._tag())
 
     # ---- one round ---------------------------------------------------------------------------------
     def _run_round(self, round_: int, carry: Optional["_Pending"]) -> Optional["_Pending"]:
@@ -368,8 +364,7 @@ class PeerDaemon:
         params, state = outcome.tentative
         self._commit_state(params, state, pending.round, fragment=pending.fragment, provisional=outcome.by_group)
         logger.info("%s committed, hash %s", tag, outcome.new_hash)
-        if pending.round % self.run_config.rounds.eval_every_rounds == 0 or decision.finished:
-            self._evaluate()
+        self._evaluate_on_schedule(finished=decision.finished)
         return True
 
     def _flush_backlog(self) -> None:
@@ -487,6 +482,7 @@ class PeerDaemon:
             if maybe_resume(self.options.state_dir, self.trainer, run_id=self.run_id, round_=target,
                             state_hash=info.last_committed_hash) is not None:
                 self._offline_next = None
+                self._provisional = False  # the coordinator committed this round
                 self._publish_state()
                 self._evaluate_on_schedule()
                 return True
@@ -512,10 +508,10 @@ class PeerDaemon:
         self._evaluate_on_schedule()
         return True
 
-    def _evaluate_on_schedule(self) -> None:
-        """After a sync: evaluate only on the run's eval rounds, so a (re)joining peer starts training
-        sooner; its status shows the eval of the round it last evaluated."""
-        if self.trainer.round % self.run_config.rounds.eval_every_rounds == 0:
+    def _evaluate_on_schedule(self, finished: bool = False) -> None:
+        """Evaluate on the run's eval rounds and at its end (also after a sync, so a (re)joining peer
+        starts training sooner; its status shows the eval of the round it last evaluated)."""
+        if finished or self.trainer.round % self.run_config.rounds.eval_every_rounds == 0:
             self._evaluate()
 
     def _evaluate(self) -> None:

@@ -29,13 +29,13 @@ def previous_peer_id(state_dir: Path) -> str:
         return ""
 
 
-def remember(state_dir: Path, *, run_id: str, peer_id: str, peer_index: int) -> None:
+def remember(state_dir: Path, *, run_id: str, peer_id: str) -> None:
     """Write the identity atomically; a failure is logged, never fatal (the peer then rejoins as new)."""
     path = Path(state_dir) / FILE
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"run_id": run_id, "peer_id": peer_id, "peer_index": peer_index}))
+        tmp.write_text(json.dumps({"run_id": run_id, "peer_id": peer_id}))
         os.replace(tmp, path)
     except OSError as e:
         logger.warning("could not write %s: %s", path, e)

@@ -23,19 +23,29 @@ from typing import Any, Optional
 
 import torch
 
-from peer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from peer.checkpoint import CheckpointError, load_checkpoint, read_manifest, save_checkpoint
 from swarm.algorithm import state_hash as hash_state
 from swarm.trainer import LocalTrainer
 
 logger = logging.getLogger(__name__)
 
 
+def _global_tensors(params: list[torch.Tensor], outer: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """θg and the outer state under the names checkpoints and votes share."""
+    tensors = {f"global.{i:05d}": t for i, t in enumerate(params)}
+    tensors.update({f"outer.{i:05d}": t for i, t in enumerate(outer)})
+    return tensors
+
+
+def _global_state(tensors: dict[str, torch.Tensor], trainer: LocalTrainer) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(θg, outer state) back from those names; KeyError when one is missing."""
+    params = [tensors[f"global.{i:05d}"] for i in range(len(trainer.global_params))]
+    outer = [tensors[f"outer.{i:05d}"] for i in range(len(trainer.outer.state_shapes()))]
+    return params, outer
+
+
 def save_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str, state_hash: str) -> None:
-    tensors: dict[str, torch.Tensor] = {}
-    for i, t in enumerate(trainer.global_params):
-        tensors[f"global.{i:05d}"] = t
-    for i, t in enumerate(trainer.outer.state_tensors()):
-        tensors[f"outer.{i:05d}"] = t
+    tensors = _global_tensors(trainer.global_params, trainer.outer.state_tensors())
     for i, p in enumerate(trainer.model.parameters()):
         tensors[f"local.{i:05d}"] = p.detach()
     inner = trainer.optimizer.state_dict()
@@ -79,25 +89,22 @@ def _load_if_committed(directory: Path, *, run_id: str, round_: int, state_hash:
                        what: str) -> Optional[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
     """(tensors, manifest) of the checkpoint or vote in directory if it holds exactly the committed
     (run_id, round_, state_hash); None (logged) when it is missing, damaged or another state."""
-    directory = Path(directory)
-    if not directory.exists() and not directory.with_name(directory.name + ".old").exists():
-        return None
     try:
-        tensors, manifest = load_checkpoint(directory)
+        manifest = read_manifest(directory)  # first the manifest: a stale one is skipped without reading tensors
+        if manifest is None:
+            return None
+        if (manifest.get("run_id"), manifest.get("round"), manifest.get("state_hash")) != (run_id, round_, state_hash):
+            logger.info("%s in %s holds round %s of run %s, not the committed round %d", what, directory,
+                        manifest.get("round"), manifest.get("run_id"), round_)
+            return None
+        return load_checkpoint(directory)
     except CheckpointError as e:
         logger.warning("%s; downloading the state from peers instead", e)
         return None
-    if (manifest.get("run_id"), manifest.get("round"), manifest.get("state_hash")) != (run_id, round_, state_hash):
-        logger.info("%s in %s holds round %s of run %s, not the committed round %d", what, directory,
-                    manifest.get("round"), manifest.get("run_id"), round_)
-        return None
-    return tensors, manifest
 
 
 def _restore(trainer: LocalTrainer, tensors: dict[str, torch.Tensor], manifest: dict[str, Any]) -> None:
-    n_params = len(trainer.global_params)
-    params = [tensors[f"global.{i:05d}"] for i in range(n_params)]
-    outer = [tensors[f"outer.{i:05d}"] for i in range(len(trainer.outer.state_shapes()))]
+    params, outer = _global_state(tensors, trainer)
     trainer.commit(params, outer, manifest["round"])  # checks shapes; resets θl to θg when streaming
     with torch.no_grad():
         for i, p in enumerate(trainer.model.parameters()):
@@ -139,9 +146,7 @@ def vote_dir(state_dir: Path, round_: int) -> Path:
 def save_vote(state_dir: Path, params: list[torch.Tensor], outer: list[torch.Tensor], *, run_id: str, round_: int,
               state_hash: str) -> None:
     """Persist the tentative (θg', outer state) of round_ before its hash is reported (atomic, verified)."""
-    tensors = {f"global.{i:05d}": t for i, t in enumerate(params)}
-    tensors.update({f"outer.{i:05d}": t for i, t in enumerate(outer)})
-    save_checkpoint(vote_dir(state_dir, round_), tensors=tensors,
+    save_checkpoint(vote_dir(state_dir, round_), tensors=_global_tensors(params, outer),
                     manifest={"kind": "vote", "run_id": run_id, "round": round_, "state_hash": state_hash})
 
 
@@ -171,8 +176,7 @@ def resume_from_vote(state_dir: Path, trainer: LocalTrainer, *, run_id: str, rou
         return False
     tensors, _ = loaded
     try:
-        params = [tensors[f"global.{i:05d}"] for i in range(len(trainer.global_params))]
-        outer = [tensors[f"outer.{i:05d}"] for i in range(len(trainer.outer.state_shapes()))]
+        params, outer = _global_state(tensors, trainer)
     except KeyError as e:
         logger.warning("the vote in %s lacks tensor %s; downloading the state instead", directory, e)
         return False
@@ -181,9 +185,9 @@ def resume_from_vote(state_dir: Path, trainer: LocalTrainer, *, run_id: str, rou
                        state_hash)
         return False
     try:
-        local, local_manifest = load_checkpoint(checkpoint_dir(state_dir))
-        if local_manifest.get("run_id") == run_id and int(local_manifest.get("round", -1)) < round_:
-            _restore(trainer, local, local_manifest)
+        local_manifest = read_manifest(checkpoint_dir(state_dir))
+        if local_manifest and local_manifest.get("run_id") == run_id and int(local_manifest.get("round", -1)) < round_:
+            _restore(trainer, *load_checkpoint(checkpoint_dir(state_dir)))
     except (CheckpointError, KeyError, ValueError, RuntimeError) as e:
         logger.info("no usable local checkpoint to go with the vote (%s); inner state starts fresh", e)
     try:

@@ -21,7 +21,6 @@ from typing import Any, Optional
 from rich.console import Console
 from rich.table import Table
 
-from swarm.final_model import tensors_digest
 from swarm.status import format_bytes, status_to_dict
 
 
@@ -102,6 +101,8 @@ def run_demo(options: DemoOptions) -> int:
                     os.killpg(proc.pid, signal.SIGKILL)
 
     finals = [workdir / f"peer-{i}" / "final" / "model.safetensors" for i in range(options.peers)]
+    from swarm.final_model import tensors_digest  # torch: imported only once the peers have finished
+
     digests = [tensors_digest(f) if f.exists() else None for f in finals]
     consistent = all(d is not None for d in digests) and len(set(digests)) == 1
     final_eval = _final_eval_loss(finals[0], options) if finals[0].exists() else math.nan

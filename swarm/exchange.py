@@ -102,16 +102,12 @@ class Exchange:
     async def _abort(self, key: str, group: list[Member], me: Member, reason: str) -> None:
         position = [m.peer_id for m in group].index(me.peer_id)
         digest = group_digest(group)
-        message = exchange_pb2.TensorChunk(key=key, group_digest=digest, phase=exchange_pb2.PHASE_ABORT, part=0,
-                                           sender=position, chunk=0, num_chunks=1, data=reason.encode()[:1000])
 
         async def tell(member: Member) -> None:
             try:
-                await self.transport.p2p.call_protobuf_handler(
-                    PeerID.from_base58(member.dht_peer_id), self._handler_name, as_aiter(message),
-                    exchange_pb2.ChunkAck)
-            except Exception as e:  # best effort: a groupmate that misses it times out as before
-                logger.debug("%s: could not tell %s about the abort (%r)", key, member.peer_id, e)
+                await self._send(member, key, digest, exchange_pb2.PHASE_ABORT, 0, position, reason.encode()[:1000])
+            except ExchangeFailed as e:  # best effort: a groupmate that misses it times out as before
+                logger.debug("%s: could not tell %s about the abort (%s)", key, member.peer_id, e)
 
         others = [m for m in group if m.peer_id != me.peer_id]
         try:

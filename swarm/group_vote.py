@@ -61,10 +61,15 @@ def collect_votes(dht: hivemind.DHT, group_key: str, members: list[str], *, time
         time.sleep(poll_s)  # polling the DHT: there is no change notification to await
 
 
-def group_decision(votes: dict[str, Vote]) -> Optional[str]:
-    """The coordinator's rule on a complete set of votes: the committed hash, or None (void)."""
-    counts = Counter(v.params_hash for v in votes.values() if v.ok and v.params_hash)
+def winning_hash(counts: Counter) -> Optional[tuple[str, int]]:
+    """The commit rule, shared by the coordinator and by a group deciding without it: the hash most
+    successful votes hold (ties: the smallest hash) and its count, or None (void) when there is none."""
     if not counts:
         return None
-    best = max(counts.values())
-    return min(h for h, n in counts.items() if n == best)
+    return min(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
+def group_decision(votes: dict[str, Vote]) -> Optional[str]:
+    """The coordinator's rule on a complete set of votes: the committed hash, or None (void)."""
+    won = winning_hash(Counter(v.params_hash for v in votes.values() if v.ok and v.params_hash))
+    return won[0] if won else None

@@ -8,6 +8,7 @@ equals the committed hash of that round. Nothing is unpickled.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 import time
@@ -131,15 +132,16 @@ def download_state(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
+        names = "+".join(h[-8:] for h in attempt)
         try:
             blob = transport.run(_fetch(transport, attempt, handler, round_, expected_hash, errors),
                                  timeout_s=remaining)
             state = deserialize_state(blob, round_=round_, shapes=shapes, state_shapes=state_shapes)
         except Exception as e:
-            errors.append(f"{'+'.join(h[-8:] for h in attempt)}: {e}")
+            errors.append(f"{names}: {e}")
             continue
         if state.hash != expected_hash:
-            errors.append(f"{'+'.join(h[-8:] for h in attempt)}: served hash {state.hash}, committed is {expected_hash}")
+            errors.append(f"{names}: served hash {state.hash}, committed is {expected_hash}")
             continue
         logger.info("downloaded round %d state (%d bytes) from %d holder(s)", round_, len(blob), len(attempt))
         return state, len(blob)
@@ -148,10 +150,10 @@ def download_state(
 
 async def _fetch(transport: Transport, holders: Sequence[str], handler: str, round_: int, expected_hash: str,
                  errors: list[str]) -> bytes:
-    async def request(holder: str, offset: int) -> exchange_pb2.StateChunk:
+    async def request(holder: str, offset: int, length: int = CHUNK_BYTES) -> exchange_pb2.StateChunk:
         chunk = await transport.p2p.call_protobuf_handler(
             PeerID.from_base58(holder), handler,
-            exchange_pb2.StateRequest(round=round_, offset=offset, length=CHUNK_BYTES), exchange_pb2.StateChunk,
+            exchange_pb2.StateRequest(round=round_, offset=offset, length=length), exchange_pb2.StateChunk,
         )
         if chunk.error:
             raise RuntimeError(chunk.error)
@@ -159,21 +161,20 @@ async def _fetch(transport: Transport, holders: Sequence[str], handler: str, rou
             raise RuntimeError(f"served hash {chunk.state_hash}, committed is {expected_hash}")
         return chunk
 
-    first = await asyncio.gather(*(request(h, 0) for h in holders), return_exceptions=True)
+    # a zero-length probe: which holders serve this state, and its size (no chunk is fetched twice)
+    first = await asyncio.gather(*(request(h, 0, length=0) for h in holders), return_exceptions=True)
     serving = [(h, c) for h, c in zip(holders, first) if not isinstance(c, BaseException)]
     errors.extend(f"{h[-8:]}: {c}" for h, c in zip(holders, first) if isinstance(c, BaseException))
     if not serving:
         raise RuntimeError("no holder answered")
     total = serving[0][1].total_bytes
     serving = [(h, c) for h, c in serving if c.total_bytes == total]
-    parts: dict[int, bytes] = {0: serving[0][1].data}
-    if not parts[0] and total:
-        raise RuntimeError("the holder sent an empty chunk")
-    todo = list(range(len(parts[0]), total, CHUNK_BYTES))
+    parts: dict[int, bytes] = {}
+    todo = collections.deque(range(0, total, CHUNK_BYTES))
 
     async def worker(holder: str) -> None:
         while todo:
-            offset = todo.pop(0)
+            offset = todo.popleft()
             try:
                 chunk = await request(holder, offset)
                 if chunk.total_bytes != total or not chunk.data:
