@@ -484,7 +484,7 @@ class PeerDaemon:
                 self._offline_next = None
                 self._provisional = False  # the coordinator committed this round
                 self._publish_state()
-                self._evaluate_on_schedule()
+                self._announce_synced()
                 return True
         holders_info = self._round_info(target)
         holders = list(holders_info.holders)
@@ -505,12 +505,19 @@ class PeerDaemon:
         self._offline_next = None  # the group this peer was in moved on without it
         self._commit_state(state.params, state.momentum, target)
         logger.info("%s synced to round %d, hash %s", self._tag(), target, state.hash)
-        self._evaluate_on_schedule()
+        self._announce_synced()
         return True
 
+    def _announce_synced(self) -> None:
+        """Tell the coordinator at once that this peer holds the committed state: the next round is
+        planned (or admits late peers) only until its first participant starts exchanging, a few inner
+        steps away, and the heartbeat interval is longer than that. No eval here for the same reason:
+        the round was evaluated by the peers that committed it; this one evaluates after its next round."""
+        self.heartbeat.beat_now()
+
     def _evaluate_on_schedule(self, finished: bool = False) -> None:
-        """Evaluate on the run's eval rounds and at its end (also after a sync, so a (re)joining peer
-        starts training sooner; its status shows the eval of the round it last evaluated)."""
+        """Evaluate on the run's eval rounds and at its end (not after a sync: see _announce_synced; its
+        status shows the eval of the round it last evaluated)."""
         if finished or self.trainer.round % self.run_config.rounds.eval_every_rounds == 0:
             self._evaluate()
 

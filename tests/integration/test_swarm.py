@@ -119,7 +119,7 @@ def test_int8_streaming_swarm_with_overlap_matches_the_simulator(swarm, tmp_path
 SLOW_EXCHANGE = """
 [rounds]
 inner_steps = 10
-max_rounds = 4
+max_rounds = 5
 min_peers = 2
 exchange_timeout_s = 60.0
 round_timeout_s = 90.0
@@ -144,10 +144,11 @@ def test_a_joiner_arriving_mid_exchange_waits_for_the_decision_and_does_not_dilu
     codes = swarm.wait_peers(timeout_s=180)
     assert codes == {"peer-0": 0, "peer-1": 0, "late": 0}, swarm.log("late")[-3000:]
     final = swarm.status()
-    assert final["run"]["rounds_committed"] == 4 and final["run"]["rounds_voided"] == 0
+    assert final["run"]["rounds_committed"] == 5 and final["run"]["rounds_voided"] == 0
     late = next(p for p in final["peers"] if p["name"] == "late")
     # not a participant of round 2 (it would count as missed), a contributor from a later round on
-    assert late["rounds_missed"] == 0 and 1 <= late["rounds_joined"] <= 2
+    # (round 3 unless its download of round 2 outlasts the others' 10 inner steps on a loaded machine)
+    assert late["rounds_missed"] == 0 and 1 <= late["rounds_joined"] <= 3, late
     # it downloaded round 1 from peers that were in the middle of round 2's exchange
     assert "synced to round 1," in swarm.log("late")
     digests = {tensors_digest(swarm.final_model(n)) for n in ("peer-0", "peer-1", "late")}
