@@ -40,7 +40,7 @@ from swarm.joinstring import JoinString
 from swarm.rendezvous import Member, group_key, rendezvous
 from swarm.state_transfer import GlobalState, StateServer, StateUnavailable, download_state
 from swarm.streaming import round_fragment, round_steps
-from swarm.trainer import LocalTrainer, TrainStats
+from swarm.trainer import Contribution, LocalTrainer, TrainStats
 from swarm.transport import Transport
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -243,10 +243,9 @@ class PeerDaemon:
             return None  # leaving: the group goes on without this peer's contribution
 
         contribution = self.trainer.take_contribution(fragment)
-        self.trainer.record_sent(contribution, run.codec)  # error feedback keeps what the codec drops
         self.stats.update(state=pb.PEER_STATE_EXCHANGING)
         self.heartbeat.beat_now()  # closes late admission to this round at the coordinator
-        pending = _Pending(round=round_, fragment=fragment,
+        pending = _Pending(round=round_, fragment=fragment, contribution=contribution,
                            future=self._background.submit(self._exchange_and_vote, round_, contribution, train))
         last = self.run_config.rounds.max_rounds is not None and round_ >= self.run_config.rounds.max_rounds
         if run.overlap_steps > 0 and not last:
@@ -356,8 +355,9 @@ class PeerDaemon:
         if outcome.group:
             self._last_group = set(outcome.group)
         if decision.outcome == pb.ROUND_OUTCOME_VOIDED:
-            logger.warning("%s voided by the %s; keeping the round %d state", tag,
-                           "group" if outcome.by_group else "coordinator", self.trainer.round)
+            logger.warning("%s voided by the %s; keeping the round %d state and this round's work for the next",
+                           tag, "group" if outcome.by_group else "coordinator", self.trainer.round)
+            self.trainer.return_contribution(pending.contribution)
             if not outcome.by_group:
                 prune_votes(self.options.state_dir, below=self.trainer.round)
             return True
@@ -365,6 +365,8 @@ class PeerDaemon:
             logger.info("%s committed %s, which this peer does not hold", tag, decision.committed_hash)
             return False
         params, state = outcome.tentative
+        # error feedback keeps what the codec dropped from an update that was applied
+        self.trainer.record_sent(pending.contribution, self.run_config.rounds.codec)
         self._commit_state(params, state, pending.round, fragment=pending.fragment, provisional=outcome.by_group)
         logger.info("%s committed, hash %s", tag, outcome.new_hash)
         self._evaluate_on_schedule(finished=decision.finished)
@@ -569,6 +571,7 @@ class _Outcome:
 class _Pending:
     round: int
     fragment: int
+    contribution: Contribution
     future: concurrent.futures.Future  # of _Outcome
 
 

@@ -7,8 +7,8 @@ coordinator is killed and restarted, while every committed round is checked on e
 Then it runs a fault-free swarm of the same length for comparison. With --json the last stdout line
 is one JSON object: faults_injected, coordinator_restarts, rounds_committed, rounds_voided,
 divergent_commits (must be 0), lost_committed_rounds (must be 0), nonfinite_seen (must be 0),
-final_eval_loss, fault_free_eval_loss, mean_rejoin_s. Exit status 0 only when there was no divergence,
-no lost committed round and nothing non-finite.
+final_eval_loss, fault_free_eval_loss, mean_rejoin_s, unexpected_exits. Exit status 0 only when there
+was no divergence, no lost committed round, nothing non-finite and no peer ended on its own.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from swarm.status import status_to_dict  # noqa: E402
 
 
 def spawn(args: list[str], log: Path, stdout=None) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+    # faulthandler: a process that dies of a signal of its own (SIGSEGV, SIGABRT) leaves a traceback
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", PYTHONPATH=str(ROOT))
     return subprocess.Popen([sys.executable, "-m", "swarm.cli", *args], stdout=stdout or open(log, "ab"),
                             stderr=open(log, "ab"), env=env, cwd=ROOT, start_new_session=True)
 
@@ -71,6 +72,7 @@ class Soak:
         self.nonfinite = 0
         self.lost = 0
         self.committed: dict[int, str] = {}
+        self.unexpected_exits: list[str] = []  # peers that ended before the run did without being killed
 
     def start_coordinator(self) -> None:
         self.coordinator = spawn(["coordinator", "--config", str(self.config), "--state-dir", str(self.workdir / "coordinator"),
@@ -159,6 +161,15 @@ class Soak:
                     self.faults_injected += 1
                     pending_restarts.append((now + self.rng.uniform(0.5, 3.0), victim))
                 next_fault = now + self.rng.expovariate(1 / self.args.mtbf_s)
+            restarting = {name for _, name in pending_restarts}
+            for name, proc in self.peers.items():
+                if name not in restarting and proc.poll() is not None:
+                    if proc.returncode == 0 and (self.status(client) or {"run": {}})["run"].get("finished"):
+                        continue  # the run just finished: the peer left as it should
+                    print(f"UNEXPECTED EXIT: {name} exited with status {proc.returncode}; see {name}.log",
+                          file=sys.stderr)
+                    self.unexpected_exits.append(name)
+                    self.start_peer(name)  # the soak goes on with the full swarm; the exit is reported
             for when, name in list(pending_restarts):
                 if now >= when:
                     pending_restarts.remove((when, name))
@@ -237,11 +248,13 @@ def main() -> int:
         "fault_free_mean_contributors": calm.get("mean_contributors"),
         "mean_rejoin_s": round(sum(soak.rejoin_s) / len(soak.rejoin_s), 2) if soak.rejoin_s else None,
         "rejoins_measured": len(soak.rejoin_s),
+        "unexpected_exits": len(soak.unexpected_exits),
         "wall_s": result["wall_s"],
         "workdir": str(base),
     }
     print(json.dumps(summary) if args.json else json.dumps(summary, indent=1), flush=True)
-    return 0 if soak.divergent == 0 and soak.nonfinite == 0 and soak.lost == 0 else 1
+    clean = soak.divergent == 0 and soak.nonfinite == 0 and soak.lost == 0 and not soak.unexpected_exits
+    return 0 if clean else 1
 
 
 if __name__ == "__main__":

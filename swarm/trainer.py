@@ -117,12 +117,10 @@ class LocalTrainer:
         return self.run.inner.lr
 
     def train(self, steps: int) -> TrainStats:
-        """``steps`` AdamW steps on this peer's shard; in plain DiLoCo (not ``streaming``) θl ← θg first."""
+        """``steps`` AdamW steps on this peer's shard, from θl (which a commit set to θg in plain DiLoCo,
+        or which still holds a voided round's work, see ``return_contribution``)."""
         if steps < 0:
             raise ValueError(f"steps must be non-negative, got {steps}.")
-        if not self.streaming:
-            self.load_global_into_model()
-            self._samples_since_sync = [0] * len(self.fragments)
         self.model.train()
         start = time.perf_counter()
         loss_sum = torch.zeros((), device=self.device)
@@ -205,6 +203,13 @@ class LocalTrainer:
         samples, self._samples_since_sync[f] = self._samples_since_sync[f], 0
         return Contribution(fragment=f, delta=delta, samples=samples)
 
+    def return_contribution(self, contribution: Contribution) -> None:
+        """The round ``contribution`` was taken for was voided: nothing of it was applied anywhere, and
+        its work is still in θl (no commit replaced it), so the next contribution of that fragment
+        carries it again, weighted by all of its samples. (Error feedback was not updated either:
+        ``record_sent`` is called when the round commits.)"""
+        self._samples_since_sync[contribution.fragment] += contribution.samples
+
     def record_sent(self, contribution: Contribution, codec: Codec | str, parts: int | None = None) -> None:
         """Error feedback: remember what ``codec`` drops from ``contribution.delta`` when it is sent as
         ``parts`` block-aligned slices (any count gives the same values; default 1).  Call it once the
@@ -232,10 +237,10 @@ class LocalTrainer:
         """Install (θg, outer state) as the committed global state of ``round``; the trainer keeps the
         tensors, so the caller must not modify them afterwards.
 
-        ``fragment=None`` (the initial state, a state downloaded from a peer, a plain DiLoCo round):
-        θl restarts from θg (at once when streaming, else at the next ``train``).  ``fragment=f`` (a
-        streaming round) merges only that fragment into θl: replaced by θg_f, or, with overlap, mixed
-        as α·θl_f + (1 − α)·θg_f (``mixing_alpha``); the rest of θl keeps training.
+        ``fragment=None`` (the initial state, a state downloaded from a peer or resumed): θl restarts
+        from θg and nothing counts as trained since.  ``fragment=f`` (a round) merges only that
+        fragment into θl: replaced by θg_f (plain DiLoCo: f is every parameter), or, with overlap,
+        mixed as α·θl_f + (1 − α)·θg_f (``mixing_alpha``); the rest of θl keeps training.
         """
         if len(params) != len(self.global_params):
             raise ValueError("committed state has the wrong number of tensors.")
@@ -247,9 +252,8 @@ class LocalTrainer:
         self.global_params = [algorithm.as_cpu_f32(t).contiguous() for t in params]
         self.round = round
         if fragment is None:
-            if self.streaming:  # plain DiLoCo resets θl at the start of the next train() anyway
-                self.load_global_into_model()
-                self._samples_since_sync = [0] * len(self.fragments)
+            self.load_global_into_model()
+            self._samples_since_sync = [0] * len(self.fragments)
             return
         merged = streaming.merge_fragment(self.local_params(fragment), [self.global_params[i] for i in indices],
                                           self.mixing_alpha)

@@ -47,7 +47,6 @@ def test_the_trainer_learns():
 def test_apply_is_tentative_and_commit_installs_the_state():
     trainer = LocalTrainer(RUN, peer_index=1)
     trainer.train(3)
-    local = [p.detach().clone() for p in trainer.model.parameters()]
     start_hash = trainer.state_hash()
     delta = trainer.pseudo_gradient()
     assert delta.dim() == 1 and delta.numel() == trainer.param_count and delta.abs().sum() > 0
@@ -55,8 +54,31 @@ def test_apply_is_tentative_and_commit_installs_the_state():
     assert trainer.state_hash() == start_hash and trainer.round == 0
     trainer.commit(params, momentum, round=1)
     assert trainer.state_hash() != start_hash and trainer.round == 1
+    assert all(torch.equal(a, g) for a, g in zip(trainer.model.parameters(), params))  # θl restarts from θg
+    trainer.train(2)
+    local = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.eval_loss()  # evaluates θg, then puts θl back
     assert all(torch.equal(a, b) for a, b in zip(local, trainer.model.parameters()))
+
+
+def test_a_voided_rounds_work_is_carried_into_the_next_contribution():
+    """Plain DiLoCo: a round nobody applied leaves θl where it was; the next Δ covers both rounds' steps
+    and is weighted by both rounds' samples, and the error-feedback residual is not advanced."""
+    run = RUN.replace(rounds=dataclasses.replace(RUN.rounds, codec="int8", error_feedback=True))
+    trainer = LocalTrainer(run, peer_index=0)
+    trainer.train(3)
+    first = trainer.take_contribution()
+    trainer.return_contribution(first)  # the round was voided: no record_sent, no commit
+    assert trainer.samples_since_sync() == first.samples
+    trainer.train(2)
+    second = trainer.take_contribution()
+    assert second.samples == first.samples * 5 // 3
+    assert torch.equal(second.delta, trainer.pseudo_gradient())  # nothing from the codec was remembered
+    # the same 5 steps in one go give the same Δ: nothing of the voided round was lost
+    fresh = LocalTrainer(run, peer_index=0)
+    fresh.train(3)
+    fresh.train(2)
+    assert torch.equal(second.delta, fresh.take_contribution().delta)
 
 
 def test_one_peer_with_plain_outer_sgd_lands_on_its_local_parameters():
