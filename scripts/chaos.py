@@ -99,6 +99,15 @@ class Soak:
         except CoordinatorError:
             return None
 
+    def finished(self, client: CoordinatorClient) -> bool:
+        """Whether the run has finished, asking until the coordinator answers (it is busiest right then)."""
+        for _ in range(10):
+            status = self.status(client)
+            if status is not None:
+                return bool(status["run"]["finished"])
+            time.sleep(0.5)  # the coordinator did not answer within the client's timeout; ask again
+        return False
+
     def check(self, status: dict) -> None:
         run = status["run"]
         if run["committed_hash"]:
@@ -164,7 +173,7 @@ class Soak:
             restarting = {name for _, name in pending_restarts}
             for name, proc in self.peers.items():
                 if name not in restarting and proc.poll() is not None:
-                    if proc.returncode == 0 and (self.status(client) or {"run": {}})["run"].get("finished"):
+                    if proc.returncode == 0 and self.finished(client):
                         continue  # the run just finished: the peer left as it should
                     print(f"UNEXPECTED EXIT: {name} exited with status {proc.returncode}; see {name}.log",
                           file=sys.stderr)
