@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import dataclasses
 import hashlib
-import inspect
 import json
 import logging
 import multiprocessing
@@ -30,7 +28,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -39,6 +37,7 @@ from swarm import model as swarm_model
 from swarm import sim as swarm_sim
 from swarm.config import DataConfig, ModelConfig, RoundConfig, RunConfig
 from swarm.data import eval_loss
+from swarm.final_model import load_into_model
 from swarm.trainer import LocalTrainer
 
 log = logging.getLogger("bench_quality")
@@ -49,11 +48,8 @@ ROW_KEYS = ("method", "codec", "H", "fragments", "overlap", "eval_loss", "bytes_
             "reduction_vs_ddp", "peak_bytes_per_sync", "wall_s")
 
 # ~0.22M parameters in 4 blocks of width 64 ("tiny" is 0.44M in 2 blocks): Streaming DiLoCo with
-# F = 4 needs at least 4 layer units. Registered in this process (and in every process it spawns,
-# which re-imports this file) because swarm.model has no preset this small and ModelConfig only
-# overrides the context length.
-BENCH_PRESET = "bench-0.22m"
-swarm_model.PRESETS.setdefault(BENCH_PRESET, dict(n_layer=4, n_head=4, d_model=64, context=128))
+# F = 4 needs at least 4 layer units.
+BENCH_PRESET = "bench"
 
 
 class RowSkipped(Exception):
@@ -192,17 +188,11 @@ def warm_checkpoint(bench: Bench) -> Path:
     return weights_path
 
 
-def load_weights(path: Optional[Path], model: torch.nn.Module) -> Optional[list[torch.Tensor]]:
-    """The checkpoint's tensors in ``model``'s parameter order (None: start from scratch)."""
+def load_weights(path: Optional[Path], run: RunConfig) -> Optional[list[torch.Tensor]]:
+    """The checkpoint's tensors in the model's parameter order (None: start from scratch)."""
     if path is None:
         return None
-    from safetensors.torch import load_file
-
-    saved = load_file(str(path))
-    names = [name for name, _ in model.named_parameters()]
-    if sorted(saved) != sorted(names):
-        raise ValueError(f"{path} holds other parameters than the model; delete it to retrain it.")
-    return [saved[name] for name in names]
+    return [p.detach() for p in load_into_model(path, run).parameters()]
 
 
 def start_from(trainer: LocalTrainer, weights: Optional[list[torch.Tensor]]) -> None:
@@ -230,7 +220,7 @@ def ring_bytes(payload_bytes: float, workers: int) -> float:
 
 def run_single(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
     trainer = LocalTrainer(bench.run_config(), peer_index=0)
-    start_from(trainer, load_weights(ckpt, trainer.model))
+    start_from(trainer, load_weights(ckpt, trainer.run))
     trainer.train(bench.steps)
     return {"eval_loss": _model_eval_loss(trainer), "bytes_per_worker": 0.0, "peak_bytes_per_sync": 0.0}
 
@@ -245,7 +235,7 @@ def run_ddp(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
     run = bench.run_config()
     trainers = [LocalTrainer(run, peer_index=i) for i in range(bench.workers)]
     shared = trainers[0]
-    start_from(shared, load_weights(ckpt, shared.model))
+    start_from(shared, load_weights(ckpt, shared.run))
     params = list(shared.model.parameters())
     shared.model.train()
     for step in range(bench.steps):
@@ -264,36 +254,6 @@ def run_ddp(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
             "peak_bytes_per_sync": per_step}
 
 
-@contextlib.contextmanager
-def _simulator_starts_from(ckpt: Optional[Path], run: RunConfig) -> Iterator[dict[str, Any]]:
-    """simulate() keyword arguments that start its peers from ``ckpt``.
-
-    Stopgap while simulate() takes no initial parameters: its module's LocalTrainer is swapped,
-    for the duration of one call in this worker process, for a factory that builds the trainer
-    and commits the checkpoint as round 0, so the peers run the simulator's own code unchanged.
-    """
-    if ckpt is None:
-        yield {}
-        return
-    accepted = inspect.signature(swarm_sim.simulate).parameters
-    for name in ("initial_params", "init_params"):
-        if name in accepted:
-            yield {name: load_weights(ckpt, swarm_model.build_model(run.model, seed=run.seed))}
-            return
-    real = swarm_sim.LocalTrainer
-
-    def warm_trainer(run: RunConfig, **kwargs: Any) -> LocalTrainer:
-        trainer = real(run, **kwargs)
-        start_from(trainer, load_weights(ckpt, trainer.model))
-        return trainer
-
-    swarm_sim.LocalTrainer = warm_trainer
-    try:
-        yield {}
-    finally:
-        swarm_sim.LocalTrainer = real
-
-
 def run_sim(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
     """DiLoCo, its codecs, Streaming DiLoCo and heterogeneous peers, all through swarm.sim."""
     base = bench.run_config()
@@ -304,10 +264,9 @@ def run_sim(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
         # Rounds are time budgets: the slow worker manages a third of the fast ones' steps, and the
         # average weighs every contribution by its samples.
         kwargs["speeds"] = [1.0] * (bench.workers - 1) + [1.0 / job.slow_factor]
-    with _simulator_starts_from(ckpt, run) as start_kwargs:
-        # A round syncs one fragment: F rounds per H steps.
-        result = swarm_sim.simulate(run, peers=bench.workers, rounds=bench.steps // job.H * job.fragments,
-                                    **kwargs, **start_kwargs)
+    # A round syncs one fragment: F rounds per H steps.
+    result = swarm_sim.simulate(run, peers=bench.workers, rounds=bench.steps // job.H * job.fragments,
+                                initial_params=load_weights(ckpt, run), **kwargs)
     if not result.consistent:
         raise RuntimeError(f"{job.label}: the simulated peers ended with different global states")
     sent = result.bytes_sent_per_peer
@@ -381,7 +340,7 @@ def _torchft_replica(index: int, bench: Bench, job: Job, ckpt: Optional[Path], l
 
     run = bench.run_config()
     trainer = LocalTrainer(run, peer_index=index)  # the same model, shard, AdamW and warmup as Swarm's
-    start_from(trainer, load_weights(ckpt, trainer.model))
+    start_from(trainer, load_weights(ckpt, trainer.run))
     store = torch.distributed.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timedelta(seconds=120)), load_state_dict=None, state_dict=None,
@@ -405,20 +364,11 @@ def _torchft_replica(index: int, bench: Bench, job: Job, ckpt: Optional[Path], l
     # parameters still hold inner gradients.
     outer = [torch.optim.SGD(f.parameters(), lr=run.outer.lr, momentum=run.outer.momentum,
                              nesterov=run.outer.nesterov) for f in fragments]
-    trainer.model.train()
     diloco = DiLoCo(manager, fragments, trainer.optimizer, outer, sync_every=job.H,
                     backup_device=torch.device("cpu"), pin_memory=False)
     with diloco:
-        for step in range(bench.steps):  # LocalTrainer.train's inner step; DiLoCo syncs in its hook
-            x, y = trainer.sampler.next_batch()
-            _, loss = trainer.model(x, y)
-            trainer.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if run.inner.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, run.inner.grad_clip)
-            for group in trainer.optimizer.param_groups:
-                group["lr"] = trainer.lr_at(step)
-            trainer.optimizer.step()
+        for _ in range(bench.steps):  # Swarm's own inner step; DiLoCo syncs in its optimizer hook
+            trainer.train(1)
     # Evaluate θg, as the simulator does: with F > 1 the fragments synced before the last one hold
     # local progress; torchft keeps their global values in its backup copy and has no public
     # accessor for it (with F = 1 this restores what the model already holds).

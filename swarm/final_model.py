@@ -26,10 +26,15 @@ def tensors_digest(path: Path) -> str:
 
 
 def load_into_model(path: Path, run: RunConfig) -> torch.nn.Module:
+    """The run's model with the file's parameters (a final model, a warm start)."""
     from swarm.model import build_model
 
     model = build_model(run.model, seed=run.seed)
     tensors = load_file(str(path))
+    names = [name for name, _ in model.named_parameters()]
+    if sorted(tensors) != sorted(names):
+        raise ValueError(f"{path} holds other parameters than the run's model ({run.model.preset}); "
+                         "check that it comes from a run with the same [model] settings.")
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(tensors[name])

@@ -23,6 +23,8 @@ VOCAB_SIZE = 256  # one token per byte: no tokenizer to ship or agree on
 
 # Approximate parameter counts (embeddings included, lm_head tied to the token embedding).
 PRESETS: dict[str, dict] = {
+    # ~0.22M in 4 blocks of width 64: scripts/bench_quality.py (Streaming DiLoCo with F = 4 needs 4 blocks).
+    "bench": dict(n_layer=4, n_head=4, d_model=64, context=128),
     # ~0.44M: CPU tests; one AdamW step on 8x128 bytes takes ~60 ms on one core (2-core EPYC VM).
     "tiny": dict(n_layer=2, n_head=4, d_model=128, context=128),
     # ~10.8M: a CPU or a small GPU.

@@ -148,6 +148,7 @@ def simulate(
     overlap_steps: int | None = None,
     mixing_alpha: float | None = None,
     outer: str | None = None,
+    initial_params: Sequence[torch.Tensor] | None = None,
 ) -> SimResult:
     """Run ``rounds`` DiLoCo rounds with ``peers`` virtual peers, computing what a real swarm computes.
 
@@ -157,7 +158,8 @@ def simulate(
     pseudo-gradient weighs its samples. With fragments F, round r syncs fragment (r − 1) % F after
     ``streaming.round_steps`` nominal steps. With overlap τ the exchange's result is applied after the
     first τ nominal steps of the next round (the "background" exchange is a delay), and the last one
-    when the run ends.
+    when the run ends. ``initial_params`` (in the model's parameter order) replace the seed's θ0 on
+    every peer, with zero outer momentum: a warm start.
     """
     if peers < 1 or rounds < 0:
         raise ValueError(f"need at least one peer and a non-negative number of rounds, got {peers} and {rounds}.")
@@ -177,6 +179,9 @@ def simulate(
     h, num_fragments, overlap = rc.inner_steps, rc.fragments, rc.overlap_steps
 
     trainers = [LocalTrainer(run, peer_index=i) for i in range(peers)]
+    if initial_params is not None:
+        for t in trainers:
+            t.commit([p.detach().clone() for p in initial_params], t.momentum, round=0)
     numel = trainers[0].param_count
     fragment_numel = [trainers[0].fragment_numel(f) for f in range(num_fragments)]
     full_group = [sum(algorithm.butterfly_bytes_sent(n, peers, wire)) / peers for n in fragment_numel]

@@ -87,3 +87,23 @@ def test_gpt2_preset_has_gpt2_small_shape():
     assert PRESETS["gpt2"] == dict(n_layer=12, n_head=12, d_model=768, context=1024)
     with pytest.raises(ValueError, match="unknown"):
         gpt_config(ModelConfig(preset="huge"))
+
+
+def test_a_model_file_round_trips_and_one_from_another_model_is_refused_with_a_message(tmp_path):
+    from safetensors.torch import save_file
+
+    from swarm.config import RunConfig
+    from swarm.final_model import load_into_model
+
+    run = RunConfig(model=TINY)
+    model = build_model(TINY, seed=3)
+    path = tmp_path / "model.safetensors"
+    save_file({name: p.detach().contiguous() for name, p in model.named_parameters()}, str(path))
+    loaded = load_into_model(path, run)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), loaded.parameters()))
+
+    other = tmp_path / "other.safetensors"
+    bench = build_model(ModelConfig(preset="bench"), seed=0)
+    save_file({name: p.detach().contiguous() for name, p in bench.named_parameters()}, str(other))
+    with pytest.raises(ValueError, match="other parameters than the run's model"):
+        load_into_model(other, run)

@@ -112,6 +112,16 @@ def test_simulation_is_deterministic():
     assert [r.eval_loss for r in a.rounds] == [r.eval_loss for r in b.rounds]
 
 
+def test_a_warm_started_simulation_continues_from_the_given_parameters():
+    cold = simulate(RUN, peers=2, rounds=1)
+    warm = simulate(RUN, peers=2, rounds=1, initial_params=cold.final_params)
+    assert warm.initial_eval_loss == cold.rounds[-1].eval_loss  # θ0 is the cold run's result
+    assert warm.consistent and warm.rounds[-1].eval_loss < warm.initial_eval_loss
+    start = simulate(RUN, peers=2, rounds=0, initial_params=cold.final_params)
+    assert all(torch.equal(a, b) for a, b in zip(start.final_params, cold.final_params))
+    assert all(not m.any() for m in start.final_momentum)  # the outer optimizer starts from zero momentum
+
+
 def test_fp16_simulation_stays_consistent_and_sends_half_the_bytes():
     result = simulate(RUN, peers=3, rounds=1, steps_per_peer=[2, 2, 2], codec="fp16")
     assert result.consistent and result.codec == "fp16"
