@@ -19,6 +19,8 @@ from typing import Optional
 import hivemind
 from hivemind.utils.timed_storage import get_dht_time
 
+from swarm.dht_entries import read_entries
+
 logger = logging.getLogger(__name__)
 
 
@@ -43,16 +45,7 @@ def collect_votes(dht: hivemind.DHT, group_key: str, members: list[str], *, time
     """Every member's vote, or None when some are still missing after timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:
-        found = dht.get(vote_key(group_key), latest=True)
-        votes: dict[str, Vote] = {}
-        if found is not None and isinstance(found.value, dict):
-            for subkey, entry in found.value.items():
-                try:
-                    vote = Vote(**getattr(entry, "value", None))
-                except TypeError:
-                    continue
-                if vote.peer_id == subkey and subkey in members:
-                    votes[subkey] = vote
+        votes = {p: v for p, v in read_entries(dht, vote_key(group_key), Vote).items() if p in members}
         if set(votes) == set(members):
             return votes
         if time.monotonic() >= deadline:

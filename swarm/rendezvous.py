@@ -18,6 +18,8 @@ from typing import Callable, Optional
 import hivemind
 from hivemind.utils.timed_storage import get_dht_time
 
+from swarm.dht_entries import read_entries
+
 logger = logging.getLogger(__name__)
 
 
@@ -64,7 +66,7 @@ def rendezvous(
     expected = planned()
     next_plan_at = time.monotonic() + plan_refresh_s
     while True:
-        posted = _read_members(dht, key)
+        posted = read_entries(dht, key, Member)
         posted[me.peer_id] = me
         if expected is not None and expected <= set(posted):
             break
@@ -78,20 +80,3 @@ def rendezvous(
         time.sleep(poll_s)  # polling the DHT: there is no change notification to await
     members = [m for pid, m in posted.items() if expected is None or pid in expected or pid == me.peer_id]
     return sorted(members, key=lambda m: (m.index, m.peer_id))
-
-
-def _read_members(dht: hivemind.DHT, key: str) -> dict[str, Member]:
-    found = dht.get(key, latest=True)
-    members: dict[str, Member] = {}
-    if found is None or not isinstance(found.value, dict):
-        return members
-    for subkey, entry in found.value.items():
-        value = getattr(entry, "value", None)
-        try:
-            member = Member(**value)
-        except TypeError:
-            logger.warning("%s: ignoring a malformed group entry under %r", key, subkey)
-            continue
-        if member.peer_id == subkey:
-            members[subkey] = member
-    return members

@@ -235,3 +235,25 @@ def test_a_member_that_fails_tells_the_others_who_fail_at_once(peers: list[Peer]
         assert isinstance(outcome, ExchangeFailed), f"expected ExchangeFailed, got {outcome!r}"
         assert "groupmate p2 gave up (" in str(outcome) and "link is down" in str(outcome)
         assert seconds < 10, f"took {seconds:.1f}s: the abort did not reach it, it waited for its timeout"
+
+
+def test_a_group_and_its_votes_ignore_malformed_entries_and_entries_posted_under_another_peers_name(peers):
+    from hivemind.utils.timed_storage import get_dht_time
+
+    from swarm.dht_entries import read_entries
+    from swarm.group_vote import Vote, collect_votes, post_vote, vote_key
+
+    a, b, c = peers
+    key = group_key(RUN_ID, 901)
+    dht = a.transport.dht
+    expires = get_dht_time() + 60
+    dht.store(key, subkey="p1", value={"not": "a member"}, expiration_time=expires)  # malformed
+    dht.store(key, subkey="p2", value=vars(b.member(weight=1.0)), expiration_time=expires)  # p1 posing as p2
+    dht.store(key, subkey="p0", value=vars(a.member(weight=1.0)), expiration_time=expires)
+    assert set(read_entries(c.transport.dht, key, Member)) == {"p0"}
+
+    vote = Vote(peer_id="p0", dht_peer_id=a.transport.peer_id, ok=True, params_hash="h")
+    post_vote(dht, key, vote, ttl_s=60)
+    dht.store(vote_key(key), subkey="p1", value={"ok": True}, expiration_time=expires)
+    assert collect_votes(c.transport.dht, key, ["p0"], timeout_s=5) == {"p0": vote}
+    assert collect_votes(c.transport.dht, key, ["p0", "p1"], timeout_s=0.5) is None  # p1's vote is unreadable
