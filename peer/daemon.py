@@ -131,16 +131,16 @@ class PeerDaemon:
         self.heartbeat = HeartbeatThread(self.client, self.peer_id, self.stats, self.stop,
                                          interval_s=joined.heartbeat_interval_s, faults=self.options.faults)
         self.heartbeat.start()
-        # the DHT process boots and bootstraps while the model and the data are built
+        self.trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=self.options.device)
+        # Not started earlier to overlap with the model build: forked right after the join and the first
+        # heartbeat, gRPC still had threads inside it ("skipping fork() handlers") and some peers died
+        # silently at start in the chaos soak. Seconds later, under FORK_LOCK, it never did.
         self.transport = Transport(
             initial_peers=list(joined.dht_initial_peers),
             host=self.options.p2p_host,
             port=self.options.p2p_port,
             announce_host=self.options.announce_host,
-            wait=False,
         )
-        self.trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=self.options.device)
-        self.transport.ready()
         self.exchange = Exchange(self.transport, run_id=self.run_id)
         self.state_server = StateServer(self.transport, run_id=self.run_id)
         self._background = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="swarm-exchange")

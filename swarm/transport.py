@@ -34,10 +34,7 @@ class Transport:
         port: int = 0,
         announce_host: Optional[str] = None,
         start_timeout_s: float = 60.0,
-        wait: bool = True,
     ):
-        """Forks the DHT process; with wait=False returns at once and ready() finishes the start, so
-        that the caller can do other work (build its model) while the DHT boots and bootstraps."""
         host_maddrs = [f"/ip4/{host}/tcp/{port}"]
         announce = [f"/ip4/{announce_host}/tcp/{port}"] if announce_host and port else None
         self.dht = hivemind.DHT(
@@ -47,24 +44,14 @@ class Transport:
             announce_maddrs=announce,
             startup_timeout=start_timeout_s,
         )
-        self._start_timeout_s = start_timeout_s
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
         with FORK_LOCK:  # the DHT runs in a forked process: no gRPC call may be in flight meanwhile
             self.dht.start()
-        if wait:
-            self.ready()
-
-    def ready(self) -> "Transport":
-        """Wait until the DHT is up and this process has its libp2p client; idempotent."""
-        if self._loop is not None:
-            return self
-        self.dht.wait_until_ready(self._start_timeout_s)
+        self.dht.wait_until_ready(start_timeout_s)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="swarm-p2p", daemon=True)
         self._thread.start()
-        self.p2p = self.run(self.dht.replicate_p2p(), timeout_s=self._start_timeout_s)
+        self.p2p = self.run(self.dht.replicate_p2p(), timeout_s=start_timeout_s)
         self.peer_id = str(self.p2p.peer_id)
-        return self
 
     @property
     def visible_maddrs(self) -> list[str]:
@@ -83,9 +70,6 @@ class Transport:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def shutdown(self) -> None:
-        if self._loop is None:  # never became ready: only the DHT process to stop
-            self.dht.shutdown()
-            return
         try:
             self.run(self._cancel_tasks(), timeout_s=5)
         except Exception as e:  # shutting down; nothing left to protect
