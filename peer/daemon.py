@@ -41,7 +41,7 @@ from swarm.rendezvous import Member, group_key, rendezvous
 from swarm.state_transfer import GlobalState, StateServer, StateUnavailable, download_state
 from swarm.streaming import round_fragment, round_steps
 from swarm.trainer import Contribution, LocalTrainer, TrainStats
-from swarm.transport import Transport
+from swarm.transport import Transport, TransportStartFailed
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -135,12 +135,7 @@ class PeerDaemon:
         # Not started earlier to overlap with the model build: forked right after the join and the first
         # heartbeat, gRPC still had threads inside it ("skipping fork() handlers") and some peers died
         # silently at start in the chaos soak. Seconds later, under FORK_LOCK, it never did.
-        self.transport = Transport(
-            initial_peers=list(joined.dht_initial_peers),
-            host=self.options.p2p_host,
-            port=self.options.p2p_port,
-            announce_host=self.options.announce_host,
-        )
+        self.transport = self._start_transport(list(joined.dht_initial_peers))
         self.exchange = Exchange(self.transport, run_id=self.run_id)
         self.state_server = StateServer(self.transport, run_id=self.run_id)
         self._background = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="swarm-exchange")
@@ -186,6 +181,24 @@ class PeerDaemon:
             self.stats.update(state=pb.PEER_STATE_READY)
             self.stop.wait(self.options.poll_s)  # waiting to be planned into a round
         return 0
+
+    def _start_transport(self, initial_peers: list[str]) -> Transport:
+        """Join the DHT through the coordinator's node, retrying while it is unreachable (a coordinator
+        restarting as this peer starts: seen in the chaos soak); gives up after join_timeout_s."""
+        deadline = time.monotonic() + self.options.join_timeout_s
+        backoff = 1.0
+        while True:
+            try:
+                return Transport(initial_peers=initial_peers, host=self.options.p2p_host,
+                                 port=self.options.p2p_port, announce_host=self.options.announce_host)
+            except TransportStartFailed as e:
+                if self.stop.is_set() or time.monotonic() + backoff > deadline:
+                    logger.error("%s %s; check that the coordinator is running and that this machine can "
+                                 "reach its DHT port", self._tag(), e)
+                    raise PeerExit(2) from e
+                logger.warning("%s %s; retrying in %.0fs", self._tag(), e, backoff)
+                self.stop.wait(backoff)
+                backoff = min(10.0, backoff * 2)
 
     def _shutdown(self) -> None:
         self.stop.set()

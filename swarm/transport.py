@@ -25,6 +25,10 @@ logger = logging.getLogger(__name__)
 FORK_LOCK = threading.Lock()
 
 
+class TransportStartFailed(RuntimeError):
+    """The DHT process could not start, typically because no bootstrap peer answered."""
+
+
 class Transport:
     def __init__(
         self,
@@ -46,7 +50,15 @@ class Transport:
         )
         with FORK_LOCK:  # the DHT runs in a forked process: no gRPC call may be in flight meanwhile
             self.dht.start()
-        self.dht.wait_until_ready(start_timeout_s)
+        try:
+            self.dht.wait_until_ready(start_timeout_s)
+        except Exception as e:  # hivemind raises P2PDaemonError, TimeoutError, ...: all mean "not started"
+            try:
+                self.dht.shutdown()
+            except Exception as shutdown_error:  # the DHT process may already be gone
+                logger.debug("DHT shutdown after a failed start: %r", shutdown_error)
+            raise TransportStartFailed(f"the DHT did not start through {list(initial_peers) or 'no peers'}: "
+                                       f"{str(e).strip() or type(e).__name__}") from e
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="swarm-p2p", daemon=True)
         self._thread.start()
