@@ -40,6 +40,7 @@ def round_info(
         last_committed_hash=position.last_committed_hash,
         finished=position.finished,
         open_round=position.open_round,
+        live_peers=sum(1 for p in peers.values() if p.alive),
     )
     if round_row is not None:
         info.outcome = round_row.outcome

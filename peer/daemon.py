@@ -37,7 +37,7 @@ from swarm.control import CoordinatorClient, CoordinatorRejected, CoordinatorUnr
 from swarm.exchange import Exchange, ExchangeFailed
 from swarm.group_vote import Vote, collect_votes, group_decision, post_vote
 from swarm.joinstring import JoinString
-from swarm.rendezvous import Member, group_key, rendezvous
+from swarm.rendezvous import Member, group_key, participation_scale, rendezvous
 from swarm.state_transfer import GlobalState, StateServer, StateUnavailable, download_state
 from swarm.streaming import round_fragment, round_steps
 from swarm.trainer import Contribution, LocalTrainer, TrainStats
@@ -87,6 +87,7 @@ class PeerDaemon:
         self._offline_next: Optional[int] = None  # next round to run while the coordinator is down
         self._decided_by_group: Optional[int] = None  # the last round the group decided without it
         self._last_group: Optional[set[str]] = None  # the last known plan
+        self._live_peers = 0  # the run's live peers, as last heard from the coordinator (0: not yet)
         self._backlog: list[tuple[pb.ReportRoundRequest, Optional[str]]] = []  # group-decided rounds to report
         self.heartbeat: Optional[HeartbeatThread] = None
         self._disk_tried: Optional[int] = None  # the committed round last looked for on this peer's disk
@@ -159,6 +160,7 @@ class PeerDaemon:
                 continue
             try:
                 info = self.client.get_round(peer_id=self.peer_id, round=0)
+                self._live_peers = info.live_peers
             except CoordinatorUnreachable:
                 if self._offline_next is not None:  # the group keeps averaging while the coordinator is down
                     carry = self._run_round(self._offline_next, None)
@@ -272,7 +274,8 @@ class PeerDaemon:
         run = self.run_config.rounds
         faults = self.options.faults
         me = Member(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, index=self.trainer.peer_index,
-                    weight=float(contribution.samples), numel=contribution.delta.numel(), codec=run.codec)
+                    weight=float(contribution.samples), numel=contribution.delta.numel(), codec=run.codec,
+                    live_peers=self._live_peers if run.scale_by_participation else 0)
         key = group_key(self.run_id, round_, contribution.fragment)
         ok, error, new_hash, group_ids, sent, received, exchange_s = False, "", "", [], 0, 0, 0.0
         tentative = None
@@ -289,12 +292,16 @@ class PeerDaemon:
                                            timeout_s=run.exchange_timeout_s,
                                            on_phase=lambda phase: faults.fire(round_, phase))
             sent, received, exchange_s = result.bytes_sent, result.bytes_received, result.seconds
-            tentative = self.trainer.apply(result.average, fragment=contribution.fragment)
+            scale = participation_scale(group)
+            average = result.average if scale == 1.0 else result.average * scale
+            tentative = self.trainer.apply(average, fragment=contribution.fragment)
             new_hash = state_hash(*tentative)
             ok = True
             self._persist_vote(round_, tentative, new_hash)
-            logger.info("%s averaged fragment %d with %d peers in %.2fs (%d bytes sent), tentative hash %s",
-                        tag, contribution.fragment, len(group), exchange_s, sent, new_hash)
+            logger.info("%s averaged fragment %d with %d peers in %.2fs (%d bytes sent)%s, tentative hash %s",
+                        tag, contribution.fragment, len(group), exchange_s, sent,
+                        f", outer step scaled by {scale:.2f} ({len(group)} of {max(m.live_peers for m in group)} "
+                        "live peers)" if scale != 1.0 else "", new_hash)
         except ExchangeFailed as e:
             error = str(e)
             logger.warning("%s exchange failed: %s", tag, e)
@@ -447,6 +454,7 @@ class PeerDaemon:
             info = self.client.get_round(peer_id=self.peer_id, round=round_)
         except Exception:
             return self._last_group  # the coordinator is down: the last group, or whoever shows up
+        self._live_peers = info.live_peers
         if info.round != round_ or info.outcome != pb.ROUND_OUTCOME_OPEN:
             return self._last_group  # the coordinator has not caught up with this round (after an outage)
         self._last_group = set(info.participants)
@@ -558,7 +566,9 @@ class PeerDaemon:
 
     # ---- helpers -------------------------------------------------------------------------------------
     def _round_info(self, round_: int) -> pb.RoundInfo:
-        return self._call(lambda: self.client.get_round(peer_id=self.peer_id, round=round_), "get round")
+        info = self._call(lambda: self.client.get_round(peer_id=self.peer_id, round=round_), "get round")
+        self._live_peers = info.live_peers
+        return info
 
     def _call(self, fn, what: str):
         result = with_retry(fn, what=f"{self._tag()} {what}", stop=self.stop)

@@ -136,6 +136,10 @@ class RoundConfig:
     overlap_steps: int = 0
     # With overlap: local ← alpha·local + (1−alpha)·global for the merged fragment (the paper's 0.5).
     mixing_alpha: float = 0.5
+    # A group smaller than the run's live peers takes a smaller outer step: the average counts the live
+    # peers that did not contribute (joining, syncing, restarting) as a zero Δ. A round of one peer out
+    # of five, on its own data shard, otherwise moves θg as far as a round of all five.
+    scale_by_participation: bool = True
 
     def validate(self) -> None:
         from swarm.codec import CODECS

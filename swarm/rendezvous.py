@@ -31,6 +31,7 @@ class Member:
     weight: float  # samples processed this round
     numel: int
     codec: str
+    live_peers: int = 0  # the run's live peers as this member last heard from the coordinator (0: unknown)
 
 
 def group_key(run_id: str, round_: int, fragment: int = 0) -> str:
@@ -38,7 +39,8 @@ def group_key(run_id: str, round_: int, fragment: int = 0) -> str:
 
 
 def group_digest(members: list[Member]) -> str:
-    text = "|".join(f"{m.peer_id},{m.dht_peer_id},{m.index},{m.weight!r},{m.numel},{m.codec}" for m in members)
+    text = "|".join(f"{m.peer_id},{m.dht_peer_id},{m.index},{m.weight!r},{m.numel},{m.codec},{m.live_peers}"
+                    for m in members)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -80,3 +82,12 @@ def rendezvous(
         time.sleep(poll_s)  # polling the DHT: there is no change notification to await
     members = [m for pid, m in posted.items() if expected is None or pid in expected or pid == me.peer_id]
     return sorted(members, key=lambda m: (m.index, m.peer_id))
+
+
+def participation_scale(group: list[Member]) -> float:
+    """The factor on the group's averaged Δ when the run has live peers outside the group: as if
+    each of them had contributed a zero Δ. Every member computes it from the same group entries, so
+    all apply the same factor; 1.0 when the group is the whole run (or no member knew the count)."""
+    live = max((m.live_peers for m in group), default=0)
+    return min(1.0, len(group) / live) if live > 0 else 1.0
+

@@ -257,3 +257,17 @@ def test_a_group_and_its_votes_ignore_malformed_entries_and_entries_posted_under
     dht.store(vote_key(key), subkey="p1", value={"ok": True}, expiration_time=expires)
     assert collect_votes(c.transport.dht, key, ["p0"], timeout_s=5) == {"p0": vote}
     assert collect_votes(c.transport.dht, key, ["p0", "p1"], timeout_s=0.5) is None  # p1's vote is unreadable
+
+
+def test_a_group_smaller_than_the_runs_live_peers_takes_a_proportionally_smaller_outer_step():
+    from swarm.rendezvous import group_digest, participation_scale
+
+    def m(i: int, live: int) -> Member:
+        return Member(peer_id=f"p{i}", dht_peer_id=f"d{i}", index=i, weight=8.0, numel=10, codec="fp32",
+                      live_peers=live)
+
+    assert participation_scale([m(0, 5)]) == 0.2  # alone among five live peers
+    assert participation_scale([m(0, 4), m(1, 5)]) == 0.4  # members that heard different counts agree on the max
+    assert participation_scale([m(0, 2), m(1, 2)]) == 1.0  # the whole run
+    assert participation_scale([m(0, 0), m(1, 0)]) == 1.0  # nobody knew (coordinator down): plain average
+    assert group_digest([m(0, 4)]) != group_digest([m(0, 5)])  # a different view is caught, not merged
