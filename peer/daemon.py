@@ -133,9 +133,8 @@ class PeerDaemon:
                                          interval_s=joined.heartbeat_interval_s, faults=self.options.faults)
         self.heartbeat.start()
         self.trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=self.options.device)
-        # Not started earlier to overlap with the model build: forked right after the join and the first
-        # heartbeat, gRPC still had threads inside it ("skipping fork() handlers") and some peers died
-        # silently at start in the chaos soak. Seconds later, under FORK_LOCK, it never did.
+        # After the model build, not overlapped with it: forked right after the join, gRPC still had
+        # threads inside it and peers died silently at start (docs/ARCHITECTURE.md, known limits).
         self.transport = self._start_transport(list(joined.dht_initial_peers))
         self.exchange = Exchange(self.transport, run_id=self.run_id)
         self.state_server = StateServer(self.transport, run_id=self.run_id)
@@ -159,8 +158,7 @@ class PeerDaemon:
                 carry = self._run_round(carry.round + 1, carry)
                 continue
             try:
-                info = self.client.get_round(peer_id=self.peer_id, round=0)
-                self._live_peers = info.live_peers
+                info = self._get_round(0)
             except CoordinatorUnreachable:
                 if self._offline_next is not None:  # the group keeps averaging while the coordinator is down
                     carry = self._run_round(self._offline_next, None)
@@ -187,20 +185,18 @@ class PeerDaemon:
     def _start_transport(self, initial_peers: list[str]) -> Transport:
         """Join the DHT through the coordinator's node, retrying while it is unreachable (a coordinator
         restarting as this peer starts: seen in the chaos soak); gives up after join_timeout_s."""
-        deadline = time.monotonic() + self.options.join_timeout_s
-        backoff = 1.0
-        while True:
-            try:
-                return Transport(initial_peers=initial_peers, host=self.options.p2p_host,
-                                 port=self.options.p2p_port, announce_host=self.options.announce_host)
-            except TransportStartFailed as e:
-                if self.stop.is_set() or time.monotonic() + backoff > deadline:
-                    logger.error("%s %s; check that the coordinator is running and that this machine can "
-                                 "reach its DHT port", self._tag(), e)
-                    raise PeerExit(2) from e
-                logger.warning("%s %s; retrying in %.0fs", self._tag(), e, backoff)
-                self.stop.wait(backoff)
-                backoff = min(10.0, backoff * 2)
+        transport = with_retry(
+            lambda: Transport(initial_peers=initial_peers, host=self.options.p2p_host,
+                              port=self.options.p2p_port, announce_host=self.options.announce_host),
+            what=f"{self._tag()} DHT start", stop=self.stop, give_up_after_s=self.options.join_timeout_s,
+            first_backoff_s=1.0, retry_on=TransportStartFailed,
+        )
+        if transport is None:
+            logger.error("%s could not join the DHT through %s for %.0fs; check that the coordinator is running "
+                         "and that this machine can reach its DHT port", self._tag(), initial_peers,
+                         self.options.join_timeout_s)
+            raise PeerExit(2)
+        return transport
 
     def _shutdown(self) -> None:
         self.stop.set()
@@ -435,7 +431,7 @@ class PeerDaemon:
                 if time.monotonic() > leave_by:
                     raise PeerExit(0)
             try:
-                info = self.client.get_round(peer_id=self.peer_id, round=round_)
+                info = self._get_round(round_)
             except CoordinatorUnreachable as e:
                 logger.warning("%s waiting for the decision: %s", self._tag(round_), e)
                 info = None
@@ -451,10 +447,9 @@ class PeerDaemon:
 
     def _planned(self, round_: int) -> Optional[set[str]]:
         try:
-            info = self.client.get_round(peer_id=self.peer_id, round=round_)
+            info = self._get_round(round_)
         except Exception:
             return self._last_group  # the coordinator is down: the last group, or whoever shows up
-        self._live_peers = info.live_peers
         if info.round != round_ or info.outcome != pb.ROUND_OUTCOME_OPEN:
             return self._last_group  # the coordinator has not caught up with this round (after an outage)
         self._last_group = set(info.participants)
@@ -498,6 +493,10 @@ class PeerDaemon:
         self.state_server.publish(GlobalState(round=round_, params=list(self.trainer.global_params),
                                               momentum=list(self.trainer.momentum), hash=h))
         self.stats.update(params_hash=h, params_round=round_, state=pb.PEER_STATE_READY)
+        # Tell the coordinator at once: the next round admits late peers only until its first
+        # participant starts exchanging, a few inner steps away, and the heartbeat interval is longer.
+        if self.heartbeat is not None:
+            self.heartbeat.beat_now()
 
     def _sync(self, info: pb.RoundInfo) -> bool:
         """Resume the newest committed state from this peer's own disk (a checkpoint or its vote), or
@@ -510,7 +509,6 @@ class PeerDaemon:
                 self._offline_next = None
                 self._provisional = False  # the coordinator committed this round
                 self._publish_state()
-                self._announce_synced()
                 return True
         holders_info = self._round_info(target)
         holders = list(holders_info.holders)
@@ -531,19 +529,11 @@ class PeerDaemon:
         self._offline_next = None  # the group this peer was in moved on without it
         self._commit_state(state.params, state.momentum, target)
         logger.info("%s synced to round %d, hash %s", self._tag(), target, state.hash)
-        self._announce_synced()
         return True
 
-    def _announce_synced(self) -> None:
-        """Tell the coordinator at once that this peer holds the committed state: the next round is
-        planned (or admits late peers) only until its first participant starts exchanging, a few inner
-        steps away, and the heartbeat interval is longer than that. No eval here for the same reason:
-        the round was evaluated by the peers that committed it; this one evaluates after its next round."""
-        self.heartbeat.beat_now()
-
     def _evaluate_on_schedule(self, finished: bool = False) -> None:
-        """Evaluate on the run's eval rounds and at its end (not after a sync: see _announce_synced; its
-        status shows the eval of the round it last evaluated)."""
+        """Evaluate on the run's eval rounds and at its end; not after a sync (see _publish_state): the
+        round was evaluated by the peers that committed it. Its status shows the last round it evaluated."""
         if finished or self.trainer.round % self.run_config.rounds.eval_every_rounds == 0:
             self._evaluate()
 
@@ -566,7 +556,13 @@ class PeerDaemon:
 
     # ---- helpers -------------------------------------------------------------------------------------
     def _round_info(self, round_: int) -> pb.RoundInfo:
-        info = self._call(lambda: self.client.get_round(peer_id=self.peer_id, round=round_), "get round")
+        """Round round_, retrying while the coordinator is unreachable."""
+        return self._call(lambda: self._get_round(round_), "get round")
+
+    def _get_round(self, round_: int) -> pb.RoundInfo:
+        """Round round_ from the coordinator (once; raises CoordinatorUnreachable); remembers the run's
+        live peer count it carries, which this peer posts with its group entries."""
+        info = self.client.get_round(peer_id=self.peer_id, round=round_)
         self._live_peers = info.live_peers
         return info
 

@@ -1,4 +1,4 @@
-"""Calling the coordinator from a peer: retry with backoff while it is unreachable, say so once per wait."""
+"""Calling the coordinator (or joining the DHT through its node) from a peer: retry with backoff while it is unreachable, say so once per wait."""
 
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ def with_retry(
     give_up_after_s: Optional[float] = None,
     first_backoff_s: float = 0.5,
     max_backoff_s: float = 10.0,
+    retry_on: type[Exception] = CoordinatorUnreachable,
 ) -> Optional[T]:
-    """Return call()'s result, retrying on CoordinatorUnreachable; None if stopped or given up.
+    """Return call()'s result, retrying on ``retry_on`` (the coordinator being unreachable); None if
+    stopped or given up.
 
     CoordinatorRejected and other errors propagate: they are not fixed by waiting.
     """
@@ -30,9 +32,9 @@ def with_retry(
         try:
             result = call()
             if waited:
-                logger.info("coordinator reachable again after %.0fs (%s)", waited, what)
+                logger.info("%s: succeeded after %.0fs of retrying", what, waited)
             return result
-        except CoordinatorUnreachable as e:
+        except retry_on as e:
             if give_up_after_s is not None and waited >= give_up_after_s:
                 return None
             logger.warning("%s: %s; retrying in %.1fs", what, e, backoff)

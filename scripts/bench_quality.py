@@ -199,8 +199,7 @@ def start_from(trainer: LocalTrainer, weights: Optional[list[torch.Tensor]]) -> 
     """Make ``weights`` the trainer's committed θg (and θl), with zero outer momentum."""
     if weights is None:
         return
-    trainer.commit([w.clone() for w in weights], trainer.momentum, round=0)  # momentum: still zeros
-    trainer.load_global_into_model()
+    trainer.commit([w.clone() for w in weights], trainer.momentum, round=0)  # momentum: still zeros; θl ← θg
 
 
 def _model_eval_loss(trainer: LocalTrainer) -> float:
