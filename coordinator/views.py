@@ -41,6 +41,8 @@ def round_info(
         finished=position.finished,
         open_round=position.open_round,
         live_peers=sum(1 for p in peers.values() if p.alive),
+        # a holder of the final state stays to serve it while these catch up (peer: _serve_final_state)
+        behind_peers=sum(1 for p in peers.values() if p.alive and p.params_round < position.last_committed_round),
     )
     if round_row is not None:
         info.outcome = round_row.outcome

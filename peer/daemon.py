@@ -65,6 +65,8 @@ class PeerOptions:
     checkpoint_every_rounds: int = 5  # 0: never, and votes are not written either (a checkpoint is still
     # written when the peer exits)
     leave_grace_s: float = 10.0  # a leaving peer still waits this long for its round's decision
+    final_serve_s: float = 30.0  # after the run, keep serving the final state this long at most while live
+    # peers still download it
 
 
 class PeerExit(Exception):
@@ -168,9 +170,9 @@ class PeerDaemon:
                 self._flush_backlog()
                 continue
             if info.last_committed_round > self.trainer.round:
-                if not self._sync(info) and info.finished:
-                    logger.error("%s the run finished at round %d before this peer could download its state; "
-                                 "no final model was written", self._tag(), info.last_committed_round)
+                if not self._sync(info) and info.finished and not info.holders:  # holders stay a while
+                    logger.error("%s the run finished at round %d and no peer holding its state is left to "
+                                 "download it from; no final model was written", self._tag(), info.last_committed_round)
                     return 1
                 continue
             if info.finished:
@@ -510,9 +512,10 @@ class PeerDaemon:
                 self._provisional = False  # the coordinator committed this round
                 self._publish_state()
                 return True
+        self.stats.update(state=pb.PEER_STATE_JOINING)
+        self.options.faults.at(target, "syncing")
         holders_info = self._round_info(target)
         holders = list(holders_info.holders)
-        self.stats.update(state=pb.PEER_STATE_JOINING)
         logger.info("%s behind (holds round %d, committed is %d): downloading from %d holders",
                     self._tag(), self.trainer.round, target, len(holders))
         try:
@@ -552,7 +555,27 @@ class PeerDaemon:
         os.replace(tmp, final_dir / "model.safetensors")
         logger.info("%s run finished at round %d; wrote %s", self._tag(), self.trainer.round,
                     final_dir / "model.safetensors")
+        self._serve_final_state()
         return 0
+
+    def _serve_final_state(self) -> None:
+        """Stay a holder of the final state while live peers still hold an older one (a joiner, a
+        restarted peer, one that missed the last round): without a holder they could not download it and
+        would end without a final model. Bounded by final_serve_s and by the coordinator going away."""
+        deadline = time.monotonic() + self.options.final_serve_s
+        announced = False
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            try:
+                info = self._get_round(0)
+            except CoordinatorUnreachable:
+                return  # it decides who is behind; without it, nobody can ask this peer for holders
+            if info.behind_peers <= 0:
+                return
+            if not announced:
+                logger.info("%s serving the final state to %d peers still behind", self._tag(), info.behind_peers)
+                announced = True
+            self.stats.update(state=pb.PEER_STATE_READY)
+            self.stop.wait(self.options.poll_s)
 
     # ---- helpers -------------------------------------------------------------------------------------
     def _round_info(self, round_: int) -> pb.RoundInfo:

@@ -11,6 +11,7 @@ Phases, in the order a round passes them:
     reducing       own slice's contributions received, before its average is sent
     averaged       average complete, before the vote is reported
     reported       vote reported, before the decision is known
+    syncing        behind: about to download the committed state of that round (a slow joiner)
 Actions: ``crash`` (exit at once, like SIGKILL: no leave, no cleanup), ``delay`` (=seconds),
 ``drop`` (the named coordinator call is not sent this round: ``report`` or ``heartbeat``).
 """
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
 
-PHASES = ("trained", "matchmaking", "sending", "reducing", "averaged", "reported")
+PHASES = ("trained", "matchmaking", "sending", "reducing", "averaged", "reported", "syncing")
 DROPPABLE = ("report", "heartbeat")
 _ENTRY = re.compile(r"^(crash|delay|drop)@(\d+):([a-z]+)(?:=([0-9.]+))?$")
 

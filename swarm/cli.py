@@ -96,6 +96,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         join_timeout_s=args.join_timeout_s,
         faults=faults,
         checkpoint_every_rounds=args.checkpoint_every,
+        final_serve_s=args.final_serve_s,
     )
     return run_peer(options)
 
@@ -168,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=5,
                    help="write a checkpoint to <state-dir>/checkpoint every N committed rounds, and each round's "
                         "vote to <state-dir>/vote before reporting it (0: a checkpoint only at exit, no votes)")
+    p.add_argument("--final-serve-s", type=float, default=30.0,
+                   help="when the run finishes, keep serving the final state this long at most while peers "
+                        "still download it")
     p.add_argument("--faults", help="fault injection for tests, e.g. 'crash@3:sending,delay@2:reported=5' "
                                     "(see peer/faults.py); also read from SWARM_FAULTS")
     p.set_defaults(func=cmd_peer)

@@ -153,3 +153,27 @@ def test_a_joiner_arriving_mid_exchange_waits_for_the_decision_and_does_not_dilu
     assert "synced to round 1," in swarm.log("late")
     digests = {tensors_digest(swarm.final_model(n)) for n in ("peer-0", "peer-1", "late")}
     assert len(digests) == 1, "the joiner and the others hold different global parameters"
+
+
+def test_a_peer_still_downloading_when_the_run_finishes_gets_the_final_model(swarm, tmp_path):
+    """The holders of the final state stay while a live peer still downloads it: before, they exited at
+    once and a joiner that was behind at the end found nobody to download from (exit 1, no model)."""
+    from tests.integration.harness import poll
+
+    config = tmp_path / "run.toml"
+    config.write_text(SLOW_EXCHANGE.replace("max_rounds = 5", "max_rounds = 2"))
+    swarm.start_coordinator("--config", str(config), "--exit-grace-s", "30")
+    swarm.start_peer("peer-0", "--faults", "delay@2:reducing=12")  # the last round ends after the joiner is in
+    swarm.start_peer("peer-1")
+    poll(lambda: "r2] trained" in swarm.log("peer-0"), timeout_s=120, what="the last round's exchange to start")
+    swarm.start_peer("late", "--faults", "delay@2:syncing=6")  # a slow download of the final state
+    status = swarm.wait_status(lambda s: any(p["name"] == "late" for p in s["peers"]), timeout_s=60,
+                               what="the joiner to join")
+    assert status["run"]["committed_round"] == 1, "the run finished before the joiner arrived"
+
+    codes = swarm.wait_peers(timeout_s=180)
+    assert codes == {"peer-0": 0, "peer-1": 0, "late": 0}, swarm.log("late")[-3000:]
+    assert "synced to round 2," in swarm.log("late")
+    assert "serving the final state" in swarm.log("peer-0") + swarm.log("peer-1")
+    digests = {tensors_digest(swarm.final_model(n)) for n in ("peer-0", "peer-1", "late")}
+    assert len(digests) == 1, "the late peer's final model differs from the others'"

@@ -283,15 +283,17 @@ def test_a_restarted_peer_gets_its_index_back_and_its_old_id_is_retired(clock: F
         beat(engine, b)  # the old process, should it still run, is told it was replaced
 
 
-def test_round_info_counts_the_live_peers_ready_or_not(clock: FakeClock) -> None:
+def test_round_info_counts_the_live_peers_ready_or_not_and_those_behind(clock: FakeClock) -> None:
     engine = make_engine(clock)
     a, b = join_ready(engine), join_ready(engine)
     engine.join(engine.run.token)  # a third peer joined, still downloading: live, not ready
-    assert engine.round_info(a, 0).live_peers == 3
+    info = engine.round_info(a, 0)
+    assert (info.live_peers, info.behind_peers) == (3, 1)  # holders of the final state wait for such a peer
     engine.leave(b, "done")
     assert engine.round_info(a, 0).live_peers == 2
     for _ in range(2):  # the joiner goes silent for longer than its lease
         clock.now += 0.6 * LEASE_S
         beat(engine, a)
     engine.tick()
-    assert engine.round_info(a, 0).live_peers == 1
+    info = engine.round_info(a, 0)
+    assert (info.live_peers, info.behind_peers) == (1, 0)
