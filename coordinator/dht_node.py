@@ -6,16 +6,24 @@ when the port does.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import ipaddress
 import logging
+import socket
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import hivemind
+from hivemind.p2p import PeerID
+from hivemind.utils.multiaddr import Multiaddr
+
+from swarm.transport import exit_with_parent
 
 logger = logging.getLogger(__name__)
 
 IDENTITY_FILE = "dht-identity.key"
+DIAL_TIMEOUT_S = 5.0
 
 
 def _maddr(host: str, port: int) -> str:
@@ -26,35 +34,87 @@ def _maddr(host: str, port: int) -> str:
     return f"/ip{version}/{host}/tcp/{port}"
 
 
+def _port_free(host: str, port: int) -> bool:
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as p2pd binds: TIME_WAIT is free
+            probe.bind((host, port))
+        return True
+    except OSError:
+        return False
+
+
+def _peer_of(maddr: str) -> str:
+    return Multiaddr(maddr)["p2p"]
+
+
+async def _dial(maddrs: list[str], timeout_s: float, _dht, node) -> int:
+    """Runs inside the DHT process: connect to each peer and ping it, which puts each in the other's
+    routing table. Returns how many answered."""
+    by_peer: dict[str, list[Multiaddr]] = {}
+    for m in maddrs:
+        pid = _peer_of(m)
+        by_peer.setdefault(pid, []).append(Multiaddr(m).decapsulate(Multiaddr(f"/p2p/{pid}")))
+
+    async def one(pid: str, addrs: list[Multiaddr]) -> bool:
+        peer = PeerID.from_base58(pid)
+        try:
+            await asyncio.wait_for(node.p2p._client.connect(peer, addrs), timeout_s)
+            return await asyncio.wait_for(node.protocol.call_ping(peer), timeout_s) is not None
+        except Exception:  # gone since its last heartbeat: nothing to reconnect
+            return False
+
+    return sum(await asyncio.gather(*(one(pid, addrs) for pid, addrs in by_peer.items())))
+
+
 class DHTNode:
     """Start with ``start()``; ``initial_peers`` are the multiaddrs peers should bootstrap from."""
 
-    def __init__(self, *, state_dir: Path, host: str, port: int = 0, announce_host: Optional[str] = None) -> None:
+    def __init__(self, *, state_dir: Path, host: str, port: int = 0, announce_host: Optional[str] = None,
+                 previous_port: int = 0) -> None:
         self._state_dir = Path(state_dir)
         # A wildcard address is not one a peer can dial; without an announced address, stay on loopback.
         wildcard = host in ("0.0.0.0", "::", "")
         self._host = "127.0.0.1" if wildcard and announce_host is None else host
         self._port = port
+        self._previous_port = previous_port  # with port 0: the one the previous start bound, tried first
         self._announce_host = announce_host
         self._dht: Optional[hivemind.DHT] = None
         self.initial_peers: list[str] = []
+        self.port = 0  # bound, known after start()
 
-    def start(self) -> list[str]:
-        announce = [_maddr(self._announce_host, self._port)] if self._announce_host and self._port else None
+    def start(self, bootstrap: Sequence[str] = ()) -> list[str]:
+        """Listen (on the previous start's port when it is free) and, when ``bootstrap`` names peers'
+        DHT addresses (a restart), dial them so that the peers that kept training through the outage and
+        those that join through this node meet; a peer that is gone is skipped.
+
+        Dialing happens after the start, not as hivemind's initial_peers: with those, one unreachable
+        address fails the whole start, and in this process a failed DHT start can break the next one's
+        shared memory (RuntimeError: Broken pipe, seen in the test suite)."""
+        port = self._port
+        if port == 0 and self._previous_port and _port_free(self._host, self._previous_port):
+            port = self._previous_port
+        announce = [_maddr(self._announce_host, port)] if self._announce_host and port else None
         self._dht = hivemind.DHT(
             start=True,
-            host_maddrs=[_maddr(self._host, self._port)],
+            host_maddrs=[_maddr(self._host, port)],
             announce_maddrs=announce,
             identity_path=str(self._state_dir / IDENTITY_FILE),
         )
+        self._orphan_watch = exit_with_parent(self._dht)
         visible = [str(m) for m in self._dht.get_visible_maddrs()]
+        ports = {m.split("/tcp/")[1].split("/")[0] for m in visible if "/tcp/" in m}
+        self.port = int(min(ports)) if ports else 0
         if self._announce_host:
             # With port 0 the port is known only now: tell peers the announced host with the bound port.
             peer_id = self._dht.peer_id.to_base58()
-            ports = {m.split("/tcp/")[1].split("/")[0] for m in visible if "/tcp/" in m}
             visible = [f"{_maddr(self._announce_host, int(p))}/p2p/{peer_id}" for p in sorted(ports)]
         self.initial_peers = visible
         logger.info("DHT node listening at %s", ", ".join(visible))
+        if bootstrap:
+            reached = self._dht.run_coroutine(functools.partial(_dial, list(bootstrap), DIAL_TIMEOUT_S))
+            logger.info("DHT node reconnected to %d of the %d peers it knew", reached,
+                        len({_peer_of(m) for m in bootstrap}))
         return visible
 
     def stop(self) -> None:

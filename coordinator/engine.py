@@ -199,6 +199,17 @@ class CoordinatorEngine:
             if self._run.grpc_port != port:
                 self._save_run(dataclasses.replace(self._run, grpc_port=port))
 
+    def remember_dht_port(self, port: int) -> None:
+        with self._lock:
+            if self._run.dht_port != port:
+                self._save_run(dataclasses.replace(self._run, dht_port=port))
+
+    def peer_dht_addresses(self) -> list[str]:
+        """The DHT addresses of the peers not known to be gone: a restarted coordinator's DHT node dials
+        them, so the overlay the peers kept up meanwhile and the peers that join through it are one."""
+        with self._lock:
+            return [m for p in self._peers.values() if p.alive for m in p.dht_maddrs]
+
     # --- internals ------------------------------------------------------------------------------
 
     @contextlib.contextmanager

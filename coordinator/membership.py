@@ -132,6 +132,7 @@ def apply_heartbeat(
         model_fingerprint=hb.model_fingerprint or peer.model_fingerprint,
         param_count=hb.param_count or peer.param_count,
         dht_peer_id=hb.dht_peer_id or peer.dht_peer_id,
+        dht_maddrs=tuple(hb.dht_maddrs) or peer.dht_maddrs,
         loss=hb.loss,
         step_time_s=hb.step_time_s,
         tokens_per_s=hb.tokens_per_s,

@@ -46,6 +46,7 @@ class RunRecord:
     eval_round: int = -1  # -1: no evaluation reported yet
     initial_eval_loss: float = NAN
     grpc_port: int = 0  # the port the last server bound, reused on restart so the join string holds
+    dht_port: int = 0  # the DHT node's, reused on restart so the peers' address for it holds
 
     @property
     def finished(self) -> bool:
@@ -72,6 +73,7 @@ class PeerRecord:
     model_fingerprint: str = ""
     param_count: int = 0
     dht_peer_id: str = ""
+    dht_maddrs: tuple[str, ...] = ()  # its DHT node's addresses: the restarted coordinator dials them
     loss: float = NAN
     step_time_s: float = 0.0
     tokens_per_s: float = 0.0

@@ -87,10 +87,13 @@ class CoordinatorServer:
                 check_spec=self._config_given, lease_s=self._lease_s, clock=self._clock,
             )
             cert_pem, key_pem = tls.ensure_certificate(self._state_dir)
+            # A restart keeps the DHT port (the peers' address for this node) and dials the peers it knew.
             self._dht = DHTNode(
-                state_dir=self._state_dir, host=self._host, port=self._dht_port, announce_host=self._announce_host
+                state_dir=self._state_dir, host=self._host, port=self._dht_port, announce_host=self._announce_host,
+                previous_port=self.engine.run.dht_port,
             )
-            initial_peers = self._dht.start()
+            initial_peers = self._dht.start(bootstrap=self.engine.peer_dht_addresses())
+            self.engine.remember_dht_port(self._dht.port)
             self._grpc = grpc.server(
                 ThreadPoolExecutor(max_workers=16, thread_name_prefix="coordinator-rpc"),
                 options=[("grpc.so_reuseport", 0)],  # a second coordinator on the same port must fail, not share

@@ -145,6 +145,7 @@ class PeerDaemon:
             model_fingerprint=self.trainer.fingerprint,
             param_count=self.trainer.param_count,
             dht_peer_id=self.transport.peer_id,
+            dht_maddrs=tuple(self.transport.visible_maddrs),
         )
         self._commit_state(self.trainer.global_params, self.trainer.momentum, 0)
         if joined.round.last_committed_round == 0:

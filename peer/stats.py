@@ -19,6 +19,7 @@ class PeerStats:
     model_fingerprint: str = ""
     param_count: int = 0
     dht_peer_id: str = ""
+    dht_maddrs: tuple[str, ...] = ()
     loss: float = math.nan
     step_time_s: float = 0.0
     tokens_per_s: float = 0.0
@@ -53,6 +54,7 @@ class PeerStats:
                 model_fingerprint=self.model_fingerprint,
                 param_count=self.param_count,
                 dht_peer_id=self.dht_peer_id,
+                dht_maddrs=list(self.dht_maddrs),
                 loss=self.loss,
                 step_time_s=self.step_time_s,
                 tokens_per_s=self.tokens_per_s,

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
+import os
 import threading
 from typing import Any, Awaitable, Optional, Sequence
 
@@ -23,6 +25,29 @@ logger = logging.getLogger(__name__)
 # fork() handlers" and then an abseil mutex abort), and the peer hangs waiting for a DHT that never
 # gets ready. Threads that call gRPC while a Transport may be starting hold this lock around each call.
 FORK_LOCK = threading.Lock()
+
+
+PARENT_POLL_S = 1.0
+
+
+async def _exit_with_parent(parent_pid: int, _dht: Any, node: Any) -> None:
+    """Runs inside the DHT process: once the process that started it is gone (a kill -9, an OOM kill),
+    shut the node and its p2pd down and exit, instead of living on as an orphan that still answers in
+    the overlay under the dead process's identity and holds its port."""
+    try:
+        while os.getppid() == parent_pid:
+            await asyncio.sleep(PARENT_POLL_S)
+    except asyncio.CancelledError:  # a normal shutdown
+        return
+    try:
+        await asyncio.wait_for(node.shutdown(), timeout=5)
+    finally:
+        os._exit(0)
+
+
+def exit_with_parent(dht: hivemind.DHT) -> Any:
+    """Make a started DHT's process end when this process does; returns the watch's future."""
+    return dht.run_coroutine(functools.partial(_exit_with_parent, os.getpid()), return_future=True)
 
 
 class TransportStartFailed(RuntimeError):
@@ -59,6 +84,7 @@ class Transport:
                 logger.debug("DHT shutdown after a failed start: %r", shutdown_error)
             raise TransportStartFailed(f"the DHT did not start through {list(initial_peers) or 'no peers'}: "
                                        f"{str(e).strip() or type(e).__name__}") from e
+        self._orphan_watch = exit_with_parent(self.dht)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="swarm-p2p", daemon=True)
         self._thread.start()

@@ -98,7 +98,7 @@ class RoundInfo(_message.Message):
     def __init__(self, round: _Optional[int] = ..., outcome: _Optional[_Union[RoundOutcome, str]] = ..., participants: _Optional[_Iterable[str]] = ..., committed_hash: _Optional[str] = ..., holders: _Optional[_Iterable[str]] = ..., last_committed_round: _Optional[int] = ..., last_committed_hash: _Optional[str] = ..., finished: _Optional[bool] = ..., open_round: _Optional[int] = ..., live_peers: _Optional[int] = ..., behind_peers: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("peer_id", "state", "round", "params_hash", "params_round", "model_fingerprint", "param_count", "dht_peer_id", "loss", "step_time_s", "tokens_per_s", "inner_time_s", "wall_time_s", "inner_steps", "tokens", "bytes_sent", "bytes_received", "eval_loss", "eval_round")
+    __slots__ = ("peer_id", "state", "round", "params_hash", "params_round", "model_fingerprint", "param_count", "dht_peer_id", "loss", "step_time_s", "tokens_per_s", "inner_time_s", "wall_time_s", "inner_steps", "tokens", "bytes_sent", "bytes_received", "eval_loss", "eval_round", "dht_maddrs")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +118,7 @@ class HeartbeatRequest(_message.Message):
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
     EVAL_ROUND_FIELD_NUMBER: _ClassVar[int]
+    DHT_MADDRS_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     state: PeerState
     round: int
@@ -137,7 +138,8 @@ class HeartbeatRequest(_message.Message):
     bytes_received: int
     eval_loss: float
     eval_round: int
-    def __init__(self, peer_id: _Optional[str] = ..., state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., params_hash: _Optional[str] = ..., params_round: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., param_count: _Optional[int] = ..., dht_peer_id: _Optional[str] = ..., loss: _Optional[float] = ..., step_time_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., inner_time_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., inner_steps: _Optional[int] = ..., tokens: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ...) -> None: ...
+    dht_maddrs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, peer_id: _Optional[str] = ..., state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., params_hash: _Optional[str] = ..., params_round: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., param_count: _Optional[int] = ..., dht_peer_id: _Optional[str] = ..., loss: _Optional[float] = ..., step_time_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., inner_time_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., inner_steps: _Optional[int] = ..., tokens: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., dht_maddrs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("round", "lease_s")

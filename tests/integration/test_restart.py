@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from swarm.final_model import tensors_digest
-from tests.integration.harness import Swarm
+from tests.integration.harness import Swarm, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(360)]
 
@@ -31,8 +31,12 @@ def test_killed_voters_resume_from_their_votes_and_a_stopped_swarm_resumes_from_
         for name in PEERS:
             swarm.start_peer(name, "--checkpoint-every", "1")
         swarm.wait_status(lambda s: s["run"]["rounds_committed"] >= 3, timeout_s=120, what="a round after the kill")
-        for name in PEERS:
-            assert f"resumed from own vote for round 2, which was committed (hash {round_two})" in swarm.log(name)
+        # The first back can only resume from its vote. The other resumes from its own too, unless the
+        # first has committed a newer round alone by then (a loaded machine): then it downloads that.
+        resumed = f"resumed from own vote for round 2, which was committed (hash {round_two})"
+        poll(lambda: all(resumed in swarm.log(name) or "synced to round" in swarm.log(name) for name in PEERS),
+             timeout_s=120, what="both restarted peers to take up the run")
+        assert any(resumed in swarm.log(name) for name in PEERS), swarm.log("peer-0")[-2000:]
 
         # 2. Stop everything (SIGTERM: peers checkpoint and leave, the coordinator exits) and start again.
         for proc in swarm.peers.values():
