@@ -194,15 +194,11 @@ class CoordinatorEngine:
             final = self._latest.participants if self._latest is not None else ()
             return not any(self._peers[p].alive for p in final if p in self._peers)
 
-    def remember_port(self, port: int) -> None:
+    def remember_ports(self, *, grpc_port: int, dht_port: int) -> None:
+        """Keep the bound ports, which a restart binds again so that peers' addresses still hold."""
         with self._lock:
-            if self._run.grpc_port != port:
-                self._save_run(dataclasses.replace(self._run, grpc_port=port))
-
-    def remember_dht_port(self, port: int) -> None:
-        with self._lock:
-            if self._run.dht_port != port:
-                self._save_run(dataclasses.replace(self._run, dht_port=port))
+            if (self._run.grpc_port, self._run.dht_port) != (grpc_port, dht_port):
+                self._save_run(dataclasses.replace(self._run, grpc_port=grpc_port, dht_port=dht_port))
 
     def peer_dht_addresses(self) -> list[str]:
         """The DHT addresses of the peers not known to be gone: a restarted coordinator's DHT node dials

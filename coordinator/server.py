@@ -93,7 +93,6 @@ class CoordinatorServer:
                 previous_port=self.engine.run.dht_port,
             )
             initial_peers = self._dht.start(bootstrap=self.engine.peer_dht_addresses())
-            self.engine.remember_dht_port(self._dht.port)
             self._grpc = grpc.server(
                 ThreadPoolExecutor(max_workers=16, thread_name_prefix="coordinator-rpc"),
                 options=[("grpc.so_reuseport", 0)],  # a second coordinator on the same port must fail, not share
@@ -107,7 +106,7 @@ class CoordinatorServer:
         except BaseException:
             self.stop()
             raise
-        self.engine.remember_port(port)
+        self.engine.remember_ports(grpc_port=port, dht_port=self._dht.port)
         self._ticker = threading.Thread(target=self._tick_loop, name="coordinator-tick", daemon=True)
         self._ticker.start()
         self.join_string = JoinString(

@@ -34,15 +34,16 @@ def round_info(
     for round 0 and for rounds without a committed state of their own (open, voided, not yet
     opened), the live peers that hold the run's last committed state.
     """
+    live = [p for p in peers.values() if p.alive]
     info = pb.RoundInfo(
         round=number,
         last_committed_round=position.last_committed_round,
         last_committed_hash=position.last_committed_hash,
         finished=position.finished,
         open_round=position.open_round,
-        live_peers=sum(1 for p in peers.values() if p.alive),
+        live_peers=len(live),
         # a holder of the final state stays to serve it while these catch up (peer: _serve_final_state)
-        behind_peers=sum(1 for p in peers.values() if p.alive and p.params_round < position.last_committed_round),
+        behind_peers=sum(1 for p in live if p.params_round < position.last_committed_round),
     )
     if round_row is not None:
         info.outcome = round_row.outcome

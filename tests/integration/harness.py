@@ -103,6 +103,12 @@ class Swarm:
         path = self.workdir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def kill_coordinator(self) -> None:
+        """kill -9: no shutdown, only what SQLite already holds survives."""
+        self.coordinator.kill()
+        self.coordinator.wait(timeout=30)
+        self._client = None
+
     def close(self) -> None:
         if self._client is not None:
             self._client.close()

@@ -90,9 +90,7 @@ def test_two_peers_die_in_one_round_and_a_killed_coordinator_restarts_without_lo
         assert swarm.peers.pop(name).wait(timeout=180) == 137
 
     swarm.wait_status(lambda s: s["run"]["rounds_committed"] >= 3, timeout_s=120, what="three committed rounds")
-    swarm.coordinator.kill()  # kill -9: no shutdown, only what SQLite already holds survives
-    swarm.coordinator.wait(timeout=30)
-    swarm._client = None
+    swarm.kill_coordinator()
     assert swarm.start_coordinator("--config", str(config), "--lease-s", "6", "--exit-grace-s", "30") == join
 
     codes = swarm.wait_peers(timeout_s=180)
@@ -115,9 +113,7 @@ def test_peers_keep_averaging_while_the_coordinator_is_down_and_it_confirms_thei
     swarm.start_peer("peer-0")
     swarm.start_peer("peer-1")
     swarm.wait_status(lambda s: s["run"]["rounds_committed"] >= 2, timeout_s=120, what="two committed rounds")
-    swarm.coordinator.kill()
-    swarm.coordinator.wait(timeout=30)
-    swarm._client = None
+    swarm.kill_coordinator()
 
     decided = "round decided by the group"
     poll(lambda: all(swarm.log(n).count(decided) >= 2 for n in ("peer-0", "peer-1")), timeout_s=120,
@@ -147,9 +143,7 @@ def test_a_peer_joining_after_a_coordinator_restart_reaches_the_peers_that_kept_
     swarm.start_peer("peer-0")
     swarm.start_peer("peer-1")
     swarm.wait_status(lambda s: s["run"]["rounds_committed"] >= 2, timeout_s=120, what="two committed rounds")
-    swarm.coordinator.kill()
-    swarm.coordinator.wait(timeout=30)
-    swarm._client = None
+    swarm.kill_coordinator()
     assert swarm.start_coordinator("--config", str(config), "--lease-s", "6", "--exit-grace-s", "30") == join
     swarm.start_peer("late")
 
