@@ -18,7 +18,7 @@ import hivemind
 from hivemind.p2p import PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
-from swarm.transport import exit_with_parent
+from swarm.net.transport import exit_with_parent
 
 logger = logging.getLogger(__name__)
 

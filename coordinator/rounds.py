@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Collection, Optional, Sequence
 
 from coordinator.records import COMMITTED, OPEN, VOIDED, ReportRecord, RoundRecord, finite
-from swarm.group_vote import winning_hash
+from swarm.core.commit_rule import winning_hash
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from coordinator.dht_node import DHTNode
 from coordinator.engine import CoordinatorEngine
 from coordinator.servicer import CoordinatorServicer
 from coordinator.store import Store
-from swarm import tls
+from swarm.control import tls
 from swarm.config import RunConfig
-from swarm.joinstring import JoinString
+from swarm.control.joinstring import JoinString
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)

@@ -31,17 +31,17 @@ from peer.heartbeat import HeartbeatThread
 from peer.retry import with_retry
 from peer.resume import checkpoint_dir, maybe_resume, prune_votes, save_trainer, save_vote
 from peer.stats import PeerStats
-from swarm.algorithm import state_hash
+from swarm.core.state import state_hash
 from swarm.config import RunConfig
-from swarm.control import CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
-from swarm.exchange import Exchange, ExchangeFailed
-from swarm.group_vote import Vote, collect_votes, group_decision, post_vote
-from swarm.joinstring import JoinString
-from swarm.rendezvous import Member, group_key, participation_scale, rendezvous
-from swarm.state_transfer import GlobalState, StateServer, StateUnavailable, download_state
-from swarm.streaming import round_fragment, round_steps
-from swarm.trainer import Contribution, LocalTrainer, TrainStats
-from swarm.transport import Transport, TransportStartFailed
+from swarm.control.client import CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
+from swarm.net.allreduce import Exchange, ExchangeFailed
+from swarm.net.votes import Vote, collect_votes, group_decision, post_vote
+from swarm.control.joinstring import JoinString
+from swarm.net.rendezvous import Member, group_key, participation_scale, rendezvous
+from swarm.net.state_transfer import GlobalState, StateServer, StateUnavailable, download_state
+from swarm.core.fragments import round_fragment, round_steps
+from swarm.train.trainer import Contribution, LocalTrainer, TrainStats
+from swarm.net.transport import Transport, TransportStartFailed
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)

@@ -8,8 +8,8 @@ from typing import Optional
 
 from peer.faults import FaultPlan
 from peer.stats import PeerStats
-from swarm.control import CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
-from swarm.transport import FORK_LOCK
+from swarm.control.client import CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
+from swarm.net.transport import FORK_LOCK
 
 logger = logging.getLogger(__name__)
 

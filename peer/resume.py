@@ -24,8 +24,8 @@ from typing import Any, Optional
 import torch
 
 from peer.checkpoint import CheckpointError, load_checkpoint, read_manifest, save_checkpoint
-from swarm.algorithm import state_hash as hash_state
-from swarm.trainer import LocalTrainer
+from swarm.core.state import state_hash as hash_state
+from swarm.train.trainer import LocalTrainer
 
 logger = logging.getLogger(__name__)
 

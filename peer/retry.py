@@ -6,7 +6,7 @@ import logging
 import threading
 from typing import Callable, Optional, TypeVar
 
-from swarm.control import CoordinatorUnreachable
+from swarm.control.client import CoordinatorUnreachable
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

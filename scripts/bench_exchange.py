@@ -25,10 +25,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from swarm.codec import CODECS  # noqa: E402
-from swarm.exchange import Exchange  # noqa: E402
-from swarm.rendezvous import Member, group_key, rendezvous  # noqa: E402
-from swarm.transport import Transport  # noqa: E402
+from swarm.core.codec import CODECS  # noqa: E402
+from swarm.net.allreduce import Exchange  # noqa: E402
+from swarm.net.rendezvous import Member, group_key, rendezvous  # noqa: E402
+from swarm.net.transport import Transport  # noqa: E402
 
 
 def run_threads(fn, count: int, timeout_s: float) -> list:

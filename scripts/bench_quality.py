@@ -8,7 +8,7 @@ heterogeneous peers and torchft's DiLoCo: same model, data, seeds and inner step
 
 As in the DiLoCo paper, every method continues from one checkpoint trained by a single worker
 (cached under .bench_cache/); a second table repeats the fp32 rows from scratch. Swarm's rows run
-in its simulator (swarm.sim), which calls the peer daemon's functions. docs/BENCHMARKS.md has the
+in its simulator (swarm.train.sim), which calls the peer daemon's functions. docs/BENCHMARKS.md has the
 results and how to read them.
 """
 
@@ -32,13 +32,14 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from swarm import algorithm, streaming
-from swarm import model as swarm_model
-from swarm import sim as swarm_sim
-from swarm.config import DataConfig, ModelConfig, RoundConfig, RunConfig
-from swarm.data import eval_loss
-from swarm.final_model import load_into_model
-from swarm.trainer import LocalTrainer
+from swarm.core import average, fragments
+from swarm.core.state import state_hash
+from swarm.train import model as swarm_model
+from swarm.train import sim as swarm_sim
+from swarm.config import MODEL_PRESETS, DataConfig, ModelConfig, RoundConfig, RunConfig
+from swarm.train.data import eval_loss
+from swarm.train.final_model import load_into_model
+from swarm.train.trainer import LocalTrainer
 
 log = logging.getLogger("bench_quality")
 
@@ -160,7 +161,7 @@ def warm_checkpoint(bench: Bench) -> Path:
     run = bench.run_config()
     if bench.workers >= run.data.num_shards:
         raise ValueError(f"--workers must be below {run.data.num_shards} (the last shard is the warm-up's).")
-    spec = {"run": run.to_dict(), "shape": swarm_model.PRESETS[BENCH_PRESET],
+    spec = {"run": run.to_dict(), "shape": MODEL_PRESETS[BENCH_PRESET],
             "warm_steps": bench.warm_steps, "torch": torch.__version__, "version": 1}
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     weights_path = bench.cache_dir / f"warm-{key}.safetensors"
@@ -254,7 +255,7 @@ def run_ddp(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
 
 
 def run_sim(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
-    """DiLoCo, its codecs, Streaming DiLoCo and heterogeneous peers, all through swarm.sim."""
+    """DiLoCo, its codecs, Streaming DiLoCo and heterogeneous peers, all through swarm.train.sim."""
     base = bench.run_config()
     run = base.replace(rounds=dataclasses.replace(base.rounds, inner_steps=job.H)).validate()
     kwargs: dict[str, Any] = dict(codec=job.codec, error_feedback=job.error_feedback,
@@ -354,7 +355,7 @@ def _torchft_replica(index: int, bench: Bench, job: Job, ckpt: Optional[Path], l
     # same blocks as the "strided" pattern the streaming rows use), holding the same Parameters.
     names = [(name, p.shape) for name, p in trainer.model.named_parameters()]
     fragments = []
-    for indices in streaming.fragments(names, job.fragments, "contiguous"):
+    for indices in fragments.fragments(names, job.fragments, "contiguous"):
         holder = torch.nn.Module()
         for k, i in enumerate(indices):
             holder.register_parameter(f"p{k}", params[i])
@@ -372,9 +373,9 @@ def _torchft_replica(index: int, bench: Bench, job: Job, ckpt: Optional[Path], l
     # local progress; torchft keeps their global values in its backup copy and has no public
     # accessor for it (with F = 1 this restores what the model already holds).
     diloco._restore_parameters()
-    final = [algorithm.as_cpu_f32(p).clone() for p in params]
-    sizes = [sum(params[i].numel() for i in idx) for idx in streaming.fragments(names, job.fragments, "contiguous")]
-    results.put((index, _model_eval_loss(trainer), algorithm.state_hash(final, []), sizes))
+    final = [average.as_cpu_f32(p).clone() for p in params]
+    sizes = [sum(params[i].numel() for i in idx) for idx in fragments.fragments(names, job.fragments, "contiguous")]
+    results.put((index, _model_eval_loss(trainer), state_hash(final, []), sizes))
     manager.shutdown(wait=False)
 
 
@@ -523,7 +524,7 @@ def targets(rows: list[dict], bench: Bench) -> list[tuple[str, Optional[bool], s
 
 
 def _fmt_bytes(n: Optional[float]) -> str:
-    from swarm.status import format_bytes
+    from swarm.app.status import format_bytes
 
     return "—" if n is None else format_bytes(n)
 
@@ -592,7 +593,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.quick:
         steps, warm_steps, grid = QUICK_STEPS, min(warm_steps, QUICK_STEPS), QUICK_GRID
     if args.codecs is not None:
-        from swarm.codec import CODECS
+        from swarm.core.codec import CODECS
 
         codecs = tuple(c.strip() for c in args.codecs.split(",") if c.strip() and c.strip() != "none")
         bad = sorted(set(codecs) - set(CODECS))

@@ -29,15 +29,15 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from swarm.control import CoordinatorClient, CoordinatorError  # noqa: E402
-from swarm.joinstring import JoinString  # noqa: E402
-from swarm.status import status_to_dict  # noqa: E402
+from swarm.control.client import CoordinatorClient, CoordinatorError  # noqa: E402
+from swarm.control.joinstring import JoinString  # noqa: E402
+from swarm.app.status import status_to_dict  # noqa: E402
 
 
 def spawn(args: list[str], log: Path, stdout=None) -> subprocess.Popen:
     # faulthandler: a process that dies of a signal of its own (SIGSEGV, SIGABRT) leaves a traceback
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "swarm.cli", *args], stdout=stdout or open(log, "ab"),
+    return subprocess.Popen([sys.executable, "-m", "swarm.app.cli", *args], stdout=stdout or open(log, "ab"),
                             stderr=open(log, "ab"), env=env, cwd=ROOT, start_new_session=True)
 
 
@@ -210,7 +210,7 @@ class Soak:
 
 def final_eval(workdir: Path, peers: dict[str, subprocess.Popen]) -> Optional[float]:
     from swarm.config import RunConfig
-    from swarm.final_model import final_eval_loss
+    from swarm.train.final_model import final_eval_loss
 
     for name in sorted(peers):
         path = workdir / name / "final" / "model.safetensors"

@@ -12,9 +12,9 @@ from typing import Callable, Optional
 
 import psutil
 
-from swarm.control import CoordinatorClient, CoordinatorError
-from swarm.joinstring import JoinString
-from swarm.status import status_to_dict
+from swarm.control.client import CoordinatorClient, CoordinatorError
+from swarm.control.joinstring import JoinString
+from swarm.app.status import status_to_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def swarm_process(args: list[str], log: Path, *, stdout=None) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
     return subprocess.Popen(
-        [sys.executable, "-m", "swarm.cli", *args],
+        [sys.executable, "-m", "swarm.app.cli", *args],
         stdout=stdout if stdout is not None else open(log, "ab"),
         stderr=open(log, "ab"),
         env=env,

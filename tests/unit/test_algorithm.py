@@ -7,21 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from swarm.algorithm import (
-    OuterOptimizer,
-    OuterState,
-    butterfly_bytes_sent,
-    butterfly_reference,
-    flatten,
-    outer_optimizer_names,
-    outer_step,
-    part_bounds,
-    pseudo_gradient,
-    state_hash,
-    unflatten,
-    weighted_average,
-)
-from swarm.codec import CODECS
+from swarm.config import outer_optimizer_names
+from swarm.core.average import butterfly_bytes_sent, butterfly_reference, flatten, part_bounds, pseudo_gradient, unflatten, weighted_average
+from swarm.core.outer import OuterOptimizer, OuterState, outer_step
+from swarm.core.state import state_hash
+from swarm.core.codec import CODECS
 from swarm.config import ConfigError, OuterOptConfig, RunConfig
 
 pytestmark = pytest.mark.timeout(60)

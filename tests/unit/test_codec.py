@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from swarm.algorithm import part_bounds
-from swarm.codec import BLOCK, CODECS, ErrorFeedback, codec_round_trip, get_codec
+from swarm.core.average import part_bounds
+from swarm.core.codec import BLOCK, CODECS, ErrorFeedback, codec_round_trip, get_codec
 
 pytestmark = pytest.mark.timeout(60)
 

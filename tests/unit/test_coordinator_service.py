@@ -15,10 +15,10 @@ import pytest
 from google.protobuf import json_format
 
 from coordinator.server import JOIN_STRING_FILE, CoordinatorServer, serve
-from swarm import tls
+from swarm.control import tls
 from swarm.config import RoundConfig, RunConfig
-from swarm.control import CoordinatorClient, CoordinatorError, CoordinatorRejected, CoordinatorUnreachable
-from swarm.joinstring import JoinString
+from swarm.control.client import CoordinatorClient, CoordinatorError, CoordinatorRejected, CoordinatorUnreachable
+from swarm.control.joinstring import JoinString
 from swarm.v1 import coordinator_pb2 as pb
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.dht_node import DHTNode
-from swarm.transport import Transport
+from swarm.net.transport import Transport
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,11 +9,11 @@ from typing import Any, Callable, Iterator, Optional
 import pytest
 import torch
 
-from swarm.algorithm import weighted_average
-from swarm.codec import CODECS
-from swarm.exchange import Exchange, ExchangeFailed, ExchangeResult, part_bounds
-from swarm.rendezvous import Member, group_key, rendezvous
-from swarm.transport import Transport
+from swarm.core.average import weighted_average
+from swarm.core.codec import CODECS
+from swarm.net.allreduce import Exchange, ExchangeFailed, ExchangeResult, part_bounds
+from swarm.net.rendezvous import Member, group_key, rendezvous
+from swarm.net.transport import Transport
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -240,8 +240,8 @@ def test_a_member_that_fails_tells_the_others_who_fail_at_once(peers: list[Peer]
 def test_a_group_and_its_votes_ignore_malformed_entries_and_entries_posted_under_another_peers_name(peers):
     from hivemind.utils.timed_storage import get_dht_time
 
-    from swarm.dht_entries import read_entries
-    from swarm.group_vote import Vote, collect_votes, post_vote, vote_key
+    from swarm.net.dht_entries import read_entries
+    from swarm.net.votes import Vote, collect_votes, post_vote, vote_key
 
     a, b, c = peers
     key = group_key(RUN_ID, 901)
@@ -260,7 +260,7 @@ def test_a_group_and_its_votes_ignore_malformed_entries_and_entries_posted_under
 
 
 def test_a_group_smaller_than_the_runs_live_peers_takes_a_proportionally_smaller_outer_step():
-    from swarm.rendezvous import group_digest, participation_scale
+    from swarm.net.rendezvous import group_digest, participation_scale
 
     def m(i: int, live: int) -> Member:
         return Member(peer_id=f"p{i}", dht_peer_id=f"d{i}", index=i, weight=8.0, numel=10, codec="fp32",

@@ -2,7 +2,7 @@
 
 import pytest
 
-from swarm.joinstring import JoinString, JoinStringError
+from swarm.control.joinstring import JoinString, JoinStringError
 
 pytestmark = pytest.mark.timeout(10)
 

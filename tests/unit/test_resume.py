@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from peer.resume import maybe_resume, prune_votes, resume_trainer, save_trainer, save_vote, vote_dir
-from swarm.algorithm import state_hash
+from swarm.core.state import state_hash
 from swarm.config import DataConfig, RunConfig
-from swarm.trainer import LocalTrainer
+from swarm.train.trainer import LocalTrainer
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
 

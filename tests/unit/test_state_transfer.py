@@ -7,8 +7,8 @@ from typing import Iterator
 import pytest
 import torch
 
-from swarm.algorithm import state_hash
-from swarm.state_transfer import (
+from swarm.core.state import state_hash
+from swarm.net.state_transfer import (
     CHUNK_BYTES,
     GlobalState,
     StateServer,
@@ -17,7 +17,7 @@ from swarm.state_transfer import (
     download_state,
     serialize_state,
 )
-from swarm.transport import Transport
+from swarm.net.transport import Transport
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -157,7 +157,7 @@ def test_no_holders_is_unavailable(transports: tuple[Transport, Transport]) -> N
 
 
 def test_download_spreads_over_holders_and_survives_a_bad_one(transports: tuple[Transport, Transport]) -> None:
-    from swarm.state_transfer import CHUNK_BYTES
+    from swarm.net.state_transfer import CHUNK_BYTES
 
     holder, fetcher = transports
     third = Transport(initial_peers=holder.visible_maddrs)
@@ -195,7 +195,7 @@ class DyingStateServer(StateServer):
 
 
 def test_download_resumes_on_another_holder_when_its_source_dies_mid_way(transports: tuple[Transport, Transport]) -> None:
-    from swarm.state_transfer import CHUNK_BYTES
+    from swarm.net.state_transfer import CHUNK_BYTES
 
     holder, fetcher = transports
     second = Transport(initial_peers=holder.visible_maddrs)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from swarm.config import FRAGMENT_PATTERNS as PATTERNS
 from swarm.config import ConfigError, ModelConfig, RoundConfig, RunConfig
-from swarm.model import GPT, gpt_config
-from swarm.streaming import (
-    PATTERNS,
+from swarm.train.model import GPT, gpt_config
+from swarm.core.fragments import (
     fragments,
     layer_units,
     merge_fragment,

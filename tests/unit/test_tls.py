@@ -10,7 +10,7 @@ import grpc
 import pytest
 from cryptography import x509
 
-from swarm import tls
+from swarm.control import tls
 from swarm.v1 import coordinator_pb2 as pb
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc
 

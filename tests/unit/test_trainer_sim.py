@@ -7,14 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from swarm import algorithm
-from swarm.algorithm import weighted_average
-from swarm.codec import CODECS
+from swarm.core import average
+from swarm.core.state import state_hash
+from swarm.core.average import weighted_average
+from swarm.core.codec import CODECS
 from swarm.config import DataConfig, InnerOptConfig, ModelConfig, OuterOptConfig, RoundConfig, RunConfig
-from swarm.data import eval_loss
-from swarm.sim import main as sim_main
-from swarm.sim import simulate
-from swarm.trainer import LocalTrainer
+from swarm.train.data import eval_loss
+from swarm.train.sim import main as sim_main
+from swarm.train.sim import simulate
+from swarm.train.trainer import LocalTrainer
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]
 
@@ -257,7 +258,7 @@ def test_outer_optimizer_by_name_in_the_simulator_and_its_state_in_the_hash():
     result = simulate(run, peers=2, rounds=2)
     assert result.consistent and result.outer == "AdamW"
     assert len(result.final_momentum) == 4 * len(result.final_params)  # flag, exp_avg, exp_avg_sq, step
-    assert algorithm.state_hash(result.final_params, result.final_momentum) == result.final_hash
+    assert state_hash(result.final_params, result.final_momentum) == result.final_hash
     nesterov = simulate(RUN.replace(rounds=run.rounds), peers=2, rounds=2)
     assert nesterov.final_hash != result.final_hash
     trainer = LocalTrainer(run, peer_index=0)

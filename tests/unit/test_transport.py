@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.transport import Transport, TransportStartFailed
+from swarm.net.transport import Transport, TransportStartFailed
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +50,7 @@ def _running(pid: int) -> bool:
 
 def test_the_dht_process_and_its_p2pd_end_when_the_process_that_started_them_is_killed():
     """A kill -9 of a peer or coordinator must not leave its DHT node answering in the overlay."""
-    code = ("import time; from swarm.transport import Transport; t = Transport(initial_peers=[]); "
+    code = ("import time; from swarm.net.transport import Transport; t = Transport(initial_peers=[]); "
             "print(t.dht.pid, flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:

@@ -1,153 +1,17 @@
-"""The DiLoCo math as pure tensor functions, shared by the peer daemon and the simulator: the pseudo-
-gradient, the weighted average and the butterfly all-reduce it is computed by (``butterfly_reference``),
-the outer step and the outer optimizer object that holds its state, and the state hash.
-
-Every peer must compute bit-identical global parameters, so each function fixes its exact sequence
-of fp32 operations: one rounding per elementwise op, no ``alpha=``, ``addcmul``, ``foreach`` or
-fused kernels (their vectorised body and scalar tail may or may not use fused multiply-add, so the
-bits could depend on where a slice starts and on the CPU).  The one exception is an outer optimizer
-chosen from ``torch.optim`` by name (see ``OuterOptimizer``).
+"""The outer optimizer: θg ← OuterOpt(θg, Δ̄) as a pure step (``outer_step``, explicit Nesterov) and as
+an object whose state is a fixed list of tensors (``OuterOptimizer``), so the state can be hashed,
+sent to a joining peer and checkpointed. Same bit-exactness rules as ``swarm.core.average``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import logging
-import math
-import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Sequence
 
-import numpy as np
 import torch
 
-from swarm.codec import Codec, get_codec
-
-if TYPE_CHECKING:
-    from swarm.config import OuterOptConfig
-
-log = logging.getLogger(__name__)
-
-_F32 = torch.float32
-
-
-def _f32(x: float) -> torch.Tensor:
-    """A Python float rounded once to fp32, as a 0-dim tensor (the rounding is explicit, not left to
-    how torch wraps Python scalars)."""
-    return torch.tensor(x, dtype=_F32)
-
-
-def as_cpu_f32(t: torch.Tensor) -> torch.Tensor:
-    """``t`` detached, on the CPU, in fp32 (``t`` itself when it already is: no copy)."""
-    return t.detach().to(device="cpu", dtype=_F32)
-
-
-def pseudo_gradient(global_params: Sequence[torch.Tensor], local_params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Δ = θg − θl per tensor, as new fp32 CPU tensors."""
-    if len(global_params) != len(local_params):
-        raise ValueError(f"got {len(global_params)} global and {len(local_params)} local tensors.")
-    out = []
-    for g, l in zip(global_params, local_params):
-        if g.shape != l.shape:
-            raise ValueError(f"global and local tensor shapes differ: {tuple(g.shape)} vs {tuple(l.shape)}.")
-        out.append(as_cpu_f32(g) - as_cpu_f32(l))
-    return out
-
-
-def weighted_average(contributions: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
-    """Σ w_i c_i / Σ w_i with a fixed op order, in the order given (callers pass a canonical order).
-
-    Purely elementwise, so computing it on any slice gives exactly the slice of the full result: a
-    peer that reduces one part of the vector agrees with one that reduces all of it.
-    """
-    if len(contributions) != len(weights) or not contributions:
-        raise ValueError(f"need one weight per contribution, got {len(contributions)} and {len(weights)}.")
-    for w in weights:
-        if not (math.isfinite(w) and w > 0):
-            raise ValueError(f"weights must be positive and finite, got {w!r}.")
-    shape = contributions[0].shape
-    for c in contributions:
-        if c.dtype != _F32 or c.shape != shape:
-            raise ValueError(f"contributions must be fp32 with one shape {tuple(shape)}, got {c.dtype} {tuple(c.shape)}.")
-    total = 0.0
-    for w in weights:  # Python float, summed in the given order: every peer gets the same divisor
-        total += float(w)
-    acc = contributions[0] * _f32(weights[0])
-    for c, w in zip(contributions[1:], weights[1:]):
-        acc = acc + (c * _f32(w))  # separate mul and add: two roundings, never one FMA
-    return acc / _f32(total)
-
-
-def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One 1-D fp32 CPU tensor holding all elements, in order."""
-    if not tensors:
-        return torch.empty(0, dtype=_F32)
-    return torch.cat([as_cpu_f32(t).reshape(-1) for t in tensors])
-
-
-def unflatten(vec: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Split ``vec`` into tensors shaped like ``like`` (views into ``vec``)."""
-    sizes = [t.numel() for t in like]
-    if vec.dim() != 1 or vec.numel() != sum(sizes):
-        raise ValueError(f"vector of shape {tuple(vec.shape)} does not hold {sum(sizes)} elements.")
-    return [part.view(t.shape) for part, t in zip(torch.split(vec, sizes), like)]
-
-
-def part_bounds(numel: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
-    """``parts`` contiguous slices [start, end) covering ``numel`` elements, as equal as whole blocks of
-    ``align`` elements allow: every boundary is a multiple of ``align`` except the final ``numel``
-    (the first slices get one block more; slices past the last block are empty).  With ``align`` = 1
-    these are the nearly equal slices the butterfly all-reduce has always used."""
-    if numel < 0 or parts < 1 or align < 1:
-        raise ValueError(f"part_bounds needs numel >= 0, parts >= 1 and align >= 1, got {numel}, {parts}, {align}.")
-    blocks = -(-numel // align)
-    base, extra = divmod(blocks, parts)
-    bounds, start = [], 0
-    for i in range(parts):
-        end = min(numel, start + (base + (1 if i < extra else 0)) * align)
-        bounds.append((start, end))
-        start = end
-    return bounds
-
-
-def butterfly_reference(
-    contributions: Sequence[torch.Tensor],
-    weights: Sequence[float],
-    codec: Codec | str,
-    parts: int | None = None,
-) -> torch.Tensor:
-    """The average a butterfly all-reduce delivers to every member (``swarm.exchange``), computed in one
-    process: each contribution is cut into ``parts`` (default: one per contributor) slices aligned to
-    the codec's block; every slice goes over the wire encoded, so its owner reduces the decoded slices
-    with ``weighted_average`` in the given (group) order; the owner encodes its averaged slice once and
-    every member decodes those same bytes.  The simulator calls this, so a simulated round and a real
-    one agree bit for bit."""
-    codec = get_codec(codec)
-    if not contributions:
-        raise ValueError("butterfly_reference needs at least one contribution.")
-    numel = contributions[0].numel()
-    for c in contributions:
-        if c.dim() != 1 or c.numel() != numel:
-            raise ValueError(f"contributions must be 1-D with {numel} elements, got {tuple(c.shape)}.")
-    bounds = part_bounds(numel, len(contributions) if parts is None else parts, codec.block)
-    averaged = []
-    for start, end in bounds:
-        n = end - start
-        decoded = [codec.decode(codec.encode(as_cpu_f32(c[start:end]).contiguous()), n) for c in contributions]
-        mean = weighted_average(decoded, weights)
-        averaged.append(codec.decode(codec.encode(mean.contiguous()), n))
-    return torch.cat(averaged)
-
-
-def butterfly_bytes_sent(numel: int, group_size: int, codec: Codec | str) -> list[int]:
-    """Payload bytes each member (by position) sends in one butterfly all-reduce of ``numel`` elements:
-    its encoded slices for the K−1 other owners, then its own averaged slice to each of the K−1 others.
-    Message headers are not counted."""
-    codec = get_codec(codec)
-    sizes = [codec.encoded_size(e - s) for s, e in part_bounds(numel, group_size, codec.block)]
-    total = sum(sizes)
-    return [total - own + (group_size - 1) * own for own in sizes]
+from swarm.config import NESTEROV, OuterOptConfig, torch_optimizer_kwargs
+from swarm.core.average import _f32, _F32, as_cpu_f32
 
 
 @dataclass
@@ -189,49 +53,6 @@ def outer_step(
         new_params.append(p - (update * lr_t))
         new_momentum.append(m_new)
     return new_params, new_momentum
-
-
-def state_hash(params: Sequence[torch.Tensor], momentum: Sequence[torch.Tensor]) -> str:
-    """First 16 hex chars of sha256 over the shapes and little-endian fp32 bytes of params, then
-    momentum: equal hashes mean bit-identical global state."""
-    h = hashlib.sha256()
-    for group in (params, momentum):
-        h.update(struct.pack("<q", len(group)))
-        for t in group:
-            arr = as_cpu_f32(t).contiguous().numpy().astype("<f4", copy=False)
-            h.update(struct.pack("<q", arr.ndim) + struct.pack(f"<{arr.ndim}q", *arr.shape))
-            h.update(arr.reshape(-1).view(np.uint8).data)  # no copy: the state may be GBs
-    return h.hexdigest()[:16]
-
-
-# ---- the outer optimizer as an object with hashable state ---------------------------------------
-
-NESTEROV = "nesterov"
-
-
-def outer_optimizer_names() -> list[str]:
-    """Valid ``[outer] name`` values: the explicit Nesterov step, or a ``torch.optim`` class."""
-    names = [
-        n for n in dir(torch.optim)
-        if isinstance(getattr(torch.optim, n), type) and issubclass(getattr(torch.optim, n), torch.optim.Optimizer)
-        and n != "Optimizer"
-    ]
-    return [NESTEROV] + sorted(names)
-
-
-def torch_optimizer_kwargs(name: str, lr: float, options: dict[str, Any]) -> tuple[type, dict[str, Any]]:
-    """The ``torch.optim`` class called ``name`` and its constructor arguments: ``lr``, the options
-    (lists become tuples, e.g. ``betas``), and single-tensor, unfused kernels where it has the switches."""
-    cls = getattr(torch.optim, name, None)
-    if name == NESTEROV or not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)) or cls is torch.optim.Optimizer:
-        raise ValueError(f"outer optimizer {name!r} is unknown; choose one of {outer_optimizer_names()}.")
-    kwargs: dict[str, Any] = {"lr": lr}
-    kwargs.update({k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
-    accepted = inspect.signature(cls.__init__).parameters
-    for switch in ("foreach", "fused"):
-        if switch in accepted:
-            kwargs[switch] = False
-    return cls, kwargs
 
 
 class OuterOptimizer:

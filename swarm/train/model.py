@@ -15,25 +15,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from swarm.config import ModelConfig
+from swarm.config import MODEL_PRESETS, ModelConfig
 
 log = logging.getLogger(__name__)
 
 VOCAB_SIZE = 256  # one token per byte: no tokenizer to ship or agree on
 
 # Approximate parameter counts (embeddings included, lm_head tied to the token embedding).
-PRESETS: dict[str, dict] = {
-    # ~0.22M in 4 blocks of width 64: scripts/bench_quality.py (Streaming DiLoCo with F = 4 needs 4 blocks).
-    "bench": dict(n_layer=4, n_head=4, d_model=64, context=128),
-    # ~0.44M: CPU tests; one AdamW step on 8x128 bytes takes ~60 ms on one core (2-core EPYC VM).
-    "tiny": dict(n_layer=2, n_head=4, d_model=128, context=128),
-    # ~10.8M: a CPU or a small GPU.
-    "small": dict(n_layer=6, n_head=6, d_model=384, context=256),
-    # ~38M: a GPU.
-    "medium": dict(n_layer=12, n_head=8, d_model=512, context=512),
-    # ~86M: GPT-2 small's shape (124M there is mostly its 50k-token embedding).
-    "gpt2": dict(n_layer=12, n_head=12, d_model=768, context=1024),
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,9 +115,9 @@ class GPT(nn.Module):
 
 def gpt_config(cfg: ModelConfig) -> GPTConfig:
     """The GPTConfig a run's ModelConfig describes (preset plus overrides)."""
-    if cfg.preset not in PRESETS:
-        raise ValueError(f"model preset {cfg.preset!r} is unknown; choose one of {sorted(PRESETS)}.")
-    shape = dict(PRESETS[cfg.preset])
+    if cfg.preset not in MODEL_PRESETS:
+        raise ValueError(f"model preset {cfg.preset!r} is unknown; choose one of {sorted(MODEL_PRESETS)}.")
+    shape = dict(MODEL_PRESETS[cfg.preset])
     if cfg.context is not None:
         shape["context"] = cfg.context
     return GPTConfig(**shape, dropout=cfg.dropout)

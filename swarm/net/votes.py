@@ -19,7 +19,8 @@ from typing import Optional
 import hivemind
 from hivemind.utils.timed_storage import get_dht_time
 
-from swarm.dht_entries import read_entries
+from swarm.core.commit_rule import winning_hash
+from swarm.net.dht_entries import read_entries
 
 logger = logging.getLogger(__name__)
 
@@ -52,14 +53,6 @@ def collect_votes(dht: hivemind.DHT, group_key: str, members: list[str], *, time
             logger.info("%s: %d of %d votes arrived", group_key, len(votes), len(members))
             return None
         time.sleep(poll_s)  # polling the DHT: there is no change notification to await
-
-
-def winning_hash(counts: Counter) -> Optional[tuple[str, int]]:
-    """The commit rule, shared by the coordinator and by a group deciding without it: the hash most
-    successful votes hold (ties: the smallest hash) and its count, or None (void) when there is none."""
-    if not counts:
-        return None
-    return min(counts.items(), key=lambda item: (-item[1], item[0]))
 
 
 def group_decision(votes: dict[str, Vote]) -> Optional[str]:

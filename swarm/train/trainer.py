@@ -2,9 +2,9 @@
 and the outer optimizer's state), its error feedback, and the DiLoCo / Streaming DiLoCo steps on them.
 The simulator and the peer daemon both use it.
 
-A round, as the peer daemon drives it (f = ``streaming.round_fragment(r, F)``; F = 1: f = 0):
+A round, as the peer daemon drives it (f = ``fragments.round_fragment(r, F)``; F = 1: f = 0):
 
-    trainer.train(n)                             # n = streaming.round_steps(r, H, F) at full speed
+    trainer.train(n)                             # n = fragments.round_steps(r, H, F) at full speed
     c = trainer.take_contribution(f)             # Δ_f (+ error-feedback residual) and its weight
     trainer.record_sent(c, codec)                # what the codec drops, carried to the next round
     avg = <butterfly all-reduce of c.delta, weight c.samples>   (background while overlapping)
@@ -24,11 +24,13 @@ from dataclasses import dataclass
 
 import torch
 
-from swarm import algorithm, streaming
-from swarm.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
+from swarm.core import average, fragments
+from swarm.core.outer import OuterOptimizer
+from swarm.core.state import state_hash
+from swarm.core.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
 from swarm.config import RunConfig
-from swarm.data import BatchSampler, ByteCorpus, eval_loss, shard_index_for_peer
-from swarm.model import build_model, model_fingerprint
+from swarm.train.data import BatchSampler, ByteCorpus, eval_loss, shard_index_for_peer
+from swarm.train.model import build_model, model_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -85,15 +87,15 @@ class LocalTrainer:
             betas=(run.inner.beta1, run.inner.beta2),
         )
         self.inner_steps_done = 0  # counts toward the warmup across rounds
-        self.global_params: list[torch.Tensor] = [algorithm.as_cpu_f32(p).clone() for p in self._params]
+        self.global_params: list[torch.Tensor] = [average.as_cpu_f32(p).clone() for p in self._params]
         shapes = [p.shape for p in self._params]
-        self.outer = algorithm.OuterOptimizer(run.outer, shapes)
+        self.outer = OuterOptimizer(run.outer, shapes)
         self.round = 0  # the committed round the global state belongs to
         self._step_time_ema_s: float | None = None
 
         rounds = run.rounds
         names = [name for name, _ in self.model.named_parameters()]
-        self.fragments: list[list[int]] = streaming.fragments(
+        self.fragments: list[list[int]] = fragments.fragments(
             list(zip(names, shapes)), rounds.fragments, rounds.fragment_pattern)
         # Plain DiLoCo (one fragment, no overlap) restarts every round from θg; streaming peers keep
         # training and replace or mix one fragment at a time when its global value arrives.
@@ -185,12 +187,12 @@ class LocalTrainer:
     # ---- outer step ---------------------------------------------------------------------------
 
     def local_params(self, fragment: int | None = None) -> list[torch.Tensor]:
-        return [algorithm.as_cpu_f32(self._params[i]) for i in self._indices(fragment)]
+        return [average.as_cpu_f32(self._params[i]) for i in self._indices(fragment)]
 
     def pseudo_gradient(self, fragment: int | None = None) -> torch.Tensor:
         """Δ = θg − θl over ``fragment``'s parameters (default: all), flattened to one fp32 CPU vector."""
         indices = self._indices(fragment)
-        return algorithm.flatten(algorithm.pseudo_gradient(
+        return average.flatten(average.pseudo_gradient(
             [self.global_params[i] for i in indices], self.local_params(fragment)))
 
     def take_contribution(self, fragment: int | None = None) -> Contribution:
@@ -221,7 +223,7 @@ class LocalTrainer:
         if codec.lossless:
             feedback.reset()
             return
-        bounds = algorithm.part_bounds(contribution.delta.numel(), parts or 1, codec.block)
+        bounds = average.part_bounds(contribution.delta.numel(), parts or 1, codec.block)
         feedback.update(contribution.delta, codec_round_trip(contribution.delta, codec, bounds))
 
     def apply(self, avg_delta_flat: torch.Tensor, fragment: int | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -229,7 +231,7 @@ class LocalTrainer:
         parameter) with the averaged Δ̄ over it; the trainer is not changed, so a round that is not
         committed leaves no trace."""
         indices = self._indices(fragment)
-        deltas = algorithm.unflatten(avg_delta_flat, [self.global_params[i] for i in indices])
+        deltas = average.unflatten(avg_delta_flat, [self.global_params[i] for i in indices])
         return self.outer.tentative_step(self.global_params, deltas, indices)
 
     def commit(self, params: list[torch.Tensor], momentum: list[torch.Tensor], round: int, *,
@@ -249,13 +251,13 @@ class LocalTrainer:
                 raise ValueError(f"committed tensor shape {tuple(new.shape)} does not match {tuple(old.shape)}.")
         indices = self._indices(fragment)  # checks the fragment before anything changes
         self.outer.load_state_tensors(momentum)
-        self.global_params = [algorithm.as_cpu_f32(t).contiguous() for t in params]
+        self.global_params = [average.as_cpu_f32(t).contiguous() for t in params]
         self.round = round
         if fragment is None:
             self.load_global_into_model()
             self._samples_since_sync = [0] * len(self.fragments)
             return
-        merged = streaming.merge_fragment(self.local_params(fragment), [self.global_params[i] for i in indices],
+        merged = fragments.merge_fragment(self.local_params(fragment), [self.global_params[i] for i in indices],
                                           self.mixing_alpha)
         with torch.no_grad():
             for i, value in zip(indices, merged):
@@ -270,7 +272,7 @@ class LocalTrainer:
 
     def state_hash(self) -> str:
         """Hash of θg and the outer optimizer's state: equal on every peer after a committed round."""
-        return algorithm.state_hash(self.global_params, self.outer.state_tensors())
+        return state_hash(self.global_params, self.outer.state_tensors())
 
     @property
     def param_count(self) -> int:

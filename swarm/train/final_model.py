@@ -1,6 +1,6 @@
 """The final model a peer writes when a run finishes: `<state-dir>/final/model.safetensors`.
 
-Tensor names are those of `swarm.model.GPT.named_parameters()`; the metadata holds the round and the
+Tensor names are those of `swarm.train.model.GPT.named_parameters()`; the metadata holds the round and the
 state hash. Helpers here read it back: a digest to compare peers, and its held-out eval loss.
 """
 
@@ -27,7 +27,7 @@ def tensors_digest(path: Path) -> str:
 
 def load_into_model(path: Path, run: RunConfig) -> torch.nn.Module:
     """The run's model with the file's parameters (a final model, a warm start)."""
-    from swarm.model import build_model
+    from swarm.train.model import build_model
 
     model = build_model(run.model, seed=run.seed)
     tensors = load_file(str(path))
@@ -43,7 +43,7 @@ def load_into_model(path: Path, run: RunConfig) -> torch.nn.Module:
 
 def final_eval_loss(path: Path, run: RunConfig) -> float:
     """Held-out loss of a final model, computed exactly as the peers evaluate."""
-    from swarm.data import ByteCorpus, eval_loss
+    from swarm.train.data import ByteCorpus, eval_loss
 
     model = load_into_model(path, run)
     return eval_loss(model, ByteCorpus.load(run.data), batch_size=run.data.batch_size,

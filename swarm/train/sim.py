@@ -1,9 +1,9 @@
 """N virtual DiLoCo peers in one process, calling exactly the functions a real peer calls (the trainer,
-the outer optimizer, and ``algorithm.butterfly_reference`` for the all-reduce), so given the same run
+the outer optimizer, and ``average.butterfly_reference`` for the all-reduce), so given the same run
 it computes the same global parameters as a real swarm, bit for bit.
 
-    python -m swarm.sim --peers 2 --rounds 3 --json
-    python -m swarm.sim --peers 4 --rounds 12 --codec int4 --fragments 2 --overlap 2 --speeds 1,1,0.5,0.33
+    python -m swarm.train.sim --peers 2 --rounds 3 --json
+    python -m swarm.train.sim --peers 4 --rounds 12 --codec int4 --fragments 2 --overlap 2 --speeds 1,1,0.5,0.33
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from typing import Optional, Sequence
 
 import torch
 
-from swarm import algorithm, streaming
-from swarm.codec import get_codec
+from swarm.core.fragments import round_end_step, round_fragment
+from swarm.core.average import butterfly_bytes_sent, butterfly_reference
+from swarm.core.state import state_hash
+from swarm.core.codec import get_codec
 from swarm.config import RunConfig, load_run_config
-from swarm.trainer import LocalTrainer, TrainStats
+from swarm.train.trainer import LocalTrainer, TrainStats
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +158,7 @@ def simulate(
     ``inner_steps`` nominal steps (per round in plain DiLoCo); ``speeds[i]`` is the same as a factor
     (1/3: a third of the steps). Rounds are time budgets: a slow peer does fewer steps and its
     pseudo-gradient weighs its samples. With fragments F, round r syncs fragment (r − 1) % F after
-    ``streaming.round_steps`` nominal steps. With overlap τ the exchange's result is applied after the
+    ``fragments.round_steps`` nominal steps. With overlap τ the exchange's result is applied after the
     first τ nominal steps of the next round (the "background" exchange is a delay), and the last one
     when the run ends. ``initial_params`` (in the model's parameter order) replace the seed's θ0 on
     every peer, with zero outer momentum: a warm start.
@@ -184,7 +186,7 @@ def simulate(
             t.commit([p.detach().clone() for p in initial_params], t.momentum, round=0)
     numel = trainers[0].param_count
     fragment_numel = [trainers[0].fragment_numel(f) for f in range(num_fragments)]
-    full_group = [sum(algorithm.butterfly_bytes_sent(n, peers, wire)) / peers for n in fragment_numel]
+    full_group = [sum(butterfly_bytes_sent(n, peers, wire)) / peers for n in fragment_numel]
     result = SimResult(
         peers=peers,
         codec=wire.name,
@@ -235,8 +237,8 @@ def simulate(
 
     in_flight: _Sync | None = None
     for r in range(1, rounds + 1):
-        f = streaming.round_fragment(r, num_fragments)
-        start, end = streaming.round_end_step(r - 1, h, num_fragments), streaming.round_end_step(r, h, num_fragments)
+        f = round_fragment(r, num_fragments)
+        start, end = round_end_step(r - 1, h, num_fragments), round_end_step(r, h, num_fragments)
         stats: list[list[TrainStats]] = [[] for _ in trainers]
         if in_flight is not None:  # the previous exchange lands after τ steps of this round
             train_until(stats, start, start + overlap)
@@ -254,10 +256,10 @@ def simulate(
         contributions = [trainers[i].take_contribution(f) for i in group]
         for i, c in zip(group, contributions):
             trainers[i].record_sent(c, wire, parts=len(group))
-        average = algorithm.butterfly_reference([c.delta for c in contributions],
+        average = butterfly_reference([c.delta for c in contributions],
                                                 [float(c.samples) for c in contributions], wire)
         sent = [0] * peers
-        for i, nbytes in zip(group, algorithm.butterfly_bytes_sent(fragment_numel[f], len(group), wire)):
+        for i, nbytes in zip(group, butterfly_bytes_sent(fragment_numel[f], len(group), wire)):
             sent[i] = nbytes
             result.bytes_sent_per_peer[i] += nbytes
         result.peak_bytes_per_sync = max(result.peak_bytes_per_sync, max(sent))
@@ -277,7 +279,7 @@ def simulate(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m swarm.sim", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m swarm.train.sim", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="run TOML file (default: the built-in defaults)")
     parser.add_argument("--peers", type=int, default=2, help="number of virtual peers")
     parser.add_argument("--rounds", type=int, default=3, help="number of outer rounds")

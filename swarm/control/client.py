@@ -12,8 +12,8 @@ from typing import Any, Optional
 
 import grpc
 
-from swarm import tls
-from swarm.joinstring import JoinString
+from swarm.control import tls
+from swarm.control.joinstring import JoinString
 from swarm.v1 import coordinator_pb2 as pb
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc
 

@@ -1,6 +1,6 @@
 """A peer's handle on hivemind's DHT and libp2p transport, with an asyncio loop of its own.
 
-The training loop is synchronous; the data plane (``swarm.exchange``, ``swarm.state_transfer``) is
+The training loop is synchronous; the data plane (``swarm.net.allreduce``, ``swarm.net.state_transfer``) is
 asyncio on hivemind's ``P2P``. This object owns the DHT, a replica of its P2P daemon client, and one
 event-loop thread, and runs coroutines there with a bound on every wait.
 """

@@ -25,7 +25,8 @@ from typing import Sequence, Union
 
 import torch
 
-PATTERNS = ("strided", "contiguous")
+from swarm.config import FRAGMENT_PATTERNS
+
 
 _BLOCK_INDEX = re.compile(r"\.(\d+)\.")
 
@@ -79,8 +80,8 @@ def layer_units(params: Sequence[ParamSpec]) -> list[list[int]]:
 def fragments(params: Sequence[ParamSpec], num_fragments: int, pattern: str = "strided") -> list[list[int]]:
     """Parameter indices of each fragment (ascending), for parameters given as names, shapes, or
     (name, shape) pairs in model order. ValueError when there are fewer layer units than fragments."""
-    if pattern not in PATTERNS:
-        raise ValueError(f"fragment pattern {pattern!r} is unknown; choose one of {list(PATTERNS)}.")
+    if pattern not in FRAGMENT_PATTERNS:
+        raise ValueError(f"fragment pattern {pattern!r} is unknown; choose one of {list(FRAGMENT_PATTERNS)}.")
     units = layer_units(params)
     if not 1 <= num_fragments <= len(units):
         raise ValueError(f"{num_fragments} fragments need at least as many layer units; this model has"

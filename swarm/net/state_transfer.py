@@ -20,8 +20,8 @@ from hivemind.p2p import P2PContext, PeerID
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from swarm.algorithm import state_hash
-from swarm.transport import Transport
+from swarm.core.state import state_hash
+from swarm.net.transport import Transport
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from typing import Any, Optional
 from rich.console import Console
 from rich.table import Table
 
-from swarm.status import format_bytes, status_to_dict
+from swarm.app.status import format_bytes, status_to_dict
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,7 +38,7 @@ class DemoOptions:
 def _spawn(args: list[str], log: Path, *, stdout=None) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen(
-        [sys.executable, "-m", "swarm.cli", *args],
+        [sys.executable, "-m", "swarm.app.cli", *args],
         stdout=stdout if stdout is not None else open(log, "ab"),
         stderr=open(log, "ab"),
         env=env,
@@ -101,7 +101,7 @@ def run_demo(options: DemoOptions) -> int:
                     os.killpg(proc.pid, signal.SIGKILL)
 
     finals = [workdir / f"peer-{i}" / "final" / "model.safetensors" for i in range(options.peers)]
-    from swarm.final_model import tensors_digest  # torch: imported only once the peers have finished
+    from swarm.train.final_model import tensors_digest  # torch: imported only once the peers have finished
 
     digests = [tensors_digest(f) if f.exists() else None for f in finals]
     consistent = all(d is not None for d in digests) and len(set(digests)) == 1
@@ -130,8 +130,8 @@ def run_demo(options: DemoOptions) -> int:
 
 def _follow(join: str, procs: list[subprocess.Popen], console: Console, *, deadline: float) -> Optional[dict[str, Any]]:
     """Print a line per committed round until the run finishes; return the last status seen."""
-    from swarm.control import CoordinatorClient, CoordinatorError
-    from swarm.joinstring import JoinString
+    from swarm.control.client import CoordinatorClient, CoordinatorError
+    from swarm.control.joinstring import JoinString
 
     client = CoordinatorClient(JoinString.parse(join))
     last: Optional[dict[str, Any]] = None
@@ -164,8 +164,8 @@ def _follow(join: str, procs: list[subprocess.Popen], console: Console, *, deadl
 
 
 def _final_status(join: str) -> Optional[dict[str, Any]]:
-    from swarm.control import CoordinatorClient, CoordinatorError
-    from swarm.joinstring import JoinString
+    from swarm.control.client import CoordinatorClient, CoordinatorError
+    from swarm.control.joinstring import JoinString
 
     client = CoordinatorClient(JoinString.parse(join), request_timeout_s=5)
     try:
@@ -180,7 +180,7 @@ def _final_eval_loss(path: Path, options: DemoOptions) -> float:
     import dataclasses
 
     from swarm.config import RunConfig
-    from swarm.final_model import final_eval_loss
+    from swarm.train.final_model import final_eval_loss
 
     run = RunConfig()
     return final_eval_loss(path, run.replace(model=dataclasses.replace(run.model, preset=options.preset)))

@@ -8,6 +8,7 @@ peer builds the same model, data shards and hyper-parameters.  Unknown keys and 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import tomllib
 import typing
@@ -20,18 +21,68 @@ class ConfigError(ValueError):
     """A user mistake in a run config; the message says what is wrong and what to do."""
 
 
+# Valid names, kept here so that the config stays a leaf; swarm.core and swarm.train register the
+# implementations under exactly these names (tests/unit/test_config.py checks they agree).
+CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4")
+FRAGMENT_PATTERNS = ("strided", "contiguous")
+
+# Built-in model shapes (swarm.train.model builds them).
+MODEL_PRESETS: dict[str, dict] = {
+    # ~0.22M in 4 blocks of width 64: scripts/bench_quality.py (Streaming DiLoCo with F = 4 needs 4 blocks).
+    "bench": dict(n_layer=4, n_head=4, d_model=64, context=128),
+    # ~0.44M: CPU tests; one AdamW step on 8x128 bytes takes ~60 ms on one core (2-core EPYC VM).
+    "tiny": dict(n_layer=2, n_head=4, d_model=128, context=128),
+    # ~10.8M: a CPU or a small GPU.
+    "small": dict(n_layer=6, n_head=6, d_model=384, context=256),
+    # ~38M: a GPU.
+    "medium": dict(n_layer=12, n_head=8, d_model=512, context=512),
+    # ~86M: GPT-2 small's shape (124M there is mostly its 50k-token embedding).
+    "gpt2": dict(n_layer=12, n_head=12, d_model=768, context=1024),
+}
+
+
+NESTEROV = "nesterov"
+
+
+def outer_optimizer_names() -> list[str]:
+    """Valid ``[outer] name`` values: the explicit Nesterov step, or a ``torch.optim`` class."""
+    import torch
+
+    names = [
+        n for n in dir(torch.optim)
+        if isinstance(getattr(torch.optim, n), type) and issubclass(getattr(torch.optim, n), torch.optim.Optimizer)
+        and n != "Optimizer"
+    ]
+    return [NESTEROV] + sorted(names)
+
+
+def torch_optimizer_kwargs(name: str, lr: float, options: dict[str, Any]) -> tuple[type, dict[str, Any]]:
+    """The ``torch.optim`` class called ``name`` and its constructor arguments: ``lr``, the options
+    (lists become tuples, e.g. ``betas``), and single-tensor, unfused kernels where it has the switches."""
+    import torch
+
+    cls = getattr(torch.optim, name, None)
+    if name == NESTEROV or not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)) or cls is torch.optim.Optimizer:
+        raise ValueError(f"outer optimizer {name!r} is unknown; choose one of {outer_optimizer_names()}.")
+    kwargs: dict[str, Any] = {"lr": lr}
+    kwargs.update({k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
+    accepted = inspect.signature(cls.__init__).parameters
+    for switch in ("foreach", "fused"):
+        if switch in accepted:
+            kwargs[switch] = False
+    return cls, kwargs
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    preset: str = "tiny"  # see swarm.model.PRESETS
+    preset: str = "tiny"  # see swarm.train.model.MODEL_PRESETS
     context: Optional[int] = None  # overrides the preset's context length when set
     dropout: float = 0.0
 
     def validate(self) -> None:
-        from swarm.model import PRESETS
-
-        if self.preset not in PRESETS:
+        if self.preset not in MODEL_PRESETS:
             raise ConfigError(
-                f"[model] preset {self.preset!r} is unknown; choose one of {sorted(PRESETS)}."
+                f"[model] preset {self.preset!r} is unknown; choose one of {sorted(MODEL_PRESETS)}."
             )
         if self.context is not None and self.context < 8:
             raise ConfigError(f"[model] context must be at least 8 bytes, got {self.context}.")
@@ -97,8 +148,6 @@ class OuterOptConfig:
             raise ConfigError(f"[outer] lr must be positive, got {self.lr}.")
         if not 0 <= self.momentum < 1:
             raise ConfigError(f"[outer] momentum must be in [0, 1), got {self.momentum}.")
-        from swarm.algorithm import NESTEROV, outer_optimizer_names, torch_optimizer_kwargs
-
         if self.name not in outer_optimizer_names():
             raise ConfigError(f"[outer] name {self.name!r} is unknown; choose one of {outer_optimizer_names()}.")
         if self.name == NESTEROV:
@@ -127,7 +176,7 @@ class RoundConfig:
     round_timeout_s: float = 900.0  # a round undecided this long after it opened is decided as is
     # Lossy codecs only: a peer adds what the codec dropped last time to its next pseudo-gradient.
     error_feedback: bool = True
-    # Streaming DiLoCo (see swarm.streaming): the parameters are split into `fragments` groups of layers
+    # Streaming DiLoCo (see swarm.core.fragments): the parameters are split into `fragments` groups of layers
     # that sync one per round, staggered, each once every inner_steps steps; 1 is plain DiLoCo.
     fragments: int = 1
     fragment_pattern: str = "strided"  # "strided" (Streaming DiLoCo) or "contiguous" (torchft)
@@ -142,28 +191,24 @@ class RoundConfig:
     scale_by_participation: bool = True
 
     def validate(self) -> None:
-        from swarm.codec import CODECS
-
         if self.inner_steps < 1:
             raise ConfigError(f"[rounds] inner_steps must be at least 1, got {self.inner_steps}.")
         if self.max_rounds is not None and self.max_rounds < 1:
             raise ConfigError(f"[rounds] max_rounds must be at least 1, got {self.max_rounds}.")
         if self.min_peers < 1:
             raise ConfigError(f"[rounds] min_peers must be at least 1, got {self.min_peers}.")
-        if self.codec not in CODECS:
-            raise ConfigError(f"[rounds] codec {self.codec!r} is unknown; choose one of {sorted(CODECS)}.")
+        if self.codec not in CODEC_NAMES:
+            raise ConfigError(f"[rounds] codec {self.codec!r} is unknown; choose one of {sorted(CODEC_NAMES)}.")
         if self.eval_every_rounds < 1:
             raise ConfigError("[rounds] eval_every_rounds must be at least 1.")
         for name in ("matchmaking_window_s", "exchange_timeout_s", "round_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"[rounds] {name} must be positive, got {getattr(self, name)}.")
-        from swarm.streaming import PATTERNS
-
         if not 1 <= self.fragments <= self.inner_steps:
             raise ConfigError(f"[rounds] fragments must be between 1 and inner_steps ({self.inner_steps}),"
                               f" got {self.fragments}.")
-        if self.fragment_pattern not in PATTERNS:
-            raise ConfigError(f"[rounds] fragment_pattern {self.fragment_pattern!r} is unknown; choose one of {list(PATTERNS)}.")
+        if self.fragment_pattern not in FRAGMENT_PATTERNS:
+            raise ConfigError(f"[rounds] fragment_pattern {self.fragment_pattern!r} is unknown; choose one of {list(FRAGMENT_PATTERNS)}.")
         gap = self.inner_steps // self.fragments
         if not 0 <= self.overlap_steps <= gap:
             raise ConfigError(f"[rounds] overlap_steps must be between 0 and inner_steps // fragments ({gap}),"

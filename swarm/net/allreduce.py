@@ -24,10 +24,10 @@ import torch
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.utils.asyncio import as_aiter
 
-from swarm.algorithm import part_bounds, weighted_average
-from swarm.codec import CODECS
-from swarm.rendezvous import Member, group_digest
-from swarm.transport import Transport
+from swarm.core.average import part_bounds, weighted_average
+from swarm.core.codec import CODECS
+from swarm.net.rendezvous import Member, group_digest
+from swarm.net.transport import Transport
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)

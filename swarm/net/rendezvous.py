@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import hivemind
 from hivemind.utils.timed_storage import get_dht_time
 
-from swarm.dht_entries import read_entries
+from swarm.net.dht_entries import read_entries
 
 logger = logging.getLogger(__name__)
 

@@ -70,7 +70,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
 
 def cmd_peer(args: argparse.Namespace) -> int:
-    from swarm.joinstring import JoinString
+    from swarm.control.joinstring import JoinString
 
     join = JoinString.parse(args.join)  # a malformed join string is reported before the slow imports
     from peer.faults import FaultPlan
@@ -104,9 +104,9 @@ def cmd_peer(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from swarm.control import CoordinatorClient
-    from swarm.joinstring import JoinString
-    from swarm.status import print_status, status_to_dict, watch
+    from swarm.control.client import CoordinatorClient
+    from swarm.control.joinstring import JoinString
+    from swarm.app.status import print_status, status_to_dict, watch
 
     client = CoordinatorClient(JoinString.parse(args.join))
     try:
@@ -125,7 +125,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from swarm.demo import DemoOptions, run_demo
+    from swarm.app.demo import DemoOptions, run_demo
 
     return run_demo(DemoOptions(
         peers=args.peers, rounds=args.rounds, inner_steps=args.inner_steps, preset=args.preset,
@@ -197,8 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from peer.faults import FaultSpecError
-    from swarm.control import CoordinatorError
-    from swarm.joinstring import JoinStringError
+    from swarm.control.client import CoordinatorError
+    from swarm.control.joinstring import JoinStringError
 
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose)

@@ -1,0 +1,1 @@
+"""The command line, the demo and the status view: the only layer that imports peer/ and coordinator/."""

@@ -1,0 +1,1 @@
+"""The coordinator client, join strings and TLS pinning."""
