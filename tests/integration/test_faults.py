@@ -45,7 +45,7 @@ def test_a_crash_in_each_exchange_phase_voids_or_commits_the_round_identically_f
     codes = swarm.wait_peers(timeout_s=180)
     assert codes == {"steady-0": 0, "steady-1": 0}
 
-    status = swarm.app.status()
+    status = swarm.status()
     assert status is not None
     run = status["run"]
     assert run["rounds_committed"] == 6
@@ -58,7 +58,7 @@ def test_a_crash_in_each_exchange_phase_voids_or_commits_the_round_identically_f
     assert dead["dies-after-average"]["rounds_joined"] >= 1
     assert dead["dies-after-report"]["rounds_joined"] >= dead["dies-after-average"]["rounds_joined"] + 1
     assert {p["state"] for p in dead.values()} == {"evicted"}
-    digests = {tensors_digest(swarm.train.final_model(n)) for n in ("steady-0", "steady-1")}
+    digests = {tensors_digest(swarm.final_model(n)) for n in ("steady-0", "steady-1")}
     assert len(digests) == 1, "survivors hold different global parameters"
     assert run["committed_hash"], "no committed hash"
 
@@ -72,9 +72,9 @@ def test_a_peer_that_never_reports_does_not_stall_or_split_the_run(swarm, tmp_pa
     swarm.start_peer("silent", "--faults", "drop@2:report")
     codes = swarm.wait_peers(timeout_s=180)
     assert codes == {"steady": 0, "silent": 0}
-    status = swarm.app.status()
+    status = swarm.status()
     assert status is not None and status["run"]["rounds_committed"] == 3
-    assert tensors_digest(swarm.train.final_model("steady")) == tensors_digest(swarm.train.final_model("silent"))
+    assert tensors_digest(swarm.final_model("steady")) == tensors_digest(swarm.final_model("silent"))
 
 
 def test_two_peers_die_in_one_round_and_a_killed_coordinator_restarts_without_losing_rounds(swarm, tmp_path):
@@ -95,12 +95,12 @@ def test_two_peers_die_in_one_round_and_a_killed_coordinator_restarts_without_lo
 
     codes = swarm.wait_peers(timeout_s=180)
     assert codes == {"steady-0": 0, "steady-1": 0}
-    run = swarm.app.status()["run"]
+    run = swarm.status()["run"]
     assert run["rounds_committed"] == 6
     # Round numbers stay dense across the restart: every round was committed or voided exactly once.
     assert run["committed_round"] == run["rounds_committed"] + run["rounds_voided"]
     assert run["rounds_voided"] >= 1  # round 2 lost a groupmate that had already posted
-    assert tensors_digest(swarm.train.final_model("steady-0")) == tensors_digest(swarm.train.final_model("steady-1"))
+    assert tensors_digest(swarm.final_model("steady-0")) == tensors_digest(swarm.final_model("steady-1"))
 
 
 def test_peers_keep_averaging_while_the_coordinator_is_down_and_it_confirms_their_rounds(swarm, tmp_path):
@@ -122,14 +122,14 @@ def test_peers_keep_averaging_while_the_coordinator_is_down_and_it_confirms_thei
 
     codes = swarm.wait_peers(timeout_s=180)
     assert codes == {"peer-0": 0, "peer-1": 0}, swarm.log("peer-0")[-3000:]
-    run = swarm.app.status()["run"]
+    run = swarm.status()["run"]
     assert run["rounds_committed"] == 8
     assert run["committed_round"] == run["rounds_committed"] + run["rounds_voided"]
     for name in ("peer-0", "peer-1"):
         log = swarm.log(name)
         assert "the coordinator confirmed the group's decision" in log
         assert "resyncing" not in log
-    assert tensors_digest(swarm.train.final_model("peer-0")) == tensors_digest(swarm.train.final_model("peer-1"))
+    assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))
 
 
 def test_a_peer_joining_after_a_coordinator_restart_reaches_the_peers_that_kept_training(swarm, tmp_path):
@@ -149,9 +149,9 @@ def test_a_peer_joining_after_a_coordinator_restart_reaches_the_peers_that_kept_
 
     codes = swarm.wait_peers(timeout_s=180)
     assert codes == {"peer-0": 0, "peer-1": 0, "late": 0}, swarm.log("late")[-3000:]
-    status = swarm.app.status()
+    status = swarm.status()
     assert status["run"]["rounds_committed"] == 16
     late = next(p for p in status["peers"] if p["name"] == "late")
     assert late["rounds_joined"] >= 1, late
-    digests = {tensors_digest(swarm.train.final_model(n)) for n in ("peer-0", "peer-1", "late")}
+    digests = {tensors_digest(swarm.final_model(n)) for n in ("peer-0", "peer-1", "late")}
     assert len(digests) == 1, "the joiner and the others hold different global parameters"

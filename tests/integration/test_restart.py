@@ -58,10 +58,10 @@ def test_killed_voters_resume_from_their_votes_and_a_stopped_swarm_resumes_from_
             indices = re.findall(r"as peer index (\d+)", swarm.log(name))
             assert len(indices) == 3 and len(set(indices)) == 1, f"{name} rejoined with another data shard"
 
-        final = swarm.app.status()["run"]
+        final = swarm.status()["run"]
         assert final["rounds_committed"] == 5
         # no committed round lost: every round number was committed or voided exactly once
         assert final["committed_round"] == final["rounds_committed"] + final["rounds_voided"]
-        assert tensors_digest(swarm.train.final_model("peer-0")) == tensors_digest(swarm.train.final_model("peer-1"))
+        assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))
     finally:
         swarm.close()

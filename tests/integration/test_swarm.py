@@ -47,12 +47,12 @@ def test_two_peers_commit_identical_state_that_matches_the_simulator(swarm):
     assert codes == {"peer-0": 0, "peer-1": 0}, swarm.log("peer-0")[-3000:]
     assert swarm.coordinator.wait(timeout=60) == 0
 
-    digests = {tensors_digest(swarm.train.final_model(n)) for n in ("peer-0", "peer-1")}
+    digests = {tensors_digest(swarm.final_model(n)) for n in ("peer-0", "peer-1")}
     assert len(digests) == 1, "the peers ended with different global parameters"
 
     run = RunConfig()
     run = run.replace(rounds=dataclasses.replace(run.rounds, inner_steps=10, max_rounds=3, min_peers=2))
-    assert_matches_simulator(swarm.train.final_model("peer-0"), run, peers=2, rounds=3)
+    assert_matches_simulator(swarm.final_model("peer-0"), run, peers=2, rounds=3)
 
 
 def test_late_joiner_catches_up_killed_peer_is_evicted_and_stopped_peer_leaves(swarm):
@@ -82,13 +82,13 @@ def test_late_joiner_catches_up_killed_peer_is_evicted_and_stopped_peer_leaves(s
     codes = swarm.wait_peers(timeout_s=180)
     assert all(code == 0 for code in codes.values()), codes
 
-    final = swarm.app.status()
+    final = swarm.status()
     assert final is not None, "the coordinator stopped answering before its exit grace ended"
     assert final["run"]["rounds_committed"] == 8
     assert final["run"]["rounds_committed"] > committed_at_eviction
     late = next(p for p in final["peers"] if p["name"] == "late")
     assert late["rounds_joined"] >= 1, "the late joiner never contributed to a committed round"
-    digests = {tensors_digest(swarm.train.final_model(n)) for n in ("peer-0", "peer-1", "late")}
+    digests = {tensors_digest(swarm.final_model(n)) for n in ("peer-0", "peer-1", "late")}
     assert len(digests) == 1, "survivors and the late joiner hold different global parameters"
 
 
@@ -111,9 +111,9 @@ def test_int8_streaming_swarm_with_overlap_matches_the_simulator(swarm, tmp_path
     swarm.start_peer("peer-1")
     codes = swarm.wait_peers(timeout_s=180)
     assert codes == {"peer-0": 0, "peer-1": 0}, swarm.log("peer-0")[-3000:]
-    assert tensors_digest(swarm.train.final_model("peer-0")) == tensors_digest(swarm.train.final_model("peer-1"))
+    assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))
 
-    assert_matches_simulator(swarm.train.final_model("peer-0"), load_run_config(config), peers=2, rounds=4)
+    assert_matches_simulator(swarm.final_model("peer-0"), load_run_config(config), peers=2, rounds=4)
 
 
 SLOW_EXCHANGE = """
@@ -143,7 +143,7 @@ def test_a_joiner_arriving_mid_exchange_waits_for_the_decision_and_does_not_dilu
 
     codes = swarm.wait_peers(timeout_s=180)
     assert codes == {"peer-0": 0, "peer-1": 0, "late": 0}, swarm.log("late")[-3000:]
-    final = swarm.app.status()
+    final = swarm.status()
     assert final["run"]["rounds_committed"] == 5 and final["run"]["rounds_voided"] == 0
     late = next(p for p in final["peers"] if p["name"] == "late")
     # not a participant of round 2 (it would count as missed), a contributor from a later round on
@@ -151,7 +151,7 @@ def test_a_joiner_arriving_mid_exchange_waits_for_the_decision_and_does_not_dilu
     assert late["rounds_missed"] == 0 and 1 <= late["rounds_joined"] <= 3, late
     # it downloaded round 1 from peers that were in the middle of round 2's exchange
     assert "synced to round 1," in swarm.log("late")
-    digests = {tensors_digest(swarm.train.final_model(n)) for n in ("peer-0", "peer-1", "late")}
+    digests = {tensors_digest(swarm.final_model(n)) for n in ("peer-0", "peer-1", "late")}
     assert len(digests) == 1, "the joiner and the others hold different global parameters"
 
 
@@ -175,5 +175,5 @@ def test_a_peer_still_downloading_when_the_run_finishes_gets_the_final_model(swa
     assert codes == {"peer-0": 0, "peer-1": 0, "late": 0}, swarm.log("late")[-3000:]
     assert "synced to round 2," in swarm.log("late")
     assert "serving the final state" in swarm.log("peer-0") + swarm.log("peer-1")
-    digests = {tensors_digest(swarm.train.final_model(n)) for n in ("peer-0", "peer-1", "late")}
+    digests = {tensors_digest(swarm.final_model(n)) for n in ("peer-0", "peer-1", "late")}
     assert len(digests) == 1, "the late peer's final model differs from the others'"
