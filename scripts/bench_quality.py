@@ -33,7 +33,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from swarm.core import average, fragments
-from swarm.core.state import state_hash
+from swarm.core.state import GlobalState, state_hash
 from swarm.train import model as swarm_model
 from swarm.train import sim as swarm_sim
 from swarm.config import MODEL_PRESETS, DataConfig, ModelConfig, RoundConfig, RunConfig
@@ -200,7 +200,7 @@ def start_from(trainer: LocalTrainer, weights: Optional[list[torch.Tensor]]) -> 
     """Make ``weights`` the trainer's committed θg (and θl), with zero outer momentum."""
     if weights is None:
         return
-    trainer.commit([w.clone() for w in weights], trainer.momentum, round=0)  # momentum: still zeros; θl ← θg
+    trainer.commit(GlobalState(0, [w.clone() for w in weights], trainer.state.outer_state))  # outer state: still zeros; θl ← θg
 
 
 def _model_eval_loss(trainer: LocalTrainer) -> float:

@@ -14,18 +14,22 @@ import json
 import logging
 import math
 import sys
+import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Optional, Sequence
 
 import torch
 
-from swarm.core.fragments import round_end_step, round_fragment
-from swarm.core.average import butterfly_bytes_sent, butterfly_reference
-from swarm.core.state import state_hash
-from swarm.core.codec import get_codec
 from swarm.config import RunConfig, load_run_config
-from swarm.train.trainer import LocalTrainer, TrainStats
+from swarm.core.average import butterfly_bytes_sent, butterfly_reference
+from swarm.core.codec import Codec, get_codec
+from swarm.core.commit_rule import winning_hash
+from swarm.core.fragments import round_end_step, round_fragment
+from swarm.core.state import GlobalState
+from swarm.train.round import Averaged, Decision, Hooks, InlineExecutor, Outcome, RoundRunner, Vote
+from swarm.train.trainer import Contribution, LocalTrainer, TrainStats
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +73,7 @@ class SimResult:
     peak_bytes_per_sync: int = 0  # the most one peer sent in one exchange
     rounds: list[SimRound] = field(default_factory=list)
     final_params: list[torch.Tensor] = field(default_factory=list, repr=False)
-    final_momentum: list[torch.Tensor] = field(default_factory=list, repr=False)  # the outer state
+    final_outer_state: list[torch.Tensor] = field(default_factory=list, repr=False)  # the outer state
 
     @property
     def final_hash(self) -> str:
@@ -87,7 +91,7 @@ class SimResult:
     def to_dict(self) -> dict:
         """JSON-ready summary (no tensors)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in
-               ("rounds", "final_params", "final_momentum")}
+               ("rounds", "final_params", "final_outer_state")}
         out["final_hash"] = self.final_hash
         out["consistent"] = self.consistent
         out["rounds"] = [dataclasses.asdict(r) | {"consistent": r.consistent} for r in self.rounds]
@@ -118,23 +122,176 @@ def _steps_between(rate: Fraction, start: int, end: int) -> int:
     return math.floor(rate * end) - math.floor(rate * start)
 
 
-def _combine(parts: list[TrainStats]) -> TrainStats:
-    steps = sum(p.steps for p in parts)
-    loss = sum(p.mean_loss * p.steps for p in parts if p.steps) / steps if steps else float("nan")
-    return TrainStats(steps=steps, samples=sum(p.samples for p in parts), tokens=sum(p.tokens for p in parts),
-                      mean_loss=loss, inner_time_s=sum(p.inner_time_s for p in parts))
+def _with_overrides(run: RunConfig, outer: str | None, **rounds) -> RunConfig:
+    overrides = {k: v for k, v in rounds.items() if v is not None}
+    if overrides:
+        run = run.replace(rounds=dataclasses.replace(run.rounds, **overrides))
+    if outer is not None:
+        run = run.replace(outer=dataclasses.replace(run.outer, name=outer))
+    if overrides or outer is not None:
+        get_codec(run.rounds.codec)  # an unknown codec: its own message, not the config's
+        run.validate()
+    return run
+
+
+class _Board:
+    """The in-process group, vote board and coordinator of N virtual peers. Every virtual peer runs on
+    its own thread holding ``cond``'s lock, released only while it waits here for the others: so one
+    peer computes at a time (the bits and the inner-step timings are those of a sequential run), and
+    the round runner blocks exactly where a real peer would."""
+
+    def __init__(self, peers: int, rounds: int, wire: Codec) -> None:
+        self.peers, self.rounds, self.wire = peers, rounds, wire
+        self.cond = threading.Condition()
+        self.contributions: dict[int, dict[int, Contribution]] = {}
+        self.averages: dict[int, torch.Tensor] = {}
+        self.votes: dict[int, dict[int, Vote]] = {}
+        self.failed: Optional[BaseException] = None
+
+    def wait_all(self, table: dict[int, dict], round_no: int) -> None:
+        self.cond.notify_all()
+        if not self.cond.wait_for(lambda: self.failed is not None or len(table[round_no]) == self.peers, timeout=600):
+            raise RuntimeError(f"sim round {round_no}: a virtual peer never arrived")
+        if self.failed is not None:
+            raise RuntimeError("another virtual peer failed") from self.failed
+
+    def average(self, index: int, round_no: int, contribution: Contribution) -> Averaged:
+        self.contributions.setdefault(round_no, {})[index] = contribution
+        self.wait_all(self.contributions, round_no)
+        ordered = [self.contributions[round_no][i] for i in range(self.peers)]
+        if round_no not in self.averages:
+            self.averages[round_no] = butterfly_reference([c.delta for c in ordered],
+                                                          [float(c.samples) for c in ordered], self.wire)
+        sent = butterfly_bytes_sent(contribution.delta.numel(), self.peers, self.wire)
+        return Averaged(average=self.averages[round_no], group=[str(i) for i in range(self.peers)],
+                        bytes_sent=sent[index])
+
+    def decide(self, vote: Vote, index: int) -> Decision:
+        self.votes.setdefault(vote.round_no, {})[index] = vote
+        self.wait_all(self.votes, vote.round_no)
+        counts = Counter(v.state_hash for v in self.votes[vote.round_no].values() if v.ok)
+        won = winning_hash(counts)
+        return Decision(vote.round_no, won[0] if won else None, finished=vote.round_no == self.rounds)
 
 
 @dataclass
-class _Sync:
-    """A round's exchange result, waiting to be applied (at once, or after the overlap)."""
+class _VirtualPeer(Hooks):
+    """One virtual peer's side of the board (its exchange, votes, decider and store) and its records."""
 
-    round: int
-    fragment: int
-    average: torch.Tensor
-    stats: list[list[TrainStats]]
-    group: list[int]
-    bytes_sent: list[int]
+    index: int
+    board: _Board
+    trained_stats: dict[int, TrainStats] = field(default_factory=dict)
+    bytes_sent: dict[int, int] = field(default_factory=dict)
+    hashes: dict[int, str] = field(default_factory=dict)
+    evals: dict[int, float] = field(default_factory=dict)
+    trainer: Optional[LocalTrainer] = None
+
+    def average(self, round_no: int, contribution: Contribution) -> Averaged:
+        averaged = self.board.average(self.index, round_no, contribution)
+        self.bytes_sent[round_no] = averaged.bytes_sent
+        return averaged
+
+    def post(self, vote: Vote) -> None:
+        pass  # the board sees every vote in decide
+
+    def decide(self, vote: Vote) -> Decision:
+        return self.board.decide(vote, self.index)
+
+    def still_planned(self, round_no: int) -> bool:
+        return True
+
+    def save_vote(self, state: GlobalState) -> None:
+        pass
+
+    def committed(self, state: GlobalState, *, provisional: bool) -> None:
+        self.hashes[state.round_no] = state.state_hash
+
+    def voided(self, round_no: int, *, provisional: bool) -> None:
+        raise RuntimeError(f"sim round {round_no} was voided: the virtual peers disagree")
+
+    def trained(self, round_no: int, stats: TrainStats) -> None:
+        self.trained_stats[round_no] = stats
+
+    def evaluated(self, round_no: int, loss: float) -> None:
+        self.evals[round_no] = loss
+
+
+def _drive(runner: RoundRunner, peer: _VirtualPeer, rounds: int) -> None:
+    board = peer.board
+    with board.cond:
+        try:
+            carry = None
+            for r in range(1, rounds + 1):
+                result = runner.run_round(r, carry)
+                if result.outcome not in (Outcome.COMMITTED, Outcome.IN_FLIGHT):
+                    raise RuntimeError(f"sim round {r}: {result.outcome.value} on virtual peer {peer.index}")
+                carry = result.pending
+            if carry is not None:  # the run ends: the peers wait for the last exchange
+                runner.finish(carry)
+        except BaseException as e:
+            board.failed = board.failed or e
+            board.cond.notify_all()
+            raise
+
+
+def _run_peers(run: RunConfig, trainers: list[LocalTrainer], rates: list[Fraction], rounds: int) -> list[_VirtualPeer]:
+    """Every virtual peer runs its rounds through the round runner, on its own thread."""
+    board = _Board(len(trainers), rounds, get_codec(run.rounds.codec))
+    peers, threads, errors = [], [], []
+    for i, (trainer, rate) in enumerate(zip(trainers, rates)):
+        peer = _VirtualPeer(i, board, trainer=trainer)
+        runner = RoundRunner(trainer, run, exchange=peer, votes=peer, decider=peer, store=peer, hooks=peer,
+                             executor=InlineExecutor(), evaluate=i == 0, budget=_budget(rate, run))
+        threads.append(threading.Thread(target=_guard, args=(errors, _drive, runner, peer, rounds),
+                                        name=f"sim-peer-{i}"))
+        peers.append(peer)
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return peers
+
+
+def _budget(rate: Fraction, run: RunConfig):
+    """A time budget: in round r a peer at ``rate`` does the steps it completes by the round's nominal
+    end, the first of them by the nominal τ-th step (when the previous exchange lands)."""
+    h, num_fragments, overlap = run.rounds.inner_steps, run.rounds.fragments, run.rounds.overlap_steps
+
+    def steps(round_no: int) -> tuple[int, int]:
+        start, end = round_end_step(round_no - 1, h, num_fragments), round_end_step(round_no, h, num_fragments)
+        return _steps_between(rate, start, start + overlap), _steps_between(rate, start, end)
+    return steps
+
+
+def _guard(errors: list, fn, *args) -> None:
+    try:
+        fn(*args)
+    except BaseException as e:  # re-raised on the caller's thread
+        errors.append(e)
+
+
+def _records(peers: list[_VirtualPeer], run: RunConfig, rounds: int) -> list[SimRound]:
+    out = []
+    for r in range(1, rounds + 1):
+        per_peer = [p.trained_stats[r] for p in peers]
+        samples = sum(s.samples for s in per_peer)
+        hashes = [p.hashes[r] for p in peers]
+        if len(set(hashes)) != 1:
+            log.error("sim round %d: peers disagree on the global state: %s", r, hashes)
+        out.append(SimRound(
+            round=r, state_hash=hashes[0], peer_hashes=hashes,
+            train_loss=sum(s.mean_loss * s.samples for s in per_peer if s.samples) / samples if samples else float("nan"),
+            eval_loss=peers[0].evals.get(r), samples=samples, tokens=sum(s.tokens for s in per_peer),
+            inner_time_s=max(s.inner_time_s for s in per_peer), fragment=round_fragment(r, run.rounds.fragments),
+            steps=[s.steps for s in per_peer], group=list(range(len(peers))),
+            bytes_sent=[p.bytes_sent[r] for p in peers],
+        ))
+        last = out[-1]
+        log.info("sim round %d (fragment %d): train loss %.4f, eval loss %s, hash %s", last.round, last.fragment,
+                 last.train_loss, "-" if last.eval_loss is None else f"{last.eval_loss:.4f}", last.state_hash)
+    return out
 
 
 def simulate(
@@ -152,129 +309,45 @@ def simulate(
     outer: str | None = None,
     initial_params: Sequence[torch.Tensor] | None = None,
 ) -> SimResult:
-    """Run ``rounds`` DiLoCo rounds with ``peers`` virtual peers, computing what a real swarm computes.
+    """Run ``rounds`` DiLoCo rounds with ``peers`` virtual peers, through the same round runner as a
+    real peer, so it computes what a real swarm computes.
 
     Every keyword left None takes the run's value. ``steps_per_peer[i]`` is peer i's inner steps per
     ``inner_steps`` nominal steps (per round in plain DiLoCo); ``speeds[i]`` is the same as a factor
     (1/3: a third of the steps). Rounds are time budgets: a slow peer does fewer steps and its
-    pseudo-gradient weighs its samples. With fragments F, round r syncs fragment (r − 1) % F after
-    ``fragments.round_steps`` nominal steps. With overlap τ the exchange's result is applied after the
-    first τ nominal steps of the next round (the "background" exchange is a delay), and the last one
-    when the run ends. ``initial_params`` (in the model's parameter order) replace the seed's θ0 on
-    every peer, with zero outer momentum: a warm start.
+    pseudo-gradient weighs its samples. ``initial_params`` (in the model's parameter order) replace the
+    seed's θ0 on every peer, with zero outer state: a warm start.
     """
     if peers < 1 or rounds < 0:
         raise ValueError(f"need at least one peer and a non-negative number of rounds, got {peers} and {rounds}.")
-    round_overrides = {k: v for k, v in (("codec", codec), ("error_feedback", error_feedback),
-                                         ("fragments", fragments), ("overlap_steps", overlap_steps),
-                                         ("mixing_alpha", mixing_alpha)) if v is not None}
-    if round_overrides:
-        run = run.replace(rounds=dataclasses.replace(run.rounds, **round_overrides))
-    if outer is not None:
-        run = run.replace(outer=dataclasses.replace(run.outer, name=outer))
-    if round_overrides or outer is not None:
-        get_codec(run.rounds.codec)  # an unknown codec: its own message, not the config's
-        run.validate()
+    run = _with_overrides(run, outer, codec=codec, error_feedback=error_feedback, fragments=fragments,
+                          overlap_steps=overlap_steps, mixing_alpha=mixing_alpha)
     rc = run.rounds
     wire = get_codec(rc.codec)
     rates = _rates(run, peers, steps_per_peer, speeds)
-    h, num_fragments, overlap = rc.inner_steps, rc.fragments, rc.overlap_steps
-
     trainers = [LocalTrainer(run, peer_index=i) for i in range(peers)]
     if initial_params is not None:
         for t in trainers:
-            t.commit([p.detach().clone() for p in initial_params], t.momentum, round=0)
-    numel = trainers[0].param_count
-    fragment_numel = [trainers[0].fragment_numel(f) for f in range(num_fragments)]
+            t.commit(GlobalState(0, [p.detach().clone() for p in initial_params], t.state.outer_state))
+    fragment_numel = [trainers[0].fragment_numel(f) for f in range(rc.fragments)]
     full_group = [sum(butterfly_bytes_sent(n, peers, wire)) / peers for n in fragment_numel]
     result = SimResult(
-        peers=peers,
-        codec=wire.name,
-        param_count=numel,
-        initial_hash=trainers[0].state_hash(),
-        initial_eval_loss=trainers[0].eval_loss(),
-        bytes_per_peer_per_round=sum(full_group) / num_fragments,
-        fragments=num_fragments,
-        overlap_steps=overlap,
-        error_feedback=rc.error_feedback and not wire.lossless,
-        outer=run.outer.name,
-        bytes_sent_per_peer=[0] * peers,
+        peers=peers, codec=wire.name, param_count=trainers[0].param_count, initial_hash=trainers[0].state.state_hash,
+        initial_eval_loss=trainers[0].eval_loss(), bytes_per_peer_per_round=sum(full_group) / rc.fragments,
+        fragments=rc.fragments, overlap_steps=rc.overlap_steps, error_feedback=rc.error_feedback and not wire.lossless,
+        outer=run.outer.name, bytes_sent_per_peer=[0] * peers,
     )
     log.info("sim: %d peers, %d parameters, codec %s, %d fragments, overlap %d, initial eval loss %.4f",
-             peers, numel, wire.name, num_fragments, overlap, result.initial_eval_loss)
-
-    def train_until(stats: list[list[TrainStats]], start: int, end: int) -> None:
-        for t, rate, peer_stats in zip(trainers, rates, stats):
-            peer_stats.append(t.train(_steps_between(rate, start, end)))
-
-    def finish(sync: _Sync) -> None:
-        for t in trainers:
-            params, state = t.apply(sync.average, fragment=sync.fragment)
-            t.commit(params, state, round=sync.round, fragment=sync.fragment)
-        hashes = [t.state_hash() for t in trainers]
-        if len(set(hashes)) != 1:
-            log.error("sim round %d: peers disagree on the global state: %s", sync.round, hashes)
-        per_peer = [_combine(s) for s in sync.stats]
-        samples = sum(s.samples for s in per_peer)
-        evaluate = sync.round % rc.eval_every_rounds == 0 or sync.round == rounds
-        result.rounds.append(SimRound(
-            round=sync.round,
-            state_hash=hashes[0],
-            peer_hashes=hashes,
-            train_loss=sum(s.mean_loss * s.samples for s in per_peer if s.samples) / samples if samples else float("nan"),
-            eval_loss=trainers[0].eval_loss() if evaluate else None,
-            samples=samples,
-            tokens=sum(s.tokens for s in per_peer),
-            inner_time_s=max(s.inner_time_s for s in per_peer),
-            fragment=sync.fragment,
-            steps=[s.steps for s in per_peer],
-            group=sync.group,
-            bytes_sent=sync.bytes_sent,
-        ))
-        last = result.rounds[-1]
-        log.info("sim round %d (fragment %d): train loss %.4f, eval loss %s, hash %s", last.round, last.fragment,
-                 last.train_loss, "-" if last.eval_loss is None else f"{last.eval_loss:.4f}", last.state_hash)
-
-    in_flight: _Sync | None = None
-    for r in range(1, rounds + 1):
-        f = round_fragment(r, num_fragments)
-        start, end = round_end_step(r - 1, h, num_fragments), round_end_step(r, h, num_fragments)
-        stats: list[list[TrainStats]] = [[] for _ in trainers]
-        if in_flight is not None:  # the previous exchange lands after τ steps of this round
-            train_until(stats, start, start + overlap)
-            finish(in_flight)
-            in_flight = None
-            train_until(stats, start + overlap, end)
-        else:
-            train_until(stats, start, end)
-
-        # The exchange: every peer with samples since this fragment's last sync, in peer order.
-        group = [i for i, t in enumerate(trainers) if t.samples_since_sync(f) > 0]
-        if not group:
-            raise ValueError(f"round {r}: no peer ran an inner step since fragment {f} last synced;"
-                             " raise the speeds or inner_steps.")
-        contributions = [trainers[i].take_contribution(f) for i in group]
-        for i, c in zip(group, contributions):
-            trainers[i].record_sent(c, wire, parts=len(group))
-        average = butterfly_reference([c.delta for c in contributions],
-                                                [float(c.samples) for c in contributions], wire)
-        sent = [0] * peers
-        for i, nbytes in zip(group, butterfly_bytes_sent(fragment_numel[f], len(group), wire)):
-            sent[i] = nbytes
-            result.bytes_sent_per_peer[i] += nbytes
-        result.peak_bytes_per_sync = max(result.peak_bytes_per_sync, max(sent))
-        sync = _Sync(round=r, fragment=f, average=average, stats=stats, group=group, bytes_sent=sent)
-        if overlap:
-            in_flight = sync
-        else:
-            finish(sync)
-    if in_flight is not None:  # the run ends: the peers wait for the last exchange
-        finish(in_flight)
-
+             peers, result.param_count, wire.name, rc.fragments, rc.overlap_steps, result.initial_eval_loss)
+    virtual = _run_peers(run, trainers, rates, rounds)
+    result.rounds = _records(virtual, run, rounds)
+    for r in result.rounds:
+        result.bytes_sent_per_peer = [a + b for a, b in zip(result.bytes_sent_per_peer, r.bytes_sent)]
+        result.peak_bytes_per_sync = max(result.peak_bytes_per_sync, max(r.bytes_sent))
     if rounds:
         result.bytes_per_peer_per_round = sum(result.bytes_sent_per_peer) / (peers * rounds)
     result.final_params = trainers[0].global_params
-    result.final_momentum = trainers[0].momentum
+    result.final_outer_state = trainers[0].state.outer_state
     return result
 
 

@@ -1,19 +1,17 @@
-"""One peer's local training state: the model and inner AdamW (θl), the committed global state (θg
-and the outer optimizer's state), its error feedback, and the DiLoCo / Streaming DiLoCo steps on them.
-The simulator and the peer daemon both use it.
-
-A round, as the peer daemon drives it (f = ``fragments.round_fragment(r, F)``; F = 1: f = 0):
+"""One peer's local training state: the model and inner AdamW (θl), the committed global state
+(``GlobalState``: θg, the outer optimizer's state and their hash), its error feedback, and the DiLoCo /
+Streaming DiLoCo steps on them. The round runner (``swarm.train.round``) drives it, in the daemon and in
+the simulator alike:
 
     trainer.train(n)                             # n = fragments.round_steps(r, H, F) at full speed
     c = trainer.take_contribution(f)             # Δ_f (+ error-feedback residual) and its weight
-    trainer.record_sent(c, codec)                # what the codec drops, carried to the next round
     avg = <butterfly all-reduce of c.delta, weight c.samples>   (background while overlapping)
     trainer.train(τ)                             # overlap: keep training while it is in flight
-    params, state = trainer.apply(avg, fragment=f)              # tentative, hashed, voted on
-    trainer.commit(params, state, r, fragment=f) # install θg; merge the local fragment
+    tentative = trainer.apply(avg, f, r)         # a GlobalState, hashed and voted on
+    trainer.record_sent(c, codec)                # on commit: what the codec dropped, for the next round
+    trainer.commit(tentative, fragment=f)        # install θg; merge the local fragment
 
-With F = 1 and no overlap (plain DiLoCo) every round starts from θg: ``train`` resets θl first, exactly
-as before fragments existed, so ``train / pseudo_gradient / apply / commit`` still work unchanged.
+With F = 1 and no overlap (plain DiLoCo) every round starts from θg: the commit replaces all of θl.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ import torch
 
 from swarm.core import average, fragments
 from swarm.core.outer import OuterOptimizer
-from swarm.core.state import state_hash
+from swarm.core.state import GlobalState
 from swarm.core.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
 from swarm.config import RunConfig
 from swarm.train.data import BatchSampler, ByteCorpus, eval_loss, shard_index_for_peer
@@ -87,10 +85,10 @@ class LocalTrainer:
             betas=(run.inner.beta1, run.inner.beta2),
         )
         self.inner_steps_done = 0  # counts toward the warmup across rounds
-        self.global_params: list[torch.Tensor] = [average.as_cpu_f32(p).clone() for p in self._params]
         shapes = [p.shape for p in self._params]
         self.outer = OuterOptimizer(run.outer, shapes)
-        self.round = 0  # the committed round the global state belongs to
+        # The committed global state; round 0 is θ0 with a zero outer state.
+        self.state = GlobalState(0, [average.as_cpu_f32(p).clone() for p in self._params], self.outer.state_tensors())
         self._step_time_ema_s: float | None = None
 
         rounds = run.rounds
@@ -147,7 +145,7 @@ class LocalTrainer:
             self._step_time_ema_s = per_step if ema is None else 0.7 * ema + 0.3 * per_step
         samples = steps * self.run.data.batch_size
         self._samples_since_sync = [n + samples for n in self._samples_since_sync]
-        log.debug("peer %d round %d: %d steps, loss %.4f, %.2fs", self.peer_index, self.round + 1, steps, mean_loss, elapsed)
+        log.debug("peer %d round %d: %d steps, loss %.4f, %.2fs", self.peer_index, self.round_no + 1, steps, mean_loss, elapsed)
         return TrainStats(steps=steps, samples=samples, tokens=samples * self.run.data.seq_len,
                           mean_loss=mean_loss, inner_time_s=elapsed)
 
@@ -226,33 +224,32 @@ class LocalTrainer:
         bounds = average.part_bounds(contribution.delta.numel(), parts or 1, codec.block)
         feedback.update(contribution.delta, codec_round_trip(contribution.delta, codec, bounds))
 
-    def apply(self, avg_delta_flat: torch.Tensor, fragment: int | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The tentative (θg, outer state) after an outer step of ``fragment`` (default: every
-        parameter) with the averaged Δ̄ over it; the trainer is not changed, so a round that is not
+    def apply(self, avg_delta_flat: torch.Tensor, fragment: int | None, round_no: int) -> GlobalState:
+        """The tentative global state of round ``round_no``: an outer step of ``fragment`` (None: every
+        parameter) with the averaged Δ̄ over it. The trainer is not changed, so a round that is not
         committed leaves no trace."""
         indices = self._indices(fragment)
         deltas = average.unflatten(avg_delta_flat, [self.global_params[i] for i in indices])
-        return self.outer.tentative_step(self.global_params, deltas, indices)
+        params, outer_state = self.outer.tentative_step(self.global_params, deltas, indices)
+        return GlobalState(round_no, params, outer_state)
 
-    def commit(self, params: list[torch.Tensor], momentum: list[torch.Tensor], round: int, *,
-               fragment: int | None = None) -> None:
-        """Install (θg, outer state) as the committed global state of ``round``; the trainer keeps the
-        tensors, so the caller must not modify them afterwards.
+    def commit(self, state: GlobalState, *, fragment: int | None = None) -> None:
+        """Install ``state`` as the committed global state; the trainer keeps its tensors, so the caller
+        must not modify them afterwards.
 
         ``fragment=None`` (the initial state, a state downloaded from a peer or resumed): θl restarts
         from θg and nothing counts as trained since.  ``fragment=f`` (a round) merges only that
         fragment into θl: replaced by θg_f (plain DiLoCo: f is every parameter), or, with overlap,
         mixed as α·θl_f + (1 − α)·θg_f (``mixing_alpha``); the rest of θl keeps training.
         """
-        if len(params) != len(self.global_params):
+        if len(state.params) != len(self.global_params):
             raise ValueError("committed state has the wrong number of tensors.")
-        for new, old in zip(params, self.global_params):
+        for new, old in zip(state.params, self.global_params):
             if new.shape != old.shape:
                 raise ValueError(f"committed tensor shape {tuple(new.shape)} does not match {tuple(old.shape)}.")
         indices = self._indices(fragment)  # checks the fragment before anything changes
-        self.outer.load_state_tensors(momentum)
-        self.global_params = [average.as_cpu_f32(t).contiguous() for t in params]
-        self.round = round
+        self.outer.load_state_tensors(state.outer_state)
+        self.state = state
         if fragment is None:
             self.load_global_into_model()
             self._samples_since_sync = [0] * len(self.fragments)
@@ -264,15 +261,16 @@ class LocalTrainer:
                 self._params[i].copy_(value)
 
     @property
-    def momentum(self) -> list[torch.Tensor]:
-        """The outer optimizer's state tensors (for Nesterov: one momentum buffer per parameter)."""
-        return self.outer.state_tensors()
+    def global_params(self) -> list[torch.Tensor]:
+        """θg of the committed state (fp32, CPU)."""
+        return self.state.params
+
+    @property
+    def round_no(self) -> int:
+        """The committed round the global state belongs to (0: the initial state)."""
+        return self.state.round_no
 
     # ---- reporting ----------------------------------------------------------------------------
-
-    def state_hash(self) -> str:
-        """Hash of θg and the outer optimizer's state: equal on every peer after a committed round."""
-        return state_hash(self.global_params, self.outer.state_tensors())
 
     @property
     def param_count(self) -> int:

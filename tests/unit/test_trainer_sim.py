@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swarm.core import average
-from swarm.core.state import state_hash
+from swarm.core.state import GlobalState, state_hash
 from swarm.core.average import weighted_average
 from swarm.core.codec import CODECS
 from swarm.config import DataConfig, InnerOptConfig, ModelConfig, OuterOptConfig, RoundConfig, RunConfig
@@ -48,14 +48,14 @@ def test_the_trainer_learns():
 def test_apply_is_tentative_and_commit_installs_the_state():
     trainer = LocalTrainer(RUN, peer_index=1)
     trainer.train(3)
-    start_hash = trainer.state_hash()
+    start_hash = trainer.state.state_hash
     delta = trainer.pseudo_gradient()
     assert delta.dim() == 1 and delta.numel() == trainer.param_count and delta.abs().sum() > 0
-    params, momentum = trainer.apply(delta)
-    assert trainer.state_hash() == start_hash and trainer.round == 0
-    trainer.commit(params, momentum, round=1)
-    assert trainer.state_hash() != start_hash and trainer.round == 1
-    assert all(torch.equal(a, g) for a, g in zip(trainer.model.parameters(), params))  # θl restarts from θg
+    tentative = trainer.apply(delta, None, 1)
+    assert trainer.state.state_hash == start_hash and trainer.round_no == 0
+    trainer.commit(tentative)
+    assert trainer.state.state_hash != start_hash and trainer.round_no == 1
+    assert all(torch.equal(a, g) for a, g in zip(trainer.model.parameters(), tentative.params))  # θl restarts from θg
     trainer.train(2)
     local = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.eval_loss()  # evaluates θg, then puts θl back
@@ -109,7 +109,7 @@ def test_simulation_is_deterministic():
     a = simulate(run, peers=2, rounds=2, steps_per_peer=[5, 3])
     b = simulate(run, peers=2, rounds=2, steps_per_peer=[5, 3])
     assert [r.state_hash for r in a.rounds] == [r.state_hash for r in b.rounds]
-    assert all(torch.equal(x, y) for x, y in zip(a.final_params + a.final_momentum, b.final_params + b.final_momentum))
+    assert all(torch.equal(x, y) for x, y in zip(a.final_params + a.final_outer_state, b.final_params + b.final_outer_state))
     assert [r.eval_loss for r in a.rounds] == [r.eval_loss for r in b.rounds]
 
 
@@ -120,7 +120,7 @@ def test_a_warm_started_simulation_continues_from_the_given_parameters():
     assert warm.consistent and warm.rounds[-1].eval_loss < warm.initial_eval_loss
     start = simulate(RUN, peers=2, rounds=0, initial_params=cold.final_params)
     assert all(torch.equal(a, b) for a, b in zip(start.final_params, cold.final_params))
-    assert all(not m.any() for m in start.final_momentum)  # the outer optimizer starts from zero momentum
+    assert all(not m.any() for m in start.final_outer_state)  # the outer optimizer starts from zero momentum
 
 
 def test_fp16_simulation_stays_consistent_and_sends_half_the_bytes():
@@ -167,8 +167,7 @@ def test_contributions_carry_samples_and_error_feedback():
     residual = trainer.error_feedback[0].residual
     assert residual.abs().max() > 0
     assert torch.equal(residual, first.delta - CODECS["int4"].decode(CODECS["int4"].encode(first.delta), first.delta.numel()))
-    params, state = trainer.apply(first.delta)
-    trainer.commit(params, state, round=1)
+    trainer.commit(trainer.apply(first.delta, None, 1))
     trainer.train(2)
     second = trainer.take_contribution()
     assert torch.equal(second.delta, trainer.pseudo_gradient() + residual)  # what was dropped goes out next
@@ -188,17 +187,17 @@ def test_streaming_trainer_keeps_training_and_merges_one_fragment_with_the_mixin
     assert trainer.samples_since_sync(0) == 16 and trainer.samples_since_sync(1) == 32
     local = [p.detach().clone() for p in trainer.model.parameters()]
     old_global = [g.clone() for g in trainer.global_params]
-    params, state = trainer.apply(contribution.delta, fragment=0)
-    assert all(params[i] is trainer.global_params[i] for i in frag1)  # tentative, fragment 0 only
-    trainer.commit(params, state, round=1, fragment=0)
+    tentative = trainer.apply(contribution.delta, 0, 1)
+    assert all(tentative.params[i] is trainer.global_params[i] for i in frag1)  # tentative, fragment 0 only
+    trainer.commit(tentative, fragment=0)
     after = list(trainer.model.parameters())
     for i in frag0:
-        ref = local[i].numpy() * np.float32(0.25) + params[i].numpy() * np.float32(0.75)
+        ref = local[i].numpy() * np.float32(0.25) + tentative.params[i].numpy() * np.float32(0.75)
         assert torch.equal(after[i].detach(), torch.from_numpy(ref)), i
         assert not torch.equal(trainer.global_params[i], old_global[i])
     for i in frag1:
         assert torch.equal(after[i].detach(), local[i]) and torch.equal(trainer.global_params[i], old_global[i])
-    trainer.commit(trainer.global_params, trainer.momentum, round=1)  # a resync: θl ← θg everywhere
+    trainer.commit(GlobalState(1, trainer.global_params, trainer.state.outer_state))  # a resync: θl ← θg everywhere
     assert all(torch.equal(p.detach(), g) for p, g in zip(trainer.model.parameters(), trainer.global_params))
     assert trainer.samples_since_sync(1) == 0
 
@@ -246,7 +245,7 @@ def test_a_third_speed_peer_does_a_third_of_the_steps_and_weighs_its_samples():
     for t, steps in zip(trainers, (6, 2)):
         t.train(steps)
     avg = weighted_average([t.pseudo_gradient() for t in trainers], [48.0, 16.0])
-    params, _ = trainers[0].apply(avg)
+    params = trainers[0].apply(avg, None, 1).params
     assert all(torch.equal(a, b) for a, b in zip(params, result.final_params))
     slow = simulate(run, peers=2, rounds=3, speeds=[1.0, 0.25])  # time budget: 1.5 steps a round
     assert [r.steps[1] for r in slow.rounds] == [1, 2, 1] and slow.consistent
@@ -257,17 +256,17 @@ def test_outer_optimizer_by_name_in_the_simulator_and_its_state_in_the_hash():
                       outer=OuterOptConfig(name="AdamW", lr=0.01, options={"betas": [0.9, 0.95]}))
     result = simulate(run, peers=2, rounds=2)
     assert result.consistent and result.outer == "AdamW"
-    assert len(result.final_momentum) == 4 * len(result.final_params)  # flag, exp_avg, exp_avg_sq, step
-    assert state_hash(result.final_params, result.final_momentum) == result.final_hash
+    assert len(result.final_outer_state) == 4 * len(result.final_params)  # flag, exp_avg, exp_avg_sq, step
+    assert state_hash(result.final_params, result.final_outer_state) == result.final_hash
     nesterov = simulate(RUN.replace(rounds=run.rounds), peers=2, rounds=2)
     assert nesterov.final_hash != result.final_hash
     trainer = LocalTrainer(run, peer_index=0)
-    trainer.commit(result.final_params, result.final_momentum, round=2)
-    assert trainer.state_hash() == result.final_hash
-    state = list(trainer.momentum)
+    trainer.commit(GlobalState(2, result.final_params, result.final_outer_state))
+    assert trainer.state.state_hash == result.final_hash
+    state = list(trainer.state.outer_state)
     state[2] = state[2] + 1e-3  # only the optimizer's second moment changes
-    trainer.commit(result.final_params, state, round=2)
-    assert trainer.state_hash() != result.final_hash
+    trainer.commit(GlobalState(2, result.final_params, state))
+    assert trainer.state.state_hash != result.final_hash
 
 
 def test_torch_sgd_by_name_and_the_explicit_nesterov_step_agree_up_to_rounding():

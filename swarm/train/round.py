@@ -1,0 +1,273 @@
+"""The round, written once: the peer daemon and the simulator both run every round through ``RoundRunner``.
+
+One round r, from one peer's side (f = the fragment round r syncs; F = 1: every parameter):
+
+    train the round's inner steps → take Δ_f (the contribution) → exchange it with the group →
+    tentative θg' = OuterOpt(θg, Δ̄) → durable vote (on disk, then posted) → decision →
+    commit θg' if it is the committed state, keep θg (and Δ's work) if the round was voided,
+    or report BEHIND: the caller syncs the committed state from a holder.
+
+With overlap τ (Streaming DiLoCo) the exchange of round r runs in the background while the first τ
+inner steps of round r + 1 train; ``run_round(r + 1, carry=<round r in flight>)`` finishes it there.
+
+The runner's collaborators are small interfaces, so the daemon passes the real ones (hivemind, the
+gRPC coordinator, the disk) and the simulator in-process ones:
+
+- ``GroupExchange.average``: find the round's group and average the contributions (raises SyncFailed);
+- ``VoteBoard``: durable votes, and the group's own decision when the coordinator cannot be reached;
+- ``Decider.decide``: the coordinator's decision on a round (it may fall back to the vote board);
+- ``StateStore``: where tentative and committed states go (vote files, checkpoints, the state server).
+
+Threads: ``run_round`` and ``finish`` run on the caller's thread and own the trainer; the exchange and
+the decision run on ``executor`` and only read the trainer's committed state (``apply`` is pure) until
+``finish`` joins them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Protocol
+
+import torch
+
+from swarm.config import RunConfig
+from swarm.core.fragments import round_fragment, round_steps
+from swarm.core.state import GlobalState
+from swarm.train.trainer import Contribution, LocalTrainer, TrainStats
+
+log = logging.getLogger(__name__)
+
+
+class SyncFailed(RuntimeError):
+    """This peer's exchange of a round failed (no group, a groupmate died, a timeout): it votes not-ok."""
+
+
+class Outcome(enum.Enum):
+    COMMITTED = "committed"  # this peer holds the committed state of the round
+    VOIDED = "voided"  # nobody applied the round; θg is unchanged and θl keeps the round's work
+    BEHIND = "behind"  # the round committed a state this peer does not hold: sync it before going on
+    IN_FLIGHT = "in flight"  # the exchange overlaps the next round; ``pending`` finishes it
+    NOT_PLANNED = "not planned"  # the previous round finished, but this peer is not in this round
+    STOPPED = "stopped"  # the peer is leaving; the round's work was not sent
+
+
+@dataclass(frozen=True)
+class Averaged:
+    """What a finished exchange gives this peer: Δ̄ of the fragment, identical on every groupmate."""
+
+    average: torch.Tensor
+    group: list[str]  # the groupmates' peer ids, this peer included
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    seconds: float = 0.0
+    scale: float = 1.0  # participation scale already applied to ``average`` (k of n live peers)
+
+
+@dataclass(frozen=True)
+class Vote:
+    round_no: int
+    fragment: int
+    ok: bool
+    state_hash: str  # of the tentative state; "" when the exchange failed
+    group: list[str]
+    contribution: Contribution
+    train: TrainStats
+    averaged: Optional[Averaged] = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    round_no: int
+    committed_hash: Optional[str]  # None: voided
+    finished: bool = False  # the run ends with this round
+    by_group: bool = False  # decided from the group's votes while the coordinator was unreachable
+    holders: list[str] = field(default_factory=list)  # who holds the committed state (DHT peer ids)
+
+
+class GroupExchange(Protocol):
+    def average(self, round_no: int, contribution: Contribution) -> Averaged: ...
+
+
+class VoteBoard(Protocol):
+    def post(self, vote: Vote) -> None: ...
+
+
+class Decider(Protocol):
+    def decide(self, vote: Vote) -> Decision: ...
+
+    def still_planned(self, round_no: int) -> bool: ...
+
+
+class StateStore(Protocol):
+    def save_vote(self, state: GlobalState) -> None: ...
+
+    def committed(self, state: GlobalState, *, provisional: bool) -> None: ...
+
+    def voided(self, round_no: int, *, provisional: bool) -> None: ...
+
+
+class Hooks:
+    """Observation and fault-injection points of a round; the default does nothing."""
+
+    def at(self, round_no: int, phase: str) -> None:
+        """phase: 'trained' (inner steps done), 'averaged' (exchange over), 'reported' (vote sent)."""
+
+    def trained(self, round_no: int, stats: TrainStats) -> None: ...
+
+    def exchanging(self, round_no: int) -> None: ...
+
+    def voted(self, vote: Vote) -> None: ...
+
+    def decided(self, result: "RoundResult") -> None: ...
+
+    def evaluated(self, round_no: int, loss: float) -> None: ...
+
+
+@dataclass
+class Pending:
+    """A round whose exchange and decision run on the executor."""
+
+    round_no: int
+    fragment: int
+    contribution: Contribution
+    train: TrainStats
+    future: concurrent.futures.Future  # of (Vote, Decision, tentative GlobalState or None)
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    round_no: int
+    outcome: Outcome
+    decision: Optional[Decision] = None
+    pending: Optional[Pending] = None  # IN_FLIGHT only
+    group: list[str] = field(default_factory=list)
+
+
+class InlineExecutor(concurrent.futures.Executor):
+    """Runs a submitted call at once on the caller's thread (the simulator's exchange needs no thread)."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # re-raised by future.result() in finish, on the round's thread
+            future.set_exception(e)
+        return future
+
+
+class RoundRunner:
+    def __init__(self, trainer: LocalTrainer, run: RunConfig, *, exchange: GroupExchange, votes: VoteBoard,
+                 decider: Decider, store: StateStore, executor: concurrent.futures.Executor,
+                 hooks: Optional[Hooks] = None, stopping: Callable[[], bool] = lambda: False,
+                 evaluate: bool = True, budget: Optional[Callable[[int], tuple[int, int]]] = None) -> None:
+        self.trainer, self.run = trainer, run
+        self.exchange, self.votes, self.decider, self.store = exchange, votes, decider, store
+        self.executor = executor
+        self.hooks = hooks or Hooks()
+        self.stopping = stopping
+        self.evaluate = evaluate  # evaluate θg on the run's eval rounds (the simulator asks one peer only)
+        self.budget = budget or self.full_speed
+
+    def full_speed(self, round_no: int) -> tuple[int, int]:
+        """(inner steps before a carried exchange is merged, inner steps in the round) for round_no."""
+        rounds = self.run.rounds
+        steps = round_steps(round_no, rounds.inner_steps, rounds.fragments)
+        return min(rounds.overlap_steps, steps), steps
+
+    def run_round(self, round_no: int, carry: Optional[Pending] = None) -> RoundResult:
+        """Train round ``round_no`` and exchange it. ``carry`` is the previous round, still in flight:
+        it is finished after the first τ inner steps. Returns IN_FLIGHT when this round's exchange
+        overlaps the next round, else the round's outcome (or the carried round's, if that one left
+        this peer BEHIND or out of this round)."""
+        rounds = self.run.rounds
+        before_merge, steps = self.budget(round_no)
+        parts = []
+        if carry is not None:
+            parts.append(self.trainer.train(before_merge))
+            previous = self.finish(carry)
+            if previous.outcome is Outcome.BEHIND:
+                return previous
+            if not self.decider.still_planned(round_no):
+                return RoundResult(round_no, Outcome.NOT_PLANNED)
+            parts.append(self.trainer.train(steps - parts[0].steps))
+        else:
+            parts.append(self.trainer.train(steps))
+        train = combine(parts)
+        self.hooks.trained(round_no, train)
+        self.hooks.at(round_no, "trained")
+        if self.stopping():
+            return RoundResult(round_no, Outcome.STOPPED)
+        pending = self.start(round_no, train)
+        last = rounds.max_rounds is not None and round_no >= rounds.max_rounds
+        if rounds.overlap_steps > 0 and not last:
+            return RoundResult(round_no, Outcome.IN_FLIGHT, pending=pending)
+        return self.finish(pending)
+
+    def start(self, round_no: int, train: TrainStats) -> Pending:
+        fragment = round_fragment(round_no, self.run.rounds.fragments)
+        contribution = self.trainer.take_contribution(fragment)
+        self.hooks.exchanging(round_no)
+        future = self.executor.submit(self._exchange_and_decide, round_no, contribution, train)
+        return Pending(round_no, fragment, contribution, train, future)
+
+    def _exchange_and_decide(self, round_no: int, contribution: Contribution, train: TrainStats):
+        """On the executor: average, tentative outer step, durable vote, decision."""
+        tentative, averaged, error = None, None, ""
+        try:
+            if contribution.samples <= 0:
+                raise SyncFailed(f"round {round_no}: no inner steps since fragment {contribution.fragment} last synced")
+            averaged = self.exchange.average(round_no, contribution)
+            tentative = self.trainer.apply(averaged.average, contribution.fragment, round_no)
+            self.store.save_vote(tentative)  # before the hash is reported: the round survives on disk
+        except SyncFailed as e:
+            error = str(e)
+            log.warning("round %d: exchange failed: %s", round_no, e)
+        self.hooks.at(round_no, "averaged")
+        vote = Vote(round_no=round_no, fragment=contribution.fragment, ok=tentative is not None,
+                    state_hash=tentative.state_hash if tentative is not None else "",
+                    group=averaged.group if averaged else [], contribution=contribution, train=train,
+                    averaged=averaged, error=error)
+        self.hooks.voted(vote)
+        self.votes.post(vote)
+        decision = self.decider.decide(vote)
+        return vote, decision, tentative
+
+    def finish(self, pending: Pending) -> RoundResult:
+        """Wait for ``pending``'s decision and apply it: commit, keep the voided round's work, or BEHIND."""
+        vote, decision, tentative = pending.future.result()
+        result = self._apply(pending, vote, decision, tentative)
+        self.hooks.decided(result)
+        return result
+
+    def _apply(self, pending: Pending, vote: Vote, decision: Decision, tentative: Optional[GlobalState]) -> RoundResult:
+        round_no = pending.round_no
+        if decision.committed_hash is None:
+            log.warning("round %d: voided by the %s; keeping the round %d state and this round's work", round_no,
+                        "group" if decision.by_group else "coordinator", self.trainer.round_no)
+            self.trainer.return_contribution(pending.contribution)
+            self.store.voided(round_no, provisional=decision.by_group)
+            return RoundResult(round_no, Outcome.VOIDED, decision, group=vote.group)
+        if tentative is None or decision.committed_hash != tentative.state_hash:
+            log.info("round %d: committed %s, which this peer does not hold", round_no, decision.committed_hash)
+            return RoundResult(round_no, Outcome.BEHIND, decision, group=vote.group)
+        self.trainer.record_sent(pending.contribution, self.run.rounds.codec,
+                                 parts=len(vote.group) if vote.group else None)
+        self.trainer.commit(tentative, fragment=pending.fragment)
+        self.store.committed(tentative, provisional=decision.by_group)
+        log.info("round %d: committed, hash %s", round_no, tentative.state_hash)
+        if self.evaluate and (decision.finished or round_no % self.run.rounds.eval_every_rounds == 0):
+            self.hooks.evaluated(round_no, self.trainer.eval_loss())
+        return RoundResult(round_no, Outcome.COMMITTED, decision, group=vote.group)
+
+
+def combine(parts: list[TrainStats]) -> TrainStats:
+    """One TrainStats for inner steps run in several parts (before and after an overlapped merge)."""
+    steps = sum(p.steps for p in parts)
+    loss = sum(p.mean_loss * p.steps for p in parts if p.steps) / steps if steps else math.nan
+    return TrainStats(steps=steps, samples=sum(p.samples for p in parts), tokens=sum(p.tokens for p in parts),
+                      mean_loss=loss, inner_time_s=sum(p.inner_time_s for p in parts))
