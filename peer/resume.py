@@ -24,6 +24,7 @@ from typing import Any, Optional
 import torch
 
 from peer.checkpoint import CheckpointError, load_checkpoint, read_manifest, save_checkpoint
+from swarm.core.state import GlobalState
 from swarm.core.state import state_hash as hash_state
 from swarm.train.trainer import LocalTrainer
 
@@ -56,7 +57,7 @@ def save_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str, state_h
         tensors[f"feedback.{f:03d}"] = feedback.residual
     manifest = {
         "run_id": run_id,
-        "round": trainer.round,
+        "round": trainer.round_no,
         "state_hash": state_hash,
         "peer_index": trainer.peer_index,
         "inner_steps_done": trainer.inner_steps_done,
@@ -105,7 +106,7 @@ def _load_if_committed(directory: Path, *, run_id: str, round_: int, state_hash:
 
 def _restore(trainer: LocalTrainer, tensors: dict[str, torch.Tensor], manifest: dict[str, Any]) -> None:
     params, outer = _global_state(tensors, trainer)
-    trainer.commit(params, outer, manifest["round"])  # checks shapes; resets θl to θg when streaming
+    trainer.commit(GlobalState(manifest["round"], params, outer))  # checks shapes; resets θl to θg when streaming
     with torch.no_grad():
         for i, p in enumerate(trainer.model.parameters()):
             p.copy_(tensors[f"local.{i:05d}"])
@@ -191,7 +192,7 @@ def resume_from_vote(state_dir: Path, trainer: LocalTrainer, *, run_id: str, rou
     except (CheckpointError, KeyError, ValueError, RuntimeError) as e:
         logger.info("no usable local checkpoint to go with the vote (%s); inner state starts fresh", e)
     try:
-        trainer.commit(params, outer, round_)  # θl restarts from θg, as after any full sync
+        trainer.commit(GlobalState(round_, params, outer))  # θl restarts from θg, as after any full sync
     except ValueError as e:
         logger.warning("the vote in %s does not fit this model (%s); downloading the state instead",
                        directory, e)

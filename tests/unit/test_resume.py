@@ -23,7 +23,7 @@ def _one_round(trainer: LocalTrainer, round_: int) -> None:
     contribution = trainer.take_contribution(0)
     trainer.record_sent(contribution, trainer.run.rounds.codec)
     params, state = trainer.apply(contribution.delta * 0.5)
-    trainer.commit(params, state, round_)
+    trainer.commit(GlobalState(round_, params, state))
 
 
 def test_resumed_trainer_continues_exactly_like_the_uninterrupted_one(tmp_path):

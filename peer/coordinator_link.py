@@ -1,0 +1,170 @@
+"""The peer's side of the coordinator: round plans, reports, decisions — and what the group decides
+on its own while the coordinator is unreachable (the backlog it reports once the coordinator is back).
+The round runner's Decider."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from peer.faults import FaultPlan
+from peer.retry import with_retry
+from swarm.control.client import CoordinatorClient, CoordinatorUnreachable
+from swarm.train.round import Decision, Vote
+from swarm.v1 import coordinator_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+DECIDED = (pb.ROUND_OUTCOME_COMMITTED, pb.ROUND_OUTCOME_VOIDED)
+FALLBACK_AFTER_S = 2.0  # unreachable this long while awaiting a decision: the group's votes decide
+
+
+class PeerExit(Exception):
+    """Stop the daemon with this exit code; the message has already been logged."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Backlogged:
+    """A round the group decided without the coordinator, to report once it is back."""
+
+    request: pb.ReportRoundRequest
+    committed_hash: Optional[str]
+
+
+class CoordinatorLink:
+    """Threads: ``decide`` runs on the round runner's executor; everything else on the main thread.
+    ``backlog`` is appended by the executor and taken by the main thread (list append/swap are atomic);
+    ``last_group`` and ``live_peers`` are plain values either thread may refresh."""
+
+    def __init__(self, client: CoordinatorClient, *, stop: threading.Event, faults: FaultPlan, poll_s: float,
+                 leave_grace_s: float, tag: Callable[[Optional[int]], str]) -> None:
+        self.client, self.stop, self.faults = client, stop, faults
+        self.poll_s, self.leave_grace_s, self.tag = poll_s, leave_grace_s, tag
+        self.peer_id = ""
+        self.backlog: list[Backlogged] = []
+        self.last_group: Optional[set[str]] = None
+        self.live_peers = 0
+        self.group_decision: Callable[[Vote], Optional[tuple[Optional[str], list[str]]]] = lambda vote: None
+        self.report_fields: Callable[[], dict] = dict  # per-peer fields every report carries
+
+    # ---- round plans ---------------------------------------------------------------------------------
+    def get_round(self, round_no: int) -> pb.RoundInfo:
+        """Round ``round_no`` (0: the current one), asked once; raises CoordinatorUnreachable."""
+        info = self.client.get_round(peer_id=self.peer_id, round=round_no)
+        self.live_peers = info.live_peers
+        return info
+
+    def round_info(self, round_no: int) -> pb.RoundInfo:
+        """Round ``round_no``, retrying while the coordinator is unreachable."""
+        return self.call(lambda: self.get_round(round_no), "get round")
+
+    def planned(self, round_no: int) -> Optional[set[str]]:
+        """Who the coordinator planned into ``round_no``; while it is down (or behind), the last group."""
+        try:
+            info = self.get_round(round_no)
+        except Exception:
+            return self.last_group
+        if info.round != round_no or info.outcome != pb.ROUND_OUTCOME_OPEN:
+            return self.last_group
+        self.last_group = set(info.participants)
+        return self.last_group
+
+    def still_planned(self, round_no: int) -> bool:
+        info = self.round_info(round_no)
+        return info.outcome == pb.ROUND_OUTCOME_OPEN and self.peer_id in info.participants
+
+    # ---- decisions -----------------------------------------------------------------------------------
+    def decide(self, vote: Vote) -> Decision:
+        """Report ``vote`` and wait for the decision; should the coordinator be unreachable, the group's
+        DHT votes decide when all are in (the round then joins the backlog)."""
+        round_no = vote.round_no
+        request = self.report_request(vote)
+        if self.faults.drops(round_no, "report"):
+            self.faults.at(round_no, "reported")
+            return self._decision(round_no, self.await_decision(round_no))
+        try:
+            response = self.client.report_round(request)
+            if 0 < response.round.open_round < round_no:
+                # back, but still behind this group: it did not count the report; the votes decide
+                raise CoordinatorUnreachable(f"the coordinator is at round {response.round.open_round}")
+        except CoordinatorUnreachable as e:
+            decision = self.decide_by_group(vote, request, e)
+            if decision is not None:
+                return decision
+            self.call(lambda: self.client.report_round(request), f"report round {round_no}")
+        self.faults.at(round_no, "reported")
+        fallback = lambda error: self.decide_by_group(vote, request, error)  # noqa: E731
+        info = self.await_decision(round_no, fallback=fallback)
+        return info if isinstance(info, Decision) else self._decision(round_no, info)
+
+    def decide_by_group(self, vote: Vote, request: pb.ReportRoundRequest, error: Exception) -> Optional[Decision]:
+        decided = self.group_decision(vote)
+        if decided is None:
+            if vote.group:
+                logger.warning("%s %s; not every groupmate's vote arrived, waiting for the coordinator",
+                               self.tag(vote.round_no), error)
+            return None
+        committed, holders = decided
+        self.backlog.append(Backlogged(request, committed))
+        logger.warning("%s coordinator unreachable; round decided by the group's votes: %s", self.tag(vote.round_no),
+                       f"committed {committed}" if committed else "voided")
+        return Decision(vote.round_no, committed, by_group=True, holders=holders)
+
+    def await_decision(self, round_no: int, fallback=None):
+        """The coordinator's RoundInfo once it decided ``round_no`` (or ``fallback``'s Decision, tried once
+        when it stays unreachable). A peer asked to leave still waits up to leave_grace_s, so that it
+        leaves holding the committed state."""
+        leave_by: Optional[float] = None
+        unreachable_since: Optional[float] = None
+        while True:
+            if self.stop.is_set():
+                leave_by = leave_by or time.monotonic() + self.leave_grace_s
+                if time.monotonic() > leave_by:
+                    raise PeerExit(0)
+            try:
+                info = self.get_round(round_no)
+            except CoordinatorUnreachable as e:
+                logger.warning("%s waiting for the decision: %s", self.tag(round_no), e)
+                info = None
+                unreachable_since = unreachable_since or time.monotonic()
+                if fallback is not None and time.monotonic() - unreachable_since > FALLBACK_AFTER_S:
+                    decision, fallback = fallback(e), None
+                    if decision is not None:
+                        return decision
+            if info is not None and info.outcome in DECIDED:
+                return info
+            time.sleep(self.poll_s if info is not None else 1.0)  # polled: there is no push
+
+    def take_backlog(self) -> list[Backlogged]:
+        backlog, self.backlog = self.backlog, []
+        return backlog
+
+    # ---- helpers -------------------------------------------------------------------------------------
+    def report_request(self, vote: Vote) -> pb.ReportRoundRequest:
+        averaged = vote.averaged
+        return pb.ReportRoundRequest(
+            peer_id=self.peer_id, round=vote.round_no, ok=vote.ok, params_hash=vote.state_hash, group=vote.group,
+            samples=vote.contribution.samples, inner_steps=vote.train.steps, inner_time_s=vote.train.inner_time_s,
+            exchange_time_s=averaged.seconds if averaged else 0.0,
+            bytes_sent=averaged.bytes_sent if averaged else 0,
+            bytes_received=averaged.bytes_received if averaged else 0, loss=vote.train.mean_loss,
+            error=vote.error, **self.report_fields(),
+        )
+
+    @staticmethod
+    def _decision(round_no: int, info: pb.RoundInfo) -> Decision:
+        committed = info.committed_hash if info.outcome == pb.ROUND_OUTCOME_COMMITTED else None
+        return Decision(round_no, committed, finished=info.finished, holders=list(info.holders))
+
+    def call(self, fn, what: str):
+        result = with_retry(fn, what=f"{self.tag(None)} {what}", stop=self.stop)
+        if result is None:
+            raise PeerExit(0)
+        return result

@@ -1,0 +1,82 @@
+"""The round's group over hivemind: rendezvous in the DHT, the butterfly all-reduce, and the DHT votes a
+group decides by while the coordinator is unreachable. The round runner's GroupExchange and VoteBoard."""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Optional
+
+from peer.faults import FaultPlan
+from swarm.config import RunConfig
+from swarm.net.allreduce import Exchange, ExchangeFailed
+from swarm.net.rendezvous import Member, group_key, participation_scale, rendezvous
+from swarm.net.transport import Transport
+from swarm.net.votes import Vote as DhtVote
+from swarm.net.votes import collect_votes, group_decision, post_vote
+from swarm.train.round import Averaged, SyncFailed, Vote
+from swarm.train.trainer import Contribution
+
+logger = logging.getLogger(__name__)
+
+VOTE_TTL_S = 600.0  # a vote outlives the longest outage the group decides through
+
+
+class DhtGroup:
+    """Owned by the round runner's executor thread (``average``, ``post``, ``decide``); ``live_peers`` is
+    written by the main thread from the coordinator's answers (a plain int: a stale read is harmless)."""
+
+    def __init__(self, transport: Transport, run: RunConfig, *, run_id: str, peer_id: str, peer_index: int,
+                 planned: Callable[[int], Optional[set[str]]], faults: FaultPlan) -> None:
+        self.transport, self.run, self.run_id = transport, run, run_id
+        self.peer_id, self.peer_index = peer_id, peer_index
+        self.planned = planned  # the coordinator's plan for a round, or the last known group while it is down
+        self.faults = faults
+        self.exchange = Exchange(transport, run_id=run_id)
+        self.live_peers = 0  # the run's live peers as last heard from the coordinator (0: not yet)
+
+    def key(self, round_no: int, fragment: int) -> str:
+        return group_key(self.run_id, round_no, fragment)
+
+    def average(self, round_no: int, contribution: Contribution) -> Averaged:
+        rounds = self.run.rounds
+        me = Member(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, index=self.peer_index,
+                    weight=float(contribution.samples), numel=contribution.delta.numel(), codec=rounds.codec,
+                    live_peers=self.live_peers if rounds.scale_by_participation else 0)
+        key = self.key(round_no, contribution.fragment)
+        try:
+            group = rendezvous(
+                self.transport.dht, key=key, me=me, planned=lambda: self.planned(round_no),
+                window_s=rounds.matchmaking_window_s, ttl_s=rounds.matchmaking_window_s + rounds.exchange_timeout_s,
+                on_posted=lambda: self.faults.at(round_no, "matchmaking"),
+            )
+            result = self.exchange.average(key=key, group=group, me=me, delta=contribution.delta,
+                                           timeout_s=rounds.exchange_timeout_s,
+                                           on_phase=lambda phase: self.faults.fire(round_no, phase))
+        except ExchangeFailed as e:
+            raise SyncFailed(str(e)) from e
+        scale = participation_scale(group)
+        average = result.average if scale == 1.0 else result.average * scale
+        logger.info("[%s r%d] averaged fragment %d with %d peers in %.2fs (%d bytes sent)%s", self.peer_id, round_no,
+                    contribution.fragment, len(group), result.seconds, result.bytes_sent,
+                    f", outer step scaled by {scale:.2f} ({len(group)} of {max(m.live_peers for m in group)} "
+                    "live peers)" if scale != 1.0 else "")
+        return Averaged(average=average, group=[m.peer_id for m in group], bytes_sent=result.bytes_sent,
+                        bytes_received=result.bytes_received, seconds=result.seconds, scale=scale)
+
+    def post(self, vote: Vote) -> None:
+        post_vote(self.transport.dht, self.key(vote.round_no, vote.fragment),
+                  DhtVote(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, ok=vote.ok,
+                          params_hash=vote.state_hash), ttl_s=VOTE_TTL_S)
+
+    def group_decision(self, vote: Vote) -> Optional[tuple[Optional[str], list[str]]]:
+        """The group's own decision on ``vote``'s round by the commit rule, once every groupmate's vote is
+        in the DHT: (committed hash or None for void, its holders' DHT ids); None when some are missing."""
+        if not vote.group:
+            return None
+        votes = collect_votes(self.transport.dht, self.key(vote.round_no, vote.fragment), vote.group,
+                              timeout_s=self.run.rounds.exchange_timeout_s)
+        if votes is None:
+            return None
+        committed = group_decision(votes)
+        holders = [v.dht_peer_id for v in votes.values() if v.ok and v.params_hash == committed] if committed else []
+        return committed, holders

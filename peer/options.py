@@ -1,0 +1,32 @@
+"""How a peer is run: the command line's choices (``swarm peer --help``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from peer.faults import FaultPlan
+from swarm.control.joinstring import JoinString
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeerOptions:
+    join: JoinString
+    device: str = "cpu"
+    state_dir: Path = Path("swarm-peer")
+    site: str = ""
+    name: str = ""
+    threads: Optional[int] = None  # torch intra-op threads; None keeps torch's default
+    p2p_host: str = "127.0.0.1"
+    p2p_port: int = 0
+    announce_host: Optional[str] = None
+    poll_s: float = 0.2  # how often a waiting peer asks the coordinator about the round
+    state_timeout_s: float = 120.0
+    join_timeout_s: float = 120.0  # give up joining when the coordinator stays unreachable this long
+    faults: FaultPlan = field(default_factory=FaultPlan)  # deterministic fault injection (tests, chaos)
+    checkpoint_every_rounds: int = 5  # 0: never, and votes are not written either (a checkpoint is still
+    # written when the peer exits)
+    leave_grace_s: float = 10.0  # a leaving peer still waits this long for its round's decision
+    final_serve_s: float = 30.0  # after the run, keep serving the final state this long at most while live
+    # peers still download it

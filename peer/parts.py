@@ -1,0 +1,78 @@
+"""What a peer is built from: the coordinator client, the DHT transport, the round's group and the state
+transfer. ``PeerParts`` makes the real ones; the peer's unit tests pass in-process fakes instead."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable, Optional, Protocol
+
+from peer.coordinator_link import PeerExit
+from peer.faults import FaultPlan
+from peer.group import DhtGroup
+from peer.retry import with_retry
+from swarm.config import RunConfig
+from swarm.control.client import CoordinatorClient
+from swarm.core.state import GlobalState
+from swarm.net.state_transfer import GlobalState as WireState
+from swarm.net.state_transfer import StateServer, download_state
+from swarm.net.transport import Transport, TransportStartFailed
+
+logger = logging.getLogger(__name__)
+
+
+class StateTransfer(Protocol):
+    def publish(self, state: GlobalState) -> None: ...
+
+    def download(self, holders: list[str], *, round_no: int, expected_hash: str,
+                 like: GlobalState) -> tuple[GlobalState, int]: ...
+
+
+class HivemindStateTransfer:
+    """Serves this peer's committed state to joiners and downloads the committed one from holders."""
+
+    def __init__(self, transport: Transport, *, run_id: str, timeout_s: float) -> None:
+        self.transport, self.run_id, self.timeout_s = transport, run_id, timeout_s
+        self.server = StateServer(transport, run_id=run_id)
+
+    def publish(self, state: GlobalState) -> None:
+        self.server.publish(WireState(round=state.round_no, params=list(state.params),
+                                      momentum=list(state.outer_state), hash=state.state_hash))
+
+    def download(self, holders: list[str], *, round_no: int, expected_hash: str, like: GlobalState) -> tuple[GlobalState, int]:
+        """The committed state of ``round_no`` (raises StateUnavailable); its hash is checked."""
+        state, nbytes = download_state(
+            self.transport, run_id=self.run_id, holders=holders, round_=round_no, expected_hash=expected_hash,
+            shapes=[p.shape for p in like.params], state_shapes=[t.shape for t in like.outer_state],
+            timeout_s=self.timeout_s,
+        )
+        return GlobalState(round_no, state.params, state.momentum), nbytes
+
+
+class PeerParts:
+    def client(self, join) -> CoordinatorClient:
+        return CoordinatorClient(join)
+
+    def transport(self, options, initial_peers: list[str], *, stop: threading.Event, tag: str) -> Transport:
+        """Join the DHT through the coordinator's node, retrying while it is unreachable (a coordinator
+        restarting as this peer starts); gives up after join_timeout_s."""
+        transport = with_retry(
+            lambda: Transport(initial_peers=initial_peers, host=options.p2p_host, port=options.p2p_port,
+                              announce_host=options.announce_host),
+            what=f"{tag} DHT start", stop=stop, give_up_after_s=options.join_timeout_s,
+            first_backoff_s=1.0, retry_on=TransportStartFailed,
+        )
+        if transport is None:
+            logger.error("%s could not join the DHT through %s for %.0fs; check that the coordinator is running "
+                         "and that this machine can reach its DHT port", tag, initial_peers, options.join_timeout_s)
+            raise PeerExit(2)
+        return transport
+
+    def group(self, transport: Transport, run: RunConfig, *, run_id: str, peer_id: str, peer_index: int,
+              planned: Callable[[int], Optional[set[str]]], faults: FaultPlan) -> DhtGroup:
+        return DhtGroup(transport, run, run_id=run_id, peer_id=peer_id, peer_index=peer_index, planned=planned,
+                        faults=faults)
+
+    def state_transfer(self, transport: Transport, *, run_id: str, timeout_s: float) -> HivemindStateTransfer:
+        return HivemindStateTransfer(transport, run_id=run_id, timeout_s=timeout_s)
+

@@ -1,0 +1,59 @@
+"""What the peer does at the round runner's observation points: its numbers for the coordinator, its
+log lines, fault injection, and the follow-up a decision needs (the group to go on with offline)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Optional
+
+from peer.faults import FaultPlan
+from peer.stats import PeerStats
+from swarm.train.round import Hooks, Outcome, RoundResult, Vote
+from swarm.train.trainer import TrainStats
+from swarm.v1 import coordinator_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+
+class PeerHooks(Hooks):
+    """Called on the main thread, except ``voted`` and ``at(.., 'averaged' | 'reported')`` (the executor),
+    which touch only the thread-safe stats and the fault plan."""
+
+    def __init__(self, stats: PeerStats, faults: FaultPlan, *, beat_now: Callable[[], None],
+                 on_decided: Callable[[RoundResult], None], tag: Callable[[Optional[int]], str]) -> None:
+        self.stats, self.faults, self.beat_now = stats, faults, beat_now
+        self.on_decided, self.tag = on_decided, tag
+
+    def at(self, round_no: int, phase: str) -> None:
+        self.faults.at(round_no, phase)
+
+    def trained(self, round_no: int, stats: TrainStats) -> None:
+        tokens_per_s = stats.tokens / max(1e-9, stats.inner_time_s)
+        self.stats.add(inner_time_s=stats.inner_time_s, inner_steps=stats.steps, tokens=stats.tokens)
+        self.stats.update(loss=stats.mean_loss, step_time_s=stats.inner_time_s / max(1, stats.steps),
+                          tokens_per_s=tokens_per_s)
+        logger.info("%s trained %d steps, loss %.4f, %.0f tokens/s", self.tag(round_no), stats.steps,
+                    stats.mean_loss, tokens_per_s)
+
+    def exchanging(self, round_no: int) -> None:
+        self.stats.update(state=pb.PEER_STATE_EXCHANGING)
+        self.beat_now()  # closes late admission to this round at the coordinator
+
+    def voted(self, vote: Vote) -> None:
+        averaged = vote.averaged
+        self.stats.add(bytes_sent=averaged.bytes_sent if averaged else 0,
+                       bytes_received=averaged.bytes_received if averaged else 0)
+        if vote.ok:
+            logger.info("%s tentative hash %s", self.tag(vote.round_no), vote.state_hash)
+
+    def decided(self, result: RoundResult) -> None:
+        if result.outcome is Outcome.VOIDED:
+            logger.warning("%s voided by the %s; this round's work carries into the next", self.tag(result.round_no),
+                           "group" if result.decision and result.decision.by_group else "coordinator")
+        elif result.outcome is Outcome.COMMITTED:
+            logger.info("%s committed, hash %s", self.tag(result.round_no), result.decision.committed_hash)
+        self.on_decided(result)
+
+    def evaluated(self, round_no: int, loss: float) -> None:
+        self.stats.update(eval_loss=loss, eval_round=round_no)
+        logger.info("%s eval loss %.4f at round %d", self.tag(None), loss, round_no)

@@ -1,0 +1,119 @@
+"""Where a peer's global states go: its votes and checkpoints on disk, the state server that joiners
+download from, and the coordinator's view of which state it holds. The round runner's StateStore, and
+the peer's sync (resume from its own disk, or download from a holder)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable, Optional
+
+from peer.faults import FaultPlan
+from peer.resume import checkpoint_dir, maybe_resume, prune_votes, save_trainer, save_vote
+from peer.stats import PeerStats
+from swarm.core.state import GlobalState
+from swarm.net.state_transfer import StateUnavailable
+from swarm.train.trainer import LocalTrainer
+from swarm.v1 import coordinator_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+
+class PeerStateStore:
+    """Owned by the main thread, except ``save_vote``, which the round runner's executor calls (it only
+    writes a vote directory of its own round)."""
+
+    def __init__(self, trainer: LocalTrainer, transfer, *, run_id: str, state_dir: Path,
+                 checkpoint_every_rounds: int, stats: PeerStats, faults: FaultPlan,
+                 announce: Callable[[], None], tag: Callable[[Optional[int]], str]) -> None:
+        self.trainer, self.transfer, self.run_id = trainer, transfer, run_id  # transfer: parts.StateTransfer
+        self.state_dir, self.every = state_dir, checkpoint_every_rounds
+        self.stats, self.faults = stats, faults
+        self.announce = announce  # tell the coordinator at once which state this peer holds
+        self.tag = tag
+        self.provisional = False  # the state is a round the group decided without the coordinator
+        self.disk_tried: Optional[int] = None  # the committed round last looked for on this peer's disk
+
+    # ---- the round runner's StateStore ---------------------------------------------------------------
+    def save_vote(self, state: GlobalState) -> None:
+        """The tentative state, on disk before its hash is reported: should every peer whose vote counts
+        die before hearing the decision, the committed round still survives on their disks."""
+        if self.every <= 0:
+            return
+        try:
+            save_vote(self.state_dir, state.params, state.outer_state, run_id=self.run_id, round_=state.round_no,
+                      state_hash=state.state_hash)
+        except OSError as e:  # the vote still counts; only this disk copy is missing
+            logger.warning("%s could not write the vote to disk: %s", self.tag(state.round_no), e)
+
+    def committed(self, state: GlobalState, *, provisional: bool) -> None:
+        """A committed state is installed. A provisional one (decided by the group while the coordinator is
+        down) is neither checkpointed nor allowed to delete older votes: the coordinator may still void it."""
+        self.publish()
+        self.provisional = provisional
+        if provisional:
+            return
+        self.prune(below=state.round_no)
+        if state.round_no > 0 and self.every > 0 and state.round_no % self.every == 0:
+            self.checkpoint()
+
+    def voided(self, round_no: int, *, provisional: bool) -> None:
+        if not provisional:
+            self.prune(below=self.trainer.round_no)
+
+    def prune(self, *, below: int) -> None:
+        """Delete the votes of rounds before ``below``: the coordinator committed ``below`` or later."""
+        prune_votes(self.state_dir, below=below)
+
+    # ---- the peer's own ------------------------------------------------------------------------------
+    def install(self, state: GlobalState) -> None:
+        """A state from outside a round (θ0, a download): θl restarts from it."""
+        self.trainer.commit(state)
+        self.committed(state, provisional=False)
+
+    def confirmed(self, *, checkpoint: bool) -> None:
+        """The coordinator confirmed the provisional rounds: the state is safe to resume from."""
+        self.provisional = False
+        if checkpoint and self.every > 0:
+            self.checkpoint()
+
+    def publish(self) -> None:
+        state = self.trainer.state
+        self.transfer.publish(state)
+        self.stats.update(params_hash=state.state_hash, params_round=state.round_no, state=pb.PEER_STATE_READY)
+        # at once: the next round admits late peers only until its first participant starts exchanging
+        self.announce()
+
+    def checkpoint(self) -> None:
+        try:
+            save_trainer(checkpoint_dir(self.state_dir), self.trainer, run_id=self.run_id,
+                         state_hash=self.trainer.state.state_hash)
+        except OSError as e:  # a full disk must not stop training; the next checkpoint may succeed
+            logger.warning("%s could not write a checkpoint: %s", self.tag(None), e)
+
+    def sync(self, info: pb.RoundInfo, holders: Callable[[int], list[str]]) -> bool:
+        """Resume the newest committed state from this peer's own disk (a checkpoint or its vote), or else
+        download it from a holder; either way its hash must be the committed one."""
+        target = info.last_committed_round
+        if self.disk_tried != target:
+            self.disk_tried = target
+            if maybe_resume(self.state_dir, self.trainer, run_id=self.run_id, round_=target,
+                            state_hash=info.last_committed_hash) is not None:
+                self.provisional = False  # the coordinator committed this round
+                self.publish()
+                return True
+        self.stats.update(state=pb.PEER_STATE_JOINING)
+        self.faults.at(target, "syncing")
+        sources = holders(target)
+        logger.info("%s behind (holds round %d, committed is %d): downloading from %d holders",
+                    self.tag(None), self.trainer.round_no, target, len(sources))
+        try:
+            state, nbytes = self.transfer.download(sources, round_no=target, expected_hash=info.last_committed_hash,
+                                                   like=self.trainer.state)
+        except StateUnavailable as e:
+            logger.warning("%s %s; will retry", self.tag(None), e)
+            return False
+        self.stats.add(bytes_received=nbytes)
+        self.install(state)
+        logger.info("%s synced to round %d, hash %s", self.tag(None), target, state.state_hash)
+        return True

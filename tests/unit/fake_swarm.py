@@ -1,0 +1,223 @@
+"""In-process fakes for a peer's network parts, so the peer daemon's lifecycle runs in threads of one
+process: the real coordinator engine and servicer behind a fake client (no gRPC), and a fake network
+for the group exchange, the DHT votes and the state transfer (no hivemind). Trainers are real."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Callable, Optional
+
+import torch
+
+from coordinator.engine import CoordinatorEngine
+from coordinator.servicer import CoordinatorServicer
+from coordinator.store import Store
+from peer.daemon import PeerDaemon
+from peer.options import PeerOptions
+from peer.parts import PeerParts
+from swarm.config import RunConfig
+from swarm.control.client import CoordinatorRejected, CoordinatorUnreachable
+from swarm.control.joinstring import JoinString
+from swarm.core.average import butterfly_reference
+from swarm.core.codec import get_codec
+from swarm.core.commit_rule import winning_hash
+from swarm.core.state import GlobalState
+from swarm.net.state_transfer import StateUnavailable
+from swarm.train.round import Averaged, SyncFailed, Vote
+from swarm.train.trainer import Contribution
+from swarm.v1 import coordinator_pb2 as pb
+
+JOIN = JoinString.parse("swarm://127.0.0.1:7000?token=t&fp=" + "0" * 64)
+
+
+class _Context:
+    def abort(self, code, details):
+        raise CoordinatorRejected(details, code)
+
+
+class FakeCoordinator:
+    """The real engine and servicer; ``down`` makes every call fail as if the coordinator were gone."""
+
+    def __init__(self, run: RunConfig) -> None:
+        self.engine = CoordinatorEngine(Store(":memory:"), config=run, lease_s=30.0)
+        self.servicer = CoordinatorServicer(self.engine, dht_initial_peers=[], heartbeat_interval_s=0.2)
+        self.down = threading.Event()
+
+    def call(self, method: str, request):
+        if self.down.is_set():
+            raise CoordinatorUnreachable("the coordinator is down (test)")
+        self.engine.tick()
+        return getattr(self.servicer, method)(request, _Context())
+
+    def status(self) -> pb.GetStatusResponse:
+        return self.engine.status(self.engine.run.token)
+
+
+class FakeClient:
+    def __init__(self, coordinator: FakeCoordinator) -> None:
+        self.coordinator = coordinator
+
+    def join(self, *, site="", device="", name="", previous_peer_id="", swarm_version=None):
+        return self.coordinator.call("Join", pb.JoinRequest(
+            token=self.coordinator.engine.run.token, site=site, device=device, name=name,
+            previous_peer_id=previous_peer_id))
+
+    def heartbeat(self, request):
+        return self.coordinator.call("Heartbeat", request)
+
+    def get_round(self, peer_id: str, round_no: int = 0):
+        return self.coordinator.call("GetRound", pb.GetRoundRequest(peer_id=peer_id, round=round_no))
+
+    def report_round(self, request):
+        return self.coordinator.call("ReportRound", request)
+
+    def leave(self, peer_id: str, reason: str = ""):
+        return self.coordinator.call("Leave", pb.LeaveRequest(peer_id=peer_id, reason=reason))
+
+    def close(self) -> None:
+        pass
+
+
+class FakeTransport:
+    def __init__(self, peer_id: str) -> None:
+        self.peer_id, self.visible_maddrs = peer_id, [f"/fake/{peer_id}"]
+
+    def shutdown(self) -> None:
+        pass
+
+
+class FakeNet:
+    """The DHT and libp2p of all peers of one test: groups form from whoever the coordinator planned
+    (or, while it is down, the last group), votes are kept per round, and states are served by holder."""
+
+    def __init__(self, run: RunConfig) -> None:
+        self.run, self.cond = run, threading.Condition()
+        self.contributions: dict[tuple, dict[str, tuple[int, Contribution]]] = {}
+        self.groups: dict[tuple, tuple[list[str], torch.Tensor]] = {}
+        self.votes: dict[tuple, dict[str, tuple[Vote, str]]] = {}
+        self.published: dict[str, GlobalState] = {}
+        self.transports = 0
+
+    def transport(self) -> FakeTransport:
+        with self.cond:
+            self.transports += 1
+            return FakeTransport(f"dht-{self.transports}")
+
+    def average(self, key: tuple, peer_id: str, index: int, contribution: Contribution,
+                planned: Callable[[], Optional[set[str]]]) -> Averaged:
+        with self.cond:
+            if key in self.groups:
+                raise SyncFailed(f"{key}: the group already formed without this peer")
+            self.contributions.setdefault(key, {})[peer_id] = (index, contribution)
+            self.cond.notify_all()
+            deadline = time.monotonic() + 5.0
+            while key not in self.groups and time.monotonic() < deadline:
+                expected = planned() or set()
+                if expected and expected <= set(self.contributions[key]):
+                    break
+                self.cond.wait(0.05)
+            if key not in self.groups:
+                members = sorted(self.contributions[key], key=lambda p: self.contributions[key][p][0])
+                parts = [self.contributions[key][m][1] for m in members]
+                average = butterfly_reference([c.delta for c in parts], [float(c.samples) for c in parts],
+                                              get_codec(self.run.rounds.codec))
+                self.groups[key] = (members, average)
+                self.cond.notify_all()
+            members, average = self.groups[key]
+            if peer_id not in members:
+                raise SyncFailed(f"{key}: the group formed without this peer")
+            return Averaged(average=average, group=list(members), bytes_sent=4 * average.numel())
+
+    def post(self, key: tuple, peer_id: str, dht_id: str, vote: Vote) -> None:
+        with self.cond:
+            self.votes.setdefault(key, {})[peer_id] = (vote, dht_id)
+
+    def group_decision(self, key: tuple, group: list[str]):
+        with self.cond:
+            votes = self.votes.get(key, {})
+            if not group or not set(group) <= set(votes):
+                return None
+            won = winning_hash(Counter(v.state_hash for v, _ in votes.values() if v.ok))
+            committed = won[0] if won else None
+            holders = [d for v, d in votes.values() if v.ok and v.state_hash == committed]
+            return committed, holders
+
+
+class FakeGroup:
+    def __init__(self, net: FakeNet, transport: FakeTransport, *, peer_id: str, peer_index: int, planned) -> None:
+        self.net, self.transport, self.peer_id, self.peer_index, self.planned = net, transport, peer_id, peer_index, planned
+        self.live_peers = 0
+
+    def average(self, round_no: int, contribution: Contribution) -> Averaged:
+        return self.net.average((round_no, contribution.fragment), self.peer_id, self.peer_index, contribution,
+                                lambda: self.planned(round_no))
+
+    def post(self, vote: Vote) -> None:
+        self.net.post((vote.round_no, vote.fragment), self.peer_id, self.transport.peer_id, vote)
+
+    def group_decision(self, vote: Vote):
+        return self.net.group_decision((vote.round_no, vote.fragment), vote.group)
+
+
+class FakeTransfer:
+    def __init__(self, net: FakeNet, transport: FakeTransport) -> None:
+        self.net, self.transport = net, transport
+
+    def publish(self, state: GlobalState) -> None:
+        with self.net.cond:
+            self.net.published[self.transport.peer_id] = state
+
+    def download(self, holders: list[str], *, round_no: int, expected_hash: str, like: GlobalState):
+        with self.net.cond:
+            for holder in holders:
+                state = self.net.published.get(holder)
+                if state is not None and state.round_no == round_no and state.state_hash == expected_hash:
+                    copy = GlobalState(round_no, [p.clone() for p in state.params],
+                                       [t.clone() for t in state.outer_state])
+                    return copy, 4 * sum(p.numel() for p in state.params)
+        raise StateUnavailable(f"no holder serves round {round_no}")
+
+
+class FakeParts(PeerParts):
+    def __init__(self, coordinator: FakeCoordinator, net: FakeNet) -> None:
+        self.coordinator, self.net = coordinator, net
+
+    def client(self, join) -> FakeClient:
+        return FakeClient(self.coordinator)
+
+    def transport(self, options, initial_peers, *, stop, tag) -> FakeTransport:
+        return self.net.transport()
+
+    def group(self, transport, run, *, run_id, peer_id, peer_index, planned, faults) -> FakeGroup:
+        return FakeGroup(self.net, transport, peer_id=peer_id, peer_index=peer_index, planned=planned)
+
+    def state_transfer(self, transport, *, run_id, timeout_s) -> FakeTransfer:
+        return FakeTransfer(self.net, transport)
+
+
+class PeerThread(threading.Thread):
+    """One peer daemon on a thread; ``code`` is its exit code once it ends."""
+
+    def __init__(self, parts: FakeParts, state_dir, **options) -> None:
+        super().__init__(daemon=True, name=f"peer-{state_dir}")
+        options.setdefault("poll_s", 0.02)
+        options.setdefault("final_serve_s", 10.0)
+        self.daemon_ = PeerDaemon(PeerOptions(join=JOIN, state_dir=state_dir, **options), parts)
+        self.code: Optional[int] = None
+
+    def run(self) -> None:
+        self.code = self.daemon_.run()
+
+    @property
+    def trainer(self):
+        return self.daemon_.runner.trainer
+
+
+def wait_until(predicate: Callable[[], bool], *, timeout_s: float = 60.0, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
