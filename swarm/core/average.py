@@ -10,16 +10,12 @@ bits could depend on where a slice starts and on the CPU).
 
 from __future__ import annotations
 
-import logging
 import math
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from swarm.core.codec import Codec, get_codec
-
-log = logging.getLogger(__name__)
 
 _F32 = torch.float32
 

@@ -108,14 +108,6 @@ def fragments(params: Sequence[ParamSpec], num_fragments: int, pattern: str = "s
     return [sorted(i for unit in group for i in unit) for group in groups]
 
 
-def sync_schedule(inner_steps: int, num_fragments: int) -> dict[int, int]:
-    """``{step % H: fragment}``: fragment f syncs after every inner step whose count (from 1) is
-    ≡ (f + 1)·H // F (mod H)."""
-    if not 1 <= num_fragments <= inner_steps:
-        raise ValueError(f"need 1 <= fragments <= inner_steps, got {num_fragments} and {inner_steps}.")
-    return {((f + 1) * inner_steps // num_fragments) % inner_steps: f for f in range(num_fragments)}
-
-
 def round_fragment(round_: int, num_fragments: int) -> int:
     """The fragment round ``round_`` (1-based) syncs."""
     if round_ < 1:

@@ -11,7 +11,7 @@ import torch
 
 from swarm.core.average import weighted_average
 from swarm.core.codec import CODECS
-from swarm.net.allreduce import Exchange, ExchangeFailed, ExchangeResult, part_bounds
+from swarm.net.allreduce import Exchange, ExchangeFailed, ExchangeResult
 from swarm.net.rendezvous import Member, group_key, rendezvous
 from swarm.net.transport import Transport
 
@@ -189,23 +189,6 @@ def test_a_member_that_posts_but_never_exchanges_fails_the_others(peers: list[Pe
         assert key in str(outcome)
         assert "did not complete" in str(outcome) or "no complete exchange within" in str(outcome)
         assert timeout_s - 1 <= seconds < timeout_s + 3
-
-
-@pytest.mark.parametrize("numel", [0, 1, 2, 5, 7, 100, 100_003])
-@pytest.mark.parametrize("parts", [1, 2, 3, 4, 8])
-def test_part_bounds_cover_every_element_once(numel: int, parts: int) -> None:
-    bounds = part_bounds(numel, parts)
-    assert len(bounds) == parts
-    assert bounds[0][0] == 0 and bounds[-1][1] == numel
-    for (_, end), (start, _) in zip(bounds, bounds[1:]):
-        assert end == start  # contiguous: no gap, no overlap
-    sizes = [end - start for start, end in bounds]
-    assert all(size >= 0 for size in sizes)
-    assert max(sizes) - min(sizes) <= 1
-    covered = torch.zeros(numel, dtype=torch.int64)
-    for start, end in bounds:
-        covered[start:end] += 1
-    assert bool((covered == 1).all())
 
 
 def test_a_member_that_fails_tells_the_others_who_fail_at_once(peers: list[Peer]) -> None:
