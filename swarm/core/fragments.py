@@ -108,24 +108,24 @@ def fragments(params: Sequence[ParamSpec], num_fragments: int, pattern: str = "s
     return [sorted(i for unit in group for i in unit) for group in groups]
 
 
-def round_fragment(round_: int, num_fragments: int) -> int:
-    """The fragment round ``round_`` (1-based) syncs."""
-    if round_ < 1:
-        raise ValueError(f"rounds are numbered from 1, got {round_}.")
-    return (round_ - 1) % num_fragments
+def round_fragment(round_no: int, num_fragments: int) -> int:
+    """The fragment round ``round_no`` (1-based) syncs."""
+    if round_no < 1:
+        raise ValueError(f"rounds are numbered from 1, got {round_no}.")
+    return (round_no - 1) % num_fragments
 
 
-def round_end_step(round_: int, inner_steps: int, num_fragments: int) -> int:
-    """Inner steps done by a full-speed peer when round ``round_`` syncs (0 for round 0)."""
-    if round_ == 0:
+def round_end_step(round_no: int, inner_steps: int, num_fragments: int) -> int:
+    """Inner steps done by a full-speed peer when round ``round_no`` syncs (0 for round 0)."""
+    if round_no == 0:
         return 0
-    period, f = divmod(round_ - 1, num_fragments)
+    period, f = divmod(round_no - 1, num_fragments)
     return period * inner_steps + (f + 1) * inner_steps // num_fragments
 
 
-def round_steps(round_: int, inner_steps: int, num_fragments: int) -> int:
-    """Inner steps a full-speed peer runs in round ``round_``: H // F or H // F + 1."""
-    return round_end_step(round_, inner_steps, num_fragments) - round_end_step(round_ - 1, inner_steps, num_fragments)
+def round_steps(round_no: int, inner_steps: int, num_fragments: int) -> int:
+    """Inner steps a full-speed peer runs in round ``round_no``: H // F or H // F + 1."""
+    return round_end_step(round_no, inner_steps, num_fragments) - round_end_step(round_no - 1, inner_steps, num_fragments)
 
 
 def merge_fragment(local: Sequence[torch.Tensor], global_new: Sequence[torch.Tensor], alpha: float) -> list[torch.Tensor]:

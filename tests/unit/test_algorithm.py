@@ -139,17 +139,17 @@ def test_outer_step_matches_a_plain_float32_reference_bit_for_bit():
 
 
 def test_state_hash_is_short_stable_and_sees_every_bit_and_shape():
-    params, momentum = [_randn(4, 5, seed=1), _randn(3, seed=2)], [torch.zeros(4, 5), torch.zeros(3)]
-    h = state_hash(params, momentum)
+    params, outer_state = [_randn(4, 5, seed=1), _randn(3, seed=2)], [torch.zeros(4, 5), torch.zeros(3)]
+    h = state_hash(params, outer_state)
     assert len(h) == 16 and int(h, 16) >= 0
-    assert state_hash([t.clone() for t in params], [t.clone() for t in momentum]) == h
+    assert state_hash([t.clone() for t in params], [t.clone() for t in outer_state]) == h
     nudged = params[1].clone()
     nudged[2] = torch.nextafter(nudged[2], torch.tensor(math.inf))  # one ulp
-    assert state_hash([params[0], nudged], momentum) != h
-    m2 = [momentum[0], torch.tensor([0.0, 0.0, 1e-30])]
-    assert state_hash(params, m2) != h
-    assert state_hash([params[0].reshape(5, 4), params[1]], momentum) != h
-    assert state_hash(params + momentum, []) != h  # where params end and momentum begins matters
+    assert state_hash([params[0], nudged], outer_state) != h
+    nudged_state = [outer_state[0], torch.tensor([0.0, 0.0, 1e-30])]
+    assert state_hash(params, nudged_state) != h
+    assert state_hash([params[0].reshape(5, 4), params[1]], outer_state) != h
+    assert state_hash(params + outer_state, []) != h  # where params end and the outer state begins matters
 
 
 # ---- slicing and the butterfly reference ---------------------------------------------------------

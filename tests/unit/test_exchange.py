@@ -235,7 +235,7 @@ def test_a_group_and_its_votes_ignore_malformed_entries_and_entries_posted_under
     dht.store(key, subkey="p0", value=vars(a.member(weight=1.0)), expiration_time=expires)
     assert set(read_entries(c.transport.dht, key, Member)) == {"p0"}
 
-    vote = Vote(peer_id="p0", dht_peer_id=a.transport.peer_id, ok=True, params_hash="h")
+    vote = Vote(peer_id="p0", dht_peer_id=a.transport.peer_id, ok=True, state_hash="h")
     post_vote(dht, key, vote, ttl_s=60)
     dht.store(vote_key(key), subkey="p1", value={"ok": True}, expiration_time=expires)
     assert collect_votes(c.transport.dht, key, ["p0"], timeout_s=5) == {"p0": vote}
