@@ -75,7 +75,7 @@ def torch_optimizer_kwargs(name: str, lr: float, options: dict[str, Any]) -> tup
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    preset: str = "tiny"  # see swarm.train.model.MODEL_PRESETS
+    preset: str = "tiny"  # a key of MODEL_PRESETS
     context: Optional[int] = None  # overrides the preset's context length when set
     dropout: float = 0.0
 

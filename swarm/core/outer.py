@@ -48,7 +48,7 @@ class OuterOptimizer:
     hashed (``state_hash(params, state_tensors())``), sent to a joining peer and checkpointed.
 
     ``name = "nesterov"`` (the default) is ``outer_step``: explicit fp32 ops, identical on every
-    machine; its state is one momentum buffer per parameter (the layout the project always had).
+    machine; its state is one momentum buffer per parameter.
     Any other name is a ``torch.optim`` class, run on the CPU in fp32 with ``foreach=False`` and
     ``fused=False``.  Its bits then come from torch's own CPU kernels, which are deterministic for one
     torch build on one CPU capability (ATen picks AVX2/AVX-512 code at run time; pin it with

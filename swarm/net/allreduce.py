@@ -106,7 +106,7 @@ class Exchange:
         async def tell(member: Member) -> None:
             try:
                 await self._send(member, key, digest, exchange_pb2.PHASE_ABORT, 0, position, reason.encode()[:1000])
-            except ExchangeFailed as e:  # best effort: a groupmate that misses it times out as before
+            except ExchangeFailed as e:  # best effort: a groupmate that misses it waits out its own timeout
                 logger.debug("%s: could not tell %s about the abort (%s)", key, member.peer_id, e)
 
         others = [m for m in group if m.peer_id != me.peer_id]

@@ -155,9 +155,9 @@ def test_state_hash_is_short_stable_and_sees_every_bit_and_shape():
 # ---- slicing and the butterfly reference ---------------------------------------------------------
 
 
-def _exchange_part_bounds(numel, parts):
-    """The slices swarm/exchange.py cuts today (nearly equal, unaligned), copied as the compatibility
-    reference: part_bounds with align=1 must reproduce them so fp32/fp16 swarms keep their bits."""
+def _unaligned_part_bounds(numel, parts):
+    """Nearly equal, unaligned slices, written out independently: part_bounds with align=1 (the float
+    codecs) must give exactly these."""
     base, extra = divmod(numel, parts)
     bounds, start = [], 0
     for i in range(parts):
@@ -170,7 +170,7 @@ def _exchange_part_bounds(numel, parts):
 @pytest.mark.parametrize("numel", [0, 1, 5, 63, 64, 65, 1000, 100_003])
 @pytest.mark.parametrize("parts", [1, 2, 3, 7])
 def test_part_bounds_cover_the_vector_in_aligned_nearly_equal_slices(numel, parts):
-    assert part_bounds(numel, parts) == _exchange_part_bounds(numel, parts)
+    assert part_bounds(numel, parts) == _unaligned_part_bounds(numel, parts)
     for align in (1, 64):
         bounds = part_bounds(numel, parts, align)
         assert len(bounds) == parts and bounds[0][0] == 0 and bounds[-1][1] == numel
@@ -183,7 +183,7 @@ def test_part_bounds_cover_the_vector_in_aligned_nearly_equal_slices(numel, part
 
 
 def _butterfly_by_hand(contributions, weights, codec, parts):
-    """What exchange.py does, written out: slice, encode/decode each slice, reduce, encode/decode once more."""
+    """What swarm.net.allreduce does, written out: slice, encode/decode each slice, reduce, encode/decode once more."""
     n = contributions[0].numel()
     blocks = -(-n // codec.block)
     base, extra = divmod(blocks, parts)
@@ -222,7 +222,7 @@ def test_unaligned_slices_would_change_the_bits_of_a_block_codec():
     cs = _contributions(64 * 9 + 7)
     codec = CODECS["int8"]
     unaligned = torch.cat([codec.decode(codec.encode(c[s:e].clone()), e - s)
-                           for c in cs[:1] for s, e in _exchange_part_bounds(c.numel(), 3)])
+                           for c in cs[:1] for s, e in _unaligned_part_bounds(c.numel(), 3)])
     aligned = codec.decode(codec.encode(cs[0]), cs[0].numel())
     assert not torch.equal(unaligned, aligned)
 
