@@ -21,8 +21,8 @@ class ConfigError(ValueError):
     """A user mistake in a run config; the message says what is wrong and what to do."""
 
 
-# Valid names, kept here so that the config stays a leaf; swarm.core and swarm.train register the
-# implementations under exactly these names (tests/unit/test_config.py checks they agree).
+# Valid names, listed here so that the config stays a leaf: swarm.core.codec.CODECS and
+# swarm.core.fragments.PATTERNS implement exactly these (tests/unit/test_config.py checks they agree).
 CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4")
 FRAGMENT_PATTERNS = ("strided", "contiguous")
 

@@ -25,9 +25,6 @@ from typing import Sequence, Union
 
 import torch
 
-from swarm.config import FRAGMENT_PATTERNS
-
-
 _BLOCK_INDEX = re.compile(r"\.(\d+)\.")
 
 ParamSpec = Union[str, torch.Size, tuple, "tuple[str, torch.Size]"]
@@ -77,34 +74,45 @@ def layer_units(params: Sequence[ParamSpec]) -> list[list[int]]:
     return units
 
 
+def _deal_strided(units: list[list[int]], weight: list[int], num_fragments: int) -> list[list[list[int]]]:
+    """Unit u to fragment u mod F."""
+    return [units[f::num_fragments] for f in range(num_fragments)]
+
+
+def _deal_contiguous(units: list[list[int]], weight: list[int], num_fragments: int) -> list[list[list[int]]]:
+    """F runs of consecutive units whose total weights are as near equal as whole units allow."""
+    total = sum(weight)
+    cuts, cumulative, u = [0], 0, 0
+    for f in range(1, num_fragments):
+        # cut where the running total is nearest f/F of the whole (a unit goes left when its midpoint
+        # does), leaving every fragment at least one unit
+        while u < len(units) and (2 * cumulative + weight[u]) * num_fragments <= 2 * total * f:
+            cumulative += weight[u]
+            u += 1
+        cut = min(max(u, cuts[-1] + 1), len(units) - (num_fragments - f))
+        cumulative = sum(weight[:cut])
+        u = cut
+        cuts.append(cut)
+    cuts.append(len(units))
+    return [units[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+# The fragment patterns by name (swarm.config.FRAGMENT_PATTERNS lists the same names).
+PATTERNS = {"strided": _deal_strided, "contiguous": _deal_contiguous}
+
+
 def fragments(params: Sequence[ParamSpec], num_fragments: int, pattern: str = "strided") -> list[list[int]]:
     """Parameter indices of each fragment (ascending), for parameters given as names, shapes, or
     (name, shape) pairs in model order. ValueError when there are fewer layer units than fragments."""
-    if pattern not in FRAGMENT_PATTERNS:
-        raise ValueError(f"fragment pattern {pattern!r} is unknown; choose one of {list(FRAGMENT_PATTERNS)}.")
+    if pattern not in PATTERNS:
+        raise ValueError(f"fragment pattern {pattern!r} is unknown; choose one of {list(PATTERNS)}.")
     units = layer_units(params)
     if not 1 <= num_fragments <= len(units):
         raise ValueError(f"{num_fragments} fragments need at least as many layer units; this model has"
                          f" {len(units)}: lower [rounds] fragments.")
-    if pattern == "strided":
-        groups = [units[f::num_fragments] for f in range(num_fragments)]
-    else:
-        _, sizes = _describe(params)
-        weight = [sum(1 if sizes[i] is None else sizes[i] for i in unit) for unit in units]
-        total = sum(weight)
-        cuts, cumulative, u = [0], 0, 0
-        for f in range(1, num_fragments):
-            # cut where the running total is nearest f/F of the whole (a unit goes left when its midpoint
-            # does), leaving every fragment at least one unit
-            while u < len(units) and (2 * cumulative + weight[u]) * num_fragments <= 2 * total * f:
-                cumulative += weight[u]
-                u += 1
-            cut = min(max(u, cuts[-1] + 1), len(units) - (num_fragments - f))
-            cumulative = sum(weight[:cut])
-            u = cut
-            cuts.append(cut)
-        cuts.append(len(units))
-        groups = [units[a:b] for a, b in zip(cuts, cuts[1:])]
+    _, sizes = _describe(params)
+    weight = [sum(1 if sizes[i] is None else sizes[i] for i in unit) for unit in units]  # elements per unit
+    groups = PATTERNS[pattern](units, weight, num_fragments)
     return [sorted(i for unit in group for i in unit) for group in groups]
 
 
