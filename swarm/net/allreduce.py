@@ -48,7 +48,6 @@ class ExchangeFailed(RuntimeError):
 @dataclass
 class ExchangeResult:
     average: torch.Tensor
-    group: list[Member]
     bytes_sent: int
     bytes_received: int
     seconds: float
@@ -162,7 +161,6 @@ class Exchange:
             lambda: torch.cat([self._decode(codec, data, e - s, key) for data, (s, e) in zip(parts, bounds)]))
         return ExchangeResult(
             average=average,
-            group=group,
             bytes_sent=sent,
             bytes_received=self._received_bytes.get(key, 0),
             seconds=time.perf_counter() - started,

@@ -37,9 +37,10 @@ class Peer:
                           ttl_s=60, poll_s=0.05)
 
     def average(self, key: str, me: Member, planned: set[str], delta: torch.Tensor, *,
-                window_s: float = 20.0, timeout_s: float = 30.0) -> ExchangeResult:
-        return self.exchange.average(key=key, group=self.group(key, me, planned, window_s=window_s), me=me,
-                                     delta=delta, timeout_s=timeout_s)
+                window_s: float = 20.0, timeout_s: float = 30.0) -> tuple[list[Member], ExchangeResult]:
+        """The group this peer found and the exchange's result."""
+        group = self.group(key, me, planned, window_s=window_s)
+        return group, self.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=timeout_s)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def concurrently(calls: list[Callable[[], Any]], *, timeout_s: float) -> list[An
     return outcomes
 
 
-def results_of(outcomes: list[Any]) -> list[ExchangeResult]:
+def results_of(outcomes: list[Any]) -> list[Any]:
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome
@@ -100,12 +101,12 @@ def test_three_peers_get_the_bit_identical_weighted_average(peers: list[Peer]) -
     ))
 
     expected = weighted_average(inputs, weights)
-    for result in results:
-        assert [m.peer_id for m in result.group] == ["p0", "p1", "p2"]
+    for group, result in results:
+        assert [m.peer_id for m in group] == ["p0", "p1", "p2"]
         assert torch.equal(result.average, expected)
     # each peer sends K-1 of its K slices, then its averaged slice to K-1 peers: 2(K-1)/K of the vector
     payload = 2 * 2 / 3 * 4 * NUMEL
-    for result in results:
+    for _, result in results:
         assert payload <= result.bytes_sent <= payload * 1.01, result.bytes_sent
         assert payload * 0.99 <= result.bytes_received <= payload * 1.01, result.bytes_received
 
@@ -117,10 +118,10 @@ def test_fp16_average_is_bit_identical_on_every_peer_and_close_to_fp32(peers: li
     planned = {p.name for p in peers}
     members = [p.member(weight=w, codec="fp16") for p, w in zip(peers, weights)]
 
-    results = results_of(concurrently(
+    results = [result for _, result in results_of(concurrently(
         [lambda p=p, m=m, d=d: p.average(key, m, planned, d) for p, m, d in zip(peers, members, inputs)],
         timeout_s=60,
-    ))
+    ))]
 
     for result in results[1:]:
         assert torch.equal(result.average, results[0].average)
@@ -154,8 +155,8 @@ def test_a_planned_peer_that_never_shows_up_is_left_out_after_the_window(peers: 
 
     assert time.monotonic() - started >= window_s  # they waited the window out for p2
     expected = weighted_average(inputs, weights)
-    for result in results:
-        assert [m.peer_id for m in result.group] == ["p0", "p1"]
+    for group, result in results:
+        assert [m.peer_id for m in group] == ["p0", "p1"]
         assert torch.equal(result.average, expected)
 
 
