@@ -6,7 +6,7 @@ import pytest
 
 from coordinator.engine import CoordinatorEngine
 from coordinator.records import COMMITTED, OPEN, READY, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
-from coordinator.store import STORE_FILE, Store
+from coordinator.store import SCHEMA_VERSION, STORE_FILE, Store
 from swarm.config import ConfigError, RoundConfig, RunConfig
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -116,17 +116,15 @@ def test_a_restarted_peer_keeps_its_old_record_beside_the_new_one_across_a_coord
     assert old.peer_index == new.peer_index
 
 
-def test_a_store_with_the_old_unique_peer_index_is_migrated(tmp_path: Path) -> None:
+def test_a_store_of_another_schema_version_is_refused_in_one_sentence(tmp_path: Path) -> None:
     import sqlite3
 
-    db = sqlite3.connect(tmp_path / STORE_FILE)
+    db = sqlite3.connect(tmp_path / STORE_FILE)  # a file from before the schema was versioned
     db.execute("CREATE TABLE peers (peer_id TEXT PRIMARY KEY, peer_index INTEGER NOT NULL UNIQUE, data TEXT NOT NULL)")
-    first = PeerRecord(peer_id="p-1", peer_index=0, joined_at=1.0, last_seen=2.0, lease_expiry=3.0, state=READY)
-    db.execute("INSERT INTO peers VALUES (?, ?, ?)", (first.peer_id, 0, to_json(first)))
     db.commit()
     db.close()
-    store = Store.in_dir(tmp_path)
-    again = PeerRecord(peer_id="p-2", peer_index=0, joined_at=4.0, last_seen=4.0, lease_expiry=9.0, state=READY)
-    store.put_peer(again)
-    assert [p.peer_id for p in store.peers()] == ["p-1", "p-2"]
-    store.close()
+    with pytest.raises(ConfigError, match=r"holds a run written by another swarm version \(store schema 0, this "
+                       rf"version reads {SCHEMA_VERSION}\); .* or use a new --state-dir\.$"):
+        Store.in_dir(tmp_path)
+    Store.in_dir(tmp_path / "new").close()
+    Store.in_dir(tmp_path / "new").close()  # a file this version wrote opens again
