@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from coordinator.records import COMMITTED, PeerRecord, RoundRecord, RunRecord
+from swarm.config import RunConfig
 from swarm.v1 import coordinator_pb2 as pb
 
 
@@ -77,7 +78,7 @@ def state_word(state: int) -> str:
 def status_response(
     *,
     run: RunRecord,
-    spec: Mapping[str, Any],
+    config: RunConfig,
     peers: Sequence[PeerRecord],
     position: RunPosition,
     last_committed: Optional[RoundRecord],
@@ -86,7 +87,7 @@ def status_response(
     now: float,
     started_at: float,
 ) -> pb.GetStatusResponse:
-    rounds_spec = spec.get("rounds", {})
+    rounds = config.rounds
     status = pb.RunStatus(
         run_id=run.run_id,
         open_round=position.open_round,
@@ -94,18 +95,18 @@ def status_response(
         rounds_voided=rounds_voided,
         committed_hash=position.last_committed_hash,
         committed_round=position.last_committed_round,
-        fragments=rounds_spec.get("fragments", 1),
-        overlap_steps=rounds_spec.get("overlap_steps", 0),
-        outer_optimizer=spec.get("outer", {}).get("name", "nesterov"),
-        error_feedback=bool(rounds_spec.get("error_feedback", False)),
+        fragments=rounds.fragments,
+        overlap_steps=rounds.overlap_steps,
+        outer_optimizer=config.outer.name,
+        error_feedback=rounds.error_feedback,
         eval_loss=run.eval_loss if run.eval_round >= 0 else math.nan,
         eval_round=max(run.eval_round, 0),
         initial_eval_loss=run.initial_eval_loss,
         finished=position.finished,
-        max_rounds=rounds_spec.get("max_rounds") or 0,
-        inner_steps=rounds_spec.get("inner_steps", 0),
-        codec=rounds_spec.get("codec", ""),
-        model_preset=spec.get("model", {}).get("preset", ""),
+        max_rounds=rounds.max_rounds or 0,
+        inner_steps=rounds.inner_steps,
+        codec=rounds.codec,
+        model_preset=config.model.preset,
         param_count=run.param_count,
         loss=last_committed.mean_loss if last_committed is not None else math.nan,
         uptime_s=max(0.0, now - started_at),

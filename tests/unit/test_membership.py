@@ -26,8 +26,8 @@ class FakeClock:
 
 
 def make_engine(clock: FakeClock, **rounds: object) -> CoordinatorEngine:
-    spec = RunConfig(rounds=RoundConfig(**rounds)).to_json()
-    return CoordinatorEngine(Store(":memory:"), run_spec_json=spec, lease_s=LEASE_S, clock=clock)
+    config = RunConfig(rounds=RoundConfig(**rounds))
+    return CoordinatorEngine(Store(":memory:"), config=config, lease_s=LEASE_S, clock=clock)
 
 
 def run_record(**fields: object) -> RunRecord:
@@ -183,11 +183,11 @@ def test_fingerprint_mismatch_eviction_is_saved_although_the_call_fails() -> Non
 
 def test_restart_gives_alive_peers_a_fresh_lease(tmp_path) -> None:
     clock = FakeClock()
-    spec = RunConfig().to_json()
+    config = RunConfig()
     store = Store(tmp_path / "c.sqlite3")
-    engine = CoordinatorEngine(store, run_spec_json=spec, lease_s=LEASE_S, clock=clock)
+    engine = CoordinatorEngine(store, config=config, lease_s=LEASE_S, clock=clock)
     peer, _ = engine.join(engine.run.token)
     store.close()
     clock.now += 10 * LEASE_S  # the coordinator was down much longer than a lease
-    engine = CoordinatorEngine(Store(tmp_path / "c.sqlite3"), run_spec_json=spec, lease_s=LEASE_S, clock=clock)
+    engine = CoordinatorEngine(Store(tmp_path / "c.sqlite3"), config=config, lease_s=LEASE_S, clock=clock)
     engine.heartbeat(ready_beat(peer.peer_id))  # still a member

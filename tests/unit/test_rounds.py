@@ -121,8 +121,8 @@ def clock() -> FakeClock:
 
 
 def make_engine(clock: FakeClock, **round_fields: object) -> CoordinatorEngine:
-    spec = RunConfig(rounds=RoundConfig(round_timeout_s=TIMEOUT_S, **round_fields)).to_json()
-    return CoordinatorEngine(Store(":memory:"), run_spec_json=spec, lease_s=LEASE_S, clock=clock)
+    config = RunConfig(rounds=RoundConfig(round_timeout_s=TIMEOUT_S, **round_fields))
+    return CoordinatorEngine(Store(":memory:"), config=config, lease_s=LEASE_S, clock=clock)
 
 
 def join_ready(engine: CoordinatorEngine, params_round: int = 0, params_hash: str = "h0") -> str:

@@ -59,10 +59,10 @@ def _beat(engine: CoordinatorEngine, peer_id: str, params_round: int, params_has
 
 def test_restarted_coordinator_continues_where_it_stopped(tmp_path: Path) -> None:
     now = [1_000.0]
-    spec = RunConfig(rounds=RoundConfig(min_peers=2)).to_json()
+    config = RunConfig(rounds=RoundConfig(min_peers=2))
 
     def engine() -> CoordinatorEngine:
-        return CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=spec, clock=lambda: now[0])
+        return CoordinatorEngine(Store.in_dir(tmp_path), config=config, clock=lambda: now[0])
 
     first = engine()
     a, _ = first.join(first.run.token)
@@ -91,25 +91,25 @@ def test_restarted_coordinator_continues_where_it_stopped(tmp_path: Path) -> Non
 
 
 def test_a_different_config_for_an_existing_run_is_refused(tmp_path: Path) -> None:
-    CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=RunConfig().to_json())._store.close()
-    other = RunConfig(rounds=RoundConfig(inner_steps=7)).to_json()
+    CoordinatorEngine(Store.in_dir(tmp_path), config=RunConfig())._store.close()
+    other = RunConfig(rounds=RoundConfig(inner_steps=7))
     with pytest.raises(ConfigError, match=r"different config \(rounds.inner_steps differs\).*original --config"):
-        CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=other)
-    resumed = CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=None)  # no config: resume as stored
-    assert '"inner_steps": 50' in resumed.run.run_spec_json
+        CoordinatorEngine(Store.in_dir(tmp_path), config=other)
+    resumed = CoordinatorEngine(Store.in_dir(tmp_path), config=None)  # no config: resume as stored
+    assert resumed.config.rounds.inner_steps == 50
     resumed._store.close()
-    defaulted = CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=other, check_spec=False)
-    assert defaulted.spec["rounds"]["inner_steps"] == 50  # a default config does not override the kept run
+    defaulted = CoordinatorEngine(Store.in_dir(tmp_path), config=other, check_config=False)
+    assert defaulted.config.rounds.inner_steps == 50  # a default config does not override the kept run
 
 
 def test_a_restarted_peer_keeps_its_old_record_beside_the_new_one_across_a_coordinator_restart(tmp_path: Path) -> None:
-    spec = RunConfig().to_json()
-    engine = CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=spec, lease_s=10)
+    config = RunConfig()
+    engine = CoordinatorEngine(Store.in_dir(tmp_path), config=config, lease_s=10)
     old, _ = engine.join(engine.run.token, name="laptop")
     engine.heartbeat(pb.HeartbeatRequest(peer_id=old.peer_id, state=READY, bytes_sent=1000, model_fingerprint="fp"))
     new, _ = engine.join(engine.run.token, name="laptop", previous_peer_id=old.peer_id)
 
-    reopened = CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=spec, lease_s=10)
+    reopened = CoordinatorEngine(Store.in_dir(tmp_path), config=config, lease_s=10)
     peers = {p.id: p for p in reopened.status(reopened.run.token).peers}
     assert set(peers) == {old.peer_id, new.peer_id}  # the old record (and its bytes) is not overwritten
     assert peers[old.peer_id].state == "left" and peers[old.peer_id].bytes_sent == 1000
