@@ -132,7 +132,7 @@ class CoordinatorEngine:
             if self._store.add_report(report):
                 log = logger.info if req.ok else logger.warning
                 log("peer %s: round %d: reported %s%s", req.peer_id, req.round,
-                    f"hash {req.params_hash[:12]}" if req.ok else "failure",
+                    f"hash {report.state_hash[:12]}" if req.ok else "failure",
                     f" ({req.error})" if req.error else "")
             self._settle(now)
             return self._current_info()
@@ -180,7 +180,7 @@ class CoordinatorEngine:
         """The DHT addresses of the peers not known to be gone: a restarted coordinator's DHT node dials
         them, so the overlay the peers kept up meanwhile and the peers that join through it are one."""
         with self._lock:
-            return [m for p in self._peers.values() if p.alive for m in p.dht_maddrs]
+            return [m for p in self._peers.values() if p.alive for m in p.metrics.dht_maddrs]
 
     # --- internals ------------------------------------------------------------------------------
 
@@ -219,7 +219,8 @@ class CoordinatorEngine:
             )
             if not decision.decided:
                 exchanging = any(
-                    self._peers[p].state == EXCHANGING and self._peers[p].round == self._open.round for p in alive
+                    self._peers[p].state == EXCHANGING and self._peers[p].metrics.round == self._open.round
+                    for p in alive
                 )
                 admitted = rounds.admit_late(self._open, reports, self._ready(), exchange_started=exchanging)
                 if admitted is not self._open:
@@ -321,7 +322,8 @@ def _new_peer_id(existing: dict[str, PeerRecord]) -> str:
 
 def _report_record(req: pb.ReportRoundRequest, now: float) -> ReportRecord:
     return ReportRecord(
-        round=req.round, peer_id=req.peer_id, reported_at=now, ok=req.ok, params_hash=req.params_hash,
+        round=req.round, peer_id=req.peer_id, reported_at=now, ok=req.ok,
+        state_hash=req.state_hash or req.params_hash,  # TODO(lead): remove alias after daemon rename
         group=tuple(req.group), samples=req.samples, inner_steps=req.inner_steps,
         inner_time_s=req.inner_time_s, exchange_time_s=req.exchange_time_s, bytes_sent=req.bytes_sent,
         bytes_received=req.bytes_received, loss=req.loss, error=req.error, param_count=req.param_count,

@@ -77,10 +77,10 @@ class CoordinatorClient:
             previous_peer_id=previous_peer_id,
         ))
 
-    def heartbeat(self, request: pb.HeartbeatRequest | str, **fields: Any) -> pb.HeartbeatResponse:
-        """Send a HeartbeatRequest, or build one from a peer id and its fields (state, round, ...)."""
+    def heartbeat(self, request: pb.HeartbeatRequest | str, **metrics: Any) -> pb.HeartbeatResponse:
+        """Send a HeartbeatRequest, or build one from a peer id and its PeerMetrics fields (state, round, ...)."""
         if isinstance(request, str):
-            request = pb.HeartbeatRequest(peer_id=request, **fields)
+            request = pb.HeartbeatRequest(peer_id=request, metrics=pb.PeerMetrics(**metrics))
         return self._call("Heartbeat", request)
 
     def leave(self, peer_id: str, reason: str = "") -> pb.LeaveResponse:

@@ -16,7 +16,9 @@ pytestmark = pytest.mark.timeout(20)
 def test_records_survive_close_and_reopen(tmp_path: Path) -> None:
     store = Store.in_dir(tmp_path)
     run = RunRecord(run_id="run-1", token="t", run_spec_json="{}", created_at=1.0, ddp_equivalent_bytes=42)
-    peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=1.0, last_seen=2.0, lease_expiry=3.0, state=READY)
+    metrics = pb.PeerMetrics(state=READY, state_hash="h0", loss=float("nan"), dht_maddrs=["/ip4/1.2.3.4/tcp/5"])
+    peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=1.0, last_seen=2.0, lease_expiry=3.0, state=READY,
+                      metrics=metrics)
     committed = RoundRecord(round=1, opened_at=1.0, participants=("p-1",), outcome=COMMITTED,
                             committed_hash="h1", holders=("p-1",))
     with store.transaction():
@@ -31,7 +33,8 @@ def test_records_survive_close_and_reopen(tmp_path: Path) -> None:
     assert (tmp_path / STORE_FILE).exists()
     store = Store.in_dir(tmp_path)
     assert to_json(store.get_run()) == to_json(run)  # (NaN fields never compare equal)
-    assert [to_json(p) for p in store.peers()] == [to_json(peer)]
+    (again,) = store.peers()
+    assert to_json(again) == to_json(peer) and again.metrics.SerializeToString() == metrics.SerializeToString()
     assert to_json(store.get_round(1)) == to_json(committed)
     assert store.latest_round().outcome == OPEN and store.latest_round().round == 2
     assert store.latest_committed_round().committed_hash == "h1"
@@ -50,11 +53,11 @@ def test_failed_transaction_writes_nothing() -> None:
     assert store.peers() == []
 
 
-def _beat(engine: CoordinatorEngine, peer_id: str, params_round: int, params_hash: str) -> None:
-    engine.heartbeat(pb.HeartbeatRequest(
-        peer_id=peer_id, state=READY, params_round=params_round, params_hash=params_hash,
+def _beat(engine: CoordinatorEngine, peer_id: str, state_round: int, state_hash: str) -> None:
+    engine.heartbeat(pb.HeartbeatRequest(peer_id=peer_id, metrics=pb.PeerMetrics(
+        state=READY, state_round=state_round, state_hash=state_hash,
         model_fingerprint="fp", param_count=1000, tokens=500, bytes_sent=7, wall_time_s=2.0, inner_time_s=1.0,
-    ))
+    )))
 
 
 def test_restarted_coordinator_continues_where_it_stopped(tmp_path: Path) -> None:
@@ -70,7 +73,7 @@ def test_restarted_coordinator_continues_where_it_stopped(tmp_path: Path) -> Non
     for p in (a, b):
         _beat(first, p.peer_id, 0, "h0")
     for p in (a, b):
-        first.report(pb.ReportRoundRequest(peer_id=p.peer_id, round=1, ok=True, params_hash="h1", inner_steps=3))
+        first.report(pb.ReportRoundRequest(peer_id=p.peer_id, round=1, ok=True, state_hash="h1", inner_steps=3))
     before = first.status(first.run.token)
     assert before.run.open_round == 2
     first._store.close()
@@ -86,7 +89,7 @@ def test_restarted_coordinator_continues_where_it_stopped(tmp_path: Path) -> Non
     c, _ = second.join(second.run.token)
     assert c.peer_index == 2  # indices are not reused after a restart
     for p in (a, b):
-        second.report(pb.ReportRoundRequest(peer_id=p.peer_id, round=2, ok=True, params_hash="h2"))
+        second.report(pb.ReportRoundRequest(peer_id=p.peer_id, round=2, ok=True, state_hash="h2"))
     assert second.status(second.run.token).run.open_round == 3
 
 
@@ -106,13 +109,14 @@ def test_a_restarted_peer_keeps_its_old_record_beside_the_new_one_across_a_coord
     config = RunConfig()
     engine = CoordinatorEngine(Store.in_dir(tmp_path), config=config, lease_s=10)
     old, _ = engine.join(engine.run.token, name="laptop")
-    engine.heartbeat(pb.HeartbeatRequest(peer_id=old.peer_id, state=READY, bytes_sent=1000, model_fingerprint="fp"))
+    engine.heartbeat(pb.HeartbeatRequest(peer_id=old.peer_id, metrics=pb.PeerMetrics(
+        state=READY, bytes_sent=1000, model_fingerprint="fp")))
     new, _ = engine.join(engine.run.token, name="laptop", previous_peer_id=old.peer_id)
 
     reopened = CoordinatorEngine(Store.in_dir(tmp_path), config=config, lease_s=10)
     peers = {p.id: p for p in reopened.status(reopened.run.token).peers}
     assert set(peers) == {old.peer_id, new.peer_id}  # the old record (and its bytes) is not overwritten
-    assert peers[old.peer_id].state == "left" and peers[old.peer_id].bytes_sent == 1000
+    assert peers[old.peer_id].state == "left" and peers[old.peer_id].metrics.bytes_sent == 1000
     assert old.peer_index == new.peer_index
 
 
