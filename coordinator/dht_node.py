@@ -90,7 +90,7 @@ class DHTNode:
 
         Dialing happens after the start, not as hivemind's initial_peers: with those, one unreachable
         address fails the whole start, and in this process a failed DHT start can break the next one's
-        shared memory (RuntimeError: Broken pipe, seen in the test suite)."""
+        shared memory (RuntimeError: Broken pipe)."""
         port = self._port
         if port == 0 and self._previous_port and _port_free(self._host, self._previous_port):
             port = self._previous_port

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import secrets
 import threading
@@ -21,7 +20,7 @@ from coordinator.errors import BadRequest, Rejection, UnknownPeer
 from coordinator.records import COMMITTED, EXCHANGING, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
 from coordinator.store import Store
 from coordinator.views import RunPosition, round_info, status_response
-from swarm.config import ConfigError
+from swarm.config import ConfigError, RunConfig
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -32,46 +31,23 @@ class CoordinatorEngine:
         self,
         store: Store,
         *,
-        run_spec_json: Optional[str],
-        check_spec: bool = True,
+        config: Optional[RunConfig],
+        check_config: bool = True,
         lease_s: float = 15.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """Open the run kept in ``store``, or start a new one with ``run_spec_json``.
+        """Open the run kept in ``store``, or start a new one with ``config``.
 
-        Raises ConfigError when the store holds a run with a different spec (unless ``check_spec`` is
-        False: the spec is a default, not the user's choice, and the stored one wins), or when the
-        store holds no run and no spec is given.
+        Raises ConfigError when the store holds a run with a different config (unless ``check_config``
+        is False: the config is a default, not the user's choice, and the stored one wins), or when the
+        store holds no run and no config is given.
         """
         self._store = store
         self._lease_s = lease_s
         self._clock = clock
         self._lock = threading.RLock()
         self.started_at = clock()
-        run = store.get_run()
-        if run is None:
-            if run_spec_json is None:
-                raise ConfigError("this state directory holds no run yet; give --config to start one.")
-            run = RunRecord(
-                run_id="run-" + secrets.token_hex(6),
-                token=secrets.token_urlsafe(24),
-                run_spec_json=run_spec_json,
-                created_at=self.started_at,
-            )
-            store.put_run(run)
-            logger.info("run %s: started a new run", run.run_id)
-        else:
-            if run_spec_json is not None and check_spec:
-                _check_same_spec(run, run_spec_json, store.path)
-            elif run_spec_json is not None and json.loads(run_spec_json) != json.loads(run.run_spec_json):
-                logger.warning("run %s: keeps its stored config; the settings given now differ in %s",
-                               run.run_id, _first_difference(json.loads(run.run_spec_json), json.loads(run_spec_json)))
-            logger.info("run %s: resumed from %s", run.run_id, store.path)
-        spec = json.loads(run.run_spec_json)
-        self.spec: dict[str, Any] = spec
-        self._min_peers = int(spec["rounds"]["min_peers"])
-        self._max_rounds: Optional[int] = spec["rounds"].get("max_rounds")
-        self._round_timeout_s = float(spec["rounds"]["round_timeout_s"])
+        self.config: RunConfig = _open_run(store, config, check_config=check_config, now=self.started_at)
         self._load()
         # Peers kept training while the coordinator was down; give each a fresh lease to check in.
         with store.transaction():
@@ -156,7 +132,7 @@ class CoordinatorEngine:
             if self._store.add_report(report):
                 log = logger.info if req.ok else logger.warning
                 log("peer %s: round %d: reported %s%s", req.peer_id, req.round,
-                    f"hash {req.params_hash[:12]}" if req.ok else "failure",
+                    f"hash {report.state_hash[:12]}" if req.ok else "failure",
                     f" ({req.error})" if req.error else "")
             self._settle(now)
             return self._current_info()
@@ -172,7 +148,7 @@ class CoordinatorEngine:
         with self._session() as now:
             membership.check_token(self._run, token)
             return status_response(
-                run=self._run, spec=self.spec, peers=list(self._peers.values()), position=self._position(),
+                run=self._run, config=self.config, peers=list(self._peers.values()), position=self._position(),
                 last_committed=self._last_committed,
                 rounds_committed=self._store.count_rounds(COMMITTED),
                 rounds_voided=self._store.count_rounds(pb.ROUND_OUTCOME_VOIDED),
@@ -204,7 +180,7 @@ class CoordinatorEngine:
         """The DHT addresses of the peers not known to be gone: a restarted coordinator's DHT node dials
         them, so the overlay the peers kept up meanwhile and the peers that join through it are one."""
         with self._lock:
-            return [m for p in self._peers.values() if p.alive for m in p.dht_maddrs]
+            return [m for p in self._peers.values() if p.alive for m in p.metrics.dht_maddrs]
 
     # --- internals ------------------------------------------------------------------------------
 
@@ -239,11 +215,12 @@ class CoordinatorEngine:
             reports = self._store.reports(self._open.round)
             alive = [p for p in self._open.participants if p in self._peers and self._peers[p].alive]
             decision = rounds.decide_round(
-                now, self._open, alive, reports, self._round_timeout_s, param_count=self._run.param_count
+                now, self._open, alive, reports, self.config.rounds.round_timeout_s, param_count=self._run.param_count
             )
             if not decision.decided:
                 exchanging = any(
-                    self._peers[p].state == EXCHANGING and self._peers[p].round == self._open.round for p in alive
+                    self._peers[p].state == EXCHANGING and self._peers[p].metrics.round == self._open.round
+                    for p in alive
                 )
                 admitted = rounds.admit_late(self._open, reports, self._ready(), exchange_started=exchanging)
                 if admitted is not self._open:
@@ -257,7 +234,7 @@ class CoordinatorEngine:
         number = (self._latest.round if self._latest is not None else 0) + 1
         planned, _why_not = rounds.plan_round(
             now=now, round_number=number, ready=self._ready(), carried=self._carried(),
-            min_peers=self._min_peers,
+            min_peers=self.config.rounds.min_peers,
         )
         if planned is not None:
             self._save_round(planned)
@@ -278,7 +255,7 @@ class CoordinatorEngine:
             self._run, ddp_equivalent_bytes=self._run.ddp_equivalent_bytes + decision.ddp_equivalent_bytes
         )
         if decided.outcome == COMMITTED and rounds.finishes_run(
-            decided, self._store.count_rounds(COMMITTED), self._max_rounds
+            decided, self._store.count_rounds(COMMITTED), self.config.rounds.max_rounds
         ):
             run = dataclasses.replace(run, finished_at=now)
             logger.info("run %s: finished after round %d", run.run_id, decided.round)
@@ -345,22 +322,37 @@ def _new_peer_id(existing: dict[str, PeerRecord]) -> str:
 
 def _report_record(req: pb.ReportRoundRequest, now: float) -> ReportRecord:
     return ReportRecord(
-        round=req.round, peer_id=req.peer_id, reported_at=now, ok=req.ok, params_hash=req.params_hash,
+        round=req.round, peer_id=req.peer_id, reported_at=now, ok=req.ok,
+        state_hash=req.state_hash or req.params_hash,  # TODO(lead): remove alias after daemon rename
         group=tuple(req.group), samples=req.samples, inner_steps=req.inner_steps,
         inner_time_s=req.inner_time_s, exchange_time_s=req.exchange_time_s, bytes_sent=req.bytes_sent,
         bytes_received=req.bytes_received, loss=req.loss, error=req.error, param_count=req.param_count,
     )
 
 
-def _check_same_spec(run: RunRecord, run_spec_json: str, where: str) -> None:
-    stored, given = json.loads(run.run_spec_json), json.loads(run_spec_json)
-    if stored == given:
-        return
-    key = _first_difference(stored, given)
-    raise ConfigError(
-        f"{where} holds run {run.run_id}, started with a different config ({key} differs); "
-        "restart with the original --config, or use a new --state-dir to start a new run."
-    )
+def _open_run(store: Store, given: Optional[RunConfig], *, check_config: bool, now: float) -> RunConfig:
+    """Start a run with ``given`` when ``store`` holds none; else check ``given`` against the kept run's
+    config and return the kept one (the run's config never changes)."""
+    run = store.get_run()
+    if run is None:
+        if given is None:
+            raise ConfigError("this state directory holds no run yet; give --config to start one.")
+        run = RunRecord(run_id="run-" + secrets.token_hex(6), token=secrets.token_urlsafe(24),
+                        run_spec_json=given.to_json(), created_at=now)
+        store.put_run(run)
+        logger.info("run %s: started a new run", run.run_id)
+        return given
+    kept = RunConfig.from_json(run.run_spec_json)
+    if given is not None and given != kept:
+        where = _first_difference(kept.to_dict(), given.to_dict())
+        if check_config:
+            raise ConfigError(
+                f"{store.path} holds run {run.run_id}, started with a different config ({where} differs); "
+                "restart with the original --config, or use a new --state-dir to start a new run."
+            )
+        logger.warning("run %s: keeps its stored config; the settings given now differ in %s", run.run_id, where)
+    logger.info("run %s: resumed from %s", run.run_id, store.path)
+    return kept
 
 
 def _first_difference(a: Any, b: Any, prefix: str = "") -> str:

@@ -97,53 +97,50 @@ def apply_heartbeat(
 ) -> HeartbeatResult:
     """Record a live peer's heartbeat; evict it when its model or initial state differs from the run's."""
     peer = touch(peer, now, lease_s)
-    if hb.model_fingerprint:
+    reported = hb.metrics
+    if reported.model_fingerprint:
         if not run.model_fingerprint:
-            run = dataclasses.replace(run, model_fingerprint=hb.model_fingerprint)
-        elif hb.model_fingerprint != run.model_fingerprint:
+            run = dataclasses.replace(run, model_fingerprint=reported.model_fingerprint)
+        elif reported.model_fingerprint != run.model_fingerprint:
             return _mismatch(
                 run, peer,
-                reason=f"its model fingerprint {_short(hb.model_fingerprint)} differs from the run's",
+                reason=f"its model fingerprint {_short(reported.model_fingerprint)} differs from the run's",
                 sentence=(
-                    f"this peer's model (fingerprint {_short(hb.model_fingerprint)}) does not match the run's "
+                    f"this peer's model (fingerprint {_short(reported.model_fingerprint)}) does not match the run's "
                     f"({_short(run.model_fingerprint)}); run the same swarm version and config as the coordinator."
                 ),
             )
-        if not run.param_count and hb.param_count:
-            run = dataclasses.replace(run, param_count=hb.param_count)
-    if hb.params_round == 0 and hb.params_hash:
+        if not run.param_count and reported.param_count:
+            run = dataclasses.replace(run, param_count=reported.param_count)
+    if reported.state_round == 0 and reported.state_hash:
         if not run.initial_hash:
-            run = dataclasses.replace(run, initial_hash=hb.params_hash)
-        elif hb.params_hash != run.initial_hash:
+            run = dataclasses.replace(run, initial_hash=reported.state_hash)
+        elif reported.state_hash != run.initial_hash:
             return _mismatch(
                 run, peer,
-                reason=f"its initial state {_short(hb.params_hash)} differs from the run's",
+                reason=f"its initial state {_short(reported.state_hash)} differs from the run's",
                 sentence=(
-                    f"this peer's initial model state (hash {_short(hb.params_hash)}) differs from the run's "
+                    f"this peer's initial model state (hash {_short(reported.state_hash)}) differs from the run's "
                     f"({_short(run.initial_hash)}); run the same swarm version and config as the coordinator."
                 ),
             )
-    peer = dataclasses.replace(
-        peer,
-        state=hb.state if hb.state in _REPORTABLE_STATES else peer.state,
-        round=hb.round,
-        params_hash=hb.params_hash,
-        params_round=hb.params_round,
-        model_fingerprint=hb.model_fingerprint or peer.model_fingerprint,
-        param_count=hb.param_count or peer.param_count,
-        dht_peer_id=hb.dht_peer_id or peer.dht_peer_id,
-        dht_maddrs=tuple(hb.dht_maddrs) or peer.dht_maddrs,
-        loss=hb.loss,
-        step_time_s=hb.step_time_s,
-        tokens_per_s=hb.tokens_per_s,
-        inner_time_s=hb.inner_time_s,
-        wall_time_s=hb.wall_time_s,
-        inner_steps=hb.inner_steps,
-        tokens=hb.tokens,
-        bytes_sent=hb.bytes_sent,
-        bytes_received=hb.bytes_received,
-    )
-    return HeartbeatResult(run=record_eval(run, hb.eval_loss, hb.eval_round), peer=peer)
+    state = reported.state if reported.state in _REPORTABLE_STATES else peer.state
+    peer = dataclasses.replace(peer, state=state, metrics=_merge_metrics(peer.metrics, reported))
+    return HeartbeatResult(run=record_eval(run, reported.eval_loss, reported.eval_round), peer=peer)
+
+
+# A peer's identity: a heartbeat that leaves one of these empty does not erase what an earlier one said.
+_IDENTITY_METRICS = ("model_fingerprint", "param_count", "dht_peer_id", "dht_maddrs")
+
+
+def _merge_metrics(previous: pb.PeerMetrics, reported: pb.PeerMetrics) -> pb.PeerMetrics:
+    """The reported metrics, with the identity fields it left empty taken from ``previous``."""
+    merged = pb.PeerMetrics()
+    merged.CopyFrom(reported)
+    for name in _IDENTITY_METRICS:
+        if not getattr(reported, name):
+            merged.MergeFrom(pb.PeerMetrics(**{name: getattr(previous, name)}))
+    return merged
 
 
 def record_eval(run: RunRecord, eval_loss: float, eval_round: int) -> RunRecord:
@@ -167,8 +164,8 @@ def is_ready(peer: PeerRecord, last_committed_round: int, last_committed_hash: s
         peer.alive
         and peer.state in HOLDING_STATES
         and bool(last_committed_hash)
-        and peer.params_round == last_committed_round
-        and peer.params_hash == last_committed_hash
+        and peer.metrics.state_round == last_committed_round
+        and peer.metrics.state_hash == last_committed_hash
     )
 
 

@@ -1,6 +1,7 @@
 """The coordinator's state as plain records: the run, its peers, its rounds and the peers' reports.
 
-The logic (membership, rounds) reads and replaces these; the store saves them as JSON rows.
+The logic (membership, rounds) reads and replaces these; the store saves them as JSON rows (a peer's
+metrics, a protobuf message, in a column of their own).
 States and outcomes use the protocol's enum numbers (``swarm.v1.coordinator_pb2``).
 """
 
@@ -9,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from google.protobuf.message import Message
 
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -66,23 +69,9 @@ class PeerRecord:
     site: str = ""
     device: str = ""
     swarm_version: str = ""
-    # from its latest heartbeat
-    round: int = 0
-    params_hash: str = ""
-    params_round: int = -1  # -1: no state reported yet
-    model_fingerprint: str = ""
-    param_count: int = 0
-    dht_peer_id: str = ""
-    dht_maddrs: tuple[str, ...] = ()  # its DHT node's addresses: the restarted coordinator dials them
-    loss: float = NAN
-    step_time_s: float = 0.0
-    tokens_per_s: float = 0.0
-    inner_time_s: float = 0.0
-    wall_time_s: float = 0.0
-    inner_steps: int = 0
-    tokens: int = 0
-    bytes_sent: int = 0
-    bytes_received: int = 0
+    # From its latest heartbeat, kept whole; the coordinator acts on the state hash and round, the model
+    # fingerprint and the DHT addresses in it.  Never mutated in place: a heartbeat replaces it.
+    metrics: pb.PeerMetrics = field(default_factory=lambda: pb.PeerMetrics(state_round=-1))  # -1: no state yet
     # kept by the coordinator
     rounds_joined: int = 0
     rounds_missed: int = 0
@@ -111,7 +100,7 @@ class ReportRecord:
     peer_id: str
     reported_at: float
     ok: bool = False
-    params_hash: str = ""
+    state_hash: str = ""
     group: tuple[str, ...] = ()
     samples: int = 0
     inner_steps: int = 0
@@ -128,7 +117,9 @@ R = TypeVar("R")
 
 
 def to_json(record: Any) -> str:
-    return json.dumps(dataclasses.asdict(record), sort_keys=True)
+    """The record's plain fields as JSON; a protobuf message field is left to the store."""
+    values = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    return json.dumps({k: v for k, v in values.items() if not isinstance(v, Message)}, sort_keys=True)
 
 
 def from_json(cls: type[R], text: str) -> R:

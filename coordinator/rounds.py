@@ -51,7 +51,7 @@ def decide_round(
         )
     members = set(participants)
     counted = [r for r in reports if r.peer_id in members]
-    votes = collections.Counter(r.params_hash for r in counted if r.ok and r.params_hash)
+    votes = collections.Counter(r.state_hash for r in counted if r.ok and r.state_hash)
     why = _why_now(len(participants), len(counted), len(pending), round_timeout_s)
     mean_loss = _mean([r.loss for r in counted if finite(r.loss) and r.loss > 0])
     won = winning_hash(votes)
@@ -63,7 +63,7 @@ def decide_round(
         return Decision(round=decided, decided=True, reason=decided.reason, missed=tuple(participants))
     winner, count = won
     by_peer = {r.peer_id: r for r in counted}
-    holders = tuple(p for p in participants if p in by_peer and by_peer[p].ok and by_peer[p].params_hash == winner)
+    holders = tuple(p for p in participants if p in by_peer and by_peer[p].ok and by_peer[p].state_hash == winner)
     dissent = f"; {sum(votes.values()) - count} reported other hashes" if count < sum(votes.values()) else ""
     decided = dataclasses.replace(
         round_row, outcome=COMMITTED, decided_at=now, committed_hash=winner, holders=holders,
@@ -72,7 +72,7 @@ def decide_round(
     return Decision(
         round=decided, decided=True, reason=decided.reason, joined=holders,
         missed=tuple(p for p in participants if p not in holders),
-        ddp_equivalent_bytes=ddp_equivalent_bytes([by_peer[h] for h in holders], param_count=param_count),
+        ddp_equivalent_bytes=ddp_equivalent_bytes([by_peer[p] for p in holders], param_count=param_count),
     )
 
 

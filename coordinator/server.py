@@ -83,8 +83,8 @@ class CoordinatorServer:
         try:
             self._store = Store.in_dir(self._state_dir)
             self.engine = CoordinatorEngine(
-                self._store, run_spec_json=self._run.to_json() if self._run is not None else None,
-                check_spec=self._config_given, lease_s=self._lease_s, clock=self._clock,
+                self._store, config=self._run, check_config=self._config_given, lease_s=self._lease_s,
+                clock=self._clock,
             )
             cert_pem, key_pem = tls.ensure_certificate(self._state_dir)
             # A restart keeps the DHT port (the peers' address for this node) and dials the peers it knew.

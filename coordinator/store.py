@@ -2,12 +2,14 @@
 
 One file, ``<state_dir>/coordinator.sqlite3`` (WAL), one connection guarded by a lock.  Each table
 keys a record (see ``coordinator.records``) and keeps the rest of it as JSON, so adding a field
-needs no migration.  ``":memory:"`` gives a throwaway store for tests.
+needs no migration; a peer's metrics are its serialized ``PeerMetrics`` in a column of their own.  A
+file of another schema version is refused.  ``":memory:"`` gives a throwaway store for tests.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sqlite3
 import threading
 from pathlib import Path
@@ -22,13 +24,18 @@ from coordinator.records import (
     from_json,
     to_json,
 )
+from swarm.config import ConfigError
+from swarm.v1 import coordinator_pb2 as pb
 
 STORE_FILE = "coordinator.sqlite3"
+# PRAGMA user_version of the file: bump it when a table's columns or a stored field's meaning change,
+# so that a file written by another version is refused instead of misread.
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS run (id INTEGER PRIMARY KEY CHECK (id = 1), data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS peers (
-    peer_id TEXT PRIMARY KEY, peer_index INTEGER NOT NULL, data TEXT NOT NULL);
+    peer_id TEXT PRIMARY KEY, peer_index INTEGER NOT NULL, data TEXT NOT NULL, metrics BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS rounds (
     round INTEGER PRIMARY KEY, outcome INTEGER NOT NULL, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS reports (
@@ -46,23 +53,19 @@ class Store:
         if self.path != ":memory:":
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-        self._drop_unique_peer_index()
+        self._open_schema()
 
-    def _drop_unique_peer_index(self) -> None:
-        """Stores written before restarted peers got their index back declared peer_index UNIQUE, so a
-        restarted peer's record replaced its old one; rebuild that table without the constraint."""
-        unique = [row for row in self._db.execute("PRAGMA index_list(peers)") if row[2]]
-        if not any(col[2] == "peer_index" for idx in unique for col in self._db.execute(f"PRAGMA index_info('{idx[1]}')")):
-            return
-        self._db.executescript("""
-            BEGIN;
-            ALTER TABLE peers RENAME TO peers_unique_index;
-            CREATE TABLE peers (peer_id TEXT PRIMARY KEY, peer_index INTEGER NOT NULL, data TEXT NOT NULL);
-            INSERT INTO peers SELECT peer_id, peer_index, data FROM peers_unique_index;
-            DROP TABLE peers_unique_index;
-            COMMIT;
-        """)
+    def _open_schema(self) -> None:
+        """Create the tables in a new file; refuse a file whose layout this version does not read."""
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        tables = self._db.execute("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
+        if tables and version != SCHEMA_VERSION:
+            self._db.close()
+            raise ConfigError(
+                f"{self.path} holds a run written by another swarm version (store schema {version}, this version "
+                f"reads {SCHEMA_VERSION}); finish that run with the version that started it, or use a new --state-dir."
+            )
+        self._db.executescript(f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
 
     @classmethod
     def in_dir(cls, state_dir: str | Path) -> "Store":
@@ -113,14 +116,19 @@ class Store:
     def put_run(self, run: RunRecord) -> None:
         self._write("INSERT OR REPLACE INTO run (id, data) VALUES (1, ?)", (to_json(run),))
 
-    # peers, every one that ever joined
+    # peers, every one that ever joined; their metrics as the serialized PeerMetrics
     def peers(self) -> list[PeerRecord]:
-        return [from_json(PeerRecord, t) for t in self._all("SELECT data FROM peers ORDER BY peer_index")]
+        with self._lock:
+            rows = self._db.execute("SELECT data, metrics FROM peers ORDER BY peer_index").fetchall()
+        return [
+            dataclasses.replace(from_json(PeerRecord, data), metrics=pb.PeerMetrics.FromString(metrics))
+            for data, metrics in rows
+        ]
 
     def put_peer(self, peer: PeerRecord) -> None:
         self._write(
-            "INSERT OR REPLACE INTO peers (peer_id, peer_index, data) VALUES (?, ?, ?)",
-            (peer.peer_id, peer.peer_index, to_json(peer)),
+            "INSERT OR REPLACE INTO peers (peer_id, peer_index, data, metrics) VALUES (?, ?, ?, ?)",
+            (peer.peer_id, peer.peer_index, to_json(peer), peer.metrics.SerializeToString()),
         )
 
     # rounds

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from coordinator.records import COMMITTED, PeerRecord, RoundRecord, RunRecord
+from swarm.config import RunConfig
 from swarm.v1 import coordinator_pb2 as pb
 
 
@@ -43,7 +44,7 @@ def round_info(
         open_round=position.open_round,
         live_peers=len(live),
         # a holder of the final state stays to serve it while these catch up (peer: _serve_final_state)
-        behind_peers=sum(1 for p in live if p.params_round < position.last_committed_round),
+        behind_peers=sum(1 for p in live if p.metrics.state_round < position.last_committed_round),
     )
     if round_row is not None:
         info.outcome = round_row.outcome
@@ -66,7 +67,8 @@ def round_info(
 
 
 def _dht_ids(peer_ids: Sequence[str], peers: Mapping[str, PeerRecord]) -> list[str]:
-    return [peers[p].dht_peer_id for p in peer_ids if p in peers and peers[p].alive and peers[p].dht_peer_id]
+    known = [peers[p] for p in peer_ids if p in peers and peers[p].alive]
+    return [p.metrics.dht_peer_id for p in known if p.metrics.dht_peer_id]
 
 
 def state_word(state: int) -> str:
@@ -77,7 +79,7 @@ def state_word(state: int) -> str:
 def status_response(
     *,
     run: RunRecord,
-    spec: Mapping[str, Any],
+    config: RunConfig,
     peers: Sequence[PeerRecord],
     position: RunPosition,
     last_committed: Optional[RoundRecord],
@@ -86,7 +88,7 @@ def status_response(
     now: float,
     started_at: float,
 ) -> pb.GetStatusResponse:
-    rounds_spec = spec.get("rounds", {})
+    rounds = config.rounds
     status = pb.RunStatus(
         run_id=run.run_id,
         open_round=position.open_round,
@@ -94,50 +96,48 @@ def status_response(
         rounds_voided=rounds_voided,
         committed_hash=position.last_committed_hash,
         committed_round=position.last_committed_round,
-        fragments=rounds_spec.get("fragments", 1),
-        overlap_steps=rounds_spec.get("overlap_steps", 0),
-        outer_optimizer=spec.get("outer", {}).get("name", "nesterov"),
-        error_feedback=bool(rounds_spec.get("error_feedback", False)),
+        fragments=rounds.fragments,
+        overlap_steps=rounds.overlap_steps,
+        outer_optimizer=config.outer.name,
+        error_feedback=rounds.error_feedback,
         eval_loss=run.eval_loss if run.eval_round >= 0 else math.nan,
         eval_round=max(run.eval_round, 0),
         initial_eval_loss=run.initial_eval_loss,
         finished=position.finished,
-        max_rounds=rounds_spec.get("max_rounds") or 0,
-        inner_steps=rounds_spec.get("inner_steps", 0),
-        codec=rounds_spec.get("codec", ""),
-        model_preset=spec.get("model", {}).get("preset", ""),
+        max_rounds=rounds.max_rounds or 0,
+        inner_steps=rounds.inner_steps,
+        codec=rounds.codec,
+        model_preset=config.model.preset,
         param_count=run.param_count,
         loss=last_committed.mean_loss if last_committed is not None else math.nan,
         uptime_s=max(0.0, now - started_at),
     )
-    response = pb.GetStatusResponse(run=status)
-    for p in sorted(peers, key=lambda p: p.peer_index):
-        response.peers.append(
-            pb.PeerStatus(
-                id=p.peer_id, name=p.name, site=p.site, state=state_word(p.state), device=p.device,
-                params_hash=p.params_hash, params_round=max(p.params_round, 0),
-                rounds_joined=p.rounds_joined, rounds_missed=p.rounds_missed,
-                tokens_per_s=p.tokens_per_s, loss=p.loss, step_time_s=p.step_time_s,
-                bytes_sent=p.bytes_sent, bytes_received=p.bytes_received,
-                last_seen_s=max(0.0, now - p.last_seen),
-                compute_utilization=_ratio(p.inner_time_s, p.wall_time_s),
-            )
-        )
-    inner_time_s = sum(p.inner_time_s for p in peers)
-    wall_time_s = sum(p.wall_time_s for p in peers)
-    response.totals.CopyFrom(
-        pb.Totals(
-            bytes_sent=sum(p.bytes_sent for p in peers),
-            bytes_received=sum(p.bytes_received for p in peers),
-            ddp_equivalent_bytes=run.ddp_equivalent_bytes,
-            compute_utilization=_ratio(inner_time_s, wall_time_s),
-            tokens=sum(p.tokens for p in peers),
-            inner_steps=sum(p.inner_steps for p in peers),
-            inner_time_s=inner_time_s,
-            wall_time_s=wall_time_s,
-        )
+    return pb.GetStatusResponse(
+        run=status,
+        peers=[peer_status(p, now) for p in sorted(peers, key=lambda p: p.peer_index)],
+        totals=totals(peers, ddp_equivalent_bytes=run.ddp_equivalent_bytes),
     )
-    return response
+
+
+def peer_status(peer: PeerRecord, now: float) -> pb.PeerStatus:
+    return pb.PeerStatus(
+        id=peer.peer_id, name=peer.name, site=peer.site, state=state_word(peer.state), device=peer.device,
+        rounds_joined=peer.rounds_joined, rounds_missed=peer.rounds_missed, last_seen_s=max(0.0, now - peer.last_seen),
+        compute_utilization=_ratio(peer.metrics.inner_time_s, peer.metrics.wall_time_s), metrics=peer.metrics,
+    )
+
+
+# The cumulative metrics that add up over peers (every peer that ever joined, gone ones included).
+_SUMMED_METRICS = ("bytes_sent", "bytes_received", "tokens", "inner_steps", "inner_time_s", "wall_time_s")
+
+
+def totals(peers: Sequence[PeerRecord], *, ddp_equivalent_bytes: int) -> pb.Totals:
+    summed = {name: sum(getattr(p.metrics, name) for p in peers) for name in _SUMMED_METRICS}
+    return pb.Totals(
+        ddp_equivalent_bytes=ddp_equivalent_bytes,
+        compute_utilization=_ratio(summed["inner_time_s"], summed["wall_time_s"]),
+        **summed,
+    )
 
 
 def _ratio(numerator: float, denominator: float) -> float:

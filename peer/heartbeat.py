@@ -31,7 +31,7 @@ class HeartbeatThread(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set() and self.rejection is None:
             try:
-                if not self.faults.drops(self.stats.round, "heartbeat"):
+                if not self.faults.drops(self.stats.metrics().round, "heartbeat"):
                     with FORK_LOCK:  # never in a gRPC call while the transport forks its DHT process
                         self.client.heartbeat(self.stats.heartbeat_request(self.peer_id))
                 if self._unreachable_since_logged:

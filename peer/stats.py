@@ -1,69 +1,57 @@
-"""What a peer knows about itself, shared between the training loop and the heartbeat thread."""
+"""What a peer measures about itself (a ``PeerMetrics``), shared by the training loop and the heartbeat thread.
+
+The loop writes with ``update`` and ``add``, whose keywords are PeerMetrics field names; the heartbeat
+thread sends a copy with ``heartbeat_request``.  A new metric is a field in the proto and one call
+where it is measured.
+"""
 
 from __future__ import annotations
 
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from typing import Any
 
 from swarm.v1 import coordinator_pb2 as pb
 
+# TODO(lead): remove alias after daemon rename
+_OLD_NAMES = {"params_hash": "state_hash", "params_round": "state_round"}
 
-@dataclass
+
 class PeerStats:
-    state: int = pb.PEER_STATE_JOINING
-    round: int = 0
-    params_hash: str = ""
-    params_round: int = 0
-    model_fingerprint: str = ""
-    param_count: int = 0
-    dht_peer_id: str = ""
-    dht_maddrs: tuple[str, ...] = ()
-    loss: float = math.nan
-    step_time_s: float = 0.0
-    tokens_per_s: float = 0.0
-    inner_time_s: float = 0.0
-    inner_steps: int = 0
-    tokens: int = 0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    eval_loss: float = math.nan
-    eval_round: int = -1
-    started: float = field(default_factory=time.monotonic)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """Thread-safe; ``_metrics`` is only touched under ``_lock``."""
 
-    def update(self, **changes) -> None:
-        with self.lock:
-            for name, value in changes.items():
-                setattr(self, name, value)
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        self._metrics = pb.PeerMetrics(state=pb.PEER_STATE_JOINING, loss=math.nan, eval_loss=math.nan)  # NaN: none yet
 
-    def add(self, **increments) -> None:
-        with self.lock:
-            for name, value in increments.items():
-                setattr(self, name, getattr(self, name) + value)
+    def update(self, **fields: Any) -> None:
+        """Set metrics, e.g. ``update(state=pb.PEER_STATE_READY, state_round=3)``."""
+        fields = _new_names(fields)
+        changed = pb.PeerMetrics(**fields)  # raises ValueError for a name PeerMetrics lacks
+        with self._lock:
+            for name in fields:
+                self._metrics.ClearField(name)
+            self._metrics.MergeFrom(changed)
+
+    def add(self, **increments: Any) -> None:
+        """Add to cumulative metrics, e.g. ``add(bytes_sent=n, tokens=t)``."""
+        with self._lock:
+            for name, value in _new_names(increments).items():
+                setattr(self._metrics, name, getattr(self._metrics, name) + value)
+
+    def metrics(self) -> pb.PeerMetrics:
+        """A copy of the metrics as they are now."""
+        with self._lock:
+            copy = pb.PeerMetrics()
+            copy.CopyFrom(self._metrics)
+        copy.wall_time_s = time.monotonic() - self._started
+        return copy
 
     def heartbeat_request(self, peer_id: str) -> pb.HeartbeatRequest:
-        with self.lock:
-            return pb.HeartbeatRequest(
-                peer_id=peer_id,
-                state=self.state,
-                round=self.round,
-                params_hash=self.params_hash,
-                params_round=self.params_round,
-                model_fingerprint=self.model_fingerprint,
-                param_count=self.param_count,
-                dht_peer_id=self.dht_peer_id,
-                dht_maddrs=list(self.dht_maddrs),
-                loss=self.loss,
-                step_time_s=self.step_time_s,
-                tokens_per_s=self.tokens_per_s,
-                inner_time_s=self.inner_time_s,
-                wall_time_s=time.monotonic() - self.started,
-                inner_steps=self.inner_steps,
-                tokens=self.tokens,
-                bytes_sent=self.bytes_sent,
-                bytes_received=self.bytes_received,
-                eval_loss=self.eval_loss,  # NaN until the first evaluation
-                eval_round=max(self.eval_round, 0),
-            )
+        return pb.HeartbeatRequest(peer_id=peer_id, metrics=self.metrics())
+
+
+def _new_names(fields: dict[str, Any]) -> dict[str, Any]:
+    return {_OLD_NAMES.get(name, name): value for name, value in fields.items()}

@@ -120,12 +120,13 @@ class Soak:
         for peer in status["peers"]:
             if peer["state"] in ("left", "evicted"):
                 continue
-            expected = self.committed.get(peer["params_round"])
-            if expected and peer["params_hash"] and peer["params_hash"] != expected:
+            metrics = peer["metrics"]
+            expected = self.committed.get(metrics["state_round"])
+            if expected and metrics["state_hash"] and metrics["state_hash"] != expected:
                 self.divergent += 1
-                print(f"DIVERGENT: {peer['name']} holds {peer['params_hash']} for round {peer['params_round']}, "
+                print(f"DIVERGENT: {peer['name']} holds {metrics['state_hash']} for round {metrics['state_round']}, "
                       f"committed {expected}", file=sys.stderr)
-            if peer["loss"] is not None and not math.isfinite(peer["loss"]):
+            if metrics["loss"] is not None and not math.isfinite(metrics["loss"]):
                 self.nonfinite += 1
             name = peer["name"]
             if name in self.restarted_at:

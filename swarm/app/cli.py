@@ -17,8 +17,6 @@ from typing import Optional, Sequence
 
 from swarm.config import ConfigError, RunConfig, load_run_config
 
-logger = logging.getLogger("swarm")
-
 
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(

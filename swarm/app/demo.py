@@ -73,33 +73,55 @@ def run_demo(options: DemoOptions) -> int:
          "--exit-grace-s", "10"],
         workdir / "coordinator.log", stdout=subprocess.PIPE,
     )
-    procs: list[subprocess.Popen] = []
+    peers: list[subprocess.Popen] = []  # _train adds each peer as it starts it, so the cleanup sees them all
     try:
-        join = _read_join_string(coordinator, timeout_s=120)
-        console.print(f"join string: {join}")
-        for i in range(options.peers):
-            procs.append(_spawn(
-                ["peer", "--join", join, "--state-dir", str(workdir / f"peer-{i}"), "--threads", "1",
-                 "--name", f"demo-peer-{i}", "--site", "loopback"],
-                workdir / f"peer-{i}.log",
-            ))
-        status = _follow(join, procs, console, deadline=started + options.timeout_s)
-        codes = [p.wait(timeout=max(1.0, started + options.timeout_s - time.monotonic())) for p in procs]
-        status = _final_status(join) or status  # after the peers' last heartbeats
-        coordinator.send_signal(signal.SIGTERM)  # its exit grace only serves status readers like us
-        coordinator.wait(timeout=60)
+        status, codes = _train(coordinator, peers, options, workdir, console, deadline=started + options.timeout_s)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         console.print(f"[red]demo failed: {e}[/red]; logs are in {workdir}")
         return 1
     finally:
-        for proc in [*procs, coordinator]:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+        _stop([*peers, coordinator])
 
+    summary = _summary(options, workdir, status, codes, started=started)
+    _print_summary(summary, console)
+    if options.as_json:
+        print(json.dumps(summary), flush=True)
+    ok = summary["consistent"] and all(c == 0 for c in codes) and summary["rounds_committed"] == options.rounds
+    return 0 if ok else 1
+
+
+def _train(coordinator: subprocess.Popen, peers: list[subprocess.Popen], options: DemoOptions, workdir: Path,
+           console: Console, *, deadline: float) -> tuple[Optional[dict[str, Any]], list[int]]:
+    """Start the peers, follow the run to its end and stop the coordinator: the last status and the
+    peers' exit codes."""
+    join = _read_join_string(coordinator, timeout_s=120)
+    console.print(f"join string: {join}")
+    for i in range(options.peers):
+        peers.append(_spawn(
+            ["peer", "--join", join, "--state-dir", str(workdir / f"peer-{i}"), "--threads", "1",
+             "--name", f"demo-peer-{i}", "--site", "loopback"],
+            workdir / f"peer-{i}.log",
+        ))
+    status = _follow(join, peers, console, deadline=deadline)
+    codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in peers]
+    status = _final_status(join) or status  # after the peers' last heartbeats
+    coordinator.send_signal(signal.SIGTERM)  # its exit grace only serves status readers like us
+    coordinator.wait(timeout=60)
+    return status, codes
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _summary(options: DemoOptions, workdir: Path, status: Optional[dict[str, Any]], codes: list[int], *,
+             started: float) -> dict[str, Any]:
     finals = [workdir / f"peer-{i}" / "final" / "model.safetensors" for i in range(options.peers)]
     from swarm.train.final_model import tensors_digest  # torch: imported only once the peers have finished
 
@@ -107,7 +129,7 @@ def run_demo(options: DemoOptions) -> int:
     consistent = all(d is not None for d in digests) and len(set(digests)) == 1
     final_eval = _final_eval_loss(finals[0], options) if finals[0].exists() else math.nan
     run, totals = (status or {}).get("run", {}), (status or {}).get("totals", {})
-    summary = {
+    return {
         "rounds_committed": run.get("rounds_committed", 0),
         "initial_eval_loss": run.get("initial_eval_loss"),
         "final_eval_loss": final_eval,
@@ -121,11 +143,6 @@ def run_demo(options: DemoOptions) -> int:
         "wall_s": round(time.monotonic() - started, 1),
         "workdir": str(workdir),
     }
-    _print_summary(summary, console)
-    if options.as_json:
-        print(json.dumps(summary), flush=True)
-    ok = consistent and all(c == 0 for c in codes) and summary["rounds_committed"] == options.rounds
-    return 0 if ok else 1
 
 
 def _follow(join: str, procs: list[subprocess.Popen], console: Console, *, deadline: float) -> Optional[dict[str, Any]]:

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 
@@ -15,23 +16,24 @@ from swarm.v1 import coordinator_pb2 as pb
 
 
 def status_to_dict(response: pb.GetStatusResponse) -> dict[str, Any]:
-    """The JSON shape of `swarm status --json`: {"run": {...}, "peers": [...], "totals": {...}}."""
+    """The JSON shape of `swarm status --json`: {"run": {...}, "peers": [{..., "metrics": {...}}], "totals": {...}}."""
+    return _plain(response)
 
-    def plain(message) -> dict[str, Any]:
-        data = MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-        for field in message.DESCRIPTOR.fields:  # int64 comes back as str, NaN as "NaN": make them numbers
-            value = getattr(message, field.name)
-            if isinstance(value, float):
-                data[field.name] = None if math.isnan(value) else value
-            elif isinstance(value, int) and not isinstance(value, bool):
-                data[field.name] = int(value)
-        return data
 
-    return {
-        "run": plain(response.run),
-        "peers": [plain(p) for p in response.peers],
-        "totals": plain(response.totals),
-    }
+def _plain(message: Message) -> dict[str, Any]:
+    """Every field of ``message`` as JSON values: numbers as numbers (int64 too), NaN as None, enums by name."""
+    data = MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.message_type is not None:
+            data[field.name] = [_plain(m) for m in value] if field.is_repeated else _plain(value)
+        elif field.enum_type is not None or field.is_repeated:
+            continue  # MessageToDict's names and lists stand
+        elif isinstance(value, float):
+            data[field.name] = None if math.isnan(value) else value
+        elif isinstance(value, int) and not isinstance(value, bool):
+            data[field.name] = int(value)
+    return data
 
 
 def format_bytes(n: float) -> str:
@@ -79,10 +81,11 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
     for column in ("id", "name", "site", "state", "θg hash", "round", "joined", "missed", "tokens/s", "loss", "sent", "util", "seen"):
         peers.add_column(column)
     for p in status["peers"]:
+        m = p["metrics"]
         peers.add_row(
-            p["id"], p["name"], p["site"] or "—", p["state"], p["params_hash"] or "—", str(p["params_round"]),
-            str(p["rounds_joined"]), str(p["rounds_missed"]), f"{p['tokens_per_s']:,.0f}", _num(p["loss"]),
-            format_bytes(p["bytes_sent"]), f"{100 * p['compute_utilization']:.0f}%", f"{p['last_seen_s']:.0f}s ago",
+            p["id"], p["name"], p["site"] or "—", p["state"], m["state_hash"] or "—", str(max(m["state_round"], 0)),
+            str(p["rounds_joined"]), str(p["rounds_missed"]), f"{m['tokens_per_s']:,.0f}", _num(m["loss"]),
+            format_bytes(m["bytes_sent"]), f"{100 * p['compute_utilization']:.0f}%", f"{p['last_seen_s']:.0f}s ago",
         )
     return [table, peers]
 

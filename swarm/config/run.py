@@ -21,8 +21,8 @@ class ConfigError(ValueError):
     """A user mistake in a run config; the message says what is wrong and what to do."""
 
 
-# Valid names, kept here so that the config stays a leaf; swarm.core and swarm.train register the
-# implementations under exactly these names (tests/unit/test_config.py checks they agree).
+# Valid names, listed here so that the config stays a leaf: swarm.core.codec.CODECS and
+# swarm.core.fragments.PATTERNS implement exactly these (tests/unit/test_config.py checks they agree).
 CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4")
 FRAGMENT_PATTERNS = ("strided", "contiguous")
 
@@ -75,7 +75,7 @@ def torch_optimizer_kwargs(name: str, lr: float, options: dict[str, Any]) -> tup
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    preset: str = "tiny"  # see swarm.train.model.MODEL_PRESETS
+    preset: str = "tiny"  # a key of MODEL_PRESETS
     context: Optional[int] = None  # overrides the preset's context length when set
     dropout: float = 0.0
 

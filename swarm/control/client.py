@@ -77,24 +77,29 @@ class CoordinatorClient:
             previous_peer_id=previous_peer_id,
         ))
 
-    def heartbeat(self, request: pb.HeartbeatRequest | str, **fields: Any) -> pb.HeartbeatResponse:
-        """Send a HeartbeatRequest, or build one from a peer id and its fields (state, round, ...)."""
+    def heartbeat(self, request: pb.HeartbeatRequest | str, **metrics: Any) -> pb.HeartbeatResponse:
+        """Send a HeartbeatRequest, or build one from a peer id and its PeerMetrics fields (state, round, ...)."""
         if isinstance(request, str):
-            request = pb.HeartbeatRequest(peer_id=request, **fields)
+            request = pb.HeartbeatRequest(peer_id=request, metrics=pb.PeerMetrics(**metrics))
         return self._call("Heartbeat", request)
 
     def leave(self, peer_id: str, reason: str = "") -> pb.LeaveResponse:
         return self._call("Leave", pb.LeaveRequest(peer_id=peer_id, reason=reason))
 
-    def report_round(self, request: pb.ReportRoundRequest | str, round: int = 0, **fields: Any) -> pb.ReportRoundResponse:
+    def report_round(
+        self, request: pb.ReportRoundRequest | str, round_no: int = 0, **fields: Any
+    ) -> pb.ReportRoundResponse:
         """Send a ReportRoundRequest, or build one from a peer id, the round and its fields (ok, ...)."""
         if isinstance(request, str):
-            request = pb.ReportRoundRequest(peer_id=request, round=round, **fields)
+            request = pb.ReportRoundRequest(peer_id=request, round=round_no, **fields)
         return self._call("ReportRound", request)
 
-    def get_round(self, peer_id: str, round: int = 0) -> pb.RoundInfo:
-        """Round ``round``, or with 0 the open one (the latest decided when none is open)."""
-        return self._call("GetRound", pb.GetRoundRequest(peer_id=peer_id, round=round))
+    def get_round(self, peer_id: str, round_no: int = 0, **alias: int) -> pb.RoundInfo:
+        """Round ``round_no``, or with 0 the open one (the latest decided when none is open)."""
+        round_no = alias.pop("round", round_no)  # TODO(lead): remove alias after daemon rename
+        if alias:
+            raise TypeError(f"get_round() got unexpected keyword arguments {sorted(alias)}")
+        return self._call("GetRound", pb.GetRoundRequest(peer_id=peer_id, round=round_no))
 
     def get_status(self) -> pb.GetStatusResponse:
         return self._call("GetStatus", pb.GetStatusRequest(token=self.join_string.token))

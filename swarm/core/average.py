@@ -10,16 +10,12 @@ bits could depend on where a slice starts and on the CPU).
 
 from __future__ import annotations
 
-import logging
 import math
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from swarm.core.codec import Codec, get_codec
-
-log = logging.getLogger(__name__)
 
 _F32 = torch.float32
 
@@ -90,7 +86,7 @@ def part_bounds(numel: int, parts: int, align: int = 1) -> list[tuple[int, int]]
     """``parts`` contiguous slices [start, end) covering ``numel`` elements, as equal as whole blocks of
     ``align`` elements allow: every boundary is a multiple of ``align`` except the final ``numel``
     (the first slices get one block more; slices past the last block are empty).  With ``align`` = 1
-    these are the nearly equal slices the butterfly all-reduce has always used."""
+    (the float codecs) the slices differ in length by at most one element."""
     if numel < 0 or parts < 1 or align < 1:
         raise ValueError(f"part_bounds needs numel >= 0, parts >= 1 and align >= 1, got {numel}, {parts}, {align}.")
     blocks = -(-numel // align)

@@ -9,13 +9,9 @@ and an absmax, which is exact whatever order it is taken in. Nothing is pickled.
 from __future__ import annotations
 
 import abc
-import logging
-import math
 
 import numpy as np
 import torch
-
-log = logging.getLogger(__name__)
 
 BLOCK = 64  # elements per absmax block of the integer codecs: a scale costs 4/64 = 0.06 bytes per element
 
@@ -261,6 +257,3 @@ class ErrorFeedback:
     def reset(self) -> None:
         self.residual = torch.zeros(self.numel, dtype=torch.float32)
         self._zero = True
-
-    def residual_norm(self) -> float:
-        return math.sqrt(float(self.residual.double().square().sum()))

@@ -25,9 +25,6 @@ from typing import Sequence, Union
 
 import torch
 
-from swarm.config import FRAGMENT_PATTERNS
-
-
 _BLOCK_INDEX = re.compile(r"\.(\d+)\.")
 
 ParamSpec = Union[str, torch.Size, tuple, "tuple[str, torch.Size]"]
@@ -77,63 +74,66 @@ def layer_units(params: Sequence[ParamSpec]) -> list[list[int]]:
     return units
 
 
+def _deal_strided(units: list[list[int]], weight: list[int], num_fragments: int) -> list[list[list[int]]]:
+    """Unit u to fragment u mod F."""
+    return [units[f::num_fragments] for f in range(num_fragments)]
+
+
+def _deal_contiguous(units: list[list[int]], weight: list[int], num_fragments: int) -> list[list[list[int]]]:
+    """F runs of consecutive units whose total weights are as near equal as whole units allow."""
+    total = sum(weight)
+    cuts, cumulative, u = [0], 0, 0
+    for f in range(1, num_fragments):
+        # cut where the running total is nearest f/F of the whole (a unit goes left when its midpoint
+        # does), leaving every fragment at least one unit
+        while u < len(units) and (2 * cumulative + weight[u]) * num_fragments <= 2 * total * f:
+            cumulative += weight[u]
+            u += 1
+        cut = min(max(u, cuts[-1] + 1), len(units) - (num_fragments - f))
+        cumulative = sum(weight[:cut])
+        u = cut
+        cuts.append(cut)
+    cuts.append(len(units))
+    return [units[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+# The fragment patterns by name (swarm.config.FRAGMENT_PATTERNS lists the same names).
+PATTERNS = {"strided": _deal_strided, "contiguous": _deal_contiguous}
+
+
 def fragments(params: Sequence[ParamSpec], num_fragments: int, pattern: str = "strided") -> list[list[int]]:
     """Parameter indices of each fragment (ascending), for parameters given as names, shapes, or
     (name, shape) pairs in model order. ValueError when there are fewer layer units than fragments."""
-    if pattern not in FRAGMENT_PATTERNS:
-        raise ValueError(f"fragment pattern {pattern!r} is unknown; choose one of {list(FRAGMENT_PATTERNS)}.")
+    if pattern not in PATTERNS:
+        raise ValueError(f"fragment pattern {pattern!r} is unknown; choose one of {list(PATTERNS)}.")
     units = layer_units(params)
     if not 1 <= num_fragments <= len(units):
         raise ValueError(f"{num_fragments} fragments need at least as many layer units; this model has"
                          f" {len(units)}: lower [rounds] fragments.")
-    if pattern == "strided":
-        groups = [units[f::num_fragments] for f in range(num_fragments)]
-    else:
-        _, sizes = _describe(params)
-        weight = [sum(1 if sizes[i] is None else sizes[i] for i in unit) for unit in units]
-        total = sum(weight)
-        cuts, cumulative, u = [0], 0, 0
-        for f in range(1, num_fragments):
-            # cut where the running total is nearest f/F of the whole (a unit goes left when its midpoint
-            # does), leaving every fragment at least one unit
-            while u < len(units) and (2 * cumulative + weight[u]) * num_fragments <= 2 * total * f:
-                cumulative += weight[u]
-                u += 1
-            cut = min(max(u, cuts[-1] + 1), len(units) - (num_fragments - f))
-            cumulative = sum(weight[:cut])
-            u = cut
-            cuts.append(cut)
-        cuts.append(len(units))
-        groups = [units[a:b] for a, b in zip(cuts, cuts[1:])]
+    _, sizes = _describe(params)
+    weight = [sum(1 if sizes[i] is None else sizes[i] for i in unit) for unit in units]  # elements per unit
+    groups = PATTERNS[pattern](units, weight, num_fragments)
     return [sorted(i for unit in group for i in unit) for group in groups]
 
 
-def sync_schedule(inner_steps: int, num_fragments: int) -> dict[int, int]:
-    """``{step % H: fragment}``: fragment f syncs after every inner step whose count (from 1) is
-    ≡ (f + 1)·H // F (mod H)."""
-    if not 1 <= num_fragments <= inner_steps:
-        raise ValueError(f"need 1 <= fragments <= inner_steps, got {num_fragments} and {inner_steps}.")
-    return {((f + 1) * inner_steps // num_fragments) % inner_steps: f for f in range(num_fragments)}
+def round_fragment(round_no: int, num_fragments: int) -> int:
+    """The fragment round ``round_no`` (1-based) syncs."""
+    if round_no < 1:
+        raise ValueError(f"rounds are numbered from 1, got {round_no}.")
+    return (round_no - 1) % num_fragments
 
 
-def round_fragment(round_: int, num_fragments: int) -> int:
-    """The fragment round ``round_`` (1-based) syncs."""
-    if round_ < 1:
-        raise ValueError(f"rounds are numbered from 1, got {round_}.")
-    return (round_ - 1) % num_fragments
-
-
-def round_end_step(round_: int, inner_steps: int, num_fragments: int) -> int:
-    """Inner steps done by a full-speed peer when round ``round_`` syncs (0 for round 0)."""
-    if round_ == 0:
+def round_end_step(round_no: int, inner_steps: int, num_fragments: int) -> int:
+    """Inner steps done by a full-speed peer when round ``round_no`` syncs (0 for round 0)."""
+    if round_no == 0:
         return 0
-    period, f = divmod(round_ - 1, num_fragments)
+    period, f = divmod(round_no - 1, num_fragments)
     return period * inner_steps + (f + 1) * inner_steps // num_fragments
 
 
-def round_steps(round_: int, inner_steps: int, num_fragments: int) -> int:
-    """Inner steps a full-speed peer runs in round ``round_``: H // F or H // F + 1."""
-    return round_end_step(round_, inner_steps, num_fragments) - round_end_step(round_ - 1, inner_steps, num_fragments)
+def round_steps(round_no: int, inner_steps: int, num_fragments: int) -> int:
+    """Inner steps a full-speed peer runs in round ``round_no``: H // F or H // F + 1."""
+    return round_end_step(round_no, inner_steps, num_fragments) - round_end_step(round_no - 1, inner_steps, num_fragments)
 
 
 def merge_fragment(local: Sequence[torch.Tensor], global_new: Sequence[torch.Tensor], alpha: float) -> list[torch.Tensor]:

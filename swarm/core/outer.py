@@ -5,24 +5,12 @@ sent to a joining peer and checkpointed. Same bit-exactness rules as ``swarm.cor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from swarm.config import NESTEROV, OuterOptConfig, torch_optimizer_kwargs
 from swarm.core.average import _f32, _F32, as_cpu_f32
-
-
-@dataclass
-class OuterState:
-    """The outer optimizer's state: one momentum buffer per parameter tensor."""
-
-    momentum: list[torch.Tensor]
-
-    @classmethod
-    def zeros_like(cls, params: Sequence[torch.Tensor]) -> "OuterState":
-        return cls(momentum=[torch.zeros(p.shape, dtype=_F32) for p in params])
 
 
 def outer_step(
@@ -60,7 +48,7 @@ class OuterOptimizer:
     hashed (``state_hash(params, state_tensors())``), sent to a joining peer and checkpointed.
 
     ``name = "nesterov"`` (the default) is ``outer_step``: explicit fp32 ops, identical on every
-    machine; its state is one momentum buffer per parameter (the layout the project always had).
+    machine; its state is one momentum buffer per parameter.
     Any other name is a ``torch.optim`` class, run on the CPU in fp32 with ``foreach=False`` and
     ``fused=False``.  Its bits then come from torch's own CPU kernels, which are deterministic for one
     torch build on one CPU capability (ATen picks AVX2/AVX-512 code at run time; pin it with
@@ -121,12 +109,6 @@ class OuterOptimizer:
 
     def state_shapes(self) -> list[torch.Size]:
         return [s for _, _, s, _ in self._layout]
-
-    def state_names(self) -> list[str]:
-        """A name per state tensor, e.g. ``momentum.00003`` or ``00003.exp_avg`` (for checkpoints)."""
-        if self.name == NESTEROV:
-            return [f"momentum.{i:05d}" for i in range(len(self.shapes))]
-        return [f"{i:05d}.{key}" for i, key, _, _ in self._layout]
 
     def load_state_tensors(self, tensors: Sequence[torch.Tensor]) -> None:
         """Install a state (from ``state_tensors()`` or a tentative step, of this peer or another)."""

@@ -48,7 +48,6 @@ class ExchangeFailed(RuntimeError):
 @dataclass
 class ExchangeResult:
     average: torch.Tensor
-    group: list[Member]
     bytes_sent: int
     bytes_received: int
     seconds: float
@@ -106,7 +105,7 @@ class Exchange:
         async def tell(member: Member) -> None:
             try:
                 await self._send(member, key, digest, exchange_pb2.PHASE_ABORT, 0, position, reason.encode()[:1000])
-            except ExchangeFailed as e:  # best effort: a groupmate that misses it times out as before
+            except ExchangeFailed as e:  # best effort: a groupmate that misses it waits out its own timeout
                 logger.debug("%s: could not tell %s about the abort (%s)", key, member.peer_id, e)
 
         others = [m for m in group if m.peer_id != me.peer_id]
@@ -162,7 +161,6 @@ class Exchange:
             lambda: torch.cat([self._decode(codec, data, e - s, key) for data, (s, e) in zip(parts, bounds)]))
         return ExchangeResult(
             average=average,
-            group=group,
             bytes_sent=sent,
             bytes_received=self._received_bytes.get(key, 0),
             seconds=time.perf_counter() - started,

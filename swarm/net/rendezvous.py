@@ -34,8 +34,8 @@ class Member:
     live_peers: int = 0  # the run's live peers as this member last heard from the coordinator (0: unknown)
 
 
-def group_key(run_id: str, round_: int, fragment: int = 0) -> str:
-    return f"{run_id}.round{round_}.fragment{fragment}"
+def group_key(run_id: str, round_no: int, fragment: int = 0) -> str:
+    return f"{run_id}.round{round_no}.fragment{fragment}"
 
 
 def group_digest(members: list[Member]) -> str:

@@ -104,9 +104,6 @@ class Transport:
             future.cancel()
             raise TimeoutError(f"transport operation did not finish within {timeout_s:.1f}s") from None
 
-    def submit(self, coro: Awaitable[Any]) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
-
     def shutdown(self) -> None:
         try:
             self.run(self._cancel_tasks(), timeout_s=5)

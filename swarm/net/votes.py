@@ -30,7 +30,7 @@ class Vote:
     peer_id: str
     dht_peer_id: str
     ok: bool
-    params_hash: str
+    state_hash: str
 
 
 def vote_key(group_key: str) -> str:
@@ -57,5 +57,5 @@ def collect_votes(dht: hivemind.DHT, group_key: str, members: list[str], *, time
 
 def group_decision(votes: dict[str, Vote]) -> Optional[str]:
     """The coordinator's rule on a complete set of votes: the committed hash, or None (void)."""
-    won = winning_hash(Counter(v.params_hash for v in votes.values() if v.ok and v.params_hash))
+    won = winning_hash(Counter(v.state_hash for v in votes.values() if v.ok and v.state_hash))
     return won[0] if won else None

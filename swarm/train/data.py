@@ -11,7 +11,7 @@ import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -148,10 +148,6 @@ class BatchSampler:
         starts = torch.randint(0, self.data.numel() - self.seq_len, (self.batch_size, 1), generator=gen)
         windows = self.data[starts + self._window].long()
         return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            yield self.next_batch()
 
     def state_dict(self) -> dict[str, int]:
         return {"batches_drawn": self.batches_drawn, "shard_index": self.shard_index, "seed": self.seed}

@@ -21,8 +21,6 @@ log = logging.getLogger(__name__)
 
 VOCAB_SIZE = 256  # one token per byte: no tokenizer to ship or agree on
 
-# Approximate parameter counts (embeddings included, lm_head tied to the token embedding).
-
 
 @dataclass(frozen=True, kw_only=True)
 class GPTConfig:

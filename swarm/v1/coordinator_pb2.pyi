@@ -97,49 +97,55 @@ class RoundInfo(_message.Message):
     behind_peers: int
     def __init__(self, round: _Optional[int] = ..., outcome: _Optional[_Union[RoundOutcome, str]] = ..., participants: _Optional[_Iterable[str]] = ..., committed_hash: _Optional[str] = ..., holders: _Optional[_Iterable[str]] = ..., last_committed_round: _Optional[int] = ..., last_committed_hash: _Optional[str] = ..., finished: _Optional[bool] = ..., open_round: _Optional[int] = ..., live_peers: _Optional[int] = ..., behind_peers: _Optional[int] = ...) -> None: ...
 
-class HeartbeatRequest(_message.Message):
-    __slots__ = ("peer_id", "state", "round", "params_hash", "params_round", "model_fingerprint", "param_count", "dht_peer_id", "loss", "step_time_s", "tokens_per_s", "inner_time_s", "wall_time_s", "inner_steps", "tokens", "bytes_sent", "bytes_received", "eval_loss", "eval_round", "dht_maddrs")
-    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+class PeerMetrics(_message.Message):
+    __slots__ = ("state", "round", "state_hash", "state_round", "model_fingerprint", "param_count", "dht_peer_id", "dht_maddrs", "loss", "step_time_s", "tokens_per_s", "eval_loss", "eval_round", "inner_time_s", "wall_time_s", "inner_steps", "tokens", "bytes_sent", "bytes_received")
     STATE_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
-    PARAMS_HASH_FIELD_NUMBER: _ClassVar[int]
-    PARAMS_ROUND_FIELD_NUMBER: _ClassVar[int]
+    STATE_HASH_FIELD_NUMBER: _ClassVar[int]
+    STATE_ROUND_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PARAM_COUNT_FIELD_NUMBER: _ClassVar[int]
     DHT_PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    DHT_MADDRS_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_ROUND_FIELD_NUMBER: _ClassVar[int]
     INNER_TIME_S_FIELD_NUMBER: _ClassVar[int]
     WALL_TIME_S_FIELD_NUMBER: _ClassVar[int]
     INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
-    EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
-    EVAL_ROUND_FIELD_NUMBER: _ClassVar[int]
-    DHT_MADDRS_FIELD_NUMBER: _ClassVar[int]
-    peer_id: str
     state: PeerState
     round: int
-    params_hash: str
-    params_round: int
+    state_hash: str
+    state_round: int
     model_fingerprint: str
     param_count: int
     dht_peer_id: str
+    dht_maddrs: _containers.RepeatedScalarFieldContainer[str]
     loss: float
     step_time_s: float
     tokens_per_s: float
+    eval_loss: float
+    eval_round: int
     inner_time_s: float
     wall_time_s: float
     inner_steps: int
     tokens: int
     bytes_sent: int
     bytes_received: int
-    eval_loss: float
-    eval_round: int
-    dht_maddrs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, peer_id: _Optional[str] = ..., state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., params_hash: _Optional[str] = ..., params_round: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., param_count: _Optional[int] = ..., dht_peer_id: _Optional[str] = ..., loss: _Optional[float] = ..., step_time_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., inner_time_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., inner_steps: _Optional[int] = ..., tokens: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., dht_maddrs: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., state_hash: _Optional[str] = ..., state_round: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., param_count: _Optional[int] = ..., dht_peer_id: _Optional[str] = ..., dht_maddrs: _Optional[_Iterable[str]] = ..., loss: _Optional[float] = ..., step_time_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., inner_steps: _Optional[int] = ..., tokens: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("peer_id", "metrics")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    metrics: PeerMetrics
+    def __init__(self, peer_id: _Optional[str] = ..., metrics: _Optional[_Union[PeerMetrics, _Mapping]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("round", "lease_s")
@@ -162,11 +168,11 @@ class LeaveResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ReportRoundRequest(_message.Message):
-    __slots__ = ("peer_id", "round", "ok", "params_hash", "group", "samples", "inner_steps", "inner_time_s", "exchange_time_s", "bytes_sent", "bytes_received", "loss", "error", "param_count")
+    __slots__ = ("peer_id", "round", "ok", "state_hash", "group", "samples", "inner_steps", "inner_time_s", "exchange_time_s", "bytes_sent", "bytes_received", "loss", "error", "param_count", "params_hash")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
-    PARAMS_HASH_FIELD_NUMBER: _ClassVar[int]
+    STATE_HASH_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -177,10 +183,11 @@ class ReportRoundRequest(_message.Message):
     LOSS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PARAM_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_HASH_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     round: int
     ok: bool
-    params_hash: str
+    state_hash: str
     group: _containers.RepeatedScalarFieldContainer[str]
     samples: int
     inner_steps: int
@@ -191,7 +198,8 @@ class ReportRoundRequest(_message.Message):
     loss: float
     error: str
     param_count: int
-    def __init__(self, peer_id: _Optional[str] = ..., round: _Optional[int] = ..., ok: _Optional[bool] = ..., params_hash: _Optional[str] = ..., group: _Optional[_Iterable[str]] = ..., samples: _Optional[int] = ..., inner_steps: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., exchange_time_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., param_count: _Optional[int] = ...) -> None: ...
+    params_hash: str
+    def __init__(self, peer_id: _Optional[str] = ..., round: _Optional[int] = ..., ok: _Optional[bool] = ..., state_hash: _Optional[str] = ..., group: _Optional[_Iterable[str]] = ..., samples: _Optional[int] = ..., inner_steps: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., exchange_time_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., param_count: _Optional[int] = ..., params_hash: _Optional[str] = ...) -> None: ...
 
 class ReportRoundResponse(_message.Message):
     __slots__ = ("round",)
@@ -260,40 +268,28 @@ class RunStatus(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., open_round: _Optional[int] = ..., rounds_committed: _Optional[int] = ..., rounds_voided: _Optional[int] = ..., committed_hash: _Optional[str] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., initial_eval_loss: _Optional[float] = ..., finished: _Optional[bool] = ..., max_rounds: _Optional[int] = ..., inner_steps: _Optional[int] = ..., codec: _Optional[str] = ..., model_preset: _Optional[str] = ..., param_count: _Optional[int] = ..., loss: _Optional[float] = ..., uptime_s: _Optional[float] = ..., committed_round: _Optional[int] = ..., fragments: _Optional[int] = ..., overlap_steps: _Optional[int] = ..., outer_optimizer: _Optional[str] = ..., error_feedback: _Optional[bool] = ...) -> None: ...
 
 class PeerStatus(_message.Message):
-    __slots__ = ("id", "name", "site", "state", "device", "params_hash", "params_round", "rounds_joined", "rounds_missed", "tokens_per_s", "loss", "step_time_s", "bytes_sent", "bytes_received", "last_seen_s", "compute_utilization")
+    __slots__ = ("id", "name", "site", "state", "device", "rounds_joined", "rounds_missed", "last_seen_s", "compute_utilization", "metrics")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SITE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
-    PARAMS_HASH_FIELD_NUMBER: _ClassVar[int]
-    PARAMS_ROUND_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_JOINED_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_MISSED_FIELD_NUMBER: _ClassVar[int]
-    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
-    LOSS_FIELD_NUMBER: _ClassVar[int]
-    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
-    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
-    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_S_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     site: str
     state: str
     device: str
-    params_hash: str
-    params_round: int
     rounds_joined: int
     rounds_missed: int
-    tokens_per_s: float
-    loss: float
-    step_time_s: float
-    bytes_sent: int
-    bytes_received: int
     last_seen_s: float
     compute_utilization: float
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., site: _Optional[str] = ..., state: _Optional[str] = ..., device: _Optional[str] = ..., params_hash: _Optional[str] = ..., params_round: _Optional[int] = ..., rounds_joined: _Optional[int] = ..., rounds_missed: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., loss: _Optional[float] = ..., step_time_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., last_seen_s: _Optional[float] = ..., compute_utilization: _Optional[float] = ...) -> None: ...
+    metrics: PeerMetrics
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., site: _Optional[str] = ..., state: _Optional[str] = ..., device: _Optional[str] = ..., rounds_joined: _Optional[int] = ..., rounds_missed: _Optional[int] = ..., last_seen_s: _Optional[float] = ..., compute_utilization: _Optional[float] = ..., metrics: _Optional[_Union[PeerMetrics, _Mapping]] = ...) -> None: ...
 
 class Totals(_message.Message):
     __slots__ = ("bytes_sent", "bytes_received", "ddp_equivalent_bytes", "compute_utilization", "tokens", "inner_steps", "inner_time_s", "wall_time_s")

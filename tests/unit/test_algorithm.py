@@ -9,7 +9,7 @@ import torch
 
 from swarm.config import outer_optimizer_names
 from swarm.core.average import butterfly_bytes_sent, butterfly_reference, flatten, part_bounds, pseudo_gradient, unflatten, weighted_average
-from swarm.core.outer import OuterOptimizer, OuterState, outer_step
+from swarm.core.outer import OuterOptimizer, outer_step
 from swarm.core.state import state_hash
 from swarm.core.codec import CODECS
 from swarm.config import ConfigError, OuterOptConfig, RunConfig
@@ -98,7 +98,7 @@ def _sgd_reference(params, grads_per_step, *, lr, momentum, nesterov):
 def test_outer_step_matches_torch_sgd(nesterov):
     params = [_randn(5, 7, seed=1), _randn(13, seed=2)]
     steps = [[_randn(5, 7, seed=10 + s, scale=0.01), _randn(13, seed=20 + s, scale=0.01)] for s in range(4)]
-    momentum = OuterState.zeros_like(params).momentum
+    momentum = [torch.zeros_like(p) for p in params]
     ours = params
     for k, grads in enumerate(steps):
         ours, momentum = outer_step(ours, grads, momentum, lr=0.7, momentum_coef=0.9, nesterov=nesterov)
@@ -139,25 +139,25 @@ def test_outer_step_matches_a_plain_float32_reference_bit_for_bit():
 
 
 def test_state_hash_is_short_stable_and_sees_every_bit_and_shape():
-    params, momentum = [_randn(4, 5, seed=1), _randn(3, seed=2)], [torch.zeros(4, 5), torch.zeros(3)]
-    h = state_hash(params, momentum)
+    params, outer_state = [_randn(4, 5, seed=1), _randn(3, seed=2)], [torch.zeros(4, 5), torch.zeros(3)]
+    h = state_hash(params, outer_state)
     assert len(h) == 16 and int(h, 16) >= 0
-    assert state_hash([t.clone() for t in params], [t.clone() for t in momentum]) == h
+    assert state_hash([t.clone() for t in params], [t.clone() for t in outer_state]) == h
     nudged = params[1].clone()
     nudged[2] = torch.nextafter(nudged[2], torch.tensor(math.inf))  # one ulp
-    assert state_hash([params[0], nudged], momentum) != h
-    m2 = [momentum[0], torch.tensor([0.0, 0.0, 1e-30])]
-    assert state_hash(params, m2) != h
-    assert state_hash([params[0].reshape(5, 4), params[1]], momentum) != h
-    assert state_hash(params + momentum, []) != h  # where params end and momentum begins matters
+    assert state_hash([params[0], nudged], outer_state) != h
+    nudged_state = [outer_state[0], torch.tensor([0.0, 0.0, 1e-30])]
+    assert state_hash(params, nudged_state) != h
+    assert state_hash([params[0].reshape(5, 4), params[1]], outer_state) != h
+    assert state_hash(params + outer_state, []) != h  # where params end and the outer state begins matters
 
 
 # ---- slicing and the butterfly reference ---------------------------------------------------------
 
 
-def _exchange_part_bounds(numel, parts):
-    """The slices swarm/exchange.py cuts today (nearly equal, unaligned), copied as the compatibility
-    reference: part_bounds with align=1 must reproduce them so fp32/fp16 swarms keep their bits."""
+def _unaligned_part_bounds(numel, parts):
+    """Nearly equal, unaligned slices, written out independently: part_bounds with align=1 (the float
+    codecs) must give exactly these."""
     base, extra = divmod(numel, parts)
     bounds, start = [], 0
     for i in range(parts):
@@ -170,7 +170,7 @@ def _exchange_part_bounds(numel, parts):
 @pytest.mark.parametrize("numel", [0, 1, 5, 63, 64, 65, 1000, 100_003])
 @pytest.mark.parametrize("parts", [1, 2, 3, 7])
 def test_part_bounds_cover_the_vector_in_aligned_nearly_equal_slices(numel, parts):
-    assert part_bounds(numel, parts) == _exchange_part_bounds(numel, parts)
+    assert part_bounds(numel, parts) == _unaligned_part_bounds(numel, parts)
     for align in (1, 64):
         bounds = part_bounds(numel, parts, align)
         assert len(bounds) == parts and bounds[0][0] == 0 and bounds[-1][1] == numel
@@ -183,7 +183,7 @@ def test_part_bounds_cover_the_vector_in_aligned_nearly_equal_slices(numel, part
 
 
 def _butterfly_by_hand(contributions, weights, codec, parts):
-    """What exchange.py does, written out: slice, encode/decode each slice, reduce, encode/decode once more."""
+    """What swarm.net.allreduce does, written out: slice, encode/decode each slice, reduce, encode/decode once more."""
     n = contributions[0].numel()
     blocks = -(-n // codec.block)
     base, extra = divmod(blocks, parts)
@@ -222,7 +222,7 @@ def test_unaligned_slices_would_change_the_bits_of_a_block_codec():
     cs = _contributions(64 * 9 + 7)
     codec = CODECS["int8"]
     unaligned = torch.cat([codec.decode(codec.encode(c[s:e].clone()), e - s)
-                           for c in cs[:1] for s, e in _exchange_part_bounds(c.numel(), 3)])
+                           for c in cs[:1] for s, e in _unaligned_part_bounds(c.numel(), 3)])
     aligned = codec.decode(codec.encode(cs[0]), cs[0].numel())
     assert not torch.equal(unaligned, aligned)
 
@@ -251,13 +251,12 @@ def test_nesterov_outer_optimizer_is_outer_step_and_its_state_is_the_momentum():
     shapes, params, grads = _shapes_params_grads()
     opt = OuterOptimizer(OuterOptConfig(), shapes)
     assert all(torch.equal(m, torch.zeros(s)) for m, s in zip(opt.state_tensors(), shapes))
-    ours, momentum = params, OuterState.zeros_like(params).momentum
+    ours, momentum = params, [torch.zeros_like(p) for p in params]
     p = params
     for g in grads:
         p = opt.step(p, g)
         ours, momentum = outer_step(ours, g, momentum, lr=0.7, momentum_coef=0.9, nesterov=True)
     assert all(torch.equal(a, b) for a, b in zip(p + opt.state_tensors(), ours + momentum))
-    assert opt.state_names()[0] == "momentum.00000"
 
 
 def test_a_step_of_some_parameters_leaves_the_others_and_their_state_alone():

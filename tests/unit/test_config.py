@@ -6,8 +6,11 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 
 from swarm.config import (
+    CODEC_NAMES,
+    FRAGMENT_PATTERNS,
     ConfigError,
     DataConfig,
     InnerOptConfig,
@@ -220,3 +223,17 @@ def test_a_bad_json_run_spec_is_a_config_error() -> None:
         RunConfig.from_json('{"extra": 1}')
     with pytest.raises(ConfigError, match="inner_steps must be at least 1"):
         RunConfig.from_json('{"rounds": {"inner_steps": 0}}')
+
+
+def test_the_valid_names_are_the_implemented_ones() -> None:
+    # The config is a leaf and lists the names itself; swarm.core implements them.
+    from swarm.core.codec import CODECS
+    from swarm.core.fragments import PATTERNS, fragments
+
+    assert len(set(CODEC_NAMES)) == len(CODEC_NAMES) and set(CODEC_NAMES) == set(CODECS)
+    assert list(FRAGMENT_PATTERNS) == list(PATTERNS)
+    shapes = [torch.Size([10])] * 4
+    dealt = {pattern: fragments(shapes, 2, pattern) for pattern in FRAGMENT_PATTERNS}
+    assert len({str(groups) for groups in dealt.values()}) == len(FRAGMENT_PATTERNS)  # no name is an alias
+    with pytest.raises(ValueError, match="fragment pattern 'random' is unknown"):
+        fragments(shapes, 2, "random")

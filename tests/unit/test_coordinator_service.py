@@ -41,9 +41,11 @@ def client(server: CoordinatorServer) -> Iterator[CoordinatorClient]:
         yield client
 
 
-def ready(client: CoordinatorClient, peer_id: str, params_round: int = 0, params_hash: str = "h0") -> pb.HeartbeatResponse:
+def ready(
+    client: CoordinatorClient, peer_id: str, state_round: int = 0, state_hash: str = "h0"
+) -> pb.HeartbeatResponse:
     return client.heartbeat(
-        peer_id, state=pb.PEER_STATE_READY, params_round=params_round, params_hash=params_hash,
+        peer_id, state=pb.PEER_STATE_READY, state_round=state_round, state_hash=state_hash,
         model_fingerprint="fp", param_count=1000, dht_peer_id="dht-" + peer_id,
         tokens=640, inner_steps=5, inner_time_s=3.0, wall_time_s=4.0, bytes_sent=100, bytes_received=90,
     )
@@ -83,13 +85,15 @@ def test_two_ready_peers_open_round_one_and_commit_it(client: CoordinatorClient)
     ready(client, a.peer_id)
     info = ready(client, b.peer_id).round
     assert info.open_round == 1 and {a.peer_id, b.peer_id} <= set(info.participants)
-    client.report_round(a.peer_id, 1, ok=True, params_hash="h1", inner_steps=5, loss=3.5, samples=40)
+    client.report_round(a.peer_id, 1, ok=True, state_hash="h1", inner_steps=5, loss=3.5, samples=40)
     client.report_round(pb.ReportRoundRequest(  # a prebuilt request works too
-        peer_id=b.peer_id, round=1, ok=True, params_hash="h1", inner_steps=5, loss=3.5, samples=40))
+        peer_id=b.peer_id, round=1, ok=True, state_hash="h1", inner_steps=5, loss=3.5, samples=40))
     committed = client.get_round(a.peer_id, 1)
     assert (committed.outcome, committed.committed_hash) == (pb.ROUND_OUTCOME_COMMITTED, "h1")
     assert set(committed.holders) >= {"dht-" + a.peer_id, "dht-" + b.peer_id}
     assert client.get_round(a.peer_id).round == 2  # 0 asks for the current round
+    assert client.get_round(a.peer_id, round_no=1) == committed
+    assert client.get_round(peer_id=a.peer_id, round=1) == committed  # TODO(lead): remove with the alias
 
     status = json_format.MessageToDict(client.get_status(), preserving_proto_field_name=True)
     run = status["run"]
@@ -99,6 +103,9 @@ def test_two_ready_peers_open_round_one_and_commit_it(client: CoordinatorClient)
     peers = {p["id"]: p for p in status["peers"]}
     assert peers[a.peer_id]["state"] == "ready" and peers[a.peer_id]["rounds_joined"] == "1"
     assert peers[a.peer_id]["compute_utilization"] == 0.75
+    metrics = peers[a.peer_id]["metrics"]  # the heartbeat's metrics, whole
+    assert (metrics["dht_peer_id"], metrics["state_hash"]) == ("dht-" + a.peer_id, "h0")
+    assert metrics["bytes_received"] == "90"  # (int64 as MessageToDict writes it)
     totals = status["totals"]
     assert int(totals["ddp_equivalent_bytes"]) >= 2 * 5 * 1 * 4 * 1000
     assert totals["compute_utilization"] == 0.75 and int(totals["bytes_sent"]) >= 200
@@ -142,7 +149,7 @@ def test_restart_keeps_the_join_string_and_the_open_round(tmp_path: Path) -> Non
             for p in (a, b):
                 ready(client, p.peer_id)
             for p in (a, b):
-                client.report_round(p.peer_id, 1, ok=True, params_hash="h1")
+                client.report_round(p.peer_id, 1, ok=True, state_hash="h1")
             assert client.get_status().run.open_round == 2
     finally:
         first.stop()
@@ -152,7 +159,7 @@ def test_restart_keeps_the_join_string_and_the_open_round(tmp_path: Path) -> Non
     try:
         with CoordinatorClient(join, request_timeout_s=5) as client:
             assert client.get_status().run.open_round == 2
-            info = ready(client, a.peer_id, params_round=1, params_hash="h1").round  # still a member
+            info = ready(client, a.peer_id, state_round=1, state_hash="h1").round  # still a member
             assert (info.round, info.last_committed_round) == (2, 1)
     finally:
         second.stop()
@@ -173,7 +180,7 @@ def test_serve_prints_the_join_string_and_returns_when_the_run_finished(
     with CoordinatorClient(JoinString.parse(line.removeprefix("join: ")), request_timeout_s=5) as client:
         peer = client.join()
         ready(client, peer.peer_id)
-        info = client.report_round(peer.peer_id, 1, ok=True, params_hash="h1").round
+        info = client.report_round(peer.peer_id, 1, ok=True, state_hash="h1").round
         assert info.finished and info.outcome == pb.ROUND_OUTCOME_COMMITTED
         client.leave(peer.peer_id, "run finished")
     thread.join(timeout=20)

@@ -11,7 +11,7 @@ import torch
 
 from swarm.core.average import weighted_average
 from swarm.core.codec import CODECS
-from swarm.net.allreduce import Exchange, ExchangeFailed, ExchangeResult, part_bounds
+from swarm.net.allreduce import Exchange, ExchangeFailed, ExchangeResult
 from swarm.net.rendezvous import Member, group_key, rendezvous
 from swarm.net.transport import Transport
 
@@ -37,9 +37,10 @@ class Peer:
                           ttl_s=60, poll_s=0.05)
 
     def average(self, key: str, me: Member, planned: set[str], delta: torch.Tensor, *,
-                window_s: float = 20.0, timeout_s: float = 30.0) -> ExchangeResult:
-        return self.exchange.average(key=key, group=self.group(key, me, planned, window_s=window_s), me=me,
-                                     delta=delta, timeout_s=timeout_s)
+                window_s: float = 20.0, timeout_s: float = 30.0) -> tuple[list[Member], ExchangeResult]:
+        """The group this peer found and the exchange's result."""
+        group = self.group(key, me, planned, window_s=window_s)
+        return group, self.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=timeout_s)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def concurrently(calls: list[Callable[[], Any]], *, timeout_s: float) -> list[An
     return outcomes
 
 
-def results_of(outcomes: list[Any]) -> list[ExchangeResult]:
+def results_of(outcomes: list[Any]) -> list[Any]:
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome
@@ -100,12 +101,12 @@ def test_three_peers_get_the_bit_identical_weighted_average(peers: list[Peer]) -
     ))
 
     expected = weighted_average(inputs, weights)
-    for result in results:
-        assert [m.peer_id for m in result.group] == ["p0", "p1", "p2"]
+    for group, result in results:
+        assert [m.peer_id for m in group] == ["p0", "p1", "p2"]
         assert torch.equal(result.average, expected)
     # each peer sends K-1 of its K slices, then its averaged slice to K-1 peers: 2(K-1)/K of the vector
     payload = 2 * 2 / 3 * 4 * NUMEL
-    for result in results:
+    for _, result in results:
         assert payload <= result.bytes_sent <= payload * 1.01, result.bytes_sent
         assert payload * 0.99 <= result.bytes_received <= payload * 1.01, result.bytes_received
 
@@ -117,10 +118,10 @@ def test_fp16_average_is_bit_identical_on_every_peer_and_close_to_fp32(peers: li
     planned = {p.name for p in peers}
     members = [p.member(weight=w, codec="fp16") for p, w in zip(peers, weights)]
 
-    results = results_of(concurrently(
+    results = [result for _, result in results_of(concurrently(
         [lambda p=p, m=m, d=d: p.average(key, m, planned, d) for p, m, d in zip(peers, members, inputs)],
         timeout_s=60,
-    ))
+    ))]
 
     for result in results[1:]:
         assert torch.equal(result.average, results[0].average)
@@ -154,8 +155,8 @@ def test_a_planned_peer_that_never_shows_up_is_left_out_after_the_window(peers: 
 
     assert time.monotonic() - started >= window_s  # they waited the window out for p2
     expected = weighted_average(inputs, weights)
-    for result in results:
-        assert [m.peer_id for m in result.group] == ["p0", "p1"]
+    for group, result in results:
+        assert [m.peer_id for m in group] == ["p0", "p1"]
         assert torch.equal(result.average, expected)
 
 
@@ -189,23 +190,6 @@ def test_a_member_that_posts_but_never_exchanges_fails_the_others(peers: list[Pe
         assert key in str(outcome)
         assert "did not complete" in str(outcome) or "no complete exchange within" in str(outcome)
         assert timeout_s - 1 <= seconds < timeout_s + 3
-
-
-@pytest.mark.parametrize("numel", [0, 1, 2, 5, 7, 100, 100_003])
-@pytest.mark.parametrize("parts", [1, 2, 3, 4, 8])
-def test_part_bounds_cover_every_element_once(numel: int, parts: int) -> None:
-    bounds = part_bounds(numel, parts)
-    assert len(bounds) == parts
-    assert bounds[0][0] == 0 and bounds[-1][1] == numel
-    for (_, end), (start, _) in zip(bounds, bounds[1:]):
-        assert end == start  # contiguous: no gap, no overlap
-    sizes = [end - start for start, end in bounds]
-    assert all(size >= 0 for size in sizes)
-    assert max(sizes) - min(sizes) <= 1
-    covered = torch.zeros(numel, dtype=torch.int64)
-    for start, end in bounds:
-        covered[start:end] += 1
-    assert bool((covered == 1).all())
 
 
 def test_a_member_that_fails_tells_the_others_who_fail_at_once(peers: list[Peer]) -> None:
@@ -252,7 +236,7 @@ def test_a_group_and_its_votes_ignore_malformed_entries_and_entries_posted_under
     dht.store(key, subkey="p0", value=vars(a.member(weight=1.0)), expiration_time=expires)
     assert set(read_entries(c.transport.dht, key, Member)) == {"p0"}
 
-    vote = Vote(peer_id="p0", dht_peer_id=a.transport.peer_id, ok=True, params_hash="h")
+    vote = Vote(peer_id="p0", dht_peer_id=a.transport.peer_id, ok=True, state_hash="h")
     post_vote(dht, key, vote, ttl_s=60)
     dht.store(vote_key(key), subkey="p1", value={"ok": True}, expiration_time=expires)
     assert collect_votes(c.transport.dht, key, ["p0"], timeout_s=5) == {"p0": vote}

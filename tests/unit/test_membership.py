@@ -26,8 +26,8 @@ class FakeClock:
 
 
 def make_engine(clock: FakeClock, **rounds: object) -> CoordinatorEngine:
-    spec = RunConfig(rounds=RoundConfig(**rounds)).to_json()
-    return CoordinatorEngine(Store(":memory:"), run_spec_json=spec, lease_s=LEASE_S, clock=clock)
+    config = RunConfig(rounds=RoundConfig(**rounds))
+    return CoordinatorEngine(Store(":memory:"), config=config, lease_s=LEASE_S, clock=clock)
 
 
 def run_record(**fields: object) -> RunRecord:
@@ -35,9 +35,9 @@ def run_record(**fields: object) -> RunRecord:
 
 
 def ready_beat(peer_id: str, **fields: object) -> pb.HeartbeatRequest:
-    values = dict(state=READY, params_round=0, params_hash="h0", model_fingerprint="fp", param_count=100)
+    values = dict(state=READY, state_round=0, state_hash="h0", model_fingerprint="fp", param_count=100)
     values.update(fields)
-    return pb.HeartbeatRequest(peer_id=peer_id, **values)
+    return pb.HeartbeatRequest(peer_id=peer_id, metrics=pb.PeerMetrics(**values))
 
 
 # --- pure functions -----------------------------------------------------------------------------
@@ -77,7 +77,19 @@ def test_heartbeat_records_stats_and_sets_the_run_model() -> None:
     assert result.run.initial_hash == "h0"
     assert result.run.initial_eval_loss == 3.0 and result.run.eval_round == 0
     assert result.peer.state == READY and result.peer.lease_expiry == 15.0
-    assert (result.peer.loss, result.peer.tokens, result.peer.dht_peer_id) == (2.5, 1000, "Qm1")
+    assert result.peer.metrics == hb.metrics  # kept whole
+
+
+def test_a_heartbeat_without_the_peer_identity_keeps_the_known_one() -> None:
+    run = run_record()
+    peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=0.0, last_seen=0.0, lease_expiry=LEASE_S)
+    first = membership.apply_heartbeat(run, peer, ready_beat("p-1", dht_peer_id="Qm1", dht_maddrs=["/ip4/x"]),
+                                       now=1.0, lease_s=LEASE_S)
+    bare = pb.HeartbeatRequest(peer_id="p-1", metrics=pb.PeerMetrics(state=READY, loss=1.5))
+    later = membership.apply_heartbeat(first.run, first.peer, bare, now=2.0, lease_s=LEASE_S).peer.metrics
+    assert (later.model_fingerprint, later.param_count, later.dht_peer_id, list(later.dht_maddrs)) == (
+        "fp", 100, "Qm1", ["/ip4/x"])
+    assert (later.loss, later.state_hash) == (1.5, "")  # the measurements are the new ones
 
 
 def test_newest_eval_wins_and_missing_eval_is_ignored() -> None:
@@ -93,7 +105,7 @@ def test_newest_eval_wins_and_missing_eval_is_ignored() -> None:
     "field, value, words",
     [
         ("model_fingerprint", "other-fp", "this peer's model (fingerprint other-fp) does not match the run's (fp)"),
-        ("params_hash", "h-other", "initial model state (hash h-other) differs from the run's (h0)"),
+        ("state_hash", "h-other", "initial model state (hash h-other) differs from the run's (h0)"),
     ],
 )
 def test_model_or_initial_state_mismatch_evicts(field: str, value: str, words: str) -> None:
@@ -108,7 +120,7 @@ def test_model_or_initial_state_mismatch_evicts(field: str, value: str, words: s
 
 def test_ready_means_alive_holding_the_last_committed_state() -> None:
     base = PeerRecord(peer_id="p", peer_index=0, joined_at=0, last_seen=0, lease_expiry=9,
-                      state=READY, params_round=3, params_hash="h3")
+                      state=READY, metrics=pb.PeerMetrics(state_round=3, state_hash="h3"))
     assert membership.is_ready(base, 3, "h3")
     assert not membership.is_ready(base, 4, "h4")  # behind
     assert not membership.is_ready(base, 3, "other")  # diverged
@@ -183,11 +195,11 @@ def test_fingerprint_mismatch_eviction_is_saved_although_the_call_fails() -> Non
 
 def test_restart_gives_alive_peers_a_fresh_lease(tmp_path) -> None:
     clock = FakeClock()
-    spec = RunConfig().to_json()
+    config = RunConfig()
     store = Store(tmp_path / "c.sqlite3")
-    engine = CoordinatorEngine(store, run_spec_json=spec, lease_s=LEASE_S, clock=clock)
+    engine = CoordinatorEngine(store, config=config, lease_s=LEASE_S, clock=clock)
     peer, _ = engine.join(engine.run.token)
     store.close()
     clock.now += 10 * LEASE_S  # the coordinator was down much longer than a lease
-    engine = CoordinatorEngine(Store(tmp_path / "c.sqlite3"), run_spec_json=spec, lease_s=LEASE_S, clock=clock)
+    engine = CoordinatorEngine(Store(tmp_path / "c.sqlite3"), config=config, lease_s=LEASE_S, clock=clock)
     engine.heartbeat(ready_beat(peer.peer_id))  # still a member

@@ -16,8 +16,8 @@ TIMEOUT_S = 100.0
 LEASE_S = 10.0
 
 
-def report(peer: str, params_hash: str = "h1", ok: bool = True, **fields: object) -> ReportRecord:
-    return ReportRecord(round=1, peer_id=peer, reported_at=0.0, ok=ok, params_hash=params_hash, **fields)
+def report(peer: str, state_hash: str = "h1", ok: bool = True, **fields: object) -> ReportRecord:
+    return ReportRecord(round=1, peer_id=peer, reported_at=0.0, ok=ok, state_hash=state_hash, **fields)
 
 
 def open_round(*participants: str) -> RoundRecord:
@@ -121,26 +121,26 @@ def clock() -> FakeClock:
 
 
 def make_engine(clock: FakeClock, **round_fields: object) -> CoordinatorEngine:
-    spec = RunConfig(rounds=RoundConfig(round_timeout_s=TIMEOUT_S, **round_fields)).to_json()
-    return CoordinatorEngine(Store(":memory:"), run_spec_json=spec, lease_s=LEASE_S, clock=clock)
+    config = RunConfig(rounds=RoundConfig(round_timeout_s=TIMEOUT_S, **round_fields))
+    return CoordinatorEngine(Store(":memory:"), config=config, lease_s=LEASE_S, clock=clock)
 
 
-def join_ready(engine: CoordinatorEngine, params_round: int = 0, params_hash: str = "h0") -> str:
+def join_ready(engine: CoordinatorEngine, state_round: int = 0, state_hash: str = "h0") -> str:
     peer, _ = engine.join(engine.run.token)
-    beat(engine, peer.peer_id, params_round, params_hash)
+    beat(engine, peer.peer_id, state_round, state_hash)
     return peer.peer_id
 
 
-def beat(engine: CoordinatorEngine, peer_id: str, params_round: int = 0, params_hash: str = "h0") -> pb.RoundInfo:
-    return engine.heartbeat(pb.HeartbeatRequest(
-        peer_id=peer_id, state=READY, params_round=params_round, params_hash=params_hash,
+def beat(engine: CoordinatorEngine, peer_id: str, state_round: int = 0, state_hash: str = "h0") -> pb.RoundInfo:
+    return engine.heartbeat(pb.HeartbeatRequest(peer_id=peer_id, metrics=pb.PeerMetrics(
+        state=READY, state_round=state_round, state_hash=state_hash,
         model_fingerprint="fp", param_count=1000, dht_peer_id="dht-" + peer_id,
-    ))
+    )))
 
 
-def send(engine: CoordinatorEngine, peer_id: str, number: int, params_hash: str = "h1", ok: bool = True) -> pb.RoundInfo:
+def send(engine: CoordinatorEngine, peer_id: str, number: int, state_hash: str = "h1", ok: bool = True) -> pb.RoundInfo:
     return engine.report(pb.ReportRoundRequest(
-        peer_id=peer_id, round=number, ok=ok, params_hash=params_hash, inner_steps=10, loss=2.0,
+        peer_id=peer_id, round=number, ok=ok, state_hash=state_hash, inner_steps=10, loss=2.0,
     ))
 
 
@@ -162,8 +162,8 @@ def test_round_one_opens_at_min_peers_and_admits_late_peers(clock: FakeClock) ->
 def test_late_admission_closes_once_a_participant_exchanges(clock: FakeClock) -> None:
     engine = make_engine(clock)
     a = join_ready(engine)
-    engine.heartbeat(pb.HeartbeatRequest(peer_id=a, state=pb.PEER_STATE_EXCHANGING, round=1, params_round=0,
-                                         params_hash="h0", model_fingerprint="fp"))
+    engine.heartbeat(pb.HeartbeatRequest(peer_id=a, metrics=pb.PeerMetrics(
+        state=pb.PEER_STATE_EXCHANGING, round=1, state_round=0, state_hash="h0", model_fingerprint="fp")))
     b = join_ready(engine)
     assert list(engine.round_info(a, 1).participants) == [a]
     assert b not in engine.round_info(b, 1).participants
@@ -174,13 +174,13 @@ def test_commit_opens_the_next_round_with_the_holders(clock: FakeClock) -> None:
     a, b, c = join_ready(engine), join_ready(engine), join_ready(engine)
     send(engine, a, 1)
     send(engine, b, 1)
-    info = send(engine, c, 1, params_hash="diverged")
+    info = send(engine, c, 1, state_hash="diverged")
     assert (info.round, info.outcome, info.last_committed_round, info.last_committed_hash) == (2, OPEN, 1, "h1")
     assert list(info.participants) == [a, b]  # c must resync before it is ready again
     committed = engine.round_info(a, 1)
     assert (committed.outcome, committed.committed_hash) == (COMMITTED, "h1")
     assert list(committed.holders) == ["dht-" + a, "dht-" + b]
-    beat(engine, c, params_round=1, params_hash="h1")  # resynced before round 2's first report
+    beat(engine, c, state_round=1, state_hash="h1")  # resynced before round 2's first report
     assert list(engine.round_info(a, 2).participants) == [a, b, c]
     status = engine.status(engine.run.token)
     assert {p.id: (p.rounds_joined, p.rounds_missed) for p in status.peers} == {a: (1, 0), b: (1, 0), c: (0, 1)}
@@ -197,15 +197,22 @@ def test_peers_that_resumed_the_committed_state_are_its_holders_after_its_voters
     engine.leave(a, "killed")
     engine.leave(b, "killed")
     assert list(engine.round_info(c, 1).holders) == []  # every voter of round 1 is gone
-    beat(engine, c, params_round=1, params_hash="h1")  # c resumed round 1 from its vote
+    beat(engine, c, state_round=1, state_hash="h1")  # c resumed round 1 from its vote
     assert list(engine.round_info(c, 1).holders) == ["dht-" + c]
+
+
+def test_a_report_with_the_old_hash_field_still_votes(clock: FakeClock) -> None:  # TODO(lead): remove with it
+    engine = make_engine(clock)
+    a = join_ready(engine)
+    info = engine.report(pb.ReportRoundRequest(peer_id=a, round=1, ok=True, params_hash="h1"))
+    assert info.last_committed_hash == "h1"
 
 
 def test_report_for_a_decided_round_returns_its_outcome(clock: FakeClock) -> None:
     engine = make_engine(clock)
     a = join_ready(engine)
     send(engine, a, 1)
-    again = send(engine, a, 1, params_hash="changed-mind")  # duplicate: the first report stands
+    again = send(engine, a, 1, state_hash="changed-mind")  # duplicate: the first report stands
     assert (again.round, again.outcome, again.committed_hash) == (1, COMMITTED, "h1")
     early = send(engine, a, 7)
     assert (early.round, early.outcome, early.open_round) == (7, pb.ROUND_OUTCOME_UNSPECIFIED, 2)
@@ -241,7 +248,7 @@ def test_evicted_participant_is_not_waited_for(clock: FakeClock) -> None:
 def test_void_keeps_the_previous_state_and_opens_the_next_round(clock: FakeClock) -> None:
     engine = make_engine(clock)
     a = join_ready(engine)
-    info = send(engine, a, 1, params_hash="", ok=False)
+    info = send(engine, a, 1, state_hash="", ok=False)
     assert (info.round, info.last_committed_round, info.last_committed_hash) == (2, 0, "h0")
     assert engine.round_info(a, 1).outcome == VOIDED
     assert engine.status(engine.run.token).run.rounds_voided == 1
@@ -252,7 +259,7 @@ def test_max_rounds_finishes_the_run(clock: FakeClock) -> None:
     a = join_ready(engine)
     send(engine, a, 1)
     beat(engine, a, 1, "h1")
-    info = send(engine, a, 2, params_hash="h2")
+    info = send(engine, a, 2, state_hash="h2")
     assert info.finished and info.open_round == 0 and info.round == 2 and info.outcome == COMMITTED
     beat(engine, a, 2, "h2")
     engine.tick()

@@ -6,7 +6,7 @@ import pytest
 
 from coordinator.engine import CoordinatorEngine
 from coordinator.records import COMMITTED, OPEN, READY, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
-from coordinator.store import STORE_FILE, Store
+from coordinator.store import SCHEMA_VERSION, STORE_FILE, Store
 from swarm.config import ConfigError, RoundConfig, RunConfig
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -16,7 +16,9 @@ pytestmark = pytest.mark.timeout(20)
 def test_records_survive_close_and_reopen(tmp_path: Path) -> None:
     store = Store.in_dir(tmp_path)
     run = RunRecord(run_id="run-1", token="t", run_spec_json="{}", created_at=1.0, ddp_equivalent_bytes=42)
-    peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=1.0, last_seen=2.0, lease_expiry=3.0, state=READY)
+    metrics = pb.PeerMetrics(state=READY, state_hash="h0", loss=float("nan"), dht_maddrs=["/ip4/1.2.3.4/tcp/5"])
+    peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=1.0, last_seen=2.0, lease_expiry=3.0, state=READY,
+                      metrics=metrics)
     committed = RoundRecord(round=1, opened_at=1.0, participants=("p-1",), outcome=COMMITTED,
                             committed_hash="h1", holders=("p-1",))
     with store.transaction():
@@ -31,7 +33,8 @@ def test_records_survive_close_and_reopen(tmp_path: Path) -> None:
     assert (tmp_path / STORE_FILE).exists()
     store = Store.in_dir(tmp_path)
     assert to_json(store.get_run()) == to_json(run)  # (NaN fields never compare equal)
-    assert [to_json(p) for p in store.peers()] == [to_json(peer)]
+    (again,) = store.peers()
+    assert to_json(again) == to_json(peer) and again.metrics.SerializeToString() == metrics.SerializeToString()
     assert to_json(store.get_round(1)) == to_json(committed)
     assert store.latest_round().outcome == OPEN and store.latest_round().round == 2
     assert store.latest_committed_round().committed_hash == "h1"
@@ -50,19 +53,19 @@ def test_failed_transaction_writes_nothing() -> None:
     assert store.peers() == []
 
 
-def _beat(engine: CoordinatorEngine, peer_id: str, params_round: int, params_hash: str) -> None:
-    engine.heartbeat(pb.HeartbeatRequest(
-        peer_id=peer_id, state=READY, params_round=params_round, params_hash=params_hash,
+def _beat(engine: CoordinatorEngine, peer_id: str, state_round: int, state_hash: str) -> None:
+    engine.heartbeat(pb.HeartbeatRequest(peer_id=peer_id, metrics=pb.PeerMetrics(
+        state=READY, state_round=state_round, state_hash=state_hash,
         model_fingerprint="fp", param_count=1000, tokens=500, bytes_sent=7, wall_time_s=2.0, inner_time_s=1.0,
-    ))
+    )))
 
 
 def test_restarted_coordinator_continues_where_it_stopped(tmp_path: Path) -> None:
     now = [1_000.0]
-    spec = RunConfig(rounds=RoundConfig(min_peers=2)).to_json()
+    config = RunConfig(rounds=RoundConfig(min_peers=2))
 
     def engine() -> CoordinatorEngine:
-        return CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=spec, clock=lambda: now[0])
+        return CoordinatorEngine(Store.in_dir(tmp_path), config=config, clock=lambda: now[0])
 
     first = engine()
     a, _ = first.join(first.run.token)
@@ -70,7 +73,7 @@ def test_restarted_coordinator_continues_where_it_stopped(tmp_path: Path) -> Non
     for p in (a, b):
         _beat(first, p.peer_id, 0, "h0")
     for p in (a, b):
-        first.report(pb.ReportRoundRequest(peer_id=p.peer_id, round=1, ok=True, params_hash="h1", inner_steps=3))
+        first.report(pb.ReportRoundRequest(peer_id=p.peer_id, round=1, ok=True, state_hash="h1", inner_steps=3))
     before = first.status(first.run.token)
     assert before.run.open_round == 2
     first._store.close()
@@ -86,47 +89,46 @@ def test_restarted_coordinator_continues_where_it_stopped(tmp_path: Path) -> Non
     c, _ = second.join(second.run.token)
     assert c.peer_index == 2  # indices are not reused after a restart
     for p in (a, b):
-        second.report(pb.ReportRoundRequest(peer_id=p.peer_id, round=2, ok=True, params_hash="h2"))
+        second.report(pb.ReportRoundRequest(peer_id=p.peer_id, round=2, ok=True, state_hash="h2"))
     assert second.status(second.run.token).run.open_round == 3
 
 
 def test_a_different_config_for_an_existing_run_is_refused(tmp_path: Path) -> None:
-    CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=RunConfig().to_json())._store.close()
-    other = RunConfig(rounds=RoundConfig(inner_steps=7)).to_json()
+    CoordinatorEngine(Store.in_dir(tmp_path), config=RunConfig())._store.close()
+    other = RunConfig(rounds=RoundConfig(inner_steps=7))
     with pytest.raises(ConfigError, match=r"different config \(rounds.inner_steps differs\).*original --config"):
-        CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=other)
-    resumed = CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=None)  # no config: resume as stored
-    assert '"inner_steps": 50' in resumed.run.run_spec_json
+        CoordinatorEngine(Store.in_dir(tmp_path), config=other)
+    resumed = CoordinatorEngine(Store.in_dir(tmp_path), config=None)  # no config: resume as stored
+    assert resumed.config.rounds.inner_steps == 50
     resumed._store.close()
-    defaulted = CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=other, check_spec=False)
-    assert defaulted.spec["rounds"]["inner_steps"] == 50  # a default config does not override the kept run
+    defaulted = CoordinatorEngine(Store.in_dir(tmp_path), config=other, check_config=False)
+    assert defaulted.config.rounds.inner_steps == 50  # a default config does not override the kept run
 
 
 def test_a_restarted_peer_keeps_its_old_record_beside_the_new_one_across_a_coordinator_restart(tmp_path: Path) -> None:
-    spec = RunConfig().to_json()
-    engine = CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=spec, lease_s=10)
+    config = RunConfig()
+    engine = CoordinatorEngine(Store.in_dir(tmp_path), config=config, lease_s=10)
     old, _ = engine.join(engine.run.token, name="laptop")
-    engine.heartbeat(pb.HeartbeatRequest(peer_id=old.peer_id, state=READY, bytes_sent=1000, model_fingerprint="fp"))
+    engine.heartbeat(pb.HeartbeatRequest(peer_id=old.peer_id, metrics=pb.PeerMetrics(
+        state=READY, bytes_sent=1000, model_fingerprint="fp")))
     new, _ = engine.join(engine.run.token, name="laptop", previous_peer_id=old.peer_id)
 
-    reopened = CoordinatorEngine(Store.in_dir(tmp_path), run_spec_json=spec, lease_s=10)
+    reopened = CoordinatorEngine(Store.in_dir(tmp_path), config=config, lease_s=10)
     peers = {p.id: p for p in reopened.status(reopened.run.token).peers}
     assert set(peers) == {old.peer_id, new.peer_id}  # the old record (and its bytes) is not overwritten
-    assert peers[old.peer_id].state == "left" and peers[old.peer_id].bytes_sent == 1000
+    assert peers[old.peer_id].state == "left" and peers[old.peer_id].metrics.bytes_sent == 1000
     assert old.peer_index == new.peer_index
 
 
-def test_a_store_with_the_old_unique_peer_index_is_migrated(tmp_path: Path) -> None:
+def test_a_store_of_another_schema_version_is_refused_in_one_sentence(tmp_path: Path) -> None:
     import sqlite3
 
-    db = sqlite3.connect(tmp_path / STORE_FILE)
+    db = sqlite3.connect(tmp_path / STORE_FILE)  # a file from before the schema was versioned
     db.execute("CREATE TABLE peers (peer_id TEXT PRIMARY KEY, peer_index INTEGER NOT NULL UNIQUE, data TEXT NOT NULL)")
-    first = PeerRecord(peer_id="p-1", peer_index=0, joined_at=1.0, last_seen=2.0, lease_expiry=3.0, state=READY)
-    db.execute("INSERT INTO peers VALUES (?, ?, ?)", (first.peer_id, 0, to_json(first)))
     db.commit()
     db.close()
-    store = Store.in_dir(tmp_path)
-    again = PeerRecord(peer_id="p-2", peer_index=0, joined_at=4.0, last_seen=4.0, lease_expiry=9.0, state=READY)
-    store.put_peer(again)
-    assert [p.peer_id for p in store.peers()] == ["p-1", "p-2"]
-    store.close()
+    with pytest.raises(ConfigError, match=r"holds a run written by another swarm version \(store schema 0, this "
+                       rf"version reads {SCHEMA_VERSION}\); .* or use a new --state-dir\.$"):
+        Store.in_dir(tmp_path)
+    Store.in_dir(tmp_path / "new").close()
+    Store.in_dir(tmp_path / "new").close()  # a file this version wrote opens again

@@ -18,7 +18,6 @@ from swarm.core.fragments import (
     round_end_step,
     round_fragment,
     round_steps,
-    sync_schedule,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -77,25 +76,23 @@ def test_too_many_fragments_or_an_unknown_pattern_are_refused():
 
 @pytest.mark.parametrize("h, f", [(1, 1), (10, 1), (10, 2), (10, 3), (7, 7), (100, 6), (12, 5)])
 def test_each_fragment_syncs_exactly_once_in_every_window_of_h_steps(h, f):
-    schedule = sync_schedule(h, f)
-    assert sorted(schedule.values()) == list(range(f))
-    synced = [schedule.get(step % h) for step in range(1, 4 * h + 1)]  # after inner step `step`
+    # round r syncs fragment round_fragment(r) after inner step round_end_step(r): 4F rounds span 4H steps
+    fragment_after = {round_end_step(r, h, f): round_fragment(r, f) for r in range(1, 4 * f + 1)}
+    assert len(fragment_after) == 4 * f and max(fragment_after) == 4 * h
+    synced = [fragment_after.get(step) for step in range(1, 4 * h + 1)]
     for start in range(0, 3 * h + 1):
         window = [x for x in synced[start:start + h] if x is not None]
         assert sorted(window) == list(range(f)), (start, window)
-    # Rounds enumerate the same sync points: round r syncs fragment (r-1) % F after round_end_step.
-    points = [(round_end_step(r, h, f), round_fragment(r, f)) for r in range(1, 4 * f + 1)]
-    assert points == [(step, x) for step, x in enumerate(synced, start=1) if x is not None]
     assert sum(round_steps(r, h, f) for r in range(1, f + 1)) == h
     assert {round_steps(r, h, f) for r in range(1, f + 1)} <= {h // f, h // f + 1}
 
 
 def test_the_last_fragment_syncs_on_the_full_sync_boundary_and_one_fragment_is_diloco():
-    assert sync_schedule(10, 1) == {0: 0}
-    assert sync_schedule(10, 3) == {3: 0, 6: 1, 0: 2}
+    assert [round_end_step(r, 10, 3) for r in range(1, 7)] == [3, 6, 10, 13, 16, 20]
+    assert [round_fragment(r, 3) for r in range(1, 7)] == [0, 1, 2, 0, 1, 2]
     assert [round_end_step(r, 10, 1) for r in range(4)] == [0, 10, 20, 30]
     with pytest.raises(ValueError):
-        sync_schedule(3, 4)
+        round_fragment(0, 3)
 
 
 def test_merge_matches_a_plain_float32_reference():
