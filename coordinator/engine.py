@@ -323,7 +323,7 @@ def _new_peer_id(existing: dict[str, PeerRecord]) -> str:
 def _report_record(req: pb.ReportRoundRequest, now: float) -> ReportRecord:
     return ReportRecord(
         round=req.round, peer_id=req.peer_id, reported_at=now, ok=req.ok,
-        state_hash=req.state_hash or req.params_hash,  # TODO(lead): remove alias after daemon rename
+        state_hash=req.state_hash,
         group=tuple(req.group), samples=req.samples, inner_steps=req.inner_steps,
         inner_time_s=req.inner_time_s, exchange_time_s=req.exchange_time_s, bytes_sent=req.bytes_sent,
         bytes_received=req.bytes_received, loss=req.loss, error=req.error, param_count=req.param_count,

@@ -5,6 +5,7 @@ The round runner's Decider."""
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -54,10 +55,23 @@ class CoordinatorLink:
         self.group_decision: Callable[[Vote], Optional[tuple[Optional[str], list[str]]]] = lambda vote: None
         self.report_fields: Callable[[], dict] = dict  # per-peer fields every report carries
 
+    def join(self, options, *, previous_peer_id: str) -> pb.JoinResponse:
+        """Join the run, retrying while the coordinator is unreachable; gives up after join_timeout_s."""
+        joined = with_retry(
+            lambda: self.client.join(site=options.site, device=options.device,
+                                     name=options.name or socket.gethostname(), previous_peer_id=previous_peer_id),
+            what="join", stop=self.stop, give_up_after_s=options.join_timeout_s,
+        )
+        if joined is None:
+            logger.error("could not reach the coordinator at %s for %.0fs; check the join string's address "
+                         "and that the coordinator is running", options.join.address, options.join_timeout_s)
+            raise PeerExit(2)
+        return joined
+
     # ---- round plans ---------------------------------------------------------------------------------
     def get_round(self, round_no: int) -> pb.RoundInfo:
         """Round ``round_no`` (0: the current one), asked once; raises CoordinatorUnreachable."""
-        info = self.client.get_round(peer_id=self.peer_id, round=round_no)
+        info = self.client.get_round(peer_id=self.peer_id, round_no=round_no)
         self.live_peers = info.live_peers
         return info
 
@@ -142,6 +156,25 @@ class CoordinatorLink:
                 return info
             time.sleep(self.poll_s if info is not None else 1.0)  # polled: there is no push
 
+    def serve_final_state(self, serve_s: float, *, ready: Callable[[], None]) -> None:
+        """After the run: stay a holder of the final state while live peers still hold an older one (a
+        joiner, a restarted peer) — without a holder they would end without a final model. Bounded by
+        ``serve_s`` and by the coordinator going away (it says who is behind)."""
+        deadline = time.monotonic() + serve_s
+        announced = False
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            try:
+                info = self.get_round(0)
+            except CoordinatorUnreachable:
+                return
+            if info.behind_peers <= 0:
+                return
+            if not announced:
+                logger.info("%s serving the final state to %d peers still behind", self.tag(None), info.behind_peers)
+                announced = True
+            ready()
+            self.stop.wait(self.poll_s)
+
     def take_backlog(self) -> list[Backlogged]:
         backlog, self.backlog = self.backlog, []
         return backlog
@@ -150,7 +183,7 @@ class CoordinatorLink:
     def report_request(self, vote: Vote) -> pb.ReportRoundRequest:
         averaged = vote.averaged
         return pb.ReportRoundRequest(
-            peer_id=self.peer_id, round=vote.round_no, ok=vote.ok, params_hash=vote.state_hash, group=vote.group,
+            peer_id=self.peer_id, round=vote.round_no, ok=vote.ok, state_hash=vote.state_hash, group=vote.group,
             samples=vote.contribution.samples, inner_steps=vote.train.steps, inner_time_s=vote.train.inner_time_s,
             exchange_time_s=averaged.seconds if averaged else 0.0,
             bytes_sent=averaged.bytes_sent if averaged else 0,

@@ -19,9 +19,7 @@ import concurrent.futures
 import enum
 import logging
 import signal
-import socket
 import threading
-import time
 from typing import Optional
 
 import torch
@@ -31,7 +29,6 @@ from peer.coordinator_link import CoordinatorLink, PeerExit
 from peer.heartbeat import HeartbeatThread
 from peer.options import PeerOptions
 from peer.parts import PeerParts
-from peer.retry import with_retry
 from peer.round_hooks import PeerHooks
 from peer.state_store import PeerStateStore
 from peer.stats import PeerStats
@@ -55,6 +52,11 @@ class PeerState(enum.Enum):
     OFFLINE_DECIDING = "offline-deciding"
     FINISHING = "finishing"
     LEAVING = "leaving"
+
+
+# what the coordinator sees of a state (EXCHANGING is reported by the round hooks)
+WIRE_STATES = {PeerState.READY: pb.PEER_STATE_READY, PeerState.TRAINING: pb.PEER_STATE_TRAINING,
+               PeerState.SYNCING: pb.PEER_STATE_JOINING, PeerState.JOINING: pb.PEER_STATE_JOINING}
 
 
 class PeerDaemon:
@@ -134,10 +136,8 @@ class PeerDaemon:
 
     def enter(self, state: PeerState) -> None:
         self.state = state
-        wire = {PeerState.READY: pb.PEER_STATE_READY, PeerState.TRAINING: pb.PEER_STATE_TRAINING,
-                PeerState.SYNCING: pb.PEER_STATE_JOINING, PeerState.JOINING: pb.PEER_STATE_JOINING}
-        if state in wire:
-            self.stats.update(state=wire[state])
+        if state in WIRE_STATES:
+            self.stats.update(state=WIRE_STATES[state])
 
     # ---- transitions ---------------------------------------------------------------------------------
     def join(self) -> None:
@@ -146,15 +146,7 @@ class PeerDaemon:
         if o.threads:
             torch.set_num_threads(o.threads)
         previous = identity.previous_peer_id(o.state_dir)
-        joined = with_retry(
-            lambda: self.client.join(site=o.site, device=o.device, name=o.name or socket.gethostname(),
-                                     previous_peer_id=previous),
-            what="join", stop=self.stop, give_up_after_s=o.join_timeout_s,
-        )
-        if joined is None:
-            logger.error("could not reach the coordinator at %s for %.0fs; check the join string's address "
-                         "and that the coordinator is running", o.join.address, o.join_timeout_s)
-            raise PeerExit(2)
+        joined = self.link.join(o, previous_peer_id=previous)
         self.peer_id = self.link.peer_id = joined.peer_id
         self.run_id, self.run_config = joined.run_id, RunConfig.from_json(joined.run_spec_json)
         logger.info("%s joined run %s as peer index %d%s", self.tag(), joined.run_id, joined.peer_index,
@@ -231,7 +223,7 @@ class PeerDaemon:
                 logger.error("%s the coordinator decided %s where the group decided %s; resyncing",
                              self.tag(round_no), confirmed or "void", entry.committed_hash or "void")
                 self.behind, self.store.disk_tried = True, None  # its own vote may be the committed state
-                self.stats.update(params_round=-1)  # holds no committed state until it resyncs
+                self.stats.update(state_round=-1)  # holds no committed state until it resyncs
                 return
             logger.info("%s the coordinator confirmed the group's decision", self.tag(round_no))
             self.store.prune(below=min(round_no, trainer.round_no))
@@ -256,26 +248,9 @@ class PeerDaemon:
         path = self.options.state_dir / "final" / "model.safetensors"
         write_final_model(path, [name for name, _ in trainer.model.named_parameters()], trainer.state)
         logger.info("%s run finished at round %d; wrote %s", self.tag(), trainer.round_no, path)
-        self.serve_final_state()
+        self.link.serve_final_state(self.options.final_serve_s,
+                                    ready=lambda: self.stats.update(state=pb.PEER_STATE_READY))
         return 0
-
-    def serve_final_state(self) -> None:
-        """Without a holder, a peer behind at the end (a joiner, a restarted peer) would end without a final
-        model. Bounded by final_serve_s and by the coordinator going away (it says who is behind)."""
-        deadline = time.monotonic() + self.options.final_serve_s
-        announced = False
-        while not self.stop.is_set() and time.monotonic() < deadline:
-            try:
-                info = self.link.get_round(0)
-            except CoordinatorUnreachable:
-                return
-            if info.behind_peers <= 0:
-                return
-            if not announced:
-                logger.info("%s serving the final state to %d peers still behind", self.tag(), info.behind_peers)
-                announced = True
-            self.stats.update(state=pb.PEER_STATE_READY)
-            self.stop.wait(self.options.poll_s)
 
     def leave(self) -> None:
         """LEAVING: checkpoint a committed state, a last heartbeat with the final numbers, then leave."""

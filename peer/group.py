@@ -66,7 +66,7 @@ class DhtGroup:
     def post(self, vote: Vote) -> None:
         post_vote(self.transport.dht, self.key(vote.round_no, vote.fragment),
                   DhtVote(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, ok=vote.ok,
-                          params_hash=vote.state_hash), ttl_s=VOTE_TTL_S)
+                          state_hash=vote.state_hash), ttl_s=VOTE_TTL_S)
 
     def group_decision(self, vote: Vote) -> Optional[tuple[Optional[str], list[str]]]:
         """The group's own decision on ``vote``'s round by the commit rule, once every groupmate's vote is

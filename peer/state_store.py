@@ -80,7 +80,7 @@ class PeerStateStore:
     def publish(self) -> None:
         state = self.trainer.state
         self.transfer.publish(state)
-        self.stats.update(params_hash=state.state_hash, params_round=state.round_no, state=pb.PEER_STATE_READY)
+        self.stats.update(state_hash=state.state_hash, state_round=state.round_no, state=pb.PEER_STATE_READY)
         # at once: the next round admits late peers only until its first participant starts exchanging
         self.announce()
 

@@ -14,10 +14,6 @@ from typing import Any
 
 from swarm.v1 import coordinator_pb2 as pb
 
-# TODO(lead): remove alias after daemon rename
-_OLD_NAMES = {"params_hash": "state_hash", "params_round": "state_round"}
-
-
 class PeerStats:
     """Thread-safe; ``_metrics`` is only touched under ``_lock``."""
 
@@ -28,7 +24,6 @@ class PeerStats:
 
     def update(self, **fields: Any) -> None:
         """Set metrics, e.g. ``update(state=pb.PEER_STATE_READY, state_round=3)``."""
-        fields = _new_names(fields)
         changed = pb.PeerMetrics(**fields)  # raises ValueError for a name PeerMetrics lacks
         with self._lock:
             for name in fields:
@@ -38,7 +33,7 @@ class PeerStats:
     def add(self, **increments: Any) -> None:
         """Add to cumulative metrics, e.g. ``add(bytes_sent=n, tokens=t)``."""
         with self._lock:
-            for name, value in _new_names(increments).items():
+            for name, value in increments.items():
                 setattr(self._metrics, name, getattr(self._metrics, name) + value)
 
     def metrics(self) -> pb.PeerMetrics:
@@ -51,7 +46,3 @@ class PeerStats:
 
     def heartbeat_request(self, peer_id: str) -> pb.HeartbeatRequest:
         return pb.HeartbeatRequest(peer_id=peer_id, metrics=self.metrics())
-
-
-def _new_names(fields: dict[str, Any]) -> dict[str, Any]:
-    return {_OLD_NAMES.get(name, name): value for name, value in fields.items()}

@@ -32,7 +32,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from swarm.core import average, fragments
+from swarm.core import average
+from swarm.core.fragments import fragments as split_fragments
 from swarm.core.state import GlobalState, state_hash
 from swarm.train import model as swarm_model
 from swarm.train import sim as swarm_sim
@@ -355,7 +356,7 @@ def _torchft_replica(index: int, bench: Bench, job: Job, ckpt: Optional[Path], l
     # same blocks as the "strided" pattern the streaming rows use), holding the same Parameters.
     names = [(name, p.shape) for name, p in trainer.model.named_parameters()]
     fragments = []
-    for indices in fragments.fragments(names, job.fragments, "contiguous"):
+    for indices in split_fragments(names, job.fragments, "contiguous"):
         holder = torch.nn.Module()
         for k, i in enumerate(indices):
             holder.register_parameter(f"p{k}", params[i])
@@ -374,7 +375,7 @@ def _torchft_replica(index: int, bench: Bench, job: Job, ckpt: Optional[Path], l
     # accessor for it (with F = 1 this restores what the model already holds).
     diloco._restore_parameters()
     final = [average.as_cpu_f32(p).clone() for p in params]
-    sizes = [sum(params[i].numel() for i in idx) for idx in fragments.fragments(names, job.fragments, "contiguous")]
+    sizes = [sum(params[i].numel() for i in idx) for idx in split_fragments(names, job.fragments, "contiguous")]
     results.put((index, _model_eval_loss(trainer), state_hash(final, []), sizes))
     manager.shutdown(wait=False)
 

@@ -16,3 +16,20 @@ from swarm.config.run import (  # noqa: F401
     RunConfig,
     load_run_config,
 )
+
+__all__ = [
+    "ConfigError",
+    "CODEC_NAMES",
+    "FRAGMENT_PATTERNS",
+    "MODEL_PRESETS",
+    "NESTEROV",
+    "outer_optimizer_names",
+    "torch_optimizer_kwargs",
+    "ModelConfig",
+    "DataConfig",
+    "InnerOptConfig",
+    "OuterOptConfig",
+    "RoundConfig",
+    "RunConfig",
+    "load_run_config",
+]

@@ -94,11 +94,8 @@ class CoordinatorClient:
             request = pb.ReportRoundRequest(peer_id=request, round=round_no, **fields)
         return self._call("ReportRound", request)
 
-    def get_round(self, peer_id: str, round_no: int = 0, **alias: int) -> pb.RoundInfo:
+    def get_round(self, peer_id: str, round_no: int = 0) -> pb.RoundInfo:
         """Round ``round_no``, or with 0 the open one (the latest decided when none is open)."""
-        round_no = alias.pop("round", round_no)  # TODO(lead): remove alias after daemon rename
-        if alias:
-            raise TypeError(f"get_round() got unexpected keyword arguments {sorted(alias)}")
         return self._call("GetRound", pb.GetRoundRequest(peer_id=peer_id, round=round_no))
 
     def get_status(self) -> pb.GetStatusResponse:

@@ -14,8 +14,6 @@ import json
 import logging
 import math
 import sys
-import threading
-from collections import Counter
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Optional, Sequence
@@ -23,13 +21,12 @@ from typing import Optional, Sequence
 import torch
 
 from swarm.config import RunConfig, load_run_config
-from swarm.core.average import butterfly_bytes_sent, butterfly_reference
-from swarm.core.codec import Codec, get_codec
-from swarm.core.commit_rule import winning_hash
-from swarm.core.fragments import round_end_step, round_fragment
+from swarm.core.average import butterfly_bytes_sent
+from swarm.core.codec import get_codec
+from swarm.core.fragments import round_fragment
 from swarm.core.state import GlobalState
-from swarm.train.round import Averaged, Decision, Hooks, InlineExecutor, Outcome, RoundRunner, Vote
-from swarm.train.trainer import Contribution, LocalTrainer, TrainStats
+from swarm.train.trainer import LocalTrainer
+from swarm.train.virtual_peers import VirtualPeer, run_peers
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +113,6 @@ def _rates(run: RunConfig, peers: int, steps_per_peer: Sequence[int] | None,
     return [Fraction(int(s), h) for s in steps_per_peer]
 
 
-def _steps_between(rate: Fraction, start: int, end: int) -> int:
-    """Inner steps a peer at ``rate`` completes between nominal steps ``start`` and ``end`` (a time
-    budget: progress carries over, so a 1/3-speed peer does exactly one step in three)."""
-    return math.floor(rate * end) - math.floor(rate * start)
-
-
 def _with_overrides(run: RunConfig, outer: str | None, **rounds) -> RunConfig:
     overrides = {k: v for k, v in rounds.items() if v is not None}
     if overrides:
@@ -134,145 +125,7 @@ def _with_overrides(run: RunConfig, outer: str | None, **rounds) -> RunConfig:
     return run
 
 
-class _Board:
-    """The in-process group, vote board and coordinator of N virtual peers. Every virtual peer runs on
-    its own thread holding ``cond``'s lock, released only while it waits here for the others: so one
-    peer computes at a time (the bits and the inner-step timings are those of a sequential run), and
-    the round runner blocks exactly where a real peer would."""
-
-    def __init__(self, peers: int, rounds: int, wire: Codec) -> None:
-        self.peers, self.rounds, self.wire = peers, rounds, wire
-        self.cond = threading.Condition()
-        self.contributions: dict[int, dict[int, Contribution]] = {}
-        self.averages: dict[int, torch.Tensor] = {}
-        self.votes: dict[int, dict[int, Vote]] = {}
-        self.failed: Optional[BaseException] = None
-
-    def wait_all(self, table: dict[int, dict], round_no: int) -> None:
-        self.cond.notify_all()
-        if not self.cond.wait_for(lambda: self.failed is not None or len(table[round_no]) == self.peers, timeout=600):
-            raise RuntimeError(f"sim round {round_no}: a virtual peer never arrived")
-        if self.failed is not None:
-            raise RuntimeError("another virtual peer failed") from self.failed
-
-    def average(self, index: int, round_no: int, contribution: Contribution) -> Averaged:
-        self.contributions.setdefault(round_no, {})[index] = contribution
-        self.wait_all(self.contributions, round_no)
-        ordered = [self.contributions[round_no][i] for i in range(self.peers)]
-        if round_no not in self.averages:
-            self.averages[round_no] = butterfly_reference([c.delta for c in ordered],
-                                                          [float(c.samples) for c in ordered], self.wire)
-        sent = butterfly_bytes_sent(contribution.delta.numel(), self.peers, self.wire)
-        return Averaged(average=self.averages[round_no], group=[str(i) for i in range(self.peers)],
-                        bytes_sent=sent[index])
-
-    def decide(self, vote: Vote, index: int) -> Decision:
-        self.votes.setdefault(vote.round_no, {})[index] = vote
-        self.wait_all(self.votes, vote.round_no)
-        counts = Counter(v.state_hash for v in self.votes[vote.round_no].values() if v.ok)
-        won = winning_hash(counts)
-        return Decision(vote.round_no, won[0] if won else None, finished=vote.round_no == self.rounds)
-
-
-@dataclass
-class _VirtualPeer(Hooks):
-    """One virtual peer's side of the board (its exchange, votes, decider and store) and its records."""
-
-    index: int
-    board: _Board
-    trained_stats: dict[int, TrainStats] = field(default_factory=dict)
-    bytes_sent: dict[int, int] = field(default_factory=dict)
-    hashes: dict[int, str] = field(default_factory=dict)
-    evals: dict[int, float] = field(default_factory=dict)
-    trainer: Optional[LocalTrainer] = None
-
-    def average(self, round_no: int, contribution: Contribution) -> Averaged:
-        averaged = self.board.average(self.index, round_no, contribution)
-        self.bytes_sent[round_no] = averaged.bytes_sent
-        return averaged
-
-    def post(self, vote: Vote) -> None:
-        pass  # the board sees every vote in decide
-
-    def decide(self, vote: Vote) -> Decision:
-        return self.board.decide(vote, self.index)
-
-    def still_planned(self, round_no: int) -> bool:
-        return True
-
-    def save_vote(self, state: GlobalState) -> None:
-        pass
-
-    def committed(self, state: GlobalState, *, provisional: bool) -> None:
-        self.hashes[state.round_no] = state.state_hash
-
-    def voided(self, round_no: int, *, provisional: bool) -> None:
-        raise RuntimeError(f"sim round {round_no} was voided: the virtual peers disagree")
-
-    def trained(self, round_no: int, stats: TrainStats) -> None:
-        self.trained_stats[round_no] = stats
-
-    def evaluated(self, round_no: int, loss: float) -> None:
-        self.evals[round_no] = loss
-
-
-def _drive(runner: RoundRunner, peer: _VirtualPeer, rounds: int) -> None:
-    board = peer.board
-    with board.cond:
-        try:
-            carry = None
-            for r in range(1, rounds + 1):
-                result = runner.run_round(r, carry)
-                if result.outcome not in (Outcome.COMMITTED, Outcome.IN_FLIGHT):
-                    raise RuntimeError(f"sim round {r}: {result.outcome.value} on virtual peer {peer.index}")
-                carry = result.pending
-            if carry is not None:  # the run ends: the peers wait for the last exchange
-                runner.finish(carry)
-        except BaseException as e:
-            board.failed = board.failed or e
-            board.cond.notify_all()
-            raise
-
-
-def _run_peers(run: RunConfig, trainers: list[LocalTrainer], rates: list[Fraction], rounds: int) -> list[_VirtualPeer]:
-    """Every virtual peer runs its rounds through the round runner, on its own thread."""
-    board = _Board(len(trainers), rounds, get_codec(run.rounds.codec))
-    peers, threads, errors = [], [], []
-    for i, (trainer, rate) in enumerate(zip(trainers, rates)):
-        peer = _VirtualPeer(i, board, trainer=trainer)
-        runner = RoundRunner(trainer, run, exchange=peer, votes=peer, decider=peer, store=peer, hooks=peer,
-                             executor=InlineExecutor(), evaluate=i == 0, budget=_budget(rate, run))
-        threads.append(threading.Thread(target=_guard, args=(errors, _drive, runner, peer, rounds),
-                                        name=f"sim-peer-{i}"))
-        peers.append(peer)
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return peers
-
-
-def _budget(rate: Fraction, run: RunConfig):
-    """A time budget: in round r a peer at ``rate`` does the steps it completes by the round's nominal
-    end, the first of them by the nominal τ-th step (when the previous exchange lands)."""
-    h, num_fragments, overlap = run.rounds.inner_steps, run.rounds.fragments, run.rounds.overlap_steps
-
-    def steps(round_no: int) -> tuple[int, int]:
-        start, end = round_end_step(round_no - 1, h, num_fragments), round_end_step(round_no, h, num_fragments)
-        return _steps_between(rate, start, start + overlap), _steps_between(rate, start, end)
-    return steps
-
-
-def _guard(errors: list, fn, *args) -> None:
-    try:
-        fn(*args)
-    except BaseException as e:  # re-raised on the caller's thread
-        errors.append(e)
-
-
-def _records(peers: list[_VirtualPeer], run: RunConfig, rounds: int) -> list[SimRound]:
+def _records(peers: list[VirtualPeer], run: RunConfig, rounds: int) -> list[SimRound]:
     out = []
     for r in range(1, rounds + 1):
         per_peer = [p.trained_stats[r] for p in peers]
@@ -339,7 +192,7 @@ def simulate(
     )
     log.info("sim: %d peers, %d parameters, codec %s, %d fragments, overlap %d, initial eval loss %.4f",
              peers, result.param_count, wire.name, rc.fragments, rc.overlap_steps, result.initial_eval_loss)
-    virtual = _run_peers(run, trainers, rates, rounds)
+    virtual = run_peers(run, trainers, rates, rounds)
     result.rounds = _records(virtual, run, rounds)
     for r in result.rounds:
         result.bytes_sent_per_peer = [a + b for a, b in zip(result.bytes_sent_per_peer, r.bytes_sent)]

@@ -168,7 +168,7 @@ class LeaveResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ReportRoundRequest(_message.Message):
-    __slots__ = ("peer_id", "round", "ok", "state_hash", "group", "samples", "inner_steps", "inner_time_s", "exchange_time_s", "bytes_sent", "bytes_received", "loss", "error", "param_count", "params_hash")
+    __slots__ = ("peer_id", "round", "ok", "state_hash", "group", "samples", "inner_steps", "inner_time_s", "exchange_time_s", "bytes_sent", "bytes_received", "loss", "error", "param_count")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
@@ -183,7 +183,6 @@ class ReportRoundRequest(_message.Message):
     LOSS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PARAM_COUNT_FIELD_NUMBER: _ClassVar[int]
-    PARAMS_HASH_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     round: int
     ok: bool
@@ -198,8 +197,7 @@ class ReportRoundRequest(_message.Message):
     loss: float
     error: str
     param_count: int
-    params_hash: str
-    def __init__(self, peer_id: _Optional[str] = ..., round: _Optional[int] = ..., ok: _Optional[bool] = ..., state_hash: _Optional[str] = ..., group: _Optional[_Iterable[str]] = ..., samples: _Optional[int] = ..., inner_steps: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., exchange_time_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., param_count: _Optional[int] = ..., params_hash: _Optional[str] = ...) -> None: ...
+    def __init__(self, peer_id: _Optional[str] = ..., round: _Optional[int] = ..., ok: _Optional[bool] = ..., state_hash: _Optional[str] = ..., group: _Optional[_Iterable[str]] = ..., samples: _Optional[int] = ..., inner_steps: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., exchange_time_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., param_count: _Optional[int] = ...) -> None: ...
 
 class ReportRoundResponse(_message.Message):
     __slots__ = ("round",)

@@ -133,12 +133,14 @@ class FakeNet:
     def post(self, key: tuple, peer_id: str, dht_id: str, vote: Vote) -> None:
         with self.cond:
             self.votes.setdefault(key, {})[peer_id] = (vote, dht_id)
+            self.cond.notify_all()
 
     def group_decision(self, key: tuple, group: list[str]):
+        """Like collecting the DHT votes: waits a while for every groupmate's vote."""
         with self.cond:
-            votes = self.votes.get(key, {})
-            if not group or not set(group) <= set(votes):
+            if not group or not self.cond.wait_for(lambda: set(group) <= set(self.votes.get(key, {})), timeout=5.0):
                 return None
+            votes = self.votes[key]
             won = winning_hash(Counter(v.state_hash for v, _ in votes.values() if v.ok))
             committed = won[0] if won else None
             holders = [d for v, d in votes.values() if v.ok and v.state_hash == committed]

@@ -93,7 +93,6 @@ def test_two_ready_peers_open_round_one_and_commit_it(client: CoordinatorClient)
     assert set(committed.holders) >= {"dht-" + a.peer_id, "dht-" + b.peer_id}
     assert client.get_round(a.peer_id).round == 2  # 0 asks for the current round
     assert client.get_round(a.peer_id, round_no=1) == committed
-    assert client.get_round(peer_id=a.peer_id, round=1) == committed  # TODO(lead): remove with the alias
 
     status = json_format.MessageToDict(client.get_status(), preserving_proto_field_name=True)
     run = status["run"]

@@ -38,12 +38,6 @@ def test_a_name_that_is_not_a_metric_is_refused() -> None:
         PeerStats().update(bogus=1)
 
 
-def test_the_old_keywords_still_set_the_state_hash_and_round() -> None:  # TODO(lead): remove with the alias
-    stats = PeerStats()
-    stats.update(params_hash="h", params_round=-1)
-    assert (stats.metrics().state_hash, stats.metrics().state_round) == ("h", -1)
-
-
 def test_what_a_peer_measures_is_what_status_shows() -> None:
     engine = CoordinatorEngine(Store(":memory:"), config=RunConfig())
     peer, _ = engine.join(engine.run.token, name="a")

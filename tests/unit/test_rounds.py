@@ -201,13 +201,6 @@ def test_peers_that_resumed_the_committed_state_are_its_holders_after_its_voters
     assert list(engine.round_info(c, 1).holders) == ["dht-" + c]
 
 
-def test_a_report_with_the_old_hash_field_still_votes(clock: FakeClock) -> None:  # TODO(lead): remove with it
-    engine = make_engine(clock)
-    a = join_ready(engine)
-    info = engine.report(pb.ReportRoundRequest(peer_id=a, round=1, ok=True, params_hash="h1"))
-    assert info.last_committed_hash == "h1"
-
-
 def test_report_for_a_decided_round_returns_its_outcome(clock: FakeClock) -> None:
     engine = make_engine(clock)
     a = join_ready(engine)

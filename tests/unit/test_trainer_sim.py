@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from swarm.core import average
+
 from swarm.core.state import GlobalState, state_hash
 from swarm.core.average import weighted_average
 from swarm.core.codec import CODECS

@@ -1,0 +1,166 @@
+"""N virtual peers in one process, each running its rounds through the same round runner as a real
+peer, with an in-process board as their group exchange, vote board, coordinator and state store."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Optional
+
+import torch
+
+from swarm.config import RunConfig
+from swarm.core.average import butterfly_bytes_sent, butterfly_reference
+from swarm.core.codec import Codec, get_codec
+from swarm.core.commit_rule import winning_hash
+from swarm.core.fragments import round_end_step
+from swarm.core.state import GlobalState
+from swarm.train.round import Averaged, Decision, Hooks, InlineExecutor, Outcome, RoundRunner, Vote
+from swarm.train.trainer import Contribution, LocalTrainer, TrainStats
+
+
+def steps_between(rate: Fraction, start: int, end: int) -> int:
+    """Inner steps a peer at ``rate`` completes between nominal steps ``start`` and ``end`` (a time
+    budget: progress carries over, so a 1/3-speed peer does exactly one step in three)."""
+    return math.floor(rate * end) - math.floor(rate * start)
+
+
+class Board:
+    """The in-process group, vote board and coordinator of N virtual peers. Every virtual peer runs on
+    its own thread holding ``cond``'s lock, released only while it waits here for the others: so one
+    peer computes at a time (the bits and the inner-step timings are those of a sequential run), and
+    the round runner blocks exactly where a real peer would."""
+
+    def __init__(self, peers: int, rounds: int, wire: Codec) -> None:
+        self.peers, self.rounds, self.wire = peers, rounds, wire
+        self.cond = threading.Condition()
+        self.contributions: dict[int, dict[int, Contribution]] = {}
+        self.averages: dict[int, torch.Tensor] = {}
+        self.votes: dict[int, dict[int, Vote]] = {}
+        self.failed: Optional[BaseException] = None
+
+    def wait_all(self, table: dict[int, dict], round_no: int) -> None:
+        self.cond.notify_all()
+        if not self.cond.wait_for(lambda: self.failed is not None or len(table[round_no]) == self.peers, timeout=600):
+            raise RuntimeError(f"sim round {round_no}: a virtual peer never arrived")
+        if self.failed is not None:
+            raise RuntimeError("another virtual peer failed") from self.failed
+
+    def average(self, index: int, round_no: int, contribution: Contribution) -> Averaged:
+        self.contributions.setdefault(round_no, {})[index] = contribution
+        self.wait_all(self.contributions, round_no)
+        ordered = [self.contributions[round_no][i] for i in range(self.peers)]
+        if round_no not in self.averages:
+            self.averages[round_no] = butterfly_reference([c.delta for c in ordered],
+                                                          [float(c.samples) for c in ordered], self.wire)
+        sent = butterfly_bytes_sent(contribution.delta.numel(), self.peers, self.wire)
+        return Averaged(average=self.averages[round_no], group=[str(i) for i in range(self.peers)],
+                        bytes_sent=sent[index])
+
+    def decide(self, vote: Vote, index: int) -> Decision:
+        self.votes.setdefault(vote.round_no, {})[index] = vote
+        self.wait_all(self.votes, vote.round_no)
+        counts = Counter(v.state_hash for v in self.votes[vote.round_no].values() if v.ok)
+        won = winning_hash(counts)
+        return Decision(vote.round_no, won[0] if won else None, finished=vote.round_no == self.rounds)
+
+
+@dataclass
+class VirtualPeer(Hooks):
+    """One virtual peer's side of the board (its exchange, votes, decider and store) and its records."""
+
+    index: int
+    board: Board
+    trained_stats: dict[int, TrainStats] = field(default_factory=dict)
+    bytes_sent: dict[int, int] = field(default_factory=dict)
+    hashes: dict[int, str] = field(default_factory=dict)
+    evals: dict[int, float] = field(default_factory=dict)
+    trainer: Optional[LocalTrainer] = None
+
+    def average(self, round_no: int, contribution: Contribution) -> Averaged:
+        averaged = self.board.average(self.index, round_no, contribution)
+        self.bytes_sent[round_no] = averaged.bytes_sent
+        return averaged
+
+    def post(self, vote: Vote) -> None:
+        pass  # the board sees every vote in decide
+
+    def decide(self, vote: Vote) -> Decision:
+        return self.board.decide(vote, self.index)
+
+    def still_planned(self, round_no: int) -> bool:
+        return True
+
+    def save_vote(self, state: GlobalState) -> None:
+        pass
+
+    def committed(self, state: GlobalState, *, provisional: bool) -> None:
+        self.hashes[state.round_no] = state.state_hash
+
+    def voided(self, round_no: int, *, provisional: bool) -> None:
+        raise RuntimeError(f"sim round {round_no} was voided: the virtual peers disagree")
+
+    def trained(self, round_no: int, stats: TrainStats) -> None:
+        self.trained_stats[round_no] = stats
+
+    def evaluated(self, round_no: int, loss: float) -> None:
+        self.evals[round_no] = loss
+
+
+def drive(runner: RoundRunner, peer: VirtualPeer, rounds: int) -> None:
+    board = peer.board
+    with board.cond:
+        try:
+            carry = None
+            for r in range(1, rounds + 1):
+                result = runner.run_round(r, carry)
+                if result.outcome not in (Outcome.COMMITTED, Outcome.IN_FLIGHT):
+                    raise RuntimeError(f"sim round {r}: {result.outcome.value} on virtual peer {peer.index}")
+                carry = result.pending
+            if carry is not None:  # the run ends: the peers wait for the last exchange
+                runner.finish(carry)
+        except BaseException as e:
+            board.failed = board.failed or e
+            board.cond.notify_all()
+            raise
+
+
+def run_peers(run: RunConfig, trainers: list[LocalTrainer], rates: list[Fraction], rounds: int) -> list[VirtualPeer]:
+    """Every virtual peer runs its rounds through the round runner, on its own thread."""
+    board = Board(len(trainers), rounds, get_codec(run.rounds.codec))
+    peers, threads, errors = [], [], []
+    for i, (trainer, rate) in enumerate(zip(trainers, rates)):
+        peer = VirtualPeer(i, board, trainer=trainer)
+        runner = RoundRunner(trainer, run, exchange=peer, votes=peer, decider=peer, store=peer, hooks=peer,
+                             executor=InlineExecutor(), evaluate=i == 0, budget=budget(rate, run))
+        threads.append(threading.Thread(target=guard, args=(errors, drive, runner, peer, rounds),
+                                        name=f"sim-peer-{i}"))
+        peers.append(peer)
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return peers
+
+
+def budget(rate: Fraction, run: RunConfig):
+    """A time budget: in round r a peer at ``rate`` does the steps it completes by the round's nominal
+    end, the first of them by the nominal τ-th step (when the previous exchange lands)."""
+    h, num_fragments, overlap = run.rounds.inner_steps, run.rounds.fragments, run.rounds.overlap_steps
+
+    def steps(round_no: int) -> tuple[int, int]:
+        start, end = round_end_step(round_no - 1, h, num_fragments), round_end_step(round_no, h, num_fragments)
+        return steps_between(rate, start, start + overlap), steps_between(rate, start, end)
+    return steps
+
+
+def guard(errors: list, fn, *args) -> None:
+    try:
+        fn(*args)
+    except BaseException as e:  # re-raised on the caller's thread
+        errors.append(e)

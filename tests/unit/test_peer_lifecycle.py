@@ -1,0 +1,117 @@
+"""The peer daemon's lifecycle, in one process: real trainers and the real coordinator engine, fake
+network parts (tests/unit/fake_swarm.py). Each test is a whole small run: peers end with identical
+state, through a coordinator outage, a late join, a groupmate that leaves mid-run, a peer behind at the
+end. The same scenarios with real processes and hivemind are in tests/integration."""
+
+import pytest
+
+from swarm.config import DataConfig, ModelConfig, RoundConfig, RunConfig
+from tests.unit.fake_swarm import FakeCoordinator, FakeNet, FakeParts, PeerThread, wait_until
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
+
+RUN = RunConfig(
+    seed=0,
+    model=ModelConfig(preset="bench"),
+    data=DataConfig(max_bytes=200_000, num_shards=3, batch_size=2, seq_len=16, eval_batches=1),
+    rounds=RoundConfig(inner_steps=2, max_rounds=4, min_peers=2, eval_every_rounds=100),
+).validate()
+
+
+def swarm(run=RUN):
+    coordinator = FakeCoordinator(run)
+    return coordinator, FakeParts(coordinator, FakeNet(run))
+
+
+def start(parts, tmp_path, name, **options):
+    peer = PeerThread(parts, tmp_path / name, name=name, **options)
+    peer.start()
+    return peer
+
+
+def finish(*peers, timeout_s=90):
+    for p in peers:
+        p.join(timeout_s)
+        assert not p.is_alive(), f"{p.name} did not finish"
+    return [p.code for p in peers]
+
+
+def committed(coordinator) -> int:
+    return coordinator.status().run.committed_round
+
+
+def committed_hash(coordinator, round_no: int) -> str:
+    """The hash the coordinator committed for round_no, asked as a member (the peers may have left)."""
+    observer, _ = coordinator.engine.join(coordinator.engine.run.token, name="observer")
+    return coordinator.engine.round_info(observer.peer_id, round_no).committed_hash
+
+
+def test_two_peers_run_to_the_end_with_identical_state(tmp_path):
+    coordinator, parts = swarm()
+    a, b = start(parts, tmp_path, "a"), start(parts, tmp_path, "b")
+    assert finish(a, b) == [0, 0]
+    assert a.trainer.round_no == b.trainer.round_no == 4
+    assert a.trainer.state.state_hash == b.trainer.state.state_hash
+    assert (tmp_path / "a" / "final" / "model.safetensors").exists()
+    run = coordinator.status().run
+    assert (run.rounds_committed, run.rounds_voided) == (4, 0)
+
+
+def test_a_coordinator_outage_is_bridged_by_group_decisions_that_it_confirms_afterwards(tmp_path):
+    coordinator, parts = swarm()
+    a, b = start(parts, tmp_path, "a"), start(parts, tmp_path, "b")
+    wait_until(lambda: committed(coordinator) >= 1, what="round 1")
+    coordinator.down.set()
+    # the group goes on alone: rounds decided from the DHT votes pile up in each peer's backlog
+    wait_until(lambda: all(p.daemon_.link.backlog for p in (a, b)), what="a round decided by the group")
+    coordinator.down.clear()
+    assert finish(a, b) == [0, 0]
+    assert a.trainer.state.state_hash == b.trainer.state.state_hash and a.trainer.round_no == 4
+    run = coordinator.status().run
+    assert (run.rounds_committed, run.rounds_voided) == (4, 0)
+    assert committed_hash(coordinator, 4) == a.trainer.state.state_hash
+
+
+def test_a_late_joiner_downloads_the_committed_state_and_takes_part(tmp_path):
+    coordinator, parts = swarm(RUN.replace(rounds=RoundConfig(inner_steps=2, max_rounds=6, min_peers=2)))
+    a, b = start(parts, tmp_path, "a"), start(parts, tmp_path, "b")
+    wait_until(lambda: committed(coordinator) >= 2, what="round 2")
+    late = start(parts, tmp_path, "late")
+    assert finish(a, b, late) == [0, 0, 0]
+    assert len({p.trainer.state.state_hash for p in (a, b, late)}) == 1
+    status = coordinator.status()
+    joined = next(p for p in status.peers if p.name == "late")
+    assert joined.rounds_joined >= 1  # it contributed after syncing
+
+
+def test_a_peer_that_leaves_mid_run_does_not_stop_the_others(tmp_path):
+    coordinator, parts = swarm(RUN.replace(rounds=RoundConfig(inner_steps=2, max_rounds=5, min_peers=1)))
+    a, b = start(parts, tmp_path, "a"), start(parts, tmp_path, "b")
+    wait_until(lambda: committed(coordinator) >= 2, what="round 2")
+    b.daemon_.stop.set()  # SIGTERM: it leaves cleanly, holding a committed state
+    assert finish(a, b) == [0, 0]
+    assert a.trainer.round_no == 5
+    assert b.trainer.round_no < 5
+    assert b.trainer.state.state_hash == committed_hash(coordinator, b.trainer.round_no)
+
+
+def test_a_peer_still_behind_when_the_run_finishes_gets_the_final_state(tmp_path):
+    """The last round commits while a peer is still downloading an older one: the holders stay until it
+    has the final state, so every peer ends with the final model."""
+    coordinator, parts = swarm(RUN.replace(rounds=RoundConfig(inner_steps=2, max_rounds=3, min_peers=2)))
+    a, b = start(parts, tmp_path, "a"), start(parts, tmp_path, "b")
+    wait_until(lambda: committed(coordinator) >= 2, what="round 2")
+    late = start(parts, tmp_path, "late", faults=_delay_sync(2, seconds=1.5))
+    assert finish(a, b, late) == [0, 0, 0]
+    assert len({p.trainer.state.state_hash for p in (a, b, late)}) == 1 and late.trainer.round_no == 3
+    assert (tmp_path / "late" / "final" / "model.safetensors").exists()
+
+
+def _plan(spec: str):
+    from peer.faults import FaultPlan
+    return FaultPlan.parse(spec)
+
+
+def _delay_sync(round_no: int, *, seconds: float):
+    return _plan(f"delay@{round_no}:syncing={seconds}")
+
