@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 TENSORS = "state.safetensors"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the global state under param.*/outer.* (swarm.core.state)
 
 
 class CheckpointError(ValueError):
@@ -75,7 +75,9 @@ def read_manifest(directory: Path) -> Optional[dict[str, Any]]:
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint manifest {manifest_path} is unreadable ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {directory} has an unknown format")
+        raise CheckpointError(f"checkpoint {directory} was written by another version of Swarm (format "
+                              f"{manifest.get('format_version') if isinstance(manifest, dict) else '?'}, this one reads "
+                              f"{FORMAT_VERSION}); it is not used")
     return manifest
 
 

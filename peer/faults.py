@@ -55,39 +55,39 @@ class FaultPlan:
             match = _ENTRY.match(raw)
             if not match:
                 raise FaultSpecError(f"fault {raw!r} is malformed; write ACTION@ROUND:PHASE, e.g. crash@3:sending")
-            action, round_, phase, value = match.groups()
+            action, round_no, phase, value = match.groups()
             valid = DROPPABLE if action == "drop" else PHASES
             if phase not in valid:
                 raise FaultSpecError(f"fault {raw!r}: {phase!r} is not one of {', '.join(valid)}")
             if action == "delay" and value is None:
                 raise FaultSpecError(f"fault {raw!r}: a delay needs seconds, e.g. delay@2:reported=5")
-            faults.append(Fault(action, int(round_), phase, float(value or 0.0)))
+            faults.append(Fault(action, int(round_no), phase, float(value or 0.0)))
         return cls(faults)
 
-    def at(self, round_: int, phase: str) -> None:
+    def at(self, round_no: int, phase: str) -> None:
         """Called by the peer at each phase: crash or delay here if the plan says so."""
-        time.sleep(self.fire(round_, phase))  # the injected fault is the wait itself
+        time.sleep(self.fire(round_no, phase))  # the injected fault is the wait itself
 
-    def fire(self, round_: int, phase: str) -> float:
+    def fire(self, round_no: int, phase: str) -> float:
         """Crash here if the plan says so; else the seconds to delay at this phase (0.0: none). The
         exchange awaits the delay, so a slow peer's transport keeps serving others meanwhile."""
         for i, fault in enumerate(self.faults):
-            if i in self._fired or fault.action == "drop" or (fault.round, fault.phase) != (round_, phase):
+            if i in self._fired or fault.action == "drop" or (fault.round, fault.phase) != (round_no, phase):
                 continue
             self._fired.add(i)
             if fault.action == "crash":
-                logger.warning("fault injection: crashing at round %d, phase %s", round_, phase)
+                logger.warning("fault injection: crashing at round %d, phase %s", round_no, phase)
                 logging.shutdown()
                 os._exit(137)
-            logger.warning("fault injection: delaying %.1fs at round %d, phase %s", fault.seconds, round_, phase)
+            logger.warning("fault injection: delaying %.1fs at round %d, phase %s", fault.seconds, round_no, phase)
             return fault.seconds
         return 0.0
 
-    def drops(self, round_: int, call: str) -> bool:
+    def drops(self, round_no: int, call: str) -> bool:
         """True when the plan drops this coordinator call in this round (fires once)."""
         for i, fault in enumerate(self.faults):
-            if i not in self._fired and fault.action == "drop" and (fault.round, fault.phase) == (round_, call):
+            if i not in self._fired and fault.action == "drop" and (fault.round, fault.phase) == (round_no, call):
                 self._fired.add(i)
-                logger.warning("fault injection: dropping %s of round %d", call, round_)
+                logger.warning("fault injection: dropping %s of round %d", call, round_no)
                 return True
         return False

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
+
+from swarm.core.state import write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +34,6 @@ def remember(state_dir: Path, *, run_id: str, peer_id: str) -> None:
     """Write the identity atomically; a failure is logged, never fatal (the peer then rejoins as new)."""
     path = Path(state_dir) / FILE
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"run_id": run_id, "peer_id": peer_id}))
-        os.replace(tmp, path)
+        write_atomically(path, json.dumps({"run_id": run_id, "peer_id": peer_id}).encode())
     except OSError as e:
         logger.warning("could not write %s: %s", path, e)

@@ -14,7 +14,6 @@ from peer.retry import with_retry
 from swarm.config import RunConfig
 from swarm.control.client import CoordinatorClient
 from swarm.core.state import GlobalState
-from swarm.net.state_transfer import GlobalState as WireState
 from swarm.net.state_transfer import StateServer, download_state
 from swarm.net.transport import Transport, TransportStartFailed
 
@@ -36,17 +35,12 @@ class HivemindStateTransfer:
         self.server = StateServer(transport, run_id=run_id)
 
     def publish(self, state: GlobalState) -> None:
-        self.server.publish(WireState(round=state.round_no, params=list(state.params),
-                                      momentum=list(state.outer_state), hash=state.state_hash))
+        self.server.publish(state)
 
     def download(self, holders: list[str], *, round_no: int, expected_hash: str, like: GlobalState) -> tuple[GlobalState, int]:
         """The committed state of ``round_no`` (raises StateUnavailable); its hash is checked."""
-        state, nbytes = download_state(
-            self.transport, run_id=self.run_id, holders=holders, round_=round_no, expected_hash=expected_hash,
-            shapes=[p.shape for p in like.params], state_shapes=[t.shape for t in like.outer_state],
-            timeout_s=self.timeout_s,
-        )
-        return GlobalState(round_no, state.params, state.momentum), nbytes
+        return download_state(self.transport, run_id=self.run_id, holders=holders, round_no=round_no,
+                              expected_hash=expected_hash, like=like, timeout_s=self.timeout_s)
 
 
 class PeerParts:

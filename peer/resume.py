@@ -1,5 +1,5 @@
 """What a peer checkpoints and how it resumes: θg and the outer state, its local model, its inner
-AdamW state, its error-feedback residuals and its data position (see peer/checkpoint.py for the format).
+AdamW state, its error-feedback residuals and its data position (the state in the one layout of swarm.core.state; the files as peer/checkpoint.py writes them).
 
 A restarted peer resumes from its own checkpoint only when it is current: the same run, and the
 round and hash the coordinator says were committed last. Otherwise it downloads the state from peers.
@@ -24,29 +24,15 @@ from typing import Any, Optional
 import torch
 
 from peer.checkpoint import CheckpointError, load_checkpoint, read_manifest, save_checkpoint
-from swarm.core.state import GlobalState
-from swarm.core.state import state_hash as hash_state
+from swarm.core.state import GlobalState, state_from_tensors, state_tensors
 from swarm.train.trainer import LocalTrainer
 
 logger = logging.getLogger(__name__)
 
 
-def _global_tensors(params: list[torch.Tensor], outer: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """θg and the outer state under the names checkpoints and votes share."""
-    tensors = {f"global.{i:05d}": t for i, t in enumerate(params)}
-    tensors.update({f"outer.{i:05d}": t for i, t in enumerate(outer)})
-    return tensors
-
-
-def _global_state(tensors: dict[str, torch.Tensor], trainer: LocalTrainer) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """(θg, outer state) back from those names; KeyError when one is missing."""
-    params = [tensors[f"global.{i:05d}"] for i in range(len(trainer.global_params))]
-    outer = [tensors[f"outer.{i:05d}"] for i in range(len(trainer.outer.state_shapes()))]
-    return params, outer
-
-
-def save_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str, state_hash: str) -> None:
-    tensors = _global_tensors(trainer.global_params, trainer.outer.state_tensors())
+def save_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str) -> None:
+    """The trainer's committed state (in the one state layout) and its local training state."""
+    tensors = state_tensors(trainer.state)
     for i, p in enumerate(trainer.model.parameters()):
         tensors[f"local.{i:05d}"] = p.detach()
     inner = trainer.optimizer.state_dict()
@@ -58,7 +44,7 @@ def save_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str, state_h
     manifest = {
         "run_id": run_id,
         "round": trainer.round_no,
-        "state_hash": state_hash,
+        "state_hash": trainer.state.state_hash,
         "peer_index": trainer.peer_index,
         "inner_steps_done": trainer.inner_steps_done,
         "samples_since_sync": list(trainer._samples_since_sync),
@@ -68,9 +54,9 @@ def save_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str, state_h
     save_checkpoint(directory, tensors=tensors, manifest=manifest)
 
 
-def resume_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str, round_: int, state_hash: str) -> bool:
-    """Load the checkpoint into trainer when it holds exactly (run_id, round_, state_hash); True if so."""
-    loaded = _load_if_committed(directory, run_id=run_id, round_=round_, state_hash=state_hash, what="checkpoint")
+def resume_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str, round_no: int, state_hash: str) -> bool:
+    """Load the checkpoint into trainer when it holds exactly (run_id, round_no, state_hash); True if so."""
+    loaded = _load_if_committed(directory, run_id=run_id, round_no=round_no, state_hash=state_hash, what="checkpoint")
     if loaded is None:
         return False
     tensors, manifest = loaded
@@ -79,24 +65,24 @@ def resume_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str, round
     except (KeyError, ValueError, RuntimeError) as e:
         logger.warning("checkpoint in %s does not fit this model (%s); downloading the state instead", directory, e)
         return False
-    if trainer.state_hash() != state_hash:
+    if trainer.state.state_hash != state_hash:
         logger.warning("checkpoint in %s restored a state whose hash differs from its manifest; downloading instead",
                        directory)
         return False
     return True
 
 
-def _load_if_committed(directory: Path, *, run_id: str, round_: int, state_hash: str,
+def _load_if_committed(directory: Path, *, run_id: str, round_no: int, state_hash: str,
                        what: str) -> Optional[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
     """(tensors, manifest) of the checkpoint or vote in directory if it holds exactly the committed
-    (run_id, round_, state_hash); None (logged) when it is missing, damaged or another state."""
+    (run_id, round_no, state_hash); None (logged) when it is missing, damaged or another state."""
     try:
         manifest = read_manifest(directory)  # first the manifest: a stale one is skipped without reading tensors
         if manifest is None:
             return None
-        if (manifest.get("run_id"), manifest.get("round"), manifest.get("state_hash")) != (run_id, round_, state_hash):
+        if (manifest.get("run_id"), manifest.get("round"), manifest.get("state_hash")) != (run_id, round_no, state_hash):
             logger.info("%s in %s holds round %s of run %s, not the committed round %d", what, directory,
-                        manifest.get("round"), manifest.get("run_id"), round_)
+                        manifest.get("round"), manifest.get("run_id"), round_no)
             return None
         return load_checkpoint(directory)
     except CheckpointError as e:
@@ -105,8 +91,7 @@ def _load_if_committed(directory: Path, *, run_id: str, round_: int, state_hash:
 
 
 def _restore(trainer: LocalTrainer, tensors: dict[str, torch.Tensor], manifest: dict[str, Any]) -> None:
-    params, outer = _global_state(tensors, trainer)
-    trainer.commit(GlobalState(manifest["round"], params, outer))  # checks shapes; resets θl to θg when streaming
+    trainer.commit(state_from_tensors(tensors, int(manifest["round"]), like=trainer.state))  # θl ← θg, then restored
     with torch.no_grad():
         for i, p in enumerate(trainer.model.parameters()):
             p.copy_(tensors[f"local.{i:05d}"])
@@ -140,15 +125,15 @@ def checkpoint_dir(state_dir: Path) -> Path:
     return Path(state_dir) / "checkpoint"
 
 
-def vote_dir(state_dir: Path, round_: int) -> Path:
-    return Path(state_dir) / "votes" / f"r{round_:08d}"
+def vote_dir(state_dir: Path, round_no: int) -> Path:
+    return Path(state_dir) / "votes" / f"r{round_no:08d}"
 
 
-def save_vote(state_dir: Path, params: list[torch.Tensor], outer: list[torch.Tensor], *, run_id: str, round_: int,
-              state_hash: str) -> None:
-    """Persist the tentative (θg', outer state) of round_ before its hash is reported (atomic, verified)."""
-    save_checkpoint(vote_dir(state_dir, round_), tensors=_global_tensors(params, outer),
-                    manifest={"kind": "vote", "run_id": run_id, "round": round_, "state_hash": state_hash})
+def save_vote(state_dir: Path, state: GlobalState, *, run_id: str) -> None:
+    """Persist the tentative state of its round before its hash is reported (atomic, verified)."""
+    save_checkpoint(vote_dir(state_dir, state.round_no), tensors=state_tensors(state),
+                    manifest={"kind": "vote", "run_id": run_id, "round": state.round_no,
+                              "state_hash": state.state_hash})
 
 
 def prune_votes(state_dir: Path, *, below: int) -> None:
@@ -164,51 +149,45 @@ def prune_votes(state_dir: Path, *, below: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def resume_from_vote(state_dir: Path, trainer: LocalTrainer, *, run_id: str, round_: int, state_hash: str) -> bool:
-    """Install the peer's vote for round_ as its committed state when the vote is what was committed.
+def resume_from_vote(state_dir: Path, trainer: LocalTrainer, *, run_id: str, round_no: int, state_hash: str) -> bool:
+    """Install the peer's vote for round_no as its committed state when the vote is what was committed.
 
     The peer's local training state (θl, AdamW, data position) comes from its own checkpoint of an
     earlier round of the run when there is one; error feedback restarts from zero, since the residual
-    in that checkpoint was already sent in round_.
+    in that checkpoint was already sent in round_no.
     """
-    directory = vote_dir(state_dir, round_)
-    loaded = _load_if_committed(directory, run_id=run_id, round_=round_, state_hash=state_hash, what="vote")
+    directory = vote_dir(state_dir, round_no)
+    loaded = _load_if_committed(directory, run_id=run_id, round_no=round_no, state_hash=state_hash, what="vote")
     if loaded is None:
         return False
-    tensors, _ = loaded
     try:
-        params, outer = _global_state(tensors, trainer)
-    except KeyError as e:
-        logger.warning("the vote in %s lacks tensor %s; downloading the state instead", directory, e)
+        state = state_from_tensors(loaded[0], round_no, like=trainer.state)
+    except ValueError as e:
+        logger.warning("the vote in %s does not fit this model (%s); downloading the state instead", directory, e)
         return False
-    if hash_state(params, outer) != state_hash:
+    if state.state_hash != state_hash:
         logger.warning("the vote in %s does not hash to its manifest's %s; downloading instead", directory,
                        state_hash)
         return False
     try:
         local_manifest = read_manifest(checkpoint_dir(state_dir))
-        if local_manifest and local_manifest.get("run_id") == run_id and int(local_manifest.get("round", -1)) < round_:
+        if local_manifest and local_manifest.get("run_id") == run_id and int(local_manifest.get("round", -1)) < round_no:
             _restore(trainer, *load_checkpoint(checkpoint_dir(state_dir)))
     except (CheckpointError, KeyError, ValueError, RuntimeError) as e:
         logger.info("no usable local checkpoint to go with the vote (%s); inner state starts fresh", e)
-    try:
-        trainer.commit(GlobalState(round_, params, outer))  # θl restarts from θg, as after any full sync
-    except ValueError as e:
-        logger.warning("the vote in %s does not fit this model (%s); downloading the state instead",
-                       directory, e)
-        return False
+    trainer.commit(state)  # θl restarts from θg, as after any full sync
     for feedback in trainer.error_feedback or []:
         feedback.reset()
     return True
 
 
-def maybe_resume(state_dir: Path, trainer: LocalTrainer, *, run_id: str, round_: int, state_hash: str) -> Optional[int]:
-    """Resume when the peer's own checkpoint, or else its last vote, is the committed state of round_;
+def maybe_resume(state_dir: Path, trainer: LocalTrainer, *, run_id: str, round_no: int, state_hash: str) -> Optional[int]:
+    """Resume when the peer's own checkpoint, or else its last vote, is the committed state of round_no;
     returns the round resumed or None (the peer then downloads the state from peers)."""
-    if resume_trainer(checkpoint_dir(state_dir), trainer, run_id=run_id, round_=round_, state_hash=state_hash):
-        logger.info("resumed from own checkpoint at round %d (hash %s)", round_, state_hash)
-        return round_
-    if resume_from_vote(state_dir, trainer, run_id=run_id, round_=round_, state_hash=state_hash):
-        logger.info("resumed from own vote for round %d, which was committed (hash %s)", round_, state_hash)
-        return round_
+    if resume_trainer(checkpoint_dir(state_dir), trainer, run_id=run_id, round_no=round_no, state_hash=state_hash):
+        logger.info("resumed from own checkpoint at round %d (hash %s)", round_no, state_hash)
+        return round_no
+    if resume_from_vote(state_dir, trainer, run_id=run_id, round_no=round_no, state_hash=state_hash):
+        logger.info("resumed from own vote for round %d, which was committed (hash %s)", round_no, state_hash)
+        return round_no
     return None

@@ -41,8 +41,7 @@ class PeerStateStore:
         if self.every <= 0:
             return
         try:
-            save_vote(self.state_dir, state.params, state.outer_state, run_id=self.run_id, round_=state.round_no,
-                      state_hash=state.state_hash)
+            save_vote(self.state_dir, state, run_id=self.run_id)
         except OSError as e:  # the vote still counts; only this disk copy is missing
             logger.warning("%s could not write the vote to disk: %s", self.tag(state.round_no), e)
 
@@ -86,8 +85,7 @@ class PeerStateStore:
 
     def checkpoint(self) -> None:
         try:
-            save_trainer(checkpoint_dir(self.state_dir), self.trainer, run_id=self.run_id,
-                         state_hash=self.trainer.state.state_hash)
+            save_trainer(checkpoint_dir(self.state_dir), self.trainer, run_id=self.run_id)
         except OSError as e:  # a full disk must not stop training; the next checkpoint may succeed
             logger.warning("%s could not write a checkpoint: %s", self.tag(None), e)
 
@@ -97,7 +95,7 @@ class PeerStateStore:
         target = info.last_committed_round
         if self.disk_tried != target:
             self.disk_tried = target
-            if maybe_resume(self.state_dir, self.trainer, run_id=self.run_id, round_=target,
+            if maybe_resume(self.state_dir, self.trainer, run_id=self.run_id, round_no=target,
                             state_hash=info.last_committed_hash) is not None:
                 self.provisional = False  # the coordinator committed this round
                 self.publish()

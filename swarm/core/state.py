@@ -1,16 +1,20 @@
-"""The global state: θg and the outer optimizer's state, and the hash that says two peers hold the same
-bits."""
+"""The global state: θg and the outer optimizer's state, the hash that says two peers hold the same bits,
+and its one format on disk and on the wire."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
 
 from swarm.core.average import as_cpu_f32
 
@@ -41,3 +45,68 @@ class GlobalState:
     @functools.cached_property
     def state_hash(self) -> str:
         return state_hash(self.params, self.outer_state)
+
+
+# ---- the one layout of a global state on disk and on the wire ----------------------------------------
+# θg as ``param.00000 …`` and the outer state as ``outer.00000 …`` (fp32, in the model's parameter order).
+# Transfers to joiners, checkpoints and votes all use it; a checkpoint adds its own (local.*, inner.*,
+# feedback.*) tensors next to these. The final model is the exception: it keeps the model's parameter
+# names, so that ``model.load_state_dict`` takes it.
+
+def state_tensors(state: GlobalState) -> dict[str, torch.Tensor]:
+    tensors = {f"param.{i:05d}": t.contiguous() for i, t in enumerate(state.params)}
+    tensors.update({f"outer.{i:05d}": t.contiguous() for i, t in enumerate(state.outer_state)})
+    return tensors
+
+
+def state_from_tensors(tensors: dict[str, torch.Tensor], round_no: int, *, like: GlobalState) -> GlobalState:
+    """The state held in ``tensors`` (other names are ignored), checked against ``like``: the same tensor
+    names, shapes and fp32, every value finite. Raises ValueError saying what does not fit."""
+    try:
+        params = [tensors[f"param.{i:05d}"] for i in range(len(like.params))]
+        outer = [tensors[f"outer.{i:05d}"] for i in range(len(like.outer_state))]
+    except KeyError as e:
+        raise ValueError(f"the state lacks tensor {e.args[0]}: it is of another model, or of an older Swarm "
+                         "whose files this version does not read") from None
+    for t, ref in zip(params + outer, like.params + like.outer_state):
+        if t.shape != ref.shape or t.dtype != ref.dtype:
+            raise ValueError(f"a state tensor is {t.dtype} {tuple(t.shape)} where this model has {ref.dtype} "
+                             f"{tuple(ref.shape)}: the state is of another model")
+        if not torch.isfinite(t).all():
+            raise ValueError("the state holds values that are not finite")
+    return GlobalState(round_no, params, outer)
+
+
+def encode_state(state: GlobalState) -> bytes:
+    """The state as one safetensors blob (what a holder serves)."""
+    return save_safetensors(state_tensors(state), metadata={"round_no": str(state.round_no),
+                                                            "state_hash": state.state_hash})
+
+
+def decode_state(blob: bytes, round_no: int, *, like: GlobalState) -> GlobalState:
+    try:
+        tensors = load_safetensors(blob)
+    except Exception as e:
+        raise ValueError(f"the state is not valid safetensors ({e})") from None
+    if len(tensors) != len(like.params) + len(like.outer_state):
+        raise ValueError("the state holds a different set of tensors than this model")
+    return state_from_tensors(tensors, round_no, like=like)
+
+
+def encoded_size_bound(like: GlobalState) -> int:
+    """An upper bound on ``len(encode_state(s))`` for a state shaped like ``like`` (its header included):
+    a downloader refuses a holder that announces more."""
+    tensors = like.params + like.outer_state
+    return sum(4 * t.numel() for t in tensors) + 256 * len(tensors) + 4096
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: a crash leaves the old file or the new one, never part of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

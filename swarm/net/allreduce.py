@@ -27,12 +27,11 @@ from hivemind.utils.asyncio import as_aiter
 from swarm.core.average import part_bounds, weighted_average
 from swarm.core.codec import CODECS
 from swarm.net.rendezvous import Member, group_digest
-from swarm.net.transport import Transport
+from swarm.net.transport import CHUNK_BYTES, Transport
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)
 
-CHUNK_BYTES = 1 << 20  # below hivemind's 2 MiB unary limit and small enough to interleave streams
 MAX_OPEN_KEYS = 4  # rounds whose early parts are buffered; older ones are dropped
 ABORT_TIMEOUT_S = 2.0  # how long a failing member spends telling its groupmates
 

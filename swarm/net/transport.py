@@ -19,6 +19,10 @@ import hivemind
 
 logger = logging.getLogger(__name__)
 
+# Bytes per message of a tensor transfer (all-reduce slices, state downloads): below hivemind's 2 MiB
+# unary limit and small enough to interleave streams.
+CHUNK_BYTES = 1 << 20
+
 
 # hivemind's DHT runs in a forked child process. Forking while another thread is inside a gRPC call
 # corrupts gRPC's state in the child (seen as "Other threads are currently calling into gRPC, skipping

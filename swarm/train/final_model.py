@@ -7,23 +7,19 @@ state hash. Helpers here read it back: a digest to compare peers, and its held-o
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from swarm.config import RunConfig
-from swarm.core.state import GlobalState
+from swarm.core.state import GlobalState, write_atomically
 
 
 def write_final_model(path: Path, names: list[str], state: GlobalState) -> None:
     """θg under the model's parameter names (``model.load_state_dict`` takes it), written atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {name: p.contiguous() for name, p in zip(names, state.params)}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"round": str(state.round_no), "hash": state.state_hash})
-    os.replace(tmp, path)
+    write_atomically(path, save(tensors, metadata={"round_no": str(state.round_no), "state_hash": state.state_hash}))
 
 
 def tensors_digest(path: Path) -> str:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from peer.resume import maybe_resume, prune_votes, resume_trainer, save_trainer, save_vote, vote_dir
-from swarm.core.state import state_hash
+from swarm.core.state import GlobalState
 from swarm.config import DataConfig, RunConfig
 from swarm.train.trainer import LocalTrainer
 
@@ -18,12 +18,11 @@ def _run(codec: str = "int8") -> RunConfig:
     return run.replace(rounds=dataclasses.replace(run.rounds, inner_steps=4, codec=codec))
 
 
-def _one_round(trainer: LocalTrainer, round_: int) -> None:
+def _one_round(trainer: LocalTrainer, round_no: int) -> None:
     trainer.train(4)
     contribution = trainer.take_contribution(0)
     trainer.record_sent(contribution, trainer.run.rounds.codec)
-    params, state = trainer.apply(contribution.delta * 0.5)
-    trainer.commit(GlobalState(round_, params, state))
+    trainer.commit(trainer.apply(contribution.delta * 0.5, 0, round_no))
 
 
 def test_resumed_trainer_continues_exactly_like_the_uninterrupted_one(tmp_path):
@@ -31,11 +30,11 @@ def test_resumed_trainer_continues_exactly_like_the_uninterrupted_one(tmp_path):
     for r in (1, 2):
         _one_round(original, r)
     original.train(3)  # mid-round local progress is checkpointed too
-    save_trainer(tmp_path / "ckpt", original, run_id="run-x", state_hash=original.state_hash())
+    save_trainer(tmp_path / "ckpt", original, run_id="run-x")
 
     resumed = LocalTrainer(_run(), peer_index=1)
-    assert resume_trainer(tmp_path / "ckpt", resumed, run_id="run-x", round_=2, state_hash=original.state_hash())
-    assert resumed.state_hash() == original.state_hash()
+    assert resume_trainer(tmp_path / "ckpt", resumed, run_id="run-x", round_no=2, state_hash=original.state.state_hash)
+    assert resumed.state.state_hash == original.state.state_hash
     a, b = original.train(2), resumed.train(2)
     assert a.mean_loss == b.mean_loss
     for p, q in zip(original.model.parameters(), resumed.model.parameters()):
@@ -48,27 +47,27 @@ def test_resumed_trainer_continues_exactly_like_the_uninterrupted_one(tmp_path):
 def test_a_stale_or_foreign_checkpoint_is_not_used(tmp_path):
     trainer = LocalTrainer(_run(), peer_index=0)
     _one_round(trainer, 1)
-    save_trainer(tmp_path / "ckpt", trainer, run_id="run-x", state_hash=trainer.state_hash())
+    save_trainer(tmp_path / "ckpt", trainer, run_id="run-x")
     fresh = LocalTrainer(_run(), peer_index=0)
-    assert not resume_trainer(tmp_path / "ckpt", fresh, run_id="run-x", round_=2, state_hash="0" * 16)
-    assert not resume_trainer(tmp_path / "ckpt", fresh, run_id="run-y", round_=1, state_hash=trainer.state_hash())
-    assert fresh.round == 0
-    assert not resume_trainer(tmp_path / "missing", fresh, run_id="run-x", round_=1, state_hash=trainer.state_hash())
+    assert not resume_trainer(tmp_path / "ckpt", fresh, run_id="run-x", round_no=2, state_hash="0" * 16)
+    assert not resume_trainer(tmp_path / "ckpt", fresh, run_id="run-y", round_no=1, state_hash=trainer.state.state_hash)
+    assert fresh.round_no == 0
+    assert not resume_trainer(tmp_path / "missing", fresh, run_id="run-x", round_no=1, state_hash=trainer.state.state_hash)
 
 
 def test_a_peer_killed_before_hearing_the_decision_resumes_from_its_vote(tmp_path):
     original = LocalTrainer(_run(), peer_index=1)
     _one_round(original, 1)
-    save_trainer(tmp_path / "checkpoint", original, run_id="run-x", state_hash=original.state_hash())
+    save_trainer(tmp_path / "checkpoint", original, run_id="run-x")
     original.train(4)  # round 2: averaged, voted, then killed before the coordinator's decision arrived
     contribution = original.take_contribution(0)
-    params, state = original.apply(contribution.delta * 0.5)
-    voted = state_hash(params, state)
-    save_vote(tmp_path, params, state, run_id="run-x", round_=2, state_hash=voted)
+    tentative = original.apply(contribution.delta * 0.5, 0, 2)
+    voted = tentative.state_hash
+    save_vote(tmp_path, tentative, run_id="run-x")
 
     restarted = LocalTrainer(_run(), peer_index=1)
-    assert maybe_resume(tmp_path, restarted, run_id="run-x", round_=2, state_hash=voted) == 2
-    assert restarted.round == 2 and restarted.state_hash() == voted
+    assert maybe_resume(tmp_path, restarted, run_id="run-x", round_no=2, state_hash=voted) == 2
+    assert restarted.round_no == 2 and restarted.state.state_hash == voted
     # the inner AdamW state came from the round-1 checkpoint: it is not a fresh optimizer
     assert restarted.optimizer.state_dict()["state"], "inner optimizer state was not restored"
     assert all(not f.residual.any() for f in restarted.error_feedback or []), "the residual was already sent"
@@ -77,31 +76,43 @@ def test_a_peer_killed_before_hearing_the_decision_resumes_from_its_vote(tmp_pat
 def test_a_vote_that_was_not_committed_or_is_damaged_is_not_used(tmp_path, caplog):
     trainer = LocalTrainer(_run(), peer_index=0)
     trainer.train(4)
-    params, state = trainer.apply(trainer.take_contribution(0).delta)
-    voted = state_hash(params, state)
-    save_vote(tmp_path, params, state, run_id="run-x", round_=1, state_hash=voted)
+    tentative = trainer.apply(trainer.take_contribution(0).delta, 0, 1)
+    voted = tentative.state_hash
+    save_vote(tmp_path, tentative, run_id="run-x")
     fresh = LocalTrainer(_run(), peer_index=0)
-    assert maybe_resume(tmp_path, fresh, run_id="run-x", round_=1, state_hash="0" * 16) is None  # another hash won
-    assert maybe_resume(tmp_path, fresh, run_id="run-x", round_=2, state_hash=voted) is None
-    assert fresh.round == 0
+    assert maybe_resume(tmp_path, fresh, run_id="run-x", round_no=1, state_hash="0" * 16) is None  # another hash won
+    assert maybe_resume(tmp_path, fresh, run_id="run-x", round_no=2, state_hash=voted) is None
+    assert fresh.round_no == 0
     blob = vote_dir(tmp_path, 1) / "state.safetensors"
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0xFF
     blob.write_bytes(bytes(data))
-    assert maybe_resume(tmp_path, fresh, run_id="run-x", round_=1, state_hash=voted) is None
-    assert fresh.round == 0
+    assert maybe_resume(tmp_path, fresh, run_id="run-x", round_no=1, state_hash=voted) is None
+    assert fresh.round_no == 0
     assert "corrupted" in caplog.text
 
 
 def test_votes_are_kept_until_the_coordinator_commits_a_later_round(tmp_path):
     trainer = LocalTrainer(_run(), peer_index=0)
     for r in (3, 4, 5, 6):  # 3 committed by the coordinator; 4-6 decided by the group while it was down
-        save_vote(tmp_path, trainer.global_params, trainer.momentum, run_id="run-x", round_=r,
-                  state_hash=trainer.state_hash())
+        save_vote(tmp_path, GlobalState(r, trainer.global_params, trainer.state.outer_state), run_id="run-x")
     prune_votes(tmp_path, below=3)
     assert [r for r in range(3, 7) if vote_dir(tmp_path, r).exists()] == [3, 4, 5, 6]
     # the coordinator came back and voided 4: round 3 must still be there to resume from
-    assert maybe_resume(tmp_path, LocalTrainer(_run(), peer_index=0), run_id="run-x", round_=3,
-                        state_hash=trainer.state_hash()) == 3
+    state_hash = trainer.state.state_hash  # the hash does not cover the round number
+    assert maybe_resume(tmp_path, LocalTrainer(_run(), peer_index=0), run_id="run-x", round_no=3,
+                        state_hash=state_hash) == 3
     prune_votes(tmp_path, below=6)
     assert [r for r in range(3, 7) if vote_dir(tmp_path, r).exists()] == [6]
+
+
+def test_a_checkpoint_of_an_older_format_is_refused_with_a_message(tmp_path, caplog):
+    import json
+    trainer = LocalTrainer(_run(), peer_index=0)
+    _one_round(trainer, 1)
+    save_trainer(tmp_path / "ckpt", trainer, run_id="run-x")
+    manifest = tmp_path / "ckpt" / "manifest.json"
+    manifest.write_text(json.dumps(dict(json.loads(manifest.read_text()), format_version=1)))
+    fresh = LocalTrainer(_run(), peer_index=0)
+    assert not resume_trainer(tmp_path / "ckpt", fresh, run_id="run-x", round_no=1, state_hash=trainer.state.state_hash)
+    assert "written by another version of Swarm" in caplog.text and fresh.round_no == 0

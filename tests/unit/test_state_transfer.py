@@ -1,4 +1,5 @@
-"""Committed-state snapshots: safetensors round trip, strict parsing, and download between two real transports."""
+"""The global state's one format (safetensors round trip, strict parsing) and its download between two
+real transports."""
 
 from __future__ import annotations
 
@@ -7,81 +8,82 @@ from typing import Iterator
 import pytest
 import torch
 
-from swarm.core.state import state_hash
-from swarm.net.state_transfer import (
-    CHUNK_BYTES,
-    GlobalState,
-    StateServer,
-    StateUnavailable,
-    deserialize_state,
-    download_state,
-    serialize_state,
-)
-from swarm.net.transport import Transport
+from swarm.core.state import GlobalState, decode_state, encode_state, encoded_size_bound
+from swarm.net.state_transfer import StateServer, StateUnavailable, download_state
+from swarm.net.transport import CHUNK_BYTES, Transport
 
 pytestmark = pytest.mark.timeout(90)
 
 SHAPES = [torch.Size([400, 700]), torch.Size([700]), torch.Size([3, 4, 5])]  # over 1 MiB: several chunks
 
 
-def make_state(round_: int, seed: int, shapes: list[torch.Size] = SHAPES) -> GlobalState:
+def make_state(round_no: int, seed: int, shapes: list[torch.Size] = SHAPES) -> GlobalState:
     generator = torch.Generator().manual_seed(seed)
     params = [torch.randn(s, generator=generator) for s in shapes]
-    momentum = [torch.randn(s, generator=generator) for s in shapes]
-    return GlobalState(round=round_, params=params, momentum=momentum, hash=state_hash(params, momentum))
+    outer = [torch.randn(s, generator=generator) for s in shapes]
+    return GlobalState(round_no, params, outer)
+
+
+LIKE = make_state(0, seed=0)
 
 
 def assert_same_state(actual: GlobalState, expected: GlobalState) -> None:
-    assert actual.round == expected.round
-    assert actual.hash == expected.hash
-    assert len(actual.params) == len(expected.params) and len(actual.momentum) == len(expected.momentum)
-    for a, e in zip(actual.params + actual.momentum, expected.params + expected.momentum):
+    assert actual.round_no == expected.round_no
+    assert actual.state_hash == expected.state_hash
+    assert len(actual.params) == len(expected.params) and len(actual.outer_state) == len(expected.outer_state)
+    for a, e in zip(actual.params + actual.outer_state, expected.params + expected.outer_state):
         assert torch.equal(a, e)
 
 
-def test_serialize_then_deserialize_gives_the_same_tensors_and_hash() -> None:
+def test_encode_then_decode_gives_the_same_tensors_and_hash() -> None:
     state = make_state(7, seed=1)
-    assert_same_state(deserialize_state(serialize_state(state), round_=7, shapes=SHAPES), state)
+    assert_same_state(decode_state(encode_state(state), 7, like=LIKE), state)
+    assert len(encode_state(state)) <= encoded_size_bound(LIKE)
 
 
-def test_deserialize_computes_the_hash_from_the_data_not_from_the_metadata() -> None:
+def test_the_hash_is_computed_from_the_data_never_taken_from_the_metadata() -> None:
+    from safetensors.torch import save
+    from swarm.core.state import state_tensors
     state = make_state(7, seed=1)
-    lying = GlobalState(round=7, params=state.params, momentum=state.momentum, hash="0" * 16)
-    assert deserialize_state(serialize_state(lying), round_=7, shapes=SHAPES).hash == state.hash
+    lying = save(state_tensors(state), metadata={"round_no": "7", "state_hash": "0" * 16})
+    assert decode_state(lying, 7, like=LIKE).state_hash == state.state_hash
 
 
-def test_deserialize_rejects_other_shapes() -> None:
-    blob = serialize_state(make_state(1, seed=2))
-    shapes = [SHAPES[0], torch.Size([701]), SHAPES[2]]
-    with pytest.raises(ValueError, match="shapes do not match"):
-        deserialize_state(blob, round_=1, shapes=shapes)
+def test_decode_rejects_other_shapes() -> None:
+    blob = encode_state(make_state(1, seed=2))
+    like = make_state(0, seed=0, shapes=[SHAPES[0], torch.Size([701]), SHAPES[2]])
+    with pytest.raises(ValueError, match="another model"):
+        decode_state(blob, 1, like=like)
 
 
-def test_deserialize_rejects_a_snapshot_with_tensors_missing_or_extra() -> None:
-    blob = serialize_state(make_state(1, seed=2, shapes=SHAPES[:2]))
+def test_decode_rejects_a_state_with_tensors_missing_or_extra() -> None:
+    blob = encode_state(make_state(1, seed=2, shapes=SHAPES[:2]))
     with pytest.raises(ValueError, match="different set of tensors"):
-        deserialize_state(blob, round_=1, shapes=SHAPES)
+        decode_state(blob, 1, like=LIKE)
     with pytest.raises(ValueError, match="different set of tensors"):
-        deserialize_state(blob, round_=1, shapes=SHAPES[:1])
+        decode_state(blob, 1, like=make_state(0, seed=0, shapes=SHAPES[:1]))
 
 
-def test_deserialize_rejects_other_dtypes() -> None:
+def test_decode_rejects_other_dtypes_and_values_that_are_not_finite() -> None:
     state = make_state(1, seed=3)
-    doubles = GlobalState(round=1, params=[p.double() for p in state.params], momentum=state.momentum, hash="")
-    with pytest.raises(ValueError, match="not fp32"):
-        deserialize_state(serialize_state(doubles), round_=1, shapes=SHAPES)
+    doubles = GlobalState(1, [p.double() for p in state.params], state.outer_state)
+    with pytest.raises(ValueError, match="another model"):
+        decode_state(encode_state(doubles), 1, like=LIKE)
+    state.params[1][3] = float("inf")
+    with pytest.raises(ValueError, match="not finite"):
+        decode_state(encode_state(GlobalState(1, state.params, state.outer_state)), 1, like=LIKE)
 
 
 @pytest.mark.parametrize("blob", [b"", b"not a snapshot", b"\xff" * 64])
-def test_deserialize_rejects_garbage_bytes(blob: bytes) -> None:
+def test_decode_rejects_garbage_bytes(blob: bytes) -> None:
     with pytest.raises(ValueError, match="not valid safetensors"):
-        deserialize_state(blob, round_=1, shapes=SHAPES)
+        decode_state(blob, 1, like=LIKE)
 
 
-def test_deserialize_rejects_a_truncated_snapshot() -> None:
-    blob = serialize_state(make_state(1, seed=4))
+def test_decode_rejects_a_truncated_state() -> None:
+    blob = encode_state(make_state(1, seed=4))
     with pytest.raises(ValueError):
-        deserialize_state(blob[: len(blob) // 2], round_=1, shapes=SHAPES)
+        decode_state(blob[: len(blob) // 2], 1, like=LIKE)
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +103,11 @@ def test_a_published_state_downloads_intact(transports: tuple[Transport, Transpo
     server = StateServer(holder, run_id="run-intact")
     state = make_state(5, seed=5)
     server.publish(state)
-    blob_size = len(serialize_state(state))
+    blob_size = len(encode_state(state))
     assert blob_size > 2 * CHUNK_BYTES
 
-    fetched, nbytes = download_state(fetcher, run_id="run-intact", holders=[holder.peer_id], round_=5,
-                                     expected_hash=state.hash, shapes=SHAPES, timeout_s=30)
+    fetched, nbytes = download_state(fetcher, run_id="run-intact", holders=[holder.peer_id], round_no=5,
+                                     expected_hash=state.state_hash, like=LIKE, timeout_s=30)
 
     assert_same_state(fetched, state)
     assert nbytes == blob_size
@@ -117,8 +119,8 @@ def test_the_first_holder_with_the_right_state_wins(transports: tuple[Transport,
     state = make_state(2, seed=6)
     server.publish(state)
     # the fetcher's own id is skipped, not asked
-    fetched, _ = download_state(fetcher, run_id="run-skip", holders=[fetcher.peer_id, holder.peer_id], round_=2,
-                                expected_hash=state.hash, shapes=SHAPES, timeout_s=30)
+    fetched, _ = download_state(fetcher, run_id="run-skip", holders=[fetcher.peer_id, holder.peer_id], round_no=2,
+                                expected_hash=state.state_hash, like=LIKE, timeout_s=30)
     assert_same_state(fetched, state)
 
 
@@ -129,8 +131,8 @@ def test_a_holder_of_another_round_is_refused(transports: tuple[Transport, Trans
     server.publish(state)
 
     with pytest.raises(StateUnavailable) as failure:
-        download_state(fetcher, run_id="run-other-round", holders=[holder.peer_id], round_=4,
-                       expected_hash=state.hash, shapes=SHAPES, timeout_s=30)
+        download_state(fetcher, run_id="run-other-round", holders=[holder.peer_id], round_no=4,
+                       expected_hash=state.state_hash, like=LIKE, timeout_s=30)
     message = str(failure.value)
     assert "round 4" in message and "holds round 3" in message
 
@@ -140,46 +142,68 @@ def test_a_state_with_another_hash_is_refused(transports: tuple[Transport, Trans
     server = StateServer(holder, run_id="run-other-hash")
     state = make_state(3, seed=8)
     server.publish(state)
-    committed = make_state(3, seed=9).hash  # the round committed a different state than the holder has
+    committed = make_state(3, seed=9).state_hash  # the round committed a different state than the holder has
 
     with pytest.raises(StateUnavailable) as failure:
-        download_state(fetcher, run_id="run-other-hash", holders=[holder.peer_id], round_=3,
-                       expected_hash=committed, shapes=SHAPES, timeout_s=30)
+        download_state(fetcher, run_id="run-other-hash", holders=[holder.peer_id], round_no=3,
+                       expected_hash=committed, like=LIKE, timeout_s=30)
     message = str(failure.value)
-    assert f"served hash {state.hash}" in message and f"committed is {committed}" in message
+    assert f"served hash {state.state_hash}" in message and f"committed is {committed}" in message
 
 
 def test_no_holders_is_unavailable(transports: tuple[Transport, Transport]) -> None:
     _, fetcher = transports
     with pytest.raises(StateUnavailable, match="no holders"):
-        download_state(fetcher, run_id="run-none", holders=[fetcher.peer_id], round_=1,
-                       expected_hash="0" * 16, shapes=SHAPES, timeout_s=5)
+        download_state(fetcher, run_id="run-none", holders=[fetcher.peer_id], round_no=1,
+                       expected_hash="0" * 16, like=LIKE, timeout_s=5)
 
 
 def test_download_spreads_over_holders_and_survives_a_bad_one(transports: tuple[Transport, Transport]) -> None:
-    from swarm.net.state_transfer import CHUNK_BYTES
-
     holder, fetcher = transports
     third = Transport(initial_peers=holder.visible_maddrs)
     try:
         good = StateServer(holder, run_id="run-striped")
-        liar = StateServer(third, run_id="run-striped")
-        big_shapes = [torch.Size([3 * CHUNK_BYTES // 8 + 5])]  # params + momentum: ~3 MiB, several chunks
-        gen = torch.Generator().manual_seed(4)
-        params = [torch.randn(big_shapes[0], generator=gen)]
-        momentum = [torch.randn(big_shapes[0], generator=gen)]
-        state = GlobalState(round=5, params=params, momentum=momentum, hash=state_hash(params, momentum))
+        liar = LyingStateServer(third, run_id="run-striped")
+        state = make_state(5, seed=4, shapes=[torch.Size([3 * CHUNK_BYTES // 8 + 5])])  # ~3 MiB, several chunks
+        params = state.params
         good.publish(state)
         # The liar claims the committed hash but serves other numbers: striping fails the hash check,
         # then each holder alone is tried and the honest one wins.
-        wrong = GlobalState(round=5, params=[params[0] + 1], momentum=momentum, hash=state.hash)
-        liar.publish(wrong)
+        liar.publish_as(GlobalState(5, [params[0] + 1], state.outer_state), claimed_hash=state.state_hash)
         loaded, nbytes = download_state(fetcher, run_id="run-striped", holders=[third.peer_id, holder.peer_id],
-                                        round_=5, expected_hash=state.hash, shapes=big_shapes, timeout_s=60)
-        assert loaded.hash == state.hash and nbytes > 2 * CHUNK_BYTES
+                                        round_no=5, expected_hash=state.state_hash, like=state, timeout_s=60)
+        assert loaded.state_hash == state.state_hash and nbytes > 2 * CHUNK_BYTES
         assert torch.equal(loaded.params[0], params[0])
     finally:
         third.shutdown()
+
+
+class LyingStateServer(StateServer):
+    """Announces one hash and serves the bytes of another state."""
+
+    def publish_as(self, state: GlobalState, *, claimed_hash: str) -> None:
+        self.publish(state)
+        with self._lock:
+            self._hash = claimed_hash
+
+
+class HugeStateServer(StateServer):
+    """Announces a state of 2^62 bytes."""
+
+    async def _on_request(self, request, context):
+        chunk = await super()._on_request(request, context)
+        chunk.total_bytes = 1 << 62
+        return chunk
+
+
+def test_a_holder_announcing_a_huge_state_is_refused_before_anything_is_allocated(
+        transports: tuple[Transport, Transport]) -> None:
+    holder, fetcher = transports
+    state = make_state(6, seed=12)
+    HugeStateServer(holder, run_id="run-huge").publish(state)
+    with pytest.raises(StateUnavailable, match="announced a state of"):
+        download_state(fetcher, run_id="run-huge", holders=[holder.peer_id], round_no=6,
+                       expected_hash=state.state_hash, like=LIKE, timeout_s=30)
 
 
 class DyingStateServer(StateServer):
@@ -195,22 +219,17 @@ class DyingStateServer(StateServer):
 
 
 def test_download_resumes_on_another_holder_when_its_source_dies_mid_way(transports: tuple[Transport, Transport]) -> None:
-    from swarm.net.state_transfer import CHUNK_BYTES
-
     holder, fetcher = transports
     second = Transport(initial_peers=holder.visible_maddrs)
     try:
         dying = DyingStateServer(holder, run_id="run-resume")
         healthy = StateServer(second, run_id="run-resume")
-        shapes = [torch.Size([4 * CHUNK_BYTES // 8])]  # params + momentum: 8 chunks
-        gen = torch.Generator().manual_seed(11)
-        params, momentum = [torch.randn(shapes[0], generator=gen)], [torch.randn(shapes[0], generator=gen)]
-        state = GlobalState(round=2, params=params, momentum=momentum, hash=state_hash(params, momentum))
+        state = make_state(2, seed=11, shapes=[torch.Size([4 * CHUNK_BYTES // 8])])  # params + outer: 8 chunks
         dying.publish(state)
         healthy.publish(state)
-        loaded, _ = download_state(fetcher, run_id="run-resume", holders=[holder.peer_id, second.peer_id], round_=2,
-                                   expected_hash=state.hash, shapes=shapes, timeout_s=60)
-        assert loaded.hash == state.hash
+        loaded, _ = download_state(fetcher, run_id="run-resume", holders=[holder.peer_id, second.peer_id], round_no=2,
+                                   expected_hash=state.state_hash, like=state, timeout_s=60)
+        assert loaded.state_hash == state.state_hash
         assert dying.served >= 3, "the dying holder was never asked for a chunk after it failed"
     finally:
         second.shutdown()
