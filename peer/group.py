@@ -78,5 +78,5 @@ class DhtGroup:
         if votes is None:
             return None
         committed = group_decision(votes)
-        holders = [v.dht_peer_id for v in votes.values() if v.ok and v.params_hash == committed] if committed else []
+        holders = [v.dht_peer_id for v in votes.values() if v.ok and v.state_hash == committed] if committed else []
         return committed, holders
