@@ -175,6 +175,16 @@ class CoordinatorLink:
             ready()
             self.stop.wait(self.poll_s)
 
+    def leave(self, last_heartbeat: pb.HeartbeatRequest) -> None:
+        """A last heartbeat carries the final numbers, then the peer leaves; best effort both (the lease
+        expires anyway)."""
+        for call in (lambda: self.client.heartbeat(last_heartbeat),
+                     lambda: self.client.leave(peer_id=self.peer_id, reason="peer exiting")):
+            try:
+                call()
+            except Exception as e:
+                logger.debug("%s leaving: %r", self.tag(None), e)
+
     def take_backlog(self) -> list[Backlogged]:
         backlog, self.backlog = self.backlog, []
         return backlog

@@ -54,9 +54,10 @@ class PeerState(enum.Enum):
     LEAVING = "leaving"
 
 
-# what the coordinator sees of a state (EXCHANGING is reported by the round hooks)
-WIRE_STATES = {PeerState.READY: pb.PEER_STATE_READY, PeerState.TRAINING: pb.PEER_STATE_TRAINING,
-               PeerState.SYNCING: pb.PEER_STATE_JOINING, PeerState.JOINING: pb.PEER_STATE_JOINING}
+# what the coordinator sees of a state (the deciding ones keep showing EXCHANGING)
+WIRE_STATES = {PeerState.JOINING: pb.PEER_STATE_JOINING, PeerState.SYNCING: pb.PEER_STATE_JOINING,
+               PeerState.READY: pb.PEER_STATE_READY, PeerState.TRAINING: pb.PEER_STATE_TRAINING,
+               PeerState.EXCHANGING: pb.PEER_STATE_EXCHANGING}
 
 
 class PeerDaemon:
@@ -78,6 +79,7 @@ class PeerDaemon:
         self.carry: Optional[Pending] = None  # a round whose exchange overlaps the next round's first steps
         self.offline_next: Optional[int] = None  # the round the group runs next should the coordinator be down
         self.behind = False  # the coordinator contradicted a group decision: resync before anything else
+        self.offline = False  # the current round runs while the coordinator is unreachable
 
     # ---- lifecycle -----------------------------------------------------------------------------------
     def run(self) -> int:
@@ -102,14 +104,13 @@ class PeerDaemon:
                 logger.error("%s %s", self.tag(), self.heartbeat.rejection)
                 return 2
             if self.carry is not None:
-                self.train_round(self.carry.round_no + 1)
+                self.train_round(self.carry.round_no + 1, offline=self.offline)
                 continue
             try:
                 info = self.link.get_round(0)
             except CoordinatorUnreachable:
                 if self.offline_next is not None:
-                    self.enter(PeerState.OFFLINE_DECIDING)
-                    self.train_round(self.offline_next)
+                    self.train_round(self.offline_next, offline=True)
                     continue
                 info = self.link.round_info(0)  # nothing to do without it: wait (with backoff, logged)
             code = self.step(info)
@@ -176,8 +177,8 @@ class PeerDaemon:
         self.store = PeerStateStore(trainer, transfer, run_id=self.run_id, state_dir=o.state_dir,
                                     checkpoint_every_rounds=o.checkpoint_every_rounds, stats=self.stats,
                                     faults=o.faults, announce=self.heartbeat.beat_now, tag=self.tag)
-        self.hooks = PeerHooks(self.stats, o.faults, beat_now=self.heartbeat.beat_now, on_decided=self.on_decided,
-                               tag=self.tag)
+        self.hooks = PeerHooks(self.stats, o.faults, beat_now=self.heartbeat.beat_now, on_state=self.round_state,
+                               on_decided=self.on_decided, tag=self.tag)
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="swarm-exchange")
         self.runner = RoundRunner(trainer, self.run_config, exchange=group, votes=group, decider=self.link,
                                   store=self.store, executor=self._executor, hooks=self.hooks,
@@ -185,10 +186,11 @@ class PeerDaemon:
         self.stats.update(model_fingerprint=trainer.fingerprint, param_count=trainer.param_count,
                           dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs))
 
-    def train_round(self, round_no: int) -> None:
-        """TRAINING → EXCHANGING → DECIDING: one round through the runner (finishing the carried one)."""
-        if self.state is not PeerState.OFFLINE_DECIDING:
-            self.enter(PeerState.TRAINING)
+    def train_round(self, round_no: int, *, offline: bool = False) -> None:
+        """TRAINING → EXCHANGING → DECIDING (OFFLINE_DECIDING while the coordinator is unreachable): one
+        round through the runner, which first finishes the carried one."""
+        self.offline = offline
+        self.enter(PeerState.TRAINING)
         self.stats.update(round=round_no)
         self.group.live_peers = self.link.live_peers
         carry, self.carry = self.carry, None
@@ -197,6 +199,11 @@ class PeerDaemon:
             self.carry = result.pending
         elif result.outcome is not Outcome.STOPPED:
             self.enter(PeerState.READY)
+
+    def round_state(self, name: str) -> None:
+        """The round hooks' 'exchanging' and 'deciding' points (on the main thread)."""
+        state = PeerState(name)
+        self.enter(PeerState.OFFLINE_DECIDING if state is PeerState.DECIDING and self.offline else state)
 
     def on_decided(self, result: RoundResult) -> None:
         """A round was decided: should the coordinator be unreachable for the next one, the group goes on
@@ -265,14 +272,7 @@ class PeerDaemon:
             self.heartbeat.beat_now()  # wakes it from its interval wait: it sees stop and ends
             self.heartbeat.join(timeout=5)
         if self.peer_id:
-            try:
-                self.client.heartbeat(self.stats.heartbeat_request(self.peer_id))
-            except Exception as e:
-                logger.debug("final heartbeat failed: %r", e)
-            try:
-                self.client.leave(peer_id=self.peer_id, reason="peer exiting")
-            except Exception as e:  # leaving is best effort: the lease expires anyway
-                logger.debug("leave failed: %r", e)
+            self.link.leave(self.stats.heartbeat_request(self.peer_id))
         if self.transport is not None:
             self.transport.shutdown()
         self.client.close()

@@ -10,7 +10,6 @@ from peer.faults import FaultPlan
 from peer.stats import PeerStats
 from swarm.train.round import Hooks, Outcome, RoundResult, Vote
 from swarm.train.trainer import TrainStats
-from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
@@ -20,9 +19,10 @@ class PeerHooks(Hooks):
     which touch only the thread-safe stats and the fault plan."""
 
     def __init__(self, stats: PeerStats, faults: FaultPlan, *, beat_now: Callable[[], None],
-                 on_decided: Callable[[RoundResult], None], tag: Callable[[Optional[int]], str]) -> None:
+                 on_state: Callable[[str], None], on_decided: Callable[[RoundResult], None],
+                 tag: Callable[[Optional[int]], str]) -> None:
         self.stats, self.faults, self.beat_now = stats, faults, beat_now
-        self.on_decided, self.tag = on_decided, tag
+        self.on_state, self.on_decided, self.tag = on_state, on_decided, tag
 
     def at(self, round_no: int, phase: str) -> None:
         self.faults.at(round_no, phase)
@@ -36,8 +36,11 @@ class PeerHooks(Hooks):
                     stats.mean_loss, tokens_per_s)
 
     def exchanging(self, round_no: int) -> None:
-        self.stats.update(state=pb.PEER_STATE_EXCHANGING)
+        self.on_state("exchanging")
         self.beat_now()  # closes late admission to this round at the coordinator
+
+    def deciding(self, round_no: int) -> None:
+        self.on_state("deciding")
 
     def voted(self, vote: Vote) -> None:
         averaged = vote.averaged

@@ -119,7 +119,11 @@ class Hooks:
 
     def trained(self, round_no: int, stats: TrainStats) -> None: ...
 
-    def exchanging(self, round_no: int) -> None: ...
+    def exchanging(self, round_no: int) -> None:
+        """The contribution is taken and its exchange starts (on the caller's thread)."""
+
+    def deciding(self, round_no: int) -> None:
+        """The caller's thread starts waiting for the round's decision."""
 
     def voted(self, vote: Vote) -> None: ...
 
@@ -239,6 +243,7 @@ class RoundRunner:
 
     def finish(self, pending: Pending) -> RoundResult:
         """Wait for ``pending``'s decision and apply it: commit, keep the voided round's work, or BEHIND."""
+        self.hooks.deciding(pending.round_no)
         vote, decision, tentative = pending.future.result()
         result = self._apply(pending, vote, decision, tentative)
         self.hooks.decided(result)

@@ -208,6 +208,14 @@ class PeerThread(threading.Thread):
         options.setdefault("final_serve_s", 10.0)
         self.daemon_ = PeerDaemon(PeerOptions(join=JOIN, state_dir=state_dir, **options), parts)
         self.code: Optional[int] = None
+        self.states: list = []  # every lifecycle state the daemon entered, in order
+        enter = self.daemon_.enter
+
+        def recording(state) -> None:
+            if not self.states or self.states[-1] is not state:
+                self.states.append(state)
+            enter(state)
+        self.daemon_.enter = recording
 
     def run(self) -> None:
         self.code = self.daemon_.run()

@@ -5,6 +5,7 @@ end. The same scenarios with real processes and hivemind are in tests/integratio
 
 import pytest
 
+from peer.daemon import PeerState
 from swarm.config import DataConfig, ModelConfig, RoundConfig, RunConfig
 from tests.unit.fake_swarm import FakeCoordinator, FakeNet, FakeParts, PeerThread, wait_until
 
@@ -55,6 +56,8 @@ def test_two_peers_run_to_the_end_with_identical_state(tmp_path):
     assert (tmp_path / "a" / "final" / "model.safetensors").exists()
     run = coordinator.status().run
     assert (run.rounds_committed, run.rounds_voided) == (4, 0)
+    round_trip = [PeerState.TRAINING, PeerState.EXCHANGING, PeerState.DECIDING, PeerState.READY]
+    assert a.states[:4] == round_trip and a.states[-1] is PeerState.FINISHING, a.states
 
 
 def test_a_coordinator_outage_is_bridged_by_group_decisions_that_it_confirms_afterwards(tmp_path):
@@ -70,6 +73,7 @@ def test_a_coordinator_outage_is_bridged_by_group_decisions_that_it_confirms_aft
     run = coordinator.status().run
     assert (run.rounds_committed, run.rounds_voided) == (4, 0)
     assert committed_hash(coordinator, 4) == a.trainer.state.state_hash
+    assert PeerState.OFFLINE_DECIDING in a.states and PeerState.OFFLINE_DECIDING in b.states
 
 
 def test_a_late_joiner_downloads_the_committed_state_and_takes_part(tmp_path):
@@ -82,6 +86,7 @@ def test_a_late_joiner_downloads_the_committed_state_and_takes_part(tmp_path):
     status = coordinator.status()
     joined = next(p for p in status.peers if p.name == "late")
     assert joined.rounds_joined >= 1  # it contributed after syncing
+    assert late.states[0] is PeerState.SYNCING and PeerState.TRAINING in late.states
 
 
 def test_a_peer_that_leaves_mid_run_does_not_stop_the_others(tmp_path):
