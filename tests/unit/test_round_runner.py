@@ -132,6 +132,27 @@ def test_a_groupmate_failing_mid_exchange_leaves_this_peer_behind_or_voids_the_r
     assert result.outcome is (Outcome.BEHIND if others_commit else Outcome.VOIDED)
 
 
+@pytest.mark.parametrize("phase", ["matchmaking", "sending", "reducing", "averaged", "reported"])
+def test_a_groupmate_crashing_at_any_phase_leaves_every_survivor_with_the_same_outcome(phase):
+    """Two survivors and a groupmate that crashes at ``phase``. Before the average is complete (matchmaking,
+    sending, reducing) every survivor's exchange fails and the round is voided; after it (averaged,
+    reported) the survivors hold the same tentative state and the commit rule over their votes commits it."""
+    exchange_fails = phase in ("matchmaking", "sending", "reducing")
+    group = FakeGroup(other=0.5, fail_at=frozenset({1}) if exchange_fails else frozenset())
+    votes = []
+
+    class CommitRule(FakeDecider):  # the coordinator's rule over the votes that arrived
+        def decide(self, vote):
+            votes.append(vote)
+            ok = [v.state_hash for v in votes if v.ok]
+            return Decision(vote.round_no, min(ok) if ok else None)
+
+    runners = [make(group=group, decider=CommitRule())[0] for _ in range(2)]
+    outcomes = [r.run_round(1).outcome for r in runners]
+    assert outcomes == [Outcome.VOIDED] * 2 if exchange_fails else [Outcome.COMMITTED] * 2
+    assert runners[0].trainer.state.state_hash == runners[1].trainer.state.state_hash
+
+
 def test_a_committed_hash_this_peer_does_not_hold_leaves_it_behind_without_touching_its_state():
     runner, parts = make(decider=FakeDecider(rule=lambda vote: "ffffffffffffffff"))
     before = runner.trainer.state
