@@ -57,7 +57,8 @@ def test_two_peers_run_to_the_end_with_identical_state(tmp_path):
     run = coordinator.status().run
     assert (run.rounds_committed, run.rounds_voided) == (4, 0)
     round_trip = [PeerState.TRAINING, PeerState.EXCHANGING, PeerState.DECIDING, PeerState.READY]
-    assert a.states[:4] == round_trip and a.states[-1] is PeerState.FINISHING, a.states
+    first = a.states.index(PeerState.TRAINING)  # READY before it, while round 1 waits for min_peers
+    assert a.states[first:first + 4] == round_trip and a.states[-1] is PeerState.FINISHING, a.states
 
 
 def test_a_coordinator_outage_is_bridged_by_group_decisions_that_it_confirms_afterwards(tmp_path):
@@ -66,18 +67,18 @@ def test_a_coordinator_outage_is_bridged_by_group_decisions_that_it_confirms_aft
     wait_until(lambda: committed(coordinator) >= 1, what="round 1")
     coordinator.down.set()
     # the group goes on alone: rounds decided from the DHT votes pile up in each peer's backlog
-    wait_until(lambda: all(p.daemon_.link.backlog for p in (a, b)), what="a round decided by the group")
+    wait_until(lambda: all(p.daemon_.link.backlog and PeerState.OFFLINE_DECIDING in p.states for p in (a, b)),
+               what="a round run and decided by the group alone")
     coordinator.down.clear()
     assert finish(a, b) == [0, 0]
     assert a.trainer.state.state_hash == b.trainer.state.state_hash and a.trainer.round_no == 4
     run = coordinator.status().run
     assert (run.rounds_committed, run.rounds_voided) == (4, 0)
     assert committed_hash(coordinator, 4) == a.trainer.state.state_hash
-    assert PeerState.OFFLINE_DECIDING in a.states and PeerState.OFFLINE_DECIDING in b.states
 
 
 def test_a_late_joiner_downloads_the_committed_state_and_takes_part(tmp_path):
-    coordinator, parts = swarm(RUN.replace(rounds=RoundConfig(inner_steps=2, max_rounds=6, min_peers=2)))
+    coordinator, parts = swarm(RUN.replace(rounds=RoundConfig(inner_steps=2, max_rounds=12, min_peers=2)))
     a, b = start(parts, tmp_path, "a"), start(parts, tmp_path, "b")
     wait_until(lambda: committed(coordinator) >= 2, what="round 2")
     late = start(parts, tmp_path, "late")
