@@ -53,7 +53,7 @@ class CoordinatorLink:
         self.last_group: Optional[set[str]] = None
         self.live_peers = 0
         self.group_decision: Callable[[Vote], Optional[tuple[Optional[str], list[str]]]] = lambda vote: None
-        self.report_fields: Callable[[], dict] = dict  # per-peer fields every report carries
+        self.param_count = 0  # of this peer's model, carried by every report
 
     def join(self, options, *, previous_peer_id: str) -> pb.JoinResponse:
         """Join the run, retrying while the coordinator is unreachable; gives up after join_timeout_s."""
@@ -198,7 +198,7 @@ class CoordinatorLink:
             exchange_time_s=averaged.seconds if averaged else 0.0,
             bytes_sent=averaged.bytes_sent if averaged else 0,
             bytes_received=averaged.bytes_received if averaged else 0, loss=vote.train.mean_loss,
-            error=vote.error, **self.report_fields(),
+            error=vote.error, param_count=self.param_count,
         )
 
     @staticmethod

@@ -172,7 +172,7 @@ class PeerDaemon:
                                               peer_id=self.peer_id, peer_index=joined.peer_index,
                                               planned=self.link.planned, faults=o.faults)
         self.link.group_decision = group.group_decision
-        self.link.report_fields = lambda: {"param_count": trainer.param_count}
+        self.link.param_count = trainer.param_count
         transfer = self.parts.state_transfer(self.transport, run_id=self.run_id, timeout_s=o.state_timeout_s)
         self.store = PeerStateStore(trainer, transfer, run_id=self.run_id, state_dir=o.state_dir,
                                     checkpoint_every_rounds=o.checkpoint_every_rounds, stats=self.stats,

@@ -61,7 +61,7 @@ class DhtGroup:
                     f", outer step scaled by {scale:.2f} ({len(group)} of {max(m.live_peers for m in group)} "
                     "live peers)" if scale != 1.0 else "")
         return Averaged(average=average, group=[m.peer_id for m in group], bytes_sent=result.bytes_sent,
-                        bytes_received=result.bytes_received, seconds=result.seconds, scale=scale)
+                        bytes_received=result.bytes_received, seconds=result.seconds)
 
     def post(self, vote: Vote) -> None:
         post_vote(self.transport.dht, self.key(vote.round_no, vote.fragment),

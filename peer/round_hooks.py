@@ -48,6 +48,8 @@ class PeerHooks(Hooks):
                        bytes_received=averaged.bytes_received if averaged else 0)
         if vote.ok:
             logger.info("%s tentative hash %s", self.tag(vote.round_no), vote.state_hash)
+        else:
+            logger.warning("%s exchange failed: %s", self.tag(vote.round_no), vote.error)
 
     def decided(self, result: RoundResult) -> None:
         if result.outcome is Outcome.VOIDED:
@@ -55,6 +57,9 @@ class PeerHooks(Hooks):
                            "group" if result.decision and result.decision.by_group else "coordinator")
         elif result.outcome is Outcome.COMMITTED:
             logger.info("%s committed, hash %s", self.tag(result.round_no), result.decision.committed_hash)
+        elif result.outcome is Outcome.BEHIND:
+            logger.info("%s committed %s, which this peer does not hold", self.tag(result.round_no),
+                        result.decision.committed_hash)
         self.on_decided(result)
 
     def evaluated(self, round_no: int, loss: float) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import enum
-import logging
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol
@@ -39,7 +38,6 @@ from swarm.core.fragments import round_fragment, round_steps
 from swarm.core.state import GlobalState
 from swarm.train.trainer import Contribution, LocalTrainer, TrainStats
 
-log = logging.getLogger(__name__)
 
 
 class SyncFailed(RuntimeError):
@@ -64,7 +62,6 @@ class Averaged:
     bytes_sent: int = 0
     bytes_received: int = 0
     seconds: float = 0.0
-    scale: float = 1.0  # participation scale already applied to ``average`` (k of n live peers)
 
 
 @dataclass(frozen=True)
@@ -230,7 +227,6 @@ class RoundRunner:
             self.store.save_vote(tentative)  # before the hash is reported: the round survives on disk
         except SyncFailed as e:
             error = str(e)
-            log.warning("round %d: exchange failed: %s", round_no, e)
         self.hooks.at(round_no, "averaged")
         vote = Vote(round_no=round_no, fragment=contribution.fragment, ok=tentative is not None,
                     state_hash=tentative.state_hash if tentative is not None else "",
@@ -252,19 +248,15 @@ class RoundRunner:
     def _apply(self, pending: Pending, vote: Vote, decision: Decision, tentative: Optional[GlobalState]) -> RoundResult:
         round_no = pending.round_no
         if decision.committed_hash is None:
-            log.warning("round %d: voided by the %s; keeping the round %d state and this round's work", round_no,
-                        "group" if decision.by_group else "coordinator", self.trainer.round_no)
             self.trainer.return_contribution(pending.contribution)
             self.store.voided(round_no, provisional=decision.by_group)
             return RoundResult(round_no, Outcome.VOIDED, decision, group=vote.group)
         if tentative is None or decision.committed_hash != tentative.state_hash:
-            log.info("round %d: committed %s, which this peer does not hold", round_no, decision.committed_hash)
             return RoundResult(round_no, Outcome.BEHIND, decision, group=vote.group)
         self.trainer.record_sent(pending.contribution, self.run.rounds.codec,
                                  parts=len(vote.group) if vote.group else None)
         self.trainer.commit(tentative, fragment=pending.fragment)
         self.store.committed(tentative, provisional=decision.by_group)
-        log.info("round %d: committed, hash %s", round_no, tentative.state_hash)
         if self.evaluate and (decision.finished or round_no % self.run.rounds.eval_every_rounds == 0):
             self.hooks.evaluated(round_no, self.trainer.eval_loss())
         return RoundResult(round_no, Outcome.COMMITTED, decision, group=vote.group)

@@ -78,7 +78,6 @@ class VirtualPeer(Hooks):
     bytes_sent: dict[int, int] = field(default_factory=dict)
     hashes: dict[int, str] = field(default_factory=dict)
     evals: dict[int, float] = field(default_factory=dict)
-    trainer: Optional[LocalTrainer] = None
 
     def average(self, round_no: int, contribution: Contribution) -> Averaged:
         averaged = self.board.average(self.index, round_no, contribution)
@@ -133,7 +132,7 @@ def run_peers(run: RunConfig, trainers: list[LocalTrainer], rates: list[Fraction
     board = Board(len(trainers), rounds, get_codec(run.rounds.codec))
     peers, threads, errors = [], [], []
     for i, (trainer, rate) in enumerate(zip(trainers, rates)):
-        peer = VirtualPeer(i, board, trainer=trainer)
+        peer = VirtualPeer(i, board)
         runner = RoundRunner(trainer, run, exchange=peer, votes=peer, decider=peer, store=peer, hooks=peer,
                              executor=InlineExecutor(), evaluate=i == 0, budget=budget(rate, run))
         threads.append(threading.Thread(target=guard, args=(errors, drive, runner, peer, rounds),
