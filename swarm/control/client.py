@@ -126,6 +126,13 @@ class CoordinatorClient:
                             self._drop_channel()
                 raise self._unreachable(f"{_code_words(code)}: {details}" if details else _code_words(code)) from None
             raise CoordinatorRejected(details or f"the coordinator refused {method} ({code.name})", code) from None
+        except ValueError:
+            # "Cannot invoke RPC on closed channel": another thread (the heartbeat, the round loop) found the
+            # coordinator unavailable and dropped this channel between our _connect and the call.
+            with self._lock:
+                if self._stub is stub:
+                    self._drop_channel()
+            raise self._unreachable("the connection was closed while the coordinator was unavailable") from None
 
     def _connect(self) -> pb_grpc.CoordinatorStub:
         with self._lock:

@@ -118,6 +118,17 @@ def test_leave_then_heartbeat_is_told_to_rejoin(client: CoordinatorClient) -> No
     assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION and "left the run" in info.value.details
 
 
+def test_a_channel_another_thread_closed_is_unreachable_for_now_then_reconnects(client: CoordinatorClient) -> None:
+    """The heartbeat and the round loop share one client; when one of them finds the coordinator down it
+    closes the channel the other may be about to use. That call is a retryable 'unreachable' (a raw
+    ValueError killed a peer's heartbeat thread in the chaos soak), and the next call reconnects."""
+    peer = client.join(name="shared")
+    client._channel.close()  # as another thread does between this thread's _connect and its call
+    with pytest.raises(CoordinatorUnreachable, match="connection was closed"):
+        client.get_round(peer.peer_id)
+    assert client.get_round(peer.peer_id).live_peers >= 0
+
+
 def test_unreachable_port_is_a_clear_retryable_error() -> None:
     with socket.socket() as bound_not_listening:
         bound_not_listening.bind(("127.0.0.1", 0))
