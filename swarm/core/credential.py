@@ -161,3 +161,23 @@ def verify_credential(data: bytes, coordinator_public_key: bytes, *, run_id: str
     if now >= credential.expires_at:
         raise CredentialError(f"the credential of {credential.peer_id} expired {now - credential.expires_at:.0f}s ago.")
     return credential
+
+
+class Member:
+    """What a joined peer proves itself with on the data plane: its key, its current credential (renewed
+    by the coordinator while the peer stays a member, so read ``credential`` when it is needed, not once),
+    and the run's coordinator key that every member checks other members' credentials against."""
+
+    def __init__(self, *, key: PeerKey, credential: bytes, coordinator_public_key: bytes, run_id: str) -> None:
+        self.key = key
+        self.credential = credential
+        self.coordinator_public_key = coordinator_public_key
+        self.run_id = run_id
+
+    @property
+    def peer_id(self) -> str:
+        return self.key.peer_id
+
+    def check(self, credential: bytes, *, now: float) -> Credential:
+        """Another member's credential, verified against this run's coordinator (CredentialError if not)."""
+        return verify_credential(credential, self.coordinator_public_key, run_id=self.run_id, now=now)
