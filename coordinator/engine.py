@@ -15,15 +15,20 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from coordinator import membership, rounds
-from coordinator.errors import BadRequest, Rejection, UnknownPeer
+from coordinator import auth, membership, rounds
+from coordinator.errors import BadRequest, NotAuthenticated, Rejection, UnknownPeer
 from coordinator.records import COMMITTED, EXCHANGING, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
 from coordinator.store import Store
 from coordinator.views import RunPosition, round_info, status_response
 from swarm.config import ConfigError, RunConfig
+from swarm.control import signing
+from swarm.core import credential
+from swarm.core.credential import peer_id_for
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
+
+CREDENTIAL_TTL_S = 3600.0  # a member's credential lasts this long; heartbeats renew it at half its life
 
 
 class CoordinatorEngine:
@@ -35,6 +40,8 @@ class CoordinatorEngine:
         check_config: bool = True,
         lease_s: float = 15.0,
         clock: Callable[[], float] = time.time,
+        signing_key: Optional[credential.PeerKey] = None,
+        credential_ttl_s: float = CREDENTIAL_TTL_S,
     ) -> None:
         """Open the run kept in ``store``, or start a new one with ``config``.
 
@@ -46,6 +53,8 @@ class CoordinatorEngine:
         self._lease_s = lease_s
         self._clock = clock
         self._lock = threading.RLock()
+        self._signing_key = signing_key or credential.PeerKey.generate()
+        self._credential_ttl_s = credential_ttl_s
         self.started_at = clock()
         self.config: RunConfig = _open_run(store, config, check_config=check_config, now=self.started_at)
         self._load()
@@ -75,26 +84,60 @@ class CoordinatorEngine:
     # --- requests -------------------------------------------------------------------------------
 
     def join(
-        self, token: str, *, name: str = "", site: str = "", device: str = "", swarm_version: str = "",
-        previous_peer_id: str = "",
+        self, token: str, *, public_key: bytes, dht_peer_id: str = "", name: str = "", site: str = "",
+        device: str = "", swarm_version: str = "",
     ) -> tuple[PeerRecord, pb.RoundInfo]:
+        """Admit the holder of ``public_key`` (proven by the caller). A key seen before is the same peer
+        restarted: it keeps its id and index and starts a new session, which retires the old process."""
         with self._session() as now:
             membership.check_token(self._run, token)
-            peer_id = _new_peer_id(self._peers)
-            previous = self._peers.get(previous_peer_id) if previous_peer_id else None
-            if previous is not None and previous.alive:  # its process is gone: it restarted as peer_id
-                self._save_peer(membership.leave(previous, f"restarted as {peer_id}"))
+            peer_id = peer_id_for(public_key)
+            previous = self._peers.get(peer_id)
             run, peer = membership.new_peer(
-                self._run, peer_id=peer_id, now=now, lease_s=self._lease_s,
-                name=name, site=site, device=device, swarm_version=swarm_version, previous=previous,
+                self._run, peer_id=peer_id, now=now, lease_s=self._lease_s, name=name, site=site, device=device,
+                swarm_version=swarm_version, public_key=public_key, dht_peer_id=dht_peer_id, token_id="default",
+                previous=previous,
             )
             self._save_run(run)
             self._save_peer(peer)
-            logger.info("peer %s: joined as index %d (name %r, site %r, device %r)%s", peer_id, peer.peer_index,
-                        name, site, device, f", restarted from {previous_peer_id}" if previous is not None else "")
+            logger.info("peer %s: joined as index %d, session %d (name %r, site %r, device %r)", peer_id,
+                        peer.peer_index, peer.session, name, site, device)
             if previous is not None:
-                self._settle(now)  # the retired id no longer holds up its round
+                self._retire_from_open_round(peer_id, now)
             return peer, self._current_info()
+
+    def authenticate(self, proof: Optional[signing.CallProof], peer_id: str) -> None:
+        """Raise unless ``proof`` is a fresh signature by the key of ``peer_id`` (the request's peer id) in
+        its current session."""
+        with self._lock:
+            if proof is None or proof.peer_id != peer_id:
+                raise NotAuthenticated()
+            peer = auth.check_call(proof, self._peers.get(peer_id), now=self._clock())
+            membership.check_session(peer, proof.session)
+            if proof.session != peer.session:
+                raise NotAuthenticated()
+
+    def issue_credential(self, peer_id: str, *, renew_only: bool = False) -> bytes:
+        """A credential for the live member ``peer_id``; with ``renew_only``, b"" unless less than half of
+        its current one's life is left."""
+        with self._session() as now:
+            peer = self._peers.get(peer_id)
+            if peer is None or not peer.alive:
+                return b""
+            if renew_only and now < peer.credential_expires_at - self._credential_ttl_s / 2:
+                return b""
+            expires_at = now + self._credential_ttl_s
+            self._save_peer(dataclasses.replace(peer, credential_expires_at=expires_at))
+            return credential.issue(self._signing_key, credential.Credential(
+                run_id=self._run.run_id, peer_id=peer_id, public_key=bytes.fromhex(peer.public_key),
+                dht_peer_id=peer.dht_peer_id, role="peer", token_id=peer.token_id, issued_at=now,
+                expires_at=expires_at,
+            ))
+
+    @property
+    def public_key(self) -> bytes:
+        """The coordinator's Ed25519 key, which signs the members' credentials."""
+        return self._signing_key.public_key
 
     def heartbeat(self, hb: pb.HeartbeatRequest) -> pb.RoundInfo:
         with self._session() as now:
@@ -204,6 +247,14 @@ class CoordinatorEngine:
             if rejection is not None:
                 raise rejection
 
+    def _retire_from_open_round(self, peer_id: str, now: float) -> None:
+        """A restarted peer lost the round it was in: it counts as having failed it, so the round does not
+        wait for a report that will never come."""
+        if self._open is not None and peer_id in self._open.participants:
+            self._store.add_report(ReportRecord(round=self._open.round, peer_id=peer_id, reported_at=now,
+                                                error="it restarted"))
+        self._settle(now)
+
     def _evict_expired(self, now: float) -> None:
         for peer in membership.expired(self._peers.values(), now):
             self._save_peer(peer)
@@ -311,13 +362,6 @@ class CoordinatorEngine:
         self._open = row if row.outcome == OPEN else None
         if row.outcome == COMMITTED:
             self._last_committed = row
-
-
-def _new_peer_id(existing: dict[str, PeerRecord]) -> str:
-    while True:
-        peer_id = "p-" + secrets.token_hex(4)
-        if peer_id not in existing:
-            return peer_id
 
 
 def _report_record(req: pb.ReportRoundRequest, now: float) -> ReportRecord:

@@ -44,3 +44,32 @@ class StateMismatch(Rejection):
 
 class BadRequest(Rejection):
     code = "INVALID_ARGUMENT"
+
+
+class NotAuthenticated(Rejection):
+    """A call without a valid signature of a known member: the same answer whether the peer id exists or not."""
+
+    code = "UNAUTHENTICATED"
+
+    def __init__(self) -> None:
+        super().__init__("this call is not signed by a member of this run; "
+                         "restart `swarm peer --join ...` to join again.")
+
+
+class BadJoinProof(Rejection):
+    """A join whose signatures do not check out."""
+
+    code = "UNAUTHENTICATED"
+
+
+class StaleChallenge(Rejection):
+    """The join's challenge is unknown, used or expired: the client fetches a fresh one and tries again."""
+
+    code = "ABORTED"
+
+    def __init__(self) -> None:
+        super().__init__("the join's challenge was already used or has expired; join again to get a fresh one.")
+
+
+class RateLimited(Rejection):
+    code = "RESOURCE_EXHAUSTED"

@@ -34,15 +34,17 @@ def check_token(run: RunRecord, token: str) -> None:
 
 def new_peer(
     run: RunRecord, *, peer_id: str, now: float, lease_s: float, name: str = "", site: str = "",
-    device: str = "", swarm_version: str = "", previous: Optional[PeerRecord] = None,
+    device: str = "", swarm_version: str = "", public_key: bytes = b"", dht_peer_id: str = "", token_id: str = "",
+    previous: Optional[PeerRecord] = None,
 ) -> tuple[RunRecord, PeerRecord]:
     """A new member in state JOINING with the next unused peer index, or with the index of ``previous``
-    (the record this peer had before it restarted: same index, same data shard)."""
+    (the record this key had before its peer restarted: same index, same data shard) and its next session."""
     index = previous.peer_index if previous is not None else run.next_peer_index
     peer = PeerRecord(
         peer_id=peer_id, peer_index=index, joined_at=now, last_seen=now,
         lease_expiry=now + lease_s, state=JOINING, name=name, site=site, device=device,
-        swarm_version=swarm_version,
+        swarm_version=swarm_version, public_key=bytes(public_key).hex(), dht_peer_id=dht_peer_id,
+        token_id=token_id, session=previous.session + 1 if previous is not None else 1,
     )
     if previous is not None:
         return run, peer
@@ -55,12 +57,17 @@ def check_member(peer_id: str, peer: Optional[PeerRecord]) -> PeerRecord:
         raise UnknownPeer(peer_id)
     if peer.state == EVICTED:
         raise PeerGone(f"peer {peer_id} was evicted ({peer.gone_reason}); restart the peer to join again.")
-    if peer.state == LEFT and peer.gone_reason.startswith("restarted as "):
-        raise PeerGone(f"peer {peer_id} was replaced: another process joined with its state dir "
-                       f"({peer.gone_reason}); give every peer its own --state-dir.")
     if peer.state == LEFT:
         raise PeerGone(f"peer {peer_id} left the run ({peer.gone_reason}); restart the peer to join again.")
     return peer
+
+
+def check_session(peer: PeerRecord, session: int) -> None:
+    """A call of an older session than the peer's latest join comes from a process that was replaced."""
+    if session < peer.session:
+        raise PeerGone(f"peer {peer.peer_id} was replaced: another process joined with its state dir "
+                       f"(session {peer.session}, this process has session {session}); "
+                       "give every peer its own --state-dir.")
 
 
 def expired(peers: Iterable[PeerRecord], now: float) -> list[PeerRecord]:
@@ -125,7 +132,10 @@ def apply_heartbeat(
                 ),
             )
     state = reported.state if reported.state in _REPORTABLE_STATES else peer.state
-    peer = dataclasses.replace(peer, state=state, metrics=_merge_metrics(peer.metrics, reported))
+    metrics = _merge_metrics(peer.metrics, reported)
+    if peer.dht_peer_id:  # proven at join: the holder id others download from is never the heartbeat's word
+        metrics.dht_peer_id = peer.dht_peer_id
+    peer = dataclasses.replace(peer, state=state, metrics=metrics)
     return HeartbeatResult(run=record_eval(run, reported.eval_loss, reported.eval_round), peer=peer)
 
 

@@ -69,6 +69,11 @@ class PeerRecord:
     site: str = ""
     device: str = ""
     swarm_version: str = ""
+    public_key: str = ""  # its Ed25519 key (hex), proven at join: every later call is signed by it
+    session: int = 0  # counts its joins: a call of an older session comes from a replaced process
+    dht_peer_id: str = ""  # its libp2p id, proven at join
+    token_id: str = ""  # the join token it was admitted with
+    credential_expires_at: float = 0.0  # of the newest credential issued to it
     # From its latest heartbeat, kept whole; the coordinator acts on the state hash and round, the model
     # fingerprint and the DHT addresses in it.  Never mutated in place: a heartbeat replaces it.
     metrics: pb.PeerMetrics = field(default_factory=lambda: pb.PeerMetrics(state_round=-1))  # -1: no state yet

@@ -25,11 +25,13 @@ from coordinator.store import Store
 from swarm.control import tls
 from swarm.config import RunConfig
 from swarm.control.joinstring import JoinString
+from swarm.core.credential import PeerKey
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
 JOIN_STRING_FILE = "join-string"
+SIGNING_KEY_FILE = "coordinator-signing-key.pem"  # Ed25519: signs the members' credentials
 FINISH_LINGER_S = 20.0  # after the run finishes, how long to wait for the last peers to say goodbye
 _WILDCARDS = ("0.0.0.0", "::", "")
 
@@ -84,7 +86,7 @@ class CoordinatorServer:
             self._store = Store.in_dir(self._state_dir)
             self.engine = CoordinatorEngine(
                 self._store, config=self._run, check_config=self._config_given, lease_s=self._lease_s,
-                clock=self._clock,
+                clock=self._clock, signing_key=PeerKey.load_or_create(self._state_dir / SIGNING_KEY_FILE),
             )
             cert_pem, key_pem = tls.ensure_certificate(self._state_dir)
             # A restart keeps the DHT port (the peers' address for this node) and dials the peers it knew.

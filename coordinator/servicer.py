@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Callable, Sequence, TypeVar
+import time
+from typing import Callable, Optional, Sequence, TypeVar
 
 import grpc
 
+from coordinator import auth
+from coordinator.challenges import Challenges
 from coordinator.engine import CoordinatorEngine
-from coordinator.errors import Rejection
+from coordinator.errors import Rejection, StaleChallenge
+from swarm.control import signing
 from swarm.v1 import coordinator_pb2 as pb
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -42,17 +46,32 @@ def _rpc(method: F) -> F:
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def __init__(
-        self, engine: CoordinatorEngine, *, dht_initial_peers: Sequence[str], heartbeat_interval_s: float
+        self, engine: CoordinatorEngine, *, dht_initial_peers: Sequence[str], heartbeat_interval_s: float,
+        challenges: Optional[Challenges] = None,
     ) -> None:
         self._engine = engine
         self._dht_initial_peers = list(dht_initial_peers)
         self._heartbeat_interval_s = heartbeat_interval_s
+        self._challenges = challenges or Challenges()
+
+    def _authenticate(self, method: str, request, context) -> None:
+        """Refuse the call unless it is signed by the key of the peer it names (see swarm.control.signing)."""
+        proof = signing.CallProof.from_metadata(method, context.invocation_metadata(), request)
+        self._engine.authenticate(proof, request.peer_id)
+
+    @_rpc
+    def Challenge(self, request: pb.ChallengeRequest, context) -> pb.ChallengeResponse:
+        return pb.ChallengeResponse(nonce=self._challenges.issue(time.monotonic()),
+                                    expires_in_s=self._challenges.ttl_s)
 
     @_rpc
     def Join(self, request: pb.JoinRequest, context) -> pb.JoinResponse:
+        if not self._challenges.take(request.nonce, time.monotonic()):
+            raise StaleChallenge()
+        claim = auth.verify_join(request)
         peer, info = self._engine.join(
-            request.token, name=request.name, site=request.site, device=request.device,
-            swarm_version=request.swarm_version, previous_peer_id=request.previous_peer_id,
+            request.token, public_key=claim.public_key, dht_peer_id=claim.dht_peer_id, name=request.name,
+            site=request.site, device=request.device, swarm_version=request.swarm_version,
         )
         return pb.JoinResponse(
             peer_id=peer.peer_id,
@@ -63,23 +82,32 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             lease_s=self._engine.lease_s,
             peer_index=peer.peer_index,
             round=info,
+            session=peer.session,
+            credential=self._engine.issue_credential(peer.peer_id),
+            coordinator_public_key=self._engine.public_key,
         )
 
     @_rpc
     def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
-        return pb.HeartbeatResponse(round=self._engine.heartbeat(request), lease_s=self._engine.lease_s)
+        self._authenticate("Heartbeat", request, context)
+        info = self._engine.heartbeat(request)
+        return pb.HeartbeatResponse(round=info, lease_s=self._engine.lease_s,
+                                    credential=self._engine.issue_credential(request.peer_id, renew_only=True))
 
     @_rpc
     def Leave(self, request: pb.LeaveRequest, context) -> pb.LeaveResponse:
+        self._authenticate("Leave", request, context)
         self._engine.leave(request.peer_id, request.reason)
         return pb.LeaveResponse()
 
     @_rpc
     def ReportRound(self, request: pb.ReportRoundRequest, context) -> pb.ReportRoundResponse:
+        self._authenticate("ReportRound", request, context)
         return pb.ReportRoundResponse(round=self._engine.report(request))
 
     @_rpc
     def GetRound(self, request: pb.GetRoundRequest, context) -> pb.RoundInfo:
+        self._authenticate("GetRound", request, context)
         return self._engine.round_info(request.peer_id, request.round)
 
     @_rpc

@@ -14,6 +14,8 @@ from typing import Callable, Optional
 from peer.faults import FaultPlan
 from peer.retry import with_retry
 from swarm.control.client import CoordinatorClient, CoordinatorUnreachable
+from swarm.control.signing import Libp2pSigner
+from swarm.core.credential import Member, PeerKey
 from swarm.train.round import Decision, Vote
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -49,24 +51,34 @@ class CoordinatorLink:
         self.client, self.stop, self.faults = client, stop, faults
         self.poll_s, self.leave_grace_s, self.tag = poll_s, leave_grace_s, tag
         self.peer_id = ""
+        self.member: Optional[Member] = None  # after join: this peer's key and credential (renewed by heartbeats)
         self.backlog: list[Backlogged] = []
         self.last_group: Optional[set[str]] = None
         self.live_peers = 0
         self.group_decision: Callable[[Vote], Optional[tuple[Optional[str], list[str]]]] = lambda vote: None
         self.param_count = 0  # of this peer's model, carried by every report
 
-    def join(self, options, *, previous_peer_id: str) -> pb.JoinResponse:
-        """Join the run, retrying while the coordinator is unreachable; gives up after join_timeout_s."""
+    def join(self, options, *, key: PeerKey, libp2p: Libp2pSigner) -> pb.JoinResponse:
+        """Join the run, retrying while the coordinator is unreachable; gives up after join_timeout_s.
+        Sets ``peer_id`` and ``member``."""
         joined = with_retry(
-            lambda: self.client.join(site=options.site, device=options.device,
-                                     name=options.name or socket.gethostname(), previous_peer_id=previous_peer_id),
+            lambda: self.client.join(key=key, libp2p=libp2p, site=options.site, device=options.device,
+                                     name=options.name or socket.gethostname()),
             what="join", stop=self.stop, give_up_after_s=options.join_timeout_s,
         )
         if joined is None:
             logger.error("could not reach the coordinator at %s for %.0fs; check the join string's address "
                          "and that the coordinator is running", options.join.address, options.join_timeout_s)
             raise PeerExit(2)
+        self.peer_id = joined.peer_id
+        self.member = Member(key=key, credential=joined.credential,
+                             coordinator_public_key=joined.coordinator_public_key, run_id=joined.run_id)
         return joined
+
+    def renew(self, credential: bytes) -> None:
+        """A heartbeat brought a fresh credential (heartbeat thread; one attribute store, atomic)."""
+        if credential and self.member is not None:
+            self.member.credential = credential
 
     # ---- round plans ---------------------------------------------------------------------------------
     def get_round(self, round_no: int) -> pb.RoundInfo:

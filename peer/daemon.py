@@ -146,20 +146,21 @@ class PeerDaemon:
         o = self.options
         if o.threads:
             torch.set_num_threads(o.threads)
-        previous = identity.previous_peer_id(o.state_dir)
-        joined = self.link.join(o, previous_peer_id=previous)
-        self.peer_id = self.link.peer_id = joined.peer_id
+        libp2p = self.parts.libp2p_identity(o.state_dir)  # fresh each start; the DHT starts with it
+        joined = self.link.join(o, key=identity.peer_key(o.state_dir), libp2p=libp2p)
+        self.peer_id = joined.peer_id
         self.run_id, self.run_config = joined.run_id, RunConfig.from_json(joined.run_spec_json)
         logger.info("%s joined run %s as peer index %d%s", self.tag(), joined.run_id, joined.peer_index,
-                    f" (restarted; was {previous})" if previous else "")
-        identity.remember(o.state_dir, run_id=self.run_id, peer_id=self.peer_id)
+                    f" (restarted: session {joined.session})" if joined.session > 1 else "")
         # heartbeats start now: building the model and the transport takes longer than a short lease
         self.heartbeat = HeartbeatThread(self.client, self.peer_id, self.stats, self.stop,
-                                         interval_s=joined.heartbeat_interval_s, faults=o.faults)
+                                         interval_s=joined.heartbeat_interval_s, faults=o.faults,
+                                         renewed=self.link.renew)
         self.heartbeat.start()
         trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=o.device)
         # after the model build: forked right after the join, gRPC still had threads inside it
-        self.transport = self.parts.transport(o, list(joined.dht_initial_peers), stop=self.stop, tag=self.tag())
+        self.transport = self.parts.transport(o, list(joined.dht_initial_peers), stop=self.stop, tag=self.tag(),
+                                              identity=libp2p)
         self.build_round(trainer, joined)
         self.store.install(trainer.state)
         if joined.round.last_committed_round == 0:

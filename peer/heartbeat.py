@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 from peer.faults import FaultPlan
 from peer.stats import PeerStats
@@ -16,11 +16,13 @@ logger = logging.getLogger(__name__)
 
 class HeartbeatThread(threading.Thread):
     def __init__(self, client: CoordinatorClient, peer_id: str, stats: PeerStats, stop: threading.Event,
-                 *, interval_s: float, faults: Optional[FaultPlan] = None):
+                 *, interval_s: float, faults: Optional[FaultPlan] = None,
+                 renewed: Callable[[bytes], None] = lambda credential: None):
         super().__init__(name="swarm-heartbeat", daemon=True)
         self.client, self.peer_id, self.stats, self.stop = client, peer_id, stats, stop
         self.interval_s = max(0.2, interval_s)
         self.faults = faults or FaultPlan()
+        self.renewed = renewed  # called with each fresh credential a heartbeat answer brings
         self.rejection: Optional[str] = None  # set when the coordinator refuses this peer for good
         self._wake = threading.Event()
         self._unreachable_since_logged = False
@@ -33,7 +35,9 @@ class HeartbeatThread(threading.Thread):
             try:
                 if not self.faults.drops(self.stats.metrics().round, "heartbeat"):
                     with FORK_LOCK:  # never in a gRPC call while the transport forks its DHT process
-                        self.client.heartbeat(self.stats.heartbeat_request(self.peer_id))
+                        answer = self.client.heartbeat(self.stats.heartbeat_request(self.peer_id))
+                    if answer.credential:
+                        self.renewed(answer.credential)
                 if self._unreachable_since_logged:
                     logger.info("[%s] coordinator reachable again; heartbeats resumed", self.peer_id)
                     self._unreachable_since_logged = False

@@ -1,39 +1,31 @@
-"""Who this peer was before it restarted: its peer id, kept in ``<state-dir>/identity.json``.
+"""Who this peer is: its Ed25519 key, ``<state-dir>/peer-key.pem``, made at its first start.
 
-A restarted peer hands the id to the coordinator when it joins again; the coordinator retires the old
-id and gives the new one the same peer index, so the peer trains on the same data shard and its
-checkpoint's data position still applies. A missing or unreadable file just means a new peer.
+The peer id derives from the key, so a restarted peer is the same peer to the coordinator: it gets its
+peer index back (same data shard, its checkpoint's data position still applies) in a new session, which
+retires the process that joined before. Its libp2p identity is made fresh at each start
+(``<state-dir>/p2p-identity.key``) and proven at join.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
-from swarm.core.state import write_atomically
+from peer.coordinator_link import PeerExit
+from swarm.core.credential import KEY_FILE, CredentialError, PeerKey
+from swarm.net.libp2p_identity import IDENTITY_FILE, Libp2pIdentity
 
 logger = logging.getLogger(__name__)
 
-FILE = "identity.json"
 
-
-def previous_peer_id(state_dir: Path) -> str:
-    path = Path(state_dir) / FILE
-    if not path.exists():
-        return ""
+def peer_key(state_dir: Path) -> PeerKey:
+    """The peer's key, created the first time; an unreadable key file stops the peer with one sentence."""
     try:
-        record = json.loads(path.read_text())
-        return str(record["peer_id"]) if isinstance(record, dict) else ""
-    except (OSError, ValueError, KeyError) as e:
-        logger.warning("ignoring %s (%s); this peer joins as a new one", path, e)
-        return ""
+        return PeerKey.load_or_create(Path(state_dir) / KEY_FILE)
+    except (CredentialError, OSError) as e:
+        logger.error("cannot use this peer's key: %s", e)
+        raise PeerExit(2) from None
 
 
-def remember(state_dir: Path, *, run_id: str, peer_id: str) -> None:
-    """Write the identity atomically; a failure is logged, never fatal (the peer then rejoins as new)."""
-    path = Path(state_dir) / FILE
-    try:
-        write_atomically(path, json.dumps({"run_id": run_id, "peer_id": peer_id}).encode())
-    except OSError as e:
-        logger.warning("could not write %s: %s", path, e)
+def fresh_libp2p_identity(state_dir: Path) -> Libp2pIdentity:
+    return Libp2pIdentity.create(Path(state_dir) / IDENTITY_FILE)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import Callable, Optional, Protocol
 
+from peer import identity
 from peer.coordinator_link import PeerExit
 from peer.faults import FaultPlan
 from peer.group import DhtGroup
@@ -14,6 +16,7 @@ from peer.retry import with_retry
 from swarm.config import RunConfig
 from swarm.control.client import CoordinatorClient
 from swarm.core.state import GlobalState
+from swarm.net.libp2p_identity import Libp2pIdentity
 from swarm.net.state_transfer import StateServer, download_state
 from swarm.net.transport import Transport, TransportStartFailed
 
@@ -47,12 +50,16 @@ class PeerParts:
     def client(self, join) -> CoordinatorClient:
         return CoordinatorClient(join)
 
-    def transport(self, options, initial_peers: list[str], *, stop: threading.Event, tag: str) -> Transport:
-        """Join the DHT through the coordinator's node, retrying while it is unreachable (a coordinator
-        restarting as this peer starts); gives up after join_timeout_s."""
+    def libp2p_identity(self, state_dir: Path) -> Libp2pIdentity:
+        return identity.fresh_libp2p_identity(state_dir)
+
+    def transport(self, options, initial_peers: list[str], *, stop: threading.Event, tag: str,
+                  identity: Libp2pIdentity) -> Transport:
+        """Join the DHT through the coordinator's node with the libp2p identity proven at join, retrying while
+        it is unreachable (a coordinator restarting as this peer starts); gives up after join_timeout_s."""
         transport = with_retry(
             lambda: Transport(initial_peers=initial_peers, host=options.p2p_host, port=options.p2p_port,
-                              announce_host=options.announce_host),
+                              announce_host=options.announce_host, identity_path=str(identity.path)),
             what=f"{tag} DHT start", stop=stop, give_up_after_s=options.join_timeout_s,
             first_backoff_s=1.0, retry_on=TransportStartFailed,
         )

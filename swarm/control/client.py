@@ -12,8 +12,9 @@ from typing import Any, Optional
 
 import grpc
 
-from swarm.control import tls
+from swarm.control import signing, tls
 from swarm.control.joinstring import JoinString
+from swarm.core.credential import PeerKey
 from swarm.v1 import coordinator_pb2 as pb
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -21,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 # CANCELLED: only when close() (or a reconnect) cut a call short; the coordinator never cancels.
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+
+_SIGNED = ("Heartbeat", "Leave", "ReportRound", "GetRound")  # a member's calls, signed by its key
 
 
 class CoordinatorError(Exception):
@@ -66,16 +69,28 @@ class CoordinatorClient:
         self._lock = threading.Lock()
         self._channel: Optional[grpc.Channel] = None
         self._stub: Optional[pb_grpc.CoordinatorStub] = None
+        self.signer: Optional[signing.CallSigner] = None  # set by join: signs every member call
 
     # --- calls ----------------------------------------------------------------------------------
 
-    def join(self, *, site: str = "", device: str = "", name: str = "", swarm_version: Optional[str] = None,
-             previous_peer_id: str = "") -> pb.JoinResponse:
-        return self._call("Join", pb.JoinRequest(
-            token=self.join_string.token, site=site, device=device, name=name,
-            swarm_version=_swarm_version() if swarm_version is None else swarm_version,
-            previous_peer_id=previous_peer_id,
-        ))
+    def join(self, *, key: PeerKey, libp2p: signing.Libp2pSigner, site: str = "", device: str = "", name: str = "",
+             swarm_version: Optional[str] = None) -> pb.JoinResponse:
+        """Join over a fresh challenge, signed by ``key`` and ``libp2p``; every later call of this client is
+        then signed by ``key`` in the session the coordinator returned."""
+        version = _swarm_version() if swarm_version is None else swarm_version
+        for attempt in range(2):
+            nonce = self._call("Challenge", pb.ChallengeRequest()).nonce
+            request = signing.signed_join(token=self.join_string.token, nonce=nonce, key=key, libp2p=libp2p,
+                                          site=site, device=device, name=name, swarm_version=version)
+            try:
+                response = self._call("Join", request)
+            except CoordinatorRejected as e:
+                if e.code == grpc.StatusCode.ABORTED and attempt == 0:
+                    continue  # the challenge went stale (a coordinator restart): once more with a fresh one
+                raise
+            self.signer = signing.CallSigner(key, response.session)
+            return response
+        raise AssertionError("unreachable")
 
     def heartbeat(self, request: pb.HeartbeatRequest | str, **metrics: Any) -> pb.HeartbeatResponse:
         """Send a HeartbeatRequest, or build one from a peer id and its PeerMetrics fields (state, round, ...)."""
@@ -115,8 +130,10 @@ class CoordinatorClient:
 
     def _call(self, method: str, request: Any) -> Any:
         stub = self._connect()
+        signer = self.signer
+        metadata = signer.metadata(method, request) if signer is not None and method in _SIGNED else None
         try:
-            return getattr(stub, method)(request, timeout=self.request_timeout_s)
+            return getattr(stub, method)(request, timeout=self.request_timeout_s, metadata=metadata)
         except grpc.RpcError as e:
             code, details = e.code(), e.details() or ""
             if code in _RETRYABLE:

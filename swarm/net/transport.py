@@ -67,15 +67,20 @@ class Transport:
         port: int = 0,
         announce_host: Optional[str] = None,
         start_timeout_s: float = 60.0,
+        identity_path: Optional[str] = None,
     ):
+        """``identity_path``: the libp2p key (``swarm.net.libp2p_identity``) to run with; made fresh by the
+        peer at each start, so it is never taken by another node and the check for that is skipped."""
         host_maddrs = [f"/ip4/{host}/tcp/{port}"]
         announce = [f"/ip4/{announce_host}/tcp/{port}"] if announce_host and port else None
+        identity = {"identity_path": identity_path, "check_if_identity_free": False} if identity_path else {}
         self.dht = hivemind.DHT(
             start=False,
             initial_peers=list(initial_peers),
             host_maddrs=host_maddrs,
             announce_maddrs=announce,
             startup_timeout=start_timeout_s,
+            **identity,
         )
         with FORK_LOCK:  # the DHT runs in a forked process: no gRPC call may be in flight meanwhile
             self.dht.start()

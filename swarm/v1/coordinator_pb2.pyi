@@ -35,24 +35,46 @@ ROUND_OUTCOME_OPEN: RoundOutcome
 ROUND_OUTCOME_COMMITTED: RoundOutcome
 ROUND_OUTCOME_VOIDED: RoundOutcome
 
+class ChallengeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ChallengeResponse(_message.Message):
+    __slots__ = ("nonce", "expires_in_s")
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    nonce: bytes
+    expires_in_s: float
+    def __init__(self, nonce: _Optional[bytes] = ..., expires_in_s: _Optional[float] = ...) -> None: ...
+
 class JoinRequest(_message.Message):
-    __slots__ = ("token", "site", "device", "name", "swarm_version", "previous_peer_id")
+    __slots__ = ("token", "site", "device", "name", "swarm_version", "public_key", "nonce", "dht_peer_id", "dht_public_key", "signature", "dht_signature")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     SITE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SWARM_VERSION_FIELD_NUMBER: _ClassVar[int]
-    PREVIOUS_PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    DHT_PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    DHT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    DHT_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     token: str
     site: str
     device: str
     name: str
     swarm_version: str
-    previous_peer_id: str
-    def __init__(self, token: _Optional[str] = ..., site: _Optional[str] = ..., device: _Optional[str] = ..., name: _Optional[str] = ..., swarm_version: _Optional[str] = ..., previous_peer_id: _Optional[str] = ...) -> None: ...
+    public_key: bytes
+    nonce: bytes
+    dht_peer_id: str
+    dht_public_key: bytes
+    signature: bytes
+    dht_signature: bytes
+    def __init__(self, token: _Optional[str] = ..., site: _Optional[str] = ..., device: _Optional[str] = ..., name: _Optional[str] = ..., swarm_version: _Optional[str] = ..., public_key: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., dht_peer_id: _Optional[str] = ..., dht_public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., dht_signature: _Optional[bytes] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
-    __slots__ = ("peer_id", "run_id", "run_spec_json", "dht_initial_peers", "heartbeat_interval_s", "lease_s", "peer_index", "round")
+    __slots__ = ("peer_id", "run_id", "run_spec_json", "dht_initial_peers", "heartbeat_interval_s", "lease_s", "peer_index", "round", "session", "credential", "coordinator_public_key")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +83,9 @@ class JoinResponse(_message.Message):
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
     PEER_INDEX_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     run_id: str
     run_spec_json: str
@@ -69,7 +94,10 @@ class JoinResponse(_message.Message):
     lease_s: float
     peer_index: int
     round: RoundInfo
-    def __init__(self, peer_id: _Optional[str] = ..., run_id: _Optional[str] = ..., run_spec_json: _Optional[str] = ..., dht_initial_peers: _Optional[_Iterable[str]] = ..., heartbeat_interval_s: _Optional[float] = ..., lease_s: _Optional[float] = ..., peer_index: _Optional[int] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ...) -> None: ...
+    session: int
+    credential: bytes
+    coordinator_public_key: bytes
+    def __init__(self, peer_id: _Optional[str] = ..., run_id: _Optional[str] = ..., run_spec_json: _Optional[str] = ..., dht_initial_peers: _Optional[_Iterable[str]] = ..., heartbeat_interval_s: _Optional[float] = ..., lease_s: _Optional[float] = ..., peer_index: _Optional[int] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ..., session: _Optional[int] = ..., credential: _Optional[bytes] = ..., coordinator_public_key: _Optional[bytes] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
     __slots__ = ("round", "outcome", "participants", "committed_hash", "holders", "last_committed_round", "last_committed_hash", "finished", "open_round", "live_peers", "behind_peers")
@@ -148,12 +176,14 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., metrics: _Optional[_Union[PeerMetrics, _Mapping]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("round", "lease_s")
+    __slots__ = ("round", "lease_s", "credential")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     round: RoundInfo
     lease_s: float
-    def __init__(self, round: _Optional[_Union[RoundInfo, _Mapping]] = ..., lease_s: _Optional[float] = ...) -> None: ...
+    credential: bytes
+    def __init__(self, round: _Optional[_Union[RoundInfo, _Mapping]] = ..., lease_s: _Optional[float] = ..., credential: _Optional[bytes] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("peer_id", "reason")

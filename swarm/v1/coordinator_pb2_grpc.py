@@ -26,7 +26,10 @@ if _version_not_supported:
 
 
 class CoordinatorStub:
-    """Missing associated documentation comment in .proto file."""
+    """Every call but Challenge, Join and GetStatus is signed by the member's key, in gRPC metadata
+    (swarm.control.signing): peer id, session, a timestamp and an Ed25519 signature over the method, those
+    and the SHA-256 of the request serialized deterministically.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -34,6 +37,11 @@ class CoordinatorStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Challenge = channel.unary_unary(
+                '/swarm.v1.Coordinator/Challenge',
+                request_serializer=swarm_dot_v1_dot_coordinator__pb2.ChallengeRequest.SerializeToString,
+                response_deserializer=swarm_dot_v1_dot_coordinator__pb2.ChallengeResponse.FromString,
+                _registered_method=True)
         self.Join = channel.unary_unary(
                 '/swarm.v1.Coordinator/Join',
                 request_serializer=swarm_dot_v1_dot_coordinator__pb2.JoinRequest.SerializeToString,
@@ -67,7 +75,16 @@ class CoordinatorStub:
 
 
 class CoordinatorServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Every call but Challenge, Join and GetStatus is signed by the member's key, in gRPC metadata
+    (swarm.control.signing): peer id, session, a timestamp and an Ed25519 signature over the method, those
+    and the SHA-256 of the request serialized deterministically.
+    """
+
+    def Challenge(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def Join(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -108,6 +125,11 @@ class CoordinatorServicer:
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Challenge': grpc.unary_unary_rpc_method_handler(
+                    servicer.Challenge,
+                    request_deserializer=swarm_dot_v1_dot_coordinator__pb2.ChallengeRequest.FromString,
+                    response_serializer=swarm_dot_v1_dot_coordinator__pb2.ChallengeResponse.SerializeToString,
+            ),
             'Join': grpc.unary_unary_rpc_method_handler(
                     servicer.Join,
                     request_deserializer=swarm_dot_v1_dot_coordinator__pb2.JoinRequest.FromString,
@@ -147,7 +169,37 @@ def add_CoordinatorServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Coordinator:
-    """Missing associated documentation comment in .proto file."""
+    """Every call but Challenge, Join and GetStatus is signed by the member's key, in gRPC metadata
+    (swarm.control.signing): peer id, session, a timestamp and an Ed25519 signature over the method, those
+    and the SHA-256 of the request serialized deterministically.
+    """
+
+    @staticmethod
+    def Challenge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/swarm.v1.Coordinator/Challenge',
+            swarm_dot_v1_dot_coordinator__pb2.ChallengeRequest.SerializeToString,
+            swarm_dot_v1_dot_coordinator__pb2.ChallengeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Join(request,

@@ -4,8 +4,10 @@ for the group exchange, the DHT votes and the state transfer (no hivemind). Trai
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
+from pathlib import Path
 from collections import Counter
 from typing import Callable, Optional
 
@@ -18,12 +20,15 @@ from peer.daemon import PeerDaemon
 from peer.options import PeerOptions
 from peer.parts import PeerParts
 from swarm.config import RunConfig
-from swarm.control.client import CoordinatorRejected, CoordinatorUnreachable
+from swarm.control.client import CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
 from swarm.control.joinstring import JoinString
+from swarm.control.signing import CallSigner, signed_join
 from swarm.core.average import butterfly_reference
 from swarm.core.codec import get_codec
 from swarm.core.commit_rule import winning_hash
+from swarm.core.credential import PeerKey
 from swarm.core.state import GlobalState
+from swarm.net.libp2p_identity import Libp2pIdentity
 from swarm.net.state_transfer import StateUnavailable
 from swarm.train.round import Averaged, SyncFailed, Vote
 from swarm.train.trainer import Contribution
@@ -33,6 +38,15 @@ JOIN = JoinString.parse("swarm://127.0.0.1:7000?token=t&fp=" + "0" * 64)
 
 
 class _Context:
+    def __init__(self, metadata=None) -> None:
+        self.metadata = metadata or []
+
+    def invocation_metadata(self):
+        return self.metadata
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:50000"
+
     def abort(self, code, details):
         raise CoordinatorRejected(details, code)
 
@@ -45,36 +59,46 @@ class FakeCoordinator:
         self.servicer = CoordinatorServicer(self.engine, dht_initial_peers=[], heartbeat_interval_s=0.2)
         self.down = threading.Event()
 
-    def call(self, method: str, request):
+    def call(self, method: str, request, metadata=None):
         if self.down.is_set():
             raise CoordinatorUnreachable("the coordinator is down (test)")
         self.engine.tick()
-        return getattr(self.servicer, method)(request, _Context())
+        return getattr(self.servicer, method)(request, _Context(metadata))
 
     def status(self) -> pb.GetStatusResponse:
         return self.engine.status(self.engine.run.token)
 
 
 class FakeClient:
-    def __init__(self, coordinator: FakeCoordinator) -> None:
-        self.coordinator = coordinator
+    """CoordinatorClient's calls, signed the same way, straight into the servicer."""
 
-    def join(self, *, site="", device="", name="", previous_peer_id="", swarm_version=None):
-        return self.coordinator.call("Join", pb.JoinRequest(
-            token=self.coordinator.engine.run.token, site=site, device=device, name=name,
-            previous_peer_id=previous_peer_id))
+    def __init__(self, coordinator: FakeCoordinator, token: Optional[str] = None) -> None:
+        self.coordinator = coordinator
+        self.token = token if token is not None else coordinator.engine.run.token
+        self.signer: Optional[CallSigner] = None
+
+    def join(self, *, key, libp2p, site="", device="", name="", swarm_version=None):
+        nonce = self.coordinator.call("Challenge", pb.ChallengeRequest()).nonce
+        joined = self.coordinator.call("Join", signed_join(token=self.token, nonce=nonce, key=key, libp2p=libp2p,
+                                                           site=site, device=device, name=name))
+        self.signer = CallSigner(key, joined.session)
+        return joined
+
+    def _signed(self, method: str, request):
+        metadata = self.signer.metadata(method, request) if self.signer is not None else None
+        return self.coordinator.call(method, request, metadata)
 
     def heartbeat(self, request):
-        return self.coordinator.call("Heartbeat", request)
+        return self._signed("Heartbeat", request)
 
     def get_round(self, peer_id: str, round_no: int = 0):
-        return self.coordinator.call("GetRound", pb.GetRoundRequest(peer_id=peer_id, round=round_no))
+        return self._signed("GetRound", pb.GetRoundRequest(peer_id=peer_id, round=round_no))
 
     def report_round(self, request):
-        return self.coordinator.call("ReportRound", request)
+        return self._signed("ReportRound", request)
 
     def leave(self, peer_id: str, reason: str = ""):
-        return self.coordinator.call("Leave", pb.LeaveRequest(peer_id=peer_id, reason=reason))
+        return self._signed("Leave", pb.LeaveRequest(peer_id=peer_id, reason=reason))
 
     def close(self) -> None:
         pass
@@ -100,10 +124,10 @@ class FakeNet:
         self.published: dict[str, GlobalState] = {}
         self.transports = 0
 
-    def transport(self) -> FakeTransport:
+    def transport(self, peer_id: str) -> FakeTransport:
         with self.cond:
             self.transports += 1
-            return FakeTransport(f"dht-{self.transports}")
+            return FakeTransport(peer_id)
 
     def average(self, key: tuple, peer_id: str, index: int, contribution: Contribution,
                 planned: Callable[[], Optional[set[str]]]) -> Averaged:
@@ -189,8 +213,8 @@ class FakeParts(PeerParts):
     def client(self, join) -> FakeClient:
         return FakeClient(self.coordinator)
 
-    def transport(self, options, initial_peers, *, stop, tag) -> FakeTransport:
-        return self.net.transport()
+    def transport(self, options, initial_peers, *, stop, tag, identity) -> FakeTransport:
+        return self.net.transport(identity.peer_id)
 
     def group(self, transport, run, *, run_id, peer_id, peer_index, planned, faults) -> FakeGroup:
         return FakeGroup(self.net, transport, peer_id=peer_id, peer_index=peer_index, planned=planned)
@@ -231,3 +255,25 @@ def wait_until(predicate: Callable[[], bool], *, timeout_s: float = 60.0, what: 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+def engine_join(engine: CoordinatorEngine, token: Optional[str] = None, *, key: Optional[PeerKey] = None, **fields):
+    """``engine.join`` for a new key (or ``key``), as the servicer calls it once a join's signatures check out."""
+    key = key or PeerKey.generate()
+    return engine.join(engine.run.token if token is None else token, public_key=key.public_key, **fields)
+
+
+def libp2p_identity() -> Libp2pIdentity:
+    """A fresh libp2p identity in a temporary file (as a peer makes at each start)."""
+    return Libp2pIdentity.create(Path(tempfile.mkdtemp(prefix="swarm-p2p-")) / "p2p-identity.key")
+
+
+def member_client(join: JoinString, *, key: Optional[PeerKey] = None, **fields) -> tuple[CoordinatorClient, pb.JoinResponse]:
+    """A real client joined as a new peer (or as ``key``): each peer has its own client, since its calls
+    are signed with its own key."""
+    client = CoordinatorClient(join, request_timeout_s=5, connect_timeout_s=5)
+    try:
+        return client, client.join(key=key or PeerKey.generate(), libp2p=libp2p_identity(), **fields)
+    except BaseException:
+        client.close()
+        raise

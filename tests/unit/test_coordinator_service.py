@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -19,7 +20,9 @@ from swarm.control import tls
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.client import CoordinatorClient, CoordinatorError, CoordinatorRejected, CoordinatorUnreachable
 from swarm.control.joinstring import JoinString
+from swarm.core.credential import PeerKey, verify_credential
 from swarm.v1 import coordinator_pb2 as pb
+from tests.unit.fake_swarm import libp2p_identity, member_client
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,8 +40,24 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorServ
 
 @pytest.fixture
 def client(server: CoordinatorServer) -> Iterator[CoordinatorClient]:
+    """A client that has not joined (status only)."""
     with CoordinatorClient(server.join_string, request_timeout_s=5, connect_timeout_s=5) as client:
         yield client
+
+
+@pytest.fixture
+def members(server: CoordinatorServer):
+    """``members(name)``: a client joined as a new peer, and its JoinResponse; all closed after the test."""
+    made: list[CoordinatorClient] = []
+
+    def join(name: str = "", **fields):
+        client, joined = member_client(server.join_string, name=name, **fields)
+        made.append(client)
+        return client, joined
+
+    yield join
+    for client in made:
+        client.close()
 
 
 def ready(
@@ -60,39 +79,41 @@ def test_join_string_is_printed_to_the_state_dir(server: CoordinatorServer) -> N
 def test_bad_token_is_rejected_and_the_server_keeps_serving(server: CoordinatorServer) -> None:
     impostor = CoordinatorClient(dataclasses.replace(server.join_string, token="guessed"), request_timeout_s=5)
     with pytest.raises(CoordinatorRejected) as info:
-        impostor.join(name="x")
+        impostor.join(key=PeerKey.generate(), libp2p=libp2p_identity(), name="x")
     assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
     assert "ask the operator for the current join string" in str(info.value)
     impostor.close()
     with CoordinatorClient(server.join_string, request_timeout_s=5) as honest:
-        response = honest.join(name="honest", site="lab", device="cpu")
-    assert response.peer_id.startswith("p-")
+        key = PeerKey.generate()
+        response = honest.join(key=key, libp2p=libp2p_identity(), name="honest", site="lab", device="cpu")
+    assert response.peer_id == key.peer_id
     assert response.run_spec_json == RUN.to_json()
     assert response.dht_initial_peers and response.dht_initial_peers[0].startswith("/ip4/127.0.0.1/tcp/")
     assert "/p2p/" in response.dht_initial_peers[0]
     assert (response.lease_s, response.heartbeat_interval_s) == (15.0, 2.0)
 
 
-def test_unknown_peer_heartbeat_is_not_found(client: CoordinatorClient) -> None:
+def test_unknown_peer_heartbeat_is_unauthenticated(client: CoordinatorClient) -> None:
     with pytest.raises(CoordinatorRejected) as info:
         client.heartbeat("p-00000000", state=pb.PEER_STATE_READY)
-    assert info.value.code == grpc.StatusCode.NOT_FOUND
-    assert "is not a member of this run" in info.value.details
+    assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
+    assert "is not signed by a member of this run" in info.value.details
 
 
-def test_two_ready_peers_open_round_one_and_commit_it(client: CoordinatorClient) -> None:
-    a, b = client.join(name="a"), client.join(name="b")
-    ready(client, a.peer_id)
-    info = ready(client, b.peer_id).round
+def test_two_ready_peers_open_round_one_and_commit_it(client: CoordinatorClient, members) -> None:
+    (ca, a), (cb, b) = members("a"), members("b")
+    ready(ca, a.peer_id)
+    info = ready(cb, b.peer_id).round
     assert info.open_round == 1 and {a.peer_id, b.peer_id} <= set(info.participants)
-    client.report_round(a.peer_id, 1, ok=True, state_hash="h1", inner_steps=5, loss=3.5, samples=40)
-    client.report_round(pb.ReportRoundRequest(  # a prebuilt request works too
+    ca.report_round(a.peer_id, 1, ok=True, state_hash="h1", inner_steps=5, loss=3.5, samples=40)
+    cb.report_round(pb.ReportRoundRequest(  # a prebuilt request works too
         peer_id=b.peer_id, round=1, ok=True, state_hash="h1", inner_steps=5, loss=3.5, samples=40))
-    committed = client.get_round(a.peer_id, 1)
+    committed = ca.get_round(a.peer_id, 1)
     assert (committed.outcome, committed.committed_hash) == (pb.ROUND_OUTCOME_COMMITTED, "h1")
-    assert set(committed.holders) >= {"dht-" + a.peer_id, "dht-" + b.peer_id}
-    assert client.get_round(a.peer_id).round == 2  # 0 asks for the current round
-    assert client.get_round(a.peer_id, round_no=1) == committed
+    # the holders are the libp2p ids proven at join, whatever a heartbeat said
+    assert set(committed.holders) >= {_dht_id(a), _dht_id(b)}
+    assert ca.get_round(a.peer_id).round == 2  # 0 asks for the current round
+    assert ca.get_round(a.peer_id, round_no=1) == committed
 
     status = json_format.MessageToDict(client.get_status(), preserving_proto_field_name=True)
     run = status["run"]
@@ -103,26 +124,26 @@ def test_two_ready_peers_open_round_one_and_commit_it(client: CoordinatorClient)
     assert peers[a.peer_id]["state"] == "ready" and peers[a.peer_id]["rounds_joined"] == "1"
     assert peers[a.peer_id]["compute_utilization"] == 0.75
     metrics = peers[a.peer_id]["metrics"]  # the heartbeat's metrics, whole
-    assert (metrics["dht_peer_id"], metrics["state_hash"]) == ("dht-" + a.peer_id, "h0")
+    assert (metrics["dht_peer_id"], metrics["state_hash"]) == (_dht_id(a), "h0")
     assert metrics["bytes_received"] == "90"  # (int64 as MessageToDict writes it)
     totals = status["totals"]
     assert int(totals["ddp_equivalent_bytes"]) >= 2 * 5 * 1 * 4 * 1000
     assert totals["compute_utilization"] == 0.75 and int(totals["bytes_sent"]) >= 200
 
 
-def test_leave_then_heartbeat_is_told_to_rejoin(client: CoordinatorClient) -> None:
-    peer = client.join(name="brief")
+def test_leave_then_heartbeat_is_told_to_rejoin(members) -> None:
+    client, peer = members("brief")
     client.leave(peer.peer_id, "done")
     with pytest.raises(CoordinatorRejected) as info:
         ready(client, peer.peer_id)
     assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION and "left the run" in info.value.details
 
 
-def test_a_channel_another_thread_closed_is_unreachable_for_now_then_reconnects(client: CoordinatorClient) -> None:
+def test_a_channel_another_thread_closed_is_unreachable_for_now_then_reconnects(members) -> None:
     """The heartbeat and the round loop share one client; when one of them finds the coordinator down it
     closes the channel the other may be about to use. That call is a retryable 'unreachable' (a raw
     ValueError killed a peer's heartbeat thread in the chaos soak), and the next call reconnects."""
-    peer = client.join(name="shared")
+    client, peer = members("shared")
     client._channel.close()  # as another thread does between this thread's _connect and its call
     with pytest.raises(CoordinatorUnreachable, match="connection was closed"):
         client.get_round(peer.peer_id)
@@ -154,24 +175,26 @@ def test_restart_keeps_the_join_string_and_the_open_round(tmp_path: Path) -> Non
     first = CoordinatorServer(run=RUN, state_dir=tmp_path)
     join = first.start()
     try:
-        with CoordinatorClient(join, request_timeout_s=5) as client:
-            a, b = client.join(), client.join()
-            for p in (a, b):
-                ready(client, p.peer_id)
-            for p in (a, b):
-                client.report_round(p.peer_id, 1, ok=True, state_hash="h1")
-            assert client.get_status().run.open_round == 2
+        (ca, a), (cb, b) = member_client(join), member_client(join)
+        for c, p in ((ca, a), (cb, b)):
+            ready(c, p.peer_id)
+        for c, p in ((ca, a), (cb, b)):
+            c.report_round(p.peer_id, 1, ok=True, state_hash="h1")
+        assert ca.get_status().run.open_round == 2
+        cb.close()
     finally:
         first.stop()
 
     second = CoordinatorServer(run=RUN, state_dir=tmp_path)
     assert second.start() == join
     try:
-        with CoordinatorClient(join, request_timeout_s=5) as client:
-            assert client.get_status().run.open_round == 2
-            info = ready(client, a.peer_id, state_round=1, state_hash="h1").round  # still a member
-            assert (info.round, info.last_committed_round) == (2, 1)
+        assert ca.get_status().run.open_round == 2
+        # still a member, its key and session still good: the coordinator keeps them, and its signing key
+        info = ready(ca, a.peer_id, state_round=1, state_hash="h1").round
+        assert (info.round, info.last_committed_round) == (2, 1)
+        assert ca.signer is not None and second.engine.public_key == a.coordinator_public_key
     finally:
+        ca.close()
         second.stop()
 
 
@@ -187,8 +210,8 @@ def test_serve_prints_the_join_string_and_returns_when_the_run_finished(
     thread.start()
     line = lines.readline()
     assert line.startswith("join: swarm://"), line
-    with CoordinatorClient(JoinString.parse(line.removeprefix("join: ")), request_timeout_s=5) as client:
-        peer = client.join()
+    client, peer = member_client(JoinString.parse(line.removeprefix("join: ")))
+    with client:
         ready(client, peer.peer_id)
         info = client.report_round(peer.peer_id, 1, ok=True, state_hash="h1").round
         assert info.finished and info.outcome == pb.ROUND_OUTCOME_COMMITTED
@@ -198,6 +221,11 @@ def test_serve_prints_the_join_string_and_returns_when_the_run_finished(
     sys.stdout.close()
     assert lines.read() == ""  # exactly one line
     lines.close()
+
+
+def _dht_id(joined: pb.JoinResponse) -> str:
+    return verify_credential(joined.credential, joined.coordinator_public_key, run_id=joined.run_id,
+                             now=time.time()).dht_peer_id
 
 
 def test_serve_stops_cleanly_on_sigterm(tmp_path: Path) -> None:

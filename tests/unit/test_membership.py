@@ -11,6 +11,7 @@ from coordinator.records import EVICTED, JOINING, LEFT, READY, PeerRecord, RunRe
 from coordinator.store import Store
 from swarm.config import RoundConfig, RunConfig
 from swarm.v1 import coordinator_pb2 as pb
+from tests.unit.fake_swarm import engine_join
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -134,8 +135,8 @@ def test_ready_means_alive_holding_the_last_committed_state() -> None:
 def test_join_then_heartbeat_then_eviction_after_the_lease() -> None:
     clock = FakeClock()
     engine = make_engine(clock)
-    peer, info = engine.join(engine.run.token, name="a", site="lab")
-    assert peer.peer_id.startswith("p-") and len(peer.peer_id) == 10
+    peer, info = engine_join(engine, name="a", site="lab")
+    assert peer.peer_id.startswith("p-") and len(peer.peer_id) == 18  # derived from its key
     assert info.round == 0 and info.open_round == 0
     clock.now += LEASE_S - 1
     engine.heartbeat(ready_beat(peer.peer_id))  # renews the lease
@@ -152,7 +153,7 @@ def test_join_then_heartbeat_then_eviction_after_the_lease() -> None:
 def test_late_heartbeat_is_evicted_before_it_is_applied() -> None:
     clock = FakeClock()
     engine = make_engine(clock)
-    peer, _ = engine.join(engine.run.token)
+    peer, _ = engine_join(engine)
     clock.now += LEASE_S + 1  # no tick in between: the RPC itself notices the expired lease
     with pytest.raises(PeerGone, match="was evicted"):
         engine.heartbeat(ready_beat(peer.peer_id))
@@ -161,7 +162,7 @@ def test_late_heartbeat_is_evicted_before_it_is_applied() -> None:
 def test_bad_token_and_unknown_peer_are_refused() -> None:
     engine = make_engine(FakeClock())
     with pytest.raises(BadToken):
-        engine.join("wrong")
+        engine_join(engine, "wrong")
     with pytest.raises(BadToken):
         engine.status("wrong")
     with pytest.raises(UnknownPeer, match=r"peer p-nobody is not a member of this run; restart `swarm peer --join"):
@@ -171,19 +172,19 @@ def test_bad_token_and_unknown_peer_are_refused() -> None:
 
 def test_left_peer_is_told_to_rejoin_and_its_index_is_not_reused() -> None:
     engine = make_engine(FakeClock())
-    first, _ = engine.join(engine.run.token)
+    first, _ = engine_join(engine)
     engine.leave(first.peer_id, "shutting down")
     engine.leave(first.peer_id)  # twice is fine
     with pytest.raises(PeerGone, match=r"left the run \(shutting down\); restart the peer to join again"):
         engine.heartbeat(ready_beat(first.peer_id))
-    second, _ = engine.join(engine.run.token)
+    second, _ = engine_join(engine)
     assert second.peer_index == 1
 
 
 def test_fingerprint_mismatch_eviction_is_saved_although_the_call_fails() -> None:
     engine = make_engine(FakeClock())
-    good, _ = engine.join(engine.run.token)
-    bad, _ = engine.join(engine.run.token)
+    good, _ = engine_join(engine)
+    bad, _ = engine_join(engine)
     engine.heartbeat(ready_beat(good.peer_id))
     with pytest.raises(StateMismatch, match="does not match the run's"):
         engine.heartbeat(ready_beat(bad.peer_id, model_fingerprint="another-model"))
@@ -198,7 +199,7 @@ def test_restart_gives_alive_peers_a_fresh_lease(tmp_path) -> None:
     config = RunConfig()
     store = Store(tmp_path / "c.sqlite3")
     engine = CoordinatorEngine(store, config=config, lease_s=LEASE_S, clock=clock)
-    peer, _ = engine.join(engine.run.token)
+    peer, _ = engine_join(engine)
     store.close()
     clock.now += 10 * LEASE_S  # the coordinator was down much longer than a lease
     engine = CoordinatorEngine(Store(tmp_path / "c.sqlite3"), config=config, lease_s=LEASE_S, clock=clock)

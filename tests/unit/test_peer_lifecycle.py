@@ -7,7 +7,7 @@ import pytest
 
 from peer.daemon import PeerState
 from swarm.config import DataConfig, ModelConfig, RoundConfig, RunConfig
-from tests.unit.fake_swarm import FakeCoordinator, FakeNet, FakeParts, PeerThread, wait_until
+from tests.unit.fake_swarm import FakeCoordinator, FakeNet, FakeParts, PeerThread, engine_join, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
 
@@ -43,7 +43,7 @@ def committed(coordinator) -> int:
 
 def committed_hash(coordinator, round_no: int) -> str:
     """The hash the coordinator committed for round_no, asked as a member (the peers may have left)."""
-    observer, _ = coordinator.engine.join(coordinator.engine.run.token, name="observer")
+    observer, _ = engine_join(coordinator.engine, name="observer")
     return coordinator.engine.round_info(observer.peer_id, round_no).committed_hash
 
 

@@ -12,6 +12,7 @@ from peer.stats import PeerStats
 from swarm.app.status import status_tables, status_to_dict
 from swarm.config import RunConfig
 from swarm.v1 import coordinator_pb2 as pb
+from tests.unit.fake_swarm import engine_join
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -40,7 +41,7 @@ def test_a_name_that_is_not_a_metric_is_refused() -> None:
 
 def test_what_a_peer_measures_is_what_status_shows() -> None:
     engine = CoordinatorEngine(Store(":memory:"), config=RunConfig())
-    peer, _ = engine.join(engine.run.token, name="a")
+    peer, _ = engine_join(engine, name="a")
     stats = PeerStats()
     stats.update(state=pb.PEER_STATE_READY, state_hash="h0", state_round=0, model_fingerprint="fp", param_count=9,
                  dht_peer_id="Qm", loss=2.5, tokens_per_s=1234.0, eval_loss=3.0, eval_round=0)

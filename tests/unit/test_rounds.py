@@ -8,7 +8,10 @@ from coordinator.errors import PeerGone
 from coordinator.records import COMMITTED, OPEN, READY, VOIDED, ReportRecord, RoundRecord
 from coordinator.store import Store
 from swarm.config import RoundConfig, RunConfig
+from swarm.control.signing import CallProof, CallSigner
+from swarm.core.credential import PeerKey
 from swarm.v1 import coordinator_pb2 as pb
+from tests.unit.fake_swarm import engine_join
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -126,7 +129,7 @@ def make_engine(clock: FakeClock, **round_fields: object) -> CoordinatorEngine:
 
 
 def join_ready(engine: CoordinatorEngine, state_round: int = 0, state_hash: str = "h0") -> str:
-    peer, _ = engine.join(engine.run.token)
+    peer, _ = engine_join(engine)
     beat(engine, peer.peer_id, state_round, state_hash)
     return peer.peer_id
 
@@ -271,22 +274,25 @@ def test_finished_run_stops_waiting_for_goodbyes_after_the_linger(clock: FakeClo
     assert engine.done(linger_s=20)
 
 
-def test_a_restarted_peer_gets_its_index_back_and_its_old_id_is_retired(clock: FakeClock) -> None:
+def test_a_restarted_peer_keeps_its_id_and_index_and_its_old_process_is_refused(clock: FakeClock) -> None:
     engine = make_engine(clock)
-    a, b = join_ready(engine), join_ready(engine)
-    restarted, _ = engine.join(engine.run.token, previous_peer_id=b)
-    stranger, _ = engine.join(engine.run.token, previous_peer_id="p-unknown")
-    peers = {p.id: p for p in engine.status(engine.run.token).peers}
-    assert restarted.peer_index == 1 and stranger.peer_index == 2  # b's index; the next unused one
-    assert peers[b].state == "left" and peers[a].state != "left"
+    key = PeerKey.generate()
+    join_ready(engine)
+    before, _ = engine_join(engine, key=key)
+    restarted, _ = engine_join(engine, key=key)  # the same state dir, hence the same key
+    stranger, _ = engine_join(engine)
+    assert restarted.peer_id == before.peer_id and restarted.peer_index == 1 and stranger.peer_index == 2
+    assert restarted.session == before.session + 1
+    old_call = pb.GetRoundRequest(peer_id=key.peer_id)
+    metadata = CallSigner(key, before.session).metadata("GetRound", old_call, now=clock.now)
     with pytest.raises(PeerGone, match="another process joined with its state dir .* own --state-dir"):
-        beat(engine, b)  # the old process, should it still run, is told it was replaced
+        engine.authenticate(CallProof.from_metadata("GetRound", metadata, old_call), key.peer_id)
 
 
 def test_round_info_counts_the_live_peers_ready_or_not_and_those_behind(clock: FakeClock) -> None:
     engine = make_engine(clock)
     a, b = join_ready(engine), join_ready(engine)
-    engine.join(engine.run.token)  # a third peer joined, still downloading: live, not ready
+    engine_join(engine)  # a third peer joined, still downloading: live, not ready
     info = engine.round_info(a, 0)
     assert (info.live_peers, info.behind_peers) == (3, 1)  # holders of the final state wait for such a peer
     engine.leave(b, "done")

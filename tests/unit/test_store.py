@@ -8,7 +8,9 @@ from coordinator.engine import CoordinatorEngine
 from coordinator.records import COMMITTED, OPEN, READY, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
 from coordinator.store import SCHEMA_VERSION, STORE_FILE, Store
 from swarm.config import ConfigError, RoundConfig, RunConfig
+from swarm.core.credential import PeerKey
 from swarm.v1 import coordinator_pb2 as pb
+from tests.unit.fake_swarm import engine_join
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -68,8 +70,8 @@ def test_restarted_coordinator_continues_where_it_stopped(tmp_path: Path) -> Non
         return CoordinatorEngine(Store.in_dir(tmp_path), config=config, clock=lambda: now[0])
 
     first = engine()
-    a, _ = first.join(first.run.token)
-    b, _ = first.join(first.run.token)
+    a, _ = engine_join(first)
+    b, _ = engine_join(first)
     for p in (a, b):
         _beat(first, p.peer_id, 0, "h0")
     for p in (a, b):
@@ -86,7 +88,7 @@ def test_restarted_coordinator_continues_where_it_stopped(tmp_path: Path) -> Non
     assert [(p.id, p.rounds_joined) for p in after.peers] == [(a.peer_id, 1), (b.peer_id, 1)]
     assert after.totals == before.totals
     assert second.run.token == first.run.token
-    c, _ = second.join(second.run.token)
+    c, _ = engine_join(second)
     assert c.peer_index == 2  # indices are not reused after a restart
     for p in (a, b):
         second.report(pb.ReportRoundRequest(peer_id=p.peer_id, round=2, ok=True, state_hash="h2"))
@@ -105,19 +107,20 @@ def test_a_different_config_for_an_existing_run_is_refused(tmp_path: Path) -> No
     assert defaulted.config.rounds.inner_steps == 50  # a default config does not override the kept run
 
 
-def test_a_restarted_peer_keeps_its_old_record_beside_the_new_one_across_a_coordinator_restart(tmp_path: Path) -> None:
+def test_a_restarted_peer_keeps_its_record_and_index_across_a_coordinator_restart(tmp_path: Path) -> None:
     config = RunConfig()
     engine = CoordinatorEngine(Store.in_dir(tmp_path), config=config, lease_s=10)
-    old, _ = engine.join(engine.run.token, name="laptop")
-    engine.heartbeat(pb.HeartbeatRequest(peer_id=old.peer_id, metrics=pb.PeerMetrics(
-        state=READY, bytes_sent=1000, model_fingerprint="fp")))
-    new, _ = engine.join(engine.run.token, name="laptop", previous_peer_id=old.peer_id)
+    key = PeerKey.generate()
+    old, _ = engine_join(engine, key=key, name="laptop")
+    engine.heartbeat(pb.HeartbeatRequest(peer_id=old.peer_id, metrics=pb.PeerMetrics(state=READY, bytes_sent=1000)))
+    engine_join(engine, name="desktop")
 
     reopened = CoordinatorEngine(Store.in_dir(tmp_path), config=config, lease_s=10)
+    new, _ = engine_join(reopened, key=key, name="laptop")  # the peer restarts too: same key, same id
+    assert (new.peer_id, new.peer_index, new.session) == (old.peer_id, old.peer_index, old.session + 1)
+    assert new.public_key == key.public_key.hex()
     peers = {p.id: p for p in reopened.status(reopened.run.token).peers}
-    assert set(peers) == {old.peer_id, new.peer_id}  # the old record (and its bytes) is not overwritten
-    assert peers[old.peer_id].state == "left" and peers[old.peer_id].metrics.bytes_sent == 1000
-    assert old.peer_index == new.peer_index
+    assert len(peers) == 2 and peers[old.peer_id].state == "joining"
 
 
 def test_a_store_of_another_schema_version_is_refused_in_one_sentence(tmp_path: Path) -> None:
