@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Optional
 from coordinator import auth, membership, rounds
 from coordinator.errors import BadRequest, NotAuthenticated, Rejection, UnknownPeer
 from coordinator.records import COMMITTED, EXCHANGING, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
+from coordinator.run_identity import expected_identity
 from coordinator.store import Store
 from coordinator.views import RunPosition, round_info, status_response
 from swarm.config import ConfigError, RunConfig
@@ -381,8 +382,10 @@ def _open_run(store: Store, given: Optional[RunConfig], *, check_config: bool, n
     if run is None:
         if given is None:
             raise ConfigError("this state directory holds no run yet; give --config to start one.")
+        identity = expected_identity(given.to_json())
         run = RunRecord(run_id="run-" + secrets.token_hex(6), token=secrets.token_urlsafe(24),
-                        run_spec_json=given.to_json(), created_at=now)
+                        run_spec_json=given.to_json(), created_at=now, model_fingerprint=identity.model_fingerprint,
+                        initial_hash=identity.initial_hash, param_count=identity.param_count)
         store.put_run(run)
         logger.info("run %s: started a new run", run.run_id)
         return given

@@ -102,35 +102,28 @@ class HeartbeatResult:
 def apply_heartbeat(
     run: RunRecord, peer: PeerRecord, hb: pb.HeartbeatRequest, *, now: float, lease_s: float
 ) -> HeartbeatResult:
-    """Record a live peer's heartbeat; evict it when its model or initial state differs from the run's."""
+    """Record a live peer's heartbeat; evict it when its model or initial state differs from the run's (which
+    the coordinator derived from the config: see coordinator.run_identity)."""
     peer = touch(peer, now, lease_s)
     reported = hb.metrics
-    if reported.model_fingerprint:
-        if not run.model_fingerprint:
-            run = dataclasses.replace(run, model_fingerprint=reported.model_fingerprint)
-        elif reported.model_fingerprint != run.model_fingerprint:
-            return _mismatch(
-                run, peer,
-                reason=f"its model fingerprint {_short(reported.model_fingerprint)} differs from the run's",
-                sentence=(
-                    f"this peer's model (fingerprint {_short(reported.model_fingerprint)}) does not match the run's "
-                    f"({_short(run.model_fingerprint)}); run the same swarm version and config as the coordinator."
-                ),
-            )
-        if not run.param_count and reported.param_count:
-            run = dataclasses.replace(run, param_count=reported.param_count)
-    if reported.state_round == 0 and reported.state_hash:
-        if not run.initial_hash:
-            run = dataclasses.replace(run, initial_hash=reported.state_hash)
-        elif reported.state_hash != run.initial_hash:
-            return _mismatch(
-                run, peer,
-                reason=f"its initial state {_short(reported.state_hash)} differs from the run's",
-                sentence=(
-                    f"this peer's initial model state (hash {_short(reported.state_hash)}) differs from the run's "
-                    f"({_short(run.initial_hash)}); run the same swarm version and config as the coordinator."
-                ),
-            )
+    if reported.model_fingerprint and reported.model_fingerprint != run.model_fingerprint:
+        return _mismatch(
+            run, peer,
+            reason=f"its model fingerprint {_short(reported.model_fingerprint)} differs from the run's",
+            sentence=(
+                f"this peer's model (fingerprint {_short(reported.model_fingerprint)}) does not match the run's "
+                f"({_short(run.model_fingerprint)}); run the same swarm version and config as the coordinator."
+            ),
+        )
+    if reported.state_round == 0 and reported.state_hash and reported.state_hash != run.initial_hash:
+        return _mismatch(
+            run, peer,
+            reason=f"its initial state {_short(reported.state_hash)} differs from the run's",
+            sentence=(
+                f"this peer's initial model state (hash {_short(reported.state_hash)}) differs from the run's "
+                f"({_short(run.initial_hash)}); run the same swarm version and config as the coordinator."
+            ),
+        )
     state = reported.state if reported.state in _REPORTABLE_STATES else peer.state
     metrics = _merge_metrics(peer.metrics, reported)
     if peer.dht_peer_id:  # proven at join: the holder id others download from is never the heartbeat's word

@@ -39,9 +39,9 @@ class RunRecord:
     token: str
     run_spec_json: str
     created_at: float
-    model_fingerprint: str = ""  # set by the first peer that reports one
+    model_fingerprint: str = ""  # derived from the config when the run starts (coordinator.run_identity)
     param_count: int = 0
-    initial_hash: str = ""  # hash of round 0's state, set by the first peer that reports one
+    initial_hash: str = ""  # hash of round 0's state, derived likewise
     next_peer_index: int = 0
     ddp_equivalent_bytes: int = 0
     finished_at: float | None = None

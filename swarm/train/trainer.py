@@ -28,6 +28,7 @@ from swarm.core.state import GlobalState
 from swarm.core.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
 from swarm.config import RunConfig
 from swarm.train.data import BatchSampler, ByteCorpus, eval_loss, shard_index_for_peer
+from swarm.train.initial_state import initial_state
 from swarm.train.model import build_model, model_fingerprint
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class LocalTrainer:
         shapes = [p.shape for p in self._params]
         self.outer = OuterOptimizer(run.outer, shapes)
         # The committed global state; round 0 is θ0 with a zero outer state.
-        self.state = GlobalState(0, [average.as_cpu_f32(p).clone() for p in self._params], self.outer.state_tensors())
+        self.state = initial_state(self.model, self.outer)
         self._step_time_ema_s: float | None = None
 
         rounds = run.rounds

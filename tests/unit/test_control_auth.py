@@ -10,11 +10,13 @@ import grpc
 import pytest
 
 from coordinator.engine import CoordinatorEngine
+from coordinator.errors import StateMismatch
 from coordinator.store import Store
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.client import CoordinatorRejected
 from swarm.control.signing import CallSigner, signed_join
 from swarm.core.credential import PeerKey, verify_credential
+from swarm.train.trainer import LocalTrainer
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import FakeClient, FakeCoordinator, engine_join, libp2p_identity
 
@@ -139,3 +141,21 @@ def test_a_credential_is_renewed_once_past_half_its_life() -> None:
     renewed = engine.issue_credential(peer.peer_id, renew_only=True)
     credential = verify_credential(renewed, engine.public_key, run_id=engine.run.run_id, now=now[0])
     assert credential.expires_at == now[0] + 3600 and renewed != first
+
+
+def test_the_coordinator_derives_the_run_model_and_the_first_heartbeat_decides_nothing() -> None:
+    engine = CoordinatorEngine(Store(":memory:"), config=RUN, lease_s=60)
+    trainer = LocalTrainer(RUN, peer_index=0)  # what an honest peer builds from the same config
+    assert (engine.run.model_fingerprint, engine.run.initial_hash, engine.run.param_count) == (
+        trainer.fingerprint, trainer.state.state_hash, trainer.param_count)
+    liar, _ = engine_join(engine)
+    honest, _ = engine_join(engine)
+    with pytest.raises(StateMismatch, match=r"initial model state \(hash ffff.*\) differs from the run's"):
+        engine.heartbeat(pb.HeartbeatRequest(peer_id=liar.peer_id, metrics=pb.PeerMetrics(
+            state=pb.PEER_STATE_READY, state_round=0, state_hash="ffffffffffffffff",
+            model_fingerprint=trainer.fingerprint)))
+    engine.heartbeat(pb.HeartbeatRequest(peer_id=honest.peer_id, metrics=pb.PeerMetrics(
+        state=pb.PEER_STATE_READY, state_round=0, state_hash=trainer.state.state_hash,
+        model_fingerprint=trainer.fingerprint)))
+    states = {p.id: p.state for p in engine.status(engine.run.token).peers}
+    assert states == {liar.peer_id: "evicted", honest.peer_id: "ready"}

@@ -21,6 +21,7 @@ from swarm.config import RoundConfig, RunConfig
 from swarm.control.client import CoordinatorClient, CoordinatorError, CoordinatorRejected, CoordinatorUnreachable
 from swarm.control.joinstring import JoinString
 from swarm.core.credential import PeerKey, verify_credential
+from swarm.train.initial_state import run_identity
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import libp2p_identity, member_client
 
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.timeout(60)
 
 RUN = RunConfig(rounds=RoundConfig(min_peers=2, max_rounds=3, inner_steps=5))
 ROOT = Path(__file__).resolve().parents[2]
+MODEL = run_identity(RUN)  # the same for every RoundConfig: the rounds do not change the model
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +65,11 @@ def members(server: CoordinatorServer):
 def ready(
     client: CoordinatorClient, peer_id: str, state_round: int = 0, state_hash: str = "h0"
 ) -> pb.HeartbeatResponse:
+    """A ready peer's heartbeat; "h0" stands for θ0's hash, which the coordinator derives from the config."""
     return client.heartbeat(
-        peer_id, state=pb.PEER_STATE_READY, state_round=state_round, state_hash=state_hash,
-        model_fingerprint="fp", param_count=1000, dht_peer_id="dht-" + peer_id,
+        peer_id, state=pb.PEER_STATE_READY, state_round=state_round,
+        state_hash=MODEL.initial_hash if state_hash == "h0" else state_hash,
+        model_fingerprint=MODEL.model_fingerprint, param_count=1000, dht_peer_id="dht-" + peer_id,
         tokens=640, inner_steps=5, inner_time_s=3.0, wall_time_s=4.0, bytes_sent=100, bytes_received=90,
     )
 
@@ -119,15 +123,15 @@ def test_two_ready_peers_open_round_one_and_commit_it(client: CoordinatorClient,
     run = status["run"]
     assert run["open_round"] == "2" and run["rounds_committed"] == "1" and run["committed_hash"] == "h1"
     assert (run["max_rounds"], run["inner_steps"], run["codec"], run["model_preset"]) == ("3", "5", "fp32", "tiny")
-    assert run["param_count"] == "1000" and run["loss"] == 3.5 and run["eval_loss"] == "NaN"
+    assert run["param_count"] == str(MODEL.param_count) and run["loss"] == 3.5 and run["eval_loss"] == "NaN"
     peers = {p["id"]: p for p in status["peers"]}
     assert peers[a.peer_id]["state"] == "ready" and peers[a.peer_id]["rounds_joined"] == "1"
     assert peers[a.peer_id]["compute_utilization"] == 0.75
     metrics = peers[a.peer_id]["metrics"]  # the heartbeat's metrics, whole
-    assert (metrics["dht_peer_id"], metrics["state_hash"]) == (_dht_id(a), "h0")
+    assert (metrics["dht_peer_id"], metrics["state_hash"]) == (_dht_id(a), MODEL.initial_hash)
     assert metrics["bytes_received"] == "90"  # (int64 as MessageToDict writes it)
     totals = status["totals"]
-    assert int(totals["ddp_equivalent_bytes"]) >= 2 * 5 * 1 * 4 * 1000
+    assert int(totals["ddp_equivalent_bytes"]) >= 2 * 5 * 1 * 4 * MODEL.param_count
     assert totals["compute_utilization"] == 0.75 and int(totals["bytes_sent"]) >= 200
 
 

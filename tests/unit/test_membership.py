@@ -32,11 +32,16 @@ def make_engine(clock: FakeClock, **rounds: object) -> CoordinatorEngine:
 
 
 def run_record(**fields: object) -> RunRecord:
-    return RunRecord(run_id="run-x", token="secret", run_spec_json="{}", created_at=0.0, **fields)
+    values = dict(model_fingerprint="fp", initial_hash="h0", param_count=100)  # what the config would give
+    values.update(fields)
+    return RunRecord(run_id="run-x", token="secret", run_spec_json="{}", created_at=0.0, **values)
 
 
-def ready_beat(peer_id: str, **fields: object) -> pb.HeartbeatRequest:
+def ready_beat(peer_id: str, engine: CoordinatorEngine | None = None, **fields: object) -> pb.HeartbeatRequest:
+    """A ready peer's heartbeat holding θ0: the model and hash of ``engine``'s run (else "fp" and "h0")."""
     values = dict(state=READY, state_round=0, state_hash="h0", model_fingerprint="fp", param_count=100)
+    if engine is not None:
+        values.update(state_hash=engine.run.initial_hash, model_fingerprint=engine.run.model_fingerprint)
     values.update(fields)
     return pb.HeartbeatRequest(peer_id=peer_id, metrics=pb.PeerMetrics(**values))
 
@@ -67,15 +72,14 @@ def test_lease_expiry_evicts_only_after_the_lease() -> None:
     assert membership.expired([evicted], now=100.0) == []  # evicted once
 
 
-def test_heartbeat_records_stats_and_sets_the_run_model() -> None:
+def test_heartbeat_records_stats_and_leaves_the_run_model_alone() -> None:
     run = run_record()
     peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=0.0, last_seen=0.0, lease_expiry=LEASE_S)
     hb = ready_beat("p-1", loss=2.5, tokens=1000, inner_time_s=3.0, wall_time_s=4.0, dht_peer_id="Qm1",
                     eval_loss=3.0, eval_round=0)
     result = membership.apply_heartbeat(run, peer, hb, now=5.0, lease_s=LEASE_S)
     assert result.rejection is None
-    assert result.run.model_fingerprint == "fp" and result.run.param_count == 100
-    assert result.run.initial_hash == "h0"
+    assert (result.run.model_fingerprint, result.run.initial_hash) == ("fp", "h0")
     assert result.run.initial_eval_loss == 3.0 and result.run.eval_round == 0
     assert result.peer.state == READY and result.peer.lease_expiry == 15.0
     assert result.peer.metrics == hb.metrics  # kept whole
@@ -139,7 +143,7 @@ def test_join_then_heartbeat_then_eviction_after_the_lease() -> None:
     assert peer.peer_id.startswith("p-") and len(peer.peer_id) == 18  # derived from its key
     assert info.round == 0 and info.open_round == 0
     clock.now += LEASE_S - 1
-    engine.heartbeat(ready_beat(peer.peer_id))  # renews the lease
+    engine.heartbeat(ready_beat(peer.peer_id, engine))  # renews the lease
     clock.now += LEASE_S - 1
     engine.tick()
     assert engine.status(engine.run.token).peers[0].state == "ready"
@@ -147,7 +151,7 @@ def test_join_then_heartbeat_then_eviction_after_the_lease() -> None:
     engine.tick()
     assert engine.status(engine.run.token).peers[0].state == "evicted"
     with pytest.raises(PeerGone, match=r"was evicted \(no heartbeat for 11s\); restart the peer to join again"):
-        engine.heartbeat(ready_beat(peer.peer_id))
+        engine.heartbeat(ready_beat(peer.peer_id, engine))
 
 
 def test_late_heartbeat_is_evicted_before_it_is_applied() -> None:
@@ -156,7 +160,7 @@ def test_late_heartbeat_is_evicted_before_it_is_applied() -> None:
     peer, _ = engine_join(engine)
     clock.now += LEASE_S + 1  # no tick in between: the RPC itself notices the expired lease
     with pytest.raises(PeerGone, match="was evicted"):
-        engine.heartbeat(ready_beat(peer.peer_id))
+        engine.heartbeat(ready_beat(peer.peer_id, engine))
 
 
 def test_bad_token_and_unknown_peer_are_refused() -> None:
@@ -166,7 +170,7 @@ def test_bad_token_and_unknown_peer_are_refused() -> None:
     with pytest.raises(BadToken):
         engine.status("wrong")
     with pytest.raises(UnknownPeer, match=r"peer p-nobody is not a member of this run; restart `swarm peer --join"):
-        engine.heartbeat(ready_beat("p-nobody"))
+        engine.heartbeat(ready_beat("p-nobody", engine))
     assert UnknownPeer.code == "NOT_FOUND"
 
 
@@ -176,7 +180,7 @@ def test_left_peer_is_told_to_rejoin_and_its_index_is_not_reused() -> None:
     engine.leave(first.peer_id, "shutting down")
     engine.leave(first.peer_id)  # twice is fine
     with pytest.raises(PeerGone, match=r"left the run \(shutting down\); restart the peer to join again"):
-        engine.heartbeat(ready_beat(first.peer_id))
+        engine.heartbeat(ready_beat(first.peer_id, engine))
     second, _ = engine_join(engine)
     assert second.peer_index == 1
 
@@ -185,13 +189,13 @@ def test_fingerprint_mismatch_eviction_is_saved_although_the_call_fails() -> Non
     engine = make_engine(FakeClock())
     good, _ = engine_join(engine)
     bad, _ = engine_join(engine)
-    engine.heartbeat(ready_beat(good.peer_id))
+    engine.heartbeat(ready_beat(good.peer_id, engine))
     with pytest.raises(StateMismatch, match="does not match the run's"):
-        engine.heartbeat(ready_beat(bad.peer_id, model_fingerprint="another-model"))
+        engine.heartbeat(ready_beat(bad.peer_id, engine, model_fingerprint="another-model"))
     states = {p.id: p.state for p in engine.status(engine.run.token).peers}
     assert states == {good.peer_id: "ready", bad.peer_id: "evicted"}
     with pytest.raises(PeerGone, match="model fingerprint"):
-        engine.heartbeat(ready_beat(bad.peer_id))
+        engine.heartbeat(ready_beat(bad.peer_id, engine))
 
 
 def test_restart_gives_alive_peers_a_fresh_lease(tmp_path) -> None:
@@ -203,4 +207,4 @@ def test_restart_gives_alive_peers_a_fresh_lease(tmp_path) -> None:
     store.close()
     clock.now += 10 * LEASE_S  # the coordinator was down much longer than a lease
     engine = CoordinatorEngine(Store(tmp_path / "c.sqlite3"), config=config, lease_s=LEASE_S, clock=clock)
-    engine.heartbeat(ready_beat(peer.peer_id))  # still a member
+    engine.heartbeat(ready_beat(peer.peer_id, engine))  # still a member

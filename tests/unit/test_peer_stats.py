@@ -43,7 +43,8 @@ def test_what_a_peer_measures_is_what_status_shows() -> None:
     engine = CoordinatorEngine(Store(":memory:"), config=RunConfig())
     peer, _ = engine_join(engine, name="a")
     stats = PeerStats()
-    stats.update(state=pb.PEER_STATE_READY, state_hash="h0", state_round=0, model_fingerprint="fp", param_count=9,
+    stats.update(state=pb.PEER_STATE_READY, state_hash=engine.run.initial_hash, state_round=0,
+                 model_fingerprint=engine.run.model_fingerprint, param_count=9,
                  dht_peer_id="Qm", loss=2.5, tokens_per_s=1234.0, eval_loss=3.0, eval_round=0)
     stats.add(bytes_sent=2_000_000, inner_time_s=1.0, tokens=640)
     sent = stats.heartbeat_request(peer.peer_id)
@@ -59,5 +60,5 @@ def test_what_a_peer_measures_is_what_status_shows() -> None:
     for table in status_tables(status):
         console.print(table)
     row = next(line for line in console.export_text().splitlines() if peer.peer_id in line)
-    for shown_text in ("ready", "h0", "1,234", "2.500", "2.0 MB"):
+    for shown_text in ("ready", engine.run.initial_hash[:8], "1,234", "2.500", "2.0 MB"):
         assert shown_text in row, row

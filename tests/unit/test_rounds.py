@@ -135,10 +135,15 @@ def join_ready(engine: CoordinatorEngine, state_round: int = 0, state_hash: str 
 
 
 def beat(engine: CoordinatorEngine, peer_id: str, state_round: int = 0, state_hash: str = "h0") -> pb.RoundInfo:
+    """A ready peer's heartbeat; "h0" stands for the run's θ0 hash (the coordinator derives it from the config)."""
     return engine.heartbeat(pb.HeartbeatRequest(peer_id=peer_id, metrics=pb.PeerMetrics(
-        state=READY, state_round=state_round, state_hash=state_hash,
-        model_fingerprint="fp", param_count=1000, dht_peer_id="dht-" + peer_id,
+        state=READY, state_round=state_round, state_hash=_h0(engine, state_hash),
+        model_fingerprint=engine.run.model_fingerprint, param_count=1000, dht_peer_id="dht-" + peer_id,
     )))
+
+
+def _h0(engine: CoordinatorEngine, state_hash: str) -> str:
+    return engine.run.initial_hash if state_hash == "h0" else state_hash
 
 
 def send(engine: CoordinatorEngine, peer_id: str, number: int, state_hash: str = "h1", ok: bool = True) -> pb.RoundInfo:
@@ -166,7 +171,8 @@ def test_late_admission_closes_once_a_participant_exchanges(clock: FakeClock) ->
     engine = make_engine(clock)
     a = join_ready(engine)
     engine.heartbeat(pb.HeartbeatRequest(peer_id=a, metrics=pb.PeerMetrics(
-        state=pb.PEER_STATE_EXCHANGING, round=1, state_round=0, state_hash="h0", model_fingerprint="fp")))
+        state=pb.PEER_STATE_EXCHANGING, round=1, state_round=0, state_hash=engine.run.initial_hash,
+        model_fingerprint=engine.run.model_fingerprint)))
     b = join_ready(engine)
     assert list(engine.round_info(a, 1).participants) == [a]
     assert b not in engine.round_info(b, 1).participants
@@ -187,7 +193,7 @@ def test_commit_opens_the_next_round_with_the_holders(clock: FakeClock) -> None:
     assert list(engine.round_info(a, 2).participants) == [a, b, c]
     status = engine.status(engine.run.token)
     assert {p.id: (p.rounds_joined, p.rounds_missed) for p in status.peers} == {a: (1, 0), b: (1, 0), c: (0, 1)}
-    assert status.totals.ddp_equivalent_bytes == 2 * 10 * 1 * 4 * 1000
+    assert status.totals.ddp_equivalent_bytes == 2 * 10 * 1 * 4 * engine.run.param_count  # from the config
     assert status.run.loss == 2.0 and status.run.rounds_committed == 1
 
 
@@ -245,7 +251,7 @@ def test_void_keeps_the_previous_state_and_opens_the_next_round(clock: FakeClock
     engine = make_engine(clock)
     a = join_ready(engine)
     info = send(engine, a, 1, state_hash="", ok=False)
-    assert (info.round, info.last_committed_round, info.last_committed_hash) == (2, 0, "h0")
+    assert (info.round, info.last_committed_round, info.last_committed_hash) == (2, 0, engine.run.initial_hash)
     assert engine.round_info(a, 1).outcome == VOIDED
     assert engine.status(engine.run.token).run.rounds_voided == 1
 
