@@ -10,18 +10,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import secrets
 import threading
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
-from coordinator import auth, membership, rounds
+from coordinator import auth, membership, rounds, tokens
 from coordinator.errors import BadRequest, NotAuthenticated, Rejection, UnknownPeer
 from coordinator.records import COMMITTED, EXCHANGING, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
-from coordinator.run_identity import expected_identity
+from coordinator.run_open import open_run
 from coordinator.store import Store
 from coordinator.views import RunPosition, round_info, status_response
-from swarm.config import ConfigError, RunConfig
+from swarm.config import RunConfig
 from swarm.control import signing
 from swarm.core import credential
 from swarm.core.credential import peer_id_for
@@ -57,7 +56,7 @@ class CoordinatorEngine:
         self._signing_key = signing_key or credential.PeerKey.generate()
         self._credential_ttl_s = credential_ttl_s
         self.started_at = clock()
-        self.config: RunConfig = _open_run(store, config, check_config=check_config, now=self.started_at)
+        self.config: RunConfig = open_run(store, config, check_config=check_config, now=self.started_at)
         self._load()
         # Peers kept training while the coordinator was down; give each a fresh lease to check in.
         with store.transaction():
@@ -91,12 +90,13 @@ class CoordinatorEngine:
         """Admit the holder of ``public_key`` (proven by the caller). A key seen before is the same peer
         restarted: it keeps its id and index and starts a new session, which retires the old process."""
         with self._session() as now:
-            membership.check_token(self._run, token)
+            admitted = tokens.admit_joiner(self._store, token, now=now)
+            site = admitted.site or site  # a site-pinned token decides where its peers are
             peer_id = peer_id_for(public_key)
             previous = self._peers.get(peer_id)
             run, peer = membership.new_peer(
                 self._run, peer_id=peer_id, now=now, lease_s=self._lease_s, name=name, site=site, device=device,
-                swarm_version=swarm_version, public_key=public_key, dht_peer_id=dht_peer_id, token_id="default",
+                swarm_version=swarm_version, public_key=public_key, dht_peer_id=dht_peer_id, token_id=admitted.id,
                 previous=previous,
             )
             self._save_run(run)
@@ -117,6 +117,12 @@ class CoordinatorEngine:
             membership.check_session(peer, proof.session)
             if proof.session != peer.session:
                 raise NotAuthenticated()
+            if peer.alive and tokens.revoked(self._store, peer.token_id):
+                with self._session() as now:
+                    self._save_peer(membership.evict(peer, f"its join token {peer.token_id} was revoked"))
+                    logger.warning("peer %s: evicted: its join token %s was revoked", peer_id, peer.token_id)
+                    self._settle(now)
+            membership.check_member(peer_id, self._peers[peer_id])
 
     def issue_credential(self, peer_id: str, *, renew_only: bool = False) -> bytes:
         """A credential for the live member ``peer_id``; with ``renew_only``, b"" unless less than half of
@@ -190,7 +196,7 @@ class CoordinatorEngine:
 
     def status(self, token: str) -> pb.GetStatusResponse:
         with self._session() as now:
-            membership.check_token(self._run, token)
+            tokens.check_watcher(self._store, token, now=now)
             return status_response(
                 run=self._run, config=self.config, peers=list(self._peers.values()), position=self._position(),
                 last_committed=self._last_committed,
@@ -373,38 +379,3 @@ def _report_record(req: pb.ReportRoundRequest, now: float) -> ReportRecord:
         inner_time_s=req.inner_time_s, exchange_time_s=req.exchange_time_s, bytes_sent=req.bytes_sent,
         bytes_received=req.bytes_received, loss=req.loss, error=req.error, param_count=req.param_count,
     )
-
-
-def _open_run(store: Store, given: Optional[RunConfig], *, check_config: bool, now: float) -> RunConfig:
-    """Start a run with ``given`` when ``store`` holds none; else check ``given`` against the kept run's
-    config and return the kept one (the run's config never changes)."""
-    run = store.get_run()
-    if run is None:
-        if given is None:
-            raise ConfigError("this state directory holds no run yet; give --config to start one.")
-        identity = expected_identity(given.to_json())
-        run = RunRecord(run_id="run-" + secrets.token_hex(6), token=secrets.token_urlsafe(24),
-                        run_spec_json=given.to_json(), created_at=now, model_fingerprint=identity.model_fingerprint,
-                        initial_hash=identity.initial_hash, param_count=identity.param_count)
-        store.put_run(run)
-        logger.info("run %s: started a new run", run.run_id)
-        return given
-    kept = RunConfig.from_json(run.run_spec_json)
-    if given is not None and given != kept:
-        where = _first_difference(kept.to_dict(), given.to_dict())
-        if check_config:
-            raise ConfigError(
-                f"{store.path} holds run {run.run_id}, started with a different config ({where} differs); "
-                "restart with the original --config, or use a new --state-dir to start a new run."
-            )
-        logger.warning("run %s: keeps its stored config; the settings given now differ in %s", run.run_id, where)
-    logger.info("run %s: resumed from %s", run.run_id, store.path)
-    return kept
-
-
-def _first_difference(a: Any, b: Any, prefix: str = "") -> str:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            if a.get(key) != b.get(key):
-                return _first_difference(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else key)
-    return prefix or "the config"

@@ -7,11 +7,10 @@ heartbeat, the rejection to send) and never touch the store or the clock.
 from __future__ import annotations
 
 import dataclasses
-import hmac
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from coordinator.errors import BadToken, PeerGone, Rejection, StateMismatch, UnknownPeer
+from coordinator.errors import PeerGone, Rejection, StateMismatch, UnknownPeer
 from coordinator.records import (
     EVICTED,
     GONE_STATES,
@@ -25,11 +24,6 @@ from coordinator.records import (
 from swarm.v1 import coordinator_pb2 as pb
 
 _REPORTABLE_STATES = (JOINING,) + HOLDING_STATES  # what a heartbeat may set; leaving goes through Leave
-
-
-def check_token(run: RunRecord, token: str) -> None:
-    if not hmac.compare_digest(run.token.encode(), token.encode()):
-        raise BadToken()
 
 
 def new_peer(

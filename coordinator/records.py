@@ -11,7 +11,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Optional, TypeVar
 
 from google.protobuf.message import Message
 
@@ -116,6 +116,21 @@ class ReportRecord:
     loss: float = NAN
     error: str = ""
     param_count: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenRecord:
+    """A join token (see coordinator.tokens); ``secret_hash`` is all the store keeps of its secret."""
+
+    id: str
+    secret_hash: str  # SHA-256 hex of the secret
+    role: str = "peer"
+    site: str = ""  # when set, peers admitted with it are at this site, whatever they say
+    created_at: float = 0.0
+    expires_at: Optional[float] = None  # joins are refused after it (members admitted before stay)
+    max_uses: Optional[int] = None
+    uses: int = 0
+    revoked: bool = False  # no join, and the members it admitted are evicted at their next call
 
 
 R = TypeVar("R")

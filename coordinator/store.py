@@ -21,6 +21,7 @@ from coordinator.records import (
     ReportRecord,
     RoundRecord,
     RunRecord,
+    TokenRecord,
     from_json,
     to_json,
 )
@@ -30,7 +31,7 @@ from swarm.v1 import coordinator_pb2 as pb
 STORE_FILE = "coordinator.sqlite3"
 # PRAGMA user_version of the file: bump it when a table's columns or a stored field's meaning change,
 # so that a file written by another version is refused instead of misread.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: peers carry their key and session; join tokens in a table of their own
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS run (id INTEGER PRIMARY KEY CHECK (id = 1), data TEXT NOT NULL);
@@ -40,6 +41,7 @@ CREATE TABLE IF NOT EXISTS rounds (
     round INTEGER PRIMARY KEY, outcome INTEGER NOT NULL, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS reports (
     round INTEGER NOT NULL, peer_id TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (round, peer_id));
+CREATE TABLE IF NOT EXISTS tokens (id TEXT PRIMARY KEY, data TEXT NOT NULL);
 """
 
 
@@ -168,3 +170,14 @@ class Store:
             (report.round, report.peer_id, to_json(report)),
         )
         return inserted == 1
+
+    # join tokens (another process, `swarm token`, may write them while the coordinator runs)
+    def get_token(self, token_id: str) -> Optional[TokenRecord]:
+        text = self._one("SELECT data FROM tokens WHERE id = ?", (token_id,))
+        return None if text is None else from_json(TokenRecord, text)
+
+    def tokens(self) -> list[TokenRecord]:
+        return [from_json(TokenRecord, t) for t in self._all("SELECT data FROM tokens ORDER BY id")]
+
+    def put_token(self, token: TokenRecord) -> None:
+        self._write("INSERT OR REPLACE INTO tokens (id, data) VALUES (?, ?)", (token.id, to_json(token)))

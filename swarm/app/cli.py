@@ -3,6 +3,7 @@
     swarm coordinator [--config run.toml] [--host 0.0.0.0] [--port 0] [--state-dir DIR] [--max-rounds N]
     swarm peer --join 'swarm://...' [--device cpu|cuda] [--state-dir DIR] [--site LABEL]
     swarm status 'swarm://...' [--json] [--watch]
+    swarm token create|list|revoke --state-dir DIR [...]
     swarm demo [--peers 3] [--rounds N] [--json]
 """
 
@@ -123,6 +124,25 @@ def cmd_status(args: argparse.Namespace) -> int:
         client.close()
 
 
+def cmd_token(args: argparse.Namespace) -> int:
+    import time
+
+    from swarm.app import token_admin
+
+    state_dir = Path(args.state_dir)
+    if args.action == "create":
+        print(token_admin.create(state_dir, role=args.role, expires=args.expires, max_uses=args.max_uses,
+                                 site=args.site))
+    elif args.action == "list":
+        now = time.time()
+        for record in token_admin.list_tokens(state_dir):
+            print(token_admin.describe(record, now=now))
+    else:
+        record = token_admin.revoke(state_dir, args.id)
+        print(f"revoked {record.id}: it admits nobody now, and its peers are evicted at their next call")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from swarm.app.demo import DemoOptions, run_demo
 
@@ -130,6 +150,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
         peers=args.peers, rounds=args.rounds, inner_steps=args.inner_steps, preset=args.preset,
         as_json=args.json, workdir=Path(args.state_dir) if args.state_dir else None, timeout_s=args.timeout,
     ))
+
+
+def _add_token_parser(sub) -> None:
+    t = sub.add_parser("token", help="create, list or revoke a run's join tokens (on the coordinator's machine)")
+    actions = t.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="print a join string with a new token")
+    create.add_argument("--role", choices=("peer", "status"), default="peer",
+                        help="peer: may join the run; status: may only watch it (swarm status)")
+    create.add_argument("--expires", help="refuse joins after this long, e.g. 30m, 24h, 7d (default: never)")
+    create.add_argument("--max-uses", type=int, help="admit at most this many joins (default: no limit)")
+    create.add_argument("--site", default="", help="pin the site of every peer that joins with it")
+    actions.add_parser("list", help="the run's tokens, their roles, uses and state")
+    revoke = actions.add_parser("revoke", help="stop a token: no more joins, its peers are evicted")
+    revoke.add_argument("id", help="the token's id (see swarm token list)")
+    for action in (create, actions.choices["list"], revoke):
+        action.add_argument("--state-dir", default="swarm-coordinator", help="the coordinator's --state-dir")
+    t.set_defaults(func=cmd_token)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--faults", help="fault injection for tests, e.g. 'crash@3:sending,delay@2:reported=5' "
                                     "(see peer/faults.py); also read from SWARM_FAULTS")
     p.set_defaults(func=cmd_peer)
-
+    _add_token_parser(sub)
     s = sub.add_parser("status", help="show how a run is doing")
     s.add_argument("join", help="the run's join string")
     s.add_argument("--json", action="store_true", help="print one JSON object")

@@ -54,8 +54,8 @@ class _Context:
 class FakeCoordinator:
     """The real engine and servicer; ``down`` makes every call fail as if the coordinator were gone."""
 
-    def __init__(self, run: RunConfig) -> None:
-        self.engine = CoordinatorEngine(Store(":memory:"), config=run, lease_s=30.0)
+    def __init__(self, run: RunConfig, store: Optional[Store] = None) -> None:
+        self.engine = CoordinatorEngine(store or Store(":memory:"), config=run, lease_s=30.0)
         self.servicer = CoordinatorServicer(self.engine, dht_initial_peers=[], heartbeat_interval_s=0.2)
         self.down = threading.Event()
 

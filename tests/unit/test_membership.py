@@ -57,13 +57,6 @@ def test_new_peers_get_increasing_indices_and_a_lease() -> None:
     assert first.state == JOINING and first.lease_expiry == 15.0
 
 
-def test_token_check() -> None:
-    membership.check_token(run_record(), "secret")
-    with pytest.raises(BadToken, match="not valid for this run; ask the operator for the current join string"):
-        membership.check_token(run_record(), "guess")
-    assert BadToken.code == "UNAUTHENTICATED"
-
-
 def test_lease_expiry_evicts_only_after_the_lease() -> None:
     peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=0.0, last_seen=0.0, lease_expiry=LEASE_S)
     assert membership.expired([peer], now=LEASE_S) == []

@@ -1,0 +1,109 @@
+"""Join tokens: what a join string carries to let a machine join a run (role ``peer``) or watch it (role
+``status``). Kept in the coordinator's store as a hash of the secret, never the secret; the operator
+creates, lists and revokes them with ``swarm token`` while the coordinator runs.
+
+A token travels as ``<id>.<secret>``; the run's first join string carries the bare secret of the token
+``default``. Secrets are compared in constant time, and only a token whose secret matched is told why it
+cannot be used (expired, revoked, used up, the wrong role).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import secrets
+from typing import Optional, Protocol
+
+from coordinator.errors import BadToken, Rejection
+from coordinator.records import TokenRecord
+
+DEFAULT_ID = "default"
+ROLES = ("peer", "status")
+
+
+class TokenRefused(Rejection):
+    """A token whose secret matched but which cannot be used for this."""
+
+    code = "PERMISSION_DENIED"
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def split(token: str) -> tuple[str, str]:
+    """``(id, secret)`` of a token as a join string carries it."""
+    token_id, dot, secret = token.partition(".")
+    return (token_id, secret) if dot else (DEFAULT_ID, token)
+
+
+def new_token(*, now: float, role: str = "peer", site: str = "", expires_in_s: Optional[float] = None,
+              max_uses: Optional[int] = None) -> tuple[TokenRecord, str]:
+    """A new token and its text for a join string (the only time the secret is seen)."""
+    if role not in ROLES:
+        raise ValueError(f"a token's role is one of {', '.join(ROLES)}, not {role!r}.")
+    token_id, secret = "t-" + secrets.token_hex(4), secrets.token_urlsafe(24)
+    record = TokenRecord(id=token_id, secret_hash=hash_secret(secret), role=role, site=site, created_at=now,
+                         expires_at=None if expires_in_s is None else now + expires_in_s, max_uses=max_uses)
+    return record, f"{token_id}.{secret}"
+
+
+def default_token(secret: str, *, now: float) -> TokenRecord:
+    return TokenRecord(id=DEFAULT_ID, secret_hash=hash_secret(secret), created_at=now)
+
+
+def matching(record: Optional[TokenRecord], secret: str) -> TokenRecord:
+    """``record`` if ``secret`` is its secret; BadToken (the same for an unknown id) otherwise."""
+    expected = record.secret_hash if record is not None else hash_secret("")
+    if not hmac.compare_digest(expected, hash_secret(secret)) or record is None:
+        raise BadToken()
+    return record
+
+
+def admit(record: TokenRecord, *, now: float) -> TokenRecord:
+    """The token with one more use, if it may admit a peer now; TokenRefused with the reason otherwise."""
+    if record.role != "peer":
+        raise TokenRefused(f"token {record.id} is a {record.role} token: it can watch this run but not join it; "
+                           "ask the operator for a peer join string.")
+    usable(record, now=now)
+    if record.max_uses is not None and record.uses >= record.max_uses:
+        raise TokenRefused(f"token {record.id} was already used {record.uses} times, its limit; "
+                           "ask the operator for a new join string.")
+    return dataclasses.replace(record, uses=record.uses + 1)
+
+
+def usable(record: TokenRecord, *, now: float) -> None:
+    """Raise TokenRefused when the token is revoked or expired."""
+    if record.revoked:
+        raise TokenRefused(f"token {record.id} was revoked; ask the operator for a new join string.")
+    if record.expires_at is not None and now >= record.expires_at:
+        raise TokenRefused(f"token {record.id} expired {now - record.expires_at:.0f}s ago; "
+                           "ask the operator for a new join string.")
+
+
+class TokenStore(Protocol):
+    def get_token(self, token_id: str) -> Optional[TokenRecord]: ...
+
+    def put_token(self, token: TokenRecord) -> None: ...
+
+
+def admit_joiner(store: TokenStore, token: str, *, now: float) -> TokenRecord:
+    """The peer token ``token`` names, its use counted; BadToken or TokenRefused when it may not join."""
+    token_id, secret = split(token)
+    record = admit(matching(store.get_token(token_id), secret), now=now)
+    store.put_token(record)
+    return record
+
+
+def check_watcher(store: TokenStore, token: str, *, now: float) -> TokenRecord:
+    """Any valid token (peer or status) may watch the run."""
+    token_id, secret = split(token)
+    record = matching(store.get_token(token_id), secret)
+    usable(record, now=now)
+    return record
+
+
+def revoked(store: TokenStore, token_id: str) -> bool:
+    record = store.get_token(token_id)
+    return record is not None and record.revoked
