@@ -12,10 +12,11 @@ from typing import Callable, Optional, Sequence, TypeVar
 
 import grpc
 
-from coordinator import auth
+from coordinator import auth, tokens
 from coordinator.challenges import Challenges
 from coordinator.engine import CoordinatorEngine
-from coordinator.errors import Rejection, StaleChallenge
+from coordinator.errors import RateLimited, Rejection, StaleChallenge
+from coordinator.rate_limit import JoinLimits, RateLimiter, client_address
 from swarm.control import signing
 from swarm.v1 import coordinator_pb2 as pb
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc
@@ -47,12 +48,15 @@ def _rpc(method: F) -> F:
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def __init__(
         self, engine: CoordinatorEngine, *, dht_initial_peers: Sequence[str], heartbeat_interval_s: float,
-        challenges: Optional[Challenges] = None,
+        challenges: Optional[Challenges] = None, join_limits: JoinLimits = JoinLimits(),
     ) -> None:
         self._engine = engine
         self._dht_initial_peers = list(dht_initial_peers)
         self._heartbeat_interval_s = heartbeat_interval_s
         self._challenges = challenges or Challenges()
+        self._challenges_per_address = RateLimiter(join_limits.challenges_per_address)
+        self._joins_per_address = RateLimiter(join_limits.joins_per_address)
+        self._joins_per_token = RateLimiter(join_limits.joins_per_token)
 
     def _authenticate(self, method: str, request, context) -> None:
         """Refuse the call unless it is signed by the key of the peer it names (see swarm.control.signing)."""
@@ -61,11 +65,19 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @_rpc
     def Challenge(self, request: pb.ChallengeRequest, context) -> pb.ChallengeResponse:
+        address = client_address(context.peer())
+        if not self._challenges_per_address.allow(address):
+            raise RateLimited(f"too many joins from {address}; wait a few seconds and join again.")
         return pb.ChallengeResponse(nonce=self._challenges.issue(time.monotonic()),
                                     expires_in_s=self._challenges.ttl_s)
 
     @_rpc
     def Join(self, request: pb.JoinRequest, context) -> pb.JoinResponse:
+        address, token_id = client_address(context.peer()), tokens.split(request.token)[0]
+        if not self._joins_per_address.allow(address):
+            raise RateLimited(f"too many joins from {address}; wait a few seconds and join again.")
+        if not self._joins_per_token.allow(token_id[:64]):
+            raise RateLimited(f"too many joins with token {token_id[:64]}; wait a few seconds and join again.")
         if not self._challenges.take(request.nonce, time.monotonic()):
             raise StaleChallenge()
         claim = auth.verify_join(request)

@@ -34,6 +34,10 @@ class CoordinatorUnreachable(CoordinatorError):
     """No answer (refused, timed out, unavailable): worth retrying later."""
 
 
+class CoordinatorBusy(CoordinatorUnreachable):
+    """The coordinator asked this client to slow down (too many joins from its address or token): retry later."""
+
+
 class CoordinatorRejected(CoordinatorError):
     """The coordinator answered no; retrying the same request will not help."""
 
@@ -142,6 +146,8 @@ class CoordinatorClient:
                         if self._stub is stub:  # the next call re-fetches and re-checks the certificate
                             self._drop_channel()
                 raise self._unreachable(f"{_code_words(code)}: {details}" if details else _code_words(code)) from None
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise CoordinatorBusy(details or "the coordinator is busy; retry later") from None
             raise CoordinatorRejected(details or f"the coordinator refused {method} ({code.name})", code) from None
         except ValueError:
             # "Cannot invoke RPC on closed channel": another thread (the heartbeat, the round loop) found the

@@ -11,6 +11,8 @@ import pytest
 
 from coordinator.engine import CoordinatorEngine
 from coordinator.errors import StateMismatch
+from coordinator.rate_limit import JoinLimits, Rate, RateLimiter, client_address
+from coordinator.servicer import CoordinatorServicer
 from coordinator.store import Store
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.client import CoordinatorRejected
@@ -159,3 +161,23 @@ def test_the_coordinator_derives_the_run_model_and_the_first_heartbeat_decides_n
         model_fingerprint=trainer.fingerprint)))
     states = {p.id: p.state for p in engine.status(engine.run.token).peers}
     assert states == {liar.peer_id: "evicted", honest.peer_id: "ready"}
+
+
+def test_joins_are_rate_limited_per_address_and_per_token(libp2p) -> None:
+    coordinator = FakeCoordinator(RUN)
+    coordinator.servicer = CoordinatorServicer(coordinator.engine, dht_initial_peers=[], heartbeat_interval_s=0.2,
+                                               join_limits=JoinLimits(joins_per_address=Rate(per_s=1e-3, burst=3)))
+    for _ in range(3):
+        joined(coordinator, libp2p)
+    flood = refused(lambda: joined(coordinator, libp2p))
+    assert flood.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert flood.details == "too many joins from ipv4:127.0.0.1; wait a few seconds and join again."
+    assert len(coordinator.status().peers) == 3
+
+    per_token = RateLimiter(Rate(per_s=10.0, burst=2), clock=lambda: now[0])
+    now = [0.0]
+    assert [per_token.allow("t-1") for _ in range(3)] == [True, True, False]
+    assert per_token.allow("t-2")  # another token has its own bucket
+    now[0] += 0.1  # refilled one
+    assert per_token.allow("t-1") and not per_token.allow("t-1")
+    assert client_address("ipv6:[::1]:50123") == "ipv6:[::1]" and client_address("unix:/tmp/s") == "unix:/tmp/s"
