@@ -15,7 +15,7 @@ import time
 from typing import Callable, Iterator, Optional
 
 from coordinator import auth, membership, rounds, tokens
-from coordinator.errors import BadRequest, NotAuthenticated, Rejection, UnknownPeer
+from coordinator.errors import BadRequest, NotAuthenticated, PeerGone, Rejection, UnknownPeer
 from coordinator.records import COMMITTED, EXCHANGING, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
 from coordinator.run_open import open_run
 from coordinator.store import Store
@@ -122,7 +122,8 @@ class CoordinatorEngine:
                     self._save_peer(membership.evict(peer, f"its join token {peer.token_id} was revoked"))
                     logger.warning("peer %s: evicted: its join token %s was revoked", peer_id, peer.token_id)
                     self._settle(now)
-            membership.check_member(peer_id, self._peers[peer_id])
+                raise PeerGone(f"peer {peer_id} was evicted: its join token {peer.token_id} was revoked; "
+                               "ask the operator for a new join string.")
 
     def issue_credential(self, peer_id: str, *, renew_only: bool = False) -> bytes:
         """A credential for the live member ``peer_id``; with ``renew_only``, b"" unless less than half of

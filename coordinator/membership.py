@@ -39,6 +39,8 @@ def new_peer(
         lease_expiry=now + lease_s, state=JOINING, name=name, site=site, device=device,
         swarm_version=swarm_version, public_key=bytes(public_key).hex(), dht_peer_id=dht_peer_id,
         token_id=token_id, session=previous.session + 1 if previous is not None else 1,
+        rounds_joined=previous.rounds_joined if previous is not None else 0,
+        rounds_missed=previous.rounds_missed if previous is not None else 0,
     )
     if previous is not None:
         return run, peer
