@@ -10,6 +10,11 @@ a slice that does not arrive in time fails the exchange instead of being replace
 A member whose exchange fails (a groupmate it cannot reach, a malformed slice, its own timeout) tells
 the others at once (an abort message), so a dead groupmate costs the group one failed send, not
 everyone's full timeout.
+
+A slice counts for group position s only when it came from the libp2p id the (signed) group entry of s
+lists: the sender's id is the one libp2p's secure channel authenticated, never a field of the message.
+Slices and aborts from anyone else are dropped and counted, so a stranger can neither replace a member's
+slice nor abort the honest group.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from swarm.v1 import exchange_pb2
 logger = logging.getLogger(__name__)
 
 MAX_OPEN_KEYS = 4  # rounds whose early parts are buffered; older ones are dropped
+Slot = tuple[str, int, int, int, str]  # (group digest, phase, part, sender position, sender's libp2p id)
 ABORT_TIMEOUT_S = 2.0  # how long a failing member spends telling its groupmates
 
 
@@ -56,8 +62,10 @@ class Exchange:
     def __init__(self, transport: Transport, *, run_id: str):
         self.transport = transport
         self._handler_name = f"swarm_{run_id}.part"
-        self._inbox: dict[str, dict[tuple, bytes]] = {}
+        self._inbox: dict[str, dict[Slot, bytes]] = {}
         self._received_bytes: dict[str, int] = {}
+        self._groups: dict[str, list[str]] = {}  # key -> the libp2p id of each position, while it is averaged
+        self.rejected_chunks = 0  # messages dropped because their sender is not the member they claim to be
         self._cond: Optional[asyncio.Condition] = None
         transport.run(self._start(), timeout_s=30)
 
@@ -122,6 +130,7 @@ class Exchange:
             raise ExchangeFailed(f"{key}: groupmates disagree on the vector size or codec")
         position = [m.peer_id for m in group].index(me.peer_id)
         digest = group_digest(group)
+        await self._expect(key, group)
         bounds = part_bounds(me.numel, len(group), codec.block)  # block-aligned: slices quantize like the whole
         flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
         sent = 0
@@ -140,9 +149,10 @@ class Exchange:
 
         # Reduce this peer's slice in the group's order, then send the same encoded bytes to all.
         start, end = bounds[position]
-        contributions = await self._wait_for(
-            key, [(digest, exchange_pb2.PHASE_CONTRIBUTION, position, sender) for sender in range(len(group))], group
-        )
+        contributions = await self._wait_for(key, [
+            (digest, exchange_pb2.PHASE_CONTRIBUTION, position, sender, group[sender].dht_peer_id)
+            for sender in range(len(group))
+        ], group)
         await _pause(on_phase("reducing"))
         averaged = await asyncio.to_thread(self._reduce, codec, contributions, [m.weight for m in group], end - start, key)
         await self._deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
@@ -153,9 +163,9 @@ class Exchange:
         sent += sum(await asyncio.gather(*sends))
 
         # Phase 2: collect every owner's averaged slice.
-        parts = await self._wait_for(
-            key, [(digest, exchange_pb2.PHASE_AVERAGED, owner, owner) for owner in range(len(group))], group
-        )
+        parts = await self._wait_for(key, [
+            (digest, exchange_pb2.PHASE_AVERAGED, owner, owner, group[owner].dht_peer_id) for owner in range(len(group))
+        ], group)
         average = await asyncio.to_thread(
             lambda: torch.cat([self._decode(codec, data, e - s, key) for data, (s, e) in zip(parts, bounds)]))
         return ExchangeResult(
@@ -232,28 +242,58 @@ class Exchange:
         ):
             return exchange_pb2.ChunkAck(ok=False, error="chunks of one slice arrived inconsistent or incomplete")
         payload = b"".join(c.data for c in chunks)
+        remote = context.remote_id.to_base58()
+        if not await self._deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload,
+                                   sender_id=remote):
+            return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
         self._received_bytes[head.key] = self._received_bytes.get(head.key, 0) + sum(c.ByteSize() for c in chunks)
-        await self._deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload)
         return exchange_pb2.ChunkAck(ok=True)
 
-    async def _deliver(self, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes) -> None:
+    async def _deliver(self, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes, *,
+                       sender_id: Optional[str] = None) -> bool:
+        """Buffer a slice from ``sender_id`` (this peer's own when None); False when it was dropped because
+        this key's group is known and ``sender_id`` is not the libp2p id of position ``sender`` in it."""
+        sender_id = sender_id or self.transport.peer_id
         async with self._cond:
+            ids = self._groups.get(key)
+            if ids is not None and not (0 <= sender < len(ids) and ids[sender] == sender_id):
+                self._reject(key, sender_id, sender)
+                return False
             if key not in self._inbox:
                 while len(self._inbox) >= MAX_OPEN_KEYS:
                     stale = next(iter(self._inbox))
                     self._inbox.pop(stale)
                     self._received_bytes.pop(stale, None)
                 self._inbox[key] = {}
-            self._inbox[key][(digest, phase, part, sender)] = payload
+            self._inbox[key][(digest, phase, part, sender, sender_id)] = payload
             self._cond.notify_all()
+            return True
 
-    async def _wait_for(self, key: str, wanted: list[tuple], group: list[Member]) -> list[bytes]:
-        """The wanted slices once all are here; ExchangeFailed as soon as a groupmate aborts."""
+    async def _expect(self, key: str, group: list[Member]) -> None:
+        """From now on accept slices for ``key`` only from the group's members, each for its own position;
+        drop what strangers sent before this peer knew the group."""
+        ids = [m.dht_peer_id for m in group]
+        async with self._cond:
+            self._groups[key] = ids
+            inbox = self._inbox.get(key, {})
+            for slot in [s for s in inbox if not (0 <= s[3] < len(ids) and ids[s[3]] == s[4])]:
+                inbox.pop(slot)
+                self._reject(key, slot[4], slot[3])
+
+    def _reject(self, key: str, sender_id: str, sender: int) -> None:
+        self.rejected_chunks += 1
+        if self.rejected_chunks & (self.rejected_chunks - 1) == 0:  # the 1st, 2nd, 4th, 8th...: never a flood
+            logger.warning("%s: dropped a slice from %s claiming group position %d: not that member's libp2p id "
+                           "(%d dropped so far)", key, sender_id, sender, self.rejected_chunks)
+
+    async def _wait_for(self, key: str, wanted: list[Slot], group: list[Member]) -> list[bytes]:
+        """The wanted slices once all are here; ExchangeFailed as soon as a groupmate aborts (only a member
+        can: ``_expect`` dropped every other sender's messages)."""
         digest = wanted[0][0]
 
         def aborted() -> Optional[tuple[int, bytes]]:
-            for (d, phase, _, sender), data in self._inbox.get(key, {}).items():
-                if phase == exchange_pb2.PHASE_ABORT and d == digest:
+            for (d, phase, _, sender, sender_id), data in self._inbox.get(key, {}).items():
+                if phase == exchange_pb2.PHASE_ABORT and d == digest and group[sender].dht_peer_id == sender_id:
                     return sender, data
             return None
 
@@ -262,7 +302,7 @@ class Exchange:
             abort = aborted()
             if abort is not None:
                 sender, why = abort
-                who = group[sender].peer_id if 0 <= sender < len(group) else f"member {sender}"
+                who = group[sender].peer_id
                 raise ExchangeFailed(f"{key}: groupmate {who} gave up ({why.decode(errors='replace')})",
                                      from_groupmate=True)
             return [self._inbox[key][w] for w in wanted]
@@ -271,6 +311,7 @@ class Exchange:
         async with self._cond:
             self._inbox.pop(key, None)
             self._received_bytes.pop(key, None)
+            self._groups.pop(key, None)
 
 
 async def _pause(seconds: Optional[float]) -> None:

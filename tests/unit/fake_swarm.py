@@ -192,10 +192,10 @@ class FakeParts(PeerParts):
     def transport(self, options, initial_peers, *, stop, tag) -> FakeTransport:
         return self.net.transport()
 
-    def group(self, transport, run, *, run_id, peer_id, peer_index, planned, faults) -> FakeGroup:
+    def group(self, transport, run, *, run_id, peer_id, peer_index, planned, faults, member=None) -> FakeGroup:
         return FakeGroup(self.net, transport, peer_id=peer_id, peer_index=peer_index, planned=planned)
 
-    def state_transfer(self, transport, *, run_id, timeout_s) -> FakeTransfer:
+    def state_transfer(self, transport, *, run_id, timeout_s, member=None) -> FakeTransfer:
         return FakeTransfer(self.net, transport)
 
 
