@@ -10,6 +10,7 @@ from peer.faults import FaultPlan
 from swarm.config import RunConfig
 from swarm.core import credential
 from swarm.net.allreduce import Exchange, ExchangeFailed
+from swarm.net.dht_entries import guard
 from swarm.net.rendezvous import Member, group_key, participation_scale, rendezvous
 from swarm.net.transport import Transport
 from swarm.net.votes import Vote as DhtVote
@@ -36,6 +37,7 @@ class DhtGroup:
                              "to sign its entries and check its groupmates'.")
         self.transport, self.run, self.run_id, self.member = transport, run, run_id, member
         self.peer_id, self.peer_index = peer_id, peer_index
+        guard(transport.dht, member)  # this node refuses to store or relay forged entries
         self.planned = planned  # the coordinator's plan for a round, or the last known group while it is down
         self.faults = faults
         self.exchange = Exchange(transport, run_id=run_id)

@@ -6,6 +6,8 @@ signature proves: each is stored as ``{"body", "credential", "signature"}``, whe
 ``signature`` is the poster's signature of the DHT key and the body (an entry cannot be replayed under
 another round's key). A reader keeps an entry only when the credential is the run's coordinator's and
 current, and names the same peer as the subkey and the entry, and the same libp2p id as the entry.
+A node guarded by ``guard`` (an ``EntryValidator``) applies the same checks before it stores a record or
+takes one from another node, so a forged entry cannot displace a member's entry on it either.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from dataclasses import asdict, fields
 from typing import Any, TypeVar
 
 import hivemind
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import get_dht_time
 
-from swarm.core.credential import CredentialError, Member, verify_signature
+from swarm.core.credential import CredentialError, Member, verify_credential, verify_signature
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -40,10 +45,11 @@ def _signed_message(key: str, body: bytes) -> bytes:
     return key.encode() + b"\0" + body
 
 
-def sign_entry(member: Member, key: str, entry: Any) -> dict[str, bytes]:
-    """The DHT value that stands for ``entry`` under ``key``, signed by ``member``."""
+def sign_entry(member: Member, key: str, entry: Any) -> dict[str, Any]:
+    """The DHT value that stands for ``entry`` under ``key``, signed by ``member``. The key travels in
+    clear too: DHT nodes see only its hash, and their ``EntryValidator`` checks the signature with it."""
     body = json.dumps(asdict(entry), sort_keys=True, separators=(",", ":")).encode()
-    return {"body": body, "credential": bytes(member.credential),
+    return {"key": key, "body": body, "credential": bytes(member.credential),
             "signature": member.key.sign(ENTRY_PURPOSE, _signed_message(key, body))}
 
 
@@ -56,27 +62,69 @@ def store_entry(dht: hivemind.DHT, key: str, entry: Any, *, member: Member, ttl_
 
 def verify_entry(value: Any, *, key: str, subkey: Any, cls: type[T], member: Member, now: float) -> T:
     """The entry in a stored DHT value, if it checks out; EntryRejected with the reason otherwise."""
+    signed = _signed_fields(value, key=key, subkey=subkey, coordinator_public_key=member.coordinator_public_key,
+                            run_id=member.run_id, now=now)
+    try:
+        return cls(**_typed_fields(signed, cls))
+    except (ValueError, TypeError) as e:
+        raise EntryRejected(f"malformed {cls.__name__} ({e})") from None
+
+
+def _signed_fields(value: Any, *, key: str, subkey: Any, coordinator_public_key: bytes, run_id: str,
+                   now: float) -> dict[str, Any]:
+    """The fields of a signed entry for ``key`` under ``subkey`` whose poster's credential is current and
+    names the same peer and libp2p id as the entry; EntryRejected with the reason otherwise."""
     if not isinstance(value, dict) or not all(isinstance(value.get(f), bytes) for f in ("body", "credential", "signature")):
         raise EntryRejected("not a signed entry")
     body = value["body"]
     if len(body) > MAX_BODY_BYTES:
         raise EntryRejected(f"body of {len(body)} bytes, over {MAX_BODY_BYTES}")
     try:
-        credential = member.check(value["credential"], now=now)
+        credential = verify_credential(value["credential"], coordinator_public_key, run_id=run_id, now=now)
     except CredentialError as e:
         raise EntryRejected(str(e)) from None
     if not verify_signature(credential.public_key, value["signature"], ENTRY_PURPOSE, _signed_message(key, body)):
         raise EntryRejected(f"not signed by {credential.peer_id} for this key")
     try:
-        entry = cls(**_typed_fields(json.loads(body.decode()), cls))
-    except (ValueError, TypeError) as e:
-        raise EntryRejected(f"malformed {cls.__name__} ({e})") from None
-    if not credential.peer_id == subkey == getattr(entry, "peer_id", None):
-        raise EntryRejected(f"credential of {credential.peer_id} on an entry of {getattr(entry, 'peer_id', None)!r} "
-                            f"under subkey {subkey!r}")
-    if getattr(entry, "dht_peer_id", None) != credential.dht_peer_id:
-        raise EntryRejected(f"libp2p id {getattr(entry, 'dht_peer_id', None)!r} is not the credential's")
-    return entry
+        signed = json.loads(body.decode())
+    except ValueError:
+        raise EntryRejected("body is not JSON") from None
+    if not isinstance(signed, dict):
+        raise EntryRejected("body is not an object")
+    if not credential.peer_id == subkey == signed.get("peer_id"):
+        raise EntryRejected(f"credential of {credential.peer_id} on an entry of {str(signed.get('peer_id'))[:64]!r} "
+                            f"under subkey {str(subkey)[:64]!r}")
+    if signed.get("dht_peer_id") != credential.dht_peer_id:
+        raise EntryRejected(f"libp2p id {str(signed.get('dht_peer_id'))[:64]!r} is not the credential's")
+    return signed
+
+
+class EntryValidator(RecordValidatorBase):
+    """Makes a DHT node refuse to store, or to take from another node, any record that is not a member's
+    signed entry for that very key (``hivemind.DHT.add_validators``): a forged entry then cannot even
+    displace a member's entry under its subkey. The DHT of a run holds nothing else. Runs inside the
+    DHT's process, so it holds only the run's id and the coordinator's public key."""
+
+    def __init__(self, *, coordinator_public_key: bytes, run_id: str) -> None:
+        self.coordinator_public_key, self.run_id = bytes(coordinator_public_key), run_id
+
+    def validate(self, record: DHTRecord) -> bool:
+        try:
+            subkey = MSGPackSerializer.loads(record.subkey)
+            value = MSGPackSerializer.loads(record.value)
+            key = value.get("key") if isinstance(value, dict) else None
+            if not isinstance(key, str) or DHTID.generate(source=key).to_bytes() != record.key:
+                return False
+            _signed_fields(value, key=key, subkey=subkey, coordinator_public_key=self.coordinator_public_key,
+                           run_id=self.run_id, now=time.time())
+        except Exception:  # noqa: BLE001 - whatever a stranger sent, the answer is "not stored"
+            return False
+        return True
+
+    def merge_with(self, other: RecordValidatorBase) -> bool:
+        # one per run: a second identical validator (a group rebuilt on the same DHT) is absorbed
+        return isinstance(other, EntryValidator) and (other.coordinator_public_key, other.run_id) == (
+            self.coordinator_public_key, self.run_id)
 
 
 _TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
@@ -94,6 +142,11 @@ def _typed_fields(decoded: Any, cls: type) -> dict[str, Any]:
         if isinstance(value, float) and not math.isfinite(value):
             raise TypeError(f"field {name!r} is not finite")
     return {name: float(v) if declared[name] == "float" else v for name, v in decoded.items()}
+
+
+def guard(dht: hivemind.DHT, member: Member) -> None:
+    """Make this peer's DHT node store and take only members' signed entries of ``member``'s run."""
+    dht.add_validators([EntryValidator(coordinator_public_key=member.coordinator_public_key, run_id=member.run_id)])
 
 
 def read_entries(dht: hivemind.DHT, key: str, cls: type[T], *, member: Member) -> dict[str, T]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any, Callable, Iterator, Optional
@@ -9,7 +10,10 @@ from typing import Any, Callable, Iterator, Optional
 import pytest
 import torch
 
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord
 from hivemind.p2p import PeerID
+from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.asyncio import as_aiter
 from hivemind.utils.timed_storage import get_dht_time
 
@@ -18,7 +22,7 @@ from swarm.core.average import part_bounds, weighted_average
 from swarm.core.codec import CODECS
 from swarm.core.credential import PeerKey
 from swarm.net.allreduce import Exchange, ExchangeFailed, ExchangeResult
-from swarm.net.dht_entries import read_entries, sign_entry
+from swarm.net.dht_entries import EntryValidator, guard, read_entries, sign_entry, store_entry
 from swarm.net.rendezvous import Member, group_digest, group_key, rendezvous
 from swarm.net.transport import Transport
 from swarm.net.votes import Vote, collect_votes, post_vote, vote_key
@@ -367,3 +371,50 @@ def test_a_group_smaller_than_the_runs_live_peers_takes_a_proportionally_smaller
     assert participation_scale([m(0, 2), m(1, 2)]) == 1.0  # the whole run
     assert participation_scale([m(0, 0), m(1, 0)]) == 1.0  # nobody knew (coordinator down): plain average
     assert group_digest([m(0, 4)]) != group_digest([m(0, 5)])  # a different view is caught, not merged
+
+
+def _record(key: str, subkey: str, value) -> DHTRecord:
+    """The record a DHT node validates when it is asked to store ``value`` (what hivemind builds)."""
+    return DHTRecord(DHTID.generate(source=key).to_bytes(), MSGPackSerializer.dumps(subkey),
+                     MSGPackSerializer.dumps(value), get_dht_time() + 60)
+
+
+def test_a_guarded_dht_node_refuses_to_store_anything_but_a_members_signed_entry_for_that_key() -> None:
+    member = make_member(COORDINATOR, RUN_ID, "QmMember")
+    other_coordinators = make_member(PeerKey.generate(), RUN_ID, "QmOther")
+    validator = EntryValidator(coordinator_public_key=COORDINATOR.public_key, run_id=RUN_ID)
+    key, other_key = group_key(RUN_ID, 950), group_key(RUN_ID, 951)
+    entry = Member(peer_id=member.peer_id, dht_peer_id="QmMember", index=0, weight=1.0, numel=10, codec="fp32")
+    signed = sign_entry(member, key, entry)
+
+    assert validator.validate(_record(key, member.peer_id, signed))
+    assert not validator.validate(_record(key, member.peer_id, vars(entry)))  # unsigned
+    assert not validator.validate(_record(other_key, member.peer_id, signed))  # replayed under another key
+    assert not validator.validate(_record(other_key, member.peer_id, dict(signed, key=other_key)))  # key swapped
+    assert not validator.validate(_record(key, "p-0123456789abcdef", signed))  # under another peer's subkey
+    forged = Member(peer_id=other_coordinators.peer_id, dht_peer_id="QmOther", index=0, weight=1e30, numel=10,
+                    codec="fp32")
+    assert not validator.validate(_record(key, forged.peer_id, sign_entry(other_coordinators, key, forged)))
+    assert not validator.validate(DHTRecord(DHTID.generate(source=key).to_bytes(), b"\xc1", b"\xc1", 0.0))
+
+
+def test_a_forged_entry_cannot_displace_a_members_entry_on_guarded_nodes() -> None:
+    started: list[Transport] = []
+    try:
+        started.append(Transport(initial_peers=[]))
+        started += [Transport(initial_peers=started[0].visible_maddrs) for _ in range(2)]
+        a, b, attacker = started  # the attacker's node is not guarded: it stores whatever it is given
+        members = [make_member(COORDINATOR, RUN_ID, t.peer_id) for t in (a, b)]
+        for t, m in zip((a, b), members):
+            guard(t.dht, m)
+        key = group_key(RUN_ID, 960)
+        honest = Member(peer_id=members[0].peer_id, dht_peer_id=a.peer_id, index=0, weight=1.0, numel=10, codec="fp32")
+        store_entry(a.dht, key, honest, member=members[0], ttl_s=30)
+        forged = dataclasses.replace(honest, weight=1e30, dht_peer_id=attacker.peer_id)
+        attacker.dht.store(key, subkey=honest.peer_id, value=vars(forged), expiration_time=get_dht_time() + 600)
+
+        assert read_entries(b.dht, key, Member, member=members[1]) == {honest.peer_id: honest}
+        assert read_entries(a.dht, key, Member, member=members[0]) == {honest.peer_id: honest}
+    finally:
+        for t in reversed(started):
+            t.shutdown()
