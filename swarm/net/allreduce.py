@@ -38,6 +38,7 @@ from swarm.v1 import exchange_pb2
 logger = logging.getLogger(__name__)
 
 MAX_OPEN_KEYS = 4  # rounds whose early parts are buffered; older ones are dropped
+MAX_EARLY_SLOTS_PER_SENDER = 6  # messages buffered per sender and key before the group is known (a member: 3)
 Slot = tuple[str, int, int, int, str]  # (group digest, phase, part, sender position, sender's libp2p id)
 ABORT_TIMEOUT_S = 2.0  # how long a failing member spends telling its groupmates
 
@@ -62,6 +63,7 @@ class Exchange:
     def __init__(self, transport: Transport, *, run_id: str):
         self.transport = transport
         self._handler_name = f"swarm_{run_id}.part"
+        self._key_prefix = f"{run_id}."  # every key of this run's exchanges (rendezvous.group_key)
         self._inbox: dict[str, dict[Slot, bytes]] = {}
         self._received_bytes: dict[str, int] = {}
         self._groups: dict[str, list[str]] = {}  # key -> the libp2p id of each position, while it is averaged
@@ -251,23 +253,47 @@ class Exchange:
 
     async def _deliver(self, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes, *,
                        sender_id: Optional[str] = None) -> bool:
-        """Buffer a slice from ``sender_id`` (this peer's own when None); False when it was dropped because
-        this key's group is known and ``sender_id`` is not the libp2p id of position ``sender`` in it."""
+        """Buffer a slice from ``sender_id`` (this peer's own when None); False when it was dropped: this
+        key's group is known and ``sender_id`` is not the libp2p id of position ``sender`` in it, or the
+        group is not known yet and the slice cannot be an early one of this run's members."""
         sender_id = sender_id or self.transport.peer_id
+        slot = (digest, phase, part, sender, sender_id)
         async with self._cond:
             ids = self._groups.get(key)
             if ids is not None and not (0 <= sender < len(ids) and ids[sender] == sender_id):
                 self._reject(key, sender_id, sender)
                 return False
-            if key not in self._inbox:
-                while len(self._inbox) >= MAX_OPEN_KEYS:
-                    stale = next(iter(self._inbox))
-                    self._inbox.pop(stale)
-                    self._received_bytes.pop(stale, None)
-                self._inbox[key] = {}
-            self._inbox[key][(digest, phase, part, sender, sender_id)] = payload
+            if ids is None and not self._may_buffer_early(key, slot):
+                self._reject(key, sender_id, sender)
+                return False
+            self._inbox[key][slot] = payload
             self._cond.notify_all()
             return True
+
+    def _may_buffer_early(self, key: str, slot: Slot) -> bool:
+        """Whether a slice that came before this peer knows the key's group may wait for it (opening a
+        buffer for the key if needed). A member sends each peer at most three messages per key (its
+        contribution, its averaged slice, an abort), so a sender with more is not an honest member; the
+        buffers of keys being averaged are never evicted for a new key."""
+        if not key.startswith(self._key_prefix):
+            return False
+        if key in self._inbox:
+            inbox = self._inbox[key]
+            return slot in inbox or sum(s[4] == slot[4] for s in inbox) < MAX_EARLY_SLOTS_PER_SENDER
+        return self._open(key, force=False)
+
+    def _open(self, key: str, *, force: bool) -> bool:
+        """Open a buffer for ``key``, evicting the oldest buffers of keys not being averaged to stay within
+        MAX_OPEN_KEYS; False (unless ``force``) when only keys being averaged are open."""
+        idle = [k for k in self._inbox if k not in self._groups]
+        excess = len(self._inbox) + 1 - MAX_OPEN_KEYS
+        if excess > len(idle) and not force:
+            return False
+        for stale in idle[:max(0, excess)]:
+            self._inbox.pop(stale)
+            self._received_bytes.pop(stale, None)
+        self._inbox[key] = {}
+        return True
 
     async def _expect(self, key: str, group: list[Member]) -> None:
         """From now on accept slices for ``key`` only from the group's members, each for its own position;
@@ -275,7 +301,9 @@ class Exchange:
         ids = [m.dht_peer_id for m in group]
         async with self._cond:
             self._groups[key] = ids
-            inbox = self._inbox.get(key, {})
+            if key not in self._inbox:
+                self._open(key, force=True)
+            inbox = self._inbox[key]
             for slot in [s for s in inbox if not (0 <= s[3] < len(ids) and ids[s[3]] == s[4])]:
                 inbox.pop(slot)
                 self._reject(key, slot[4], slot[3])
@@ -283,8 +311,9 @@ class Exchange:
     def _reject(self, key: str, sender_id: str, sender: int) -> None:
         self.rejected_chunks += 1
         if self.rejected_chunks & (self.rejected_chunks - 1) == 0:  # the 1st, 2nd, 4th, 8th...: never a flood
-            logger.warning("%s: dropped a slice from %s claiming group position %d: not that member's libp2p id "
-                           "(%d dropped so far)", key, sender_id, sender, self.rejected_chunks)
+            logger.warning("%s: dropped a message from %s claiming group position %d: not that member's libp2p id, "
+                           "or more than a member sends (%d dropped so far)", key, sender_id, sender,
+                           self.rejected_chunks)
 
     async def _wait_for(self, key: str, wanted: list[Slot], group: list[Member]) -> list[bytes]:
         """The wanted slices once all are here; ExchangeFailed as soon as a groupmate aborts (only a member

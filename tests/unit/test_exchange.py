@@ -21,7 +21,7 @@ from swarm.core import credential
 from swarm.core.average import part_bounds, weighted_average
 from swarm.core.codec import CODECS
 from swarm.core.credential import PeerKey
-from swarm.net.allreduce import Exchange, ExchangeFailed, ExchangeResult
+from swarm.net.allreduce import MAX_OPEN_KEYS, Exchange, ExchangeFailed, ExchangeResult
 from swarm.net.dht_entries import EntryValidator, guard, read_entries, sign_entry, store_entry
 from swarm.net.rendezvous import Member, group_digest, group_key, rendezvous
 from swarm.net.transport import Transport
@@ -340,6 +340,8 @@ def test_slices_and_aborts_from_a_non_member_are_dropped_and_the_average_is_bit_
         assert sending.wait(30)
         acks.extend(_forge(attacker, a, key, digest, phase, part, 1, payload)
                     for phase, part, payload in ((C, 0, huge[0]), (A, 1, huge[1]), (X, 0, b"stop")))
+        for other in range(906, 906 + 2 * MAX_OPEN_KEYS):  # early slices of other rounds must not evict this one
+            _forge(attacker, a, group_key(RUN_ID, other), digest, C, 0, 1, huge[0])
 
     forger = threading.Thread(target=during_the_exchange, daemon=True)
     forger.start()
