@@ -35,6 +35,8 @@ class DhtGroup:
         if member is None:
             raise ValueError("the round's group needs this peer's credential (CoordinatorLink.member after the join) "
                              "to sign its entries and check its groupmates'.")
+        if member.peer_id != peer_id:
+            raise ValueError(f"the credential is for {member.peer_id}, not this peer ({peer_id}); rejoin to get one.")
         self.transport, self.run, self.run_id, self.member = transport, run, run_id, member
         self.peer_id, self.peer_index = peer_id, peer_index
         guard(transport.dht, member)  # this node refuses to store or relay forged entries
