@@ -105,11 +105,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from swarm.control.client import CoordinatorClient
     from swarm.control.joinstring import JoinString
-    from swarm.app.status import print_status, status_to_dict, watch
+    from swarm.app.status import fetch_all_pages, print_status, status_to_dict, watch
 
     client = CoordinatorClient(JoinString.parse(args.join))
     try:
-        fetch = lambda: status_to_dict(client.get_status())  # noqa: E731
+        fetch = lambda: status_to_dict(fetch_all_pages(lambda token: client.get_status(page_token=token)))  # noqa: E731
         console = Console()
         if args.watch and not args.json:
             try:
