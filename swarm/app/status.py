@@ -35,8 +35,11 @@ def fetch_all_pages(get_page: Callable[[str], pb.GetStatusResponse]) -> pb.GetSt
 
 
 def status_to_dict(response: pb.GetStatusResponse) -> dict[str, Any]:
-    """The JSON shape of `swarm status --json`: {"run": {...}, "peers": [{..., "metrics": {...}}], "totals": {...}}."""
-    return _plain(response)
+    """The JSON shape of `swarm status --json`: {"run": {...}, "peers": [{..., "metrics": {...}}], "totals": {...},
+    "peers_omitted": N}; paging is the transport's business, not the answer's."""
+    status = _plain(response)
+    status.pop("next_page_token", None)
+    return status
 
 
 def _plain(message: Message) -> dict[str, Any]:
