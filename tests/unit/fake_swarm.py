@@ -80,9 +80,13 @@ class FakeClient:
         pass
 
 
+_FAKE_LIBP2P_ID = "QmXoypizjW3WknFiJnKLwHCnL72vedxjQkDDP1mXWo6uco"
+
+
 class FakeTransport:
     def __init__(self, peer_id: str) -> None:
-        self.peer_id, self.visible_maddrs = peer_id, [f"/fake/{peer_id}"]
+        # a well-formed multiaddr (the coordinator refuses others); nothing dials it
+        self.peer_id, self.visible_maddrs = peer_id, [f"/dns/{peer_id}.fake/tcp/4001/p2p/{_FAKE_LIBP2P_ID}"]
 
     def shutdown(self) -> None:
         pass
