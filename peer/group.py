@@ -8,6 +8,7 @@ from typing import Callable, Optional
 
 from peer.faults import FaultPlan
 from swarm.config import RunConfig
+from swarm.core.aggregation import Aggregation
 from swarm.net.allreduce import Exchange, ExchangeFailed
 from swarm.net.rendezvous import Member, group_key, participation_scale, rendezvous
 from swarm.net.transport import Transport
@@ -31,7 +32,7 @@ class DhtGroup:
         self.peer_id, self.peer_index = peer_id, peer_index
         self.planned = planned  # the coordinator's plan for a round, or the last known group while it is down
         self.faults = faults
-        self.exchange = Exchange(transport, run_id=run_id)
+        self.exchange = Exchange(transport, run_id=run_id, aggregation=Aggregation.for_run(run))
         self.live_peers = 0  # the run's live peers as last heard from the coordinator (0: not yet)
 
     def key(self, round_no: int, fragment: int) -> str:
