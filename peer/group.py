@@ -9,6 +9,7 @@ from typing import Callable, Optional
 from peer.faults import FaultPlan
 from swarm.config import RunConfig
 from swarm.core import credential
+from swarm.core.aggregation import Aggregation
 from swarm.net.allreduce import Exchange, ExchangeFailed
 from swarm.net.dht_entries import guard
 from swarm.net.rendezvous import Member, group_key, participation_scale, rendezvous
@@ -42,7 +43,7 @@ class DhtGroup:
         guard(transport.dht, member)  # this node refuses to store or relay forged entries
         self.planned = planned  # the coordinator's plan for a round, or the last known group while it is down
         self.faults = faults
-        self.exchange = Exchange(transport, run_id=run_id)
+        self.exchange = Exchange(transport, run_id=run_id, aggregation=Aggregation.for_run(run))
         self.live_peers = 0  # the run's live peers as last heard from the coordinator (0: not yet)
 
     def key(self, round_no: int, fragment: int) -> str:

@@ -26,6 +26,8 @@ class ConfigError(ValueError):
 # swarm.core.fragments.PATTERNS implement exactly these (tests/unit/test_config.py checks they agree).
 CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4")
 FRAGMENT_PATTERNS = ("strided", "contiguous")
+# swarm.core.aggregation.RULES implements exactly these: how a slice's owner combines the group's slices.
+AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean")
 
 # Built-in model shapes (swarm.train.model builds them).
 MODEL_PRESETS: dict[str, dict] = {
@@ -217,6 +219,15 @@ class RoundConfig:
     # peers that did not contribute (joining, syncing, restarting) as a zero Δ. A round of one peer out
     # of five, on its own data shard, otherwise moves θg as far as a round of all five.
     scale_by_participation: bool = True
+    # How the owner of a slice combines the group's slices (swarm.core.aggregation): "mean" (the
+    # sample-weighted mean), "clipped_mean" (each slice clipped to clip_factor x the group's median slice
+    # norm first) or "trimmed_mean" (per coordinate, the trim_fraction largest and smallest values dropped,
+    # at least one of each in a group of 3 or more). Under every rule a slice whose norm exceeds
+    # reject_factor x the group's median slice norm is left out of that slice's average (0: never).
+    aggregation: str = "mean"
+    clip_factor: float = 2.0
+    trim_fraction: float = 0.25
+    reject_factor: float = 100.0
 
     def validate(self) -> None:
         if self.inner_steps < 1:
@@ -249,6 +260,18 @@ class RoundConfig:
         check_range("rounds", "eval_every_rounds", self.eval_every_rounds, 1, MAX_ROUNDS)
         if self.max_rounds is not None:
             check_range("rounds", "max_rounds", self.max_rounds, 1, MAX_ROUNDS)
+        self._validate_aggregation()
+
+    def _validate_aggregation(self) -> None:
+        if self.aggregation not in AGGREGATIONS:
+            raise ConfigError(f"[rounds] aggregation {self.aggregation!r} is unknown; choose one of {list(AGGREGATIONS)}.")
+        if not (math.isfinite(self.clip_factor) and self.clip_factor >= 1.0):
+            raise ConfigError(f"[rounds] clip_factor must be a finite number of at least 1, got {self.clip_factor}.")
+        if not 0.0 <= self.trim_fraction < 0.5:
+            raise ConfigError(f"[rounds] trim_fraction must be in [0, 0.5), got {self.trim_fraction}.")
+        if not (math.isfinite(self.reject_factor) and (self.reject_factor == 0 or self.reject_factor >= 1.0)):
+            raise ConfigError(f"[rounds] reject_factor must be 0 (off) or a finite number of at least 1,"
+                              f" got {self.reject_factor}.")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,6 +7,9 @@ flat vector is cut into one slice per group member; each member reduces its slic
 encoded contribution in the group's canonical order, encodes the average once, and sends those same
 bytes to every member. Every member decodes identical bytes, so every member holds the same average;
 a slice that does not arrive in time fails the exchange instead of being replaced by local values.
+The owner reduces by the run's aggregation rule (``swarm.core.aggregation``): declared weights are capped
+at what a round allows, and robust rules limit what a groupmate's slice can do; a malicious owner can
+still replace its own slice of the average (the bound of a butterfly all-reduce).
 A member whose exchange fails (a groupmate it cannot reach, a malformed slice, its own timeout) tells
 the others at once (an abort message), so a dead groupmate costs the group one failed send, not
 everyone's full timeout.
@@ -22,14 +25,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.utils.asyncio import as_aiter
 
-from swarm.core.average import part_bounds, weighted_average
+from swarm.core.aggregation import Aggregation, Reduced
+from swarm.core.average import part_bounds
 from swarm.core.codec import CODECS
 from swarm.net.rendezvous import Member, group_digest
 from swarm.net.transport import CHUNK_BYTES, Transport
@@ -57,11 +61,16 @@ class ExchangeResult:
     bytes_sent: int
     bytes_received: int
     seconds: float
+    # What this peer, as the owner of its slice, did to groupmates' slices (peer id -> why); per slice, so
+    # other owners may have judged the same groupmate differently.
+    rejected: dict[str, str] = field(default_factory=dict)  # left out of the slice's average
+    clipped: dict[str, str] = field(default_factory=dict)  # scaled down to the clipping norm
 
 
 class Exchange:
-    def __init__(self, transport: Transport, *, run_id: str):
+    def __init__(self, transport: Transport, *, run_id: str, aggregation: Aggregation = Aggregation()):
         self.transport = transport
+        self.aggregation = aggregation  # Aggregation.for_run(run): the rule and the weight cap of the run
         self._handler_name = f"swarm_{run_id}.part"
         self._key_prefix = f"{run_id}."  # every key of this run's exchanges (rendezvous.group_key)
         self._inbox: dict[str, dict[Slot, bytes]] = {}
@@ -130,6 +139,7 @@ class Exchange:
         codec = CODECS[me.codec]
         if any(m.numel != me.numel or m.codec != me.codec for m in group):
             raise ExchangeFailed(f"{key}: groupmates disagree on the vector size or codec")
+        weights = self._weights(group, key)
         position = [m.peer_id for m in group].index(me.peer_id)
         digest = group_digest(group)
         await self._expect(key, group)
@@ -156,7 +166,8 @@ class Exchange:
             for sender in range(len(group))
         ], group)
         await _pause(on_phase("reducing"))
-        averaged = await asyncio.to_thread(self._reduce, codec, contributions, [m.weight for m in group], end - start, key)
+        averaged, reduced = await asyncio.to_thread(self._reduce, codec, contributions, weights, end - start, key)
+        rejected, clipped = self._judged(key, group, reduced)
         await self._deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
         sends = [
             self._send(member, key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
@@ -175,13 +186,35 @@ class Exchange:
             bytes_sent=sent,
             bytes_received=self._received_bytes.get(key, 0),
             seconds=time.perf_counter() - started,
+            rejected=rejected,
+            clipped=clipped,
         )
 
-    @classmethod
-    def _reduce(cls, codec, contributions: list[bytes], weights: list[float], numel: int, key: str) -> bytes:
-        """Decode every contribution to this peer's slice, average them in the group's order, encode."""
-        decoded = [cls._decode(codec, data, numel, key) for data in contributions]
-        return cls._encode(codec, weighted_average(decoded, weights).contiguous(), key)
+    def _weights(self, group: list[Member], key: str) -> list[float]:
+        """The members' declared weights, capped; a weight that is not positive and finite fails the exchange."""
+        try:
+            return self.aggregation.weights([m.weight for m in group], [m.peer_id for m in group])
+        except ValueError as e:
+            raise ExchangeFailed(f"{key}: {e}") from None
+
+    def _reduce(self, codec, contributions: list[bytes], weights: list[float], numel: int,
+                key: str) -> tuple[bytes, Reduced]:
+        """Decode every contribution to this peer's slice, reduce them by the run's rule in the group's
+        order, encode."""
+        decoded = [self._decode(codec, data, numel, key) for data in contributions]
+        reduced = self.aggregation.reduce(decoded, weights)
+        return self._encode(codec, reduced.average.contiguous(), key), reduced
+
+    @staticmethod
+    def _judged(key: str, group: list[Member], reduced: Reduced) -> tuple[dict[str, str], dict[str, str]]:
+        """The reduction's verdicts by peer id, each logged once."""
+        rejected = {group[i].peer_id: why for i, why in reduced.rejected.items()}
+        clipped = {group[i].peer_id: why for i, why in reduced.clipped.items()}
+        for peer_id, why in rejected.items():
+            logger.warning("%s: the slice from %s was left out of this peer's part of the average (%s)", key, peer_id, why)
+        for peer_id, why in clipped.items():
+            logger.info("%s: the slice from %s was %s", key, peer_id, why)
+        return rejected, clipped
 
     @staticmethod
     def _encode(codec, tensor: torch.Tensor, key: str) -> bytes:
