@@ -171,10 +171,11 @@ class PeerDaemon:
         o = self.options
         group = self.group = self.parts.group(self.transport, self.run_config, run_id=self.run_id,
                                               peer_id=self.peer_id, peer_index=joined.peer_index,
-                                              planned=self.link.planned, faults=o.faults)
+                                              planned=self.link.planned, faults=o.faults, member=self.link.member)
         self.link.group_decision = group.group_decision
         self.link.param_count = trainer.param_count
-        transfer = self.parts.state_transfer(self.transport, run_id=self.run_id, timeout_s=o.state_timeout_s)
+        transfer = self.parts.state_transfer(self.transport, run_id=self.run_id, timeout_s=o.state_timeout_s,
+                                             member=self.link.member)
         self.store = PeerStateStore(trainer, transfer, run_id=self.run_id, state_dir=o.state_dir,
                                     checkpoint_every_rounds=o.checkpoint_every_rounds, stats=self.stats,
                                     faults=o.faults, announce=self.heartbeat.beat_now, tag=self.tag)
