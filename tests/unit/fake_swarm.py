@@ -4,6 +4,7 @@ for the group exchange, the DHT votes and the state transfer (no hivemind). Trai
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import threading
 import time
@@ -210,9 +211,26 @@ class FakeTransfer:
         raise StateUnavailable(f"no holder serves round {round_no}")
 
 
+_IDENTITIES: list[Libp2pIdentity] = []  # made once per process and reused: an RSA key takes a while to make
+
+
+def pooled_identity(index: int) -> Libp2pIdentity:
+    while len(_IDENTITIES) <= index:
+        _IDENTITIES.append(libp2p_identity())
+    return _IDENTITIES[index]
+
+
 class FakeParts(PeerParts):
-    def __init__(self, coordinator: FakeCoordinator, net: FakeNet) -> None:
+    """Each peer of one test gets its own libp2p identity, made ahead: a peer's join is then as quick as a
+    real one on a machine that made its key already (the tests' timing assumes joins are quick)."""
+
+    def __init__(self, coordinator: FakeCoordinator, net: FakeNet, *, peers: int = 4) -> None:
         self.coordinator, self.net = coordinator, net
+        self._identities = itertools.count()
+        pooled_identity(peers - 1)
+
+    def libp2p_identity(self, state_dir) -> Libp2pIdentity:
+        return pooled_identity(next(self._identities))
 
     def client(self, join) -> FakeClient:
         return FakeClient(self.coordinator)
