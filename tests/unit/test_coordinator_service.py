@@ -16,6 +16,7 @@ import pytest
 from google.protobuf import json_format
 
 from coordinator.server import JOIN_STRING_FILE, CoordinatorServer, serve
+from swarm.app.cli import main as cli_main
 from swarm.control import tls
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.client import CoordinatorClient, CoordinatorError, CoordinatorRejected, CoordinatorUnreachable
@@ -258,3 +259,19 @@ def test_a_started_coordinator_keeps_its_token_and_key_owner_only(server: Coordi
              for name in (JOIN_STRING_FILE, STORE_FILE, tls.KEY_FILE)}
     assert modes == dict.fromkeys(modes, 0o600)
     assert stat.S_IMODE(server._state_dir.stat().st_mode) == 0o700
+
+
+def test_a_status_token_made_while_the_coordinator_runs_watches_over_grpc_but_cannot_join(
+    server: CoordinatorServer, capsys: pytest.CaptureFixture
+) -> None:
+    assert cli_main(["token", "create", "--state-dir", str(server._state_dir), "--role", "status"]) == 0
+    watcher = JoinString.parse(capsys.readouterr().out.strip())
+    assert (watcher.host, watcher.port, watcher.fingerprint) == (server.join_string.host, server.join_string.port,
+                                                                  server.join_string.fingerprint)
+    with CoordinatorClient(watcher, request_timeout_s=5) as client:
+        assert client.get_status().run.run_id == server.engine.run.run_id
+        with pytest.raises(CoordinatorRejected) as info:
+            client.join(key=PeerKey.generate(), libp2p=libp2p_identity())
+    token_id = watcher.token.split(".")[0]
+    assert info.value.code == grpc.StatusCode.PERMISSION_DENIED
+    assert info.value.details.startswith(f"token {token_id} is a status token: it can watch this run but not join it")
