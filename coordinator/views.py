@@ -107,6 +107,7 @@ def status_response(
         overlap_steps=rounds.overlap_steps,
         outer_optimizer=config.outer.name,
         error_feedback=rounds.error_feedback,
+        aggregation=rounds.aggregation,
         eval_loss=run.eval_loss if run.eval_round >= 0 else math.nan,
         eval_round=max(run.eval_round, 0),
         initial_eval_loss=run.initial_eval_loss,
@@ -161,7 +162,8 @@ def _bounded(label: str) -> str:
 
 
 # The cumulative metrics that add up over peers (every peer that ever joined, gone ones included).
-_SUMMED_METRICS = ("bytes_sent", "bytes_received", "tokens", "inner_steps", "inner_time_s", "wall_time_s")
+_SUMMED_METRICS = ("bytes_sent", "bytes_received", "tokens", "inner_steps", "inner_time_s", "wall_time_s",
+                   "contributions_rejected", "contributions_clipped", "foreign_messages_dropped")
 
 
 def totals(peers: Sequence[PeerRecord], *, ddp_equivalent_bytes: int) -> pb.Totals:

@@ -14,11 +14,16 @@ Phases, in the order a round passes them:
     syncing        behind: about to download the committed state of that round (a slow joiner)
 Actions: ``crash`` (exit at once, like SIGKILL: no leave, no cleanup), ``delay`` (=seconds),
 ``drop`` (the named coordinator call is not sent this round: ``report`` or ``heartbeat``).
+
+A Byzantine peer, for attack soaks: ``scale@3:delta=-100`` multiplies this peer's pseudo-gradient by
+-100 before it is sent, in that round and every later one; ``scale@3:weight=1e6`` multiplies the sample
+count it declares. Its groupmates' validation and robust aggregation are what this exercises.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import time
@@ -28,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 PHASES = ("trained", "matchmaking", "sending", "reducing", "averaged", "reported", "syncing")
 DROPPABLE = ("report", "heartbeat")
-_ENTRY = re.compile(r"^(crash|delay|drop)@(\d+):([a-z]+)(?:=([0-9.]+))?$")
+SCALABLE = ("delta", "weight")
+_ENTRY = re.compile(r"^(crash|delay|drop|scale)@(\d+):([a-z]+)(?:=([-+0-9.e]+))?$")
 
 
 class FaultSpecError(ValueError):
@@ -39,8 +45,8 @@ class FaultSpecError(ValueError):
 class Fault:
     action: str
     round: int
-    phase: str  # a phase, or for drop the coordinator call
-    seconds: float = 0.0
+    phase: str  # a phase; for drop the coordinator call; for scale "delta" or "weight"
+    value: float = 0.0  # a delay's seconds, a scale's factor
 
 
 @dataclass
@@ -56,12 +62,19 @@ class FaultPlan:
             if not match:
                 raise FaultSpecError(f"fault {raw!r} is malformed; write ACTION@ROUND:PHASE, e.g. crash@3:sending")
             action, round_no, phase, value = match.groups()
-            valid = DROPPABLE if action == "drop" else PHASES
+            valid = {"drop": DROPPABLE, "scale": SCALABLE}.get(action, PHASES)
             if phase not in valid:
                 raise FaultSpecError(f"fault {raw!r}: {phase!r} is not one of {', '.join(valid)}")
-            if action == "delay" and value is None:
-                raise FaultSpecError(f"fault {raw!r}: a delay needs seconds, e.g. delay@2:reported=5")
-            faults.append(Fault(action, int(round_no), phase, float(value or 0.0)))
+            if action in ("delay", "scale") and value is None:
+                raise FaultSpecError(f"fault {raw!r}: a {action} needs a number: a delay needs seconds (delay@2:reported=5), "
+                                      "a scale a factor (scale@2:delta=-100)")
+            try:
+                number = float(value or 0.0)
+            except ValueError:
+                raise FaultSpecError(f"fault {raw!r}: {value!r} is not a number") from None
+            if not math.isfinite(number) or (action == "delay" and number < 0):
+                raise FaultSpecError(f"fault {raw!r}: {value!r} must be a finite number (a delay: not negative)")
+            faults.append(Fault(action, int(round_no), phase, number))
         return cls(faults)
 
     def at(self, round_no: int, phase: str) -> None:
@@ -72,15 +85,15 @@ class FaultPlan:
         """Crash here if the plan says so; else the seconds to delay at this phase (0.0: none). The
         exchange awaits the delay, so a slow peer's transport keeps serving others meanwhile."""
         for i, fault in enumerate(self.faults):
-            if i in self._fired or fault.action == "drop" or (fault.round, fault.phase) != (round_no, phase):
+            if i in self._fired or fault.action in ("drop", "scale") or (fault.round, fault.phase) != (round_no, phase):
                 continue
             self._fired.add(i)
             if fault.action == "crash":
                 logger.warning("fault injection: crashing at round %d, phase %s", round_no, phase)
                 logging.shutdown()
                 os._exit(137)
-            logger.warning("fault injection: delaying %.1fs at round %d, phase %s", fault.seconds, round_no, phase)
-            return fault.seconds
+            logger.warning("fault injection: delaying %.1fs at round %d, phase %s", fault.value, round_no, phase)
+            return fault.value
         return 0.0
 
     def drops(self, round_no: int, call: str) -> bool:
@@ -91,3 +104,12 @@ class FaultPlan:
                 logger.warning("fault injection: dropping %s of round %d", call, round_no)
                 return True
         return False
+
+    def scale(self, round_no: int, what: str) -> float:
+        """The factor a Byzantine plan puts on ``what`` ("delta" or "weight") in this round (1.0: honest).
+        A ``scale`` entry holds from its round on, so the attacker keeps attacking."""
+        factor = 1.0
+        for fault in self.faults:
+            if fault.action == "scale" and fault.phase == what and round_no >= fault.round:
+                factor *= fault.value
+        return factor

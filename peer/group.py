@@ -51,8 +51,12 @@ class DhtGroup:
 
     def average(self, round_no: int, contribution: Contribution) -> Averaged:
         rounds = self.run.rounds
+        delta, weight = contribution.delta, float(contribution.samples)
+        if self.faults.scale(round_no, "delta") != 1.0 or self.faults.scale(round_no, "weight") != 1.0:
+            delta = delta * self.faults.scale(round_no, "delta")  # a Byzantine peer (attack soaks only)
+            weight *= self.faults.scale(round_no, "weight")
         me = Member(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, index=self.peer_index,
-                    weight=float(contribution.samples), numel=contribution.delta.numel(), codec=rounds.codec,
+                    weight=weight, numel=contribution.delta.numel(), codec=rounds.codec,
                     live_peers=self.live_peers if rounds.scale_by_participation else 0)
         key = self.key(round_no, contribution.fragment)
         try:
@@ -61,7 +65,8 @@ class DhtGroup:
                 window_s=rounds.matchmaking_window_s, ttl_s=rounds.matchmaking_window_s + rounds.exchange_timeout_s,
                 on_posted=lambda: self.faults.at(round_no, "matchmaking"),
             )
-            result = self.exchange.average(key=key, group=group, me=me, delta=contribution.delta,
+            dropped_before = self.exchange.rejected_chunks
+            result = self.exchange.average(key=key, group=group, me=me, delta=delta,
                                            timeout_s=rounds.exchange_timeout_s,
                                            on_phase=lambda phase: self.faults.fire(round_no, phase))
         except ExchangeFailed as e:
@@ -73,7 +78,9 @@ class DhtGroup:
                     f", outer step scaled by {scale:.2f} ({len(group)} of {max(m.live_peers for m in group)} "
                     "live peers)" if scale != 1.0 else "")
         return Averaged(average=average, group=[m.peer_id for m in group], bytes_sent=result.bytes_sent,
-                        bytes_received=result.bytes_received, seconds=result.seconds)
+                        bytes_received=result.bytes_received, seconds=result.seconds,
+                        contributions_rejected=len(result.rejected), contributions_clipped=len(result.clipped),
+                        foreign_messages_dropped=self.exchange.rejected_chunks - dropped_before)
 
     def post(self, vote: Vote) -> None:
         post_vote(self.transport.dht, self.key(vote.round_no, vote.fragment),

@@ -45,7 +45,10 @@ class PeerHooks(Hooks):
     def voted(self, vote: Vote) -> None:
         averaged = vote.averaged
         self.stats.add(bytes_sent=averaged.bytes_sent if averaged else 0,
-                       bytes_received=averaged.bytes_received if averaged else 0)
+                       bytes_received=averaged.bytes_received if averaged else 0,
+                       contributions_rejected=averaged.contributions_rejected if averaged else 0,
+                       contributions_clipped=averaged.contributions_clipped if averaged else 0,
+                       foreign_messages_dropped=averaged.foreign_messages_dropped if averaged else 0)
         if vote.ok:
             logger.info("%s tentative hash %s", self.tag(vote.round_no), vote.state_hash)
         else:

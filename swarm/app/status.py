@@ -97,6 +97,8 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
     if run.get("overlap_steps"):
         plan += f", exchanges overlap {run['overlap_steps']} steps"
     plan += f", outer {_shown(run.get('outer_optimizer') or 'nesterov')}"
+    if run.get("aggregation") not in (None, "", "mean"):
+        plan += f", aggregation {_shown(run['aggregation'])}"
     table.add_row("plan", plan)
     ddp = totals["ddp_equivalent_bytes"]
     sent = totals["bytes_sent"]
@@ -104,6 +106,12 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
     table.add_row("bytes sent", f"{format_bytes(sent)} vs {format_bytes(ddp)} for data-parallel{ratio}")
     table.add_row("compute utilization", f"{100 * totals['compute_utilization']:.1f}% (inner-step time / wall time)")
     table.add_row("tokens", f"{totals['tokens']:,}")
+    refused = [(totals.get(k) or 0, words) for k, words in (
+        ("contributions_rejected", "contributions left out (norm far above the group's median)"),
+        ("contributions_clipped", "contributions clipped"),
+        ("foreign_messages_dropped", "slices from non-members dropped"))]
+    if any(n for n, _ in refused):
+        table.add_row("robust aggregation", ", ".join(f"{n:,} {words}" for n, words in refused if n))
     if status.get("peers_omitted"):
         table.add_row("peers not listed", f"{status['peers_omitted']} (left or evicted long ago)")
 

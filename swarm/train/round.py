@@ -62,6 +62,10 @@ class Averaged:
     bytes_sent: int = 0
     bytes_received: int = 0
     seconds: float = 0.0
+    # what this peer, as the owner of its slice, did to groupmates' contributions (robust aggregation)
+    contributions_rejected: int = 0
+    contributions_clipped: int = 0
+    foreign_messages_dropped: int = 0  # slices or aborts from a libp2p id that is not the member it claims
 
 
 @dataclass(frozen=True)

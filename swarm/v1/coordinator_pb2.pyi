@@ -126,7 +126,7 @@ class RoundInfo(_message.Message):
     def __init__(self, round: _Optional[int] = ..., outcome: _Optional[_Union[RoundOutcome, str]] = ..., participants: _Optional[_Iterable[str]] = ..., committed_hash: _Optional[str] = ..., holders: _Optional[_Iterable[str]] = ..., last_committed_round: _Optional[int] = ..., last_committed_hash: _Optional[str] = ..., finished: _Optional[bool] = ..., open_round: _Optional[int] = ..., live_peers: _Optional[int] = ..., behind_peers: _Optional[int] = ...) -> None: ...
 
 class PeerMetrics(_message.Message):
-    __slots__ = ("state", "round", "state_hash", "state_round", "model_fingerprint", "param_count", "dht_peer_id", "dht_maddrs", "loss", "step_time_s", "tokens_per_s", "eval_loss", "eval_round", "inner_time_s", "wall_time_s", "inner_steps", "tokens", "bytes_sent", "bytes_received")
+    __slots__ = ("state", "round", "state_hash", "state_round", "model_fingerprint", "param_count", "dht_peer_id", "dht_maddrs", "loss", "step_time_s", "tokens_per_s", "eval_loss", "eval_round", "inner_time_s", "wall_time_s", "inner_steps", "tokens", "bytes_sent", "bytes_received", "contributions_rejected", "contributions_clipped", "foreign_messages_dropped")
     STATE_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     STATE_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +146,9 @@ class PeerMetrics(_message.Message):
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTIONS_REJECTED_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTIONS_CLIPPED_FIELD_NUMBER: _ClassVar[int]
+    FOREIGN_MESSAGES_DROPPED_FIELD_NUMBER: _ClassVar[int]
     state: PeerState
     round: int
     state_hash: str
@@ -165,7 +168,10 @@ class PeerMetrics(_message.Message):
     tokens: int
     bytes_sent: int
     bytes_received: int
-    def __init__(self, state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., state_hash: _Optional[str] = ..., state_round: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., param_count: _Optional[int] = ..., dht_peer_id: _Optional[str] = ..., dht_maddrs: _Optional[_Iterable[str]] = ..., loss: _Optional[float] = ..., step_time_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., inner_steps: _Optional[int] = ..., tokens: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ...) -> None: ...
+    contributions_rejected: int
+    contributions_clipped: int
+    foreign_messages_dropped: int
+    def __init__(self, state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., state_hash: _Optional[str] = ..., state_round: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., param_count: _Optional[int] = ..., dht_peer_id: _Optional[str] = ..., dht_maddrs: _Optional[_Iterable[str]] = ..., loss: _Optional[float] = ..., step_time_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., inner_steps: _Optional[int] = ..., tokens: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., contributions_rejected: _Optional[int] = ..., contributions_clipped: _Optional[int] = ..., foreign_messages_dropped: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("peer_id", "metrics")
@@ -254,7 +260,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self, token: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class RunStatus(_message.Message):
-    __slots__ = ("run_id", "open_round", "rounds_committed", "rounds_voided", "committed_hash", "eval_loss", "eval_round", "initial_eval_loss", "finished", "max_rounds", "inner_steps", "codec", "model_preset", "param_count", "loss", "uptime_s", "committed_round", "fragments", "overlap_steps", "outer_optimizer", "error_feedback")
+    __slots__ = ("run_id", "open_round", "rounds_committed", "rounds_voided", "committed_hash", "eval_loss", "eval_round", "initial_eval_loss", "finished", "max_rounds", "inner_steps", "codec", "model_preset", "param_count", "loss", "uptime_s", "committed_round", "fragments", "overlap_steps", "outer_optimizer", "error_feedback", "aggregation")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     OPEN_ROUND_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_COMMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -276,6 +282,7 @@ class RunStatus(_message.Message):
     OVERLAP_STEPS_FIELD_NUMBER: _ClassVar[int]
     OUTER_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     ERROR_FEEDBACK_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     open_round: int
     rounds_committed: int
@@ -297,7 +304,8 @@ class RunStatus(_message.Message):
     overlap_steps: int
     outer_optimizer: str
     error_feedback: bool
-    def __init__(self, run_id: _Optional[str] = ..., open_round: _Optional[int] = ..., rounds_committed: _Optional[int] = ..., rounds_voided: _Optional[int] = ..., committed_hash: _Optional[str] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., initial_eval_loss: _Optional[float] = ..., finished: _Optional[bool] = ..., max_rounds: _Optional[int] = ..., inner_steps: _Optional[int] = ..., codec: _Optional[str] = ..., model_preset: _Optional[str] = ..., param_count: _Optional[int] = ..., loss: _Optional[float] = ..., uptime_s: _Optional[float] = ..., committed_round: _Optional[int] = ..., fragments: _Optional[int] = ..., overlap_steps: _Optional[int] = ..., outer_optimizer: _Optional[str] = ..., error_feedback: _Optional[bool] = ...) -> None: ...
+    aggregation: str
+    def __init__(self, run_id: _Optional[str] = ..., open_round: _Optional[int] = ..., rounds_committed: _Optional[int] = ..., rounds_voided: _Optional[int] = ..., committed_hash: _Optional[str] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., initial_eval_loss: _Optional[float] = ..., finished: _Optional[bool] = ..., max_rounds: _Optional[int] = ..., inner_steps: _Optional[int] = ..., codec: _Optional[str] = ..., model_preset: _Optional[str] = ..., param_count: _Optional[int] = ..., loss: _Optional[float] = ..., uptime_s: _Optional[float] = ..., committed_round: _Optional[int] = ..., fragments: _Optional[int] = ..., overlap_steps: _Optional[int] = ..., outer_optimizer: _Optional[str] = ..., error_feedback: _Optional[bool] = ..., aggregation: _Optional[str] = ...) -> None: ...
 
 class PeerStatus(_message.Message):
     __slots__ = ("id", "name", "site", "state", "device", "rounds_joined", "rounds_missed", "last_seen_s", "compute_utilization", "metrics")
@@ -324,7 +332,7 @@ class PeerStatus(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., site: _Optional[str] = ..., state: _Optional[str] = ..., device: _Optional[str] = ..., rounds_joined: _Optional[int] = ..., rounds_missed: _Optional[int] = ..., last_seen_s: _Optional[float] = ..., compute_utilization: _Optional[float] = ..., metrics: _Optional[_Union[PeerMetrics, _Mapping]] = ...) -> None: ...
 
 class Totals(_message.Message):
-    __slots__ = ("bytes_sent", "bytes_received", "ddp_equivalent_bytes", "compute_utilization", "tokens", "inner_steps", "inner_time_s", "wall_time_s")
+    __slots__ = ("bytes_sent", "bytes_received", "ddp_equivalent_bytes", "compute_utilization", "tokens", "inner_steps", "inner_time_s", "wall_time_s", "contributions_rejected", "contributions_clipped", "foreign_messages_dropped")
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     DDP_EQUIVALENT_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -333,6 +341,9 @@ class Totals(_message.Message):
     INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
     INNER_TIME_S_FIELD_NUMBER: _ClassVar[int]
     WALL_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTIONS_REJECTED_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTIONS_CLIPPED_FIELD_NUMBER: _ClassVar[int]
+    FOREIGN_MESSAGES_DROPPED_FIELD_NUMBER: _ClassVar[int]
     bytes_sent: int
     bytes_received: int
     ddp_equivalent_bytes: int
@@ -341,7 +352,10 @@ class Totals(_message.Message):
     inner_steps: int
     inner_time_s: float
     wall_time_s: float
-    def __init__(self, bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., ddp_equivalent_bytes: _Optional[int] = ..., compute_utilization: _Optional[float] = ..., tokens: _Optional[int] = ..., inner_steps: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ...) -> None: ...
+    contributions_rejected: int
+    contributions_clipped: int
+    foreign_messages_dropped: int
+    def __init__(self, bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., ddp_equivalent_bytes: _Optional[int] = ..., compute_utilization: _Optional[float] = ..., tokens: _Optional[int] = ..., inner_steps: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., contributions_rejected: _Optional[int] = ..., contributions_clipped: _Optional[int] = ..., foreign_messages_dropped: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("run", "peers", "totals", "next_page_token", "peers_omitted")

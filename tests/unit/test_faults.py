@@ -36,3 +36,13 @@ def test_a_crash_exits_at_once_with_137():
            "print('alive', flush=True); p.at(4, 'averaged'); print('not reached')"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert (done.returncode, done.stdout) == (137, "alive\n")
+
+
+def test_a_byzantine_plan_scales_from_its_round_on():
+    plan = FaultPlan.parse("scale@3:delta=-100, scale@2:weight=1e6")
+    assert plan.scale(2, "delta") == 1.0 and plan.scale(3, "delta") == -100.0 and plan.scale(9, "delta") == -100.0
+    assert plan.scale(1, "weight") == 1.0 and plan.scale(2, "weight") == 1e6
+    plan.at(3, "sending")  # a scale entry is not a phase fault: nothing fires, nothing sleeps
+    for bad in ("scale@3:delta", "scale@3:speed=2", "scale@3:delta=inf"):
+        with pytest.raises(FaultSpecError):
+            FaultPlan.parse(bad)
