@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import hivemind
+from hivemind.dht.validation import RecordValidatorBase
 from hivemind.p2p import PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
@@ -75,8 +76,9 @@ class DHTNode:
     """Start with ``start()``; ``initial_peers`` are the multiaddrs peers should bootstrap from."""
 
     def __init__(self, *, state_dir: Path, host: str, port: int = 0, announce_host: Optional[str] = None,
-                 previous_port: int = 0) -> None:
+                 previous_port: int = 0, record_validators: Sequence[RecordValidatorBase] = ()) -> None:
         self._state_dir = Path(state_dir)
+        self._record_validators = list(record_validators)  # e.g. members' signed entries only
         # A wildcard address is not one a peer can dial; without an announced address, stay on loopback.
         wildcard = host in ("0.0.0.0", "::", "")
         self._host = "127.0.0.1" if wildcard and announce_host is None else host
@@ -104,6 +106,7 @@ class DHTNode:
             host_maddrs=[_maddr(self._host, port)],
             announce_maddrs=announce,
             identity_path=str(self._state_dir / IDENTITY_FILE),
+            record_validators=self._record_validators,
         )
         self._orphan_watch = exit_with_parent(self._dht)
         visible = [str(m) for m in self._dht.get_visible_maddrs()]

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import grpc
 
 from coordinator.dht_node import DHTNode
+from swarm.net.dht_entries import EntryValidator
 from coordinator.engine import CoordinatorEngine
 from coordinator.limits import MAX_REQUEST_BYTES, tolerant
 from coordinator.servicer import CoordinatorServicer
@@ -90,15 +91,19 @@ class CoordinatorServer:
         try:
             _private_files(self._state_dir)
             self._store = Store.in_dir(self._state_dir)
+            signing_key = PeerKey.load_or_create(self._state_dir / SIGNING_KEY_FILE)
             self.engine = CoordinatorEngine(
                 self._store, config=self._run, check_config=self._config_given, lease_s=self._lease_s,
-                clock=self._clock, signing_key=PeerKey.load_or_create(self._state_dir / SIGNING_KEY_FILE),
+                clock=self._clock, signing_key=signing_key,
             )
             cert_pem, key_pem = tls.ensure_certificate(self._state_dir)
             # A restart keeps the DHT port (the peers' address for this node) and dials the peers it knew.
             self._dht = DHTNode(
                 state_dir=self._state_dir, host=self._host, port=self._dht_port, announce_host=self._announce_host,
                 previous_port=self.engine.run.dht_port,
+                # the run's DHT holds members' signed entries only: a stranger cannot store through this node
+                record_validators=[EntryValidator(coordinator_public_key=signing_key.public_key,
+                                                  run_id=self.engine.run.run_id)],
             )
             initial_peers = self._dht.start(bootstrap=self.engine.peer_dht_addresses())
             self._grpc = grpc.server(
