@@ -215,7 +215,8 @@ class CoordinatorEngine:
             reports = self._store.reports(self._open.round)
             alive = [p for p in self._open.participants if p in self._peers and self._peers[p].alive]
             decision = rounds.decide_round(
-                now, self._open, alive, reports, self.config.rounds.round_timeout_s, param_count=self._run.param_count
+                now, self._open, alive, reports, self.config.rounds.round_timeout_s,
+                report_grace_s=self.config.rounds.report_grace_s, param_count=self._run.param_count,
             )
             if not decision.decided:
                 exchanging = any(

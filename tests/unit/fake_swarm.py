@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 from typing import Callable, Optional
 
 import torch
@@ -22,7 +21,7 @@ from swarm.control.client import CoordinatorRejected, CoordinatorUnreachable
 from swarm.control.joinstring import JoinString
 from swarm.core.average import butterfly_reference
 from swarm.core.codec import get_codec
-from swarm.core.commit_rule import winning_hash
+from swarm.core import commit_rule
 from swarm.core.state import GlobalState
 from swarm.net.state_transfer import StateUnavailable
 from swarm.train.round import Averaged, SyncFailed, Vote
@@ -140,9 +139,11 @@ class FakeNet:
         with self.cond:
             if not group or not self.cond.wait_for(lambda: set(group) <= set(self.votes.get(key, {})), timeout=5.0):
                 return None
-            votes = self.votes[key]
-            won = winning_hash(Counter(v.state_hash for v, _ in votes.values() if v.ok))
-            committed = won[0] if won else None
+            votes = {p: self.votes[key][p] for p in group}  # the DHT read keeps the group's votes only
+            members = frozenset(group)
+            committed = commit_rule.decide(
+                [commit_rule.Claim(p, v.ok, v.state_hash, members) for p, (v, _) in votes.items()], members,
+            ).committed_hash
             holders = [d for v, d in votes.values() if v.ok and v.state_hash == committed]
             return committed, holders
 
