@@ -85,9 +85,10 @@ def test_two_ready_peers_open_round_one_and_commit_it(client: CoordinatorClient)
     ready(client, a.peer_id)
     info = ready(client, b.peer_id).round
     assert info.open_round == 1 and {a.peer_id, b.peer_id} <= set(info.participants)
-    client.report_round(a.peer_id, 1, ok=True, state_hash="h1", inner_steps=5, loss=3.5, samples=40)
+    group = [a.peer_id, b.peer_id]  # a report names the group it averaged with
+    client.report_round(a.peer_id, 1, ok=True, state_hash="h1", inner_steps=5, loss=3.5, samples=40, group=group)
     client.report_round(pb.ReportRoundRequest(  # a prebuilt request works too
-        peer_id=b.peer_id, round=1, ok=True, state_hash="h1", inner_steps=5, loss=3.5, samples=40))
+        peer_id=b.peer_id, round=1, ok=True, state_hash="h1", inner_steps=5, loss=3.5, samples=40, group=group))
     committed = client.get_round(a.peer_id, 1)
     assert (committed.outcome, committed.committed_hash) == (pb.ROUND_OUTCOME_COMMITTED, "h1")
     assert set(committed.holders) >= {"dht-" + a.peer_id, "dht-" + b.peer_id}
@@ -159,7 +160,7 @@ def test_restart_keeps_the_join_string_and_the_open_round(tmp_path: Path) -> Non
             for p in (a, b):
                 ready(client, p.peer_id)
             for p in (a, b):
-                client.report_round(p.peer_id, 1, ok=True, state_hash="h1")
+                client.report_round(p.peer_id, 1, ok=True, state_hash="h1", group=[a.peer_id, b.peer_id])
             assert client.get_status().run.open_round == 2
     finally:
         first.stop()
@@ -190,7 +191,7 @@ def test_serve_prints_the_join_string_and_returns_when_the_run_finished(
     with CoordinatorClient(JoinString.parse(line.removeprefix("join: ")), request_timeout_s=5) as client:
         peer = client.join()
         ready(client, peer.peer_id)
-        info = client.report_round(peer.peer_id, 1, ok=True, state_hash="h1").round
+        info = client.report_round(peer.peer_id, 1, ok=True, state_hash="h1", group=[peer.peer_id]).round
         assert info.finished and info.outcome == pb.ROUND_OUTCOME_COMMITTED
         client.leave(peer.peer_id, "run finished")
     thread.join(timeout=20)
