@@ -3,6 +3,11 @@
 Every public method takes one lock, reads the injected clock once, evicts expired peers, does its
 work with the pure functions of ``membership`` and ``rounds``, retries the round decision, and
 saves the result in one SQLite transaction.  Refusals are ``coordinator.errors.Rejection``s.
+
+A heartbeat's cost does not grow with the number of peers: expiries come off a heap (``Roster``),
+the round is decided again only when something it depends on changed or its deadline passed, the
+RoundInfo answer is rebuilt only when the round or the peers it lists changed, and a peer record
+whose only news is its lease and its counters is written at most every ``METRICS_PERSIST_S``.
 """
 
 from __future__ import annotations
@@ -18,12 +23,17 @@ from typing import Any, Callable, Iterator, Optional
 from coordinator import membership, rounds
 from coordinator.errors import BadRequest, Rejection, UnknownPeer
 from coordinator.records import COMMITTED, EXCHANGING, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
+from coordinator.roster import Roster
 from coordinator.store import Store
 from coordinator.views import RunPosition, round_info, status_response
 from swarm.config import ConfigError, RunConfig
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
+
+# A peer's counters (bytes, tokens, times) reach the store at most this often; its membership, state,
+# state hash and identity reach it at once. The lease is never needed from disk: a restart renews it.
+METRICS_PERSIST_S = 5.0
 
 
 class CoordinatorEngine:
@@ -57,12 +67,23 @@ class CoordinatorEngine:
 
     def _load(self) -> None:
         self._run: RunRecord = self._store.get_run()  # type: ignore[assignment]
-        self._peers: dict[str, PeerRecord] = {p.peer_id: p for p in self._store.peers()}
         self._latest: Optional[RoundRecord] = self._store.latest_round()
         self._open: Optional[RoundRecord] = (
             self._latest if self._latest is not None and self._latest.outcome == OPEN else None
         )
         self._last_committed: Optional[RoundRecord] = self._store.latest_committed_round()
+        self._roster = Roster(self._store.peers(), committed_round=self._last_committed_state()[0],
+                              committed_hash=self._last_committed_state()[1])
+        self._peers: dict[str, PeerRecord] = self._roster.peers  # read here; written through _save_peer only
+        self._persisted_at: dict[str, float] = {}  # peer id -> when its record was last written (clock time)
+        # The open round's reports, as stored
+        self._reports: dict[str, ReportRecord] = (
+            {r.peer_id: r for r in self._store.reports(self._open.round)} if self._open is not None else {}
+        )
+        self._rounds_version = 0  # bumped by every change of a round, its reports or the run
+        self._settled: Optional[tuple[int, int]] = None  # (roster, rounds) versions the last settle saw
+        self._wait_until = float("inf")  # when the open round is decided even if nothing else happens
+        self._info_cache: Optional[tuple[tuple[int, int], pb.RoundInfo]] = None
 
     @property
     def run(self) -> RunRecord:
@@ -130,6 +151,8 @@ class CoordinatorEngine:
                 return self._info(req.round)  # late or early: nothing to decide, say how it stands
             report = _report_record(req, now)
             if self._store.add_report(report):
+                self._reports[report.peer_id] = report
+                self._rounds_version += 1
                 log = logger.info if req.ok else logger.warning
                 log("peer %s: round %d: reported %s%s", req.peer_id, req.round,
                     f"hash {report.state_hash[:12]}" if req.ok else "failure",
@@ -205,20 +228,35 @@ class CoordinatorEngine:
                 raise rejection
 
     def _evict_expired(self, now: float) -> None:
-        for peer in membership.expired(self._peers.values(), now):
-            self._save_peer(peer)
-            logger.warning("peer %s: evicted: %s", peer.peer_id, peer.gone_reason)
+        for peer in self._roster.expired(now):
+            evicted = membership.evict(peer, f"no heartbeat for {now - peer.last_seen:.0f}s")
+            self._save_peer(evicted)
+            logger.warning("peer %s: evicted: %s", peer.peer_id, evicted.gone_reason)
 
     def _settle(self, now: float) -> None:
-        """Decide the open round if it can be, admit late peers, open the next round when possible."""
+        """Decide the open round if it can be, admit late peers, open the next round when possible.
+
+        Does nothing when nothing it depends on changed since the last time and no deadline passed.
+        """
+        if self._settled == self._versions() and now < self._wait_until:
+            return
+        self._settle_now(now)
+        self._settled = self._versions()
+
+    def _versions(self) -> tuple[int, int]:
+        return self._roster.version, self._rounds_version
+
+    def _settle_now(self, now: float) -> None:
+        self._wait_until = float("inf")
         if self._open is not None:
-            reports = self._store.reports(self._open.round)
+            reports = sorted(self._reports.values(), key=lambda r: r.peer_id)
             alive = [p for p in self._open.participants if p in self._peers and self._peers[p].alive]
             decision = rounds.decide_round(
                 now, self._open, alive, reports, self.config.rounds.round_timeout_s,
                 report_grace_s=self.config.rounds.report_grace_s, param_count=self._run.param_count,
             )
             if not decision.decided:
+                self._wait_until = decision.wait_until
                 exchanging = any(
                     self._peers[p].state == EXCHANGING and self._peers[p].metrics.round == self._open.round
                     for p in alive
@@ -269,7 +307,7 @@ class CoordinatorEngine:
         return 0, self._run.initial_hash
 
     def _ready(self) -> list[str]:
-        return membership.ready_peer_ids(self._peers.values(), *self._last_committed_state())
+        return self._roster.ready_ids()
 
     def _carried(self) -> list[str]:
         """The last committed round's holders still alive: they hold its state without saying so yet."""
@@ -289,29 +327,63 @@ class CoordinatorEngine:
 
     def _current_info(self) -> pb.RoundInfo:
         """The open round, or the latest decided one when none is open (round 0 before any)."""
-        row = self._open or self._latest
-        return round_info(row.round if row else 0, row, self._position(), self._peers)
+        versions = self._versions()
+        if self._info_cache is None or self._info_cache[0] != versions:
+            row = self._open or self._latest
+            self._info_cache = versions, round_info(row.round if row else 0, row, self._position(), self._peers)
+        info = pb.RoundInfo()
+        info.CopyFrom(self._info_cache[1])
+        return self._counted(info)
 
     def _info(self, number: int) -> pb.RoundInfo:
         row = self._store.get_round(number) if number > 0 else None
-        return round_info(number, row, self._position(), self._peers)
+        return self._counted(round_info(number, row, self._position(), self._peers))
+
+    def _counted(self, info: pb.RoundInfo) -> pb.RoundInfo:
+        # a holder of the final state stays to serve it while the peers behind catch up (peer: _serve_final_state)
+        info.live_peers, info.behind_peers = self._roster.live, self._roster.behind
+        return info
 
     def _save_run(self, run: RunRecord) -> None:
         if to_json(run) != to_json(self._run):  # not ==: NaN fields never compare equal
             self._store.put_run(run)
             self._run = run
+            self._rounds_version += 1
+            self._roster.set_committed(*self._last_committed_state())  # the initial hash may have arrived
 
     def _save_peer(self, peer: PeerRecord) -> None:
-        self._store.put_peer(peer)
-        self._peers[peer.peer_id] = peer
+        """Keep ``peer``; write it now unless only its lease and counters changed and were written lately."""
+        old = self._peers.get(peer.peer_id)
+        now = peer.last_seen
+        if (old is None or _durable_change(old, peer)
+                or now - self._persisted_at.get(peer.peer_id, -float("inf")) >= METRICS_PERSIST_S):
+            self._store.put_peer(peer)
+            self._persisted_at[peer.peer_id] = now
+        self._roster.put(peer)
 
     def _save_round(self, row: RoundRecord) -> None:
         self._store.put_round(row)
         if self._latest is None or row.round >= self._latest.round:
             self._latest = row
+        if row.outcome == OPEN and (self._open is None or self._open.round != row.round):
+            self._reports = {}
         self._open = row if row.outcome == OPEN else None
         if row.outcome == COMMITTED:
             self._last_committed = row
+        self._rounds_version += 1
+        self._roster.set_committed(*self._last_committed_state())
+
+
+# What the engine decides by; a change to any of them is written at once.
+_DURABLE_METRICS = ("state", "round", "state_round", "state_hash", "model_fingerprint", "param_count",
+                    "dht_peer_id", "dht_maddrs")
+
+
+def _durable_change(old: PeerRecord, new: PeerRecord) -> bool:
+    """Anything beyond the lease and the counters changed between ``old`` and ``new``."""
+    if dataclasses.replace(old, last_seen=new.last_seen, lease_expiry=new.lease_expiry, metrics=new.metrics) != new:
+        return True
+    return any(getattr(old.metrics, name) != getattr(new.metrics, name) for name in _DURABLE_METRICS)
 
 
 def _new_peer_id(existing: dict[str, PeerRecord]) -> str:

@@ -23,6 +23,7 @@ class Decision:
     joined: tuple[str, ...] = ()  # participants that hold the committed state
     missed: tuple[str, ...] = ()  # the other participants
     ddp_equivalent_bytes: int = 0
+    wait_until: float = math.inf  # undecided: when it will be decided even if no report or peer changes
 
 
 def decide_round(
@@ -54,7 +55,7 @@ def decide_round(
         deadline = min(deadline, quorum_at + report_grace_s)
     if pending and now < deadline:
         return Decision(
-            round=round_row, decided=False,
+            round=round_row, decided=False, wait_until=deadline,
             reason=f"waiting for {len(pending)} of {len(participants)} participants until {deadline - now:.0f}s from now",
         )
     why = _why_now(len(participants), len(counted), len(pending),
