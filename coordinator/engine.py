@@ -170,13 +170,14 @@ class CoordinatorEngine:
     def status(self, token: str) -> pb.GetStatusResponse:
         with self._session() as now:
             membership.check_token(self._run, token)
-            return status_response(
+            facts = dict(  # records are immutable: the answer is built after the lock is released
                 run=self._run, config=self.config, peers=list(self._peers.values()), position=self._position(),
                 last_committed=self._last_committed,
                 rounds_committed=self._store.count_rounds(COMMITTED),
                 rounds_voided=self._store.count_rounds(pb.ROUND_OUTCOME_VOIDED),
                 now=now, started_at=self.started_at,
             )
+        return status_response(**facts)
 
     def tick(self) -> None:
         """Evict expired peers and decide rounds that timed out; call it every fraction of a second."""
@@ -345,7 +346,7 @@ class CoordinatorEngine:
         return info
 
     def _save_run(self, run: RunRecord) -> None:
-        if to_json(run) != to_json(self._run):  # not ==: NaN fields never compare equal
+        if run is not self._run and to_json(run) != to_json(self._run):  # not ==: NaN fields never compare equal
             self._store.put_run(run)
             self._run = run
             self._rounds_version += 1

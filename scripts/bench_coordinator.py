@@ -82,6 +82,7 @@ class Load:
     def __init__(self, stub: pb_grpc.CoordinatorStub, join: JoinString, call: Call, *, rounds: bool) -> None:
         self.stub, self.join, self.call, self.rounds = stub, join, call, rounds
         self.latencies_ms: list[float] = []
+        self.by_method: dict[str, list[float]] = {}
         self.errors: dict[str, int] = {}
         self.measuring = False
         self.stop = asyncio.Event()
@@ -98,6 +99,7 @@ class Load:
             return None
         if self.measuring:
             self.latencies_ms.append((time.perf_counter() - started) * 1000)
+            self.by_method.setdefault(method, []).append(self.latencies_ms[-1])
         return response
 
     async def peer(self, index: int, joined: asyncio.Queue) -> None:
@@ -149,11 +151,13 @@ async def run_load(join: JoinString, *, peers: int, seconds: float, rounds: bool
     join_s = time.perf_counter() - join_started
     tasks.append(asyncio.create_task(load.status()))
     await asyncio.sleep(2.0)  # let the heartbeats spread out
-    cpu_before = sum(child.cpu_times()[:2])
+    me = psutil.Process()
+    cpu_before, load_cpu_before = sum(child.cpu_times()[:2]), sum(me.cpu_times()[:2])
     load.measuring = True
     await asyncio.sleep(seconds)
     load.measuring = False
     cpu_s = sum(child.cpu_times()[:2]) - cpu_before
+    load_cpu_s = sum(me.cpu_times()[:2]) - load_cpu_before
     load.stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
     await channel.close()
@@ -162,10 +166,11 @@ async def run_load(join: JoinString, *, peers: int, seconds: float, rounds: bool
         "peers": peers, "seconds": seconds, "rounds": rounds, "rpcs": len(latencies),
         "rpc_p50_ms": round(_percentile(latencies, 50), 2), "rpc_p99_ms": round(_percentile(latencies, 99), 2),
         "rpc_max_ms": round(latencies[-1], 2) if latencies else 0.0,
+        "p99_ms_by_method": {m: round(_percentile(sorted(v), 99), 2) for m, v in load.by_method.items()},
         "errors": sum(load.errors.values()), "error_kinds": load.errors,
         "coordinator_cpu_s": round(cpu_s, 2),
         "coordinator_cpu_ms_per_rpc": round(1000 * cpu_s / max(1, len(latencies)), 3),
-        "join_s": round(join_s, 2), "reports": load.reports,
+        "load_generator_cpu_s": round(load_cpu_s, 2), "join_s": round(join_s, 2), "reports": load.reports,
     }
 
 
