@@ -380,3 +380,30 @@ def test_round_info_counts_the_live_peers_ready_or_not_and_those_behind(clock: F
     engine.tick()
     info = engine.round_info(a, 0)
     assert (info.live_peers, info.behind_peers) == (1, 0)
+
+
+def test_the_engine_decides_at_the_grace_after_a_quorum_while_a_member_stays_silent(clock: FakeClock) -> None:
+    engine = make_engine(clock, report_grace_s=10.0)
+    a, b, c = join_ready(engine), join_ready(engine), join_ready(engine)
+    group = [a, b, c]
+    send(engine, a, 1, group=group)
+    send(engine, b, 1, group=group)  # 2 of 3: a quorum; c keeps beating but never reports
+    clock.now += 9
+    beat(engine, c)
+    assert engine.round_info(a, 1).outcome == OPEN
+    clock.now += 1
+    engine.tick()
+    info = engine.round_info(a, 1)
+    assert (info.outcome, list(info.holders)) == (COMMITTED, ["dht-" + a, "dht-" + b])
+    assert clock.now < 1_000.0 + TIMEOUT_S
+
+
+def test_a_fake_peer_reporting_its_own_group_is_not_committed_nor_a_holder(clock: FakeClock) -> None:
+    """The attack seen: a planned peer reports hash ffff… with a group naming only itself."""
+    engine = make_engine(clock)
+    a, b, fake = join_ready(engine), join_ready(engine), join_ready(engine)
+    send(engine, fake, 1, state_hash="f" * 64, group=[fake])
+    send(engine, a, 1, group=[a, b])
+    send(engine, b, 1, group=[a, b])
+    info = engine.round_info(a, 1)
+    assert (info.outcome, info.committed_hash, list(info.holders)) == (COMMITTED, "h1", ["dht-" + a, "dht-" + b])
