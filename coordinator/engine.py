@@ -278,6 +278,7 @@ class CoordinatorEngine:
         )
         if planned is not None:
             self._save_round(planned)
+            self._wait_until = planned.opened_at + self.config.rounds.round_timeout_s  # should no one report
             logger.info("round %d: opened with %s", number, ", ".join(planned.participants))
 
     def _apply(self, decision: rounds.Decision, now: float) -> None:

@@ -407,3 +407,14 @@ def test_a_fake_peer_reporting_its_own_group_is_not_committed_nor_a_holder(clock
     send(engine, b, 1, group=[a, b])
     info = engine.round_info(a, 1)
     assert (info.outcome, info.committed_hash, list(info.holders)) == (COMMITTED, "h1", ["dht-" + a, "dht-" + b])
+
+
+def test_a_round_nobody_reports_is_voided_at_its_timeout_by_the_tick(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    a = join_ready(engine)
+    assert engine.round_info(a, 0).open_round == 1
+    while clock.now < 1_000.0 + TIMEOUT_S:  # alive, unchanged, silent about the round
+        clock.now += LEASE_S / 2
+        beat(engine, a)
+    engine.tick()
+    assert engine.round_info(a, 1).outcome == VOIDED
