@@ -7,7 +7,7 @@ saves the result in one SQLite transaction.  Refusals are ``coordinator.errors.R
 A heartbeat's cost does not grow with the number of peers: expiries come off a heap (``Roster``),
 the round is decided again only when something it depends on changed or its deadline passed, the
 RoundInfo answer is rebuilt only when the round or the peers it lists changed, and a peer record
-whose only news is its lease and its counters is written at most every ``METRICS_PERSIST_S``.
+whose only news is its lease and its counters is written only every few seconds (``PeerWrites``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Optional
 from coordinator import membership, rounds
 from coordinator.errors import BadRequest, Rejection, UnknownPeer
 from coordinator.records import COMMITTED, EXCHANGING, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
+from coordinator.peer_writes import PeerWrites
 from coordinator.roster import Roster
 from coordinator.store import Store
 from coordinator.views import RunPosition, round_info, status_response
@@ -30,10 +31,6 @@ from swarm.config import ConfigError, RunConfig
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
-
-# A peer's counters (bytes, tokens, times) reach the store at most this often; its membership, state,
-# state hash and identity reach it at once. The lease is never needed from disk: a restart renews it.
-METRICS_PERSIST_S = 5.0
 
 
 class CoordinatorEngine:
@@ -75,7 +72,7 @@ class CoordinatorEngine:
         self._roster = Roster(self._store.peers(), committed_round=self._last_committed_state()[0],
                               committed_hash=self._last_committed_state()[1])
         self._peers: dict[str, PeerRecord] = self._roster.peers  # read here; written through _save_peer only
-        self._persisted_at: dict[str, float] = {}  # peer id -> when its record was last written (clock time)
+        self._writes = PeerWrites()
         # The open round's reports, as stored
         self._reports: dict[str, ReportRecord] = (
             {r.peer_id: r for r in self._store.reports(self._open.round)} if self._open is not None else {}
@@ -355,12 +352,8 @@ class CoordinatorEngine:
 
     def _save_peer(self, peer: PeerRecord) -> None:
         """Keep ``peer``; write it now unless only its lease and counters changed and were written lately."""
-        old = self._peers.get(peer.peer_id)
-        now = peer.last_seen
-        if (old is None or _durable_change(old, peer)
-                or now - self._persisted_at.get(peer.peer_id, -float("inf")) >= METRICS_PERSIST_S):
+        if self._writes.due(self._peers.get(peer.peer_id), peer):
             self._store.put_peer(peer)
-            self._persisted_at[peer.peer_id] = now
         self._roster.put(peer)
 
     def _save_round(self, row: RoundRecord) -> None:
@@ -374,18 +367,6 @@ class CoordinatorEngine:
             self._last_committed = row
         self._rounds_version += 1
         self._roster.set_committed(*self._last_committed_state())
-
-
-# What the engine decides by; a change to any of them is written at once.
-_DURABLE_METRICS = ("state", "round", "state_round", "state_hash", "model_fingerprint", "param_count",
-                    "dht_peer_id", "dht_maddrs")
-
-
-def _durable_change(old: PeerRecord, new: PeerRecord) -> bool:
-    """Anything beyond the lease and the counters changed between ``old`` and ``new``."""
-    if dataclasses.replace(old, last_seen=new.last_seen, lease_expiry=new.lease_expiry, metrics=new.metrics) != new:
-        return True
-    return any(getattr(old.metrics, name) != getattr(new.metrics, name) for name in _DURABLE_METRICS)
 
 
 def _new_peer_id(existing: dict[str, PeerRecord]) -> str:

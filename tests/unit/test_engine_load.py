@@ -3,7 +3,8 @@ at once, yet every change of membership or state is durable immediately."""
 
 import pytest
 
-from coordinator.engine import METRICS_PERSIST_S, CoordinatorEngine
+from coordinator.engine import CoordinatorEngine
+from coordinator.peer_writes import METRICS_PERSIST_S
 from coordinator.store import Store
 from swarm.config import RunConfig
 from swarm.v1 import coordinator_pb2 as pb
