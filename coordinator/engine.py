@@ -73,10 +73,12 @@ class CoordinatorEngine:
                               committed_hash=self._last_committed_state()[1])
         self._peers: dict[str, PeerRecord] = self._roster.peers  # read here; written through _save_peer only
         self._writes = PeerWrites()
-        # The open round's reports, as stored
+        # The open round's reports, as stored, and as the commit rule reads them
         self._reports: dict[str, ReportRecord] = (
             {r.peer_id: r for r in self._store.reports(self._open.round)} if self._open is not None else {}
         )
+        self._groups: dict[frozenset[str], frozenset[str]] = {}  # the open round's reported groups, interned
+        self._claims = {p: rounds.claim_of(r, self._groups) for p, r in self._reports.items()}
         self._rounds_version = 0  # bumped by every change of a round, its reports or the run
         self._settled: Optional[tuple[int, int]] = None  # (roster, rounds) versions the last settle saw
         self._wait_until = float("inf")  # when the open round is decided even if nothing else happens
@@ -149,6 +151,7 @@ class CoordinatorEngine:
             report = _report_record(req, now)
             if self._store.add_report(report):
                 self._reports[report.peer_id] = report
+                self._claims[report.peer_id] = rounds.claim_of(report, self._groups)
                 self._rounds_version += 1
                 log = logger.info if req.ok else logger.warning
                 log("peer %s: round %d: reported %s%s", req.peer_id, req.round,
@@ -252,6 +255,7 @@ class CoordinatorEngine:
             decision = rounds.decide_round(
                 now, self._open, alive, reports, self.config.rounds.round_timeout_s,
                 report_grace_s=self.config.rounds.report_grace_s, param_count=self._run.param_count,
+                claims=self._claims,
             )
             if not decision.decided:
                 self._wait_until = decision.wait_until
@@ -361,7 +365,7 @@ class CoordinatorEngine:
         if self._latest is None or row.round >= self._latest.round:
             self._latest = row
         if row.outcome == OPEN and (self._open is None or self._open.round != row.round):
-            self._reports = {}
+            self._reports, self._claims, self._groups = {}, {}, {}
         self._open = row if row.outcome == OPEN else None
         if row.outcome == COMMITTED:
             self._last_committed = row

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Collection, Optional, Sequence
+from typing import Collection, Mapping, Optional, Sequence
 
 from coordinator.records import COMMITTED, OPEN, VOIDED, ReportRecord, RoundRecord, finite
 from swarm.core import commit_rule
@@ -35,20 +35,25 @@ def decide_round(
     *,
     report_grace_s: float = 10.0,
     param_count: int = 0,
+    claims: Optional[Mapping[str, commit_rule.Claim]] = None,
 ) -> Decision:
     """Commit the hash a quorum of its group reported (``swarm.core.commit_rule``), void the round when
     no hash has one, or keep waiting.
 
     The round waits while a live participant has not reported, until ``round_timeout_s`` after it
     opened, or ``report_grace_s`` after some hash reached its quorum, whichever comes first.
-    ``param_count`` is used for reports that do not carry their own.
+    ``param_count`` is used for reports that do not carry their own.  ``claims`` (by peer id) are the
+    reports as ``claim_of`` makes them, when the caller keeps them made.
     """
     participants = round_row.participants
     members = set(participants)
     counted = [r for r in reports if r.peer_id in members]
-    claims = [commit_rule.Claim(r.peer_id, r.ok, r.state_hash, frozenset(r.group)) for r in counted]
+    if claims is None:
+        claims = {r.peer_id: claim_of(r, {}) for r in counted}
+    claims = [claims[r.peer_id] for r in counted]
     reported = {r.peer_id for r in counted}
-    pending = [p for p in participants if p in participants_alive and p not in reported]
+    alive = set(participants_alive)
+    pending = [p for p in participants if p in alive and p not in reported]
     quorum_at = _quorum_at(commit_rule.candidates(claims, members), counted)
     deadline = round_row.opened_at + round_timeout_s
     if quorum_at is not None:
@@ -68,14 +73,15 @@ def decide_round(
         )
         return Decision(round=decided, decided=True, reason=decided.reason, missed=tuple(participants))
     by_peer = {r.peer_id: r for r in counted}
-    holders = tuple(p for p in participants if p in verdict.holders)
+    holding = set(verdict.holders)
+    holders = tuple(p for p in participants if p in holding)
     decided = dataclasses.replace(
         round_row, outcome=COMMITTED, decided_at=now, committed_hash=verdict.committed_hash, holders=holders,
         mean_loss=mean_loss, reason=f"{verdict.reason} ({why})",
     )
     return Decision(
         round=decided, decided=True, reason=decided.reason, joined=holders,
-        missed=tuple(p for p in participants if p not in holders),
+        missed=tuple(p for p in participants if p not in holding),
         ddp_equivalent_bytes=ddp_equivalent_bytes([by_peer[p] for p in holders], param_count=param_count),
     )
 
@@ -85,8 +91,16 @@ def _quorum_at(ranked: Sequence[commit_rule.Candidate], reports: Sequence[Report
     if not ranked or not ranked[0].has_quorum:
         return None
     best = ranked[0]
-    times = sorted(r.reported_at for r in reports if r.peer_id in best.supporters)
+    supporters = set(best.supporters)
+    times = sorted(r.reported_at for r in reports if r.peer_id in supporters)
     return times[best.needed - 1]
+
+
+def claim_of(report: ReportRecord, groups: dict[frozenset[str], frozenset[str]]) -> commit_rule.Claim:
+    """The report as the commit rule reads it; ``groups`` interns equal groups as one object, so that
+    the rule compares a round's many copies of one group in O(1)."""
+    group = frozenset(report.group)
+    return commit_rule.Claim(report.peer_id, report.ok, report.state_hash, groups.setdefault(group, group))
 
 
 def ddp_equivalent_bytes(holder_reports: Sequence[ReportRecord], *, param_count: int = 0) -> int:
@@ -125,7 +139,8 @@ def admit_late(
     """
     if round_row.outcome != OPEN or reports or exchange_started:
         return round_row
-    newcomers = tuple(p for p in ready if p not in round_row.participants)
+    planned = set(round_row.participants)
+    newcomers = tuple(p for p in ready if p not in planned)
     if not newcomers:
         return round_row
     return dataclasses.replace(round_row, participants=round_row.participants + newcomers)

@@ -52,20 +52,29 @@ def quorum(group_size: int) -> int:
     return 1 if group_size <= 1 else max(2, group_size // 2 + 1)
 
 
-def counts(claim: Claim, participants: AbstractSet[str]) -> bool:
-    """A successful claim whose group contains its reporter and only planned participants."""
-    return (claim.ok and bool(claim.state_hash) and claim.peer_id in claim.group
-            and claim.peer_id in participants and claim.group <= participants)
+def counted(claims: Iterable[Claim], participants: AbstractSet[str]) -> list[Claim]:
+    """The successful claims whose group contains their reporter and only planned ``participants``.
+
+    Each distinct group is checked against ``participants`` once: claims sharing one group cost O(1) each."""
+    planned: dict[frozenset[str], bool] = {}
+    found = []
+    for claim in claims:
+        if not (claim.ok and claim.state_hash and claim.peer_id in claim.group and claim.peer_id in participants):
+            continue
+        if claim.group not in planned:
+            planned[claim.group] = claim.group <= participants
+        if planned[claim.group]:
+            found.append(claim)
+    return found
 
 
 def candidates(claims: Iterable[Claim], participants: AbstractSet[str]) -> list[Candidate]:
     """Every (hash, group) some counted claim names, best first: with a quorum, then by supporters, then
     the smallest hash (and group), so that every reader of the same claims ranks them the same."""
-    support: dict[tuple[str, tuple[str, ...]], list[str]] = {}
-    for claim in claims:
-        if counts(claim, participants):
-            support.setdefault((claim.state_hash, tuple(sorted(claim.group))), []).append(claim.peer_id)
-    found = [Candidate(h, g, tuple(sorted(set(s)))) for (h, g), s in support.items()]
+    support: dict[tuple[str, frozenset[str]], set[str]] = {}
+    for claim in counted(claims, participants):
+        support.setdefault((claim.state_hash, claim.group), set()).add(claim.peer_id)
+    found = [Candidate(h, tuple(sorted(g)), tuple(sorted(s))) for (h, g), s in support.items()]
     return sorted(found, key=lambda c: (not c.has_quorum, -len(c.supporters), c.state_hash, c.group))
 
 
@@ -73,7 +82,7 @@ def decide(claims: Iterable[Claim], participants: AbstractSet[str]) -> Verdict:
     """The round's verdict on ``claims`` from peers planned as ``participants``."""
     claims = list(claims)
     ranked = candidates(claims, participants)
-    ignored = sum(1 for c in claims if c.ok and c.state_hash and not counts(c, participants))
+    ignored = sum(1 for c in claims if c.ok and c.state_hash) - len(counted(claims, participants))
     aside = f"; {ignored} reports ignored: their group lacked the reporter or named peers not in the round" \
         if ignored else ""
     if not ranked:
