@@ -79,8 +79,8 @@ class CoordinatorEngine:
         )
         self._groups: dict[frozenset[str], frozenset[str]] = {}  # the open round's reported groups, interned
         self._claims = {p: rounds.claim_of(r, self._groups) for p, r in self._reports.items()}
-        self._rounds_version = 0  # bumped by every change of a round, its reports or the run
-        self._settled: Optional[tuple[int, int]] = None  # (roster, rounds) versions the last settle saw
+        self._rounds_version = 0  # bumped by every change of a round or of the run
+        self._settled: Optional[tuple[int, int, int]] = None  # roster, rounds and reports versions last settled
         self._wait_until = float("inf")  # when the open round is decided even if nothing else happens
         self._info_cache: Optional[tuple[tuple[int, int], pb.RoundInfo]] = None
 
@@ -152,7 +152,6 @@ class CoordinatorEngine:
             if self._store.add_report(report):
                 self._reports[report.peer_id] = report
                 self._claims[report.peer_id] = rounds.claim_of(report, self._groups)
-                self._rounds_version += 1
                 log = logger.info if req.ok else logger.warning
                 log("peer %s: round %d: reported %s%s", req.peer_id, req.round,
                     f"hash {report.state_hash[:12]}" if req.ok else "failure",
@@ -244,14 +243,14 @@ class CoordinatorEngine:
         self._settle_now(now)
         self._settled = self._versions()
 
-    def _versions(self) -> tuple[int, int]:
-        return self._roster.version, self._rounds_version
+    def _versions(self) -> tuple[int, int, int]:
+        return self._roster.version, self._rounds_version, len(self._reports)
 
     def _settle_now(self, now: float) -> None:
         self._wait_until = float("inf")
         if self._open is not None:
             reports = sorted(self._reports.values(), key=lambda r: r.peer_id)
-            alive = [p for p in self._open.participants if p in self._peers and self._peers[p].alive]
+            alive = self._roster.alive_ids
             decision = rounds.decide_round(
                 now, self._open, alive, reports, self.config.rounds.round_timeout_s,
                 report_grace_s=self.config.rounds.report_grace_s, param_count=self._run.param_count,
@@ -259,9 +258,9 @@ class CoordinatorEngine:
             )
             if not decision.decided:
                 self._wait_until = decision.wait_until
-                exchanging = any(
-                    self._peers[p].state == EXCHANGING and self._peers[p].metrics.round == self._open.round
-                    for p in alive
+                exchanging = not reports and any(  # admission closes at the first report anyway
+                    p in alive and self._peers[p].state == EXCHANGING and self._peers[p].metrics.round == self._open.round
+                    for p in self._open.participants
                 )
                 admitted = rounds.admit_late(self._open, reports, self._ready(), exchange_started=exchanging)
                 if admitted is not self._open:
@@ -330,7 +329,7 @@ class CoordinatorEngine:
 
     def _current_info(self) -> pb.RoundInfo:
         """The open round, or the latest decided one when none is open (round 0 before any)."""
-        versions = self._versions()
+        versions = self._versions()[:2]  # reports do not change it
         if self._info_cache is None or self._info_cache[0] != versions:
             row = self._open or self._latest
             self._info_cache = versions, round_info(row.round if row else 0, row, self._position(), self._peers)

@@ -19,7 +19,8 @@ class Roster:
 
     def __init__(self, peers: Iterable[PeerRecord], *, committed_round: int, committed_hash: str) -> None:
         self.peers: dict[str, PeerRecord] = {}
-        self.live = 0  # peers not gone
+        self.alive_ids: set[str] = set()  # peers not gone
+        self.live = 0  # len(alive_ids)
         self.behind = 0  # live peers whose state is older than the last committed round
         # Bumped when a peer joins, leaves or dies, becomes ready or unready, or changes its DHT id.
         self.version = 0
@@ -40,6 +41,10 @@ class Roster:
         if peer.alive and (old is None or old.lease_expiry != peer.lease_expiry or not old.alive):
             heapq.heappush(self._leases, (peer.lease_expiry, peer.peer_id))
         self.live += _alive(peer) - _alive(old)
+        if peer.alive:
+            self.alive_ids.add(peer.peer_id)
+        else:
+            self.alive_ids.discard(peer.peer_id)
         self.behind += self._behind(peer) - self._behind(old)
         ready = self._is_ready(peer)
         if ready != (peer.peer_id in self._ready):

@@ -52,8 +52,7 @@ def decide_round(
         claims = {r.peer_id: claim_of(r, {}) for r in counted}
     claims = [claims[r.peer_id] for r in counted]
     reported = {r.peer_id for r in counted}
-    alive = set(participants_alive)
-    pending = [p for p in participants if p in alive and p not in reported]
+    pending = [p for p in participants if p in participants_alive and p not in reported]
     quorum_at = _quorum_at(commit_rule.candidates(claims, members), counted)
     deadline = round_row.opened_at + round_timeout_s
     if quorum_at is not None:

@@ -79,8 +79,9 @@ def aio_channel(join: JoinString) -> grpc.aio.Channel:
 # --- the load ------------------------------------------------------------------------------------------
 
 class Load:
-    def __init__(self, stub: pb_grpc.CoordinatorStub, join: JoinString, call: Call, *, rounds: bool) -> None:
-        self.stub, self.join, self.call, self.rounds = stub, join, call, rounds
+    def __init__(self, stub: pb_grpc.CoordinatorStub, join: JoinString, call: Call, *, rounds: bool,
+                 train_s: float) -> None:
+        self.stub, self.join, self.call, self.rounds, self.train_s = stub, join, call, rounds, train_s
         self.latencies_ms: list[float] = []
         self.by_method: dict[str, list[float]] = {}
         self.errors: dict[str, int] = {}
@@ -111,6 +112,7 @@ class Load:
         peer_id = response.peer_id
         await joined.put(peer_id)
         state_round, state_hash, reported = 0, INITIAL_HASH, 0
+        planned_at: dict[int, float] = {}  # round -> when this peer first saw itself planned into it
         await asyncio.sleep(random.random())  # spread the heartbeats over the second
         while not self.stop.is_set():
             metrics = pb.PeerMetrics(state=pb.PEER_STATE_READY if self.rounds else pb.PEER_STATE_JOINING,
@@ -121,7 +123,8 @@ class Load:
                 info = beat.round
                 if info.last_committed_round > state_round:
                     state_round, state_hash = info.last_committed_round, info.last_committed_hash
-                if info.open_round > reported and info.round == info.open_round and peer_id in info.participants:
+                planned = info.open_round > reported and info.round == info.open_round and peer_id in info.participants
+                if planned and planned_at.setdefault(info.open_round, time.monotonic()) + self.train_s <= time.monotonic():
                     reported = info.open_round
                     await self.timed("ReportRound", pb.ReportRoundRequest(
                         peer_id=peer_id, round=reported, ok=True, state_hash=f"h{reported}",
@@ -135,10 +138,10 @@ class Load:
             await asyncio.sleep(1.0)
 
 
-async def run_load(join: JoinString, *, peers: int, seconds: float, rounds: bool, child: psutil.Process,
-                   call: Call = plain_call) -> dict:
+async def run_load(join: JoinString, *, peers: int, seconds: float, rounds: bool, train_s: float,
+                   child: psutil.Process, call: Call = plain_call) -> dict:
     channel = aio_channel(join)
-    load = Load(pb_grpc.CoordinatorStub(channel), join, call, rounds=rounds)
+    load = Load(pb_grpc.CoordinatorStub(channel), join, call, rounds=rounds, train_s=train_s)
     joined: asyncio.Queue = asyncio.Queue()
     tasks = []
     join_started = time.perf_counter()
@@ -160,6 +163,7 @@ async def run_load(join: JoinString, *, peers: int, seconds: float, rounds: bool
     load_cpu_s = sum(me.cpu_times()[:2]) - load_cpu_before
     load.stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
+    final = (await load.call(load.stub, "GetStatus", pb.GetStatusRequest(token=join.token))).run
     await channel.close()
     latencies = sorted(load.latencies_ms)
     return {
@@ -171,6 +175,7 @@ async def run_load(join: JoinString, *, peers: int, seconds: float, rounds: bool
         "coordinator_cpu_s": round(cpu_s, 2),
         "coordinator_cpu_ms_per_rpc": round(1000 * cpu_s / max(1, len(latencies)), 3),
         "load_generator_cpu_s": round(load_cpu_s, 2), "join_s": round(join_s, 2), "reports": load.reports,
+        "rounds_committed": final.rounds_committed, "rounds_voided": final.rounds_voided,
     }
 
 
@@ -186,6 +191,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="how long to measure once all joined")
     parser.add_argument("--rounds", action="store_true",
                         help="peers are ready and report every round they are planned into (default: they stay joining)")
+    parser.add_argument("--train-s", type=float, default=5.0,
+                        help="with --rounds: how long a peer 'trains' after it sees itself planned, before it reports")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line last")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the child process's mode
     args = parser.parse_args()
@@ -201,7 +208,7 @@ def main() -> None:
                 raise SystemExit(f"the coordinator did not start (it printed {line!r})")
             join = JoinString.parse(line.removeprefix("join: "))
             result = asyncio.run(run_load(join, peers=args.peers, seconds=args.seconds, rounds=args.rounds,
-                                          child=psutil.Process(child.pid)))
+                                          train_s=args.train_s, child=psutil.Process(child.pid)))
         finally:
             child.stdin.close()
             try:
