@@ -18,12 +18,14 @@ import hivemind
 from hivemind.p2p import PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
+from coordinator.limits import parse_dht_maddr
 from swarm.net.transport import exit_with_parent
 
 logger = logging.getLogger(__name__)
 
 IDENTITY_FILE = "dht-identity.key"
-DIAL_TIMEOUT_S = 5.0
+DIAL_TIMEOUT_S = 5.0  # connect and ping one peer; peers are dialled at once, so also about the total
+MAX_DIALLED_PEERS = 64  # the rest find the node themselves: they know its address
 
 
 def _maddr(host: str, port: int) -> str:
@@ -56,11 +58,13 @@ async def _dial(maddrs: list[str], timeout_s: float, _dht, node) -> int:
         pid = _peer_of(m)
         by_peer.setdefault(pid, []).append(Multiaddr(m).decapsulate(Multiaddr(f"/p2p/{pid}")))
 
+    async def connect_and_ping(peer: PeerID, addrs: list[Multiaddr]) -> bool:
+        await node.p2p._client.connect(peer, addrs)
+        return await node.protocol.call_ping(peer) is not None
+
     async def one(pid: str, addrs: list[Multiaddr]) -> bool:
-        peer = PeerID.from_base58(pid)
         try:
-            await asyncio.wait_for(node.p2p._client.connect(peer, addrs), timeout_s)
-            return await asyncio.wait_for(node.protocol.call_ping(peer), timeout_s) is not None
+            return await asyncio.wait_for(connect_and_ping(PeerID.from_base58(pid), addrs), timeout_s)
         except Exception:  # gone since its last heartbeat: nothing to reconnect
             return False
 
@@ -111,11 +115,30 @@ class DHTNode:
             visible = [f"{_maddr(self._announce_host, int(p))}/p2p/{peer_id}" for p in sorted(ports)]
         self.initial_peers = visible
         logger.info("DHT node listening at %s", ", ".join(visible))
-        if bootstrap:
-            reached = self._dht.run_coroutine(functools.partial(_dial, list(bootstrap), DIAL_TIMEOUT_S))
-            logger.info("DHT node reconnected to %d of the %d peers it knew", reached,
-                        len({_peer_of(m) for m in bootstrap}))
+        self._redial(bootstrap)
         return visible
+
+    def _redial(self, bootstrap: Sequence[str]) -> None:
+        """Dial the peers' valid addresses, each within DIAL_TIMEOUT_S and all at once; a bad address is
+        logged in one line and dropped, and nothing here can hold up the start for long."""
+        assert self._dht is not None
+        valid = [m for m in bootstrap if parse_dht_maddr(m) is not None]
+        if len(valid) < len(bootstrap):
+            logger.warning("DHT node: dropped %d stored peer addresses that are not multiaddrs ending in "
+                           "/p2p/<id>", len(bootstrap) - len(valid))
+        peers = list(dict.fromkeys(_peer_of(m) for m in valid))[:MAX_DIALLED_PEERS]
+        valid = [m for m in valid if _peer_of(m) in peers]
+        if not valid:
+            return
+        future = self._dht.run_coroutine(functools.partial(_dial, valid, DIAL_TIMEOUT_S), return_future=True)
+        try:
+            reached = future.result(timeout=DIAL_TIMEOUT_S + 5.0)
+        except Exception as e:  # a timeout or a failure inside the DHT process: the peers will call in
+            future.cancel()
+            logger.warning("DHT node: reconnecting to the peers it knew failed (%s); they reconnect themselves",
+                           type(e).__name__)
+            return
+        logger.info("DHT node reconnected to %d of the %d peers it knew", reached, len(peers))
 
     def stop(self) -> None:
         if self._dht is not None:

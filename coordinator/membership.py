@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from coordinator.errors import BadToken, PeerGone, Rejection, StateMismatch, UnknownPeer
+from coordinator.limits import MAX_DHT_MADDRS
 from coordinator.records import (
     EVICTED,
     GONE_STATES,
@@ -140,6 +141,7 @@ def _merge_metrics(previous: pb.PeerMetrics, reported: pb.PeerMetrics) -> pb.Pee
     for name in _IDENTITY_METRICS:
         if not getattr(reported, name):
             merged.MergeFrom(pb.PeerMetrics(**{name: getattr(previous, name)}))
+    del merged.dht_maddrs[MAX_DHT_MADDRS:]  # a restarted coordinator dials these: keep it bounded
     return merged
 
 

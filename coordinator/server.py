@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import threading
@@ -20,8 +21,9 @@ import grpc
 
 from coordinator.dht_node import DHTNode
 from coordinator.engine import CoordinatorEngine
+from coordinator.limits import MAX_REQUEST_BYTES, tolerant
 from coordinator.servicer import CoordinatorServicer
-from coordinator.store import Store
+from coordinator.store import STORE_FILE, Store
 from swarm.control import tls
 from swarm.config import RunConfig
 from swarm.control.joinstring import JoinString
@@ -32,6 +34,9 @@ logger = logging.getLogger(__name__)
 JOIN_STRING_FILE = "join-string"
 FINISH_LINGER_S = 20.0  # after the run finishes, how long to wait for the last peers to say goodbye
 _WILDCARDS = ("0.0.0.0", "::", "")
+RPC_THREADS = 16
+MAX_CONCURRENT_RPCS = 256  # beyond this many in flight (running or queued), callers get RESOURCE_EXHAUSTED
+SERVICE = "swarm.v1.Coordinator"
 
 
 class CoordinatorServer:
@@ -79,8 +84,9 @@ class CoordinatorServer:
         self.join_string: Optional[JoinString] = None
 
     def start(self) -> JoinString:
-        self._state_dir.mkdir(parents=True, exist_ok=True)
+        _private_dir(self._state_dir)
         try:
+            _private_files(self._state_dir)
             self._store = Store.in_dir(self._state_dir)
             self.engine = CoordinatorEngine(
                 self._store, config=self._run, check_config=self._config_given, lease_s=self._lease_s,
@@ -94,13 +100,17 @@ class CoordinatorServer:
             )
             initial_peers = self._dht.start(bootstrap=self.engine.peer_dht_addresses())
             self._grpc = grpc.server(
-                ThreadPoolExecutor(max_workers=16, thread_name_prefix="coordinator-rpc"),
-                options=[("grpc.so_reuseport", 0)],  # a second coordinator on the same port must fail, not share
+                ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="coordinator-rpc"),
+                options=[
+                    ("grpc.so_reuseport", 0),  # a second coordinator on the same port must fail, not share
+                    ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                ],
+                maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
             )
             servicer = CoordinatorServicer(
                 self.engine, dht_initial_peers=initial_peers, heartbeat_interval_s=self._heartbeat_interval_s
             )
-            pb_grpc.add_CoordinatorServicer_to_server(servicer, self._grpc)
+            _add_servicer(servicer, self._grpc)
             port = self._bind(self._grpc, tls.server_credentials(cert_pem, key_pem))
             self._grpc.start()
         except BaseException:
@@ -112,7 +122,7 @@ class CoordinatorServer:
         self.join_string = JoinString(
             host=self._public_host(), port=port, token=self.engine.run.token, fingerprint=tls.fingerprint(cert_pem)
         )
-        (self._state_dir / JOIN_STRING_FILE).write_text(f"{self.join_string}\n")
+        _write_private(self._state_dir / JOIN_STRING_FILE, f"{self.join_string}\n")  # it holds the token
         logger.info("run %s: coordinator listening on %s:%d", self.engine.run.run_id, self._host, port)
         return self.join_string
 
@@ -173,6 +183,56 @@ class CoordinatorServer:
                     self._done.set()
             except Exception:
                 logger.exception("coordinator tick failed")
+
+
+def _add_servicer(servicer: CoordinatorServicer, server: grpc.Server) -> None:
+    """Register the servicer as the generated code does, but with deserializers that hand a request that
+    is not valid protobuf to the servicer (which refuses it in one sentence) instead of failing it with
+    INTERNAL and a traceback in the log."""
+
+    class _Capture:
+        handlers: dict = {}
+
+        def add_generic_rpc_handlers(self, _handlers) -> None:
+            pass
+
+        def add_registered_method_handlers(self, _service: str, handlers: dict) -> None:
+            self.handlers = handlers
+
+    capture = _Capture()
+    pb_grpc.add_CoordinatorServicer_to_server(servicer, capture)
+    handlers = {
+        name: handler._replace(request_deserializer=tolerant(handler.request_deserializer))
+        for name, handler in capture.handlers.items()
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
+def _private_dir(path: Path) -> None:
+    """The state dir holds the join token and the TLS key: only its owner may enter it."""
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"the state dir {path} is a file; give --state-dir a directory.")
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+
+
+def _private_files(state_dir: Path) -> None:
+    """The store holds the join token: create it owner-only (SQLite gives its -wal and -shm files the
+    database file's mode) and tighten files an older version left readable."""
+    database = state_dir / STORE_FILE
+    os.close(os.open(database, os.O_WRONLY | os.O_CREAT, 0o600))
+    for path in (database, state_dir / f"{STORE_FILE}-wal", state_dir / f"{STORE_FILE}-shm",
+                 state_dir / JOIN_STRING_FILE, state_dir / tls.KEY_FILE):
+        if path.exists():
+            os.chmod(path, 0o600)
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a file that already existed
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def serve(

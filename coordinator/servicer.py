@@ -13,6 +13,8 @@ import grpc
 
 from coordinator.engine import CoordinatorEngine
 from coordinator.errors import Rejection
+from coordinator.limits import check_request
+from coordinator.views import status_page
 from swarm.v1 import coordinator_pb2 as pb
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -27,6 +29,7 @@ def _rpc(method: F) -> F:
     @functools.wraps(method)
     def wrapper(self: "CoordinatorServicer", request, context: grpc.ServicerContext):
         try:
+            check_request(method.__name__, request)
             return method(self, request, context)
         except Rejection as e:
             context.abort(getattr(grpc.StatusCode, e.code), str(e))
@@ -84,4 +87,5 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @_rpc
     def GetStatus(self, request: pb.GetStatusRequest, context) -> pb.GetStatusResponse:
-        return self._engine.status(request.token)
+        return status_page(self._engine.status(request.token), page_size=request.page_size,
+                           page_token=request.page_token)

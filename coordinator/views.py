@@ -9,9 +9,16 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
+from coordinator.errors import BadRequest
+from coordinator.limits import MAX_DHT_MADDRS, MAX_LABEL_BYTES
 from coordinator.records import COMMITTED, PeerRecord, RoundRecord, RunRecord
 from swarm.config import RunConfig
 from swarm.v1 import coordinator_pb2 as pb
+
+
+GONE_LISTED_S = 600.0  # a peer that left or was evicted longer ago than this is counted, not listed
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 200  # a listed peer is at most ~4 KB (its fields are capped): a page stays well under 4 MB
 
 
 @dataclass(frozen=True)
@@ -109,19 +116,45 @@ def status_response(
         loss=last_committed.mean_loss if last_committed is not None else math.nan,
         uptime_s=max(0.0, now - started_at),
     )
+    listed = [p for p in peers if p.alive or now - p.last_seen <= GONE_LISTED_S]
     return pb.GetStatusResponse(
         run=status,
-        peers=[peer_status(p, now) for p in sorted(peers, key=lambda p: p.peer_index)],
+        peers=[peer_status(p, now) for p in sorted(listed, key=lambda p: p.peer_index)],
         totals=totals(peers, ddp_equivalent_bytes=run.ddp_equivalent_bytes),
+        peers_omitted=len(peers) - len(listed),
     )
+
+
+def status_page(response: pb.GetStatusResponse, *, page_size: int, page_token: str) -> pb.GetStatusResponse:
+    """One page of ``response``'s peers (the run and totals on every page), with the token of the next."""
+    size = min(page_size, MAX_PAGE_SIZE) if page_size > 0 else DEFAULT_PAGE_SIZE
+    if page_token and not page_token.isdigit():
+        raise BadRequest("the status page_token is not one this coordinator gave; ask again without it.")
+    start = int(page_token) if page_token else 0
+    page = pb.GetStatusResponse(run=response.run, totals=response.totals, peers_omitted=response.peers_omitted)
+    page.peers.extend(response.peers[start:start + size])
+    if start + size < len(response.peers):
+        page.next_page_token = str(start + size)
+    return page
 
 
 def peer_status(peer: PeerRecord, now: float) -> pb.PeerStatus:
+    metrics = peer.metrics
+    if len(metrics.dht_maddrs) > MAX_DHT_MADDRS:  # a row an older version stored unbounded
+        metrics = pb.PeerMetrics()
+        metrics.CopyFrom(peer.metrics)
+        del metrics.dht_maddrs[MAX_DHT_MADDRS:]
     return pb.PeerStatus(
-        id=peer.peer_id, name=peer.name, site=peer.site, state=state_word(peer.state), device=peer.device,
-        rounds_joined=peer.rounds_joined, rounds_missed=peer.rounds_missed, last_seen_s=max(0.0, now - peer.last_seen),
-        compute_utilization=_ratio(peer.metrics.inner_time_s, peer.metrics.wall_time_s), metrics=peer.metrics,
+        id=peer.peer_id, name=_bounded(peer.name), site=_bounded(peer.site), state=state_word(peer.state),
+        device=_bounded(peer.device), rounds_joined=peer.rounds_joined, rounds_missed=peer.rounds_missed,
+        last_seen_s=max(0.0, now - peer.last_seen),
+        compute_utilization=_ratio(peer.metrics.inner_time_s, peer.metrics.wall_time_s), metrics=metrics,
     )
+
+
+def _bounded(label: str) -> str:
+    """At most MAX_LABEL_BYTES of UTF-8, cut on a character boundary (rows older versions stored whole)."""
+    return label.encode()[:MAX_LABEL_BYTES].decode(errors="ignore")
 
 
 # The cumulative metrics that add up over peers (every peer that ever joined, gone ones included).

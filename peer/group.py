@@ -8,7 +8,10 @@ from typing import Callable, Optional
 
 from peer.faults import FaultPlan
 from swarm.config import RunConfig
+from swarm.core import credential
+from swarm.core.aggregation import Aggregation
 from swarm.net.allreduce import Exchange, ExchangeFailed
+from swarm.net.dht_entries import guard
 from swarm.net.rendezvous import Member, group_key, participation_scale, rendezvous
 from swarm.net.transport import Transport
 from swarm.net.votes import Vote as DhtVote
@@ -23,15 +26,24 @@ VOTE_TTL_S = 600.0  # a vote outlives the longest outage the group decides throu
 
 class DhtGroup:
     """Owned by the round runner's executor thread (``average``, ``post``, ``decide``); ``live_peers`` is
-    written by the main thread from the coordinator's answers (a plain int: a stale read is harmless)."""
+    written by the main thread from the coordinator's answers (a plain int: a stale read is harmless).
+    ``member`` (the peer's key and credential, ``CoordinatorLink.member``) signs this peer's DHT entries and
+    checks its groupmates'."""
 
     def __init__(self, transport: Transport, run: RunConfig, *, run_id: str, peer_id: str, peer_index: int,
-                 planned: Callable[[int], Optional[set[str]]], faults: FaultPlan) -> None:
-        self.transport, self.run, self.run_id = transport, run, run_id
+                 planned: Callable[[int], Optional[set[str]]], faults: FaultPlan,
+                 member: Optional[credential.Member]) -> None:
+        if member is None:
+            raise ValueError("the round's group needs this peer's credential (CoordinatorLink.member after the join) "
+                             "to sign its entries and check its groupmates'.")
+        if member.peer_id != peer_id:
+            raise ValueError(f"the credential is for {member.peer_id}, not this peer ({peer_id}); rejoin to get one.")
+        self.transport, self.run, self.run_id, self.member = transport, run, run_id, member
         self.peer_id, self.peer_index = peer_id, peer_index
+        guard(transport.dht, member)  # this node refuses to store or relay forged entries
         self.planned = planned  # the coordinator's plan for a round, or the last known group while it is down
         self.faults = faults
-        self.exchange = Exchange(transport, run_id=run_id)
+        self.exchange = Exchange(transport, run_id=run_id, aggregation=Aggregation.for_run(run))
         self.live_peers = 0  # the run's live peers as last heard from the coordinator (0: not yet)
 
     def key(self, round_no: int, fragment: int) -> str:
@@ -45,7 +57,7 @@ class DhtGroup:
         key = self.key(round_no, contribution.fragment)
         try:
             group = rendezvous(
-                self.transport.dht, key=key, me=me, planned=lambda: self.planned(round_no),
+                self.transport.dht, key=key, me=me, member=self.member, planned=lambda: self.planned(round_no),
                 window_s=rounds.matchmaking_window_s, ttl_s=rounds.matchmaking_window_s + rounds.exchange_timeout_s,
                 on_posted=lambda: self.faults.at(round_no, "matchmaking"),
             )
@@ -66,7 +78,7 @@ class DhtGroup:
     def post(self, vote: Vote) -> None:
         post_vote(self.transport.dht, self.key(vote.round_no, vote.fragment),
                   DhtVote(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, ok=vote.ok,
-                          state_hash=vote.state_hash), ttl_s=VOTE_TTL_S)
+                          state_hash=vote.state_hash), member=self.member, ttl_s=VOTE_TTL_S)
 
     def group_decision(self, vote: Vote) -> Optional[tuple[Optional[str], list[str]]]:
         """The group's own decision on ``vote``'s round by the commit rule, once every groupmate's vote is
@@ -74,7 +86,7 @@ class DhtGroup:
         if not vote.group:
             return None
         votes = collect_votes(self.transport.dht, self.key(vote.round_no, vote.fragment), vote.group,
-                              timeout_s=self.run.rounds.exchange_timeout_s)
+                              member=self.member, timeout_s=self.run.rounds.exchange_timeout_s)
         if votes is None:
             return None
         committed = group_decision(votes)

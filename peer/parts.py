@@ -13,6 +13,7 @@ from peer.group import DhtGroup
 from peer.retry import with_retry
 from swarm.config import RunConfig
 from swarm.control.client import CoordinatorClient
+from swarm.core import credential
 from swarm.core.state import GlobalState
 from swarm.net.state_transfer import StateServer, download_state
 from swarm.net.transport import Transport, TransportStartFailed
@@ -28,18 +29,19 @@ class StateTransfer(Protocol):
 
 
 class HivemindStateTransfer:
-    """Serves this peer's committed state to joiners and downloads the committed one from holders."""
+    """Serves this peer's committed state to the run's members and downloads the committed one from holders,
+    showing ``member``'s credential."""
 
-    def __init__(self, transport: Transport, *, run_id: str, timeout_s: float) -> None:
-        self.transport, self.run_id, self.timeout_s = transport, run_id, timeout_s
-        self.server = StateServer(transport, run_id=run_id)
+    def __init__(self, transport: Transport, *, run_id: str, timeout_s: float, member: credential.Member) -> None:
+        self.transport, self.run_id, self.timeout_s, self.member = transport, run_id, timeout_s, member
+        self.server = StateServer(transport, run_id=run_id, member=member)
 
     def publish(self, state: GlobalState) -> None:
         self.server.publish(state)
 
     def download(self, holders: list[str], *, round_no: int, expected_hash: str, like: GlobalState) -> tuple[GlobalState, int]:
         """The committed state of ``round_no`` (raises StateUnavailable); its hash is checked."""
-        return download_state(self.transport, run_id=self.run_id, holders=holders, round_no=round_no,
+        return download_state(self.transport, member=self.member, run_id=self.run_id, holders=holders, round_no=round_no,
                               expected_hash=expected_hash, like=like, timeout_s=self.timeout_s)
 
 
@@ -63,10 +65,14 @@ class PeerParts:
         return transport
 
     def group(self, transport: Transport, run: RunConfig, *, run_id: str, peer_id: str, peer_index: int,
-              planned: Callable[[int], Optional[set[str]]], faults: FaultPlan) -> DhtGroup:
+              planned: Callable[[int], Optional[set[str]]], faults: FaultPlan,
+              member: Optional[credential.Member] = None) -> DhtGroup:
+        """``member``: the peer's key and credential after the join (``CoordinatorLink.member``)."""
         return DhtGroup(transport, run, run_id=run_id, peer_id=peer_id, peer_index=peer_index, planned=planned,
-                        faults=faults)
+                        faults=faults, member=member)
 
-    def state_transfer(self, transport: Transport, *, run_id: str, timeout_s: float) -> HivemindStateTransfer:
-        return HivemindStateTransfer(transport, run_id=run_id, timeout_s=timeout_s)
+    def state_transfer(self, transport: Transport, *, run_id: str, timeout_s: float,
+                       member: Optional[credential.Member] = None) -> HivemindStateTransfer:
+        """``member``: the peer's key and credential after the join (``CoordinatorLink.member``)."""
+        return HivemindStateTransfer(transport, run_id=run_id, timeout_s=timeout_s, member=member)
 

@@ -25,6 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from swarm.core import credential  # noqa: E402
 from swarm.core.codec import CODECS  # noqa: E402
 from swarm.net.allreduce import Exchange  # noqa: E402
 from swarm.net.rendezvous import Member, group_key, rendezvous  # noqa: E402
@@ -50,17 +51,32 @@ def run_threads(fn, count: int, timeout_s: float) -> list:
     return results
 
 
+def run_members(transports) -> list[credential.Member]:
+    """A member of the bench run per transport, as a coordinator would admit them (signed DHT entries)."""
+    coordinator, now = credential.PeerKey.generate(), time.time()
+    members = []
+    for t in transports:
+        key = credential.PeerKey.generate()
+        signed = credential.issue(coordinator, credential.Credential(
+            run_id="bench", peer_id=key.peer_id, public_key=key.public_key, dht_peer_id=t.peer_id, role="peer",
+            token_id="bench", issued_at=now, expires_at=now + 86400))
+        members.append(credential.Member(key=key, credential=signed, coordinator_public_key=coordinator.public_key,
+                                         run_id="bench"))
+    return members
+
+
 def bench_swarm(transports, exchanges, vectors, codec: str, repeats: int, round0: int) -> dict:
     k = len(transports)
     times, sent, identical = [], [], True
-    planned = {f"p{i}" for i in range(k)}
+    members = run_members(transports)
+    planned = {m.peer_id for m in members}
     for rep in range(repeats):
         key = group_key("bench", round0 + rep)
 
         def one(i: int):
-            me = Member(peer_id=f"p{i}", dht_peer_id=transports[i].peer_id, index=i, weight=1.0,
+            me = Member(peer_id=members[i].peer_id, dht_peer_id=transports[i].peer_id, index=i, weight=1.0,
                         numel=vectors[i].numel(), codec=codec)
-            group = rendezvous(transports[i].dht, key=key, me=me, planned=lambda: planned, window_s=30, ttl_s=120)
+            group = rendezvous(transports[i].dht, key=key, me=me, member=members[i], planned=lambda: planned, window_s=30, ttl_s=120)
             start = time.perf_counter()
             result = exchanges[i].average(key=key, group=group, me=me, delta=vectors[i], timeout_s=120)
             return time.perf_counter() - start, result

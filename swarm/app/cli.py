@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -105,11 +106,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from swarm.control.client import CoordinatorClient
     from swarm.control.joinstring import JoinString
-    from swarm.app.status import print_status, status_to_dict, watch
+    from swarm.app.status import fetch_all_pages, print_status, status_to_dict, watch
 
     client = CoordinatorClient(JoinString.parse(args.join))
     try:
-        fetch = lambda: status_to_dict(client.get_status())  # noqa: E731
+        fetch = lambda: status_to_dict(fetch_all_pages(lambda token: client.get_status(page_token=token)))  # noqa: E731
         console = Console()
         if args.watch and not args.json:
             try:
@@ -130,6 +131,35 @@ def cmd_demo(args: argparse.Namespace) -> int:
         peers=args.peers, rounds=args.rounds, inner_steps=args.inner_steps, preset=args.preset,
         as_json=args.json, workdir=Path(args.state_dir) if args.state_dir else None, timeout_s=args.timeout,
     ))
+
+
+# (flag, low, high) per command: the range of each number a user may give.
+_NUMBER_FLAGS: dict[str, tuple[tuple[str, float, float], ...]] = {
+    "coordinator": (("port", 0, 65535), ("dht_port", 0, 65535), ("max_rounds", 1, 10**9), ("min_peers", 1, 10**5),
+                    ("inner_steps", 1, 10**7), ("lease_s", 0.1, 86400), ("exit_grace_s", 0, 86400)),
+    "peer": (("p2p_port", 0, 65535), ("threads", 1, 4096), ("join_timeout_s", 0.1, 7 * 86400),
+             ("checkpoint_every", 0, 10**9), ("final_serve_s", 0, 86400)),
+    "status": (("interval", 0.1, 3600),),
+    "demo": (("peers", 1, 64), ("rounds", 1, 10**6), ("inner_steps", 1, 10**7), ("timeout", 1, 7 * 86400)),
+}
+_TEXT_FLAGS = ("host", "announce_host", "p2p_host", "site", "name", "preset", "device")
+
+
+def validate_args(args: argparse.Namespace) -> Optional[str]:
+    """One sentence about the first bad flag in ``args``, or None when they are all fine."""
+    for name, low, high in _NUMBER_FLAGS.get(args.command, ()):
+        value = getattr(args, name, None)
+        if value is not None and not (math.isfinite(value) and low <= value <= high):
+            return f"--{name.replace('_', '-')} must be from {low:g} to {high:g}, got {value:g}."
+    for name in _TEXT_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None and (len(value.encode("utf-8", "surrogateescape")) > 256 or not value.isprintable()):
+            return f"--{name.replace('_', '-')} must be at most 256 bytes of printable text."
+    for name in ("state_dir",):
+        value = getattr(args, name, None)
+        if value and os.path.exists(value) and not os.path.isdir(value):
+            return f"--state-dir {value!r} is a file; give a directory (it is created when missing)."
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,7 +229,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from swarm.control.client import CoordinatorError
     from swarm.control.joinstring import JoinStringError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = validate_args(args)
+    if problem is not None:
+        parser.error(problem)  # usage and the sentence on stderr, exit 2
     _setup_logging(args.verbose)
     try:
         return int(args.func(args) or 0)

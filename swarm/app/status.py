@@ -5,19 +5,41 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import Any
+from typing import Any, Callable
 
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from swarm.v1 import coordinator_pb2 as pb
 
 
+MAX_PAGES = 1000  # a coordinator that keeps answering with a next page is not followed forever
+DISPLAY_CHARS = 24  # a peer's name, site or hash in the table
+
+
+def fetch_all_pages(get_page: Callable[[str], pb.GetStatusResponse]) -> pb.GetStatusResponse:
+    """The whole status: ``get_page(page_token)`` answers one page; the peers of every page, in order."""
+    first = get_page("")
+    token = first.next_page_token
+    for _ in range(MAX_PAGES):
+        if not token:
+            break
+        page = get_page(token)
+        first.peers.extend(page.peers)
+        token = page.next_page_token
+    first.next_page_token = ""
+    return first
+
+
 def status_to_dict(response: pb.GetStatusResponse) -> dict[str, Any]:
-    """The JSON shape of `swarm status --json`: {"run": {...}, "peers": [{..., "metrics": {...}}], "totals": {...}}."""
-    return _plain(response)
+    """The JSON shape of `swarm status --json`: {"run": {...}, "peers": [{..., "metrics": {...}}], "totals": {...},
+    "peers_omitted": N}; paging is the transport's business, not the answer's."""
+    status = _plain(response)
+    status.pop("next_page_token", None)
+    return status
 
 
 def _plain(message: Message) -> dict[str, Any]:
@@ -44,6 +66,12 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def _shown(text: Any, limit: int = DISPLAY_CHARS) -> str:
+    """Text a peer chose, safe for a rich table: its markup escaped, cut to ``limit`` characters, one line."""
+    text = "".join(c if c.isprintable() else "?" for c in str(text))
+    return escape(text if len(text) <= limit else text[: limit - 1] + "…")
+
+
 def _num(value: Any, fmt: str = "{:.3f}") -> str:
     return "—" if value is None else fmt.format(value)
 
@@ -51,24 +79,24 @@ def _num(value: Any, fmt: str = "{:.3f}") -> str:
 def status_tables(status: dict[str, Any]) -> list[Table]:
     run, totals = status["run"], status["totals"]
     state = "finished" if run["finished"] else (f"round {run['open_round']} open" if run["open_round"] else "waiting for peers")
-    table = Table(title=f"run {run['run_id']} — {state}", show_header=False)
+    table = Table(title=f"run {_shown(run['run_id'], 64)} — {state}", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
     max_rounds = run["max_rounds"] or "∞"
     table.add_row("rounds committed", f"{run['rounds_committed']} / {max_rounds} ({run['rounds_voided']} voided)")
-    table.add_row("committed θg hash", run["committed_hash"] or "—")
+    table.add_row("committed θg hash", _shown(run["committed_hash"], 64) or "—")
     table.add_row("eval loss", f"{_num(run['eval_loss'])} at round {run['eval_round']} (initial {_num(run['initial_eval_loss'])})")
     table.add_row("train loss", _num(run["loss"]))
-    table.add_row("model", f"{run['model_preset']} ({run['param_count']:,} parameters)")
+    table.add_row("model", f"{_shown(run['model_preset'])} ({run['param_count']:,} parameters)")
     fragments = run.get("fragments") or 1
-    plan = f"H = {run['inner_steps']} inner steps, codec {run['codec']}"
+    plan = f"H = {run['inner_steps']} inner steps, codec {_shown(run['codec'])}"
     if run.get("error_feedback") and run["codec"] not in ("fp32", ""):
         plan += " with error feedback"
     if fragments > 1:
         plan += f", {fragments} fragments synced in turn"
     if run.get("overlap_steps"):
         plan += f", exchanges overlap {run['overlap_steps']} steps"
-    plan += f", outer {run.get('outer_optimizer') or 'nesterov'}"
+    plan += f", outer {_shown(run.get('outer_optimizer') or 'nesterov')}"
     table.add_row("plan", plan)
     ddp = totals["ddp_equivalent_bytes"]
     sent = totals["bytes_sent"]
@@ -76,6 +104,8 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
     table.add_row("bytes sent", f"{format_bytes(sent)} vs {format_bytes(ddp)} for data-parallel{ratio}")
     table.add_row("compute utilization", f"{100 * totals['compute_utilization']:.1f}% (inner-step time / wall time)")
     table.add_row("tokens", f"{totals['tokens']:,}")
+    if status.get("peers_omitted"):
+        table.add_row("peers not listed", f"{status['peers_omitted']} (left or evicted long ago)")
 
     peers = Table(title="peers")
     for column in ("id", "name", "site", "state", "θg hash", "round", "joined", "missed", "tokens/s", "loss", "sent", "util", "seen"):
@@ -83,7 +113,8 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
     for p in status["peers"]:
         m = p["metrics"]
         peers.add_row(
-            p["id"], p["name"], p["site"] or "—", p["state"], m["state_hash"] or "—", str(max(m["state_round"], 0)),
+            _shown(p["id"]), _shown(p["name"]), _shown(p["site"]) or "—", _shown(p["state"]),
+            _shown(m["state_hash"]) or "—", str(max(m["state_round"], 0)),
             str(p["rounds_joined"]), str(p["rounds_missed"]), f"{m['tokens_per_s']:,.0f}", _num(m["loss"]),
             format_bytes(m["bytes_sent"]), f"{100 * p['compute_utilization']:.0f}%", f"{p['last_seen_s']:.0f}s ago",
         )

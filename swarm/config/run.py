@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ class ConfigError(ValueError):
 # swarm.core.fragments.PATTERNS implement exactly these (tests/unit/test_config.py checks they agree).
 CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4")
 FRAGMENT_PATTERNS = ("strided", "contiguous")
+# swarm.core.aggregation.RULES implements exactly these: how a slice's owner combines the group's slices.
+AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean")
 
 # Built-in model shapes (swarm.train.model builds them).
 MODEL_PRESETS: dict[str, dict] = {
@@ -42,6 +45,20 @@ MODEL_PRESETS: dict[str, dict] = {
 
 
 NESTEROV = "nesterov"
+
+# Upper bounds: far beyond any sensible run, low enough that a typo is caught before it allocates or loops.
+MAX_STEPS = 10**7  # inner steps, warmup steps
+MAX_BATCH = 2**16  # sequences per batch, bytes per sequence
+MAX_ROUNDS = 10**9
+MAX_PEERS = 10**5
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MAX_LR = 1e3
+
+
+def check_range(section: str, name: str, value: Any, low: float, high: float) -> None:
+    """ConfigError unless ``value`` is a finite number in [low, high]."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and low <= value <= high):
+        raise ConfigError(f"[{section}] {name} must be a finite number from {low:g} to {high:g}, got {value!r}.")
 
 
 def outer_optimizer_names() -> list[str]:
@@ -86,6 +103,8 @@ class ModelConfig:
             )
         if self.context is not None and self.context < 8:
             raise ConfigError(f"[model] context must be at least 8 bytes, got {self.context}.")
+        if self.context is not None:
+            check_range("model", "context", self.context, 8, MAX_BATCH)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"[model] dropout must be in [0, 1), got {self.dropout}.")
 
@@ -108,10 +127,13 @@ class DataConfig:
         for name in ("seq_len", "batch_size", "eval_batches", "num_shards"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"[data] {name} must be a positive integer, got {getattr(self, name)}.")
+            check_range("data", name, getattr(self, name), 1, MAX_BATCH if name != "num_shards" else MAX_PEERS)
         if not 0.0 < self.eval_fraction < 0.5:
             raise ConfigError(f"[data] eval_fraction must be in (0, 0.5), got {self.eval_fraction}.")
         if self.max_bytes is not None and self.max_bytes < 100_000:
             raise ConfigError(f"[data] max_bytes must be at least 100000, got {self.max_bytes}.")
+        if self.max_bytes is not None:
+            check_range("data", "max_bytes", self.max_bytes, 100_000, 10**13)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +152,10 @@ class InnerOptConfig:
             raise ConfigError("[inner] weight_decay, warmup_steps and grad_clip must be non-negative.")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ConfigError("[inner] beta1 and beta2 must be in [0, 1).")
+        check_range("inner", "lr", self.lr, 0, MAX_LR)
+        check_range("inner", "weight_decay", self.weight_decay, 0, MAX_LR)
+        check_range("inner", "warmup_steps", self.warmup_steps, 0, MAX_STEPS)
+        check_range("inner", "grad_clip", self.grad_clip, 0, 1e12)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,8 +172,12 @@ class OuterOptConfig:
     def validate(self) -> None:
         if not self.lr > 0:
             raise ConfigError(f"[outer] lr must be positive, got {self.lr}.")
+        check_range("outer", "lr", self.lr, 0, MAX_LR)
         if not 0 <= self.momentum < 1:
             raise ConfigError(f"[outer] momentum must be in [0, 1), got {self.momentum}.")
+        for key, value in self.options.items():
+            for number in value if isinstance(value, list) else [value]:
+                check_range("outer.options", key, number, -1e12, 1e12)
         if self.name not in outer_optimizer_names():
             raise ConfigError(f"[outer] name {self.name!r} is unknown; choose one of {outer_optimizer_names()}.")
         if self.name == NESTEROV:
@@ -190,6 +220,15 @@ class RoundConfig:
     # peers that did not contribute (joining, syncing, restarting) as a zero Δ. A round of one peer out
     # of five, on its own data shard, otherwise moves θg as far as a round of all five.
     scale_by_participation: bool = True
+    # How the owner of a slice combines the group's slices (swarm.core.aggregation): "mean" (the
+    # sample-weighted mean), "clipped_mean" (each slice clipped to clip_factor x the group's median slice
+    # norm first) or "trimmed_mean" (per coordinate, the trim_fraction largest and smallest values dropped,
+    # at least one of each in a group of 3 or more). Under every rule a slice whose norm exceeds
+    # reject_factor x the group's median slice norm is left out of that slice's average (0: never).
+    aggregation: str = "mean"
+    clip_factor: float = 2.0
+    trim_fraction: float = 0.25
+    reject_factor: float = 100.0
 
     def validate(self) -> None:
         if self.inner_steps < 1:
@@ -205,6 +244,7 @@ class RoundConfig:
         for name in ("matchmaking_window_s", "exchange_timeout_s", "round_timeout_s", "report_grace_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"[rounds] {name} must be positive, got {getattr(self, name)}.")
+            check_range("rounds", name, getattr(self, name), 0, MAX_TIMEOUT_S)
         if not 1 <= self.fragments <= self.inner_steps:
             raise ConfigError(f"[rounds] fragments must be between 1 and inner_steps ({self.inner_steps}),"
                               f" got {self.fragments}.")
@@ -216,6 +256,23 @@ class RoundConfig:
                               f" got {self.overlap_steps}; an exchange must land before the next sync.")
         if not 0.0 <= self.mixing_alpha < 1.0:
             raise ConfigError(f"[rounds] mixing_alpha must be in [0, 1), got {self.mixing_alpha}.")
+        check_range("rounds", "inner_steps", self.inner_steps, 1, MAX_STEPS)
+        check_range("rounds", "min_peers", self.min_peers, 1, MAX_PEERS)
+        check_range("rounds", "eval_every_rounds", self.eval_every_rounds, 1, MAX_ROUNDS)
+        if self.max_rounds is not None:
+            check_range("rounds", "max_rounds", self.max_rounds, 1, MAX_ROUNDS)
+        self._validate_aggregation()
+
+    def _validate_aggregation(self) -> None:
+        if self.aggregation not in AGGREGATIONS:
+            raise ConfigError(f"[rounds] aggregation {self.aggregation!r} is unknown; choose one of {list(AGGREGATIONS)}.")
+        if not (math.isfinite(self.clip_factor) and self.clip_factor >= 1.0):
+            raise ConfigError(f"[rounds] clip_factor must be a finite number of at least 1, got {self.clip_factor}.")
+        if not 0.0 <= self.trim_fraction < 0.5:
+            raise ConfigError(f"[rounds] trim_fraction must be in [0, 0.5), got {self.trim_fraction}.")
+        if not (math.isfinite(self.reject_factor) and (self.reject_factor == 0 or self.reject_factor >= 1.0)):
+            raise ConfigError(f"[rounds] reject_factor must be 0 (off) or a finite number of at least 1,"
+                              f" got {self.reject_factor}.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,6 +285,7 @@ class RunConfig:
     rounds: RoundConfig = field(default_factory=RoundConfig)
 
     def validate(self) -> "RunConfig":
+        check_range("top level", "seed", self.seed, 0, 2**63 - 1)
         for section in (self.model, self.data, self.inner, self.outer, self.rounds):
             section.validate()
         return self
@@ -250,13 +308,24 @@ class RunConfig:
         return dataclasses.replace(self, **sections)
 
 
+MAX_CONFIG_BYTES = 1_000_000
+
+
 def load_run_config(path: str | Path) -> RunConfig:
     """Read a run TOML file; every mistake becomes one ConfigError sentence."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file {str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes; give a run TOML file.")
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {str(path)!r} does not exist; check the --config path.") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config path {str(path)!r} is a directory; give the run TOML file inside it.") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8 text; save it as UTF-8 TOML.") from None
+    except OSError as e:
+        raise ConfigError(f"config file {str(path)!r} cannot be read ({e.strerror}); check its permissions.") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path} is not valid TOML ({e}); fix the syntax.") from None
     return RunConfig.from_dict(data, origin=str(path))

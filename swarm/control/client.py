@@ -98,8 +98,10 @@ class CoordinatorClient:
         """Round ``round_no``, or with 0 the open one (the latest decided when none is open)."""
         return self._call("GetRound", pb.GetRoundRequest(peer_id=peer_id, round=round_no))
 
-    def get_status(self) -> pb.GetStatusResponse:
-        return self._call("GetStatus", pb.GetStatusRequest(token=self.join_string.token))
+    def get_status(self, *, page_size: int = 0, page_token: str = "") -> pb.GetStatusResponse:
+        """One page of the run's status; ``next_page_token`` names the next ("" on the last)."""
+        return self._call("GetStatus", pb.GetStatusRequest(
+            token=self.join_string.token, page_size=page_size, page_token=page_token))
 
     def close(self) -> None:
         with self._lock:

@@ -15,6 +15,10 @@ _COPY_HINT = "copy the join string exactly as `swarm coordinator` printed it"
 _FINGERPRINT = re.compile(r"[0-9a-f]{64}")
 _HOST = re.compile(r"[A-Za-z0-9.\-_:%]+")
 _TOKEN = re.compile(r"[A-Za-z0-9_\-.~]+")
+_PORT = re.compile(r"[0-9]{1,5}")
+MAX_CHARS = 1024  # a real one is ~150
+MAX_TOKEN_CHARS = 256
+MAX_HOST_CHARS = 253  # DNS's limit, with labels of at most 63
 
 
 class JoinStringError(ValueError):
@@ -42,7 +46,12 @@ class JoinString:
     def parse(cls, text: str) -> "JoinString":
         if not isinstance(text, str):
             raise JoinStringError(f"a join string must be text, got {type(text).__name__}; {_COPY_HINT}.")
+        if len(text) > MAX_CHARS:
+            raise JoinStringError(f"the join string is {len(text)} characters long, more than {MAX_CHARS}; "
+                                  f"{_COPY_HINT}.")
         text = text.strip()
+        if not text.isascii() or not text.isprintable():
+            raise JoinStringError(f"the join string contains non-ASCII or control characters; {_COPY_HINT}.")
         if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
             text = text[1:-1].strip()  # quotes pasted along with the string
         if not text:
@@ -60,7 +69,7 @@ class JoinString:
         fingerprint = query.get("fp", "").lower()
         if not token:
             raise JoinStringError(f"the join string has no token (token=...); {_COPY_HINT}.")
-        if not _TOKEN.fullmatch(token):
+        if not _TOKEN.fullmatch(token) or len(token) > MAX_TOKEN_CHARS:
             raise JoinStringError(f"the join string's token contains invalid characters; {_COPY_HINT}.")
         if not fingerprint:
             raise JoinStringError(f"the join string has no certificate fingerprint (fp=...); {_COPY_HINT}.")
@@ -93,11 +102,11 @@ def _host_and_port(netloc: str) -> tuple[str, int]:
             )
     if not host:
         raise JoinStringError(f"the join string has no host before the port; {_COPY_HINT}.")
-    if not _HOST.fullmatch(host):
-        raise JoinStringError(f"the join string's host {host!r} is not a valid name or address; {_COPY_HINT}.")
-    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+    if not _HOST.fullmatch(host) or len(host) > MAX_HOST_CHARS or any(len(label) > 63 for label in host.split(".")):
+        raise JoinStringError(f"the join string's host {host[:64]!r} is not a valid name or address; {_COPY_HINT}.")
+    if not _PORT.fullmatch(port_text) or not 1 <= int(port_text) <= 65535:
         raise JoinStringError(
-            f"the join string's port must be a number from 1 to 65535, got {port_text!r}; {_COPY_HINT}."
+            f"the join string's port must be a number from 1 to 65535, got {port_text[:16]!r}; {_COPY_HINT}."
         )
     return host, int(port_text)
 

@@ -11,7 +11,7 @@ bits could depend on where a slice starts and on the CPU).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -43,12 +43,9 @@ def pseudo_gradient(global_params: Sequence[torch.Tensor], local_params: Sequenc
     return out
 
 
-def weighted_average(contributions: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
-    """Σ w_i c_i / Σ w_i with a fixed op order, in the order given (callers pass a canonical order).
-
-    Purely elementwise, so computing it on any slice gives exactly the slice of the full result: a
-    peer that reduces one part of the vector agrees with one that reduces all of it.
-    """
+def check_contributions(contributions: Sequence[torch.Tensor], weights: Sequence[float]) -> None:
+    """ValueError unless there is one positive finite weight per contribution and the contributions are
+    fp32 tensors of one shape."""
     if len(contributions) != len(weights) or not contributions:
         raise ValueError(f"need one weight per contribution, got {len(contributions)} and {len(weights)}.")
     for w in weights:
@@ -58,6 +55,15 @@ def weighted_average(contributions: Sequence[torch.Tensor], weights: Sequence[fl
     for c in contributions:
         if c.dtype != _F32 or c.shape != shape:
             raise ValueError(f"contributions must be fp32 with one shape {tuple(shape)}, got {c.dtype} {tuple(c.shape)}.")
+
+
+def weighted_average(contributions: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+    """Σ w_i c_i / Σ w_i with a fixed op order, in the order given (callers pass a canonical order).
+
+    Purely elementwise, so computing it on any slice gives exactly the slice of the full result: a
+    peer that reduces one part of the vector agrees with one that reduces all of it.
+    """
+    check_contributions(contributions, weights)
     total = 0.0
     for w in weights:  # Python float, summed in the given order: every peer gets the same divisor
         total += float(w)
@@ -104,11 +110,13 @@ def butterfly_reference(
     weights: Sequence[float],
     codec: Codec | str,
     parts: int | None = None,
+    reduce: Callable[[list[torch.Tensor], list[float]], torch.Tensor] = weighted_average,
 ) -> torch.Tensor:
     """The average a butterfly all-reduce delivers to every member (``swarm.net.allreduce``), computed in one
     process: each contribution is cut into ``parts`` (default: one per contributor) slices aligned to
     the codec's block; every slice goes over the wire encoded, so its owner reduces the decoded slices
-    with ``weighted_average`` in the given (group) order; the owner encodes its averaged slice once and
+    with ``reduce`` (default ``weighted_average``; the exchange's rule, see ``swarm.core.aggregation``)
+    in the given (group) order; the owner encodes its averaged slice once and
     every member decodes those same bytes.  The simulator calls this, so a simulated round and a real
     one agree bit for bit."""
     codec = get_codec(codec)
@@ -123,7 +131,7 @@ def butterfly_reference(
     for start, end in bounds:
         n = end - start
         decoded = [codec.decode(codec.encode(as_cpu_f32(c[start:end]).contiguous()), n) for c in contributions]
-        mean = weighted_average(decoded, weights)
+        mean = reduce(decoded, list(weights))
         averaged.append(codec.decode(codec.encode(mean.contiguous()), n))
     return torch.cat(averaged)
 

@@ -7,9 +7,17 @@ flat vector is cut into one slice per group member; each member reduces its slic
 encoded contribution in the group's canonical order, encodes the average once, and sends those same
 bytes to every member. Every member decodes identical bytes, so every member holds the same average;
 a slice that does not arrive in time fails the exchange instead of being replaced by local values.
+The owner reduces by the run's aggregation rule (``swarm.core.aggregation``): declared weights are capped
+at what a round allows, and robust rules limit what a groupmate's slice can do; a malicious owner can
+still replace its own slice of the average (the bound of a butterfly all-reduce).
 A member whose exchange fails (a groupmate it cannot reach, a malformed slice, its own timeout) tells
 the others at once (an abort message), so a dead groupmate costs the group one failed send, not
 everyone's full timeout.
+
+A slice counts for group position s only when it came from the libp2p id the (signed) group entry of s
+lists: the sender's id is the one libp2p's secure channel authenticated, never a field of the message.
+Slices and aborts from anyone else are dropped and counted, so a stranger can neither replace a member's
+slice nor abort the honest group.
 """
 
 from __future__ import annotations
@@ -17,14 +25,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.utils.asyncio import as_aiter
 
-from swarm.core.average import part_bounds, weighted_average
+from swarm.core.aggregation import Aggregation, Reduced
+from swarm.core.average import part_bounds
 from swarm.core.codec import CODECS
 from swarm.net.rendezvous import Member, group_digest
 from swarm.net.transport import CHUNK_BYTES, Transport
@@ -33,6 +42,8 @@ from swarm.v1 import exchange_pb2
 logger = logging.getLogger(__name__)
 
 MAX_OPEN_KEYS = 4  # rounds whose early parts are buffered; older ones are dropped
+MAX_EARLY_SLOTS_PER_SENDER = 6  # messages buffered per sender and key before the group is known (a member: 3)
+Slot = tuple[str, int, int, int, str]  # (group digest, phase, part, sender position, sender's libp2p id)
 ABORT_TIMEOUT_S = 2.0  # how long a failing member spends telling its groupmates
 
 
@@ -50,14 +61,22 @@ class ExchangeResult:
     bytes_sent: int
     bytes_received: int
     seconds: float
+    # What this peer, as the owner of its slice, did to groupmates' slices (peer id -> why); per slice, so
+    # other owners may have judged the same groupmate differently.
+    rejected: dict[str, str] = field(default_factory=dict)  # left out of the slice's average
+    clipped: dict[str, str] = field(default_factory=dict)  # scaled down to the clipping norm
 
 
 class Exchange:
-    def __init__(self, transport: Transport, *, run_id: str):
+    def __init__(self, transport: Transport, *, run_id: str, aggregation: Aggregation = Aggregation()):
         self.transport = transport
+        self.aggregation = aggregation  # Aggregation.for_run(run): the rule and the weight cap of the run
         self._handler_name = f"swarm_{run_id}.part"
-        self._inbox: dict[str, dict[tuple, bytes]] = {}
+        self._key_prefix = f"{run_id}."  # every key of this run's exchanges (rendezvous.group_key)
+        self._inbox: dict[str, dict[Slot, bytes]] = {}
         self._received_bytes: dict[str, int] = {}
+        self._groups: dict[str, list[str]] = {}  # key -> the libp2p id of each position, while it is averaged
+        self.rejected_chunks = 0  # messages dropped because their sender is not the member they claim to be
         self._cond: Optional[asyncio.Condition] = None
         transport.run(self._start(), timeout_s=30)
 
@@ -120,8 +139,10 @@ class Exchange:
         codec = CODECS[me.codec]
         if any(m.numel != me.numel or m.codec != me.codec for m in group):
             raise ExchangeFailed(f"{key}: groupmates disagree on the vector size or codec")
+        weights = self._weights(group, key)
         position = [m.peer_id for m in group].index(me.peer_id)
         digest = group_digest(group)
+        await self._expect(key, group)
         bounds = part_bounds(me.numel, len(group), codec.block)  # block-aligned: slices quantize like the whole
         flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
         sent = 0
@@ -140,11 +161,13 @@ class Exchange:
 
         # Reduce this peer's slice in the group's order, then send the same encoded bytes to all.
         start, end = bounds[position]
-        contributions = await self._wait_for(
-            key, [(digest, exchange_pb2.PHASE_CONTRIBUTION, position, sender) for sender in range(len(group))], group
-        )
+        contributions = await self._wait_for(key, [
+            (digest, exchange_pb2.PHASE_CONTRIBUTION, position, sender, group[sender].dht_peer_id)
+            for sender in range(len(group))
+        ], group)
         await _pause(on_phase("reducing"))
-        averaged = await asyncio.to_thread(self._reduce, codec, contributions, [m.weight for m in group], end - start, key)
+        averaged, reduced = await asyncio.to_thread(self._reduce, codec, contributions, weights, end - start, key)
+        rejected, clipped = self._judged(key, group, reduced)
         await self._deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
         sends = [
             self._send(member, key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
@@ -153,9 +176,9 @@ class Exchange:
         sent += sum(await asyncio.gather(*sends))
 
         # Phase 2: collect every owner's averaged slice.
-        parts = await self._wait_for(
-            key, [(digest, exchange_pb2.PHASE_AVERAGED, owner, owner) for owner in range(len(group))], group
-        )
+        parts = await self._wait_for(key, [
+            (digest, exchange_pb2.PHASE_AVERAGED, owner, owner, group[owner].dht_peer_id) for owner in range(len(group))
+        ], group)
         average = await asyncio.to_thread(
             lambda: torch.cat([self._decode(codec, data, e - s, key) for data, (s, e) in zip(parts, bounds)]))
         return ExchangeResult(
@@ -163,13 +186,35 @@ class Exchange:
             bytes_sent=sent,
             bytes_received=self._received_bytes.get(key, 0),
             seconds=time.perf_counter() - started,
+            rejected=rejected,
+            clipped=clipped,
         )
 
-    @classmethod
-    def _reduce(cls, codec, contributions: list[bytes], weights: list[float], numel: int, key: str) -> bytes:
-        """Decode every contribution to this peer's slice, average them in the group's order, encode."""
-        decoded = [cls._decode(codec, data, numel, key) for data in contributions]
-        return cls._encode(codec, weighted_average(decoded, weights).contiguous(), key)
+    def _weights(self, group: list[Member], key: str) -> list[float]:
+        """The members' declared weights, capped; a weight that is not positive and finite fails the exchange."""
+        try:
+            return self.aggregation.weights([m.weight for m in group], [m.peer_id for m in group])
+        except ValueError as e:
+            raise ExchangeFailed(f"{key}: {e}") from None
+
+    def _reduce(self, codec, contributions: list[bytes], weights: list[float], numel: int,
+                key: str) -> tuple[bytes, Reduced]:
+        """Decode every contribution to this peer's slice, reduce them by the run's rule in the group's
+        order, encode."""
+        decoded = [self._decode(codec, data, numel, key) for data in contributions]
+        reduced = self.aggregation.reduce(decoded, weights)
+        return self._encode(codec, reduced.average.contiguous(), key), reduced
+
+    @staticmethod
+    def _judged(key: str, group: list[Member], reduced: Reduced) -> tuple[dict[str, str], dict[str, str]]:
+        """The reduction's verdicts by peer id, each logged once."""
+        rejected = {group[i].peer_id: why for i, why in reduced.rejected.items()}
+        clipped = {group[i].peer_id: why for i, why in reduced.clipped.items()}
+        for peer_id, why in rejected.items():
+            logger.warning("%s: the slice from %s was left out of this peer's part of the average (%s)", key, peer_id, why)
+        for peer_id, why in clipped.items():
+            logger.info("%s: the slice from %s was %s", key, peer_id, why)
+        return rejected, clipped
 
     @staticmethod
     def _encode(codec, tensor: torch.Tensor, key: str) -> bytes:
@@ -232,28 +277,85 @@ class Exchange:
         ):
             return exchange_pb2.ChunkAck(ok=False, error="chunks of one slice arrived inconsistent or incomplete")
         payload = b"".join(c.data for c in chunks)
+        remote = context.remote_id.to_base58()
+        if not await self._deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload,
+                                   sender_id=remote):
+            return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
         self._received_bytes[head.key] = self._received_bytes.get(head.key, 0) + sum(c.ByteSize() for c in chunks)
-        await self._deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload)
         return exchange_pb2.ChunkAck(ok=True)
 
-    async def _deliver(self, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes) -> None:
+    async def _deliver(self, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes, *,
+                       sender_id: Optional[str] = None) -> bool:
+        """Buffer a slice from ``sender_id`` (this peer's own when None); False when it was dropped: this
+        key's group is known and ``sender_id`` is not the libp2p id of position ``sender`` in it, or the
+        group is not known yet and the slice cannot be an early one of this run's members."""
+        sender_id = sender_id or self.transport.peer_id
+        slot = (digest, phase, part, sender, sender_id)
         async with self._cond:
-            if key not in self._inbox:
-                while len(self._inbox) >= MAX_OPEN_KEYS:
-                    stale = next(iter(self._inbox))
-                    self._inbox.pop(stale)
-                    self._received_bytes.pop(stale, None)
-                self._inbox[key] = {}
-            self._inbox[key][(digest, phase, part, sender)] = payload
+            ids = self._groups.get(key)
+            if ids is not None and not (0 <= sender < len(ids) and ids[sender] == sender_id):
+                self._reject(key, sender_id, sender)
+                return False
+            if ids is None and not self._may_buffer_early(key, slot):
+                self._reject(key, sender_id, sender)
+                return False
+            self._inbox[key][slot] = payload
             self._cond.notify_all()
+            return True
 
-    async def _wait_for(self, key: str, wanted: list[tuple], group: list[Member]) -> list[bytes]:
-        """The wanted slices once all are here; ExchangeFailed as soon as a groupmate aborts."""
+    def _may_buffer_early(self, key: str, slot: Slot) -> bool:
+        """Whether a slice that came before this peer knows the key's group may wait for it (opening a
+        buffer for the key if needed). A member sends each peer at most three messages per key (its
+        contribution, its averaged slice, an abort), so a sender with more is not an honest member; the
+        buffers of keys being averaged are never evicted for a new key."""
+        if not key.startswith(self._key_prefix):
+            return False
+        if key in self._inbox:
+            inbox = self._inbox[key]
+            return slot in inbox or sum(s[4] == slot[4] for s in inbox) < MAX_EARLY_SLOTS_PER_SENDER
+        return self._open(key, force=False)
+
+    def _open(self, key: str, *, force: bool) -> bool:
+        """Open a buffer for ``key``, evicting the oldest buffers of keys not being averaged to stay within
+        MAX_OPEN_KEYS; False (unless ``force``) when only keys being averaged are open."""
+        idle = [k for k in self._inbox if k not in self._groups]
+        excess = len(self._inbox) + 1 - MAX_OPEN_KEYS
+        if excess > len(idle) and not force:
+            return False
+        for stale in idle[:max(0, excess)]:
+            self._inbox.pop(stale)
+            self._received_bytes.pop(stale, None)
+        self._inbox[key] = {}
+        return True
+
+    async def _expect(self, key: str, group: list[Member]) -> None:
+        """From now on accept slices for ``key`` only from the group's members, each for its own position;
+        drop what strangers sent before this peer knew the group."""
+        ids = [m.dht_peer_id for m in group]
+        async with self._cond:
+            self._groups[key] = ids
+            if key not in self._inbox:
+                self._open(key, force=True)
+            inbox = self._inbox[key]
+            for slot in [s for s in inbox if not (0 <= s[3] < len(ids) and ids[s[3]] == s[4])]:
+                inbox.pop(slot)
+                self._reject(key, slot[4], slot[3])
+
+    def _reject(self, key: str, sender_id: str, sender: int) -> None:
+        self.rejected_chunks += 1
+        if self.rejected_chunks & (self.rejected_chunks - 1) == 0:  # the 1st, 2nd, 4th, 8th...: never a flood
+            logger.warning("%s: dropped a message from %s claiming group position %d: not that member's libp2p id, "
+                           "or more than a member sends (%d dropped so far)", key, sender_id, sender,
+                           self.rejected_chunks)
+
+    async def _wait_for(self, key: str, wanted: list[Slot], group: list[Member]) -> list[bytes]:
+        """The wanted slices once all are here; ExchangeFailed as soon as a groupmate aborts (only a member
+        can: ``_expect`` dropped every other sender's messages)."""
         digest = wanted[0][0]
 
         def aborted() -> Optional[tuple[int, bytes]]:
-            for (d, phase, _, sender), data in self._inbox.get(key, {}).items():
-                if phase == exchange_pb2.PHASE_ABORT and d == digest:
+            for (d, phase, _, sender, sender_id), data in self._inbox.get(key, {}).items():
+                if phase == exchange_pb2.PHASE_ABORT and d == digest and group[sender].dht_peer_id == sender_id:
                     return sender, data
             return None
 
@@ -262,7 +364,7 @@ class Exchange:
             abort = aborted()
             if abort is not None:
                 sender, why = abort
-                who = group[sender].peer_id if 0 <= sender < len(group) else f"member {sender}"
+                who = group[sender].peer_id
                 raise ExchangeFailed(f"{key}: groupmate {who} gave up ({why.decode(errors='replace')})",
                                      from_groupmate=True)
             return [self._inbox[key][w] for w in wanted]
@@ -271,6 +373,7 @@ class Exchange:
         async with self._cond:
             self._inbox.pop(key, None)
             self._received_bytes.pop(key, None)
+            self._groups.pop(key, None)
 
 
 async def _pause(seconds: Optional[float]) -> None:

@@ -1,7 +1,8 @@
 """Forming a round's averaging group through the hivemind DHT.
 
 Every peer that finished its inner steps posts one entry (its ids, position and weight) under the
-round's key, then reads the key until every planned participant has posted or the matchmaking
+round's key, signed with its key and carrying its credential (``swarm.net.dht_entries``: entries that do
+not verify are ignored), then reads the key until every planned participant has posted or the matchmaking
 window closes. The group is the posted entries of planned participants, ordered by peer index, so
 every member that sees the same entries derives the same group, parts and weights. Members compare
 a digest of the group in every message, so a peer that saw a different group is caught, not merged.
@@ -12,13 +13,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import hivemind
-from hivemind.utils.timed_storage import get_dht_time
 
-from swarm.net.dht_entries import read_entries
+from swarm.core import credential
+from swarm.net.dht_entries import read_entries, store_entry
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ def rendezvous(
     *,
     key: str,
     me: Member,
+    member: credential.Member,
     planned: Callable[[], Optional[set[str]]],
     window_s: float,
     ttl_s: float,
@@ -59,16 +61,17 @@ def rendezvous(
     """Post this peer under key and return the group, ordered by peer index.
 
     planned() returns the planned participants' peer ids, or None when the plan is unknown (the
-    coordinator is unreachable): then whoever posted within the window forms the group.
+    coordinator is unreachable): then whoever posted within the window forms the group. ``member`` signs
+    this peer's entry and checks the others'.
     """
-    dht.store(key, subkey=me.peer_id, value=asdict(me), expiration_time=get_dht_time() + ttl_s)
+    store_entry(dht, key, me, member=member, ttl_s=ttl_s)
     if on_posted is not None:
         on_posted()
     deadline = time.monotonic() + window_s
     expected = planned()
     next_plan_at = time.monotonic() + plan_refresh_s
     while True:
-        posted = read_entries(dht, key, Member)
+        posted = read_entries(dht, key, Member, member=member)
         posted[me.peer_id] = me
         if expected is not None and expected <= set(posted):
             break

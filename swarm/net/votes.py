@@ -1,6 +1,7 @@
 """The round's vote, posted in the DHT too, so a group can decide a round while the coordinator is down.
 
-Every member posts (ok, hash of its tentative state) under the round's key. When the coordinator
+Every member posts (ok, hash of its tentative state) under the round's key, signed like the group
+entries (``swarm.net.dht_entries``), so nobody votes for another peer. When the coordinator
 cannot be reached, a member that reads the votes of *every* groupmate applies the coordinator's own
 rule to them (``swarm.core.commit_rule``: a hash commits with a quorum of the group, else the round is
 void); the group is the set of voters, as every vote under one group key comes from that group. Members
@@ -13,14 +14,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Optional
 
 import hivemind
-from hivemind.utils.timed_storage import get_dht_time
 
 from swarm.core import commit_rule
-from swarm.net.dht_entries import read_entries
+from swarm.core.credential import Member
+from swarm.net.dht_entries import read_entries, store_entry
 
 logger = logging.getLogger(__name__)
 
@@ -37,16 +38,16 @@ def vote_key(group_key: str) -> str:
     return f"{group_key}.votes"
 
 
-def post_vote(dht: hivemind.DHT, group_key: str, vote: Vote, *, ttl_s: float) -> None:
-    dht.store(vote_key(group_key), subkey=vote.peer_id, value=asdict(vote), expiration_time=get_dht_time() + ttl_s)
+def post_vote(dht: hivemind.DHT, group_key: str, vote: Vote, *, member: Member, ttl_s: float) -> None:
+    store_entry(dht, vote_key(group_key), vote, member=member, ttl_s=ttl_s)
 
 
-def collect_votes(dht: hivemind.DHT, group_key: str, members: list[str], *, timeout_s: float,
+def collect_votes(dht: hivemind.DHT, group_key: str, members: list[str], *, member: Member, timeout_s: float,
                   poll_s: float = 0.2) -> Optional[dict[str, Vote]]:
-    """Every member's vote, or None when some are still missing after timeout_s."""
+    """Every member's vote (signed by that member), or None when some are still missing after timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:
-        votes = {p: v for p, v in read_entries(dht, vote_key(group_key), Vote).items() if p in members}
+        votes = {p: v for p, v in read_entries(dht, vote_key(group_key), Vote, member=member).items() if p in members}
         if set(votes) == set(members):
             return votes
         if time.monotonic() >= deadline:

@@ -26,7 +26,7 @@ from swarm.core.codec import get_codec
 from swarm.core.fragments import round_fragment
 from swarm.core.state import GlobalState
 from swarm.train.trainer import LocalTrainer
-from swarm.train.virtual_peers import VirtualPeer, run_peers
+from swarm.train.virtual_peers import Tamper, VirtualPeer, run_peers
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +161,8 @@ def simulate(
     mixing_alpha: float | None = None,
     outer: str | None = None,
     initial_params: Sequence[torch.Tensor] | None = None,
+    aggregation: str | None = None,
+    tamper: Tamper | None = None,
 ) -> SimResult:
     """Run ``rounds`` DiLoCo rounds with ``peers`` virtual peers, through the same round runner as a
     real peer, so it computes what a real swarm computes.
@@ -169,12 +171,13 @@ def simulate(
     ``inner_steps`` nominal steps (per round in plain DiLoCo); ``speeds[i]`` is the same as a factor
     (1/3: a third of the steps). Rounds are time budgets: a slow peer does fewer steps and its
     pseudo-gradient weighs its samples. ``initial_params`` (in the model's parameter order) replace the
-    seed's θ0 on every peer, with zero outer state: a warm start.
+    seed's θ0 on every peer, with zero outer state: a warm start. ``aggregation`` overrides the run's
+    rule; ``tamper`` (benchmarks and tests only) replaces what peers send: Byzantine peers.
     """
     if peers < 1 or rounds < 0:
         raise ValueError(f"need at least one peer and a non-negative number of rounds, got {peers} and {rounds}.")
     run = _with_overrides(run, outer, codec=codec, error_feedback=error_feedback, fragments=fragments,
-                          overlap_steps=overlap_steps, mixing_alpha=mixing_alpha)
+                          overlap_steps=overlap_steps, mixing_alpha=mixing_alpha, aggregation=aggregation)
     rc = run.rounds
     wire = get_codec(rc.codec)
     rates = _rates(run, peers, steps_per_peer, speeds)
@@ -192,7 +195,7 @@ def simulate(
     )
     log.info("sim: %d peers, %d parameters, codec %s, %d fragments, overlap %d, initial eval loss %.4f",
              peers, result.param_count, wire.name, rc.fragments, rc.overlap_steps, result.initial_eval_loss)
-    virtual = run_peers(run, trainers, rates, rounds)
+    virtual = run_peers(run, trainers, rates, rounds, tamper)
     result.rounds = _records(virtual, run, rounds)
     for r in result.rounds:
         result.bytes_sent_per_peer = [a + b for a, b in zip(result.bytes_sent_per_peer, r.bytes_sent)]
@@ -216,6 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fragments", type=int, help="Streaming DiLoCo fragments F, overriding the config")
     parser.add_argument("--overlap", type=int, help="inner steps an exchange overlaps (tau), overriding the config")
     parser.add_argument("--alpha", type=float, help="mixing factor for overlapped merges, overriding the config")
+    parser.add_argument("--aggregation", help="how slices are combined: mean, clipped_mean or trimmed_mean")
     parser.add_argument("--outer", help="outer optimizer: nesterov or a torch.optim class name")
     parser.add_argument("--speeds", help="comma-separated speed factor per peer, e.g. 1,1,0.5")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
@@ -237,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         speeds = [float(x) for x in args.speeds.split(",")] if args.speeds else None
         result = simulate(run, peers=args.peers, rounds=args.rounds, speeds=speeds,
                           error_feedback=False if args.no_error_feedback else None, fragments=args.fragments,
-                          overlap_steps=args.overlap, mixing_alpha=args.alpha, outer=args.outer)
+                          overlap_steps=args.overlap, mixing_alpha=args.alpha, outer=args.outer,
+                          aggregation=args.aggregation)
     except ValueError as e:  # ConfigError and the other user mistakes: one sentence, no traceback
         sys.stderr.write(f"error: {e}\n")
         return 2

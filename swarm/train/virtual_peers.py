@@ -7,11 +7,12 @@ import math
 import threading
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from swarm.config import RunConfig
+from swarm.core.aggregation import Aggregation
 from swarm.core.average import butterfly_bytes_sent, butterfly_reference
 from swarm.core.codec import Codec, get_codec
 from swarm.core import commit_rule
@@ -19,6 +20,10 @@ from swarm.core.fragments import round_end_step
 from swarm.core.state import GlobalState
 from swarm.train.round import Averaged, Decision, Hooks, InlineExecutor, Outcome, RoundRunner, Vote
 from swarm.train.trainer import Contribution, LocalTrainer, TrainStats
+
+
+# (peer index, round, its honest contribution) -> what it sends: a Byzantine peer in a benchmark or test.
+Tamper = Callable[[int, int, Contribution], Contribution]
 
 
 def steps_between(rate: Fraction, start: int, end: int) -> int:
@@ -33,8 +38,9 @@ class Board:
     peer computes at a time (the bits and the inner-step timings are those of a sequential run), and
     the round runner blocks exactly where a real peer would."""
 
-    def __init__(self, peers: int, rounds: int, wire: Codec) -> None:
+    def __init__(self, peers: int, rounds: int, wire: Codec, aggregation: Aggregation = Aggregation()) -> None:
         self.peers, self.rounds, self.wire = peers, rounds, wire
+        self.aggregation = aggregation
         self.cond = threading.Condition()
         self.contributions: dict[int, dict[int, Contribution]] = {}
         self.averages: dict[int, torch.Tensor] = {}
@@ -53,8 +59,9 @@ class Board:
         self.wait_all(self.contributions, round_no)
         ordered = [self.contributions[round_no][i] for i in range(self.peers)]
         if round_no not in self.averages:
-            self.averages[round_no] = butterfly_reference([c.delta for c in ordered],
-                                                          [float(c.samples) for c in ordered], self.wire)
+            weights = self.aggregation.weights([float(c.samples) for c in ordered], [str(i) for i in range(self.peers)])
+            self.averages[round_no] = butterfly_reference([c.delta for c in ordered], weights, self.wire,
+                                                          reduce=lambda d, w: self.aggregation.reduce(d, w).average)
         sent = butterfly_bytes_sent(contribution.delta.numel(), self.peers, self.wire)
         return Averaged(average=self.averages[round_no], group=[str(i) for i in range(self.peers)],
                         bytes_sent=sent[index])
@@ -80,9 +87,13 @@ class VirtualPeer(Hooks):
     bytes_sent: dict[int, int] = field(default_factory=dict)
     hashes: dict[int, str] = field(default_factory=dict)
     evals: dict[int, float] = field(default_factory=dict)
+    # Benchmarks and tests only: what this peer sends instead of its contribution (an attacker); its
+    # own trainer keeps the honest contribution.
+    tamper: Optional[Tamper] = None
 
     def average(self, round_no: int, contribution: Contribution) -> Averaged:
-        averaged = self.board.average(self.index, round_no, contribution)
+        sent = contribution if self.tamper is None else self.tamper(self.index, round_no, contribution)
+        averaged = self.board.average(self.index, round_no, sent)
         self.bytes_sent[round_no] = averaged.bytes_sent
         return averaged
 
@@ -129,12 +140,14 @@ def drive(runner: RoundRunner, peer: VirtualPeer, rounds: int) -> None:
             raise
 
 
-def run_peers(run: RunConfig, trainers: list[LocalTrainer], rates: list[Fraction], rounds: int) -> list[VirtualPeer]:
-    """Every virtual peer runs its rounds through the round runner, on its own thread."""
-    board = Board(len(trainers), rounds, get_codec(run.rounds.codec))
+def run_peers(run: RunConfig, trainers: list[LocalTrainer], rates: list[Fraction], rounds: int,
+              tamper: Optional[Tamper] = None) -> list[VirtualPeer]:
+    """Every virtual peer runs its rounds through the round runner, on its own thread. ``tamper``
+    (benchmarks and tests) replaces what the peers send, see ``Tamper``."""
+    board = Board(len(trainers), rounds, get_codec(run.rounds.codec), Aggregation.for_run(run))
     peers, threads, errors = [], [], []
     for i, (trainer, rate) in enumerate(zip(trainers, rates)):
-        peer = VirtualPeer(i, board)
+        peer = VirtualPeer(i, board, tamper=tamper)
         runner = RoundRunner(trainer, run, exchange=peer, votes=peer, decider=peer, store=peer, hooks=peer,
                              executor=InlineExecutor(), evaluate=i == 0, budget=budget(rate, run))
         threads.append(threading.Thread(target=guard, args=(errors, drive, runner, peer, rounds),

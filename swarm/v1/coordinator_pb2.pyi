@@ -214,10 +214,14 @@ class GetRoundRequest(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., round: _Optional[int] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
-    __slots__ = ("token",)
+    __slots__ = ("token", "page_size", "page_token")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     token: str
-    def __init__(self, token: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, token: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class RunStatus(_message.Message):
     __slots__ = ("run_id", "open_round", "rounds_committed", "rounds_voided", "committed_hash", "eval_loss", "eval_round", "initial_eval_loss", "finished", "max_rounds", "inner_steps", "codec", "model_preset", "param_count", "loss", "uptime_s", "committed_round", "fragments", "overlap_steps", "outer_optimizer", "error_feedback")
@@ -310,11 +314,15 @@ class Totals(_message.Message):
     def __init__(self, bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., ddp_equivalent_bytes: _Optional[int] = ..., compute_utilization: _Optional[float] = ..., tokens: _Optional[int] = ..., inner_steps: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("run", "peers", "totals")
+    __slots__ = ("run", "peers", "totals", "next_page_token", "peers_omitted")
     RUN_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
     TOTALS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PEERS_OMITTED_FIELD_NUMBER: _ClassVar[int]
     run: RunStatus
     peers: _containers.RepeatedCompositeFieldContainer[PeerStatus]
     totals: Totals
-    def __init__(self, run: _Optional[_Union[RunStatus, _Mapping]] = ..., peers: _Optional[_Iterable[_Union[PeerStatus, _Mapping]]] = ..., totals: _Optional[_Union[Totals, _Mapping]] = ...) -> None: ...
+    next_page_token: str
+    peers_omitted: int
+    def __init__(self, run: _Optional[_Union[RunStatus, _Mapping]] = ..., peers: _Optional[_Iterable[_Union[PeerStatus, _Mapping]]] = ..., totals: _Optional[_Union[Totals, _Mapping]] = ..., next_page_token: _Optional[str] = ..., peers_omitted: _Optional[int] = ...) -> None: ...

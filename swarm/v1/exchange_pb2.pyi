@@ -45,14 +45,16 @@ class ChunkAck(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class StateRequest(_message.Message):
-    __slots__ = ("round", "offset", "length")
+    __slots__ = ("round", "offset", "length", "credential")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     round: int
     offset: int
     length: int
-    def __init__(self, round: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+    credential: bytes
+    def __init__(self, round: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., credential: _Optional[bytes] = ...) -> None: ...
 
 class StateChunk(_message.Message):
     __slots__ = ("round", "state_hash", "total_bytes", "offset", "data", "error")

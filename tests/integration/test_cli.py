@@ -94,7 +94,7 @@ def test_status_json_is_one_object_with_run_peers_and_totals(coordinator: Swarm)
     result = swarm_cli("status", coordinator.join, "--json")
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
-    assert set(status) == {"run", "peers", "totals"}
+    assert set(status) == {"run", "peers", "totals", "peers_omitted"}
     assert status["peers"] == []
     assert status["run"]["max_rounds"] == 1
     assert status["run"]["finished"] is False

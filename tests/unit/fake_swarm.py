@@ -79,9 +79,13 @@ class FakeClient:
         pass
 
 
+_FAKE_LIBP2P_ID = "QmXoypizjW3WknFiJnKLwHCnL72vedxjQkDDP1mXWo6uco"
+
+
 class FakeTransport:
     def __init__(self, peer_id: str) -> None:
-        self.peer_id, self.visible_maddrs = peer_id, [f"/fake/{peer_id}"]
+        # a well-formed multiaddr (the coordinator refuses others); nothing dials it
+        self.peer_id, self.visible_maddrs = peer_id, [f"/dns/{peer_id}.fake/tcp/4001/p2p/{_FAKE_LIBP2P_ID}"]
 
     def shutdown(self) -> None:
         pass
@@ -193,10 +197,10 @@ class FakeParts(PeerParts):
     def transport(self, options, initial_peers, *, stop, tag) -> FakeTransport:
         return self.net.transport()
 
-    def group(self, transport, run, *, run_id, peer_id, peer_index, planned, faults) -> FakeGroup:
+    def group(self, transport, run, *, run_id, peer_id, peer_index, planned, faults, member=None) -> FakeGroup:
         return FakeGroup(self.net, transport, peer_id=peer_id, peer_index=peer_index, planned=planned)
 
-    def state_transfer(self, transport, *, run_id, timeout_s) -> FakeTransfer:
+    def state_transfer(self, transport, *, run_id, timeout_s, member=None) -> FakeTransfer:
         return FakeTransfer(self.net, transport)
 
 

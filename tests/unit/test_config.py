@@ -237,3 +237,47 @@ def test_the_valid_names_are_the_implemented_ones() -> None:
     assert len({str(groups) for groups in dealt.values()}) == len(FRAGMENT_PATTERNS)  # no name is an alias
     with pytest.raises(ValueError, match="fragment pattern 'random' is unknown"):
         fragments(shapes, 2, "random")
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("[rounds]\ninner_steps = 9223372036854775807\n", "[rounds] inner_steps must be a finite number"),
+        ("[rounds]\nround_timeout_s = inf\n", "[rounds] round_timeout_s must be a finite number"),
+        ("[rounds]\nexchange_timeout_s = nan\n", "[rounds] exchange_timeout_s must be positive"),
+        ("[rounds]\nmax_rounds = 9223372036854775807\n", "[rounds] max_rounds must be a finite number"),
+        ("[rounds]\nmin_peers = 1000000000\n", "[rounds] min_peers must be a finite number"),
+        ("[outer]\nlr = inf\n", "[outer] lr must be a finite number"),
+        ("[inner]\nlr = inf\n", "[inner] lr must be a finite number"),
+        ("[inner]\ngrad_clip = inf\n", "[inner] grad_clip must be a finite number"),
+        ("[data]\nbatch_size = 100000000\n", "[data] batch_size must be a finite number"),
+        ("[data]\nseq_len = 100000000\n", "[data] seq_len must be a finite number"),
+        ("[model]\ncontext = 100000000\n", "[model] context must be a finite number"),
+        ("[outer]\nname = \"AdamW\"\n[outer.options]\neps = inf\n", "[outer.options] eps must be a finite number"),
+        ("seed = -1\n", "seed must be a finite number"),
+    ],
+)
+def test_numbers_must_be_finite_and_in_range(tmp_path, text: str, words: str) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_run_config(path)
+    assert words in str(info.value)
+
+
+def test_a_config_path_that_is_a_directory_unreadable_or_not_utf8_gets_one_sentence(tmp_path) -> None:
+    import os
+
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_run_config(tmp_path)
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes(b"# caf\xe9\n")
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        load_run_config(latin1)
+    locked = tmp_path / "locked.toml"
+    locked.write_text("seed = 1\n")
+    locked.chmod(0)
+    if os.access(locked, os.R_OK):
+        pytest.skip("running as root: permissions do not stop reading")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_run_config(locked)

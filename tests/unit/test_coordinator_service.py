@@ -216,3 +216,14 @@ def test_serve_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_started_coordinator_keeps_its_token_and_key_owner_only(server: CoordinatorServer) -> None:
+    import stat
+
+    from coordinator.store import STORE_FILE
+
+    modes = {name: stat.S_IMODE((server._state_dir / name).stat().st_mode)
+             for name in (JOIN_STRING_FILE, STORE_FILE, tls.KEY_FILE)}
+    assert modes == dict.fromkeys(modes, 0o600)
+    assert stat.S_IMODE(server._state_dir.stat().st_mode) == 0o700

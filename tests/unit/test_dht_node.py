@@ -66,3 +66,25 @@ def test_a_restarted_node_keeps_its_port_and_identity_and_dials_the_peers_it_kne
 
 def test_a_taken_port_and_peers_that_are_gone_still_leave_a_working_node(tmp_path):
     _in_fresh_process("taken_port_scenario", tmp_path)
+
+
+def bad_addresses_scenario(state_dir: Path) -> None:
+    import time
+
+    gone = Transport(initial_peers=[])
+    stale = gone.visible_maddrs  # valid, but nobody listens there any more
+    gone.shutdown()
+    pid = stale[0].rsplit("/p2p/", 1)[1]
+    bootstrap = ["garbage-not-a-multiaddr", "/ip4/127.0.0.1/tcp/1", f"/ip4/10.255.255.1/tcp/9/p2p/{pid}", *stale]
+    started = time.monotonic()
+    node = DHTNode(state_dir=state_dir, host="127.0.0.1")
+    try:
+        node.start(bootstrap=bootstrap)
+        assert time.monotonic() - started < 20, "a bad stored address held up the start"
+        assert node.initial_peers
+    finally:
+        node.stop()
+
+
+def test_stored_addresses_that_are_garbage_or_unreachable_do_not_hold_up_a_start(tmp_path):
+    _in_fresh_process("bad_addresses_scenario", tmp_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any, Callable, Iterator, Optional
@@ -9,11 +10,24 @@ from typing import Any, Callable, Iterator, Optional
 import pytest
 import torch
 
-from swarm.core.average import weighted_average
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord
+from hivemind.p2p import PeerID
+from hivemind.utils.serializer import MSGPackSerializer
+from hivemind.utils.asyncio import as_aiter
+from hivemind.utils.timed_storage import get_dht_time
+
+from swarm.core import credential
+from swarm.core.average import part_bounds, weighted_average
 from swarm.core.codec import CODECS
-from swarm.net.allreduce import Exchange, ExchangeFailed, ExchangeResult
-from swarm.net.rendezvous import Member, group_key, rendezvous
+from swarm.core.credential import PeerKey
+from swarm.net.allreduce import MAX_OPEN_KEYS, Exchange, ExchangeFailed, ExchangeResult
+from swarm.net.dht_entries import EntryValidator, guard, read_entries, sign_entry, store_entry
+from swarm.net.rendezvous import Member, group_digest, group_key, rendezvous
 from swarm.net.transport import Transport
+from swarm.net.votes import Vote, collect_votes, post_vote, vote_key
+from swarm.v1 import exchange_pb2
+from tests.unit.run_members import make_member
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -21,19 +35,23 @@ RUN_ID = "run-test-exchange"
 NUMEL = 100_003  # not divisible by 3: the slices differ in length
 
 
+COORDINATOR = PeerKey.generate()
+
+
 class Peer:
     def __init__(self, transport: Transport, exchange: Exchange, index: int):
         self.transport = transport
         self.exchange = exchange
         self.index = index
-        self.name = f"p{index}"
+        self.credential: credential.Member = make_member(COORDINATOR, RUN_ID, transport.peer_id)
+        self.name = self.credential.peer_id
 
     def member(self, *, weight: float, codec: str = "fp32", numel: int = NUMEL) -> Member:
         return Member(peer_id=self.name, dht_peer_id=self.transport.peer_id, index=self.index,
                       weight=weight, numel=numel, codec=codec)
 
     def group(self, key: str, me: Member, planned: set[str], *, window_s: float = 20.0) -> list[Member]:
-        return rendezvous(self.transport.dht, key=key, me=me, planned=lambda: planned, window_s=window_s,
+        return rendezvous(self.transport.dht, key=key, me=me, member=self.credential, planned=lambda: planned, window_s=window_s,
                           ttl_s=60, poll_s=0.05)
 
     def average(self, key: str, me: Member, planned: set[str], delta: torch.Tensor, *,
@@ -102,7 +120,7 @@ def test_three_peers_get_the_bit_identical_weighted_average(peers: list[Peer]) -
 
     expected = weighted_average(inputs, weights)
     for group, result in results:
-        assert [m.peer_id for m in group] == ["p0", "p1", "p2"]
+        assert [m.peer_id for m in group] == [p.name for p in peers]
         assert torch.equal(result.average, expected)
     # each peer sends K-1 of its K slices, then its averaged slice to K-1 peers: 2(K-1)/K of the vector
     payload = 2 * 2 / 3 * 4 * NUMEL
@@ -140,7 +158,7 @@ def test_fp16_average_is_bit_identical_on_every_peer_and_close_to_fp32(peers: li
 def test_a_planned_peer_that_never_shows_up_is_left_out_after_the_window(peers: list[Peer]) -> None:
     key = group_key(RUN_ID, 3)
     present = peers[:2]
-    planned = {"p0", "p1", "p2"}  # p2 was planned but never posts
+    planned = {p.name for p in peers}  # the third was planned but never posts
     weights = [2.0, 3.0]
     inputs = deltas(3, 2)
     members = [p.member(weight=w) for p, w in zip(present, weights)]
@@ -156,7 +174,7 @@ def test_a_planned_peer_that_never_shows_up_is_left_out_after_the_window(peers: 
     assert time.monotonic() - started >= window_s  # they waited the window out for p2
     expected = weighted_average(inputs, weights)
     for group, result in results:
-        assert [m.peer_id for m in group] == ["p0", "p1"]
+        assert [m.peer_id for m in group] == [p.name for p in present]
         assert torch.equal(result.average, expected)
 
 
@@ -183,7 +201,7 @@ def test_a_member_that_posts_but_never_exchanges_fails_the_others(peers: list[Pe
 
     outcomes = results_of(concurrently([lambda: active(0), lambda: active(1), silent_member], timeout_s=60))
 
-    assert [m.peer_id for m in outcomes[2]] == ["p0", "p1", "p2"]
+    assert [m.peer_id for m in outcomes[2]] == [p.name for p in peers]
     for outcome, seconds in outcomes[:2]:
         assert isinstance(outcome, ExchangeFailed), f"expected ExchangeFailed, got {outcome!r}"
         # its own timeout, or the first groupmate's to time out, which tells the others (abort)
@@ -217,34 +235,134 @@ def test_a_member_that_fails_tells_the_others_who_fail_at_once(peers: list[Peer]
     assert "injected" in str(outcomes[2][0])
     for outcome, seconds in outcomes[:2]:
         assert isinstance(outcome, ExchangeFailed), f"expected ExchangeFailed, got {outcome!r}"
-        assert "groupmate p2 gave up (" in str(outcome) and "link is down" in str(outcome)
+        assert f"groupmate {peers[2].name} gave up (" in str(outcome) and "link is down" in str(outcome)
         assert seconds < 10, f"took {seconds:.1f}s: the abort did not reach it, it waited for its timeout"
 
 
-def test_a_group_and_its_votes_ignore_malformed_entries_and_entries_posted_under_another_peers_name(peers):
-    from hivemind.utils.timed_storage import get_dht_time
-
-    from swarm.net.dht_entries import read_entries
-    from swarm.net.votes import Vote, collect_votes, post_vote, vote_key
-
-    a, b, c = peers
+def test_forged_group_entries_are_ignored_and_the_honest_group_still_forms(peers: list[Peer]) -> None:
+    a, b, attacker = peers
     key = group_key(RUN_ID, 901)
-    dht = a.transport.dht
+    dht = attacker.transport.dht  # the forger stores through its own node; every node serves the key
     expires = get_dht_time() + 60
-    dht.store(key, subkey="p1", value={"not": "a member"}, expiration_time=expires)  # malformed
-    dht.store(key, subkey="p2", value=vars(b.member(weight=1.0)), expiration_time=expires)  # p1 posing as p2
-    dht.store(key, subkey="p0", value=vars(a.member(weight=1.0)), expiration_time=expires)
-    assert set(read_entries(c.transport.dht, key, Member)) == {"p0"}
+    victim = make_member(COORDINATOR, RUN_ID, "QmVictimNeverPosts")  # a planned member that crashed
+    stranger = PeerKey.generate()  # never talked to the coordinator
+    other_run = make_member(PeerKey.generate(), RUN_ID, attacker.transport.peer_id)  # another coordinator's
 
-    vote = Vote(peer_id="p0", dht_peer_id=a.transport.peer_id, ok=True, state_hash="h")
-    post_vote(dht, key, vote, ttl_s=60)
-    dht.store(vote_key(key), subkey="p1", value={"ok": True}, expiration_time=expires)
-    assert collect_votes(c.transport.dht, key, ["p0"], timeout_s=5) == {"p0": vote}
-    assert collect_votes(c.transport.dht, key, ["p0", "p1"], timeout_s=0.5) is None  # p1's vote is unreadable
+    def entry(peer_id: str, weight: float = 1e30) -> Member:
+        return Member(peer_id=peer_id, dht_peer_id=attacker.transport.peer_id, index=0, weight=weight,
+                      numel=NUMEL, codec="fp32")
 
+    # no credential at all: the entry a bare DHT node could always store
+    dht.store(key, subkey=stranger.peer_id, value=vars(entry(stranger.peer_id)), expiration_time=expires)
+    # a well-signed entry, but under another coordinator's credential
+    dht.store(key, subkey=other_run.peer_id, value=sign_entry(other_run, key, entry(other_run.peer_id)),
+              expiration_time=expires)
+    # a member of this run (the attacker's own credential) speaking for someone else
+    dht.store(key, subkey=victim.peer_id, value=sign_entry(attacker.credential, key, entry(victim.peer_id)),
+              expiration_time=expires)
+    planned = {a.name, b.name, victim.peer_id, stranger.peer_id, other_run.peer_id}
+    weights = [2.0, 3.0]
+    inputs = deltas(901, 2)
+    members = [a.member(weight=weights[0]), b.member(weight=weights[1])]
+
+    results = results_of(concurrently(
+        [lambda p=p, m=m, d=d: p.average(key, m, planned, d, window_s=2.0) for p, m, d in zip([a, b], members, inputs)],
+        timeout_s=60,
+    ))
+
+    for group, result in results:
+        assert [m.peer_id for m in group] == [a.name, b.name]
+        assert torch.equal(result.average, weighted_average(inputs, weights))
+
+
+def test_an_entry_replayed_under_another_key_or_for_another_libp2p_id_is_ignored(peers: list[Peer]) -> None:
+    a, b, attacker = peers
+    expires = get_dht_time() + 60
+    earlier, later = group_key(RUN_ID, 902), group_key(RUN_ID, 903)
+    genuine = sign_entry(a.credential, earlier, a.member(weight=1.0))
+    attacker.transport.dht.store(earlier, subkey=a.name, value=genuine, expiration_time=expires)
+    attacker.transport.dht.store(later, subkey=a.name, value=genuine, expiration_time=expires)  # replayed
+    elsewhere = Member(peer_id=a.name, dht_peer_id=attacker.transport.peer_id, index=0, weight=1.0, numel=NUMEL,
+                       codec="fp32")  # a's own signature, but its slices would go to the attacker's node
+    attacker.transport.dht.store(later, subkey=b.name, value=sign_entry(a.credential, later, elsewhere),
+                                 expiration_time=expires)
+
+    assert set(read_entries(b.transport.dht, earlier, Member, member=b.credential)) == {a.name}
+    assert read_entries(b.transport.dht, later, Member, member=b.credential) == {}
+
+
+def test_votes_forged_for_another_peer_are_ignored(peers: list[Peer]) -> None:
+    a, b, attacker = peers
+    key = group_key(RUN_ID, 904)
+    honest = Vote(peer_id=b.name, dht_peer_id=b.transport.peer_id, ok=True, state_hash="h-honest")
+    post_vote(b.transport.dht, key, honest, member=b.credential, ttl_s=60)
+    forged = Vote(peer_id=a.name, dht_peer_id=attacker.transport.peer_id, ok=True, state_hash="h-forged")
+    attacker.transport.dht.store(vote_key(key), subkey=a.name, value=sign_entry(attacker.credential, vote_key(key), forged),
+                                 expiration_time=get_dht_time() + 60)
+
+    assert collect_votes(a.transport.dht, key, [b.name], member=a.credential, timeout_s=5) == {b.name: honest}
+    assert collect_votes(a.transport.dht, key, [a.name, b.name], member=a.credential, timeout_s=0.5) is None
+
+
+def _forge(attacker: Peer, target: Peer, key: str, digest: str, phase: int, part: int, sender: int,
+           payload: bytes) -> Optional[bool]:
+    """Send one slice to target as if from group position ``sender``; its acknowledgement (None: none came)."""
+    message = exchange_pb2.TensorChunk(key=key, group_digest=digest, phase=phase, part=part, sender=sender, chunk=0,
+                                       num_chunks=1, data=payload)
+    try:
+        ack = attacker.transport.run(attacker.transport.p2p.call_protobuf_handler(
+            PeerID.from_base58(target.transport.peer_id), f"swarm_{RUN_ID}.part", as_aiter(message),
+            exchange_pb2.ChunkAck), timeout_s=10)
+    except ValueError:  # hivemind sometimes closes the stream without the handler's reply
+        return None
+    return ack.ok
+
+
+def test_slices_and_aborts_from_a_non_member_are_dropped_and_the_average_is_bit_identical(peers: list[Peer]) -> None:
+    a, b, attacker = peers
+    key = group_key(RUN_ID, 905)
+    weights = [5.0, 7.0]
+    inputs = deltas(905, 2)
+    members = [a.member(weight=weights[0]), b.member(weight=weights[1])]
+    digest = group_digest(members)
+    bounds = part_bounds(NUMEL, 2, CODECS["fp32"].block)
+    huge = [CODECS["fp32"].encode(torch.full((e - s,), 3e30)) for s, e in bounds]
+    C, A, X = exchange_pb2.PHASE_CONTRIBUTION, exchange_pb2.PHASE_AVERAGED, exchange_pb2.PHASE_ABORT
+    # before the group forms: b's contribution and average to a, a's to b, and an abort in each one's name
+    for target, me, other in ((a, 0, 1), (b, 1, 0)):
+        _forge(attacker, target, key, digest, C, me, other, huge[me])
+        _forge(attacker, target, key, digest, A, other, other, huge[other])
+        _forge(attacker, target, key, digest, X, 0, other, b"stop")
+    sending = threading.Event()
+    acks: list[Optional[bool]] = []
+
+    def during_the_exchange() -> None:  # while a waits before sending, with its group known
+        assert sending.wait(30)
+        acks.extend(_forge(attacker, a, key, digest, phase, part, 1, payload)
+                    for phase, part, payload in ((C, 0, huge[0]), (A, 1, huge[1]), (X, 0, b"stop")))
+        for other in range(906, 906 + 2 * MAX_OPEN_KEYS):  # early slices of other rounds must not evict this one
+            _forge(attacker, a, group_key(RUN_ID, other), digest, C, 0, 1, huge[0])
+
+    forger = threading.Thread(target=during_the_exchange, daemon=True)
+    forger.start()
+    rejected_before = a.exchange.rejected_chunks
+
+    def run(p: Peer, me: Member, delta: torch.Tensor) -> ExchangeResult:
+        group = p.group(key, me, {a.name, b.name})
+        hook = (lambda phase: (sending.set(), 1.5)[1] if phase == "sending" else None) if p is a else None
+        return p.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=30, on_phase=hook)
+
+    results = results_of(concurrently([lambda: run(a, members[0], inputs[0]), lambda: run(b, members[1], inputs[1])],
+                                      timeout_s=60))
+    forger.join(10)
+
+    expected = weighted_average(inputs, weights)
+    assert all(torch.equal(r.average, expected) for r in results)
+    assert acks and not any(acks), f"a slice from a non-member was acknowledged: {acks}"
+    assert a.exchange.rejected_chunks - rejected_before >= 6  # three buffered before the group, three during
 
 def test_a_group_smaller_than_the_runs_live_peers_takes_a_proportionally_smaller_outer_step():
-    from swarm.net.rendezvous import group_digest, participation_scale
+    from swarm.net.rendezvous import participation_scale
 
     def m(i: int, live: int) -> Member:
         return Member(peer_id=f"p{i}", dht_peer_id=f"d{i}", index=i, weight=8.0, numel=10, codec="fp32",
@@ -255,3 +373,50 @@ def test_a_group_smaller_than_the_runs_live_peers_takes_a_proportionally_smaller
     assert participation_scale([m(0, 2), m(1, 2)]) == 1.0  # the whole run
     assert participation_scale([m(0, 0), m(1, 0)]) == 1.0  # nobody knew (coordinator down): plain average
     assert group_digest([m(0, 4)]) != group_digest([m(0, 5)])  # a different view is caught, not merged
+
+
+def _record(key: str, subkey: str, value) -> DHTRecord:
+    """The record a DHT node validates when it is asked to store ``value`` (what hivemind builds)."""
+    return DHTRecord(DHTID.generate(source=key).to_bytes(), MSGPackSerializer.dumps(subkey),
+                     MSGPackSerializer.dumps(value), get_dht_time() + 60)
+
+
+def test_a_guarded_dht_node_refuses_to_store_anything_but_a_members_signed_entry_for_that_key() -> None:
+    member = make_member(COORDINATOR, RUN_ID, "QmMember")
+    other_coordinators = make_member(PeerKey.generate(), RUN_ID, "QmOther")
+    validator = EntryValidator(coordinator_public_key=COORDINATOR.public_key, run_id=RUN_ID)
+    key, other_key = group_key(RUN_ID, 950), group_key(RUN_ID, 951)
+    entry = Member(peer_id=member.peer_id, dht_peer_id="QmMember", index=0, weight=1.0, numel=10, codec="fp32")
+    signed = sign_entry(member, key, entry)
+
+    assert validator.validate(_record(key, member.peer_id, signed))
+    assert not validator.validate(_record(key, member.peer_id, vars(entry)))  # unsigned
+    assert not validator.validate(_record(other_key, member.peer_id, signed))  # replayed under another key
+    assert not validator.validate(_record(other_key, member.peer_id, dict(signed, key=other_key)))  # key swapped
+    assert not validator.validate(_record(key, "p-0123456789abcdef", signed))  # under another peer's subkey
+    forged = Member(peer_id=other_coordinators.peer_id, dht_peer_id="QmOther", index=0, weight=1e30, numel=10,
+                    codec="fp32")
+    assert not validator.validate(_record(key, forged.peer_id, sign_entry(other_coordinators, key, forged)))
+    assert not validator.validate(DHTRecord(DHTID.generate(source=key).to_bytes(), b"\xc1", b"\xc1", 0.0))
+
+
+def test_a_forged_entry_cannot_displace_a_members_entry_on_guarded_nodes() -> None:
+    started: list[Transport] = []
+    try:
+        started.append(Transport(initial_peers=[]))
+        started += [Transport(initial_peers=started[0].visible_maddrs) for _ in range(2)]
+        a, b, attacker = started  # the attacker's node is not guarded: it stores whatever it is given
+        members = [make_member(COORDINATOR, RUN_ID, t.peer_id) for t in (a, b)]
+        for t, m in zip((a, b), members):
+            guard(t.dht, m)
+        key = group_key(RUN_ID, 960)
+        honest = Member(peer_id=members[0].peer_id, dht_peer_id=a.peer_id, index=0, weight=1.0, numel=10, codec="fp32")
+        store_entry(a.dht, key, honest, member=members[0], ttl_s=30)
+        forged = dataclasses.replace(honest, weight=1e30, dht_peer_id=attacker.peer_id)
+        attacker.dht.store(key, subkey=honest.peer_id, value=vars(forged), expiration_time=get_dht_time() + 600)
+
+        assert read_entries(b.dht, key, Member, member=members[1]) == {honest.peer_id: honest}
+        assert read_entries(a.dht, key, Member, member=members[0]) == {honest.peer_id: honest}
+    finally:
+        for t in reversed(started):
+            t.shutdown()

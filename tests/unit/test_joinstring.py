@@ -66,3 +66,47 @@ def test_malformed_variants_say_what_is_wrong(text: str, what: str) -> None:
 
 def test_error_is_a_value_error() -> None:
     assert issubclass(JoinStringError, ValueError)
+
+
+FP = "ab" * 32
+HOSTILE = [
+    f"swarm://h:²?token=t&fp={FP}",
+    f"swarm://h:{'9' * 4300}?token=t&fp={FP}",
+    f"swarm://{'a' * 64}.example:1?token=t&fp={FP}",
+    f"swarm://{'a.' * 200}b:1?token=t&fp={FP}",
+    f"swarm://hôst:1?token=t&fp={FP}",
+    f"swarm://h:1?token=t\x00&fp={FP}",
+    f"swarm://h:1?token=%00&fp={FP}",
+    f"swarm://h:1?token=%C3%A9&fp={FP}",
+    f"swarm://h:1?token={'t' * 300}&fp={FP}",
+    f"swarm://h:1?token=t&fp={FP}\x1b[2J",
+    "swarm://" + "x" * 10_000_000,
+    f"swarm://[::1:1?token=t&fp={FP}",
+    f"swarm://h:٣?token=t&fp={FP}",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE, ids=range(len(HOSTILE)))
+def test_hostile_join_strings_get_one_sentence(text: str) -> None:
+    with pytest.raises(JoinStringError) as info:
+        JoinString.parse(text)
+    message = str(info.value)
+    assert message.endswith(".") and "\n" not in message and len(message) < 300
+
+
+def test_any_text_parses_or_gets_one_sentence() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    pieces = st.sampled_from(["swarm://", "h", ":", "1", "?", "token=", "t", "&", "fp=", FP, "[", "]", "%", "²", "é",
+                              "\x00", "@", "/", "#", "9" * 50])
+
+    @settings(max_examples=300, deadline=None, database=None)
+    @given(st.one_of(st.text(max_size=200), st.lists(pieces, max_size=16).map("".join)))
+    def one(text: str) -> None:
+        try:
+            JoinString.parse(text)
+        except JoinStringError as e:
+            assert str(e).endswith(".") and len(str(e)) < 300
+
+    one()

@@ -1,0 +1,57 @@
+"""Every bad flag of the `swarm` command gets one sentence and exit 2, before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from swarm.app.cli import main
+
+pytestmark = pytest.mark.timeout(30)
+
+JOIN = "swarm://127.0.0.1:1?token=t&fp=" + "ab" * 32
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["coordinator", "--port", "-1"], "--port must be from 0 to 65535, got -1."),
+    (["coordinator", "--port", "70000"], "--port must be from 0 to 65535, got 70000."),
+    (["coordinator", "--dht-port", "99999"], "--dht-port must be from 0 to 65535"),
+    (["coordinator", "--lease-s", "inf"], "--lease-s must be from"),
+    (["coordinator", "--lease-s", "nan"], "--lease-s must be from"),
+    (["coordinator", "--max-rounds", "0"], "--max-rounds must be from 1"),
+    (["coordinator", "--inner-steps", "9223372036854775807"], "--inner-steps must be from 1"),
+    (["coordinator", "--host", "a\nb"], "--host must be at most 256 bytes of printable text."),
+    (["peer", "--join", JOIN, "--p2p-port", "65536"], "--p2p-port must be from 0 to 65535"),
+    (["peer", "--join", JOIN, "--threads", "0"], "--threads must be from 1"),
+    (["peer", "--join", JOIN, "--name", "n" * 300], "--name must be at most 256 bytes"),
+    (["peer", "--join", JOIN, "--join-timeout-s", "-5"], "--join-timeout-s must be from"),
+    (["status", JOIN, "--interval", "0"], "--interval must be from"),
+    (["demo", "--peers", "100000"], "--peers must be from 1 to 64"),
+    (["coordinator", "--port", "abc"], "invalid int value: 'abc'"),
+])
+def test_a_bad_flag_gets_one_sentence_and_exit_2(argv: list[str], words: str, capsys) -> None:
+    assert words in _refused(argv, capsys)
+
+
+def test_a_state_dir_that_is_a_file_is_named(tmp_path: Path, capsys) -> None:
+    file = tmp_path / "not-a-dir"
+    file.write_text("x")
+    for command in (["coordinator"], ["peer", "--join", JOIN], ["demo"]):
+        assert "is a file; give a directory" in _refused([*command, "--state-dir", str(file)], capsys)
+
+
+def test_a_bad_join_string_or_config_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    assert main(["status", "swarm://h:²?token=t&fp=" + "ab" * 32]) == 2
+    assert main(["coordinator", "--config", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "non-ASCII" in err and "is a directory" in err

@@ -1,0 +1,81 @@
+"""Signed DHT entries without a network: what a reader and a guarded node accept, fuzzed (bounded)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord
+from hivemind.utils.serializer import MSGPackSerializer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from swarm.core.credential import PeerKey
+from swarm.net.dht_entries import EntryRejected, EntryValidator, sign_entry, verify_entry
+from swarm.net.rendezvous import Member
+from swarm.net.votes import Vote
+from tests.unit.run_members import make_member
+
+pytestmark = pytest.mark.timeout(60)
+
+RUN_ID = "run-entries"
+KEY = "run-entries.round1.fragment0"
+COORDINATOR = PeerKey.generate()
+MEMBER = make_member(COORDINATOR, RUN_ID, "QmMember")
+READER = make_member(COORDINATOR, RUN_ID, "QmReader")
+VALIDATOR = EntryValidator(coordinator_public_key=COORDINATOR.public_key, run_id=RUN_ID)
+ENTRY = Member(peer_id=MEMBER.peer_id, dht_peer_id="QmMember", index=3, weight=12.0, numel=10, codec="fp32")
+SIGNED = sign_entry(MEMBER, KEY, ENTRY)
+
+
+def _read(value, *, subkey=MEMBER.peer_id, cls=Member, key=KEY):
+    return verify_entry(value, key=key, subkey=subkey, cls=cls, member=READER, now=time.time())
+
+
+def test_a_members_signed_entry_reads_back_exactly() -> None:
+    assert _read(SIGNED) == ENTRY
+    vote = Vote(peer_id=MEMBER.peer_id, dht_peer_id="QmMember", ok=True, state_hash="abc")
+    assert _read(sign_entry(MEMBER, KEY, vote), cls=Vote) == vote
+
+
+@pytest.mark.parametrize("tamper, reason", [
+    (lambda v: {**v, "signature": bytes(64)}, "not signed by"),
+    (lambda v: {**v, "credential": make_member(PeerKey.generate(), RUN_ID, "QmMember").credential},
+     "not signed by this run's coordinator"),
+    (lambda v: {**v, "credential": make_member(COORDINATOR, "other-run", "QmMember").credential}, "is for run"),
+    (lambda v: {**v, "credential": make_member(COORDINATOR, RUN_ID, "QmMember", expires_in_s=-5).credential},
+     "expired"),
+    (lambda v: {**v, "body": v["body"].replace(b"12.0", b"1e30")}, "not signed by"),
+    (lambda v: {"body": v["body"]}, "not a signed entry"),
+])
+def test_a_tampered_entry_is_rejected_with_its_reason(tamper, reason: str) -> None:
+    with pytest.raises(EntryRejected, match=reason):
+        _read(tamper(SIGNED))
+
+
+def test_an_entry_whose_fields_have_the_wrong_type_or_are_not_finite_is_rejected() -> None:
+    for weight in ("heavy", float("inf"), float("nan"), True):
+        forged = sign_entry(MEMBER, KEY, Member(**{**vars(ENTRY), "weight": weight}))
+        with pytest.raises(EntryRejected, match="malformed Member"):
+            _read(forged)
+
+
+values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats() | st.text(max_size=20) | st.binary(max_size=80),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=5),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=values, subkey=st.text(max_size=20) | st.integers(-2**63, 2**63 - 1), fields=st.dictionaries(
+    st.sampled_from(["key", "body", "credential", "signature"]), values, max_size=4))
+def test_no_value_a_stranger_stores_is_believed_or_crashes_a_reader_or_a_node(value, subkey, fields) -> None:
+    for candidate in (value, {**SIGNED, **fields} if fields else {}):
+        for cls in (Member, Vote):
+            with pytest.raises(EntryRejected):
+                _read(candidate, subkey=subkey, cls=cls)
+        record = DHTRecord(DHTID.generate(source=KEY).to_bytes(), MSGPackSerializer.dumps(subkey),
+                           MSGPackSerializer.dumps(candidate), 0.0)
+        assert VALIDATOR.validate(record) is False

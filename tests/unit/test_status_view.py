@@ -1,0 +1,61 @@
+"""`swarm status` shows what strangers chose as names safely, and the coordinator's secrets stay private."""
+
+from __future__ import annotations
+
+import io
+import stat
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from coordinator.engine import CoordinatorEngine
+from coordinator.server import _private_dir, _private_files, _write_private
+from coordinator.store import STORE_FILE, Store
+from swarm.app.status import render_status, status_to_dict
+from swarm.config import RunConfig
+from swarm.v1 import coordinator_pb2 as pb
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _status_with(name: str, site: str) -> dict:
+    engine = CoordinatorEngine(Store(":memory:"), config=RunConfig())
+    engine.join(engine.run.token, name=name, site=site)
+    return status_to_dict(engine.status(engine.run.token))
+
+
+def test_markup_in_peer_names_is_shown_literally_and_long_names_are_cut() -> None:
+    status = _status_with(name="[/oops]", site="[bold red]evil[/]" + "s" * 200)
+    out = io.StringIO()
+    render_status(status, Console(file=out, width=300, color_system=None))  # crashed on [/oops] before
+    text = out.getvalue()
+    assert "[/oops]" in text and "[bold red]evil" in text
+    assert "s" * 30 not in text  # cut for display
+
+
+def test_a_stored_oversized_name_is_cut_in_the_status_answer() -> None:
+    status = _status_with(name="n" * 3_000_000, site="")  # a row stored before requests were bounded
+    assert len(status["peers"][0]["name"]) == 256
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_the_state_dir_and_the_files_holding_the_token_are_owner_only(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o755)
+    (state_dir / "join-string").write_text("old")
+    (state_dir / "join-string").chmod(0o644)
+    _private_dir(state_dir)
+    _private_files(state_dir)
+    store = Store.in_dir(state_dir)
+    CoordinatorEngine(store, config=RunConfig())  # writes: WAL and shared-memory files appear
+    _write_private(state_dir / "join-string", "swarm://...")
+    assert _mode(state_dir) == 0o700
+    for name in (STORE_FILE, f"{STORE_FILE}-wal", f"{STORE_FILE}-shm", "join-string"):
+        assert _mode(state_dir / name) == 0o600, name
+    store.close()
+    with pytest.raises(NotADirectoryError, match="is a file; give --state-dir a directory"):
+        _private_dir(state_dir / "join-string")
