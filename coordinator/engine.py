@@ -3,6 +3,11 @@
 Every public method takes one lock, reads the injected clock once, evicts expired peers, does its
 work with the pure functions of ``membership`` and ``rounds``, retries the round decision, and
 saves the result in one SQLite transaction.  Refusals are ``coordinator.errors.Rejection``s.
+
+A heartbeat's cost does not grow with the number of peers: expiries come off a heap (``Roster``),
+the round is decided again only when something it depends on changed or its deadline passed, the
+RoundInfo answer is rebuilt only when the round or the peers it lists changed, and a peer record
+whose only news is its lease and its counters is written only every few seconds (``PeerWrites``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from typing import Callable, Iterator, Optional
 from coordinator import auth, membership, rounds, tokens
 from coordinator.errors import BadRequest, NotAuthenticated, PeerGone, Rejection, UnknownPeer
 from coordinator.records import COMMITTED, EXCHANGING, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
+from coordinator.peer_writes import PeerWrites
+from coordinator.roster import Roster
 from coordinator.run_open import open_run
 from coordinator.store import Store
 from coordinator.views import RunPosition, round_info, status_response
@@ -66,12 +73,25 @@ class CoordinatorEngine:
 
     def _load(self) -> None:
         self._run: RunRecord = self._store.get_run()  # type: ignore[assignment]
-        self._peers: dict[str, PeerRecord] = {p.peer_id: p for p in self._store.peers()}
         self._latest: Optional[RoundRecord] = self._store.latest_round()
         self._open: Optional[RoundRecord] = (
             self._latest if self._latest is not None and self._latest.outcome == OPEN else None
         )
         self._last_committed: Optional[RoundRecord] = self._store.latest_committed_round()
+        self._roster = Roster(self._store.peers(), committed_round=self._last_committed_state()[0],
+                              committed_hash=self._last_committed_state()[1])
+        self._peers: dict[str, PeerRecord] = self._roster.peers  # read here; written through _save_peer only
+        self._writes = PeerWrites()
+        # The open round's reports, as stored, and as the commit rule reads them
+        self._reports: dict[str, ReportRecord] = (
+            {r.peer_id: r for r in self._store.reports(self._open.round)} if self._open is not None else {}
+        )
+        self._groups: dict[frozenset[str], frozenset[str]] = {}  # the open round's reported groups, interned
+        self._claims = {p: rounds.claim_of(r, self._groups) for p, r in self._reports.items()}
+        self._rounds_version = 0  # bumped by every change of a round or of the run
+        self._settled: Optional[tuple[int, int, int]] = None  # roster, rounds and reports versions last settled
+        self._wait_until = float("inf")  # when the open round is decided even if nothing else happens
+        self._info_cache: Optional[tuple[tuple[int, int], pb.RoundInfo]] = None
 
     @property
     def run(self) -> RunRecord:
@@ -180,7 +200,7 @@ class CoordinatorEngine:
             if self._open is None or req.round != self._open.round:
                 return self._info(req.round)  # late or early: nothing to decide, say how it stands
             report = _report_record(req, now)
-            if self._store.add_report(report):
+            if self._add_report(report):
                 log = logger.info if req.ok else logger.warning
                 log("peer %s: round %d: reported %s%s", req.peer_id, req.round,
                     f"hash {report.state_hash[:12]}" if req.ok else "failure",
@@ -198,13 +218,14 @@ class CoordinatorEngine:
     def status(self, token: str) -> pb.GetStatusResponse:
         with self._session() as now:
             tokens.check_watcher(self._store, token, now=now)
-            return status_response(
+            facts = dict(  # records are immutable: the answer is built after the lock is released
                 run=self._run, config=self.config, peers=list(self._peers.values()), position=self._position(),
                 last_committed=self._last_committed,
                 rounds_committed=self._store.count_rounds(COMMITTED),
                 rounds_voided=self._store.count_rounds(pb.ROUND_OUTCOME_VOIDED),
                 now=now, started_at=self.started_at,
             )
+        return status_response(**facts)
 
     def tick(self) -> None:
         """Evict expired peers and decide rounds that timed out; call it every fraction of a second."""
@@ -259,27 +280,51 @@ class CoordinatorEngine:
         """A restarted peer lost the round it was in: it counts as having failed it, so the round does not
         wait for a report that will never come."""
         if self._open is not None and peer_id in self._open.participants:
-            self._store.add_report(ReportRecord(round=self._open.round, peer_id=peer_id, reported_at=now,
-                                                error="it restarted"))
+            self._add_report(ReportRecord(round=self._open.round, peer_id=peer_id, reported_at=now, error="it restarted"))
         self._settle(now)
 
+    def _add_report(self, report: ReportRecord) -> bool:
+        """Keep the open round's report; False when this peer already reported it (the first one stands)."""
+        if not self._store.add_report(report):
+            return False
+        self._reports[report.peer_id] = report
+        self._claims[report.peer_id] = rounds.claim_of(report, self._groups)
+        return True
+
     def _evict_expired(self, now: float) -> None:
-        for peer in membership.expired(self._peers.values(), now):
-            self._save_peer(peer)
-            logger.warning("peer %s: evicted: %s", peer.peer_id, peer.gone_reason)
+        for peer in self._roster.expired(now):
+            evicted = membership.evict(peer, f"no heartbeat for {now - peer.last_seen:.0f}s")
+            self._save_peer(evicted)
+            logger.warning("peer %s: evicted: %s", peer.peer_id, evicted.gone_reason)
 
     def _settle(self, now: float) -> None:
-        """Decide the open round if it can be, admit late peers, open the next round when possible."""
+        """Decide the open round if it can be, admit late peers, open the next round when possible.
+
+        Does nothing when nothing it depends on changed since the last time and no deadline passed.
+        """
+        if self._settled == self._versions() and now < self._wait_until:
+            return
+        self._settle_now(now)
+        self._settled = self._versions()
+
+    def _versions(self) -> tuple[int, int, int]:
+        return self._roster.version, self._rounds_version, len(self._reports)
+
+    def _settle_now(self, now: float) -> None:
+        self._wait_until = float("inf")
         if self._open is not None:
-            reports = self._store.reports(self._open.round)
-            alive = [p for p in self._open.participants if p in self._peers and self._peers[p].alive]
+            reports = sorted(self._reports.values(), key=lambda r: r.peer_id)
+            alive = self._roster.alive_ids
             decision = rounds.decide_round(
-                now, self._open, alive, reports, self.config.rounds.round_timeout_s, param_count=self._run.param_count
+                now, self._open, alive, reports, self.config.rounds.round_timeout_s,
+                report_grace_s=self.config.rounds.report_grace_s, param_count=self._run.param_count,
+                claims=self._claims,
             )
             if not decision.decided:
-                exchanging = any(
-                    self._peers[p].state == EXCHANGING and self._peers[p].metrics.round == self._open.round
-                    for p in alive
+                self._wait_until = decision.wait_until
+                exchanging = not reports and any(  # admission closes at the first report anyway
+                    p in alive and self._peers[p].state == EXCHANGING and self._peers[p].metrics.round == self._open.round
+                    for p in self._open.participants
                 )
                 admitted = rounds.admit_late(self._open, reports, self._ready(), exchange_started=exchanging)
                 if admitted is not self._open:
@@ -297,6 +342,7 @@ class CoordinatorEngine:
         )
         if planned is not None:
             self._save_round(planned)
+            self._wait_until = planned.opened_at + self.config.rounds.round_timeout_s  # should no one report
             logger.info("round %d: opened with %s", number, ", ".join(planned.participants))
 
     def _apply(self, decision: rounds.Decision, now: float) -> None:
@@ -327,7 +373,7 @@ class CoordinatorEngine:
         return 0, self._run.initial_hash
 
     def _ready(self) -> list[str]:
-        return membership.ready_peer_ids(self._peers.values(), *self._last_committed_state())
+        return self._roster.ready_ids()
 
     def _carried(self) -> list[str]:
         """The last committed round's holders still alive: they hold its state without saying so yet."""
@@ -347,29 +393,47 @@ class CoordinatorEngine:
 
     def _current_info(self) -> pb.RoundInfo:
         """The open round, or the latest decided one when none is open (round 0 before any)."""
-        row = self._open or self._latest
-        return round_info(row.round if row else 0, row, self._position(), self._peers)
+        versions = self._versions()[:2]  # reports do not change it
+        if self._info_cache is None or self._info_cache[0] != versions:
+            row = self._open or self._latest
+            self._info_cache = versions, round_info(row.round if row else 0, row, self._position(), self._peers)
+        info = pb.RoundInfo()
+        info.CopyFrom(self._info_cache[1])
+        return self._counted(info)
 
     def _info(self, number: int) -> pb.RoundInfo:
         row = self._store.get_round(number) if number > 0 else None
-        return round_info(number, row, self._position(), self._peers)
+        return self._counted(round_info(number, row, self._position(), self._peers))
+
+    def _counted(self, info: pb.RoundInfo) -> pb.RoundInfo:
+        # a holder of the final state stays to serve it while the peers behind catch up (peer: _serve_final_state)
+        info.live_peers, info.behind_peers = self._roster.live, self._roster.behind
+        return info
 
     def _save_run(self, run: RunRecord) -> None:
-        if to_json(run) != to_json(self._run):  # not ==: NaN fields never compare equal
+        if run is not self._run and to_json(run) != to_json(self._run):  # not ==: NaN fields never compare equal
             self._store.put_run(run)
             self._run = run
+            self._rounds_version += 1
+            self._roster.set_committed(*self._last_committed_state())  # the initial hash may have arrived
 
     def _save_peer(self, peer: PeerRecord) -> None:
-        self._store.put_peer(peer)
-        self._peers[peer.peer_id] = peer
+        """Keep ``peer``; write it now unless only its lease and counters changed and were written lately."""
+        if self._writes.due(self._peers.get(peer.peer_id), peer):
+            self._store.put_peer(peer)
+        self._roster.put(peer)
 
     def _save_round(self, row: RoundRecord) -> None:
         self._store.put_round(row)
         if self._latest is None or row.round >= self._latest.round:
             self._latest = row
+        if row.outcome == OPEN and (self._open is None or self._open.round != row.round):
+            self._reports, self._claims, self._groups = {}, {}, {}
         self._open = row if row.outcome == OPEN else None
         if row.outcome == COMMITTED:
             self._last_committed = row
+        self._rounds_version += 1
+        self._roster.set_committed(*self._last_committed_state())
 
 
 def _report_record(req: pb.ReportRoundRequest, now: float) -> ReportRecord:

@@ -6,14 +6,13 @@ tests need no clock and the log can say why.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Collection, Optional, Sequence
+from typing import Collection, Mapping, Optional, Sequence
 
 from coordinator.records import COMMITTED, OPEN, VOIDED, ReportRecord, RoundRecord, finite
-from swarm.core.commit_rule import winning_hash
+from swarm.core import commit_rule
 
 
 @dataclass(frozen=True)
@@ -24,6 +23,7 @@ class Decision:
     joined: tuple[str, ...] = ()  # participants that hold the committed state
     missed: tuple[str, ...] = ()  # the other participants
     ddp_equivalent_bytes: int = 0
+    wait_until: float = math.inf  # undecided: when it will be decided even if no report or peer changes
 
 
 def decide_round(
@@ -33,47 +33,73 @@ def decide_round(
     reports: Sequence[ReportRecord],
     round_timeout_s: float,
     *,
+    report_grace_s: float = 10.0,
     param_count: int = 0,
+    claims: Optional[Mapping[str, commit_rule.Claim]] = None,
 ) -> Decision:
-    """Commit the hash most participants reported, void the round if none succeeded, or keep waiting.
+    """Commit the hash a quorum of its group reported (``swarm.core.commit_rule``), void the round when
+    no hash has one, or keep waiting.
 
-    The round waits while a live participant has not reported and the round is younger than
-    ``round_timeout_s``.  ``param_count`` is used for reports that do not carry their own.
+    The round waits while a live participant has not reported, until ``round_timeout_s`` after it
+    opened, or ``report_grace_s`` after some hash reached its quorum, whichever comes first.
+    ``param_count`` is used for reports that do not carry their own.  ``claims`` (by peer id) are the
+    reports as ``claim_of`` makes them, when the caller keeps them made.
     """
     participants = round_row.participants
-    reported = {r.peer_id for r in reports}
-    pending = [p for p in participants if p in participants_alive and p not in reported]
-    deadline = round_row.opened_at + round_timeout_s
-    if pending and now < deadline:
-        return Decision(
-            round=round_row, decided=False,
-            reason=f"waiting for {len(pending)} of {len(participants)} participants until {deadline - now:.0f}s from now",
-        )
     members = set(participants)
     counted = [r for r in reports if r.peer_id in members]
-    votes = collections.Counter(r.state_hash for r in counted if r.ok and r.state_hash)
-    why = _why_now(len(participants), len(counted), len(pending), round_timeout_s)
+    if claims is None:
+        claims = {r.peer_id: claim_of(r, {}) for r in counted}
+    claims = [claims[r.peer_id] for r in counted]
+    reported = {r.peer_id for r in counted}
+    pending = [p for p in participants if p in participants_alive and p not in reported]
+    quorum_at = _quorum_at(commit_rule.candidates(claims, members), counted)
+    deadline = round_row.opened_at + round_timeout_s
+    if quorum_at is not None:
+        deadline = min(deadline, quorum_at + report_grace_s)
+    if pending and now < deadline:
+        return Decision(
+            round=round_row, decided=False, wait_until=deadline,
+            reason=f"waiting for {len(pending)} of {len(participants)} participants until {deadline - now:.0f}s from now",
+        )
+    why = _why_now(len(participants), len(counted), len(pending),
+                   f"{report_grace_s:.0f}s of a quorum" if quorum_at is not None else f"{round_timeout_s:.0f}s")
+    verdict = commit_rule.decide(claims, members)
     mean_loss = _mean([r.loss for r in counted if finite(r.loss) and r.loss > 0])
-    won = winning_hash(votes)
-    if won is None:
+    if verdict.committed_hash is None:
         decided = dataclasses.replace(
-            round_row, outcome=VOIDED, decided_at=now, mean_loss=mean_loss,
-            reason=f"voided: no participant reported a successful exchange ({why})",
+            round_row, outcome=VOIDED, decided_at=now, mean_loss=mean_loss, reason=f"{verdict.reason} ({why})",
         )
         return Decision(round=decided, decided=True, reason=decided.reason, missed=tuple(participants))
-    winner, count = won
     by_peer = {r.peer_id: r for r in counted}
-    holders = tuple(p for p in participants if p in by_peer and by_peer[p].ok and by_peer[p].state_hash == winner)
-    dissent = f"; {sum(votes.values()) - count} reported other hashes" if count < sum(votes.values()) else ""
+    holding = set(verdict.holders)
+    holders = tuple(p for p in participants if p in holding)
     decided = dataclasses.replace(
-        round_row, outcome=COMMITTED, decided_at=now, committed_hash=winner, holders=holders,
-        mean_loss=mean_loss, reason=f"committed: {count} participants agree on {winner[:12]} ({why}{dissent})",
+        round_row, outcome=COMMITTED, decided_at=now, committed_hash=verdict.committed_hash, holders=holders,
+        mean_loss=mean_loss, reason=f"{verdict.reason} ({why})",
     )
     return Decision(
         round=decided, decided=True, reason=decided.reason, joined=holders,
-        missed=tuple(p for p in participants if p not in holders),
+        missed=tuple(p for p in participants if p not in holding),
         ddp_equivalent_bytes=ddp_equivalent_bytes([by_peer[p] for p in holders], param_count=param_count),
     )
+
+
+def _quorum_at(ranked: Sequence[commit_rule.Candidate], reports: Sequence[ReportRecord]) -> Optional[float]:
+    """When the leading hash reached its quorum (by the coordinator's clock), or None if it has none."""
+    if not ranked or not ranked[0].has_quorum:
+        return None
+    best = ranked[0]
+    supporters = set(best.supporters)
+    times = sorted(r.reported_at for r in reports if r.peer_id in supporters)
+    return times[best.needed - 1]
+
+
+def claim_of(report: ReportRecord, groups: dict[frozenset[str], frozenset[str]]) -> commit_rule.Claim:
+    """The report as the commit rule reads it; ``groups`` interns equal groups as one object, so that
+    the rule compares a round's many copies of one group in O(1)."""
+    group = frozenset(report.group)
+    return commit_rule.Claim(report.peer_id, report.ok, report.state_hash, groups.setdefault(group, group))
 
 
 def ddp_equivalent_bytes(holder_reports: Sequence[ReportRecord], *, param_count: int = 0) -> int:
@@ -112,7 +138,8 @@ def admit_late(
     """
     if round_row.outcome != OPEN or reports or exchange_started:
         return round_row
-    newcomers = tuple(p for p in ready if p not in round_row.participants)
+    planned = set(round_row.participants)
+    newcomers = tuple(p for p in ready if p not in planned)
     if not newcomers:
         return round_row
     return dataclasses.replace(round_row, participants=round_row.participants + newcomers)
@@ -123,9 +150,9 @@ def finishes_run(round_row: RoundRecord, committed_rounds: int, max_rounds: Opti
     return round_row.outcome == COMMITTED and bool(max_rounds) and committed_rounds >= max_rounds
 
 
-def _why_now(n_participants: int, n_reported: int, n_pending: int, round_timeout_s: float) -> str:
+def _why_now(n_participants: int, n_reported: int, n_pending: int, within: str) -> str:
     if n_pending:
-        return f"{n_pending} participants did not report within {round_timeout_s:.0f}s"
+        return f"{n_pending} participants did not report within {within}"
     if n_reported < n_participants:
         return f"{n_reported} of {n_participants} participants reported, the rest are gone"
     return f"all {n_participants} participants reported"

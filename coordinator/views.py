@@ -40,18 +40,15 @@ def round_info(
     ``holders`` lists DHT peer ids to download a state from: for a committed round, its live
     holders (for the last committed round, also the live peers that synced or resumed it since);
     for round 0 and for rounds without a committed state of their own (open, voided, not yet
-    opened), the live peers that hold the run's last committed state.
+    opened), the live peers that hold the run's last committed state.  ``live_peers`` and
+    ``behind_peers`` are left to the caller, which keeps them counted.
     """
-    live = [p for p in peers.values() if p.alive]
     info = pb.RoundInfo(
         round=number,
         last_committed_round=position.last_committed_round,
         last_committed_hash=position.last_committed_hash,
         finished=position.finished,
         open_round=position.open_round,
-        live_peers=len(live),
-        # a holder of the final state stays to serve it while these catch up (peer: _serve_final_state)
-        behind_peers=sum(1 for p in live if p.metrics.state_round < position.last_committed_round),
     )
     if round_row is not None:
         info.outcome = round_row.outcome

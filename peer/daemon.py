@@ -160,7 +160,7 @@ class PeerDaemon:
         trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=o.device)
         # after the model build: forked right after the join, gRPC still had threads inside it
         self.transport = self.parts.transport(o, list(joined.dht_initial_peers), stop=self.stop, tag=self.tag(),
-                                              identity=libp2p)
+                                              identity=libp2p, member=self.link.member)
         self.build_round(trainer, joined)
         self.store.install(trainer.state)
         if joined.round.last_committed_round == 0:

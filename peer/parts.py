@@ -17,6 +17,7 @@ from swarm.config import RunConfig
 from swarm.control.client import CoordinatorClient
 from swarm.core import credential
 from swarm.core.state import GlobalState
+from swarm.net.dht_entries import validator_for
 from swarm.net.libp2p_identity import Libp2pIdentity
 from swarm.net.state_transfer import StateServer, download_state
 from swarm.net.transport import Transport, TransportStartFailed
@@ -56,12 +57,14 @@ class PeerParts:
         return identity.fresh_libp2p_identity(state_dir)
 
     def transport(self, options, initial_peers: list[str], *, stop: threading.Event, tag: str,
-                  identity: Libp2pIdentity) -> Transport:
+                  identity: Libp2pIdentity, member: credential.Member) -> Transport:
         """Join the DHT through the coordinator's node with the libp2p identity proven at join, retrying while
         it is unreachable (a coordinator restarting as this peer starts); gives up after join_timeout_s."""
         transport = with_retry(
             lambda: Transport(initial_peers=initial_peers, host=options.p2p_host, port=options.p2p_port,
-                              announce_host=options.announce_host, identity_path=str(identity.path)),
+                              announce_host=options.announce_host, identity_path=str(identity.path),
+                              # from its first moment the node stores and passes on members' signed entries only
+                              record_validators=[validator_for(member)]),
             what=f"{tag} DHT start", stop=stop, give_up_after_s=options.join_timeout_s,
             first_backoff_s=1.0, retry_on=TransportStartFailed,
         )

@@ -204,6 +204,7 @@ class RoundConfig:
     matchmaking_window_s: float = 15.0  # how long a peer waits for missing groupmates
     exchange_timeout_s: float = 60.0  # bound on moving the tensors once a group formed
     round_timeout_s: float = 900.0  # a round undecided this long after it opened is decided as is
+    report_grace_s: float = 10.0  # once a hash has its group's quorum, how long the round waits for the rest
     # Lossy codecs only: a peer adds what the codec dropped last time to its next pseudo-gradient.
     error_feedback: bool = True
     # Streaming DiLoCo (see swarm.core.fragments): the parameters are split into `fragments` groups of layers
@@ -240,7 +241,7 @@ class RoundConfig:
             raise ConfigError(f"[rounds] codec {self.codec!r} is unknown; choose one of {sorted(CODEC_NAMES)}.")
         if self.eval_every_rounds < 1:
             raise ConfigError("[rounds] eval_every_rounds must be at least 1.")
-        for name in ("matchmaking_window_s", "exchange_timeout_s", "round_timeout_s"):
+        for name in ("matchmaking_window_s", "exchange_timeout_s", "round_timeout_s", "report_grace_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"[rounds] {name} must be positive, got {getattr(self, name)}.")
             check_range("rounds", name, getattr(self, name), 0, MAX_TIMEOUT_S)

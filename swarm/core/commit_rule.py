@@ -1,14 +1,102 @@
-"""The commit rule, shared by the coordinator and by a group deciding a round without it."""
+"""The commit rule, shared by the coordinator and by a group deciding a round without it.
+
+A report claims "I averaged with this group and hold this hash". A hash commits only with a quorum of
+the group that computed it: more than half of that group's members, and at least two of them when the
+group has two or more, reported that hash *with that same group*. A report naming a group it is not in,
+or members that were not planned into the round, counts for nothing; so a peer (or many) inventing a
+group of its own cannot outvote a real one, and only the agreeing members hold the committed state.
+"""
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Optional
+from dataclasses import dataclass
+from typing import AbstractSet, Iterable, Optional
 
 
-def winning_hash(counts: Counter) -> Optional[tuple[str, int]]:
-    """The commit rule, shared by the coordinator and by a group deciding without it: the hash most
-    successful votes hold (ties: the smallest hash) and its count, or None (void) when there is none."""
-    if not counts:
-        return None
-    return min(counts.items(), key=lambda item: (-item[1], item[0]))
+@dataclass(frozen=True)
+class Claim:
+    """One member's report: the hash of the state it computed with ``group`` (ok=False: it failed)."""
+
+    peer_id: str
+    ok: bool
+    state_hash: str
+    group: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A hash, the group that says it computed it, and the members of that group who said so."""
+
+    state_hash: str
+    group: tuple[str, ...]  # sorted
+    supporters: tuple[str, ...]  # sorted
+
+    @property
+    def needed(self) -> int:
+        return quorum(len(self.group))
+
+    @property
+    def has_quorum(self) -> bool:
+        return len(self.supporters) >= self.needed
+
+
+@dataclass(frozen=True)
+class Verdict:
+    committed_hash: Optional[str]  # None: void
+    holders: tuple[str, ...]  # the supporters of the committed hash, sorted; () when void
+    reason: str  # "committed: …" or "voided: …", in words
+
+
+def quorum(group_size: int) -> int:
+    """Reports a group of ``group_size`` needs to commit: a strict majority, and two unless it is alone."""
+    return 1 if group_size <= 1 else max(2, group_size // 2 + 1)
+
+
+def counted(claims: Iterable[Claim], participants: AbstractSet[str]) -> list[Claim]:
+    """The successful claims whose group contains their reporter and only planned ``participants``.
+
+    Each distinct group is checked against ``participants`` once: claims sharing one group cost O(1) each."""
+    planned: dict[frozenset[str], bool] = {}
+    found = []
+    for claim in claims:
+        if not (claim.ok and claim.state_hash and claim.peer_id in claim.group and claim.peer_id in participants):
+            continue
+        if claim.group not in planned:
+            planned[claim.group] = claim.group <= participants
+        if planned[claim.group]:
+            found.append(claim)
+    return found
+
+
+def candidates(claims: Iterable[Claim], participants: AbstractSet[str]) -> list[Candidate]:
+    """Every (hash, group) some counted claim names, best first: with a quorum, then by supporters, then
+    the smallest hash (and group), so that every reader of the same claims ranks them the same."""
+    support: dict[tuple[str, frozenset[str]], set[str]] = {}
+    for claim in counted(claims, participants):
+        support.setdefault((claim.state_hash, claim.group), set()).add(claim.peer_id)
+    found = [Candidate(h, tuple(sorted(g)), tuple(sorted(s))) for (h, g), s in support.items()]
+    return sorted(found, key=lambda c: (not c.has_quorum, -len(c.supporters), c.state_hash, c.group))
+
+
+def decide(claims: Iterable[Claim], participants: AbstractSet[str]) -> Verdict:
+    """The round's verdict on ``claims`` from peers planned as ``participants``."""
+    claims = list(claims)
+    ranked = candidates(claims, participants)
+    ignored = sum(1 for c in claims if c.ok and c.state_hash) - len(counted(claims, participants))
+    aside = f"; {ignored} reports ignored: their group lacked the reporter or named peers not in the round" \
+        if ignored else ""
+    if not ranked:
+        return Verdict(None, (), f"voided: no participant reported a successful exchange{aside}")
+    best = ranked[0]
+    of = f"{len(best.supporters)} of {len(best.group)} group members"
+    if not best.has_quorum:
+        return Verdict(None, (), f"voided: hash {_short(best.state_hash)} reported by {of}, "
+                                 f"no quorum (needs {best.needed}){aside}")
+    others = sum(len(c.supporters) for c in ranked[1:])
+    dissent = f"; {others} reported other hashes or groups" if others else ""
+    return Verdict(best.state_hash, best.supporters,
+                   f"committed: {of} agree on {_short(best.state_hash)}{dissent}{aside}")
+
+
+def _short(digest: str) -> str:
+    return digest if len(digest) <= 12 else digest[:12] + "…"

@@ -144,9 +144,15 @@ def _typed_fields(decoded: Any, cls: type) -> dict[str, Any]:
     return {name: float(v) if declared[name] == "float" else v for name, v in decoded.items()}
 
 
+def validator_for(member: Member) -> EntryValidator:
+    """The validator that makes a DHT node store and take only members' signed entries of ``member``'s run:
+    give it to the DHT when it is created (``Transport(record_validators=...)``)."""
+    return EntryValidator(coordinator_public_key=member.coordinator_public_key, run_id=member.run_id)
+
+
 def guard(dht: hivemind.DHT, member: Member) -> None:
-    """Make this peer's DHT node store and take only members' signed entries of ``member``'s run."""
-    dht.add_validators([EntryValidator(coordinator_public_key=member.coordinator_public_key, run_id=member.run_id)])
+    """Guard an already started DHT node like ``validator_for`` does; entries it stored before stay."""
+    dht.add_validators([validator_for(member)])
 
 
 def read_entries(dht: hivemind.DHT, key: str, cls: type[T], *, member: Member) -> dict[str, T]:

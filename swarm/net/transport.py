@@ -68,9 +68,12 @@ class Transport:
         announce_host: Optional[str] = None,
         start_timeout_s: float = 60.0,
         identity_path: Optional[str] = None,
+        record_validators: Sequence[Any] = (),
     ):
         """``identity_path``: the libp2p key (``swarm.net.libp2p_identity``) to run with; made fresh by the
-        peer at each start, so it is never taken by another node and the check for that is skipped."""
+        peer at each start, so it is never taken by another node and the check for that is skipped.
+        ``record_validators`` (hivemind ``RecordValidatorBase``s) guard the node from its first moment: one
+        added after the start lets entries stored meanwhile stay (``swarm.net.dht_entries.EntryValidator``)."""
         host_maddrs = [f"/ip4/{host}/tcp/{port}"]
         announce = [f"/ip4/{announce_host}/tcp/{port}"] if announce_host and port else None
         identity = {"identity_path": identity_path, "check_if_identity_free": False} if identity_path else {}
@@ -80,8 +83,10 @@ class Transport:
             host_maddrs=host_maddrs,
             announce_maddrs=announce,
             startup_timeout=start_timeout_s,
+            record_validators=list(record_validators),
             **identity,
         )
+        self.validates_entries = bool(record_validators)
         with FORK_LOCK:  # the DHT runs in a forked process: no gRPC call may be in flight meanwhile
             self.dht.start()
         try:

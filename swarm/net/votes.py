@@ -3,7 +3,8 @@
 Every member posts (ok, hash of its tentative state) under the round's key, signed like the group
 entries (``swarm.net.dht_entries``), so nobody votes for another peer. When the coordinator
 cannot be reached, a member that reads the votes of *every* groupmate applies the coordinator's own
-rule to them: the hash most members hold commits (ties: the smallest hash), no ok vote voids. Members
+rule to them (``swarm.core.commit_rule``: a hash commits with a quorum of the group, else the round is
+void); the group is the set of voters, as every vote under one group key comes from that group. Members
 that saw the same complete set of votes therefore decide the same; a member that cannot see them all
 decides nothing and waits for the coordinator, which later receives the same reports and, by the
 same rule, confirms the decision (a peer whose local decision is contradicted resyncs).
@@ -13,13 +14,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
 import hivemind
 
-from swarm.core.commit_rule import winning_hash
+from swarm.core import commit_rule
 from swarm.core.credential import Member
 from swarm.net.dht_entries import read_entries, store_entry
 
@@ -57,6 +57,10 @@ def collect_votes(dht: hivemind.DHT, group_key: str, members: list[str], *, memb
 
 
 def group_decision(votes: dict[str, Vote]) -> Optional[str]:
-    """The coordinator's rule on a complete set of votes: the committed hash, or None (void)."""
-    won = winning_hash(Counter(v.state_hash for v in votes.values() if v.ok and v.state_hash))
-    return won[0] if won else None
+    """The coordinator's rule on a complete set of a group's votes (keyed by member): the committed hash,
+    or None (void)."""
+    group = frozenset(votes)
+    verdict = commit_rule.decide(
+        [commit_rule.Claim(peer_id, v.ok, v.state_hash, group) for peer_id, v in votes.items()], group)
+    logger.info("group of %d decided by its votes: %s", len(group), verdict.reason)
+    return verdict.committed_hash

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import Counter
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable, Optional
@@ -16,7 +15,7 @@ from swarm.config import RunConfig
 from swarm.core.aggregation import Aggregation
 from swarm.core.average import butterfly_bytes_sent, butterfly_reference
 from swarm.core.codec import Codec, get_codec
-from swarm.core.commit_rule import winning_hash
+from swarm.core import commit_rule
 from swarm.core.fragments import round_end_step
 from swarm.core.state import GlobalState
 from swarm.train.round import Averaged, Decision, Hooks, InlineExecutor, Outcome, RoundRunner, Vote
@@ -70,9 +69,12 @@ class Board:
     def decide(self, vote: Vote, index: int) -> Decision:
         self.votes.setdefault(vote.round_no, {})[index] = vote
         self.wait_all(self.votes, vote.round_no)
-        counts = Counter(v.state_hash for v in self.votes[vote.round_no].values() if v.ok)
-        won = winning_hash(counts)
-        return Decision(vote.round_no, won[0] if won else None, finished=vote.round_no == self.rounds)
+        everyone = frozenset(str(i) for i in range(self.peers))  # one group of every virtual peer
+        committed = commit_rule.decide(
+            [commit_rule.Claim(str(i), v.ok, v.state_hash, everyone) for i, v in self.votes[vote.round_no].items()],
+            everyone,
+        ).committed_hash
+        return Decision(vote.round_no, committed, finished=vote.round_no == self.rounds)
 
 
 @dataclass

@@ -9,7 +9,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from collections import Counter
 from typing import Callable, Optional
 
 import torch
@@ -26,7 +25,7 @@ from swarm.control.joinstring import JoinString
 from swarm.control.signing import CallSigner, signed_join
 from swarm.core.average import butterfly_reference
 from swarm.core.codec import get_codec
-from swarm.core.commit_rule import winning_hash
+from swarm.core import commit_rule
 from swarm.core.credential import PeerKey
 from swarm.core.state import GlobalState
 from swarm.net.libp2p_identity import Libp2pIdentity
@@ -169,9 +168,11 @@ class FakeNet:
         with self.cond:
             if not group or not self.cond.wait_for(lambda: set(group) <= set(self.votes.get(key, {})), timeout=5.0):
                 return None
-            votes = self.votes[key]
-            won = winning_hash(Counter(v.state_hash for v, _ in votes.values() if v.ok))
-            committed = won[0] if won else None
+            votes = {p: self.votes[key][p] for p in group}  # the DHT read keeps the group's votes only
+            members = frozenset(group)
+            committed = commit_rule.decide(
+                [commit_rule.Claim(p, v.ok, v.state_hash, members) for p, (v, _) in votes.items()], members,
+            ).committed_hash
             holders = [d for v, d in votes.values() if v.ok and v.state_hash == committed]
             return committed, holders
 
@@ -235,7 +236,7 @@ class FakeParts(PeerParts):
     def client(self, join) -> FakeClient:
         return FakeClient(self.coordinator)
 
-    def transport(self, options, initial_peers, *, stop, tag, identity) -> FakeTransport:
+    def transport(self, options, initial_peers, *, stop, tag, identity, member=None) -> FakeTransport:
         return self.net.transport(identity.peer_id)
 
     def group(self, transport, run, *, run_id, peer_id, peer_index, planned, faults, member=None) -> FakeGroup:

@@ -110,9 +110,10 @@ def test_two_ready_peers_open_round_one_and_commit_it(client: CoordinatorClient,
     ready(ca, a.peer_id)
     info = ready(cb, b.peer_id).round
     assert info.open_round == 1 and {a.peer_id, b.peer_id} <= set(info.participants)
-    ca.report_round(a.peer_id, 1, ok=True, state_hash="h1", inner_steps=5, loss=3.5, samples=40)
+    group = [a.peer_id, b.peer_id]  # a report names the group it averaged with
+    ca.report_round(a.peer_id, 1, ok=True, state_hash="h1", inner_steps=5, loss=3.5, samples=40, group=group)
     cb.report_round(pb.ReportRoundRequest(  # a prebuilt request works too
-        peer_id=b.peer_id, round=1, ok=True, state_hash="h1", inner_steps=5, loss=3.5, samples=40))
+        peer_id=b.peer_id, round=1, ok=True, state_hash="h1", inner_steps=5, loss=3.5, samples=40, group=group))
     committed = ca.get_round(a.peer_id, 1)
     assert (committed.outcome, committed.committed_hash) == (pb.ROUND_OUTCOME_COMMITTED, "h1")
     # the holders are the libp2p ids proven at join, whatever a heartbeat said
@@ -184,7 +185,7 @@ def test_restart_keeps_the_join_string_and_the_open_round(tmp_path: Path) -> Non
         for c, p in ((ca, a), (cb, b)):
             ready(c, p.peer_id)
         for c, p in ((ca, a), (cb, b)):
-            c.report_round(p.peer_id, 1, ok=True, state_hash="h1")
+            c.report_round(p.peer_id, 1, ok=True, state_hash="h1", group=[a.peer_id, b.peer_id])
         assert ca.get_status().run.open_round == 2
         cb.close()
     finally:
@@ -218,7 +219,7 @@ def test_serve_prints_the_join_string_and_returns_when_the_run_finished(
     client, peer = member_client(JoinString.parse(line.removeprefix("join: ")))
     with client:
         ready(client, peer.peer_id)
-        info = client.report_round(peer.peer_id, 1, ok=True, state_hash="h1").round
+        info = client.report_round(peer.peer_id, 1, ok=True, state_hash="h1", group=[peer.peer_id]).round
         assert info.finished and info.outcome == pb.ROUND_OUTCOME_COMMITTED
         client.leave(peer.peer_id, "run finished")
     thread.join(timeout=20)

@@ -19,75 +19,154 @@ TIMEOUT_S = 100.0
 LEASE_S = 10.0
 
 
-def report(peer: str, state_hash: str = "h1", ok: bool = True, **fields: object) -> ReportRecord:
-    return ReportRecord(round=1, peer_id=peer, reported_at=0.0, ok=ok, state_hash=state_hash, **fields)
+def report(peer: str, state_hash: str = "h1", ok: bool = True, *, group: tuple[str, ...] = ("a", "b"),
+           at: float = 0.0, **fields: object) -> ReportRecord:
+    """A report of round 1 by ``peer``, which averaged with ``group`` (the reporter included)."""
+    return ReportRecord(round=1, peer_id=peer, reported_at=at, ok=ok, state_hash=state_hash, group=group, **fields)
 
 
 def open_round(*participants: str) -> RoundRecord:
     return RoundRecord(round=1, opened_at=0.0, participants=participants)
 
 
+def decide(participants: str, reports: list[ReportRecord], *, now: float = 1.0, alive: str | None = None,
+           grace_s: float = 10.0) -> rounds.Decision:
+    return rounds.decide_round(now, open_round(*participants), set(participants if alive is None else alive),
+                               reports, TIMEOUT_S, report_grace_s=grace_s)
+
+
 # --- decide_round ---------------------------------------------------------------------------------
 
 
 def test_all_identical_hashes_commit() -> None:
-    d = rounds.decide_round(1.0, open_round("a", "b"), {"a", "b"}, [report("a"), report("b")], TIMEOUT_S)
+    d = decide("ab", [report("a"), report("b")])
     assert d.decided and d.round.outcome == COMMITTED and d.round.committed_hash == "h1"
     assert d.round.holders == ("a", "b") and d.joined == ("a", "b") and d.missed == ()
-    assert "all 2 participants reported" in d.reason
+    assert "committed: 2 of 2 group members agree on h1" in d.reason and "all 2 participants reported" in d.reason
 
 
 def test_majority_hash_wins_and_dissenters_miss_the_round() -> None:
-    reports = [report("a"), report("b", "bad"), report("c")]
-    d = rounds.decide_round(1.0, open_round("a", "b", "c"), {"a", "b", "c"}, reports, TIMEOUT_S)
+    abc = ("a", "b", "c")
+    d = decide("abc", [report("a", group=abc), report("b", "bad", group=abc), report("c", group=abc)])
     assert d.round.committed_hash == "h1" and d.round.holders == ("a", "c") and d.missed == ("b",)
 
 
-def test_tie_goes_to_the_smallest_hash() -> None:
-    d = rounds.decide_round(1.0, open_round("a", "b"), {"a", "b"}, [report("a", "hz"), report("b", "ha")], TIMEOUT_S)
-    assert d.round.committed_hash == "ha" and d.round.holders == ("b",)
+def test_two_members_that_disagree_void_the_round() -> None:
+    d = decide("ab", [report("a", "hz"), report("b", "ha")])
+    assert d.round.outcome == VOIDED and d.missed == ("a", "b")
+    assert "reported by 1 of 2 group members, no quorum" in d.reason
 
 
 def test_all_failed_voids_the_round() -> None:
     reports = [report("a", "", ok=False, error="exchange timed out"), report("b", "h1", ok=False)]
-    d = rounds.decide_round(1.0, open_round("a", "b"), {"a", "b"}, reports, TIMEOUT_S)
+    d = decide("ab", reports)
     assert d.decided and d.round.outcome == VOIDED and d.round.committed_hash == ""
     assert d.missed == ("a", "b") and d.ddp_equivalent_bytes == 0
 
 
-def test_waits_for_a_live_participant_until_the_timeout() -> None:
-    still_open = rounds.decide_round(TIMEOUT_S - 1, open_round("a", "b"), {"a", "b"}, [report("a")], TIMEOUT_S)
-    assert not still_open.decided and still_open.round.outcome == OPEN
-    timed_out = rounds.decide_round(TIMEOUT_S, open_round("a", "b"), {"a", "b"}, [report("a")], TIMEOUT_S)
-    assert timed_out.round.outcome == COMMITTED and timed_out.missed == ("b",)
-    assert "did not report" in timed_out.reason
+@pytest.mark.parametrize("size, needed", [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3)])
+def test_a_hash_commits_with_a_strict_majority_of_its_group_and_at_least_two(size: int, needed: int) -> None:
+    group = tuple("abcde"[:size])
+    if needed > 1:
+        short = decide(group, [report(p, group=group) for p in group[:needed - 1]], alive=group[:needed - 1])
+        assert short.round.outcome == VOIDED and f"reported by {needed - 1} of {size} group members" in short.reason
+    enough = decide(group, [report(p, group=group) for p in group[:needed]], alive=group[:needed])
+    assert enough.round.outcome == COMMITTED and enough.round.holders == group[:needed]
+    assert f"committed: {needed} of {size} group members agree on h1" in enough.reason
+
+
+def test_fakes_reporting_groups_of_their_own_do_not_outvote_the_honest_group() -> None:
+    honest, fakes = ("a", "b"), ("x", "y", "z")
+    reports = [report("a"), report("b")] + [report(f, "ffff", group=(f,)) for f in fakes]
+    d = decide(honest + fakes, reports)
+    assert (d.round.committed_hash, d.round.holders) == ("h1", honest)
+    assert set(d.missed) == set(fakes)
+
+
+def test_a_group_naming_peers_outside_the_round_does_not_count() -> None:
+    honest = ("a", "b", "c")
+    invented = ("x", "y", "z", "strangerA", "strangerB")
+    reports = [report("a", group=honest), report("b", group=honest)]
+    reports += [report(f, "ffff", group=invented) for f in ("x", "y", "z")]  # 3 of 5: a quorum, were they real
+    d = decide(honest + ("x", "y", "z"), reports, now=20.0)  # c never reports: decided after the grace
+    assert (d.round.committed_hash, d.round.holders) == ("h1", ("a", "b"))
+    assert "3 reports ignored" in d.reason
+
+
+def test_a_report_whose_group_lacks_the_reporter_neither_votes_nor_holds() -> None:
+    group = ("a", "b", "c")
+    reports = [report("a", group=group), report("b", group=group), report("x", group=group)]
+    d = decide("abcx", reports, alive="abx")
+    assert d.round.holders == ("a", "b") and "x" in d.missed
+
+
+def test_a_lone_fake_cannot_commit_against_a_group_that_names_it() -> None:
+    group = ("a", "b", "x")
+    d = decide("abx", [report("a", group=group), report("b", group=group), report("x", "ffff", group=("x",))])
+    assert (d.round.committed_hash, d.round.holders) == ("h1", ("a", "b"))
+
+
+def test_waits_for_a_live_participant_until_the_timeout_without_a_quorum() -> None:
+    abc = ("a", "b", "c")
+    reports = [report("a", group=abc)]
+    assert not decide("abc", reports, now=TIMEOUT_S - 1).decided
+    timed_out = decide("abc", reports, now=TIMEOUT_S)
+    assert timed_out.round.outcome == VOIDED and "did not report within 100s" in timed_out.reason
+
+
+def test_a_quorum_waits_only_the_grace_for_the_rest_of_its_group() -> None:
+    abc = ("a", "b", "c")
+    reports = [report("a", group=abc, at=5.0), report("b", group=abc, at=7.0)]  # quorum at 7
+    assert not decide("abc", reports, now=16.9).decided
+    d = decide("abc", reports, now=17.0)
+    assert d.round.outcome == COMMITTED and d.round.holders == ("a", "b") and d.missed == ("c",)
+    assert "1 participants did not report within 10s of a quorum" in d.reason
+    everyone = decide("abc", reports + [report("c", group=abc, at=8.0)], now=8.0)
+    assert everyone.decided and everyone.round.holders == abc  # no need to wait once all reported
 
 
 def test_a_gone_participant_is_not_waited_for() -> None:
-    d = rounds.decide_round(1.0, open_round("a", "b"), {"a"}, [report("a")], TIMEOUT_S)
+    d = decide("ab", [report("a", group=("a",))], alive="a")
     assert d.decided and d.round.holders == ("a",) and d.missed == ("b",)
 
 
 def test_reports_from_non_participants_do_not_vote() -> None:
-    reports = [report("a", "h1"), report("x", "h2"), report("y", "h2")]
-    d = rounds.decide_round(1.0, open_round("a"), {"a"}, reports, TIMEOUT_S)
+    reports = [report("a", "h1", group=("a",)), report("x", "h2", group=("x", "y")), report("y", "h2", group=("x", "y"))]
+    d = decide("a", reports)
     assert d.round.committed_hash == "h1"
+
+
+def test_the_offline_rule_is_the_coordinators_rule() -> None:
+    """A group deciding from its DHT votes (coordinator down) decides what the coordinator does on the
+    same reports."""
+    from swarm.net.votes import Vote, group_decision
+    cases = [
+        {"a": "h1", "b": "h1", "c": "h2"}, {"a": "h1", "b": "h2"}, {"a": "h1"}, {"a": "h1", "b": ""},
+        {"a": "h1", "b": "h1", "c": "h2", "d": "h2"}, {"a": "h2", "b": "h2", "c": "h2", "d": "h1"},
+        {"a": "", "b": "", "c": "h1"},
+    ]
+    for hashes in cases:
+        group = tuple(sorted(hashes))
+        votes = {p: Vote(peer_id=p, dht_peer_id="dht-" + p, ok=bool(h), state_hash=h) for p, h in hashes.items()}
+        online = decide(group, [report(p, h, ok=bool(h), group=group) for p, h in hashes.items()])
+        assert group_decision(votes) == (online.round.committed_hash or None), hashes
 
 
 def test_mean_loss_of_the_round() -> None:
     reports = [report("a", loss=2.0), report("b", loss=4.0)]
-    d = rounds.decide_round(1.0, open_round("a", "b"), {"a", "b"}, reports, TIMEOUT_S)
+    d = decide("ab", reports)
     assert d.round.mean_loss == 3.0
 
 
 def test_ddp_equivalent_bytes() -> None:
     # K = 3 holders: each inner step of data-parallel training sends 2(K-1)/K * 4 bytes per parameter.
-    holders = [report(p, inner_steps=steps, param_count=300) for p, steps in (("a", 10), ("b", 20), ("c", 30))]
+    abc = ("a", "b", "c")
+    holders = [report(p, inner_steps=steps, param_count=300, group=abc) for p, steps in (("a", 10), ("b", 20), ("c", 30))]
     assert rounds.ddp_equivalent_bytes(holders) == round(60 * (4 / 3) * 4 * 300)
     assert rounds.ddp_equivalent_bytes(holders[:1]) == 0  # one peer sends nothing
     without_count = [report("a", inner_steps=5), report("b", inner_steps=5)]
     assert rounds.ddp_equivalent_bytes(without_count, param_count=1000) == 10 * 1 * 4 * 1000
-    d = rounds.decide_round(1.0, open_round("a", "b", "c"), {"a", "b", "c"}, holders, TIMEOUT_S)
+    d = decide("abc", holders)
     assert d.ddp_equivalent_bytes == round(60 * (4 / 3) * 4 * 300)
 
 
@@ -146,9 +225,13 @@ def _h0(engine: CoordinatorEngine, state_hash: str) -> str:
     return engine.run.initial_hash if state_hash == "h0" else state_hash
 
 
-def send(engine: CoordinatorEngine, peer_id: str, number: int, state_hash: str = "h1", ok: bool = True) -> pb.RoundInfo:
+def send(engine: CoordinatorEngine, peer_id: str, number: int, state_hash: str = "h1", ok: bool = True,
+         group: list[str] | None = None) -> pb.RoundInfo:
+    """Report round ``number``, averaged (by default) with every live participant the coordinator planned."""
+    if group is None:
+        group = list(engine.round_info(peer_id, number).participants)
     return engine.report(pb.ReportRoundRequest(
-        peer_id=peer_id, round=number, ok=ok, state_hash=state_hash, inner_steps=10, loss=2.0,
+        peer_id=peer_id, round=number, ok=ok, state_hash=state_hash, inner_steps=10, loss=2.0, group=group,
     ))
 
 
@@ -223,7 +306,7 @@ def test_report_for_a_decided_round_returns_its_outcome(clock: FakeClock) -> Non
 def test_timeout_decides_without_the_silent_participant(clock: FakeClock) -> None:
     engine = make_engine(clock)
     a, b = join_ready(engine), join_ready(engine)
-    send(engine, a, 1)
+    send(engine, a, 1, group=[a])  # b never came to the exchange: a averaged alone
     for _ in range(int(TIMEOUT_S // 5)):  # b keeps its lease but never reports
         clock.now += 5
         beat(engine, a)
@@ -234,9 +317,9 @@ def test_timeout_decides_without_the_silent_participant(clock: FakeClock) -> Non
 
 
 def test_evicted_participant_is_not_waited_for(clock: FakeClock) -> None:
-    engine = make_engine(clock)
+    engine = make_engine(clock, report_grace_s=TIMEOUT_S)
     a, b = join_ready(engine), join_ready(engine)
-    send(engine, a, 1)
+    send(engine, a, 1, group=[a])
     assert engine.round_info(a, 1).outcome == OPEN
     for _ in range(2):  # b goes silent for longer than its lease while a keeps beating
         clock.now += 0.6 * LEASE_S
@@ -309,3 +392,41 @@ def test_round_info_counts_the_live_peers_ready_or_not_and_those_behind(clock: F
     engine.tick()
     info = engine.round_info(a, 0)
     assert (info.live_peers, info.behind_peers) == (1, 0)
+
+
+def test_the_engine_decides_at_the_grace_after_a_quorum_while_a_member_stays_silent(clock: FakeClock) -> None:
+    engine = make_engine(clock, report_grace_s=10.0)
+    a, b, c = join_ready(engine), join_ready(engine), join_ready(engine)
+    group = [a, b, c]
+    send(engine, a, 1, group=group)
+    send(engine, b, 1, group=group)  # 2 of 3: a quorum; c keeps beating but never reports
+    clock.now += 9
+    beat(engine, c)
+    assert engine.round_info(a, 1).outcome == OPEN
+    clock.now += 1
+    engine.tick()
+    info = engine.round_info(a, 1)
+    assert (info.outcome, list(info.holders)) == (COMMITTED, ["dht-" + a, "dht-" + b])
+    assert clock.now < 1_000.0 + TIMEOUT_S
+
+
+def test_a_fake_peer_reporting_its_own_group_is_not_committed_nor_a_holder(clock: FakeClock) -> None:
+    """The attack seen: a planned peer reports hash ffff… with a group naming only itself."""
+    engine = make_engine(clock)
+    a, b, fake = join_ready(engine), join_ready(engine), join_ready(engine)
+    send(engine, fake, 1, state_hash="f" * 64, group=[fake])
+    send(engine, a, 1, group=[a, b])
+    send(engine, b, 1, group=[a, b])
+    info = engine.round_info(a, 1)
+    assert (info.outcome, info.committed_hash, list(info.holders)) == (COMMITTED, "h1", ["dht-" + a, "dht-" + b])
+
+
+def test_a_round_nobody_reports_is_voided_at_its_timeout_by_the_tick(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    a = join_ready(engine)
+    assert engine.round_info(a, 0).open_round == 1
+    while clock.now < 1_000.0 + TIMEOUT_S:  # alive, unchanged, silent about the round
+        clock.now += LEASE_S / 2
+        beat(engine, a)
+    engine.tick()
+    assert engine.round_info(a, 1).outcome == VOIDED

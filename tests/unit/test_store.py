@@ -75,7 +75,8 @@ def test_restarted_coordinator_continues_where_it_stopped(tmp_path: Path) -> Non
     for p in (a, b):
         _beat(first, p.peer_id, 0, "h0")
     for p in (a, b):
-        first.report(pb.ReportRoundRequest(peer_id=p.peer_id, round=1, ok=True, state_hash="h1", inner_steps=3))
+        first.report(pb.ReportRoundRequest(peer_id=p.peer_id, round=1, ok=True, state_hash="h1", inner_steps=3,
+                                               group=[a.peer_id, b.peer_id]))
     before = first.status(first.run.token)
     assert before.run.open_round == 2
     first._store.close()
@@ -91,7 +92,8 @@ def test_restarted_coordinator_continues_where_it_stopped(tmp_path: Path) -> Non
     c, _ = engine_join(second)
     assert c.peer_index == 2  # indices are not reused after a restart
     for p in (a, b):
-        second.report(pb.ReportRoundRequest(peer_id=p.peer_id, round=2, ok=True, state_hash="h2"))
+        second.report(pb.ReportRoundRequest(peer_id=p.peer_id, round=2, ok=True, state_hash="h2",
+                                            group=[a.peer_id, b.peer_id]))
     assert second.status(second.run.token).run.open_round == 3
 
 

@@ -1,0 +1,94 @@
+"""The coordinator's peers, indexed so that a heartbeat costs the same with ten peers or ten thousand.
+
+Beside the records by id it keeps what every call would otherwise recount over all peers: the lease
+expiries in a heap (the next to expire on top), the set of ready peers, the live and behind counters,
+and a version that changes whenever something a round decision or a RoundInfo depends on changed.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Iterable, Optional
+
+from coordinator import membership
+from coordinator.records import PeerRecord
+
+
+class Roster:
+    """Owned by the engine, used under its lock only."""
+
+    def __init__(self, peers: Iterable[PeerRecord], *, committed_round: int, committed_hash: str) -> None:
+        self.peers: dict[str, PeerRecord] = {}
+        self.alive_ids: set[str] = set()  # peers not gone
+        self.live = 0  # len(alive_ids)
+        self.behind = 0  # live peers whose state is older than the last committed round
+        # Bumped when a peer joins, leaves or dies, becomes ready or unready, or changes its DHT id.
+        self.version = 0
+        self._committed = (committed_round, committed_hash)
+        self._leases: list[tuple[float, str]] = []  # (lease expiry, peer id); stale entries are skipped
+        self._ready: dict[str, int] = {}  # ready peer id -> peer index
+        self._ready_sorted: Optional[list[str]] = []
+        for peer in peers:
+            self.put(peer)
+
+    @property
+    def committed(self) -> tuple[int, str]:
+        return self._committed
+
+    def put(self, peer: PeerRecord) -> None:
+        old = self.peers.get(peer.peer_id)
+        self.peers[peer.peer_id] = peer
+        if peer.alive and (old is None or old.lease_expiry != peer.lease_expiry or not old.alive):
+            heapq.heappush(self._leases, (peer.lease_expiry, peer.peer_id))
+        self.live += _alive(peer) - _alive(old)
+        if peer.alive:
+            self.alive_ids.add(peer.peer_id)
+        else:
+            self.alive_ids.discard(peer.peer_id)
+        self.behind += self._behind(peer) - self._behind(old)
+        ready = self._is_ready(peer)
+        if ready != (peer.peer_id in self._ready):
+            if ready:
+                self._ready[peer.peer_id] = peer.peer_index
+            else:
+                del self._ready[peer.peer_id]
+            self._ready_sorted = None
+            self.version += 1
+        elif old is None or old.alive != peer.alive or old.metrics.dht_peer_id != peer.metrics.dht_peer_id:
+            self.version += 1
+
+    def expired(self, now: float) -> list[PeerRecord]:
+        """The live peers whose lease ran out before ``now`` (as they are; the caller evicts them)."""
+        found = []
+        while self._leases and self._leases[0][0] < now:
+            expiry, peer_id = heapq.heappop(self._leases)
+            peer = self.peers.get(peer_id)
+            if peer is not None and peer.alive and peer.lease_expiry == expiry:
+                found.append(peer)
+        return found
+
+    def set_committed(self, committed_round: int, committed_hash: str) -> None:
+        """The run's last committed state changed: who is ready and who is behind, counted afresh."""
+        if (committed_round, committed_hash) == self._committed:
+            return
+        self._committed = (committed_round, committed_hash)
+        self._ready = {p.peer_id: p.peer_index for p in self.peers.values() if self._is_ready(p)}
+        self._ready_sorted = None
+        self.behind = sum(1 for p in self.peers.values() if self._behind(p))
+        self.version += 1
+
+    def ready_ids(self) -> list[str]:
+        """Ids of the ready peers, in joining order (a fresh list the caller may keep)."""
+        if self._ready_sorted is None:
+            self._ready_sorted = sorted(self._ready, key=self._ready.__getitem__)
+        return list(self._ready_sorted)
+
+    def _is_ready(self, peer: PeerRecord) -> bool:
+        return membership.is_ready(peer, *self._committed)
+
+    def _behind(self, peer: Optional[PeerRecord]) -> bool:
+        return peer is not None and peer.alive and peer.metrics.state_round < self._committed[0]
+
+
+def _alive(peer: Optional[PeerRecord]) -> int:
+    return int(peer is not None and peer.alive)

@@ -1,0 +1,347 @@
+#!/usr/bin/env python3
+"""Attack soak: a real swarm on loopback (coordinator, honest peers and one Byzantine peer, all started
+with the normal CLI) trained while an attacker tries, again and again, what issue 10 found:
+
+    .venv/bin/python scripts/attack.py --rounds 12 --json
+
+The attacks, each tried every few seconds for the whole run:
+    wrong_token          join with a token the run never issued
+    revoked_token        join with a peer token the operator revoked (`swarm token revoke`)
+    status_token         join with a read-only status token
+    impersonation        Heartbeat / ReportRound / Leave for an honest peer's id, signed with another key
+    fake_report          a member that joined properly but never trains: it claims to hold the committed
+                         state, gets planned, and reports the hash ffff... with a group of only itself
+    malformed            bytes that are not protobuf, and a 3 MiB peer name, to every method
+    forged_dht_entry     a DHT node that never talked to the coordinator stores, through the coordinator's
+                         node, group entries for honest peers with weight 1e30 and votes for hash ffff...
+    byzantine_peer       (a real peer process, --faults scale@1:delta=-100: every Δ it sends is -100×)
+with ``[rounds] aggregation = "clipped_mean"``. A call the coordinator answers as it should is "refused";
+one it accepts is a "breach". Then a calm run of the same length with honest peers only.
+
+With --json the last stdout line is one JSON object: attacks (per attack: tries, refused, breaches),
+breaches (must be 0), rounds_committed, rounds_voided, divergent_commits (must be 0), nonfinite_seen,
+coordinator_unanswered (status polls the coordinator did not answer), identical_final_models (every
+peer's final model, bit for bit), final_eval_loss, calm_eval_loss, wall_s. Exit 0 only when nothing
+breached, nothing diverged and the final models are identical and finite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import grpc  # noqa: E402
+
+from chaos import final_eval, kill_tree, spawn  # noqa: E402
+from swarm.app import token_admin  # noqa: E402
+from swarm.app.status import status_to_dict  # noqa: E402
+from swarm.control.client import CoordinatorClient, CoordinatorError, CoordinatorRejected  # noqa: E402
+from swarm.control.joinstring import JoinString  # noqa: E402
+from swarm.control.signing import CallSigner  # noqa: E402
+from swarm.core.credential import PeerKey  # noqa: E402
+from swarm.net.libp2p_identity import Libp2pIdentity  # noqa: E402
+from swarm.v1 import coordinator_pb2 as pb  # noqa: E402
+
+FAKE_HASH = "f" * 16
+HONEST_REFUSALS = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                   grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+                   grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ABORTED}
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[str, int]] = defaultdict(lambda: {"tries": 0, "refused": 0, "breaches": 0})
+        self.notes: list[str] = []
+
+    def expect_refusal(self, attack: str, call: Callable[[], object]) -> None:
+        """``call`` must be turned down with a proper status (never INTERNAL, never accepted)."""
+        row = self.rows[attack]
+        row["tries"] += 1
+        try:
+            call()
+        except CoordinatorRejected as e:
+            if e.code in HONEST_REFUSALS:
+                row["refused"] += 1
+                return
+            self.breach(attack, f"answered {e.code.name}: {e.details}")
+            return
+        except grpc.RpcError as e:
+            if e.code() in HONEST_REFUSALS:
+                row["refused"] += 1
+                return
+            self.breach(attack, f"answered {e.code().name}: {e.details()}")
+            return
+        except CoordinatorError as e:  # unreachable: not a breach, but not a refusal either
+            self.notes.append(f"{attack}: {e}")
+            return
+        self.breach(attack, "accepted")
+
+    def breach(self, attack: str, why: str) -> None:
+        self.rows[attack]["breaches"] += 1
+        if len(self.notes) < 50:
+            self.notes.append(f"BREACH {attack}: {why}")
+        print(f"BREACH {attack}: {why}", file=sys.stderr, flush=True)
+
+
+class Attacker:
+    """Everything the attacker does, from one thread (hivemind's DHT forks: no gRPC call may be in flight)."""
+
+    def __init__(self, join: JoinString, state_dir: Path, workdir: Path, tally: Tally) -> None:
+        self.join, self.tally, self.workdir = join, tally, workdir
+        self.status_join = JoinString.parse(token_admin.create(state_dir, role="status"))
+        revoked = token_admin.create(state_dir, role="peer")
+        token_admin.revoke(state_dir, revoked.split("token=")[1].split(".")[0])
+        self.revoked_join = JoinString.parse(revoked)
+        self.wrong_join = JoinString(host=join.host, port=join.port, token="default.not-the-secret",
+                                     fingerprint=join.fingerprint)
+        self.libp2p = Libp2pIdentity.create(workdir / "attacker-p2p.key")
+        self.liar_key = PeerKey.generate()
+        self.liar = CoordinatorClient(join, request_timeout_s=5)
+        self.liar_joined = self.liar.join(key=self.liar_key, libp2p=self.libp2p, name="liar")
+        self.dht = None
+        self.fake_reports: set[int] = set()
+
+    def start_stranger_dht(self) -> None:
+        import hivemind
+
+        self.dht = hivemind.DHT(start=True, initial_peers=list(self.liar_joined.dht_initial_peers),
+                                host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+
+    def round_of_attacks(self, status: dict) -> None:
+        t = self.tally
+        for name, join in (("wrong_token", self.wrong_join), ("revoked_token", self.revoked_join),
+                           ("status_token", self.status_join)):
+            client = CoordinatorClient(join, request_timeout_s=5)
+            t.expect_refusal(name, lambda: client.join(key=PeerKey.generate(), libp2p=self.libp2p, name=name))
+            client.close()
+        honest = [p for p in status["peers"] if p["state"] not in ("left", "evicted") and p["name"] != "liar"]
+        if honest:
+            self.impersonate(honest[0]["id"])
+        self.lie(status)
+        self.malformed()
+        if self.dht is not None and honest:
+            self.forge_dht_entries(status, [p["id"] for p in honest])
+
+    def impersonate(self, victim: str) -> None:
+        client = CoordinatorClient(self.join, request_timeout_s=5)
+        client.signer = CallSigner(PeerKey.generate(), 1)  # signs as someone, but not with the victim's key
+        self.tally.expect_refusal("impersonation", lambda: client.heartbeat(victim, state=pb.PEER_STATE_READY))
+        self.tally.expect_refusal("impersonation", lambda: client.report_round(victim, 1, ok=True,
+                                                                               state_hash=FAKE_HASH, group=[victim]))
+        self.tally.expect_refusal("impersonation", lambda: client.leave(victim, "forged"))
+        client.close()
+
+    def lie(self, status: dict) -> None:
+        """Claim to hold the committed state; once planned, report a hash nobody computed."""
+        run = status["run"]
+        me = self.liar_key.peer_id
+        try:
+            info = self.liar.heartbeat(me, state=pb.PEER_STATE_READY, state_hash=run["committed_hash"],
+                                       state_round=run["committed_round"]).round
+        except CoordinatorError as e:
+            self.tally.notes.append(f"liar heartbeat: {e}")
+            return
+        if info.open_round and me in info.participants and info.open_round not in self.fake_reports:
+            self.fake_reports.add(info.open_round)
+            self.tally.rows["fake_report"]["tries"] += 1
+            try:
+                self.liar.report_round(me, info.open_round, ok=True, state_hash=FAKE_HASH, group=[me], samples=1)
+            except CoordinatorError as e:
+                self.tally.notes.append(f"liar report: {e}")
+
+    def malformed(self) -> None:
+        from swarm.control import tls
+
+        channel = tls.pinned_channel(self.join.host, self.join.port, self.join.fingerprint, timeout_s=5)
+        try:
+            for method in ("Join", "Heartbeat", "ReportRound", "Leave", "GetRound", "GetStatus", "Challenge"):
+                call = channel.unary_unary(f"/swarm.v1.Coordinator/{method}")
+                self.tally.expect_refusal("malformed", lambda: call(b"\xff\x00 not protobuf \x12\xff", timeout=5))
+            client = CoordinatorClient(self.join, request_timeout_s=5)
+            self.tally.expect_refusal("malformed", lambda: client.join(key=PeerKey.generate(), libp2p=self.libp2p,
+                                                                      name="x" * (3 << 20)))
+            client.close()
+        finally:
+            channel.close()
+
+    def forge_dht_entries(self, status: dict, victims: list[str]) -> None:
+        from hivemind.utils.timed_storage import get_dht_time
+
+        from swarm.net.rendezvous import group_key
+
+        run = status["run"]
+        for round_no in (run["open_round"], run["open_round"] + 1):
+            if round_no <= 0:
+                continue
+            key = group_key(run["run_id"], round_no, 0)
+            for victim in victims:
+                forged = {"peer_id": victim, "dht_peer_id": str(self.dht.peer_id), "index": 0, "weight": 1e30,
+                          "numel": 1, "codec": "fp32", "live_peers": 0}
+                self.tally.rows["forged_dht_entry"]["tries"] += 1
+                self.dht.store(key, subkey=victim, value=forged, expiration_time=get_dht_time() + 60)
+                vote = {"peer_id": victim, "dht_peer_id": str(self.dht.peer_id), "ok": True, "state_hash": FAKE_HASH}
+                self.dht.store(f"{key}.votes", subkey=victim, value=vote, expiration_time=get_dht_time() + 60)
+
+    def close(self) -> None:
+        self.liar.close()
+        if self.dht is not None:
+            self.dht.shutdown()
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace, workdir: Path, *, attacked: bool) -> None:
+        self.args, self.workdir, self.attacked = args, workdir, attacked
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.config = workdir / "run.toml"
+        self.config.write_text(
+            f"[rounds]\ninner_steps = {args.inner_steps}\nmax_rounds = {args.rounds}\nmin_peers = {args.peers + 1}\n"
+            'aggregation = "clipped_mean"\nmatchmaking_window_s = 5.0\nexchange_timeout_s = 10.0\n'
+            "round_timeout_s = 90.0\n"
+        )
+        self.tally = Tally()
+        self.committed: dict[int, str] = {}
+        self.divergent = self.nonfinite = self.unanswered = 0
+
+    def start_coordinator(self) -> tuple[subprocess.Popen, JoinString]:
+        proc = spawn(["coordinator", "--config", str(self.config), "--state-dir", str(self.workdir / "coordinator"),
+                      "--lease-s", "6", "--exit-grace-s", "30"], self.workdir / "coordinator.log", stdout=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline().decode()
+            if line.startswith("join: "):
+                return proc, JoinString.parse(line.split(" ", 1)[1].strip())
+            if not line and proc.poll() is not None:
+                break
+        raise RuntimeError(f"the coordinator did not start; see {self.workdir / 'coordinator.log'}")
+
+    def start_peer(self, join: JoinString, name: str, faults: str = "") -> subprocess.Popen:
+        extra = ["--faults", faults] if faults else []
+        return spawn(["peer", "--join", str(join), "--state-dir", str(self.workdir / name), "--threads", "1",
+                      "--name", name, "--join-timeout-s", "300", *extra], self.workdir / f"{name}.log")
+
+    def check(self, status: dict) -> None:
+        run = status["run"]
+        if run["committed_hash"]:
+            self.committed.setdefault(run["committed_round"], run["committed_hash"])
+            if run["committed_hash"] == FAKE_HASH:
+                self.tally.breach("fake_report", f"round {run['committed_round']} committed the fake hash")
+        for peer in status["peers"]:
+            if peer["state"] in ("left", "evicted") or peer["name"] == "liar":
+                continue
+            m = peer["metrics"]
+            expected = self.committed.get(m["state_round"])
+            if expected and m["state_hash"] and m["state_hash"] != expected:
+                self.divergent += 1
+                print(f"DIVERGENT: {peer['name']} holds {m['state_hash']}, committed {expected}", file=sys.stderr)
+            if m["loss"] is not None and not math.isfinite(m["loss"]):
+                self.nonfinite += 1
+
+    def run(self) -> dict:
+        started = time.monotonic()
+        coordinator, join = self.start_coordinator()
+        state_dir = self.workdir / "coordinator"
+        peers = {f"peer-{i}": self.start_peer(join, f"peer-{i}") for i in range(self.args.peers)}
+        attacker: Optional[Attacker] = None
+        if self.attacked:
+            peers["byzantine"] = self.start_peer(join, "byzantine", faults="scale@1:delta=-100")
+            attacker = Attacker(join, state_dir, self.workdir, self.tally)
+            attacker.start_stranger_dht()
+        else:
+            peers["peer-extra"] = self.start_peer(join, "peer-extra")
+        watcher = CoordinatorClient(attacker.status_join if attacker else join, request_timeout_s=5)
+        status: Optional[dict] = None
+        next_attack = time.monotonic()
+        while time.monotonic() < started + self.args.timeout_s:
+            try:
+                status = status_to_dict(watcher.get_status())
+            except CoordinatorError:
+                self.unanswered += 1
+                time.sleep(0.5)  # the coordinator did not answer within the client's timeout; ask again
+                continue
+            self.check(status)
+            if status["run"]["finished"]:
+                break
+            if attacker is not None and time.monotonic() >= next_attack:
+                attacker.round_of_attacks(status)
+                next_attack = time.monotonic() + self.args.attack_every_s
+            if coordinator.poll() is not None:
+                self.tally.breach("coordinator", f"the coordinator exited with status {coordinator.returncode}")
+                break
+            time.sleep(0.5)  # the soak's sampling period
+        if attacker is not None:
+            attacker.close()
+        for proc in peers.values():
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                kill_tree(proc)
+        watcher.close()
+        kill_tree(coordinator)
+        finals = {name: (self.workdir / name / "final" / "model.safetensors") for name in peers}
+        digests = {name: hashlib.sha256(p.read_bytes()).hexdigest()[:16] for name, p in finals.items() if p.exists()}
+        run = (status or {"run": {}})["run"]
+        return {
+            "rounds_committed": run.get("rounds_committed", 0),
+            "rounds_voided": run.get("rounds_voided", 0),
+            "final_models": digests,
+            "identical_final_models": len(digests) == len(peers) and len(set(digests.values())) == 1,
+            "final_eval_loss": final_eval(self.workdir, peers),
+            "wall_s": round(time.monotonic() - started, 1),
+        }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peers", type=int, default=3, help="honest peers (plus one Byzantine peer)")
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--inner-steps", type=int, default=10)
+    parser.add_argument("--attack-every-s", type=float, default=3.0)
+    parser.add_argument("--timeout-s", type=float, default=1500)
+    parser.add_argument("--skip-calm", action="store_true")
+    parser.add_argument("--workdir", help="keep logs here (default: a temporary directory)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    base = Path(args.workdir or tempfile.mkdtemp(prefix="swarm-attack-"))
+    attacked = Run(args, base / "attacked", attacked=True)
+    result = attacked.run()
+    calm = {} if args.skip_calm else Run(args, base / "calm", attacked=False).run()
+    breaches = sum(row["breaches"] for row in attacked.tally.rows.values())
+    summary = {
+        "attacks": {name: dict(row) for name, row in sorted(attacked.tally.rows.items())},
+        "breaches": breaches,
+        "rounds_committed": result["rounds_committed"],
+        "rounds_voided": result["rounds_voided"],
+        "divergent_commits": attacked.divergent,
+        "nonfinite_seen": attacked.nonfinite,
+        "coordinator_unanswered": attacked.unanswered,
+        "identical_final_models": result["identical_final_models"],
+        "final_eval_loss": result["final_eval_loss"],
+        "calm_eval_loss": calm.get("final_eval_loss"),
+        "calm_rounds_voided": calm.get("rounds_voided"),
+        "wall_s": result["wall_s"],
+        "notes": attacked.tally.notes[:20],
+        "workdir": str(base),
+    }
+    print(json.dumps(summary) if args.json else json.dumps(summary, indent=1), flush=True)
+    final = result["final_eval_loss"]
+    clean = (breaches == 0 and attacked.divergent == 0 and attacked.nonfinite == 0 and result["identical_final_models"]
+             and final is not None and math.isfinite(final))
+    return 0 if clean else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
