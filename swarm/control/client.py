@@ -148,6 +148,10 @@ class CoordinatorClient:
                         if self._stub is stub:  # the next call re-fetches and re-checks the certificate
                             self._drop_channel()
                 raise self._unreachable(f"{_code_words(code)}: {details}" if details else _code_words(code)) from None
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
+                # gRPC's own size limit: the request is too big, and will be too big next time too
+                raise CoordinatorRejected(f"the {method} request is too large for the coordinator ({details}); "
+                                          "shorten the names and labels it carries.", code) from None
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise CoordinatorBusy(details or "the coordinator is busy; retry later") from None
             raise CoordinatorRejected(details or f"the coordinator refused {method} ({code.name})", code) from None
