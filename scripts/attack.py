@@ -16,7 +16,9 @@ The attacks, each tried every few seconds for the whole run:
                          node, group entries for honest peers with weight 1e30 and votes for hash ffff...
     byzantine_peer       (a real peer process, --faults scale@1:delta=-100: every Δ it sends is -100×)
 with ``[rounds] aggregation = "clipped_mean"``. A call the coordinator answers as it should is "refused";
-one it accepts is a "breach". Then a calm run of the same length with honest peers only.
+one it accepts is a "breach". The fake report and the forged DHT entries are accepted on the wire by
+design (the coordinator stores the report, the attacker's own node stores its entries); they count as
+refused unless the fake hash gets committed or the swarm's state diverges. Then a calm run of the same length with honest peers only.
 
 With --json the last stdout line is one JSON object: attacks (per attack: tries, refused, breaches),
 breaches (must be 0), rounds_committed, rounds_voided, divergent_commits (must be 0), nonfinite_seen,
@@ -201,6 +203,18 @@ class Attacker:
             self.dht.shutdown()
 
 
+def tensors_digest(path: Path) -> str:
+    """A digest of the final model's tensors, by name (the file's bytes also hold safetensors' metadata,
+    whose order varies from process to process)."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode() + b"\0" + tensors[name].contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 class Run:
     def __init__(self, args: argparse.Namespace, workdir: Path, *, attacked: bool) -> None:
         self.args, self.workdir, self.attacked = args, workdir, attacked
@@ -291,7 +305,7 @@ class Run:
         watcher.close()
         kill_tree(coordinator)
         finals = {name: (self.workdir / name / "final" / "model.safetensors") for name in peers}
-        digests = {name: hashlib.sha256(p.read_bytes()).hexdigest()[:16] for name, p in finals.items() if p.exists()}
+        digests = {name: tensors_digest(p) for name, p in finals.items() if p.exists()}
         run = (status or {"run": {}})["run"]
         return {
             "rounds_committed": run.get("rounds_committed", 0),
@@ -319,6 +333,9 @@ def main() -> int:
     attacked = Run(args, base / "attacked", attacked=True)
     result = attacked.run()
     calm = {} if args.skip_calm else Run(args, base / "calm", attacked=False).run()
+    for indirect in ("fake_report", "forged_dht_entry"):  # accepted on the wire; what counts is that they change nothing
+        row = attacked.tally.rows[indirect]
+        row["refused"] = row["tries"] - row["breaches"]
     breaches = sum(row["breaches"] for row in attacked.tally.rows.values())
     summary = {
         "attacks": {name: dict(row) for name, row in sorted(attacked.tally.rows.items())},
