@@ -53,7 +53,9 @@ def check_member(peer_id: str, peer: Optional[PeerRecord]) -> PeerRecord:
     if peer is None:
         raise UnknownPeer(peer_id)
     if peer.state == EVICTED:
-        raise PeerGone(f"peer {peer_id} was evicted ({peer.gone_reason}); restart the peer to join again.")
+        remedy = ("ask the operator for a new join string" if "revoked" in peer.gone_reason
+                  else "restart the peer to join again")
+        raise PeerGone(f"peer {peer_id} was evicted ({peer.gone_reason}); {remedy}.")
     if peer.state == LEFT:
         raise PeerGone(f"peer {peer_id} left the run ({peer.gone_reason}); restart the peer to join again.")
     return peer

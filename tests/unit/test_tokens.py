@@ -75,6 +75,8 @@ def test_a_created_token_joins_once_pins_its_site_and_revoking_it_ends_its_peers
     gone = refusal(lambda: client.heartbeat(hb))
     assert gone.code == grpc.StatusCode.FAILED_PRECONDITION and f"join token {token_id} was revoked" in str(gone)
     assert {p.id: p.state for p in coordinator.status().peers} == {peer.peer_id: "evicted"}
+    again = refusal(lambda: client.heartbeat(hb))  # every later call: restarting with that token will not help
+    assert "was revoked" in str(again) and "ask the operator for a new join string" in str(again)
     assert "revoked" in swarm_token(capsys, "list", "--state-dir", str(state_dir))
 
 
