@@ -23,6 +23,7 @@ from coordinator.dht_node import DHTNode
 from swarm.net.dht_entries import EntryValidator
 from coordinator.engine import CoordinatorEngine
 from coordinator.limits import MAX_REQUEST_BYTES, tolerant
+from coordinator.rate_limit import JoinLimits
 from coordinator.servicer import CoordinatorServicer
 from coordinator.store import STORE_FILE, Store
 from swarm.control import tls
@@ -58,12 +59,14 @@ class CoordinatorServer:
         tick_interval_s: float = 0.5,
         clock: Callable[[], float] = time.time,
         exit_grace_s: float = 2.0,
+        join_limits: JoinLimits = JoinLimits(),
     ) -> None:
         """Serve ``run``, or resume the run kept in ``state_dir``.
 
         A kept run with a different config is refused, unless ``config_given`` is False (``run`` is
         then only the default for a new run) or ``run`` is None.  Port 0 reuses the port of the
         previous start when it is free (so the join string stays valid), else lets the OS choose.
+        ``join_limits`` are the per-address and per-token join rates; only a load test raises them.
         """
         self._run = run
         self._exit_grace_s = exit_grace_s  # after the run is done, keep serving status this long
@@ -77,6 +80,7 @@ class CoordinatorServer:
         self._heartbeat_interval_s = heartbeat_interval_s
         self._tick_interval_s = tick_interval_s
         self._clock = clock
+        self._join_limits = join_limits
         self._store: Optional[Store] = None
         self._dht: Optional[DHTNode] = None
         self._grpc: Optional[grpc.Server] = None
@@ -115,7 +119,8 @@ class CoordinatorServer:
                 maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
             )
             servicer = CoordinatorServicer(
-                self.engine, dht_initial_peers=initial_peers, heartbeat_interval_s=self._heartbeat_interval_s
+                self.engine, dht_initial_peers=initial_peers, heartbeat_interval_s=self._heartbeat_interval_s,
+                join_limits=self._join_limits,
             )
             _add_servicer(servicer, self._grpc)
             port = self._bind(self._grpc, tls.server_credentials(cert_pem, key_pem))

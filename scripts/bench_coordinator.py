@@ -1,9 +1,16 @@
 """Load-test the coordinator: N simulated peers over real gRPC (pinned TLS) against a real coordinator.
 
 The coordinator runs in a child process (so its CPU time is measured on its own); the peers are
-grpc.aio clients in this one process: each joins, heartbeats every second and, with ``--rounds``,
-reports every round it is planned into; a status poll runs once a second.  Latencies are measured
-after every peer joined.  Run it as
+grpc.aio clients in this one process.  Each joins as a real peer does (a Challenge, then a Join signed
+by its own Ed25519 key and by a libp2p RSA key), then heartbeats every second and, with ``--rounds``,
+reports every round it is planned into, every call signed in its metadata (swarm.control.signing); a
+status poll runs once a second.  Latencies are measured after every peer joined.
+
+Two shortcuts, both outside what is measured: the peers share a small pool of libp2p identities
+(``--libp2p-identities``; making an RSA key takes a while, and the coordinator keys members by their
+Ed25519 key, not by their libp2p id), and the coordinator started here takes joins from this one
+address without its usual rate limits (BENCH_JOIN_LIMITS; the defaults would make 2,000 joins from one
+address take half an hour).  Run it as
 
     python scripts/bench_coordinator.py --peers 2000 --seconds 30 --json
 
@@ -23,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Optional
 
 import grpc
 import psutil
@@ -31,25 +38,30 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from swarm.control import tls  # noqa: E402
+from swarm.control import signing, tls  # noqa: E402
 from swarm.control.joinstring import JoinString  # noqa: E402
+from swarm.core.credential import PeerKey  # noqa: E402
 from swarm.v1 import coordinator_pb2 as pb  # noqa: E402
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 
 REQUEST_TIMEOUT_S = 10.0
-INITIAL_HASH = "0" * 64
+UNLIMITED = 1_000_000  # joins per second and burst: no join of this benchmark waits for a rate limit
 
 
 # --- the coordinator, in a child process --------------------------------------------------------------
 
 def serve(state_dir: Path) -> None:
     """Child process: run a coordinator until stdin closes; print its join string first."""
+    from coordinator.rate_limit import JoinLimits, Rate
     from coordinator.server import CoordinatorServer
     from swarm.config import RoundConfig, RunConfig
 
     logging.basicConfig(level=logging.WARNING)
+    many = Rate(per_s=UNLIMITED, burst=UNLIMITED)  # all the simulated peers join from this one address
     server = CoordinatorServer(run=RunConfig(rounds=RoundConfig(min_peers=1)), state_dir=state_dir,
-                               heartbeat_interval_s=1.0)
+                               heartbeat_interval_s=1.0,
+                               join_limits=JoinLimits(challenges_per_address=many, joins_per_address=many,
+                                                      joins_per_token=many))
     print(f"join: {server.start()}", flush=True)
     try:
         sys.stdin.read()
@@ -57,14 +69,13 @@ def serve(state_dir: Path) -> None:
         server.stop()
 
 
-# --- the per-call client: the one function to swap for signed calls ------------------------------------
+# --- the per-call client -------------------------------------------------------------------------------
 
-Call = Callable[[pb_grpc.CoordinatorStub, str, Any], Awaitable[Any]]
+def libp2p_pool(size: int, directory: Path) -> list[Any]:
+    """``size`` libp2p identities for the simulated peers to share (each takes an RSA key generation)."""
+    from swarm.net.libp2p_identity import Libp2pIdentity  # hivemind: only the load generator needs it
 
-
-async def plain_call(stub: pb_grpc.CoordinatorStub, method: str, request: Any) -> Any:
-    """One RPC as a peer sends it today (no per-call signature)."""
-    return await getattr(stub, method)(request, timeout=REQUEST_TIMEOUT_S)
+    return [Libp2pIdentity.create(directory / f"p2p-{i}.key") for i in range(max(1, size))]
 
 
 def aio_channel(join: JoinString) -> grpc.aio.Channel:
@@ -79,20 +90,24 @@ def aio_channel(join: JoinString) -> grpc.aio.Channel:
 # --- the load ------------------------------------------------------------------------------------------
 
 class Load:
-    def __init__(self, stub: pb_grpc.CoordinatorStub, join: JoinString, call: Call, *, rounds: bool,
+    def __init__(self, stub: pb_grpc.CoordinatorStub, join: JoinString, libp2p: list[Any], *, rounds: bool,
                  train_s: float) -> None:
-        self.stub, self.join, self.call, self.rounds, self.train_s = stub, join, call, rounds, train_s
+        self.stub, self.join, self.libp2p, self.rounds, self.train_s = stub, join, libp2p, rounds, train_s
         self.latencies_ms: list[float] = []
+        self.sign_ms: list[float] = []  # the client's signing of each measured call, included in its latency
         self.by_method: dict[str, list[float]] = {}
         self.errors: dict[str, int] = {}
         self.measuring = False
         self.stop = asyncio.Event()
         self.reports = 0
 
-    async def timed(self, method: str, request: Any) -> Any:
+    async def timed(self, method: str, request: Any, signer: Optional[signing.CallSigner] = None) -> Any:
+        """One RPC, signed by ``signer`` when given, timed from before the signing to the response."""
         started = time.perf_counter()
         try:
-            response = await self.call(self.stub, method, request)
+            metadata = signer.metadata(method, request) if signer is not None else None
+            signed = time.perf_counter()
+            response = await getattr(self.stub, method)(request, metadata=metadata, timeout=REQUEST_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
             if self.measuring:
                 key = f"{method}: {e.code().name}"
@@ -101,24 +116,42 @@ class Load:
         if self.measuring:
             self.latencies_ms.append((time.perf_counter() - started) * 1000)
             self.by_method.setdefault(method, []).append(self.latencies_ms[-1])
+            if signer is not None:
+                self.sign_ms.append((signed - started) * 1000)
         return response
 
+    async def join_as(self, index: int) -> Optional[tuple[pb.JoinResponse, signing.CallSigner]]:
+        """Join as a new peer (retrying until it is in or the load stops): the answer and its call signer."""
+        key, libp2p = PeerKey.generate(), self.libp2p[index % len(self.libp2p)]
+        while not self.stop.is_set():
+            challenge = await self.timed("Challenge", pb.ChallengeRequest())
+            if challenge is None:
+                await asyncio.sleep(0.1)  # refused (the coordinator is busy): ask again in a moment
+                continue
+            request = signing.signed_join(token=self.join.token, nonce=challenge.nonce, key=key, libp2p=libp2p,
+                                          name=f"bench-{index}")
+            response = await self.timed("Join", request)
+            if response is not None:
+                return response, signing.CallSigner(key, response.session)
+            await asyncio.sleep(0.1)
+        return None
+
     async def peer(self, index: int, joined: asyncio.Queue) -> None:
-        response = None
-        while response is None and not self.stop.is_set():
-            response = await self.timed("Join", pb.JoinRequest(token=self.join.token, name=f"bench-{index}"))
-        if response is None:
+        joined_as = await self.join_as(index)
+        if joined_as is None:
             return
-        peer_id = response.peer_id
+        response, signer = joined_as
+        peer_id, libp2p_id = response.peer_id, self.libp2p[index % len(self.libp2p)].peer_id
         await joined.put(peer_id)
-        state_round, state_hash, reported = 0, INITIAL_HASH, 0
+        # the run's initial state, as a peer that built the run's model holds it
+        state_round, state_hash, reported = response.round.last_committed_round, response.round.last_committed_hash, 0
         planned_at: dict[int, float] = {}  # round -> when this peer first saw itself planned into it
         await asyncio.sleep(random.random())  # spread the heartbeats over the second
         while not self.stop.is_set():
             metrics = pb.PeerMetrics(state=pb.PEER_STATE_READY if self.rounds else pb.PEER_STATE_JOINING,
-                                     state_round=state_round, state_hash=state_hash, model_fingerprint="bench",
-                                     param_count=1000, dht_peer_id=f"dht-{index}")
-            beat = await self.timed("Heartbeat", pb.HeartbeatRequest(peer_id=peer_id, metrics=metrics))
+                                     state_round=state_round, state_hash=state_hash, param_count=1000,
+                                     dht_peer_id=libp2p_id)
+            beat = await self.timed("Heartbeat", pb.HeartbeatRequest(peer_id=peer_id, metrics=metrics), signer)
             if beat is not None and self.rounds:
                 info = beat.round
                 if info.last_committed_round > state_round:
@@ -128,7 +161,7 @@ class Load:
                     reported = info.open_round
                     await self.timed("ReportRound", pb.ReportRoundRequest(
                         peer_id=peer_id, round=reported, ok=True, state_hash=f"h{reported}",
-                        group=list(info.participants), inner_steps=10, samples=10, loss=2.0))
+                        group=list(info.participants), inner_steps=10, samples=10, loss=2.0), signer)
                     self.reports += 1
             await asyncio.sleep(1.0)
 
@@ -139,9 +172,9 @@ class Load:
 
 
 async def run_load(join: JoinString, *, peers: int, seconds: float, rounds: bool, train_s: float,
-                   child: psutil.Process, call: Call = plain_call) -> dict:
+                   child: psutil.Process, libp2p: list[Any]) -> dict:
     channel = aio_channel(join)
-    load = Load(pb_grpc.CoordinatorStub(channel), join, call, rounds=rounds, train_s=train_s)
+    load = Load(pb_grpc.CoordinatorStub(channel), join, libp2p, rounds=rounds, train_s=train_s)
     joined: asyncio.Queue = asyncio.Queue()
     tasks = []
     join_started = time.perf_counter()
@@ -163,9 +196,9 @@ async def run_load(join: JoinString, *, peers: int, seconds: float, rounds: bool
     load_cpu_s = sum(me.cpu_times()[:2]) - load_cpu_before
     load.stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
-    final = (await load.call(load.stub, "GetStatus", pb.GetStatusRequest(token=join.token))).run
+    final = (await load.stub.GetStatus(pb.GetStatusRequest(token=join.token), timeout=REQUEST_TIMEOUT_S)).run
     await channel.close()
-    latencies = sorted(load.latencies_ms)
+    latencies, sign_ms = sorted(load.latencies_ms), sorted(load.sign_ms)
     return {
         "peers": peers, "seconds": seconds, "rounds": rounds, "rpcs": len(latencies),
         "rpc_p50_ms": round(_percentile(latencies, 50), 2), "rpc_p99_ms": round(_percentile(latencies, 99), 2),
@@ -176,6 +209,8 @@ async def run_load(join: JoinString, *, peers: int, seconds: float, rounds: bool
         "coordinator_cpu_ms_per_rpc": round(1000 * cpu_s / max(1, len(latencies)), 3),
         "load_generator_cpu_s": round(load_cpu_s, 2), "join_s": round(join_s, 2), "reports": load.reports,
         "rounds_committed": final.rounds_committed, "rounds_voided": final.rounds_voided,
+        "client_sign_ms_p50": round(_percentile(sign_ms, 50), 3), "libp2p_identities": len(libp2p),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
     }
 
 
@@ -193,13 +228,17 @@ def main() -> None:
                         help="peers are ready and report every round they are planned into (default: they stay joining)")
     parser.add_argument("--train-s", type=float, default=5.0,
                         help="with --rounds: how long a peer 'trains' after it sees itself planned, before it reports")
+    parser.add_argument("--libp2p-identities", type=int, default=4,
+                        help="libp2p identities the simulated peers share (each is an RSA key to generate)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line last")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the child process's mode
     args = parser.parse_args()
     if args.serve is not None:
         serve(args.serve)
         return
-    with tempfile.TemporaryDirectory(prefix="bench-coordinator-") as state_dir:
+    with tempfile.TemporaryDirectory(prefix="bench-coordinator-") as state_dir, \
+            tempfile.TemporaryDirectory(prefix="bench-p2p-") as p2p_dir:
+        libp2p = libp2p_pool(args.libp2p_identities, Path(p2p_dir))
         child = subprocess.Popen([sys.executable, __file__, "--serve", state_dir], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True, cwd=ROOT)
         try:
@@ -208,7 +247,7 @@ def main() -> None:
                 raise SystemExit(f"the coordinator did not start (it printed {line!r})")
             join = JoinString.parse(line.removeprefix("join: "))
             result = asyncio.run(run_load(join, peers=args.peers, seconds=args.seconds, rounds=args.rounds,
-                                          train_s=args.train_s, child=psutil.Process(child.pid)))
+                                          train_s=args.train_s, child=psutil.Process(child.pid), libp2p=libp2p))
         finally:
             child.stdin.close()
             try:
