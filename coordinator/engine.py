@@ -1,13 +1,14 @@
 """The coordinator's logic in one place: membership and round decisions applied to the store.
 
 Every public method takes one lock, reads the injected clock once, evicts expired peers, does its
-work with the pure functions of ``membership`` and ``rounds``, retries the round decision, and
-saves the result in one SQLite transaction.  Refusals are ``coordinator.errors.Rejection``s.
+work with the pure functions of ``admission``, ``membership`` and ``rounds``, retries the round
+decision, and saves the result in one SQLite transaction.  Refusals are ``coordinator.errors.Rejection``s.
 
-A heartbeat's cost does not grow with the number of peers: expiries come off a heap (``Roster``),
-the round is decided again only when something it depends on changed or its deadline passed, the
-RoundInfo answer is rebuilt only when the round or the peers it lists changed, and a peer record
-whose only news is its lease and its counters is written only every few seconds (``PeerWrites``).
+A heartbeat's cost does not grow with the number of peers: expiries come off a heap (``Roster``), the
+round is decided again only when something it depends on changed or its deadline passed (its reports'
+claims kept made by ``RoundReports``), the RoundInfo answer is rebuilt only when the round or the peers
+it lists changed (``RoundInfoCache``), and a peer record whose only news is its lease and its counters
+is written only every few seconds (``PeerWrites``).
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import threading
 import time
 from typing import Callable, Iterator, Optional
 
-from coordinator import auth, membership, rounds, tokens
-from coordinator.errors import BadRequest, NotAuthenticated, PeerGone, Rejection, UnknownPeer
+from coordinator import admission, membership, rounds, tokens
+from coordinator.errors import BadRequest, PeerGone, Rejection, UnknownPeer
 from coordinator.records import COMMITTED, EXCHANGING, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
 from coordinator.peer_writes import PeerWrites
 from coordinator.roster import Roster
+from coordinator.round_info_cache import RoundInfoCache
+from coordinator.round_reports import RoundReports, report_record
 from coordinator.run_open import open_run
 from coordinator.store import Store
 from coordinator.views import RunPosition, round_info, status_response
@@ -34,8 +37,6 @@ from swarm.core.credential import peer_id_for
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
-
-CREDENTIAL_TTL_S = 3600.0  # a member's credential lasts this long; heartbeats renew it at half its life
 
 
 class CoordinatorEngine:
@@ -48,7 +49,7 @@ class CoordinatorEngine:
         lease_s: float = 15.0,
         clock: Callable[[], float] = time.time,
         signing_key: Optional[credential.PeerKey] = None,
-        credential_ttl_s: float = CREDENTIAL_TTL_S,
+        credential_ttl_s: float = admission.CREDENTIAL_TTL_S,
     ) -> None:
         """Open the run kept in ``store``, or start a new one with ``config``.
 
@@ -82,16 +83,11 @@ class CoordinatorEngine:
                               committed_hash=self._last_committed_state()[1])
         self._peers: dict[str, PeerRecord] = self._roster.peers  # read here; written through _save_peer only
         self._writes = PeerWrites()
-        # The open round's reports, as stored, and as the commit rule reads them
-        self._reports: dict[str, ReportRecord] = (
-            {r.peer_id: r for r in self._store.reports(self._open.round)} if self._open is not None else {}
-        )
-        self._groups: dict[frozenset[str], frozenset[str]] = {}  # the open round's reported groups, interned
-        self._claims = {p: rounds.claim_of(r, self._groups) for p, r in self._reports.items()}
+        self._reports = RoundReports(self._store, self._open.round if self._open is not None else None)
         self._rounds_version = 0  # bumped by every change of a round or of the run
         self._settled: Optional[tuple[int, int, int]] = None  # roster, rounds and reports versions last settled
         self._wait_until = float("inf")  # when the open round is decided even if nothing else happens
-        self._info_cache: Optional[tuple[tuple[int, int], pb.RoundInfo]] = None
+        self._info_cache = RoundInfoCache(self._roster)
 
     @property
     def run(self) -> RunRecord:
@@ -110,57 +106,43 @@ class CoordinatorEngine:
         """Admit the holder of ``public_key`` (proven by the caller). A key seen before is the same peer
         restarted: it keeps its id and index and starts a new session, which retires the old process."""
         with self._session() as now:
-            admitted = tokens.admit_joiner(self._store, token, now=now)
-            site = admitted.site or site  # a site-pinned token decides where its peers are
-            peer_id = peer_id_for(public_key)
-            previous = self._peers.get(peer_id)
-            run, peer = membership.new_peer(
-                self._run, peer_id=peer_id, now=now, lease_s=self._lease_s, name=name, site=site, device=device,
-                swarm_version=swarm_version, public_key=public_key, dht_peer_id=dht_peer_id, token_id=admitted.id,
-                previous=previous,
+            previous = self._peers.get(peer_id_for(public_key))
+            run, peer = admission.admit(
+                self._store, self._run, token, public_key=public_key, previous=previous, now=now, lease_s=self._lease_s,
+                dht_peer_id=dht_peer_id, name=name, site=site, device=device, swarm_version=swarm_version,
             )
             self._save_run(run)
             self._save_peer(peer)
-            logger.info("peer %s: joined as index %d, session %d (name %r, site %r, device %r)", peer_id,
-                        peer.peer_index, peer.session, name, site, device)
+            logger.info("peer %s: joined as index %d, session %d (name %r, site %r, device %r)", peer.peer_id,
+                        peer.peer_index, peer.session, peer.name, peer.site, peer.device)
             if previous is not None:
-                self._retire_from_open_round(peer_id, now)
+                self._retire_from_open_round(peer.peer_id, now)
             return peer, self._current_info()
 
     def authenticate(self, proof: Optional[signing.CallProof], peer_id: str) -> None:
         """Raise unless ``proof`` is a fresh signature by the key of ``peer_id`` (the request's peer id) in
         its current session."""
         with self._lock:
-            if proof is None or proof.peer_id != peer_id:
-                raise NotAuthenticated()
-            peer = auth.check_call(proof, self._peers.get(peer_id), now=self._clock())
-            membership.check_session(peer, proof.session)
-            if proof.session != peer.session:
-                raise NotAuthenticated()
-            if peer.alive and tokens.revoked(self._store, peer.token_id):
+            peer = admission.check_caller(proof, peer_id, self._peers.get(peer_id), now=self._clock())
+            reason = admission.revocation(self._store, peer)
+            if reason is not None:
                 with self._session() as now:
-                    self._save_peer(membership.evict(peer, f"its join token {peer.token_id} was revoked"))
-                    logger.warning("peer %s: evicted: its join token %s was revoked", peer_id, peer.token_id)
+                    self._save_peer(membership.evict(peer, reason))
+                    logger.warning("peer %s: evicted: %s", peer_id, reason)
                     self._settle(now)
-                raise PeerGone(f"peer {peer_id} was evicted: its join token {peer.token_id} was revoked; "
-                               "ask the operator for a new join string.")
+                raise PeerGone(f"peer {peer_id} was evicted: {reason}; ask the operator for a new join string.")
 
     def issue_credential(self, peer_id: str, *, renew_only: bool = False) -> bytes:
         """A credential for the live member ``peer_id``; with ``renew_only``, b"" unless less than half of
         its current one's life is left."""
         with self._session() as now:
             peer = self._peers.get(peer_id)
-            if peer is None or not peer.alive:
+            if not admission.credential_due(peer, now, ttl_s=self._credential_ttl_s, renew_only=renew_only):
                 return b""
-            if renew_only and now < peer.credential_expires_at - self._credential_ttl_s / 2:
-                return b""
-            expires_at = now + self._credential_ttl_s
-            self._save_peer(dataclasses.replace(peer, credential_expires_at=expires_at))
-            return credential.issue(self._signing_key, credential.Credential(
-                run_id=self._run.run_id, peer_id=peer_id, public_key=bytes.fromhex(peer.public_key),
-                dht_peer_id=peer.dht_peer_id, role="peer", token_id=peer.token_id, issued_at=now,
-                expires_at=expires_at,
-            ))
+            peer, signed = admission.issue_credential(self._signing_key, self._run.run_id, peer, now=now,
+                                                      ttl_s=self._credential_ttl_s)
+            self._save_peer(peer)
+            return signed
 
     @property
     def public_key(self) -> bytes:
@@ -199,8 +181,8 @@ class CoordinatorEngine:
             self._save_peer(membership.touch(peer, now, self._lease_s))
             if self._open is None or req.round != self._open.round:
                 return self._info(req.round)  # late or early: nothing to decide, say how it stands
-            report = _report_record(req, now)
-            if self._add_report(report):
+            report = report_record(req, now)
+            if self._reports.add(report):
                 log = logger.info if req.ok else logger.warning
                 log("peer %s: round %d: reported %s%s", req.peer_id, req.round,
                     f"hash {report.state_hash[:12]}" if req.ok else "failure",
@@ -280,16 +262,9 @@ class CoordinatorEngine:
         """A restarted peer lost the round it was in: it counts as having failed it, so the round does not
         wait for a report that will never come."""
         if self._open is not None and peer_id in self._open.participants:
-            self._add_report(ReportRecord(round=self._open.round, peer_id=peer_id, reported_at=now, error="it restarted"))
+            self._reports.add(ReportRecord(round=self._open.round, peer_id=peer_id, reported_at=now,
+                                           error="it restarted"))
         self._settle(now)
-
-    def _add_report(self, report: ReportRecord) -> bool:
-        """Keep the open round's report; False when this peer already reported it (the first one stands)."""
-        if not self._store.add_report(report):
-            return False
-        self._reports[report.peer_id] = report
-        self._claims[report.peer_id] = rounds.claim_of(report, self._groups)
-        return True
 
     def _evict_expired(self, now: float) -> None:
         for peer in self._roster.expired(now):
@@ -313,12 +288,12 @@ class CoordinatorEngine:
     def _settle_now(self, now: float) -> None:
         self._wait_until = float("inf")
         if self._open is not None:
-            reports = sorted(self._reports.values(), key=lambda r: r.peer_id)
+            reports = self._reports.by_peer_id()
             alive = self._roster.alive_ids
             decision = rounds.decide_round(
                 now, self._open, alive, reports, self.config.rounds.round_timeout_s,
                 report_grace_s=self.config.rounds.report_grace_s, param_count=self._run.param_count,
-                claims=self._claims,
+                claims=self._reports.claims,
             )
             if not decision.decided:
                 self._wait_until = decision.wait_until
@@ -326,7 +301,7 @@ class CoordinatorEngine:
                     p in alive and self._peers[p].state == EXCHANGING and self._peers[p].metrics.round == self._open.round
                     for p in self._open.participants
                 )
-                admitted = rounds.admit_late(self._open, reports, self._ready(), exchange_started=exchanging)
+                admitted = rounds.admit_late(self._open, reports, self._roster.ready_ids(), exchange_started=exchanging)
                 if admitted is not self._open:
                     newcomers = admitted.participants[len(self._open.participants):]
                     logger.info("round %d: admitted late %s", admitted.round, ", ".join(newcomers))
@@ -337,7 +312,7 @@ class CoordinatorEngine:
             return
         number = (self._latest.round if self._latest is not None else 0) + 1
         planned, _why_not = rounds.plan_round(
-            now=now, round_number=number, ready=self._ready(), carried=self._carried(),
+            now=now, round_number=number, ready=self._roster.ready_ids(), carried=self._carried(),
             min_peers=self.config.rounds.min_peers,
         )
         if planned is not None:
@@ -372,9 +347,6 @@ class CoordinatorEngine:
             return self._last_committed.round, self._last_committed.committed_hash
         return 0, self._run.initial_hash
 
-    def _ready(self) -> list[str]:
-        return self._roster.ready_ids()
-
     def _carried(self) -> list[str]:
         """The last committed round's holders still alive: they hold its state without saying so yet."""
         if self._last_committed is None:
@@ -388,27 +360,17 @@ class CoordinatorEngine:
             last_committed_hash=last_hash,
             open_round=self._open.round if self._open is not None else 0,
             finished=self._run.finished,
-            state_holders=tuple(dict.fromkeys(self._carried() + self._ready())),
+            state_holders=tuple(dict.fromkeys(self._carried() + self._roster.ready_ids())),
         )
 
     def _current_info(self) -> pb.RoundInfo:
         """The open round, or the latest decided one when none is open (round 0 before any)."""
         versions = self._versions()[:2]  # reports do not change it
-        if self._info_cache is None or self._info_cache[0] != versions:
-            row = self._open or self._latest
-            self._info_cache = versions, round_info(row.round if row else 0, row, self._position(), self._peers)
-        info = pb.RoundInfo()
-        info.CopyFrom(self._info_cache[1])
-        return self._counted(info)
+        return self._info_cache.current(versions, self._open or self._latest, self._position, self._peers)
 
     def _info(self, number: int) -> pb.RoundInfo:
         row = self._store.get_round(number) if number > 0 else None
-        return self._counted(round_info(number, row, self._position(), self._peers))
-
-    def _counted(self, info: pb.RoundInfo) -> pb.RoundInfo:
-        # a holder of the final state stays to serve it while the peers behind catch up (peer: _serve_final_state)
-        info.live_peers, info.behind_peers = self._roster.live, self._roster.behind
-        return info
+        return self._info_cache.counted(round_info(number, row, self._position(), self._peers))
 
     def _save_run(self, run: RunRecord) -> None:
         if run is not self._run and to_json(run) != to_json(self._run):  # not ==: NaN fields never compare equal
@@ -428,19 +390,10 @@ class CoordinatorEngine:
         if self._latest is None or row.round >= self._latest.round:
             self._latest = row
         if row.outcome == OPEN and (self._open is None or self._open.round != row.round):
-            self._reports, self._claims, self._groups = {}, {}, {}
+            self._reports = RoundReports(self._store)
         self._open = row if row.outcome == OPEN else None
         if row.outcome == COMMITTED:
             self._last_committed = row
         self._rounds_version += 1
         self._roster.set_committed(*self._last_committed_state())
 
-
-def _report_record(req: pb.ReportRoundRequest, now: float) -> ReportRecord:
-    return ReportRecord(
-        round=req.round, peer_id=req.peer_id, reported_at=now, ok=req.ok,
-        state_hash=req.state_hash,
-        group=tuple(req.group), samples=req.samples, inner_steps=req.inner_steps,
-        inner_time_s=req.inner_time_s, exchange_time_s=req.exchange_time_s, bytes_sent=req.bytes_sent,
-        bytes_received=req.bytes_received, loss=req.loss, error=req.error, param_count=req.param_count,
-    )

@@ -1,0 +1,36 @@
+"""The RoundInfo answer for the current round, kept between calls: every heartbeat asks for it, and it
+changes only when the round or the peers it lists change."""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Optional
+
+from coordinator.records import PeerRecord, RoundRecord
+from coordinator.roster import Roster
+from coordinator.views import RunPosition, round_info
+from swarm.v1 import coordinator_pb2 as pb
+
+
+class RoundInfoCache:
+    """Owned by the engine, used under its lock only; ``roster`` is the engine's, read for its counters."""
+
+    def __init__(self, roster: Roster) -> None:
+        self._roster = roster
+        self._cached: Optional[tuple[tuple[int, int], pb.RoundInfo]] = None
+
+    def current(
+        self, versions: tuple[int, int], row: Optional[RoundRecord], position: Callable[[], RunPosition],
+        peers: Mapping[str, PeerRecord],
+    ) -> pb.RoundInfo:
+        """A copy of the RoundInfo of ``row`` (round 0 when None), built again only when ``versions`` (of
+        the roster and the rounds) changed since it was last built."""
+        if self._cached is None or self._cached[0] != versions:
+            self._cached = versions, round_info(row.round if row else 0, row, position(), peers)
+        info = pb.RoundInfo()
+        info.CopyFrom(self._cached[1])
+        return self.counted(info)
+
+    def counted(self, info: pb.RoundInfo) -> pb.RoundInfo:
+        # a holder of the final state stays to serve it while the peers behind catch up (peer: _serve_final_state)
+        info.live_peers, info.behind_peers = self._roster.live, self._roster.behind
+        return info
