@@ -130,8 +130,9 @@ class Soak:
                 self.nonfinite += 1
             name = peer["name"]
             if name in self.restarted_at:
-                when, old_ids = self.restarted_at[name]
-                if peer["id"] not in old_ids and peer["rounds_joined"] > 0:
+                # a restarted peer keeps its id (its key) and its round counts: it is back once it holds a new round
+                when, joined_before = self.restarted_at[name]
+                if peer["rounds_joined"] > joined_before:
                     self.rejoin_s.append(time.monotonic() - when)
                     del self.restarted_at[name]
 
@@ -184,8 +185,9 @@ class Soak:
                 if now >= when:
                     pending_restarts.remove((when, name))
                     self.start_peer(name)
-                    old_ids = {p["id"] for p in (status or {}).get("peers", []) if p["name"] == name}
-                    self.restarted_at[name] = (time.monotonic(), old_ids)
+                    joined = max((p["rounds_joined"] for p in (status or {}).get("peers", []) if p["name"] == name),
+                                 default=0)
+                    self.restarted_at[name] = (time.monotonic(), joined)
             time.sleep(0.3)  # the soak's sampling period
         for proc in self.peers.values():
             try:
