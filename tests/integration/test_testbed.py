@@ -91,3 +91,17 @@ def test_the_nat_host_connects_out_but_cannot_be_connected_to(testbed: Testbed) 
     finally:
         outside.kill()
         inside.kill()
+
+
+@pytest.mark.parametrize("testbed", [{"mbit": 20}], indirect=True)
+def test_the_delay_proxy_keeps_the_link_rate(testbed: Testbed) -> None:
+    sink, port = start_server(testbed, "h1", "swarm.app.testbed.probe", "sink", "--host", testbed.address("h1"))
+    proxy, proxy_port = start_server(testbed, "h0", "swarm.app.testbed.delay_proxy", "--listen",
+                                     f"{testbed.address('h0')}:0", "--to", f"{testbed.address('h1')}:{port}",
+                                     "--delay-ms", "25")
+    probe(testbed, "h0", "source", "--to", f"{testbed.address('h0')}:{proxy_port}", "--bytes", str(8_000_000))
+    measured = json.loads(sink.communicate(timeout=15)[0])
+    proxy.kill()
+    print(f"20 Mbit/s link, 25 ms proxy: {measured['mbit_s']:.2f} Mbit/s of payload")
+    assert measured["bytes"] == 8_000_000
+    assert 18.0 <= measured["mbit_s"] <= 22.0, measured

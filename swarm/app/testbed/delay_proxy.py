@@ -46,10 +46,13 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
             writer.write(data)
             await writer.drain()
 
+    reading = asyncio.ensure_future(read())
     try:
-        await asyncio.gather(read(), write())
+        await write()
     except (ConnectionError, OSError):
         writer.close()
+    finally:
+        reading.cancel()  # the far side is gone (or done): stop reading for it
 
 
 def _no_delay(writer: asyncio.StreamWriter) -> None:
