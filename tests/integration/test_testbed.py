@@ -37,8 +37,9 @@ def start_server(bed: Testbed, host: str, module: str, *args: str) -> tuple[subp
     return proc, json.loads(line)["port"]
 
 
-def probe(bed: Testbed, host: str, *args: str) -> dict:
-    result = bed.run(host, [PYTHON, "-m", "swarm.app.testbed.probe", *args], capture_output=True, text=True,
+def probe(bed: Testbed, host: str, *args: str, nice: bool = False) -> dict:
+    argv = [PYTHON, "-m", "swarm.app.testbed.probe", *args]
+    result = bed.run(host, ["nice", "-n", "-10", *argv] if nice else argv, capture_output=True, text=True,
                      timeout=20)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])
@@ -71,7 +72,10 @@ def test_the_delay_proxy_adds_its_one_way_latency(testbed: Testbed) -> None:
         proxy, proxy_port = start_server(testbed, "h0", "swarm.app.testbed.delay_proxy", "--listen",
                                          f"{testbed.address('h0')}:0", "--to", f"{testbed.address('h1')}:{port}",
                                          "--delay-ms", "25")
-        delayed = probe(testbed, "h0", "rtt", "--to", f"{testbed.address('h0')}:{proxy_port}")["median_ms"]
+        # the RTT meter sleeps ~50 ms per message; raised like the proxy, so a busy machine's wake-up
+        # latency is not counted as the proxy's delay
+        delayed = probe(testbed, "h0", "rtt", "--to", f"{testbed.address('h0')}:{proxy_port}",
+                        nice=True)["median_ms"]
         proxy.kill()
     finally:
         server.kill()
