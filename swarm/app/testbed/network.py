@@ -1,0 +1,228 @@
+"""Builds and tears down the testbed's kernel objects: one namespace per host, veth links to a bridge in a
+namespace of its own, ``tbf`` shaping on both ends of each link, and a MASQUERADE router for the NAT host.
+
+Nothing is created in the root namespace: links, qdiscs and iptables rules all live inside namespaces
+named with the prefix, so deleting those namespaces removes everything, even after a crash, and the hosts
+have no route to anything but each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from swarm.app.testbed.topology import LAN_SUBNET, ROUTER, ROUTER_ADDRESS, SWITCH, HostSpec, Topology
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+_KILL_GRACE_S = 3.0
+
+
+class TestbedError(RuntimeError):
+    """A command that builds the testbed failed; the message names it and what the kernel said."""
+
+
+def missing_privileges(*, nat: bool = True) -> str | None:
+    """Why the testbed cannot be built here, in one sentence, or None when it can."""
+    if os.geteuid() != 0:
+        return "the WAN testbed needs root (CAP_NET_ADMIN) to create network namespaces; run it as root"
+    for tool in ("ip", "tc") + (("iptables",) if nat else ()):
+        if shutil.which(tool) is None:
+            return f"the WAN testbed needs the '{tool}' command; install it (apt-get install iproute2 iptables)"
+    return None
+
+
+def _sh(*argv: str) -> str:
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise TestbedError(f"{' '.join(argv)} failed: {result.stderr.strip() or result.stdout.strip()}")
+    return result.stdout
+
+
+def _ip(namespace: str, *args: str) -> None:
+    _sh("ip", "-n", namespace, *args)
+
+
+def _in(namespace: str, *argv: str) -> str:
+    return _sh("ip", "netns", "exec", namespace, *argv)
+
+
+def _shape(namespace: str, device: str, mbit: float | None) -> None:
+    """Egress of ``device`` at ``mbit``: the token bucket holds ~4 ms of traffic (at least 32 KiB, so a
+    full-size segment always fits) and the queue ~50 ms, like a modest WAN router."""
+    if mbit is None:
+        return
+    burst = max(32 * 1024, int(mbit * 1e6 / 8 * 0.004))
+    _sh("tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", "tbf",
+        "rate", f"{mbit}mbit", "burst", str(burst), "latency", "50ms")
+
+
+def namespaces(prefix: str) -> list[str]:
+    out = _sh("ip", "netns", "list")
+    names = [line.split()[0] for line in out.splitlines() if line.strip()]
+    return [n for n in names if n.startswith(prefix)]
+
+
+def _new_namespace(name: str) -> None:
+    _sh("ip", "netns", "add", name)
+    _ip(name, "link", "set", "lo", "up")
+
+
+def _link_host(topology: Topology, host: HostSpec) -> None:
+    """The host's eth0 on the bridge (or, behind NAT, on the router's private leg), shaped both ways."""
+    ns = topology.namespace(host.name)
+    if host.behind_nat:
+        upstream, upstream_dev = topology.namespace(ROUTER), "lan0"
+    else:
+        upstream, upstream_dev = topology.namespace(SWITCH), host.name
+    _ip(upstream, "link", "add", upstream_dev, "type", "veth", "peer", "name", "eth0", "netns", ns)
+    if not host.behind_nat:
+        _ip(upstream, "link", "set", upstream_dev, "master", "br0")
+    _ip(upstream, "link", "set", upstream_dev, "up")
+    _ip(ns, "addr", "add", f"{host.address}/24", "dev", "eth0")
+    _ip(ns, "link", "set", "eth0", "up")
+    if host.behind_nat:
+        _ip(ns, "route", "add", "default", "via", f"{LAN_SUBNET}.1")
+    _shape(ns, "eth0", host.up_mbit)
+    _shape(upstream, upstream_dev, host.down_mbit)
+
+
+def _build_router(topology: Topology) -> None:
+    """A router that masquerades its private side and forwards nothing new inward: the NAT host behind it
+    can connect out, and nobody can connect in."""
+    router, switch = topology.namespace(ROUTER), topology.namespace(SWITCH)
+    _new_namespace(router)
+    _ip(switch, "link", "add", ROUTER, "type", "veth", "peer", "name", "eth0", "netns", router)
+    _ip(switch, "link", "set", ROUTER, "master", "br0")
+    _ip(switch, "link", "set", ROUTER, "up")
+    _ip(router, "addr", "add", f"{ROUTER_ADDRESS}/24", "dev", "eth0")
+    _ip(router, "link", "set", "eth0", "up")
+    _in(router, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
+    tag = ("-m", "comment", "--comment", topology.prefix + "nat")
+    _in(router, "iptables", "-P", "FORWARD", "DROP")
+    _in(router, "iptables", "-A", "FORWARD", "-i", "lan0", "-o", "eth0", "-j", "ACCEPT", *tag)
+    _in(router, "iptables", "-A", "FORWARD", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED",
+        "-j", "ACCEPT", *tag)
+    _in(router, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", f"{LAN_SUBNET}.0/24", "-o", "eth0",
+        "-j", "MASQUERADE", *tag)
+
+
+def build(topology: Topology) -> None:
+    """Create every namespace, link, qdisc and rule of ``topology``; on failure, remove what was made."""
+    if namespaces(topology.prefix):
+        raise TestbedError(f"a testbed with prefix {topology.prefix!r} is already up; "
+                           f"take it down first (scripts/wan_testbed.py down)")
+    try:
+        switch = topology.namespace(SWITCH)
+        _new_namespace(switch)
+        _ip(switch, "link", "add", "br0", "type", "bridge")
+        _ip(switch, "link", "set", "br0", "up")
+        for host in topology.hosts:
+            _new_namespace(topology.namespace(host.name))
+        if topology.has_nat:
+            _build_router(topology)
+        for host in topology.hosts:
+            _link_host(topology, host)
+        if topology.has_nat:
+            _ip(topology.namespace(ROUTER), "addr", "add", f"{LAN_SUBNET}.1/24", "dev", "lan0")
+    except BaseException:
+        teardown(topology.prefix)
+        raise
+
+
+def _kill_processes(namespace: str) -> None:
+    """End the processes running inside one of the testbed's own namespaces (TERM, then KILL)."""
+    try:
+        pids = [int(p) for p in _sh("ip", "netns", "pids", namespace).split()]
+    except TestbedError:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + _KILL_GRACE_S
+        while alive and time.monotonic() < deadline:
+            alive = [pid for pid in alive if Path(f"/proc/{pid}").exists() and not _is_zombie(pid)]
+            time.sleep(0.05)
+        if not alive:
+            return
+        pids = alive
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def teardown(prefix: str) -> list[str]:
+    """Remove every namespace whose name starts with ``prefix`` (and so every link, qdisc and rule in them),
+    ending the processes inside first. Idempotent; returns the namespaces it removed."""
+    if not prefix:
+        raise ValueError("teardown needs a non-empty prefix, or it would remove every namespace")
+    removed = []
+    for name in namespaces(prefix):
+        _kill_processes(name)
+        _sh("ip", "netns", "delete", name)
+        removed.append(name)
+    return removed
+
+
+def leftovers(prefix: str) -> list[str]:
+    """Everything on this machine that still carries ``prefix``: namespaces, and links, qdiscs and iptables
+    rules in the root namespace. Empty after a clean teardown."""
+    found = [f"namespace {n}" for n in namespaces(prefix)]
+    found += [f"link {line.strip()}" for line in _sh("ip", "-o", "link").splitlines() if prefix in line]
+    found += [f"qdisc {line.strip()}" for line in _sh("tc", "qdisc", "show").splitlines() if prefix in line]
+    if shutil.which("iptables-save"):
+        found += [f"iptables {line}" for line in _sh("iptables-save").splitlines() if prefix in line]
+    return found
+
+
+class Testbed:
+    """The testbed as a context manager: built on enter, torn down on exit (also when the body raised)."""
+
+    __test__ = False  # not a pytest test class, despite its name
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+
+    def __enter__(self) -> Testbed:
+        build(self.topology)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        teardown(self.topology.prefix)
+
+    def address(self, host: str) -> str:
+        return self.topology.host(host).address
+
+    def exec_argv(self, host: str, argv: Sequence[str]) -> list[str]:
+        """``argv`` as a command that runs inside ``host``'s namespace."""
+        return ["ip", "netns", "exec", self.topology.namespace(self.topology.host(host).name), *argv]
+
+    def run(self, host: str, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
+        return subprocess.run(self.exec_argv(host, argv), **_with_repo_env(kwargs))
+
+    def spawn(self, host: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
+        return subprocess.Popen(self.exec_argv(host, argv), **_with_repo_env(kwargs))
+
+
+def _with_repo_env(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Run from the repository root with it on PYTHONPATH, so ``python -m swarm...`` finds this checkout."""
+    env = dict(kwargs.pop("env", None) or os.environ)
+    env.setdefault("PYTHONPATH", str(REPO_ROOT))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return {"cwd": REPO_ROOT, "env": env, **kwargs}

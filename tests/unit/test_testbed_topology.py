@@ -1,0 +1,39 @@
+"""The WAN testbed's plan, before any kernel object exists: host names, addresses, rates, and the sentence
+a bad request gets."""
+
+from __future__ import annotations
+
+import pytest
+
+from swarm.app.testbed import make_topology
+from swarm.app.testbed.network import teardown
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_hosts_get_distinct_addresses_and_the_rates_asked_for() -> None:
+    topology = make_topology(hosts=3, mbit=100, up_mbit=20, nat_host=True, prefix="swt-unit-")
+    assert [h.name for h in topology.hosts] == ["h0", "h1", "h2", "nat"]
+    assert len({h.address for h in topology.hosts}) == 4
+    assert all(h.up_mbit == 20 and h.down_mbit == 100 for h in topology.hosts)
+    assert topology.namespace("h1") == "swt-unit-h1"
+    assert [h.name for h in topology.hosts if h.behind_nat] == ["nat"]
+
+
+@pytest.mark.parametrize(("kwargs", "sentence"), [
+    ({"hosts": 0}, "--hosts must be between 1 and 200, got 0"),
+    ({"hosts": 2, "mbit": -5}, "mbit must be a positive rate in Mbit/s, got -5"),
+])
+def test_a_bad_request_is_named(kwargs: dict, sentence: str) -> None:
+    with pytest.raises(ValueError, match=sentence):
+        make_topology(**kwargs)
+
+
+def test_an_unknown_host_names_the_hosts_there_are() -> None:
+    with pytest.raises(ValueError, match="there is no testbed host 'h7'; the hosts are h0, h1"):
+        make_topology(hosts=2).host("h7")
+
+
+def test_teardown_refuses_an_empty_prefix() -> None:
+    with pytest.raises(ValueError, match="non-empty prefix"):
+        teardown("")
