@@ -20,3 +20,15 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "${PIP[@]}" install -e ".[dev]"
   touch "$stamp"
 fi
+# The WAN testbed (swarm/app/testbed, its tests) shapes links with iproute2 and builds its NAT host with
+# iptables. As root on a Debian machine without them, install them; elsewhere those tests skip and say why.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  missing=()
+  command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || missing+=(iproute2)
+  command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]} for the WAN testbed" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 \
+      || echo "setup: could not install ${missing[*]}; the WAN testbed's tests will skip" >&2
+  fi
+fi
