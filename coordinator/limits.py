@@ -52,8 +52,9 @@ _IDS = {"peer_id", "previous_peer_id", "dht_peer_id", "group", "token"}
 _HASHES = {"state_hash", "model_fingerprint"}
 _COUNTS = {"param_count", "inner_steps", "tokens", "bytes_sent", "bytes_received", "samples", "page_size"}
 _ROUNDS = {"round", "state_round", "eval_round"}  # may be -1 ("none") or, for the engine to refuse, below
-_DURATIONS = {"step_time_s", "tokens_per_s", "inner_time_s", "wall_time_s", "exchange_time_s"}
-_MAYBE_NAN = {"loss", "eval_loss"}  # NaN: not measured yet
+_LINKS = {"upload_mbit_s", "download_mbit_s", "rtt_ms"}  # NaN until measured, else in [0, MAX_SECONDS]
+_DURATIONS = {"step_time_s", "tokens_per_s", "inner_time_s", "wall_time_s", "exchange_time_s"} | _LINKS
+_MAYBE_NAN = {"loss", "eval_loss"} | _LINKS  # NaN: not measured yet
 
 
 @dataclass(frozen=True)

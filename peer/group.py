@@ -12,6 +12,7 @@ from swarm.core import credential
 from swarm.core.aggregation import Aggregation
 from swarm.net.allreduce import Exchange, ExchangeFailed
 from swarm.net.dht_entries import guard
+from swarm.net.link_stats import LinkEstimates
 from swarm.net.rendezvous import Member, group_key, participation_scale, rendezvous
 from swarm.net.transport import Transport
 from swarm.net.votes import Vote as DhtVote
@@ -46,6 +47,7 @@ class DhtGroup:
         self.faults = faults
         self.exchange = Exchange(transport, run_id=run_id, aggregation=Aggregation.for_run(run))
         self.live_peers = 0  # the run's live peers as last heard from the coordinator (0: not yet)
+        self.links = LinkEstimates()  # from every exchange's timings
 
     def key(self, round_no: int, fragment: int) -> str:
         return group_key(self.run_id, round_no, fragment)
@@ -72,6 +74,7 @@ class DhtGroup:
                                            on_phase=lambda phase: self.faults.fire(round_no, phase))
         except ExchangeFailed as e:
             raise SyncFailed(str(e)) from e
+        self.links.observe(result.links)
         scale = participation_scale(group)
         average = result.average if scale == 1.0 else result.average * scale
         logger.info("[%s r%d] averaged fragment %d with %d peers in %.2fs (%d bytes sent)%s", self.peer_id, round_no,
@@ -81,7 +84,9 @@ class DhtGroup:
         return Averaged(average=average, group=[m.peer_id for m in group], bytes_sent=result.bytes_sent,
                         bytes_received=result.bytes_received, seconds=result.seconds,
                         contributions_rejected=len(result.rejected), contributions_clipped=len(result.clipped),
-                        foreign_messages_dropped=self.exchange.rejected_chunks - dropped_before)
+                        foreign_messages_dropped=self.exchange.rejected_chunks - dropped_before,
+                        upload_mbit_s=self.links.upload_mbit_s, download_mbit_s=self.links.download_mbit_s,
+                        rtt_ms=self.links.rtt_ms)
 
     def post(self, vote: Vote) -> None:
         post_vote(self.transport.dht, self.key(vote.round_no, vote.fragment),

@@ -49,6 +49,9 @@ class PeerHooks(Hooks):
                        contributions_rejected=averaged.contributions_rejected if averaged else 0,
                        contributions_clipped=averaged.contributions_clipped if averaged else 0,
                        foreign_messages_dropped=averaged.foreign_messages_dropped if averaged else 0)
+        if averaged:
+            self.stats.update(upload_mbit_s=averaged.upload_mbit_s, download_mbit_s=averaged.download_mbit_s,
+                              rtt_ms=averaged.rtt_ms)
         if vote.ok:
             logger.info("%s tentative hash %s", self.tag(vote.round_no), vote.state_hash)
         else:

@@ -76,6 +76,11 @@ def _num(value: Any, fmt: str = "{:.3f}") -> str:
     return "—" if value is None else fmt.format(value)
 
 
+def _measured(value: Any, fmt: str = "{:.1f}") -> str:
+    """A rate or time a peer measured; "—" before its first measurement (None: NaN; 0: a peer that predates it)."""
+    return "—" if not value else fmt.format(value)
+
+
 def status_tables(status: dict[str, Any]) -> list[Table]:
     run, totals = status["run"], status["totals"]
     state = "finished" if run["finished"] else (f"round {run['open_round']} open" if run["open_round"] else "waiting for peers")
@@ -116,15 +121,18 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
         table.add_row("peers not listed", f"{status['peers_omitted']} (left or evicted long ago)")
 
     peers = Table(title="peers")
-    for column in ("id", "name", "site", "state", "θg hash", "round", "joined", "missed", "tokens/s", "loss", "sent", "util", "seen"):
+    for column in ("id", "name", "site", "state", "θg hash", "round", "joined", "missed", "tokens/s", "s/step", "loss",
+                   "sent", "up/down Mbit/s", "rtt ms", "util", "seen"):
         peers.add_column(column)
     for p in status["peers"]:
         m = p["metrics"]
         peers.add_row(
             _shown(p["id"]), _shown(p["name"]), _shown(p["site"]) or "—", _shown(p["state"]),
             _shown(m["state_hash"]) or "—", str(max(m["state_round"], 0)),
-            str(p["rounds_joined"]), str(p["rounds_missed"]), f"{m['tokens_per_s']:,.0f}", _num(m["loss"]),
-            format_bytes(m["bytes_sent"]), f"{100 * p['compute_utilization']:.0f}%", f"{p['last_seen_s']:.0f}s ago",
+            str(p["rounds_joined"]), str(p["rounds_missed"]), f"{m['tokens_per_s']:,.0f}",
+            _measured(m.get("step_time_s"), "{:.3g}"), _num(m["loss"]), format_bytes(m["bytes_sent"]),
+            f"{_measured(m.get('upload_mbit_s'))}/{_measured(m.get('download_mbit_s'))}",
+            _measured(m.get("rtt_ms"), "{:.0f}"), f"{100 * p['compute_utilization']:.0f}%", f"{p['last_seen_s']:.0f}s ago",
         )
     return [table, peers]
 

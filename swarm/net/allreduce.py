@@ -30,11 +30,12 @@ from typing import Callable, Optional
 
 import torch
 from hivemind.p2p import P2PContext, PeerID
-from hivemind.utils.asyncio import as_aiter
 
 from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import part_bounds
 from swarm.core.codec import CODECS
+from swarm.net.link_probe import LinkProbe
+from swarm.net.link_stats import LinkTimings, Transfer
 from swarm.net.rendezvous import Member, group_digest
 from swarm.net.transport import CHUNK_BYTES, Transport
 from swarm.v1 import exchange_pb2
@@ -65,6 +66,7 @@ class ExchangeResult:
     # other owners may have judged the same groupmate differently.
     rejected: dict[str, str] = field(default_factory=dict)  # left out of the slice's average
     clipped: dict[str, str] = field(default_factory=dict)  # scaled down to the clipping norm
+    links: LinkTimings = field(default_factory=LinkTimings)  # this peer's sends, receives and pings, timed
 
 
 class Exchange:
@@ -72,9 +74,11 @@ class Exchange:
         self.transport = transport
         self.aggregation = aggregation  # Aggregation.for_run(run): the rule and the weight cap of the run
         self._handler_name = f"swarm_{run_id}.part"
+        self._probe = LinkProbe(transport.p2p, run_id=run_id)
         self._key_prefix = f"{run_id}."  # every key of this run's exchanges (rendezvous.group_key)
         self._inbox: dict[str, dict[Slot, bytes]] = {}
         self._received_bytes: dict[str, int] = {}
+        self._transfers: dict[str, tuple[list[Transfer], list[Transfer]]] = {}  # key -> (uploads, downloads)
         self._groups: dict[str, list[str]] = {}  # key -> the libp2p id of each position, while it is averaged
         self.rejected_chunks = 0  # messages dropped because their sender is not the member they claim to be
         self._cond: Optional[asyncio.Condition] = None
@@ -85,6 +89,7 @@ class Exchange:
         await self.transport.p2p.add_protobuf_handler(
             self._handler_name, self._on_chunks, exchange_pb2.TensorChunk, stream_input=True
         )
+        await self._probe.start()
 
     def average(
         self, *, key: str, group: list[Member], me: Member, delta: torch.Tensor, timeout_s: float,
@@ -146,6 +151,8 @@ class Exchange:
         bounds = part_bounds(me.numel, len(group), codec.block)  # block-aligned: slices quantize like the whole
         flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
         sent = 0
+        pings = asyncio.ensure_future(self._probe.rtt_s(  # answered while this peer encodes
+            [(m.peer_id, m.dht_peer_id) for m in group if m.peer_id != me.peer_id]))
 
         # Phase 1: every slice goes, encoded, to its owner (this peer's own slice stays here).
         await _pause(on_phase("sending"))
@@ -157,6 +164,7 @@ class Exchange:
                 await self._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload)
             else:
                 sends.append(self._send(group[owner], key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload))
+        rtt_s = await pings  # before the slices load the links
         sent += sum(await asyncio.gather(*sends))
 
         # Reduce this peer's slice in the group's order, then send the same encoded bytes to all.
@@ -188,6 +196,17 @@ class Exchange:
             seconds=time.perf_counter() - started,
             rejected=rejected,
             clipped=clipped,
+            links=self._timings(key, group, rtt_s),
+        )
+
+    def _timings(self, key: str, group: list[Member], rtt_s: dict[str, float]) -> LinkTimings:
+        """This exchange's transfers with groupmates, by peer id (only those the group's libp2p ids made)."""
+        names = {m.dht_peer_id: m.peer_id for m in group}
+        uploads, downloads = self._transfers.get(key, ([], []))
+        return LinkTimings(
+            uploads=[Transfer(names[t.peer], t.bytes, t.started, t.ended) for t in uploads if t.peer in names],
+            downloads=[Transfer(names[t.peer], t.bytes, t.started, t.ended) for t in downloads if t.peer in names],
+            rtt_s=rtt_s,
         )
 
     def _weights(self, group: list[Member], key: str) -> list[float]:
@@ -244,9 +263,10 @@ class Exchange:
         ]
         size = sum(m.ByteSize() for m in messages)
         for attempt in range(2):
+            first_byte: list[float] = []  # when the stream is open and the first chunk goes out
             try:
                 ack = await self.transport.p2p.call_protobuf_handler(
-                    PeerID.from_base58(member.dht_peer_id), self._handler_name, as_aiter(*messages),
+                    PeerID.from_base58(member.dht_peer_id), self._handler_name, _timed(messages, first_byte),
                     exchange_pb2.ChunkAck,
                 )
             except ValueError:
@@ -261,12 +281,18 @@ class Exchange:
                 raise ExchangeFailed(f"{key}: could not send to {member.peer_id} ({e!r})") from None
             if not ack.ok:
                 raise ExchangeFailed(f"{key}: {member.peer_id} refused a slice: {ack.error}")
+            if first_byte and key in self._groups:  # an exchange in progress, not a late abort
+                uploads = self._transfers.setdefault(key, ([], []))[0]
+                uploads.append(Transfer(member.dht_peer_id, size, first_byte[0], time.perf_counter()))
             return size * (attempt + 1)
         raise AssertionError("unreachable")
 
     async def _on_chunks(self, requests, context: P2PContext) -> exchange_pb2.ChunkAck:
         chunks: list[exchange_pb2.TensorChunk] = []
+        first_arrival = last_arrival = 0.0
         async for message in requests:
+            last_arrival = time.perf_counter()
+            first_arrival = first_arrival or last_arrival
             chunks.append(message)
         if not chunks:
             return exchange_pb2.ChunkAck(ok=False, error="empty stream")
@@ -282,6 +308,9 @@ class Exchange:
                                    sender_id=remote):
             return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
         self._received_bytes[head.key] = self._received_bytes.get(head.key, 0) + sum(c.ByteSize() for c in chunks)
+        # the first chunk's own transfer time is unknown: time the rest, from its arrival to the last one's
+        self._transfers.setdefault(head.key, ([], []))[1].append(
+            Transfer(remote, sum(c.ByteSize() for c in chunks[1:]), first_arrival, last_arrival))
         return exchange_pb2.ChunkAck(ok=True)
 
     async def _deliver(self, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes, *,
@@ -325,6 +354,7 @@ class Exchange:
         for stale in idle[:max(0, excess)]:
             self._inbox.pop(stale)
             self._received_bytes.pop(stale, None)
+            self._transfers.pop(stale, None)
         self._inbox[key] = {}
         return True
 
@@ -373,7 +403,16 @@ class Exchange:
         async with self._cond:
             self._inbox.pop(key, None)
             self._received_bytes.pop(key, None)
+            self._transfers.pop(key, None)
             self._groups.pop(key, None)
+
+
+async def _timed(messages: list, first_byte: list[float]):
+    """The messages as a stream, noting in ``first_byte`` when the first is taken (the stream is open)."""
+    for message in messages:
+        if not first_byte:
+            first_byte.append(time.perf_counter())
+        yield message
 
 
 async def _pause(seconds: Optional[float]) -> None:

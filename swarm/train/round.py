@@ -66,6 +66,10 @@ class Averaged:
     contributions_rejected: int = 0
     contributions_clipped: int = 0
     foreign_messages_dropped: int = 0  # slices or aborts from a libp2p id that is not the member it claims
+    # this peer's link estimates after the exchange (EWMA over exchanges; NaN: not measured yet)
+    upload_mbit_s: float = math.nan
+    download_mbit_s: float = math.nan
+    rtt_ms: float = math.nan
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,48 @@
+"""Round-trip times to other peers: a tiny request and its reply over libp2p (hivemind exposes no libp2p
+ping), answered by every peer of the run."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Optional, Sequence
+
+from hivemind.p2p import P2P, P2PContext, PeerID
+
+from swarm.v1 import exchange_pb2
+
+logger = logging.getLogger(__name__)
+
+PING_TIMEOUT_S = 1.0  # a peer slower to answer gets no RTT sample this time
+
+
+class LinkProbe:
+    """Answers pings for a run and pings others; its methods run on the transport's event loop."""
+
+    def __init__(self, p2p: P2P, *, run_id: str) -> None:
+        self.p2p = p2p
+        self._name = f"swarm_{run_id}.ping"
+
+    async def start(self) -> None:
+        await self.p2p.add_protobuf_handler(self._name, self._on_ping, exchange_pb2.ChunkAck)
+
+    async def rtt_s(self, peers: Sequence[tuple[str, str]]) -> dict[str, float]:
+        """Seconds each of ``peers`` ((name, libp2p id) pairs) took to answer a ping on a fresh stream (so
+        stream setup is included), by name; none for a peer that does not answer within PING_TIMEOUT_S."""
+        seconds = await asyncio.gather(*(self._ping(name, libp2p_id) for name, libp2p_id in peers))
+        return {name: s for (name, _), s in zip(peers, seconds) if s is not None}
+
+    async def _ping(self, name: str, libp2p_id: str) -> Optional[float]:
+        started = time.perf_counter()
+        try:
+            await asyncio.wait_for(self.p2p.call_protobuf_handler(
+                PeerID.from_base58(libp2p_id), self._name, exchange_pb2.ChunkAck(ok=True), exchange_pb2.ChunkAck),
+                PING_TIMEOUT_S)
+        except Exception as e:  # a measurement, never a reason to fail what it accompanies
+            logger.debug("no ping answer from %s (%r)", name, e)
+            return None
+        return time.perf_counter() - started
+
+    async def _on_ping(self, request: exchange_pb2.ChunkAck, context: P2PContext) -> exchange_pb2.ChunkAck:
+        return exchange_pb2.ChunkAck(ok=True)

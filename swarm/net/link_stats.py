@@ -1,0 +1,125 @@
+"""Measured links: what one exchange timed on its sends and receives (``LinkTimings``), and this peer's running
+estimates of its upload and download throughput and its round-trip time to groupmates (``LinkEstimates``).
+
+Throughput is payload over the seconds the transfers took, never over the exchange's wall time (which holds
+codec work and waiting for slow groupmates). Transfers too small or too short to time are left out, so a
+tiny slice cannot report an absurd rate; concurrent transfers count their overlapping seconds once, so a
+peer that sends to several groupmates at once reports its link's rate, not the sum of parallel streams'.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+EWMA_ALPHA = 0.3  # weight of the newest exchange: an estimate follows a changed link within a few rounds
+MIN_TRANSFER_BYTES = 64 * 1024  # smaller transfers time latency and stream setup, not throughput
+MIN_TRANSFER_S = 0.001  # shorter ones are below the clock's useful resolution
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Bytes that went to (upload) or came from (download) one groupmate between two ``time.perf_counter``
+    readings."""
+
+    peer: str  # the groupmate's peer id (in the exchange, first its libp2p id)
+    bytes: int
+    started: float
+    ended: float
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.started
+
+    def timed(self) -> bool:
+        """Whether this transfer is long enough to say something about throughput."""
+        return self.bytes >= MIN_TRANSFER_BYTES and self.seconds >= MIN_TRANSFER_S
+
+
+@dataclass(frozen=True)
+class LinkTimings:
+    """What one exchange measured; keyed by groupmates' peer ids."""
+
+    uploads: list[Transfer] = field(default_factory=list)
+    downloads: list[Transfer] = field(default_factory=list)
+    rtt_s: dict[str, float] = field(default_factory=dict)  # a tiny request and its reply, per groupmate
+
+
+def throughput_mbit_s(transfers: Iterable[Transfer]) -> Optional[float]:
+    """Megabits per second over the timed transfers, their overlapping seconds counted once; None when none
+    is long enough to time."""
+    timed = sorted((t for t in transfers if t.timed()), key=lambda t: t.started)
+    if not timed:
+        return None
+    busy_s, end = 0.0, -math.inf
+    for t in timed:
+        busy_s += max(0.0, t.ended - max(t.started, end))
+        end = max(end, t.ended)
+    return sum(t.bytes for t in timed) * 8 / busy_s / 1e6
+
+
+class Ewma:
+    """An exponentially weighted moving average; NaN until the first sample."""
+
+    def __init__(self, alpha: float = EWMA_ALPHA) -> None:
+        self.alpha = alpha
+        self.value = math.nan
+
+    def add(self, sample: Optional[float]) -> None:
+        if sample is None or not math.isfinite(sample) or sample < 0:
+            return
+        self.value = sample if math.isnan(self.value) else self.alpha * sample + (1 - self.alpha) * self.value
+
+
+@dataclass
+class Link:
+    """Estimates for the link to one groupmate."""
+
+    upload_mbit_s: Ewma = field(default_factory=Ewma)
+    download_mbit_s: Ewma = field(default_factory=Ewma)
+    rtt_s: Ewma = field(default_factory=Ewma)
+
+
+class LinkEstimates:
+    """This peer's link estimates, EWMA over exchanges: overall and per groupmate. Owned by the thread that
+    runs the exchanges."""
+
+    def __init__(self, alpha: float = EWMA_ALPHA) -> None:
+        self.alpha = alpha
+        self.upload = Ewma(alpha)
+        self.download = Ewma(alpha)
+        self.links: dict[str, Link] = {}
+
+    def observe(self, timings: LinkTimings) -> None:
+        self.upload.add(throughput_mbit_s(timings.uploads))
+        self.download.add(throughput_mbit_s(timings.downloads))
+        for t in timings.uploads:
+            self._link(t.peer).upload_mbit_s.add(throughput_mbit_s([t]))
+        for t in timings.downloads:
+            self._link(t.peer).download_mbit_s.add(throughput_mbit_s([t]))
+        for peer, seconds in timings.rtt_s.items():
+            self._link(peer).rtt_s.add(seconds)
+
+    def groupmate(self, peer_id: str) -> Optional[Link]:
+        return self.links.get(peer_id)
+
+    @property
+    def upload_mbit_s(self) -> float:
+        return self.upload.value
+
+    @property
+    def download_mbit_s(self) -> float:
+        return self.download.value
+
+    @property
+    def rtt_ms(self) -> float:
+        """Median over groupmates of each one's RTT estimate; NaN when none was measured."""
+        known = [link.rtt_s.value for link in self.links.values() if not math.isnan(link.rtt_s.value)]
+        return 1000 * statistics.median(known) if known else math.nan
+
+    def _link(self, peer_id: str) -> Link:
+        if peer_id not in self.links:
+            self.links[peer_id] = Link(Ewma(self.alpha), Ewma(self.alpha), Ewma(self.alpha))
+        return self.links[peer_id]
