@@ -140,17 +140,21 @@ def status_page(response: pb.GetStatusResponse, *, page_size: int, page_token: s
 
 
 def peer_status(peer: PeerRecord, now: float) -> pb.PeerStatus:
-    metrics = peer.metrics
-    if len(metrics.dht_maddrs) > MAX_DHT_MADDRS:  # a row an older version stored unbounded
-        metrics = pb.PeerMetrics()
-        metrics.CopyFrom(peer.metrics)
-        del metrics.dht_maddrs[MAX_DHT_MADDRS:]
+    metrics = pb.PeerMetrics()
+    metrics.CopyFrom(peer.metrics)
+    del metrics.dht_maddrs[MAX_DHT_MADDRS:]  # a row an older version stored unbounded
+    for name in _LINK_METRICS:
+        if getattr(metrics, name) == 0:  # never measured: no heartbeat yet, or a peer that predates them
+            setattr(metrics, name, math.nan)
     return pb.PeerStatus(
         id=peer.peer_id, name=_bounded(peer.name), site=_bounded(peer.site), state=state_word(peer.state),
         device=_bounded(peer.device), rounds_joined=peer.rounds_joined, rounds_missed=peer.rounds_missed,
         last_seen_s=max(0.0, now - peer.last_seen),
         compute_utilization=_ratio(peer.metrics.inner_time_s, peer.metrics.wall_time_s), metrics=metrics,
     )
+
+
+_LINK_METRICS = ("upload_mbit_s", "download_mbit_s", "rtt_ms")  # NaN until measured; never 0 once measured
 
 
 def _bounded(label: str) -> str:

@@ -17,6 +17,7 @@ from typing import Iterable, Optional
 EWMA_ALPHA = 0.3  # weight of the newest exchange: an estimate follows a changed link within a few rounds
 MIN_TRANSFER_BYTES = 64 * 1024  # smaller transfers time latency and stream setup, not throughput
 MIN_TRANSFER_S = 0.001  # shorter ones are below the clock's useful resolution
+MAX_GROUPMATES = 1024  # links kept; the least recently measured goes first
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,8 @@ class LinkEstimates:
         return 1000 * statistics.median(known) if known else math.nan
 
     def _link(self, peer_id: str) -> Link:
-        if peer_id not in self.links:
-            self.links[peer_id] = Link(Ewma(self.alpha), Ewma(self.alpha), Ewma(self.alpha))
-        return self.links[peer_id]
+        link = self.links.pop(peer_id, None) or Link(Ewma(self.alpha), Ewma(self.alpha), Ewma(self.alpha))
+        self.links[peer_id] = link  # the most recently measured last
+        if len(self.links) > MAX_GROUPMATES:
+            self.links.pop(next(iter(self.links)))
+        return link

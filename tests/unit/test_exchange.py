@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from typing import Any, Callable, Iterator, Optional
@@ -23,6 +24,7 @@ from swarm.core.codec import CODECS
 from swarm.core.credential import PeerKey
 from swarm.net.allreduce import MAX_OPEN_KEYS, Exchange, ExchangeFailed, ExchangeResult
 from swarm.net.dht_entries import EntryValidator, guard, read_entries, sign_entry, store_entry
+from swarm.net.link_stats import LinkEstimates
 from swarm.net.rendezvous import Member, group_digest, group_key, rendezvous
 from swarm.net.transport import Transport
 from swarm.net.votes import Vote, collect_votes, post_vote, vote_key
@@ -420,3 +422,33 @@ def test_a_forged_entry_cannot_displace_a_members_entry_on_guarded_nodes() -> No
     finally:
         for t in reversed(started):
             t.shutdown()
+
+
+def test_every_exchange_times_its_sends_receives_and_pings_per_groupmate(peers: list[Peer]) -> None:
+    numel = 2_100_003  # slices of three chunks: the receiving side times the last two
+    key = group_key(RUN_ID, 90)
+    inputs = deltas(90, 3, numel)
+    planned = {p.name for p in peers}
+    members = [p.member(weight=1.0, numel=numel) for p in peers]
+
+    results = results_of(concurrently(
+        [lambda p=p, m=m, d=d: p.average(key, m, planned, d) for p, m, d in zip(peers, members, inputs)],
+        timeout_s=60,
+    ))
+
+    expected = weighted_average(inputs, [1.0, 1.0, 1.0])
+    for peer, (_, result) in zip(peers, results):
+        assert torch.equal(result.average, expected)  # timing changes nothing that is averaged
+        links = result.links
+        others = planned - {peer.name}
+        # two sends per groupmate (its contribution slice, this peer's averaged slice), all of bytes_sent
+        assert sorted(t.peer for t in links.uploads) == sorted(list(others) * 2)
+        assert sum(t.bytes for t in links.uploads) == result.bytes_sent
+        assert {t.peer for t in links.downloads} == others
+        assert all(t.timed() for t in links.uploads), [(t.bytes, t.seconds) for t in links.uploads]
+        assert any(t.timed() for t in links.downloads), [(t.bytes, t.seconds) for t in links.downloads]
+        assert set(links.rtt_s) == others and all(0 < s < 1 for s in links.rtt_s.values())
+        estimates = LinkEstimates()
+        estimates.observe(links)
+        for value in (estimates.upload_mbit_s, estimates.download_mbit_s, estimates.rtt_ms):
+            assert math.isfinite(value) and value > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import stat
 from pathlib import Path
 
@@ -10,8 +11,11 @@ import pytest
 from rich.console import Console
 
 from coordinator.engine import CoordinatorEngine
+from coordinator.errors import BadRequest
+from coordinator.limits import check_request
 from coordinator.server import _private_dir, _private_files, _write_private
 from coordinator.store import STORE_FILE, Store
+from peer.stats import PeerStats
 from swarm.app.status import render_status, status_to_dict
 from swarm.config import RunConfig
 from swarm.v1 import coordinator_pb2 as pb
@@ -60,3 +64,31 @@ def test_the_state_dir_and_the_files_holding_the_token_are_owner_only(tmp_path: 
     store.close()
     with pytest.raises(NotADirectoryError, match="is a file; give --state-dir a directory"):
         _private_dir(state_dir / "join-string")
+
+
+def test_status_shows_each_peers_link_speeds_rtt_and_step_time_and_json_carries_them() -> None:
+    engine = CoordinatorEngine(Store(":memory:"), config=RunConfig())
+    measured = engine_join(engine, name="measured")[0].peer_id
+    engine_join(engine, name="fresh")  # has not exchanged yet: nothing measured
+    metrics = PeerStats().metrics()
+    metrics.MergeFrom(pb.PeerMetrics(upload_mbit_s=18.7, download_mbit_s=19.2, rtt_ms=42.0, step_time_s=0.35))
+    heartbeat = pb.HeartbeatRequest(peer_id=measured, metrics=metrics)
+    check_request("Heartbeat", heartbeat)
+    engine.heartbeat(heartbeat)
+
+    status = status_to_dict(engine.status(engine.run.token))
+    out = io.StringIO()
+    render_status(status, Console(file=out, width=400, color_system=None))
+    text = out.getvalue()
+    assert "up/down Mbit/s" in text and "rtt ms" in text and "s/step" in text
+    assert "18.7/19.2" in text and " 42 " in text and "0.35" in text
+    assert "—/—" in text  # the fresh peer's
+    by_name = {p["name"]: p["metrics"] for p in status["peers"]}
+    assert by_name["measured"]["upload_mbit_s"] == 18.7 and by_name["measured"]["rtt_ms"] == 42.0
+    assert by_name["fresh"]["upload_mbit_s"] is None and by_name["fresh"]["rtt_ms"] is None
+
+
+def test_a_negative_or_infinite_link_speed_is_refused_in_one_sentence() -> None:
+    for bad in (-1.0, math.inf):
+        with pytest.raises(BadRequest, match="upload_mbit_s"):
+            check_request("Heartbeat", pb.HeartbeatRequest(peer_id="p", metrics=pb.PeerMetrics(upload_mbit_s=bad)))
