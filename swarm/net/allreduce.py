@@ -35,7 +35,7 @@ from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import part_bounds
 from swarm.core.codec import CODECS
 from swarm.net.link_probe import LinkProbe
-from swarm.net.link_stats import LinkTimings, Transfer
+from swarm.net.link_stats import LinkTimings, Transfer, timed_stream
 from swarm.net.rendezvous import Member, group_digest
 from swarm.net.transport import CHUNK_BYTES, Transport
 from swarm.v1 import exchange_pb2
@@ -151,8 +151,7 @@ class Exchange:
         bounds = part_bounds(me.numel, len(group), codec.block)  # block-aligned: slices quantize like the whole
         flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
         sent = 0
-        pings = asyncio.ensure_future(self._probe.rtt_s(  # answered while this peer encodes
-            [(m.peer_id, m.dht_peer_id) for m in group if m.peer_id != me.peer_id]))
+        pings = asyncio.ensure_future(self._probe.rtt_s([m for m in group if m.peer_id != me.peer_id]))
 
         # Phase 1: every slice goes, encoded, to its owner (this peer's own slice stays here).
         await _pause(on_phase("sending"))
@@ -164,7 +163,7 @@ class Exchange:
                 await self._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload)
             else:
                 sends.append(self._send(group[owner], key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload))
-        rtt_s = await pings  # before the slices load the links
+        rtt_s = await pings  # answered while this peer encoded, before its slices load the links
         sent += sum(await asyncio.gather(*sends))
 
         # Reduce this peer's slice in the group's order, then send the same encoded bytes to all.
@@ -196,17 +195,7 @@ class Exchange:
             seconds=time.perf_counter() - started,
             rejected=rejected,
             clipped=clipped,
-            links=self._timings(key, group, rtt_s),
-        )
-
-    def _timings(self, key: str, group: list[Member], rtt_s: dict[str, float]) -> LinkTimings:
-        """This exchange's transfers with groupmates, by peer id (only those the group's libp2p ids made)."""
-        names = {m.dht_peer_id: m.peer_id for m in group}
-        uploads, downloads = self._transfers.get(key, ([], []))
-        return LinkTimings(
-            uploads=[Transfer(names[t.peer], t.bytes, t.started, t.ended) for t in uploads if t.peer in names],
-            downloads=[Transfer(names[t.peer], t.bytes, t.started, t.ended) for t in downloads if t.peer in names],
-            rtt_s=rtt_s,
+            links=LinkTimings.named(*self._transfers.get(key, ([], [])), rtt_s=rtt_s, group=group),
         )
 
     def _weights(self, group: list[Member], key: str) -> list[float]:
@@ -266,7 +255,7 @@ class Exchange:
             first_byte: list[float] = []  # when the stream is open and the first chunk goes out
             try:
                 ack = await self.transport.p2p.call_protobuf_handler(
-                    PeerID.from_base58(member.dht_peer_id), self._handler_name, _timed(messages, first_byte),
+                    PeerID.from_base58(member.dht_peer_id), self._handler_name, timed_stream(messages, first_byte),
                     exchange_pb2.ChunkAck,
                 )
             except ValueError:
@@ -308,8 +297,7 @@ class Exchange:
                                    sender_id=remote):
             return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
         self._received_bytes[head.key] = self._received_bytes.get(head.key, 0) + sum(c.ByteSize() for c in chunks)
-        # the first chunk's own transfer time is unknown: time the rest, from its arrival to the last one's
-        self._transfers.setdefault(head.key, ([], []))[1].append(
+        self._transfers.setdefault(head.key, ([], []))[1].append(  # timed from the first chunk's arrival on
             Transfer(remote, sum(c.ByteSize() for c in chunks[1:]), first_arrival, last_arrival))
         return exchange_pb2.ChunkAck(ok=True)
 
@@ -405,14 +393,6 @@ class Exchange:
             self._received_bytes.pop(key, None)
             self._transfers.pop(key, None)
             self._groups.pop(key, None)
-
-
-async def _timed(messages: list, first_byte: list[float]):
-    """The messages as a stream, noting in ``first_byte`` when the first is taken (the stream is open)."""
-    for message in messages:
-        if not first_byte:
-            first_byte.append(time.perf_counter())
-        yield message
 
 
 async def _pause(seconds: Optional[float]) -> None:

@@ -10,6 +10,7 @@ from typing import Optional, Sequence
 
 from hivemind.p2p import P2P, P2PContext, PeerID
 
+from swarm.net.rendezvous import Member
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)
@@ -27,11 +28,11 @@ class LinkProbe:
     async def start(self) -> None:
         await self.p2p.add_protobuf_handler(self._name, self._on_ping, exchange_pb2.ChunkAck)
 
-    async def rtt_s(self, peers: Sequence[tuple[str, str]]) -> dict[str, float]:
-        """Seconds each of ``peers`` ((name, libp2p id) pairs) took to answer a ping on a fresh stream (so
-        stream setup is included), by name; none for a peer that does not answer within PING_TIMEOUT_S."""
-        seconds = await asyncio.gather(*(self._ping(name, libp2p_id) for name, libp2p_id in peers))
-        return {name: s for (name, _), s in zip(peers, seconds) if s is not None}
+    async def rtt_s(self, peers: Sequence[Member]) -> dict[str, float]:
+        """Seconds each of ``peers`` took to answer a ping on a fresh stream (so stream setup is included), by
+        peer id; none for a peer that does not answer within PING_TIMEOUT_S."""
+        seconds = await asyncio.gather(*(self._ping(m.peer_id, m.dht_peer_id) for m in peers))
+        return {m.peer_id: s for m, s in zip(peers, seconds) if s is not None}
 
     async def _ping(self, name: str, libp2p_id: str) -> Optional[float]:
         started = time.perf_counter()

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Any, AsyncIterator, Iterable, Optional, Sequence
 
 EWMA_ALPHA = 0.3  # weight of the newest exchange: an estimate follows a changed link within a few rounds
 MIN_TRANSFER_BYTES = 64 * 1024  # smaller transfers time latency and stream setup, not throughput
@@ -47,6 +48,17 @@ class LinkTimings:
     downloads: list[Transfer] = field(default_factory=list)
     rtt_s: dict[str, float] = field(default_factory=dict)  # a tiny request and its reply, per groupmate
 
+    @classmethod
+    def named(cls, uploads: list[Transfer], downloads: list[Transfer], *, rtt_s: dict[str, float],
+              group: Sequence[Any]) -> "LinkTimings":
+        """Transfers recorded by libp2p id, renamed to the group's peer ids; those with anyone else dropped."""
+        names = {m.dht_peer_id: m.peer_id for m in group}
+        return cls(
+            uploads=[Transfer(names[t.peer], t.bytes, t.started, t.ended) for t in uploads if t.peer in names],
+            downloads=[Transfer(names[t.peer], t.bytes, t.started, t.ended) for t in downloads if t.peer in names],
+            rtt_s=rtt_s,
+        )
+
 
 def throughput_mbit_s(transfers: Iterable[Transfer]) -> Optional[float]:
     """Megabits per second over the timed transfers, their overlapping seconds counted once; None when none
@@ -59,6 +71,14 @@ def throughput_mbit_s(transfers: Iterable[Transfer]) -> Optional[float]:
         busy_s += max(0.0, t.ended - max(t.started, end))
         end = max(end, t.ended)
     return sum(t.bytes for t in timed) * 8 / busy_s / 1e6
+
+
+async def timed_stream(messages: Sequence[Any], first_byte: list[float]) -> AsyncIterator[Any]:
+    """The messages as a stream, noting in ``first_byte`` when the first is taken (the stream is open)."""
+    for message in messages:
+        if not first_byte:
+            first_byte.append(time.perf_counter())
+        yield message
 
 
 class Ewma:
