@@ -151,7 +151,6 @@ class Exchange:
         bounds = part_bounds(me.numel, len(group), codec.block)  # block-aligned: slices quantize like the whole
         flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
         sent = 0
-        pings = asyncio.ensure_future(self._probe.rtt_s([m for m in group if m.peer_id != me.peer_id]))
 
         # Phase 1: every slice goes, encoded, to its owner (this peer's own slice stays here).
         await _pause(on_phase("sending"))
@@ -163,7 +162,6 @@ class Exchange:
                 await self._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload)
             else:
                 sends.append(self._send(group[owner], key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload))
-        rtt_s = await pings  # answered while this peer encoded, before its slices load the links
         sent += sum(await asyncio.gather(*sends))
 
         # Reduce this peer's slice in the group's order, then send the same encoded bytes to all.
@@ -186,8 +184,10 @@ class Exchange:
         parts = await self._wait_for(key, [
             (digest, exchange_pb2.PHASE_AVERAGED, owner, owner, group[owner].dht_peer_id) for owner in range(len(group))
         ], group)
+        pings = asyncio.ensure_future(self._probe.rtt_s(group[:position] + group[position + 1:]))  # links now idle
         average = await asyncio.to_thread(
             lambda: torch.cat([self._decode(codec, data, e - s, key) for data, (s, e) in zip(parts, bounds)]))
+        rtt_s = await pings
         return ExchangeResult(
             average=average,
             bytes_sent=sent,
