@@ -186,7 +186,8 @@ class PeerDaemon:
                                   store=self.store, executor=self._executor, hooks=self.hooks,
                                   stopping=self.stop.is_set)
         self.stats.update(model_fingerprint=trainer.fingerprint, param_count=trainer.param_count,
-                          dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs))
+                          dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs),
+                          rtt_ms=group.probe_rtt_ms())
 
     def train_round(self, round_no: int, *, offline: bool = False) -> None:
         """TRAINING → EXCHANGING → DECIDING (OFFLINE_DECIDING while the coordinator is unreachable): one

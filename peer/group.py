@@ -4,6 +4,8 @@ group decides by while the coordinator is unreachable. The round runner's GroupE
 from __future__ import annotations
 
 import logging
+import math
+import statistics
 from typing import Callable, Optional
 
 from peer.faults import FaultPlan
@@ -12,6 +14,7 @@ from swarm.core import credential
 from swarm.core.aggregation import Aggregation
 from swarm.net.allreduce import Exchange, ExchangeFailed
 from swarm.net.dht_entries import guard
+from swarm.net.link_probe import PING_TIMEOUT_S
 from swarm.net.link_stats import LinkEstimates
 from swarm.net.rendezvous import Member, group_key, participation_scale, rendezvous
 from swarm.net.transport import Transport
@@ -48,6 +51,13 @@ class DhtGroup:
         self.exchange = Exchange(transport, run_id=run_id, aggregation=Aggregation.for_run(run))
         self.live_peers = 0  # the run's live peers as last heard from the coordinator (0: not yet)
         self.links = LinkEstimates()  # from every exchange's timings
+
+    def probe_rtt_ms(self) -> float:
+        """A first RTT estimate before any exchange: the median over the run's peers this node is connected
+        to (NaN: none answered). Throughput waits for the first exchange: probing it would cost a transfer."""
+        answers = self.transport.run(self.exchange.probe.rtt_s_to_connected(), timeout_s=PING_TIMEOUT_S + 5)
+        seconds = list(answers.values())
+        return 1000 * statistics.median(seconds) if seconds else math.nan
 
     def key(self, round_no: int, fragment: int) -> str:
         return group_key(self.run_id, round_no, fragment)

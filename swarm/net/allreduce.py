@@ -74,7 +74,7 @@ class Exchange:
         self.transport = transport
         self.aggregation = aggregation  # Aggregation.for_run(run): the rule and the weight cap of the run
         self._handler_name = f"swarm_{run_id}.part"
-        self._probe = LinkProbe(transport.p2p, run_id=run_id)
+        self.probe = LinkProbe(transport.p2p, run_id=run_id)  # answers this run's pings; times groupmates'
         self._key_prefix = f"{run_id}."  # every key of this run's exchanges (rendezvous.group_key)
         self._inbox: dict[str, dict[Slot, bytes]] = {}
         self._received_bytes: dict[str, int] = {}
@@ -89,7 +89,7 @@ class Exchange:
         await self.transport.p2p.add_protobuf_handler(
             self._handler_name, self._on_chunks, exchange_pb2.TensorChunk, stream_input=True
         )
-        await self._probe.start()
+        await self.probe.start()
 
     def average(
         self, *, key: str, group: list[Member], me: Member, delta: torch.Tensor, timeout_s: float,
@@ -184,7 +184,7 @@ class Exchange:
         parts = await self._wait_for(key, [
             (digest, exchange_pb2.PHASE_AVERAGED, owner, owner, group[owner].dht_peer_id) for owner in range(len(group))
         ], group)
-        pings = asyncio.ensure_future(self._probe.rtt_s(group[:position] + group[position + 1:]))  # links now idle
+        pings = asyncio.ensure_future(self.probe.rtt_s(group[:position] + group[position + 1:]))  # links now idle
         average = await asyncio.to_thread(
             lambda: torch.cat([self._decode(codec, data, e - s, key) for data, (s, e) in zip(parts, bounds)]))
         rtt_s = await pings

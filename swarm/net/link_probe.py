@@ -16,6 +16,7 @@ from swarm.v1 import exchange_pb2
 logger = logging.getLogger(__name__)
 
 PING_TIMEOUT_S = 1.0  # a peer slower to answer gets no RTT sample this time
+MAX_PROBED = 16  # connected peers pinged at the join
 
 
 class LinkProbe:
@@ -33,6 +34,13 @@ class LinkProbe:
         peer id; none for a peer that does not answer within PING_TIMEOUT_S."""
         seconds = await asyncio.gather(*(self._ping(m.peer_id, m.dht_peer_id) for m in peers))
         return {m.peer_id: s for m, s in zip(peers, seconds) if s is not None}
+
+    async def rtt_s_to_connected(self) -> dict[str, float]:
+        """By libp2p id, the RTT to the peers this node is connected to that answer (those of this run; the
+        coordinator's DHT node does not): the first estimate a joining peer has, before any exchange."""
+        connected = [info.peer_id.to_base58() for info in await self.p2p.list_peers()][:MAX_PROBED]
+        seconds = await asyncio.gather(*(self._ping(libp2p_id, libp2p_id) for libp2p_id in connected))
+        return {libp2p_id: s for libp2p_id, s in zip(connected, seconds) if s is not None}
 
     async def _ping(self, name: str, libp2p_id: str) -> Optional[float]:
         started = time.perf_counter()

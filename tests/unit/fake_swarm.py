@@ -192,6 +192,9 @@ class FakeGroup:
     def group_decision(self, vote: Vote):
         return self.net.group_decision((vote.round_no, vote.fragment), vote.group)
 
+    def probe_rtt_ms(self) -> float:
+        return float("nan")  # no network to measure
+
 
 class FakeTransfer:
     def __init__(self, net: FakeNet, transport: FakeTransport) -> None:

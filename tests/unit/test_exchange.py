@@ -452,3 +452,16 @@ def test_every_exchange_times_its_sends_receives_and_pings_per_groupmate(peers: 
         estimates.observe(links)
         for value in (estimates.upload_mbit_s, estimates.download_mbit_s, estimates.rtt_ms):
             assert math.isfinite(value) and value > 0
+
+
+def test_a_joining_peer_gets_a_first_rtt_estimate_from_the_run_peers_it_is_connected_to(peers: list[Peer]) -> None:
+    rtt_s = peers[0].transport.run(peers[0].exchange.probe.rtt_s_to_connected(), timeout_s=10)
+    others = {p.transport.peer_id for p in peers[1:]}
+    assert others <= set(rtt_s) and all(0 < rtt_s[o] < 1 for o in others)
+    stranger = Transport(initial_peers=peers[0].transport.visible_maddrs)  # a node of no run: never answers
+    try:
+        connected = peers[0].transport.run(peers[0].transport.p2p.list_peers(), timeout_s=10)
+        assert stranger.peer_id in {info.peer_id.to_base58() for info in connected}
+        assert stranger.peer_id not in peers[0].transport.run(peers[0].exchange.probe.rtt_s_to_connected(), timeout_s=10)
+    finally:
+        stranger.shutdown()
