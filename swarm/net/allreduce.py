@@ -82,6 +82,7 @@ class Exchange:
         self._groups: dict[str, list[str]] = {}  # key -> the libp2p id of each position, while it is averaged
         self.rejected_chunks = 0  # messages dropped because their sender is not the member they claim to be
         self._cond: Optional[asyncio.Condition] = None
+        self._pings: Optional[asyncio.Future] = None  # sent as an exchange ends, read as the next ends: never waited
         transport.run(self._start(), timeout_s=30)
 
     async def _start(self) -> None:
@@ -184,10 +185,10 @@ class Exchange:
         parts = await self._wait_for(key, [
             (digest, exchange_pb2.PHASE_AVERAGED, owner, owner, group[owner].dht_peer_id) for owner in range(len(group))
         ], group)
-        pings = asyncio.ensure_future(self.probe.rtt_s(group[:position] + group[position + 1:]))  # links now idle
+        rtt_s = self._pings.result() if self._pings and self._pings.done() else {}  # sent as the last exchange ended
+        self._pings = asyncio.ensure_future(self.probe.rtt_s(group[:position] + group[position + 1:]))  # links idle
         average = await asyncio.to_thread(
             lambda: torch.cat([self._decode(codec, data, e - s, key) for data, (s, e) in zip(parts, bounds)]))
-        rtt_s = await pings
         return ExchangeResult(
             average=average,
             bytes_sent=sent,
@@ -278,10 +279,9 @@ class Exchange:
 
     async def _on_chunks(self, requests, context: P2PContext) -> exchange_pb2.ChunkAck:
         chunks: list[exchange_pb2.TensorChunk] = []
-        first_arrival = last_arrival = 0.0
+        arrivals: list[float] = []
         async for message in requests:
-            last_arrival = time.perf_counter()
-            first_arrival = first_arrival or last_arrival
+            arrivals.append(time.perf_counter())
             chunks.append(message)
         if not chunks:
             return exchange_pb2.ChunkAck(ok=False, error="empty stream")
@@ -298,7 +298,7 @@ class Exchange:
             return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
         self._received_bytes[head.key] = self._received_bytes.get(head.key, 0) + sum(c.ByteSize() for c in chunks)
         self._transfers.setdefault(head.key, ([], []))[1].append(  # timed from the first chunk's arrival on
-            Transfer(remote, sum(c.ByteSize() for c in chunks[1:]), first_arrival, last_arrival))
+            Transfer(remote, sum(c.ByteSize() for c in chunks[1:]), arrivals[0], arrivals[-1]))
         return exchange_pb2.ChunkAck(ok=True)
 
     async def _deliver(self, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes, *,

@@ -46,7 +46,7 @@ class LinkTimings:
 
     uploads: list[Transfer] = field(default_factory=list)
     downloads: list[Transfer] = field(default_factory=list)
-    rtt_s: dict[str, float] = field(default_factory=dict)  # a tiny request and its reply, per groupmate
+    rtt_s: dict[str, float] = field(default_factory=dict)  # a tiny request and its reply, per (earlier) groupmate
 
     @classmethod
     def named(cls, uploads: list[Transfer], downloads: list[Transfer], *, rtt_s: dict[str, float],
