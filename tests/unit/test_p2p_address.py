@@ -67,14 +67,19 @@ def test_free_port_is_bindable():
         s.bind(("0.0.0.0", port))
 
 
-def test_a_transport_on_port_0_announces_the_given_host_with_the_port_it_bound():
+@pytest.fixture(scope="module")
+def announcing():
+    """Started outside the test: torch's shared-memory manager, which hivemind's DHT starts with its first
+    node, must outlive the test (the conftest reaps a test's new child processes)."""
     t = Transport(initial_peers=[], host="0.0.0.0", port=0, announce_host="127.0.0.2")
-    try:
-        visible = t.visible_maddrs
-        assert len(visible) == 1 and visible[0].startswith("/ip4/127.0.0.2/tcp/")
-        port = int(visible[0].split("/tcp/")[1].split("/")[0])
-        assert port > 0
-        with socket.create_connection(("127.0.0.2", port), timeout=5):  # it really listens there
-            pass
-    finally:
-        t.shutdown()
+    yield t
+    t.shutdown()
+
+
+def test_a_transport_on_port_0_announces_the_given_host_with_the_port_it_bound(announcing):
+    visible = announcing.visible_maddrs
+    assert len(visible) == 1 and visible[0].startswith("/ip4/127.0.0.2/tcp/")
+    port = int(visible[0].split("/tcp/")[1].split("/")[0])
+    assert port > 0
+    with socket.create_connection(("127.0.0.2", port), timeout=5):  # it really listens there
+        pass

@@ -19,26 +19,27 @@ RUN_ID = "run-test-unreachable"
 
 
 @pytest.fixture(scope="module")
-def misannounced() -> Iterator[list[Transport]]:
+def misannounced() -> Iterator[tuple[list[Transport], list[Exchange]]]:
     """Two nodes that listen on 127.0.0.1 but announce 127.0.0.2, where nothing listens, joined through
-    a bootstrap node that is reachable."""
+    a bootstrap node that is reachable (and their exchanges: all made outside the test, see
+    test_p2p_address.announcing)."""
     started: list[Transport] = []
     try:
         started.append(Transport(initial_peers=[]))
         for _ in range(2):
             started.append(Transport(initial_peers=started[0].visible_maddrs, host="127.0.0.1",
                                      announce_host="127.0.0.2"))
-        yield started[1:]
+        yield started[1:], [Exchange(t, run_id=RUN_ID) for t in started[1:]]
     finally:
         for t in reversed(started):
             t.shutdown()
 
 
 def test_each_peer_names_the_groupmate_it_cannot_reach_and_tells_how_to_fix_its_own_address(misannounced, caplog):
-    exchanges = [Exchange(t, run_id=RUN_ID) for t in misannounced]
+    transports, exchanges = misannounced
     assert all(e.own_maddrs.startswith("/ip4/127.0.0.2/tcp/") for e in exchanges)
     group = [Member(peer_id=f"p{i}", dht_peer_id=t.peer_id, index=i, weight=1.0, numel=1000, codec="fp32",
-                    maddrs=e.own_maddrs) for i, (t, e) in enumerate(zip(misannounced, exchanges))]
+                    maddrs=e.own_maddrs) for i, (t, e) in enumerate(zip(transports, exchanges))]
     key = group_key(RUN_ID, 1)
     outcomes = concurrently([
         lambda i=i: exchanges[i].average(key=key, group=group, me=group[i], delta=torch.ones(1000), timeout_s=20)
