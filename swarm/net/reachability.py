@@ -6,8 +6,8 @@ from __future__ import annotations
 # What libp2p's daemon answers when it finds no address of a peer, or none of them answers.
 _DIAL_FAILURES = ("routing: not found", "failed to dial", "no addresses", "dial backoff", "connection refused",
                   "no good addresses", "i/o timeout")
-MAX_SHOWN_MADDRS = 4
-MAX_MADDRS_CHARS = 400  # what a member's entry may carry: shown in messages, never dialled
+MAX_SHOWN_MADDRS = 3
+MAX_MADDRS_CHARS = 200  # what a member's entry may carry: shown in messages, never dialled
 
 
 def is_dial_failure(error: BaseException) -> bool:

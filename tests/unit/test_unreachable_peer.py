@@ -67,7 +67,7 @@ def test_dial_failures_are_told_apart_and_shown_bounded():
     assert is_dial_failure(RuntimeError("failed to dial QmX: all dials failed"))
     assert not is_dial_failure(RuntimeError("stream reset"))
     shown = shown_maddrs([f"/ip4/10.0.0.{i}/tcp/7100/p2p/QmPeer" for i in range(9)])
-    assert shown == " ".join(f"/ip4/10.0.0.{i}/tcp/7100" for i in range(4))
+    assert shown == " ".join(f"/ip4/10.0.0.{i}/tcp/7100" for i in range(3))
     reason = unreachable_groupmate("k", "p-1", "bad\x1b[31m", RuntimeError("routing: not found"))
     assert reason == ("k: cannot reach groupmate p-1 at no announced address (routing: not found); that peer must "
                       "pass --announce-host ADDRESS reachable from its groupmates (and open the port)")
