@@ -56,8 +56,8 @@ def is_wildcard(host: str) -> bool:
 
 def choose_p2p_address(*, coordinator_host: str, p2p_host: Optional[str] = None,
                        announce_host: Optional[str] = None) -> P2PAddress:
-    """The node's listen and announce addresses: ``p2p_host`` when given, else all interfaces (loopback
-    only when what it announces is loopback); ``announce_host`` when given, else the address it listens
+    """The node's listen and announce addresses: ``p2p_host`` when given, else all interfaces (only the
+    loopback address it announces when that is loopback); ``announce_host`` when given, else the address it listens
     on when that is one address, else the route's source address towards the coordinator. No announce
     is needed when it would repeat the listen address."""
     if announce_host or (p2p_host and not is_wildcard(p2p_host)):
@@ -70,7 +70,7 @@ def choose_p2p_address(*, coordinator_host: str, p2p_host: Optional[str] = None,
     if p2p_host:
         listen = p2p_host
     elif announce is not None and is_loopback(announce):
-        listen = "127.0.0.1" if ":" not in announce else "::1"
+        listen = announce  # e.g. 127.0.1.1, which some systems resolve their own host name to
     else:
         listen = "::" if announce is not None and ":" in announce else "0.0.0.0"
     if announce == listen:

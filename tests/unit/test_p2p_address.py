@@ -25,6 +25,7 @@ def test_a_coordinator_on_loopback_keeps_the_peer_on_loopback():
     assert route_source_address("127.0.0.1") == "127.0.0.1"
     assert choose_p2p_address(coordinator_host="127.0.0.1") == P2PAddress("127.0.0.1", None)
     assert choose_p2p_address(coordinator_host="localhost").listen_host in ("127.0.0.1", "::1")
+    assert choose_p2p_address(coordinator_host="127.0.1.1") == P2PAddress("127.0.0.1", None)  # lo sends from .0.1
 
 
 def test_a_remote_coordinator_makes_the_peer_listen_everywhere_and_announce_its_route_address():
