@@ -80,7 +80,9 @@ class PeerParts:
         visible = transport.visible_maddrs
         logger.info("%s listening on %s, reachable for groupmates at %s", tag, address.listen_host, ", ".join(visible))
         if only_loopback(visible) and not is_loopback(options.join.host):
-            logger.warning("%s %s", tag, unreachable_sentence(visible))
+            logger.warning("%s %s%s", tag, unreachable_sentence(visible),
+                           f", and listen there (--p2p-host {address.listen_host} listens on this machine only)"
+                           if is_loopback(address.listen_host) else "")
         return transport
 
     def group(self, transport: Transport, run: RunConfig, *, run_id: str, peer_id: str, peer_index: int,

@@ -113,3 +113,34 @@ def test_bare_peers_on_two_other_hosts_commit_every_round_and_end_identical(host
     finally:
         for proc in procs:
             _kill(proc)
+
+
+def test_peers_that_listen_on_loopback_say_why_their_rounds_fail_and_what_to_pass(hosts, tmp_path):
+    """The old default (--p2p-host 127.0.0.1) on separate hosts: each peer warns at start, and the failed
+    round's reason, in the peer's log and the coordinator's, names the unreachable groupmate and the fix."""
+    config = tmp_path / "run.toml"
+    config.write_text(TINY_RUN)
+    procs: list[subprocess.Popen] = []
+    logs = {name: tmp_path / f"{name}.log" for name in ("coordinator", "peer-1", "peer-2")}
+    try:
+        procs.append(_start(hosts, 0, ["coordinator", "--config", str(config), "--host", "0.0.0.0",
+                                       "--announce-host", hosts.addresses[0], "--state-dir",
+                                       str(tmp_path / "coordinator")], cwd=tmp_path, log=logs["coordinator"]))
+        join = _join_string(procs[0], logs["coordinator"], timeout_s=30)
+        for host in (1, 2):
+            procs.append(_start(hosts, host, ["peer", "--join", join, "--device", "cpu", "--p2p-host", "127.0.0.1"],
+                                cwd=tmp_path / f"host{host}", log=logs[f"peer-{host}"]))
+        deadline = time.monotonic() + 60
+        while "cannot reach groupmate" not in logs["coordinator"].read_text(errors="replace"):
+            assert time.monotonic() < deadline, logs["peer-1"].read_text(errors="replace")[-3000:]
+            assert all(p.poll() is None for p in procs), logs["peer-1"].read_text(errors="replace")[-3000:]
+            time.sleep(0.2)  # polling the coordinator's log: nothing to await
+        for host in (1, 2):
+            log = logs[f"peer-{host}"].read_text(errors="replace")
+            assert ("--p2p-host 127.0.0.1 listens on this machine only" in log
+                    and "groupmates cannot reach this peer at /ip4/127.0.0.1/tcp/" in log
+                    and "pass --announce-host ADDRESS reachable from them (and open the port)" in log), log[-3000:]
+        assert "that peer must pass --announce-host" in logs["coordinator"].read_text(errors="replace")
+    finally:
+        for proc in procs:
+            _kill(proc)
