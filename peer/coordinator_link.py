@@ -21,6 +21,8 @@ from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
+MAX_REPORTED_ERROR_BYTES = 1024  # the coordinator refuses a round report whose error is longer
+
 DECIDED = (pb.ROUND_OUTCOME_COMMITTED, pb.ROUND_OUTCOME_VOIDED)
 FALLBACK_AFTER_S = 2.0  # unreachable this long while awaiting a decision: the group's votes decide
 
@@ -210,7 +212,7 @@ class CoordinatorLink:
             exchange_time_s=averaged.seconds if averaged else 0.0,
             bytes_sent=averaged.bytes_sent if averaged else 0,
             bytes_received=averaged.bytes_received if averaged else 0, loss=vote.train.mean_loss,
-            error=vote.error, param_count=self.param_count,
+            error=vote.error.encode()[:MAX_REPORTED_ERROR_BYTES].decode(errors="ignore"), param_count=self.param_count,
         )
 
     @staticmethod

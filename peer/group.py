@@ -70,7 +70,8 @@ class DhtGroup:
             weight *= self.faults.scale(round_no, "weight")
         me = Member(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, index=self.peer_index,
                     weight=weight, numel=contribution.delta.numel(), codec=rounds.codec,
-                    live_peers=self.live_peers if rounds.scale_by_participation else 0)
+                    live_peers=self.live_peers if rounds.scale_by_participation else 0,
+                    maddrs=self.exchange.own_maddrs)
         key = self.key(round_no, contribution.fragment)
         try:
             group = rendezvous(

@@ -18,9 +18,9 @@ class PeerOptions:
     site: str = ""
     name: str = ""
     threads: Optional[int] = None  # torch intra-op threads; None keeps torch's default
-    p2p_host: str = "127.0.0.1"
+    p2p_host: Optional[str] = None  # None: all interfaces, or loopback when the coordinator is (swarm.net.p2p_address)
     p2p_port: int = 0
-    announce_host: Optional[str] = None
+    announce_host: Optional[str] = None  # None: the address of the route to the coordinator
     poll_s: float = 0.2  # how often a waiting peer asks the coordinator about the round
     state_timeout_s: float = 120.0
     join_timeout_s: float = 120.0  # give up joining when the coordinator stays unreachable this long

@@ -19,6 +19,7 @@ from swarm.core import credential
 from swarm.core.state import GlobalState
 from swarm.net.dht_entries import validator_for
 from swarm.net.libp2p_identity import Libp2pIdentity
+from swarm.net.p2p_address import choose_p2p_address, is_loopback, only_loopback, unreachable_sentence
 from swarm.net.state_transfer import StateServer, download_state
 from swarm.net.transport import Transport, TransportStartFailed
 
@@ -59,10 +60,14 @@ class PeerParts:
     def transport(self, options, initial_peers: list[str], *, stop: threading.Event, tag: str,
                   identity: Libp2pIdentity, member: credential.Member) -> Transport:
         """Join the DHT through the coordinator's node with the libp2p identity proven at join, retrying while
-        it is unreachable (a coordinator restarting as this peer starts); gives up after join_timeout_s."""
+        it is unreachable (a coordinator restarting as this peer starts); gives up after join_timeout_s.
+        It listens and announces as ``choose_p2p_address`` says, so that groupmates on other machines can
+        reach it."""
+        address = choose_p2p_address(coordinator_host=options.join.host, p2p_host=options.p2p_host,
+                                     announce_host=options.announce_host)
         transport = with_retry(
-            lambda: Transport(initial_peers=initial_peers, host=options.p2p_host, port=options.p2p_port,
-                              announce_host=options.announce_host, identity_path=str(identity.path),
+            lambda: Transport(initial_peers=initial_peers, host=address.listen_host, port=options.p2p_port,
+                              announce_host=address.announce_host, identity_path=str(identity.path),
                               # from its first moment the node stores and passes on members' signed entries only
                               record_validators=[validator_for(member)]),
             what=f"{tag} DHT start", stop=stop, give_up_after_s=options.join_timeout_s,
@@ -72,6 +77,12 @@ class PeerParts:
             logger.error("%s could not join the DHT through %s for %.0fs; check that the coordinator is running "
                          "and that this machine can reach its DHT port", tag, initial_peers, options.join_timeout_s)
             raise PeerExit(2)
+        visible = transport.visible_maddrs
+        logger.info("%s listening on %s, reachable for groupmates at %s", tag, address.listen_host, ", ".join(visible))
+        if only_loopback(visible) and not is_loopback(options.join.host):
+            logger.warning("%s %s%s", tag, unreachable_sentence(visible),
+                           f", and listen there (--p2p-host {address.listen_host} listens on this machine only)"
+                           if is_loopback(address.listen_host) else "")
         return transport
 
     def group(self, transport: Transport, run: RunConfig, *, run_id: str, peer_id: str, peer_index: int,

@@ -228,9 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--site", default="", help="a label for this machine's location (datacenter, lab)")
     p.add_argument("--name", default="", help="a human-readable name (default: hostname)")
     p.add_argument("--threads", type=int, help="torch threads for training (default: torch's choice)")
-    p.add_argument("--p2p-host", default="127.0.0.1", help="address for the peer-to-peer transport to listen on")
+    p.add_argument("--p2p-host", help="address to listen on for peers (default: all; loopback if the coordinator is)")
     p.add_argument("--p2p-port", type=int, default=0, help="port for the peer-to-peer transport (0: any)")
-    p.add_argument("--announce-host", help="address other peers should use to reach this one")
+    p.add_argument("--announce-host", help="address other peers reach this one at (default: its route to the coordinator)")
     p.add_argument("--join-timeout-s", type=float, default=120.0,
                    help="give up (exit 2) when the coordinator stays unreachable this long at start")
     p.add_argument("--checkpoint-every", type=int, default=5,

@@ -36,6 +36,8 @@ from swarm.core.average import part_bounds
 from swarm.core.codec import CODECS
 from swarm.net.link_probe import LinkProbe
 from swarm.net.link_stats import LinkTimings, Transfer, timed_stream
+from swarm.net.p2p_address import unreachable_sentence
+from swarm.net.reachability import is_dial_failure, shown_maddrs, unreachable_groupmate
 from swarm.net.rendezvous import Member, group_digest
 from swarm.net.transport import CHUNK_BYTES, Transport
 from swarm.v1 import exchange_pb2
@@ -51,9 +53,10 @@ ABORT_TIMEOUT_S = 2.0  # how long a failing member spends telling its groupmates
 class ExchangeFailed(RuntimeError):
     """The group could not complete the average; nothing of it may be applied."""
 
-    def __init__(self, message: str, *, from_groupmate: bool = False):
+    def __init__(self, message: str, *, from_groupmate: bool = False, unreachable: bool = False):
         super().__init__(message)
         self.from_groupmate = from_groupmate  # a groupmate's abort: not passed on again
+        self.unreachable = unreachable  # a groupmate could not be dialled
 
 
 @dataclass
@@ -81,6 +84,8 @@ class Exchange:
         self._transfers: dict[str, tuple[list[Transfer], list[Transfer]]] = {}  # key -> (uploads, downloads)
         self._groups: dict[str, list[str]] = {}  # key -> the libp2p id of each position, while it is averaged
         self.rejected_chunks = 0  # messages dropped because their sender is not the member they claim to be
+        self.own_maddrs = shown_maddrs(transport.visible_maddrs)  # what groupmates are told to dial
+        self._told_unreachable = False  # the loop thread's: the fix is logged once, not every round
         self._cond: Optional[asyncio.Condition] = None
         self._pings: Optional[asyncio.Future] = None  # sent as an exchange ends, read as the next ends: never waited
         transport.run(self._start(), timeout_s=30)
@@ -120,7 +125,17 @@ class Exchange:
             if not isinstance(e, ExchangeFailed) or not e.from_groupmate:
                 reason = str(e) if isinstance(e, ExchangeFailed) else f"no complete exchange within {timeout_s:.0f}s"
                 await self._abort(key, group, me, reason)
+            if isinstance(e, ExchangeFailed) and e.unreachable and not self._received_bytes.get(key):
+                raise ExchangeFailed(f"{e}; and no groupmate reached this peer: {self._unreachable_self(key)}") from e
             raise
+
+    def _unreachable_self(self, key: str) -> str:
+        """This peer could dial no groupmate and none reached it: most likely its own address is wrong."""
+        sentence = unreachable_sentence(self.own_maddrs.split())
+        if not self._told_unreachable:
+            self._told_unreachable = True
+            logger.warning("%s: %s", key, sentence)
+        return sentence
 
     async def _abort(self, key: str, group: list[Member], me: Member, reason: str) -> None:
         position = [m.peer_id for m in group].index(me.peer_id)
@@ -268,6 +283,9 @@ class Exchange:
             except Exception as e:
                 if attempt == 0:
                     continue  # delivery is idempotent: a repeated slice replaces the same inbox entry
+                if is_dial_failure(e):
+                    raise ExchangeFailed(unreachable_groupmate(key, member.peer_id, member.maddrs, e),
+                                         unreachable=True) from None
                 raise ExchangeFailed(f"{key}: could not send to {member.peer_id} ({e!r})") from None
             if not ack.ok:
                 raise ExchangeFailed(f"{key}: {member.peer_id} refused a slice: {ack.error}")

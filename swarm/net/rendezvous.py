@@ -33,6 +33,7 @@ class Member:
     numel: int
     codec: str
     live_peers: int = 0  # the run's live peers as this member last heard from the coordinator (0: unknown)
+    maddrs: str = ""  # the addresses its node announces (reachability.shown_maddrs): only shown in messages
 
 
 def group_key(run_id: str, round_no: int, fragment: int = 0) -> str:

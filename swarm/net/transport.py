@@ -17,6 +17,8 @@ from typing import Any, Awaitable, Optional, Sequence
 
 import hivemind
 
+from swarm.net.p2p_address import free_port, maddr
+
 logger = logging.getLogger(__name__)
 
 # Bytes per message of a tensor transfer (all-reduce slices, state downloads): below hivemind's 2 MiB
@@ -65,7 +67,7 @@ class Transport:
         initial_peers: Sequence[str],
         host: str = "127.0.0.1",
         port: int = 0,
-        announce_host: Optional[str] = None,
+        announce_host: Optional[str] = None,  # what groupmates dial (``swarm.net.p2p_address``); None: host
         start_timeout_s: float = 60.0,
         identity_path: Optional[str] = None,
         record_validators: Sequence[Any] = (),
@@ -74,8 +76,10 @@ class Transport:
         peer at each start, so it is never taken by another node and the check for that is skipped.
         ``record_validators`` (hivemind ``RecordValidatorBase``s) guard the node from its first moment: one
         added after the start lets entries stored meanwhile stay (``swarm.net.dht_entries.EntryValidator``)."""
-        host_maddrs = [f"/ip4/{host}/tcp/{port}"]
-        announce = [f"/ip4/{announce_host}/tcp/{port}"] if announce_host and port else None
+        if announce_host and not port:
+            port = free_port(host)  # hivemind refuses port 0 in announced addresses
+        host_maddrs = [maddr(host, port)]
+        announce = [maddr(announce_host, port)] if announce_host else None
         identity = {"identity_path": identity_path, "check_if_identity_free": False} if identity_path else {}
         self.dht = hivemind.DHT(
             start=False,

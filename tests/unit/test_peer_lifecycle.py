@@ -78,7 +78,9 @@ def test_a_coordinator_outage_is_bridged_by_group_decisions_that_it_confirms_aft
 
 
 def test_a_late_joiner_downloads_the_committed_state_and_takes_part(tmp_path):
-    coordinator, parts = swarm(RUN.replace(rounds=RoundConfig(inner_steps=2, max_rounds=12, min_peers=2)))
+    # 30 rounds of 2 steps: enough that the late peer's sync (and its 1 s back-off) lands before the run ends,
+    # also on a loaded machine (with 12 it sometimes did not, and the peer never took part)
+    coordinator, parts = swarm(RUN.replace(rounds=RoundConfig(inner_steps=2, max_rounds=30, min_peers=2)))
     a, b = start(parts, tmp_path, "a"), start(parts, tmp_path, "b")
     wait_until(lambda: committed(coordinator) >= 2, what="round 2")
     late = start(parts, tmp_path, "late")
