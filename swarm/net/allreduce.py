@@ -35,7 +35,7 @@ from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import part_bounds
 from swarm.core.codec import CODECS
 from swarm.net.link_probe import LinkProbe
-from swarm.net.link_stats import LinkTimings, Transfer, timed_stream
+from swarm.net.link_stats import LinkTimings, TransferLog, timed_stream
 from swarm.net.p2p_address import unreachable_sentence
 from swarm.net.reachability import is_dial_failure, shown_maddrs, unreachable_groupmate
 from swarm.net.rendezvous import Member, group_digest
@@ -81,13 +81,12 @@ class Exchange:
         self._key_prefix = f"{run_id}."  # every key of this run's exchanges (rendezvous.group_key)
         self._inbox: dict[str, dict[Slot, bytes]] = {}
         self._received_bytes: dict[str, int] = {}
-        self._transfers: dict[str, tuple[list[Transfer], list[Transfer]]] = {}  # key -> (uploads, downloads)
+        self._transfers = TransferLog()  # per key, the timed sends and receives
         self._groups: dict[str, list[str]] = {}  # key -> the libp2p id of each position, while it is averaged
         self.rejected_chunks = 0  # messages dropped because their sender is not the member they claim to be
         self.own_maddrs = shown_maddrs(transport.visible_maddrs)  # what groupmates are told to dial
         self._told_unreachable = False  # the loop thread's: the fix is logged once, not every round
         self._cond: Optional[asyncio.Condition] = None
-        self._pings: Optional[asyncio.Future] = None  # sent as an exchange ends, read as the next ends: never waited
         transport.run(self._start(), timeout_s=30)
 
     async def _start(self) -> None:
@@ -200,8 +199,7 @@ class Exchange:
         parts = await self._wait_for(key, [
             (digest, exchange_pb2.PHASE_AVERAGED, owner, owner, group[owner].dht_peer_id) for owner in range(len(group))
         ], group)
-        rtt_s = self._pings.result() if self._pings and self._pings.done() else {}  # sent as the last exchange ended
-        self._pings = asyncio.ensure_future(self.probe.rtt_s(group[:position] + group[position + 1:]))  # links idle
+        rtt_s = self.probe.ping_for_next(group[:position] + group[position + 1:])  # on links now idle
         average = await asyncio.to_thread(
             lambda: torch.cat([self._decode(codec, data, e - s, key) for data, (s, e) in zip(parts, bounds)]))
         return ExchangeResult(
@@ -211,7 +209,7 @@ class Exchange:
             seconds=time.perf_counter() - started,
             rejected=rejected,
             clipped=clipped,
-            links=LinkTimings.named(*self._transfers.get(key, ([], [])), rtt_s=rtt_s, group=group),
+            links=self._transfers.timings(key, rtt_s=rtt_s, group=group),
         )
 
     def _weights(self, group: list[Member], key: str) -> list[float]:
@@ -290,8 +288,7 @@ class Exchange:
             if not ack.ok:
                 raise ExchangeFailed(f"{key}: {member.peer_id} refused a slice: {ack.error}")
             if first_byte and key in self._groups:  # an exchange in progress, not a late abort
-                uploads = self._transfers.setdefault(key, ([], []))[0]
-                uploads.append(Transfer(member.dht_peer_id, size, first_byte[0], time.perf_counter()))
+                self._transfers.sent(key, member.dht_peer_id, size, first_byte[0])
             return size * (attempt + 1)
         raise AssertionError("unreachable")
 
@@ -315,8 +312,7 @@ class Exchange:
                                    sender_id=remote):
             return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
         self._received_bytes[head.key] = self._received_bytes.get(head.key, 0) + sum(c.ByteSize() for c in chunks)
-        self._transfers.setdefault(head.key, ([], []))[1].append(  # timed from the first chunk's arrival on
-            Transfer(remote, sum(c.ByteSize() for c in chunks[1:]), arrivals[0], arrivals[-1]))
+        self._transfers.received(head.key, remote, [c.ByteSize() for c in chunks], arrivals)
         return exchange_pb2.ChunkAck(ok=True)
 
     async def _deliver(self, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes, *,
@@ -360,7 +356,7 @@ class Exchange:
         for stale in idle[:max(0, excess)]:
             self._inbox.pop(stale)
             self._received_bytes.pop(stale, None)
-            self._transfers.pop(stale, None)
+            self._transfers.forget(stale)
         self._inbox[key] = {}
         return True
 
@@ -409,7 +405,7 @@ class Exchange:
         async with self._cond:
             self._inbox.pop(key, None)
             self._received_bytes.pop(key, None)
-            self._transfers.pop(key, None)
+            self._transfers.forget(key)
             self._groups.pop(key, None)
 
 

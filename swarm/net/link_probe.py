@@ -25,6 +25,7 @@ class LinkProbe:
     def __init__(self, p2p: P2P, *, run_id: str) -> None:
         self.p2p = p2p
         self._name = f"swarm_{run_id}.ping"
+        self._pings: Optional[asyncio.Future] = None  # sent as one exchange ends, read as the next ends
 
     async def start(self) -> None:
         await self.p2p.add_protobuf_handler(self._name, self._on_ping, exchange_pb2.ChunkAck)
@@ -34,6 +35,13 @@ class LinkProbe:
         peer id; none for a peer that does not answer within PING_TIMEOUT_S."""
         seconds = await asyncio.gather(*(self._ping(m.peer_id, m.dht_peer_id) for m in peers))
         return {m.peer_id: s for m, s in zip(peers, seconds) if s is not None}
+
+    def ping_for_next(self, peers: Sequence[Member]) -> dict[str, float]:
+        """The RTTs the pings sent at the previous call measured (those answered by now), by peer id; sends
+        new ones to ``peers`` in the background, so no exchange ever waits for a measurement."""
+        done = self._pings.result() if self._pings is not None and self._pings.done() else {}
+        self._pings = asyncio.ensure_future(self.rtt_s(peers))
+        return done
 
     async def rtt_s_to_connected(self) -> dict[str, float]:
         """By libp2p id, the RTT to the peers this node is connected to that answer (those of this run; the

@@ -73,6 +73,28 @@ def throughput_mbit_s(transfers: Iterable[Transfer]) -> Optional[float]:
     return sum(t.bytes for t in timed) * 8 / busy_s / 1e6
 
 
+class TransferLog:
+    """Per exchange key, the timed transfers with groupmates by libp2p id; owned by the transport's event loop."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, tuple[list[Transfer], list[Transfer]]] = {}  # key -> (uploads, downloads)
+
+    def sent(self, key: str, libp2p_id: str, size: int, first_byte: float) -> None:
+        """A send of ``size`` bytes whose first byte went at ``first_byte`` was acknowledged just now."""
+        self._by_key.setdefault(key, ([], []))[0].append(Transfer(libp2p_id, size, first_byte, time.perf_counter()))
+
+    def received(self, key: str, libp2p_id: str, chunk_sizes: list[int], arrivals: list[float]) -> None:
+        """A slice's chunks and when each arrived: timed from the first's arrival on, so its bytes don't count."""
+        self._by_key.setdefault(key, ([], []))[1].append(
+            Transfer(libp2p_id, sum(chunk_sizes[1:]), arrivals[0], arrivals[-1]))
+
+    def timings(self, key: str, *, rtt_s: dict[str, float], group: Sequence[Any]) -> LinkTimings:
+        return LinkTimings.named(*self._by_key.get(key, ([], [])), rtt_s=rtt_s, group=group)
+
+    def forget(self, key: str) -> None:
+        self._by_key.pop(key, None)
+
+
 async def timed_stream(messages: Sequence[Any], first_byte: list[float]) -> AsyncIterator[Any]:
     """The messages as a stream, noting in ``first_byte`` when the first is taken (the stream is open)."""
     for message in messages:
