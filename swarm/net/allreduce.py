@@ -31,7 +31,7 @@ from typing import Callable, Optional
 import torch
 from hivemind.p2p import P2PContext, PeerID
 
-from swarm.core.aggregation import Aggregation, Reduced
+from swarm.core.aggregation import Aggregation
 from swarm.core.average import part_bounds
 from swarm.core.codec import CODECS
 from swarm.net.link_probe import LinkProbe
@@ -39,6 +39,14 @@ from swarm.net.link_stats import LinkTimings, TransferLog, timed_stream
 from swarm.net.p2p_address import unreachable_sentence
 from swarm.net.reachability import is_dial_failure, shown_maddrs, unreachable_groupmate
 from swarm.net.rendezvous import Member, group_digest
+from swarm.net.slice_reduction import (
+    ExchangeFailed,
+    capped_weights,
+    decode_slice,
+    encode_slice,
+    judged,
+    reduce_slice,
+)
 from swarm.net.transport import CHUNK_BYTES, Transport
 from swarm.v1 import exchange_pb2
 
@@ -48,15 +56,6 @@ MAX_OPEN_KEYS = 4  # rounds whose early parts are buffered; older ones are dropp
 MAX_EARLY_SLOTS_PER_SENDER = 6  # messages buffered per sender and key before the group is known (a member: 3)
 Slot = tuple[str, int, int, int, str]  # (group digest, phase, part, sender position, sender's libp2p id)
 ABORT_TIMEOUT_S = 2.0  # how long a failing member spends telling its groupmates
-
-
-class ExchangeFailed(RuntimeError):
-    """The group could not complete the average; nothing of it may be applied."""
-
-    def __init__(self, message: str, *, from_groupmate: bool = False, unreachable: bool = False):
-        super().__init__(message)
-        self.from_groupmate = from_groupmate  # a groupmate's abort: not passed on again
-        self.unreachable = unreachable  # a groupmate could not be dialled
 
 
 @dataclass
@@ -159,7 +158,7 @@ class Exchange:
         codec = CODECS[me.codec]
         if any(m.numel != me.numel or m.codec != me.codec for m in group):
             raise ExchangeFailed(f"{key}: groupmates disagree on the vector size or codec")
-        weights = self._weights(group, key)
+        weights = capped_weights(self.aggregation, group, key)
         position = [m.peer_id for m in group].index(me.peer_id)
         digest = group_digest(group)
         await self._expect(key, group)
@@ -172,7 +171,7 @@ class Exchange:
         sends = []
         for owner, (start, end) in enumerate(bounds):
             # codec work runs off the event loop, which keeps serving the other peers' streams meanwhile
-            payload = await asyncio.to_thread(self._encode, codec, flat[start:end].contiguous(), key)
+            payload = await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key)
             if owner == position:
                 await self._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload)
             else:
@@ -186,8 +185,8 @@ class Exchange:
             for sender in range(len(group))
         ], group)
         await _pause(on_phase("reducing"))
-        averaged, reduced = await asyncio.to_thread(self._reduce, codec, contributions, weights, end - start, key)
-        rejected, clipped = self._judged(key, group, reduced)
+        averaged, reduced = await asyncio.to_thread(reduce_slice, self.aggregation, codec, contributions, weights, end - start, key)
+        rejected, clipped = judged(key, group, reduced)
         await self._deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
         sends = [
             self._send(member, key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
@@ -201,7 +200,7 @@ class Exchange:
         ], group)
         rtt_s = self.probe.ping_for_next(group[:position] + group[position + 1:])  # on links now idle
         average = await asyncio.to_thread(
-            lambda: torch.cat([self._decode(codec, data, e - s, key) for data, (s, e) in zip(parts, bounds)]))
+            lambda: torch.cat([decode_slice(codec, data, e - s, key) for data, (s, e) in zip(parts, bounds)]))
         return ExchangeResult(
             average=average,
             bytes_sent=sent,
@@ -211,49 +210,6 @@ class Exchange:
             clipped=clipped,
             links=self._transfers.timings(key, rtt_s=rtt_s, group=group),
         )
-
-    def _weights(self, group: list[Member], key: str) -> list[float]:
-        """The members' declared weights, capped; a weight that is not positive and finite fails the exchange."""
-        try:
-            return self.aggregation.weights([m.weight for m in group], [m.peer_id for m in group])
-        except ValueError as e:
-            raise ExchangeFailed(f"{key}: {e}") from None
-
-    def _reduce(self, codec, contributions: list[bytes], weights: list[float], numel: int,
-                key: str) -> tuple[bytes, Reduced]:
-        """Decode every contribution to this peer's slice, reduce them by the run's rule in the group's
-        order, encode."""
-        decoded = [self._decode(codec, data, numel, key) for data in contributions]
-        reduced = self.aggregation.reduce(decoded, weights)
-        return self._encode(codec, reduced.average.contiguous(), key), reduced
-
-    @staticmethod
-    def _judged(key: str, group: list[Member], reduced: Reduced) -> tuple[dict[str, str], dict[str, str]]:
-        """The reduction's verdicts by peer id, each logged once."""
-        rejected = {group[i].peer_id: why for i, why in reduced.rejected.items()}
-        clipped = {group[i].peer_id: why for i, why in reduced.clipped.items()}
-        for peer_id, why in rejected.items():
-            logger.warning("%s: the slice from %s was left out of this peer's part of the average (%s)", key, peer_id, why)
-        for peer_id, why in clipped.items():
-            logger.info("%s: the slice from %s was %s", key, peer_id, why)
-        return rejected, clipped
-
-    @staticmethod
-    def _encode(codec, tensor: torch.Tensor, key: str) -> bytes:
-        try:
-            return codec.encode(tensor)
-        except ValueError as e:  # non-finite values: never sent, never applied
-            raise ExchangeFailed(f"{key}: cannot encode this slice ({e})") from None
-
-    @staticmethod
-    def _decode(codec, data: bytes, numel: int, key: str) -> torch.Tensor:
-        try:
-            tensor = codec.decode(data, numel)
-        except ValueError as e:
-            raise ExchangeFailed(f"{key}: a groupmate sent a malformed slice ({e})") from None
-        if not torch.isfinite(tensor).all():
-            raise ExchangeFailed(f"{key}: a groupmate sent non-finite values")
-        return tensor
 
     async def _send(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes) -> int:
         num_chunks = max(1, -(-len(payload) // CHUNK_BYTES))

@@ -13,7 +13,8 @@ from swarm.config import AGGREGATIONS, ConfigError, DataConfig, InnerOptConfig, 
 from swarm.core.aggregation import RULES, Aggregation, trim_count
 from swarm.core.average import butterfly_reference, weighted_average
 from swarm.core.codec import CODECS
-from swarm.net.allreduce import Exchange, ExchangeFailed
+from swarm.net.allreduce import ExchangeFailed
+from swarm.net.slice_reduction import decode_slice, reduce_slice
 from swarm.train.sim import simulate
 from swarm.train.trainer import Contribution
 
@@ -107,7 +108,7 @@ def test_with_the_check_off_a_3e38_slice_overflows_the_mean_and_the_owner_refuse
     codec = CODECS["fp32"]
     data = [codec.encode(s) for s in slices]
     with pytest.raises(ExchangeFailed, match="cannot encode"):
-        Exchange._reduce(_bare(rule), codec, data, [1.0, 1.0, 2.0, 1.0], NUMEL, "k")
+        reduce_slice(rule, codec, data, [1.0, 1.0, 2.0, 1.0], NUMEL, "k")
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
@@ -116,7 +117,7 @@ def test_nan_and_inf_slices_are_refused_at_decode(bad):
     values = torch.ones(8)
     values[3] = bad
     with pytest.raises(ExchangeFailed, match="non-finite|malformed"):
-        Exchange._decode(codec, values.numpy().tobytes(), 8, "k")
+        decode_slice(codec, values.numpy().tobytes(), 8, "k")
 
 
 def test_two_members_are_never_left_out_there_is_no_majority():
@@ -158,10 +159,3 @@ def test_the_simulator_with_clipped_mean_under_attack_is_deterministic_and_every
     assert first.final_hash == second.final_hash
     plain = simulate(SIM_RUN, peers=4, rounds=2, tamper=sign_flip_x100, aggregation="mean")
     assert plain.final_hash != first.final_hash
-
-
-def _bare(rule: Aggregation) -> Exchange:
-    """An Exchange with no transport: enough to call its reduction."""
-    exchange = Exchange.__new__(Exchange)
-    exchange.aggregation = rule
-    return exchange

@@ -1,0 +1,69 @@
+"""What the owner of a slice does with the slices it receives: cap the declared weights, decode each
+contribution (refusing malformed or non-finite ones), reduce them by the run's aggregation rule in the
+group's order, and encode the result once, so every member receives identical bytes
+(``swarm.net.allreduce`` moves the bytes). Any failure is an ``ExchangeFailed`` with one sentence."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from swarm.core.aggregation import Aggregation, Reduced
+from swarm.net.rendezvous import Member
+
+logger = logging.getLogger("swarm.net.allreduce")  # the exchange's log, where these lines always were
+
+
+class ExchangeFailed(RuntimeError):
+    """The group could not complete the average; nothing of it may be applied."""
+
+    def __init__(self, message: str, *, from_groupmate: bool = False, unreachable: bool = False):
+        super().__init__(message)
+        self.from_groupmate = from_groupmate  # a groupmate's abort: not passed on again
+        self.unreachable = unreachable  # a groupmate could not be dialled
+
+
+def capped_weights(aggregation: Aggregation, group: list[Member], key: str) -> list[float]:
+    """The members' declared weights, capped; a weight that is not positive and finite fails the exchange."""
+    try:
+        return aggregation.weights([m.weight for m in group], [m.peer_id for m in group])
+    except ValueError as e:
+        raise ExchangeFailed(f"{key}: {e}") from None
+
+
+def reduce_slice(aggregation: Aggregation, codec, contributions: list[bytes], weights: list[float], numel: int,
+                 key: str) -> tuple[bytes, Reduced]:
+    """Decode every contribution to this peer's slice, reduce them by the run's rule in the group's
+    order, encode."""
+    decoded = [decode_slice(codec, data, numel, key) for data in contributions]
+    reduced = aggregation.reduce(decoded, weights)
+    return encode_slice(codec, reduced.average.contiguous(), key), reduced
+
+
+def judged(key: str, group: list[Member], reduced: Reduced) -> tuple[dict[str, str], dict[str, str]]:
+    """The reduction's verdicts by peer id, each logged once."""
+    rejected = {group[i].peer_id: why for i, why in reduced.rejected.items()}
+    clipped = {group[i].peer_id: why for i, why in reduced.clipped.items()}
+    for peer_id, why in rejected.items():
+        logger.warning("%s: the slice from %s was left out of this peer's part of the average (%s)", key, peer_id, why)
+    for peer_id, why in clipped.items():
+        logger.info("%s: the slice from %s was %s", key, peer_id, why)
+    return rejected, clipped
+
+
+def encode_slice(codec, tensor: torch.Tensor, key: str) -> bytes:
+    try:
+        return codec.encode(tensor)
+    except ValueError as e:  # non-finite values: never sent, never applied
+        raise ExchangeFailed(f"{key}: cannot encode this slice ({e})") from None
+
+
+def decode_slice(codec, data: bytes, numel: int, key: str) -> torch.Tensor:
+    try:
+        tensor = codec.decode(data, numel)
+    except ValueError as e:
+        raise ExchangeFailed(f"{key}: a groupmate sent a malformed slice ({e})") from None
+    if not torch.isfinite(tensor).all():
+        raise ExchangeFailed(f"{key}: a groupmate sent non-finite values")
+    return tensor
