@@ -259,11 +259,12 @@ class CoordinatorEngine:
                 raise rejection
 
     def _retire_from_open_round(self, peer_id: str, now: float) -> None:
-        """A restarted peer lost the round it was in: it counts as having failed it, so the round does not
-        wait for a report that will never come."""
+        """A restarted peer lost the round it was in, unless its new process still takes part: a placeholder
+        failure stands for it, which its own report replaces, and which counts only ``report_grace_s`` after the
+        restart, so the round neither waits for a report that never comes nor is voided before it comes."""
         if self._open is not None and peer_id in self._open.participants:
             self._reports.add(ReportRecord(round=self._open.round, peer_id=peer_id, reported_at=now,
-                                           error="it restarted"))
+                                           error=rounds.RESTARTED))
         self._settle(now)
 
     def _evict_expired(self, now: float) -> None:
@@ -283,7 +284,7 @@ class CoordinatorEngine:
         self._settled = self._versions()
 
     def _versions(self) -> tuple[int, int, int]:
-        return self._roster.version, self._rounds_version, len(self._reports)
+        return self._roster.version, self._rounds_version, self._reports.version
 
     def _settle_now(self, now: float) -> None:
         self._wait_until = float("inf")

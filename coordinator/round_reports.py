@@ -22,12 +22,17 @@ class RoundReports:
         self._reports: dict[str, ReportRecord] = {}
         self._groups: dict[frozenset[str], frozenset[str]] = {}  # the round's reported groups, interned
         self.claims: dict[str, commit_rule.Claim] = {}
+        self.version = 0  # bumped by every report kept (a replaced one too)
         for report in store.reports(round_number) if round_number is not None else ():
             self._keep(report)
 
     def add(self, report: ReportRecord) -> bool:
-        """Keep ``report``, in the store too; False when this peer already reported (the first one stands)."""
-        if not self._store.add_report(report):
+        """Keep ``report``, in the store too; False when this peer already reported (the first one stands),
+        except that a restarted peer's own report replaces the placeholder its restart left."""
+        earlier = self._reports.get(report.peer_id)
+        if earlier is not None and rounds.is_restart_placeholder(earlier) and not rounds.is_restart_placeholder(report):
+            self._store.replace_report(report)
+        elif not self._store.add_report(report):
             return False
         self._keep(report)
         return True
@@ -35,6 +40,7 @@ class RoundReports:
     def _keep(self, report: ReportRecord) -> None:
         self._reports[report.peer_id] = report
         self.claims[report.peer_id] = rounds.claim_of(report, self._groups)
+        self.version += 1
 
     def __len__(self) -> int:
         return len(self._reports)

@@ -26,6 +26,13 @@ class Decision:
     wait_until: float = math.inf  # undecided: when it will be decided even if no report or peer changes
 
 
+RESTARTED = "it restarted"  # the error of the placeholder report a restarted participant's old process leaves
+
+
+def is_restart_placeholder(report: ReportRecord) -> bool:
+    return not report.ok and report.error == RESTARTED and not report.state_hash
+
+
 def decide_round(
     now: float,
     round_row: RoundRecord,
@@ -51,16 +58,23 @@ def decide_round(
     if claims is None:
         claims = {r.peer_id: claim_of(r, {}) for r in counted}
     claims = [claims[r.peer_id] for r in counted]
-    reported = {r.peer_id for r in counted}
+    # a restart's placeholder stands for its peer only after report_grace_s: its new process may still report
+    restarting = {r.peer_id: r.reported_at + report_grace_s for r in counted
+                  if is_restart_placeholder(r) and now < r.reported_at + report_grace_s}
+    reported = {r.peer_id for r in counted} - set(restarting)
     pending = [p for p in participants if p in participants_alive and p not in reported]
     quorum_at = _quorum_at(commit_rule.candidates(claims, members), counted)
     deadline = round_row.opened_at + round_timeout_s
     if quorum_at is not None:
         deadline = min(deadline, quorum_at + report_grace_s)
-    if pending and now < deadline:
+    if pending and any(p not in restarting for p in pending):
+        until = deadline
+    else:
+        until = min(deadline, max((restarting[p] for p in pending), default=now))
+    if pending and now < until:
         return Decision(
-            round=round_row, decided=False, wait_until=deadline,
-            reason=f"waiting for {len(pending)} of {len(participants)} participants until {deadline - now:.0f}s from now",
+            round=round_row, decided=False, wait_until=until,
+            reason=f"waiting for {len(pending)} of {len(participants)} participants until {until - now:.0f}s from now",
         )
     why = _why_now(len(participants), len(counted), len(pending),
                    f"{report_grace_s:.0f}s of a quorum" if quorum_at is not None else f"{round_timeout_s:.0f}s")

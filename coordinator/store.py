@@ -171,6 +171,13 @@ class Store:
         )
         return inserted == 1
 
+    def replace_report(self, report: ReportRecord) -> None:
+        """Record ``report`` over this peer's earlier one (a restarted peer's real report over the placeholder)."""
+        self._write(
+            "INSERT OR REPLACE INTO reports (round, peer_id, data) VALUES (?, ?, ?)",
+            (report.round, report.peer_id, to_json(report)),
+        )
+
     # join tokens (another process, `swarm token`, may write them while the coordinator runs)
     def get_token(self, token_id: str) -> Optional[TokenRecord]:
         text = self._one("SELECT data FROM tokens WHERE id = ?", (token_id,))

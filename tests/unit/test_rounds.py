@@ -430,3 +430,41 @@ def test_a_round_nobody_reports_is_voided_at_its_timeout_by_the_tick(clock: Fake
         beat(engine, a)
     engine.tick()
     assert engine.round_info(a, 1).outcome == VOIDED
+
+
+def _two_peers_in_round_one(engine: CoordinatorEngine) -> tuple[str, str, PeerKey]:
+    key = PeerKey.generate()
+    a = join_ready(engine)
+    b, _ = engine_join(engine, key=key)
+    beat(engine, b.peer_id)
+    assert set(engine.round_info(a, 0).participants) == {a, b.peer_id}
+    return a, b.peer_id, key
+
+
+def test_a_peer_restarted_mid_round_that_still_takes_part_commits_with_its_group(clock: FakeClock) -> None:
+    """Its restart leaves a placeholder failure; its new process's own report replaces it, so a group of
+    two is not voided for want of a quorum (it was, in every restart a helper measured)."""
+    engine = make_engine(clock, min_peers=2, report_grace_s=10.0)
+    a, b, key = _two_peers_in_round_one(engine)
+    engine_join(engine, key=key)  # b's process was killed and restarted with its state dir
+    beat(engine, b)
+    clock.now += 4
+    send(engine, a, 1, "h1", group=[a, b])
+    assert engine.round_info(a, 1).outcome == pb.ROUND_OUTCOME_OPEN  # b's new process may still report
+    send(engine, b, 1, "h1", group=[a, b])
+    decided = engine.round_info(a, 1)
+    assert decided.outcome == pb.ROUND_OUTCOME_COMMITTED and decided.committed_hash == "h1"
+    assert set(decided.holders) == {"dht-" + a, "dht-" + b}
+
+
+def test_a_restarted_peer_that_never_reports_delays_its_round_only_by_the_grace(clock: FakeClock) -> None:
+    engine = make_engine(clock, min_peers=2, report_grace_s=10.0)
+    a, b, key = _two_peers_in_round_one(engine)
+    engine_join(engine, key=key)
+    send(engine, a, 1, "h1", group=[a, b])
+    clock.now += 5
+    beat(engine, a)
+    assert engine.round_info(a, 1).outcome == pb.ROUND_OUTCOME_OPEN
+    clock.now += 6  # past the grace (not round_timeout_s): the placeholder stands for b's failure
+    engine.tick()
+    assert engine.round_info(a, 1).outcome == pb.ROUND_OUTCOME_VOIDED  # 1 of a group of 2 is no quorum
