@@ -30,7 +30,7 @@ from peer.heartbeat import HeartbeatThread
 from peer.options import PeerOptions
 from peer.parts import PeerParts
 from peer.round_hooks import PeerHooks
-from peer.startup import StartupClock, warm_imports
+from peer.startup import StartupClock
 from peer.state_store import PeerStateStore
 from peer.stats import PeerStats
 from swarm.config import RunConfig
@@ -148,7 +148,7 @@ class PeerDaemon:
         o = self.options
         if o.threads:
             torch.set_num_threads(o.threads)
-        warming = warm_imports()  # the trainer build's slow imports, while the join waits on the network
+        self.clock.warm()  # the trainer build's slow imports, while the join waits on the network
         libp2p = self.parts.libp2p_identity(o.state_dir)  # fresh each start; the DHT starts with it
         joined = self.link.join(o, key=identity.peer_key(o.state_dir), libp2p=libp2p)
         self.peer_id = joined.peer_id
@@ -162,8 +162,7 @@ class PeerDaemon:
         self.heartbeat.start()
         self.clock.mark("join")
         trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=o.device)
-        warming.join()  # no import in flight when the DHT forks
-        self.clock.mark("trainer")
+        self.clock.warmed("trainer")  # no import in flight when the DHT forks
         # after the model build: forked right after the join, gRPC still had threads inside it
         self.transport = self.parts.transport(o, list(joined.dht_initial_peers), stop=self.stop, tag=self.tag(),
                                               identity=libp2p, member=self.link.member)
@@ -200,10 +199,7 @@ class PeerDaemon:
         """TRAINING → EXCHANGING → DECIDING (OFFLINE_DECIDING while the coordinator is unreachable): one
         round through the runner, which first finishes the carried one."""
         self.offline = offline
-        if not self.clock.reported:
-            self.clock.mark("sync and wait")
-            self.clock.reported = True
-            logger.info("%s first round: training %s", self.tag(round_no), self.clock.summary())
+        self.clock.first_round(self.tag(round_no))
         self.enter(PeerState.TRAINING)
         self.stats.update(round=round_no)
         self.group.live_peers = self.link.live_peers

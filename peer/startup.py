@@ -57,6 +57,16 @@ class StartupClock:
         self.steps: list[tuple[str, float]] = []
         self._last = self._t0
         self.reported = False
+        self._warming: Optional[threading.Thread] = None
+
+    def warm(self) -> None:
+        self._warming = warm_imports()
+
+    def warmed(self, step: str) -> None:
+        """Wait for the warm-up imports (none may be in flight when the DHT process forks), then mark."""
+        if self._warming is not None:
+            self._warming.join()
+        self.mark(step)
 
     def mark(self, step: str) -> None:
         now = time.monotonic()
@@ -65,6 +75,13 @@ class StartupClock:
 
     def since_launch(self) -> float:
         return (self.before or 0.0) + time.monotonic() - self._t0
+
+    def first_round(self, tag: str) -> None:
+        """The peer starts training its first round: log where the start's seconds went (once)."""
+        if not self.reported:
+            self.reported = True
+            self.mark("sync and wait")
+            logger.info("%s first round: training %s", tag, self.summary())
 
     def summary(self) -> str:
         parts = [f"imports {self.before:.1f}s"] if self.before is not None else []
