@@ -148,8 +148,9 @@ class PeerDaemon:
         o = self.options
         if o.threads:
             torch.set_num_threads(o.threads)
-        self.clock.warm()  # the trainer build's slow imports, while the join waits on the network
         libp2p = self.parts.libp2p_identity(o.state_dir)  # fresh each start; the DHT starts with it
+        # the next start's identity and the trainer build's slow imports, while the join waits on the network
+        self.clock.warm(lambda: self.parts.spare_libp2p_identity(o.state_dir))
         joined = self.link.join(o, key=identity.peer_key(o.state_dir), libp2p=libp2p)
         self.peer_id = joined.peer_id
         self.run_id, self.run_config = joined.run_id, RunConfig.from_json(joined.run_spec_json)

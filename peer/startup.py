@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -57,15 +57,19 @@ class StartupClock:
         self.steps: list[tuple[str, float]] = []
         self._last = self._t0
         self.reported = False
-        self._warming: Optional[threading.Thread] = None
+        self._warming: list[threading.Thread] = []
 
-    def warm(self) -> None:
-        self._warming = warm_imports()
+    def warm(self, *tasks: Callable[[], None]) -> None:
+        """Start the warm-up imports and ``tasks`` in daemon threads."""
+        self._warming = [warm_imports()] + [threading.Thread(target=task, name="swarm-warm-up", daemon=True)
+                                            for task in tasks]
+        for thread in self._warming[1:]:
+            thread.start()
 
     def warmed(self, step: str) -> None:
-        """Wait for the warm-up imports (none may be in flight when the DHT process forks), then mark."""
-        if self._warming is not None:
-            self._warming.join()
+        """Wait for the warm-up work (none may be in flight when the DHT process forks), then mark."""
+        for thread in self._warming:
+            thread.join()
         self.mark(step)
 
     def mark(self, step: str) -> None:
