@@ -30,6 +30,7 @@ from peer.heartbeat import HeartbeatThread
 from peer.options import PeerOptions
 from peer.parts import PeerParts
 from peer.round_hooks import PeerHooks
+from peer.startup import StartupClock
 from peer.state_store import PeerStateStore
 from peer.stats import PeerStats
 from swarm.config import RunConfig
@@ -80,6 +81,7 @@ class PeerDaemon:
         self.offline_next: Optional[int] = None  # the round the group runs next should the coordinator be down
         self.behind = False  # the coordinator contradicted a group decision: resync before anything else
         self.offline = False  # the current round runs while the coordinator is unreachable
+        self.clock = StartupClock()  # where a (re)start's seconds go, logged at its first round
 
     # ---- lifecycle -----------------------------------------------------------------------------------
     def run(self) -> int:
@@ -147,6 +149,8 @@ class PeerDaemon:
         if o.threads:
             torch.set_num_threads(o.threads)
         libp2p = self.parts.libp2p_identity(o.state_dir)  # fresh each start; the DHT starts with it
+        # the next start's identity and the trainer build's slow imports, while the join waits on the network
+        self.clock.warm(lambda: self.parts.spare_libp2p_identity(o.state_dir))
         joined = self.link.join(o, key=identity.peer_key(o.state_dir), libp2p=libp2p)
         self.peer_id = joined.peer_id
         self.run_id, self.run_config = joined.run_id, RunConfig.from_json(joined.run_spec_json)
@@ -157,11 +161,14 @@ class PeerDaemon:
                                          interval_s=joined.heartbeat_interval_s, faults=o.faults,
                                          renewed=self.link.renew)
         self.heartbeat.start()
+        self.clock.mark("join")
         trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=o.device)
+        self.clock.warmed("trainer")  # no import in flight when the DHT forks
         # after the model build: forked right after the join, gRPC still had threads inside it
         self.transport = self.parts.transport(o, list(joined.dht_initial_peers), stop=self.stop, tag=self.tag(),
                                               identity=libp2p, member=self.link.member)
         self.build_round(trainer, joined)
+        self.clock.mark("DHT")
         self.store.install(trainer.state)
         if joined.round.last_committed_round == 0:
             self.hooks.evaluated(0, trainer.eval_loss())  # a joiner of a run under way syncs first
@@ -193,6 +200,7 @@ class PeerDaemon:
         """TRAINING → EXCHANGING → DECIDING (OFFLINE_DECIDING while the coordinator is unreachable): one
         round through the runner, which first finishes the carried one."""
         self.offline = offline
+        self.clock.first_round(self.tag(round_no))
         self.enter(PeerState.TRAINING)
         self.stats.update(round=round_no)
         self.group.live_peers = self.link.live_peers

@@ -2,8 +2,8 @@
 
 The peer id derives from the key, so a restarted peer is the same peer to the coordinator: it gets its
 peer index back (same data shard, its checkpoint's data position still applies) in a new session, which
-retires the process that joined before. Its libp2p identity is made fresh at each start
-(``<state-dir>/p2p-identity.key``) and proven at join.
+retires the process that joined before. Its libp2p identity is fresh at each start
+(``<state-dir>/p2p-identity.key``, taken from the spare the start before made) and proven at join.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from peer.coordinator_link import PeerExit
 from swarm.core.credential import KEY_FILE, CredentialError, PeerKey
-from swarm.net.libp2p_identity import IDENTITY_FILE, Libp2pIdentity
+from swarm.net.libp2p_identity import IDENTITY_FILE, SPARE_FILE, Libp2pIdentity
 
 logger = logging.getLogger(__name__)
 
@@ -28,4 +28,13 @@ def peer_key(state_dir: Path) -> PeerKey:
 
 
 def fresh_libp2p_identity(state_dir: Path) -> Libp2pIdentity:
-    return Libp2pIdentity.create(Path(state_dir) / IDENTITY_FILE)
+    """The spare identity an earlier start made (no process used it), else a new one."""
+    return Libp2pIdentity.create(Path(state_dir) / IDENTITY_FILE, spare=Path(state_dir) / SPARE_FILE)
+
+
+def make_spare_libp2p_identity(state_dir: Path) -> None:
+    """The next start's libp2p identity, made ahead; a failure only means that start makes its own."""
+    try:
+        Libp2pIdentity.make_spare(Path(state_dir) / SPARE_FILE)
+    except OSError as e:
+        logger.warning("could not make a libp2p identity for the next start: %s", e)

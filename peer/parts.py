@@ -57,6 +57,10 @@ class PeerParts:
     def libp2p_identity(self, state_dir: Path) -> Libp2pIdentity:
         return identity.fresh_libp2p_identity(state_dir)
 
+    def spare_libp2p_identity(self, state_dir: Path) -> None:
+        """Make the next start's libp2p identity now (a background thread during this start)."""
+        identity.make_spare_libp2p_identity(state_dir)
+
     def transport(self, options, initial_peers: list[str], *, stop: threading.Event, tag: str,
                   identity: Libp2pIdentity, member: credential.Member) -> Transport:
         """Join the DHT through the coordinator's node with the libp2p identity proven at join, retrying while

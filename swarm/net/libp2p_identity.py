@@ -1,14 +1,16 @@
 """A peer's libp2p identity (hivemind's RSA key) and the proof that a libp2p id is the sender's.
 
-A peer makes a fresh identity at each start, signs its join with it, and starts its DHT with it
+A peer takes a fresh identity at each start, signs its join with it, and starts its DHT with it
 (``Transport(identity_path=...)``), so the libp2p id the coordinator puts in its credential is the one
-the peer's DHT node really has. The coordinator derives the id from the presented public key exactly as
+the peer's DHT node really has. Fresh means no process used it before: each start makes a spare for the
+next one in the background, so that a restart does not wait for an RSA key. The coordinator derives the id from the presented public key exactly as
 ``hivemind.p2p.PeerID.from_identity`` does.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -21,6 +23,7 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.proto import crypto_pb2
 
 IDENTITY_FILE = "p2p-identity.key"
+SPARE_FILE = "p2p-identity.spare.key"  # made by one start, taken by the next
 SIGNED_PREFIX = b"swarm/join-libp2p\0"  # what the libp2p key signs here is never a libp2p message
 MAX_PUBLIC_KEY_BYTES = 1024  # a 4096-bit RSA key in libp2p's encoding is ~550 bytes
 MIN_RSA_BITS = 2048
@@ -50,14 +53,40 @@ class Libp2pIdentity:
         self.peer_id = peer_id_of(self.public_key)
 
     @classmethod
-    def create(cls, path: str | Path) -> "Libp2pIdentity":
-        """A new identity written to ``path`` (replacing any earlier one: a libp2p id lives one process)."""
+    def create(cls, path: str | Path, *, spare: Optional[Path] = None) -> "Libp2pIdentity":
+        """A new identity at ``path`` (replacing any earlier one: a libp2p id lives one process): the unused
+        ``spare`` an earlier start made when there is a readable one, else one generated now."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        taken = cls._take(Path(spare), path) if spare is not None else None
+        if taken is not None:
+            return taken
         if path.exists():
             path.unlink()  # hivemind writes it read-only
         P2P.generate_identity(str(path))
         return cls(path)
+
+    @classmethod
+    def _take(cls, spare: Path, path: Path) -> Optional["Libp2pIdentity"]:
+        try:
+            os.replace(spare, path)  # atomic: two starts never take the same spare
+        except FileNotFoundError:
+            return None
+        try:
+            return cls(path)
+        except (DecodeError, ValueError, TypeError, AssertionError, UnsupportedAlgorithm):
+            return None  # a damaged spare (a crash while it was written elsewhere): a new key replaces it
+
+    @staticmethod
+    def make_spare(spare: str | Path) -> None:
+        """Write a new identity to ``spare`` for the next start, whole or not at all (written aside, then
+        renamed). RSA key generation releases the GIL: a background thread costs the start little."""
+        spare = Path(spare)
+        aside = spare.with_name(spare.name + ".tmp")
+        if aside.exists():
+            aside.unlink()  # left by a process killed while writing it
+        P2P.generate_identity(str(aside))
+        os.replace(aside, spare)
 
     def sign(self, message: bytes) -> bytes:
         return self._private.sign(SIGNED_PREFIX + message, padding.PKCS1v15(), hashes.SHA256())
