@@ -58,19 +58,11 @@ def decide_round(
     if claims is None:
         claims = {r.peer_id: claim_of(r, {}) for r in counted}
     claims = [claims[r.peer_id] for r in counted]
-    # a restart's placeholder stands for its peer only after report_grace_s: its new process may still report
-    restarting = {r.peer_id: r.reported_at + report_grace_s for r in counted
-                  if is_restart_placeholder(r) and now < r.reported_at + report_grace_s}
-    reported = {r.peer_id for r in counted} - set(restarting)
-    pending = [p for p in participants if p in participants_alive and p not in reported]
     quorum_at = _quorum_at(commit_rule.candidates(claims, members), counted)
     deadline = round_row.opened_at + round_timeout_s
     if quorum_at is not None:
         deadline = min(deadline, quorum_at + report_grace_s)
-    if pending and any(p not in restarting for p in pending):
-        until = deadline
-    else:
-        until = min(deadline, max((restarting[p] for p in pending), default=now))
+    pending, until = _pending(now, participants, participants_alive, counted, deadline, report_grace_s)
     if pending and now < until:
         return Decision(
             round=round_row, decided=False, wait_until=until,
@@ -114,6 +106,19 @@ def claim_of(report: ReportRecord, groups: dict[frozenset[str], frozenset[str]])
     the rule compares a round's many copies of one group in O(1)."""
     group = frozenset(report.group)
     return commit_rule.Claim(report.peer_id, report.ok, report.state_hash, groups.setdefault(group, group))
+
+
+def _pending(now: float, participants: Sequence[str], alive: Collection[str], counted: Sequence[ReportRecord],
+             deadline: float, report_grace_s: float) -> tuple[list[str], float]:
+    """The live participants the round still waits for, and until when. A restart's placeholder stands for
+    its peer only ``report_grace_s`` after the restart: its new process may still report."""
+    restarting = {r.peer_id: r.reported_at + report_grace_s for r in counted
+                  if is_restart_placeholder(r) and now < r.reported_at + report_grace_s}
+    reported = {r.peer_id for r in counted} - set(restarting)
+    pending = [p for p in participants if p in alive and p not in reported]
+    if any(p not in restarting for p in pending):
+        return pending, deadline
+    return pending, min(deadline, max((restarting[p] for p in pending), default=now))
 
 
 def ddp_equivalent_bytes(holder_reports: Sequence[ReportRecord], *, param_count: int = 0) -> int:

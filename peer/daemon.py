@@ -18,7 +18,6 @@ from __future__ import annotations
 import concurrent.futures
 import enum
 import logging
-import signal
 import threading
 from typing import Optional
 
@@ -71,9 +70,8 @@ class PeerDaemon:
         self.client = self.parts.client(options.join)
         self.link = CoordinatorLink(self.client, stop=self.stop, faults=options.faults, poll_s=options.poll_s,
                                     leave_grace_s=options.leave_grace_s, tag=self.tag)
-        self.peer_id = ""
+        self.peer_id, self.transport = "", None
         self.heartbeat: Optional[HeartbeatThread] = None
-        self.transport = None
         self.runner: Optional[RoundRunner] = None
         self.store: Optional[PeerStateStore] = None
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
@@ -88,14 +86,12 @@ class PeerDaemon:
         try:
             self.join()
             return self.loop()
-        except PeerExit as e:
-            if self.heartbeat is not None and self.heartbeat.rejection:
-                logger.error("%s the coordinator rejected this peer: %s", self.tag(), self.heartbeat.rejection)
+        except (PeerExit, CoordinatorRejected) as e:
+            rejection = e if isinstance(e, CoordinatorRejected) else (self.heartbeat and self.heartbeat.rejection)
+            if rejection:
+                logger.error("%s the coordinator rejected this peer: %s", self.tag(), rejection)
                 return 2
             return e.code
-        except CoordinatorRejected as e:
-            logger.error("%s the coordinator rejected this peer: %s", self.tag(), e)
-            return 2
         finally:
             self.leave()
 
@@ -289,18 +285,5 @@ class PeerDaemon:
         self.client.close()
 
     def tag(self, round_no: Optional[int] = None) -> str:
-        peer = self.peer_id or "peer"
-        return f"[{peer} r{round_no}]" if round_no is not None else f"[{peer}]"
+        return f"[{self.peer_id or 'peer'}{'' if round_no is None else f' r{round_no}'}]"
 
-
-def run_peer(options: PeerOptions) -> int:
-    """Run a peer until the run finishes; SIGINT/SIGTERM leave the run cleanly and exit 0."""
-    daemon = PeerDaemon(options)
-    if threading.current_thread() is threading.main_thread():
-        def leave_on_signal(signum, frame):
-            logger.info("%s signal %d: leaving the run after the current step", daemon.tag(), signum)
-            daemon.stop.set()
-
-        signal.signal(signal.SIGTERM, leave_on_signal)
-        signal.signal(signal.SIGINT, leave_on_signal)
-    return daemon.run()

@@ -77,7 +77,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
 
     faults = FaultPlan.parse(args.faults or os.environ.get("SWARM_FAULTS", ""))
 
-    from peer.daemon import run_peer
+    from peer.run import run_peer
     from peer.options import PeerOptions
     if args.device.startswith("cuda"):
         import torch
