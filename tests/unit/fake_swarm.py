@@ -236,6 +236,9 @@ class FakeParts(PeerParts):
     def libp2p_identity(self, state_dir) -> Libp2pIdentity:
         return pooled_identity(next(self._identities))
 
+    def spare_libp2p_identity(self, state_dir) -> None:
+        """Fake peers take pooled identities: no RSA key made in the background to slow the tests' rounds."""
+
     def client(self, join) -> FakeClient:
         return FakeClient(self.coordinator)
 
