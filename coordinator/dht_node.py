@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import ipaddress
 import logging
 import socket
 from pathlib import Path
@@ -20,6 +19,7 @@ from hivemind.p2p import PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
 from coordinator.limits import parse_dht_maddr
+from swarm.net.p2p_address import maddr
 from swarm.net.transport import exit_with_parent
 
 logger = logging.getLogger(__name__)
@@ -27,14 +27,6 @@ logger = logging.getLogger(__name__)
 IDENTITY_FILE = "dht-identity.key"
 DIAL_TIMEOUT_S = 5.0  # connect and ping one peer; peers are dialled at once, so also about the total
 MAX_DIALLED_PEERS = 64  # the rest find the node themselves: they know its address
-
-
-def _maddr(host: str, port: int) -> str:
-    try:
-        version = ipaddress.ip_address(host).version
-    except ValueError:
-        return f"/dns/{host}/tcp/{port}"
-    return f"/ip{version}/{host}/tcp/{port}"
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -100,10 +92,10 @@ class DHTNode:
         port = self._port
         if port == 0 and self._previous_port and _port_free(self._host, self._previous_port):
             port = self._previous_port
-        announce = [_maddr(self._announce_host, port)] if self._announce_host and port else None
+        announce = [maddr(self._announce_host, port)] if self._announce_host and port else None
         self._dht = hivemind.DHT(
             start=True,
-            host_maddrs=[_maddr(self._host, port)],
+            host_maddrs=[maddr(self._host, port)],
             announce_maddrs=announce,
             identity_path=str(self._state_dir / IDENTITY_FILE),
             record_validators=self._record_validators,
@@ -115,7 +107,7 @@ class DHTNode:
         if self._announce_host:
             # With port 0 the port is known only now: tell peers the announced host with the bound port.
             peer_id = self._dht.peer_id.to_base58()
-            visible = [f"{_maddr(self._announce_host, int(p))}/p2p/{peer_id}" for p in sorted(ports)]
+            visible = [f"{maddr(self._announce_host, int(p))}/p2p/{peer_id}" for p in sorted(ports)]
         self.initial_peers = visible
         logger.info("DHT node listening at %s", ", ".join(visible))
         self._redial(bootstrap)

@@ -50,6 +50,7 @@ class Store:
         self.path = str(path)
         self._lock = threading.RLock()
         self._depth = 0
+        self._revoked: Optional[tuple[int, frozenset[str]]] = None  # (data_version, ids): revoked_token_ids' cache
         # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a group of writes is atomic.
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         if self.path != ":memory:":
@@ -188,3 +189,14 @@ class Store:
 
     def put_token(self, token: TokenRecord) -> None:
         self._write("INSERT OR REPLACE INTO tokens (id, data) VALUES (?, ?)", (token.id, to_json(token)))
+        self._revoked = None  # this connection's own writes do not change PRAGMA data_version
+
+    def revoked_token_ids(self) -> frozenset[str]:
+        """The ids of the revoked tokens, read again only when the file changed: every member call asks, and
+        `swarm token revoke` writes from another process (which changes ``PRAGMA data_version`` here)."""
+        with self._lock:
+            version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            if self._revoked is None or self._revoked[0] != version:
+                revoked = frozenset(t.id for t in self.tokens() if t.revoked)
+                self._revoked = (version, revoked)
+            return self._revoked[1]

@@ -87,6 +87,8 @@ class TokenStore(Protocol):
 
     def put_token(self, token: TokenRecord) -> None: ...
 
+    def revoked_token_ids(self) -> frozenset[str]: ...
+
 
 def admit_joiner(store: TokenStore, token: str, *, now: float) -> TokenRecord:
     """The peer token ``token`` names, its use counted; BadToken or TokenRefused when it may not join."""
@@ -105,5 +107,4 @@ def check_watcher(store: TokenStore, token: str, *, now: float) -> TokenRecord:
 
 
 def revoked(store: TokenStore, token_id: str) -> bool:
-    record = store.get_token(token_id)
-    return record is not None and record.revoked
+    return token_id in store.revoked_token_ids()

@@ -41,6 +41,48 @@ def poll(predicate: Callable[[], object], *, timeout_s: float, what: str, interv
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
+# Two peers, two short rounds of the tiny model: the runs across emulated hosts (test_hosts, test_nat).
+TWO_PEER_RUN = """
+[model]
+preset = "tiny"
+
+[rounds]
+inner_steps = 5
+max_rounds = 2
+min_peers = 2
+matchmaking_window_s = 10.0
+exchange_timeout_s = 10.0
+round_timeout_s = 30.0
+"""
+
+
+def read_join_string(coordinator: subprocess.Popen, *, timeout_s: float, log: Optional[Path] = None) -> str:
+    """The join string a coordinator started with stdout=PIPE prints; fails (with its log) if it prints none."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = coordinator.stdout.readline().decode()
+        if line.startswith("join: "):
+            return line.split(" ", 1)[1].strip()
+        if not line and coordinator.poll() is not None:
+            break
+    tail = log.read_text(errors="replace")[-3000:] if log is not None and log.exists() else ""
+    raise AssertionError(f"the coordinator printed no join string:\n{tail}")
+
+
+def kill_family(proc: subprocess.Popen) -> None:
+    """The process and its children (its DHT process and p2pd, which would otherwise outlive it)."""
+    try:
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=10)
+
+
 @dataclass
 class Swarm:
     """A coordinator plus peers started by a test, with their logs in one directory."""
@@ -56,15 +98,8 @@ class Swarm:
             ["coordinator", "--state-dir", str(self.workdir / "coordinator"), *args],
             self.workdir / "coordinator.log", stdout=subprocess.PIPE,
         )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            line = self.coordinator.stdout.readline().decode()
-            if line.startswith("join: "):
-                self.join = line.split(" ", 1)[1].strip()
-                return self.join
-            if not line and self.coordinator.poll() is not None:
-                break
-        raise AssertionError(f"coordinator printed no join string:\n{self.log('coordinator')}")
+        self.join = read_join_string(self.coordinator, timeout_s=timeout_s, log=self.workdir / "coordinator.log")
+        return self.join
 
     def start_peer(self, name: str, *args: str) -> subprocess.Popen:
         proc = swarm_process(

@@ -11,27 +11,15 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from swarm.train.final_model import tensors_digest
+from tests.integration.harness import TWO_PEER_RUN, kill_family, read_join_string
 from tests.integration.netns_hosts import NetnsHosts, missing_privilege
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 ROOT = Path(__file__).resolve().parents[2]
 
-TINY_RUN = """
-[model]
-preset = "tiny"
-
-[rounds]
-inner_steps = 5
-max_rounds = 2
-min_peers = 2
-matchmaking_window_s = 10.0
-exchange_timeout_s = 10.0
-round_timeout_s = 30.0
-"""
 
 
 def _start(hosts: NetnsHosts, host: int, args: list[str], *, cwd: Path, log: Path) -> subprocess.Popen:
@@ -42,33 +30,6 @@ def _start(hosts: NetnsHosts, host: int, args: list[str], *, cwd: Path, log: Pat
         return subprocess.Popen(hosts.command(host, [sys.executable, "-m", "swarm.app.cli", *args]),
                                 cwd=cwd, env=env, stdout=out if not args[0] == "coordinator" else subprocess.PIPE,
                                 stderr=out)
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """The process and its DHT child with its p2pd, which would otherwise outlive the namespace."""
-    if proc.poll() is not None:
-        return
-    try:
-        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for p in family:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(family, timeout=10)
-
-
-def _join_string(coordinator: subprocess.Popen, log: Path, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = coordinator.stdout.readline().decode()
-        if line.startswith("join: "):
-            return line.split(" ", 1)[1].strip()
-        if not line and coordinator.poll() is not None:
-            break
-    raise AssertionError(f"the coordinator printed no join string:\n{log.read_text(errors='replace')[-3000:]}")
 
 
 @pytest.fixture
@@ -82,7 +43,7 @@ def hosts():
 
 def test_bare_peers_on_two_other_hosts_commit_every_round_and_end_identical(hosts, tmp_path):
     config = tmp_path / "run.toml"
-    config.write_text(TINY_RUN)
+    config.write_text(TWO_PEER_RUN)
     procs: list[subprocess.Popen] = []
     logs = {name: tmp_path / f"{name}.log" for name in ("coordinator", "peer-1", "peer-2")}
     try:
@@ -91,7 +52,7 @@ def test_bare_peers_on_two_other_hosts_commit_every_round_and_end_identical(host
                                         str(tmp_path / "coordinator"), "--exit-grace-s", "0"],
                              cwd=tmp_path, log=logs["coordinator"])
         procs.append(coordinator)
-        join = _join_string(coordinator, logs["coordinator"], timeout_s=30)
+        join = read_join_string(coordinator, timeout_s=30, log=logs["coordinator"])
         assert join.startswith(f"swarm://{hosts.addresses[0]}:")
         for host in (1, 2):  # the README's first example, nothing more: default state dir in its own cwd
             procs.append(_start(hosts, host, ["peer", "--join", join, "--device", "cpu"],
@@ -112,21 +73,21 @@ def test_bare_peers_on_two_other_hosts_commit_every_round_and_end_identical(host
         assert tensors_digest(finals[0]) == tensors_digest(finals[1]), "the peers ended on different models"
     finally:
         for proc in procs:
-            _kill(proc)
+            kill_family(proc)
 
 
 def test_peers_that_listen_on_loopback_say_why_their_rounds_fail_and_what_to_pass(hosts, tmp_path):
     """The old default (--p2p-host 127.0.0.1) on separate hosts: each peer warns at start, and the failed
     round's reason, in the peer's log and the coordinator's, names the unreachable groupmate and the fix."""
     config = tmp_path / "run.toml"
-    config.write_text(TINY_RUN)
+    config.write_text(TWO_PEER_RUN)
     procs: list[subprocess.Popen] = []
     logs = {name: tmp_path / f"{name}.log" for name in ("coordinator", "peer-1", "peer-2")}
     try:
         procs.append(_start(hosts, 0, ["coordinator", "--config", str(config), "--host", "0.0.0.0",
                                        "--announce-host", hosts.addresses[0], "--state-dir",
                                        str(tmp_path / "coordinator")], cwd=tmp_path, log=logs["coordinator"]))
-        join = _join_string(procs[0], logs["coordinator"], timeout_s=30)
+        join = read_join_string(procs[0], timeout_s=30, log=logs["coordinator"])
         for host in (1, 2):
             procs.append(_start(hosts, host, ["peer", "--join", join, "--device", "cpu", "--p2p-host", "127.0.0.1"],
                                 cwd=tmp_path / f"host{host}", log=logs[f"peer-{host}"]))
@@ -143,4 +104,4 @@ def test_peers_that_listen_on_loopback_say_why_their_rounds_fail_and_what_to_pas
         assert "that peer must pass --announce-host" in logs["coordinator"].read_text(errors="replace")
     finally:
         for proc in procs:
-            _kill(proc)
+            kill_family(proc)

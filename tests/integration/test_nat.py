@@ -9,55 +9,17 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from swarm.app.testbed import Testbed, make_topology, missing_privileges
 from swarm.train.final_model import tensors_digest
+from tests.integration.harness import TWO_PEER_RUN, kill_family, read_join_string
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 PREFIX = "swnat-"  # every namespace of this test; teardown removes only these
 
-TINY_RUN = """
-[model]
-preset = "tiny"
-
-[rounds]
-inner_steps = 5
-max_rounds = 2
-min_peers = 2
-matchmaking_window_s = 10.0
-exchange_timeout_s = 10.0
-round_timeout_s = 30.0
-"""
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """The process and its DHT child with its p2pd."""
-    try:
-        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for p in family:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(family, timeout=10)
-
-
-def _join_string(coordinator: subprocess.Popen, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = coordinator.stdout.readline().decode()
-        if line.startswith("join: "):
-            return line.split(" ", 1)[1].strip()
-        if not line and coordinator.poll() is not None:
-            break
-    raise AssertionError("the coordinator printed no join string")
 
 
 def _nat_holds(bed: Testbed) -> bool:
@@ -80,7 +42,7 @@ def bed():
 
 def test_bare_peer_behind_nat_commits_every_round_and_ends_on_the_committed_model(bed, tmp_path):
     config = tmp_path / "run.toml"
-    config.write_text(TINY_RUN)
+    config.write_text(TWO_PEER_RUN)
     # one torch thread per process: three share this machine's cores (the CLI stays the bare command)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=str(Path(__file__).resolve().parents[2]))
@@ -93,7 +55,7 @@ def test_bare_peer_behind_nat_commits_every_round_and_ends_on_the_committed_mode
                                           str(config), "--host", "0.0.0.0", "--announce-host", bed.address("h0"),
                                           "--state-dir", str(tmp_path / "coordinator"), "--exit-grace-s", "0"],
                                    cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=err))
-        join = _join_string(procs[0], timeout_s=30)
+        join = read_join_string(procs[0], timeout_s=30)
         for host in ("h1", "nat"):  # the README's bare command, each in a directory of its own
             (tmp_path / host).mkdir()
             with open(logs[host], "wb") as out:
@@ -119,4 +81,4 @@ def test_bare_peer_behind_nat_commits_every_round_and_ends_on_the_committed_mode
         assert tensors_digest(finals[0]) == tensors_digest(finals[1]), "the peers ended on different models"
     finally:
         for proc in procs:
-            _kill(proc)
+            kill_family(proc)

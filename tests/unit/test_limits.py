@@ -25,7 +25,7 @@ from swarm.config import RoundConfig, RunConfig
 from swarm.control.signing import CallSigner, signed_join
 from swarm.core.credential import PeerKey
 from swarm.v1 import coordinator_pb2 as pb
-from tests.unit.fake_swarm import libp2p_identity
+from tests.unit.fake_swarm import pooled_identity
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,14 +53,9 @@ class FakeContext:
         raise Aborted(code, details)
 
 
-_LIBP2P: list = []
-
-
 def libp2p():
     """One libp2p identity for every peer of these tests (an RSA key takes a while to make)."""
-    if not _LIBP2P:
-        _LIBP2P.append(libp2p_identity())
-    return _LIBP2P[0]
+    return pooled_identity(0)
 
 
 class Coordinator:
