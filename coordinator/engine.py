@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable, Iterator, Optional
 
-from coordinator import admission, membership, rounds, tokens
+from coordinator import admission, controller, membership, rounds, tokens
 from coordinator.errors import BadRequest, PeerGone, Rejection, UnknownPeer
 from coordinator.records import COMMITTED, EXCHANGING, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
 from coordinator.peer_writes import PeerWrites
@@ -205,7 +205,7 @@ class CoordinatorEngine:
                 last_committed=self._last_committed,
                 rounds_committed=self._store.count_rounds(COMMITTED),
                 rounds_voided=self._store.count_rounds(pb.ROUND_OUTCOME_VOIDED),
-                now=now, started_at=self.started_at,
+                now=now, started_at=self.started_at, latest=self._latest,
             )
         return status_response(**facts)
 
@@ -317,6 +317,8 @@ class CoordinatorEngine:
             min_peers=self.config.rounds.min_peers,
         )
         if planned is not None:
+            planned = controller.for_round(self.config, planned, self._peers, param_count=self._run.param_count,
+                                           previous=self._latest)
             self._save_round(planned)
             self._wait_until = planned.opened_at + self.config.rounds.round_timeout_s  # should no one report
             logger.info("round %d: opened with %s", number, ", ".join(planned.participants))

@@ -97,6 +97,7 @@ class RoundRecord:
     holders: tuple[str, ...] = ()  # peer ids that reported the committed hash
     mean_loss: float = NAN
     reason: str = ""  # why it was decided so, in words
+    choice: str = ""  # the controller's choice for it as JSON (coordinator.controller; "": controller off)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
+from coordinator import controller
 from coordinator.errors import BadRequest
 from coordinator.limits import MAX_DHT_MADDRS, MAX_LABEL_BYTES
 from coordinator.records import COMMITTED, PeerRecord, RoundRecord, RunRecord
@@ -52,6 +53,9 @@ def round_info(
     )
     if round_row is not None:
         info.outcome = round_row.outcome
+        choice = controller.message(round_row.choice)
+        if choice is not None:
+            info.choice.CopyFrom(choice)
         if round_row.outcome == COMMITTED or round_row.outcome == pb.ROUND_OUTCOME_VOIDED:
             info.participants.extend(round_row.participants)
         else:  # an open round: only the live ones, so groupmates stop waiting for a peer that left
@@ -91,7 +95,9 @@ def status_response(
     rounds_voided: int,
     now: float,
     started_at: float,
+    latest: Optional[RoundRecord] = None,
 ) -> pb.GetStatusResponse:
+    """``latest``: the newest round, whose controller choice status shows."""
     rounds = config.rounds
     status = pb.RunStatus(
         run_id=run.run_id,
@@ -117,6 +123,9 @@ def status_response(
         loss=last_committed.mean_loss if last_committed is not None else math.nan,
         uptime_s=max(0.0, now - started_at),
     )
+    choice = controller.message(latest.choice) if latest is not None else None
+    if choice is not None:
+        status.controller.CopyFrom(choice)
     listed = [p for p in peers if p.alive or now - p.last_seen <= GONE_LISTED_S]
     return pb.GetStatusResponse(
         run=status,

@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 MAX_REPORTED_ERROR_BYTES = 1024  # the coordinator refuses a round report whose error is longer
 
 DECIDED = (pb.ROUND_OUTCOME_COMMITTED, pb.ROUND_OUTCOME_VOIDED)
+MAX_CHOICES_KEPT = 8  # rounds whose controller choice is remembered
 FALLBACK_AFTER_S = 2.0  # unreachable this long while awaiting a decision: the group's votes decide
 
 
@@ -59,6 +60,7 @@ class CoordinatorLink:
         self.live_peers = 0
         self.group_decision: Callable[[Vote], Optional[tuple[Optional[str], list[str]]]] = lambda vote: None
         self.param_count = 0  # of this peer's model, carried by every report
+        self._choices: dict[int, pb.RoundChoice] = {}  # round -> the controller's choice, as the coordinator said
 
     def join(self, options, *, key: PeerKey, libp2p: Libp2pSigner) -> pb.JoinResponse:
         """Join the run, retrying while the coordinator is unreachable; gives up after join_timeout_s.
@@ -87,7 +89,21 @@ class CoordinatorLink:
         """Round ``round_no`` (0: the current one), asked once; raises CoordinatorUnreachable."""
         info = self.client.get_round(peer_id=self.peer_id, round_no=round_no)
         self.live_peers = info.live_peers
+        if info.HasField("choice") and info.round not in self._choices:
+            self._choices[info.round] = info.choice  # a round's choice never changes: the first answer holds
+            for old in sorted(self._choices)[:-MAX_CHOICES_KEPT]:
+                del self._choices[old]
         return info
+
+    def round_choice(self, round_no: int) -> Optional[pb.RoundChoice]:
+        """The controller's choice for ``round_no`` (None: the controller is off, or the coordinator is
+        unreachable and never said: the group then runs a round it did not open, with the run's codec)."""
+        if round_no not in self._choices:
+            try:
+                self.get_round(round_no)
+            except CoordinatorUnreachable:
+                return None
+        return self._choices.get(round_no)
 
     def round_info(self, round_no: int) -> pb.RoundInfo:
         """Round ``round_no``, retrying while the coordinator is unreachable."""

@@ -174,7 +174,8 @@ class PeerDaemon:
         o = self.options
         group = self.group = self.parts.group(self.transport, self.run_config, run_id=self.run_id,
                                               peer_id=self.peer_id, peer_index=joined.peer_index,
-                                              planned=self.link.planned, faults=o.faults, member=self.link.member)
+                                              planned=self.link.planned, faults=o.faults, member=self.link.member,
+                                              round_choice=self.link.round_choice)
         self.link.group_decision = group.group_decision
         self.link.param_count = trainer.param_count
         transfer = self.parts.state_transfer(self.transport, run_id=self.run_id, timeout_s=o.state_timeout_s,

@@ -3,6 +3,7 @@ group decides by while the coordinator is unreachable. The round runner's GroupE
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import statistics
@@ -10,6 +11,7 @@ from typing import Callable, Optional
 
 from peer.faults import FaultPlan
 from swarm.config import RunConfig
+from swarm.config.run import CODEC_NAMES
 from swarm.core import credential
 from swarm.core.aggregation import Aggregation
 from swarm.net.allreduce import Exchange, ExchangeFailed
@@ -22,6 +24,7 @@ from swarm.net.votes import Vote as DhtVote
 from swarm.net.votes import collect_votes, group_decision, post_vote
 from swarm.train.round import Averaged, SyncFailed, Vote
 from swarm.train.trainer import Contribution
+from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
@@ -32,11 +35,13 @@ class DhtGroup:
     """Owned by the round runner's executor thread (``average``, ``post``, ``decide``); ``live_peers`` is
     written by the main thread from the coordinator's answers (a plain int: a stale read is harmless).
     ``member`` (the peer's key and credential, ``CoordinatorLink.member``) signs this peer's DHT entries and
-    checks its groupmates'."""
+    checks its groupmates'. ``round_choice`` gives the coordinator's controller choice for a round (None: none,
+    the run's codec and equal slices), read on the executor thread (``CoordinatorLink.round_choice``)."""
 
     def __init__(self, transport: Transport, run: RunConfig, *, run_id: str, peer_id: str, peer_index: int,
                  planned: Callable[[int], Optional[set[str]]], faults: FaultPlan,
-                 member: Optional[credential.Member]) -> None:
+                 member: Optional[credential.Member],
+                 round_choice: Optional[Callable[[int], Optional[pb.RoundChoice]]] = None) -> None:
         if member is None:
             raise ValueError("the round's group needs this peer's credential (CoordinatorLink.member after the join) "
                              "to sign its entries and check its groupmates'.")
@@ -47,6 +52,7 @@ class DhtGroup:
         if not getattr(transport, "validates_entries", False):  # normally guarded from its start (PeerParts.transport)
             guard(transport.dht, member)  # this node refuses to store or relay forged entries
         self.planned = planned  # the coordinator's plan for a round, or the last known group while it is down
+        self.round_choice = round_choice or (lambda round_no: None)
         self.faults = faults
         self.exchange = Exchange(transport, run_id=run_id, aggregation=Aggregation.for_run(run))
         self.live_peers = 0  # the run's live peers as last heard from the coordinator (0: not yet)
@@ -65,11 +71,14 @@ class DhtGroup:
     def average(self, round_no: int, contribution: Contribution) -> Averaged:
         rounds = self.run.rounds
         delta, weight = contribution.delta, float(contribution.samples)
+        choice = self.round_choice(round_no)
+        codec = round_codec(choice, rounds.codec)
+        contribution.sent_as = codec  # error feedback then keeps what this codec drops
         if self.faults.scale(round_no, "delta") != 1.0 or self.faults.scale(round_no, "weight") != 1.0:
             delta = delta * self.faults.scale(round_no, "delta")  # a Byzantine peer (attack soaks only)
             weight *= self.faults.scale(round_no, "weight")
         me = Member(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, index=self.peer_index,
-                    weight=weight, numel=contribution.delta.numel(), codec=rounds.codec,
+                    weight=weight, numel=contribution.delta.numel(), codec=codec, plan=plan_digest(choice),
                     live_peers=self.live_peers if rounds.scale_by_participation else 0,
                     maddrs=self.exchange.own_maddrs)
         key = self.key(round_no, contribution.fragment)
@@ -81,15 +90,15 @@ class DhtGroup:
             )
             dropped_before = self.exchange.rejected_chunks
             result = self.exchange.average(key=key, group=group, me=me, delta=delta,
-                                           timeout_s=rounds.exchange_timeout_s,
+                                           timeout_s=rounds.exchange_timeout_s, shares=group_shares(choice, group),
                                            on_phase=lambda phase: self.faults.fire(round_no, phase))
         except ExchangeFailed as e:
             raise SyncFailed(str(e)) from e
         self.links.observe(result.links)
         scale = participation_scale(group)
         average = result.average if scale == 1.0 else result.average * scale
-        logger.info("[%s r%d] averaged fragment %d with %d peers in %.2fs (%d bytes sent)%s", self.peer_id, round_no,
-                    contribution.fragment, len(group), result.seconds, result.bytes_sent,
+        logger.info("[%s r%d] averaged fragment %d with %d peers in %.2fs (%s, %d bytes sent)%s", self.peer_id,
+                    round_no, contribution.fragment, len(group), result.seconds, codec, result.bytes_sent,
                     f", outer step scaled by {scale:.2f} ({len(group)} of {max(m.live_peers for m in group)} "
                     "live peers)" if scale != 1.0 else "")
         return Averaged(average=average, group=[m.peer_id for m in group], bytes_sent=result.bytes_sent,
@@ -116,3 +125,34 @@ class DhtGroup:
         committed = group_decision(votes)
         holders = [v.dht_peer_id for v in votes.values() if v.ok and v.state_hash == committed] if committed else []
         return committed, holders
+
+
+def round_codec(choice: Optional[pb.RoundChoice], run_codec: str) -> str:
+    """The codec of a round: the controller's choice, else the run's."""
+    if choice is None or not choice.codec:
+        return run_codec
+    if choice.codec not in CODEC_NAMES:
+        raise SyncFailed(f"the coordinator chose codec {choice.codec!r}, which this peer does not know; "
+                         "run the same swarm version as the coordinator.")
+    return choice.codec
+
+
+def plan_digest(choice: Optional[pb.RoundChoice]) -> str:
+    """What the group entry carries of the round's choice: members whose digests differ do not exchange."""
+    if choice is None:
+        return ""
+    text = choice.codec + "|" + ",".join(f"{p}={s!r}" for p, s in sorted(choice.shares.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def group_shares(choice: Optional[pb.RoundChoice], group: list) -> Optional[list[float]]:
+    """Each group position's share of the reduction (None: equal slices). A member the choice does not list
+    (admitted late) gets the mean of the listed members' shares."""
+    if choice is None or not choice.shares:
+        return None
+    listed = [choice.shares[m.peer_id] for m in group if m.peer_id in choice.shares]
+    default = math.fsum(listed) / len(listed) if listed else 1.0
+    shares = [choice.shares.get(m.peer_id, default) for m in group]
+    if not all(math.isfinite(s) and s > 0 for s in shares):
+        raise SyncFailed(f"the coordinator's shares {shares} are not all positive; the round cannot be reduced.")
+    return shares

@@ -18,6 +18,7 @@ from swarm.v1 import coordinator_pb2 as pb
 
 MAX_PAGES = 1000  # a coordinator that keeps answering with a next page is not followed forever
 DISPLAY_CHARS = 24  # a peer's name, site or hash in the table
+SHARES_SHOWN = 8  # the controller's shares listed in the table (--json has all)
 
 
 def fetch_all_pages(get_page: Callable[[str], pb.GetStatusResponse]) -> pb.GetStatusResponse:
@@ -39,6 +40,8 @@ def status_to_dict(response: pb.GetStatusResponse) -> dict[str, Any]:
     "peers_omitted": N}; paging is the transport's business, not the answer's."""
     status = _plain(response)
     status.pop("next_page_token", None)
+    if not response.run.HasField("controller"):
+        status["run"]["controller"] = None  # [rounds] controller = "off"
     return status
 
 
@@ -47,7 +50,9 @@ def _plain(message: Message) -> dict[str, Any]:
     data = MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     for field in message.DESCRIPTOR.fields:
         value = getattr(message, field.name)
-        if field.message_type is not None:
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            data[field.name] = dict(value)  # e.g. the controller's shares: peer id -> share
+        elif field.message_type is not None:
             data[field.name] = [_plain(m) for m in value] if field.is_repeated else _plain(value)
         elif field.enum_type is not None or field.is_repeated:
             continue  # MessageToDict's names and lists stand
@@ -105,6 +110,8 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
     if run.get("aggregation") not in (None, "", "mean"):
         plan += f", aggregation {_shown(run['aggregation'])}"
     table.add_row("plan", plan)
+    if run.get("controller"):
+        table.add_row("controller", controller_line(run["controller"]))
     ddp = totals["ddp_equivalent_bytes"]
     sent = totals["bytes_sent"]
     ratio = f" ({ddp / sent:,.0f}× less)" if sent and ddp else ""
@@ -135,6 +142,18 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
             _measured(m.get("rtt_ms"), "{:.0f}"), f"{100 * p['compute_utilization']:.0f}%", f"{p['last_seen_s']:.0f}s ago",
         )
     return [table, peers]
+
+
+def controller_line(choice: dict[str, Any]) -> str:
+    """The controller's latest choice in one line: round, codec, shares and why."""
+    shares = choice.get("shares") or {}
+    total = sum(shares.values()) or 1.0
+    listed = sorted(shares.items())
+    shown = ", ".join(f"{_shown(p, 12)} {s / total:.2f}" for p, s in listed[:SHARES_SHOWN]) or "equal"
+    if len(listed) > SHARES_SHOWN:
+        shown += f", … ({len(listed) - SHARES_SHOWN} more)"
+    return (f"round {choice['round']}: {_shown(choice['codec'])}, shares {shown}, recommended H "
+            f"{choice['inner_steps']}; {_shown(choice['reason'], 300)}")
 
 
 def render_status(status: dict[str, Any], console: Console) -> None:

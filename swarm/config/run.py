@@ -28,6 +28,8 @@ CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4")
 FRAGMENT_PATTERNS = ("strided", "contiguous")
 # swarm.core.aggregation.RULES implements exactly these: how a slice's owner combines the group's slices.
 AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean")
+# coordinator.controller: "off" keeps [rounds] codec and equal slices; "auto" adapts them to measured links.
+CONTROLLERS = ("off", "auto")
 
 # Built-in model shapes (swarm.train.model builds them).
 MODEL_PRESETS: dict[str, dict] = {
@@ -229,6 +231,15 @@ class RoundConfig:
     clip_factor: float = 2.0
     trim_fraction: float = 0.25
     reject_factor: float = 100.0
+    # The adaptive controller (coordinator.controller). "auto": as it opens each round the coordinator picks
+    # the least lossy of controller_codecs whose predicted exchange stays hidden behind computation (within
+    # the overlap window, or without overlap within controller_exchange_fraction of the round), and each
+    # member's share of the reduction in proportion to its measured uplink; every member applies the same
+    # choice. "off": every round uses codec and equal slices, as without a controller.
+    controller: str = "off"
+    controller_codecs: tuple[str, ...] = ("fp32", "fp16", "int8", "int4")
+    controller_exchange_fraction: float = 0.1
+    controller_max_inner_steps: Optional[int] = None  # cap on the H it recommends (None: 4 x inner_steps)
 
     def validate(self) -> None:
         if self.inner_steps < 1:
@@ -262,6 +273,21 @@ class RoundConfig:
         if self.max_rounds is not None:
             check_range("rounds", "max_rounds", self.max_rounds, 1, MAX_ROUNDS)
         self._validate_aggregation()
+        self._validate_controller()
+
+    def _validate_controller(self) -> None:
+        if self.controller not in CONTROLLERS:
+            raise ConfigError(f"[rounds] controller {self.controller!r} is unknown; choose one of {list(CONTROLLERS)}.")
+        unknown = [c for c in self.controller_codecs if c not in CODEC_NAMES]
+        if unknown or not self.controller_codecs:
+            raise ConfigError(f"[rounds] controller_codecs must list codecs among {list(CODEC_NAMES)},"
+                              f" got {list(self.controller_codecs)}.")
+        if not (math.isfinite(self.controller_exchange_fraction) and 0 < self.controller_exchange_fraction <= 1):
+            raise ConfigError(f"[rounds] controller_exchange_fraction must be in (0, 1],"
+                              f" got {self.controller_exchange_fraction}.")
+        cap = self.controller_max_inner_steps
+        if cap is not None:
+            check_range("rounds", "controller_max_inner_steps", cap, self.inner_steps, MAX_STEPS)
 
     def _validate_aggregation(self) -> None:
         if self.aggregation not in AGGREGATIONS:
@@ -379,6 +405,10 @@ def _coerce(value: Any, default: Any, *, name: str, origin: str, where: str) -> 
         if not isinstance(value, str):
             raise bad
         return value
+    if isinstance(default, tuple):  # a list of names, e.g. controller_codecs
+        if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) for x in value):
+            raise ConfigError(f"{origin}: {name} in {where} must be a list of strings, got {value!r}.")
+        return tuple(value)
     if isinstance(default, dict):  # a sub-table of keyword arguments, e.g. [outer.options]
         if not isinstance(value, dict):
             raise bad

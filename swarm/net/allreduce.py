@@ -26,13 +26,12 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 from hivemind.p2p import P2PContext, PeerID
 
 from swarm.core.aggregation import Aggregation
-from swarm.core.average import part_bounds
 from swarm.core.codec import CODECS
 from swarm.net.link_probe import LinkProbe
 from swarm.net.link_stats import LinkTimings, TransferLog, timed_stream
@@ -46,6 +45,7 @@ from swarm.net.slice_reduction import (
     encode_slice,
     judged,
     reduce_slice,
+    slice_bounds,
 )
 from swarm.net.transport import CHUNK_BYTES, Transport
 from swarm.v1 import exchange_pb2
@@ -97,16 +97,20 @@ class Exchange:
 
     def average(
         self, *, key: str, group: list[Member], me: Member, delta: torch.Tensor, timeout_s: float,
-        on_phase: Optional[Callable[[str], Optional[float]]] = None,
+        on_phase: Optional[Callable[[str], Optional[float]]] = None, shares: Optional[Sequence[float]] = None,
     ) -> ExchangeResult:
         """Average delta with the group; raises ExchangeFailed unless every slice arrived intact.
+
+        ``shares`` (one per group position; None: equal) size each member's slice of the reduction (the
+        controller's choice); the group's members must pass the same ones, which their entries' ``plan``
+        digest vouches for.
 
         on_phase("sending") and on_phase("reducing") are called as the exchange passes those points
         (fault injection uses them); a number they return is a delay the exchange awaits there.
         """
         on_phase = on_phase or (lambda phase: None)
         try:
-            return self.transport.run(self._average_or_abort(key, group, me, delta, on_phase, timeout_s),
+            return self.transport.run(self._average_or_abort(key, group, me, delta, on_phase, timeout_s, shares),
                                       timeout_s=timeout_s + ABORT_TIMEOUT_S + 5)
         except (asyncio.TimeoutError, TimeoutError):
             raise ExchangeFailed(f"{key}: the group did not complete the exchange within {timeout_s:.0f}s") from None
@@ -114,11 +118,12 @@ class Exchange:
             self.transport.run(self._forget(key), timeout_s=5)
 
     async def _average_or_abort(self, key: str, group: list[Member], me: Member, delta: torch.Tensor,
-                                on_phase: Callable[[str], Optional[float]], timeout_s: float) -> ExchangeResult:
+                                on_phase: Callable[[str], Optional[float]], timeout_s: float,
+                                shares: Optional[Sequence[float]] = None) -> ExchangeResult:
         """_average within timeout_s; on failure tell every groupmate at once (PHASE_ABORT), so they fail
         now instead of waiting out their own timeout for slices that will never come."""
         try:
-            return await asyncio.wait_for(self._average(key, group, me, delta, on_phase), timeout_s)
+            return await asyncio.wait_for(self._average(key, group, me, delta, on_phase, shares), timeout_s)
         except (ExchangeFailed, asyncio.TimeoutError, TimeoutError) as e:
             if not isinstance(e, ExchangeFailed) or not e.from_groupmate:
                 reason = str(e) if isinstance(e, ExchangeFailed) else f"no complete exchange within {timeout_s:.0f}s"
@@ -152,17 +157,24 @@ class Exchange:
             pass
 
     async def _average(
-        self, key: str, group: list[Member], me: Member, delta: torch.Tensor, on_phase: Callable[[str], None]
+        self, key: str, group: list[Member], me: Member, delta: torch.Tensor, on_phase: Callable[[str], None],
+        shares: Optional[Sequence[float]] = None,
     ) -> ExchangeResult:
         started = time.perf_counter()
         codec = CODECS[me.codec]
         if any(m.numel != me.numel or m.codec != me.codec for m in group):
             raise ExchangeFailed(f"{key}: groupmates disagree on the vector size or codec")
+        if any(m.plan != me.plan for m in group):
+            raise ExchangeFailed(f"{key}: groupmates hold different controller choices for this round (codec or "
+                                 "shares); each must take the coordinator's choice for the round")
         weights = capped_weights(self.aggregation, group, key)
         position = [m.peer_id for m in group].index(me.peer_id)
         digest = group_digest(group)
         await self._expect(key, group)
-        bounds = part_bounds(me.numel, len(group), codec.block)  # block-aligned: slices quantize like the whole
+        try:  # block-aligned: slices quantize like the whole
+            bounds = slice_bounds(me.numel, len(group), codec.block, shares)
+        except ValueError as e:
+            raise ExchangeFailed(f"{key}: {e}") from None
         flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
         sent = 0
 

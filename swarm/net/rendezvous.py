@@ -34,6 +34,7 @@ class Member:
     codec: str
     live_peers: int = 0  # the run's live peers as this member last heard from the coordinator (0: unknown)
     maddrs: str = ""  # the addresses its node announces (reachability.shown_maddrs): only shown in messages
+    plan: str = ""  # digest of the round's controller choice (codec and shares) it applies ("": controller off)
 
 
 def group_key(run_id: str, round_no: int, fragment: int = 0) -> str:
@@ -42,7 +43,7 @@ def group_key(run_id: str, round_no: int, fragment: int = 0) -> str:
 
 def group_digest(members: list[Member]) -> str:
     text = "|".join(f"{m.peer_id},{m.dht_peer_id},{m.index},{m.weight!r},{m.numel},{m.codec},{m.live_peers}"
-                    for m in members)
+                    + (f",{m.plan}" if m.plan else "") for m in members)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -6,10 +6,13 @@ group's order, and encode the result once, so every member receives identical by
 from __future__ import annotations
 
 import logging
+import math
+from typing import Optional, Sequence
 
 import torch
 
 from swarm.core.aggregation import Aggregation, Reduced
+from swarm.core.average import part_bounds
 from swarm.net.rendezvous import Member
 
 logger = logging.getLogger("swarm.net.allreduce")  # the exchange's log, where these lines always were
@@ -22,6 +25,27 @@ class ExchangeFailed(RuntimeError):
         super().__init__(message)
         self.from_groupmate = from_groupmate  # a groupmate's abort: not passed on again
         self.unreachable = unreachable  # a groupmate could not be dialled
+
+
+def slice_bounds(numel: int, parts: int, align: int, shares: Optional[Sequence[float]] = None) -> list[tuple[int, int]]:
+    """Each group position's slice [start, end) of ``numel`` elements: equal (``part_bounds``) without
+    ``shares``, else as near ``shares`` (one positive weight per position) as whole blocks of ``align``
+    allow. Every boundary but the last is block-aligned, so the slices quantize like the whole vector; the
+    bounds depend only on the arguments, so members with the same shares cut the same slices."""
+    if not shares:
+        return part_bounds(numel, parts, align)
+    if len(shares) != parts or not all(math.isfinite(s) and s > 0 for s in shares):
+        raise ValueError(f"need {parts} positive finite shares, got {list(shares)}.")
+    blocks = -(-numel // align)
+    total = math.fsum(shares)
+    bounds, start, cumulative = [], 0, 0.0
+    for share in shares:
+        cumulative += share  # Python floats in group order: every member rounds the same boundaries
+        end = min(numel, round(blocks * min(1.0, cumulative / total)) * align)
+        bounds.append((start, max(start, end)))
+        start = max(start, end)
+    bounds[-1] = (bounds[-1][0], numel)
+    return bounds
 
 
 def capped_weights(aggregation: Aggregation, group: list[Member], key: str) -> list[float]:

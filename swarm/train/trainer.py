@@ -8,7 +8,7 @@ the simulator alike:
     avg = <butterfly all-reduce of c.delta, weight c.samples>   (background while overlapping)
     trainer.train(τ)                             # overlap: keep training while it is in flight
     tentative = trainer.apply(avg, f, r)         # a GlobalState, hashed and voted on
-    trainer.record_sent(c, codec)                # on commit: what the codec dropped, for the next round
+    trainer.record_sent(c, codec)                # on commit: what the round's codec dropped, for the next
     trainer.commit(tentative, fragment=f)        # install θg; merge the local fragment
 
 With F = 1 and no overlap (plain DiLoCo) every round starts from θg: the commit replaces all of θl.
@@ -43,13 +43,16 @@ class TrainStats:
     inner_time_s: float
 
 
-@dataclass(frozen=True)
+@dataclass
 class Contribution:
     """What a peer sends for one sync: the flat vector and its weight."""
 
     fragment: int
     delta: torch.Tensor  # Δ_f = θg_f − θl_f, plus the error-feedback residual when that is on
     samples: int  # sequences this peer processed since the fragment's previous sync: the weight
+    # The codec the exchange sent it with, set by the exchange (the round's controller choice); "": the
+    # run's codec. Written on the exchange's thread before ``record_sent`` reads it after the round's future.
+    sent_as: str = ""
 
 
 class LocalTrainer:
@@ -212,12 +215,14 @@ class LocalTrainer:
         self._samples_since_sync[contribution.fragment] += contribution.samples
 
     def record_sent(self, contribution: Contribution, codec: Codec | str, parts: int | None = None) -> None:
-        """Error feedback: remember what ``codec`` drops from ``contribution.delta`` when it is sent as
-        ``parts`` block-aligned slices (any count gives the same values; default 1).  Call it once the
-        contribution went out; a no-op when error feedback is off."""
+        """Error feedback: remember what the codec drops from ``contribution.delta`` when it is sent as
+        ``parts`` block-aligned slices (any count and sizes give the same values; default 1).  The codec is
+        the one the exchange sent it with (``sent_as``, the round's controller choice) or else ``codec``
+        (the run's). The residual stays valid across codec changes: it is what the last sent values lacked,
+        whatever encoded them. Call it once the contribution went out; a no-op when error feedback is off."""
         if self.error_feedback is None:
             return
-        codec = get_codec(codec)
+        codec = get_codec(contribution.sent_as or codec)
         feedback = self.error_feedback[contribution.fragment]
         if codec.lossless:
             feedback.reset()

@@ -100,7 +100,7 @@ class JoinResponse(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., run_id: _Optional[str] = ..., run_spec_json: _Optional[str] = ..., dht_initial_peers: _Optional[_Iterable[str]] = ..., heartbeat_interval_s: _Optional[float] = ..., lease_s: _Optional[float] = ..., peer_index: _Optional[int] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ..., session: _Optional[int] = ..., credential: _Optional[bytes] = ..., coordinator_public_key: _Optional[bytes] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
-    __slots__ = ("round", "outcome", "participants", "committed_hash", "holders", "last_committed_round", "last_committed_hash", "finished", "open_round", "live_peers", "behind_peers")
+    __slots__ = ("round", "outcome", "participants", "committed_hash", "holders", "last_committed_round", "last_committed_hash", "finished", "open_round", "live_peers", "behind_peers", "choice")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class RoundInfo(_message.Message):
     OPEN_ROUND_FIELD_NUMBER: _ClassVar[int]
     LIVE_PEERS_FIELD_NUMBER: _ClassVar[int]
     BEHIND_PEERS_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
     round: int
     outcome: RoundOutcome
     participants: _containers.RepeatedScalarFieldContainer[str]
@@ -123,7 +124,37 @@ class RoundInfo(_message.Message):
     open_round: int
     live_peers: int
     behind_peers: int
-    def __init__(self, round: _Optional[int] = ..., outcome: _Optional[_Union[RoundOutcome, str]] = ..., participants: _Optional[_Iterable[str]] = ..., committed_hash: _Optional[str] = ..., holders: _Optional[_Iterable[str]] = ..., last_committed_round: _Optional[int] = ..., last_committed_hash: _Optional[str] = ..., finished: _Optional[bool] = ..., open_round: _Optional[int] = ..., live_peers: _Optional[int] = ..., behind_peers: _Optional[int] = ...) -> None: ...
+    choice: RoundChoice
+    def __init__(self, round: _Optional[int] = ..., outcome: _Optional[_Union[RoundOutcome, str]] = ..., participants: _Optional[_Iterable[str]] = ..., committed_hash: _Optional[str] = ..., holders: _Optional[_Iterable[str]] = ..., last_committed_round: _Optional[int] = ..., last_committed_hash: _Optional[str] = ..., finished: _Optional[bool] = ..., open_round: _Optional[int] = ..., live_peers: _Optional[int] = ..., behind_peers: _Optional[int] = ..., choice: _Optional[_Union[RoundChoice, _Mapping]] = ...) -> None: ...
+
+class RoundChoice(_message.Message):
+    __slots__ = ("codec", "shares", "inner_steps", "fragments", "overlap_steps", "reason", "predicted_exchange_s", "window_s", "round")
+    class SharesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    FRAGMENTS_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_STEPS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_EXCHANGE_S_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    codec: str
+    shares: _containers.ScalarMap[str, float]
+    inner_steps: int
+    fragments: int
+    overlap_steps: int
+    reason: str
+    predicted_exchange_s: float
+    window_s: float
+    round: int
+    def __init__(self, codec: _Optional[str] = ..., shares: _Optional[_Mapping[str, float]] = ..., inner_steps: _Optional[int] = ..., fragments: _Optional[int] = ..., overlap_steps: _Optional[int] = ..., reason: _Optional[str] = ..., predicted_exchange_s: _Optional[float] = ..., window_s: _Optional[float] = ..., round: _Optional[int] = ...) -> None: ...
 
 class PeerMetrics(_message.Message):
     __slots__ = ("state", "round", "state_hash", "state_round", "model_fingerprint", "param_count", "dht_peer_id", "dht_maddrs", "loss", "step_time_s", "tokens_per_s", "eval_loss", "eval_round", "inner_time_s", "wall_time_s", "inner_steps", "tokens", "bytes_sent", "bytes_received", "contributions_rejected", "contributions_clipped", "foreign_messages_dropped", "upload_mbit_s", "download_mbit_s", "rtt_ms")
@@ -266,7 +297,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self, token: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class RunStatus(_message.Message):
-    __slots__ = ("run_id", "open_round", "rounds_committed", "rounds_voided", "committed_hash", "eval_loss", "eval_round", "initial_eval_loss", "finished", "max_rounds", "inner_steps", "codec", "model_preset", "param_count", "loss", "uptime_s", "committed_round", "fragments", "overlap_steps", "outer_optimizer", "error_feedback", "aggregation")
+    __slots__ = ("run_id", "open_round", "rounds_committed", "rounds_voided", "committed_hash", "eval_loss", "eval_round", "initial_eval_loss", "finished", "max_rounds", "inner_steps", "codec", "model_preset", "param_count", "loss", "uptime_s", "committed_round", "fragments", "overlap_steps", "outer_optimizer", "error_feedback", "aggregation", "controller")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     OPEN_ROUND_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_COMMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -289,6 +320,7 @@ class RunStatus(_message.Message):
     OUTER_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     ERROR_FEEDBACK_FIELD_NUMBER: _ClassVar[int]
     AGGREGATION_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     open_round: int
     rounds_committed: int
@@ -311,7 +343,8 @@ class RunStatus(_message.Message):
     outer_optimizer: str
     error_feedback: bool
     aggregation: str
-    def __init__(self, run_id: _Optional[str] = ..., open_round: _Optional[int] = ..., rounds_committed: _Optional[int] = ..., rounds_voided: _Optional[int] = ..., committed_hash: _Optional[str] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., initial_eval_loss: _Optional[float] = ..., finished: _Optional[bool] = ..., max_rounds: _Optional[int] = ..., inner_steps: _Optional[int] = ..., codec: _Optional[str] = ..., model_preset: _Optional[str] = ..., param_count: _Optional[int] = ..., loss: _Optional[float] = ..., uptime_s: _Optional[float] = ..., committed_round: _Optional[int] = ..., fragments: _Optional[int] = ..., overlap_steps: _Optional[int] = ..., outer_optimizer: _Optional[str] = ..., error_feedback: _Optional[bool] = ..., aggregation: _Optional[str] = ...) -> None: ...
+    controller: RoundChoice
+    def __init__(self, run_id: _Optional[str] = ..., open_round: _Optional[int] = ..., rounds_committed: _Optional[int] = ..., rounds_voided: _Optional[int] = ..., committed_hash: _Optional[str] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., initial_eval_loss: _Optional[float] = ..., finished: _Optional[bool] = ..., max_rounds: _Optional[int] = ..., inner_steps: _Optional[int] = ..., codec: _Optional[str] = ..., model_preset: _Optional[str] = ..., param_count: _Optional[int] = ..., loss: _Optional[float] = ..., uptime_s: _Optional[float] = ..., committed_round: _Optional[int] = ..., fragments: _Optional[int] = ..., overlap_steps: _Optional[int] = ..., outer_optimizer: _Optional[str] = ..., error_feedback: _Optional[bool] = ..., aggregation: _Optional[str] = ..., controller: _Optional[_Union[RoundChoice, _Mapping]] = ...) -> None: ...
 
 class PeerStatus(_message.Message):
     __slots__ = ("id", "name", "site", "state", "device", "rounds_joined", "rounds_missed", "last_seen_s", "compute_utilization", "metrics")

@@ -1,0 +1,245 @@
+"""The adaptive controller ([rounds] controller = "auto"): as a round opens, the codec every member sends
+with and each member's share of the reduction, chosen from the peers' measured links and step times.
+
+``choose`` is a pure function of the measurements and the previous choice. It predicts each codec's
+exchange time on the slowest link of a butterfly all-reduce and takes the least lossy codec whose
+exchange stays hidden behind computation: within the overlap window (τ inner steps) when the run
+overlaps, else within ``controller_exchange_fraction`` of the round. When none does, it takes the most
+compact codec and recommends a longer round. Shares follow each member's uplink, so a slow uplink owns a
+smaller slice. ``for_round`` is the engine's one call; ``message`` puts a choice into RoundInfo.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+from coordinator.records import PeerRecord, RoundRecord
+from swarm.config import RunConfig
+from swarm.config.run import RoundConfig
+from swarm.core.codec import get_codec
+from swarm.v1 import coordinator_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+# How much each codec loses, least first; a codec is taken only when every less lossy one does not fit.
+LOSSINESS = {"fp32": 0, "fp16": 1, "bf16": 1, "int8": 2, "int4": 3}
+# Hysteresis: a less lossy codec than the previous round's comes back only once its predicted exchange
+# fits in this share of the window; a lossier one is taken as soon as the current one no longer fits.
+# A codec step changes the bytes about 2x, so noise must swing the estimate ~40% to flap.
+UPGRADE_HEADROOM = 0.7
+MAX_INNER_STEPS_FACTOR = 4  # without controller_max_inner_steps: the longest round it recommends, x H
+SHARE_DIGITS = 4  # shares travel rounded: every member computes its slice bounds from the same numbers
+
+
+@dataclass(frozen=True)
+class PeerLink:
+    """One participant's latest measurements (NaN: not measured yet)."""
+
+    peer_id: str
+    upload_mbit_s: float = math.nan
+    download_mbit_s: float = math.nan
+    rtt_ms: float = math.nan
+    step_time_s: float = math.nan
+
+    @classmethod
+    def of(cls, peer: PeerRecord) -> "PeerLink":
+        m = peer.metrics
+        return cls(peer.peer_id, _known(m.upload_mbit_s), _known(m.download_mbit_s), _known(m.rtt_ms),
+                   _known(m.step_time_s))
+
+
+@dataclass(frozen=True)
+class Choice:
+    round: int
+    codec: str
+    inner_steps: int  # recommended H (advisory: the peers' round length is not changed by it)
+    fragments: int
+    overlap_steps: int
+    shares: dict[str, float] = field(default_factory=dict)  # peer id -> weight of its slice ({}: equal)
+    reason: str = ""
+    predicted_exchange_s: float = math.nan
+    window_s: float = math.nan
+
+
+@dataclass(frozen=True)
+class Prediction:
+    seconds: float
+    peer_id: str  # the member whose link takes longest
+    direction: str  # "uplink" or "downlink"
+    mbit_s: float
+
+
+def choose(links: Sequence[PeerLink], *, param_count: int, rounds: RoundConfig, round_no: int,
+           previous: Optional[Choice] = None) -> Choice:
+    """The codec, shares and recommended H for round ``round_no`` of the participants ``links``."""
+    allowed = sorted(dict.fromkeys(rounds.controller_codecs), key=lambda c: LOSSINESS[c])
+    base = dict(round=round_no, inner_steps=rounds.inner_steps, fragments=rounds.fragments,
+                overlap_steps=rounds.overlap_steps)
+    kept = previous.codec if previous is not None and previous.codec in allowed else (
+        rounds.codec if rounds.codec in allowed else allowed[0])
+    measured = [link for link in links if _positive(link.upload_mbit_s) or _positive(link.download_mbit_s)]
+    step_s = max((link.step_time_s for link in links if _positive(link.step_time_s)), default=math.nan)
+    if not measured or not _positive(step_s) or param_count <= 0:
+        missing = "no link measured yet" if not measured else "no inner step timed yet"
+        return Choice(codec=kept, reason=f"{kept}: {missing}; it decides once the first exchange is timed",
+                      **base)
+    links = _filled(links)
+    shares = upload_shares(links)
+    numel = -(-param_count // max(1, rounds.fragments))  # one fragment syncs per round
+    window_s, window = _window(rounds, step_s)
+    predicted = {c: predict(links, shares, numel, c) for c in allowed}
+    limit = {c: window_s * (UPGRADE_HEADROOM if LOSSINESS[c] < LOSSINESS[kept] else 1.0) for c in allowed}
+    fitting = [c for c in allowed if predicted[c].seconds <= limit[c]]
+    if fitting:
+        codec = fitting[0]
+        reason = _fit_reason(codec, allowed, predicted, window_s, window, limit)
+        return Choice(codec=codec, shares=shares, reason=reason, predicted_exchange_s=predicted[codec].seconds,
+                      window_s=window_s, **base)
+    compact = min(allowed, key=lambda c: (get_codec(c).encoded_size(numel), -LOSSINESS[c]))
+    base["inner_steps"] = _longer_round(rounds, predicted[compact].seconds, step_s)
+    p = predicted[compact]
+    reason = (f"{compact}: even {compact} would take {_s(p.seconds)} s on {_where(p)}, longer than the "
+              f"{_s(window_s)} s {window}; a round of {base['inner_steps']} inner steps would hide it")
+    return Choice(codec=compact, shares=shares, reason=reason, predicted_exchange_s=p.seconds, window_s=window_s,
+                  **base)
+
+
+def predict(links: Sequence[PeerLink], shares: Mapping[str, float], numel: int, codec: str) -> Prediction:
+    """Seconds the butterfly all-reduce of ``numel`` elements takes in ``codec``, on its slowest link: the
+    member owning share s of a group of K sends (1 − s) of its payload to the other owners and s × payload to
+    each of the K − 1 others, and receives the same amounts; each of the two phases costs an RTT more."""
+    k = len(links)
+    if k < 2:
+        return Prediction(0.0, links[0].peer_id if links else "", "uplink", math.nan)
+    payload_bits = 8 * get_codec(codec).encoded_size(numel)
+    total = sum(shares.values())
+    worst = Prediction(-1.0, "", "uplink", math.nan)
+    for link in links:
+        s = shares[link.peer_id] / total
+        bits = payload_bits * ((1 - s) + (k - 1) * s)
+        latency_s = 2 * link.rtt_ms / 1000 if math.isfinite(link.rtt_ms) else 0.0
+        for direction, rate in (("uplink", link.upload_mbit_s), ("downlink", link.download_mbit_s)):
+            seconds = bits / (rate * 1e6) + latency_s
+            if seconds > worst.seconds:
+                worst = Prediction(seconds, link.peer_id, direction, rate)
+    return worst
+
+
+def upload_shares(links: Sequence[PeerLink]) -> dict[str, float]:
+    """Each member's share of the reduction in proportion to its uplink (as hivemind balances load by
+    bandwidth), rounded to SHARE_DIGITS decimals and never 0."""
+    total = sum(link.upload_mbit_s for link in links)
+    floor = 10 ** -SHARE_DIGITS
+    return {link.peer_id: max(floor, round(link.upload_mbit_s / total, SHARE_DIGITS)) for link in links}
+
+
+def _filled(links: Sequence[PeerLink]) -> list[PeerLink]:
+    """Missing rates replaced by the median of the measured ones (a newcomer is assumed typical)."""
+    def median(name: str) -> float:
+        known = [getattr(link, name) for link in links if _positive(getattr(link, name))]
+        return statistics.median(known) if known else math.nan
+
+    up, down = median("upload_mbit_s"), median("download_mbit_s")
+    up, down = (up if _positive(up) else down), (down if _positive(down) else up)
+    return [dataclasses.replace(link, upload_mbit_s=link.upload_mbit_s if _positive(link.upload_mbit_s) else up,
+                                download_mbit_s=link.download_mbit_s if _positive(link.download_mbit_s) else down)
+            for link in links]
+
+
+def _window(rounds: RoundConfig, step_s: float) -> tuple[float, str]:
+    """The computation an exchange should hide behind, in seconds and in words."""
+    if rounds.overlap_steps > 0:
+        return rounds.overlap_steps * step_s, "overlap window"
+    return (rounds.controller_exchange_fraction * rounds.inner_steps * step_s,
+            f"{rounds.controller_exchange_fraction:.0%} of the round")
+
+
+def _longer_round(rounds: RoundConfig, exchange_s: float, step_s: float) -> int:
+    """The H whose window would hide ``exchange_s``, capped."""
+    cap = rounds.controller_max_inner_steps or MAX_INNER_STEPS_FACTOR * rounds.inner_steps
+    if rounds.overlap_steps > 0:  # τ ≤ H / F: a τ long enough needs H = τ F
+        needed = math.ceil(exchange_s / step_s) * rounds.fragments
+    else:
+        needed = math.ceil(exchange_s / (rounds.controller_exchange_fraction * step_s))
+    return max(rounds.inner_steps, min(cap, needed))
+
+
+def _fit_reason(codec: str, allowed: list[str], predicted: Mapping[str, Prediction], window_s: float, window: str,
+                limit: Mapping[str, float]) -> str:
+    p = predicted[codec]
+    fits = f"{codec} takes {_s(p.seconds)} s on {_where(p)}, within the {_s(window_s)} s {window}"
+    better = [c for c in allowed if LOSSINESS[c] < LOSSINESS[codec]]
+    if not better:
+        return f"{codec}: {fits}"
+    b = better[-1]
+    q = predicted[b]
+    if q.seconds <= window_s:  # held back by hysteresis
+        return (f"{codec}: {b} would take {_s(q.seconds)} s on {_where(q)}, within the {_s(window_s)} s {window} "
+                f"but not yet within {_s(limit[b])} s, where it comes back; {fits}")
+    return f"{codec}: {b} would take {_s(q.seconds)} s on {_where(q)}, longer than the {_s(window_s)} s {window}"
+
+
+def _where(p: Prediction) -> str:
+    return f"{p.peer_id}'s {_s(p.mbit_s)} Mbit/s {p.direction}"
+
+
+def _s(x: float) -> str:
+    """A number for a sentence: 120, 3.2, 0.04."""
+    return f"{x:.0f}" if x >= 10 else f"{x:.1f}" if x >= 1 else f"{x:.2g}"
+
+
+def _positive(x: float) -> bool:
+    return math.isfinite(x) and x > 0
+
+
+def _known(x: float) -> float:
+    """A heartbeat's metric; 0 in a field is a peer that never measured it."""
+    return x if math.isfinite(x) and x > 0 else math.nan
+
+
+# --- the engine's call, and the wire ----------------------------------------------------------------
+
+
+def for_round(config: RunConfig, planned: RoundRecord, peers: Mapping[str, PeerRecord], *, param_count: int,
+              previous: Optional[RoundRecord]) -> RoundRecord:
+    """``planned`` with the controller's choice for it (unchanged when the controller is off), logged."""
+    if config.rounds.controller != "auto":
+        return planned
+    links = [PeerLink.of(peers[p]) if p in peers else PeerLink(p) for p in planned.participants]
+    choice = choose(links, param_count=param_count, rounds=config.rounds, round_no=planned.round,
+                    previous=from_json(previous.choice) if previous is not None else None)
+    shares = ", ".join(f"{p} {s:.2f}" for p, s in choice.shares.items()) or "equal"
+    logger.info("round %d: %s (shares %s)", planned.round, choice.reason, shares)
+    return dataclasses.replace(planned, choice=to_json(choice))
+
+
+def to_json(choice: Choice) -> str:
+    return json.dumps(dataclasses.asdict(choice), sort_keys=True)
+
+
+def from_json(text: str) -> Optional[Choice]:
+    """The stored choice ("" or a row an older version wrote: None)."""
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+        return Choice(**{f.name: data[f.name] for f in dataclasses.fields(Choice) if f.name in data})
+    except (ValueError, TypeError):
+        return None
+
+
+def message(text: str) -> Optional[pb.RoundChoice]:
+    """The stored choice as it travels in RoundInfo and status (None: none stored)."""
+    choice = from_json(text)
+    if choice is None:
+        return None
+    return pb.RoundChoice(round=choice.round, codec=choice.codec, shares=choice.shares,
+                          inner_steps=choice.inner_steps, fragments=choice.fragments,
+                          overlap_steps=choice.overlap_steps, reason=choice.reason,
+                          predicted_exchange_s=choice.predicted_exchange_s, window_s=choice.window_s)
