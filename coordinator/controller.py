@@ -102,10 +102,10 @@ def choose(links: Sequence[PeerLink], *, param_count: int, rounds: RoundConfig, 
         return Choice(codec=codec, shares=shares, reason=reason, predicted_exchange_s=predicted[codec].seconds,
                       window_s=window_s, **base)
     compact = min(allowed, key=lambda c: (get_codec(c).encoded_size(numel), -LOSSINESS[c]))
-    base["inner_steps"] = _longer_round(rounds, predicted[compact].seconds, step_s)
     p = predicted[compact]
+    base["inner_steps"], base["overlap_steps"], advice = _longer_round(rounds, p.seconds, step_s)
     reason = (f"{compact}: even {compact} would take {_s(p.seconds)} s on {_where(p)}, longer than the "
-              f"{_s(window_s)} s {window}; a round of {base['inner_steps']} inner steps would hide it")
+              f"{_s(window_s)} s {window}; {advice}")
     return Choice(codec=compact, shares=shares, reason=reason, predicted_exchange_s=p.seconds, window_s=window_s,
                   **base)
 
@@ -160,19 +160,27 @@ def _window(rounds: RoundConfig, step_s: float) -> tuple[float, str]:
             f"{rounds.controller_exchange_fraction:.0%} of the round")
 
 
-def _longer_round(rounds: RoundConfig, exchange_s: float, step_s: float) -> int:
-    """The H whose window would hide ``exchange_s``, capped."""
+def _longer_round(rounds: RoundConfig, exchange_s: float, step_s: float) -> tuple[int, int, str]:
+    """The H (and overlap τ) whose window would hide ``exchange_s``, capped, and that advice in words."""
     cap = rounds.controller_max_inner_steps or MAX_INNER_STEPS_FACTOR * rounds.inner_steps
-    if rounds.overlap_steps > 0:  # τ ≤ H / F: a τ long enough needs H = τ F
-        needed = math.ceil(exchange_s / step_s) * rounds.fragments
+    overlap = rounds.overlap_steps
+    if overlap > 0:  # τ ≤ H / F: a τ long enough needs H = τ F
+        overlap = math.ceil(exchange_s / step_s)
+        needed = overlap * rounds.fragments
     else:
         needed = math.ceil(exchange_s / (rounds.controller_exchange_fraction * step_s))
-    return max(rounds.inner_steps, min(cap, needed))
+    steps = max(rounds.inner_steps, min(cap, needed))
+    overlap = min(overlap, steps // rounds.fragments)
+    what = f"overlapping {overlap} inner steps of a round of {steps}" if overlap else f"a round of {steps} inner steps"
+    advice = f"{what} would hide it" if needed <= cap else f"{what} (controller_max_inner_steps) comes closest"
+    return steps, overlap, advice
 
 
 def _fit_reason(codec: str, allowed: list[str], predicted: Mapping[str, Prediction], window_s: float, window: str,
                 limit: Mapping[str, float]) -> str:
     p = predicted[codec]
+    if not math.isfinite(p.mbit_s):
+        return f"{codec}: a group of one peer exchanges nothing"
     fits = f"{codec} takes {_s(p.seconds)} s on {_where(p)}, within the {_s(window_s)} s {window}"
     better = [c for c in allowed if LOSSINESS[c] < LOSSINESS[codec]]
     if not better:
@@ -180,8 +188,8 @@ def _fit_reason(codec: str, allowed: list[str], predicted: Mapping[str, Predicti
     b = better[-1]
     q = predicted[b]
     if q.seconds <= window_s:  # held back by hysteresis
-        return (f"{codec}: {b} would take {_s(q.seconds)} s on {_where(q)}, within the {_s(window_s)} s {window} "
-                f"but not yet within {_s(limit[b])} s, where it comes back; {fits}")
+        return (f"{codec}, kept: {b} would take {_s(q.seconds)} s on {_where(q)}, within the {_s(window_s)} s "
+                f"{window} but not within {_s(limit[b])} s, the headroom it needs to come back")
     return f"{codec}: {b} would take {_s(q.seconds)} s on {_where(q)}, longer than the {_s(window_s)} s {window}"
 
 

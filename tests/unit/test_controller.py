@@ -1,0 +1,138 @@
+"""The adaptive controller: measurements in, the round's codec, shares and reason out (a pure function,
+so the table needs no network); and the engine puts its choice into RoundInfo and status."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from coordinator import controller
+from coordinator.controller import Choice, PeerLink, choose
+from coordinator.engine import CoordinatorEngine
+from coordinator.store import Store
+from swarm.app.status import status_tables, status_to_dict
+from swarm.config import RoundConfig, RunConfig
+from tests.unit.fake_swarm import engine_join
+from tests.unit.test_membership import ready_beat
+
+pytestmark = pytest.mark.timeout(60)
+
+PARAMS = 1_000_000  # fp32: 4 MB a contribution
+# H = 50 steps of 0.1 s: a 5 s round; without overlap an exchange may take 10% of it, 0.5 s
+PLAIN = RoundConfig(inner_steps=50, controller="auto")
+OVERLAP = RoundConfig(inner_steps=50, overlap_steps=10, controller="auto")  # a 1.0 s overlap window
+
+
+def links(*uploads: float, download: float | None = None, rtt_ms: float = 1.0, step_s: float = 0.1) -> list[PeerLink]:
+    return [PeerLink(f"p{i}", up, download if download is not None else up, rtt_ms, step_s)
+            for i, up in enumerate(uploads)]
+
+
+CASES = [
+    # (what, links, rounds, previous codec, expected codec, words the reason must hold)
+    ("fast links keep fp32", links(1000, 1000, 1000, 1000), PLAIN, None, "fp32",
+     ["fp32: fp32 takes", "within the 0.5 s 10% of the round"]),
+    ("80 Mbit/s needs half the bytes", links(80, 80, 80, 80), PLAIN, None, "fp16",
+     ["fp16: fp32 would take", "80 Mbit/s", "longer than the 0.5 s 10% of the round"]),
+    ("overlap hides fp32 at 100 Mbit/s", links(100, 100, 100, 100), OVERLAP, None, "fp32",
+     ["within the 1.0 s overlap window"]),
+    ("one 8 Mbit/s uplink pushes to int4", links(100, 100, 100, 8, download=100), OVERLAP, None, "int4",
+     ["int4: int8 would take", "p3's 8.0 Mbit/s uplink", "longer than the 1.0 s overlap window"]),
+    ("nothing hides behind a 0.4 Mbit/s link: int4 and a longer round", links(100, 0.4), OVERLAP, None, "int4",
+     ["int4: even int4 would take", "p1's 0.4 Mbit/s uplink", "overlapping 113 inner steps of a round of 113"]),
+    ("a codec outside the allowed list is never taken", links(80, 80, 80, 80),
+     RoundConfig(inner_steps=50, controller="auto", controller_codecs=("fp32", "int8")), None, "int8",
+     ["int8: fp32 would take"]),
+    ("hysteresis: fp32 would fit, not with headroom: fp16 stays", links(110, 110, 110, 110), PLAIN, "fp16",
+     "fp16", ["fp16, kept: fp32 would take", "not within 0.35 s, the headroom it needs"]),
+    ("without hysteresis the same links take fp32", links(110, 110, 110, 110), PLAIN, None, "fp32", []),
+    ("no link measured yet: the run's codec", links(math.nan, math.nan), PLAIN, None, "fp32",
+     ["no link measured yet"]),
+    ("no link measured yet: the previous choice holds", links(math.nan, math.nan), PLAIN, "int8", "int8",
+     ["no link measured yet"]),
+    ("a single peer exchanges nothing", links(1), PLAIN, None, "fp32", ["a group of one peer exchanges nothing"]),
+]
+
+
+@pytest.mark.parametrize("what, peers, rounds, previous, codec, words", CASES, ids=[c[0] for c in CASES])
+def test_measurements_give_the_codec_and_a_readable_reason(what, peers, rounds, previous, codec, words) -> None:
+    before = Choice(round=1, codec=previous, inner_steps=50, fragments=1, overlap_steps=0) if previous else None
+    choice = choose(peers, param_count=PARAMS, rounds=rounds.validate() or rounds, round_no=2, previous=before)
+    assert choice.codec == codec, choice.reason
+    for word in words:
+        assert word in choice.reason, choice.reason
+    assert choice.reason.count(".") <= 4 and "\n" not in choice.reason  # one sentence (numbers have dots)
+
+
+def test_a_slow_uplink_owns_a_smaller_slice() -> None:
+    choice = choose(links(100, 100, 10), param_count=PARAMS, rounds=OVERLAP, round_no=1)
+    assert choice.shares == {"p0": pytest.approx(100 / 210, abs=1e-4), "p1": pytest.approx(100 / 210, abs=1e-4),
+                             "p2": pytest.approx(10 / 210, abs=1e-4)}
+    equal = {p.peer_id: 1.0 for p in links(100, 100, 10)}
+    # with its small slice the slow peer sends less, so the exchange is faster than with equal slices
+    balanced = controller.predict(links(100, 100, 10), choice.shares, PARAMS, "fp32").seconds
+    assert balanced < 0.8 * controller.predict(links(100, 100, 10), equal, PARAMS, "fp32").seconds
+
+
+def run_rounds(uploads_by_round: list[list[float]], rounds: RoundConfig = OVERLAP) -> list[str]:
+    codecs, previous = [], None
+    for number, uploads in enumerate(uploads_by_round, start=1):
+        previous = choose(links(*uploads), param_count=PARAMS, rounds=rounds, round_no=number, previous=previous)
+        codecs.append(previous.codec)
+    return codecs
+
+
+def test_a_link_ten_times_slower_changes_the_codec_within_two_rounds_and_back() -> None:
+    normal, cut = [200, 200, 200, 200], [200, 200, 200, 20]
+    codecs = run_rounds([normal] * 4 + [cut] * 4 + [normal] * 4)
+    assert codecs[:4] == ["fp32"] * 4
+    assert "fp32" not in codecs[5:8], codecs  # changed by the second round of the cut at the latest
+    assert codecs[9:] == ["fp32"] * 3, codecs  # back by the second round after it is restored
+
+
+def test_noisy_measurements_do_not_flap_the_codec() -> None:
+    """Links whose fp32 exchange sits right at the window, measured with ±20% noise each round."""
+    noise = random.Random(7)
+    level = 4 * 8 * PARAMS * 1.5 / 1.0 / 1e6  # Mbit/s at which fp32 takes exactly the 1.0 s overlap window
+    codecs = run_rounds([[level * noise.uniform(0.8, 1.2) for _ in range(4)] for _ in range(40)])
+    changes = sum(a != b for a, b in zip(codecs, codecs[1:]))
+    assert changes <= 1, codecs
+
+
+def test_the_choice_survives_its_json_and_reaches_the_wire() -> None:
+    choice = choose(links(100, 10), param_count=PARAMS, rounds=OVERLAP, round_no=3)
+    message = controller.message(controller.to_json(choice))
+    assert (message.round, message.codec, dict(message.shares), message.reason) == (
+        3, choice.codec, pytest.approx(choice.shares), choice.reason)
+    assert controller.message("") is None and controller.from_json("not json") is None
+
+
+def test_the_engine_puts_its_choice_in_round_info_and_status() -> None:
+    now = [1_000.0]
+    config = RunConfig(rounds=RoundConfig(inner_steps=10, min_peers=2, controller="auto"))
+    engine = CoordinatorEngine(Store(":memory:"), config=config, clock=lambda: now[0])
+    a, _ = engine_join(engine)
+    b, _ = engine_join(engine)
+    engine.heartbeat(ready_beat(a.peer_id, engine, upload_mbit_s=100.0, download_mbit_s=100.0, step_time_s=0.1))
+    info = engine.heartbeat(ready_beat(b.peer_id, engine, upload_mbit_s=0.1, download_mbit_s=0.1, step_time_s=0.1))
+    assert info.open_round == 1 and info.HasField("choice")
+    assert info.choice.codec == "int4" and info.choice.round == 1 and "uplink" in info.choice.reason
+    assert info.choice.shares[a.peer_id] > 100 * info.choice.shares[b.peer_id]
+    assert engine.round_info(a.peer_id, 1).choice == info.choice  # the same choice for every peer who asks
+
+    status = status_to_dict(engine.status(engine.run.token))
+    assert status["run"]["controller"]["codec"] == "int4"
+    assert status["run"]["controller"]["shares"][b.peer_id] == pytest.approx(info.choice.shares[b.peer_id])
+    shown = " ".join(str(row) for table in status_tables(status) for column in table.columns for row in column._cells)
+    assert "round 1: int4" in shown
+
+
+def test_with_the_controller_off_rounds_carry_no_choice() -> None:
+    engine = CoordinatorEngine(Store(":memory:"), config=RunConfig(rounds=RoundConfig(min_peers=1)),
+                               clock=lambda: 1_000.0)
+    a, _ = engine_join(engine)
+    info = engine.heartbeat(ready_beat(a.peer_id, engine, upload_mbit_s=0.1, step_time_s=0.1))
+    assert info.open_round == 1 and not info.HasField("choice")
+    assert status_to_dict(engine.status(engine.run.token))["run"]["controller"] is None
