@@ -14,6 +14,8 @@ from coordinator.engine import CoordinatorEngine
 from coordinator.store import Store
 from swarm.app.status import status_tables, status_to_dict
 from swarm.config import RoundConfig, RunConfig
+from swarm.core.average import part_bounds
+from swarm.net.slice_reduction import slice_bounds
 from tests.unit.fake_swarm import engine_join
 from tests.unit.test_membership import ready_beat
 
@@ -136,3 +138,19 @@ def test_with_the_controller_off_rounds_carry_no_choice() -> None:
     info = engine.heartbeat(ready_beat(a.peer_id, engine, upload_mbit_s=0.1, step_time_s=0.1))
     assert info.open_round == 1 and not info.HasField("choice")
     assert status_to_dict(engine.status(engine.run.token))["run"]["controller"] is None
+
+
+@pytest.mark.parametrize("numel, align, shares", [
+    (100_003, 1, [0.6, 0.3, 0.1]), (100_003, 64, [0.6, 0.3, 0.1]), (1000, 64, [0.999, 0.001]),
+    (130, 64, [1.0, 1.0, 1.0, 1.0]), (0, 64, [0.5, 0.5]),
+])
+def test_share_sized_slices_cover_the_vector_block_aligned(numel, align, shares) -> None:
+    bounds = slice_bounds(numel, len(shares), align, shares)
+    assert bounds[0][0] == 0 and bounds[-1][1] == numel
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    assert all(start % align == 0 for start, _ in bounds if start < numel)
+    for (start, end), share in zip(bounds, shares):
+        assert abs((end - start) - numel * share / sum(shares)) <= align
+    assert slice_bounds(numel, len(shares), align, None) == part_bounds(numel, len(shares), align)
+    with pytest.raises(ValueError, match="positive finite shares"):
+        slice_bounds(numel, len(shares), align, [0.0] * len(shares))

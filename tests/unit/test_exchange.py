@@ -19,7 +19,7 @@ from hivemind.utils.asyncio import as_aiter
 from hivemind.utils.timed_storage import get_dht_time
 
 from swarm.core import credential
-from swarm.core.average import part_bounds, weighted_average
+from swarm.core.average import butterfly_reference, part_bounds, weighted_average
 from swarm.core.codec import CODECS
 from swarm.core.credential import PeerKey
 from swarm.net.allreduce import MAX_OPEN_KEYS, Exchange, ExchangeFailed, ExchangeResult
@@ -465,3 +465,47 @@ def test_a_joining_peer_gets_a_first_rtt_estimate_from_the_run_peers_it_is_conne
         assert stranger.peer_id not in peers[0].transport.run(peers[0].exchange.probe.rtt_s_to_connected(), timeout_s=10)
     finally:
         stranger.shutdown()
+
+
+def _with_shares(peers: list[Peer], key: str, members: list[Member], inputs: list[torch.Tensor],
+                 shares: list[float]) -> list[Any]:
+    planned = {p.name for p in peers}
+
+    def run(i: int) -> Any:
+        group = peers[i].group(key, members[i], planned)
+        return peers[i].exchange.average(key=key, group=group, me=members[i], delta=inputs[i], timeout_s=30,
+                                         shares=shares)
+    return concurrently([lambda i=i: run(i) for i in range(len(peers))], timeout_s=60)
+
+
+@pytest.mark.parametrize("codec", ["fp32", "int8"])
+def test_unequal_shares_give_every_member_the_same_average_and_a_slow_uplink_sends_less(
+        peers: list[Peer], codec: str) -> None:
+    """The controller's shares size the slices (a slow uplink owns a small one): the average is the same
+    bits on every member and the same as with equal slices; the small owner sends less."""
+    key = group_key(RUN_ID, 1101 if codec == "fp32" else 1102)
+    weights, shares = [5.0, 3.0, 2.0], [0.6, 0.3, 0.1]
+    inputs = deltas(11, 3)
+    members = [dataclasses.replace(p.member(weight=w, codec=codec), plan="same-choice") for p, w in zip(peers, weights)]
+
+    results = results_of(_with_shares(peers, key, members, inputs, shares))
+
+    expected = butterfly_reference(inputs, weights, codec)  # equal slices: any block-aligned cut agrees
+    for result in results:
+        assert torch.equal(result.average, expected)
+    sent = [r.bytes_sent for r in results]
+    payload = CODECS[codec].encoded_size(NUMEL)
+    for share, bytes_sent in zip(shares, sent):  # (1 − s) of its contribution out, then s to each of 2 others
+        assert bytes_sent == pytest.approx(payload * ((1 - share) + 2 * share), rel=0.02)
+    assert sent[2] < sent[1] < sent[0]
+
+
+def test_members_holding_different_controller_choices_fail_loudly(peers: list[Peer]) -> None:
+    key = group_key(RUN_ID, 1103)
+    inputs = deltas(12, 3)
+    members = [dataclasses.replace(p.member(weight=1.0), plan="a" if i < 2 else "b") for i, p in enumerate(peers)]
+
+    outcomes = _with_shares(peers, key, members, inputs, [1.0, 1.0, 1.0])
+
+    for outcome in outcomes:
+        assert isinstance(outcome, ExchangeFailed) and "different controller choices" in str(outcome), outcome
