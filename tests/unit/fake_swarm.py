@@ -5,6 +5,7 @@ for the group exchange, the DHT votes and the state transfer (no hivemind). Trai
 from __future__ import annotations
 
 import itertools
+import math
 import tempfile
 import threading
 import time
@@ -126,6 +127,8 @@ class FakeNet:
         self.groups: dict[tuple, tuple[list[str], torch.Tensor]] = {}
         self.votes: dict[tuple, dict[str, tuple[Vote, str]]] = {}
         self.published: dict[str, GlobalState] = {}
+        self.codecs: dict[tuple, dict[str, str]] = {}  # key -> peer id -> the codec it sent with
+        self.links: Callable[[str, int], tuple[float, float]] = lambda peer_id, round_no: (math.nan, math.nan)
         self.transports = 0
 
     def transport(self, peer_id: str) -> FakeTransport:
@@ -134,11 +137,15 @@ class FakeNet:
             return FakeTransport(peer_id)
 
     def average(self, key: tuple, peer_id: str, index: int, contribution: Contribution,
-                planned: Callable[[], Optional[set[str]]]) -> Averaged:
+                planned: Callable[[], Optional[set[str]]], codec: Optional[str] = None) -> Averaged:
+        """``codec``: the round's (the controller's choice), else the run's; members that disagree fail."""
+        codec = codec or self.run.rounds.codec
+        contribution.sent_as = codec
         with self.cond:
             if key in self.groups:
                 raise SyncFailed(f"{key}: the group already formed without this peer")
             self.contributions.setdefault(key, {})[peer_id] = (index, contribution)
+            self.codecs.setdefault(key, {})[peer_id] = codec
             self.cond.notify_all()
             deadline = time.monotonic() + 5.0
             while key not in self.groups and time.monotonic() < deadline:
@@ -149,14 +156,18 @@ class FakeNet:
             if key not in self.groups:
                 members = sorted(self.contributions[key], key=lambda p: self.contributions[key][p][0])
                 parts = [self.contributions[key][m][1] for m in members]
+                if len({self.codecs[key][m] for m in members}) > 1:
+                    raise SyncFailed(f"{key}: groupmates disagree on the codec {self.codecs[key]}")
                 average = butterfly_reference([c.delta for c in parts], [float(c.samples) for c in parts],
-                                              get_codec(self.run.rounds.codec))
+                                              get_codec(codec))
                 self.groups[key] = (members, average)
                 self.cond.notify_all()
             members, average = self.groups[key]
             if peer_id not in members:
                 raise SyncFailed(f"{key}: the group formed without this peer")
-            return Averaged(average=average, group=list(members), bytes_sent=4 * average.numel())
+            up, down = self.links(peer_id, key[0])
+            return Averaged(average=average, group=list(members), bytes_sent=4 * average.numel(), upload_mbit_s=up,
+                            download_mbit_s=down)
 
     def post(self, key: tuple, peer_id: str, dht_id: str, vote: Vote) -> None:
         with self.cond:
@@ -178,13 +189,16 @@ class FakeNet:
 
 
 class FakeGroup:
-    def __init__(self, net: FakeNet, transport: FakeTransport, *, peer_id: str, peer_index: int, planned) -> None:
+    def __init__(self, net: FakeNet, transport: FakeTransport, *, peer_id: str, peer_index: int, planned,
+                 round_choice=None) -> None:
         self.net, self.transport, self.peer_id, self.peer_index, self.planned = net, transport, peer_id, peer_index, planned
+        self.round_choice = round_choice or (lambda round_no: None)
         self.live_peers = 0
 
     def average(self, round_no: int, contribution: Contribution) -> Averaged:
+        choice = self.round_choice(round_no)
         return self.net.average((round_no, contribution.fragment), self.peer_id, self.peer_index, contribution,
-                                lambda: self.planned(round_no))
+                                lambda: self.planned(round_no), codec=choice.codec if choice is not None else None)
 
     def post(self, vote: Vote) -> None:
         self.net.post((vote.round_no, vote.fragment), self.peer_id, self.transport.peer_id, vote)
@@ -245,8 +259,10 @@ class FakeParts(PeerParts):
     def transport(self, options, initial_peers, *, stop, tag, identity, member=None) -> FakeTransport:
         return self.net.transport(identity.peer_id)
 
-    def group(self, transport, run, *, run_id, peer_id, peer_index, planned, faults, member=None) -> FakeGroup:
-        return FakeGroup(self.net, transport, peer_id=peer_id, peer_index=peer_index, planned=planned)
+    def group(self, transport, run, *, run_id, peer_id, peer_index, planned, faults, member=None,
+              round_choice=None) -> FakeGroup:
+        return FakeGroup(self.net, transport, peer_id=peer_id, peer_index=peer_index, planned=planned,
+                         round_choice=round_choice)
 
     def state_transfer(self, transport, *, run_id, timeout_s, member=None) -> FakeTransfer:
         return FakeTransfer(self.net, transport)

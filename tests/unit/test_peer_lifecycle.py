@@ -3,8 +3,11 @@ network parts (tests/unit/fake_swarm.py). Each test is a whole small run: peers 
 state, through a coordinator outage, a late join, a groupmate that leaves mid-run, a peer behind at the
 end. The same scenarios with real processes and hivemind are in tests/integration."""
 
+import dataclasses
+
 import pytest
 
+from coordinator import controller
 from peer.daemon import PeerState
 from swarm.config import DataConfig, ModelConfig, RoundConfig, RunConfig
 from tests.unit.fake_swarm import FakeCoordinator, FakeNet, FakeParts, PeerThread, engine_join, wait_until
@@ -123,3 +126,21 @@ def _plan(spec: str):
 def _delay_sync(round_no: int, *, seconds: float):
     return _plan(f"delay@{round_no}:syncing={seconds}")
 
+
+
+def test_with_the_controller_on_a_codec_change_mid_run_keeps_the_peers_identical(tmp_path):
+    """Links measured fast, then a thousand times slower from round 3: the coordinator's choice moves from
+    fp32 to int4 mid-run, both peers send with it (and keep what it drops as error feedback), every round
+    commits and both end on the committed hash."""
+    run = RUN.replace(rounds=dataclasses.replace(RUN.rounds, max_rounds=8, controller="auto")).validate()
+    coordinator, parts = swarm(run)
+    parts.net.links = lambda peer_id, round_no: (1e5, 1e5) if round_no < 3 else (0.1, 0.1)  # Mbit/s
+    a, b = start(parts, tmp_path, "a"), start(parts, tmp_path, "b")
+    assert finish(a, b) == [0, 0]
+    codecs = [controller.from_json(coordinator.engine._store.get_round(r).choice).codec for r in range(1, 9)]
+    assert codecs[0] == "fp32" and codecs[-1] == "int4", codecs
+    run_status = coordinator.status().run
+    assert (run_status.rounds_committed, run_status.rounds_voided) == (8, 0)
+    assert run_status.controller.codec == "int4" and "uplink" in run_status.controller.reason
+    assert a.trainer.state.state_hash == b.trainer.state.state_hash == committed_hash(coordinator, 8)
+    assert a.trainer.error_feedback[0].residual.abs().sum() > 0  # int4 dropped something; fp32 would not
