@@ -214,9 +214,10 @@ def _known(x: float) -> float:
 # --- the engine's call, and the wire ----------------------------------------------------------------
 
 
-def for_round(config: RunConfig, planned: RoundRecord, peers: Mapping[str, PeerRecord], *, param_count: int,
+def for_round(config: RunConfig, planned: RoundRecord, peers: Mapping[str, PeerRecord], param_count: int,
               previous: Optional[RoundRecord]) -> RoundRecord:
-    """``planned`` with the controller's choice for it (unchanged when the controller is off), logged."""
+    """``planned`` with the controller's choice for it (unchanged when the controller is off), logged;
+    ``previous``: the round before it, whose choice the hysteresis starts from."""
     if config.rounds.controller != "auto":
         return planned
     links = [PeerLink.of(peers[p]) if p in peers else PeerLink(p) for p in planned.participants]

@@ -317,8 +317,7 @@ class CoordinatorEngine:
             min_peers=self.config.rounds.min_peers,
         )
         if planned is not None:
-            planned = controller.for_round(self.config, planned, self._peers, param_count=self._run.param_count,
-                                           previous=self._latest)
+            planned = controller.for_round(self.config, planned, self._peers, self._run.param_count, self._latest)
             self._save_round(planned)
             self._wait_until = planned.opened_at + self.config.rounds.round_timeout_s  # should no one report
             logger.info("round %d: opened with %s", number, ", ".join(planned.participants))

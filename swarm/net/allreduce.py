@@ -41,11 +41,12 @@ from swarm.net.rendezvous import Member, group_digest
 from swarm.net.slice_reduction import (
     ExchangeFailed,
     capped_weights,
+    check_agreement,
     decode_slice,
     encode_slice,
+    group_bounds,
     judged,
     reduce_slice,
-    slice_bounds,
 )
 from swarm.net.transport import CHUNK_BYTES, Transport
 from swarm.v1 import exchange_pb2
@@ -162,19 +163,12 @@ class Exchange:
     ) -> ExchangeResult:
         started = time.perf_counter()
         codec = CODECS[me.codec]
-        if any(m.numel != me.numel or m.codec != me.codec for m in group):
-            raise ExchangeFailed(f"{key}: groupmates disagree on the vector size or codec")
-        if any(m.plan != me.plan for m in group):
-            raise ExchangeFailed(f"{key}: groupmates hold different controller choices for this round (codec or "
-                                 "shares); each must take the coordinator's choice for the round")
+        check_agreement(key, group, me)
         weights = capped_weights(self.aggregation, group, key)
         position = [m.peer_id for m in group].index(me.peer_id)
         digest = group_digest(group)
         await self._expect(key, group)
-        try:  # block-aligned: slices quantize like the whole
-            bounds = slice_bounds(me.numel, len(group), codec.block, shares)
-        except ValueError as e:
-            raise ExchangeFailed(f"{key}: {e}") from None
+        bounds = group_bounds(key, me.numel, len(group), codec.block, shares)  # block-aligned: quantize like the whole
         flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
         sent = 0
 

@@ -48,6 +48,23 @@ def slice_bounds(numel: int, parts: int, align: int, shares: Optional[Sequence[f
     return bounds
 
 
+def group_bounds(key: str, numel: int, parts: int, align: int, shares: Optional[Sequence[float]]) -> list[tuple[int, int]]:
+    """``slice_bounds``, its ValueError an ExchangeFailed."""
+    try:
+        return slice_bounds(numel, parts, align, shares)
+    except ValueError as e:
+        raise ExchangeFailed(f"{key}: {e}") from None
+
+
+def check_agreement(key: str, group: list[Member], me: Member) -> None:
+    """ExchangeFailed unless every member posted the same vector size, codec and controller choice."""
+    if any(m.numel != me.numel or m.codec != me.codec for m in group):
+        raise ExchangeFailed(f"{key}: groupmates disagree on the vector size or codec")
+    if any(m.plan != me.plan for m in group):
+        raise ExchangeFailed(f"{key}: groupmates hold different controller choices for this round (codec or "
+                             "shares); each must take the coordinator's choice for the round")
+
+
 def capped_weights(aggregation: Aggregation, group: list[Member], key: str) -> list[float]:
     """The members' declared weights, capped; a weight that is not positive and finite fails the exchange."""
     try:
