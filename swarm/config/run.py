@@ -229,6 +229,11 @@ class RoundConfig:
     clip_factor: float = 2.0
     trim_fraction: float = 0.25
     reject_factor: float = 100.0
+    # Two-level averaging (swarm.core.site_plan): the peers of a site (the coordinator-signed site of their
+    # credential) first average among themselves in sub-groups of at most group_size peers (0: no cap), and
+    # one representative per sub-group takes the sub-group's average across sites; off: one flat group.
+    hierarchical: bool = False
+    group_size: int = 0
 
     def validate(self) -> None:
         if self.inner_steps < 1:
@@ -262,6 +267,15 @@ class RoundConfig:
         if self.max_rounds is not None:
             check_range("rounds", "max_rounds", self.max_rounds, 1, MAX_ROUNDS)
         self._validate_aggregation()
+        self._validate_hierarchy()
+
+    def _validate_hierarchy(self) -> None:
+        if self.group_size and not self.hierarchical:
+            raise ConfigError("[rounds] group_size applies only to two-level averaging; set hierarchical = true"
+                              " or remove group_size.")
+        if not 0 <= self.group_size <= MAX_PEERS:
+            raise ConfigError(f"[rounds] group_size must be 0 (no cap) or a number of peers from 1 to {MAX_PEERS},"
+                              f" got {self.group_size}.")
 
     def _validate_aggregation(self) -> None:
         if self.aggregation not in AGGREGATIONS:
