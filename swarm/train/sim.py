@@ -115,6 +115,12 @@ def _rates(run: RunConfig, peers: int, steps_per_peer: Sequence[int] | None,
     return [Fraction(int(s), h) for s in steps_per_peer]
 
 
+def _sites(sites: Sequence[str] | None, peers: int) -> list[str] | None:
+    if sites is not None and (len(sites) != peers or not all(isinstance(s, str) for s in sites)):
+        raise ValueError(f"sites must name one site (or \"\") for each of the {peers} peers, got {list(sites)!r}.")
+    return None if sites is None else list(sites)
+
+
 def _with_overrides(run: RunConfig, outer: str | None, **rounds) -> RunConfig:
     overrides = {k: v for k, v in rounds.items() if v is not None}
     if overrides:
@@ -187,8 +193,6 @@ def simulate(
     run = _with_overrides(run, outer, codec=codec, error_feedback=error_feedback, fragments=fragments,
                           overlap_steps=overlap_steps, mixing_alpha=mixing_alpha, aggregation=aggregation,
                           hierarchical=hierarchical, group_size=group_size)
-    if sites is not None and (len(sites) != peers or not all(isinstance(s, str) for s in sites)):
-        raise ValueError(f"sites must name one site (or \"\") for each of the {peers} peers, got {list(sites)!r}.")
     rc = run.rounds
     wire = get_codec(rc.codec)
     rates = _rates(run, peers, steps_per_peer, speeds)
@@ -206,7 +210,7 @@ def simulate(
     )
     log.info("sim: %d peers, %d parameters, codec %s, %d fragments, overlap %d, initial eval loss %.4f",
              peers, result.param_count, wire.name, rc.fragments, rc.overlap_steps, result.initial_eval_loss)
-    virtual = run_peers(run, trainers, rates, rounds, tamper, sites=list(sites) if sites is not None else None)
+    virtual = run_peers(run, trainers, rates, rounds, tamper, sites=_sites(sites, peers))
     result.rounds = _records(virtual, run, rounds)
     for r in result.rounds:
         result.bytes_sent_per_peer = [a + b for a, b in zip(result.bytes_sent_per_peer, r.bytes_sent)]
