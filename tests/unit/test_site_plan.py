@@ -3,8 +3,6 @@ and the simulator running a hierarchical run."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -71,11 +69,9 @@ def test_config_keys_are_validated_in_one_sentence() -> None:
 
 def test_simulated_hierarchical_run_is_consistent_and_keeps_cross_site_traffic_on_representatives() -> None:
     run = RunConfig.from_dict({"model": {"preset": "tiny"}, "rounds": {"inner_steps": 2, "hierarchical": True}})
-    sim = simulate(run, peers=4, rounds=2, sites=["a", "a", "b", "b"])
+    sites = ["a", "a", "b", "b"]
+    sim = simulate(run, peers=4, rounds=1, sites=sites)
     assert sim.consistent
-    flat = simulate(dataclasses.replace(run, rounds=dataclasses.replace(run.rounds, hierarchical=False)),
-                    peers=4, rounds=2, sites=["a", "a", "b", "b"])
-    assert sum(sim.rounds[0].cross_site_bytes) <= sum(flat.rounds[0].cross_site_bytes) / 2
-    assert sim.final_hash != flat.final_hash  # the same mean, rounded differently
-    for a, b in zip(sim.final_params, flat.final_params):
-        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+    flat = butterfly_bytes_by_site(sim.param_count, sites, "fp32")
+    assert [c > 0 for c in sim.rounds[0].cross_site_bytes] == [True, False, True, False]
+    assert sum(sim.rounds[0].cross_site_bytes) <= sum(c for _, c in flat) / 2
