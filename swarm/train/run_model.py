@@ -102,16 +102,16 @@ def init_from_file(init_from: str) -> Path:
 
 
 def load_weights(module: nn.Module, path: Path) -> None:
-    """Copy the file's tensors into ``module`` by state_dict name; every parameter must be there."""
+    """Copy the file's tensors into ``module`` by state_dict name: every parameter must be there, with its shape,
+    and nothing the module lacks (tied weights may appear under each of their names)."""
     tensors = load_file(str(path))
     params = dict(module.named_parameters())
-    missing = sorted(set(params) - set(tensors))
-    if missing:
-        raise ConfigError(f"{path} lacks the model's parameter {missing[0]!r} ({len(missing)} missing); it holds"
-                          " weights of another model: check [model] against the file.")
+    known = set(module.state_dict())
+    odd = sorted(set(params) - set(tensors)) or sorted(set(tensors) - known) or [
+        name for name, p in params.items() if tensors[name].shape != p.shape]
+    if odd:
+        raise ConfigError(f"{path} holds other parameters than the run's model (first: {odd[0]!r}); check that it"
+                          " comes from a run with the same [model] settings.")
     with torch.no_grad():
         for name, param in params.items():
-            if tensors[name].shape != param.shape:
-                raise ConfigError(f"{path}: {name} has shape {tuple(tensors[name].shape)}, the model's is"
-                                  f" {tuple(param.shape)}; the file holds weights of another model shape.")
             param.copy_(tensors[name])
