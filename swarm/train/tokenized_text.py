@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from swarm.config import ConfigError, DataConfig
+from swarm.train.text_files import source_files
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,6 @@ def load_tokenizer(path: str):
 
 def text_chunks(cfg: DataConfig) -> list[bytes]:
     """The source's files in sorted order, up to ``max_bytes`` in all (as the byte corpus reads them)."""
-    from swarm.train.data import source_files
-
     chunks: list[bytes] = []
     total = 0
     for path in source_files(cfg.source):
