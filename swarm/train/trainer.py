@@ -27,9 +27,10 @@ from swarm.core.outer import OuterOptimizer
 from swarm.core.state import GlobalState
 from swarm.core.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
 from swarm.config import RunConfig
-from swarm.train.data import BatchSampler, ByteCorpus, eval_loss, shard_index_for_peer
+from swarm.train.data import BatchSampler, check_vocab, eval_loss, load_corpus, shard_index_for_peer
 from swarm.train.initial_state import initial_state
-from swarm.train.model import build_model, model_fingerprint
+from swarm.train.model import model_fingerprint
+from swarm.train.run_model import build_run_model
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +64,15 @@ class LocalTrainer:
         self.peer_index = peer_index
         self.device = torch.device(device)
         data = run.data
-        self.model = build_model(run.model, seed=run.seed).to(self.device)  # same θ0 on every peer
-        if data.seq_len > self.model.cfg.context:
+        built = build_run_model(run.model, seed=run.seed)  # same θ0 on every peer
+        self.model, self.loss_fn = built.module.to(self.device), built.loss
+        if built.context is not None and data.seq_len > built.context:
             raise ValueError(
-                f"[data] seq_len {data.seq_len} exceeds the model context {self.model.cfg.context};"
+                f"[data] seq_len {data.seq_len} exceeds the model context {built.context};"
                 " lower seq_len or set [model] context."
             )
-        self.corpus = ByteCorpus.load(data)
+        self.corpus = load_corpus(data)
+        check_vocab(built.vocab_size, self.corpus)
         self.shard_index = shard_index_for_peer(peer_index, data.num_shards)
         self.sampler = BatchSampler(
             self.corpus.train,
@@ -130,7 +133,7 @@ class LocalTrainer:
         loss_sum = torch.zeros((), device=self.device)
         for _ in range(steps):
             x, y = self.sampler.next_batch()
-            _, loss = self.model(x.to(self.device), y.to(self.device))
+            loss = self.loss_fn(self.model, (x.to(self.device), y.to(self.device)))
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if self.run.inner.grad_clip > 0:
@@ -308,7 +311,7 @@ class LocalTrainer:
             try:
                 d = self.run.data
                 return eval_loss(self.model, self.corpus, batch_size=d.batch_size,
-                                 seq_len=d.seq_len, num_batches=d.eval_batches)
+                                 seq_len=d.seq_len, num_batches=d.eval_batches, loss=self.loss_fn)
             finally:
                 for p, s in zip(self._params, saved):
                     p.copy_(s)
