@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterable, Optional, Sequence
 
-EWMA_ALPHA = 0.3  # weight of the newest exchange: an estimate follows a changed link within a few rounds
+EWMA_ALPHA = 0.3  # weight of the newest exchange: smooths the noise of a link that stays what it is
+STEP_FACTOR = 3.0  # a sample this many times above or below the estimate is a changed link: taken as it is
 MIN_TRANSFER_BYTES = 64 * 1024  # smaller transfers time latency and stream setup, not throughput
 MIN_TRANSFER_S = 0.001  # shorter ones are below the clock's useful resolution
 MAX_GROUPMATES = 1024  # links kept; the least recently measured goes first
@@ -104,7 +105,9 @@ async def timed_stream(messages: Sequence[Any], first_byte: list[float]) -> Asyn
 
 
 class Ewma:
-    """An exponentially weighted moving average; NaN until the first sample."""
+    """An exponentially weighted moving average; NaN until the first sample. A sample ``STEP_FACTOR`` times
+    above or below the average replaces it: a link that became 10× slower is a new link, not noise, and the
+    controller must see it within a round, not after the average has crept down over five."""
 
     def __init__(self, alpha: float = EWMA_ALPHA) -> None:
         self.alpha = alpha
@@ -113,7 +116,10 @@ class Ewma:
     def add(self, sample: Optional[float]) -> None:
         if sample is None or not math.isfinite(sample) or sample < 0:
             return
-        self.value = sample if math.isnan(self.value) else self.alpha * sample + (1 - self.alpha) * self.value
+        if math.isnan(self.value) or not self.value / STEP_FACTOR <= sample <= self.value * STEP_FACTOR:
+            self.value = sample
+        else:
+            self.value = self.alpha * sample + (1 - self.alpha) * self.value
 
 
 @dataclass

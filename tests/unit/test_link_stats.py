@@ -61,3 +61,16 @@ def test_non_finite_or_negative_samples_are_ignored() -> None:
     estimates = LinkEstimates()
     estimates.observe(LinkTimings(rtt_s={"a": math.inf, "b": -1.0, "c": math.nan}))
     assert math.isnan(estimates.rtt_ms)
+
+
+def test_a_link_ten_times_slower_is_taken_at_once_while_noise_is_smoothed():
+    from swarm.net.link_stats import Ewma
+
+    estimate = Ewma()
+    for sample in (100.0, 120.0, 85.0, 110.0):
+        estimate.add(sample)
+    assert 90 < estimate.value < 115, "noise of ±20% moves the estimate only part of the way"
+    estimate.add(10.0)
+    assert estimate.value == 10.0, "a 10× slower link is believed after one exchange"
+    estimate.add(100.0)
+    assert estimate.value == 100.0, "and so is its recovery"
