@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable, Iterator, Optional
 
-from coordinator import admission, membership, rounds, tokens
+from coordinator import admission, budgets, membership, rounds, tokens
 from coordinator.errors import BadRequest, PeerGone, Rejection, UnknownPeer
 from coordinator.records import COMMITTED, EXCHANGING, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
 from coordinator.peer_writes import PeerWrites
@@ -34,6 +34,7 @@ from swarm.config import RunConfig
 from swarm.control import signing
 from swarm.core import credential
 from swarm.core.credential import peer_id_for
+from swarm.core.fragments import round_steps
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -291,19 +292,22 @@ class CoordinatorEngine:
         if self._open is not None:
             reports = self._reports.by_peer_id()
             alive = self._roster.alive_ids
+            look_again = self._leave_out_late(now, reports)
             decision = rounds.decide_round(
                 now, self._open, alive, reports, self.config.rounds.round_timeout_s,
                 report_grace_s=self.config.rounds.report_grace_s, param_count=self._run.param_count,
                 claims=self._reports.claims,
             )
             if not decision.decided:
-                self._wait_until = decision.wait_until
+                self._wait_until = min(decision.wait_until, look_again)
                 exchanging = not reports and any(  # admission closes at the first report anyway
                     p in alive and self._peers[p].state == EXCHANGING and self._peers[p].metrics.round == self._open.round
                     for p in self._open.participants
                 )
                 admitted = rounds.admit_late(self._open, reports, self._roster.ready_ids(), exchange_started=exchanging)
                 if admitted is not self._open:
+                    admitted = budgets.with_newcomers(self._open, admitted, self._step_times(), now=now,
+                                                      full_steps=self._full_steps(admitted.round))
                     newcomers = admitted.participants[len(self._open.participants):]
                     logger.info("round %d: admitted late %s", admitted.round, ", ".join(newcomers))
                     self._save_round(admitted)
@@ -317,9 +321,34 @@ class CoordinatorEngine:
             min_peers=self.config.rounds.min_peers,
         )
         if planned is not None:
+            plan = budgets.plan_budgets(planned.participants, self._step_times(), full_steps=self._full_steps(number),
+                                        slack_s=self.config.rounds.straggler_slack_s)
+            planned = budgets.planned_round(planned, plan)
             self._save_round(planned)
             self._wait_until = planned.opened_at + self.config.rounds.round_timeout_s  # should no one report
-            logger.info("round %d: opened with %s", number, ", ".join(planned.participants))
+            logger.info("round %d: opened with %s%s", number, ", ".join(planned.participants),
+                        f" (time budget {plan.budget_s:.3g}s, inner steps {', '.join(map(str, planned.budgets))})"
+                        if plan.budget_s > 0 else "")
+
+    def _leave_out_late(self, now: float, reports) -> float:
+        """Take the open round's participants not ready by its deadline out of it; when to look again."""
+        ready = {p for p in self._open.participants if p in self._peers and self._peers[p].state == EXCHANGING
+                 and self._peers[p].metrics.round == self._open.round}
+        row, look_again = rounds.leave_out(now, self._open, reports, ready,
+                                           report_grace_s=self.config.rounds.report_grace_s)
+        if row is not self._open:
+            logger.warning("round %d: went on without %s (not ready %.0fs after its %.3gs deadline)", row.round,
+                           ", ".join(row.left_out[len(self._open.left_out):]), self.config.rounds.report_grace_s,
+                           row.deadline_s)
+            self._save_round(row)
+        return look_again
+
+    def _step_times(self) -> dict[str, float]:
+        return {p.peer_id: p.metrics.step_time_s for p in self._peers.values() if p.alive}
+
+    def _full_steps(self, round_number: int) -> int:
+        rounds_config = self.config.rounds
+        return round_steps(round_number, rounds_config.inner_steps, rounds_config.fragments)
 
     def _apply(self, decision: rounds.Decision, now: float) -> None:
         decided = decision.round
