@@ -179,7 +179,7 @@ def admit_late(
     """
     if round_row.outcome != OPEN or reports or exchange_started:
         return round_row
-    planned = set(round_row.participants)
+    planned = set(round_row.participants) | set(round_row.left_out)  # the round went on without those
     newcomers = tuple(p for p in ready if p not in planned)
     if not newcomers:
         return round_row
