@@ -326,6 +326,9 @@ class CoordinatorEngine:
             planned = budgets.planned_round(planned, plan)
             self._save_round(planned)
             self._wait_until = planned.opened_at + self.config.rounds.round_timeout_s  # should no one report
+            if planned.deadline_s > 0:  # then who is not ready is left out
+                self._wait_until = min(self._wait_until,
+                                       planned.opened_at + planned.deadline_s + self.config.rounds.report_grace_s)
             logger.info("round %d: opened with %s%s", number, ", ".join(planned.participants),
                         f" (time budget {plan.budget_s:.3g}s, inner steps {', '.join(map(str, planned.budgets))})"
                         if plan.budget_s > 0 else "")
