@@ -21,7 +21,9 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from coordinator.records import RoundRecord
+from coordinator.records import EXCHANGING, PeerRecord, RoundRecord
+from swarm.config import RoundConfig
+from swarm.core.fragments import round_steps
 
 MAX_SPEEDUP = 4.0  # a claimed step time is believed down to the median's quarter, not below
 
@@ -137,3 +139,30 @@ def budget_of(round_row: RoundRecord, peer_id: str) -> Optional[Budget]:
         return None
     i = round_row.participants.index(peer_id)
     return Budget(round_row.budgets[i], round_row.step_times_s[i])
+
+
+def plan_round(round_row: RoundRecord, peers: Mapping[str, PeerRecord], config: RoundConfig) -> RoundRecord:
+    """The newly opened ``round_row`` with its participants' budgets from their latest heartbeats."""
+    plan = plan_budgets(round_row.participants, step_times(peers), full_steps=full_steps(round_row.round, config),
+                        slack_s=config.straggler_slack_s)
+    return planned_round(round_row, plan)
+
+
+def admit(before: RoundRecord, after: RoundRecord, peers: Mapping[str, PeerRecord], config: RoundConfig, *,
+          now: float) -> RoundRecord:
+    """``with_newcomers`` from the peers' latest heartbeats."""
+    return with_newcomers(before, after, step_times(peers), now=now, full_steps=full_steps(after.round, config))
+
+
+def exchanging(round_row: RoundRecord, peers: Mapping[str, PeerRecord]) -> set[str]:
+    """The participants whose latest heartbeat says they are exchanging this round (ready: not left out)."""
+    return {p for p in round_row.participants if p in peers and peers[p].state == EXCHANGING
+            and peers[p].metrics.round == round_row.round}
+
+
+def step_times(peers: Mapping[str, PeerRecord]) -> dict[str, float]:
+    return {p.peer_id: p.metrics.step_time_s for p in peers.values() if p.alive}
+
+
+def full_steps(round_number: int, config: RoundConfig) -> int:
+    return round_steps(round_number, config.inner_steps, config.fragments)

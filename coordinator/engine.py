@@ -34,7 +34,6 @@ from swarm.config import RunConfig
 from swarm.control import signing
 from swarm.core import credential
 from swarm.core.credential import peer_id_for
-from swarm.core.fragments import round_steps
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -306,8 +305,7 @@ class CoordinatorEngine:
                 )
                 admitted = rounds.admit_late(self._open, reports, self._roster.ready_ids(), exchange_started=exchanging)
                 if admitted is not self._open:
-                    admitted = budgets.with_newcomers(self._open, admitted, self._step_times(), now=now,
-                                                      full_steps=self._full_steps(admitted.round))
+                    admitted = budgets.admit(self._open, admitted, self._peers, self.config.rounds, now=now)
                     newcomers = admitted.participants[len(self._open.participants):]
                     logger.info("round %d: admitted late %s", admitted.round, ", ".join(newcomers))
                     self._save_round(admitted)
@@ -321,23 +319,18 @@ class CoordinatorEngine:
             min_peers=self.config.rounds.min_peers,
         )
         if planned is not None:
-            plan = budgets.plan_budgets(planned.participants, self._step_times(), full_steps=self._full_steps(number),
-                                        slack_s=self.config.rounds.straggler_slack_s)
-            planned = budgets.planned_round(planned, plan)
+            planned = budgets.plan_round(planned, self._peers, self.config.rounds)
             self._save_round(planned)
             self._wait_until = planned.opened_at + self.config.rounds.round_timeout_s  # should no one report
             if planned.deadline_s > 0:  # then who is not ready is left out
                 self._wait_until = min(self._wait_until,
                                        planned.opened_at + planned.deadline_s + self.config.rounds.report_grace_s)
-            logger.info("round %d: opened with %s%s", number, ", ".join(planned.participants),
-                        f" (time budget {plan.budget_s:.3g}s, inner steps {', '.join(map(str, planned.budgets))})"
-                        if plan.budget_s > 0 else "")
+            logger.info("round %d: opened with %s (inner steps %s, time budget %.3gs)", number,
+                        ", ".join(planned.participants), ", ".join(map(str, planned.budgets)), planned.budget_s)
 
     def _leave_out_late(self, now: float, reports) -> float:
         """Take the open round's participants not ready by its deadline out of it; when to look again."""
-        ready = {p for p in self._open.participants if p in self._peers and self._peers[p].state == EXCHANGING
-                 and self._peers[p].metrics.round == self._open.round}
-        row, look_again = rounds.leave_out(now, self._open, reports, ready,
+        row, look_again = rounds.leave_out(now, self._open, reports, budgets.exchanging(self._open, self._peers),
                                            report_grace_s=self.config.rounds.report_grace_s)
         if row is not self._open:
             logger.warning("round %d: went on without %s (not ready %.0fs after its %.3gs deadline)", row.round,
@@ -345,13 +338,6 @@ class CoordinatorEngine:
                            row.deadline_s)
             self._save_round(row)
         return look_again
-
-    def _step_times(self) -> dict[str, float]:
-        return {p.peer_id: p.metrics.step_time_s for p in self._peers.values() if p.alive}
-
-    def _full_steps(self, round_number: int) -> int:
-        rounds_config = self.config.rounds
-        return round_steps(round_number, rounds_config.inner_steps, rounds_config.fragments)
 
     def _apply(self, decision: rounds.Decision, now: float) -> None:
         decided = decision.round

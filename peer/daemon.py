@@ -187,7 +187,8 @@ class PeerDaemon:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="swarm-exchange")
         self.runner = RoundRunner(trainer, self.run_config, exchange=group, votes=group, decider=self.link,
                                   store=self.store, executor=self._executor, hooks=self.hooks,
-                                  stopping=self.stop.is_set, budget=self.budget, left_out=self.left_out)
+                                  stopping=self.stop.is_set, left_out=self.left_out,
+                                  budget=lambda r: self.link.budget(r, self.runner.full_speed(r)))
         self.stats.update(model_fingerprint=trainer.fingerprint, param_count=trainer.param_count,
                           dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs),
                           rtt_ms=group.probe_rtt_ms())
@@ -206,10 +207,6 @@ class PeerDaemon:
             self.carry = result.pending
         elif result.outcome is not Outcome.STOPPED:
             self.enter(PeerState.READY)
-
-    def budget(self, round_no: int) -> tuple[int, int]:
-        """The round's time budget for this peer (``RoundRunner.budget``)."""
-        return self.link.budget(round_no, self.runner.full_speed(round_no))
 
     def left_out(self, round_no: int) -> bool:
         """Asked once the round's steps are done: too slow, the round went on without this peer."""

@@ -205,10 +205,9 @@ class RoundConfig:
     exchange_timeout_s: float = 60.0  # bound on moving the tensors once a group formed
     round_timeout_s: float = 900.0  # a round undecided this long after it opened is decided as is
     report_grace_s: float = 10.0  # once a hash has its group's quorum, how long the round waits for the rest
-    # A round is a time budget (coordinator.budgets): the fastest measured peer does inner_steps, a peer that
-    # would finish them at most straggler_slack_s later does too, a slower one what fits in the fastest's
-    # time. A participant not ready to exchange straggler_slack_s + report_grace_s after that time is left
-    # out of the round (the others go on; it resyncs).
+    # A round is a time budget (coordinator.budgets): a peer finishing inner_steps at most this much after the
+    # fastest does them all, a slower one what fits the fastest's time; one not ready to exchange this plus
+    # report_grace_s after that time is left out of the round (the others go on; it resyncs).
     straggler_slack_s: float = 5.0
     # Lossy codecs only: a peer adds what the codec dropped last time to its next pseudo-gradient.
     error_feedback: bool = True
