@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable, Iterator, Optional
 
-from coordinator import admission, controller, membership, rounds, tokens
+from coordinator import admission, budgets, controller, membership, rounds, tokens
 from coordinator.errors import BadRequest, PeerGone, Rejection, UnknownPeer
 from coordinator.records import COMMITTED, EXCHANGING, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
 from coordinator.peer_writes import PeerWrites
@@ -291,19 +291,21 @@ class CoordinatorEngine:
         if self._open is not None:
             reports = self._reports.by_peer_id()
             alive = self._roster.alive_ids
+            look_again = self._leave_out_late(now, reports)
             decision = rounds.decide_round(
                 now, self._open, alive, reports, self.config.rounds.round_timeout_s,
                 report_grace_s=self.config.rounds.report_grace_s, param_count=self._run.param_count,
                 claims=self._reports.claims,
             )
             if not decision.decided:
-                self._wait_until = decision.wait_until
+                self._wait_until = min(decision.wait_until, look_again)
                 exchanging = not reports and any(  # admission closes at the first report anyway
                     p in alive and self._peers[p].state == EXCHANGING and self._peers[p].metrics.round == self._open.round
                     for p in self._open.participants
                 )
                 admitted = rounds.admit_late(self._open, reports, self._roster.ready_ids(), exchange_started=exchanging)
                 if admitted is not self._open:
+                    admitted = budgets.admit(self._open, admitted, self._peers, self.config.rounds, now=now)
                     newcomers = admitted.participants[len(self._open.participants):]
                     logger.info("round %d: admitted late %s", admitted.round, ", ".join(newcomers))
                     self._save_round(admitted)
@@ -318,9 +320,25 @@ class CoordinatorEngine:
         )
         if planned is not None:
             planned = controller.for_round(self.config, planned, self._peers, self._run.param_count, self._latest)
+            planned = budgets.plan_round(planned, self._peers, self.config.rounds)
             self._save_round(planned)
             self._wait_until = planned.opened_at + self.config.rounds.round_timeout_s  # should no one report
-            logger.info("round %d: opened with %s", number, ", ".join(planned.participants))
+            if planned.deadline_s > 0:  # then who is not ready is left out
+                self._wait_until = min(self._wait_until,
+                                       planned.opened_at + planned.deadline_s + self.config.rounds.report_grace_s)
+            logger.info("round %d: opened with %s (inner steps %s, time budget %.3gs)", number,
+                        ", ".join(planned.participants), ", ".join(map(str, planned.budgets)), planned.budget_s)
+
+    def _leave_out_late(self, now: float, reports) -> float:
+        """Take the open round's participants not ready by its deadline out of it; when to look again."""
+        row, look_again = rounds.leave_out(now, self._open, reports, budgets.exchanging(self._open, self._peers),
+                                           report_grace_s=self.config.rounds.report_grace_s)
+        if row is not self._open:
+            logger.warning("round %d: went on without %s (not ready %.0fs after its %.3gs deadline)", row.round,
+                           ", ".join(row.left_out[len(self._open.left_out):]), self.config.rounds.report_grace_s,
+                           row.deadline_s)
+            self._save_round(row)
+        return look_again
 
     def _apply(self, decision: rounds.Decision, now: float) -> None:
         decided = decision.round

@@ -98,6 +98,13 @@ class RoundRecord:
     mean_loss: float = NAN
     reason: str = ""  # why it was decided so, in words
     choice: str = ""  # the controller's choice for it as JSON (coordinator.controller; "": controller off)
+    # The time budget (coordinator.budgets): each participant's inner steps and the step time they came
+    # from, aligned with ``participants`` (empty: every participant does the full steps).
+    budget_s: float = 0.0  # the round's compute seconds (0: none measured)
+    deadline_s: float = 0.0  # after opened_at: a participant not ready by it plus report_grace_s is left out (0: none)
+    budgets: tuple[int, ...] = ()
+    step_times_s: tuple[float, ...] = ()
+    left_out: tuple[str, ...] = ()  # participants the round went on without (too slow); no longer in participants
 
 
 @dataclass(frozen=True, kw_only=True)

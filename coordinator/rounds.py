@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Collection, Mapping, Optional, Sequence
 
+from coordinator import budgets
 from coordinator.records import COMMITTED, OPEN, VOIDED, ReportRecord, RoundRecord, finite
 from swarm.core import commit_rule
 
@@ -76,7 +77,8 @@ def decide_round(
         decided = dataclasses.replace(
             round_row, outcome=VOIDED, decided_at=now, mean_loss=mean_loss, reason=f"{verdict.reason} ({why})",
         )
-        return Decision(round=decided, decided=True, reason=decided.reason, missed=tuple(participants))
+        return Decision(round=decided, decided=True, reason=decided.reason,
+                        missed=tuple(participants) + round_row.left_out)
     by_peer = {r.peer_id: r for r in counted}
     holding = set(verdict.holders)
     holders = tuple(p for p in participants if p in holding)
@@ -86,9 +88,29 @@ def decide_round(
     )
     return Decision(
         round=decided, decided=True, reason=decided.reason, joined=holders,
-        missed=tuple(p for p in participants if p not in holding),
+        missed=tuple(p for p in participants if p not in holding) + round_row.left_out,
         ddp_equivalent_bytes=ddp_equivalent_bytes([by_peer[p] for p in holders], param_count=param_count),
     )
+
+
+def leave_out(now: float, round_row: RoundRecord, reports: Sequence[ReportRecord], ready: Collection[str],
+              *, report_grace_s: float) -> tuple[RoundRecord, float]:
+    """Past the round's deadline plus ``report_grace_s``, take the participants that have neither reported
+    nor started their exchange (``ready``: the participants exchanging this round) out of the round, so the
+    others stop waiting for them. Returns the round (the same object when nobody was left out) and when
+    to look again (inf: never). Nobody is left out while nobody is ready: the round waits as before."""
+    if round_row.outcome != OPEN or round_row.deadline_s <= 0:
+        return round_row, math.inf
+    due = round_row.opened_at + round_row.deadline_s + report_grace_s
+    reported = {r.peer_id for r in reports if not is_restart_placeholder(r)}
+    late = [p for p in round_row.participants if p not in reported and p not in ready]
+    if not late:
+        return round_row, math.inf
+    if now < due:
+        return round_row, due
+    if len(late) == len(round_row.participants):
+        return round_row, now + 1.0  # look again once some participant is ready
+    return budgets.without(round_row, late), math.inf
 
 
 def _quorum_at(ranked: Sequence[commit_rule.Candidate], reports: Sequence[ReportRecord]) -> Optional[float]:
@@ -157,7 +179,7 @@ def admit_late(
     """
     if round_row.outcome != OPEN or reports or exchange_started:
         return round_row
-    planned = set(round_row.participants)
+    planned = set(round_row.participants) | set(round_row.left_out)  # the round went on without those
     newcomers = tuple(p for p in ready if p not in planned)
     if not newcomers:
         return round_row

@@ -56,6 +56,8 @@ def round_info(
         choice = controller.message(round_row.choice)
         if choice is not None:
             info.choice.CopyFrom(choice)
+        if round_row.budgets or round_row.left_out:
+            info.plan.CopyFrom(round_plan(round_row))
         if round_row.outcome == COMMITTED or round_row.outcome == pb.ROUND_OUTCOME_VOIDED:
             info.participants.extend(round_row.participants)
         else:  # an open round: only the live ones, so groupmates stop waiting for a peer that left
@@ -72,6 +74,15 @@ def round_info(
         info.committed_hash = position.last_committed_hash
     info.holders.extend(_dht_ids(position.state_holders, peers))
     return info
+
+
+def round_plan(round_row: RoundRecord) -> pb.RoundPlan:
+    """The round's time budget as peers read it (``coordinator.budgets``)."""
+    plan = pb.RoundPlan(budget_s=round_row.budget_s, deadline_s=round_row.deadline_s, left_out=round_row.left_out)
+    if len(round_row.budgets) == len(round_row.participants):
+        plan.peers.extend(pb.PlannedPeer(peer_id=p, inner_steps=steps, step_time_s=t) for p, steps, t in
+                          zip(round_row.participants, round_row.budgets, round_row.step_times_s))
+    return plan
 
 
 def _dht_ids(peer_ids: Sequence[str], peers: Mapping[str, PeerRecord]) -> list[str]:

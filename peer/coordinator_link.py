@@ -47,7 +47,8 @@ class Backlogged:
 class CoordinatorLink:
     """Threads: ``decide`` runs on the round runner's executor; everything else on the main thread.
     ``backlog`` is appended by the executor and taken by the main thread (list append/swap are atomic);
-    ``last_group`` and ``live_peers`` are plain values either thread may refresh."""
+    ``last_group``, ``live_peers`` and ``plans`` are plain values either thread may refresh (``plans`` is
+    replaced whole, never changed in place)."""
 
     def __init__(self, client: CoordinatorClient, *, stop: threading.Event, faults: FaultPlan, poll_s: float,
                  leave_grace_s: float, tag: Callable[[Optional[int]], str]) -> None:
@@ -61,6 +62,7 @@ class CoordinatorLink:
         self.group_decision: Callable[[Vote], Optional[tuple[Optional[str], list[str]]]] = lambda vote: None
         self.param_count = 0  # of this peer's model, carried by every report
         self._choices: dict[int, pb.RoundChoice] = {}  # round -> the controller's choice, as the coordinator said
+        self.plans: dict[int, pb.RoundPlan] = {}  # the time budgets of the latest rounds seen, by round
 
     def join(self, options, *, key: PeerKey, libp2p: Libp2pSigner) -> pb.JoinResponse:
         """Join the run, retrying while the coordinator is unreachable; gives up after join_timeout_s.
@@ -93,6 +95,9 @@ class CoordinatorLink:
             self._choices[info.round] = info.choice  # a round's choice never changes: the first answer holds
             for old in sorted(self._choices)[:-MAX_CHOICES_KEPT]:
                 del self._choices[old]
+        if info.HasField("plan"):
+            kept = {r: plan for r, plan in self.plans.items() if r >= info.round - 2}
+            self.plans = {**kept, info.round: info.plan}
         return info
 
     def round_choice(self, round_no: int) -> Optional[pb.RoundChoice]:
@@ -104,6 +109,30 @@ class CoordinatorLink:
             except CoordinatorUnreachable:
                 return None
         return self._choices.get(round_no)
+
+    def budget(self, round_no: int, full: tuple[int, int]) -> tuple[int, int]:
+        """(steps before a carried merge, steps) for ``round_no``: the coordinator's time budget for this
+        peer, capped at ``full`` (what a full-speed peer does); ``full`` when the round has no budget for it
+        (not opened yet, or the coordinator is unreachable)."""
+        plan = self.plans.get(round_no)
+        if plan is None:
+            try:
+                plan = self.get_round(round_no).plan
+            except CoordinatorUnreachable:
+                return full
+        mine = next((p.inner_steps for p in plan.peers if p.peer_id == self.peer_id), 0)
+        if mine <= 0:
+            return full
+        steps = min(full[1], mine)
+        return min(full[0], steps), steps
+
+    def left_out(self, round_no: int) -> bool:
+        """The coordinator went on with ``round_no`` without this peer (it was not ready by the deadline);
+        False when the coordinator is unreachable (the group decides then)."""
+        try:
+            return self.peer_id in self.get_round(round_no).plan.left_out
+        except CoordinatorUnreachable:
+            return False
 
     def round_info(self, round_no: int) -> pb.RoundInfo:
         """Round ``round_no``, retrying while the coordinator is unreachable."""

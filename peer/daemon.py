@@ -188,7 +188,8 @@ class PeerDaemon:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="swarm-exchange")
         self.runner = RoundRunner(trainer, self.run_config, exchange=group, votes=group, decider=self.link,
                                   store=self.store, executor=self._executor, hooks=self.hooks,
-                                  stopping=self.stop.is_set)
+                                  stopping=self.stop.is_set, left_out=self.left_out,
+                                  budget=lambda r: self.link.budget(r, self.runner.full_speed(r)))
         self.stats.update(model_fingerprint=trainer.fingerprint, param_count=trainer.param_count,
                           dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs),
                           rtt_ms=group.probe_rtt_ms())
@@ -207,6 +208,14 @@ class PeerDaemon:
             self.carry = result.pending
         elif result.outcome is not Outcome.STOPPED:
             self.enter(PeerState.READY)
+
+    def left_out(self, round_no: int) -> bool:
+        """Asked once the round's steps are done: too slow, the round went on without this peer."""
+        if not self.link.left_out(round_no):
+            return False
+        logger.warning("%s round %d went on without this peer (too slow: %.3g s per step); resyncing",
+                       self.tag(round_no), round_no, self.stats.metrics().step_time_s)
+        return True
 
     def round_state(self, name: str) -> None:
         """The round hooks' 'exchanging' and 'deciding' points (on the main thread)."""

@@ -263,6 +263,10 @@ class RoundConfig:
     exchange_timeout_s: float = 60.0  # bound on moving the tensors once a group formed
     round_timeout_s: float = 900.0  # a round undecided this long after it opened is decided as is
     report_grace_s: float = 10.0  # once a hash has its group's quorum, how long the round waits for the rest
+    # A round is a time budget (coordinator.budgets): a peer finishing inner_steps at most this much after the
+    # fastest does them all, a slower one what fits the fastest's time; one not ready to exchange this plus
+    # report_grace_s after that time is left out of the round (the others go on; it resyncs).
+    straggler_slack_s: float = 5.0
     # Lossy codecs only: a peer adds what the codec dropped last time to its next pseudo-gradient.
     error_feedback: bool = True
     # Streaming DiLoCo (see swarm.core.fragments): the parameters are split into `fragments` groups of layers
@@ -317,6 +321,9 @@ class RoundConfig:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"[rounds] {name} must be positive, got {getattr(self, name)}.")
             check_range("rounds", name, getattr(self, name), 0, MAX_TIMEOUT_S)
+        if not (math.isfinite(self.straggler_slack_s) and 0 <= self.straggler_slack_s <= MAX_TIMEOUT_S):
+            raise ConfigError(f"[rounds] straggler_slack_s must be a number of seconds between 0 and {MAX_TIMEOUT_S:g},"
+                              f" got {self.straggler_slack_s}.")
         if not 1 <= self.fragments <= self.inner_steps:
             raise ConfigError(f"[rounds] fragments must be between 1 and inner_steps ({self.inner_steps}),"
                               f" got {self.fragments}.")

@@ -3,7 +3,8 @@
 
 Every member's weight is self-declared, so it is clamped to ``max_weight`` (batch size × inner steps:
 the most samples one fragment can see between two of its syncs; every member derives the same cap from
-the run config) and a weight that is not a positive finite number fails the exchange.
+the run config; a round's time budget gives no peer more than the inner steps, so an honest peer, fast
+or slow, is never clipped) and a weight that is not a positive finite number fails the exchange.
 
 The rules, applied to the decoded slices in group order, all deterministic functions of them:
 

@@ -173,14 +173,18 @@ class RoundRunner:
     def __init__(self, trainer: LocalTrainer, run: RunConfig, *, exchange: GroupExchange, votes: VoteBoard,
                  decider: Decider, store: StateStore, executor: concurrent.futures.Executor,
                  hooks: Optional[Hooks] = None, stopping: Callable[[], bool] = lambda: False,
-                 evaluate: bool = True, budget: Optional[Callable[[int], tuple[int, int]]] = None) -> None:
+                 evaluate: bool = True, budget: Optional[Callable[[int], tuple[int, int]]] = None,
+                 left_out: Callable[[int], bool] = lambda round_no: False) -> None:
         self.trainer, self.run = trainer, run
         self.exchange, self.votes, self.decider, self.store = exchange, votes, decider, store
         self.executor = executor
         self.hooks = hooks or Hooks()
         self.stopping = stopping
         self.evaluate = evaluate  # evaluate θg on the run's eval rounds (the simulator asks one peer only)
+        # (steps before a carried merge, steps in the round) for a round; asked again once a carried round
+        # is finished, when the round's plan (its time budget) is known
         self.budget = budget or self.full_speed
+        self.left_out = left_out  # the round went on without this peer (too slow): asked once its steps are done
 
     def full_speed(self, round_no: int) -> tuple[int, int]:
         """(inner steps before a carried exchange is merged, inner steps in the round) for round_no."""
@@ -203,6 +207,7 @@ class RoundRunner:
                 return previous
             if not self.decider.still_planned(round_no):
                 return RoundResult(round_no, Outcome.NOT_PLANNED)
+            steps = max(self.budget(round_no)[1], parts[0].steps)
             parts.append(self.trainer.train(steps - parts[0].steps))
         else:
             parts.append(self.trainer.train(steps))
@@ -211,6 +216,8 @@ class RoundRunner:
         self.hooks.at(round_no, "trained")
         if self.stopping():
             return RoundResult(round_no, Outcome.STOPPED)
+        if self.left_out(round_no):
+            return RoundResult(round_no, Outcome.NOT_PLANNED)
         pending = self.start(round_no, train)
         last = rounds.max_rounds is not None and round_no >= rounds.max_rounds
         if rounds.overlap_steps > 0 and not last:

@@ -100,7 +100,7 @@ class JoinResponse(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., run_id: _Optional[str] = ..., run_spec_json: _Optional[str] = ..., dht_initial_peers: _Optional[_Iterable[str]] = ..., heartbeat_interval_s: _Optional[float] = ..., lease_s: _Optional[float] = ..., peer_index: _Optional[int] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ..., session: _Optional[int] = ..., credential: _Optional[bytes] = ..., coordinator_public_key: _Optional[bytes] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
-    __slots__ = ("round", "outcome", "participants", "committed_hash", "holders", "last_committed_round", "last_committed_hash", "finished", "open_round", "live_peers", "behind_peers", "choice")
+    __slots__ = ("round", "outcome", "participants", "committed_hash", "holders", "last_committed_round", "last_committed_hash", "finished", "open_round", "live_peers", "behind_peers", "choice", "plan")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class RoundInfo(_message.Message):
     LIVE_PEERS_FIELD_NUMBER: _ClassVar[int]
     BEHIND_PEERS_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
     round: int
     outcome: RoundOutcome
     participants: _containers.RepeatedScalarFieldContainer[str]
@@ -125,7 +126,8 @@ class RoundInfo(_message.Message):
     live_peers: int
     behind_peers: int
     choice: RoundChoice
-    def __init__(self, round: _Optional[int] = ..., outcome: _Optional[_Union[RoundOutcome, str]] = ..., participants: _Optional[_Iterable[str]] = ..., committed_hash: _Optional[str] = ..., holders: _Optional[_Iterable[str]] = ..., last_committed_round: _Optional[int] = ..., last_committed_hash: _Optional[str] = ..., finished: _Optional[bool] = ..., open_round: _Optional[int] = ..., live_peers: _Optional[int] = ..., behind_peers: _Optional[int] = ..., choice: _Optional[_Union[RoundChoice, _Mapping]] = ...) -> None: ...
+    plan: RoundPlan
+    def __init__(self, round: _Optional[int] = ..., outcome: _Optional[_Union[RoundOutcome, str]] = ..., participants: _Optional[_Iterable[str]] = ..., committed_hash: _Optional[str] = ..., holders: _Optional[_Iterable[str]] = ..., last_committed_round: _Optional[int] = ..., last_committed_hash: _Optional[str] = ..., finished: _Optional[bool] = ..., open_round: _Optional[int] = ..., live_peers: _Optional[int] = ..., behind_peers: _Optional[int] = ..., choice: _Optional[_Union[RoundChoice, _Mapping]] = ..., plan: _Optional[_Union[RoundPlan, _Mapping]] = ...) -> None: ...
 
 class RoundChoice(_message.Message):
     __slots__ = ("codec", "shares", "inner_steps", "fragments", "overlap_steps", "reason", "predicted_exchange_s", "window_s", "round")
@@ -155,6 +157,28 @@ class RoundChoice(_message.Message):
     window_s: float
     round: int
     def __init__(self, codec: _Optional[str] = ..., shares: _Optional[_Mapping[str, float]] = ..., inner_steps: _Optional[int] = ..., fragments: _Optional[int] = ..., overlap_steps: _Optional[int] = ..., reason: _Optional[str] = ..., predicted_exchange_s: _Optional[float] = ..., window_s: _Optional[float] = ..., round: _Optional[int] = ...) -> None: ...
+
+class RoundPlan(_message.Message):
+    __slots__ = ("budget_s", "deadline_s", "peers", "left_out")
+    BUDGET_S_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
+    budget_s: float
+    deadline_s: float
+    peers: _containers.RepeatedCompositeFieldContainer[PlannedPeer]
+    left_out: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, budget_s: _Optional[float] = ..., deadline_s: _Optional[float] = ..., peers: _Optional[_Iterable[_Union[PlannedPeer, _Mapping]]] = ..., left_out: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PlannedPeer(_message.Message):
+    __slots__ = ("peer_id", "inner_steps", "step_time_s")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    inner_steps: int
+    step_time_s: float
+    def __init__(self, peer_id: _Optional[str] = ..., inner_steps: _Optional[int] = ..., step_time_s: _Optional[float] = ...) -> None: ...
 
 class PeerMetrics(_message.Message):
     __slots__ = ("state", "round", "state_hash", "state_round", "model_fingerprint", "param_count", "dht_peer_id", "dht_maddrs", "loss", "step_time_s", "tokens_per_s", "eval_loss", "eval_round", "inner_time_s", "wall_time_s", "inner_steps", "tokens", "bytes_sent", "bytes_received", "contributions_rejected", "contributions_clipped", "foreign_messages_dropped", "upload_mbit_s", "download_mbit_s", "rtt_ms")

@@ -144,3 +144,66 @@ def test_with_the_controller_on_a_codec_change_mid_run_keeps_the_peers_identical
     assert run_status.controller.codec == "int4" and "uplink" in run_status.controller.reason
     assert a.trainer.state.state_hash == b.trainer.state.state_hash == committed_hash(coordinator, 8)
     assert a.trainer.error_feedback[0].residual.abs().sum() > 0  # int4 dropped something; fp32 would not
+
+
+class _SlowTrainer:
+    """A LocalTrainer whose inner steps take ``STEP_S`` longer each (a throttled device), for peer index 2."""
+
+    STEP_S = 0.3
+
+    def __new__(cls, run, *, peer_index, device):
+        from swarm.train.trainer import LocalTrainer
+        trainer = LocalTrainer(run, peer_index=peer_index, device=device)
+        if peer_index == 2:
+            fast = trainer.train
+
+            def train(steps: int):
+                import dataclasses
+                import time
+                start = time.perf_counter()
+                stats = fast(steps)
+                time.sleep(cls.STEP_S * steps)
+                return dataclasses.replace(stats, inner_time_s=time.perf_counter() - start)
+            trainer.train = train
+        return trainer
+
+
+def _reported_steps(coordinator, round_no: int) -> dict[str, int]:
+    names = {p.id: p.name for p in coordinator.status().peers}
+    return {names[r.peer_id]: r.inner_steps for r in coordinator.engine._store.reports(round_no)}
+
+
+def test_a_slow_peer_gets_a_smaller_time_budget_and_every_peer_ends_identical(tmp_path, monkeypatch):
+    """A peer 10x slower than the others trains what fits in their time: no round waits for it or is voided."""
+    monkeypatch.setattr("peer.daemon.LocalTrainer", _SlowTrainer)
+    run = RUN.replace(rounds=RoundConfig(inner_steps=4, max_rounds=4, min_peers=3, eval_every_rounds=100,
+                                         straggler_slack_s=0.2, report_grace_s=5.0))
+    coordinator, parts = swarm(run)
+    a, b, c = (start(parts, tmp_path, name) for name in ("a", "b", "c"))
+    assert finish(a, b, c) == [0, 0, 0]
+    assert len({p.trainer.state.state_hash for p in (a, b, c)}) == 1
+    status = coordinator.status()
+    assert (status.run.rounds_committed, status.run.rounds_voided) == (4, 0)
+    slow = next(p.daemon_.options.name for p in (a, b, c) if p.trainer.peer_index == 2)
+    fast = next(p.daemon_.options.name for p in (a, b, c) if p.trainer.peer_index != 2)
+    assert _reported_steps(coordinator, 1) == {"a": 4, "b": 4, "c": 4}  # nothing measured yet
+    later = [_reported_steps(coordinator, r) for r in (2, 3, 4)]
+    assert all(steps[fast] == 4 and steps.get(slow, 1) == 1 for steps in later), later
+
+
+def test_a_stalled_peer_is_left_out_and_the_others_commit_without_it(tmp_path):
+    """A peer that stalls after its inner steps is left out of that round at the deadline plus the grace: the
+    others commit without it, it is told, resyncs and ends with the same state."""
+    run = RUN.replace(rounds=RoundConfig(inner_steps=2, max_rounds=4, min_peers=3, eval_every_rounds=100,
+                                         straggler_slack_s=0.5, report_grace_s=3.0))
+    coordinator, parts = swarm(run)
+    a, b = start(parts, tmp_path, "a"), start(parts, tmp_path, "b")
+    c = start(parts, tmp_path, "c", faults=_plan("delay@2:trained=8"))
+    assert finish(a, b, c) == [0, 0, 0]
+    assert len({p.trainer.state.state_hash for p in (a, b, c)}) == 1
+    status = coordinator.status()
+    assert (status.run.rounds_committed, status.run.rounds_voided) == (4, 0)
+    assert set(_reported_steps(coordinator, 2)) == {"a", "b"}
+    missed = {p.name: p.rounds_missed for p in status.peers}
+    assert missed["a"] == missed["b"] == 0 and missed["c"] >= 1
+    assert PeerState.SYNCING in c.states[c.states.index(PeerState.TRAINING):]

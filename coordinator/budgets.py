@@ -1,0 +1,168 @@
+"""A round is a time budget: each participant's inner steps from its measured seconds per step.
+
+The fastest measured participant does the round's full steps (H, or fewer in a fragment's first sync) in
+``budget_s`` seconds; a participant that would finish its full steps within ``slack_s`` seconds of that
+does them too (a measurement's noise, or a small speed difference, costs less than a smaller
+contribution); a slower one does ``max(1, floor(budget_s / own_step_s))``, so that all are ready
+together. A participant with no measurement yet does the full steps.  The round's deadline is
+``budget_s + slack_s`` after it opened.
+
+Step times are what the peers say in their heartbeats; one peer claiming to be very fast would shrink
+everyone else's budget, so a claim under ``1 / MAX_SPEEDUP`` of the measured participants' lower median
+counts as that much.
+
+Pure functions; the engine passes the records and the measurements in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from coordinator.records import EXCHANGING, PeerRecord, RoundRecord
+from swarm.config import RoundConfig
+from swarm.core.fragments import round_steps
+
+MAX_SPEEDUP = 4.0  # a claimed step time is believed down to the median's quarter, not below
+
+
+@dataclass(frozen=True)
+class Budget:
+    inner_steps: int
+    step_time_s: float  # as used for the budget (0: not measured)
+
+
+@dataclass(frozen=True)
+class Plan:
+    budget_s: float  # the round's compute seconds (0: no measurement, every participant does the full steps)
+    deadline_s: float  # after the round opened; 0: none (no measurement to set one by)
+    budgets: dict[str, Budget]
+
+
+def measured(step_time_s: float) -> bool:
+    return math.isfinite(step_time_s) and step_time_s > 0
+
+
+def reference_step_s(step_times: Sequence[float]) -> Optional[float]:
+    """The fastest believable step time among ``step_times`` (None when none is measured)."""
+    times = sorted(t for t in step_times if measured(t))
+    if not times:
+        return None
+    floor = times[(len(times) - 1) // 2] / MAX_SPEEDUP
+    return max(times[0], floor)
+
+
+def plan_budgets(participants: Sequence[str], step_times: Mapping[str, float], *, full_steps: int,
+                 slack_s: float, budget_s: Optional[float] = None) -> Plan:
+    """Each participant's inner steps for a round of at most ``full_steps`` steps.
+
+    ``budget_s`` is the round's compute seconds (default: ``full_steps`` × the reference step time); a
+    controller choosing a round's time rather than its steps passes it.
+    """
+    reference = reference_step_s([step_times.get(p, 0.0) for p in participants])
+    if reference is None:
+        return Plan(0.0, 0.0, {p: Budget(full_steps, 0.0) for p in participants})
+    if budget_s is None:
+        budget_s = full_steps * reference
+    budgets = {p: Budget(steps_for(step_times.get(p, 0.0), reference, full_steps=full_steps, budget_s=budget_s,
+                                   slack_s=slack_s), _believed(step_times.get(p, 0.0), reference))
+               for p in participants}
+    return Plan(budget_s, budget_s + slack_s, budgets)
+
+
+def steps_for(step_time_s: float, reference_s: float, *, full_steps: int, budget_s: float, slack_s: float) -> int:
+    """The inner steps a participant at ``step_time_s`` does in ``budget_s`` (``slack_s`` of tolerance)."""
+    if not measured(step_time_s):
+        return full_steps
+    own = _believed(step_time_s, reference_s)
+    if full_steps * own <= budget_s + slack_s:
+        return full_steps
+    # a tiny relative epsilon: H × t / t must give H back, not H − 1 by a rounding
+    return max(1, min(full_steps, math.floor(budget_s / own * (1 + 1e-9))))
+
+
+def _believed(step_time_s: float, reference_s: float) -> float:
+    return max(step_time_s, reference_s) if measured(step_time_s) else 0.0
+
+
+def planned_round(round_row: RoundRecord, plan: Plan) -> RoundRecord:
+    """``round_row`` carrying ``plan`` for its participants."""
+    return dataclasses.replace(
+        round_row, budget_s=plan.budget_s, deadline_s=plan.deadline_s,
+        budgets=tuple(plan.budgets[p].inner_steps for p in round_row.participants),
+        step_times_s=tuple(plan.budgets[p].step_time_s for p in round_row.participants),
+    )
+
+
+def late_budget(round_row: RoundRecord, step_time_s: float, *, now: float, full_steps: int) -> Budget:
+    """A peer admitted into an open round gets what fits in the budget's time left (by its own step time,
+    or by the reference participant's when it has none yet: the full steps when the round has no budget)."""
+    if round_row.budget_s <= 0:
+        return Budget(full_steps, step_time_s if measured(step_time_s) else 0.0)
+    reference = reference_step_s(round_row.step_times_s) or round_row.budget_s / full_steps
+    own = _believed(step_time_s, reference) if measured(step_time_s) else reference
+    left = round_row.opened_at + round_row.budget_s - now
+    steps = max(1, min(full_steps, math.floor(left / own * (1 + 1e-9)))) if left > 0 else 1
+    return Budget(steps, own)
+
+
+def with_newcomers(before: RoundRecord, after: RoundRecord, step_times: Mapping[str, float], *, now: float,
+                   full_steps: int) -> RoundRecord:
+    """``after`` (``before`` with peers appended by ``rounds.admit_late``) with a budget for each newcomer."""
+    if not before.budgets:
+        return after
+    newcomers = after.participants[len(before.participants):]
+    late = [late_budget(before, step_times.get(p, 0.0), now=now, full_steps=full_steps) for p in newcomers]
+    return dataclasses.replace(after, budgets=before.budgets + tuple(b.inner_steps for b in late),
+                               step_times_s=before.step_times_s + tuple(b.step_time_s for b in late))
+
+
+def without(round_row: RoundRecord, left_out: Sequence[str]) -> RoundRecord:
+    """``round_row`` with ``left_out`` taken out of its participants (and their budgets) into ``left_out``."""
+    gone = set(left_out)
+    keep = [i for i, p in enumerate(round_row.participants) if p not in gone]
+    aligned = len(round_row.budgets) == len(round_row.participants)
+    return dataclasses.replace(
+        round_row,
+        participants=tuple(round_row.participants[i] for i in keep),
+        budgets=tuple(round_row.budgets[i] for i in keep) if aligned else round_row.budgets,
+        step_times_s=tuple(round_row.step_times_s[i] for i in keep) if aligned else round_row.step_times_s,
+        left_out=round_row.left_out + tuple(p for p in round_row.participants if p in gone),
+    )
+
+
+def budget_of(round_row: RoundRecord, peer_id: str) -> Optional[Budget]:
+    """The budget the round gives ``peer_id`` (None: not planned, or a round without budgets)."""
+    if len(round_row.budgets) != len(round_row.participants) or peer_id not in round_row.participants:
+        return None
+    i = round_row.participants.index(peer_id)
+    return Budget(round_row.budgets[i], round_row.step_times_s[i])
+
+
+def plan_round(round_row: RoundRecord, peers: Mapping[str, PeerRecord], config: RoundConfig) -> RoundRecord:
+    """The newly opened ``round_row`` with its participants' budgets from their latest heartbeats."""
+    plan = plan_budgets(round_row.participants, step_times(peers), full_steps=full_steps(round_row.round, config),
+                        slack_s=config.straggler_slack_s)
+    return planned_round(round_row, plan)
+
+
+def admit(before: RoundRecord, after: RoundRecord, peers: Mapping[str, PeerRecord], config: RoundConfig, *,
+          now: float) -> RoundRecord:
+    """``with_newcomers`` from the peers' latest heartbeats."""
+    return with_newcomers(before, after, step_times(peers), now=now, full_steps=full_steps(after.round, config))
+
+
+def exchanging(round_row: RoundRecord, peers: Mapping[str, PeerRecord]) -> set[str]:
+    """The participants whose latest heartbeat says they are exchanging this round (ready: not left out)."""
+    return {p for p in round_row.participants if p in peers and peers[p].state == EXCHANGING
+            and peers[p].metrics.round == round_row.round}
+
+
+def step_times(peers: Mapping[str, PeerRecord]) -> dict[str, float]:
+    return {p.peer_id: p.metrics.step_time_s for p in peers.values() if p.alive}
+
+
+def full_steps(round_number: int, config: RoundConfig) -> int:
+    return round_steps(round_number, config.inner_steps, config.fragments)

@@ -1,0 +1,149 @@
+"""Time-budgeted rounds: each participant's inner steps from its measured speed, and participants not
+ready by the round's deadline plus report_grace_s left out (pure functions, then the engine on a clock)."""
+
+import math
+
+import pytest
+
+from coordinator import budgets, rounds
+from coordinator.records import COMMITTED, EXCHANGING, OPEN, TRAINING, ReportRecord, RoundRecord
+from swarm.v1 import coordinator_pb2 as pb
+from tests.unit.test_rounds import FakeClock, make_engine, send
+
+pytestmark = pytest.mark.timeout(20)
+
+H = 12
+
+
+@pytest.mark.parametrize("step_times, slack_s, expected_steps, expected_budget_s", [
+    # no measurement yet: everyone does H, no budget, no deadline
+    ({}, 0.0, {"a": H, "b": H}, 0.0),
+    # equal speeds: H each, the budget is the fastest's H steps
+    ({"a": 0.5, "b": 0.5}, 0.0, {"a": H, "b": H}, 6.0),
+    # a 3x slower peer does a third
+    ({"a": 0.5, "b": 1.5}, 0.0, {"a": H, "b": 4}, 6.0),
+    # ... unless it would finish within the slack of the fastest
+    ({"a": 0.5, "b": 1.5}, 12.0, {"a": H, "b": H}, 6.0),
+    # a peer not measured yet does H; the others are budgeted by the measured fastest
+    ({"a": 0.5, "c": 2.0}, 0.0, {"a": H, "b": H, "c": 3}, 6.0),
+    # floor, and never below one step
+    ({"a": 0.1, "b": 0.7, "c": 0.399}, 0.0, {"a": H, "b": 1, "c": 3}, 1.2),
+    # one peer claiming to be 1000x faster is believed down to a quarter of the lower median only
+    ({"a": 0.001, "b": 1.0, "c": 1.0, "d": 1.0}, 0.0, {"a": H, "b": 3, "c": 3, "d": 3}, 3.0),
+])
+def test_budgets_follow_measured_speeds(step_times, slack_s, expected_steps, expected_budget_s) -> None:
+    plan = budgets.plan_budgets(sorted(expected_steps), step_times, full_steps=H, slack_s=slack_s)
+    assert {p: b.inner_steps for p, b in plan.budgets.items()} == expected_steps
+    assert plan.budget_s == pytest.approx(expected_budget_s)
+    assert plan.deadline_s == (pytest.approx(expected_budget_s + slack_s) if expected_budget_s else 0.0)
+
+
+@pytest.mark.parametrize("h, fastest", [(10, 0.1), (7, 0.3), (50, 0.013), (3, 1e-3)])
+def test_the_fastest_peer_always_does_all_its_steps(h: int, fastest: float) -> None:
+    plan = budgets.plan_budgets(["a", "b"], {"a": fastest, "b": fastest * 3}, full_steps=h, slack_s=0.0)
+    assert plan.budgets["a"].inner_steps == h and plan.budgets["b"].inner_steps == max(1, h // 3)
+
+
+def test_a_given_round_time_sets_the_budgets_but_never_more_than_the_full_steps() -> None:
+    plan = budgets.plan_budgets(["a", "b"], {"a": 0.5, "b": 1.0}, full_steps=H, slack_s=0.0, budget_s=3.0)
+    assert {p: b.inner_steps for p, b in plan.budgets.items()} == {"a": 6, "b": 3}
+    plan = budgets.plan_budgets(["a", "b"], {"a": 0.5, "b": 1.0}, full_steps=H, slack_s=0.0, budget_s=100.0)
+    assert {p: b.inner_steps for p, b in plan.budgets.items()} == {"a": H, "b": H}
+
+
+def planned(*participants: str, steps=(H, 4), times=(0.5, 1.5), budget_s=6.0, deadline_s=6.0) -> RoundRecord:
+    row = RoundRecord(round=1, opened_at=0.0, participants=participants, outcome=OPEN)
+    return RoundRecord(round=1, opened_at=0.0, participants=participants, outcome=OPEN, budget_s=budget_s,
+                       deadline_s=deadline_s, budgets=steps[:len(participants)],
+                       step_times_s=times[:len(participants)]) if budget_s else row
+
+
+def report(peer: str, *, at: float = 7.0, group=("a", "b")) -> ReportRecord:
+    return ReportRecord(round=1, peer_id=peer, reported_at=at, ok=True, state_hash="h1", group=group)
+
+
+# (now, reports, exchanging) -> who is left out; the deadline is 6 s, the grace 2 s: due at 8 s
+@pytest.mark.parametrize("now, reported, exchanging, left_out, look_again", [
+    (7.9, ["a"], [], (), 8.0),  # before the deadline plus grace: nobody
+    (8.0, ["a"], [], ("b",), math.inf),  # a reported, b did not: b is left out
+    (8.0, [], ["a"], ("b",), math.inf),  # a is exchanging (waiting for b in its group): b is left out
+    (8.0, [], ["a", "b"], (), math.inf),  # both are exchanging: nobody
+    (8.0, ["a", "b"], [], (), math.inf),  # both reported
+    (9.0, [], [], (), 10.0),  # nobody ready: the round waits as before (round_timeout_s), looking again
+])
+def test_participants_not_ready_by_the_deadline_plus_grace_are_left_out(now, reported, exchanging, left_out,
+                                                                       look_again) -> None:
+    row = planned("a", "b")
+    after, when = rounds.leave_out(now, row, [report(p) for p in reported], set(exchanging), report_grace_s=2.0)
+    assert after.left_out == left_out and when == look_again
+    assert after.participants == tuple(p for p in row.participants if p not in left_out)
+    if not left_out:
+        assert after is row
+    else:
+        assert after.budgets == (H,) and after.step_times_s == (0.5,)
+
+
+def test_a_round_without_a_deadline_leaves_nobody_out() -> None:
+    row = planned("a", "b", budget_s=0.0)
+    assert rounds.leave_out(1e9, row, [report("a")], set(), report_grace_s=2.0) == (row, math.inf)
+
+
+def test_the_round_commits_without_the_left_out_peer_and_ignores_its_late_report() -> None:
+    row, _ = rounds.leave_out(8.0, planned("a", "b", "c", steps=(H, H, 4), times=(0.5, 0.5, 1.5)),
+                              [report("a", group=("a", "b"))], {"b"}, report_grace_s=2.0)
+    assert row.participants == ("a", "b") and row.left_out == ("c",)
+    late = ReportRecord(round=1, peer_id="c", reported_at=9.0, ok=True, state_hash="other", group=("a", "b", "c"))
+    reports = [report("a", group=("a", "b")), report("b", group=("a", "b")), late]
+    d = rounds.decide_round(9.0, row, {"a", "b", "c"}, reports, 900.0, report_grace_s=2.0)
+    assert d.decided and d.round.outcome == COMMITTED and d.round.committed_hash == "h1"
+    assert d.joined == ("a", "b") and d.missed == ("c",)
+
+
+def test_a_left_out_peer_is_not_admitted_back() -> None:
+    row = RoundRecord(round=1, opened_at=0.0, participants=("a",), left_out=("c",))
+    assert rounds.admit_late(row, [], ["a", "b", "c"]).participants == ("a", "b")
+
+
+def test_a_late_joiner_gets_the_budget_of_the_time_left() -> None:
+    row = planned("a", "b")  # budget 6 s from 0
+    assert budgets.late_budget(row, 0.5, now=3.0, full_steps=H).inner_steps == 6
+    assert budgets.late_budget(row, 0.0, now=3.0, full_steps=H).inner_steps == 6  # unmeasured: as the fastest
+    assert budgets.late_budget(row, 1.0, now=5.5, full_steps=H).inner_steps == 1
+    assert budgets.late_budget(row, 1.0, now=9.0, full_steps=H).inner_steps == 1
+
+
+# --- through the engine ---------------------------------------------------------------------------
+
+
+def beat(engine, peer_id: str, *, step_time_s: float = 0.0, state: int = pb.PEER_STATE_READY, round_no: int = 0):
+    return engine.heartbeat(pb.HeartbeatRequest(peer_id=peer_id, metrics=pb.PeerMetrics(
+        state=state, round=round_no, state_round=0, state_hash=engine.run.initial_hash, step_time_s=step_time_s,
+        model_fingerprint=engine.run.model_fingerprint, param_count=1000, dht_peer_id="dht-" + peer_id,
+    )))
+
+
+def test_the_engine_plans_budgets_and_goes_on_without_a_straggler() -> None:
+    from tests.unit.fake_swarm import engine_join
+    clock = FakeClock()
+    engine = make_engine(clock, min_peers=3, inner_steps=H, report_grace_s=2.0, straggler_slack_s=1.0)
+    a, b, c = (engine_join(engine)[0].peer_id for _ in range(3))
+    for peer, step in ((a, 0.5), (b, 0.5), (c, 1.5)):
+        beat(engine, peer, step_time_s=step)
+    info = engine.round_info(a, 0)
+    assert info.open_round == 1 and list(info.participants) == [a, b, c]
+    assert {p.peer_id: p.inner_steps for p in info.plan.peers} == {a: H, b: H, c: 4}
+    assert info.plan.budget_s == pytest.approx(6.0) and info.plan.deadline_s == pytest.approx(7.0)
+    clock.now += 7.0
+    beat(engine, a, step_time_s=0.5, state=EXCHANGING, round_no=1)
+    beat(engine, b, step_time_s=0.5, state=EXCHANGING, round_no=1)
+    beat(engine, c, step_time_s=1.5, state=TRAINING, round_no=1)
+    assert list(engine.round_info(a, 1).participants) == [a, b, c]  # not yet: the grace runs
+    clock.now += 2.0
+    info = engine.round_info(a, 1)
+    assert list(info.participants) == [a, b] and list(info.plan.left_out) == [c]
+    send(engine, a, 1)
+    send(engine, b, 1)
+    info = engine.round_info(a, 1)
+    assert info.outcome == COMMITTED and set(info.holders) == {"dht-" + a, "dht-" + b}
+    missed = {p.id: p.rounds_missed for p in engine.status(engine.run.token).peers}
+    assert missed == {a: 0, b: 0, c: 1}
