@@ -10,6 +10,7 @@ that starts the ranks is ``peer.ranks``.
 from __future__ import annotations
 
 import datetime
+import inspect
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -28,6 +29,7 @@ class TrainOrder:
     steps: int
     peer_step: int  # rank 0's inner_steps_done: the warmup position
     run_step: int  # rank 0's position in the run: the decay position
+    batches_drawn: int  # rank 0's sampler position: every rank's (they draw in lockstep; a resume moves it)
     params_changed: bool  # θl follows in a broadcast
     optimizer_changed: bool  # the AdamW state follows in a broadcast
 
@@ -54,7 +56,11 @@ class Ranks:
     def wrap(self, model: nn.Module) -> nn.Module:
         """DDP over the ranks (every rank must call it at the same point)."""
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+        ddp = nn.parallel.DistributedDataParallel
+        # buffers are synced once, at init (a model's buffers do not train); newer torch names it differently
+        quiet = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters
+                 else "broadcast_buffers")
+        return ddp(model, device_ids=ids, **{quiet: False})
 
     def broadcast_params(self, params: list[torch.Tensor]) -> None:
         with torch.no_grad():

@@ -181,6 +181,7 @@ class LocalTrainer:
     def _lead_ranks(self, steps: int) -> None:
         """Rank 0: start the other ranks on ``steps`` steps, with θl and AdamW state if they changed."""
         order = TrainOrder(steps=steps, peer_step=self.inner_steps_done, run_step=self.run_step,
+                           batches_drawn=self.sampler.batches_drawn,
                            params_changed=self._ranks_params_changed,
                            optimizer_changed=self.inner_steps_done != self._ranks_peer_step)
         self.ranks.send(order)
@@ -192,6 +193,7 @@ class LocalTrainer:
         """The other ranks: train in lockstep with rank 0 as ``order`` says."""
         self._sync_ranks(order)
         self.inner_steps_done = order.peer_step
+        self.sampler.batches_drawn = order.batches_drawn
         self._train_steps(order.steps, order.run_step)
 
     def _sync_ranks(self, order: TrainOrder) -> None:
