@@ -229,9 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("peer", help="lend this machine to a run")
     p.add_argument("--join", required=True, help="the join string printed by `swarm coordinator`")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument("--nproc", type=int, default=1,
-                   help="train this peer data-parallel on this many ranks: one per GPU from --device (cuda), or "
-                        "gloo processes on the CPU; only rank 0 talks to the run")
+    p.add_argument("--nproc", type=int, default=1, help="data-parallel ranks in this peer (one per GPU from --device)")
     p.add_argument("--state-dir", default="swarm-peer", help="where the final model and checkpoints go")
     p.add_argument("--site", default="", help="a label for this machine's location (datacenter, lab)")
     p.add_argument("--name", default="", help="a human-readable name (default: hostname)")

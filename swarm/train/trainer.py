@@ -77,19 +77,7 @@ class LocalTrainer:
             )
         self.corpus = ByteCorpus.load(data)
         self.shard_index = shard_index_for_peer(peer_index, data.num_shards)
-        # each rank of a multi-GPU peer draws from its own part of the peer's shard
-        split, part, parts = self.corpus.train, self.shard_index, data.num_shards
-        if self.ranks is not None:
-            split = shard(split, shard_index=self.shard_index, num_shards=data.num_shards)
-            part, parts = self.ranks.rank, self.ranks.world_size
-        self.sampler = BatchSampler(
-            split,
-            shard_index=part,
-            num_shards=parts,
-            batch_size=data.batch_size,
-            seq_len=data.seq_len,
-            seed=run.seed,
-        )
+        self.sampler = self._sampler()
         self._params = list(self.model.parameters())
         # nanoGPT's grouping: decay matrices and embeddings, not LayerNorm gains.
         decay = [p for p in self._params if p.dim() >= 2]
@@ -127,6 +115,22 @@ class LocalTrainer:
             if rounds.error_feedback else None
         )
         self._samples_since_sync = [0] * len(self.fragments)
+
+    def _sampler(self) -> BatchSampler:
+        """This peer's batches; each rank of a multi-GPU peer draws from its own part of the peer's shard."""
+        data = self.run.data
+        split, part, parts = self.corpus.train, self.shard_index, data.num_shards
+        if self.ranks is not None:
+            split = shard(split, shard_index=self.shard_index, num_shards=data.num_shards)
+            part, parts = self.ranks.rank, self.ranks.world_size
+        return BatchSampler(
+            split,
+            shard_index=part,
+            num_shards=parts,
+            batch_size=data.batch_size,
+            seq_len=data.seq_len,
+            seed=self.run.seed,
+        )
 
     # ---- inner loop ---------------------------------------------------------------------------
 
