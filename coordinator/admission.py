@@ -69,6 +69,6 @@ def issue_credential(key: credential.PeerKey, run_id: str, peer: PeerRecord, *, 
     signed = credential.issue(key, credential.Credential(
         run_id=run_id, peer_id=peer.peer_id, public_key=bytes.fromhex(peer.public_key),
         dht_peer_id=peer.dht_peer_id, role="peer", token_id=peer.token_id, issued_at=now,
-        expires_at=expires_at,
+        expires_at=expires_at, site=peer.site,
     ))
     return dataclasses.replace(peer, credential_expires_at=expires_at), signed

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from coordinator import tokens
 from coordinator.records import RunRecord
-from coordinator.run_identity import expected_identity
+from coordinator.run_identity import expected_identity, with_data_fingerprint
 from coordinator.store import Store
 from swarm.config import ConfigError, RunConfig
 
@@ -20,6 +20,8 @@ def open_run(store: Store, given: Optional[RunConfig], *, check_config: bool, no
     """Start a run with ``given`` when ``store`` holds none; else check ``given`` against the kept run's
     config and return the kept one (the run's config never changes)."""
     run = store.get_run()
+    if given is not None:
+        given = with_data_fingerprint(given)  # every peer gets the spec with it and checks its own data
     if run is None:
         if given is None:
             raise ConfigError("this state directory holds no run yet; give --config to start one.")

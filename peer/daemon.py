@@ -262,7 +262,7 @@ class PeerDaemon:
         self.enter(PeerState.FINISHING)
         trainer = self.runner.trainer
         path = self.options.state_dir / "final" / "model.safetensors"
-        write_final_model(path, [name for name, _ in trainer.model.named_parameters()], trainer.state)
+        write_final_model(path, trainer.model, trainer.state, run=trainer.run)
         logger.info("%s run finished at round %d; wrote %s", self.tag(), trainer.round_no, path)
         self.link.serve_final_state(self.options.final_serve_s,
                                     ready=lambda: self.stats.update(state=pb.PEER_STATE_READY))

@@ -18,6 +18,7 @@ from swarm.net.link_probe import PING_TIMEOUT_S
 from swarm.net.link_stats import LinkEstimates
 from swarm.net.rendezvous import Member, group_key, participation_scale, rendezvous
 from swarm.net.transport import Transport
+from swarm.net.two_level import TwoLevelExchange, bytes_by_site
 from swarm.net.votes import Vote as DhtVote
 from swarm.net.votes import collect_votes, group_decision, post_vote
 from swarm.train.round import Averaged, SyncFailed, Vote
@@ -49,6 +50,8 @@ class DhtGroup:
         self.planned = planned  # the coordinator's plan for a round, or the last known group while it is down
         self.faults = faults
         self.exchange = Exchange(transport, run_id=run_id, aggregation=Aggregation.for_run(run))
+        self.two_level = TwoLevelExchange(self.exchange, transport, run_id=run_id, group_size=run.rounds.group_size) \
+            if run.rounds.hierarchical else None  # [rounds] hierarchical: by site, then across sites
         self.live_peers = 0  # the run's live peers as last heard from the coordinator (0: not yet)
         self.links = LinkEstimates()  # from every exchange's timings
 
@@ -71,7 +74,7 @@ class DhtGroup:
         me = Member(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, index=self.peer_index,
                     weight=weight, numel=contribution.delta.numel(), codec=rounds.codec,
                     live_peers=self.live_peers if rounds.scale_by_participation else 0,
-                    maddrs=self.exchange.own_maddrs)
+                    maddrs=self.exchange.own_maddrs, site=self.member.site)
         key = self.key(round_no, contribution.fragment)
         try:
             group = rendezvous(
@@ -80,7 +83,7 @@ class DhtGroup:
                 on_posted=lambda: self.faults.at(round_no, "matchmaking"),
             )
             dropped_before = self.exchange.rejected_chunks
-            result = self.exchange.average(key=key, group=group, me=me, delta=delta,
+            result = (self.two_level or self.exchange).average(key=key, group=group, me=me, delta=delta,
                                            timeout_s=rounds.exchange_timeout_s,
                                            on_phase=lambda phase: self.faults.fire(round_no, phase))
         except ExchangeFailed as e:
@@ -88,8 +91,10 @@ class DhtGroup:
         self.links.observe(result.links)
         scale = participation_scale(group)
         average = result.average if scale == 1.0 else result.average * scale
-        logger.info("[%s r%d] averaged fragment %d with %d peers in %.2fs (%d bytes sent)%s", self.peer_id, round_no,
-                    contribution.fragment, len(group), result.seconds, result.bytes_sent,
+        in_site, cross_site = bytes_by_site(result, group, me)
+        logger.info("[%s r%d] averaged fragment %d with %d peers in %.2fs (%d bytes sent: %d in-site, %d cross-site)%s",
+                    self.peer_id, round_no, contribution.fragment, len(group), result.seconds, result.bytes_sent,
+                    in_site, cross_site,
                     f", outer step scaled by {scale:.2f} ({len(group)} of {max(m.live_peers for m in group)} "
                     "live peers)" if scale != 1.0 else "")
         return Averaged(average=average, group=[m.peer_id for m in group], bytes_sent=result.bytes_sent,

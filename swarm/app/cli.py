@@ -158,6 +158,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ))
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from swarm.app.export import export
+
+    written = export(Path(args.state_dir), Path(args.out_dir))
+    print(f"exported {written}")
+    return 0
+
+
 def _add_token_parser(sub) -> None:
     t = sub.add_parser("token", help="create, list or revoke a run's join tokens (on the coordinator's machine)")
     actions = t.add_subparsers(dest="action", required=True)
@@ -265,6 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
     d.add_argument("--json", action="store_true", help="end with one JSON line summarising the run")
     d.set_defaults(func=cmd_demo)
+
+    e = sub.add_parser("export", help="a finished peer's final model as a Hugging Face directory or a safetensors file")
+    e.add_argument("state_dir", help="the peer's --state-dir (it holds final/model.safetensors)")
+    e.add_argument("out_dir", help="where to write it (created when missing)")
+    e.set_defaults(func=cmd_export)
     return parser
 
 

@@ -11,6 +11,7 @@ import dataclasses
 import inspect
 import json
 import math
+import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -96,9 +97,18 @@ def torch_optimizer_kwargs(name: str, lr: float, options: dict[str, Any]) -> tup
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
+    """The run's model: a built-in preset (the default), ``factory`` (any ``torch.nn.Module``) or ``hf_config``
+    (a Hugging Face causal LM built from its config); docs/MODELS.md has the contract."""
+
     preset: str = "tiny"  # a key of MODEL_PRESETS
     context: Optional[int] = None  # overrides the preset's context length when set
     dropout: float = 0.0
+    vocab_size: Optional[int] = None  # presets only: the embedding size (None: 256, one token per byte)
+    factory: str = ""  # "package.module:function": takes this table as a dict, returns the module
+    loss: str = ""  # optional "package.module:function(model, batch) -> loss" for a factory model
+    hf_config: Any = ""  # a config.json path or an inline table: AutoModelForCausalLM.from_config
+    init_from: str = ""  # a .safetensors file or a directory holding model.safetensors: θ0's weights
+    options: dict[str, Any] = field(default_factory=dict)  # free-form arguments for the factory
 
     def validate(self) -> None:
         if self.preset not in MODEL_PRESETS:
@@ -109,8 +119,28 @@ class ModelConfig:
             raise ConfigError(f"[model] context must be at least 8 bytes, got {self.context}.")
         if self.context is not None:
             check_range("model", "context", self.context, 8, MAX_BATCH)
+        if self.vocab_size is not None:
+            check_range("model", "vocab_size", self.vocab_size, 2, 2**32)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"[model] dropout must be in [0, 1), got {self.dropout}.")
+        if self.factory and self.hf_config:
+            raise ConfigError("[model] factory and hf_config both name a model; keep one of them.")
+        for name in ("factory", "loss"):
+            if getattr(self, name) and not _HOOK.fullmatch(getattr(self, name)):
+                raise ConfigError(f"[model] {name} must look like 'package.module:function', got {getattr(self, name)!r}.")
+        if self.loss and not self.factory:
+            raise ConfigError("[model] loss applies to a factory model; set [model] factory too or remove loss.")
+        if not isinstance(self.hf_config, (str, dict)):
+            raise ConfigError("[model] hf_config must be a path to a config.json or an inline table.")
+
+    @property
+    def kind(self) -> str:
+        """"factory", "hf" or "preset"."""
+        return "factory" if self.factory else "hf" if self.hf_config else "preset"
+
+
+_HOOK = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+TOKEN_DTYPES = ("uint16", "uint32")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,9 +152,19 @@ class DataConfig:
     eval_batches: int = 8
     num_shards: int = 16  # the training split is cut into this many disjoint shards
     max_bytes: Optional[int] = 8_000_000  # cap on corpus size read (None: all)
+    # Token files instead of text: flat little-endian binaries of token ids (nanoGPT's train.bin), memory-mapped.
+    tokens: str = ""  # a file or a glob (sorted); replaces source
+    token_dtype: str = "uint16"  # "uint16" or "uint32"
+    eval_tokens: str = ""  # a held-out token file; without it the last eval_fraction of tokens is held out
+    # Text with a Hugging Face tokenizer: source is tokenized once and cached as a token file.
+    tokenizer: str = ""  # a tokenizer.json; empty: text is bytes
+    cache_dir: str = ""  # where tokenized text is cached (empty: ~/.cache/swarm/tokens)
+    # What every peer's data must hash to (swarm.train.data_fingerprint); the coordinator fills it in from its
+    # own copy of the files when it has them.
+    fingerprint: str = ""
 
     def validate(self) -> None:
-        if self.source != "stdlib" and not Path(self.source).exists():
+        if self.source != "stdlib" and not self.tokens and not Path(self.source).exists():
             raise ConfigError(
                 f"[data] source {self.source!r} does not exist; give 'stdlib' or a path to text files."
             )
@@ -138,6 +178,22 @@ class DataConfig:
             raise ConfigError(f"[data] max_bytes must be at least 100000, got {self.max_bytes}.")
         if self.max_bytes is not None:
             check_range("data", "max_bytes", self.max_bytes, 100_000, 10**13)
+        self._validate_tokens()
+
+    def _validate_tokens(self) -> None:
+        if self.token_dtype not in TOKEN_DTYPES:
+            raise ConfigError(f"[data] token_dtype must be one of {list(TOKEN_DTYPES)}, got {self.token_dtype!r}.")
+        if self.tokens and self.tokenizer:
+            raise ConfigError("[data] tokens are already token ids; remove tokenizer, or give text as source instead.")
+        if self.eval_tokens and not self.tokens:
+            raise ConfigError("[data] eval_tokens needs [data] tokens for training; set tokens too.")
+        if len(self.fingerprint) > 128:
+            raise ConfigError("[data] fingerprint is a hex digest of at most 128 characters; copy the coordinator's.")
+
+    @property
+    def kind(self) -> str:
+        """"tokens", "tokenized" (text with a tokenizer) or "bytes"."""
+        return "tokens" if self.tokens else "tokenized" if self.tokenizer else "bytes"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,6 +305,11 @@ class RoundConfig:
     clip_factor: float = 2.0
     trim_fraction: float = 0.25
     reject_factor: float = 100.0
+    # Two-level averaging (swarm.core.site_plan): the peers of a site (the coordinator-signed site of their
+    # credential) first average among themselves in sub-groups of at most group_size peers (0: no cap), and
+    # one representative per sub-group takes the sub-group's average across sites; off: one flat group.
+    hierarchical: bool = False
+    group_size: int = 0
 
     def validate(self) -> None:
         if self.inner_steps < 1:
@@ -282,6 +343,15 @@ class RoundConfig:
         if self.max_rounds is not None:
             check_range("rounds", "max_rounds", self.max_rounds, 1, MAX_ROUNDS)
         self._validate_aggregation()
+        self._validate_hierarchy()
+
+    def _validate_hierarchy(self) -> None:
+        if self.group_size and not self.hierarchical:
+            raise ConfigError("[rounds] group_size applies only to two-level averaging; set hierarchical = true"
+                              " or remove group_size.")
+        if not 0 <= self.group_size <= MAX_PEERS:
+            raise ConfigError(f"[rounds] group_size must be 0 (no cap) or a number of peers from 1 to {MAX_PEERS},"
+                              f" got {self.group_size}.")
 
     def _validate_aggregation(self) -> None:
         if self.aggregation not in AGGREGATIONS:
@@ -373,11 +443,29 @@ def _build(cls: type, data: Any, *, origin: str, section: str) -> Any:
         default = getattr(cls(), name)
         if dataclasses.is_dataclass(default):
             kwargs[name] = _build(type(default), value, origin=origin, section=name)
+        elif (section, name) in _JSON_FIELDS:
+            kwargs[name] = _json_value(value, name=name, origin=origin, where=where)
         elif value is None and type(None) in typing.get_args(hints[name]):
             kwargs[name] = None  # an Optional field switched off (JSON null; TOML has no null)
         else:
             kwargs[name] = _coerce(value, default, name=name, origin=origin, where=where)
     return cls(**kwargs)
+
+
+# Free-form values (strings, numbers, booleans, lists, tables) handed to user code as they are.
+_JSON_FIELDS = {("model", "hf_config"), ("model", "options")}
+
+
+def _json_value(value: Any, *, name: str, origin: str, where: str) -> Any:
+    if name == "hf_config" and not isinstance(value, (str, dict)):
+        raise ConfigError(f"{origin}: hf_config in {where} must be a path to a config.json or an inline table.")
+    if name == "options" and not isinstance(value, dict):
+        raise ConfigError(f"{origin}: options in {where} must be a table, got {type(value).__name__}.")
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{origin}: {name} in {where} holds a value JSON cannot carry (a date, NaN);"
+                          " use strings and numbers.") from None
 
 
 def _coerce(value: Any, default: Any, *, name: str, origin: str, where: str) -> Any:

@@ -2,7 +2,7 @@
 
 Every peer holds an Ed25519 key (``PeerKey``), created at its first start in its state dir; its peer id
 derives from the public key, so it can be neither guessed nor claimed without the key. At join the
-coordinator signs a ``Credential`` for it (peer id, public key, libp2p id, run, role, expiry) with its own
+coordinator signs a ``Credential`` for it (peer id, public key, libp2p id, run, role, site, expiry) with its own
 Ed25519 key. Members get the coordinator's public key at join over the pinned TLS channel, so any member
 checks a credential offline: on DHT entries, on state requests, on slices.
 
@@ -117,6 +117,10 @@ class Credential:
     token_id: str  # the join token it was admitted with (revoking the token ends renewals)
     issued_at: float
     expires_at: float
+    # Where the coordinator placed it ("": nowhere in particular): the site of its token when the token is
+    # site-pinned, else the one it asked for at join. Two-level averaging groups peers by this, never by
+    # what a peer says in the DHT.
+    site: str = ""
 
     def body(self) -> bytes:
         fields = asdict(self)
@@ -133,6 +137,8 @@ class Credential:
             raise CredentialError(f"a credential is malformed ({type(e).__name__}).") from None
         if len(credential.public_key) != PUBLIC_KEY_BYTES or credential.peer_id != peer_id_for(credential.public_key):
             raise CredentialError("a credential's peer id does not belong to its public key.")
+        if not isinstance(credential.site, str):
+            raise CredentialError("a credential's site is not text.")
         return credential
 
 
@@ -177,6 +183,11 @@ class Member:
     @property
     def peer_id(self) -> str:
         return self.key.peer_id
+
+    @property
+    def site(self) -> str:
+        """The site the coordinator put in this peer's current credential."""
+        return Credential.from_body(bytes(self.credential[SIGNATURE_BYTES:])).site
 
     def check(self, credential: bytes, *, now: float) -> Credential:
         """Another member's credential, verified against this run's coordinator (CredentialError if not)."""

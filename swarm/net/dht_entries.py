@@ -5,7 +5,8 @@ signature proves: each is stored as ``{"body", "credential", "signature"}``, whe
 (a dataclass, as JSON), ``credential`` is the poster's membership credential from the coordinator, and
 ``signature`` is the poster's signature of the DHT key and the body (an entry cannot be replayed under
 another round's key). A reader keeps an entry only when the credential is the run's coordinator's and
-current, and names the same peer as the subkey and the entry, and the same libp2p id as the entry.
+current, and names the same peer as the subkey and the entry, and the same libp2p id (and site, where the
+entry has one) as the entry.
 A node guarded by ``guard`` (an ``EntryValidator``) applies the same checks before it stores a record or
 takes one from another node, so a forged entry cannot displace a member's entry on it either.
 """
@@ -96,6 +97,8 @@ def _signed_fields(value: Any, *, key: str, subkey: Any, coordinator_public_key:
                             f"under subkey {str(subkey)[:64]!r}")
     if signed.get("dht_peer_id") != credential.dht_peer_id:
         raise EntryRejected(f"libp2p id {str(signed.get('dht_peer_id'))[:64]!r} is not the credential's")
+    if "site" in signed and signed["site"] != credential.site:
+        raise EntryRejected(f"site {str(signed['site'])[:64]!r} is not the credential's {credential.site[:64]!r}")
     return signed
 
 

@@ -6,6 +6,8 @@ not verify are ignored), then reads the key until every planned participant has 
 window closes. The group is the posted entries of planned participants, ordered by peer index, so
 every member that sees the same entries derives the same group, parts and weights. Members compare
 a digest of the group in every message, so a peer that saw a different group is caught, not merged.
+An entry's ``site`` is its poster's coordinator-signed site (``swarm.net.dht_entries`` refuses any other),
+so two-level averaging (``swarm.net.two_level``) partitions the group by sites no member chose for itself.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Member:
     codec: str
     live_peers: int = 0  # the run's live peers as this member last heard from the coordinator (0: unknown)
     maddrs: str = ""  # the addresses its node announces (reachability.shown_maddrs): only shown in messages
+    site: str = ""  # its credential's site (a reader refuses an entry whose site is not its credential's)
 
 
 def group_key(run_id: str, round_no: int, fragment: int = 0) -> str:
@@ -42,7 +45,7 @@ def group_key(run_id: str, round_no: int, fragment: int = 0) -> str:
 
 def group_digest(members: list[Member]) -> str:
     text = "|".join(f"{m.peer_id},{m.dht_peer_id},{m.index},{m.weight!r},{m.numel},{m.codec},{m.live_peers}"
-                    for m in members)
+                    + (f",{m.site!r}" if m.site else "") for m in members)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

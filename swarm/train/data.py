@@ -4,59 +4,23 @@ evaluation split, disjoint per-peer training shards and a resumable, determinist
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
-import os
-import sysconfig
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 import torch.nn as nn
 
-from swarm.config import DataConfig
+from swarm.config import ConfigError, DataConfig
+from swarm.train.text_files import source_files, stdlib_files  # noqa: F401  (stdlib_files: callers' import)
+
+if TYPE_CHECKING:
+    from swarm.train.data_tokens import TokenCorpus
 
 log = logging.getLogger(__name__)
-
-_THIRD_PARTY_DIRS = {"site-packages", "dist-packages"}
-
-
-def stdlib_files() -> list[Path]:
-    """The standard library's ``*.py`` files, sorted by path relative to the stdlib root.
-
-    The same Python version gives the same list (and so the same corpus) on every machine.
-    """
-    root = Path(sysconfig.get_paths()["stdlib"])
-    return _walk(root, keep=lambda name: name.endswith(".py"), skip_dirs=_THIRD_PARTY_DIRS)
-
-
-def _walk(root: Path, *, keep, skip_dirs: set[str]) -> list[Path]:
-    """Files under ``root`` sorted by relative POSIX path; pruned dirs are never descended into
-    (site-packages can be much larger than the stdlib itself)."""
-    found: list[tuple[str, Path]] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in skip_dirs and not d.startswith((".", "__pycache__"))]
-        for name in filenames:
-            if keep(name):
-                path = Path(dirpath, name)
-                found.append((path.relative_to(root).as_posix(), path))
-    found.sort()
-    return [path for _, path in found]
-
-
-def _source_files(source: str) -> list[Path]:
-    if source == "stdlib":
-        return stdlib_files()
-    path = Path(source)
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        # Hidden files and folders (.git, editor swap files) are not text the user meant to train on.
-        return _walk(path, keep=lambda name: not name.startswith("."), skip_dirs=set())
-    raise ValueError(f"data source {source!r} does not exist; give 'stdlib' or a path to text files.")
-
 
 @dataclass(frozen=True, eq=False)
 class ByteCorpus:
@@ -65,6 +29,8 @@ class ByteCorpus:
 
     train: torch.Tensor
     eval: torch.Tensor
+    vocab_size = 256  # one token per byte
+    min_vocab_size = 256
 
     @staticmethod
     def load(cfg: DataConfig) -> "ByteCorpus":
@@ -77,7 +43,7 @@ class ByteCorpus:
 def _load_cached(source: str, max_bytes: Optional[int], eval_fraction: float) -> ByteCorpus:
     buf = bytearray()
     files_read = 0
-    for path in _source_files(source):
+    for path in source_files(source):
         if max_bytes is not None and len(buf) >= max_bytes:
             break
         buf += path.read_bytes()
@@ -94,6 +60,36 @@ def _load_cached(source: str, max_bytes: Optional[int], eval_fraction: float) ->
         source, files_read, corpus.train.numel(), corpus.eval.numel(),
     )
     return corpus
+
+
+def load_corpus(cfg: DataConfig) -> "ByteCorpus | TokenCorpus":
+    """The run's corpus: text as bytes (the default), token files, or text through a tokenizer; checked against
+    ``cfg.fingerprint`` when the run pins one."""
+    from swarm.train.data_fingerprint import check_fingerprint
+    from swarm.train.data_tokens import load_token_corpus
+
+    check_fingerprint(cfg)
+    if cfg.kind == "tokens":
+        return load_token_corpus(cfg)
+    if cfg.kind == "tokenized":
+        from swarm.train.tokenized_text import tokenized_file
+
+        path, dtype, vocab = tokenized_file(cfg)
+        return load_token_corpus(dataclasses.replace(cfg, token_dtype=dtype, eval_tokens=""), tokens=str(path),
+                                 vocab_size=vocab)
+    return ByteCorpus.load(cfg)
+
+
+def check_vocab(model_vocab: int | None, corpus: "ByteCorpus | TokenCorpus") -> None:
+    """ConfigError when the model embeds fewer token ids than the data uses."""
+    if model_vocab is None:
+        return
+    if corpus.vocab_size is not None and model_vocab < corpus.vocab_size:
+        raise ConfigError(f"the model's vocabulary ({model_vocab} ids) is smaller than the data's tokenizer's"
+                          f" ({corpus.vocab_size}); set the model's vocab_size to at least {corpus.vocab_size}.")
+    if model_vocab < corpus.min_vocab_size:
+        raise ConfigError(f"the data holds token id {corpus.min_vocab_size - 1}, beyond the model's vocabulary of"
+                          f" {model_vocab} ids; set the model's vocab_size to at least {corpus.min_vocab_size}.")
 
 
 def shard_index_for_peer(peer_index: int, num_shards: int) -> int:
@@ -128,7 +124,7 @@ class BatchSampler:
         self.data = shard(corpus_split, shard_index=shard_index, num_shards=num_shards)
         if self.data.numel() < seq_len + 1:
             raise ValueError(
-                f"shard {shard_index} of {num_shards} holds {self.data.numel()} bytes, fewer than"
+                f"shard {shard_index} of {num_shards} holds {self.data.numel()} tokens, fewer than"
                 f" seq_len + 1 = {seq_len + 1}; use fewer shards, a shorter seq_len or more data."
             )
         self.shard_index = shard_index
@@ -168,9 +164,10 @@ def eval_windows(split: torch.Tensor, *, batch_size: int, seq_len: int, num_batc
 
 
 @torch.no_grad()
-def eval_loss(model: nn.Module, corpus: ByteCorpus, *, batch_size: int, seq_len: int, num_batches: int) -> float:
-    """Mean loss (nats per byte) over fixed windows of the eval split; the model's train/eval mode is
-    restored afterwards."""
+def eval_loss(model: nn.Module, corpus: "ByteCorpus | TokenCorpus", *, batch_size: int, seq_len: int,
+              num_batches: int, loss: Optional[Callable] = None) -> float:
+    """Mean loss (nats per token) over fixed windows of the eval split; the model's train/eval mode is
+    restored afterwards. ``loss(model, (x, y))`` defaults to the built-in GPT's ``model(x, y)[1]``."""
     starts = torch.tensor(eval_windows(corpus.eval, batch_size=batch_size, seq_len=seq_len, num_batches=num_batches))
     device = next(model.parameters()).device
     windows = corpus.eval[starts[:, None] + torch.arange(seq_len + 1)].long()
@@ -180,8 +177,8 @@ def eval_loss(model: nn.Module, corpus: ByteCorpus, *, batch_size: int, seq_len:
         total = 0.0
         for b in range(num_batches):
             w = windows[b * batch_size : (b + 1) * batch_size].to(device)
-            _, loss = model(w[:, :-1], w[:, 1:])
-            total += loss.item()
+            batch = (w[:, :-1], w[:, 1:])
+            total += (loss(model, batch) if loss is not None else model(*batch)[1]).item()
     finally:
         model.train(was_training)
     return total / num_batches

@@ -1,7 +1,9 @@
 """The final model a peer writes when a run finishes: `<state-dir>/final/model.safetensors`.
 
-Tensor names are those of `swarm.train.model.GPT.named_parameters()`; the metadata holds the round and the
-state hash. Helpers here read it back: a digest to compare peers, and its held-out eval loss.
+Tensor names are the module's own ``state_dict`` names (a Hugging Face model's are its own), parameters
+holding θg, so ``model.load_state_dict`` takes the file as it is; tied weights appear under each of their names.
+The metadata holds the round, the state hash, the run spec and, for a Hugging Face model, its config (what
+``swarm export`` needs). Helpers here read it back: a digest to compare peers, and its held-out eval loss.
 """
 
 from __future__ import annotations
@@ -11,15 +13,34 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save
+from torch import nn
 
 from swarm.config import RunConfig
 from swarm.core.state import GlobalState, write_atomically
 
+HF_CONFIG_KEY = "hf_config"
+RUN_SPEC_KEY = "run_spec"
 
-def write_final_model(path: Path, names: list[str], state: GlobalState) -> None:
-    """θg under the model's parameter names (``model.load_state_dict`` takes it), written atomically."""
-    tensors = {name: p.contiguous() for name, p in zip(names, state.params)}
-    write_atomically(path, save(tensors, metadata={"round_no": str(state.round_no), "state_hash": state.state_hash}))
+
+def final_tensors(model: nn.Module, state: GlobalState) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` with θg in place of the parameters (CPU, contiguous, no shared storage)."""
+    global_by_param = {id(p): g for p, g in zip(model.parameters(), state.params)}
+    tensors = {}
+    for name, value in model.state_dict(keep_vars=True).items():
+        source = global_by_param.get(id(value), value.detach())
+        tensors[name] = source.detach().to("cpu").contiguous().clone()
+    return tensors
+
+
+def write_final_model(path: Path, model: nn.Module, state: GlobalState, *, run: RunConfig | None = None) -> None:
+    """θg under the model's state_dict names (``model.load_state_dict`` takes it), written atomically."""
+    metadata = {"round_no": str(state.round_no), "state_hash": state.state_hash}
+    if run is not None:
+        metadata[RUN_SPEC_KEY] = run.to_json()
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "to_json_string"):
+        metadata[HF_CONFIG_KEY] = config.to_json_string(use_diff=False)
+    write_atomically(path, save(final_tensors(model, state), metadata=metadata))
 
 
 def tensors_digest(path: Path) -> str:
@@ -34,24 +55,19 @@ def tensors_digest(path: Path) -> str:
 
 def load_into_model(path: Path, run: RunConfig) -> torch.nn.Module:
     """The run's model with the file's parameters (a final model, a warm start)."""
-    from swarm.train.model import build_model
+    from swarm.train.run_model import build_run_model, load_weights
 
-    model = build_model(run.model, seed=run.seed)
-    tensors = load_file(str(path))
-    names = [name for name, _ in model.named_parameters()]
-    if sorted(tensors) != sorted(names):
-        raise ValueError(f"{path} holds other parameters than the run's model ({run.model.preset}); "
-                         "check that it comes from a run with the same [model] settings.")
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(tensors[name])
+    model = build_run_model(run.model, seed=run.seed).module
+    load_weights(model, path)
     return model
 
 
 def final_eval_loss(path: Path, run: RunConfig) -> float:
     """Held-out loss of a final model, computed exactly as the peers evaluate."""
-    from swarm.train.data import ByteCorpus, eval_loss
+    from swarm.train.data import eval_loss, load_corpus
+    from swarm.train.run_model import build_run_model, load_weights
 
-    model = load_into_model(path, run)
-    return eval_loss(model, ByteCorpus.load(run.data), batch_size=run.data.batch_size,
-                     seq_len=run.data.seq_len, num_batches=run.data.eval_batches)
+    built = build_run_model(run.model, seed=run.seed)
+    load_weights(built.module, path)
+    return eval_loss(built.module, load_corpus(run.data), batch_size=run.data.batch_size,
+                     seq_len=run.data.seq_len, num_batches=run.data.eval_batches, loss=built.loss)

@@ -12,7 +12,8 @@ from swarm.config import RunConfig
 from swarm.core import average
 from swarm.core.outer import OuterOptimizer
 from swarm.core.state import GlobalState
-from swarm.train.model import build_model, model_fingerprint
+from swarm.train.model import model_fingerprint
+from swarm.train.run_model import build_run_model
 
 
 def initial_state(model: nn.Module, outer: OuterOptimizer) -> GlobalState:
@@ -29,7 +30,7 @@ class RunIdentity:
 
 def run_identity(run: RunConfig) -> RunIdentity:
     """The fingerprint, θ0 hash and size of the model every peer of ``run`` builds."""
-    model = build_model(run.model, seed=run.seed)
+    model = build_run_model(run.model, seed=run.seed).module
     outer = OuterOptimizer(run.outer, [p.shape for p in model.parameters()])
     return RunIdentity(model_fingerprint=model_fingerprint(model), initial_hash=initial_state(model, outer).state_hash,
                        param_count=sum(p.numel() for p in model.parameters()))

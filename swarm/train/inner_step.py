@@ -26,9 +26,10 @@ class InnerStep:
     """``step(x, y, lr)``: one optimizer step on the batch (x, y); returns its mean loss (a detached tensor
     on the device, so no step waits for the device)."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: InnerOptConfig, *,
+    def __init__(self, model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer, cfg: InnerOptConfig, *,
                  device: torch.device, wrap: Optional[Callable[[nn.Module], nn.Module]] = None) -> None:
         self.model = model
+        self.loss_fn = loss_fn  # loss_fn(module, batch): the run model's loss (swarm.train.run_model)
         self.optimizer = optimizer
         self.cfg = cfg
         self.device = device
@@ -75,13 +76,13 @@ class InnerStep:
     def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with self.autocast():
             if not self.compiled:
-                return self.forward(x, y)[1]
+                return self.loss_fn(self.forward, (x, y))
             try:
-                return self.forward(x, y)[1]
+                return self.loss_fn(self.forward, (x, y))
             except Exception as e:  # noqa: BLE001 - any compiler failure: train eagerly instead
                 log.warning("torch.compile failed (%s); training without it.", str(e).splitlines()[0][:200])
                 self.compiled, self.forward = False, self.eager
-                return self.forward(x, y)[1]
+                return self.loss_fn(self.forward, (x, y))
 
     def _backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()

@@ -118,7 +118,7 @@ def gpt_config(cfg: ModelConfig) -> GPTConfig:
     shape = dict(MODEL_PRESETS[cfg.preset])
     if cfg.context is not None:
         shape["context"] = cfg.context
-    return GPTConfig(**shape, dropout=cfg.dropout)
+    return GPTConfig(**shape, dropout=cfg.dropout, vocab_size=cfg.vocab_size or VOCAB_SIZE)
 
 
 def build_model(cfg: ModelConfig, *, seed: int) -> GPT:
@@ -135,14 +135,14 @@ def build_model(cfg: ModelConfig, *, seed: int) -> GPT:
             if p.dim() == 1:  # LayerNorm gains
                 p.fill_(1.0)
             elif name.endswith("proj.weight"):
-                p.copy_(_portable_normal(p.shape, std=residual_std, generator=gen))
+                p.copy_(portable_normal(p.shape, std=residual_std, generator=gen))
             else:
-                p.copy_(_portable_normal(p.shape, std=0.02, generator=gen))
+                p.copy_(portable_normal(p.shape, std=0.02, generator=gen))
     log.debug("built %s model (%d parameters) from seed %d", cfg.preset, model.param_count(), seed)
     return model
 
 
-def _portable_normal(shape: torch.Size, *, std: float, generator: torch.Generator) -> torch.Tensor:
+def portable_normal(shape: torch.Size, *, std: float, generator: torch.Generator) -> torch.Tensor:
     """Approximately normal samples that are bit-identical on every CPU.
 
     torch's ``normal_`` takes a vectorised path on AVX2 machines with its own log/cos, so its bits can

@@ -4,6 +4,7 @@ it computes the same global parameters as a real swarm, bit for bit.
 
     python -m swarm.train.sim --peers 2 --rounds 3 --json
     python -m swarm.train.sim --peers 4 --rounds 12 --codec int4 --fragments 2 --overlap 2 --speeds 1,1,0.5,0.33
+    python -m swarm.train.sim --peers 4 --rounds 3 --sites a,a,b,b --hierarchical --group-size 2
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class SimRound:
     steps: list[int] = field(default_factory=list)  # inner steps each peer ran in the round
     group: list[int] = field(default_factory=list)  # peers in the exchange (those with samples to send)
     bytes_sent: list[int] = field(default_factory=list)  # payload bytes each peer sent in the exchange
+    cross_site_bytes: list[int] = field(default_factory=list)  # of which to peers at another site (or none)
 
     @property
     def consistent(self) -> bool:
@@ -113,6 +115,12 @@ def _rates(run: RunConfig, peers: int, steps_per_peer: Sequence[int] | None,
     return [Fraction(int(s), h) for s in steps_per_peer]
 
 
+def _sites(sites: Sequence[str] | None, peers: int) -> list[str] | None:
+    if sites is not None and (len(sites) != peers or not all(isinstance(s, str) for s in sites)):
+        raise ValueError(f"sites must name one site (or \"\") for each of the {peers} peers, got {list(sites)!r}.")
+    return None if sites is None else list(sites)
+
+
 def _with_overrides(run: RunConfig, outer: str | None, **rounds) -> RunConfig:
     overrides = {k: v for k, v in rounds.items() if v is not None}
     if overrides:
@@ -140,6 +148,7 @@ def _records(peers: list[VirtualPeer], run: RunConfig, rounds: int) -> list[SimR
             inner_time_s=max(s.inner_time_s for s in per_peer), fragment=round_fragment(r, run.rounds.fragments),
             steps=[s.steps for s in per_peer], group=list(range(len(peers))),
             bytes_sent=[p.bytes_sent[r] for p in peers],
+            cross_site_bytes=[p.board.cross_site_bytes[r][p.index] for p in peers],
         ))
         last = out[-1]
         log.info("sim round %d (fragment %d): train loss %.4f, eval loss %s, hash %s", last.round, last.fragment,
@@ -163,6 +172,9 @@ def simulate(
     initial_params: Sequence[torch.Tensor] | None = None,
     aggregation: str | None = None,
     tamper: Tamper | None = None,
+    sites: Sequence[str] | None = None,
+    hierarchical: bool | None = None,
+    group_size: int | None = None,
 ) -> SimResult:
     """Run ``rounds`` DiLoCo rounds with ``peers`` virtual peers, through the same round runner as a
     real peer, so it computes what a real swarm computes.
@@ -172,12 +184,15 @@ def simulate(
     (1/3: a third of the steps). Rounds are time budgets: a slow peer does fewer steps and its
     pseudo-gradient weighs its samples. ``initial_params`` (in the model's parameter order) replace the
     seed's θ0 on every peer, with zero outer state: a warm start. ``aggregation`` overrides the run's
-    rule; ``tamper`` (benchmarks and tests only) replaces what peers send: Byzantine peers.
+    rule; ``tamper`` (benchmarks and tests only) replaces what peers send: Byzantine peers. ``sites[i]`` is
+    peer i's site ("": none), as its credential would carry it: with ``[rounds] hierarchical`` the peers
+    average in two levels by site (``swarm.core.site_plan``), and each round records its cross-site bytes.
     """
     if peers < 1 or rounds < 0:
         raise ValueError(f"need at least one peer and a non-negative number of rounds, got {peers} and {rounds}.")
     run = _with_overrides(run, outer, codec=codec, error_feedback=error_feedback, fragments=fragments,
-                          overlap_steps=overlap_steps, mixing_alpha=mixing_alpha, aggregation=aggregation)
+                          overlap_steps=overlap_steps, mixing_alpha=mixing_alpha, aggregation=aggregation,
+                          hierarchical=hierarchical, group_size=group_size)
     rc = run.rounds
     wire = get_codec(rc.codec)
     rates = _rates(run, peers, steps_per_peer, speeds)
@@ -195,7 +210,7 @@ def simulate(
     )
     log.info("sim: %d peers, %d parameters, codec %s, %d fragments, overlap %d, initial eval loss %.4f",
              peers, result.param_count, wire.name, rc.fragments, rc.overlap_steps, result.initial_eval_loss)
-    virtual = run_peers(run, trainers, rates, rounds, tamper)
+    virtual = run_peers(run, trainers, rates, rounds, tamper, sites=_sites(sites, peers))
     result.rounds = _records(virtual, run, rounds)
     for r in result.rounds:
         result.bytes_sent_per_peer = [a + b for a, b in zip(result.bytes_sent_per_peer, r.bytes_sent)]
@@ -222,6 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--aggregation", help="how slices are combined: mean, clipped_mean or trimmed_mean")
     parser.add_argument("--outer", help="outer optimizer: nesterov or a torch.optim class name")
     parser.add_argument("--speeds", help="comma-separated speed factor per peer, e.g. 1,1,0.5")
+    parser.add_argument("--sites", help="comma-separated site per peer, e.g. a,a,b,b (default: none)")
+    parser.add_argument("--hierarchical", action="store_true", help="average in two levels by site")
+    parser.add_argument("--group-size", type=int, help="with --hierarchical: at most this many peers per sub-group")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     args = parser.parse_args(argv)
@@ -242,7 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = simulate(run, peers=args.peers, rounds=args.rounds, speeds=speeds,
                           error_feedback=False if args.no_error_feedback else None, fragments=args.fragments,
                           overlap_steps=args.overlap, mixing_alpha=args.alpha, outer=args.outer,
-                          aggregation=args.aggregation)
+                          aggregation=args.aggregation, sites=args.sites.split(",") if args.sites else None,
+                          hierarchical=True if args.hierarchical else None, group_size=args.group_size)
     except ValueError as e:  # ConfigError and the other user mistakes: one sentence, no traceback
         sys.stderr.write(f"error: {e}\n")
         return 2
@@ -259,7 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             ev = "-" if r.eval_loss is None else f"{r.eval_loss:.4f}"
             sys.stdout.write(f"round {r.round}: train loss {r.train_loss:.4f} eval loss {ev}"
                              f" hash {r.state_hash}{'' if r.consistent else ' INCONSISTENT'}\n")
-        sys.stdout.write(f"bytes sent per peer {result.bytes_sent_per_peer}, peak per sync {result.peak_bytes_per_sync}\n")
+        cross = [sum(r.cross_site_bytes[i] for r in result.rounds) for i in range(result.peers)]
+        sys.stdout.write(f"bytes sent per peer {result.bytes_sent_per_peer} (to other sites {cross}),"
+                         f" peak per sync {result.peak_bytes_per_sync}\n")
     return 0 if result.consistent else 1
 
 

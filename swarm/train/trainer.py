@@ -29,11 +29,12 @@ from swarm.core.state import GlobalState
 from swarm.core.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
 from swarm.config import RunConfig
 from swarm.train import prefetch, schedule
-from swarm.train.data import BatchSampler, ByteCorpus, eval_loss, shard, shard_index_for_peer
+from swarm.train.data import BatchSampler, check_vocab, eval_loss, load_corpus, shard, shard_index_for_peer
 from swarm.train.initial_state import initial_state
 from swarm.train.inner_step import InnerStep
-from swarm.train.model import build_model, model_fingerprint
+from swarm.train.model import model_fingerprint
 from swarm.train.ranks import Ranks, TrainOrder
+from swarm.train.run_model import build_run_model
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +70,15 @@ class LocalTrainer:
             self.ranks.send((run.to_json(), peer_index))
         self.device = self.ranks.device if self.ranks is not None else torch.device(device)
         data = run.data
-        self.model = build_model(run.model, seed=run.seed).to(self.device)  # same θ0 on every peer
-        if data.seq_len > self.model.cfg.context:
+        built = build_run_model(run.model, seed=run.seed)  # same θ0 on every peer
+        self.model, self.loss_fn = built.module.to(self.device), built.loss
+        if built.context is not None and data.seq_len > built.context:
             raise ValueError(
-                f"[data] seq_len {data.seq_len} exceeds the model context {self.model.cfg.context};"
+                f"[data] seq_len {data.seq_len} exceeds the model context {built.context};"
                 " lower seq_len or set [model] context."
             )
-        self.corpus = ByteCorpus.load(data)
+        self.corpus = load_corpus(data)
+        check_vocab(built.vocab_size, self.corpus)
         self.shard_index = shard_index_for_peer(peer_index, data.num_shards)
         self.sampler = self._sampler()
         self._params = list(self.model.parameters())
@@ -88,7 +91,7 @@ class LocalTrainer:
             betas=(run.inner.beta1, run.inner.beta2),
         )
         self.inner_steps_done = 0  # counts toward the warmup across rounds
-        self.inner_step = InnerStep(self.model, self.optimizer, run.inner, device=self.device,
+        self.inner_step = InnerStep(self.model, self.loss_fn, self.optimizer, run.inner, device=self.device,
                                     wrap=self.ranks.wrap if self.ranks is not None else None)
         self.world_size = self.ranks.world_size if self.ranks is not None else 1
         self._steps_since_commit = 0  # with the committed round: the run position the lr decays over
@@ -362,7 +365,7 @@ class LocalTrainer:
             try:
                 d = self.run.data
                 return eval_loss(self.model, self.corpus, batch_size=d.batch_size,
-                                 seq_len=d.seq_len, num_batches=d.eval_batches)
+                                 seq_len=d.seq_len, num_batches=d.eval_batches, loss=self.loss_fn)
             finally:
                 for p, s in zip(self._params, saved):
                     p.copy_(s)

@@ -13,10 +13,11 @@ import torch
 
 from swarm.config import RunConfig
 from swarm.core.aggregation import Aggregation
-from swarm.core.average import butterfly_bytes_sent, butterfly_reference
+from swarm.core.average import butterfly_reference
 from swarm.core.codec import Codec, get_codec
 from swarm.core import commit_rule
 from swarm.core.fragments import round_end_step
+from swarm.core.site_plan import butterfly_bytes_by_site, plan_sites, two_level_bytes_sent, two_level_reference
 from swarm.core.state import GlobalState
 from swarm.train.round import Averaged, Decision, Hooks, InlineExecutor, Outcome, RoundRunner, Vote
 from swarm.train.trainer import Contribution, LocalTrainer, TrainStats
@@ -38,13 +39,18 @@ class Board:
     peer computes at a time (the bits and the inner-step timings are those of a sequential run), and
     the round runner blocks exactly where a real peer would."""
 
-    def __init__(self, peers: int, rounds: int, wire: Codec, aggregation: Aggregation = Aggregation()) -> None:
+    def __init__(self, peers: int, rounds: int, wire: Codec, aggregation: Aggregation = Aggregation(), *,
+                 sites: Optional[list[str]] = None, hierarchical: bool = False, group_size: int = 0) -> None:
         self.peers, self.rounds, self.wire = peers, rounds, wire
         self.aggregation = aggregation
+        self.sites = sites or [""] * peers  # each virtual peer's site, as its credential would carry it
+        # [rounds] hierarchical: the two-level plan of the group of every virtual peer (None: one flat group)
+        self.plan = plan_sites(self.sites, group_size) if hierarchical else None
         self.cond = threading.Condition()
         self.contributions: dict[int, dict[int, Contribution]] = {}
         self.averages: dict[int, torch.Tensor] = {}
         self.votes: dict[int, dict[int, Vote]] = {}
+        self.cross_site_bytes: dict[int, dict[int, int]] = {}  # round -> peer -> bytes sent to other sites
         self.failed: Optional[BaseException] = None
 
     def wait_all(self, table: dict[int, dict], round_no: int) -> None:
@@ -60,11 +66,20 @@ class Board:
         ordered = [self.contributions[round_no][i] for i in range(self.peers)]
         if round_no not in self.averages:
             weights = self.aggregation.weights([float(c.samples) for c in ordered], [str(i) for i in range(self.peers)])
-            self.averages[round_no] = butterfly_reference([c.delta for c in ordered], weights, self.wire,
-                                                          reduce=lambda d, w: self.aggregation.reduce(d, w).average)
-        sent = butterfly_bytes_sent(contribution.delta.numel(), self.peers, self.wire)
+            reduce = lambda d, w: self.aggregation.reduce(d, w).average  # noqa: E731
+            deltas = [c.delta for c in ordered]
+            self.averages[round_no] = butterfly_reference(deltas, weights, self.wire, reduce=reduce) \
+                if self.plan is None else two_level_reference(deltas, weights, self.plan, self.wire, reduce=reduce)
+        in_site, cross_site = self.bytes_sent(contribution.delta.numel())[index]
+        self.cross_site_bytes.setdefault(round_no, {})[index] = cross_site
         return Averaged(average=self.averages[round_no], group=[str(i) for i in range(self.peers)],
-                        bytes_sent=sent[index])
+                        bytes_sent=in_site + cross_site)
+
+    def bytes_sent(self, numel: int) -> list[tuple[int, int]]:
+        """(in-site, cross-site) payload bytes each virtual peer sends in one exchange of ``numel`` elements."""
+        if self.plan is not None:
+            return two_level_bytes_sent(numel, self.plan, self.wire)
+        return butterfly_bytes_by_site(numel, self.sites, self.wire)
 
     def decide(self, vote: Vote, index: int) -> Decision:
         self.votes.setdefault(vote.round_no, {})[index] = vote
@@ -141,10 +156,11 @@ def drive(runner: RoundRunner, peer: VirtualPeer, rounds: int) -> None:
 
 
 def run_peers(run: RunConfig, trainers: list[LocalTrainer], rates: list[Fraction], rounds: int,
-              tamper: Optional[Tamper] = None) -> list[VirtualPeer]:
+              tamper: Optional[Tamper] = None, sites: Optional[list[str]] = None) -> list[VirtualPeer]:
     """Every virtual peer runs its rounds through the round runner, on its own thread. ``tamper``
-    (benchmarks and tests) replaces what the peers send, see ``Tamper``."""
-    board = Board(len(trainers), rounds, get_codec(run.rounds.codec), Aggregation.for_run(run))
+    (benchmarks and tests) replaces what the peers send, see ``Tamper``; ``sites`` are the peers' sites."""
+    board = Board(len(trainers), rounds, get_codec(run.rounds.codec), Aggregation.for_run(run), sites=sites,
+                  hierarchical=run.rounds.hierarchical, group_size=run.rounds.group_size)
     peers, threads, errors = [], [], []
     for i, (trainer, rate) in enumerate(zip(trainers, rates)):
         peer = VirtualPeer(i, board, tamper=tamper)

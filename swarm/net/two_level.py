@@ -1,0 +1,146 @@
+"""Two-level averaging over the network (``[rounds] hierarchical``; the plan and the math are
+``swarm.core.site_plan``): each sub-group of a site runs the butterfly all-reduce among itself over its fast
+links, the sub-groups' representatives run it across sites with their sub-groups' averages weighted by the
+sub-groups' total samples, and each representative hands that result to its sub-group
+(``swarm.net.site_broadcast``). Every member ends with the representatives' cross-site average, the same
+bytes everywhere.
+
+What holds at which level: in a sub-group and across sites, the butterfly's guarantees hold as in a flat
+group (slices only from the libp2p id of the signed entry's member, declared weights capped, the run's
+aggregation rule on every slice, an abort fails the level at once); across sites the weights are the
+sub-groups' summed capped weights, which every representative derives from the signed entries, and the
+rule compares sub-group averages, so a robust rule needs three or more sub-groups to see an outlier. A
+member cannot check its representative's cross-site average: a dishonest representative can give its
+sub-group any finite vector (the bound is the commit vote: those members then hold another θg than the
+rest). Sites come from coordinator-signed credentials; the plan digest is in every key and message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from swarm.core.aggregation import Aggregation
+from swarm.core.site_plan import SitePlan, plan_sites, subgroup_weights
+from swarm.net.allreduce import Exchange, ExchangeResult
+from swarm.net.link_stats import LinkTimings
+from swarm.net.rendezvous import Member, group_digest
+from swarm.net.site_broadcast import SiteBroadcast
+from swarm.net.slice_reduction import ExchangeFailed, capped_weights
+from swarm.net.transport import Transport
+
+logger = logging.getLogger(__name__)
+
+CROSS_SITE = "cross"  # the cross-site exchange's run-id suffix: its own handler and keys
+
+
+@dataclass
+class TwoLevelResult(ExchangeResult):
+    in_site_bytes_sent: int = 0  # to groupmates at this peer's site
+    cross_site_bytes_sent: int = 0  # to groupmates at other sites (or without a site)
+    representative: bool = False  # this peer took part in the cross-site exchange
+    subgroups: int = 1
+
+
+class TwoLevelExchange:
+    """Owned by the thread that runs the round's exchanges. ``in_site`` is the run's Exchange (its handler
+    serves the sub-groups); the cross-site exchange and the broadcast get handlers of their own."""
+
+    def __init__(self, in_site: Exchange, transport: Transport, *, run_id: str, group_size: int) -> None:
+        self.in_site, self.run_id, self.group_size = in_site, run_id, group_size
+        aggregation = in_site.aggregation
+        # Level-2 weights are sums of at most group_size capped weights (any number with no cap).
+        cap = aggregation.max_weight * group_size if group_size else float("inf")
+        self.cross_site = Exchange(transport, run_id=f"{run_id}.{CROSS_SITE}",
+                                   aggregation=dataclasses.replace(aggregation, max_weight=cap))
+        self.broadcast = SiteBroadcast(transport, run_id=run_id)
+
+    def plan(self, group: list[Member]) -> SitePlan:
+        return plan_sites([m.site for m in group], self.group_size)
+
+    def average(self, *, key: str, group: list[Member], me: Member, delta: torch.Tensor, timeout_s: float,
+                on_phase: Optional[Callable[[str], Optional[float]]] = None) -> TwoLevelResult:
+        """Average ``delta`` with the group in two levels; ExchangeFailed unless this peer holds the final
+        average. ``on_phase`` reaches the sub-group's exchange (fault injection)."""
+        started = time.perf_counter()
+        plan = self.plan(group)
+        digest = plan.digest(group_digest(group))
+        position = [m.peer_id for m in group].index(me.peer_id)
+        subgroup = plan.subgroup_of(position)
+        members = [group[p] for p in subgroup.positions]
+        cross = len(plan.subgroups) > 1
+        represents = cross and subgroup.representative == position
+        tag = f"{key}.plan{digest}.sub{subgroup.representative}"
+        if cross and not represents:
+            self.broadcast.expect(tag, digest=digest, representative=members[0], numel=me.numel)
+        results: list[ExchangeResult] = []
+        handed_bytes = 0
+        try:
+            partial = flat_f32(delta)
+            if len(members) > 1:
+                results.append(self.in_site.average(key=tag, group=members, me=me, delta=delta,
+                                                    timeout_s=timeout_s, on_phase=on_phase))
+                partial = results[-1].average
+            if represents:
+                results.append(self._across_sites(key, group, plan, digest, tag, members, partial, timeout_s))
+                average = results[-1].average
+                handed_bytes = self.broadcast.send(tag, digest=digest, members=members[1:], average=average,
+                                                   timeout_s=timeout_s)
+            elif cross:
+                average = self.broadcast.receive(tag, timeout_s=2 * timeout_s)
+            else:
+                average = partial
+        finally:
+            self.broadcast.forget(tag)
+        links = LinkTimings(uploads=[t for r in results for t in r.links.uploads],
+                            downloads=[t for r in results for t in r.links.downloads],
+                            rtt_s={k: v for r in results for k, v in r.links.rtt_s.items()})
+        sent = sum(r.bytes_sent for r in results) + handed_bytes
+        to_other_sites = cross_site_bytes(links, group, me)
+        return TwoLevelResult(
+            average=average, bytes_sent=sent, bytes_received=sum(r.bytes_received for r in results),
+            seconds=time.perf_counter() - started,
+            rejected={k: v for r in results for k, v in r.rejected.items()},
+            clipped={k: v for r in results for k, v in r.clipped.items()},
+            links=links, in_site_bytes_sent=sent - to_other_sites, cross_site_bytes_sent=to_other_sites,
+            representative=represents, subgroups=len(plan.subgroups),
+        )
+
+    def _across_sites(self, key: str, group: list[Member], plan: SitePlan, digest: str, tag: str,
+                      members: list[Member], partial: torch.Tensor, timeout_s: float) -> ExchangeResult:
+        """This representative's sub-group average exchanged with the other representatives; on failure its
+        sub-group is told at once."""
+        try:
+            weights = subgroup_weights(plan, capped_weights(self.in_site.aggregation, group, key))
+            reps = [dataclasses.replace(group[r], weight=w) for r, w in zip(plan.representatives, weights)]
+            me = next(r for r in reps if r.peer_id == members[0].peer_id)
+            cross_key = f"{self.run_id}.{CROSS_SITE}.{key[len(self.run_id) + 1:]}.plan{digest}"
+            return self.cross_site.average(key=cross_key, group=reps, me=me, delta=partial, timeout_s=timeout_s)
+        except ExchangeFailed as e:
+            self.broadcast.abort(tag, digest=digest, members=members[1:], reason=str(e))
+            raise
+
+
+def flat_f32(delta: torch.Tensor) -> torch.Tensor:
+    """``delta`` as the exchange takes it: one fp32 vector (a copy, so the caller's tensor stays its own)."""
+    return delta.detach().reshape(-1).to(torch.float32).clone()
+
+
+def cross_site_bytes(links: LinkTimings, group: list[Member], me: Member) -> int:
+    """Bytes this peer's acknowledged sends carried to groupmates at another site (a groupmate without a
+    site counts as another site): the traffic two-level averaging keeps off the slow links."""
+    site = {m.peer_id: m.site for m in group}
+    return sum(t.bytes for t in links.uploads if not (me.site and site.get(t.peer) == me.site))
+
+
+def bytes_by_site(result: ExchangeResult, group: list[Member], me: Member) -> tuple[int, int]:
+    """(in-site, cross-site) bytes sent in an exchange, flat or two-level: for the round's log line."""
+    if isinstance(result, TwoLevelResult):
+        return result.in_site_bytes_sent, result.cross_site_bytes_sent
+    cross = cross_site_bytes(result.links, group, me)
+    return result.bytes_sent - cross, cross

@@ -1,0 +1,107 @@
+"""A Hugging Face ``transformers`` causal LM built from its config (``[model] hf_config``): no weights are
+downloaded, and θ0 is drawn with the portable normal so it is bit-identical on every machine.
+
+``transformers`` is an optional dependency (``pip install 'swarm-train[hf]'``); it is imported only here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from swarm.config import ConfigError
+from swarm.train.model import portable_normal
+
+log = logging.getLogger(__name__)
+
+HF_MISSING = "this run's model needs Hugging Face transformers; install it with: pip install 'swarm-train[hf]'."
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError(HF_MISSING) from None
+    transformers.logging.set_verbosity_error()  # its config warnings are not the user's mistakes here
+    return transformers
+
+
+def hf_config_dict(spec: Any) -> dict[str, Any]:
+    """The config as a dict: ``spec`` is an inline table or the path of a config.json."""
+    if isinstance(spec, dict):
+        config = dict(spec)
+    else:
+        path = Path(spec)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"[model] hf_config {str(spec)!r} does not exist; give a config.json path.") from None
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"[model] hf_config {str(spec)!r} is not a readable config.json ({e}).") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise ConfigError("[model] hf_config needs a model_type (e.g. \"llama\", \"gpt2\"); add it to the config.")
+    return config
+
+
+def build_hf_model(spec: Any, *, seed: int) -> nn.Module:
+    """``AutoModelForCausalLM.from_config`` in fp32 on the CPU, then every parameter that its own init drew at
+    random redrawn with the portable normal (std ``initializer_range``), seeded by ``seed``; constant ones
+    (norm gains, biases) stay as the library set them. So θ0 depends only on the config and the seed."""
+    transformers = _transformers()
+    config = hf_config_dict(spec)
+    kwargs = {k: v for k, v in config.items() if k != "model_type"}
+    try:
+        hf_config = transformers.AutoConfig.for_model(config["model_type"], **kwargs)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"[model] hf_config is not a config transformers knows ({e}); check model_type.") from None
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            model = transformers.AutoModelForCausalLM.from_config(hf_config, torch_dtype=torch.float32)
+        except (ValueError, KeyError) as e:
+            raise ConfigError(f"[model] hf_config does not describe a causal LM transformers can build ({e}).") from None
+    std = float(getattr(hf_config, "initializer_range", 0.02))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            flat = p.detach().reshape(-1)
+            if flat.numel() > 1 and bool((flat == flat[0]).all()):
+                continue  # a constant init (ones, zeros) is already the same everywhere
+            p.copy_(portable_normal(p.shape, std=std, generator=gen))
+    model.train()
+    return model
+
+
+def hf_causal_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Mean cross-entropy of the next token: ``y`` is already ``x`` shifted by one, so no ``labels``."""
+    x, y = batch
+    logits = model(input_ids=x).logits
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
+
+
+def hf_context(model: nn.Module) -> int | None:
+    config = model.config
+    for name in ("max_position_embeddings", "n_positions", "n_ctx"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def save_pretrained(model: nn.Module, out_dir: Path) -> None:
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+
+
+def model_from_config_json(config_json: str) -> nn.Module:
+    """A fresh model of the config a final model's metadata carries (weights to be loaded over it)."""
+    transformers = _transformers()
+    config = json.loads(config_json)
+    hf_config = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
+    return transformers.AutoModelForCausalLM.from_config(hf_config, torch_dtype=torch.float32)
