@@ -35,6 +35,7 @@ from peer.stats import PeerStats
 from swarm.config import RunConfig
 from swarm.control.client import CoordinatorRejected, CoordinatorUnreachable
 from swarm.train.final_model import write_final_model
+from swarm.train.ranks import Ranks
 from swarm.train.round import Outcome, Pending, RoundResult, RoundRunner
 from swarm.train.trainer import LocalTrainer
 from swarm.v1 import coordinator_pb2 as pb
@@ -61,8 +62,9 @@ WIRE_STATES = {PeerState.JOINING: pb.PEER_STATE_JOINING, PeerState.SYNCING: pb.P
 
 
 class PeerDaemon:
-    def __init__(self, options: PeerOptions, parts: Optional[PeerParts] = None):
+    def __init__(self, options: PeerOptions, parts: Optional[PeerParts] = None, ranks: Optional[Ranks] = None):
         self.options = options
+        self.ranks = ranks  # rank 0 of a multi-GPU peer: the trainer leads the other ranks
         self.parts = parts or PeerParts()
         self.stop = threading.Event()
         self.stats = PeerStats()
@@ -158,7 +160,7 @@ class PeerDaemon:
                                          renewed=self.link.renew)
         self.heartbeat.start()
         self.clock.mark("join")
-        trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=o.device)
+        trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=o.device, ranks=self.ranks)
         self.clock.warmed("trainer")  # no import in flight when the DHT forks
         # after the model build: forked right after the join, gRPC still had threads inside it
         self.transport = self.parts.transport(o, list(joined.dht_initial_peers), stop=self.stop, tag=self.tag(),

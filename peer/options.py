@@ -14,6 +14,7 @@ from swarm.control.joinstring import JoinString
 class PeerOptions:
     join: JoinString
     device: str = "cpu"
+    nproc: int = 1  # ranks training this peer data-parallel (one per GPU; gloo processes on a CPU)
     state_dir: Path = Path("swarm-peer")
     site: str = ""
     name: str = ""

@@ -84,9 +84,14 @@ def cmd_peer(args: argparse.Namespace) -> int:
 
         if not torch.cuda.is_available():
             raise ConfigError(f"--device {args.device} was asked for but torch sees no CUDA device; use --device cpu.")
+        first = torch.device(args.device).index or 0
+        if first + args.nproc > torch.cuda.device_count():
+            raise ConfigError(f"--nproc {args.nproc} from --device {args.device} needs GPUs up to cuda:"
+                              f"{first + args.nproc - 1}, but torch sees {torch.cuda.device_count()}; lower --nproc.")
     options = PeerOptions(
         join=join,
         device=args.device,
+        nproc=args.nproc,
         state_dir=Path(args.state_dir),
         site=args.site,
         name=args.name,
@@ -182,7 +187,7 @@ def _add_token_parser(sub) -> None:
 _NUMBER_FLAGS: dict[str, tuple[tuple[str, float, float], ...]] = {
     "coordinator": (("port", 0, 65535), ("dht_port", 0, 65535), ("max_rounds", 1, 10**9), ("min_peers", 1, 10**5),
                     ("inner_steps", 1, 10**7), ("lease_s", 0.1, 86400), ("exit_grace_s", 0, 86400)),
-    "peer": (("p2p_port", 0, 65535), ("threads", 1, 4096), ("join_timeout_s", 0.1, 7 * 86400),
+    "peer": (("p2p_port", 0, 65535), ("threads", 1, 4096), ("nproc", 1, 1024), ("join_timeout_s", 0.1, 7 * 86400),
              ("checkpoint_every", 0, 10**9), ("final_serve_s", 0, 86400)),
     "status": (("interval", 0.1, 3600),),
     "demo": (("peers", 1, 64), ("rounds", 1, 10**6), ("inner_steps", 1, 10**7), ("timeout", 1, 7 * 86400)),
@@ -232,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("peer", help="lend this machine to a run")
     p.add_argument("--join", required=True, help="the join string printed by `swarm coordinator`")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--nproc", type=int, default=1, help="data-parallel ranks in this peer (one per GPU from --device)")
     p.add_argument("--state-dir", default="swarm-peer", help="where the final model and checkpoints go")
     p.add_argument("--site", default="", help="a label for this machine's location (datacenter, lab)")
     p.add_argument("--name", default="", help="a human-readable name (default: hostname)")

@@ -32,6 +32,10 @@ AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean")
 # coordinator.controller: "off" keeps [rounds] codec and equal slices; "auto" adapts them to measured links.
 CONTROLLERS = ("off", "auto")
 
+# [inner] precision and schedule values (swarm.train.precision and swarm.train.schedule implement them).
+PRECISIONS = ("fp32", "bf16", "fp16")
+LR_SCHEDULES = ("constant", "cosine", "linear")
+
 # Built-in model shapes (swarm.train.model builds them).
 MODEL_PRESETS: dict[str, dict] = {
     # ~0.22M in 4 blocks of width 64: scripts/bench_quality.py (Streaming DiLoCo with F = 4 needs 4 blocks).
@@ -202,10 +206,26 @@ class InnerOptConfig:
     beta2: float = 0.95
     warmup_steps: int = 20
     grad_clip: float = 1.0
+    # Compute precision of the forward and backward passes (autocast; fp16 adds a gradient scaler). The
+    # parameters, the AdamW state and everything sent to other peers stay fp32.
+    precision: str = "fp32"
+    micro_batches: int = 1  # each step's batch is cut into this many micro-batches (gradient accumulation)
+    # After the warmup: "constant", or "cosine" / "linear" decay to min_lr_ratio × lr over the run's inner
+    # steps (max_rounds × inner_steps, which the decaying schedules need).
+    schedule: str = "constant"
+    min_lr_ratio: float = 0.1
+    compile: bool = False  # torch.compile the model (falls back to eager, with a warning, where it cannot)
+    prefetch: bool = True  # a background thread prepares the next batch (pinned memory on CUDA)
 
     def validate(self) -> None:
         if not self.lr > 0:
             raise ConfigError(f"[inner] lr must be positive, got {self.lr}.")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"[inner] precision {self.precision!r} is unknown; choose one of {list(PRECISIONS)}.")
+        if self.schedule not in LR_SCHEDULES:
+            raise ConfigError(f"[inner] schedule {self.schedule!r} is unknown; choose one of {list(LR_SCHEDULES)}.")
+        check_range("inner", "min_lr_ratio", self.min_lr_ratio, 0, 1)
+        check_range("inner", "micro_batches", self.micro_batches, 1, MAX_BATCH)
         if self.weight_decay < 0 or self.warmup_steps < 0 or self.grad_clip < 0:
             raise ConfigError("[inner] weight_decay, warmup_steps and grad_clip must be non-negative.")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
@@ -391,6 +411,12 @@ class RunConfig:
         check_range("top level", "seed", self.seed, 0, 2**63 - 1)
         for section in (self.model, self.data, self.inner, self.outer, self.rounds):
             section.validate()
+        if self.inner.schedule != "constant" and self.rounds.max_rounds is None:
+            raise ConfigError(f"[inner] schedule {self.inner.schedule!r} decays over the run's inner steps; set"
+                              " [rounds] max_rounds, or use schedule = \"constant\".")
+        if self.data.batch_size % self.inner.micro_batches:
+            raise ConfigError(f"[inner] micro_batches {self.inner.micro_batches} must divide [data] batch_size"
+                              f" {self.data.batch_size}.")
         return self
 
     def to_dict(self) -> dict[str, Any]:

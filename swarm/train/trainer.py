@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -27,9 +28,12 @@ from swarm.core.outer import OuterOptimizer
 from swarm.core.state import GlobalState
 from swarm.core.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
 from swarm.config import RunConfig
-from swarm.train.data import BatchSampler, check_vocab, eval_loss, load_corpus, shard_index_for_peer
+from swarm.train import prefetch, schedule
+from swarm.train.data import BatchSampler, check_vocab, eval_loss, load_corpus, shard, shard_index_for_peer
 from swarm.train.initial_state import initial_state
+from swarm.train.inner_step import InnerStep
 from swarm.train.model import model_fingerprint
+from swarm.train.ranks import Ranks, TrainOrder
 from swarm.train.run_model import build_run_model
 
 log = logging.getLogger(__name__)
@@ -59,10 +63,15 @@ class Contribution:
 class LocalTrainer:
     """θl (model + AdamW, never reset or averaged) and the committed θg, outer state and round."""
 
-    def __init__(self, run: RunConfig, *, peer_index: int, device: str = "cpu") -> None:
+    def __init__(self, run: RunConfig, *, peer_index: int, device: str = "cpu", ranks: Optional[Ranks] = None) -> None:
+        """``ranks``: this process's place in a multi-GPU peer (``swarm.train.ranks``); every rank builds
+        its trainer at the same point, rank 0 first telling the others the run and the peer index."""
         self.run = run
         self.peer_index = peer_index
-        self.device = torch.device(device)
+        self.ranks = ranks if ranks is not None and ranks.world_size > 1 else None
+        if self.ranks is not None and self.ranks.leader:
+            self.ranks.send((run.to_json(), peer_index))
+        self.device = self.ranks.device if self.ranks is not None else torch.device(device)
         data = run.data
         built = build_run_model(run.model, seed=run.seed)  # same θ0 on every peer
         self.model, self.loss_fn = built.module.to(self.device), built.loss
@@ -74,14 +83,7 @@ class LocalTrainer:
         self.corpus = load_corpus(data)
         check_vocab(built.vocab_size, self.corpus)
         self.shard_index = shard_index_for_peer(peer_index, data.num_shards)
-        self.sampler = BatchSampler(
-            self.corpus.train,
-            shard_index=self.shard_index,
-            num_shards=data.num_shards,
-            batch_size=data.batch_size,
-            seq_len=data.seq_len,
-            seed=run.seed,
-        )
+        self.sampler = self._sampler()
         self._params = list(self.model.parameters())
         # nanoGPT's grouping: decay matrices and embeddings, not LayerNorm gains.
         decay = [p for p in self._params if p.dim() >= 2]
@@ -92,6 +94,12 @@ class LocalTrainer:
             betas=(run.inner.beta1, run.inner.beta2),
         )
         self.inner_steps_done = 0  # counts toward the warmup across rounds
+        self.inner_step = InnerStep(self.model, self.loss_fn, self.optimizer, run.inner, device=self.device,
+                                    wrap=self.ranks.wrap if self.ranks is not None else None)
+        self.world_size = self.ranks.world_size if self.ranks is not None else 1
+        self._steps_since_commit = 0  # with the committed round: the run position the lr decays over
+        self._ranks_params_changed = False  # rank 0: θl changed outside train(); the other ranks need it
+        self._ranks_peer_step = 0  # rank 0: inner_steps_done when the ranks last trained together
         shapes = [p.shape for p in self._params]
         self.outer = OuterOptimizer(run.outer, shapes)
         # The committed global state; round 0 is θ0 with a zero outer state.
@@ -114,52 +122,101 @@ class LocalTrainer:
         )
         self._samples_since_sync = [0] * len(self.fragments)
 
+    def _sampler(self) -> BatchSampler:
+        """This peer's batches; each rank of a multi-GPU peer draws from its own part of the peer's shard."""
+        data = self.run.data
+        split, part, parts = self.corpus.train, self.shard_index, data.num_shards
+        if self.ranks is not None:
+            split = shard(split, shard_index=self.shard_index, num_shards=data.num_shards)
+            part, parts = self.ranks.rank, self.ranks.world_size
+        return BatchSampler(
+            split,
+            shard_index=part,
+            num_shards=parts,
+            batch_size=data.batch_size,
+            seq_len=data.seq_len,
+            seed=self.run.seed,
+        )
+
     # ---- inner loop ---------------------------------------------------------------------------
 
-    def lr_at(self, step: int) -> float:
-        """Linear warmup over the first ``warmup_steps`` inner steps of this peer, then constant."""
-        warmup = self.run.inner.warmup_steps
-        if warmup > 0 and step < warmup:
-            return self.run.inner.lr * (step + 1) / warmup
-        return self.run.inner.lr
+    @property
+    def run_inner_steps(self) -> int:
+        """The run's inner steps at full speed (0: no max_rounds, so no end to decay towards)."""
+        rc = self.run.rounds
+        return fragments.round_end_step(rc.max_rounds, rc.inner_steps, rc.fragments) if rc.max_rounds else 0
+
+    @property
+    def run_step(self) -> int:
+        """Where this peer is in the run: the committed round's end step plus the steps trained since."""
+        rc = self.run.rounds
+        return fragments.round_end_step(self.round_no, rc.inner_steps, rc.fragments) + self._steps_since_commit
+
+    def lr_at(self, step: int, run_step: int = 0) -> float:
+        """The rate of this peer's ``step``-th inner step taken at ``run_step`` (``swarm.train.schedule``)."""
+        return schedule.lr_at(self.run.inner, peer_step=step, run_step=run_step, run_steps=self.run_inner_steps)
 
     def train(self, steps: int) -> TrainStats:
         """``steps`` AdamW steps on this peer's shard, from θl (which a commit set to θg in plain DiLoCo,
-        or which still holds a voided round's work, see ``return_contribution``)."""
+        or which still holds a voided round's work, see ``return_contribution``). On rank 0 of a multi-GPU
+        peer every rank trains them together (each on its own batches)."""
         if steps < 0:
             raise ValueError(f"steps must be non-negative, got {steps}.")
-        self.model.train()
         start = time.perf_counter()
-        loss_sum = torch.zeros((), device=self.device)
-        for _ in range(steps):
-            x, y = self.sampler.next_batch()
-            loss = self.loss_fn(self.model, (x.to(self.device), y.to(self.device)))
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if self.run.inner.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self._params, self.run.inner.grad_clip)
-            lr = self.lr_at(self.inner_steps_done)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.step()
-            self.inner_steps_done += 1
-            loss_sum += loss.detach()  # no per-step .item(): it would stall a GPU every step
-        mean_loss = loss_sum.item() / steps if steps else float("nan")
+        if self.ranks is not None and steps:
+            self._lead_ranks(steps)
+        mean_loss = self._train_steps(steps, self.run_step)
         elapsed = time.perf_counter() - start
         if steps:
             per_step = elapsed / steps
             ema = self._step_time_ema_s
             self._step_time_ema_s = per_step if ema is None else 0.7 * ema + 0.3 * per_step
-        samples = steps * self.run.data.batch_size
+        samples = steps * self.run.data.batch_size * self.world_size
+        self._steps_since_commit += steps
         self._samples_since_sync = [n + samples for n in self._samples_since_sync]
         log.debug("peer %d round %d: %d steps, loss %.4f, %.2fs", self.peer_index, self.round_no + 1, steps, mean_loss, elapsed)
         return TrainStats(steps=steps, samples=samples, tokens=samples * self.run.data.seq_len,
                           mean_loss=mean_loss, inner_time_s=elapsed)
 
+    def _train_steps(self, steps: int, run_step: int) -> float:
+        self.model.train()
+        loss_sum = torch.zeros((), device=self.device)
+        draw = prefetch.batches(self.sampler.next_batch, steps, self.device, prefetch=self.run.inner.prefetch)
+        for i, (x, y) in enumerate(draw):
+            lr = self.lr_at(self.inner_steps_done, run_step + i)
+            loss_sum += self.inner_step.step(x, y, lr)  # no per-step .item(): it would stall a GPU every step
+            self.inner_steps_done += 1
+        return loss_sum.item() / steps if steps else float("nan")
+
+    def _lead_ranks(self, steps: int) -> None:
+        """Rank 0: start the other ranks on ``steps`` steps, with θl and AdamW state if they changed."""
+        order = TrainOrder(steps=steps, peer_step=self.inner_steps_done, run_step=self.run_step,
+                           batches_drawn=self.sampler.batches_drawn,
+                           params_changed=self._ranks_params_changed,
+                           optimizer_changed=self.inner_steps_done != self._ranks_peer_step)
+        self.ranks.send(order)
+        self._sync_ranks(order)
+        self._ranks_params_changed = False
+        self._ranks_peer_step = self.inner_steps_done + steps
+
+    def follow(self, order: TrainOrder) -> None:
+        """The other ranks: train in lockstep with rank 0 as ``order`` says."""
+        self._sync_ranks(order)
+        self.inner_steps_done = order.peer_step
+        self.sampler.batches_drawn = order.batches_drawn
+        self._train_steps(order.steps, order.run_step)
+
+    def _sync_ranks(self, order: TrainOrder) -> None:
+        if order.params_changed or order.optimizer_changed:
+            self.ranks.broadcast_params(self._params)
+        if order.optimizer_changed:
+            self.ranks.broadcast_optimizer(self.optimizer)
+
     @torch.no_grad()
     def load_global_into_model(self) -> None:
         for p, g in zip(self._params, self.global_params):
             p.copy_(g)
+        self._ranks_params_changed = True
 
     # ---- fragments ------------------------------------------------------------------------------
 
@@ -259,6 +316,8 @@ class LocalTrainer:
         indices = self._indices(fragment)  # checks the fragment before anything changes
         self.outer.load_state_tensors(state.outer_state)
         self.state = state
+        self._steps_since_commit = 0
+        self._ranks_params_changed = True
         if fragment is None:
             self.load_global_into_model()
             self._samples_since_sync = [0] * len(self.fragments)
@@ -291,7 +350,7 @@ class LocalTrainer:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.run.data.batch_size * self.run.data.seq_len
+        return self.run.data.batch_size * self.run.data.seq_len * self.world_size
 
     @property
     def local_step_time_s(self) -> float | None:
