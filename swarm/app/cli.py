@@ -3,6 +3,7 @@
     swarm coordinator [--config run.toml] [--host 0.0.0.0] [--port 0] [--state-dir DIR] [--max-rounds N]
     swarm peer --join 'swarm://...' [--device cpu|cuda] [--state-dir DIR] [--site LABEL]
     swarm status 'swarm://...' [--json] [--watch]
+    swarm history 'swarm://...'|STATE_DIR [--csv|--json]
     swarm token create|list|revoke --state-dir DIR [...]
     swarm demo [--peers 3] [--rounds N] [--json]
 """
@@ -123,6 +124,24 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     finally:
         client.close()
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from swarm.app.history import fetch_history, history_from_state_dir, history_to_dict, print_history
+
+    if args.source.startswith("swarm://"):
+        from swarm.control.client import CoordinatorClient
+        from swarm.control.joinstring import JoinString
+
+        with CoordinatorClient(JoinString.parse(args.source)) as client:
+            history = fetch_history(lambda after: client.get_history(after_round=after))
+    else:
+        history = history_from_state_dir(Path(args.source))
+    print_history(history_to_dict(history), fmt="csv" if args.csv else "json" if args.json else "table",
+                  console=Console())
+    return 0
 
 
 def cmd_token(args: argparse.Namespace) -> int:
@@ -249,6 +268,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--watch", action="store_true", help="refresh live until the run finishes")
     s.add_argument("--interval", type=float, default=2.0, help="refresh period for --watch, seconds")
     s.set_defaults(func=cmd_status)
+
+    h = sub.add_parser("history", help="a run's rounds, from a live coordinator or a finished run's state dir")
+    h.add_argument("source", metavar="JOIN_OR_STATE_DIR", help="the run's join string, or the coordinator's --state-dir")
+    fmt = h.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="print CSV, one line per round")
+    fmt.add_argument("--json", action="store_true", help="print one JSON object (rounds and per-peer rows)")
+    h.set_defaults(func=cmd_history)
 
     d = sub.add_parser("demo", help="a coordinator and peers on this machine, training the embedded default")
     d.add_argument("--peers", type=int, default=3)
