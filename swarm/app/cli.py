@@ -67,6 +67,9 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         lease_s=args.lease_s,
         config_given=args.config is not None,
         exit_grace_s=args.exit_grace_s,
+        http_port=args.http_port,
+        http_host=args.http_host,
+        linger_s=args.linger_s,
     )
 
 
@@ -142,6 +145,12 @@ def cmd_history(args: argparse.Namespace) -> int:
     print_history(history_to_dict(history), fmt="csv" if args.csv else "json" if args.json else "table",
                   console=Console())
     return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from swarm.app.history import serve_dashboard
+
+    return serve_dashboard(Path(args.state_dir), host=args.http_host, port=args.http_port)
 
 
 def cmd_token(args: argparse.Namespace) -> int:
@@ -238,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--lease-s", type=float, default=15.0, help="evict a peer after this many seconds without heartbeat")
     c.add_argument("--exit-grace-s", type=float, default=2.0,
                    help="after the run finished and its peers left, keep answering status this long")
+    c.add_argument("--http-port", type=int, help="serve the dashboard and /metrics on this port (0: any free port)")
+    c.add_argument("--http-host", default="127.0.0.1", help="address for the dashboard (default: loopback only)")
+    c.add_argument("--linger-s", type=float, default=0.0,
+                   help="with --http-port: keep the finished run's dashboard up this many seconds more")
     c.set_defaults(func=cmd_coordinator)
 
     p = sub.add_parser("peer", help="lend this machine to a run")
@@ -275,6 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
     fmt.add_argument("--csv", action="store_true", help="print CSV, one line per round")
     fmt.add_argument("--json", action="store_true", help="print one JSON object (rounds and per-peer rows)")
     h.set_defaults(func=cmd_history)
+
+    w = sub.add_parser("dashboard", help="serve the dashboard of a finished (or running) run from its state dir")
+    w.add_argument("state_dir", metavar="STATE_DIR", help="the coordinator's --state-dir")
+    w.add_argument("--http-port", type=int, default=0, help="port for the page and /metrics (0: any free port)")
+    w.add_argument("--http-host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    w.set_defaults(func=cmd_dashboard)
 
     d = sub.add_parser("demo", help="a coordinator and peers on this machine, training the embedded default")
     d.add_argument("--peers", type=int, default=3)

@@ -106,3 +106,26 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+def serve_dashboard(state_dir: Path, *, host: str = "127.0.0.1", port: int = 0) -> int:
+    """`swarm dashboard STATE_DIR`: the run's page and /metrics from its store, read-only, until Ctrl-C."""
+    import threading
+
+    from coordinator.http_server import DashboardServer
+    from coordinator.http_snapshot import snapshot
+    from coordinator.store import STORE_FILE, Store
+
+    if not state_dir.is_dir():
+        raise ConfigError(f"{state_dir} is not a directory; give the --state-dir of a coordinator that ran.")
+    store = Store(state_dir / STORE_FILE, read_only=True)
+    server = DashboardServer(lambda: snapshot(store), host=host, port=port)
+    try:
+        print(f"dashboard: {server.start()}", flush=True)
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+        store.close()
+    return 0
