@@ -82,7 +82,7 @@ def run_charts(rounds: Sequence[dict]) -> dict[str, str]:
         "tokens_per_s": line_chart("chart-tokens", "tokens/s", {"tokens/s": series("tokens_per_s")}),
         "utilization": line_chart("chart-utilization", "compute utilization", {"utilization": series("utilization")}),
         "bytes": line_chart("chart-bytes", "bytes per round", {"sent": series("bytes_sent"),
-                                                                 "DDP per step": series("ddp_equivalent_bytes")}),
+                                                                 "data-parallel equivalent": series("ddp_equivalent_bytes")}),
         "participants": line_chart("chart-participants", "participants", {"participants": series("participants")}),
         "choices": line_chart("chart-choices", "controller: H and fragments",
                               {"H": series("inner_steps"), "fragments": series("fragments")}),
