@@ -103,7 +103,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         checkpoint_every_rounds=args.checkpoint_every,
         final_serve_s=args.final_serve_s,
     )
-    return run_peer(options)
+    return run_peer(options, metrics_port=args.metrics_port)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -275,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(see peer/faults.py); also read from SWARM_FAULTS")
     p.set_defaults(func=cmd_peer)
     _add_token_parser(sub)
+    p.add_argument("--metrics-port", type=int,
+                   help="serve this peer's metrics for Prometheus at http://127.0.0.1:PORT/metrics (0: any free port)")
+
     s = sub.add_parser("status", help="show how a run is doing")
     s.add_argument("join", help="the run's join string")
     s.add_argument("--json", action="store_true", help="print one JSON object")
