@@ -157,11 +157,11 @@ class CoordinatorEngine:
             result = membership.apply_heartbeat(self._run, peer, hb, now=now, lease_s=self._lease_s)
             self._save_run(result.run)
             self._save_peer(result.peer)
-            self._history.record_eval(hb.peer_id, hb.metrics.eval_round, hb.metrics.eval_loss)
             if result.rejection is not None:
                 logger.warning("peer %s: evicted: %s", hb.peer_id, result.rejection)
                 self._settle(now)
                 raise result.rejection
+            self._history.record_eval(hb.peer_id, hb.metrics.eval_round, hb.metrics.eval_loss)
             self._settle(now)
             return self._current_info()
 

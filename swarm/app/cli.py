@@ -181,6 +181,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ))
 
 
+def _add_history_parsers(sub) -> None:
+    h = sub.add_parser("history", help="a run's rounds, from a live coordinator or a finished run's state dir")
+    h.add_argument("source", metavar="JOIN_OR_STATE_DIR", help="the run's join string, or the coordinator's --state-dir")
+    fmt = h.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="print CSV, one line per round")
+    fmt.add_argument("--json", action="store_true", help="print one JSON object (rounds and per-peer rows)")
+    h.set_defaults(func=cmd_history)
+
+    w = sub.add_parser("dashboard", help="serve the dashboard of a finished (or running) run from its state dir")
+    w.add_argument("state_dir", metavar="STATE_DIR", help="the coordinator's --state-dir")
+    w.add_argument("--http-port", type=int, default=0, help="port for the page and /metrics (0: any free port)")
+    w.add_argument("--http-host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    w.set_defaults(func=cmd_dashboard)
+
+
 def _add_token_parser(sub) -> None:
     t = sub.add_parser("token", help="create, list or revoke a run's join tokens (on the coordinator's machine)")
     actions = t.add_subparsers(dest="action", required=True)
@@ -285,18 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--interval", type=float, default=2.0, help="refresh period for --watch, seconds")
     s.set_defaults(func=cmd_status)
 
-    h = sub.add_parser("history", help="a run's rounds, from a live coordinator or a finished run's state dir")
-    h.add_argument("source", metavar="JOIN_OR_STATE_DIR", help="the run's join string, or the coordinator's --state-dir")
-    fmt = h.add_mutually_exclusive_group()
-    fmt.add_argument("--csv", action="store_true", help="print CSV, one line per round")
-    fmt.add_argument("--json", action="store_true", help="print one JSON object (rounds and per-peer rows)")
-    h.set_defaults(func=cmd_history)
-
-    w = sub.add_parser("dashboard", help="serve the dashboard of a finished (or running) run from its state dir")
-    w.add_argument("state_dir", metavar="STATE_DIR", help="the coordinator's --state-dir")
-    w.add_argument("--http-port", type=int, default=0, help="port for the page and /metrics (0: any free port)")
-    w.add_argument("--http-host", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    w.set_defaults(func=cmd_dashboard)
+    _add_history_parsers(sub)
 
     d = sub.add_parser("demo", help="a coordinator and peers on this machine, training the embedded default")
     d.add_argument("--peers", type=int, default=3)
