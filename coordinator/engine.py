@@ -22,6 +22,7 @@ from typing import Callable, Iterator, Optional
 
 from coordinator import admission, budgets, controller, membership, rounds, tokens
 from coordinator.errors import BadRequest, PeerGone, Rejection, UnknownPeer
+from coordinator.history import History, history_page
 from coordinator.records import COMMITTED, EXCHANGING, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
 from coordinator.peer_writes import PeerWrites
 from coordinator.roster import Roster
@@ -88,6 +89,7 @@ class CoordinatorEngine:
         self._settled: Optional[tuple[int, int, int]] = None  # roster, rounds and reports versions last settled
         self._wait_until = float("inf")  # when the open round is decided even if nothing else happens
         self._info_cache = RoundInfoCache(self._roster)
+        self._history = History(self._store)
 
     @property
     def run(self) -> RunRecord:
@@ -159,6 +161,7 @@ class CoordinatorEngine:
                 logger.warning("peer %s: evicted: %s", hb.peer_id, result.rejection)
                 self._settle(now)
                 raise result.rejection
+            self._history.record_eval(hb.peer_id, hb.metrics.eval_round, hb.metrics.eval_loss)
             self._settle(now)
             return self._current_info()
 
@@ -208,6 +211,11 @@ class CoordinatorEngine:
                 now=now, started_at=self.started_at, latest=self._latest,
             )
         return status_response(**facts)
+
+    def history(self, token: str, *, after_round: int = 0, max_rounds: int = 0) -> pb.GetHistoryResponse:
+        with self._session() as now:
+            tokens.check_watcher(self._store, token, now=now)
+        return history_page(self._store, after_round=after_round, max_rounds=max_rounds)
 
     def tick(self) -> None:
         """Evict expired peers and decide rounds that timed out; call it every fraction of a second."""
@@ -343,6 +351,8 @@ class CoordinatorEngine:
     def _apply(self, decision: rounds.Decision, now: float) -> None:
         decided = decision.round
         self._save_round(decided)
+        self._history.record_round(decided, self._reports.by_peer_id(), self._peers, self.config,
+                                   ddp_equivalent_bytes=decision.ddp_equivalent_bytes)
         for peer_id in decision.joined:
             if peer_id in self._peers:
                 peer = self._peers[peer_id]

@@ -22,6 +22,8 @@ import grpc
 from coordinator.dht_node import DHTNode
 from swarm.net.dht_entries import EntryValidator
 from coordinator.engine import CoordinatorEngine
+from coordinator.http_server import DashboardServer, write_dashboard_url
+from coordinator.http_snapshot import snapshot
 from coordinator.limits import MAX_REQUEST_BYTES, tolerant
 from coordinator.rate_limit import JoinLimits
 from coordinator.servicer import CoordinatorServicer
@@ -60,6 +62,8 @@ class CoordinatorServer:
         clock: Callable[[], float] = time.time,
         exit_grace_s: float = 2.0,
         join_limits: JoinLimits = JoinLimits(),
+        http_port: Optional[int] = None,
+        http_host: str = "127.0.0.1",
     ) -> None:
         """Serve ``run``, or resume the run kept in ``state_dir``.
 
@@ -67,6 +71,7 @@ class CoordinatorServer:
         then only the default for a new run) or ``run`` is None.  Port 0 reuses the port of the
         previous start when it is free (so the join string stays valid), else lets the OS choose.
         ``join_limits`` are the per-address and per-token join rates; only a load test raises them.
+        ``http_port`` (0: any free port; None: none) serves the dashboard and /metrics on ``http_host``.
         """
         self._run = run
         self._exit_grace_s = exit_grace_s  # after the run is done, keep serving status this long
@@ -81,6 +86,9 @@ class CoordinatorServer:
         self._tick_interval_s = tick_interval_s
         self._clock = clock
         self._join_limits = join_limits
+        self._http = (http_host, http_port) if http_port is not None else None
+        self.dashboard: Optional[DashboardServer] = None
+        self._dashboard_store: Optional[Store] = None
         self._store: Optional[Store] = None
         self._dht: Optional[DHTNode] = None
         self._grpc: Optional[grpc.Server] = None
@@ -135,6 +143,8 @@ class CoordinatorServer:
             host=self._public_host(), port=port, token=self.engine.run.token, fingerprint=tls.fingerprint(cert_pem)
         )
         _write_private(self._state_dir / JOIN_STRING_FILE, f"{self.join_string}\n")  # it holds the token
+        if self._http is not None:
+            self._start_dashboard(*self._http)
         logger.info("run %s: coordinator listening on %s:%d", self.engine.run.run_id, self._host, port)
         return self.join_string
 
@@ -142,8 +152,27 @@ class CoordinatorServer:
         """Block until the run finished and its last peers left (or lingered too long); False on timeout."""
         return self._done.wait(timeout)
 
+    def _start_dashboard(self, host: str, port: int) -> None:
+        # its own read-only connection: the page never waits for the engine's lock, nor the engine for it
+        self._dashboard_store = Store(self._state_dir / STORE_FILE, read_only=True)
+        store = self._dashboard_store
+        self.dashboard = DashboardServer(lambda: snapshot(store), host=host, port=port)
+        try:
+            url = self.dashboard.start()
+        except BaseException:
+            self.stop()
+            raise
+        write_dashboard_url(self._state_dir, url)
+        logger.info("dashboard at %s", url)
+
     def stop(self) -> None:
         self._stopping.set()
+        if self.dashboard is not None:
+            self.dashboard.stop()
+            self.dashboard = None
+        if self._dashboard_store is not None:
+            self._dashboard_store.close()
+            self._dashboard_store = None
         if self._ticker is not None:
             self._ticker.join()
             self._ticker = None
@@ -260,19 +289,24 @@ def serve(
     max_rounds: Optional[int] = None,
     config_given: bool = True,
     exit_grace_s: float = 2.0,
+    http_port: Optional[int] = None,
+    http_host: str = "127.0.0.1",
+    linger_s: float = 0.0,
 ) -> int:
     """Run a coordinator until its run finishes or it is interrupted (Ctrl-C, SIGTERM); returns 0.
 
     Prints one line, ``join: swarm://...``, to stdout.  Raises ConfigError (a different config for
     an existing state dir) or OSError (the port is taken) before printing it.  ``max_rounds``
     overrides the run's; ``config_given=False`` says ``run`` is a default that a kept run overrides.
+    With ``http_port`` it also prints ``dashboard: http://...`` and, once the run finished, keeps serving
+    for ``linger_s`` more seconds so the finished run's page can still be looked at.
     """
     if max_rounds is not None and run is not None:
         run = run.replace(rounds=dataclasses.replace(run.rounds, max_rounds=max_rounds))
     server = CoordinatorServer(
         run=run, state_dir=Path(state_dir), host=host, port=port, dht_port=dht_port,
         announce_host=announce_host, lease_s=lease_s, heartbeat_interval_s=heartbeat_interval_s,
-        config_given=config_given, exit_grace_s=exit_grace_s,
+        config_given=config_given, exit_grace_s=exit_grace_s, http_port=http_port, http_host=http_host,
     )
     join = server.start()
     terminated = threading.Event()
@@ -281,8 +315,13 @@ def serve(
         previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: terminated.set())
     try:
         print(f"join: {join}", flush=True)
+        if server.dashboard is not None:
+            print(f"dashboard: {server.dashboard.url}", flush=True)
         while not terminated.is_set():
             if server.wait(timeout=0.5):
+                if server.dashboard is not None and linger_s > 0:
+                    logger.info("run finished; the dashboard stays up for %.0fs", linger_s)
+                    terminated.wait(linger_s)
                 logger.info("run finished; shutting down")
                 break
     except KeyboardInterrupt:

@@ -129,3 +129,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def GetStatus(self, request: pb.GetStatusRequest, context) -> pb.GetStatusResponse:
         return status_page(self._engine.status(request.token), page_size=request.page_size,
                            page_token=request.page_token)
+
+    @_rpc
+    def GetHistory(self, request: pb.GetHistoryRequest, context) -> pb.GetHistoryResponse:
+        return self._engine.history(request.token, after_round=request.after_round, max_rounds=request.max_rounds)

@@ -2,18 +2,21 @@
 
 One file, ``<state_dir>/coordinator.sqlite3`` (WAL), one connection guarded by a lock.  Each table
 keys a record (see ``coordinator.records``) and keeps the rest of it as JSON, so adding a field
-needs no migration; a peer's metrics are its serialized ``PeerMetrics`` in a column of their own.  A
-file of another schema version is refused.  ``":memory:"`` gives a throwaway store for tests.
+needs no migration; a peer's metrics are its serialized ``PeerMetrics`` in a column of their own, the run's
+history its serialized ``RoundHistory`` and ``PeerRoundHistory`` rows.  A file of schema 3 gains the history
+tables; one of another version is refused.  ``":memory:"`` gives a throwaway store for tests;
+``read_only=True`` reads a finished (or running) run's file without writing to it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 from coordinator.records import (
     COMMITTED,
@@ -31,7 +34,8 @@ from swarm.v1 import coordinator_pb2 as pb
 STORE_FILE = "coordinator.sqlite3"
 # PRAGMA user_version of the file: bump it when a table's columns or a stored field's meaning change,
 # so that a file written by another version is refused instead of misread.
-SCHEMA_VERSION = 3  # 3: peers carry their key and session; join tokens in a table of their own
+SCHEMA_VERSION = 4  # 3: peers carry their key and session; join tokens in a table of their own; 4: history
+MIGRATABLE = (3,)  # versions whose files gain what this one added (tables only) when opened for writing
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS run (id INTEGER PRIMARY KEY CHECK (id = 1), data TEXT NOT NULL);
@@ -42,16 +46,29 @@ CREATE TABLE IF NOT EXISTS rounds (
 CREATE TABLE IF NOT EXISTS reports (
     round INTEGER NOT NULL, peer_id TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (round, peer_id));
 CREATE TABLE IF NOT EXISTS tokens (id TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS history (round INTEGER PRIMARY KEY, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS peer_history (
+    round INTEGER NOT NULL, peer_id TEXT NOT NULL, data BLOB NOT NULL, PRIMARY KEY (round, peer_id));
+CREATE TABLE IF NOT EXISTS evals (
+    round INTEGER NOT NULL, peer_id TEXT NOT NULL, loss REAL NOT NULL, PRIMARY KEY (round, peer_id));
 """
 
 
 class Store:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
         self.path = str(path)
+        self.read_only = read_only
         self._lock = threading.RLock()
         self._depth = 0
         self._revoked: Optional[tuple[int, frozenset[str]]] = None  # (data_version, ids): revoked_token_ids' cache
         # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a group of writes is atomic.
+        if read_only:
+            if not Path(self.path).is_file():
+                raise ConfigError(f"{self.path} does not exist; give the --state-dir of a coordinator that ran.")
+            self._db = sqlite3.connect(f"{Path(self.path).resolve().as_uri()}?mode=ro", uri=True,
+                                       check_same_thread=False, isolation_level=None)
+            self._check_version(readable=(*MIGRATABLE, SCHEMA_VERSION))
+            return
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         if self.path != ":memory:":
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -59,16 +76,20 @@ class Store:
         self._open_schema()
 
     def _open_schema(self) -> None:
-        """Create the tables in a new file; refuse a file whose layout this version does not read."""
+        """Create the tables in a new file (or the ones a schema-3 file lacks); refuse a file whose layout this
+        version does not read."""
+        self._check_version(readable=(*MIGRATABLE, SCHEMA_VERSION))
+        self._db.executescript(f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+
+    def _check_version(self, *, readable: tuple[int, ...]) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         tables = self._db.execute("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
-        if tables and version != SCHEMA_VERSION:
+        if tables and version not in readable:
             self._db.close()
             raise ConfigError(
                 f"{self.path} holds a run written by another swarm version (store schema {version}, this version "
                 f"reads {SCHEMA_VERSION}); finish that run with the version that started it, or use a new --state-dir."
             )
-        self._db.executescript(f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
 
     @classmethod
     def in_dir(cls, state_dir: str | Path) -> "Store":
@@ -200,3 +221,53 @@ class Store:
                 revoked = frozenset(t.id for t in self.tokens() if t.revoked)
                 self._revoked = (version, revoked)
             return self._revoked[1]
+
+    # history: one row per decided round, one per participant and round, evaluations per peer and round
+    def put_history(self, row: pb.RoundHistory, peer_rows: Sequence[pb.PeerRoundHistory]) -> None:
+        with self.transaction():
+            self._db.execute("INSERT OR REPLACE INTO history (round, data) VALUES (?, ?)",
+                             (row.round, row.SerializeToString()))
+            self._db.executemany(
+                "INSERT OR REPLACE INTO peer_history (round, peer_id, data) VALUES (?, ?, ?)",
+                [(p.round, p.peer_id, p.SerializeToString()) for p in peer_rows],
+            )
+
+    def add_eval(self, round_number: int, peer_id: str, loss: float) -> None:
+        self._write("INSERT OR REPLACE INTO evals (round, peer_id, loss) VALUES (?, ?, ?)",
+                    (round_number, peer_id, loss))
+
+    def history(self, *, after_round: int = 0, limit: int = -1) -> list[pb.RoundHistory]:
+        """Decided rounds after ``after_round``, oldest first, each with the mean of its evaluations."""
+        if not self._has_table("history"):
+            return []  # a schema-3 file read read-only: no history was kept
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT h.data, (SELECT AVG(loss) FROM evals e WHERE e.round = h.round) FROM history h "
+                "WHERE h.round > ? ORDER BY h.round LIMIT ?", (after_round, limit),
+            ).fetchall()
+        out = []
+        for data, eval_loss in rows:
+            row = pb.RoundHistory.FromString(data)
+            row.eval_loss = eval_loss if eval_loss is not None else math.nan
+            out.append(row)
+        return out
+
+    def peer_history(self, *, first_round: int, last_round: int) -> list[pb.PeerRoundHistory]:
+        if not self._has_table("peer_history"):
+            return []
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT data FROM peer_history WHERE round BETWEEN ? AND ? ORDER BY round, peer_id",
+                (first_round, last_round),
+            ).fetchall()
+        return [pb.PeerRoundHistory.FromString(data) for (data,) in rows]
+
+    def eval_loss(self, round_number: int) -> float:
+        """The mean evaluation of round ``round_number``'s state (0: the initial state); NaN when none."""
+        if not self._has_table("evals"):
+            return math.nan
+        value = self._one("SELECT AVG(loss) FROM evals WHERE round = ?", (round_number,))
+        return math.nan if value is None else float(value)
+
+    def _has_table(self, name: str) -> bool:
+        return self._one("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)) is not None

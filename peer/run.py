@@ -17,8 +17,9 @@ from swarm.train.ranks import join_ranks
 logger = logging.getLogger("peer.daemon")
 
 
-def run_peer(options: PeerOptions) -> int:
-    """Run a peer until the run finishes; SIGINT/SIGTERM leave the run cleanly and exit 0."""
+def run_peer(options: PeerOptions, *, metrics_port: Optional[int] = None) -> int:
+    """Run a peer until the run finishes; SIGINT/SIGTERM leave the run cleanly and exit 0. With ``metrics_port``
+    (0: any free port) it serves its metrics there for Prometheus, on the loopback address."""
     peer_ranks: Optional[PeerRanks] = None
     launched = torchrun_rank()
     if launched is not None:
@@ -33,7 +34,13 @@ def run_peer(options: PeerOptions) -> int:
     if peer_ranks is not None:
         options = dataclasses.replace(options, device=str(peer_ranks.ranks.device))
     try:
-        return _run_daemon(PeerDaemon(options, ranks=peer_ranks.ranks if peer_ranks else None))
+        daemon = PeerDaemon(options, ranks=peer_ranks.ranks if peer_ranks else None)
+        if metrics_port is not None:
+            from peer.metrics_http import start_metrics_server
+
+            url, _stop = start_metrics_server(daemon.stats.metrics, lambda: daemon.peer_id, port=metrics_port)
+            logger.info("metrics at %s", url)  # a daemon thread: it ends with the process
+        return _run_daemon(daemon)
     finally:
         if peer_ranks is not None:
             peer_ranks.close()

@@ -20,6 +20,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "${PIP[@]}" install -e ".[dev,hf]"  # hf: Hugging Face models, tokenizers and export (their tests need it)
   touch "$stamp"
 fi
+# The dashboard's browser test drives Debian's chromium (playwright, with no browser download of its own).
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && [ ! -x /usr/bin/chromium ]; then
+  echo "setup: installing chromium for the dashboard's browser test" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
+    || echo "setup: could not install chromium; the dashboard's browser test will skip" >&2
+fi
 # The WAN testbed (swarm/app/testbed, its tests) shapes links with iproute2 and builds its NAT host with
 # iptables. As root on a Debian machine without them, install them; elsewhere those tests skip and say why.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

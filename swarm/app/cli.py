@@ -3,6 +3,7 @@
     swarm coordinator [--config run.toml] [--host 0.0.0.0] [--port 0] [--state-dir DIR] [--max-rounds N]
     swarm peer --join 'swarm://...' [--device cpu|cuda] [--state-dir DIR] [--site LABEL]
     swarm status 'swarm://...' [--json] [--watch]
+    swarm history 'swarm://...'|STATE_DIR [--csv|--json]
     swarm token create|list|revoke --state-dir DIR [...]
     swarm demo [--peers 3] [--rounds N] [--json]
 """
@@ -66,6 +67,9 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         lease_s=args.lease_s,
         config_given=args.config is not None,
         exit_grace_s=args.exit_grace_s,
+        http_port=args.http_port,
+        http_host=args.http_host,
+        linger_s=args.linger_s,
     )
 
 
@@ -104,7 +108,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         checkpoint_every_rounds=args.checkpoint_every,
         final_serve_s=args.final_serve_s,
     )
-    return run_peer(options)
+    return run_peer(options, metrics_port=args.metrics_port)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -128,6 +132,30 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     finally:
         client.close()
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from swarm.app.history import fetch_history, history_from_state_dir, history_to_dict, print_history
+
+    if args.source.startswith("swarm://"):
+        from swarm.control.client import CoordinatorClient
+        from swarm.control.joinstring import JoinString
+
+        with CoordinatorClient(JoinString.parse(args.source)) as client:
+            history = fetch_history(lambda after: client.get_history(after_round=after))
+    else:
+        history = history_from_state_dir(Path(args.source))
+    print_history(history_to_dict(history), fmt="csv" if args.csv else "json" if args.json else "table",
+                  console=Console())
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from swarm.app.history import serve_dashboard
+
+    return serve_dashboard(Path(args.state_dir), host=args.http_host, port=args.http_port)
 
 
 def cmd_token(args: argparse.Namespace) -> int:
@@ -164,6 +192,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     written = export(Path(args.state_dir), Path(args.out_dir))
     print(f"exported {written}")
     return 0
+
+
+def _add_history_parsers(sub) -> None:
+    h = sub.add_parser("history", help="a run's rounds, from a live coordinator or a finished run's state dir")
+    h.add_argument("source", metavar="JOIN_OR_STATE_DIR", help="the run's join string, or the coordinator's --state-dir")
+    fmt = h.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="print CSV, one line per round")
+    fmt.add_argument("--json", action="store_true", help="print one JSON object (rounds and per-peer rows)")
+    h.set_defaults(func=cmd_history)
+
+    w = sub.add_parser("dashboard", help="serve the dashboard of a finished (or running) run from its state dir")
+    w.add_argument("state_dir", metavar="STATE_DIR", help="the coordinator's --state-dir")
+    w.add_argument("--http-port", type=int, default=0, help="port for the page and /metrics (0: any free port)")
+    w.add_argument("--http-host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    w.set_defaults(func=cmd_dashboard)
 
 
 def _add_token_parser(sub) -> None:
@@ -232,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--lease-s", type=float, default=15.0, help="evict a peer after this many seconds without heartbeat")
     c.add_argument("--exit-grace-s", type=float, default=2.0,
                    help="after the run finished and its peers left, keep answering status this long")
+    c.add_argument("--http-port", type=int, help="serve the dashboard and /metrics on this port (0: any free port)")
+    c.add_argument("--http-host", default="127.0.0.1", help="address for the dashboard (default: loopback only)")
+    c.add_argument("--linger-s", type=float, default=0.0,
+                   help="with --http-port: keep the finished run's dashboard up this many seconds more")
     c.set_defaults(func=cmd_coordinator)
 
     p = sub.add_parser("peer", help="lend this machine to a run")
@@ -257,12 +304,17 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(see peer/faults.py); also read from SWARM_FAULTS")
     p.set_defaults(func=cmd_peer)
     _add_token_parser(sub)
+    p.add_argument("--metrics-port", type=int,
+                   help="serve this peer's metrics for Prometheus at http://127.0.0.1:PORT/metrics (0: any free port)")
+
     s = sub.add_parser("status", help="show how a run is doing")
     s.add_argument("join", help="the run's join string")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--watch", action="store_true", help="refresh live until the run finishes")
     s.add_argument("--interval", type=float, default=2.0, help="refresh period for --watch, seconds")
     s.set_defaults(func=cmd_status)
+
+    _add_history_parsers(sub)
 
     d = sub.add_parser("demo", help="a coordinator and peers on this machine, training the embedded default")
     d.add_argument("--peers", type=int, default=3)

@@ -122,6 +122,11 @@ class CoordinatorClient:
         return self._call("GetStatus", pb.GetStatusRequest(
             token=self.join_string.token, page_size=page_size, page_token=page_token))
 
+    def get_history(self, *, after_round: int = 0, max_rounds: int = 0) -> pb.GetHistoryResponse:
+        """The decided rounds after ``after_round``; ``more`` says whether to ask again after the last one."""
+        return self._call("GetHistory", pb.GetHistoryRequest(
+            token=self.join_string.token, after_round=after_round, max_rounds=max_rounds))
+
     def close(self) -> None:
         with self._lock:
             self._drop_channel()

@@ -433,3 +433,103 @@ class GetStatusResponse(_message.Message):
     next_page_token: str
     peers_omitted: int
     def __init__(self, run: _Optional[_Union[RunStatus, _Mapping]] = ..., peers: _Optional[_Iterable[_Union[PeerStatus, _Mapping]]] = ..., totals: _Optional[_Union[Totals, _Mapping]] = ..., next_page_token: _Optional[str] = ..., peers_omitted: _Optional[int] = ...) -> None: ...
+
+class GetHistoryRequest(_message.Message):
+    __slots__ = ("token", "after_round", "max_rounds")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    AFTER_ROUND_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    after_round: int
+    max_rounds: int
+    def __init__(self, token: _Optional[str] = ..., after_round: _Optional[int] = ..., max_rounds: _Optional[int] = ...) -> None: ...
+
+class RoundHistory(_message.Message):
+    __slots__ = ("round", "outcome", "opened_at", "decided_at", "participants", "reported", "holders", "group_size", "codec", "inner_steps", "fragments", "bytes_sent", "bytes_received", "ddp_equivalent_bytes", "exchange_s", "inner_s", "mean_loss", "eval_loss", "tokens", "utilization", "committed_hash", "reason")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    OPENED_AT_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    FRAGMENTS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    DDP_EQUIVALENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EXCHANGE_S_FIELD_NUMBER: _ClassVar[int]
+    INNER_S_FIELD_NUMBER: _ClassVar[int]
+    MEAN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_HASH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    outcome: RoundOutcome
+    opened_at: float
+    decided_at: float
+    participants: int
+    reported: int
+    holders: int
+    group_size: int
+    codec: str
+    inner_steps: int
+    fragments: int
+    bytes_sent: int
+    bytes_received: int
+    ddp_equivalent_bytes: int
+    exchange_s: float
+    inner_s: float
+    mean_loss: float
+    eval_loss: float
+    tokens: int
+    utilization: float
+    committed_hash: str
+    reason: str
+    def __init__(self, round: _Optional[int] = ..., outcome: _Optional[_Union[RoundOutcome, str]] = ..., opened_at: _Optional[float] = ..., decided_at: _Optional[float] = ..., participants: _Optional[int] = ..., reported: _Optional[int] = ..., holders: _Optional[int] = ..., group_size: _Optional[int] = ..., codec: _Optional[str] = ..., inner_steps: _Optional[int] = ..., fragments: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., ddp_equivalent_bytes: _Optional[int] = ..., exchange_s: _Optional[float] = ..., inner_s: _Optional[float] = ..., mean_loss: _Optional[float] = ..., eval_loss: _Optional[float] = ..., tokens: _Optional[int] = ..., utilization: _Optional[float] = ..., committed_hash: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class PeerRoundHistory(_message.Message):
+    __slots__ = ("round", "peer_id", "site", "ok", "holder", "loss", "inner_s", "exchange_s", "bytes_sent", "tokens_per_s", "step_time_s", "upload_mbit_s", "download_mbit_s", "rtt_ms")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    INNER_S_FIELD_NUMBER: _ClassVar[int]
+    EXCHANGE_S_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_MBIT_S_FIELD_NUMBER: _ClassVar[int]
+    DOWNLOAD_MBIT_S_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    peer_id: str
+    site: str
+    ok: bool
+    holder: bool
+    loss: float
+    inner_s: float
+    exchange_s: float
+    bytes_sent: int
+    tokens_per_s: float
+    step_time_s: float
+    upload_mbit_s: float
+    download_mbit_s: float
+    rtt_ms: float
+    def __init__(self, round: _Optional[int] = ..., peer_id: _Optional[str] = ..., site: _Optional[str] = ..., ok: _Optional[bool] = ..., holder: _Optional[bool] = ..., loss: _Optional[float] = ..., inner_s: _Optional[float] = ..., exchange_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., upload_mbit_s: _Optional[float] = ..., download_mbit_s: _Optional[float] = ..., rtt_ms: _Optional[float] = ...) -> None: ...
+
+class GetHistoryResponse(_message.Message):
+    __slots__ = ("rounds", "peer_rounds", "more")
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    PEER_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    rounds: _containers.RepeatedCompositeFieldContainer[RoundHistory]
+    peer_rounds: _containers.RepeatedCompositeFieldContainer[PeerRoundHistory]
+    more: bool
+    def __init__(self, rounds: _Optional[_Iterable[_Union[RoundHistory, _Mapping]]] = ..., peer_rounds: _Optional[_Iterable[_Union[PeerRoundHistory, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...

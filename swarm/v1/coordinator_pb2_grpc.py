@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class CoordinatorStub:
-    """Every call but Challenge, Join and GetStatus is signed by the member's key, in gRPC metadata
+    """Every call but Challenge, Join, GetStatus and GetHistory is signed by the member's key, in gRPC metadata
     (swarm.control.signing): peer id, session, a timestamp and an Ed25519 signature over the method, those
     and the SHA-256 of the request serialized deterministically.
     """
@@ -72,10 +72,15 @@ class CoordinatorStub:
                 request_serializer=swarm_dot_v1_dot_coordinator__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=swarm_dot_v1_dot_coordinator__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.GetHistory = channel.unary_unary(
+                '/swarm.v1.Coordinator/GetHistory',
+                request_serializer=swarm_dot_v1_dot_coordinator__pb2.GetHistoryRequest.SerializeToString,
+                response_deserializer=swarm_dot_v1_dot_coordinator__pb2.GetHistoryResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
-    """Every call but Challenge, Join and GetStatus is signed by the member's key, in gRPC metadata
+    """Every call but Challenge, Join, GetStatus and GetHistory is signed by the member's key, in gRPC metadata
     (swarm.control.signing): peer id, session, a timestamp and an Ed25519 signature over the method, those
     and the SHA-256 of the request serialized deterministically.
     """
@@ -122,6 +127,12 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetHistory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -160,6 +171,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     request_deserializer=swarm_dot_v1_dot_coordinator__pb2.GetStatusRequest.FromString,
                     response_serializer=swarm_dot_v1_dot_coordinator__pb2.GetStatusResponse.SerializeToString,
             ),
+            'GetHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetHistory,
+                    request_deserializer=swarm_dot_v1_dot_coordinator__pb2.GetHistoryRequest.FromString,
+                    response_serializer=swarm_dot_v1_dot_coordinator__pb2.GetHistoryResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'swarm.v1.Coordinator', rpc_method_handlers)
@@ -169,7 +185,7 @@ def add_CoordinatorServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Coordinator:
-    """Every call but Challenge, Join and GetStatus is signed by the member's key, in gRPC metadata
+    """Every call but Challenge, Join, GetStatus and GetHistory is signed by the member's key, in gRPC metadata
     (swarm.control.signing): peer id, session, a timestamp and an Ed25519 signature over the method, those
     and the SHA-256 of the request serialized deterministically.
     """
@@ -353,6 +369,33 @@ class Coordinator:
             '/swarm.v1.Coordinator/GetStatus',
             swarm_dot_v1_dot_coordinator__pb2.GetStatusRequest.SerializeToString,
             swarm_dot_v1_dot_coordinator__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/swarm.v1.Coordinator/GetHistory',
+            swarm_dot_v1_dot_coordinator__pb2.GetHistoryRequest.SerializeToString,
+            swarm_dot_v1_dot_coordinator__pb2.GetHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,121 @@
+"""The run's history: one row per decided round and one per participant and round, kept in the store.
+
+``round_history`` and ``peer_round_history`` are pure: the engine hands them the round it just decided,
+that round's reports and the peers' latest metrics, and ``History`` saves what they make.  Evaluations
+arrive later, in heartbeats (a peer evaluates the state a round committed), so they are kept apart, one
+per peer and round, and averaged when the history is read.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Optional, Protocol, Sequence
+
+from coordinator.errors import BadRequest
+from coordinator.records import COMMITTED, PeerRecord, ReportRecord, RoundRecord, finite
+from swarm.config import RunConfig
+from swarm.v1 import coordinator_pb2 as pb
+
+DEFAULT_HISTORY_ROUNDS = 1000  # rounds per GetHistory answer when the caller does not say
+MAX_HISTORY_ROUNDS = 5000  # a round and its participants' rows are small; a page stays well under 4 MB
+
+
+class HistoryStore(Protocol):
+    def put_history(self, row: pb.RoundHistory, peer_rows: Sequence[pb.PeerRoundHistory]) -> None: ...
+
+    def add_eval(self, round_number: int, peer_id: str, loss: float) -> None: ...
+
+
+def round_history(
+    decided: RoundRecord, reports: Sequence[ReportRecord], config: RunConfig, *, ddp_equivalent_bytes: int
+) -> pb.RoundHistory:
+    """The history row of the round ``decided`` (committed or voided) from its participants' reports."""
+    counted = [r for r in reports if r.peer_id in set(decided.participants)]
+    inner = sum(r.inner_time_s for r in counted)
+    exchange = sum(r.exchange_time_s for r in counted)
+    return pb.RoundHistory(
+        round=decided.round, outcome=decided.outcome, opened_at=decided.opened_at,
+        decided_at=decided.decided_at or 0.0, participants=len(decided.participants), reported=len(counted),
+        holders=len(decided.holders), group_size=max((len(r.group) for r in counted), default=0),
+        codec=config.rounds.codec, inner_steps=config.rounds.inner_steps, fragments=config.rounds.fragments,
+        bytes_sent=sum(r.bytes_sent for r in counted), bytes_received=sum(r.bytes_received for r in counted),
+        ddp_equivalent_bytes=ddp_equivalent_bytes,
+        exchange_s=max((r.exchange_time_s for r in counted), default=0.0),
+        inner_s=inner / len(counted) if counted else 0.0,
+        mean_loss=decided.mean_loss, eval_loss=math.nan,
+        tokens=sum(max(r.samples, 0) for r in counted) * config.data.seq_len,
+        utilization=inner / (inner + exchange) if inner + exchange > 0 else 0.0,
+        committed_hash=decided.committed_hash if decided.outcome == COMMITTED else "", reason=decided.reason,
+    )
+
+
+def peer_round_history(
+    decided: RoundRecord, reports: Sequence[ReportRecord], peers: Mapping[str, PeerRecord]
+) -> list[pb.PeerRoundHistory]:
+    """One row per participant of ``decided``: its report (if any) and its latest heartbeat's figures."""
+    by_peer = {r.peer_id: r for r in reports}
+    holders = set(decided.holders)
+    rows = []
+    for peer_id in decided.participants:
+        report: Optional[ReportRecord] = by_peer.get(peer_id)
+        peer = peers.get(peer_id)
+        metrics = peer.metrics if peer is not None else pb.PeerMetrics()
+        rows.append(pb.PeerRoundHistory(
+            round=decided.round, peer_id=peer_id, site=peer.site if peer is not None else "",
+            ok=bool(report and report.ok), holder=peer_id in holders,
+            loss=report.loss if report is not None else math.nan,
+            inner_s=report.inner_time_s if report is not None else 0.0,
+            exchange_s=report.exchange_time_s if report is not None else 0.0,
+            bytes_sent=report.bytes_sent if report is not None else 0,
+            tokens_per_s=metrics.tokens_per_s, step_time_s=metrics.step_time_s,
+            upload_mbit_s=_measured(metrics.upload_mbit_s), download_mbit_s=_measured(metrics.download_mbit_s),
+            rtt_ms=_measured(metrics.rtt_ms),
+        ))
+    return rows
+
+
+def _measured(value: float) -> float:
+    return value if finite(value) and value > 0 else math.nan  # 0: never measured
+
+
+class History:
+    """Writes the history as the engine decides rounds and hears evaluations; owned by the engine, used under
+    its lock.  Remembers each peer's last evaluation so that the heartbeats repeating it write nothing."""
+
+    def __init__(self, store: HistoryStore) -> None:
+        self._store = store
+        self._last_eval: dict[str, int] = {}  # peer id -> the round of the evaluation last kept
+
+    def record_round(self, decided: RoundRecord, reports: Sequence[ReportRecord], peers: Mapping[str, PeerRecord],
+                     config: RunConfig, *, ddp_equivalent_bytes: int) -> None:
+        self._store.put_history(
+            round_history(decided, reports, config, ddp_equivalent_bytes=ddp_equivalent_bytes),
+            peer_round_history(decided, reports, peers),
+        )
+
+    def record_eval(self, peer_id: str, eval_round: int, loss: float) -> None:
+        """Keep ``peer_id``'s evaluation of round ``eval_round``'s state (round 0: the initial state)."""
+        if eval_round < 0 or not (finite(loss) and loss > 0) or self._last_eval.get(peer_id) == eval_round:
+            return
+        self._last_eval[peer_id] = eval_round
+        self._store.add_eval(eval_round, peer_id, loss)
+
+
+class HistoryReader(Protocol):
+    def history(self, *, after_round: int = 0, limit: int = -1) -> list[pb.RoundHistory]: ...
+
+    def peer_history(self, *, first_round: int, last_round: int) -> list[pb.PeerRoundHistory]: ...
+
+
+def history_page(store: HistoryReader, *, after_round: int = 0, max_rounds: int = 0) -> pb.GetHistoryResponse:
+    """The decided rounds after ``after_round`` (at most ``max_rounds``, capped) and their participants' rows."""
+    if after_round < 0:
+        raise BadRequest(f"after_round {after_round} is negative; ask for rounds after 0 (the start) or later.")
+    size = min(max_rounds, MAX_HISTORY_ROUNDS) if max_rounds > 0 else DEFAULT_HISTORY_ROUNDS
+    rounds = store.history(after_round=after_round, limit=size + 1)
+    more = len(rounds) > size
+    rounds = rounds[:size]
+    response = pb.GetHistoryResponse(rounds=rounds, more=more)
+    if rounds:
+        response.peer_rounds.extend(store.peer_history(first_round=rounds[0].round, last_round=rounds[-1].round))
+    return response
