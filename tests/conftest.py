@@ -27,6 +27,13 @@ def _become_subreaper() -> None:
 _become_subreaper()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def torch_shm_manager():
+    """Start torch's shared-memory manager (a coordinator's DHT node needs it) before any test: the reaper
+    below kills what a test started, and a reaped manager breaks every later DHT start in the session."""
+    torch.zeros(1).share_memory_()
+
+
 @pytest.fixture(autouse=True)
 def reap_children():
     before = {p.pid for p in psutil.Process().children(recursive=True)}

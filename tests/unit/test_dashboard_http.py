@@ -5,7 +5,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator.http_server import DASHBOARD_URL_FILE, DashboardServer
@@ -16,12 +15,6 @@ from tests.unit.test_history import RUN, _run_two_rounds
 
 pytestmark = pytest.mark.timeout(60)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def torch_shm_manager() -> None:
-    """Start torch's shared-memory manager (the coordinator's DHT node needs it) outside any one test: the
-    conftest reaps the child processes a test started, and a reaped manager breaks every later DHT start."""
-    torch.zeros(1).share_memory_()
 
 
 def _get(url: str) -> tuple[str, str]:

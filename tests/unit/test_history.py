@@ -10,7 +10,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-import torch
 
 from coordinator.server import CoordinatorServer
 from coordinator.store import SCHEMA_VERSION, STORE_FILE, Store
@@ -23,12 +22,6 @@ from tests.unit.fake_swarm import member_client
 
 pytestmark = pytest.mark.timeout(60)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def torch_shm_manager() -> None:
-    """Start torch's shared-memory manager (the coordinator's DHT node needs it) outside any one test: the
-    conftest reaps the child processes a test started, and a reaped manager breaks every later DHT start."""
-    torch.zeros(1).share_memory_()
 
 RUN = RunConfig(rounds=RoundConfig(min_peers=2, max_rounds=5, inner_steps=5))
 MODEL = run_identity(RUN)
