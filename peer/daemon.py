@@ -37,6 +37,7 @@ from swarm.control.client import CoordinatorRejected, CoordinatorUnreachable
 from swarm.train.final_model import write_final_model
 from swarm.train.ranks import Ranks
 from swarm.train.round import Outcome, Pending, RoundResult, RoundRunner
+from swarm.train.train_log import open_train_log
 from swarm.train.trainer import LocalTrainer
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -185,8 +186,11 @@ class PeerDaemon:
         self.store = PeerStateStore(trainer, transfer, run_id=self.run_id, state_dir=o.state_dir,
                                     checkpoint_every_rounds=o.checkpoint_every_rounds, stats=self.stats,
                                     faults=o.faults, announce=self.heartbeat.beat_now, tag=self.tag)
+        train_log = open_train_log(self.run_config.logging, name=o.name or self.peer_id, group=self.run_id,
+                                   run_config=self.run_config.to_dict())
         self.hooks = PeerHooks(self.stats, o.faults, beat_now=self.heartbeat.beat_now, on_state=self.round_state,
-                               on_decided=self.on_decided, tag=self.tag)
+                               on_decided=self.on_decided, tag=self.tag, train_log=train_log,
+                               lr=lambda: trainer.optimizer.param_groups[0]["lr"], codec=self.run_config.rounds.codec)
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="swarm-exchange")
         self.runner = RoundRunner(trainer, self.run_config, exchange=group, votes=group, decider=self.link,
                                   store=self.store, executor=self._executor, hooks=self.hooks,
@@ -287,6 +291,8 @@ class PeerDaemon:
         trainer = self.runner.trainer if self.runner is not None else None
         if trainer is not None and trainer.round_no > 0 and not self.store.provisional and not self.behind:
             self.store.checkpoint()  # a restarted peer resumes here if the run has not moved on
+        if self.runner is not None:
+            self.hooks.close()  # the training logs' last round
         if self.heartbeat is not None:
             self.heartbeat.beat_now()  # wakes it from its interval wait: it sees stop and ends
             self.heartbeat.join(timeout=5)
