@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install Swarm with its test and Hugging Face extras. Idempotent; safe to run twice.
+# Create .venv (if missing) and install Swarm with its test, Hugging Face and TensorBoard extras. Idempotent; safe to run twice.
 # torch is pinned to the CPU build that every project machine has on local disk; a newer torch or an
 # open range with no torch installed would pull a multi-gigabyte CUDA build.
 set -euo pipefail
@@ -17,7 +17,8 @@ fi
 stamp=.venv/.swarm-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: installing swarm and its dependencies" >&2
-  "${PIP[@]}" install -e ".[dev,hf]"  # hf: Hugging Face models, tokenizers and export (their tests need it)
+  # hf: Hugging Face models, tokenizers and export; tensorboard: [logging] tensorboard (their tests need them)
+  "${PIP[@]}" install -e ".[dev,hf,tensorboard]"
   touch "$stamp"
 fi
 # The dashboard's browser test drives Debian's chromium (playwright, with no browser download of its own).
