@@ -29,6 +29,7 @@ from peer.heartbeat import HeartbeatThread
 from peer.options import PeerOptions
 from peer.parts import PeerParts
 from peer.round_hooks import PeerHooks
+from peer.round_log import RoundLog
 from peer.startup import StartupClock
 from peer.state_store import PeerStateStore
 from peer.stats import PeerStats
@@ -37,7 +38,6 @@ from swarm.control.client import CoordinatorRejected, CoordinatorUnreachable
 from swarm.train.final_model import write_final_model
 from swarm.train.ranks import Ranks
 from swarm.train.round import Outcome, Pending, RoundResult, RoundRunner
-from swarm.train.train_log import open_train_log
 from swarm.train.trainer import LocalTrainer
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -186,11 +186,9 @@ class PeerDaemon:
         self.store = PeerStateStore(trainer, transfer, run_id=self.run_id, state_dir=o.state_dir,
                                     checkpoint_every_rounds=o.checkpoint_every_rounds, stats=self.stats,
                                     faults=o.faults, announce=self.heartbeat.beat_now, tag=self.tag)
-        train_log = open_train_log(self.run_config.logging, name=o.name or self.peer_id, group=self.run_id,
-                                   run_config=self.run_config.to_dict())
         self.hooks = PeerHooks(self.stats, o.faults, beat_now=self.heartbeat.beat_now, on_state=self.round_state,
-                               on_decided=self.on_decided, tag=self.tag, train_log=train_log,
-                               lr=lambda: trainer.optimizer.param_groups[0]["lr"], codec=self.run_config.rounds.codec)
+                               on_decided=self.on_decided, tag=self.tag, lr=lambda: trainer.optimizer.param_groups[0]["lr"],
+                               log=RoundLog.for_run(self.run_config, name=o.name or self.peer_id, run_id=self.run_id, tag=self.tag))
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="swarm-exchange")
         self.runner = RoundRunner(trainer, self.run_config, exchange=group, votes=group, decider=self.link,
                                   store=self.store, executor=self._executor, hooks=self.hooks,

@@ -23,12 +23,12 @@ class PeerHooks(Hooks):
 
     def __init__(self, stats: PeerStats, faults: FaultPlan, *, beat_now: Callable[[], None],
                  on_state: Callable[[str], None], on_decided: Callable[[RoundResult], None],
-                 tag: Callable[[Optional[int]], str], train_log: Optional[TrainLog] = None,
-                 lr: Callable[[], float] = lambda: math.nan, codec: str = "") -> None:
-        """``train_log``: where the round's scalars go ([logging]); ``lr``: the inner lr last used."""
+                 tag: Callable[[Optional[int]], str], lr: Callable[[], float] = lambda: math.nan,
+                 log: Optional[RoundLog] = None) -> None:
+        """``lr``: the inner lr last used; ``log``: the round's line and training-log scalars."""
         self.stats, self.faults, self.beat_now = stats, faults, beat_now
         self.on_state, self.on_decided, self.tag, self.lr = on_state, on_decided, tag, lr
-        self.log = RoundLog(train_log or TrainLog([]), tag=tag, codec=codec)
+        self.log = log or RoundLog(TrainLog([]), tag=tag, codec="")
 
     def at(self, round_no: int, phase: str) -> None:
         self.faults.at(round_no, phase)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from swarm.train.round import Outcome, RoundResult, Vote
-from swarm.train.train_log import TrainLog
+from swarm.config import RunConfig
+from swarm.train.train_log import TrainLog, open_train_log
 from swarm.train.trainer import TrainStats
 
 logger = logging.getLogger("peer.round_hooks")  # the peer's round lines, where operators already look for them
@@ -37,6 +38,12 @@ class RoundLog:
         self.train_log, self.tag, self.codec = train_log, tag, codec
         self._lock = threading.Lock()
         self._rounds: dict[int, _Round] = {}
+
+    @classmethod
+    def for_run(cls, run: RunConfig, *, name: str, run_id: str, tag: Callable[[Optional[int]], str]) -> "RoundLog":
+        """The log of a peer called ``name`` (its --name, or its id) in run ``run_id``, writing what [logging] asks."""
+        train_log = open_train_log(run.logging, name=name, group=run_id, run_config=run.to_dict())
+        return cls(train_log, tag=tag, codec=run.rounds.codec)
 
     def trained(self, round_no: int, stats: TrainStats, *, lr: float) -> None:
         with self._lock:
