@@ -149,6 +149,8 @@ def run_once(workdir: Path, *, watched: bool, rounds: int, inner_steps: int) -> 
             observers.append(Scraper(urls, stop))
             observers[-1].start()
         codes = [p.wait(timeout=900) for p in peers]
+        if any(codes):
+            raise RuntimeError(f"a peer exited with {codes}; see the logs in {workdir}")
         coordinator.wait(timeout=120)
     finally:
         stop.set()
