@@ -3,8 +3,9 @@
 Rank 0 is the peer (it alone talks to the coordinator and the other peers); the other ranks only run the
 inner loop, in lockstep with it. Before each ``LocalTrainer.train`` rank 0 tells them how many steps to run
 and from which step counts, and when its θl or AdamW state changed outside training (a commit, a sync, a
-resume) it broadcasts them first, so every rank starts each step from the same parameters. The launcher
-that starts the ranks is ``peer.ranks``.
+resume) it broadcasts them first, so every rank starts each step from the same parameters. The ranks split
+the peer's stream of batches between them (``RankSampler``), so the peer's data position does not depend on
+how many ranks it has. The launcher that starts the ranks is ``peer.ranks``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from swarm.train.data import BatchSampler
+
 # A worker waits for rank 0 as long as rank 0 waits for its round: far longer than torch's default.
 WAIT_FOR_RANK0 = datetime.timedelta(days=7)
 
@@ -29,7 +32,7 @@ class TrainOrder:
     steps: int
     peer_step: int  # rank 0's inner_steps_done: the warmup position
     run_step: int  # rank 0's position in the run: the decay position
-    batches_drawn: int  # rank 0's sampler position: every rank's (they draw in lockstep; a resume moves it)
+    batches_drawn: int  # rank 0's RankSampler.batches_drawn: every rank's (they draw in lockstep; a resume moves it)
     params_changed: bool  # θl follows in a broadcast
     optimizer_changed: bool  # the AdamW state follows in a broadcast
 
@@ -94,6 +97,32 @@ class Ranks:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class RankSampler:
+    """Rank ``rank`` of ``world_size``: batches rank, world_size + rank, 2·world_size + rank, … of the peer's
+    sampler, the stream a one-process peer draws in order. ``state_dict`` is the peer's position in that stream
+    (the same checkpoint format as one process), so a peer restarted with another ``--nproc`` resumes from it:
+    it continues at the first batch none of its ranks has drawn, skipping fewer than ``world_size``."""
+
+    def __init__(self, peer: BatchSampler, *, rank: int, world_size: int) -> None:
+        self.peer = peer
+        self.rank = rank
+        self.world_size = world_size
+        self.batches_drawn = 0  # this rank's own batches; every rank holds the same count
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.peer.batches_drawn = self.batches_drawn * self.world_size + self.rank
+        self.batches_drawn += 1
+        return self.peer.next_batch()
+
+    def state_dict(self) -> dict[str, int]:
+        self.peer.batches_drawn = self.batches_drawn * self.world_size
+        return self.peer.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.peer.load_state_dict(state)
+        self.batches_drawn = -(-self.peer.batches_drawn // self.world_size)
 
 
 def join_ranks(*, rank: int, world_size: int, device: str, store_path: Optional[str] = None) -> Ranks:

@@ -29,11 +29,11 @@ from swarm.core.state import GlobalState
 from swarm.core.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
 from swarm.config import RunConfig
 from swarm.train import prefetch, schedule
-from swarm.train.data import BatchSampler, check_vocab, eval_loss, load_corpus, shard, shard_index_for_peer
+from swarm.train.data import BatchSampler, check_vocab, eval_loss, load_corpus, shard_index_for_peer
 from swarm.train.initial_state import initial_state
 from swarm.train.inner_step import InnerStep
 from swarm.train.model import model_fingerprint
-from swarm.train.ranks import Ranks, TrainOrder
+from swarm.train.ranks import RankSampler, Ranks, TrainOrder
 from swarm.train.run_model import build_run_model
 
 log = logging.getLogger(__name__)
@@ -122,21 +122,14 @@ class LocalTrainer:
         )
         self._samples_since_sync = [0] * len(self.fragments)
 
-    def _sampler(self) -> BatchSampler:
-        """This peer's batches; each rank of a multi-GPU peer draws from its own part of the peer's shard."""
+    def _sampler(self) -> "BatchSampler | RankSampler":
+        """This peer's batches; the ranks of a multi-GPU peer take turns drawing them (``RankSampler``)."""
         data = self.run.data
-        split, part, parts = self.corpus.train, self.shard_index, data.num_shards
-        if self.ranks is not None:
-            split = shard(split, shard_index=self.shard_index, num_shards=data.num_shards)
-            part, parts = self.ranks.rank, self.ranks.world_size
-        return BatchSampler(
-            split,
-            shard_index=part,
-            num_shards=parts,
-            batch_size=data.batch_size,
-            seq_len=data.seq_len,
-            seed=self.run.seed,
-        )
+        sampler = BatchSampler(self.corpus.train, shard_index=self.shard_index, num_shards=data.num_shards,
+                               batch_size=data.batch_size, seq_len=data.seq_len, seed=self.run.seed)
+        if self.ranks is None:
+            return sampler
+        return RankSampler(sampler, rank=self.ranks.rank, world_size=self.ranks.world_size)
 
     # ---- inner loop ---------------------------------------------------------------------------
 

@@ -1,35 +1,44 @@
 """A multi-GPU peer's ranks on the CPU (gloo, 2 ranks): this test process is rank 0, as ``swarm peer
 --nproc 2`` is, and one spawned worker trains in lockstep with it."""
 
-import copy
 import dataclasses
 
 import pytest
 import torch
 
 from peer.ranks import start_ranks
-from swarm.train.data import BatchSampler, shard
+from peer.resume import resume_trainer, save_trainer
+from swarm.train.data import BatchSampler
 from swarm.train.trainer import LocalTrainer
 from tests.unit.test_inner_loop import RUN
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("one_torch_thread")]
 
 
+class _GlobalBatch:
+    """The 2-rank peer's global batch drawn in one process: the peer's batches 2k (rank 0's) and 2k + 1."""
+
+    def __init__(self, sampler: BatchSampler) -> None:
+        self.sampler = sampler
+
+    def next_batch(self):
+        (x0, y0), (x1, y1) = self.sampler.next_batch(), self.sampler.next_batch()
+        return torch.cat([x0, x1]), torch.cat([y0, y1])
+
+    def state_dict(self):
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state):
+        self.sampler.load_state_dict(state)
+
+
 def _single_process_twin(peer_index: int) -> LocalTrainer:
-    """One process with the 2-rank peer's global batch: rank 0's batch, then rank 1's."""
+    """One process with the 2-rank peer's global batch."""
     run = RUN.replace(data=dataclasses.replace(RUN.data, batch_size=2 * RUN.data.batch_size))
     twin = LocalTrainer(run, peer_index=peer_index)
     d = RUN.data
-    split = shard(twin.corpus.train, shard_index=twin.shard_index, num_shards=d.num_shards)
-    samplers = [BatchSampler(split, shard_index=r, num_shards=2, batch_size=d.batch_size, seq_len=d.seq_len,
-                             seed=RUN.seed) for r in range(2)]
-
-    def next_batch():
-        (x0, y0), (x1, y1) = (s.next_batch() for s in samplers)
-        return torch.cat([x0, x1]), torch.cat([y0, y1])
-
-    twin.sampler.next_batch = next_batch
-    twin.rank_samplers = samplers
+    twin.sampler = _GlobalBatch(BatchSampler(twin.corpus.train, shard_index=twin.shard_index, num_shards=d.num_shards,
+                                             batch_size=d.batch_size, seq_len=d.seq_len, seed=RUN.seed))
     return twin
 
 
@@ -38,7 +47,7 @@ def _assert_same_params(a: LocalTrainer, b: LocalTrainer) -> None:
         torch.testing.assert_close(p, q, rtol=1e-4, atol=2e-5)
 
 
-def test_a_two_rank_peer_trains_like_one_process_with_the_global_batch():
+def test_a_two_rank_peer_trains_like_one_process_with_the_global_batch_and_resumes_with_another_nproc(tmp_path):
     ranks = start_ranks(2, device="cpu", threads=1)
     try:
         peer = LocalTrainer(RUN, peer_index=1, ranks=ranks.ranks)
@@ -51,14 +60,18 @@ def test_a_two_rank_peer_trains_like_one_process_with_the_global_batch():
             t.commit(t.apply(t.pseudo_gradient(), None, 1), fragment=0)
         peer.train(2), twin.train(2)
         _assert_same_params(peer, twin)
-        # a resume replaces rank 0's θl, AdamW state and step count, which the worker never saw
-        twin.train(2)
-        with torch.no_grad():
-            for p, q in zip(peer.model.parameters(), twin.model.parameters()):
-                p.copy_(q)
-        peer.optimizer.load_state_dict(copy.deepcopy(twin.optimizer.state_dict()))  # as read from a file
-        peer.inner_steps_done = twin.inner_steps_done
-        peer.sampler.batches_drawn = twin.rank_samplers[0].batches_drawn  # 7 where the peer's ranks drew 5
+        # a restart with one process resumes a checkpoint of the 2-rank peer at the peer's position (and back):
+        # θl, AdamW state, step count and the data the peer had not drawn yet
+        save_trainer(tmp_path / "two", peer, run_id="run")
+        single = LocalTrainer(RUN, peer_index=1)
+        assert resume_trainer(tmp_path / "two", single, run_id="run", round_no=1, state_hash=peer.state.state_hash)
+        assert single.sampler.batches_drawn == 2 * 5  # both ranks' batches
+        _assert_same_params(single, peer)
+        # a restart with two ranks resumes a one-process checkpoint that the worker never saw
+        twin.train(2)  # the peer's batches 10 to 13
+        save_trainer(tmp_path / "one", twin, run_id="run")
+        assert resume_trainer(tmp_path / "one", peer, run_id="run", round_no=1, state_hash=twin.state.state_hash)
+        assert peer.sampler.batches_drawn == 7  # each rank's, where the ranks themselves drew 5
         peer.train(2), twin.train(2)
         _assert_same_params(peer, twin)
         assert not all(torch.equal(p, g) for p, g in zip(peer.model.parameters(), peer.global_params))
