@@ -1,4 +1,4 @@
-"""An example ``[model] factory``: a small causal Transformer any run can train (docs/MODELS.md).
+"""An example ``[model] factory``: a small causal Transformer any run can train (docs/TRAINING.md).
 
     [model]
     factory = "examples.my_model:build"      # importable from the peer's and the coordinator's PYTHONPATH

@@ -100,7 +100,7 @@ def torch_optimizer_kwargs(name: str, lr: float, options: dict[str, Any]) -> tup
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """The run's model: a built-in preset (the default), ``factory`` (any ``torch.nn.Module``) or ``hf_config``
-    (a Hugging Face causal LM built from its config); docs/MODELS.md has the contract."""
+    (a Hugging Face causal LM built from its config); docs/TRAINING.md has the contract."""
 
     preset: str = "tiny"  # a key of MODEL_PRESETS
     context: Optional[int] = None  # overrides the preset's context length when set

@@ -1,6 +1,6 @@
 """The run's model, whichever kind ``[model]`` names: a built-in preset (the embedded default), a user's
 ``factory`` (any ``torch.nn.Module``) or a Hugging Face causal LM (``hf_config``), optionally started from
-existing weights (``init_from``); with the loss the trainer minimises. docs/MODELS.md has the contract.
+existing weights (``init_from``); with the loss the trainer minimises. docs/TRAINING.md has the contract.
 
 θ0 is the same on every peer when the build is deterministic: presets and HF models are drawn with the
 portable normal (bit-identical on every CPU); a factory's own init is seeded with the run's seed (identical on
