@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What Swarm's inner loop costs against a plain PyTorch loop: ``LocalTrainer.train`` and a hand-written loop of
-the same model, batch, AdamW, gradient clipping and precision, timed alternately in one run (swarm, plain, swarm,
-plain, ...) so that drift in the machine's load hits both alike.
+the same model, batch, AdamW, gradient clipping and precision, timed alternately in one run (swarm, plain,
+plain, swarm, ...) so that drift in the machine's load hits both alike and neither always runs first.
 
     .venv/bin/python scripts/bench_train.py --json                      # CPU: preset, HF Llama, 2-rank gloo
     .venv/bin/python scripts/bench_train.py --device cuda --json        # GPU: bf16, with MFU
@@ -220,9 +220,12 @@ def measure(case: Case, args: argparse.Namespace) -> dict:
     try:
         swarm_train(args.warmup_steps), plain_train(args.warmup_steps)  # allocator, autotuning, compile
         swarm_s = plain_s = 0.0
-        for _ in range(args.reps):
-            swarm_s += swarm_train(args.steps)
+        for rep in range(args.reps):  # swarm, plain, plain, swarm, ...: neither always runs first
+            if rep % 2 == 0:
+                swarm_s += swarm_train(args.steps)
             plain_s += plain_train(args.steps)
+            if rep % 2 == 1:
+                swarm_s += swarm_train(args.steps)
     finally:
         if peer_ranks is not None:
             peer_ranks.close()
@@ -263,7 +266,7 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, help="sequences per step and rank (default: 8 CPU, 32 CUDA)")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--steps", type=int, help="steps per timed stretch (default: 20 CPU, 50 CUDA)")
-    parser.add_argument("--reps", type=int, default=5, help="timed stretches of each loop, alternating")
+    parser.add_argument("--reps", type=int, default=6, help="timed stretches of each loop, alternating (ABBA)")
     parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--compile", action="store_true", help="torch.compile both loops")
     parser.add_argument("--threads", type=int, default=1, help="torch threads in this process (CPU)")
