@@ -9,6 +9,7 @@ import torch
 from peer.ranks import start_ranks
 from peer.resume import resume_trainer, save_trainer
 from swarm.train.data import BatchSampler
+from swarm.train.ranks import RankSampler
 from swarm.train.trainer import LocalTrainer
 from tests.unit.test_inner_loop import RUN
 
@@ -78,3 +79,26 @@ def test_a_two_rank_peer_trains_like_one_process_with_the_global_batch_and_resum
     finally:
         ranks.close()
     assert all(w.exitcode is not None for w in ranks.workers)
+
+
+def test_ranks_draw_the_peers_batches_in_turn_and_resume_its_position_with_any_number_of_ranks():
+    split = torch.randint(0, 256, (20_000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+
+    def peer_sampler() -> BatchSampler:
+        return BatchSampler(split, shard_index=1, num_shards=2, batch_size=2, seq_len=16, seed=0)
+
+    one = peer_sampler()
+    stream = [one.next_batch()[0] for _ in range(12)]  # what a one-process peer draws
+    two = [RankSampler(peer_sampler(), rank=r, world_size=2) for r in range(2)]
+    drawn = [[s.next_batch()[0] for _ in range(3)] for s in two]
+    assert all(torch.equal(drawn[r][k], stream[2 * k + r]) for r in range(2) for k in range(3))
+    state = two[0].state_dict()
+    assert state["batches_drawn"] == 6 and state["shard_index"] == 1  # the peer's position, as one process records it
+
+    four = [RankSampler(peer_sampler(), rank=r, world_size=4) for r in range(4)]
+    for s in four:
+        s.load_state_dict(state)
+    assert all(torch.equal(s.next_batch()[0], stream[8 + r]) for r, s in enumerate(four))  # none drawn twice
+    single = peer_sampler()
+    single.load_state_dict(state)
+    assert torch.equal(single.next_batch()[0], stream[6])
