@@ -39,7 +39,7 @@ from swarm.train.run_model import build_run_model  # noqa: E402
 from swarm.train.trainer import LocalTrainer  # noqa: E402
 
 LLAMA = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 128}
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 1024}
 # Dense bf16 peak of the GPUs people use, TFLOP/s (their data sheets); --peak-tflops for others.
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.0}
 
@@ -263,8 +263,8 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--precision", help="fp32, bf16 or fp16 (default: fp32 on the CPU, bf16 on CUDA)")
     parser.add_argument("--preset", help="the built-in model (default: tiny on the CPU, gpt2 on CUDA)")
-    parser.add_argument("--batch-size", type=int, help="sequences per step and rank (default: 8 CPU, 32 CUDA)")
-    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, help="sequences per step and rank (default: 8 CPU, 16 CUDA)")
+    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default: 128 CPU, 1024 CUDA)")
     parser.add_argument("--steps", type=int, help="steps per timed stretch (default: 20 CPU, 50 CUDA)")
     parser.add_argument("--reps", type=int, default=6, help="timed stretches of each loop, alternating (ABBA)")
     parser.add_argument("--warmup-steps", type=int, default=5)
@@ -277,7 +277,8 @@ def main() -> int:
     cuda = args.device.startswith("cuda")
     args.precision = args.precision or ("bf16" if cuda else "fp32")
     args.preset = args.preset or ("gpt2" if cuda else "tiny")
-    args.batch_size = args.batch_size or (32 if cuda else 8)
+    args.batch_size = args.batch_size or (16 if cuda else 8)
+    args.seq_len = args.seq_len or (1024 if cuda else 128)
     args.steps = args.steps or (50 if cuda else 20)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
