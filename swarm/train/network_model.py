@@ -12,6 +12,7 @@ it across sites with the site's partial sum, then each representative sends the 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 
 MBIT = 1e6 / 8  # bytes per second in one Mbit/s
@@ -26,7 +27,7 @@ class Peer:
     down_mbit: float
     one_way_ms: float = 0.0  # to any peer outside its site
     step_s: float = 1.0  # seconds per inner step
-    site: int = 0
+    site: int = 0  # peers of a site talk over its LAN; make_peers gives each peer a site of its own by default
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,7 +39,8 @@ class Costs:
     codec_s_per_byte: float = 0.0
     transport_s_per_byte: float = 0.0
     per_stream_s: float = 0.0  # opening one stream (one slice to one groupmate): CPU + scheduling
-    lan_mbit: float = 1000.0  # links inside a site (two-level averaging)
+    lan_mbit: float = 1000.0  # links between peers of one site
+    site_mbit: float | None = None  # each site's uplink to the others, shared by its peers (None: unlimited)
     lan_one_way_ms: float = 0.5
 
 
@@ -68,30 +70,37 @@ def ideal_exchange_s(payload_bytes: float, peers: int, mbit: float) -> float:
     return 2 * (peers - 1) / peers * payload_bytes / (mbit * MBIT)
 
 
-def _phase_s(slice_bytes: float, peers: list[Peer], costs: Costs, *, lan: bool) -> float:
+def _rate(mbit: float) -> float:
+    return mbit * MBIT * PAYLOAD_EFFICIENCY
+
+
+def _phase_s(slice_bytes: float, peers: list[Peer], costs: Costs) -> float:
     """One butterfly phase: every member sends a slice of ``slice_bytes`` to each other member and receives one
-    from each. Its time: the slowest member's upload or download (or transport CPU), plus one round trip."""
+    from each, over the LAN to its own site and over its own link (and its site's shared uplink) to the rest.
+    Its time: the slowest member's link (or transport CPU), or the busiest site uplink, plus one round trip."""
     k = len(peers)
     if k < 2:
         return 0.0
-    moved = (k - 1) * slice_bytes
+    sizes = Counter(p.site for p in peers)
     worst = 0.0
     for p in peers:
-        up, down = (costs.lan_mbit, costs.lan_mbit) if lan else (p.up_mbit, p.down_mbit)
-        link_s = moved / (min(up, down) * MBIT * PAYLOAD_EFFICIENCY)
-        cpu_s = 2 * moved * costs.transport_s_per_byte + (k - 1) * costs.per_stream_s
+        local, remote = (sizes[p.site] - 1) * slice_bytes, (k - sizes[p.site]) * slice_bytes
+        link_s = max(local / _rate(costs.lan_mbit), remote / _rate(min(p.up_mbit, p.down_mbit)))
+        cpu_s = 2 * (local + remote) * costs.transport_s_per_byte + (k - 1) * costs.per_stream_s
         worst = max(worst, link_s, cpu_s)
-    latency_ms = costs.lan_one_way_ms if lan else max(p.one_way_ms for p in peers)
-    return worst + 2 * latency_ms / 1000
+    if costs.site_mbit is not None and len(sizes) > 1:
+        worst = max(worst, max(n * (k - n) for n in sizes.values()) * slice_bytes / _rate(costs.site_mbit))
+    one_way_ms = costs.lan_one_way_ms if len(sizes) == 1 else max(p.one_way_ms for p in peers)
+    return worst + 2 * one_way_ms / 1000
 
 
-def butterfly(payload_bytes: float, peers: list[Peer], costs: Costs, *, lan: bool = False) -> Exchange:
+def butterfly(payload_bytes: float, peers: list[Peer], costs: Costs) -> Exchange:
     """The flat butterfly all-reduce of ``payload_bytes`` (encoded) among ``peers``."""
     k = len(peers)
     if k < 2:
         return Exchange(seconds=0.0, bytes_per_peer=0.0, cross_site_bytes=0.0)
     slice_bytes = payload_bytes / k
-    seconds = 2 * _phase_s(slice_bytes, peers, costs, lan=lan) + costs.codec_s_per_byte * payload_bytes
+    seconds = 2 * _phase_s(slice_bytes, peers, costs) + costs.codec_s_per_byte * payload_bytes
     per_site: dict[int, int] = {}
     for p in peers:
         per_site[p.site] = per_site.get(p.site, 0) + 1
@@ -105,11 +114,11 @@ def two_level(payload_bytes: float, peers: list[Peer], costs: Costs) -> Exchange
     sites: dict[int, list[Peer]] = {}
     for p in peers:
         sites.setdefault(p.site, []).append(p)
-    inside = [butterfly(payload_bytes, members, costs, lan=True) for members in sites.values()]
+    inside = [butterfly(payload_bytes, members, costs) for members in sites.values()]
     representatives = [members[0] for members in sites.values()]
     across = butterfly(payload_bytes, representatives, costs)
     # sharing the result: the representative scatters it over its site, which all-gathers it (two LAN phases)
-    share = [butterfly(payload_bytes, members, replace(costs, codec_s_per_byte=0.0), lan=True) for members in sites.values()]
+    share = [butterfly(payload_bytes, members, replace(costs, codec_s_per_byte=0.0)) for members in sites.values()]
     seconds = max(e.seconds for e in inside) + across.seconds + max(e.seconds for e in share)
     rep_bytes = max(e.bytes_per_peer for e in inside) + across.bytes_per_peer + max(e.bytes_per_peer for e in share)
     return Exchange(seconds=seconds, bytes_per_peer=rep_bytes, cross_site_bytes=across.cross_site_bytes
@@ -161,10 +170,11 @@ def controlled_round(mode: str, *, params: int, inner_steps: int, peers: list[Pe
                              f"H raised from {inner_steps} to {steps}")
 
 
-def make_peers(count: int, *, sites: int = 1, up_mbit: float, down_mbit: float | None = None,
+def make_peers(count: int, *, sites: int | None = None, up_mbit: float, down_mbit: float | None = None,
                one_way_ms: float = 0.0, step_s: float = 1.0, slow_every: int = 0, slow_factor: float = 1.0) -> list[Peer]:
-    """``count`` peers spread evenly (round-robin) over ``sites``; every ``slow_every``-th one
+    """``count`` peers spread evenly (round-robin) over ``sites`` (None: each peer a site of its own); every ``slow_every``-th one
     ``slow_factor`` times slower to compute (0: none)."""
+    sites = count if sites is None else sites
     if count < 1 or not 1 <= sites <= count:
         raise ValueError(f"need at least one peer and 1 to {count} sites, got {count} peers in {sites} sites")
     return [Peer(up_mbit=up_mbit, down_mbit=down_mbit if down_mbit is not None else up_mbit, one_way_ms=one_way_ms,

@@ -57,7 +57,7 @@ def test_two_level_sends_less_across_sites_than_flat(count, sites):
 
 
 def test_one_site_sends_nothing_across_sites():
-    peers = make_peers(8, up_mbit=100)
+    peers = make_peers(8, sites=1, up_mbit=100)
     assert butterfly(1e8, peers, NO_OVERHEAD).cross_site_bytes == 0
     assert two_level(1e8, peers, NO_OVERHEAD).cross_site_bytes == 0
 
@@ -66,6 +66,16 @@ def test_per_stream_cost_makes_a_large_flat_group_slower_than_two_level():
     costs = Costs(per_stream_s=0.005)
     peers = make_peers(1024, sites=16, up_mbit=1000, one_way_ms=30)
     assert two_level(1e8, peers, costs).seconds < butterfly(1e8, peers, costs).seconds
+
+
+def test_a_shared_site_uplink_makes_flat_slower_than_two_level():
+    costs = Costs(site_mbit=1000, lan_mbit=10_000)
+    peers = make_peers(64, sites=4, up_mbit=1000, one_way_ms=50)
+    flat, tiered = butterfly(1e9, peers, costs), two_level(1e9, peers, costs)
+    # flat: per phase each site's 16 peers send 48 slices of 1/64 GB each through its 1 Gbit/s uplink;
+    # two-level: one representative sends 3/4 GB per phase
+    assert flat.seconds == pytest.approx(2 * (16 * 48 / 64 * 1e9 / (1000 * 1e6 / 8 * 0.96) + 0.1))
+    assert flat.seconds > 4 * tiered.seconds
 
 
 def test_overlap_hides_an_exchange_shorter_than_compute():
