@@ -17,12 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +30,8 @@ sys.path.insert(0, str(ROOT))
 from swarm.app.testbed import Testbed, make_topology, missing_privileges, teardown  # noqa: E402
 from swarm.core.codec import CODECS  # noqa: E402
 from swarm.train.network_model import Costs, butterfly, ideal_exchange_s, make_peers  # noqa: E402
+
+from bench_wan_runs import section_nat, section_utilization  # noqa: E402  (scripts/, beside this file)
 
 PREFIX = "swb-"  # every namespace of this benchmark; teardown removes only these
 WORKER = ROOT / "scripts" / "bench_wan_worker.py"
@@ -224,47 +224,6 @@ def section_calibration(args: argparse.Namespace) -> dict:
             "error": round(predicted / measured - 1, 3) if measured else None}
 
 
-def section_nat(args: argparse.Namespace) -> dict:
-    """tests/integration/test_nat.py's run: a coordinator on h0, bare peers on h1 and behind NAT."""
-    from tests.integration.harness import TWO_PEER_RUN, kill_family, read_join_string
-
-    work = Path(tempfile.mkdtemp(prefix="bench-nat-"))
-    (work / "run.toml").write_text(TWO_PEER_RUN)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-    procs, logs = [], {n: work / f"{n}.log" for n in ("coordinator", "h1", "nat")}
-    with Testbed(make_topology(hosts=2, nat_host=True, prefix=PREFIX)) as bed:
-        try:
-            with open(logs["coordinator"], "wb") as err:
-                procs.append(bed.spawn("h0", [sys.executable, "-m", "swarm.app.cli", "coordinator", "--config",
-                                              str(work / "run.toml"), "--host", "0.0.0.0", "--announce-host",
-                                              bed.address("h0"), "--state-dir", str(work / "coordinator"),
-                                              "--exit-grace-s", "0"], cwd=work, env=env, stdout=subprocess.PIPE,
-                                       stderr=err))
-            join = read_join_string(procs[0], timeout_s=60)
-            for host in ("h1", "nat"):
-                (work / host).mkdir()
-                with open(logs[host], "wb") as out:
-                    procs.append(bed.spawn(host, [sys.executable, "-m", "swarm.app.cli", "peer", "--join", join,
-                                                  "--device", "cpu"], cwd=work / host, env=env, stdout=out,
-                                           stderr=subprocess.STDOUT))
-            for proc in procs[1:]:
-                try:
-                    proc.wait(timeout=120)
-                except subprocess.TimeoutExpired:
-                    pass
-        finally:
-            for proc in procs:
-                kill_family(proc)
-    nat_log = logs["nat"].read_text(errors="replace")
-    committed = dict(re.findall(r"r(\d+)\] committed, hash ([0-9a-f]+)", nat_log))
-    coordinator = logs["coordinator"].read_text(errors="replace")
-    decided = re.findall(r"round (\d+): committed: \d+ of \d+ group members agree on ([0-9a-f]+)", coordinator)
-    last = max(decided, key=lambda d: int(d[0])) if decided else None
-    on_hash = bool(last and committed.get(last[0], "").startswith(last[1]))
-    return {"rounds_joined": len(committed), "rounds_committed": len(decided), "on_committed_hash": on_hash,
-            "logs": str(work)}
-
-
 def not_yet(what: str):
     def section(args: argparse.Namespace) -> dict:
         return {"skipped": f"{what} is being built on another branch; this section has no measurement yet"}
@@ -274,9 +233,9 @@ def not_yet(what: str):
 SECTIONS = {
     "exchange": section_exchange,
     "sim_wan_calibration": section_calibration,
-    "nat": section_nat,
+    "nat": section_nat,  # bench_wan_runs.py: real coordinator and peer processes on the testbed
     # hooks for the parts of issue 11 that other branches are building (time budgets, controller, two levels)
-    "utilization_under_wan": not_yet("the controller with overlap (4 peers, 100 Mbit/s, 50 ms one-way)"),
+    "utilization_under_wan": section_utilization,  # the code on main: no controller, no overlap yet
     "straggler_throughput_ratio": not_yet("time-budgeted rounds"),
     "straggler_eval_loss_ratio": not_yet("time-budgeted rounds"),
     "adaptation": not_yet("the adaptive controller"),
