@@ -31,9 +31,12 @@ from swarm.net.transport import Transport  # noqa: E402
 _HEADER = struct.Struct("<IQ")  # sender index, payload length
 
 
-def _wait_until(at: float) -> None:
+def _wait_until(at: float) -> float:
+    """Sleep until ``at``; returns how late this host was ready (0: on time)."""
+    late_s = max(0.0, time.time() - at)
     while (left := at - time.time()) > 0:
         time.sleep(min(left, 0.05))
+    return late_s
 
 
 def _vector(numel: int, index: int) -> torch.Tensor:
@@ -113,6 +116,12 @@ class Worker:
         self.tcp = TcpFloor(host)
         self.averager = None
         self.control = None
+        self._vectors: dict[int, torch.Tensor] = {}  # made before the clock starts, once per size
+
+    def vector(self, numel: int) -> torch.Tensor:
+        if numel not in self._vectors:
+            self._vectors = {numel: _vector(numel, self.index)}
+        return self._vectors[numel]
 
     def hello(self) -> dict:
         return {"maddrs": self.transport.visible_maddrs, "dht_peer_id": self.transport.peer_id, "tcp_port": self.tcp.port}
@@ -123,9 +132,9 @@ class Worker:
             self.tcp.connect(self.index, [tuple(p) for p in cmd["peers"]])
             return {"ok": True}
         if name == "tcp":
-            _wait_until(cmd["at"])
+            late_s = _wait_until(cmd["at"])
             self.tcp.exchange(cmd["slice_bytes"])
-            return {"seconds": time.time() - cmd["at"]}
+            return {"seconds": time.time() - cmd["at"], "late_s": late_s}
         if name == "swarm":
             return self._swarm(cmd)
         if name == "hm_open":
@@ -140,7 +149,7 @@ class Worker:
                 time.sleep(0.02)
             return {"ok": self.control.stage == AveragingStage.AWAITING_TRIGGER}
         if name == "hm_go":
-            _wait_until(cmd["at"])
+            late_s = _wait_until(cmd["at"])
             self.control.allow_allreduce()
             try:
                 self.control.result(timeout=cmd.get("timeout_s", 300))
@@ -148,7 +157,7 @@ class Worker:
                 return {"seconds": None, "error": repr(e)}
             seconds = time.time() - cmd["at"]
             with self.averager.get_tensors() as tensors:
-                return {"seconds": seconds, "digest": _digest(tensors[0])}
+                return {"seconds": seconds, "digest": _digest(tensors[0]), "late_s": late_s}
         if name == "hm_close":
             if self.averager is not None:
                 self.averager.shutdown()
@@ -159,16 +168,17 @@ class Worker:
     def _swarm(self, cmd: dict) -> dict:
         group = [Member(peer_id=f"p{i}", dht_peer_id=d, index=i, weight=1.0, numel=cmd["numel"], codec=cmd["codec"])
                  for i, d in enumerate(cmd["group"])]
-        delta = _vector(cmd["numel"], self.index)
-        _wait_until(cmd["at"])
+        delta = self.vector(cmd["numel"])
+        late_s = _wait_until(cmd["at"])
         result = self.exchange.average(key=cmd["key"], group=group, me=group[self.index], delta=delta,
                                        timeout_s=cmd.get("timeout_s", 300))
-        return {"seconds": time.time() - cmd["at"], "digest": _digest(result.average), "bytes_sent": result.bytes_sent}
+        return {"seconds": time.time() - cmd["at"], "digest": _digest(result.average), "bytes_sent": result.bytes_sent,
+                "late_s": late_s, "inside_s": result.seconds}
 
     def _hm_open(self, cmd: dict) -> dict:
         from hivemind.averaging import DecentralizedAverager
 
-        self.averager = DecentralizedAverager([_vector(cmd["numel"], self.index)], self.transport.dht,
+        self.averager = DecentralizedAverager([self.vector(cmd["numel"]).clone()], self.transport.dht,
                                               prefix=cmd["prefix"], start=True, target_group_size=cmd["peers"])
         return {"ok": True}
 

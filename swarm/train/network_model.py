@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 MBIT = 1e6 / 8  # bytes per second in one Mbit/s
-PAYLOAD_EFFICIENCY = 0.96  # TCP/IP headers on 1500-byte frames: what a shaped link delivers as payload
+PAYLOAD_EFFICIENCY = 0.96  # TCP/IP headers on 1500-byte frames: what one flow on a shaped link delivers as payload
 LOSSLESS_FIRST = ("fp32", "bf16", "fp16", "int8", "int4")  # least lossy first: the controller's order
 BYTES_PER_PARAM = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0 + 4 / 64, "int4": 0.5 + 4 / 64}
 
@@ -42,6 +42,9 @@ class Costs:
     lan_mbit: float = 1000.0  # links between peers of one site
     site_mbit: float | None = None  # each site's uplink to the others, shared by its peers (None: unlimited)
     lan_one_way_ms: float = 0.5
+    # payload share of the link rate; several flows into one shaped link get less than one flow (the WAN
+    # testbed's raw TCP butterfly: ~0.7 at 4 peers), so calibration measures it
+    link_efficiency: float = PAYLOAD_EFFICIENCY
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,8 +73,8 @@ def ideal_exchange_s(payload_bytes: float, peers: int, mbit: float) -> float:
     return 2 * (peers - 1) / peers * payload_bytes / (mbit * MBIT)
 
 
-def _rate(mbit: float) -> float:
-    return mbit * MBIT * PAYLOAD_EFFICIENCY
+def _rate(mbit: float, costs: Costs) -> float:
+    return mbit * MBIT * costs.link_efficiency
 
 
 def _phase_s(slice_bytes: float, peers: list[Peer], costs: Costs) -> float:
@@ -85,11 +88,11 @@ def _phase_s(slice_bytes: float, peers: list[Peer], costs: Costs) -> float:
     worst = 0.0
     for p in peers:
         local, remote = (sizes[p.site] - 1) * slice_bytes, (k - sizes[p.site]) * slice_bytes
-        link_s = max(local / _rate(costs.lan_mbit), remote / _rate(min(p.up_mbit, p.down_mbit)))
+        link_s = max(local / _rate(costs.lan_mbit, costs), remote / _rate(min(p.up_mbit, p.down_mbit), costs))
         cpu_s = 2 * (local + remote) * costs.transport_s_per_byte + (k - 1) * costs.per_stream_s
         worst = max(worst, link_s, cpu_s)
     if costs.site_mbit is not None and len(sizes) > 1:
-        worst = max(worst, max(n * (k - n) for n in sizes.values()) * slice_bytes / _rate(costs.site_mbit))
+        worst = max(worst, max(n * (k - n) for n in sizes.values()) * slice_bytes / _rate(costs.site_mbit, costs))
     one_way_ms = costs.lan_one_way_ms if len(sizes) == 1 else max(p.one_way_ms for p in peers)
     return worst + 2 * one_way_ms / 1000
 
