@@ -188,7 +188,6 @@ def section_exchange(args: argparse.Namespace) -> list[dict]:
             log(f"exchange: {peers} peers at {mbit} Mbit/s")
             rows += measure_exchange(mbit, peers, args.codecs, args.systems, args.repeats,
                                      args.numel or NUMEL.get(int(mbit), 6_250_000))
-    args.cache["exchange"] = rows
     return rows
 
 
@@ -287,7 +286,7 @@ def main() -> int:
         return 2
     signal.signal(signal.SIGTERM, _interrupt)
     teardown(PREFIX)  # a previous run that was killed hard
-    args.cache, out = {}, {}
+    out = {}
     try:
         for name in sections:
             started = time.monotonic()
