@@ -285,6 +285,7 @@ def main() -> int:
         print(f"bench_wan: {why}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)  # also when started with SIGINT ignored (a background job)
     teardown(PREFIX)  # a previous run that was killed hard
     out = {}
     try:

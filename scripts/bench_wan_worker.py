@@ -28,7 +28,6 @@ from swarm.net.allreduce import Exchange  # noqa: E402
 from swarm.net.rendezvous import Member  # noqa: E402
 from swarm.net.transport import Transport  # noqa: E402
 
-_HEADER = struct.Struct("<IQ")  # sender index, payload length
 
 
 def _wait_until(at: float) -> float:
@@ -47,15 +46,13 @@ def _digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
-def _recv_exact(sock: socket.socket, size: int, buf: bytearray | None = None) -> bytes:
-    view = memoryview(buf if buf is not None else bytearray(size))[:size]
-    got = 0
-    while got < size:
-        n = sock.recv_into(view[got:], size - got)
+def _recv_into(sock: socket.socket, buf: bytearray) -> None:
+    view, got = memoryview(buf), 0
+    while got < len(buf):
+        n = sock.recv_into(view[got:], len(buf) - got)
         if n == 0:
             raise ConnectionError("a groupmate closed its TCP connection mid-exchange")
         got += n
-    return bytes(view[:16])  # the caller only needs to know it arrived
 
 
 class TcpFloor:
@@ -72,7 +69,9 @@ class TcpFloor:
         def accept() -> None:
             for _ in range(len(peers) - 1):
                 conn, _ = self.listener.accept()
-                sender = struct.unpack("<I", _recv_exact_bytes(conn, 4))[0]
+                hello = bytearray(4)
+                _recv_into(conn, hello)
+                sender = struct.unpack("<I", hello)[0]
                 self.inbound[sender] = conn
 
         acceptor = threading.Thread(target=accept)
@@ -90,22 +89,12 @@ class TcpFloor:
         for _ in range(2):  # phase 1: contributions to owners; phase 2: averaged slices to everyone
             senders = [threading.Thread(target=s.sendall, args=(payload,)) for s in self.out.values()]
             buffers = {j: bytearray(slice_bytes) for j in self.inbound}
-            receivers = [threading.Thread(target=_recv_exact, args=(c, slice_bytes, buffers[j]))
+            receivers = [threading.Thread(target=_recv_into, args=(c, buffers[j]))
                          for j, c in self.inbound.items()]
             for t in senders + receivers:
                 t.start()
             for t in senders + receivers:
                 t.join()
-
-
-def _recv_exact_bytes(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("a groupmate closed its TCP connection before saying who it is")
-        data += chunk
-    return data
 
 
 class Worker:

@@ -112,3 +112,21 @@ def test_bad_input_is_refused_with_a_sentence():
         make_peers(4, sites=8, up_mbit=100)
     with pytest.raises(ValueError, match="mode"):
         round_time("ring", params=1, codec="fp32", inner_steps=1, peers=make_peers(2, up_mbit=1), costs=NO_OVERHEAD)
+
+
+def test_sim_wan_prints_flat_and_two_level_rows_as_json():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "sim_wan.py"
+    out = subprocess.run([sys.executable, str(script), "--json", "--peers", "16", "1024", "--sites", "0", "4"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    rows = {(r["peers"], r["sites"], r["mode"]): r for r in json.loads(out.strip().splitlines()[-1])}
+    assert set(rows) == {(16, "own", "flat"), (16, 4, "flat"), (16, 4, "two_level"), (1024, "own", "flat"),
+                         (1024, 4, "flat"), (1024, 4, "two_level")}
+    assert rows[(1024, 4, "two_level")]["cross_site_gb"] < rows[(1024, 4, "flat")]["cross_site_gb"]
+    assert rows[(1024, 4, "two_level")]["p_commit"] > rows[(1024, 4, "flat")]["p_commit"]
+    bad = subprocess.run([sys.executable, str(script), "--sites", "20"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--sites must be between 0 and 16" in bad.stderr
