@@ -104,9 +104,7 @@ def butterfly(payload_bytes: float, peers: list[Peer], costs: Costs) -> Exchange
         return Exchange(seconds=0.0, bytes_per_peer=0.0, cross_site_bytes=0.0)
     slice_bytes = payload_bytes / k
     seconds = 2 * _phase_s(slice_bytes, peers, costs) + costs.codec_s_per_byte * payload_bytes
-    per_site: dict[int, int] = {}
-    for p in peers:
-        per_site[p.site] = per_site.get(p.site, 0) + 1
+    per_site = Counter(p.site for p in peers)
     cross = sum(2 * (k - per_site[p.site]) * slice_bytes for p in peers)
     return Exchange(seconds=seconds, bytes_per_peer=2 * (k - 1) * slice_bytes, cross_site_bytes=cross)
 
@@ -124,8 +122,7 @@ def two_level(payload_bytes: float, peers: list[Peer], costs: Costs) -> Exchange
     share = [butterfly(payload_bytes, members, replace(costs, codec_s_per_byte=0.0)) for members in sites.values()]
     seconds = max(e.seconds for e in inside) + across.seconds + max(e.seconds for e in share)
     rep_bytes = max(e.bytes_per_peer for e in inside) + across.bytes_per_peer + max(e.bytes_per_peer for e in share)
-    return Exchange(seconds=seconds, bytes_per_peer=rep_bytes, cross_site_bytes=across.cross_site_bytes
-                    if len(sites) > 1 else 0.0)
+    return Exchange(seconds=seconds, bytes_per_peer=rep_bytes, cross_site_bytes=across.cross_site_bytes)
 
 
 def exchange(mode: str, payload_bytes: float, peers: list[Peer], costs: Costs) -> Exchange:
