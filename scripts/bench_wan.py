@@ -191,41 +191,50 @@ def section_exchange(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def codec_s_per_byte(codec: str, numel: int = 4_000_000, peers: int = 4) -> float:
-    """Encode + reduce + decode of one peer's share, per encoded payload byte, on this machine."""
+def codec_cpu_s_per_byte(codec: str, numel: int = 4_000_000, peers: int = 4) -> float:
+    """CPU seconds of one peer's encode + reduce + decode per encoded payload byte (CPU time, not wall time:
+    the machine's other load must not count)."""
     import torch
 
     from swarm.core.aggregation import Aggregation
     from swarm.net.slice_reduction import reduce_slice
 
+    torch.set_num_threads(1)
     c, flat = CODECS[codec], torch.randn(numel)
-    start = time.perf_counter()
+    start = time.process_time()
     data = c.encode(flat)
     part = numel // peers
     reduce_slice(Aggregation(), c, [c.encode(flat[:part])] * peers, [1.0] * peers, part, "calibration")
     c.decode(data, numel)
-    return (time.perf_counter() - start) / c.encoded_size(numel)
+    return (time.process_time() - start) / c.encoded_size(numel)
 
 
 def section_calibration(args: argparse.Namespace) -> dict:
-    """Measure what the model needs on this machine and testbed, then predict the 4-peer exchange at 100 Mbit/s:
-    the codec's CPU per byte (here), the transport's CPU per byte (an unshaped 4-peer exchange), and the
-    links' payload efficiency under the butterfly's concurrent flows (raw TCP in the same pattern)."""
+    """Measure what the model needs, then predict the 4-peer exchange at 100 Mbit/s and compare:
+    - the codec's CPU per byte (here, in CPU time);
+    - the transport's CPU per byte sent or received (the hosts' CPU time in an unshaped 4-peer exchange, from
+      /proc, less the codec's);
+    - the links' payload efficiency under the butterfly's concurrent flows (raw TCP in the same pattern).
+    The hosts share this machine's cores, so CPU costs count ``peers / cores`` times as wall time."""
     peers, mbit, codec, numel = 4, 100, "fp32", NUMEL[100]
     payload = CODECS[codec].encoded_size(numel)
-    codec_cost = codec_s_per_byte(codec)
-    log("sim_wan_calibration: 4 peers unshaped (CPU cost per byte)")
-    unshaped = measure_exchange(None, peers, [codec], ["swarm"], args.repeats, numel)[0]["measured_s"]
-    moved = 2 * (peers - 1) / peers * payload  # per peer, both phases; sent and received
-    transport = max(0.0, unshaped - codec_cost * payload) / (2 * moved)
+    contention = max(1.0, peers / (os.cpu_count() or 1))
+    codec_cpu = codec_cpu_s_per_byte(codec)
+    log("sim_wan_calibration: 4 peers unshaped (the transport's CPU per byte)")
+    unshaped = measure_exchange(None, peers, [codec], ["swarm"], args.repeats, numel)[0]
+    moved = 2 * (peers - 1) / peers * payload  # per peer, both phases, each way
+    cpu_s = sum(unshaped["cpu_s_per_exchange"].values())  # all hosts, per exchange
+    transport_cpu = max(0.0, cpu_s - peers * codec_cpu * payload) / (peers * 2 * moved)
     log("sim_wan_calibration: 4 peers at 100 Mbit/s, swarm and raw TCP")
     rows = {r["system"]: r for r in measure_exchange(mbit, peers, [codec], ["swarm", "tcp"], args.repeats, numel)}
     measured, efficiency = rows["swarm"]["measured_s"], rows["tcp"]["ideal_s"] / rows["tcp"]["measured_s"]
-    costs = Costs(codec_s_per_byte=codec_cost, transport_s_per_byte=transport, link_efficiency=efficiency)
+    costs = Costs(codec_s_per_byte=codec_cpu * contention, transport_s_per_byte=transport_cpu * contention,
+                  link_efficiency=efficiency)
     predicted = butterfly(payload, make_peers(peers, up_mbit=mbit), costs).seconds
     return {"peers": peers, "mbit": mbit, "codec": codec, "payload_bytes": payload,
-            "codec_s_per_byte": codec_cost, "transport_s_per_byte": transport, "unshaped_s": unshaped,
-            "link_efficiency": round(efficiency, 3), "tcp_s": rows["tcp"]["measured_s"],
+            "codec_cpu_s_per_byte": codec_cpu, "transport_cpu_s_per_byte": transport_cpu, "contention": contention,
+            "unshaped_s": unshaped["measured_s"], "unshaped_cpu_s": cpu_s, "link_efficiency": round(efficiency, 3),
+            "tcp_s": rows["tcp"]["measured_s"], "swarm_cpu_s": rows["swarm"]["cpu_s_per_exchange"],
             "predicted_s": round(predicted, 3), "measured_s": measured,
             "error": round(predicted / measured - 1, 3) if measured else None}
 
