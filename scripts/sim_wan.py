@@ -8,7 +8,8 @@ site share its uplink; with ``--sites 0`` every peer has a link of its own.
     .venv/bin/python scripts/sim_wan.py --params 1e8 --mbit 20 --one-way-ms 80 --json
 
 The per-byte costs default to what scripts/bench_wan.py's sim_wan_calibration measured on the testbed
-(fp32; the codec term scales with the codec's size). ``p_commit`` is the chance that no member of the
+(fp32's codec cost per encoded byte is used for every codec, which understates int8/int4: their numpy
+block quantization measured ~12x fp32's per encoded byte, ~1.7x per parameter). ``p_commit`` is the chance that no member of the
 group that must complete together fails during a round, at ``--fail-per-hour`` per peer: the whole
 flat group, or (two-level) the representatives, a site's failed member being left out inside its site;
 ``useful`` is utilization × p_commit, the share of compute that ends up in committed rounds.
