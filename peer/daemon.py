@@ -29,7 +29,7 @@ from peer.heartbeat import HeartbeatThread
 from peer.options import PeerOptions
 from peer.parts import PeerParts
 from peer.round_hooks import PeerHooks
-from peer.startup import StartupClock
+from peer.startup import StartupClock, result_or_none
 from peer.state_store import PeerStateStore
 from peer.stats import PeerStats
 from swarm.config import RunConfig
@@ -82,6 +82,7 @@ class PeerDaemon:
         self.behind = False  # the coordinator contradicted a group decision: resync before anything else
         self.offline = False  # the current round runs while the coordinator is unreachable
         self.clock = StartupClock()  # where a (re)start's seconds go, logged at its first round
+        self._network: Optional[concurrent.futures.Future] = None  # the DHT start, overlapping the trainer build
 
     # ---- lifecycle -----------------------------------------------------------------------------------
     def run(self) -> int:
@@ -160,11 +161,13 @@ class PeerDaemon:
                                          renewed=self.link.renew)
         self.heartbeat.start()
         self.clock.mark("join")
+        # The DHT starts (hivemind's import, its forked process, p2pd, the bootstrap) while this thread builds
+        # the trainer: nothing here calls gRPC meanwhile, and the heartbeat thread holds FORK_LOCK for its calls.
+        self._network = self.clock.overlap(lambda: self.parts.transport(
+            o, list(joined.dht_initial_peers), stop=self.stop, tag=self.tag(), identity=libp2p, member=self.link.member))
         trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=o.device, ranks=self.ranks)
-        self.clock.warmed("trainer")  # no import in flight when the DHT forks
-        # after the model build: forked right after the join, gRPC still had threads inside it
-        self.transport = self.parts.transport(o, list(joined.dht_initial_peers), stop=self.stop, tag=self.tag(),
-                                              identity=libp2p, member=self.link.member)
+        self.clock.mark("trainer")
+        self.transport = self._network.result()  # PeerExit when it could not start
         self.build_round(trainer, joined)
         self.clock.mark("DHT")
         self.store.install(trainer.state)
@@ -292,6 +295,8 @@ class PeerDaemon:
             self.heartbeat.join(timeout=5)
         if self.peer_id:
             self.link.leave(self.stats.heartbeat_request(self.peer_id))
+        if self.transport is None:  # the trainer build failed while the DHT started: stop that DHT too
+            self.transport = result_or_none(self._network, timeout_s=10)
         if self.transport is not None:
             self.transport.shutdown()
         self.client.close()

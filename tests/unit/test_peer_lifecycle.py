@@ -151,7 +151,7 @@ class _SlowTrainer:
 
     STEP_S = 0.3
 
-    def __new__(cls, run, *, peer_index, device):
+    def __new__(cls, run, *, peer_index, device, ranks=None):
         from swarm.train.trainer import LocalTrainer
         trainer = LocalTrainer(run, peer_index=peer_index, device=device)
         if peer_index == 2:
