@@ -196,8 +196,9 @@ class PeerDaemon:
                                   stopping=self.stop.is_set, left_out=self.left_out,
                                   budget=lambda r: self.link.budget(r, self.runner.full_speed(r)))
         self.stats.update(model_fingerprint=trainer.fingerprint, param_count=trainer.param_count,
-                          dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs),
-                          rtt_ms=group.probe_rtt_ms())
+                          dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs))
+        # a first RTT estimate, off the start's path: a groupmate that died meanwhile takes a ping timeout
+        self.clock.overlap(lambda: self.stats.update(rtt_ms=group.probe_rtt_ms()), name="swarm-rtt-probe")
 
     def train_round(self, round_no: int, *, offline: bool = False) -> None:
         """TRAINING → EXCHANGING → DECIDING (OFFLINE_DECIDING while the coordinator is unreachable): one

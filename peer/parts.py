@@ -71,6 +71,8 @@ class PeerParts:
         it is unreachable (a coordinator restarting as this peer starts); gives up after join_timeout_s.
         It listens and announces as ``choose_p2p_address`` says, so that groupmates on other machines can
         reach it."""
+        import peer.group  # noqa: F401  the group's and the state transfer's hivemind modules: imported in
+        import swarm.net.state_transfer  # noqa: F401  this (the DHT start's) thread, not the trainer build's
         from swarm.net.dht_entries import validator_for
         from swarm.net.transport import Transport, TransportStartFailed
 
@@ -101,6 +103,8 @@ class PeerParts:
               member: Optional[credential.Member] = None, round_choice=None) -> DhtGroup:
         """``member``: the peer's key and credential after the join (``CoordinatorLink.member``);
         ``round_choice``: the controller's choice per round (``CoordinatorLink.round_choice``)."""
+        from peer.group import DhtGroup
+
         return DhtGroup(transport, run, run_id=run_id, peer_id=peer_id, peer_index=peer_index, planned=planned,
                         faults=faults, member=member, round_choice=round_choice)
 

@@ -116,4 +116,5 @@ class StartupClock:
     def summary(self) -> str:
         parts = [f"imports {self.before:.1f}s"] if self.before is not None else []
         parts += [f"{step} {seconds:.1f}s" for step, seconds in self.steps]
-        return f"{self.since_launch():.1f}s after launch ({', '.join(parts)})"
+        # the CPU seconds of this process (all its threads): a loaded machine shows as wall ≫ CPU
+        return f"{self.since_launch():.1f}s after launch ({', '.join(parts)}; {time.process_time():.1f} CPU-s)"

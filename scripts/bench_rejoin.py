@@ -34,6 +34,7 @@ from swarm.control.client import CoordinatorClient, CoordinatorError  # noqa: E4
 from swarm.control.joinstring import JoinString  # noqa: E402
 
 FIRST_ROUND = re.compile(r"r(\d+)\] first round: training ([\d.]+)s after launch \((.*)\)")
+CPU_S = re.compile(r"([\d.]+) CPU-s")
 
 
 def spawn(args: list[str], log: Path, stdout=None) -> subprocess.Popen:
@@ -60,13 +61,15 @@ def decided(text: str, round_no: int) -> Optional[str]:
     return None
 
 
-def poll(predicate, *, timeout_s: float, what: str, interval_s: float = 0.1):
+def poll(predicate, *, timeout_s: float, what: str, interval_s: float = 0.1, alive=lambda: True):
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and alive():
         value = predicate()
         if value:
             return value
         time.sleep(interval_s)
+    if not alive():
+        raise RuntimeError(f"a process exited while waiting for {what}; see the logs")
     raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
@@ -119,16 +122,22 @@ class Bench:
         self.start_peer(name)
         since = lambda: log.read_bytes()[offset:].decode(errors="replace")  # noqa: E731  this process's lines
         match = poll(lambda: (FIRST_ROUND.findall(since()) or [None])[0],
-                     timeout_s=120, what=f"{name} to train again")
+                     timeout_s=120, what=f"{name} to train again", alive=self.alive)
         round_no, to_training, breakdown = int(match[0]), float(match[1]), match[2]
         row = poll(lambda: (lambda r: r if r and r["rounds_joined"] > before else None)(self.peer_row(name)),
-                   timeout_s=120, what=f"a committed round holding {name}'s update")
+                   timeout_s=120, what=f"a committed round holding {name}'s update", alive=self.alive)
         to_committed = time.monotonic() - restarted
-        contributed = poll(lambda: decided(since(), round_no), timeout_s=60, what=f"{name}'s round {round_no}")
+        contributed = poll(lambda: decided(since(), round_no), timeout_s=60, what=f"{name}'s round {round_no}",
+                           alive=self.alive)
         contributed = contributed == "mine"
+        cpu = CPU_S.search(breakdown)
         return {"round": round_no, "to_training_s": to_training, "breakdown": breakdown,
+                "cpu_s": float(cpu.group(1)) if cpu else None,
                 "contributed": contributed, "to_committed_s": round(to_committed, 2),
                 "rounds_joined": row["rounds_joined"] - before}
+
+    def alive(self) -> bool:
+        return all(proc.poll() is None for proc in [*self.peers.values(), self.coordinator])
 
     def close(self) -> None:
         if self.client is not None:
@@ -154,16 +163,18 @@ def main() -> int:
     try:
         bench.start()
         poll(lambda: (bench.status() or {"run": {}})["run"].get("rounds_committed", 0) >= args.warm_rounds,
-             timeout_s=300, what="the first rounds")
+             timeout_s=300, what="the first rounds", alive=bench.alive)
         for _ in range(args.restarts):
             rows.append(bench.restart("peer-1"))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
             target = bench.status()["run"]["rounds_committed"] + args.settle_rounds
-            poll(lambda: bench.status()["run"]["rounds_committed"] >= target, timeout_s=120, what="a settle round")
+            poll(lambda: bench.status()["run"]["rounds_committed"] >= target, timeout_s=120, what="a settle round",
+                 alive=bench.alive)
     finally:
         bench.close()
     mean = lambda key: round(sum(r[key] for r in rows) / len(rows), 2) if rows else None  # noqa: E731
     summary = {"restarts": rows, "mean_to_training_s": mean("to_training_s"),
+               "mean_cpu_s": mean("cpu_s") if all(r["cpu_s"] is not None for r in rows) else None,
                "mean_to_committed_s": mean("to_committed_s"),
                "contributed_to_first_round": sum(r["contributed"] for r in rows), "workdir": str(workdir)}
     print(json.dumps(summary) if args.json else json.dumps(summary, indent=1), flush=True)

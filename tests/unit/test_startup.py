@@ -20,7 +20,7 @@ def test_the_summary_names_every_step_and_adds_up_to_the_time_since_launch():
     for step in ("join", "trainer", "DHT"):
         clock.mark(step)
     line = clock.summary()
-    assert re.fullmatch(r"[\d.]+s after launch \(imports [\d.]+s, join [\d.]+s, trainer [\d.]+s, DHT [\d.]+s\)", line), line
+    assert re.fullmatch(r"[\d.]+s after launch \(imports [\d.]+s, join [\d.]+s, trainer [\d.]+s, DHT [\d.]+s; [\d.]+ CPU-s\)", line), line
     launched = seconds_since_launch()
     assert launched is not None and 0 < launched < 3600  # this test process started moments ago
     assert clock.since_launch() >= sum(seconds for _, seconds in clock.steps)
