@@ -161,10 +161,10 @@ class PeerDaemon:
                                          renewed=self.link.renew)
         self.heartbeat.start()
         self.clock.mark("join")
-        # The DHT starts (hivemind's import, its forked process, p2pd, the bootstrap) while this thread builds
-        # the trainer: nothing here calls gRPC meanwhile, and the heartbeat thread holds FORK_LOCK for its calls.
-        self._network = self.clock.overlap(lambda: self.parts.transport(
-            o, list(joined.dht_initial_peers), stop=self.stop, tag=self.tag(), identity=libp2p, member=self.link.member))
+        # the DHT starts (hivemind's import, its process, p2pd) as the trainer builds: no gRPC call here meanwhile
+        peers = list(joined.dht_initial_peers)
+        self._network = self.clock.overlap(lambda: self.parts.transport(o, peers, stop=self.stop, tag=self.tag(),
+                                                                        identity=libp2p, member=self.link.member))
         trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=o.device, ranks=self.ranks)
         self.clock.mark("trainer")
         self.transport = self._network.result()  # PeerExit when it could not start
@@ -197,7 +197,6 @@ class PeerDaemon:
                                   budget=lambda r: self.link.budget(r, self.runner.full_speed(r)))
         self.stats.update(model_fingerprint=trainer.fingerprint, param_count=trainer.param_count,
                           dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs))
-        # a first RTT estimate, off the start's path: a groupmate that died meanwhile takes a ping timeout
         self.clock.overlap(lambda: self.stats.update(rtt_ms=group.probe_rtt_ms()), name="swarm-rtt-probe")
 
     def train_round(self, round_no: int, *, offline: bool = False) -> None:
@@ -296,8 +295,7 @@ class PeerDaemon:
             self.heartbeat.join(timeout=5)
         if self.peer_id:
             self.link.leave(self.stats.heartbeat_request(self.peer_id))
-        if self.transport is None:  # the trainer build failed while the DHT started: stop that DHT too
-            self.transport = result_or_none(self._network, timeout_s=10)
+        self.transport = self.transport or result_or_none(self._network, timeout_s=10)  # a failed start's DHT too
         if self.transport is not None:
             self.transport.shutdown()
         self.client.close()

@@ -3,8 +3,8 @@
 A peer takes a fresh identity at each start, signs its join with it, and starts its DHT with it
 (``Transport(identity_path=...)``), so the libp2p id the coordinator puts in its credential is the one
 the peer's DHT node really has. Fresh means no process used it before: each start makes a spare for the
-next one in the background, so that a restart does not wait for an RSA key. The coordinator derives the id from the presented public key exactly as
-``hivemind.p2p.PeerID.from_identity`` does.
+next one in the background, so that a restart does not wait for an RSA key. The coordinator derives the
+id from the presented public key exactly as ``hivemind.p2p.PeerID.from_identity`` does.
 
 Nothing here imports hivemind: a peer signs its join with this key before its DHT exists, and importing
 hivemind (with the scipy it pulls in) is a large part of a restart. The key file is libp2p's protobuf
