@@ -161,6 +161,7 @@ class PeerDaemon:
         self.heartbeat.start()
         self.clock.mark("join")
         trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=o.device, ranks=self.ranks)
+        trainer.throttle = o.faults.throttle(lambda: self.stats.metrics().round)  # slow@R: a throttled device
         self.clock.warmed("trainer")  # no import in flight when the DHT forks
         # after the model build: forked right after the join, gRPC still had threads inside it
         self.transport = self.parts.transport(o, list(joined.dht_initial_peers), stop=self.stop, tag=self.tag(),
