@@ -105,9 +105,7 @@ class LocalTrainer:
         # The committed global state; round 0 is θ0 with a zero outer state.
         self.state = initial_state(self.model, self.outer)
         self._step_time_ema_s: float | None = None
-        # Called after each inner step with its compute seconds (fault injection: a throttled device sleeps
-        # there, so the step time this peer measures and reports is the throttled one); None: full speed.
-        self.throttle: Optional[Callable[[float], None]] = None
+        self.throttle: Optional[Callable[[float], None]] = None  # after each step, with its compute seconds
 
         rounds = run.rounds
         names = [name for name, _ in self.model.named_parameters()]
@@ -190,7 +188,7 @@ class LocalTrainer:
             lr = self.lr_at(self.inner_steps_done, run_step + i)
             loss_sum += self.inner_step.step(x, y, lr)  # no per-step .item(): it would stall a GPU every step
             self.inner_steps_done += 1
-            if self.throttle is not None:
+            if self.throttle is not None:  # fault injection (a slow device): the step time it measures includes the wait
                 self.throttle(time.perf_counter() - step_start)
                 step_start = time.perf_counter()
         return loss_sum.item() / steps if steps else float("nan")

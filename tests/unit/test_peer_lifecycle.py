@@ -151,9 +151,9 @@ class _SlowTrainer:
 
     STEP_S = 0.3
 
-    def __new__(cls, run, *, peer_index, device):
+    def __new__(cls, run, *, peer_index, device, ranks=None):
         from swarm.train.trainer import LocalTrainer
-        trainer = LocalTrainer(run, peer_index=peer_index, device=device)
+        trainer = LocalTrainer(run, peer_index=peer_index, device=device, ranks=ranks)
         if peer_index == 2:
             fast = trainer.train
 
