@@ -106,19 +106,27 @@ def _join_string(coordinator: subprocess.Popen) -> str:
 
 
 def throughput(history: dict) -> dict:
-    """Swarm tokens/s over rounds 2.. against the sum of each peer's own training speed in them."""
+    """Swarm tokens/s in the steady rounds against the sum of each peer's own training speed in them. The
+    steady rounds start at the first round after round 1 that every peer reported: in round 1 nothing is
+    measured, so the slow peer does the full steps, misses its group and resyncs (the rounds it spends
+    out are counted as lost in ``rounds_before_steady``, not in the ratio)."""
     rounds = [r for r in history["rounds"] if r["outcome"] == "committed"]
-    steady = [r for r in rounds if r["round"] >= 2]
-    wall_s = steady[-1]["decided_at"] - rounds[0]["decided_at"]
+    reporters = {i + 1: len(steps) for i, steps in enumerate(history["steps"])}  # round -> peers that reported
+    first = next((r["round"] for r in rounds if r["round"] >= 2 and reporters.get(r["round"], 0) >= PEERS), None)
+    if first is None:
+        raise RuntimeError("no round after the first had every peer: no steady state to measure")
+    steady = [r for r in rounds if r["round"] >= first]
+    before = [r for r in rounds if r["round"] < first]
+    wall_s = steady[-1]["decided_at"] - before[-1]["decided_at"]
     swarm_tps = sum(r["tokens"] for r in steady) / wall_s
     speeds: dict[str, list[float]] = {}
     for p in history["peer_rounds"]:
-        if p["round"] >= 2 and p["tokens_per_s"]:
+        if p["round"] >= first and p["tokens_per_s"]:
             speeds.setdefault(p["peer_id"], []).append(p["tokens_per_s"])
     standalone = {peer: statistics.median(v) for peer, v in speeds.items()}
     return {"swarm_tokens_per_s": swarm_tps, "standalone_tokens_per_s": sorted(standalone.values()),
             "standalone_sum_tokens_per_s": sum(standalone.values()), "steady_wall_s": wall_s,
-            "ratio": swarm_tps / sum(standalone.values())}
+            "steady_rounds": [r["round"] for r in steady], "ratio": swarm_tps / sum(standalone.values())}
 
 
 def eval_curve(history: dict) -> list[tuple[int, float]]:
@@ -163,11 +171,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short smoke run (numbers not meaningful)")
     parser.add_argument("--inner-steps", type=int, default=400, help="H of both runs")
     parser.add_argument("--rounds", type=int, default=6, help="rounds of both runs")
+    parser.add_argument("--keep", help="keep both runs' state dirs and logs under this directory")
     args = parser.parse_args(argv)
     inner_steps, rounds = (40, 3) if args.quick else (args.inner_steps, args.rounds)
     config = CONFIG.format(inner_steps=inner_steps, rounds=rounds, peers=PEERS, eval_batches=4 if args.quick else 16)
     timeout_s = 60 + rounds * inner_steps * 0.5
-    with tempfile.TemporaryDirectory(prefix="bench_straggler_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench_straggler_") as scratch:
+        tmp = args.keep or scratch
         started = time.monotonic()
         straggler = run_swarm(Path(tmp) / "straggler", config, {f"peer-{PEERS - 1}": SLOW}, timeout_s)
         equal = run_swarm(Path(tmp) / "equal", config, {}, timeout_s)
