@@ -22,12 +22,13 @@ from typing import Callable, Iterator, Optional
 
 from coordinator import admission, budgets, controller, membership, rounds, tokens
 from coordinator.errors import BadRequest, PeerGone, Rejection, UnknownPeer
-from coordinator.history import History, history_page
+from coordinator.history import history_page
 from coordinator.records import COMMITTED, EXCHANGING, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
 from coordinator.peer_writes import PeerWrites
 from coordinator.roster import Roster
 from coordinator.round_info_cache import RoundInfoCache
 from coordinator.round_reports import RoundReports, report_record
+from coordinator.run_log import open_run_log
 from coordinator.run_open import open_run
 from coordinator.store import Store
 from coordinator.views import RunPosition, round_info, status_response
@@ -66,6 +67,7 @@ class CoordinatorEngine:
         self._credential_ttl_s = credential_ttl_s
         self.started_at = clock()
         self.config: RunConfig = open_run(store, config, check_config=check_config, now=self.started_at)
+        self.run_log = open_run_log(store, self.config)  # [logging]: the run's curves, as rounds are recorded
         self._load()
         # Peers kept training while the coordinator was down; give each a fresh lease to check in.
         with store.transaction():
@@ -89,7 +91,7 @@ class CoordinatorEngine:
         self._settled: Optional[tuple[int, int, int]] = None  # roster, rounds and reports versions last settled
         self._wait_until = float("inf")  # when the open round is decided even if nothing else happens
         self._info_cache = RoundInfoCache(self._roster)
-        self._history = History(self._store)
+        self._history = self.run_log.history(self._store)
 
     @property
     def run(self) -> RunRecord:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Optional, Protocol, Sequence
 
+from coordinator import controller
 from coordinator.errors import BadRequest
 from coordinator.records import COMMITTED, PeerRecord, ReportRecord, RoundRecord, finite
 from swarm.config import RunConfig
@@ -31,13 +32,15 @@ def round_history(
 ) -> pb.RoundHistory:
     """The history row of the round ``decided`` (committed or voided) from its participants' reports."""
     counted = [r for r in reports if r.peer_id in set(decided.participants)]
+    choice = controller.from_json(decided.choice)  # the controller's codec, when it chose one for this round
     inner = sum(r.inner_time_s for r in counted)
     exchange = sum(r.exchange_time_s for r in counted)
     return pb.RoundHistory(
         round=decided.round, outcome=decided.outcome, opened_at=decided.opened_at,
         decided_at=decided.decided_at or 0.0, participants=len(decided.participants), reported=len(counted),
         holders=len(decided.holders), group_size=max((len(r.group) for r in counted), default=0),
-        codec=config.rounds.codec, inner_steps=config.rounds.inner_steps, fragments=config.rounds.fragments,
+        codec=choice.codec if choice is not None else config.rounds.codec,
+        inner_steps=max(decided.budgets, default=config.rounds.inner_steps), fragments=config.rounds.fragments,
         bytes_sent=sum(r.bytes_sent for r in counted), bytes_received=sum(r.bytes_received for r in counted),
         ddp_equivalent_bytes=ddp_equivalent_bytes,
         exchange_s=max((r.exchange_time_s for r in counted), default=0.0),

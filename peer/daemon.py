@@ -29,7 +29,8 @@ from peer.heartbeat import HeartbeatThread
 from peer.options import PeerOptions
 from peer.parts import PeerParts
 from peer.round_hooks import PeerHooks
-from peer.startup import StartupClock
+from peer.round_log import RoundLog
+from peer.startup import StartupClock, result_or_none
 from peer.state_store import PeerStateStore
 from peer.stats import PeerStats
 from swarm.config import RunConfig
@@ -82,6 +83,7 @@ class PeerDaemon:
         self.behind = False  # the coordinator contradicted a group decision: resync before anything else
         self.offline = False  # the current round runs while the coordinator is unreachable
         self.clock = StartupClock()  # where a (re)start's seconds go, logged at its first round
+        self._network: Optional[concurrent.futures.Future] = None  # the DHT start, overlapping the trainer build
 
     # ---- lifecycle -----------------------------------------------------------------------------------
     def run(self) -> int:
@@ -160,12 +162,14 @@ class PeerDaemon:
                                          renewed=self.link.renew)
         self.heartbeat.start()
         self.clock.mark("join")
+        # the DHT starts (hivemind's import, its process, p2pd) as the trainer builds: no gRPC call here meanwhile
+        peers = list(joined.dht_initial_peers)
+        self._network = self.clock.overlap(lambda: self.parts.transport(o, peers, stop=self.stop, tag=self.tag(),
+                                                                        identity=libp2p, member=self.link.member))
         trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=o.device, ranks=self.ranks)
         trainer.throttle = o.faults.throttle(lambda: self.stats.metrics().round)  # slow@R: a throttled device
-        self.clock.warmed("trainer")  # no import in flight when the DHT forks
-        # after the model build: forked right after the join, gRPC still had threads inside it
-        self.transport = self.parts.transport(o, list(joined.dht_initial_peers), stop=self.stop, tag=self.tag(),
-                                              identity=libp2p, member=self.link.member)
+        self.clock.mark("trainer")
+        self.transport = self._network.result()  # PeerExit when it could not start
         self.build_round(trainer, joined)
         self.clock.mark("DHT")
         self.store.install(trainer.state)
@@ -187,15 +191,16 @@ class PeerDaemon:
                                     checkpoint_every_rounds=o.checkpoint_every_rounds, stats=self.stats,
                                     faults=o.faults, announce=self.heartbeat.beat_now, tag=self.tag)
         self.hooks = PeerHooks(self.stats, o.faults, beat_now=self.heartbeat.beat_now, on_state=self.round_state,
-                               on_decided=self.on_decided, tag=self.tag)
+                               on_decided=self.on_decided, tag=self.tag, lr=lambda: trainer.optimizer.param_groups[0]["lr"],
+                               log=RoundLog.for_run(self.run_config, name=o.name or self.peer_id, run_id=self.run_id, tag=self.tag))
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="swarm-exchange")
         self.runner = RoundRunner(trainer, self.run_config, exchange=group, votes=group, decider=self.link,
                                   store=self.store, executor=self._executor, hooks=self.hooks,
                                   stopping=self.stop.is_set, left_out=self.left_out,
                                   budget=lambda r: self.link.budget(r, self.runner.full_speed(r)))
         self.stats.update(model_fingerprint=trainer.fingerprint, param_count=trainer.param_count,
-                          dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs),
-                          rtt_ms=group.probe_rtt_ms())
+                          dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs))
+        self.clock.overlap(lambda: self.stats.update(rtt_ms=group.probe_rtt_ms()), name="swarm-rtt-probe")
 
     def train_round(self, round_no: int, *, offline: bool = False) -> None:
         """TRAINING → EXCHANGING → DECIDING (OFFLINE_DECIDING while the coordinator is unreachable): one
@@ -288,11 +293,14 @@ class PeerDaemon:
         trainer = self.runner.trainer if self.runner is not None else None
         if trainer is not None and trainer.round_no > 0 and not self.store.provisional and not self.behind:
             self.store.checkpoint()  # a restarted peer resumes here if the run has not moved on
+        if self.runner is not None:
+            self.hooks.close()  # the training logs' last round
         if self.heartbeat is not None:
             self.heartbeat.beat_now()  # wakes it from its interval wait: it sees stop and ends
             self.heartbeat.join(timeout=5)
         if self.peer_id:
             self.link.leave(self.stats.heartbeat_request(self.peer_id))
+        self.transport = self.transport or result_or_none(self._network, timeout_s=10)  # a failed start's DHT too
         if self.transport is not None:
             self.transport.shutdown()
         self.client.close()

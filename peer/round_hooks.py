@@ -4,11 +4,14 @@ log lines, fault injection, and the follow-up a decision needs (the group to go 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable, Optional
 
 from peer.faults import FaultPlan
+from peer.round_log import RoundLog
 from peer.stats import PeerStats
-from swarm.train.round import Hooks, Outcome, RoundResult, Vote
+from swarm.train.round import Hooks, RoundResult, Vote
+from swarm.train.train_log import TrainLog
 from swarm.train.trainer import TrainStats
 
 logger = logging.getLogger(__name__)
@@ -16,13 +19,16 @@ logger = logging.getLogger(__name__)
 
 class PeerHooks(Hooks):
     """Called on the main thread, except ``voted`` and ``at(.., 'averaged' | 'reported')`` (the executor),
-    which touch only the thread-safe stats and the fault plan."""
+    which touch only the thread-safe stats, round log and fault plan."""
 
     def __init__(self, stats: PeerStats, faults: FaultPlan, *, beat_now: Callable[[], None],
                  on_state: Callable[[str], None], on_decided: Callable[[RoundResult], None],
-                 tag: Callable[[Optional[int]], str]) -> None:
+                 tag: Callable[[Optional[int]], str], lr: Callable[[], float] = lambda: math.nan,
+                 log: Optional[RoundLog] = None) -> None:
+        """``lr``: the inner lr last used; ``log``: the round's line and training-log scalars."""
         self.stats, self.faults, self.beat_now = stats, faults, beat_now
-        self.on_state, self.on_decided, self.tag = on_state, on_decided, tag
+        self.on_state, self.on_decided, self.tag, self.lr = on_state, on_decided, tag, lr
+        self.log = log or RoundLog(TrainLog([]), tag=tag, codec="")
 
     def at(self, round_no: int, phase: str) -> None:
         self.faults.at(round_no, phase)
@@ -32,8 +38,7 @@ class PeerHooks(Hooks):
         self.stats.add(inner_time_s=stats.inner_time_s, inner_steps=stats.steps, tokens=stats.tokens)
         self.stats.update(loss=stats.mean_loss, step_time_s=stats.inner_time_s / max(1, stats.steps),
                           tokens_per_s=tokens_per_s)
-        logger.info("%s trained %d steps, loss %.4f, %.0f tokens/s", self.tag(round_no), stats.steps,
-                    stats.mean_loss, tokens_per_s)
+        self.log.trained(round_no, stats, lr=self.lr())
 
     def exchanging(self, round_no: int) -> None:
         self.on_state("exchanging")
@@ -52,22 +57,16 @@ class PeerHooks(Hooks):
         if averaged:
             self.stats.update(upload_mbit_s=averaged.upload_mbit_s, download_mbit_s=averaged.download_mbit_s,
                               rtt_ms=averaged.rtt_ms)
-        if vote.ok:
-            logger.info("%s tentative hash %s", self.tag(vote.round_no), vote.state_hash)
-        else:
-            logger.warning("%s exchange failed: %s", self.tag(vote.round_no), vote.error)
+        logger.debug("%s tentative hash %s", self.tag(vote.round_no), vote.state_hash or "none")
+        self.log.voted(vote)
 
     def decided(self, result: RoundResult) -> None:
-        if result.outcome is Outcome.VOIDED:
-            logger.warning("%s voided by the %s; this round's work carries into the next", self.tag(result.round_no),
-                           "group" if result.decision and result.decision.by_group else "coordinator")
-        elif result.outcome is Outcome.COMMITTED:
-            logger.info("%s committed, hash %s", self.tag(result.round_no), result.decision.committed_hash)
-        elif result.outcome is Outcome.BEHIND:
-            logger.info("%s committed %s, which this peer does not hold", self.tag(result.round_no),
-                        result.decision.committed_hash)
+        self.log.decided(result)  # the round's one line
         self.on_decided(result)
 
     def evaluated(self, round_no: int, loss: float) -> None:
         self.stats.update(eval_loss=loss, eval_round=round_no)
-        logger.info("%s eval loss %.4f at round %d", self.tag(None), loss, round_no)
+        self.log.evaluated(round_no, loss)
+
+    def close(self) -> None:
+        self.log.close()

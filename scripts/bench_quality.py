@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
+from rich.console import Console
 
+from swarm.app.run_progress import RunProgress
 from swarm.core import average
 from swarm.core.fragments import fragments as split_fragments
 from swarm.core.state import GlobalState, state_hash
@@ -415,7 +417,8 @@ def run_rows(bench: Bench, jobs: list[Job], *, parallel: int, verbose: bool) -> 
     """
     rows: dict[Job, dict] = {}
     warm = [j for j in jobs if j.init == "warm"]
-    with concurrent.futures.ProcessPoolExecutor(
+    with RunProgress(len(jobs), what="rows", console=Console(stderr=True)) as progress, \
+            concurrent.futures.ProcessPoolExecutor(
         max_workers=max(1, parallel), mp_context=multiprocessing.get_context("spawn"),
         initializer=_pool_init, initargs=(verbose,),
     ) as pool:
@@ -432,11 +435,11 @@ def run_rows(bench: Bench, jobs: list[Job], *, parallel: int, verbose: bool) -> 
                 else:
                     job = pending.pop(fut)
                     rows[job] = fut.result()
-                    _log_row(job, rows[job])
-    for job in jobs:
-        if job.method == "torchft_diloco":
-            rows[job] = run_job(bench, job, ckpt if job.init == "warm" else None)
-            _log_row(job, rows[job])
+                    _show_row(progress, rows, job)
+        for job in jobs:
+            if job.method == "torchft_diloco":
+                rows[job] = run_job(bench, job, ckpt if job.init == "warm" else None)
+                _show_row(progress, rows, job)
     return [rows[j] for j in jobs], ckpt
 
 
@@ -446,11 +449,14 @@ def _pool_order(jobs: list[Job], init: str) -> list[Job]:
     return sorted(pooled, key=lambda j: j.method == "single")
 
 
-def _log_row(job: Job, row: dict) -> None:
-    if row["eval_loss"] is None:
-        log.warning("%s: %s", job.label, row.get("note"))
-    else:
-        log.warning("%s: eval loss %.4f, %.0f s", job.label, row["eval_loss"], row["wall_s"])
+def _show_row(progress: RunProgress, rows: dict[Job, dict], job: Job) -> None:
+    """A finished row: its line, and the progress over the rows (a bar on a terminal)."""
+    row = rows[job]
+    line = (f"{job.label}: {row.get('note')}" if row["eval_loss"] is None
+            else f"{job.label}: eval loss {row['eval_loss']:.4f}, {row['wall_s']:.0f} s")
+    if progress.live:
+        progress.note(line)  # kept above the bar
+    progress.update(len(rows), last=line)
 
 
 def add_reductions(rows: list[dict], bench: Bench, param_count: int) -> None:

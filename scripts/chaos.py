@@ -31,7 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 from swarm.control.client import CoordinatorClient, CoordinatorError  # noqa: E402
 from swarm.control.joinstring import JoinString  # noqa: E402
-from swarm.app.status import status_to_dict  # noqa: E402
+from swarm.app.run_progress import RunProgress  # noqa: E402
+from swarm.app.status import format_bytes, status_to_dict  # noqa: E402
+from rich.console import Console  # noqa: E402
 
 
 def spawn(args: list[str], log: Path, stdout=None) -> subprocess.Popen:
@@ -136,6 +138,13 @@ class Soak:
                     self.rejoin_s.append(time.monotonic() - when)
                     del self.restarted_at[name]
 
+    def show(self, progress: RunProgress, status: dict) -> None:
+        run = status["run"]
+        eval_loss = "—" if run["eval_loss"] is None else f"{run['eval_loss']:.3f}"
+        progress.update(run["rounds_committed"], voided=str(run["rounds_voided"]), eval=eval_loss,
+                        sent=format_bytes(status["totals"]["bytes_sent"]), faults=str(self.faults_injected),
+                        divergent=str(self.divergent))
+
     def run(self) -> dict:
         started = time.monotonic()
         self.start_coordinator()
@@ -147,10 +156,13 @@ class Soak:
         pending_restarts: list[tuple[float, str]] = []
         status: Optional[dict] = None
         deadline = started + self.args.timeout_s
+        progress = RunProgress(self.args.rounds, what=f"{self.workdir.name}: rounds committed",
+                               console=Console(stderr=True)).start()  # stdout keeps only the summary
         while time.monotonic() < deadline:
             status = self.status(client) or status
             if status:
                 self.check(status)
+                self.show(progress, status)
                 if status["run"]["finished"]:
                     break
             now = time.monotonic()
@@ -189,6 +201,7 @@ class Soak:
                                  default=0)
                     self.restarted_at[name] = (time.monotonic(), joined)
             time.sleep(0.3)  # the soak's sampling period
+        progress.stop()
         for proc in self.peers.values():
             try:
                 proc.wait(timeout=120)

@@ -21,6 +21,7 @@ from typing import Any, Optional
 from rich.console import Console
 from rich.table import Table
 
+from swarm.app.run_progress import RunProgress
 from swarm.app.status import format_bytes, status_to_dict
 
 
@@ -102,7 +103,7 @@ def _train(coordinator: subprocess.Popen, peers: list[subprocess.Popen], options
              "--name", f"demo-peer-{i}", "--site", "loopback"],
             workdir / f"peer-{i}.log",
         ))
-    status = _follow(join, peers, console, deadline=deadline)
+    status = _follow(join, peers, console, rounds=options.rounds, deadline=deadline)
     codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in peers]
     status = _final_status(join) or status  # after the peers' last heartbeats
     coordinator.send_signal(signal.SIGTERM)  # its exit grace only serves status readers like us
@@ -145,39 +146,40 @@ def _summary(options: DemoOptions, workdir: Path, status: Optional[dict[str, Any
     }
 
 
-def _follow(join: str, procs: list[subprocess.Popen], console: Console, *, deadline: float) -> Optional[dict[str, Any]]:
-    """Print a line per committed round until the run finishes; return the last status seen."""
+def _follow(join: str, procs: list[subprocess.Popen], console: Console, *, rounds: int,
+            deadline: float) -> Optional[dict[str, Any]]:
+    """Show the run's progress (a bar on a terminal, else a line per committed round) until it finishes;
+    return the last status seen."""
     from swarm.control.client import CoordinatorClient, CoordinatorError
     from swarm.control.joinstring import JoinString
 
     client = CoordinatorClient(JoinString.parse(join))
     last: Optional[dict[str, Any]] = None
-    shown = -1
     try:
-        while time.monotonic() < deadline:
-            try:
-                last = status_to_dict(client.get_status())
-            except CoordinatorError:
-                if all(p.poll() is not None for p in procs):
+        with RunProgress(rounds, what="rounds committed", console=console) as progress:
+            while time.monotonic() < deadline:
+                try:
+                    last = status_to_dict(client.get_status())
+                except CoordinatorError:
+                    if all(p.poll() is not None for p in procs):
+                        return last
+                    time.sleep(1.0)  # a progress display's refresh period
+                    continue
+                run, totals = last["run"], last["totals"]
+                live = sum(1 for p in last["peers"] if p["state"] not in ("left", "evicted"))
+                progress.update(run["rounds_committed"], eval=_loss(run["eval_loss"]), train=_loss(run["loss"]),
+                                peers=str(live), sent=format_bytes(totals["bytes_sent"]),
+                                θg=run["committed_hash"] or "—")
+                if run["finished"] or all(p.poll() is not None for p in procs):
                     return last
                 time.sleep(1.0)  # a progress display's refresh period
-                continue
-            run, totals = last["run"], last["totals"]
-            if run["rounds_committed"] != shown:
-                shown = run["rounds_committed"]
-                eval_loss = "—" if run["eval_loss"] is None else f"{run['eval_loss']:.3f}"
-                live = sum(1 for p in last["peers"] if p["state"] not in ("left", "evicted"))
-                console.print(
-                    f"round {shown}/{run['max_rounds']} committed  eval {eval_loss}  train {run['loss'] or 0:.3f}  "
-                    f"peers {live}  sent {format_bytes(totals['bytes_sent'])}  θg {run['committed_hash'] or '—'}",
-                    soft_wrap=True,
-                )
-            if run["finished"] or all(p.poll() is not None for p in procs):
-                return last
-            time.sleep(1.0)  # a progress display's refresh period
         raise RuntimeError("the run did not finish within the demo timeout")
     finally:
         client.close()
+
+
+def _loss(value: Optional[float]) -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
 
 
 def _final_status(join: str) -> Optional[dict[str, Any]]:

@@ -15,6 +15,8 @@ from swarm.config.run import (  # noqa: F401
     OuterOptConfig,
     RoundConfig,
     RunConfig,
+    LoggingConfig,
+    WandbConfig,
     load_run_config,
 )
 
@@ -33,5 +35,7 @@ __all__ = [
     "OuterOptConfig",
     "RoundConfig",
     "RunConfig",
+    "LoggingConfig",
+    "WandbConfig",
     "load_run_config",
 ]

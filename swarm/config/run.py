@@ -398,6 +398,56 @@ class RoundConfig:
                               f" got {self.reject_factor}.")
 
 
+WANDB_MODES = ("offline", "online")
+_WANDB_PROJECT = re.compile(r"[\w.-]{1,128}")
+MAX_PATH_CHARS = 4096
+
+
+@dataclass(frozen=True, kw_only=True)
+class WandbConfig:
+    """Weights & Biases logging; an empty project switches it off."""
+
+    project: str = ""
+    mode: str = "offline"  # "offline": files only (``wandb sync`` uploads them later); "online": upload as it runs
+    entity: str = ""  # the W&B team or user (empty: the logged-in user's default)
+    dir: str = "wandb"  # where run files go: <dir>/<peer name or id>, <dir>/coordinator
+
+    def validate(self) -> None:
+        if not self.project:
+            if self.entity or self.mode != "offline" or self.dir != "wandb":
+                raise ConfigError("[logging] wandb needs a project, e.g. wandb = { project = \"my-run\" }.")
+            return
+        if not _WANDB_PROJECT.fullmatch(self.project):
+            raise ConfigError(f"[logging] wandb project must be 1 to 128 letters, digits, '.', '-' or '_',"
+                              f" got {self.project!r}.")
+        if self.mode not in WANDB_MODES:
+            raise ConfigError(f"[logging] wandb mode {self.mode!r} is unknown; choose one of {list(WANDB_MODES)}.")
+        if self.entity and not _WANDB_PROJECT.fullmatch(self.entity):
+            raise ConfigError(f"[logging] wandb entity must be letters, digits, '.', '-' or '_', got {self.entity!r}.")
+        _check_dir("wandb dir", self.dir)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggingConfig:
+    """Training logs for the tools ML engineers use; each writer is an optional extra (``pip install
+    swarm-train[tensorboard]`` / ``[wandb]``). Every peer logs under ``<dir>/<its name or id>``, the
+    coordinator under ``<dir>/coordinator``, each on its own machine."""
+
+    tensorboard: str = ""  # a directory for TensorBoard event files (empty: off)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    def validate(self) -> None:
+        if self.tensorboard:
+            _check_dir("tensorboard", self.tensorboard)
+        self.wandb.validate()
+
+
+def _check_dir(name: str, path: str) -> None:
+    if "\0" in path or len(path) > MAX_PATH_CHARS or not path.strip():
+        raise ConfigError(f"[logging] {name} must be a directory path of at most {MAX_PATH_CHARS} characters,"
+                          f" got {path[:80]!r}.")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     seed: int = 0
@@ -406,10 +456,11 @@ class RunConfig:
     inner: InnerOptConfig = field(default_factory=InnerOptConfig)
     outer: OuterOptConfig = field(default_factory=OuterOptConfig)
     rounds: RoundConfig = field(default_factory=RoundConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def validate(self) -> "RunConfig":
         check_range("top level", "seed", self.seed, 0, 2**63 - 1)
-        for section in (self.model, self.data, self.inner, self.outer, self.rounds):
+        for section in (self.model, self.data, self.inner, self.outer, self.rounds, self.logging):
             section.validate()
         if self.inner.schedule != "constant" and self.rounds.max_rounds is None:
             raise ConfigError(f"[inner] schedule {self.inner.schedule!r} decays over the run's inner steps; set"
@@ -475,7 +526,7 @@ def _build(cls: type, data: Any, *, origin: str, section: str) -> Any:
     for name, value in data.items():
         default = getattr(cls(), name)
         if dataclasses.is_dataclass(default):
-            kwargs[name] = _build(type(default), value, origin=origin, section=name)
+            kwargs[name] = _build(type(default), value, origin=origin, section=f"{section}.{name}" if section else name)
         elif (section, name) in _JSON_FIELDS:
             kwargs[name] = _json_value(value, name=name, origin=origin, where=where)
         elif value is None and type(None) in typing.get_args(hints[name]):

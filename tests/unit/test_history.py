@@ -115,3 +115,21 @@ def test_a_schema_3_store_gains_the_history_tables_and_keeps_its_run(tmp_path: P
     assert store.latest_round().round == 1 and store.history() == []
     store.close()
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_a_round_the_controller_chose_for_records_its_codec_and_longest_budget():
+    import json
+
+    from coordinator.history import round_history
+    from coordinator.records import COMMITTED, RoundRecord
+
+    choice = json.dumps({"round": 3, "codec": "int4", "shares": {}, "inner_steps": 5, "fragments": 1,
+                         "overlap_steps": 0, "reason": "int4: fp32 would not fit", "predicted_exchange_s": 1.0,
+                         "window_s": 0.5})
+    row = RoundRecord(round=3, opened_at=1.0, participants=("a", "b"), outcome=COMMITTED, decided_at=2.0,
+                      choice=choice, budgets=(5, 2))
+    history = round_history(row, [], RUN, ddp_equivalent_bytes=0)
+    assert (history.codec, history.inner_steps) == ("int4", 5)
+    plain = round_history(RoundRecord(round=4, opened_at=1.0, participants=("a",), outcome=COMMITTED), [], RUN,
+                          ddp_equivalent_bytes=0)
+    assert (plain.codec, plain.inner_steps) == (RUN.rounds.codec, RUN.rounds.inner_steps)

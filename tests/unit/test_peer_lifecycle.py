@@ -151,9 +151,9 @@ class _SlowTrainer:
 
     STEP_S = 0.3
 
-    def __new__(cls, run, *, peer_index, device, ranks=None):
+    def __new__(cls, run, *, peer_index, device, **options):
         from swarm.train.trainer import LocalTrainer
-        trainer = LocalTrainer(run, peer_index=peer_index, device=device, ranks=ranks)
+        trainer = LocalTrainer(run, peer_index=peer_index, device=device, **options)
         if peer_index == 2:
             fast = trainer.train
 
