@@ -27,7 +27,7 @@ from typing import Mapping, Optional, Sequence
 
 from coordinator import controller
 from coordinator.records import EXCHANGING, PeerRecord, RoundRecord
-from coordinator.step_times import MAX_SPEEDUP, measured, reference_step_s  # noqa: F401 (budgets' API)
+from coordinator.step_times import measured, reference_step_s
 from swarm.config import RoundConfig
 from swarm.core.fragments import round_steps
 from swarm.core.round_length import longest_inner_steps

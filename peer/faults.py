@@ -95,7 +95,8 @@ class FaultPlan:
         """Crash here if the plan says so; else the seconds to delay at this phase (0.0: none). The
         exchange awaits the delay, so a slow peer's transport keeps serving others meanwhile."""
         for i, fault in enumerate(self.faults):
-            if i in self._fired or fault.action in ("drop", "scale", "slow") or (fault.round, fault.phase) != (round_no, phase):
+            at_phase = fault.action in ("crash", "delay") and (fault.round, fault.phase) == (round_no, phase)
+            if i in self._fired or not at_phase:
                 continue
             self._fired.add(i)
             if fault.action == "crash":

@@ -1,7 +1,7 @@
 """Stragglers on loopback (issue 11, part 3): a real coordinator and 4 real peers, one of them 3x slower
 (``--faults slow@1:compute=3``: each inner step takes 3x its compute), then the same run with 4 equal peers.
 
-    .venv/bin/python scripts/bench_straggler.py --json      # ~6-8 min on 2 cores
+    .venv/bin/python scripts/bench_straggler.py --json      # ~10-15 min on 2 shared cores
     .venv/bin/python scripts/bench_straggler.py --quick     # a smoke run (~2 min)
 
 Measured from the coordinator's history (``swarm history STATE_DIR``), over the rounds after the first

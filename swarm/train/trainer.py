@@ -188,7 +188,7 @@ class LocalTrainer:
             lr = self.lr_at(self.inner_steps_done, run_step + i)
             loss_sum += self.inner_step.step(x, y, lr)  # no per-step .item(): it would stall a GPU every step
             self.inner_steps_done += 1
-            if self.throttle is not None:  # fault injection (a slow device): the step time it measures includes the wait
+            if self.throttle is not None:  # a slow device (fault injection): the measured step time includes the wait
                 self.throttle(time.perf_counter() - step_start)
                 step_start = time.perf_counter()
         return loss_sum.item() / steps if steps else float("nan")

@@ -62,7 +62,8 @@ def test_a_peer_four_times_slower_trains_fewer_steps_and_no_round_waits_for_it_o
     assert [row.outcome for row in rows] == [COMMITTED] * 4, ([row.reason for row in rows], run)
     assert steps[0] == {"fast-0": 20, "fast-1": 20, "slow": 20}  # nothing measured yet: the full steps
     for later in steps[1:]:  # from round 2 on, budgeted by its measured (throttled) step time
-        assert set(later) == {"fast-0", "fast-1", "slow"} and later["slow"] < min(later["fast-0"], later["fast-1"]), steps
+        assert set(later) == {"fast-0", "fast-1", "slow"}, steps
+        assert later["slow"] < min(later["fast-0"], later["fast-1"]), steps
         assert later["slow"] <= 10, steps  # about a quarter of the fast peers' steps, not a rounding off them
     digests = {tensors_digest(swarm.final_model(name)) for name in ("fast-0", "fast-1", "slow")}
     assert len(digests) == 1, "the peers ended on different models"
