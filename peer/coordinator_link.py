@@ -16,6 +16,7 @@ from peer.retry import with_retry
 from swarm.control.client import CoordinatorClient, CoordinatorUnreachable
 from swarm.control.signing import Libp2pSigner
 from swarm.core.credential import Member, PeerKey
+from swarm.core.fragments import round_steps
 from swarm.train.round import Decision, Vote
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -112,8 +113,9 @@ class CoordinatorLink:
 
     def budget(self, round_no: int, full: tuple[int, int]) -> tuple[int, int]:
         """(steps before a carried merge, steps) for ``round_no``: the coordinator's time budget for this
-        peer, capped at ``full`` (what a full-speed peer does); ``full`` when the round has no budget for it
-        (not opened yet, or the coordinator is unreachable)."""
+        peer, capped at what a full-speed peer does in the round (``full``: at the run's H; with the
+        controller on, at the H it chose for the round), the split staying ``full[0]`` (τ); ``full`` when the
+        round has no budget for it (not opened yet, or the coordinator is unreachable)."""
         plan = self.plans.get(round_no)
         if plan is None:
             try:
@@ -123,7 +125,9 @@ class CoordinatorLink:
         mine = next((p.inner_steps for p in plan.peers if p.peer_id == self.peer_id), 0)
         if mine <= 0:
             return full
-        steps = min(full[1], mine)
+        choice = self._choices.get(round_no)
+        longest = round_steps(round_no, choice.inner_steps, choice.fragments) if choice and choice.fragments > 0 else 0
+        steps = min(max(full[1], longest), mine)
         return min(full[0], steps), steps
 
     def left_out(self, round_no: int) -> bool:

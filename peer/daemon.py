@@ -167,6 +167,7 @@ class PeerDaemon:
         self._network = self.clock.overlap(lambda: self.parts.transport(o, peers, stop=self.stop, tag=self.tag(),
                                                                         identity=libp2p, member=self.link.member))
         trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=o.device, ranks=self.ranks)
+        trainer.throttle = o.faults.throttle(lambda: self.stats.metrics().round)  # slow@R: a throttled device
         self.clock.mark("trainer")
         self.transport = self._network.result()  # PeerExit when it could not start
         self.build_round(trainer, joined)
