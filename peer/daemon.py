@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from peer import identity
+from peer.backlog import report_backlog
 from peer.coordinator_link import CoordinatorLink, PeerExit
 from peer.heartbeat import HeartbeatThread
 from peer.options import PeerOptions
@@ -241,25 +242,11 @@ class PeerDaemon:
             self.link.last_group = set(result.group)
 
     def report_backlog(self) -> None:
-        """The coordinator is back: report the rounds the group decided without it, in order, and check that
-        it confirms each decision; on any contradiction this peer resyncs from the committed state."""
-        backlog = self.link.take_backlog()
+        """The coordinator is back: report the rounds the group decided without it (``peer.backlog``)."""
         self.offline_next = None
-        trainer = self.runner.trainer
-        for entry in backlog:
-            round_no = entry.request.round
-            self.link.call(lambda: self.client.report_round(entry.request), f"report round {round_no}")
-            decision = self.link.await_decision(round_no)
-            confirmed = decision.committed_hash if decision.outcome == pb.ROUND_OUTCOME_COMMITTED else None
-            if confirmed != entry.committed_hash:
-                logger.error("%s the coordinator decided %s where the group decided %s; resyncing",
-                             self.tag(round_no), confirmed or "void", entry.committed_hash or "void")
-                self.behind, self.store.disk_tried = True, None  # its own vote may be the committed state
-                self.stats.update(state_round=-1)  # holds no committed state until it resyncs
-                return
-            logger.info("%s the coordinator confirmed the group's decision", self.tag(round_no))
-            self.store.prune(below=min(round_no, trainer.round_no))
-        self.store.confirmed(checkpoint=bool(backlog) and trainer.round_no == backlog[-1].request.round)
+        if not report_backlog(self.link, self.client, self.store, self.runner.trainer, tag=self.tag):
+            self.behind, self.store.disk_tried = True, None  # its own vote may be the committed state
+            self.stats.update(state_round=-1)  # holds no committed state until it resyncs
 
     def sync(self, info: pb.RoundInfo) -> bool:
         """SYNCING: get the committed state (own disk first, else a holder)."""
