@@ -26,6 +26,7 @@ class Codec(abc.ABC):
 
     name: str
     block: int = 1
+    gathered: bool = False  # True: exchanged by all-gather (swarm.net.sparse_gather), not by the butterfly
 
     @abc.abstractmethod
     def encoded_size(self, numel: int) -> int:
@@ -199,15 +200,21 @@ CODECS: dict[str, Codec] = {
     "int8": BlockIntCodec("int8", 8),
     "int4": BlockIntCodec("int4", 4),
 }
+# The top-k family (swarm.core.sparse_codec builds on the classes above): these names at the default
+# density; ``topk-int4@0.003`` names another density.
+from swarm.core.sparse_codec import VALUE_FORMATS, parse_topk  # noqa: E402
+
+CODECS |= {f"topk-{values}": parse_topk(f"topk-{values}") for values in VALUE_FORMATS}
 
 
 def get_codec(name: str | Codec) -> Codec:
     if isinstance(name, Codec):
         return name
-    try:
-        return CODECS[name]
-    except KeyError:
-        raise ValueError(f"codec {name!r} is unknown; choose one of {sorted(CODECS)}.") from None
+    codec = CODECS.get(name) or parse_topk(name)
+    if codec is None:
+        raise ValueError(f"codec {name!r} is unknown; choose one of {sorted(CODECS)}"
+                         " (topk codecs take a density: topk-int4@0.003).")
+    return codec
 
 
 def codec_round_trip(flat: torch.Tensor, codec: Codec | str, bounds: list[tuple[int, int]]) -> torch.Tensor:
