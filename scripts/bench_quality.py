@@ -574,6 +574,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     parser.add_argument("--codecs", help="comma-separated codecs of the DiLoCo codec sweep, with error feedback"
                         " (default fp16,int8,int4; 'none' skips the sweep)")
+    parser.add_argument("--codec-h", help="comma-separated H of the codec sweep (default 50,100,200)")
+    parser.add_argument("--h-values", help="comma-separated H of the fp32 DiLoCo rows (default 10,50,100,200;"
+                        " 'none' skips them)")
     parser.add_argument("--no-scratch", action="store_true", help="skip the from-scratch table")
     parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run of every row kind")
     parser.add_argument("--jobs", type=int, default=2, help="rows run at once, one process each (default 2)")
@@ -594,13 +597,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.quick:
         steps, warm_steps, grid = QUICK_STEPS, min(warm_steps, QUICK_STEPS), QUICK_GRID
     if args.codecs is not None:
-        from swarm.core.codec import CODECS
+        from swarm.core.codec import get_codec
 
         codecs = tuple(c.strip() for c in args.codecs.split(",") if c.strip() and c.strip() != "none")
-        bad = sorted(set(codecs) - set(CODECS))
-        if bad:
-            parser.error(f"unknown codec {bad[0]!r}; choose from {', '.join(sorted(CODECS))}.")
+        for codec in codecs:
+            try:
+                get_codec(codec)
+            except ValueError as e:
+                parser.error(str(e))
         grid = dataclasses.replace(grid, codecs=codecs)
+    for flag, field_name in (("codec_h", "codec_h"), ("h_values", "h_values")):
+        value = getattr(args, flag)
+        if value is not None:
+            try:
+                hs = tuple(int(h) for h in value.split(",") if h.strip() and h.strip() != "none")
+            except ValueError:
+                parser.error(f"--{flag.replace('_', '-')} takes comma-separated inner step counts, got {value!r}.")
+            grid = dataclasses.replace(grid, **{field_name: hs})
     if args.workers < 2:
         parser.error("--workers must be at least 2: the methods differ only with several workers.")
     bench = Bench(workers=args.workers, steps=steps, warm_steps=warm_steps, seed=args.seed,
