@@ -32,7 +32,7 @@ import torch
 from hivemind.p2p import P2PContext, PeerID
 
 from swarm.core.aggregation import Aggregation
-from swarm.core.codec import CODECS
+from swarm.core.codec import get_codec
 from swarm.net.link_probe import LinkProbe
 from swarm.net.link_stats import LinkTimings, TransferLog, timed_stream
 from swarm.net.p2p_address import unreachable_sentence
@@ -48,6 +48,7 @@ from swarm.net.slice_reduction import (
     judged,
     reduce_slice,
 )
+from swarm.net.sparse_gather import gather_average
 from swarm.net.transport import CHUNK_BYTES, Transport
 from swarm.v1 import exchange_pb2
 
@@ -162,14 +163,16 @@ class Exchange:
         shares: Optional[Sequence[float]] = None,
     ) -> ExchangeResult:
         started = time.perf_counter()
-        codec = CODECS[me.codec]
+        codec = get_codec(me.codec)
         check_agreement(key, group, me)
         weights = capped_weights(self.aggregation, group, key)
         position = [m.peer_id for m in group].index(me.peer_id)
         digest = group_digest(group)
         await self._expect(key, group)
-        bounds = group_bounds(key, me.numel, len(group), codec.block, shares)  # block-aligned: quantize like the whole
         flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
+        if codec.gathered:  # a sparse codec: all-gather, every member reduces the whole vector
+            return await gather_average(self, key, group, me, flat, codec, weights, on_phase, started)
+        bounds = group_bounds(key, me.numel, len(group), codec.block, shares)  # block-aligned: quantize like the whole
         sent = 0
 
         # Phase 1: every slice goes, encoded, to its owner (this peer's own slice stays here).
