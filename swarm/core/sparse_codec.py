@@ -25,7 +25,7 @@ import math
 import numpy as np
 import torch
 
-from swarm.core.codec import BLOCK, Codec
+from swarm.core.codec_base import BLOCK, Codec
 
 CHUNK = 4096  # elements per chunk: offsets fit uint16 (a chunk may hold up to 65,536)
 VALUE_FORMATS = {"fp16": 16, "int8": 8, "int4": 4}

@@ -166,12 +166,11 @@ class Exchange:
         codec = get_codec(me.codec)
         check_agreement(key, group, me)
         weights = capped_weights(self.aggregation, group, key)
-        position = [m.peer_id for m in group].index(me.peer_id)
-        digest = group_digest(group)
         await self._expect(key, group)
         flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
         if codec.gathered:  # a sparse codec: all-gather, every member reduces the whole vector
-            return await gather_average(self, key, group, me, flat, codec, weights, on_phase, started)
+            return await self._gather(key, group, me, flat, codec, weights, on_phase, started)
+        position, digest = [m.peer_id for m in group].index(me.peer_id), group_digest(group)
         bounds = group_bounds(key, me.numel, len(group), codec.block, shares)  # block-aligned: quantize like the whole
         sent = 0
 
@@ -219,6 +218,18 @@ class Exchange:
             clipped=clipped,
             links=self._transfers.timings(key, rtt_s=rtt_s, group=group),
         )
+
+    async def _gather(self, key: str, group: list[Member], me: Member, flat: torch.Tensor, codec, weights: list[float],
+                      on_phase: Callable[[str], Optional[float]], started: float) -> ExchangeResult:
+        """A sparse codec's exchange (swarm.net.sparse_gather): this peer's whole vector to everyone."""
+        reduced, sent = await gather_average(self, key, group, me, flat, codec, weights,
+                                             lambda phase: _pause(on_phase(phase)))
+        rejected, clipped = judged(key, group, reduced)
+        position = [m.peer_id for m in group].index(me.peer_id)
+        rtt_s = self.probe.ping_for_next(group[:position] + group[position + 1:])  # on links now idle
+        return ExchangeResult(average=reduced.average, bytes_sent=sent, bytes_received=self._received_bytes.get(key, 0),
+                              seconds=time.perf_counter() - started, rejected=rejected, clipped=clipped,
+                              links=self._transfers.timings(key, rtt_s=rtt_s, group=group))
 
     async def _send(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes) -> int:
         num_chunks = max(1, -(-len(payload) // CHUNK_BYTES))

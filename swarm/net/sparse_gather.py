@@ -19,31 +19,28 @@ decides which hash, if any, commits, as for a butterfly owner that sends differe
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Any, Awaitable, Callable
 
 import torch
 
+from swarm.core.aggregation import Reduced
 from swarm.core.codec import Codec
 from swarm.net.rendezvous import Member, group_digest
-from swarm.net.slice_reduction import decode_slice, encode_slice, judged
+from swarm.net.slice_reduction import decode_slice, encode_slice
 from swarm.v1 import exchange_pb2
-
-if TYPE_CHECKING:
-    from swarm.net.allreduce import Exchange, ExchangeResult
 
 _PART = 0  # the whole vector: every contribution is message part 0 of PHASE_CONTRIBUTION
 
 
-async def gather_average(exchange: "Exchange", key: str, group: list[Member], me: Member, flat: torch.Tensor,
-                         codec: Codec, weights: list[float], on_phase: Callable[[str], Optional[float]],
-                         started: float) -> "ExchangeResult":
-    """Send this member's encoded ``flat`` to every groupmate, wait for all of theirs, and reduce."""
-    from swarm.net.allreduce import ExchangeResult, _pause
-
+async def gather_average(exchange: Any, key: str, group: list[Member], me: Member, flat: torch.Tensor,
+                         codec: Codec, weights: list[float],
+                         pause: Callable[[str], Awaitable[None]]) -> tuple[Reduced, int]:
+    """Send this member's encoded ``flat`` to every groupmate, wait for all of theirs, and reduce them:
+    the reduction and the bytes sent. ``exchange`` is the ``swarm.net.allreduce.Exchange`` whose
+    transport, inbox and sender checks carry the messages; ``pause(phase)`` is its fault-injection hook."""
     position = [m.peer_id for m in group].index(me.peer_id)
     digest = group_digest(group)
-    await _pause(on_phase("sending"))
+    await pause("sending")
     payload = await asyncio.to_thread(encode_slice, codec, flat, key)
     await exchange._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, position, payload)
     sends = [exchange._send(m, key, digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, position, payload)
@@ -53,17 +50,10 @@ async def gather_average(exchange: "Exchange", key: str, group: list[Member], me
         (digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, sender, group[sender].dht_peer_id)
         for sender in range(len(group))
     ], group)
-    await _pause(on_phase("reducing"))
-    rtt_s = exchange.probe.ping_for_next(group[:position] + group[position + 1:])
+    await pause("reducing")
 
-    def reduce():
+    def reduce() -> Reduced:
         decoded = [decode_slice(codec, data, flat.numel(), key) for data in contributions]
         return exchange.aggregation.reduce(decoded, weights)
 
-    reduced = await asyncio.to_thread(reduce)
-    rejected, clipped = judged(key, group, reduced)
-    return ExchangeResult(
-        average=reduced.average, bytes_sent=sent, bytes_received=exchange._received_bytes.get(key, 0),
-        seconds=time.perf_counter() - started, rejected=rejected, clipped=clipped,
-        links=exchange._transfers.timings(key, rtt_s=rtt_s, group=group),
-    )
+    return await asyncio.to_thread(reduce), sent
