@@ -387,10 +387,14 @@ class RoundConfig:
     def _validate_controller(self) -> None:
         if self.controller not in CONTROLLERS:
             raise ConfigError(f"[rounds] controller {self.controller!r} is unknown; choose one of {list(CONTROLLERS)}.")
-        unknown = [c for c in self.controller_codecs if c not in CODEC_NAMES]
+        dense = [c for c in CODEC_NAMES if not c.startswith("topk-")]
+        unknown = [c for c in self.controller_codecs if c not in dense]
         if unknown or not self.controller_codecs:
-            raise ConfigError(f"[rounds] controller_codecs must list codecs among {list(CODEC_NAMES)},"
+            raise ConfigError(f"[rounds] controller_codecs must list codecs among {dense},"
                               f" got {list(self.controller_codecs)}.")
+        if self.controller != "off" and self.codec.startswith("topk-"):
+            raise ConfigError(f"[rounds] codec {self.codec} is not one the controller chooses among; set"
+                              " controller = \"off\" to send it every round.")
         if not (math.isfinite(self.controller_exchange_fraction) and 0 < self.controller_exchange_fraction <= 1):
             raise ConfigError(f"[rounds] controller_exchange_fraction must be in (0, 1],"
                               f" got {self.controller_exchange_fraction}.")

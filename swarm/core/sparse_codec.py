@@ -193,3 +193,9 @@ def parse_topk(name: str) -> TopKCodec | None:
         return TopKCodec(values, float(density) if density else DEFAULT_DENSITY)
     except ValueError:
         return None
+
+
+def density_note(name: str) -> str:
+    """What a topk codec name sends, for people (`` (1% of values)``); "" for other codecs."""
+    codec = parse_topk(name)
+    return "" if codec is None else f" ({codec.density * 100:.4g}% of values)"

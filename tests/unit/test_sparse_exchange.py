@@ -141,3 +141,18 @@ def test_the_simulator_counts_the_all_gathers_bytes_and_trains():
     numel = LocalTrainer(base, peer_index=0).param_count
     assert [r.bytes_sent for r in result.rounds] == [[2 * get_codec("topk-int4@0.05").encoded_size(numel)] * 3] * 3
     assert result.rounds[-1].eval_loss < result.initial_eval_loss
+
+
+def test_swarm_status_shows_the_topk_codec_with_its_density():
+    import io
+
+    from rich.console import Console
+
+    from coordinator.engine import CoordinatorEngine
+    from coordinator.store import Store
+    from swarm.app.status import render_status, status_to_dict
+
+    engine = CoordinatorEngine(Store(":memory:"), config=RunConfig.from_json('{"rounds": {"codec": "topk-int4@0.003"}}'))
+    out = io.StringIO()
+    render_status(status_to_dict(engine.status(engine.run.token)), Console(file=out, width=300, color_system=None))
+    assert "codec topk-int4@0.003 (0.3% of values) with error feedback" in out.getvalue()
