@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterator
 
-import numpy as np
 import pytest
 import torch
 
@@ -20,7 +19,6 @@ from swarm.net.allreduce import Exchange
 from swarm.net.rendezvous import group_key
 from swarm.net.transport import Transport
 from swarm.train.sim import simulate
-from swarm.train.trainer import LocalTrainer
 from tests.unit.test_exchange import Peer, concurrently, deltas, results_of
 
 pytestmark = pytest.mark.timeout(120)
@@ -75,7 +73,7 @@ def test_what_topk_does_not_send_stays_in_the_residual():
         decoded = codec.decode(codec.encode(sent_input), NUMEL)
         feedback.update(sent_input, decoded)
         total_sent += decoded
-    torch.testing.assert_close(total_sent + feedback.residual, sum(rounds), rtol=0, atol=1e-4)
+    assert (total_sent + feedback.residual - sum(rounds)).abs().max() < 1e-4  # nothing lost for good
 
 
 def test_the_run_config_names_topk_codecs_with_their_density():
@@ -135,11 +133,13 @@ def test_every_peer_leaves_out_the_same_outlier(peers):
 
 
 def test_the_simulator_counts_the_all_gathers_bytes_and_trains():
-    base = RunConfig.from_json('{"model": {"preset": "tiny"}, "rounds": {"inner_steps": 4, "codec": "topk-int4@0.05"}}')
-    result = simulate(base, peers=3, rounds=3)
+    from tests.unit.test_trainer_sim import RUN
+
+    run = RUN.replace(rounds=dataclasses.replace(RUN.rounds, inner_steps=3, codec="topk-int4@0.05"))
+    result = simulate(run, peers=3, rounds=2)
     assert result.consistent and result.error_feedback and result.codec == "topk-int4@0.05"
-    numel = LocalTrainer(base, peer_index=0).param_count
-    assert [r.bytes_sent for r in result.rounds] == [[2 * get_codec("topk-int4@0.05").encoded_size(numel)] * 3] * 3
+    numel = result.param_count
+    assert [r.bytes_sent for r in result.rounds] == [[2 * get_codec("topk-int4@0.05").encoded_size(numel)] * 3] * 2
     assert result.rounds[-1].eval_loss < result.initial_eval_loss
 
 
