@@ -10,6 +10,8 @@ a slice that does not arrive in time fails the exchange instead of being replace
 The owner reduces by the run's aggregation rule (``swarm.core.aggregation``): declared weights are capped
 at what a round allows, and robust rules limit what a groupmate's slice can do; a malicious owner can
 still replace its own slice of the average (the bound of a butterfly all-reduce).
+Sparse (top-k) codecs are exchanged by an all-gather instead (``swarm.net.sparse_gather``), over the
+same messages and sender checks.
 A member whose exchange fails (a groupmate it cannot reach, a malformed slice, its own timeout) tells
 the others at once (an abort message), so a dead groupmate costs the group one failed send, not
 everyone's full timeout.
