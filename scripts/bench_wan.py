@@ -311,7 +311,7 @@ def main() -> int:
     parser.add_argument("--systems", nargs="+", default=["swarm", "hivemind", "tcp"], choices=["swarm", "hivemind", "tcp"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--numel", type=int, help="parameters per exchange (default: sized to the link rate)")
-    parser.add_argument("--util-mbit", type=float, default=10,
+    parser.add_argument("--util-mbit", type=float, default=4,
                         help="utilization_under_wan's link rate: one fp32 exchange of `tiny` ~20%% of a round")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args()

@@ -89,8 +89,8 @@ def summary(rows: list[dict], cut_round: int | None, restore_round: int | None) 
             "restore": after(restore_round, codec_before(restore_round), "utilization")}
 
 
-def section_adaptation(args: argparse.Namespace, *, mbit: float = 50, rounds: int = 12, inner_steps: int = 40,
-                       overlap: int = 10, cut_after: int = 3, restore_after: int = 7) -> dict:
+def section_adaptation(args: argparse.Namespace, *, mbit: float = 100, rounds: int = 12, inner_steps: int = 40,
+                       overlap: int = 4, cut_after: int = 3, restore_after: int = 7) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-adapt-"))
     hosts, slow = ["h1", "h2", "h3", "h4"], "h2"
     state, on_status = _timeline(cut_after, restore_after)
