@@ -2,12 +2,12 @@
 20 Mbit/s between sites, the same run flat and with `[rounds] hierarchical = true`. Cross-site bytes come
 from the peers' logs ("N in-site, M cross-site": the exchange's payload) and from the testbed's cross-site
 traffic classes (every IP byte, DHT and headers included); round seconds from the run's history; θg is
-identical when every peer's final model file has the same SHA-256."""
+identical when every peer's final model has the same tensors digest (the file's bytes differ: safetensors
+writes the metadata in no fixed order)."""
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import re
 import statistics
 import tempfile
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from bench_wan_runs import PREFIX, history, run_swarm
 from swarm.app.testbed import Testbed, make_topology
+from swarm.train.final_model import tensors_digest
 
 SITES = {"h1": "a", "h2": "a", "h3": "b", "h4": "b"}
 SITES_RUN = """
@@ -36,7 +37,7 @@ EXCHANGE_LINE = re.compile(r"\[\S+ r(\d+)\] averaged .*?(\d+) in-site, (\d+) cro
 
 def _final_digest(work: Path, host: str) -> str | None:
     found = sorted((work / host).rglob("final/model.safetensors"))
-    return hashlib.sha256(found[0].read_bytes()).hexdigest() if found else None
+    return tensors_digest(found[0]) if found else None
 
 
 def measure(mode: str, *, rounds: int, inner_steps: int, in_site_mbit: float, cross_site_mbit: float) -> dict:
@@ -62,7 +63,7 @@ def measure(mode: str, *, rounds: int, inner_steps: int, in_site_mbit: float, cr
             "round_s": round(statistics.median(r["decided_at"] - r["opened_at"] for r in decided), 2) if decided else None,
             "exchange_s": round(statistics.median(r["exchange_s"] for r in decided), 2) if decided else None,
             "identical": len(set(digests.values())) == 1 and None not in digests.values(),
-            "final_sha256": {h: (d or "missing")[:16] for h, d in digests.items()}, "logs": str(work)}
+            "final_digest": {h: d or "missing" for h, d in digests.items()}, "logs": str(work)}
 
 
 def section_hierarchical(args: argparse.Namespace, *, rounds: int = 4, inner_steps: int = 20,
