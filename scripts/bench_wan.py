@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Swarm over emulated WAN links (issue 11): its exchange beside stock hivemind and raw TCP on tbf-shaped
-testbed links, the network model's calibration, and a peer behind NAT. Needs root (network namespaces).
+testbed links, the network model's calibration, a peer behind NAT, and real swarms (the controller adapting to a
+link cut 10x, two-level averaging across two sites, utilization with overlap). Needs root (network namespaces).
 
     .venv/bin/python scripts/bench_wan.py --json                                   # every section
     .venv/bin/python scripts/bench_wan.py --sections exchange --mbit 100 --peers 2 4 --codecs fp32
     .venv/bin/python scripts/bench_wan.py --sections sim_wan_calibration,nat
+    .venv/bin/python scripts/bench_wan.py --json --sections adaptation,hierarchical,utilization_under_wan
 
 One worker process per testbed host (scripts/bench_wan_worker.py); every timed exchange starts at the
 same wall-clock moment on all hosts and takes as long as its slowest host. With --json the last stdout
@@ -31,7 +33,9 @@ from swarm.app.testbed import Testbed, make_topology, missing_privileges, teardo
 from swarm.core.codec import CODECS  # noqa: E402
 from swarm.train.network_model import Costs, butterfly, ideal_exchange_s, make_peers  # noqa: E402
 
-from bench_wan_runs import section_nat, section_utilization  # noqa: E402  (scripts/, beside this file)
+from bench_wan_adapt import section_adaptation  # noqa: E402  (scripts/, beside this file)
+from bench_wan_runs import section_nat, section_utilization, section_utilization_controlled  # noqa: E402
+from bench_wan_sites import section_hierarchical  # noqa: E402
 
 PREFIX = "swb-"  # every namespace of this benchmark; teardown removes only these
 WORKER = ROOT / "scripts" / "bench_wan_worker.py"
@@ -239,22 +243,46 @@ def section_calibration(args: argparse.Namespace) -> dict:
             "error": round(predicted / measured - 1, 3) if measured else None}
 
 
-def not_yet(what: str):
-    def section(args: argparse.Namespace) -> dict:
-        return {"skipped": f"{what} is being built on another branch; this section has no measurement yet"}
+STRAGGLER = ROOT / "scripts" / "bench_straggler.py"
+
+
+def section_straggler(args: argparse.Namespace) -> dict:
+    """scripts/bench_straggler.py's measurement (loopback, one peer 3x slower), run once for both keys; its
+    last stdout line with --json is one JSON object carrying them."""
+    if "straggler" not in _cache:
+        if not STRAGGLER.exists():
+            _cache["straggler"] = {"skipped": "scripts/bench_straggler.py is not in this checkout yet"}
+        else:
+            out = subprocess.run([sys.executable, str(STRAGGLER), "--json"], capture_output=True, text=True,
+                                 cwd=ROOT, timeout=3600)
+            lines = out.stdout.strip().splitlines()
+            try:
+                _cache["straggler"] = json.loads(lines[-1])
+            except (json.JSONDecodeError, IndexError):
+                _cache["straggler"] = {"error": f"bench_straggler.py exited {out.returncode}: {out.stderr[-500:]}"}
+    return _cache["straggler"]
+
+
+def straggler_key(key: str):
+    def section(args: argparse.Namespace):
+        result = section_straggler(args)
+        return result.get(key, result) if isinstance(result, dict) else result
     return section
+
+
+_cache: dict[str, dict] = {}  # bench_straggler.py's one run, shared by both straggler_* keys
 
 
 SECTIONS = {
     "exchange": section_exchange,
     "sim_wan_calibration": section_calibration,
     "nat": section_nat,  # bench_wan_runs.py: real coordinator and peer processes on the testbed
-    # hooks for the parts of issue 11 that other branches are building (time budgets, controller, two levels)
-    "utilization_under_wan": section_utilization,  # the code on main: no controller, no overlap yet
-    "straggler_throughput_ratio": not_yet("time-budgeted rounds"),
-    "straggler_eval_loss_ratio": not_yet("time-budgeted rounds"),
-    "adaptation": not_yet("the adaptive controller"),
-    "hierarchical": not_yet("two-level (site) averaging"),
+    "utilization_under_wan": section_utilization_controlled,  # the controller and overlap
+    "utilization_baseline": section_utilization,  # fixed H, no overlap, no controller, 100 Mbit/s
+    "straggler_throughput_ratio": straggler_key("straggler_throughput_ratio"),  # scripts/bench_straggler.py
+    "straggler_eval_loss_ratio": straggler_key("straggler_eval_loss_ratio"),
+    "adaptation": section_adaptation,  # bench_wan_adapt.py
+    "hierarchical": section_hierarchical,  # bench_wan_sites.py
 }
 
 
@@ -283,6 +311,8 @@ def main() -> int:
     parser.add_argument("--systems", nargs="+", default=["swarm", "hivemind", "tcp"], choices=["swarm", "hivemind", "tcp"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--numel", type=int, help="parameters per exchange (default: sized to the link rate)")
+    parser.add_argument("--util-mbit", type=float, default=4,
+                        help="utilization_under_wan's link rate: one fp32 exchange of `tiny` ~20%% of a round")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args()
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]

@@ -97,56 +97,107 @@ def _status(bed: Testbed, join: str) -> dict | None:
         return None
 
 
+def run_swarm(bed: Testbed, work: Path, config: str, hosts: list[str], *, peer_args=lambda host: [],
+              on_status=None, timeout_s: float = 600, poll_s: float = 2.0) -> None:
+    """A coordinator on h0 and a peer on each of ``hosts`` until the peers exit (max_rounds) or ``timeout_s``;
+    ``on_status(status)`` sees each `swarm status --json` meanwhile. Everything started is ended on return."""
+    procs: list[subprocess.Popen] = []
+    try:
+        coordinator, join = _coordinator(bed, work, config, work / "coordinator.log", grace_s=60)
+        procs.append(coordinator)
+        peers = [_peer(bed, host, work, join, peer_args(host)) for host in hosts]
+        procs += peers
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(p.poll() is None for p in peers):
+            status = _status(bed, join)
+            if status and on_status is not None:
+                on_status(status)
+            time.sleep(poll_s)  # status is a poll of the coordinator; there is nothing to await
+    finally:
+        for proc in procs:
+            kill_family(proc)
+
+
+def history(work: Path) -> dict:
+    """`swarm history STATE_DIR --json` of a finished run: {"rounds": [...], "peer_rounds": [...]}."""
+    out = subprocess.run([sys.executable, "-m", "swarm.app.cli", "history", str(work / "coordinator"), "--json"],
+                         capture_output=True, text=True, timeout=120, env=_env(), cwd=work)
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        return {"rounds": [], "peer_rounds": [], "error": out.stderr.strip()[-500:]}
+
+
 def _peer_times(status: dict) -> dict[str, tuple[float, float]]:
     return {p["id"]: (p.get("metrics", {}).get("inner_time_s", 0.0), p.get("metrics", {}).get("wall_time_s", 0.0))
             for p in status.get("peers", [])}
 
 
+def _proxies(bed: Testbed, hosts: list[str], one_way_ms: float) -> list[subprocess.Popen]:
+    """A delay proxy on each host's address in front of its peer's libp2p port on loopback."""
+    procs = []
+    for host in hosts:
+        proxy = bed.spawn(host, [sys.executable, "-m", "swarm.app.testbed.delay_proxy", "--listen",
+                                 f"{bed.address(host)}:{P2P_PORT}", "--to", f"127.0.0.1:{P2P_PORT}",
+                                 "--delay-ms", str(one_way_ms)], stdout=subprocess.PIPE, text=True, env=_env())
+        proxy.stdout.readline()  # its port: listening
+        procs.append(proxy)
+    return procs
+
+
 def section_utilization(args: argparse.Namespace, *, peers: int = 4, mbit: float = 100, one_way_ms: float = 50,
-                        rounds: int = 5, inner_steps: int = 60) -> dict:
-    """4 peers at 100 Mbit/s whose libp2p traffic all passes a 50 ms delay proxy: each peer listens on
+                        rounds: int = 5, inner_steps: int = 60, extra_rounds: str = "") -> dict:
+    """4 peers at ``mbit`` whose libp2p traffic all passes a 50 ms delay proxy: each peer listens on
     loopback and announces its host's address, where a delay proxy forwards to it. Utilization is the share of
     wall time the peers spent in inner steps between the first committed round and the end, from
-    `swarm status --json` (the code as it is: fixed H, no overlap, no controller)."""
+    `swarm status --json`. ``extra_rounds``: more [rounds] lines (the controller, overlap)."""
     work = Path(tempfile.mkdtemp(prefix="bench-util-"))
     hosts = [f"h{i}" for i in range(1, peers + 1)]
-    procs: list[subprocess.Popen] = []
-    first: dict | None = None
-    last: dict | None = None
+    seen: dict[str, dict] = {}
+
+    def on_status(status: dict) -> None:
+        if status.get("run", {}).get("rounds_committed", 0) >= 1:
+            seen.setdefault("first", status)
+            seen["last"] = status
+
     with Testbed(make_topology(hosts=peers + 1, mbit=mbit, prefix=PREFIX)) as bed:
+        proxies = _proxies(bed, hosts, one_way_ms)
         try:
-            for host in hosts:
-                proxy = bed.spawn(host, [sys.executable, "-m", "swarm.app.testbed.delay_proxy", "--listen",
-                                         f"{bed.address(host)}:{P2P_PORT}", "--to", f"127.0.0.1:{P2P_PORT}",
-                                         "--delay-ms", str(one_way_ms)], stdout=subprocess.PIPE, text=True, env=_env())
-                proxy.stdout.readline()  # its port: listening
-                procs.append(proxy)
-            config = UTILIZATION_RUN.format(inner_steps=inner_steps, rounds=rounds)
-            coordinator, join = _coordinator(bed, work, config, work / "coordinator.log", grace_s=60)
-            procs.append(coordinator)
-            peer_procs = [_peer(bed, host, work, join, ["--p2p-host", "127.0.0.1", "--p2p-port", str(P2P_PORT),
-                                                        "--announce-host", bed.address(host), "--threads", "1"])
-                          for host in hosts]
-            procs += peer_procs
-            deadline = time.monotonic() + 600
-            while time.monotonic() < deadline and any(p.poll() is None for p in peer_procs):
-                status = _status(bed, join)
-                run = (status or {}).get("run", {})
-                if status and first is None and run.get("rounds_committed", 0) >= 1:
-                    first = status
-                if status and run.get("rounds_committed", 0) >= 1:
-                    last = status
-                time.sleep(2)  # status is a poll of the coordinator; there is nothing to await
+            run_swarm(bed, work, UTILIZATION_RUN.format(inner_steps=inner_steps, rounds=rounds) + extra_rounds, hosts,
+                      peer_args=lambda host: ["--p2p-host", "127.0.0.1", "--p2p-port", str(P2P_PORT),
+                                              "--announce-host", bed.address(host), "--threads", "1"],
+                      on_status=on_status)
         finally:
-            for proc in procs:
-                kill_family(proc)
+            for proxy in proxies:
+                kill_family(proxy)
     result = {"peers": peers, "mbit": mbit, "one_way_ms": one_way_ms, "inner_steps": inner_steps, "logs": str(work)}
-    if first is None or last is None:
+    if "first" not in seen:
         return dict(result, utilization=None, error="no round committed; see the logs")
+    first, last = seen["first"], seen["last"]
     start, end = _peer_times(first), _peer_times(last)
     shares = [(end[p][0] - start[p][0]) / (end[p][1] - start[p][1]) for p in start
               if p in end and end[p][1] > start[p][1]]
+    rows = history(work)["rounds"]
     return dict(result, utilization=round(sum(shares) / len(shares), 3) if shares else None,
                 rounds_committed=last["run"].get("rounds_committed"), rounds_voided=last["run"].get("rounds_voided"),
                 per_peer=[round(s, 3) for s in shares],
-                status_utilization=last.get("totals", {}).get("compute_utilization"))
+                status_utilization=last.get("totals", {}).get("compute_utilization"),
+                codecs=[r.get("codec") for r in rows], exchange_s=[round(r.get("exchange_s") or 0, 2) for r in rows],
+                controller=(last["run"].get("controller") or {}).get("reason"))
+
+
+CONTROLLED = """controller = "auto"
+fragments = {fragments}
+overlap_steps = {overlap}
+eval_every_rounds = {rounds}
+"""
+
+
+def section_utilization_controlled(args: argparse.Namespace) -> dict:
+    """issue 11's setup with the controller and overlap: 4 peers, 50 ms one-way, the link scaled so that one
+    fp32 exchange of `tiny` takes ~20% of a round (`small` does not run 4 peers on 2 shared cores here);
+    evaluation only after the last round, so the share measured is training against exchanging."""
+    rounds, inner_steps = 6, 60
+    extra = CONTROLLED.format(fragments=1, overlap=20, rounds=rounds)
+    return dict(section_utilization(args, mbit=args.util_mbit, rounds=rounds, inner_steps=inner_steps,
+                                    extra_rounds=extra), controller_config=extra.strip().splitlines())
