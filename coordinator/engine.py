@@ -181,7 +181,7 @@ class CoordinatorEngine:
             peer = membership.check_member(req.peer_id, self._peers.get(req.peer_id))
             if req.round < 1:
                 raise BadRequest(f"round {req.round} cannot be reported; rounds are numbered from 1.")
-            self._save_peer(membership.touch(peer, now, self._lease_s))
+            self._save_peer(membership.with_links(membership.touch(peer, now, self._lease_s), req))
             if self._open is None or req.round != self._open.round:
                 return self._info(req.round)  # late or early: nothing to decide, say how it stands
             report = report_record(req, now)

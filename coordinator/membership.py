@@ -7,6 +7,7 @@ heartbeat, the rejection to send) and never touch the store or the clock.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
@@ -96,6 +97,20 @@ def counted_rounds(peers: Mapping[str, PeerRecord], *, joined: Iterable[str], mi
 def renewed_leases(peers: Iterable[PeerRecord], *, until: float) -> list[PeerRecord]:
     """The live peers whose lease ends before ``until``, with it extended to ``until``."""
     return [dataclasses.replace(p, lease_expiry=until) for p in peers if p.alive and p.lease_expiry < until]
+
+
+def with_links(peer: PeerRecord, report: pb.ReportRoundRequest) -> PeerRecord:
+    """``peer`` with the link estimates its round report carries (the ones it measured are finite and > 0):
+    the controller plans the next round from them, not from a heartbeat that may come after the decision."""
+    measured = {name: getattr(report, name) for name in ("upload_mbit_s", "download_mbit_s", "rtt_ms")
+                if math.isfinite(getattr(report, name)) and getattr(report, name) > 0}
+    if not measured:
+        return peer
+    metrics = pb.PeerMetrics()
+    metrics.CopyFrom(peer.metrics)
+    for name, value in measured.items():
+        setattr(metrics, name, value)
+    return dataclasses.replace(peer, metrics=metrics)
 
 
 def touch(peer: PeerRecord, now: float, lease_s: float) -> PeerRecord:

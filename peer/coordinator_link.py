@@ -5,6 +5,7 @@ The round runner's Decider."""
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import threading
 import time
@@ -262,6 +263,9 @@ class CoordinatorLink:
             bytes_sent=averaged.bytes_sent if averaged else 0,
             bytes_received=averaged.bytes_received if averaged else 0, loss=vote.train.mean_loss,
             error=vote.error.encode()[:MAX_REPORTED_ERROR_BYTES].decode(errors="ignore"), param_count=self.param_count,
+            upload_mbit_s=averaged.upload_mbit_s if averaged else math.nan,
+            download_mbit_s=averaged.download_mbit_s if averaged else math.nan,
+            rtt_ms=averaged.rtt_ms if averaged else math.nan,
         )
 
     @staticmethod

@@ -14,6 +14,7 @@ from coordinator.engine import CoordinatorEngine
 from coordinator.store import Store
 from swarm.app.status import status_tables, status_to_dict
 from swarm.config import RoundConfig, RunConfig
+from swarm.v1 import coordinator_pb2 as pb
 from swarm.core.average import part_bounds
 from swarm.net.slice_reduction import slice_bounds
 from tests.unit.fake_swarm import engine_join
@@ -135,6 +136,26 @@ def test_the_engine_puts_its_choice_in_round_info_and_status() -> None:
     assert status["run"]["controller"]["shares"][b.peer_id] == pytest.approx(info.choice.shares[b.peer_id])
     shown = " ".join(str(row) for table in status_tables(status) for column in table.columns for row in column._cells)
     assert "round 1: int4" in shown
+
+
+def test_a_link_cut_reported_with_the_round_decides_the_next_rounds_codec() -> None:
+    """The link figures a peer measured in round r's exchange come with its report of round r, before round r
+    is decided: round r + 1's choice already sees the cut (a heartbeat after the decision would be a round late)."""
+    now = [1_000.0]
+    config = RunConfig(rounds=RoundConfig(inner_steps=10, min_peers=2, controller="auto"))
+    engine = CoordinatorEngine(Store(":memory:"), config=config, clock=lambda: now[0])
+    a, _ = engine_join(engine)
+    b, _ = engine_join(engine)
+    engine.heartbeat(ready_beat(a.peer_id, engine, upload_mbit_s=1e4, download_mbit_s=1e4, step_time_s=0.1))
+    info = engine.heartbeat(ready_beat(b.peer_id, engine, upload_mbit_s=1e4, download_mbit_s=1e4, step_time_s=0.1))
+    assert info.open_round == 1 and info.choice.codec == "fp32"
+    group = [a.peer_id, b.peer_id]
+    engine.report(pb.ReportRoundRequest(peer_id=a.peer_id, round=1, ok=True, state_hash="h1", group=group,
+                                        upload_mbit_s=1e4, download_mbit_s=1e4, rtt_ms=1.0))
+    info = engine.report(pb.ReportRoundRequest(peer_id=b.peer_id, round=1, ok=True, state_hash="h1", group=group,
+                                               upload_mbit_s=0.1, download_mbit_s=0.1, rtt_ms=float("nan")))
+    assert engine.round_info(a.peer_id, 1).outcome == pb.ROUND_OUTCOME_COMMITTED
+    assert info.open_round == 2 and info.choice.codec == "int4", "round 2 is planned with round 1's measurement"
 
 
 def test_with_the_controller_off_rounds_carry_no_choice() -> None:
