@@ -9,7 +9,11 @@ together. A participant with no measurement yet does the full steps.  The round'
 
 Step times are what the peers say in their heartbeats; one peer claiming to be very fast would shrink
 everyone else's budget, so a claim under ``1 / MAX_SPEEDUP`` of the measured participants' lower median
-counts as that much.
+counts as that much (``coordinator.step_times``).
+
+With the controller on (``[rounds] controller = "auto"``) the round's full steps are the H it chose for the
+round (its ``inner_steps``, at most ``swarm.core.round_length.longest_inner_steps``), so its compute budget
+is that H × the reference step time: a round the controller lengthens lengthens for every participant.
 
 Pure functions; the engine passes the records and the measurements in.
 """
@@ -21,11 +25,12 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
+from coordinator import controller
 from coordinator.records import EXCHANGING, PeerRecord, RoundRecord
+from coordinator.step_times import measured, reference_step_s
 from swarm.config import RoundConfig
 from swarm.core.fragments import round_steps
-
-MAX_SPEEDUP = 4.0  # a claimed step time is believed down to the median's quarter, not below
+from swarm.core.round_length import longest_inner_steps
 
 
 @dataclass(frozen=True)
@@ -39,19 +44,6 @@ class Plan:
     budget_s: float  # the round's compute seconds (0: no measurement, every participant does the full steps)
     deadline_s: float  # after the round opened; 0: none (no measurement to set one by)
     budgets: dict[str, Budget]
-
-
-def measured(step_time_s: float) -> bool:
-    return math.isfinite(step_time_s) and step_time_s > 0
-
-
-def reference_step_s(step_times: Sequence[float]) -> Optional[float]:
-    """The fastest believable step time among ``step_times`` (None when none is measured)."""
-    times = sorted(t for t in step_times if measured(t))
-    if not times:
-        return None
-    floor = times[(len(times) - 1) // 2] / MAX_SPEEDUP
-    return max(times[0], floor)
 
 
 def plan_budgets(participants: Sequence[str], step_times: Mapping[str, float], *, full_steps: int,
@@ -142,16 +134,20 @@ def budget_of(round_row: RoundRecord, peer_id: str) -> Optional[Budget]:
 
 
 def plan_round(round_row: RoundRecord, peers: Mapping[str, PeerRecord], config: RoundConfig) -> RoundRecord:
-    """The newly opened ``round_row`` with its participants' budgets from their latest heartbeats."""
-    plan = plan_budgets(round_row.participants, step_times(peers), full_steps=full_steps(round_row.round, config),
-                        slack_s=config.straggler_slack_s)
+    """The newly opened ``round_row`` (carrying the controller's choice, if any) with its participants'
+    budgets from their latest heartbeats: the round's full steps × the reference step time."""
+    times = step_times(peers)
+    full = round_full_steps(round_row, config)
+    reference = reference_step_s([times.get(p, 0.0) for p in round_row.participants])
+    plan = plan_budgets(round_row.participants, times, full_steps=full, slack_s=config.straggler_slack_s,
+                        budget_s=full * reference if reference is not None else None)
     return planned_round(round_row, plan)
 
 
 def admit(before: RoundRecord, after: RoundRecord, peers: Mapping[str, PeerRecord], config: RoundConfig, *,
           now: float) -> RoundRecord:
     """``with_newcomers`` from the peers' latest heartbeats."""
-    return with_newcomers(before, after, step_times(peers), now=now, full_steps=full_steps(after.round, config))
+    return with_newcomers(before, after, step_times(peers), now=now, full_steps=round_full_steps(before, config))
 
 
 def exchanging(round_row: RoundRecord, peers: Mapping[str, PeerRecord]) -> set[str]:
@@ -166,3 +162,13 @@ def step_times(peers: Mapping[str, PeerRecord]) -> dict[str, float]:
 
 def full_steps(round_number: int, config: RoundConfig) -> int:
     return round_steps(round_number, config.inner_steps, config.fragments)
+
+
+def round_full_steps(round_row: RoundRecord, config: RoundConfig) -> int:
+    """What a full-speed participant does in ``round_row``: the round's share of the controller's chosen H
+    when the controller is on and chose one, else of ``[rounds] inner_steps``."""
+    choice = controller.from_json(round_row.choice) if config.controller == "auto" else None
+    if choice is None or choice.inner_steps <= 0:
+        return full_steps(round_row.round, config)
+    h = max(config.inner_steps, min(int(choice.inner_steps), longest_inner_steps(config)))
+    return round_steps(round_row.round, h, config.fragments)

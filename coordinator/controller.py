@@ -5,8 +5,11 @@ with and each member's share of the reduction, chosen from the peers' measured l
 exchange time on the slowest link of a butterfly all-reduce and takes the least lossy codec whose
 exchange stays hidden behind computation: within the overlap window (τ inner steps) when the run
 overlaps, else within ``controller_exchange_fraction`` of the round. When none does, it takes the most
-compact codec and recommends a longer round. Shares follow each member's uplink, so a slow uplink owns a
-smaller slice. ``for_round`` is the engine's one call; ``message`` puts a choice into RoundInfo.
+compact codec and a longer round: the H whose round keeps what the overlap does not hide within that
+fraction of the round, capped at ``controller_max_inner_steps``; ``coordinator.budgets`` turns that H into
+the round's time budget (H × the fastest believable step time) and each participant's steps. Fragments and
+overlap stay the run's. Shares follow each member's uplink, so a slow uplink owns a smaller slice.
+``for_round`` is the engine's one call; ``message`` puts a choice into RoundInfo.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
 from coordinator.records import PeerRecord, RoundRecord
+from coordinator.step_times import reference_step_s
 from swarm.config import RunConfig
 from swarm.config.run import RoundConfig
 from swarm.core.codec import get_codec
+from swarm.core.round_length import longest_inner_steps
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -33,7 +38,6 @@ LOSSINESS = {"fp32": 0, "fp16": 1, "bf16": 1, "int8": 2, "int4": 3}
 # fits in this share of the window; a lossier one is taken as soon as the current one no longer fits.
 # A codec step changes the bytes about 2x, so noise must swing the estimate ~40% to flap.
 UPGRADE_HEADROOM = 0.7
-MAX_INNER_STEPS_FACTOR = 4  # without controller_max_inner_steps: the longest round it recommends, x H
 SHARE_DIGITS = 4  # shares travel rounded: every member computes its slice bounds from the same numbers
 
 
@@ -58,9 +62,9 @@ class PeerLink:
 class Choice:
     round: int
     codec: str
-    inner_steps: int  # recommended H (advisory: the peers' round length is not changed by it)
-    fragments: int
-    overlap_steps: int
+    inner_steps: int  # the round's H: its time budget is H x the fastest believable step time
+    fragments: int  # the run's (not changed mid-run)
+    overlap_steps: int  # the run's (not changed mid-run)
     shares: dict[str, float] = field(default_factory=dict)  # peer id -> weight of its slice ({}: equal)
     reason: str = ""
     predicted_exchange_s: float = math.nan
@@ -77,14 +81,15 @@ class Prediction:
 
 def choose(links: Sequence[PeerLink], *, param_count: int, rounds: RoundConfig, round_no: int,
            previous: Optional[Choice] = None) -> Choice:
-    """The codec, shares and recommended H for round ``round_no`` of the participants ``links``."""
+    """The codec, shares and H for round ``round_no`` of the participants ``links``."""
     allowed = sorted(dict.fromkeys(rounds.controller_codecs), key=lambda c: LOSSINESS[c])
     base = dict(round=round_no, inner_steps=rounds.inner_steps, fragments=rounds.fragments,
                 overlap_steps=rounds.overlap_steps)
     kept = previous.codec if previous is not None and previous.codec in allowed else (
         rounds.codec if rounds.codec in allowed else allowed[0])
     measured = [link for link in links if _positive(link.upload_mbit_s) or _positive(link.download_mbit_s)]
-    step_s = max((link.step_time_s for link in links if _positive(link.step_time_s)), default=math.nan)
+    # the round lasts H steps of its fastest believable participant (the slower ones get fewer steps)
+    step_s = reference_step_s([link.step_time_s for link in links]) or math.nan
     if not measured or not _positive(step_s) or param_count <= 0:
         missing = "no link measured yet" if not measured else "no inner step timed yet"
         return Choice(codec=kept, reason=f"{kept}: {missing}; it decides once the first exchange is timed",
@@ -103,7 +108,7 @@ def choose(links: Sequence[PeerLink], *, param_count: int, rounds: RoundConfig, 
                       window_s=window_s, **base)
     compact = min(allowed, key=lambda c: (get_codec(c).encoded_size(numel), -LOSSINESS[c]))
     p = predicted[compact]
-    base["inner_steps"], base["overlap_steps"], advice = _longer_round(rounds, p.seconds, step_s)
+    base["inner_steps"], advice = _longer_round(rounds, p.seconds, step_s)
     reason = (f"{compact}: even {compact} would take {_s(p.seconds)} s on {_where(p)}, longer than the "
               f"{_s(window_s)} s {window}; {advice}")
     return Choice(codec=compact, shares=shares, reason=reason, predicted_exchange_s=p.seconds, window_s=window_s,
@@ -160,20 +165,18 @@ def _window(rounds: RoundConfig, step_s: float) -> tuple[float, str]:
             f"{rounds.controller_exchange_fraction:.0%} of the round")
 
 
-def _longer_round(rounds: RoundConfig, exchange_s: float, step_s: float) -> tuple[int, int, str]:
-    """The H (and overlap τ) whose window would hide ``exchange_s``, capped, and that advice in words."""
-    cap = rounds.controller_max_inner_steps or MAX_INNER_STEPS_FACTOR * rounds.inner_steps
-    overlap = rounds.overlap_steps
-    if overlap > 0:  # τ ≤ H / F: a τ long enough needs H = τ F
-        overlap = math.ceil(exchange_s / step_s)
-        needed = overlap * rounds.fragments
-    else:
-        needed = math.ceil(exchange_s / (rounds.controller_exchange_fraction * step_s))
+def _longer_round(rounds: RoundConfig, exchange_s: float, step_s: float) -> tuple[int, str]:
+    """The H whose round keeps what the overlap window does not hide of ``exchange_s`` within
+    ``controller_exchange_fraction`` of the round (all of it without overlap), capped, and that in words."""
+    exposed_s = max(0.0, exchange_s - rounds.overlap_steps * step_s)
+    needed = math.ceil(exposed_s / (rounds.controller_exchange_fraction * step_s))
+    cap = longest_inner_steps(rounds)
     steps = max(rounds.inner_steps, min(cap, needed))
-    overlap = min(overlap, steps // rounds.fragments)
-    what = f"overlapping {overlap} inner steps of a round of {steps}" if overlap else f"a round of {steps} inner steps"
-    advice = f"{what} would hide it" if needed <= cap else f"{what} (controller_max_inner_steps) comes closest"
-    return steps, overlap, advice
+    hides = (f"would keep what the {rounds.overlap_steps}-step overlap does not hide within "
+             f"{rounds.controller_exchange_fraction:.0%} of it" if rounds.overlap_steps else "would hide it")
+    if needed <= cap:
+        return steps, f"a round of {steps} inner steps {hides}"
+    return steps, f"a round of {steps} inner steps (controller_max_inner_steps) comes closest"
 
 
 def _fit_reason(codec: str, allowed: list[str], predicted: Mapping[str, Prediction], window_s: float, window: str,

@@ -20,10 +20,10 @@ import threading
 import time
 from typing import Callable, Iterator, Optional
 
-from coordinator import admission, budgets, controller, membership, rounds, tokens
+from coordinator import admission, membership, round_opening, rounds, tokens
 from coordinator.errors import BadRequest, PeerGone, Rejection, UnknownPeer
 from coordinator.history import history_page
-from coordinator.records import COMMITTED, EXCHANGING, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
+from coordinator.records import COMMITTED, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
 from coordinator.peer_writes import PeerWrites
 from coordinator.roster import Roster
 from coordinator.round_info_cache import RoundInfoCache
@@ -69,11 +69,9 @@ class CoordinatorEngine:
         self.config: RunConfig = open_run(store, config, check_config=check_config, now=self.started_at)
         self.run_log = open_run_log(store, self.config)  # [logging]: the run's curves, as rounds are recorded
         self._load()
-        # Peers kept training while the coordinator was down; give each a fresh lease to check in.
-        with store.transaction():
-            for peer in list(self._peers.values()):
-                if peer.alive and peer.lease_expiry < self.started_at + lease_s:
-                    self._save_peer(dataclasses.replace(peer, lease_expiry=self.started_at + lease_s))
+        with store.transaction():  # peers kept training while the coordinator was down: a fresh lease to check in
+            for peer in membership.renewed_leases(self._peers.values(), until=self.started_at + lease_s):
+                self._save_peer(peer)
 
     def _load(self) -> None:
         self._run: RunRecord = self._store.get_run()  # type: ignore[assignment]
@@ -183,7 +181,7 @@ class CoordinatorEngine:
             peer = membership.check_member(req.peer_id, self._peers.get(req.peer_id))
             if req.round < 1:
                 raise BadRequest(f"round {req.round} cannot be reported; rounds are numbered from 1.")
-            self._save_peer(membership.touch(peer, now, self._lease_s))
+            self._save_peer(membership.with_links(membership.touch(peer, now, self._lease_s), req))
             if self._open is None or req.round != self._open.round:
                 return self._info(req.round)  # late or early: nothing to decide, say how it stands
             report = report_record(req, now)
@@ -309,44 +307,25 @@ class CoordinatorEngine:
             )
             if not decision.decided:
                 self._wait_until = min(decision.wait_until, look_again)
-                exchanging = not reports and any(  # admission closes at the first report anyway
-                    p in alive and self._peers[p].state == EXCHANGING and self._peers[p].metrics.round == self._open.round
-                    for p in self._open.participants
-                )
-                admitted = rounds.admit_late(self._open, reports, self._roster.ready_ids(), exchange_started=exchanging)
+                admitted = round_opening.admit_late(now, self._open, reports, ready=self._roster.ready_ids(),
+                                                    alive=alive, peers=self._peers, config=self.config)
                 if admitted is not self._open:
-                    admitted = budgets.admit(self._open, admitted, self._peers, self.config.rounds, now=now)
-                    newcomers = admitted.participants[len(self._open.participants):]
-                    logger.info("round %d: admitted late %s", admitted.round, ", ".join(newcomers))
                     self._save_round(admitted)
                 return
             self._apply(decision, now)
         if self._run.finished:
             return
         number = (self._latest.round if self._latest is not None else 0) + 1
-        planned, _why_not = rounds.plan_round(
-            now=now, round_number=number, ready=self._roster.ready_ids(), carried=self._carried(),
-            min_peers=self.config.rounds.min_peers,
-        )
+        planned, wait_until = round_opening.open_next(
+            now, number, ready=self._roster.ready_ids(), carried=self._carried(), config=self.config,
+            peers=self._peers, param_count=self._run.param_count, previous=self._latest)
         if planned is not None:
-            planned = controller.for_round(self.config, planned, self._peers, self._run.param_count, self._latest)
-            planned = budgets.plan_round(planned, self._peers, self.config.rounds)
             self._save_round(planned)
-            self._wait_until = planned.opened_at + self.config.rounds.round_timeout_s  # should no one report
-            if planned.deadline_s > 0:  # then who is not ready is left out
-                self._wait_until = min(self._wait_until,
-                                       planned.opened_at + planned.deadline_s + self.config.rounds.report_grace_s)
-            logger.info("round %d: opened with %s (inner steps %s, time budget %.3gs)", number,
-                        ", ".join(planned.participants), ", ".join(map(str, planned.budgets)), planned.budget_s)
+            self._wait_until = wait_until
 
     def _leave_out_late(self, now: float, reports) -> float:
-        """Take the open round's participants not ready by its deadline out of it; when to look again."""
-        row, look_again = rounds.leave_out(now, self._open, reports, budgets.exchanging(self._open, self._peers),
-                                           report_grace_s=self.config.rounds.report_grace_s)
+        row, look_again = round_opening.leave_out_late(now, self._open, reports, peers=self._peers, config=self.config)
         if row is not self._open:
-            logger.warning("round %d: went on without %s (not ready %.0fs after its %.3gs deadline)", row.round,
-                           ", ".join(row.left_out[len(self._open.left_out):]), self.config.rounds.report_grace_s,
-                           row.deadline_s)
             self._save_round(row)
         return look_again
 
@@ -355,14 +334,8 @@ class CoordinatorEngine:
         self._save_round(decided)
         self._history.record_round(decided, self._reports.by_peer_id(), self._peers, self.config,
                                    ddp_equivalent_bytes=decision.ddp_equivalent_bytes)
-        for peer_id in decision.joined:
-            if peer_id in self._peers:
-                peer = self._peers[peer_id]
-                self._save_peer(dataclasses.replace(peer, rounds_joined=peer.rounds_joined + 1))
-        for peer_id in decision.missed:
-            if peer_id in self._peers:
-                peer = self._peers[peer_id]
-                self._save_peer(dataclasses.replace(peer, rounds_missed=peer.rounds_missed + 1))
+        for peer in membership.counted_rounds(self._peers, joined=decision.joined, missed=decision.missed):
+            self._save_peer(peer)
         run = dataclasses.replace(
             self._run, ddp_equivalent_bytes=self._run.ddp_equivalent_bytes + decision.ddp_equivalent_bytes
         )

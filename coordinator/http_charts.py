@@ -71,6 +71,14 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
+def codec_bits(codec: str) -> float:
+    """Bits per value a codec sends (fp32 32 ... int4 4; NaN for one without a fixed width)."""
+    for bits in (32, 16, 8, 4):
+        if codec.endswith(str(bits)):
+            return float(bits)
+    return math.nan
+
+
 def run_charts(rounds: Sequence[dict]) -> dict[str, str]:
     """The dashboard's charts over rounds, from ``coordinator.http_snapshot``'s round rows."""
     def series(key: str, *, committed_only: bool = False) -> list[Point]:
@@ -84,6 +92,8 @@ def run_charts(rounds: Sequence[dict]) -> dict[str, str]:
         "bytes": line_chart("chart-bytes", "bytes per round", {"sent": series("bytes_sent"),
                                                                  "data-parallel equivalent": series("ddp_equivalent_bytes")}),
         "participants": line_chart("chart-participants", "participants", {"participants": series("participants")}),
-        "choices": line_chart("chart-choices", "controller: H and fragments",
-                              {"H": series("inner_steps"), "fragments": series("fragments")}),
+        "choices": line_chart("chart-choices", "round settings (the controller's, when on)",
+                              {"H": series("inner_steps"), "codec bits": [(r["round"], codec_bits(r["codec"]))
+                                                                         for r in rounds],
+                               "fragments": series("fragments")}),
     }

@@ -7,8 +7,9 @@ heartbeat, the rejection to send) and never touch the store or the clock.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
 from coordinator.errors import PeerGone, Rejection, StateMismatch, UnknownPeer
 from coordinator.limits import MAX_DHT_MADDRS
@@ -84,6 +85,32 @@ def evict(peer: PeerRecord, reason: str) -> PeerRecord:
 
 def leave(peer: PeerRecord, reason: str) -> PeerRecord:
     return dataclasses.replace(peer, state=LEFT, gone_reason=reason or "it said goodbye")
+
+
+def counted_rounds(peers: Mapping[str, PeerRecord], *, joined: Iterable[str], missed: Iterable[str]) -> list[PeerRecord]:
+    """The decided round's participants with it counted: joined (they hold its state) or missed."""
+    counted = [dataclasses.replace(peers[p], rounds_joined=peers[p].rounds_joined + 1) for p in joined if p in peers]
+    return counted + [dataclasses.replace(peers[p], rounds_missed=peers[p].rounds_missed + 1)
+                      for p in missed if p in peers]
+
+
+def renewed_leases(peers: Iterable[PeerRecord], *, until: float) -> list[PeerRecord]:
+    """The live peers whose lease ends before ``until``, with it extended to ``until``."""
+    return [dataclasses.replace(p, lease_expiry=until) for p in peers if p.alive and p.lease_expiry < until]
+
+
+def with_links(peer: PeerRecord, report: pb.ReportRoundRequest) -> PeerRecord:
+    """``peer`` with the link estimates its round report carries (the ones it measured are finite and > 0):
+    the controller plans the next round from them, not from a heartbeat that may come after the decision."""
+    measured = {name: getattr(report, name) for name in ("upload_mbit_s", "download_mbit_s", "rtt_ms")
+                if math.isfinite(getattr(report, name)) and getattr(report, name) > 0}
+    if not measured:
+        return peer
+    metrics = pb.PeerMetrics()
+    metrics.CopyFrom(peer.metrics)
+    for name, value in measured.items():
+        setattr(metrics, name, value)
+    return dataclasses.replace(peer, metrics=metrics)
 
 
 def touch(peer: PeerRecord, now: float, lease_s: float) -> PeerRecord:

@@ -98,7 +98,8 @@ def leave_out(now: float, round_row: RoundRecord, reports: Sequence[ReportRecord
     """Past the round's deadline plus ``report_grace_s``, take the participants that have neither reported
     nor started their exchange (``ready``: the participants exchanging this round) out of the round, so the
     others stop waiting for them. Returns the round (the same object when nobody was left out) and when
-    to look again (inf: never). Nobody is left out while nobody is ready: the round waits as before."""
+    to look again (inf: never). Nobody is left out while more than half the participants are late (none
+    ready, or most of them slowed down together): the round waits as before."""
     if round_row.outcome != OPEN or round_row.deadline_s <= 0:
         return round_row, math.inf
     due = round_row.opened_at + round_row.deadline_s + report_grace_s
@@ -108,8 +109,10 @@ def leave_out(now: float, round_row: RoundRecord, reports: Sequence[ReportRecord
         return round_row, math.inf
     if now < due:
         return round_row, due
-    if len(late) == len(round_row.participants):
-        return round_row, now + 1.0  # look again once some participant is ready
+    if 2 * len(late) > len(round_row.participants):
+        # most are late: the machine or the run slowed, not a straggler; leaving the majority out would
+        # throw its work away, so the round waits as before (look again as they become ready)
+        return round_row, now + 1.0
     return budgets.without(round_row, late), math.inf
 
 

@@ -3,6 +3,7 @@ token stored) or resume the kept one, whose config never changes."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 from typing import Any, Optional
@@ -18,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 def open_run(store: Store, given: Optional[RunConfig], *, check_config: bool, now: float) -> RunConfig:
     """Start a run with ``given`` when ``store`` holds none; else check ``given`` against the kept run's
-    config and return the kept one (the run's config never changes)."""
+    config and return the kept one (the run's config never changes, but for where it logs: ``[logging]``)."""
     run = store.get_run()
     if given is not None:
         given = with_data_fingerprint(given)  # every peer gets the spec with it and checks its own data
@@ -34,6 +35,10 @@ def open_run(store: Store, given: Optional[RunConfig], *, check_config: bool, no
         logger.info("run %s: started a new run", run.run_id)
         return given
     kept = RunConfig.from_json(run.run_spec_json)
+    if given is not None and given.logging != kept.logging:  # where curves go is not part of the run: it may change
+        kept = kept.replace(logging=given.logging)
+        store.put_run(dataclasses.replace(run, run_spec_json=kept.to_json()))
+        logger.info("run %s: logs now go where the new [logging] says", run.run_id)
     if given is not None and given != kept:
         where = _first_difference(kept.to_dict(), given.to_dict())
         if check_config:

@@ -5,6 +5,7 @@ The round runner's Decider."""
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import threading
 import time
@@ -16,6 +17,7 @@ from peer.retry import with_retry
 from swarm.control.client import CoordinatorClient, CoordinatorUnreachable
 from swarm.control.signing import Libp2pSigner
 from swarm.core.credential import Member, PeerKey
+from swarm.core.fragments import round_steps
 from swarm.train.round import Decision, Vote
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -112,8 +114,9 @@ class CoordinatorLink:
 
     def budget(self, round_no: int, full: tuple[int, int]) -> tuple[int, int]:
         """(steps before a carried merge, steps) for ``round_no``: the coordinator's time budget for this
-        peer, capped at ``full`` (what a full-speed peer does); ``full`` when the round has no budget for it
-        (not opened yet, or the coordinator is unreachable)."""
+        peer, capped at what a full-speed peer does in the round (``full``: at the run's H; with the
+        controller on, at the H it chose for the round), the split staying ``full[0]`` (τ); ``full`` when the
+        round has no budget for it (not opened yet, or the coordinator is unreachable)."""
         plan = self.plans.get(round_no)
         if plan is None:
             try:
@@ -123,7 +126,9 @@ class CoordinatorLink:
         mine = next((p.inner_steps for p in plan.peers if p.peer_id == self.peer_id), 0)
         if mine <= 0:
             return full
-        steps = min(full[1], mine)
+        choice = self._choices.get(round_no)
+        longest = round_steps(round_no, choice.inner_steps, choice.fragments) if choice and choice.fragments > 0 else 0
+        steps = min(max(full[1], longest), mine)
         return min(full[0], steps), steps
 
     def left_out(self, round_no: int) -> bool:
@@ -258,6 +263,9 @@ class CoordinatorLink:
             bytes_sent=averaged.bytes_sent if averaged else 0,
             bytes_received=averaged.bytes_received if averaged else 0, loss=vote.train.mean_loss,
             error=vote.error.encode()[:MAX_REPORTED_ERROR_BYTES].decode(errors="ignore"), param_count=self.param_count,
+            upload_mbit_s=averaged.upload_mbit_s if averaged else math.nan,
+            download_mbit_s=averaged.download_mbit_s if averaged else math.nan,
+            rtt_ms=averaged.rtt_ms if averaged else math.nan,
         )
 
     @staticmethod

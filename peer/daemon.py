@@ -24,13 +24,14 @@ from typing import Optional
 import torch
 
 from peer import identity
+from peer.backlog import report_backlog
 from peer.coordinator_link import CoordinatorLink, PeerExit
 from peer.heartbeat import HeartbeatThread
 from peer.options import PeerOptions
 from peer.parts import PeerParts
 from peer.round_hooks import PeerHooks
 from peer.round_log import RoundLog
-from peer.startup import StartupClock
+from peer.startup import StartupClock, result_or_none
 from peer.state_store import PeerStateStore
 from peer.stats import PeerStats
 from swarm.config import RunConfig
@@ -83,6 +84,7 @@ class PeerDaemon:
         self.behind = False  # the coordinator contradicted a group decision: resync before anything else
         self.offline = False  # the current round runs while the coordinator is unreachable
         self.clock = StartupClock()  # where a (re)start's seconds go, logged at its first round
+        self._network: Optional[concurrent.futures.Future] = None  # the DHT start, overlapping the trainer build
 
     # ---- lifecycle -----------------------------------------------------------------------------------
     def run(self) -> int:
@@ -161,11 +163,14 @@ class PeerDaemon:
                                          renewed=self.link.renew)
         self.heartbeat.start()
         self.clock.mark("join")
+        # the DHT starts (hivemind's import, its process, p2pd) as the trainer builds: no gRPC call here meanwhile
+        peers = list(joined.dht_initial_peers)
+        self._network = self.clock.overlap(lambda: self.parts.transport(o, peers, stop=self.stop, tag=self.tag(),
+                                                                        identity=libp2p, member=self.link.member))
         trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=o.device, ranks=self.ranks)
-        self.clock.warmed("trainer")  # no import in flight when the DHT forks
-        # after the model build: forked right after the join, gRPC still had threads inside it
-        self.transport = self.parts.transport(o, list(joined.dht_initial_peers), stop=self.stop, tag=self.tag(),
-                                              identity=libp2p, member=self.link.member)
+        trainer.throttle = o.faults.throttle(lambda: self.stats.metrics().round)  # slow@R: a throttled device
+        self.clock.mark("trainer")
+        self.transport = self._network.result()  # PeerExit when it could not start
         self.build_round(trainer, joined)
         self.clock.mark("DHT")
         self.store.install(trainer.state)
@@ -195,8 +200,8 @@ class PeerDaemon:
                                   stopping=self.stop.is_set, left_out=self.left_out,
                                   budget=lambda r: self.link.budget(r, self.runner.full_speed(r)))
         self.stats.update(model_fingerprint=trainer.fingerprint, param_count=trainer.param_count,
-                          dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs),
-                          rtt_ms=group.probe_rtt_ms())
+                          dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs))
+        self.clock.overlap(lambda: self.stats.update(rtt_ms=group.probe_rtt_ms()), name="swarm-rtt-probe")
 
     def train_round(self, round_no: int, *, offline: bool = False) -> None:
         """TRAINING → EXCHANGING → DECIDING (OFFLINE_DECIDING while the coordinator is unreachable): one
@@ -237,25 +242,11 @@ class PeerDaemon:
             self.link.last_group = set(result.group)
 
     def report_backlog(self) -> None:
-        """The coordinator is back: report the rounds the group decided without it, in order, and check that
-        it confirms each decision; on any contradiction this peer resyncs from the committed state."""
-        backlog = self.link.take_backlog()
+        """The coordinator is back: report the rounds the group decided without it (``peer.backlog``)."""
         self.offline_next = None
-        trainer = self.runner.trainer
-        for entry in backlog:
-            round_no = entry.request.round
-            self.link.call(lambda: self.client.report_round(entry.request), f"report round {round_no}")
-            decision = self.link.await_decision(round_no)
-            confirmed = decision.committed_hash if decision.outcome == pb.ROUND_OUTCOME_COMMITTED else None
-            if confirmed != entry.committed_hash:
-                logger.error("%s the coordinator decided %s where the group decided %s; resyncing",
-                             self.tag(round_no), confirmed or "void", entry.committed_hash or "void")
-                self.behind, self.store.disk_tried = True, None  # its own vote may be the committed state
-                self.stats.update(state_round=-1)  # holds no committed state until it resyncs
-                return
-            logger.info("%s the coordinator confirmed the group's decision", self.tag(round_no))
-            self.store.prune(below=min(round_no, trainer.round_no))
-        self.store.confirmed(checkpoint=bool(backlog) and trainer.round_no == backlog[-1].request.round)
+        if not report_backlog(self.link, self.client, self.store, self.runner.trainer, tag=self.tag):
+            self.behind, self.store.disk_tried = True, None  # its own vote may be the committed state
+            self.stats.update(state_round=-1)  # holds no committed state until it resyncs
 
     def sync(self, info: pb.RoundInfo) -> bool:
         """SYNCING: get the committed state (own disk first, else a holder)."""
@@ -296,6 +287,7 @@ class PeerDaemon:
             self.heartbeat.join(timeout=5)
         if self.peer_id:
             self.link.leave(self.stats.heartbeat_request(self.peer_id))
+        self.transport = self.transport or result_or_none(self._network, timeout_s=10)  # a failed start's DHT too
         if self.transport is not None:
             self.transport.shutdown()
         self.client.close()

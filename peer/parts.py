@@ -6,22 +6,22 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from peer import identity
 from peer.coordinator_link import PeerExit
 from peer.faults import FaultPlan
-from peer.group import DhtGroup
 from peer.retry import with_retry
 from swarm.config import RunConfig
 from swarm.control.client import CoordinatorClient
 from swarm.core import credential
 from swarm.core.state import GlobalState
-from swarm.net.dht_entries import validator_for
 from swarm.net.libp2p_identity import Libp2pIdentity
 from swarm.net.p2p_address import choose_p2p_address, is_loopback, only_loopback, unreachable_sentence
-from swarm.net.state_transfer import StateServer, download_state
-from swarm.net.transport import Transport, TransportStartFailed
+
+if TYPE_CHECKING:  # hivemind's modules: imported by the parts that use them, while the trainer builds
+    from peer.group import DhtGroup
+    from swarm.net.transport import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ class HivemindStateTransfer:
     showing ``member``'s credential."""
 
     def __init__(self, transport: Transport, *, run_id: str, timeout_s: float, member: credential.Member) -> None:
+        from swarm.net.state_transfer import StateServer
+
         self.transport, self.run_id, self.timeout_s, self.member = transport, run_id, timeout_s, member
         self.server = StateServer(transport, run_id=run_id, member=member)
 
@@ -46,6 +48,8 @@ class HivemindStateTransfer:
 
     def download(self, holders: list[str], *, round_no: int, expected_hash: str, like: GlobalState) -> tuple[GlobalState, int]:
         """The committed state of ``round_no`` (raises StateUnavailable); its hash is checked."""
+        from swarm.net.state_transfer import download_state
+
         return download_state(self.transport, member=self.member, run_id=self.run_id, holders=holders, round_no=round_no,
                               expected_hash=expected_hash, like=like, timeout_s=self.timeout_s)
 
@@ -67,6 +71,11 @@ class PeerParts:
         it is unreachable (a coordinator restarting as this peer starts); gives up after join_timeout_s.
         It listens and announces as ``choose_p2p_address`` says, so that groupmates on other machines can
         reach it."""
+        import peer.group  # noqa: F401  the group's and the state transfer's hivemind modules: imported in
+        import swarm.net.state_transfer  # noqa: F401  this (the DHT start's) thread, not the trainer build's
+        from swarm.net.dht_entries import validator_for
+        from swarm.net.transport import Transport, TransportStartFailed
+
         address = choose_p2p_address(coordinator_host=options.join.host, p2p_host=options.p2p_host,
                                      announce_host=options.announce_host)
         transport = with_retry(
@@ -94,6 +103,8 @@ class PeerParts:
               member: Optional[credential.Member] = None, round_choice=None) -> DhtGroup:
         """``member``: the peer's key and credential after the join (``CoordinatorLink.member``);
         ``round_choice``: the controller's choice per round (``CoordinatorLink.round_choice``)."""
+        from peer.group import DhtGroup
+
         return DhtGroup(transport, run, run_id=run_id, peer_id=peer_id, peer_index=peer_index, planned=planned,
                         faults=faults, member=member, round_choice=round_choice)
 

@@ -1,20 +1,26 @@
-"""A peer's start, timed and overlapped: where the seconds from launch to the first round go, and the
-slow imports the trainer build needs, done in a background thread while the peer waits on the network.
+"""A peer's start, timed and overlapped: where the seconds from launch to the first round go; the slow
+imports the trainer build needs, done in a background thread while the peer waits on the network; and
+the DHT start, in another thread while the trainer builds.
 
 ``StartupClock`` marks each step of a start (join, trainer build, DHT start, sync) and logs one line
 when the peer starts training its first round, so that a restart's cost is visible in every peer log.
+
+Forking (the DHT process) while another thread imports is safe here: ``os.fork`` holds the interpreter's
+import lock, and the DHT process runs only hivemind code its starting thread imported before it forked.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib
 import logging
 import os
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Imported by the first optimizer built (torch.optim wraps its __init__ to keep dynamo away from it):
 # about as slow as importing torch itself, and pure CPU work the join's network waits can hide.
@@ -41,8 +47,18 @@ def _import_quietly(names: tuple[str, ...]) -> None:
             logger.debug("warm-up import of %s failed: %s", name, e)
 
 
+def result_or_none(future: "Optional[concurrent.futures.Future[T]]", timeout_s: float) -> Optional[T]:
+    """What an overlapped task returned, waiting at most ``timeout_s``; None if it failed or is still running."""
+    if future is None:
+        return None
+    try:
+        return future.result(timeout=timeout_s)
+    except BaseException:  # noqa: BLE001  its failure was the start's, already reported there
+        return None
+
+
 def warm_imports(names: tuple[str, ...] = WARM_MODULES) -> threading.Thread:
-    """Start importing ``names`` in a daemon thread; join it before forking (no import may be in flight)."""
+    """Start importing ``names`` in a daemon thread."""
     thread = threading.Thread(target=_import_quietly, args=(names,), name="swarm-warm-imports", daemon=True)
     thread.start()
     return thread
@@ -60,17 +76,27 @@ class StartupClock:
         self._warming: list[threading.Thread] = []
 
     def warm(self, *tasks: Callable[[], None]) -> None:
-        """Start the warm-up imports and ``tasks`` in daemon threads."""
+        """Start the warm-up imports and ``tasks`` in daemon threads (nobody waits for them)."""
         self._warming = [warm_imports()] + [threading.Thread(target=task, name="swarm-warm-up", daemon=True)
                                             for task in tasks]
         for thread in self._warming[1:]:
             thread.start()
 
-    def warmed(self, step: str) -> None:
-        """Wait for the warm-up work (none may be in flight when the DHT process forks), then mark."""
-        for thread in self._warming:
-            thread.join()
-        self.mark(step)
+    @staticmethod
+    def overlap(task: Callable[[], T], name: str = "swarm-dht-start") -> "concurrent.futures.Future[T]":
+        """Run ``task`` in a daemon thread while the caller goes on; its result (or exception) in the future."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(task())
+            except BaseException as e:  # PeerExit too: the caller re-raises it from result()
+                future.set_exception(e)
+
+        threading.Thread(target=run, name=name, daemon=True).start()
+        return future
 
     def mark(self, step: str) -> None:
         now = time.monotonic()
@@ -90,4 +116,5 @@ class StartupClock:
     def summary(self) -> str:
         parts = [f"imports {self.before:.1f}s"] if self.before is not None else []
         parts += [f"{step} {seconds:.1f}s" for step, seconds in self.steps]
-        return f"{self.since_launch():.1f}s after launch ({', '.join(parts)})"
+        # the CPU seconds of this process (all its threads): a loaded machine shows as wall ≫ CPU
+        return f"{self.since_launch():.1f}s after launch ({', '.join(parts)}; {time.process_time():.1f} CPU-s)"

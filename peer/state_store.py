@@ -12,7 +12,6 @@ from peer.faults import FaultPlan
 from peer.resume import checkpoint_dir, maybe_resume, prune_votes, save_trainer, save_vote
 from peer.stats import PeerStats
 from swarm.core.state import GlobalState
-from swarm.net.state_transfer import StateUnavailable
 from swarm.train.trainer import LocalTrainer
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -92,6 +91,8 @@ class PeerStateStore:
     def sync(self, info: pb.RoundInfo, holders: Callable[[int], list[str]]) -> bool:
         """Resume the newest committed state from this peer's own disk (a checkpoint or its vote), or else
         download it from a holder; either way its hash must be the committed one."""
+        from swarm.net.state_transfer import StateUnavailable  # hivemind: imported by the DHT start first
+
         target = info.last_committed_round
         if self.disk_tried != target:
             self.disk_tried = target

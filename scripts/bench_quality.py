@@ -67,6 +67,7 @@ class Grid:
     h_values: tuple[int, ...] = (10, 50, 100, 200)  # fp32 DiLoCo, warm and from scratch
     codecs: tuple[str, ...] = ("fp16", "int8", "int4")  # with error feedback
     codec_h: tuple[int, ...] = (50, 100, 200)
+    codec_outer: Optional[tuple[float, float]] = None  # (lr, momentum) of the codec rows' outer Nesterov step
     reference_h: int = 50  # heterogeneous, torchft DiLoCo, and the DDP target
     stream_h: int = 100  # Streaming DiLoCo (F divides it) and torchft's streaming row
     fragments: int = 4
@@ -261,6 +262,9 @@ def run_sim(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
     """DiLoCo, its codecs, Streaming DiLoCo and heterogeneous peers, all through swarm.train.sim."""
     base = bench.run_config()
     run = base.replace(rounds=dataclasses.replace(base.rounds, inner_steps=job.H)).validate()
+    if job.error_feedback and bench.grid.codec_outer:
+        lr, momentum = bench.grid.codec_outer
+        run = run.replace(outer=dataclasses.replace(run.outer, lr=lr, momentum=momentum)).validate()
     kwargs: dict[str, Any] = dict(codec=job.codec, error_feedback=job.error_feedback,
                                   fragments=job.fragments, overlap_steps=job.overlap)
     if job.slow_factor > 1:
@@ -275,6 +279,8 @@ def run_sim(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
     sent = result.bytes_sent_per_peer
     row = {"eval_loss": result.final_eval_loss, "bytes_per_worker": sum(sent) / len(sent),
            "peak_bytes_per_sync": float(result.peak_bytes_per_sync)}
+    if job.error_feedback and bench.grid.codec_outer:
+        row["note"] = f"outer lr {run.outer.lr:g}, momentum {run.outer.momentum:g}"
     if job.slow_factor > 1:
         steps = [sum(r.steps[i] for r in result.rounds) for i in range(bench.workers)]
         row["note"] = f"inner steps per worker {steps}, weighted by samples"
@@ -580,6 +586,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     parser.add_argument("--codecs", help="comma-separated codecs of the DiLoCo codec sweep, with error feedback"
                         " (default fp16,int8,int4; 'none' skips the sweep)")
+    parser.add_argument("--codec-h", help="comma-separated H of the codec sweep (default 50,100,200)")
+    parser.add_argument("--h-values", help="comma-separated H of the fp32 DiLoCo rows (default 10,50,100,200;"
+                        " 'none' skips them)")
+    parser.add_argument("--codec-outer", help="LR,MOMENTUM of the codec rows' outer step (default: the run's 0.7,0.9)")
     parser.add_argument("--no-scratch", action="store_true", help="skip the from-scratch table")
     parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run of every row kind")
     parser.add_argument("--jobs", type=int, default=2, help="rows run at once, one process each (default 2)")
@@ -600,13 +610,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.quick:
         steps, warm_steps, grid = QUICK_STEPS, min(warm_steps, QUICK_STEPS), QUICK_GRID
     if args.codecs is not None:
-        from swarm.core.codec import CODECS
+        from swarm.core.codec import get_codec
 
         codecs = tuple(c.strip() for c in args.codecs.split(",") if c.strip() and c.strip() != "none")
-        bad = sorted(set(codecs) - set(CODECS))
-        if bad:
-            parser.error(f"unknown codec {bad[0]!r}; choose from {', '.join(sorted(CODECS))}.")
+        for codec in codecs:
+            try:
+                get_codec(codec)
+            except ValueError as e:
+                parser.error(str(e))
         grid = dataclasses.replace(grid, codecs=codecs)
+    for flag, field_name in (("codec_h", "codec_h"), ("h_values", "h_values")):
+        value = getattr(args, flag)
+        if value is not None:
+            try:
+                hs = tuple(int(h) for h in value.split(",") if h.strip() and h.strip() != "none")
+            except ValueError:
+                parser.error(f"--{flag.replace('_', '-')} takes comma-separated inner step counts, got {value!r}.")
+            grid = dataclasses.replace(grid, **{field_name: hs})
+    if args.codec_outer:
+        try:
+            lr, momentum = (float(v) for v in args.codec_outer.split(","))
+        except ValueError:
+            parser.error(f"--codec-outer takes LR,MOMENTUM, e.g. 1.0,0, got {args.codec_outer!r}.")
+        grid = dataclasses.replace(grid, codec_outer=(lr, momentum))
     if args.workers < 2:
         parser.error("--workers must be at least 2: the methods differ only with several workers.")
     bench = Bench(workers=args.workers, steps=steps, warm_steps=warm_steps, seed=args.seed,

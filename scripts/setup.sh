@@ -21,10 +21,15 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "${PIP[@]}" install -e ".[dev,hf,tensorboard]"
   touch "$stamp"
 fi
+# Install Debian packages; a fresh machine may have no package lists yet: fetch them once and retry.
+apt_install() {
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null 2>&1 && return 0
+  apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null 2>&1
+}
 # The dashboard's browser test drives Debian's chromium (playwright, with no browser download of its own).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && [ ! -x /usr/bin/chromium ]; then
   echo "setup: installing chromium for the dashboard's browser test" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
+  apt_install chromium \
     || echo "setup: could not install chromium; the dashboard's browser test will skip" >&2
 fi
 # The WAN testbed (swarm/app/testbed, its tests) shapes links with iproute2 and builds its NAT host with
@@ -35,7 +40,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   command -v iptables >/dev/null 2>&1 || missing+=(iptables)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]} for the WAN testbed" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 \
+    apt_install "${missing[@]}" \
       || echo "setup: could not install ${missing[*]}; the WAN testbed's tests will skip" >&2
   fi
 fi

@@ -2,6 +2,8 @@
 """The WAN testbed from the command line (as root): emulated hosts in network namespaces on shaped links.
 
     scripts/wan_testbed.py up --hosts 3 --mbit 100 --nat-host     # hosts h0 h1 h2 (10.77.0.10-12) and nat
+    scripts/wan_testbed.py up --hosts 5 --mbit 1000 --sites ,a,a,b,b --cross-site-mbit 20   # two sites, h0 in none
+    scripts/wan_testbed.py rate h1 --mbit 10                      # h1's link 10x slower while it runs
     scripts/wan_testbed.py status
     scripts/wan_testbed.py run h0 -- .venv/bin/swarm coordinator --host 10.77.0.10 --announce-host 10.77.0.10
     scripts/wan_testbed.py proxy h1 --to h0:7000 --delay-ms 25     # h1 reaches h0:7000 25 ms away, via the port it prints
@@ -19,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from swarm.app.testbed import make_topology, missing_privileges, teardown  # noqa: E402
-from swarm.app.testbed.network import TestbedError, build, namespaces  # noqa: E402
+from swarm.app.testbed.network import TestbedError, build, namespaces, shape_host  # noqa: E402
 from swarm.app.testbed.topology import PREFIX  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,8 +41,24 @@ def _address(prefix: str, host: str) -> str:
 
 
 def up(args: argparse.Namespace) -> int:
-    build(make_topology(hosts=args.hosts, mbit=args.mbit, up_mbit=args.up_mbit, down_mbit=args.down_mbit,
-                        nat_host=args.nat_host, prefix=args.prefix))
+    build(_topology(args))
+    return status(args)
+
+
+def _topology(args: argparse.Namespace):
+    sites = args.sites.split(",") if args.sites is not None else None
+    return make_topology(hosts=args.hosts, mbit=args.mbit, up_mbit=args.up_mbit, down_mbit=args.down_mbit,
+                         nat_host=args.nat_host, prefix=args.prefix, sites=sites, cross_site_mbit=args.cross_site_mbit)
+
+
+def rate(args: argparse.Namespace) -> int:
+    """The testbed keeps no record of how it was built, so a site-aware link is re-shaped from the sites given
+    again here; without them the host's link gets one rate for all its traffic."""
+    _namespace(args.prefix, args.host)
+    topology = _topology(args)
+    up = args.up_mbit if args.up_mbit is not None else args.mbit
+    down = args.down_mbit if args.down_mbit is not None else args.mbit
+    shape_host(topology, topology.host(args.host), up, down)
     return status(args)
 
 
@@ -57,14 +75,25 @@ def status(args: argparse.Namespace) -> int:
         return 0
     for name in sorted(names):
         host = name[len(args.prefix):]
-        qdiscs = subprocess.run(["tc", "-n", name, "qdisc", "show", "dev", "eth0"], capture_output=True,
-                                text=True).stdout
-        rate = next((w for line in qdiscs.splitlines() for i, w in enumerate(line.split())
-                     if line.split()[i - 1:i] == ["rate"]), "unshaped")
+        rate = _upload_rate(name)
         address = _address(args.prefix, host) if "eth0" in subprocess.run(
             ["ip", "-n", name, "-o", "link"], capture_output=True, text=True).stdout else "-"
         print(f"{host:6} {name:12} {address:15} upload {rate}")
     return 0
+
+
+def _rates(namespace: str, what: str) -> list[str]:
+    out = subprocess.run(["tc", "-n", namespace, what, "show", "dev", "eth0"], capture_output=True, text=True).stdout
+    return [words[i + 1] for words in (line.split() for line in out.splitlines())
+            for i, w in enumerate(words[:-1]) if w == "rate"]
+
+
+def _upload_rate(namespace: str) -> str:
+    """The host's upload rate as tc shows it; a site-aware link has two classes (in-site, then cross-site)."""
+    classes = _rates(namespace, "class")
+    if len(classes) == 2:
+        return f"{classes[0]}, {classes[1]} to other sites"
+    return next(iter(_rates(namespace, "qdisc")), "unshaped")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,7 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--down-mbit", type=float, help="download rate, overriding --mbit")
     p.add_argument("--nat-host", action="store_true", help="also a host 'nat' behind a router that admits no "
                                                              "inbound connection")
+    p.add_argument("--sites", help="one site label per host, comma-separated (empty: none), e.g. ,a,a,b,b")
+    p.add_argument("--cross-site-mbit", type=float, help="rate each way between hosts of different sites")
     p.set_defaults(handler=up)
+    p = sub.add_parser("rate", help="change a host's link rate while the testbed runs")
+    p.add_argument("host")
+    for flag, what in (("--mbit", "upload and download rate (omitted: unshaped)"), ("--up-mbit", "upload rate"),
+                       ("--down-mbit", "download rate"), ("--cross-site-mbit", "as given to 'up'")):
+        p.add_argument(flag, type=float, help=what)
+    p.add_argument("--hosts", type=int, default=3, help="as given to 'up' (needed with --sites)")
+    p.add_argument("--sites", help="as given to 'up': keeps the host's cross-site class")
+    p.add_argument("--nat-host", action="store_true", help="as given to 'up'")
+    p.set_defaults(handler=rate)
     sub.add_parser("down", help="remove everything the testbed created").set_defaults(handler=down)
     sub.add_parser("status", help="the hosts, their addresses and rates").set_defaults(handler=status)
     p = sub.add_parser("run", help="run a command inside a host: run HOST -- COMMAND ...")

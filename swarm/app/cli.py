@@ -260,7 +260,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swarm", description="Train one model on many poorly connected computers.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_coordinator_parser(sub)
+    _add_peer_parser(sub)
+    _add_token_parser(sub)
+    _add_watch_parsers(sub)
+    _add_history_parsers(sub)
+    return parser
 
+
+def _add_coordinator_parser(sub) -> None:
     c = sub.add_parser("coordinator", help="start a run and print its join string")
     c.add_argument("--config", help="run TOML file (default: the embedded byte-level GPT on the stdlib corpus)")
     c.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all interfaces)")
@@ -281,6 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --http-port: keep the finished run's dashboard up this many seconds more")
     c.set_defaults(func=cmd_coordinator)
 
+
+def _add_peer_parser(sub) -> None:
     p = sub.add_parser("peer", help="lend this machine to a run")
     p.add_argument("--join", required=True, help="the join string printed by `swarm coordinator`")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -302,19 +312,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "still download it")
     p.add_argument("--faults", help="fault injection for tests, e.g. 'crash@3:sending,delay@2:reported=5' "
                                     "(see peer/faults.py); also read from SWARM_FAULTS")
-    p.set_defaults(func=cmd_peer)
-    _add_token_parser(sub)
     p.add_argument("--metrics-port", type=int,
                    help="serve this peer's metrics for Prometheus at http://127.0.0.1:PORT/metrics (0: any free port)")
+    p.set_defaults(func=cmd_peer)
 
+
+def _add_watch_parsers(sub) -> None:
+    """status, demo and export: watching a run, trying one, taking its model away."""
     s = sub.add_parser("status", help="show how a run is doing")
     s.add_argument("join", help="the run's join string")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--watch", action="store_true", help="refresh live until the run finishes")
     s.add_argument("--interval", type=float, default=2.0, help="refresh period for --watch, seconds")
     s.set_defaults(func=cmd_status)
-
-    _add_history_parsers(sub)
 
     d = sub.add_parser("demo", help="a coordinator and peers on this machine, training the embedded default")
     d.add_argument("--peers", type=int, default=3)
@@ -330,7 +340,6 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("state_dir", help="the peer's --state-dir (it holds final/model.safetensors)")
     e.add_argument("out_dir", help="where to write it (created when missing)")
     e.set_defaults(func=cmd_export)
-    return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from swarm.core.sparse_codec import density_note
 from swarm.v1 import coordinator_pb2 as pb
 
 
@@ -99,7 +100,7 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
     table.add_row("train loss", _num(run["loss"]))
     table.add_row("model", f"{_shown(run['model_preset'])} ({run['param_count']:,} parameters)")
     fragments = run.get("fragments") or 1
-    plan = f"H = {run['inner_steps']} inner steps, codec {_shown(run['codec'])}"
+    plan = f"H = {run['inner_steps']} inner steps, codec {_shown(run['codec'])}{density_note(str(run['codec']))}"
     if run.get("error_feedback") and run["codec"] not in ("fp32", ""):
         plan += " with error feedback"
     if fragments > 1:

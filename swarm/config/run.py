@@ -25,7 +25,7 @@ class ConfigError(ValueError):
 
 # Valid names, listed here so that the config stays a leaf: swarm.core.codec.CODECS and
 # swarm.core.fragments.PATTERNS implement exactly these (tests/unit/test_config.py checks they agree).
-CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4")
+CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4", "topk-fp16", "topk-int8", "topk-int4")
 FRAGMENT_PATTERNS = ("strided", "contiguous")
 # swarm.core.aggregation.RULES implements exactly these: how a slice's owner combines the group's slices.
 AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean")
@@ -272,6 +272,24 @@ class OuterOptConfig:
             raise ConfigError(f"[outer] options {self.options} do not fit torch.optim.{self.name} ({e}).") from None
 
 
+def check_codec_name(name: str) -> None:
+    """ConfigError unless ``name`` is a codec: one of CODEC_NAMES, or a topk one with its density
+    (``topk-int4@0.003``: the fraction of each chunk's values sent; the plain name sends 1%)."""
+    if name in CODEC_NAMES:
+        return
+    base, at, density = name.partition("@")
+    if not (at and base.startswith("topk-") and base in CODEC_NAMES):
+        raise ConfigError(f"[rounds] codec {name!r} is unknown; choose one of {sorted(CODEC_NAMES)}"
+                          " (a topk codec may name its density: topk-int4@0.003).")
+    try:
+        fraction = float(density)
+    except ValueError:
+        fraction = math.nan
+    if not (math.isfinite(fraction) and 0 < fraction <= 1):
+        raise ConfigError(f"[rounds] codec {name!r}: the density after '@' must be a fraction in (0, 1],"
+                          f" e.g. {base}@0.01.")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RoundConfig:
     inner_steps: int = 50  # H: inner steps per round
@@ -333,8 +351,10 @@ class RoundConfig:
             raise ConfigError(f"[rounds] max_rounds must be at least 1, got {self.max_rounds}.")
         if self.min_peers < 1:
             raise ConfigError(f"[rounds] min_peers must be at least 1, got {self.min_peers}.")
-        if self.codec not in CODEC_NAMES:
-            raise ConfigError(f"[rounds] codec {self.codec!r} is unknown; choose one of {sorted(CODEC_NAMES)}.")
+        check_codec_name(self.codec)
+        if self.hierarchical and self.codec.startswith("topk-"):
+            raise ConfigError(f"[rounds] codec {self.codec} is exchanged by a flat all-gather; set hierarchical = false"
+                              " or choose a dense codec.")
         if self.eval_every_rounds < 1:
             raise ConfigError("[rounds] eval_every_rounds must be at least 1.")
         for name in ("matchmaking_window_s", "exchange_timeout_s", "round_timeout_s", "report_grace_s"):
@@ -367,10 +387,14 @@ class RoundConfig:
     def _validate_controller(self) -> None:
         if self.controller not in CONTROLLERS:
             raise ConfigError(f"[rounds] controller {self.controller!r} is unknown; choose one of {list(CONTROLLERS)}.")
-        unknown = [c for c in self.controller_codecs if c not in CODEC_NAMES]
+        dense = [c for c in CODEC_NAMES if not c.startswith("topk-")]
+        unknown = [c for c in self.controller_codecs if c not in dense]
         if unknown or not self.controller_codecs:
-            raise ConfigError(f"[rounds] controller_codecs must list codecs among {list(CODEC_NAMES)},"
+            raise ConfigError(f"[rounds] controller_codecs must list codecs among {dense},"
                               f" got {list(self.controller_codecs)}.")
+        if self.controller != "off" and self.codec.startswith("topk-"):
+            raise ConfigError(f"[rounds] codec {self.codec} is not one the controller chooses among; set"
+                              " controller = \"off\" to send it every round.")
         if not (math.isfinite(self.controller_exchange_fraction) and 0 < self.controller_exchange_fraction <= 1):
             raise ConfigError(f"[rounds] controller_exchange_fraction must be in (0, 1],"
                               f" got {self.controller_exchange_fraction}.")

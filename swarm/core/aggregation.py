@@ -1,10 +1,11 @@
 """Robust aggregation: how the owner of one slice of the pseudo-gradient combines the group's slices
 (``[rounds] aggregation``), with weights capped at what a round allows.
 
-Every member's weight is self-declared, so it is clamped to ``max_weight`` (batch size × inner steps:
-the most samples one fragment can see between two of its syncs; every member derives the same cap from
-the run config; a round's time budget gives no peer more than the inner steps, so an honest peer, fast
-or slow, is never clipped) and a weight that is not a positive finite number fails the exchange.
+Every member's weight is self-declared, so it is clamped to ``max_weight`` (batch size × the most inner
+steps one fragment's pseudo-gradient may span, ``swarm.core.round_length.longest_sync_steps``: H, or with
+the controller on the largest H it may choose; every member derives the same cap from the run config; a
+round's time budget gives no peer more than its round's steps, so an honest peer, fast or slow, is never
+clipped) and a weight that is not a positive finite number fails the exchange.
 
 The rules, applied to the decoded slices in group order, all deterministic functions of them:
 
@@ -38,6 +39,7 @@ import torch
 
 from swarm.config import AGGREGATIONS, RunConfig
 from swarm.core.average import check_contributions, weighted_average
+from swarm.core.round_length import longest_sync_steps
 
 RULES = AGGREGATIONS
 _F32 = torch.float32
@@ -69,7 +71,8 @@ class Aggregation:
         """The run's rule, with the weight cap every member derives from the run config alike."""
         rounds = run.rounds
         return cls(rule=rounds.aggregation, clip_factor=rounds.clip_factor, trim_fraction=rounds.trim_fraction,
-                   reject_factor=rounds.reject_factor, max_weight=float(run.data.batch_size * rounds.inner_steps))
+                   reject_factor=rounds.reject_factor,
+                   max_weight=float(run.data.batch_size * longest_sync_steps(rounds)))
 
     def weights(self, declared: Sequence[float], members: Sequence[str]) -> list[float]:
         """The declared weights clamped to ``max_weight``; ValueError naming the first member whose weight

@@ -8,62 +8,11 @@ and an absmax, which is exact whatever order it is taken in. Nothing is pickled.
 
 from __future__ import annotations
 
-import abc
-
 import numpy as np
 import torch
 
-BLOCK = 64  # elements per absmax block of the integer codecs: a scale costs 4/64 = 0.06 bytes per element
-
-
-class Codec(abc.ABC):
-    """Encodes a 1-D contiguous fp32 CPU tensor to bytes and decodes them to fp32.
-
-    ``block`` is the number of elements that share encoding state (1 for the float codecs). A caller that
-    cuts a vector into slices starting at multiples of ``block`` gets, concatenated, exactly the values
-    it would get by coding the whole vector at once.
-    """
-
-    name: str
-    block: int = 1
-
-    @abc.abstractmethod
-    def encoded_size(self, numel: int) -> int:
-        """Exact number of bytes ``encode`` returns for ``numel`` elements."""
-
-    @abc.abstractmethod
-    def encode(self, t: torch.Tensor) -> bytes:
-        """The bytes of ``t``; ValueError when ``t`` is not 1-D contiguous fp32 on the CPU or holds inf/nan."""
-
-    @abc.abstractmethod
-    def decode(self, data: bytes, numel: int) -> torch.Tensor:
-        """A new fp32 tensor of ``numel`` elements; ValueError when ``data`` has the wrong length or could
-        not have come from ``encode``."""
-
-    @property
-    def lossless(self) -> bool:
-        return False
-
-    def _check_input(self, t: torch.Tensor) -> np.ndarray:
-        if t.dtype != torch.float32 or t.dim() != 1 or t.device.type != "cpu" or not t.is_contiguous():
-            raise ValueError(
-                f"codec {self.name} encodes 1-D contiguous fp32 CPU tensors, got {t.dtype}"
-                f" {tuple(t.shape)} on {t.device}."
-            )
-        values = t.detach().numpy()
-        if not np.isfinite(values).all():
-            raise ValueError(f"codec {self.name}: the tensor holds inf or nan; it cannot be sent.")
-        return values
-
-    def _check_length(self, data: bytes, numel: int) -> None:
-        if numel < 0 or len(data) != self.encoded_size(numel):
-            raise ValueError(
-                f"codec {self.name}: got {len(data)} bytes for {numel} elements,"
-                f" expected {self.encoded_size(max(numel, 0))}; the payload is truncated or not this codec."
-            )
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name!r})"
+from swarm.core.codec_base import BLOCK, Codec
+from swarm.core.sparse_codec import VALUE_FORMATS, parse_topk
 
 
 class RawFloatCodec(Codec):
@@ -199,15 +148,19 @@ CODECS: dict[str, Codec] = {
     "int8": BlockIntCodec("int8", 8),
     "int4": BlockIntCodec("int4", 4),
 }
+# The top-k family (swarm.core.sparse_codec), these names at the default density (1%);
+# ``topk-int4@0.003`` names another density.
+CODECS |= {f"topk-{values}": parse_topk(f"topk-{values}") for values in VALUE_FORMATS}
 
 
 def get_codec(name: str | Codec) -> Codec:
     if isinstance(name, Codec):
         return name
-    try:
-        return CODECS[name]
-    except KeyError:
-        raise ValueError(f"codec {name!r} is unknown; choose one of {sorted(CODECS)}.") from None
+    codec = CODECS.get(name) or parse_topk(name)
+    if codec is None:
+        raise ValueError(f"codec {name!r} is unknown; choose one of {sorted(CODECS)}"
+                         " (topk codecs take a density: topk-int4@0.003).")
+    return codec
 
 
 def codec_round_trip(flat: torch.Tensor, codec: Codec | str, bounds: list[tuple[int, int]]) -> torch.Tensor:

@@ -10,6 +10,8 @@ a slice that does not arrive in time fails the exchange instead of being replace
 The owner reduces by the run's aggregation rule (``swarm.core.aggregation``): declared weights are capped
 at what a round allows, and robust rules limit what a groupmate's slice can do; a malicious owner can
 still replace its own slice of the average (the bound of a butterfly all-reduce).
+Sparse (top-k) codecs are exchanged by an all-gather instead (``swarm.net.sparse_gather``), over the
+same messages and sender checks.
 A member whose exchange fails (a groupmate it cannot reach, a malformed slice, its own timeout) tells
 the others at once (an abort message), so a dead groupmate costs the group one failed send, not
 everyone's full timeout.
@@ -32,7 +34,7 @@ import torch
 from hivemind.p2p import P2PContext, PeerID
 
 from swarm.core.aggregation import Aggregation
-from swarm.core.codec import CODECS
+from swarm.core.codec import get_codec
 from swarm.net.link_probe import LinkProbe
 from swarm.net.link_stats import LinkTimings, TransferLog, timed_stream
 from swarm.net.p2p_address import unreachable_sentence
@@ -48,6 +50,7 @@ from swarm.net.slice_reduction import (
     judged,
     reduce_slice,
 )
+from swarm.net.sparse_gather import gather_average
 from swarm.net.transport import CHUNK_BYTES, Transport
 from swarm.v1 import exchange_pb2
 
@@ -162,14 +165,15 @@ class Exchange:
         shares: Optional[Sequence[float]] = None,
     ) -> ExchangeResult:
         started = time.perf_counter()
-        codec = CODECS[me.codec]
+        codec = get_codec(me.codec)
         check_agreement(key, group, me)
         weights = capped_weights(self.aggregation, group, key)
-        position = [m.peer_id for m in group].index(me.peer_id)
-        digest = group_digest(group)
         await self._expect(key, group)
-        bounds = group_bounds(key, me.numel, len(group), codec.block, shares)  # block-aligned: quantize like the whole
         flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
+        if codec.gathered:  # a sparse codec: all-gather, every member reduces the whole vector
+            return await self._gather(key, group, me, flat, codec, weights, on_phase, started)
+        position, digest = [m.peer_id for m in group].index(me.peer_id), group_digest(group)
+        bounds = group_bounds(key, me.numel, len(group), codec.block, shares)  # block-aligned: quantize like the whole
         sent = 0
 
         # Phase 1: every slice goes, encoded, to its owner (this peer's own slice stays here).
@@ -216,6 +220,18 @@ class Exchange:
             clipped=clipped,
             links=self._transfers.timings(key, rtt_s=rtt_s, group=group),
         )
+
+    async def _gather(self, key: str, group: list[Member], me: Member, flat: torch.Tensor, codec, weights: list[float],
+                      on_phase: Callable[[str], Optional[float]], started: float) -> ExchangeResult:
+        """A sparse codec's exchange (swarm.net.sparse_gather): this peer's whole vector to everyone."""
+        reduced, sent = await gather_average(self, key, group, me, flat, codec, weights,
+                                             lambda phase: _pause(on_phase(phase)))
+        rejected, clipped = judged(key, group, reduced)
+        position = [m.peer_id for m in group].index(me.peer_id)
+        rtt_s = self.probe.ping_for_next(group[:position] + group[position + 1:])  # on links now idle
+        return ExchangeResult(average=reduced.average, bytes_sent=sent, bytes_received=self._received_bytes.get(key, 0),
+                              seconds=time.perf_counter() - started, rejected=rejected, clipped=clipped,
+                              links=self._transfers.timings(key, rtt_s=rtt_s, group=group))
 
     async def _send(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes) -> int:
         num_chunks = max(1, -(-len(payload) // CHUNK_BYTES))

@@ -3,6 +3,10 @@
 The training loop is synchronous; the data plane (``swarm.net.allreduce``, ``swarm.net.state_transfer``) is
 asyncio on hivemind's ``P2P``. This object owns the DHT, a replica of its P2P daemon client, and one
 event-loop thread, and runs coroutines there with a bound on every wait.
+
+hivemind is imported when a Transport is made, not with this module: a peer signs its join and builds its
+trainer before it needs the DHT, and ``FORK_LOCK`` (which its heartbeat thread holds) must not cost a
+restart hivemind's import.
 """
 
 from __future__ import annotations
@@ -13,11 +17,12 @@ import functools
 import logging
 import os
 import threading
-from typing import Any, Awaitable, Optional, Sequence
-
-import hivemind
+from typing import TYPE_CHECKING, Any, Awaitable, Optional, Sequence
 
 from swarm.net.p2p_address import free_port, maddr
+
+if TYPE_CHECKING:
+    import hivemind
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +81,8 @@ class Transport:
         peer at each start, so it is never taken by another node and the check for that is skipped.
         ``record_validators`` (hivemind ``RecordValidatorBase``s) guard the node from its first moment: one
         added after the start lets entries stored meanwhile stay (``swarm.net.dht_entries.EntryValidator``)."""
+        import hivemind
+
         if announce_host and not port:
             port = free_port(host)  # hivemind refuses port 0 in announced addresses
         host_maddrs = [maddr(host, port)]

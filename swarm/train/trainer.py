@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -105,6 +105,7 @@ class LocalTrainer:
         # The committed global state; round 0 is θ0 with a zero outer state.
         self.state = initial_state(self.model, self.outer)
         self._step_time_ema_s: float | None = None
+        self.throttle: Optional[Callable[[float], None]] = None  # after each step, with its compute seconds
 
         rounds = run.rounds
         names = [name for name, _ in self.model.named_parameters()]
@@ -175,10 +176,14 @@ class LocalTrainer:
         self.model.train()
         loss_sum = torch.zeros((), device=self.device)
         draw = prefetch.batches(self.sampler.next_batch, steps, self.device, prefetch=self.run.inner.prefetch)
+        step_start = time.perf_counter()
         for i, (x, y) in enumerate(draw):
             lr = self.lr_at(self.inner_steps_done, run_step + i)
             loss_sum += self.inner_step.step(x, y, lr)  # no per-step .item(): it would stall a GPU every step
             self.inner_steps_done += 1
+            if self.throttle is not None:  # a slow device (fault injection): the measured step time includes the wait
+                self.throttle(time.perf_counter() - step_start)
+                step_start = time.perf_counter()
         return loss_sum.item() / steps if steps else float("nan")
 
     def _lead_ranks(self, steps: int) -> None:

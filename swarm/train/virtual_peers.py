@@ -13,6 +13,7 @@ import torch
 
 from swarm.config import RunConfig
 from swarm.core.aggregation import Aggregation
+from swarm.core.all_gather import gather_bytes_by_site, gather_reference
 from swarm.core.average import butterfly_reference
 from swarm.core.codec import Codec, get_codec
 from swarm.core import commit_rule
@@ -68,8 +69,11 @@ class Board:
             weights = self.aggregation.weights([float(c.samples) for c in ordered], [str(i) for i in range(self.peers)])
             reduce = lambda d, w: self.aggregation.reduce(d, w).average  # noqa: E731
             deltas = [c.delta for c in ordered]
-            self.averages[round_no] = butterfly_reference(deltas, weights, self.wire, reduce=reduce) \
-                if self.plan is None else two_level_reference(deltas, weights, self.plan, self.wire, reduce=reduce)
+            if self.wire.gathered:  # a sparse codec: every peer decodes all contributions (swarm.core.all_gather)
+                self.averages[round_no] = gather_reference(deltas, weights, self.wire, reduce=reduce)
+            else:
+                self.averages[round_no] = butterfly_reference(deltas, weights, self.wire, reduce=reduce) \
+                    if self.plan is None else two_level_reference(deltas, weights, self.plan, self.wire, reduce=reduce)
         in_site, cross_site = self.bytes_sent(contribution.delta.numel())[index]
         self.cross_site_bytes.setdefault(round_no, {})[index] = cross_site
         return Averaged(average=self.averages[round_no], group=[str(i) for i in range(self.peers)],
@@ -77,6 +81,8 @@ class Board:
 
     def bytes_sent(self, numel: int) -> list[tuple[int, int]]:
         """(in-site, cross-site) payload bytes each virtual peer sends in one exchange of ``numel`` elements."""
+        if self.wire.gathered:
+            return gather_bytes_by_site(numel, self.sites, self.wire)
         if self.plan is not None:
             return two_level_bytes_sent(numel, self.plan, self.wire)
         return butterfly_bytes_by_site(numel, self.sites, self.wire)

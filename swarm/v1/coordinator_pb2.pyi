@@ -265,7 +265,7 @@ class LeaveResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ReportRoundRequest(_message.Message):
-    __slots__ = ("peer_id", "round", "ok", "state_hash", "group", "samples", "inner_steps", "inner_time_s", "exchange_time_s", "bytes_sent", "bytes_received", "loss", "error", "param_count")
+    __slots__ = ("peer_id", "round", "ok", "state_hash", "group", "samples", "inner_steps", "inner_time_s", "exchange_time_s", "bytes_sent", "bytes_received", "loss", "error", "param_count", "upload_mbit_s", "download_mbit_s", "rtt_ms")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
@@ -280,6 +280,9 @@ class ReportRoundRequest(_message.Message):
     LOSS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PARAM_COUNT_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_MBIT_S_FIELD_NUMBER: _ClassVar[int]
+    DOWNLOAD_MBIT_S_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     round: int
     ok: bool
@@ -294,7 +297,10 @@ class ReportRoundRequest(_message.Message):
     loss: float
     error: str
     param_count: int
-    def __init__(self, peer_id: _Optional[str] = ..., round: _Optional[int] = ..., ok: _Optional[bool] = ..., state_hash: _Optional[str] = ..., group: _Optional[_Iterable[str]] = ..., samples: _Optional[int] = ..., inner_steps: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., exchange_time_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., param_count: _Optional[int] = ...) -> None: ...
+    upload_mbit_s: float
+    download_mbit_s: float
+    rtt_ms: float
+    def __init__(self, peer_id: _Optional[str] = ..., round: _Optional[int] = ..., ok: _Optional[bool] = ..., state_hash: _Optional[str] = ..., group: _Optional[_Iterable[str]] = ..., samples: _Optional[int] = ..., inner_steps: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., exchange_time_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., param_count: _Optional[int] = ..., upload_mbit_s: _Optional[float] = ..., download_mbit_s: _Optional[float] = ..., rtt_ms: _Optional[float] = ...) -> None: ...
 
 class ReportRoundResponse(_message.Message):
     __slots__ = ("round",)

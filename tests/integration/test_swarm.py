@@ -116,6 +116,28 @@ def test_int8_streaming_swarm_with_overlap_matches_the_simulator(swarm, tmp_path
     assert_matches_simulator(swarm.final_model("peer-0"), load_run_config(config), peers=2, rounds=4)
 
 
+SPARSE = """
+[rounds]
+inner_steps = 10
+max_rounds = 3
+min_peers = 2
+codec = "topk-int4@0.05"
+"""
+
+
+def test_a_topk_swarm_exchanges_by_all_gather_and_matches_the_simulator(swarm, tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(SPARSE)
+    swarm.start_coordinator("--config", str(config), "--exit-grace-s", "0")
+    swarm.start_peer("peer-0")
+    swarm.start_peer("peer-1")
+    codes = swarm.wait_peers(timeout_s=180)
+    assert codes == {"peer-0": 0, "peer-1": 0}, swarm.log("peer-0")[-3000:]
+    assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))
+
+    assert_matches_simulator(swarm.final_model("peer-0"), load_run_config(config), peers=2, rounds=3)
+
+
 SLOW_EXCHANGE = """
 [rounds]
 inner_steps = 10

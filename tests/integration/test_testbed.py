@@ -65,6 +65,37 @@ def test_throughput_between_two_hosts_matches_the_link_rate(testbed: Testbed) ->
     assert 18.0 <= measured["mbit_s"] <= 22.0, measured
 
 
+def send(bed: Testbed, source: str, sink_host: str, total_bytes: int) -> dict:
+    """``total_bytes`` of raw TCP from ``source`` to ``sink_host``, as the sink measured them."""
+    sink, port = start_server(bed, sink_host, "swarm.app.testbed.probe", "sink", "--host", bed.address(sink_host))
+    probe(bed, source, "source", "--to", f"{bed.address(sink_host)}:{port}", "--bytes", str(total_bytes))
+    measured = json.loads(sink.communicate(timeout=15)[0])
+    assert measured["bytes"] == total_bytes
+    return measured
+
+
+@pytest.mark.parametrize("testbed", [{"hosts": 3, "mbit": 200, "sites": ["a", "a", "b"], "cross_site_mbit": 20}],
+                         indirect=True)
+def test_links_between_sites_run_at_the_cross_site_rate_and_are_counted(testbed: Testbed) -> None:
+    in_site = send(testbed, "h0", "h1", 5_000_000)["mbit_s"]
+    upload, download = send(testbed, "h0", "h2", 3_000_000)["mbit_s"], send(testbed, "h2", "h1", 3_000_000)["mbit_s"]
+    print(f"in-site {in_site:.1f} Mbit/s; across sites {upload:.1f} up, {download:.1f} down")
+    assert in_site >= 100, in_site  # 200 Mbit/s, on a busy machine
+    assert 18.0 <= upload <= 22.0 and 18.0 <= download <= 22.0, (upload, download)
+    assert testbed.cross_site_bytes_sent("h1") < 1_000_000  # only the ACKs of what h2 sent it
+    assert 3_000_000 <= testbed.cross_site_bytes_sent("h0") <= 3_400_000  # the payload and its headers
+
+
+@pytest.mark.parametrize("testbed", [{"mbit": 100}], indirect=True)
+def test_a_link_slowed_while_it_runs_takes_the_new_rate(testbed: Testbed) -> None:
+    testbed.set_rate("h0", up_mbit=10, down_mbit=10)
+    slowed = send(testbed, "h0", "h1", 2_000_000)["mbit_s"]
+    testbed.set_rate("h0", up_mbit=100, down_mbit=100)
+    restored = send(testbed, "h0", "h1", 5_000_000)["mbit_s"]
+    print(f"slowed to 10 Mbit/s: {slowed:.1f}; restored to 100: {restored:.1f}")
+    assert 9.0 <= slowed <= 11.0 and restored >= 70, (slowed, restored)
+
+
 def test_the_delay_proxy_adds_its_one_way_latency(testbed: Testbed) -> None:
     server, port = start_server(testbed, "h1", "swarm.app.testbed.probe", "echo", "--host", testbed.address("h1"))
     try:

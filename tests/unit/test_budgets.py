@@ -83,6 +83,15 @@ def test_participants_not_ready_by_the_deadline_plus_grace_are_left_out(now, rep
         assert after.budgets == (H,) and after.step_times_s == (0.5,)
 
 
+def test_when_most_participants_are_late_nobody_is_left_out() -> None:
+    """A machine that slowed down makes most participants miss the deadline: the one ready first must not
+    commit alone and throw the others' work away; a single late one among three is still left out."""
+    row = planned("a", "b", "c", steps=(H, H, H), times=(0.5, 0.5, 0.5))
+    assert rounds.leave_out(9.0, row, [report("a")], set(), report_grace_s=2.0) == (row, 10.0)
+    after, _ = rounds.leave_out(9.0, row, [report("a")], {"b"}, report_grace_s=2.0)
+    assert after.left_out == ("c",)
+
+
 def test_a_round_without_a_deadline_leaves_nobody_out() -> None:
     row = planned("a", "b", budget_s=0.0)
     assert rounds.leave_out(1e9, row, [report("a")], set(), report_grace_s=2.0) == (row, math.inf)

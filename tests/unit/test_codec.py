@@ -30,6 +30,24 @@ EXPECTED_SIZE = {
 }
 
 
+def _topk_size(value_bytes):
+    """topk at 1% in one chunk (n < 4096): k = ceil(n / 100) values, positions as uint16 offsets or a
+    bitmap (whichever is smaller), values as ``value_bytes(k)``."""
+    def size(n):
+        if n == 0:
+            return 0
+        k = math.ceil(n / 100)
+        return min(2 * k, math.ceil(n / 8)) + value_bytes(k)
+    return size
+
+
+EXPECTED_SIZE |= {
+    "topk-fp16": _topk_size(lambda k: 2 * k),
+    "topk-int8": _topk_size(lambda k: 4 * math.ceil(k / 64) + k),
+    "topk-int4": _topk_size(lambda k: 4 * math.ceil(k / 64) + math.ceil(k / 2)),
+}
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED_SIZE))
 def test_encoded_size_is_exact(name):
     codec = CODECS[name]
@@ -42,6 +60,7 @@ def test_encoded_size_is_exact(name):
 
 def test_block_sizes():
     assert [CODECS[n].block for n in ("fp32", "fp16", "bf16")] == [1, 1, 1]
+    assert CODECS["topk-int4"].block == 4096  # a chunk: its top-k does not depend on other chunks
     assert CODECS["int8"].block == CODECS["int4"].block == BLOCK == 64
 
 
@@ -87,8 +106,10 @@ def test_wrong_lengths_and_bad_inputs_are_refused(name):
     data = codec.encode(torch.ones(10))
     with pytest.raises(ValueError, match="bytes"):
         codec.decode(data[:-1], 10)
+    # a sparse codec's size steps with k: take the first count whose size differs
+    wrong = next(n for n in range(11, 10_000) if codec.encoded_size(n) != len(data))
     with pytest.raises(ValueError, match="bytes"):
-        codec.decode(data, 11)
+        codec.decode(data, wrong)
     for bad in (torch.ones(3, dtype=torch.float64), torch.ones(2, 2), torch.ones(6)[::2]):
         with pytest.raises(ValueError, match="1-D contiguous fp32"):
             codec.encode(bad)

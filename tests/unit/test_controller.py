@@ -14,6 +14,7 @@ from coordinator.engine import CoordinatorEngine
 from coordinator.store import Store
 from swarm.app.status import status_tables, status_to_dict
 from swarm.config import RoundConfig, RunConfig
+from swarm.v1 import coordinator_pb2 as pb
 from swarm.core.average import part_bounds
 from swarm.net.slice_reduction import slice_bounds
 from tests.unit.fake_swarm import engine_join
@@ -43,7 +44,13 @@ CASES = [
     ("one 8 Mbit/s uplink pushes to int4", links(100, 100, 100, 8, download=100), OVERLAP, None, "int4",
      ["int4: int8 would take", "p3's 8.0 Mbit/s uplink", "longer than the 1.0 s overlap window"]),
     ("nothing hides behind a 0.4 Mbit/s link: int4 and a longer round", links(100, 0.4), OVERLAP, None, "int4",
-     ["int4: even int4 would take", "p1's 0.4 Mbit/s uplink", "overlapping 113 inner steps of a round of 113"]),
+     ["int4: even int4 would take", "p1's 0.4 Mbit/s uplink",
+      "a round of 200 inner steps (controller_max_inner_steps) comes closest"]),
+    ("a 4 Mbit/s uplink: int4 and a round long enough to hide it", links(100, 4), PLAIN, None, "int4",
+     ["int4: even int4 would take 1.1 s", "a round of 113 inner steps would hide it"]),
+    ("the round is the fastest peer's: a peer 3x slower does not widen the window",
+     [PeerLink("p0", 20, 20, 1.0, 0.1), PeerLink("p1", 20, 20, 1.0, 0.3)], PLAIN, None, "int8",
+     ["int8: fp16 would take 0.8 s", "longer than the 0.5 s 10% of the round"]),
     ("a codec outside the allowed list is never taken", links(80, 80, 80, 80),
      RoundConfig(inner_steps=50, controller="auto", controller_codecs=("fp32", "int8")), None, "int8",
      ["int8: fp32 would take"]),
@@ -129,6 +136,26 @@ def test_the_engine_puts_its_choice_in_round_info_and_status() -> None:
     assert status["run"]["controller"]["shares"][b.peer_id] == pytest.approx(info.choice.shares[b.peer_id])
     shown = " ".join(str(row) for table in status_tables(status) for column in table.columns for row in column._cells)
     assert "round 1: int4" in shown
+
+
+def test_a_link_cut_reported_with_the_round_decides_the_next_rounds_codec() -> None:
+    """The link figures a peer measured in round r's exchange come with its report of round r, before round r
+    is decided: round r + 1's choice already sees the cut (a heartbeat after the decision would be a round late)."""
+    now = [1_000.0]
+    config = RunConfig(rounds=RoundConfig(inner_steps=10, min_peers=2, controller="auto"))
+    engine = CoordinatorEngine(Store(":memory:"), config=config, clock=lambda: now[0])
+    a, _ = engine_join(engine)
+    b, _ = engine_join(engine)
+    engine.heartbeat(ready_beat(a.peer_id, engine, upload_mbit_s=1e4, download_mbit_s=1e4, step_time_s=0.1))
+    info = engine.heartbeat(ready_beat(b.peer_id, engine, upload_mbit_s=1e4, download_mbit_s=1e4, step_time_s=0.1))
+    assert info.open_round == 1 and info.choice.codec == "fp32"
+    group = [a.peer_id, b.peer_id]
+    engine.report(pb.ReportRoundRequest(peer_id=a.peer_id, round=1, ok=True, state_hash="h1", group=group,
+                                        upload_mbit_s=1e4, download_mbit_s=1e4, rtt_ms=1.0))
+    info = engine.report(pb.ReportRoundRequest(peer_id=b.peer_id, round=1, ok=True, state_hash="h1", group=group,
+                                               upload_mbit_s=0.1, download_mbit_s=0.1, rtt_ms=float("nan")))
+    assert engine.round_info(a.peer_id, 1).outcome == pb.ROUND_OUTCOME_COMMITTED
+    assert info.open_round == 2 and info.choice.codec == "int4", "round 2 is planned with round 1's measurement"
 
 
 def test_with_the_controller_off_rounds_carry_no_choice() -> None:

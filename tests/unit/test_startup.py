@@ -3,8 +3,11 @@ identity made ahead that no process used."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +23,8 @@ def test_the_summary_names_every_step_and_adds_up_to_the_time_since_launch():
     for step in ("join", "trainer", "DHT"):
         clock.mark(step)
     line = clock.summary()
-    assert re.fullmatch(r"[\d.]+s after launch \(imports [\d.]+s, join [\d.]+s, trainer [\d.]+s, DHT [\d.]+s\)", line), line
+    steps = r"imports [\d.]+s, join [\d.]+s, trainer [\d.]+s, DHT [\d.]+s"
+    assert re.fullmatch(rf"[\d.]+s after launch \({steps}; [\d.]+ CPU-s\)", line), line
     launched = seconds_since_launch()
     assert launched is not None and 0 < launched < 3600  # this test process started moments ago
     assert clock.since_launch() >= sum(seconds for _, seconds in clock.steps)
@@ -48,3 +52,43 @@ def test_a_damaged_spare_is_replaced_by_a_new_key(tmp_path):
     identity = fresh_libp2p_identity(tmp_path)
     assert identity.peer_id == Libp2pIdentity(tmp_path / IDENTITY_FILE).peer_id
     assert not (tmp_path / SPARE_FILE).exists()
+
+
+def test_an_identity_made_without_hivemind_is_one_hivemind_reads_and_names_the_same(tmp_path):
+    from hivemind.p2p import PeerID
+    from hivemind.proto import crypto_pb2
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    ours = fresh_libp2p_identity(tmp_path)
+    stored = crypto_pb2.PrivateKey.FromString((tmp_path / IDENTITY_FILE).read_bytes())
+    assert stored.key_type == crypto_pb2.RSA
+    assert PeerID.from_identity((tmp_path / IDENTITY_FILE).read_bytes()).to_base58() == ours.peer_id
+    # and a key hivemind wrote is read here byte for byte as protobuf encodes it
+    theirs = tmp_path / "hivemind.key"
+    written = crypto_pb2.PrivateKey(key_type=crypto_pb2.RSA, data=RSAPrivateKey().to_bytes())
+    theirs.write_bytes(written.SerializeToString())
+    assert Libp2pIdentity(theirs).peer_id == PeerID.from_identity(theirs.read_bytes()).to_base58()
+    assert ours.public_key == crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=crypto_pb2.PublicKey.FromString(
+        ours.public_key).data).SerializeToString()
+
+
+def test_a_key_file_that_is_not_a_libp2p_rsa_key_is_refused(tmp_path):
+    from swarm.net.libp2p_identity import KeyDecodeError, decode_key, encode_key
+
+    assert decode_key(encode_key(0, b"x" * 300)) == (0, b"x" * 300)
+    for damaged in (b"", b"\x08", b"\x08\x00\x12\x05abc", b"\x10\x00\x12\x01a", encode_key(0, b"ab") + b"!"):
+        with pytest.raises(KeyDecodeError):
+            decode_key(damaged)
+    (tmp_path / "ed.key").write_bytes(encode_key(1, b"\x00" * 64))
+    with pytest.raises(ValueError):
+        Libp2pIdentity(tmp_path / "ed.key")
+
+
+def test_a_peer_signs_its_join_before_hivemind_or_the_dht_modules_are_imported():
+    # hivemind (and the scipy it imports) costs a restart ~0.5 s: the peer imports it while it builds its trainer
+    code = ("import sys, peer.run, peer.daemon, peer.identity, peer.heartbeat, peer.state_store, swarm.app.cli; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'hivemind', 'scipy', 'transformers', 'rich'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout

@@ -107,6 +107,18 @@ def test_a_different_config_for_an_existing_run_is_refused(tmp_path: Path) -> No
     resumed._store.close()
     defaulted = CoordinatorEngine(Store.in_dir(tmp_path), config=other, check_config=False)
     assert defaulted.config.rounds.inner_steps == 50  # a default config does not override the kept run
+    defaulted._store.close()
+
+
+def test_a_restart_may_send_the_logs_elsewhere(tmp_path: Path) -> None:
+    from swarm.config import LoggingConfig
+
+    CoordinatorEngine(Store.in_dir(tmp_path), config=RunConfig())._store.close()
+    moved = RunConfig().replace(logging=LoggingConfig(tensorboard=str(tmp_path / "tb")))
+    restarted = CoordinatorEngine(Store.in_dir(tmp_path), config=moved)
+    assert restarted.config.logging.tensorboard == str(tmp_path / "tb")
+    assert restarted.run.run_spec_json == moved.to_json(), "peers that join now are told the new log dir"
+    restarted._store.close()
 
 
 def test_a_restarted_peer_keeps_its_record_and_index_across_a_coordinator_restart(tmp_path: Path) -> None:

@@ -37,3 +37,21 @@ def test_an_unknown_host_names_the_hosts_there_are() -> None:
 def test_teardown_refuses_an_empty_prefix() -> None:
     with pytest.raises(ValueError, match="non-empty prefix"):
         teardown("")
+
+
+def test_sites_pick_the_hosts_whose_traffic_crosses_sites() -> None:
+    topology = make_topology(hosts=5, mbit=1000, sites=["", "a", "a", "b", "b"], cross_site_mbit=20)
+    assert [h.name for h in topology.other_sites("h1")] == ["h3", "h4"]
+    assert [h.name for h in topology.other_sites("h4")] == ["h1", "h2"]
+    assert topology.other_sites("h0") == []  # no site (the coordinator's host): every link at its own rate
+    assert make_topology(hosts=2, sites=["a", "b"]).other_sites("h0") == []  # no cross-site rate: uniform
+
+
+@pytest.mark.parametrize(("kwargs", "sentence"), [
+    ({"hosts": 3, "sites": ["a", "b"]}, "--sites needs one label per host \\(3\\), got 2: a,b"),
+    ({"hosts": 2, "sites": ["a", "a"], "cross_site_mbit": 20}, "needs hosts in at least two sites"),
+    ({"hosts": 2, "sites": ["a", "b"], "cross_site_mbit": 0}, "cross_site_mbit must be a positive rate"),
+])
+def test_bad_sites_are_named(kwargs: dict, sentence: str) -> None:
+    with pytest.raises(ValueError, match=sentence):
+        make_topology(**kwargs)

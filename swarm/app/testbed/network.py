@@ -1,5 +1,6 @@
 """Builds and tears down the testbed's kernel objects: one namespace per host, veth links to a bridge in a
-namespace of its own, ``tbf`` shaping on both ends of each link, and a MASQUERADE router for the NAT host.
+namespace of its own, shaping on both ends of each link (``tbf``; ``htb`` with a class for other sites'
+hosts when the topology has a cross-site rate), and a MASQUERADE router for the NAT host.
 
 Nothing is created in the root namespace: links, qdiscs and iptables rules all live inside namespaces
 named with the prefix, so deleting those namespaces removes everything, even after a crash, and the hosts
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,6 +25,8 @@ log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 _KILL_GRACE_S = 3.0
+_UNSHAPED_MBIT = 10_000  # an htb class needs a rate: in-site traffic of a host without one
+_IN_SITE, _CROSS_SITE = "1:10", "1:20"  # the htb classes of a site-aware link
 
 
 class TestbedError(RuntimeError):
@@ -54,14 +58,64 @@ def _in(namespace: str, *argv: str) -> str:
     return _sh("ip", "netns", "exec", namespace, *argv)
 
 
+def _burst(mbit: float) -> int:
+    """~4 ms of traffic, at least 32 KiB so a full-size segment always fits."""
+    return max(32 * 1024, int(mbit * 1e6 / 8 * 0.004))
+
+
 def _shape(namespace: str, device: str, mbit: float | None) -> None:
-    """Egress of ``device`` at ``mbit``: the token bucket holds ~4 ms of traffic (at least 32 KiB, so a
-    full-size segment always fits) and the queue ~50 ms, like a modest WAN router."""
+    """Egress of ``device`` at ``mbit``: the token bucket holds ~4 ms of traffic and the queue ~50 ms, like a
+    modest WAN router."""
     if mbit is None:
         return
-    burst = max(32 * 1024, int(mbit * 1e6 / 8 * 0.004))
     _sh("tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", "tbf",
-        "rate", f"{mbit}mbit", "burst", str(burst), "latency", "50ms")
+        "rate", f"{mbit}mbit", "burst", str(_burst(mbit)), "latency", "50ms")
+
+
+def _shape_by_site(namespace: str, device: str, mbit: float | None, cross_mbit: float, others: list[str],
+                   match: str) -> None:
+    """Egress of ``device`` in two htb classes: traffic whose ``match`` ("dst" or "src") address is one of
+    ``others`` (hosts of other sites) at ``cross_mbit``, the rest at ``mbit``. Each class queues ~50 ms."""
+    tc = ("tc", "-n", namespace)
+    _sh(*tc, "qdisc", "replace", "dev", device, "root", "handle", "1:", "htb", "default", _IN_SITE.split(":")[1])
+    for classid, rate in ((_IN_SITE, mbit or _UNSHAPED_MBIT), (_CROSS_SITE, cross_mbit)):
+        burst = str(_burst(rate))
+        _sh(*tc, "class", "add", "dev", device, "parent", "1:", "classid", classid, "htb", "rate", f"{rate}mbit",
+            "burst", burst, "cburst", burst, "quantum", "1514")
+        limit = str(max(64 * 1024, int(rate * 1e6 / 8 * 0.05)))
+        _sh(*tc, "qdisc", "add", "dev", device, "parent", classid, "bfifo", "limit", limit)
+    for address in others:
+        _sh(*tc, "filter", "add", "dev", device, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+            "match", "ip", match, f"{address}/32", "flowid", _CROSS_SITE)
+
+
+def _upstream(topology: Topology, host: HostSpec) -> tuple[str, str]:
+    """The namespace and device of the far end of ``host``'s link (the bridge's port, or the router's leg)."""
+    if host.behind_nat:
+        return topology.namespace(ROUTER), "lan0"
+    return topology.namespace(SWITCH), host.name
+
+
+def shape_host(topology: Topology, host: HostSpec, up_mbit: float | None, down_mbit: float | None) -> None:
+    """Shape ``host``'s link: its upload on its own end, its download on the bridge's end; traffic with other
+    sites' hosts at the topology's cross-site rate. Replaces what was there (None: that direction unshaped)."""
+    ns, (upstream, upstream_dev) = topology.namespace(host.name), _upstream(topology, host)
+    others = [h.address for h in topology.other_sites(host.name)]
+    for namespace, device, rate, match in ((ns, "eth0", up_mbit, "dst"), (upstream, upstream_dev, down_mbit, "src")):
+        subprocess.run(["tc", "-n", namespace, "qdisc", "del", "dev", device, "root"], capture_output=True)
+        if others:
+            _shape_by_site(namespace, device, rate, topology.cross_site_mbit, others, match)
+        else:
+            _shape(namespace, device, rate)
+
+
+def cross_site_bytes_sent(topology: Topology, host: str) -> int:
+    """Bytes (IP packets, headers included) ``host`` has sent to other sites' hosts since its link was shaped."""
+    if not topology.other_sites(host):
+        return 0
+    out = _sh("tc", "-n", topology.namespace(host), "-s", "class", "show", "dev", "eth0", "classid", _CROSS_SITE)
+    found = re.search(r"Sent (\d+) bytes", out)
+    return int(found.group(1)) if found else 0
 
 
 def namespaces(prefix: str) -> list[str]:
@@ -78,10 +132,7 @@ def _new_namespace(name: str) -> None:
 def _link_host(topology: Topology, host: HostSpec) -> None:
     """The host's eth0 on the bridge (or, behind NAT, on the router's private leg), shaped both ways."""
     ns = topology.namespace(host.name)
-    if host.behind_nat:
-        upstream, upstream_dev = topology.namespace(ROUTER), "lan0"
-    else:
-        upstream, upstream_dev = topology.namespace(SWITCH), host.name
+    upstream, upstream_dev = _upstream(topology, host)
     _ip(upstream, "link", "add", upstream_dev, "type", "veth", "peer", "name", "eth0", "netns", ns)
     if not host.behind_nat:
         _ip(upstream, "link", "set", upstream_dev, "master", "br0")
@@ -90,8 +141,7 @@ def _link_host(topology: Topology, host: HostSpec) -> None:
     _ip(ns, "link", "set", "eth0", "up")
     if host.behind_nat:
         _ip(ns, "route", "add", "default", "via", f"{LAN_SUBNET}.1")
-    _shape(ns, "eth0", host.up_mbit)
-    _shape(upstream, upstream_dev, host.down_mbit)
+    shape_host(topology, host, host.up_mbit, host.down_mbit)
 
 
 def _build_router(topology: Topology) -> None:
@@ -208,6 +258,14 @@ class Testbed:
 
     def address(self, host: str) -> str:
         return self.topology.host(host).address
+
+    def set_rate(self, host: str, *, up_mbit: float | None, down_mbit: float | None) -> None:
+        """Change ``host``'s link rates while the testbed runs (its cross-site rate stays): a link that
+        degrades or recovers mid-run. Connections stay open; queued packets beyond the new rate are dropped."""
+        shape_host(self.topology, self.topology.host(host), up_mbit, down_mbit)
+
+    def cross_site_bytes_sent(self, host: str) -> int:
+        return cross_site_bytes_sent(self.topology, host)
 
     def exec_argv(self, host: str, argv: Sequence[str]) -> list[str]:
         """``argv`` as a command that runs inside ``host``'s namespace."""

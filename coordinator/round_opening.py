@@ -1,0 +1,63 @@
+"""Opening a round and growing it: the round's plan (participants, the controller's choice, each one's step
+budget) and late admission, from the engine's view of the run. The engine saves what these return."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Collection, Mapping, Optional, Sequence
+
+from coordinator import budgets, controller, rounds
+from coordinator.records import EXCHANGING, PeerRecord, ReportRecord, RoundRecord
+from swarm.config import RunConfig
+
+logger = logging.getLogger(__name__)
+
+
+def open_next(now: float, number: int, *, ready: Sequence[str], carried: Sequence[str], config: RunConfig,
+              peers: Mapping[str, PeerRecord], param_count: int,
+              previous: Optional[RoundRecord]) -> tuple[Optional[RoundRecord], float]:
+    """Round ``number`` planned (None: not enough ready peers yet), and when the engine must look at it again
+    even if nothing changes: its timeout should no one report, or its deadline, after which who is not
+    ready is left out."""
+    planned, _why_not = rounds.plan_round(now=now, round_number=number, ready=ready, carried=carried,
+                                          min_peers=config.rounds.min_peers)
+    if planned is None:
+        return None, math.inf
+    planned = controller.for_round(config, planned, peers, param_count, previous)
+    planned = budgets.plan_round(planned, peers, config.rounds)
+    wait_until = planned.opened_at + config.rounds.round_timeout_s
+    if planned.deadline_s > 0:
+        wait_until = min(wait_until, planned.opened_at + planned.deadline_s + config.rounds.report_grace_s)
+    logger.info("round %d: opened with %s (inner steps %s, time budget %.3gs)", number,
+                ", ".join(planned.participants), ", ".join(map(str, planned.budgets)), planned.budget_s)
+    return planned, wait_until
+
+
+def admit_late(now: float, open_round: RoundRecord, reports: Sequence[ReportRecord], *, ready: Sequence[str],
+               alive: Collection[str], peers: Mapping[str, PeerRecord], config: RunConfig) -> RoundRecord:
+    """``open_round`` with the newly ready peers admitted and budgeted (the same object when none is):
+    until its first report, or until a participant is seen exchanging it."""
+    exchanging = not reports and any(  # admission closes at the first report anyway
+        p in alive and peers[p].state == EXCHANGING and peers[p].metrics.round == open_round.round
+        for p in open_round.participants
+    )
+    admitted = rounds.admit_late(open_round, reports, ready, exchange_started=exchanging)
+    if admitted is open_round:
+        return open_round
+    admitted = budgets.admit(open_round, admitted, peers, config.rounds, now=now)
+    logger.info("round %d: admitted late %s", admitted.round, ", ".join(admitted.participants[len(open_round.participants):]))
+    return admitted
+
+
+def leave_out_late(now: float, open_round: RoundRecord, reports: Sequence[ReportRecord], *,
+                   peers: Mapping[str, PeerRecord], config: RunConfig) -> tuple[RoundRecord, float]:
+    """``open_round`` without the participants not ready by its deadline (the same object when none is left
+    out), and when to look again."""
+    row, look_again = rounds.leave_out(now, open_round, reports, budgets.exchanging(open_round, peers),
+                                       report_grace_s=config.rounds.report_grace_s)
+    if row is not open_round:
+        logger.warning("round %d: went on without %s (not ready %.0fs after its %.3gs deadline)", row.round,
+                       ", ".join(row.left_out[len(open_round.left_out):]), config.rounds.report_grace_s,
+                       row.deadline_s)
+    return row, look_again

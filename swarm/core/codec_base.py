@@ -1,0 +1,61 @@
+"""The wire-format interface every pseudo-gradient codec implements (``swarm.core.codec`` lists them)."""
+
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+import torch
+
+BLOCK = 64  # elements per absmax block of the integer codecs: a scale costs 4/64 = 0.06 bytes per element
+
+
+class Codec(abc.ABC):
+    """Encodes a 1-D contiguous fp32 CPU tensor to bytes and decodes them to fp32.
+
+    ``block`` is the number of elements that share encoding state (1 for the float codecs). A caller that
+    cuts a vector into slices starting at multiples of ``block`` gets, concatenated, exactly the values
+    it would get by coding the whole vector at once.
+    """
+
+    name: str
+    block: int = 1
+    gathered: bool = False  # True: exchanged by all-gather (swarm.net.sparse_gather), not by the butterfly
+
+    @abc.abstractmethod
+    def encoded_size(self, numel: int) -> int:
+        """Exact number of bytes ``encode`` returns for ``numel`` elements."""
+
+    @abc.abstractmethod
+    def encode(self, t: torch.Tensor) -> bytes:
+        """The bytes of ``t``; ValueError when ``t`` is not 1-D contiguous fp32 on the CPU or holds inf/nan."""
+
+    @abc.abstractmethod
+    def decode(self, data: bytes, numel: int) -> torch.Tensor:
+        """A new fp32 tensor of ``numel`` elements; ValueError when ``data`` has the wrong length or could
+        not have come from ``encode``."""
+
+    @property
+    def lossless(self) -> bool:
+        return False
+
+    def _check_input(self, t: torch.Tensor) -> np.ndarray:
+        if t.dtype != torch.float32 or t.dim() != 1 or t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError(
+                f"codec {self.name} encodes 1-D contiguous fp32 CPU tensors, got {t.dtype}"
+                f" {tuple(t.shape)} on {t.device}."
+            )
+        values = t.detach().numpy()
+        if not np.isfinite(values).all():
+            raise ValueError(f"codec {self.name}: the tensor holds inf or nan; it cannot be sent.")
+        return values
+
+    def _check_length(self, data: bytes, numel: int) -> None:
+        if numel < 0 or len(data) != self.encoded_size(numel):
+            raise ValueError(
+                f"codec {self.name}: got {len(data)} bytes for {numel} elements,"
+                f" expected {self.encoded_size(max(numel, 0))}; the payload is truncated or not this codec."
+            )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"

@@ -1,0 +1,59 @@
+"""The exchange of sparse (top-k) pseudo-gradients: an all-gather over the butterfly's transport.
+
+The sum of K sparse vectors is up to K times denser than each, so the butterfly's re-encoded average
+would drop most of it (or, re-sparsified, leave the loss in owners' residuals). Here each member encodes
+its whole vector once and sends the same bytes to every groupmate; every member decodes all K byte
+strings in group order and reduces them by the run's rule (``swarm.core.all_gather.gather_reference``
+is the same computation in one process). Each member sends (K − 1) × the encoded size; at density d
+and K peers that is below the butterfly's 2 (K − 1) / K × the dense size while d × K stays small.
+
+Trust: the messages travel as the butterfly's (``Exchange._send``), and a contribution counts for group
+position s only when it came from the libp2p id the signed group entry lists for s, so no stranger can
+replace or abort a member's part. The reduction runs on whole vectors, so ``[rounds] aggregation``
+judges (rejects, clips, trims) every member on its whole vector, and every member reaches the same
+verdicts. What it does not bound: a member that sends different bytes to different groupmates makes
+their averages differ; their θg hashes then disagree, and the round's commit rule (swarm.core.commit_rule)
+decides which hash, if any, commits, as for a butterfly owner that sends different averages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable
+
+import torch
+
+from swarm.core.aggregation import Reduced
+from swarm.core.codec import Codec
+from swarm.net.rendezvous import Member, group_digest
+from swarm.net.slice_reduction import decode_slice, encode_slice
+from swarm.v1 import exchange_pb2
+
+_PART = 0  # the whole vector: every contribution is message part 0 of PHASE_CONTRIBUTION
+
+
+async def gather_average(exchange: Any, key: str, group: list[Member], me: Member, flat: torch.Tensor,
+                         codec: Codec, weights: list[float],
+                         pause: Callable[[str], Awaitable[None]]) -> tuple[Reduced, int]:
+    """Send this member's encoded ``flat`` to every groupmate, wait for all of theirs, and reduce them:
+    the reduction and the bytes sent. ``exchange`` is the ``swarm.net.allreduce.Exchange`` whose
+    transport, inbox and sender checks carry the messages; ``pause(phase)`` is its fault-injection hook."""
+    position = [m.peer_id for m in group].index(me.peer_id)
+    digest = group_digest(group)
+    await pause("sending")
+    payload = await asyncio.to_thread(encode_slice, codec, flat, key)
+    await exchange._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, position, payload)
+    sends = [exchange._send(m, key, digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, position, payload)
+             for i, m in enumerate(group) if i != position]
+    sent = sum(await asyncio.gather(*sends))
+    contributions = await exchange._wait_for(key, [
+        (digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, sender, group[sender].dht_peer_id)
+        for sender in range(len(group))
+    ], group)
+    await pause("reducing")
+
+    def reduce() -> Reduced:
+        decoded = [decode_slice(codec, data, flat.numel(), key) for data in contributions]
+        return exchange.aggregation.reduce(decoded, weights)
+
+    return await asyncio.to_thread(reduce), sent
