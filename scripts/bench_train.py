@@ -50,6 +50,11 @@ class Case:
     model: dict
     nproc: int = 1
 
+    @property
+    def label(self) -> str:
+        """What --only calls it: the model, with "-ranks" for the multi-rank row."""
+        return self.name if self.nproc == 1 else f"{self.name}-ranks"
+
 
 def run_config(case: Case, args: argparse.Namespace) -> RunConfig:
     return RunConfig.from_dict({
@@ -255,7 +260,7 @@ def cases(args: argparse.Namespace) -> list[Case]:
     gpus = torch.cuda.device_count() if args.device.startswith("cuda") else 0
     if args.device == "cpu" or gpus >= 2:
         found.append(Case(f"{args.preset}", {"preset": args.preset}, nproc=2))
-    return [c for c in found if not args.only or c.name in args.only.split(",")]
+    return [c for c in found if not args.only or c.label in args.only.split(",")]
 
 
 def main() -> int:
@@ -271,7 +276,7 @@ def main() -> int:
     parser.add_argument("--compile", action="store_true", help="torch.compile both loops")
     parser.add_argument("--threads", type=int, default=1, help="torch threads in this process (CPU)")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak for MFU (default: known GPUs' bf16)")
-    parser.add_argument("--only", help="comma-separated case names (tiny, llama, ...)")
+    parser.add_argument("--only", help="comma-separated rows: the preset (tiny), llama, the preset's 2-rank row (tiny-ranks)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line: the rows")
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
