@@ -24,6 +24,9 @@ class RawFloatCodec(Codec):
     def __init__(self, name: str, wire_dtype: str, *, saturate: float | None = None) -> None:
         self.name = name
         self._wire = np.dtype(wire_dtype)
+        # Each element encodes on its own to this many bytes: a sub-range of the input encodes to that
+        # sub-range of the bytes, so a sender may encode a slice part by part as it sends it.
+        self.element_bytes = self._wire.itemsize
         # fp16 overflows to inf above 65504; an inf in an averaged update would poison every peer's
         # parameters, so out-of-range values are clamped to the largest finite value instead.
         self._saturate = saturate
@@ -57,6 +60,7 @@ class BFloat16Codec(Codec):
     values that would round past the largest finite bfloat16 are clamped to it."""
 
     name = "bf16"
+    element_bytes = 2  # each element on its own (see RawFloatCodec)
     _MAX_BITS = 0x7F7F  # the largest finite bfloat16, 3.3895e38
 
     def encoded_size(self, numel: int) -> int:
