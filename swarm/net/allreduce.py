@@ -36,7 +36,7 @@ from hivemind.p2p import P2PContext, PeerID
 from swarm.core.aggregation import Aggregation
 from swarm.core.codec import get_codec
 from swarm.net.link_probe import LinkProbe
-from swarm.net.chunk_stream import SlicePayload, chunk_messages, settle
+from swarm.net.chunk_stream import SlicePayload, cancel_all, chunk_messages, settle
 from swarm.net.link_stats import LinkTimings, TransferLog
 from swarm.net.p2p_address import unreachable_sentence
 from swarm.net.reachability import is_dial_failure, shown_maddrs, unreachable_groupmate
@@ -176,56 +176,28 @@ class Exchange:
             return await self._gather(key, group, me, flat, codec, weights, on_phase, started)
         position, digest = [m.peer_id for m in group].index(me.peer_id), group_digest(group)
         bounds = group_bounds(key, me.numel, len(group), codec.block, shares)  # block-aligned: quantize like the whole
-        sent = 0
 
-        # Phase 1: every slice goes, encoded, to its owner (this peer's own slice stays here). Each send
-        # starts as soon as its slice is encoded (an elementwise codec's slice even chunk by chunk), and the
-        # owners are taken in turn from the next position on, so the group's first sends go to different owners.
+        # Phase 1: every slice goes, encoded, to its owner (this peer's own slice stays here).
         await _pause(on_phase("sending"))
-        await asyncio.to_thread(check_sendable, codec, flat, key)
-        sends = []
-        try:
-            for owner in [(position + i) % len(group) for i in range(1, len(group) + 1)]:
-                start, end = bounds[owner]
-                payload = SlicePayload.lazy(codec, flat[start:end]) if owner != position else None
-                if payload is None:  # codec work runs off the event loop, which keeps serving the other peers' streams
-                    payload = SlicePayload(await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key))
-                if owner == position:
-                    await self._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload.data)
-                else:
-                    sends.append(asyncio.ensure_future(
-                        self._send(group[owner], key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload)))
-        except BaseException:  # an encoding failed: the sends already under way are called off
-            for task in sends:
-                task.cancel()
-            await asyncio.gather(*sends, return_exceptions=True)
-            raise
-        sent += sum(await settle(sends))
+        sent = await self._contribute(key, group, digest, position, bounds, flat, codec)
 
         # Reduce this peer's slice in the group's order (each contribution decoded as it arrives), then send
         # the same encoded bytes to all.
-        start, end = bounds[position]
-        decoded = await settle(self._decoded(key, group, codec, (digest, exchange_pb2.PHASE_CONTRIBUTION, position, sender,
-                                                                  group[sender].dht_peer_id), end - start)
-                               for sender in range(len(group)))
+        decoded = await settle(self._decoded(key, group, codec, (digest, exchange_pb2.PHASE_CONTRIBUTION, position),
+                                             sender, bounds[position][1] - bounds[position][0]) for sender in range(len(group)))
         await _pause(on_phase("reducing"))
         averaged, reduced = await asyncio.to_thread(reduce_decoded, self.aggregation, codec, decoded, weights, key)
         rejected, clipped = judged(key, group, reduced)
         await self._deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
-        sends = [
-            self._send(member, key, digest, exchange_pb2.PHASE_AVERAGED, position, position, SlicePayload(averaged))
-            for i, member in enumerate(group) if i != position
-        ]
-        sent += sum(await settle(sends))
+        sent += sum(await settle(self._send(member, key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
+                                 for i, member in enumerate(group) if i != position))
 
         # Phase 2: collect every owner's averaged slice, each decoded as it arrives.
-        parts = await settle(self._decoded(key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, owner, owner,
-                                                                group[owner].dht_peer_id), e - s)
+        parts = await settle(self._decoded(key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, owner), owner, e - s)
                              for owner, (s, e) in enumerate(bounds))
         rtt_s = self.probe.ping_for_next(group[:position] + group[position + 1:])  # on links now idle
-        average = await asyncio.to_thread(torch.cat, parts)
         return ExchangeResult(
-            average=average,
+            average=await asyncio.to_thread(torch.cat, parts),
             bytes_sent=sent,
             bytes_received=self._received_bytes.get(key, 0),
             seconds=time.perf_counter() - started,
@@ -246,29 +218,49 @@ class Exchange:
                               seconds=time.perf_counter() - started, rejected=rejected, clipped=clipped,
                               links=self._transfers.timings(key, rtt_s=rtt_s, group=group))
 
-    async def _decoded(self, key: str, group: list[Member], codec, slot: Slot, numel: int) -> torch.Tensor:
-        """The slice of ``slot``, decoded (off the event loop) once it is here."""
-        (data,) = await self._wait_for(key, [slot], group)
+    async def _contribute(self, key: str, group: list[Member], digest: str, position: int,
+                          bounds: list[tuple[int, int]], flat: torch.Tensor, codec) -> int:
+        """Send every slice to its owner as soon as it is encoded (elementwise codecs chunk by chunk), owners
+        in turn from the next position on (the group's first sends go to different owners); the bytes sent."""
+        await asyncio.to_thread(check_sendable, codec, flat, key)
+        sends = []
+        try:
+            for owner in [(position + i) % len(group) for i in range(1, len(group) + 1)]:
+                start, end = bounds[owner]
+                payload = SlicePayload.lazy(codec, flat[start:end]) if owner != position else None
+                if payload is None:  # off the event loop, which keeps serving the other peers' streams
+                    payload = SlicePayload(await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key))
+                if owner == position:
+                    await self._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload.data)
+                else:
+                    sends.append(asyncio.ensure_future(
+                        self._send(group[owner], key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload)))
+        except BaseException:  # an encoding failed: the sends already under way are called off
+            await cancel_all(sends)
+            raise
+        return sum(await settle(sends))
+
+    async def _decoded(self, key: str, group: list[Member], codec, where: tuple[str, int, int], sender: int,
+                       numel: int) -> torch.Tensor:
+        """The slice (``where``: digest, phase, part) from position ``sender``, decoded once it is here."""
+        (data,) = await self._wait_for(key, [(*where, sender, group[sender].dht_peer_id)], group)
         return await asyncio.to_thread(decode_slice, codec, data, numel, key)
 
     async def _send(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int,
                     payload: SlicePayload | bytes) -> int:
-        if isinstance(payload, bytes):
-            payload = SlicePayload(payload)
+        payload, sent = SlicePayload(payload) if isinstance(payload, bytes) else payload, 0
         head = dict(key=key, group_digest=digest, phase=phase, part=part, sender=sender)
-        sent = 0
         for attempt in range(2):
-            first_byte: list[float] = []  # when the stream is open and the first chunk goes out
-            sizes: list[int] = []  # each message's size, as the stream takes it
+            first_byte, sizes = [], []  # when the stream opened (the first chunk went); each message's size
             try:
                 ack = await self.transport.p2p.call_protobuf_handler(
                     PeerID.from_base58(member.dht_peer_id), self._handler_name,
                     chunk_messages(payload, head, first_byte, sizes), exchange_pb2.ChunkAck,
                 )
             except ValueError:
-                # hivemind's stream sometimes closes without the handler's reply although the data
-                # arrived (seen about once in 30 rounds); a slice that really got lost shows up as a
-                # timeout of the phase that needs it, so the exchange never completes silently partial.
+                # hivemind's stream sometimes closes without the handler's reply although the data arrived
+                # (about once in 30 rounds); a slice really lost shows up as a timeout of the phase that needs
+                # it, so the exchange never completes silently partial.
                 logger.debug("%s: no acknowledgement from %s; relying on the phase timeout", key, member.peer_id)
                 return sent + sum(sizes)
             except Exception as e:

@@ -63,7 +63,12 @@ async def settle(awaitables: Iterable[Awaitable]) -> list:
     try:
         return await asyncio.gather(*tasks)
     except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_all(tasks)
         raise
+
+
+async def cancel_all(tasks: list[asyncio.Future]) -> None:
+    """Cancel ``tasks`` and wait until they are done (their failures are no longer anyone's to report)."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
