@@ -240,8 +240,7 @@ class Exchange:
             raise
         return sum(await settle(sends))
 
-    async def _decoded(self, key: str, group: list[Member], codec, where: tuple[str, int, int], sender: int,
-                       numel: int) -> torch.Tensor:
+    async def _decoded(self, key: str, group: list[Member], codec, where: tuple, sender: int, numel: int) -> torch.Tensor:
         """The slice (``where``: digest, phase, part) from position ``sender``, decoded once it is here."""
         (data,) = await self._wait_for(key, [(*where, sender, group[sender].dht_peer_id)], group)
         return await asyncio.to_thread(decode_slice, codec, data, numel, key)
@@ -297,8 +296,9 @@ class Exchange:
         if not await self._deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload,
                                    sender_id=remote):
             return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
-        self._received_bytes[head.key] = self._received_bytes.get(head.key, 0) + sum(c.ByteSize() for c in chunks)
-        self._transfers.received(head.key, remote, [c.ByteSize() for c in chunks], arrivals)
+        sizes = [c.ByteSize() for c in chunks]  # not free for 1 MiB messages: once each
+        self._received_bytes[head.key] = self._received_bytes.get(head.key, 0) + sum(sizes)
+        self._transfers.received(head.key, remote, sizes, arrivals)
         return exchange_pb2.ChunkAck(ok=True)
 
     async def _deliver(self, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes, *,
