@@ -8,6 +8,9 @@ and an absmax, which is exact whatever order it is taken in. Nothing is pickled.
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 import numpy as np
 import torch
 
@@ -21,6 +24,9 @@ class RawFloatCodec(Codec):
     def __init__(self, name: str, wire_dtype: str, *, saturate: float | None = None) -> None:
         self.name = name
         self._wire = np.dtype(wire_dtype)
+        # Each element encodes on its own to this many bytes: a sub-range of the input encodes to that
+        # sub-range of the bytes, so a sender may encode a slice part by part as it sends it.
+        self.element_bytes = self._wire.itemsize
         # fp16 overflows to inf above 65504; an inf in an averaged update would poison every peer's
         # parameters, so out-of-range values are clamped to the largest finite value instead.
         self._saturate = saturate
@@ -34,14 +40,18 @@ class RawFloatCodec(Codec):
 
     def encode(self, t: torch.Tensor) -> bytes:
         values = self._check_input(t)
-        if self._saturate is not None:
-            values = np.clip(values, -self._saturate, self._saturate)
-        return values.astype(self._wire, copy=False).tobytes()
+        if self._wire == np.dtype("<f4"):
+            return values.tobytes()  # the one copy: the bytes themselves
+        # torch converts fp32 to fp16 with the same round-to-nearest-even as numpy, several times faster
+        clamped = torch.from_numpy(values).clamp(-self._saturate, self._saturate)
+        return clamped.to(torch.float16).numpy().tobytes()
 
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
         self._check_length(data, numel)
-        values = np.frombuffer(data, dtype=self._wire, count=numel).astype(np.float32)  # a writable copy
-        return torch.from_numpy(values)
+        wire = np.frombuffer(data, dtype=self._wire, count=numel)
+        if self._wire == np.dtype("<f4"):
+            return torch.from_numpy(wire.copy())  # a writable copy
+        return _readonly(wire).to(torch.float32)  # fp16 -> fp32 is exact; a new tensor
 
 
 class BFloat16Codec(Codec):
@@ -50,23 +60,36 @@ class BFloat16Codec(Codec):
     values that would round past the largest finite bfloat16 are clamped to it."""
 
     name = "bf16"
+    element_bytes = 2  # each element on its own (see RawFloatCodec)
     _MAX_BITS = 0x7F7F  # the largest finite bfloat16, 3.3895e38
 
     def encoded_size(self, numel: int) -> int:
         return 2 * numel
 
     def encode(self, t: torch.Tensor) -> bytes:
-        bits = self._check_input(t).view(np.uint32).astype(np.uint64)
-        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round half to even on the dropped 16 bits
-        sign, magnitude = rounded & 0x8000, np.minimum(rounded & 0x7FFF, self._MAX_BITS)
-        return (sign | magnitude).astype("<u2").tobytes()
+        bits = self._check_input(t).view(np.uint32)
+        # Round half to even on the dropped 16 bits, in place on one uint32 temporary: for finite fp32 bits
+        # (at most 0xFF7FFFFF) adding at most 0x8000 never wraps.
+        rounded = bits >> 16
+        rounded &= 1
+        rounded += 0x7FFF
+        rounded += bits
+        rounded >>= 16
+        half = rounded.astype("<u2")
+        magnitude = half & 0x7FFF
+        np.minimum(magnitude, self._MAX_BITS, out=magnitude)
+        half &= 0x8000
+        half |= magnitude
+        return half.tobytes()
 
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
         self._check_length(data, numel)
         half = np.frombuffer(data, dtype="<u2", count=numel)
         if ((half & 0x7F80) == 0x7F80).any():
             raise ValueError("codec bf16: the payload holds inf or nan, which encode never produces.")
-        return torch.from_numpy((half.astype(np.uint32) << 16).view(np.float32))
+        wide = half.astype(np.uint32)
+        wide <<= 16
+        return torch.from_numpy(wide.view(np.float32))
 
 
 class BlockIntCodec(Codec):
@@ -99,31 +122,45 @@ class BlockIntCodec(Codec):
     def encode(self, t: torch.Tensor) -> bytes:
         values = self._check_input(t)
         n = values.size
-        nb = self._num_blocks(n)
-        padded = np.zeros(nb * self.block, dtype=np.float32)
-        padded[:n] = values
-        blocks = padded.reshape(nb, self.block)
-        absmax = np.abs(blocks).max(axis=1) if nb else np.zeros(0, dtype=np.float32)
-        scales = (absmax / np.float32(self.qmax)).astype(np.float32)
-        # A zero block (or one whose absmax/qmax underflows to 0) is sent as zeros with scale 0.
-        safe = np.where(scales > 0, scales, np.float32(1.0))
-        q = np.rint(blocks / safe[:, None])  # np.rint rounds half to even
-        q = np.where(scales[:, None] > 0, q, 0.0)
-        # x/scale can reach qmax + a rounding; subnormal scales lose precision: clamp, never wrap.
-        q = np.clip(q, -self.qmax, self.qmax).astype(np.int8).reshape(-1)[:n]
+        full = n // self.block * self.block  # the whole blocks, quantized in place of a padded copy
+        tail = np.zeros(self.block if full < n else 0, dtype=np.float32)
+        tail[:n - full] = values[full:]
+        scales = np.empty(self._num_blocks(n), dtype="<f4")
+        q = np.empty(n + (n % 2 if self.bits == 4 else 0), dtype=np.int8)
+        self._quantize(values[:full].reshape(-1, self.block), scales[:full // self.block], q[:full])
+        if tail.size:
+            codes = np.empty(self.block, dtype=np.int8)
+            self._quantize(tail.reshape(1, self.block), scales[-1:], codes)
+            q[full:n] = codes[:n - full]
         if self.bits == 8:
-            codes = q.tobytes()
-        else:
-            nibbles = (q.astype(np.int16) + 8).astype(np.uint8)
-            if n % 2:
-                nibbles = np.append(nibbles, np.uint8(8))
-            codes = (nibbles[0::2] | (nibbles[1::2] << 4)).astype(np.uint8).tobytes()
-        return scales.astype("<f4").tobytes() + codes
+            return scales.tobytes() + q.tobytes()
+        if n % 2:
+            q[n] = 0  # an odd count pads with the code of 0
+        q += 8  # codes 1..15, low nibble first: as uint16 pairs (little-endian) v = lo | hi << 8
+        pairs = q.view(np.uint16) if sys.byteorder == "little" else q.view(np.uint16).byteswap()
+        packed = pairs >> 4
+        packed |= pairs  # lo | hi << 4 in the low byte
+        return scales.tobytes() + packed.astype(np.uint8).tobytes()
+
+    def _quantize(self, blocks: np.ndarray, scales: np.ndarray, q: np.ndarray) -> None:
+        """Fill ``scales`` (one per row of ``blocks``) and the int8 codes ``q`` (row-major)."""
+        if not blocks.size:
+            return
+        # exact, as |x| is; the outer abs (per block, cheap) makes a zero block's absmax +0, never -0
+        absmax = np.abs(np.maximum(blocks.max(axis=1), -blocks.min(axis=1)))
+        np.divide(absmax, np.float32(self.qmax), out=scales)
+        # A zero block (or one whose absmax/qmax underflows to 0) is sent as zeros with scale 0: x / inf = ±0.
+        safe = np.where(scales > 0, scales, np.float32(np.inf))
+        scaled = blocks / safe[:, None]
+        np.rint(scaled, out=scaled)  # np.rint rounds half to even
+        # x/scale can reach qmax + a rounding; subnormal scales lose precision: clamp, never wrap.
+        np.clip(scaled, -self.qmax, self.qmax, out=scaled)
+        q[:] = scaled.reshape(-1)
 
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
         self._check_length(data, numel)
         nb = self._num_blocks(numel)
-        scales = np.frombuffer(data, dtype="<f4", count=nb).astype(np.float32)
+        scales = np.frombuffer(data, dtype="<f4", count=nb)
         if not (np.isfinite(scales).all() and (scales >= 0).all()):
             raise ValueError(f"codec {self.name}: a block scale is negative or not finite; the payload is corrupt.")
         raw = np.frombuffer(data, dtype=np.uint8, offset=4 * nb)
@@ -132,13 +169,30 @@ class BlockIntCodec(Codec):
             if (q == -128).any():
                 raise ValueError("codec int8: the payload holds code -128, which encode never produces.")
         else:
-            nibbles = np.empty(2 * raw.size, dtype=np.uint8)
-            nibbles[0::2], nibbles[1::2] = raw & 0x0F, raw >> 4
+            wide = raw.astype(np.uint16)  # byte b -> (b & 0x0F) | (b >> 4) << 8: the two nibbles, low first
+            high = wide & 0xF0
+            high <<= 4
+            wide &= 0x0F
+            wide |= high
+            nibbles = (wide if sys.byteorder == "little" else wide.byteswap()).view(np.uint8)
             if (nibbles == 0).any() or (numel % 2 and nibbles[-1] != 8):
                 raise ValueError("codec int4: the payload holds codes that encode never produces.")
-            q = nibbles[:numel].astype(np.int8) - np.int8(8)
-        per_element = np.repeat(scales, self.block)[:numel]
-        return torch.from_numpy(q.astype(np.float32) * per_element)  # one rounding per element
+            q = nibbles[:numel].view(np.int8)
+            q = q - np.int8(8)
+        out = np.empty(numel, dtype=np.float32)
+        full = numel // self.block * self.block
+        # int8 -> fp32 is exact; then one rounding per element, the scale broadcast over its block
+        np.multiply(q[:full].reshape(-1, self.block), scales[:full // self.block, None],
+                    out=out[:full].reshape(-1, self.block), dtype=np.float32)
+        np.multiply(q[full:], scales[nb - 1:] if full < numel else scales[:0], out=out[full:], dtype=np.float32)
+        return torch.from_numpy(out)
+
+
+def _readonly(array: np.ndarray) -> torch.Tensor:
+    """A tensor sharing ``array``'s read-only memory, only ever read (torch warns about such tensors)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
 
 
 CODECS: dict[str, Codec] = {

@@ -36,7 +36,8 @@ from hivemind.p2p import P2PContext, PeerID
 from swarm.core.aggregation import Aggregation
 from swarm.core.codec import get_codec
 from swarm.net.link_probe import LinkProbe
-from swarm.net.link_stats import LinkTimings, TransferLog, timed_stream
+from swarm.net.chunk_stream import SlicePayload, cancel_all, chunk_messages, settle
+from swarm.net.link_stats import LinkTimings, TransferLog
 from swarm.net.p2p_address import unreachable_sentence
 from swarm.net.reachability import is_dial_failure, shown_maddrs, unreachable_groupmate
 from swarm.net.rendezvous import Member, group_digest
@@ -44,14 +45,15 @@ from swarm.net.slice_reduction import (
     ExchangeFailed,
     capped_weights,
     check_agreement,
+    check_sendable,
     decode_slice,
     encode_slice,
     group_bounds,
     judged,
-    reduce_slice,
+    reduce_decoded,
 )
 from swarm.net.sparse_gather import gather_average
-from swarm.net.transport import CHUNK_BYTES, Transport
+from swarm.net.transport import Transport
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)
@@ -174,45 +176,28 @@ class Exchange:
             return await self._gather(key, group, me, flat, codec, weights, on_phase, started)
         position, digest = [m.peer_id for m in group].index(me.peer_id), group_digest(group)
         bounds = group_bounds(key, me.numel, len(group), codec.block, shares)  # block-aligned: quantize like the whole
-        sent = 0
 
         # Phase 1: every slice goes, encoded, to its owner (this peer's own slice stays here).
         await _pause(on_phase("sending"))
-        sends = []
-        for owner, (start, end) in enumerate(bounds):
-            # codec work runs off the event loop, which keeps serving the other peers' streams meanwhile
-            payload = await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key)
-            if owner == position:
-                await self._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload)
-            else:
-                sends.append(self._send(group[owner], key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload))
-        sent += sum(await asyncio.gather(*sends))
+        sent = await self._contribute(key, group, digest, position, bounds, flat, codec)
 
-        # Reduce this peer's slice in the group's order, then send the same encoded bytes to all.
-        start, end = bounds[position]
-        contributions = await self._wait_for(key, [
-            (digest, exchange_pb2.PHASE_CONTRIBUTION, position, sender, group[sender].dht_peer_id)
-            for sender in range(len(group))
-        ], group)
+        # Reduce this peer's slice in the group's order (each contribution decoded as it arrives), then send
+        # the same encoded bytes to all.
+        decoded = await settle(self._decoded(key, group, codec, (digest, exchange_pb2.PHASE_CONTRIBUTION, position),
+                                             sender, bounds[position][1] - bounds[position][0]) for sender in range(len(group)))
         await _pause(on_phase("reducing"))
-        averaged, reduced = await asyncio.to_thread(reduce_slice, self.aggregation, codec, contributions, weights, end - start, key)
+        averaged, reduced = await asyncio.to_thread(reduce_decoded, self.aggregation, codec, decoded, weights, key)
         rejected, clipped = judged(key, group, reduced)
         await self._deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
-        sends = [
-            self._send(member, key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
-            for i, member in enumerate(group) if i != position
-        ]
-        sent += sum(await asyncio.gather(*sends))
+        sent += sum(await settle(self._send(member, key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
+                                 for i, member in enumerate(group) if i != position))
 
-        # Phase 2: collect every owner's averaged slice.
-        parts = await self._wait_for(key, [
-            (digest, exchange_pb2.PHASE_AVERAGED, owner, owner, group[owner].dht_peer_id) for owner in range(len(group))
-        ], group)
+        # Phase 2: collect every owner's averaged slice, each decoded as it arrives.
+        parts = await settle(self._decoded(key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, owner), owner, e - s)
+                             for owner, (s, e) in enumerate(bounds))
         rtt_s = self.probe.ping_for_next(group[:position] + group[position + 1:])  # on links now idle
-        average = await asyncio.to_thread(
-            lambda: torch.cat([decode_slice(codec, data, e - s, key) for data, (s, e) in zip(parts, bounds)]))
         return ExchangeResult(
-            average=average,
+            average=await asyncio.to_thread(torch.cat, parts),
             bytes_sent=sent,
             bytes_received=self._received_bytes.get(key, 0),
             seconds=time.perf_counter() - started,
@@ -233,30 +218,52 @@ class Exchange:
                               seconds=time.perf_counter() - started, rejected=rejected, clipped=clipped,
                               links=self._transfers.timings(key, rtt_s=rtt_s, group=group))
 
-    async def _send(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes) -> int:
-        num_chunks = max(1, -(-len(payload) // CHUNK_BYTES))
-        messages = [
-            exchange_pb2.TensorChunk(
-                key=key, group_digest=digest, phase=phase, part=part, sender=sender, chunk=i,
-                num_chunks=num_chunks, data=payload[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES],
-            )
-            for i in range(num_chunks)
-        ]
-        size = sum(m.ByteSize() for m in messages)
+    async def _contribute(self, key: str, group: list[Member], digest: str, position: int,
+                          bounds: list[tuple[int, int]], flat: torch.Tensor, codec) -> int:
+        """Send every slice to its owner as soon as it is encoded (elementwise codecs chunk by chunk), owners
+        in turn from the next position on (the group's first sends go to different owners); the bytes sent."""
+        await asyncio.to_thread(check_sendable, codec, flat, key)
+        sends = []
+        try:
+            for owner in [(position + i) % len(group) for i in range(1, len(group) + 1)]:
+                start, end = bounds[owner]
+                payload = SlicePayload.lazy(codec, flat[start:end]) if owner != position else None
+                if payload is None:  # off the event loop, which keeps serving the other peers' streams
+                    payload = SlicePayload(await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key))
+                if owner == position:
+                    await self._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload.data)
+                else:
+                    sends.append(asyncio.ensure_future(
+                        self._send(group[owner], key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload)))
+        except BaseException:  # an encoding failed: the sends already under way are called off
+            await cancel_all(sends)
+            raise
+        return sum(await settle(sends))
+
+    async def _decoded(self, key: str, group: list[Member], codec, where: tuple, sender: int, numel: int) -> torch.Tensor:
+        """The slice (``where``: digest, phase, part) from position ``sender``, decoded once it is here."""
+        (data,) = await self._wait_for(key, [(*where, sender, group[sender].dht_peer_id)], group)
+        return await asyncio.to_thread(decode_slice, codec, data, numel, key)
+
+    async def _send(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int,
+                    payload: SlicePayload | bytes) -> int:
+        payload, sent = SlicePayload(payload) if isinstance(payload, bytes) else payload, 0
+        head = dict(key=key, group_digest=digest, phase=phase, part=part, sender=sender)
         for attempt in range(2):
-            first_byte: list[float] = []  # when the stream is open and the first chunk goes out
+            first_byte, sizes = [], []  # when the stream opened (the first chunk went); each message's size
             try:
                 ack = await self.transport.p2p.call_protobuf_handler(
-                    PeerID.from_base58(member.dht_peer_id), self._handler_name, timed_stream(messages, first_byte),
-                    exchange_pb2.ChunkAck,
+                    PeerID.from_base58(member.dht_peer_id), self._handler_name,
+                    chunk_messages(payload, head, first_byte, sizes), exchange_pb2.ChunkAck,
                 )
             except ValueError:
-                # hivemind's stream sometimes closes without the handler's reply although the data
-                # arrived (seen about once in 30 rounds); a slice that really got lost shows up as a
-                # timeout of the phase that needs it, so the exchange never completes silently partial.
+                # hivemind's stream sometimes closes without the handler's reply although the data arrived
+                # (about once in 30 rounds); a slice really lost shows up as a timeout of the phase that needs
+                # it, so the exchange never completes silently partial.
                 logger.debug("%s: no acknowledgement from %s; relying on the phase timeout", key, member.peer_id)
-                return size
+                return sent + sum(sizes)
             except Exception as e:
+                sent += sum(sizes)
                 if attempt == 0:
                     continue  # delivery is idempotent: a repeated slice replaces the same inbox entry
                 if is_dial_failure(e):
@@ -266,8 +273,8 @@ class Exchange:
             if not ack.ok:
                 raise ExchangeFailed(f"{key}: {member.peer_id} refused a slice: {ack.error}")
             if first_byte and key in self._groups:  # an exchange in progress, not a late abort
-                self._transfers.sent(key, member.dht_peer_id, size, first_byte[0])
-            return size * (attempt + 1)
+                self._transfers.sent(key, member.dht_peer_id, sum(sizes), first_byte[0])
+            return sent + sum(sizes)
         raise AssertionError("unreachable")
 
     async def _on_chunks(self, requests, context: P2PContext) -> exchange_pb2.ChunkAck:
@@ -289,8 +296,9 @@ class Exchange:
         if not await self._deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload,
                                    sender_id=remote):
             return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
-        self._received_bytes[head.key] = self._received_bytes.get(head.key, 0) + sum(c.ByteSize() for c in chunks)
-        self._transfers.received(head.key, remote, [c.ByteSize() for c in chunks], arrivals)
+        sizes = [c.ByteSize() for c in chunks]  # not free for 1 MiB messages: once each
+        self._received_bytes[head.key] = self._received_bytes.get(head.key, 0) + sum(sizes)
+        self._transfers.received(head.key, remote, sizes, arrivals)
         return exchange_pb2.ChunkAck(ok=True)
 
     async def _deliver(self, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes, *,
