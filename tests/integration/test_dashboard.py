@@ -75,7 +75,7 @@ def test_the_dashboard_of_a_real_run_shows_its_peers_and_loss_curve(tmp_path: Pa
                 page.screenshot(path=str(shot), full_page=True)
             finally:
                 browser.close()
-        assert errors == []
+        assert errors == [], f"the page logged errors: {errors}"
         assert shot.stat().st_size > 10_000
         if os.environ.get("SWARM_SCREENSHOT_DIR"):
             Path(os.environ["SWARM_SCREENSHOT_DIR"]).mkdir(parents=True, exist_ok=True)
