@@ -99,12 +99,16 @@ def leave_out(now: float, round_row: RoundRecord, reports: Sequence[ReportRecord
     nor started their exchange (``ready``: the participants exchanging this round) out of the round, so the
     others stop waiting for them. Returns the round (the same object when nobody was left out) and when
     to look again (inf: never). Nobody is left out while more than half the participants are late (none
-    ready, or most of them slowed down together): the round waits as before."""
+    ready, or most of them slowed down together): the round waits as before; nor is a participant that a
+    successful report names in its group."""
     if round_row.outcome != OPEN or round_row.deadline_s <= 0:
         return round_row, math.inf
     due = round_row.opened_at + round_row.deadline_s + report_grace_s
     reported = {r.peer_id for r in reports if not is_restart_placeholder(r)}
-    late = [p for p in round_row.participants if p not in reported and p not in ready]
+    # a participant a report names in its group took part in that exchange: it is not a straggler, its
+    # report is on its way (e.g. from its backlog, after the coordinator restarted past the deadline)
+    exchanged = {p for r in reports if r.ok for p in r.group}
+    late = [p for p in round_row.participants if p not in reported and p not in ready and p not in exchanged]
     if not late:
         return round_row, math.inf
     if now < due:

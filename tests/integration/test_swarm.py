@@ -156,7 +156,7 @@ def test_a_joiner_arriving_mid_exchange_waits_for_the_decision_and_does_not_dilu
     swarm.start_coordinator("--config", str(config), "--exit-grace-s", "30")
     swarm.start_peer("peer-0", "--faults", "delay@2:reducing=20")  # holds round 2's exchange open for 20 s
     swarm.start_peer("peer-1")
-    poll(lambda: "r2] trained" in swarm.log("peer-0"), timeout_s=120, what="round 2's exchange to start")
+    poll(lambda: "at round 2, phase reducing" in swarm.log("peer-0"), timeout_s=120, what="round 2's exchange to start")
 
     swarm.start_peer("late")
     status = swarm.wait_status(lambda s: any(p["name"] == "late" for p in s["peers"]), timeout_s=60,
@@ -187,7 +187,7 @@ def test_a_peer_still_downloading_when_the_run_finishes_gets_the_final_model(swa
     swarm.start_coordinator("--config", str(config), "--exit-grace-s", "30")
     swarm.start_peer("peer-0", "--faults", "delay@2:reducing=12")  # the last round ends after the joiner is in
     swarm.start_peer("peer-1")
-    poll(lambda: "r2] trained" in swarm.log("peer-0"), timeout_s=120, what="the last round's exchange to start")
+    poll(lambda: "at round 2, phase reducing" in swarm.log("peer-0"), timeout_s=120, what="the last round's exchange to start")
     swarm.start_peer("late", "--faults", "delay@2:syncing=6")  # a slow download of the final state
     status = swarm.wait_status(lambda s: any(p["name"] == "late" for p in s["peers"]), timeout_s=60,
                                what="the joiner to join")

@@ -74,7 +74,8 @@ def report(peer: str, *, at: float = 7.0, group=("a", "b")) -> ReportRecord:
 def test_participants_not_ready_by_the_deadline_plus_grace_are_left_out(now, reported, exchanging, left_out,
                                                                        look_again) -> None:
     row = planned("a", "b")
-    after, when = rounds.leave_out(now, row, [report(p) for p in reported], set(exchanging), report_grace_s=2.0)
+    after, when = rounds.leave_out(now, row, [report(p, group=(p,)) for p in reported], set(exchanging),
+                                   report_grace_s=2.0)
     assert after.left_out == left_out and when == look_again
     assert after.participants == tuple(p for p in row.participants if p not in left_out)
     if not left_out:
@@ -87,9 +88,16 @@ def test_when_most_participants_are_late_nobody_is_left_out() -> None:
     """A machine that slowed down makes most participants miss the deadline: the one ready first must not
     commit alone and throw the others' work away; a single late one among three is still left out."""
     row = planned("a", "b", "c", steps=(H, H, H), times=(0.5, 0.5, 0.5))
-    assert rounds.leave_out(9.0, row, [report("a")], set(), report_grace_s=2.0) == (row, 10.0)
-    after, _ = rounds.leave_out(9.0, row, [report("a")], {"b"}, report_grace_s=2.0)
+    assert rounds.leave_out(9.0, row, [report("a", group=("a",))], set(), report_grace_s=2.0) == (row, 10.0)
+    after, _ = rounds.leave_out(9.0, row, [report("a", group=("a",))], {"b"}, report_grace_s=2.0)
     assert after.left_out == ("c",)
+
+
+def test_a_participant_a_report_names_in_its_group_is_not_left_out() -> None:
+    """A restarted coordinator hears a's report long after the deadline, while b (a's groupmate in that
+    exchange) is still reporting its backlog: b took part, it is not a straggler."""
+    row = planned("a", "b")
+    assert rounds.leave_out(100.0, row, [report("a", group=("a", "b"))], set(), report_grace_s=2.0) == (row, math.inf)
 
 
 def test_a_round_without_a_deadline_leaves_nobody_out() -> None:
