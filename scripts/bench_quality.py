@@ -67,7 +67,9 @@ class Grid:
     h_values: tuple[int, ...] = (10, 50, 100, 200)  # fp32 DiLoCo, warm and from scratch
     codecs: tuple[str, ...] = ("fp16", "int8", "int4")  # with error feedback
     codec_h: tuple[int, ...] = (50, 100, 200)
-    codec_outer: Optional[tuple[float, float]] = None  # (lr, momentum) of the codec rows' outer Nesterov step
+    # (lr, momentum) of the codec rows' outer Nesterov step, one row each (None: the run's)
+    codec_outers: tuple[Optional[tuple[float, float]], ...] = (None,)
+    ef_decays: tuple[float, ...] = (1.0,)  # error-feedback decay β of the codec rows, one row each
     reference_h: int = 50  # heterogeneous, torchft DiLoCo, and the DDP target
     stream_h: int = 100  # Streaming DiLoCo (F divides it) and torchft's streaming row
     fragments: int = 4
@@ -110,13 +112,18 @@ class Job:
     fragments: int = 1
     overlap: int = 0
     error_feedback: bool = False
+    ef_decay: float = 1.0
+    outer: Optional[tuple[float, float]] = None  # (lr, momentum) of the outer step (None: the run's)
     slow_factor: int = 1  # heterogeneous: the last worker runs this many times slower
 
     @property
     def label(self) -> str:
-        parts = [self.method, self.codec + ("+EF" if self.error_feedback else "")]
+        ef = ("+EF" + (f" decay {self.ef_decay:g}" if self.ef_decay != 1.0 else "")) if self.error_feedback else ""
+        parts = [self.method, self.codec + ef]
         if self.H:
             parts.append(f"H={self.H}")
+        if self.outer:
+            parts.append(f"outer {self.outer[0]:g},{self.outer[1]:g}")
         if self.fragments > 1:
             parts.append(f"F={self.fragments} tau={self.overlap}")
         return " ".join(parts) + f" ({self.init})"
@@ -133,8 +140,8 @@ def plan(bench: Bench, methods: Sequence[str], *, init: str) -> list[Job]:
     if "diloco" in methods:
         jobs += [Job(method="diloco", init=init, H=h) for h in g.h_values]
         if init == "warm":
-            jobs += [Job(method="diloco", init=init, codec=codec, H=h, error_feedback=True)
-                     for codec in g.codecs for h in g.codec_h]
+            jobs += [Job(method="diloco", init=init, codec=codec, H=h, error_feedback=True, ef_decay=beta, outer=outer)
+                     for codec in g.codecs for h in g.codec_h for beta in g.ef_decays for outer in g.codec_outers]
     if init == "warm":
         if "streaming" in methods:
             jobs += [Job(method="streaming", init=init, H=g.stream_h, fragments=g.fragments, overlap=tau)
@@ -262,9 +269,11 @@ def run_sim(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
     """DiLoCo, its codecs, Streaming DiLoCo and heterogeneous peers, all through swarm.train.sim."""
     base = bench.run_config()
     run = base.replace(rounds=dataclasses.replace(base.rounds, inner_steps=job.H)).validate()
-    if job.error_feedback and bench.grid.codec_outer:
-        lr, momentum = bench.grid.codec_outer
+    if job.outer:
+        lr, momentum = job.outer
         run = run.replace(outer=dataclasses.replace(run.outer, lr=lr, momentum=momentum)).validate()
+    if job.ef_decay != 1.0:
+        run = run.replace(rounds=dataclasses.replace(run.rounds, error_feedback_decay=job.ef_decay)).validate()
     kwargs: dict[str, Any] = dict(codec=job.codec, error_feedback=job.error_feedback,
                                   fragments=job.fragments, overlap_steps=job.overlap)
     if job.slow_factor > 1:
@@ -279,8 +288,9 @@ def run_sim(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
     sent = result.bytes_sent_per_peer
     row = {"eval_loss": result.final_eval_loss, "bytes_per_worker": sum(sent) / len(sent),
            "peak_bytes_per_sync": float(result.peak_bytes_per_sync)}
-    if job.error_feedback and bench.grid.codec_outer:
-        row["note"] = f"outer lr {run.outer.lr:g}, momentum {run.outer.momentum:g}"
+    if job.outer or job.ef_decay != 1.0:
+        row["note"] = (f"outer lr {run.outer.lr:g}, momentum {run.outer.momentum:g}"
+                       + (f", EF decay {job.ef_decay:g}" if job.ef_decay != 1.0 else ""))
     if job.slow_factor > 1:
         steps = [sum(r.steps[i] for r in result.rounds) for i in range(bench.workers)]
         row["note"] = f"inner steps per worker {steps}, weighted by samples"
@@ -589,7 +599,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--codec-h", help="comma-separated H of the codec sweep (default 50,100,200)")
     parser.add_argument("--h-values", help="comma-separated H of the fp32 DiLoCo rows (default 10,50,100,200;"
                         " 'none' skips them)")
-    parser.add_argument("--codec-outer", help="LR,MOMENTUM of the codec rows' outer step (default: the run's 0.7,0.9)")
+    parser.add_argument("--codec-outer", help="LR,MOMENTUM of the codec rows' outer step (default: the run's 0.7,0.9);"
+                        " several separated by '/' (e.g. 0.7,0/1.0,0) make one row each")
+    parser.add_argument("--ef-decay", help="comma-separated error-feedback decays β in (0, 1] of the codec rows"
+                        " (default 1: no decay), one row each")
     parser.add_argument("--no-scratch", action="store_true", help="skip the from-scratch table")
     parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run of every row kind")
     parser.add_argument("--jobs", type=int, default=2, help="rows run at once, one process each (default 2)")
@@ -629,10 +642,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             grid = dataclasses.replace(grid, **{field_name: hs})
     if args.codec_outer:
         try:
-            lr, momentum = (float(v) for v in args.codec_outer.split(","))
+            outers = tuple(tuple(float(v) for v in pair.split(",")) for pair in args.codec_outer.split("/"))
+            if any(len(pair) != 2 for pair in outers):
+                raise ValueError
         except ValueError:
-            parser.error(f"--codec-outer takes LR,MOMENTUM, e.g. 1.0,0, got {args.codec_outer!r}.")
-        grid = dataclasses.replace(grid, codec_outer=(lr, momentum))
+            parser.error(f"--codec-outer takes LR,MOMENTUM (several separated by '/'), e.g. 1.0,0, got {args.codec_outer!r}.")
+        grid = dataclasses.replace(grid, codec_outers=outers)
+    if args.ef_decay:
+        try:
+            decays = tuple(float(v) for v in args.ef_decay.split(","))
+            if not all(0.0 < d <= 1.0 for d in decays):
+                raise ValueError
+        except ValueError:
+            parser.error(f"--ef-decay takes comma-separated decays in (0, 1], e.g. 0.9,0.95, got {args.ef_decay!r}.")
+        grid = dataclasses.replace(grid, ef_decays=decays)
     if args.workers < 2:
         parser.error("--workers must be at least 2: the methods differ only with several workers.")
     bench = Bench(workers=args.workers, steps=steps, warm_steps=warm_steps, seed=args.seed,

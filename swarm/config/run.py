@@ -307,6 +307,10 @@ class RoundConfig:
     straggler_slack_s: float = 5.0
     # Lossy codecs only: a peer adds what the codec dropped last time to its next pseudo-gradient.
     error_feedback: bool = True
+    # SparseLoCo's decay β of the error-feedback residual: a peer sends Δ + β·residual. 1 keeps every dropped
+    # value at full weight; β < 1 (e.g. 0.95) makes the residual the outer momentum (pair it with an outer
+    # step without momentum).
+    error_feedback_decay: float = 1.0
     # Streaming DiLoCo (see swarm.core.fragments): the parameters are split into `fragments` groups of layers
     # that sync one per round, staggered, each once every inner_steps steps; 1 is plain DiLoCo.
     fragments: int = 1
@@ -373,6 +377,9 @@ class RoundConfig:
         if not 0 <= self.overlap_steps <= gap:
             raise ConfigError(f"[rounds] overlap_steps must be between 0 and inner_steps // fragments ({gap}),"
                               f" got {self.overlap_steps}; an exchange must land before the next sync.")
+        if not 0.0 < self.error_feedback_decay <= 1.0:
+            raise ConfigError(f"[rounds] error_feedback_decay must be in (0, 1] (1: no decay), "
+                              f"got {self.error_feedback_decay}.")
         if not 0.0 <= self.mixing_alpha < 1.0:
             raise ConfigError(f"[rounds] mixing_alpha must be in [0, 1), got {self.mixing_alpha}.")
         check_range("rounds", "inner_steps", self.inner_steps, 1, MAX_STEPS)

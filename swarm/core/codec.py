@@ -233,9 +233,17 @@ class ErrorFeedback:
     keeping ``residual = sent − decoded``: the part of the update the wire lost, to be sent next time.
     Over rounds Σ decoded = Σ Δ − residual, so nothing is lost for good. The residual is local to the
     peer (it is not part of the global state and is not averaged).
+
+    With ``decay`` β < 1 (SparseLoCo's error feedback) the peer sends ``Δ + β·residual`` instead: what
+    the wire dropped fades by β per round rather than waiting at full weight, so the accumulator acts as
+    the outer momentum (run such codecs with a plain outer step, momentum 0). β = 1 is the classic rule,
+    bit for bit.
     """
 
-    def __init__(self, numel: int) -> None:
+    def __init__(self, numel: int, decay: float = 1.0) -> None:
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"error feedback decay must be in (0, 1], got {decay}; 1 keeps every dropped value.")
+        self.decay = decay
         self.residual = torch.zeros(numel, dtype=torch.float32)
         # While the residual is exactly zero, compensate returns Δ itself: adding +0.0 would turn -0.0
         # into +0.0, and a lossless codec must leave the bits of a run without error feedback unchanged.
@@ -250,9 +258,11 @@ class ErrorFeedback:
             raise ValueError(f"error feedback holds {self.numel} fp32 elements; {what} has {t.dtype} {tuple(t.shape)}.")
 
     def compensate(self, delta: torch.Tensor) -> torch.Tensor:
-        """Δ + residual (a new tensor, or Δ itself while the residual is zero)."""
+        """Δ + β·residual (a new tensor, or Δ itself while the residual is zero)."""
         self._check(delta, "the pseudo-gradient")
-        return delta if self._zero else delta + self.residual
+        if self._zero:
+            return delta
+        return delta + self.residual if self.decay == 1.0 else delta + self.decay * self.residual
 
     def update(self, sent_input: torch.Tensor, decoded: torch.Tensor) -> None:
         """Remember what the codec lost: ``sent_input − decoded``."""

@@ -118,7 +118,7 @@ class LocalTrainer:
         # local fragment is the one whose Δ was just sent, and keeping part of it would count it twice.
         self.mixing_alpha = rounds.mixing_alpha if rounds.overlap_steps > 0 else 0.0
         self.error_feedback: list[ErrorFeedback] | None = (
-            [ErrorFeedback(self.fragment_numel(f)) for f in range(len(self.fragments))]
+            [ErrorFeedback(self.fragment_numel(f), rounds.error_feedback_decay) for f in range(len(self.fragments))]
             if rounds.error_feedback else None
         )
         self._samples_since_sync = [0] * len(self.fragments)
