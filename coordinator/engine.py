@@ -324,7 +324,8 @@ class CoordinatorEngine:
             self._wait_until = wait_until
 
     def _leave_out_late(self, now: float, reports) -> float:
-        row, look_again = round_opening.leave_out_late(now, self._open, reports, peers=self._peers, config=self.config)
+        row, look_again = round_opening.leave_out_late(now, self._open, reports, peers=self._peers, config=self.config,
+                                                       started_at=self.started_at)
         if row is not self._open:
             self._save_round(row)
         return look_again

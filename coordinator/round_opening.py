@@ -51,11 +51,11 @@ def admit_late(now: float, open_round: RoundRecord, reports: Sequence[ReportReco
 
 
 def leave_out_late(now: float, open_round: RoundRecord, reports: Sequence[ReportRecord], *,
-                   peers: Mapping[str, PeerRecord], config: RunConfig) -> tuple[RoundRecord, float]:
+                   peers: Mapping[str, PeerRecord], config: RunConfig, started_at: float = 0.0) -> tuple[RoundRecord, float]:
     """``open_round`` without the participants not ready by its deadline (the same object when none is left
     out), and when to look again."""
     row, look_again = rounds.leave_out(now, open_round, reports, budgets.exchanging(open_round, peers),
-                                       report_grace_s=config.rounds.report_grace_s)
+                                       report_grace_s=config.rounds.report_grace_s, not_before=started_at)
     if row is not open_round:
         logger.warning("round %d: went on without %s (not ready %.0fs after its %.3gs deadline)", row.round,
                        ", ".join(row.left_out[len(open_round.left_out):]), config.rounds.report_grace_s,

@@ -94,7 +94,7 @@ def decide_round(
 
 
 def leave_out(now: float, round_row: RoundRecord, reports: Sequence[ReportRecord], ready: Collection[str],
-              *, report_grace_s: float) -> tuple[RoundRecord, float]:
+              *, report_grace_s: float, not_before: float = 0.0) -> tuple[RoundRecord, float]:
     """Past the round's deadline plus ``report_grace_s``, take the participants that have neither reported
     nor started their exchange (``ready``: the participants exchanging this round) out of the round, so the
     others stop waiting for them. Returns the round (the same object when nobody was left out) and when
@@ -103,7 +103,9 @@ def leave_out(now: float, round_row: RoundRecord, reports: Sequence[ReportRecord
     successful report names in its group."""
     if round_row.outcome != OPEN or round_row.deadline_s <= 0:
         return round_row, math.inf
-    due = round_row.opened_at + round_row.deadline_s + report_grace_s
+    # ``not_before``: when this coordinator started. A round opened before a restart gets its deadline anew:
+    # while the coordinator was down its peers decided rounds with their group, which says nothing of speed
+    due = max(round_row.opened_at, not_before) + round_row.deadline_s + report_grace_s
     reported = {r.peer_id for r in reports if not is_restart_placeholder(r)}
     # a participant a report names in its group took part in that exchange: it is not a straggler, its
     # report is on its way (e.g. from its backlog, after the coordinator restarted past the deadline)

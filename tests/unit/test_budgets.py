@@ -164,3 +164,13 @@ def test_the_engine_plans_budgets_and_goes_on_without_a_straggler() -> None:
     assert info.outcome == COMMITTED and set(info.holders) == {"dht-" + a, "dht-" + b}
     missed = {p.id: p.rounds_missed for p in engine.status(engine.run.token).peers}
     assert missed == {a: 0, b: 0, c: 1}
+
+
+def test_a_restarted_coordinator_gives_an_old_round_its_deadline_anew() -> None:
+    """The coordinator was down past the round's deadline while the peers decided rounds with their group: it
+    counts the deadline from its own start, so nobody is left out for the time it could not see."""
+    row = planned("a", "b")  # opened at 0, deadline 6 s, grace 2 s
+    reports = [report("a", group=("a",))]
+    assert rounds.leave_out(50.0, row, reports, set(), report_grace_s=2.0, not_before=45.0) == (row, 53.0)
+    after, _ = rounds.leave_out(53.0, row, reports, set(), report_grace_s=2.0, not_before=45.0)
+    assert after.left_out == ("b",)
