@@ -103,19 +103,6 @@ overlap_steps = 2
 """
 
 
-def test_int8_streaming_swarm_with_overlap_matches_the_simulator(swarm, tmp_path):
-    config = tmp_path / "run.toml"
-    config.write_text(STREAMING_INT8)
-    swarm.start_coordinator("--config", str(config), "--exit-grace-s", "0")
-    swarm.start_peer("peer-0")
-    swarm.start_peer("peer-1")
-    codes = swarm.wait_peers(timeout_s=180)
-    assert codes == {"peer-0": 0, "peer-1": 0}, swarm.log("peer-0")[-3000:]
-    assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))
-
-    assert_matches_simulator(swarm.final_model("peer-0"), load_run_config(config), peers=2, rounds=4)
-
-
 SPARSE = """
 [rounds]
 inner_steps = 10
@@ -125,9 +112,12 @@ codec = "topk-int4@0.05"
 """
 
 
-def test_a_topk_swarm_exchanges_by_all_gather_and_matches_the_simulator(swarm, tmp_path):
+@pytest.mark.parametrize("config_text, rounds", [(STREAMING_INT8, 4), (SPARSE, 3)], ids=["int8-streaming-overlap",
+                                                                                      "topk-all-gather"])
+def test_a_compressed_swarm_matches_the_simulator(swarm, tmp_path, config_text, rounds):
+    """int8 with 2 streaming fragments and overlap (the butterfly), and topk-int4 (the sparse all-gather)."""
     config = tmp_path / "run.toml"
-    config.write_text(SPARSE)
+    config.write_text(config_text)
     swarm.start_coordinator("--config", str(config), "--exit-grace-s", "0")
     swarm.start_peer("peer-0")
     swarm.start_peer("peer-1")
@@ -135,7 +125,7 @@ def test_a_topk_swarm_exchanges_by_all_gather_and_matches_the_simulator(swarm, t
     assert codes == {"peer-0": 0, "peer-1": 0}, swarm.log("peer-0")[-3000:]
     assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))
 
-    assert_matches_simulator(swarm.final_model("peer-0"), load_run_config(config), peers=2, rounds=3)
+    assert_matches_simulator(swarm.final_model("peer-0"), load_run_config(config), peers=2, rounds=rounds)
 
 
 SLOW_EXCHANGE = """
