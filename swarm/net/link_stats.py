@@ -13,7 +13,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 EWMA_ALPHA = 0.3  # weight of the newest exchange: smooths the noise of a link that stays what it is
 STEP_FACTOR = 3.0  # a sample this many times above or below the estimate is a changed link: taken as it is
@@ -94,14 +94,6 @@ class TransferLog:
 
     def forget(self, key: str) -> None:
         self._by_key.pop(key, None)
-
-
-async def timed_stream(messages: Sequence[Any], first_byte: list[float]) -> AsyncIterator[Any]:
-    """The messages as a stream, noting in ``first_byte`` when the first is taken (the stream is open)."""
-    for message in messages:
-        if not first_byte:
-            first_byte.append(time.perf_counter())
-        yield message
 
 
 class Ewma:
