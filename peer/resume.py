@@ -35,7 +35,7 @@ def save_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str) -> None
     tensors = state_tensors(trainer.state)
     for i, p in enumerate(trainer.model.parameters()):
         tensors[f"local.{i:05d}"] = p.detach()
-    inner = trainer.optimizer.state_dict()
+    inner = trainer.optimizer_state_dict()
     for index, state in inner["state"].items():
         for key, value in state.items():
             tensors[f"inner.{int(index):05d}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
@@ -100,7 +100,7 @@ def _restore(trainer: LocalTrainer, tensors: dict[str, torch.Tensor], manifest: 
         if name.startswith("inner."):
             _, index, key = name.split(".", 2)
             state.setdefault(int(index), {})[key] = value
-    trainer.optimizer.load_state_dict({"state": state, "param_groups": manifest["inner_param_groups"]})
+    trainer.load_optimizer_state_dict({"state": state, "param_groups": manifest["inner_param_groups"]})
     for f, feedback in enumerate(trainer.error_feedback or []):
         residual = tensors.get(f"feedback.{f:03d}")
         if residual is not None:

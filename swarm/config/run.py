@@ -35,6 +35,8 @@ CONTROLLERS = ("off", "auto")
 # [inner] precision and schedule values (swarm.train.precision and swarm.train.schedule implement them).
 PRECISIONS = ("fp32", "bf16", "fp16")
 LR_SCHEDULES = ("constant", "cosine", "linear")
+# How a multi-GPU peer's ranks hold θl (swarm.train.ranks: "ddp"; swarm.train.sharding: "fsdp").
+SHARDINGS = ("ddp", "fsdp")
 
 # Built-in model shapes (swarm.train.model builds them).
 MODEL_PRESETS: dict[str, dict] = {
@@ -216,6 +218,10 @@ class InnerOptConfig:
     min_lr_ratio: float = 0.1
     compile: bool = False  # torch.compile the model (falls back to eager, with a warning, where it cannot)
     prefetch: bool = True  # a background thread prepares the next batch (pinned memory on CUDA)
+    # How the ranks of a multi-GPU peer (swarm peer --nproc K) split the work: "ddp" (each rank holds all of θl,
+    # its gradients and AdamW state) or "fsdp" (each holds 1/K of them). A run-wide setting that a one-rank peer
+    # ignores: a run's peers may have any number of GPUs.
+    sharding: str = "ddp"
 
     def validate(self) -> None:
         if not self.lr > 0:
@@ -224,6 +230,8 @@ class InnerOptConfig:
             raise ConfigError(f"[inner] precision {self.precision!r} is unknown; choose one of {list(PRECISIONS)}.")
         if self.schedule not in LR_SCHEDULES:
             raise ConfigError(f"[inner] schedule {self.schedule!r} is unknown; choose one of {list(LR_SCHEDULES)}.")
+        if self.sharding not in SHARDINGS:
+            raise ConfigError(f"[inner] sharding {self.sharding!r} is unknown; choose one of {list(SHARDINGS)}.")
         check_range("inner", "min_lr_ratio", self.min_lr_ratio, 0, 1)
         check_range("inner", "micro_batches", self.micro_batches, 1, MAX_BATCH)
         if self.weight_decay < 0 or self.warmup_steps < 0 or self.grad_clip < 0:

@@ -5,7 +5,8 @@ inner loop, in lockstep with it. Before each ``LocalTrainer.train`` rank 0 tells
 and from which step counts, and when its θl or AdamW state changed outside training (a commit, a sync, a
 resume) it broadcasts them first, so every rank starts each step from the same parameters. The ranks split
 the peer's stream of batches between them (``RankSampler``), so the peer's data position does not depend on
-how many ranks it has. The launcher that starts the ranks is ``peer.ranks``.
+how many ranks it has. The launcher that starts the ranks is ``peer.ranks``. With ``[inner] sharding = "fsdp"``
+the ranks hold shards of θl instead of copies (``swarm.train.sharding``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ class TrainOrder:
     batches_drawn: int  # rank 0's RankSampler.batches_drawn: every rank's (they draw in lockstep; a resume moves it)
     params_changed: bool  # θl follows in a broadcast
     optimizer_changed: bool  # the AdamW state follows in a broadcast
+
+
+@dataclass(frozen=True)
+class GatherOptimizer:
+    """What rank 0 of an FSDP peer sends the other ranks to gather their AdamW shards (for a checkpoint)."""
 
 
 @dataclass(frozen=True)

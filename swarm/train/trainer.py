@@ -33,7 +33,8 @@ from swarm.train.data import BatchSampler, check_vocab, eval_loss, load_corpus, 
 from swarm.train.initial_state import initial_state
 from swarm.train.inner_step import InnerStep
 from swarm.train.model import model_fingerprint
-from swarm.train.ranks import RankSampler, Ranks, TrainOrder
+from swarm.train.ranks import GatherOptimizer, RankSampler, Ranks, TrainOrder
+from swarm.train.sharding import ShardedModel, empty_state, state_layout
 from swarm.train.run_model import build_run_model
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,11 @@ class LocalTrainer:
         self.device = self.ranks.device if self.ranks is not None else torch.device(device)
         data = run.data
         built = build_run_model(run.model, seed=run.seed)  # same θ0 on every peer
-        self.model, self.loss_fn = built.module.to(self.device), built.loss
+        fsdp = self.ranks is not None and run.inner.sharding == "fsdp"
+        # with FSDP this full θl stays on the CPU; the ranks train their shards of it (swarm.train.sharding)
+        self.model, self.loss_fn = built.module.to("cpu" if fsdp else self.device), built.loss
+        self.sharded = ShardedModel(self.model, self.device) if fsdp else None
+        self._pending_optimizer: Optional[dict] = None  # FSDP, rank 0: a resumed AdamW state for the shards
         if built.context is not None and data.seq_len > built.context:
             raise ValueError(
                 f"[data] seq_len {data.seq_len} exceeds the model context {built.context};"
@@ -86,16 +91,18 @@ class LocalTrainer:
         self.sampler = self._sampler()
         self._params = list(self.model.parameters())
         # nanoGPT's grouping: decay matrices and embeddings, not LayerNorm gains.
-        decay = [p for p in self._params if p.dim() >= 2]
-        no_decay = [p for p in self._params if p.dim() < 2]
+        trained = self.sharded.params if self.sharded is not None else self._params
+        decay = [p for p in trained if p.dim() >= 2]
+        no_decay = [p for p in trained if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": run.inner.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=run.inner.lr,
             betas=(run.inner.beta1, run.inner.beta2),
         )
         self.inner_steps_done = 0  # counts toward the warmup across rounds
-        self.inner_step = InnerStep(self.model, self.loss_fn, self.optimizer, run.inner, device=self.device,
-                                    wrap=self.ranks.wrap if self.ranks is not None else None)
+        self.inner_step = InnerStep(self.sharded.module if self.sharded is not None else self.model, self.loss_fn,
+                                    self.optimizer, run.inner, device=self.device,
+                                    wrap=self.ranks.wrap if self.ranks is not None and not fsdp else None)
         self.world_size = self.ranks.world_size if self.ranks is not None else 1
         self._steps_since_commit = 0  # with the committed round: the run position the lr decays over
         self._ranks_params_changed = False  # rank 0: θl changed outside train(); the other ranks need it
@@ -184,6 +191,8 @@ class LocalTrainer:
             if self.throttle is not None:  # a slow device (fault injection): the measured step time includes the wait
                 self.throttle(time.perf_counter() - step_start)
                 step_start = time.perf_counter()
+        if self.sharded is not None and steps:
+            self.sharded.gather(self._params if self.ranks.leader else None)  # rank 0's θl is whole again
         return loss_sum.item() / steps if steps else float("nan")
 
     def _lead_ranks(self, steps: int) -> None:
@@ -197,18 +206,53 @@ class LocalTrainer:
         self._ranks_params_changed = False
         self._ranks_peer_step = self.inner_steps_done + steps
 
-    def follow(self, order: TrainOrder) -> None:
-        """The other ranks: train in lockstep with rank 0 as ``order`` says."""
+    def follow(self, order: "TrainOrder | GatherOptimizer") -> None:
+        """The other ranks: train in lockstep with rank 0 as ``order`` says (or give it their AdamW shards)."""
+        if isinstance(order, GatherOptimizer):
+            self.sharded.gather_optimizer(self.optimizer)
+            return
         self._sync_ranks(order)
         self.inner_steps_done = order.peer_step
         self.sampler.batches_drawn = order.batches_drawn
         self._train_steps(order.steps, order.run_step)
 
     def _sync_ranks(self, order: TrainOrder) -> None:
+        if self.sharded is not None:
+            self._sync_shards(order)
+            return
         if order.params_changed or order.optimizer_changed:
             self.ranks.broadcast_params(self._params)
         if order.optimizer_changed:
             self.ranks.broadcast_optimizer(self.optimizer)
+
+    def _sync_shards(self, order: TrainOrder) -> None:
+        if order.params_changed or order.optimizer_changed:
+            self.sharded.scatter(self._params)
+        if order.optimizer_changed:  # a resume: rank 0 holds the whole state it loaded
+            layout = self.ranks.send(state_layout(self._pending_optimizer) if self._pending_optimizer is not None
+                                     else None)
+            if layout is not None:
+                self.sharded.scatter_optimizer(self.optimizer, self._pending_optimizer or empty_state(layout))
+            self._pending_optimizer = None
+
+    def optimizer_state_dict(self) -> dict:
+        """The inner AdamW state as ``Optimizer.state_dict()`` has it, whole (on rank 0 of an FSDP peer the
+        ranks send their shards: every rank takes part)."""
+        if self.sharded is None:
+            return self.optimizer.state_dict()
+        self.ranks.send(GatherOptimizer())
+        return {"state": self.sharded.gather_optimizer(self.optimizer),
+                "param_groups": self.optimizer.state_dict()["param_groups"]}
+
+    def load_optimizer_state_dict(self, state_dict: dict) -> None:
+        """Install an ``optimizer_state_dict`` (a resume); an FSDP peer's ranks take their shards of it when
+        they next train."""
+        if self.sharded is None:
+            self.optimizer.load_state_dict(state_dict)
+            return
+        for group, saved in zip(self.optimizer.param_groups, state_dict["param_groups"]):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        self._pending_optimizer = {int(i): dict(s) for i, s in state_dict["state"].items()}
 
     @torch.no_grad()
     def load_global_into_model(self) -> None:

@@ -8,6 +8,7 @@ import torch
 
 from peer.ranks import start_ranks
 from peer.resume import resume_trainer, save_trainer
+from swarm.config import RunConfig
 from swarm.train.data import BatchSampler
 from swarm.train.ranks import RankSampler
 from swarm.train.trainer import LocalTrainer
@@ -33,9 +34,9 @@ class _GlobalBatch:
         self.sampler.load_state_dict(state)
 
 
-def _single_process_twin(peer_index: int) -> LocalTrainer:
+def _single_process_twin(peer_index: int, run: RunConfig) -> LocalTrainer:
     """One process with the 2-rank peer's global batch."""
-    run = RUN.replace(data=dataclasses.replace(RUN.data, batch_size=2 * RUN.data.batch_size))
+    run = run.replace(data=dataclasses.replace(RUN.data, batch_size=2 * RUN.data.batch_size))
     twin = LocalTrainer(run, peer_index=peer_index)
     d = RUN.data
     twin.sampler = _GlobalBatch(BatchSampler(twin.corpus.train, shard_index=twin.shard_index, num_shards=d.num_shards,
@@ -48,14 +49,27 @@ def _assert_same_params(a: LocalTrainer, b: LocalTrainer) -> None:
         torch.testing.assert_close(p, q, rtol=1e-4, atol=2e-5)
 
 
-def test_a_two_rank_peer_trains_like_one_process_with_the_global_batch_and_resumes_with_another_nproc(tmp_path):
+def _assert_shards_are_rank0s_rows(peer: LocalTrainer) -> None:
+    """FSDP: rank 0's shard of each parameter is the first rows of its θl (the worker's are the rest, which
+    only the comparison with the twin can see)."""
+    for shard, p in zip(peer.sharded.local_shards(), peer.model.parameters()):
+        assert shard.shape[0] == -(-p.shape[0] // 2) and torch.equal(shard, p[: shard.shape[0]])
+
+
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_a_two_rank_peer_trains_like_one_process_with_the_global_batch_and_resumes_with_another_nproc(
+        tmp_path, sharding):
+    run = RUN.replace(inner=dataclasses.replace(RUN.inner, sharding=sharding))
     ranks = start_ranks(2, device="cpu", threads=1)
     try:
-        peer = LocalTrainer(RUN, peer_index=1, ranks=ranks.ranks)
-        twin = _single_process_twin(peer_index=1)
+        peer = LocalTrainer(run, peer_index=1, ranks=ranks.ranks)
+        assert (peer.sharded is not None) == (sharding == "fsdp")
+        twin = _single_process_twin(peer_index=1, run=run)
         stats = peer.train(3)
         assert stats.samples == twin.train(3).samples == 3 * 2 * RUN.data.batch_size  # both ranks count
         _assert_same_params(peer, twin)
+        if peer.sharded is not None:
+            _assert_shards_are_rank0s_rows(peer)
         # a commit moves θl on rank 0 only; the worker gets it before the next steps
         for t in (peer, twin):
             t.commit(t.apply(t.pseudo_gradient(), None, 1), fragment=0)
@@ -64,10 +78,14 @@ def test_a_two_rank_peer_trains_like_one_process_with_the_global_batch_and_resum
         # a restart with one process resumes a checkpoint of the 2-rank peer at the peer's position (and back):
         # θl, AdamW state, step count and the data the peer had not drawn yet
         save_trainer(tmp_path / "two", peer, run_id="run")
-        single = LocalTrainer(RUN, peer_index=1)
+        single = LocalTrainer(run, peer_index=1)
         assert resume_trainer(tmp_path / "two", single, run_id="run", round_no=1, state_hash=peer.state.state_hash)
         assert single.sampler.batches_drawn == 2 * 5  # both ranks' batches
         _assert_same_params(single, peer)
+        for saved, kept in zip(single.optimizer.state_dict()["state"].values(),
+                               twin.optimizer.state_dict()["state"].values()):  # the whole AdamW state, in order
+            for key in ("exp_avg", "exp_avg_sq", "step"):
+                torch.testing.assert_close(saved[key], kept[key], rtol=1e-4, atol=1e-6)
         # a restart with two ranks resumes a one-process checkpoint that the worker never saw
         twin.train(2)  # the peer's batches 10 to 13
         save_trainer(tmp_path / "one", twin, run_id="run")
@@ -75,6 +93,8 @@ def test_a_two_rank_peer_trains_like_one_process_with_the_global_batch_and_resum
         assert peer.sampler.batches_drawn == 7  # each rank's, where the ranks themselves drew 5
         peer.train(2), twin.train(2)
         _assert_same_params(peer, twin)
+        if peer.sharded is not None:
+            _assert_shards_are_rank0s_rows(peer)
         assert not all(torch.equal(p, g) for p, g in zip(peer.model.parameters(), peer.global_params))
     finally:
         ranks.close()
