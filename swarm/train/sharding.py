@@ -13,6 +13,7 @@ the parts on rank 0. The AdamW state never leaves the shards except for a checkp
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Optional
 
 import torch
@@ -20,7 +21,11 @@ import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from swarm.train.ranks import Ranks, TrainOrder
+
 # AdamW state by parameter index, as Optimizer.state_dict() numbers them (through its param groups, in order)
+log = logging.getLogger(__name__)
+
 OptimizerState = dict[int, dict[str, torch.Tensor]]
 
 
@@ -38,6 +43,30 @@ class ShardedModel:
                     fully_shard(block)
         fully_shard(self.module)
         self.params: list[DTensor] = list(self.module.parameters())  # the plain model's order
+        self.pending_optimizer: Optional[OptimizerState] = None  # rank 0: a resumed state, for the next sync
+        held = sum(p.to_local().numel() for p in self.params)
+        log.info("FSDP: this rank holds %d of θl's %d parameters", held, sum(p.numel() for p in self.params))
+
+    def sync(self, order: TrainOrder, ranks: Ranks, full: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
+        """Before ``order``'s steps: rank 0's θl (``full``) and a resumed AdamW state into the shards."""
+        if order.params_changed or order.optimizer_changed:
+            self.scatter(full)
+        if order.optimizer_changed:  # a resume: rank 0 holds the whole state it loaded, if any
+            pending = self.pending_optimizer
+            layout = ranks.send(state_layout(pending) if pending is not None else None)
+            if layout is not None:
+                self.scatter_optimizer(optimizer, pending if pending is not None else empty_state(layout))
+            self.pending_optimizer = None
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict:
+        """Rank 0: ``optimizer.state_dict()`` with the whole state (the other ranks are in ``gather_optimizer``)."""
+        return {"state": self.gather_optimizer(optimizer), "param_groups": optimizer.state_dict()["param_groups"]}
+
+    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
+        """Rank 0: the hyperparameters now; the state goes to the shards at the next ``sync``."""
+        for group, saved in zip(optimizer.param_groups, state_dict["param_groups"]):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        self.pending_optimizer = {int(i): dict(s) for i, s in state_dict["state"].items()}
 
     def scatter(self, full: list[torch.Tensor]) -> None:
         """Rank 0's ``full`` θl into every rank's shards (the other ranks pass same-shaped tensors; their values

@@ -34,7 +34,7 @@ from swarm.train.initial_state import initial_state
 from swarm.train.inner_step import InnerStep
 from swarm.train.model import model_fingerprint
 from swarm.train.ranks import GatherOptimizer, RankSampler, Ranks, TrainOrder
-from swarm.train.sharding import ShardedModel, empty_state, state_layout
+from swarm.train.sharding import ShardedModel
 from swarm.train.run_model import build_run_model
 
 log = logging.getLogger(__name__)
@@ -76,10 +76,8 @@ class LocalTrainer:
         data = run.data
         built = build_run_model(run.model, seed=run.seed)  # same θ0 on every peer
         fsdp = self.ranks is not None and run.inner.sharding == "fsdp"
-        # with FSDP this full θl stays on the CPU; the ranks train their shards of it (swarm.train.sharding)
         self.model, self.loss_fn = built.module.to("cpu" if fsdp else self.device), built.loss
-        self.sharded = ShardedModel(self.model, self.device) if fsdp else None
-        self._pending_optimizer: Optional[dict] = None  # FSDP, rank 0: a resumed AdamW state for the shards
+        self.sharded = ShardedModel(self.model, self.device) if fsdp else None  # the shards the ranks train
         if built.context is not None and data.seq_len > built.context:
             raise ValueError(
                 f"[data] seq_len {data.seq_len} exceeds the model context {built.context};"
@@ -91,18 +89,15 @@ class LocalTrainer:
         self.sampler = self._sampler()
         self._params = list(self.model.parameters())
         # nanoGPT's grouping: decay matrices and embeddings, not LayerNorm gains.
-        trained = self.sharded.params if self.sharded is not None else self._params
+        trained = self.sharded.params if fsdp else self._params  # with FSDP, self.model is θl whole, on the CPU
         decay = [p for p in trained if p.dim() >= 2]
         no_decay = [p for p in trained if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": run.inner.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=run.inner.lr,
-            betas=(run.inner.beta1, run.inner.beta2),
-        )
+            lr=run.inner.lr, betas=(run.inner.beta1, run.inner.beta2))
         self.inner_steps_done = 0  # counts toward the warmup across rounds
-        self.inner_step = InnerStep(self.sharded.module if self.sharded is not None else self.model, self.loss_fn,
-                                    self.optimizer, run.inner, device=self.device,
-                                    wrap=self.ranks.wrap if self.ranks is not None and not fsdp else None)
+        self.inner_step = InnerStep(self.sharded.module if fsdp else self.model, self.loss_fn, self.optimizer, run.inner,
+                                    device=self.device, wrap=self.ranks.wrap if self.ranks and not fsdp else None)
         self.world_size = self.ranks.world_size if self.ranks is not None else 1
         self._steps_since_commit = 0  # with the committed round: the run position the lr decays over
         self._ranks_params_changed = False  # rank 0: θl changed outside train(); the other ranks need it
@@ -218,22 +213,12 @@ class LocalTrainer:
 
     def _sync_ranks(self, order: TrainOrder) -> None:
         if self.sharded is not None:
-            self._sync_shards(order)
+            self.sharded.sync(order, self.ranks, self._params, self.optimizer)
             return
         if order.params_changed or order.optimizer_changed:
             self.ranks.broadcast_params(self._params)
         if order.optimizer_changed:
             self.ranks.broadcast_optimizer(self.optimizer)
-
-    def _sync_shards(self, order: TrainOrder) -> None:
-        if order.params_changed or order.optimizer_changed:
-            self.sharded.scatter(self._params)
-        if order.optimizer_changed:  # a resume: rank 0 holds the whole state it loaded
-            layout = self.ranks.send(state_layout(self._pending_optimizer) if self._pending_optimizer is not None
-                                     else None)
-            if layout is not None:
-                self.sharded.scatter_optimizer(self.optimizer, self._pending_optimizer or empty_state(layout))
-            self._pending_optimizer = None
 
     def optimizer_state_dict(self) -> dict:
         """The inner AdamW state as ``Optimizer.state_dict()`` has it, whole (on rank 0 of an FSDP peer the
@@ -241,18 +226,15 @@ class LocalTrainer:
         if self.sharded is None:
             return self.optimizer.state_dict()
         self.ranks.send(GatherOptimizer())
-        return {"state": self.sharded.gather_optimizer(self.optimizer),
-                "param_groups": self.optimizer.state_dict()["param_groups"]}
+        return self.sharded.optimizer_state_dict(self.optimizer)
 
     def load_optimizer_state_dict(self, state_dict: dict) -> None:
         """Install an ``optimizer_state_dict`` (a resume); an FSDP peer's ranks take their shards of it when
         they next train."""
         if self.sharded is None:
             self.optimizer.load_state_dict(state_dict)
-            return
-        for group, saved in zip(self.optimizer.param_groups, state_dict["param_groups"]):
-            group.update({k: v for k, v in saved.items() if k != "params"})
-        self._pending_optimizer = {int(i): dict(s) for i, s in state_dict["state"].items()}
+        else:
+            self.sharded.load_optimizer_state_dict(self.optimizer, state_dict)
 
     @torch.no_grad()
     def load_global_into_model(self) -> None:

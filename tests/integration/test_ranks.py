@@ -1,30 +1,42 @@
-"""A real ``swarm peer --nproc 2`` (rank 0 plus a gloo worker rank) joins a run and commits its rounds."""
+"""A real ``swarm peer --nproc 2`` (rank 0 plus a gloo worker rank) joins a run beside a one-process peer and
+commits its rounds, its ranks sharding θl with FSDP (``[inner] sharding = "fsdp"``). The ranks' arithmetic, DDP's
+and FSDP's, against one process is tests/unit/test_ranks.py's (one run here: each costs a minute on 2 cores)."""
 
 from __future__ import annotations
 
 import psutil
 import pytest
-from safetensors.torch import load_file
 
+from swarm.train.final_model import tensors_digest
 from tests.integration.harness import Swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
+RUN_FLAGS = ("--max-rounds", "2", "--inner-steps", "4", "--preset", "tiny", "--exit-grace-s", "0")
 
-def test_a_two_rank_peer_joins_a_run_and_commits_rounds(tmp_path):
+
+def _assert_no_worker_left() -> None:
+    # the worker rank ended with its peer (orphans re-parent to this test process: tests/conftest.py)
+    workers = [c for c in psutil.Process().children(recursive=True)
+               if c.status() != psutil.STATUS_ZOMBIE and "multiprocessing" in " ".join(c.cmdline())]
+    assert not workers
+
+
+def test_a_two_rank_fsdp_peer_trains_with_a_one_process_peer_and_both_end_on_the_same_model(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('[inner]\nsharding = "fsdp"\n')
     swarm = Swarm(workdir=tmp_path)
     try:
-        swarm.start_coordinator("--max-rounds", "2", "--min-peers", "1", "--inner-steps", "4", "--preset", "tiny",
-                                "--exit-grace-s", "0")
-        swarm.start_peer("peer-0", "--nproc", "2")
-        assert swarm.wait_peers(timeout_s=200) == {"peer-0": 0}, swarm.log("peer-0")[-3000:]
-        assert "started 1 worker ranks for a 2-rank peer" in swarm.log("peer-0")
-        assert "run finished at round 2" in swarm.log("peer-0")
-        final = load_file(str(swarm.final_model("peer-0")))
-        assert final and all(t.isfinite().all() for t in final.values())
-        # the worker rank ended with its peer (orphans re-parent to this test process: tests/conftest.py)
-        workers = [c for c in psutil.Process().children(recursive=True)
-                   if c.status() != psutil.STATUS_ZOMBIE and "multiprocessing" in " ".join(c.cmdline())]
-        assert not workers
+        swarm.start_coordinator("--config", str(config), "--min-peers", "2", *RUN_FLAGS)
+        swarm.start_peer("sharded", "--nproc", "2")
+        swarm.start_peer("single")
+        assert swarm.wait_peers(timeout_s=200) == {"sharded": 0, "single": 0}, swarm.log("sharded")[-3000:]
+        assert "started 1 worker ranks for a 2-rank peer" in swarm.log("sharded")
+        assert "FSDP: this rank holds" in swarm.log("sharded")  # rank 0's half of θl
+        assert "FSDP" not in swarm.log("single")  # one process: nothing to shard
+        for name in ("sharded", "single"):
+            assert "run finished at round 2" in swarm.log(name)
+        assert tensors_digest(swarm.final_model("sharded")) == tensors_digest(swarm.final_model("single"))
+        _assert_no_worker_left()
     finally:
         swarm.close()
