@@ -167,6 +167,7 @@ def test_a_section_that_is_not_a_table_is_named(tmp_path: Path) -> None:
         ("[model]\ncontext = 4\n", "context must be at least 8"),
         ("[model]\ndropout = 1.0\n", "dropout"),
         ("[rounds]\ncodec = \"int3\"\n", "codec 'int3' is unknown"),
+        ("[inner]\nsharding = \"zero\"\n", "sharding 'zero' is unknown; choose one of ['ddp', 'fsdp']"),
         ("[rounds]\ninner_steps = 0\n", "inner_steps must be at least 1"),
         ("[rounds]\nmax_rounds = 0\n", "max_rounds must be at least 1"),
         ("[rounds]\nmin_peers = 0\n", "min_peers must be at least 1"),
