@@ -18,6 +18,8 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -35,13 +37,15 @@ class ShardedModel:
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
         self.module = copy.deepcopy(model).to(device)
+        # the ranks' own device type: fully_shard's default mesh is CUDA wherever CUDA exists, even for CPU ranks
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         # One unit per block of every ModuleList (a transformer's layers), then the rest: a block's parameters
         # are gathered just before it runs and freed after, so no rank ever holds all of θl on its device.
         for holder in list(self.module.modules()):
             if isinstance(holder, nn.ModuleList):
                 for block in holder:
-                    fully_shard(block)
-        fully_shard(self.module)
+                    fully_shard(block, mesh=mesh)
+        fully_shard(self.module, mesh=mesh)
         self.params: list[DTensor] = list(self.module.parameters())  # the plain model's order
         self.pending_optimizer: Optional[OptimizerState] = None  # rank 0: a resumed state, for the next sync
         held = sum(p.to_local().numel() for p in self.params)
@@ -109,7 +113,7 @@ class ShardedModel:
                         local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
                 else:  # AdamW's step count: a plain tensor every rank holds whole
                     box = value.to(p.device).clone()
-                    torch.distributed.broadcast(box, src=0)
+                    dist.broadcast(box, src=0)
                     optimizer.state.setdefault(p, {})[key] = box.to(value.device)
 
     @staticmethod
