@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
@@ -34,8 +34,10 @@ from swarm.train.initial_state import initial_state
 from swarm.train.inner_step import InnerStep
 from swarm.train.model import model_fingerprint
 from swarm.train.ranks import GatherOptimizer, RankSampler, Ranks, TrainOrder
-from swarm.train.sharding import ShardedModel
 from swarm.train.run_model import build_run_model
+
+if TYPE_CHECKING:
+    from swarm.train.sharding import ShardedModel
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,10 @@ class LocalTrainer:
         built = build_run_model(run.model, seed=run.seed)  # same θ0 on every peer
         fsdp = self.ranks is not None and run.inner.sharding == "fsdp"
         self.model, self.loss_fn = built.module.to("cpu" if fsdp else self.device), built.loss
-        self.sharded = ShardedModel(self.model, self.device) if fsdp else None  # the shards the ranks train
+        self.sharded: Optional[ShardedModel] = None  # the shards the ranks train (FSDP)
+        if fsdp:  # torch.distributed.fsdp costs every peer ~2 CPU-s of imports: only the FSDP ones pay it
+            from swarm.train.sharding import ShardedModel
+            self.sharded = ShardedModel(self.model, self.device)
         if built.context is not None and data.seq_len > built.context:
             raise ValueError(
                 f"[data] seq_len {data.seq_len} exceeds the model context {built.context};"

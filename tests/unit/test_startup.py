@@ -85,9 +85,10 @@ def test_a_key_file_that_is_not_a_libp2p_rsa_key_is_refused(tmp_path):
 
 
 def test_a_peer_signs_its_join_before_hivemind_or_the_dht_modules_are_imported():
-    # hivemind (and the scipy it imports) costs a restart ~0.5 s: the peer imports it while it builds its trainer
+    # hivemind (and the scipy it imports) costs a restart ~0.5 s: the peer imports it while it builds its trainer;
+    # sympy comes with torch.distributed.fsdp (~2 CPU-s), which only an FSDP peer needs
     code = ("import sys, peer.run, peer.daemon, peer.identity, peer.heartbeat, peer.state_store, swarm.app.cli; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'hivemind', 'scipy', 'transformers', 'rich'}))")
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'hivemind', 'scipy', 'transformers', 'rich', 'sympy'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert out.returncode == 0, out.stderr[-2000:]
