@@ -22,9 +22,9 @@ from typing import Callable, Optional, TypeVar
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Imported by the first optimizer built (torch.optim wraps its __init__ to keep dynamo away from it):
-# about as slow as importing torch itself, and pure CPU work the join's network waits can hide.
-WARM_MODULES = ("torch._dynamo",)
+# Modules worth importing while the join waits on the network. torch._dynamo was (torch.optim imports it at
+# the first optimizer step, ~1.3 CPU-s) until the trainer stopped needing it (swarm.train.eager_optimizer).
+WARM_MODULES: tuple[str, ...] = ()
 
 
 def seconds_since_launch() -> Optional[float]:

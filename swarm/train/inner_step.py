@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from swarm.config import InnerOptConfig
+from swarm.train.eager_optimizer import eager_step
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class InnerStep:
         dtype = AUTOCAST_DTYPES.get(cfg.precision)
         self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+        self.optimizer_step = eager_step(optimizer)  # optimizer.step() without importing torch._dynamo
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> torch.Tensor:
         n = self.cfg.micro_batches
@@ -70,7 +72,7 @@ class InnerStep:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
-            self.optimizer.step()
+            self.optimizer_step()
         return loss.detach()
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ from swarm.core.state import GlobalState
 from swarm.core.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
 from swarm.config import RunConfig
 from swarm.train import prefetch, schedule
+from swarm.train.eager_optimizer import inner_adamw
 from swarm.train.data import BatchSampler, check_vocab, eval_loss, load_corpus, shard_index_for_peer
 from swarm.train.initial_state import initial_state
 from swarm.train.inner_step import InnerStep
@@ -93,13 +94,8 @@ class LocalTrainer:
         self.shard_index = shard_index_for_peer(peer_index, data.num_shards)
         self.sampler = self._sampler()
         self._params = list(self.model.parameters())
-        # nanoGPT's grouping: decay matrices and embeddings, not LayerNorm gains.
         trained = self.sharded.params if fsdp else self._params  # with FSDP, self.model is θl whole, on the CPU
-        decay = [p for p in trained if p.dim() >= 2]
-        no_decay = [p for p in trained if p.dim() < 2]
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": run.inner.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=run.inner.lr, betas=(run.inner.beta1, run.inner.beta2))
+        self.optimizer = inner_adamw(trained, run.inner)
         self.inner_steps_done = 0  # counts toward the warmup across rounds
         self.inner_step = InnerStep(self.sharded.module if fsdp else self.model, self.loss_fn, self.optimizer, run.inner,
                                     device=self.device, wrap=self.ranks.wrap if self.ranks and not fsdp else None)

@@ -93,3 +93,15 @@ def test_a_peer_signs_its_join_before_hivemind_or_the_dht_modules_are_imported()
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_trainer_builds_trains_and_checkpoints_without_importing_dynamo():
+    # torch.optim imports torch._dynamo (~1.3 CPU-s of every restart) unless the trainer keeps it away
+    code = ("import sys, torch; from swarm.config import RunConfig; from swarm.train.trainer import LocalTrainer; "
+            "t = LocalTrainer(RunConfig(), peer_index=0); t.train(2); "
+            "t.load_optimizer_state_dict(t.optimizer_state_dict()); print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=110,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False", "the trainer imported torch._dynamo"
