@@ -39,7 +39,7 @@ from swarm.core.fragments import fragments as split_fragments
 from swarm.core.state import GlobalState, state_hash
 from swarm.train import model as swarm_model
 from swarm.train import sim as swarm_sim
-from swarm.config import MODEL_PRESETS, DataConfig, ModelConfig, RoundConfig, RunConfig
+from swarm.config import FRAGMENT_PATTERNS, MODEL_PRESETS, DataConfig, ModelConfig, RoundConfig, RunConfig
 from swarm.train.data import eval_loss
 from swarm.train.final_model import load_into_model
 from swarm.train.trainer import LocalTrainer
@@ -74,6 +74,7 @@ class Grid:
     stream_h: int = 100  # Streaming DiLoCo (F divides it) and torchft's streaming row
     fragments: int = 4
     overlap: int = 5  # tau of the overlapped streaming row
+    fragment_pattern: str = "strided"  # [rounds] fragment_pattern of the streaming rows
     torchft_streaming: bool = True
     eval_batches: int = 32  # 32 x 8 windows of 128 bytes from the held-out split
 
@@ -274,6 +275,8 @@ def run_sim(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
         run = run.replace(outer=dataclasses.replace(run.outer, lr=lr, momentum=momentum)).validate()
     if job.ef_decay != 1.0:
         run = run.replace(rounds=dataclasses.replace(run.rounds, error_feedback_decay=job.ef_decay)).validate()
+    if job.fragments > 1:
+        run = run.replace(rounds=dataclasses.replace(run.rounds, fragment_pattern=bench.grid.fragment_pattern)).validate()
     kwargs: dict[str, Any] = dict(codec=job.codec, error_feedback=job.error_feedback,
                                   fragments=job.fragments, overlap_steps=job.overlap)
     if job.slow_factor > 1:
@@ -291,6 +294,8 @@ def run_sim(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
     if job.outer or job.ef_decay != 1.0:
         row["note"] = (f"outer lr {run.outer.lr:g}, momentum {run.outer.momentum:g}"
                        + (f", EF decay {job.ef_decay:g}" if job.ef_decay != 1.0 else ""))
+    if job.fragments > 1:
+        row["note"] = f"{run.rounds.fragment_pattern} fragments"
     if job.slow_factor > 1:
         steps = [sum(r.steps[i] for r in result.rounds) for i in range(bench.workers)]
         row["note"] = f"inner steps per worker {steps}, weighted by samples"
@@ -603,6 +608,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         " several separated by '/' (e.g. 0.7,0/1.0,0) make one row each")
     parser.add_argument("--ef-decay", help="comma-separated error-feedback decays β in (0, 1] of the codec rows"
                         " (default 1: no decay), one row each")
+    parser.add_argument("--fragment-pattern", default="strided", choices=FRAGMENT_PATTERNS,
+                        help="[rounds] fragment_pattern of the streaming rows (default strided)")
     parser.add_argument("--no-scratch", action="store_true", help="skip the from-scratch table")
     parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run of every row kind")
     parser.add_argument("--jobs", type=int, default=2, help="rows run at once, one process each (default 2)")
@@ -656,6 +663,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except ValueError:
             parser.error(f"--ef-decay takes comma-separated decays in (0, 1], e.g. 0.9,0.95, got {args.ef_decay!r}.")
         grid = dataclasses.replace(grid, ef_decays=decays)
+    grid = dataclasses.replace(grid, fragment_pattern=args.fragment_pattern)
     if args.workers < 2:
         parser.error("--workers must be at least 2: the methods differ only with several workers.")
     bench = Bench(workers=args.workers, steps=steps, warm_steps=warm_steps, seed=args.seed,

@@ -26,7 +26,7 @@ class ConfigError(ValueError):
 # Valid names, listed here so that the config stays a leaf: swarm.core.codec.CODECS and
 # swarm.core.fragments.PATTERNS implement exactly these (tests/unit/test_config.py checks they agree).
 CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4", "topk-fp16", "topk-int8", "topk-int4")
-FRAGMENT_PATTERNS = ("strided", "contiguous")
+FRAGMENT_PATTERNS = ("strided", "contiguous", "balanced")
 # swarm.core.aggregation.RULES implements exactly these: how a slice's owner combines the group's slices.
 AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean")
 # coordinator.controller: "off" keeps [rounds] codec and equal slices; "auto" adapts them to measured links.
@@ -322,7 +322,10 @@ class RoundConfig:
     # Streaming DiLoCo (see swarm.core.fragments): the parameters are split into `fragments` groups of layers
     # that sync one per round, staggered, each once every inner_steps steps; 1 is plain DiLoCo.
     fragments: int = 1
-    fragment_pattern: str = "strided"  # "strided" (Streaming DiLoCo) or "contiguous" (torchft)
+    # "strided" (whole blocks dealt round-robin, Streaming DiLoCo), "contiguous" (runs of whole blocks,
+    # torchft) or "balanced" (equal element counts, cut across tensors on codec blocks: the lowest peak
+    # bytes per sync; needs the nesterov outer optimizer)
+    fragment_pattern: str = "strided"
     # A fragment's exchange runs during the next overlap_steps inner steps and is merged after them
     # (0: the peer waits for it).
     overlap_steps: int = 0

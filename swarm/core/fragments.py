@@ -15,7 +15,21 @@ a model without numbered blocks has one unit per parameter), and units are
 dealt to fragments either **strided** (unit u → fragment u mod F; Streaming DiLoCo's choice, which
 mixes shallow and deep layers in every fragment and was slightly better in the paper) or
 **contiguous** (F runs of consecutive units with near-equal element counts; torchft's model
-fragments). Every parameter is in exactly one fragment.
+fragments). Every parameter is in exactly one fragment. Whole units cannot balance a model whose
+embeddings are large next to a block: the fragment holding them is the biggest, and it sets the peak
+bytes of a sync.
+
+**Balanced** cuts the flat parameter vector (model order) instead: into F·m pieces of near-equal
+element counts, every cut on a multiple of the codec block (``swarm.core.codec_base.BLOCK``) when the
+model has at least F·m blocks, and deals them strided (piece k → fragment k mod F). A piece may end
+inside a tensor, so a fragment is a list of element spans (``swarm.core.spans``), and a tensor may be
+split between two fragments; its elements are stepped and merged separately, which needs an elementwise
+outer optimizer (Nesterov). m is the number of layer units per fragment (at least 1), so a piece is
+about one unit and the dealing is Streaming DiLoCo's strided one at layer granularity, made exact in
+element counts: the paper found strided slightly better than sequential, because every fragment then
+mixes shallow and deep layers. With at most 2F − 1 units (the benchmark's 4 blocks at F = 4) m = 1 and
+the pieces are F contiguous ranges. Finer striding (pieces far smaller than a layer) would spread each
+fragment over every tensor; it was not measured and costs a span per piece.
 """
 
 from __future__ import annotations
@@ -24,6 +38,10 @@ import re
 from typing import Sequence, Union
 
 import torch
+
+from swarm.core import spans as span_ops
+from swarm.core.codec_base import BLOCK
+from swarm.core.spans import Span
 
 _BLOCK_INDEX = re.compile(r"\.(\d+)\.")
 
@@ -97,23 +115,76 @@ def _deal_contiguous(units: list[list[int]], weight: list[int], num_fragments: i
     return [units[a:b] for a, b in zip(cuts, cuts[1:])]
 
 
+# The patterns that deal whole layer units, by name.
+_DEALS = {"strided": _deal_strided, "contiguous": _deal_contiguous}
+BALANCED = "balanced"
 # The fragment patterns by name (swarm.config.FRAGMENT_PATTERNS lists the same names).
-PATTERNS = {"strided": _deal_strided, "contiguous": _deal_contiguous}
+PATTERNS = (*_DEALS, BALANCED)
+
+
+def _check_pattern(pattern: str) -> None:
+    if pattern not in PATTERNS:
+        raise ValueError(f"fragment pattern {pattern!r} is unknown; choose one of {list(PATTERNS)}.")
 
 
 def fragments(params: Sequence[ParamSpec], num_fragments: int, pattern: str = "strided") -> list[list[int]]:
     """Parameter indices of each fragment (ascending), for parameters given as names, shapes, or
-    (name, shape) pairs in model order. ValueError when there are fewer layer units than fragments."""
-    if pattern not in PATTERNS:
-        raise ValueError(f"fragment pattern {pattern!r} is unknown; choose one of {list(PATTERNS)}.")
+    (name, shape) pairs in model order. For "balanced" (which needs shapes) the parameters a fragment
+    holds elements of: a tensor split between two fragments is listed in both. ValueError when there are
+    fewer layer units (balanced: elements) than fragments."""
+    _check_pattern(pattern)
+    if pattern == BALANCED:
+        return [sorted({s.param for s in group}) for group in fragment_spans(params, num_fragments, pattern)]
     units = layer_units(params)
     if not 1 <= num_fragments <= len(units):
         raise ValueError(f"{num_fragments} fragments need at least as many layer units; this model has"
                          f" {len(units)}: lower [rounds] fragments.")
     _, sizes = _describe(params)
     weight = [sum(1 if sizes[i] is None else sizes[i] for i in unit) for unit in units]  # elements per unit
-    groups = PATTERNS[pattern](units, weight, num_fragments)
+    groups = _DEALS[pattern](units, weight, num_fragments)
     return [sorted(i for unit in group for i in unit) for group in groups]
+
+
+def fragment_spans(params: Sequence[ParamSpec], num_fragments: int, pattern: str = "strided", *,
+                   pieces_per_fragment: int | None = None) -> list[list[Span]]:
+    """The element spans of each fragment, in model order, for parameters given as shapes or (name,
+    shape) pairs: whole tensors for "strided" and "contiguous", F·m block-aligned pieces dealt strided
+    for "balanced" (m = ``pieces_per_fragment``, default the layer units per fragment, at least 1)."""
+    _check_pattern(pattern)
+    _, sizes = _describe(params)
+    if any(n is None for n in sizes):
+        raise ValueError("fragment spans need the parameters' shapes, not only their names.")
+    shapes = [torch.Size([n]) for n in sizes]
+    if pattern != BALANCED:
+        return [span_ops.whole(shapes, group) for group in fragments(params, num_fragments, pattern)]
+    if pieces_per_fragment is None:
+        pieces_per_fragment = max(1, len(layer_units(params)) // max(1, num_fragments))
+    return _balanced(sizes, num_fragments, pieces_per_fragment)
+
+
+def _balanced(sizes: list[int], num_fragments: int, pieces_per_fragment: int) -> list[list[Span]]:
+    total, pieces = sum(sizes), num_fragments * pieces_per_fragment
+    if num_fragments < 1 or pieces_per_fragment < 1 or pieces > total:
+        raise ValueError(f"{num_fragments} fragments of {pieces_per_fragment} pieces need at least {pieces}"
+                         f" parameter elements; this model has {total}: lower [rounds] fragments.")
+    unit = BLOCK if total // BLOCK >= pieces else 1  # tiny models: element cuts, unaligned
+    units_total = total // unit
+    cuts = [(2 * k * units_total + pieces) // (2 * pieces) * unit for k in range(pieces)] + [total]
+    starts = [0]
+    for n in sizes:
+        starts.append(starts[-1] + n)
+    groups: list[list[Span]] = [[] for _ in range(num_fragments)]
+    for k in range(pieces):
+        group = groups[k % num_fragments]
+        for i, n in enumerate(sizes):
+            lo, hi = max(cuts[k], starts[i]), min(cuts[k + 1], starts[i] + n)
+            if lo >= hi:
+                continue
+            if group and group[-1].param == i and group[-1].stop == lo - starts[i]:
+                group[-1] = Span(i, group[-1].start, hi - starts[i])  # adjacent pieces (F = 1) rejoin
+            else:
+                group.append(Span(i, lo - starts[i], hi - starts[i]))
+    return groups
 
 
 def round_fragment(round_no: int, num_fragments: int) -> int:

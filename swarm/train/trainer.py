@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
-from swarm.core import average, fragments
+from swarm.core import average, fragments, spans
 from swarm.core.outer import OuterOptimizer
 from swarm.core.state import GlobalState
 from swarm.core.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
-from swarm.config import RunConfig
+from swarm.config import NESTEROV, RunConfig
 from swarm.train import prefetch, schedule
 from swarm.train.eager_optimizer import inner_adamw
 from swarm.train.data import BatchSampler, check_vocab, eval_loss, load_corpus, shard_index_for_peer
@@ -111,9 +111,17 @@ class LocalTrainer:
         self.throttle: Optional[Callable[[float], None]] = None  # after each step, with its compute seconds
 
         rounds = run.rounds
-        names = [name for name, _ in self.model.named_parameters()]
-        self.fragments: list[list[int]] = fragments.fragments(
-            list(zip(names, shapes)), rounds.fragments, rounds.fragment_pattern)
+        named_shapes = [(name, p.shape) for name, p in self.model.named_parameters()]
+        # What each fragment syncs: element spans of the parameters (whole tensors except with "balanced"),
+        # and the parameters it holds elements of.
+        self.fragment_spans: list[list[spans.Span]] = fragments.fragment_spans(
+            named_shapes, rounds.fragments, rounds.fragment_pattern)
+        self.fragments: list[list[int]] = [sorted({s.param for s in group}) for group in self.fragment_spans]
+        if self.outer.name != NESTEROV and spans.splits_tensors(self.fragment_spans, shapes):
+            raise ValueError(f"[rounds] fragment_pattern = {rounds.fragment_pattern!r} splits tensors between"
+                             f" fragments, which the {self.outer.name} outer optimizer cannot step; use"
+                             " [outer] name = \"nesterov\" or the strided or contiguous pattern.")
+        self._all_spans = spans.whole(shapes, range(len(shapes)))
         # Plain DiLoCo (one fragment, no overlap) restarts every round from θg; streaming peers keep
         # training and replace or mix one fragment at a time when its global value arrives.
         self.streaming = rounds.fragments > 1 or rounds.overlap_steps > 0
@@ -249,23 +257,23 @@ class LocalTrainer:
     def num_fragments(self) -> int:
         return len(self.fragments)
 
-    def _indices(self, fragment: int | None) -> list[int]:
+    def _spans(self, fragment: int | None) -> list[spans.Span]:
         if fragment is None:
-            return list(range(len(self._params)))
+            return self._all_spans
         if not 0 <= fragment < len(self.fragments):
             raise ValueError(f"fragment {fragment} does not exist; this run has {len(self.fragments)}.")
-        return self.fragments[fragment]
+        return self.fragment_spans[fragment]
 
     def _fragment_or_only(self, fragment: int | None) -> int:
         if fragment is None:
             if len(self.fragments) != 1:
                 raise ValueError(f"this run has {len(self.fragments)} fragments; name the one to sync.")
             return 0
-        self._indices(fragment)
+        self._spans(fragment)
         return fragment
 
     def fragment_numel(self, fragment: int | None = None) -> int:
-        return sum(self.global_params[i].numel() for i in self._indices(fragment))
+        return sum(s.numel for s in self._spans(fragment))
 
     def samples_since_sync(self, fragment: int | None = None) -> int:
         """Sequences processed since ``fragment`` last contributed (or since θl was last reset)."""
@@ -274,13 +282,13 @@ class LocalTrainer:
     # ---- outer step ---------------------------------------------------------------------------
 
     def local_params(self, fragment: int | None = None) -> list[torch.Tensor]:
-        return [average.as_cpu_f32(self._params[i]) for i in self._indices(fragment)]
+        """θl over ``fragment``'s spans (default: every parameter), fp32 CPU: whole tensors, or 1-D parts."""
+        return spans.gather(self._params, self._spans(fragment))
 
     def pseudo_gradient(self, fragment: int | None = None) -> torch.Tensor:
-        """Δ = θg − θl over ``fragment``'s parameters (default: all), flattened to one fp32 CPU vector."""
-        indices = self._indices(fragment)
+        """Δ = θg − θl over ``fragment``'s spans (default: all), flattened to one fp32 CPU vector."""
         return average.flatten(average.pseudo_gradient(
-            [self.global_params[i] for i in indices], self.local_params(fragment)))
+            spans.gather(self.global_params, self._spans(fragment)), self.local_params(fragment)))
 
     def take_contribution(self, fragment: int | None = None) -> Contribution:
         """At a sync point: Δ of ``fragment`` (None: the only one) plus its error-feedback residual, and
@@ -319,9 +327,9 @@ class LocalTrainer:
         """The tentative global state of round ``round_no``: an outer step of ``fragment`` (None: every
         parameter) with the averaged Δ̄ over it. The trainer is not changed, so a round that is not
         committed leaves no trace."""
-        indices = self._indices(fragment)
-        deltas = average.unflatten(avg_delta_flat, [self.global_params[i] for i in indices])
-        params, outer_state = self.outer.tentative_step(self.global_params, deltas, indices)
+        fragment_spans = self._spans(fragment)
+        deltas = average.unflatten(avg_delta_flat, spans.gather(self.global_params, fragment_spans))
+        params, outer_state = spans.tentative_step(self.outer, self.global_params, deltas, fragment_spans)
         return GlobalState(round_no, params, outer_state)
 
     def commit(self, state: GlobalState, *, fragment: int | None = None) -> None:
@@ -338,7 +346,7 @@ class LocalTrainer:
         for new, old in zip(state.params, self.global_params):
             if new.shape != old.shape:
                 raise ValueError(f"committed tensor shape {tuple(new.shape)} does not match {tuple(old.shape)}.")
-        indices = self._indices(fragment)  # checks the fragment before anything changes
+        fragment_spans = self._spans(fragment)  # checks the fragment before anything changes
         self.outer.load_state_tensors(state.outer_state)
         self.state = state
         self._steps_since_commit = 0
@@ -347,11 +355,9 @@ class LocalTrainer:
             self.load_global_into_model()
             self._samples_since_sync = [0] * len(self.fragments)
             return
-        merged = fragments.merge_fragment(self.local_params(fragment), [self.global_params[i] for i in indices],
+        merged = fragments.merge_fragment(self.local_params(fragment), spans.gather(self.global_params, fragment_spans),
                                           self.mixing_alpha)
-        with torch.no_grad():
-            for i, value in zip(indices, merged):
-                self._params[i].copy_(value)
+        spans.write(self._params, fragment_spans, merged)
 
     @property
     def global_params(self) -> list[torch.Tensor]:

@@ -233,7 +233,7 @@ def test_the_valid_names_are_the_implemented_ones() -> None:
 
     assert len(set(CODEC_NAMES)) == len(CODEC_NAMES) and set(CODEC_NAMES) == set(CODECS)
     assert list(FRAGMENT_PATTERNS) == list(PATTERNS)
-    shapes = [torch.Size([10])] * 4
+    shapes = [torch.Size([100])] + [torch.Size([10])] * 3  # sizes on which every pattern deals differently
     dealt = {pattern: fragments(shapes, 2, pattern) for pattern in FRAGMENT_PATTERNS}
     assert len({str(groups) for groups in dealt.values()}) == len(FRAGMENT_PATTERNS)  # no name is an alias
     with pytest.raises(ValueError, match="fragment pattern 'random' is unknown"):
