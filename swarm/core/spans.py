@@ -75,12 +75,12 @@ def tentative_step(outer: OuterOptimizer, params: Sequence[torch.Tensor], avg_de
     and its momentum are kept. Untouched parameters and state tensors stay the same objects."""
     partial = [k for k, s in enumerate(spans) if not is_whole(s, params[s.param])]
     full = [k for k, s in enumerate(spans) if is_whole(s, params[s.param])]
+    if partial and outer.name != NESTEROV:
+        raise ValueError(f"outer optimizer {outer.name} cannot step part of a tensor; use the nesterov outer"
+                         " optimizer or a fragment pattern that keeps tensors whole.")
     new_params, new_state = outer.tentative_step(params, [avg_delta[k] for k in full], [spans[k].param for k in full])
     if not partial:
         return new_params, new_state
-    if outer.name != NESTEROV:
-        raise ValueError(f"outer optimizer {outer.name} cannot step part of a tensor; use the nesterov outer"
-                         " optimizer or a fragment pattern that keeps tensors whole.")
     cfg = outer.config
     for k in partial:
         s = spans[k]

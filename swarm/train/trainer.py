@@ -89,6 +89,7 @@ class LocalTrainer:
                 f"[data] seq_len {data.seq_len} exceeds the model context {built.context};"
                 " lower seq_len or set [model] context."
             )
+        self._split_fragments(run)  # before loading the data: a pattern the run cannot use fails at once
         self.corpus = load_corpus(data)
         check_vocab(built.vocab_size, self.corpus)
         self.shard_index = shard_index_for_peer(peer_index, data.num_shards)
@@ -111,17 +112,6 @@ class LocalTrainer:
         self.throttle: Optional[Callable[[float], None]] = None  # after each step, with its compute seconds
 
         rounds = run.rounds
-        named_shapes = [(name, p.shape) for name, p in self.model.named_parameters()]
-        # What each fragment syncs: element spans of the parameters (whole tensors except with "balanced"),
-        # and the parameters it holds elements of.
-        self.fragment_spans: list[list[spans.Span]] = fragments.fragment_spans(
-            named_shapes, rounds.fragments, rounds.fragment_pattern)
-        self.fragments: list[list[int]] = [sorted({s.param for s in group}) for group in self.fragment_spans]
-        if self.outer.name != NESTEROV and spans.splits_tensors(self.fragment_spans, shapes):
-            raise ValueError(f"[rounds] fragment_pattern = {rounds.fragment_pattern!r} splits tensors between"
-                             f" fragments, which the {self.outer.name} outer optimizer cannot step; use"
-                             " [outer] name = \"nesterov\" or the strided or contiguous pattern.")
-        self._all_spans = spans.whole(shapes, range(len(shapes)))
         # Plain DiLoCo (one fragment, no overlap) restarts every round from θg; streaming peers keep
         # training and replace or mix one fragment at a time when its global value arrives.
         self.streaming = rounds.fragments > 1 or rounds.overlap_steps > 0
@@ -142,6 +132,20 @@ class LocalTrainer:
         if self.ranks is None:
             return sampler
         return RankSampler(sampler, rank=self.ranks.rank, world_size=self.ranks.world_size)
+
+    def _split_fragments(self, run: RunConfig) -> None:
+        """What each fragment syncs: element spans of the parameters (whole tensors except with
+        "balanced"), and the parameters it holds elements of."""
+        rounds = run.rounds
+        shapes = [p.shape for p in self.model.parameters()]
+        self.fragment_spans: list[list[spans.Span]] = fragments.fragment_spans(
+            [(name, p.shape) for name, p in self.model.named_parameters()], rounds.fragments, rounds.fragment_pattern)
+        self.fragments: list[list[int]] = [sorted({s.param for s in group}) for group in self.fragment_spans]
+        if run.outer.name != NESTEROV and spans.splits_tensors(self.fragment_spans, shapes):
+            raise ValueError(f"[rounds] fragment_pattern = {rounds.fragment_pattern!r} splits tensors between"
+                             f" fragments, which the {run.outer.name} outer optimizer cannot step; use"
+                             " [outer] name = \"nesterov\" or the strided or contiguous pattern.")
+        self._all_spans = spans.whole(shapes, range(len(shapes)))
 
     # ---- inner loop ---------------------------------------------------------------------------
 
