@@ -99,6 +99,7 @@ max_rounds = 4
 min_peers = 2
 codec = "int8"
 fragments = 2
+fragment_pattern = "balanced"
 overlap_steps = 2
 """
 
@@ -115,7 +116,8 @@ codec = "topk-int4@0.05"
 @pytest.mark.parametrize("config_text, rounds", [(STREAMING_INT8, 4), (SPARSE, 3)], ids=["int8-streaming-overlap",
                                                                                       "topk-all-gather"])
 def test_a_compressed_swarm_matches_the_simulator(swarm, tmp_path, config_text, rounds):
-    """int8 with 2 streaming fragments and overlap (the butterfly), and topk-int4 (the sparse all-gather)."""
+    """int8 with 2 balanced streaming fragments (tensors split between them) and overlap (the butterfly), and
+    topk-int4 (the sparse all-gather)."""
     config = tmp_path / "run.toml"
     config.write_text(config_text)
     swarm.start_coordinator("--config", str(config), "--exit-grace-s", "0")
