@@ -66,6 +66,15 @@ def splits_tensors(spans_by_fragment: Sequence[Sequence[Span]], shapes: Sequence
                for spans in spans_by_fragment for s in spans)
 
 
+def check_outer(outer_name: str, pattern: str, spans_by_fragment: Sequence[Sequence[Span]],
+                shapes: Sequence[torch.Size]) -> None:
+    """ValueError when the fragments split tensors and the outer optimizer cannot step parts of them."""
+    if outer_name != NESTEROV and splits_tensors(spans_by_fragment, shapes):
+        raise ValueError(f"[rounds] fragment_pattern = {pattern!r} splits tensors between fragments, which the"
+                         f" {outer_name} outer optimizer cannot step; use [outer] name = \"nesterov\" or the"
+                         " strided or contiguous pattern.")
+
+
 def tentative_step(outer: OuterOptimizer, params: Sequence[torch.Tensor], avg_delta: Sequence[torch.Tensor],
                    spans: Sequence[Span]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Pure: (new params, new outer state) after one outer step of ``spans`` with ``avg_delta`` (one

@@ -27,7 +27,7 @@ from swarm.core import average, fragments, spans
 from swarm.core.outer import OuterOptimizer
 from swarm.core.state import GlobalState
 from swarm.core.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
-from swarm.config import NESTEROV, RunConfig
+from swarm.config import RunConfig
 from swarm.train import prefetch, schedule
 from swarm.train.eager_optimizer import inner_adamw
 from swarm.train.data import BatchSampler, check_vocab, eval_loss, load_corpus, shard_index_for_peer
@@ -141,10 +141,7 @@ class LocalTrainer:
         self.fragment_spans: list[list[spans.Span]] = fragments.fragment_spans(
             [(name, p.shape) for name, p in self.model.named_parameters()], rounds.fragments, rounds.fragment_pattern)
         self.fragments: list[list[int]] = [sorted({s.param for s in group}) for group in self.fragment_spans]
-        if run.outer.name != NESTEROV and spans.splits_tensors(self.fragment_spans, shapes):
-            raise ValueError(f"[rounds] fragment_pattern = {rounds.fragment_pattern!r} splits tensors between"
-                             f" fragments, which the {run.outer.name} outer optimizer cannot step; use"
-                             " [outer] name = \"nesterov\" or the strided or contiguous pattern.")
+        spans.check_outer(run.outer.name, rounds.fragment_pattern, self.fragment_spans, shapes)
         self._all_spans = spans.whole(shapes, range(len(shapes)))
 
     # ---- inner loop ---------------------------------------------------------------------------
