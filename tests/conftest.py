@@ -1,6 +1,7 @@
 """Shared test fixtures: reap every child process a test started, even when it fails."""
 
 import ctypes
+import os
 import signal
 import sys
 
@@ -25,6 +26,11 @@ def _become_subreaper() -> None:
 
 
 _become_subreaper()
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers share the machine's cores: one torch thread each, or their intra-op threads spin-wait on
+    # each other (tests that need a thread count set it themselves, see one_torch_thread).
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session", autouse=True)
