@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
@@ -31,6 +30,7 @@ from swarm.config import RunConfig
 from swarm.train import prefetch, schedule
 from swarm.train.eager_optimizer import inner_adamw
 from swarm.train.data import BatchSampler, check_vocab, eval_loss, load_corpus, shard_index_for_peer
+from swarm.train.contribution import Contribution, TrainStats
 from swarm.train.initial_state import initial_state
 from swarm.train.inner_step import InnerStep
 from swarm.train.model import model_fingerprint
@@ -41,27 +41,6 @@ if TYPE_CHECKING:
     from swarm.train.sharding import ShardedModel
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainStats:
-    steps: int
-    samples: int  # sequences processed: the weight of this peer's pseudo-gradient
-    tokens: int
-    mean_loss: float  # nats per byte, averaged over the steps; nan for zero steps
-    inner_time_s: float
-
-
-@dataclass
-class Contribution:
-    """What a peer sends for one sync: the flat vector and its weight."""
-
-    fragment: int
-    delta: torch.Tensor  # Δ_f = θg_f − θl_f, plus the error-feedback residual when that is on
-    samples: int  # sequences this peer processed since the fragment's previous sync: the weight
-    # The codec the exchange sent it with, set by the exchange (the round's controller choice); "": the
-    # run's codec. Written on the exchange's thread before ``record_sent`` reads it after the round's future.
-    sent_as: str = ""
 
 
 class LocalTrainer:
@@ -82,8 +61,8 @@ class LocalTrainer:
         self.model, self.loss_fn = built.module.to("cpu" if fsdp else self.device), built.loss
         self.sharded: Optional[ShardedModel] = None  # the shards the ranks train (FSDP)
         if fsdp:  # torch.distributed.fsdp costs every peer ~2 CPU-s of imports: only the FSDP ones pay it
-            from swarm.train.sharding import ShardedModel
-            self.sharded = ShardedModel(self.model, self.device)
+            from swarm.train import sharding
+            self.sharded = sharding.ShardedModel(self.model, self.device)
         if built.context is not None and data.seq_len > built.context:
             raise ValueError(
                 f"[data] seq_len {data.seq_len} exceeds the model context {built.context};"

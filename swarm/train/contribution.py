@@ -1,0 +1,29 @@
+"""What one stretch of inner training yields (``TrainStats``) and what a peer sends for one sync
+(``Contribution``): the values the round runner passes between the trainer and the exchange."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    steps: int
+    samples: int  # sequences processed: the weight of this peer's pseudo-gradient
+    tokens: int
+    mean_loss: float  # nats per byte, averaged over the steps; nan for zero steps
+    inner_time_s: float
+
+
+@dataclass
+class Contribution:
+    """What a peer sends for one sync: the flat vector and its weight."""
+
+    fragment: int
+    delta: torch.Tensor  # Δ_f = θg_f − θl_f, plus the error-feedback residual when that is on
+    samples: int  # sequences this peer processed since the fragment's previous sync: the weight
+    # The codec the exchange sent it with, set by the exchange (the round's controller choice); "": the
+    # run's codec. Written on the exchange's thread before ``record_sent`` reads it after the round's future.
+    sent_as: str = ""
