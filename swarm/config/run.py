@@ -25,7 +25,7 @@ class ConfigError(ValueError):
 
 # Valid names, listed here so that the config stays a leaf: swarm.core.codec.CODECS and
 # swarm.core.fragments.PATTERNS implement exactly these (tests/unit/test_config.py checks they agree).
-CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4", "topk-fp16", "topk-int8", "topk-int4")
+CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4", "sign", "topk-fp16", "topk-int8", "topk-int4")
 FRAGMENT_PATTERNS = ("strided", "contiguous")
 # swarm.core.aggregation.RULES implements exactly these: how a slice's owner combines the group's slices.
 AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -27,6 +27,7 @@ from swarm.core import average, fragments
 from swarm.core.outer import OuterOptimizer
 from swarm.core.state import GlobalState
 from swarm.core.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
+from swarm.core.owner_feedback import OwnerFeedback
 from swarm.config import RunConfig
 from swarm.train import prefetch, schedule
 from swarm.train.data import BatchSampler, check_vocab, eval_loss, load_corpus, shard_index_for_peer
@@ -58,6 +59,10 @@ class Contribution:
     # The codec the exchange sent it with, set by the exchange (the round's controller choice); "": the
     # run's codec. Written on the exchange's thread before ``record_sent`` reads it after the round's future.
     sent_as: str = ""
+    # This peer's residual as a butterfly slice owner for the fragment (never sent): the exchange adds it
+    # to its averaged slice and stages the new one when the codec asks for owner feedback; ``record_sent``
+    # commits it.
+    owner: Optional[OwnerFeedback] = field(default=None, repr=False, compare=False)
 
 
 class LocalTrainer:
@@ -121,6 +126,8 @@ class LocalTrainer:
             [ErrorFeedback(self.fragment_numel(f), rounds.error_feedback_decay) for f in range(len(self.fragments))]
             if rounds.error_feedback else None
         )
+        self.owner_feedback: list[OwnerFeedback] | None = (
+            [OwnerFeedback() for _ in self.fragments] if rounds.error_feedback else None)
         self._samples_since_sync = [0] * len(self.fragments)
 
     def _sampler(self) -> "BatchSampler | RankSampler":
@@ -263,7 +270,8 @@ class LocalTrainer:
         if self.error_feedback is not None:
             delta = self.error_feedback[f].compensate(delta)
         samples, self._samples_since_sync[f] = self._samples_since_sync[f], 0
-        return Contribution(fragment=f, delta=delta, samples=samples)
+        owner = self.owner_feedback[f] if self.owner_feedback is not None else None
+        return Contribution(fragment=f, delta=delta, samples=samples, owner=owner)
 
     def return_contribution(self, contribution: Contribution) -> None:
         """The round ``contribution`` was taken for was voided: nothing of it was applied anywhere, and
@@ -271,6 +279,8 @@ class LocalTrainer:
         carries it again, weighted by all of its samples. (Error feedback was not updated either:
         ``record_sent`` is called when the round commits.)"""
         self._samples_since_sync[contribution.fragment] += contribution.samples
+        if contribution.owner is not None:
+            contribution.owner.discard()
 
     def record_sent(self, contribution: Contribution, codec: Codec | str, parts: int | None = None) -> None:
         """Error feedback: remember what the codec drops from ``contribution.delta`` when it is sent as
@@ -280,6 +290,8 @@ class LocalTrainer:
         whatever encoded them. Call it once the contribution went out; a no-op when error feedback is off."""
         if self.error_feedback is None:
             return
+        if contribution.owner is not None:
+            contribution.owner.commit()
         codec = get_codec(contribution.sent_as or codec)
         feedback = self.error_feedback[contribution.fragment]
         if codec.lossless:
