@@ -138,19 +138,21 @@ def butterfly_reference(
         n = end - start
         decoded = [codec.decode(codec.encode(as_cpu_f32(c[start:end]).contiguous()), n) for c in contributions]
         mean = reduce(decoded, list(weights))
-        averaged.append(reencode(mean, codec, (start, end), owners[i] if owners is not None else None))
+        owner = owners[i] if owners is not None else None
+        averaged.append(codec.decode(owner_encode(codec, mean, (start, end), owner), n))
     return torch.cat(averaged)
 
 
-def reencode(mean: torch.Tensor, codec: Codec, bounds: tuple[int, int], owner: OwnerFeedback | None) -> torch.Tensor:
-    """What every member decodes of an owner's averaged slice ``bounds``: ``mean`` encoded once, with the
-    owner's residual added first when ``owner`` is given and the codec asks for it (its new residual staged)."""
+def owner_encode(codec: Codec, mean: torch.Tensor, bounds: tuple[int, int], owner: OwnerFeedback | None) -> bytes:
+    """The bytes a slice owner sends for its averaged slice ``bounds``: ``mean`` encoded once, with the
+    owner's residual added first when ``owner`` is given and the codec asks for it (its new residual is
+    staged). The simulator (``butterfly_reference``) and the real exchange (``swarm.net``) both call this."""
     if owner is None or not codec.owner_feedback:
-        return codec.decode(codec.encode(mean.contiguous()), mean.numel())
+        return codec.encode(mean.contiguous())
     sent = owner.compensate(bounds, mean).contiguous()
-    decoded = codec.decode(codec.encode(sent), sent.numel())
-    owner.stage(bounds, sent, decoded)
-    return decoded
+    data = codec.encode(sent)
+    owner.stage(bounds, sent, codec.decode(data, sent.numel()))
+    return data
 
 
 def butterfly_bytes_sent(numel: int, group_size: int, codec: Codec | str) -> list[int]:
