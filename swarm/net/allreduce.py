@@ -114,10 +114,8 @@ class Exchange:
         digest vouches for.
 
         on_phase("sending") and on_phase("reducing") are called as the exchange passes those points
-        (fault injection uses them); a number they return is a delay the exchange awaits there.
-
-        ``owner``: this peer's residual as the owner of its slice (``swarm.core.owner_feedback``), used and
-        staged when the codec asks for owner feedback, as ``average.butterfly_reference`` does.
+        (fault injection uses them); a number they return is a delay the exchange awaits there. ``owner``:
+        this peer's residual as its slice's owner (``swarm.core.owner_feedback``; ``average.owner_encode``).
         """
         on_phase = on_phase or (lambda phase: None)
         try:
@@ -130,8 +128,8 @@ class Exchange:
 
     async def _average_or_abort(self, key: str, group: list[Member], me: Member, delta: torch.Tensor,
                                 on_phase: Callable[[str], Optional[float]], timeout_s: float,
-                                shares: Optional[Sequence[float]] = None,
-                                owner: Optional[OwnerFeedback] = None) -> ExchangeResult:
+                                shares: Optional[Sequence[float]] = None, owner: Optional[OwnerFeedback] = None,
+                                ) -> ExchangeResult:
         """_average within timeout_s; on failure tell every groupmate at once (PHASE_ABORT), so they fail
         now instead of waiting out their own timeout for slices that will never come."""
         try:

@@ -126,8 +126,7 @@ class LocalTrainer:
             [ErrorFeedback(self.fragment_numel(f), rounds.error_feedback_decay) for f in range(len(self.fragments))]
             if rounds.error_feedback else None
         )
-        self.owner_feedback: list[OwnerFeedback] | None = (
-            [OwnerFeedback() for _ in self.fragments] if rounds.error_feedback else None)
+        self.owner_feedback = [OwnerFeedback() for _ in self.fragments] if rounds.error_feedback else None
         self._samples_since_sync = [0] * len(self.fragments)
 
     def _sampler(self) -> "BatchSampler | RankSampler":
