@@ -359,6 +359,9 @@ class RoundConfig:
         if self.hierarchical and self.codec.startswith("topk-"):
             raise ConfigError(f"[rounds] codec {self.codec} is exchanged by a flat all-gather; set hierarchical = false"
                               " or choose a dense codec.")
+        if self.hierarchical and self.codec == "sign":
+            raise ConfigError("[rounds] codec sign needs its slice owners' error feedback, which only the flat butterfly"
+                              " keeps; set hierarchical = false or choose int4.")
         if self.eval_every_rounds < 1:
             raise ConfigError("[rounds] eval_every_rounds must be at least 1.")
         for name in ("matchmaking_window_s", "exchange_timeout_s", "round_timeout_s", "report_grace_s"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from swarm.config import RunConfig
+from swarm.config import ConfigError, RunConfig
 from swarm.core.average import butterfly_bytes_sent, butterfly_reference, part_bounds, weighted_average
 from swarm.core.codec import get_codec
 from swarm.core.owner_feedback import OwnerFeedback
@@ -121,3 +121,5 @@ def test_a_sign_run_in_the_simulator_is_consistent_and_uses_the_owners_residual(
     assert without.rounds[0].state_hash == sim.rounds[0].state_hash
     assert without.final_hash != sim.final_hash
     assert RunConfig.from_json('{"rounds": {"codec": "sign"}}').rounds.codec == "sign"
+    with pytest.raises(ConfigError, match="only the flat butterfly keeps; set hierarchical = false"):
+        RunConfig.from_json('{"rounds": {"codec": "sign", "hierarchical": true}}')
