@@ -106,16 +106,16 @@ def test_other_codecs_ignore_owner_feedback():
 
 
 def test_a_sign_run_in_the_simulator_is_consistent_and_uses_the_owners_residual():
-    rounds = dataclasses.replace(RUN.rounds, inner_steps=3, codec="sign")
+    rounds = dataclasses.replace(RUN.rounds, inner_steps=2, codec="sign")
     run = RUN.replace(rounds=rounds).validate()
-    sim = simulate(run, peers=2, rounds=3)
+    sim = simulate(run, peers=2, rounds=2)
     assert sim.consistent and sim.error_feedback
     assert sim.rounds[0].bytes_sent == butterfly_bytes_sent(sim.param_count, 2, SIGN)
     # the owners' residual changes the bits from the second round on
     import swarm.core.sign_codec as sign_codec
     try:
         sign_codec.SignCodec.owner_feedback = False
-        without = simulate(run, peers=2, rounds=3)
+        without = simulate(run, peers=2, rounds=2)
     finally:
         sign_codec.SignCodec.owner_feedback = True
     assert without.rounds[0].state_hash == sim.rounds[0].state_hash
