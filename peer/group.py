@@ -92,7 +92,7 @@ class DhtGroup:
                 on_posted=lambda: self.faults.at(round_no, "matchmaking"),
             )
             dropped_before = self.exchange.rejected_chunks
-            result = self._reduce(round_no, key, group, me, delta, choice)
+            result = self._reduce(round_no, key, group, me, delta, choice, contribution.owner)
         except ExchangeFailed as e:
             raise SyncFailed(str(e)) from e
         self.links.observe(result.links)
@@ -111,7 +111,8 @@ class DhtGroup:
                         upload_mbit_s=self.links.upload_mbit_s, download_mbit_s=self.links.download_mbit_s,
                         rtt_ms=self.links.rtt_ms)
 
-    def _reduce(self, round_no: int, key: str, group: list, me: Member, delta, choice: Optional[pb.RoundChoice]):
+    def _reduce(self, round_no: int, key: str, group: list, me: Member, delta, choice: Optional[pb.RoundChoice],
+                owner=None):
         """The all-reduce: flat with the controller's shares, or in two levels (whose sub-groups cut equal slices:
         the shares size a flat group's slices)."""
         on_phase = lambda phase: self.faults.fire(round_no, phase)  # noqa: E731
@@ -120,7 +121,7 @@ class DhtGroup:
             return self.two_level.average(key=key, group=group, me=me, delta=delta, timeout_s=timeout_s,
                                           on_phase=on_phase)
         return self.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=timeout_s,
-                                     shares=group_shares(choice, group), on_phase=on_phase)
+                                     shares=group_shares(choice, group), on_phase=on_phase, owner=owner)
 
     def post(self, vote: Vote) -> None:
         post_vote(self.transport.dht, self.key(vote.round_no, vote.fragment),

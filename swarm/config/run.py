@@ -25,7 +25,7 @@ class ConfigError(ValueError):
 
 # Valid names, listed here so that the config stays a leaf: swarm.core.codec.CODECS and
 # swarm.core.fragments.PATTERNS implement exactly these (tests/unit/test_config.py checks they agree).
-CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4", "topk-fp16", "topk-int8", "topk-int4")
+CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4", "sign", "topk-fp16", "topk-int8", "topk-int4")
 FRAGMENT_PATTERNS = ("strided", "contiguous", "balanced")
 # swarm.core.aggregation.RULES implements exactly these: how a slice's owner combines the group's slices.
 AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean")
@@ -370,6 +370,9 @@ class RoundConfig:
         if self.hierarchical and self.codec.startswith("topk-"):
             raise ConfigError(f"[rounds] codec {self.codec} is exchanged by a flat all-gather; set hierarchical = false"
                               " or choose a dense codec.")
+        if self.hierarchical and self.codec == "sign":
+            raise ConfigError("[rounds] codec sign needs its slice owners' error feedback, which only the flat butterfly"
+                              " keeps; set hierarchical = false or choose int4.")
         if self.eval_every_rounds < 1:
             raise ConfigError("[rounds] eval_every_rounds must be at least 1.")
         for name in ("matchmaking_window_s", "exchange_timeout_s", "round_timeout_s", "report_grace_s"):

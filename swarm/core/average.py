@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import torch
 
 from swarm.core.codec import Codec, get_codec
+from swarm.core.owner_feedback import OwnerFeedback
 
 _F32 = torch.float32
 
@@ -111,14 +112,17 @@ def butterfly_reference(
     codec: Codec | str,
     parts: int | None = None,
     reduce: Callable[[list[torch.Tensor], list[float]], torch.Tensor] = weighted_average,
+    owners: Sequence[OwnerFeedback | None] | None = None,
 ) -> torch.Tensor:
     """The average a butterfly all-reduce delivers to every member (``swarm.net.allreduce``), computed in one
     process: each contribution is cut into ``parts`` (default: one per contributor) slices aligned to
     the codec's block; every slice goes over the wire encoded, so its owner reduces the decoded slices
     with ``reduce`` (default ``weighted_average``; the exchange's rule, see ``swarm.core.aggregation``)
     in the given (group) order; the owner encodes its averaged slice once and
-    every member decodes those same bytes.  The simulator calls this, so a simulated round and a real
-    one agree bit for bit."""
+    every member decodes those same bytes.  ``owners[i]`` (the owner of slice i, when the codec asks
+    for ``owner_feedback``) adds its residual to the average before that encoding and stages the new one
+    (``swarm.core.owner_feedback``).  The simulator calls this, so a simulated round and a real one
+    agree bit for bit."""
     codec = get_codec(codec)
     if not contributions:
         raise ValueError("butterfly_reference needs at least one contribution.")
@@ -127,13 +131,28 @@ def butterfly_reference(
         if c.dim() != 1 or c.numel() != numel:
             raise ValueError(f"contributions must be 1-D with {numel} elements, got {tuple(c.shape)}.")
     bounds = part_bounds(numel, len(contributions) if parts is None else parts, codec.block)
+    if owners is not None and len(owners) != len(bounds):
+        raise ValueError(f"need one owner feedback (or None) per slice, got {len(owners)} for {len(bounds)} slices.")
     averaged = []
-    for start, end in bounds:
+    for i, (start, end) in enumerate(bounds):
         n = end - start
         decoded = [codec.decode(codec.encode(as_cpu_f32(c[start:end]).contiguous()), n) for c in contributions]
         mean = reduce(decoded, list(weights))
-        averaged.append(codec.decode(codec.encode(mean.contiguous()), n))
+        owner = owners[i] if owners is not None else None
+        averaged.append(codec.decode(owner_encode(codec, mean, (start, end), owner), n))
     return torch.cat(averaged)
+
+
+def owner_encode(codec: Codec, mean: torch.Tensor, bounds: tuple[int, int], owner: OwnerFeedback | None) -> bytes:
+    """The bytes a slice owner sends for its averaged slice ``bounds``: ``mean`` encoded once, with the
+    owner's residual added first when ``owner`` is given and the codec asks for it (its new residual is
+    staged). The simulator (``butterfly_reference``) and the real exchange (``swarm.net``) both call this."""
+    if owner is None or not codec.owner_feedback:
+        return codec.encode(mean.contiguous())
+    sent = owner.compensate(bounds, mean).contiguous()
+    data = codec.encode(sent)
+    owner.stage(bounds, sent, codec.decode(data, sent.numel()))
+    return data
 
 
 def butterfly_bytes_sent(numel: int, group_size: int, codec: Codec | str) -> list[int]:

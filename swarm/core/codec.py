@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from swarm.core.codec_base import BLOCK, Codec
+from swarm.core.sign_codec import SignCodec
 from swarm.core.sparse_codec import VALUE_FORMATS, parse_topk
 
 
@@ -201,6 +202,7 @@ CODECS: dict[str, Codec] = {
     "bf16": BFloat16Codec(),
     "int8": BlockIntCodec("int8", 8),
     "int4": BlockIntCodec("int4", 4),
+    "sign": SignCodec(),  # 1 bit per element (swarm.core.sign_codec)
 }
 # The top-k family (swarm.core.sparse_codec), these names at the default density (1%);
 # ``topk-int4@0.003`` names another density.

@@ -35,6 +35,7 @@ from hivemind.p2p import P2PContext, PeerID
 
 from swarm.core.aggregation import Aggregation
 from swarm.core.codec import get_codec
+from swarm.core.owner_feedback import OwnerFeedback
 from swarm.net.link_probe import LinkProbe
 from swarm.net.chunk_stream import SlicePayload, cancel_all, chunk_messages, settle
 from swarm.net.link_stats import LinkTimings, TransferLog
@@ -104,6 +105,7 @@ class Exchange:
     def average(
         self, *, key: str, group: list[Member], me: Member, delta: torch.Tensor, timeout_s: float,
         on_phase: Optional[Callable[[str], Optional[float]]] = None, shares: Optional[Sequence[float]] = None,
+        owner: Optional[OwnerFeedback] = None,
     ) -> ExchangeResult:
         """Average delta with the group; raises ExchangeFailed unless every slice arrived intact.
 
@@ -112,11 +114,12 @@ class Exchange:
         digest vouches for.
 
         on_phase("sending") and on_phase("reducing") are called as the exchange passes those points
-        (fault injection uses them); a number they return is a delay the exchange awaits there.
+        (fault injection uses them); a number they return is a delay the exchange awaits there. ``owner``:
+        this peer's residual as its slice's owner (``swarm.core.owner_feedback``; ``average.owner_encode``).
         """
         on_phase = on_phase or (lambda phase: None)
         try:
-            return self.transport.run(self._average_or_abort(key, group, me, delta, on_phase, timeout_s, shares),
+            return self.transport.run(self._average_or_abort(key, group, me, delta, on_phase, timeout_s, shares, owner),
                                       timeout_s=timeout_s + ABORT_TIMEOUT_S + 5)
         except (asyncio.TimeoutError, TimeoutError):
             raise ExchangeFailed(f"{key}: the group did not complete the exchange within {timeout_s:.0f}s") from None
@@ -125,11 +128,12 @@ class Exchange:
 
     async def _average_or_abort(self, key: str, group: list[Member], me: Member, delta: torch.Tensor,
                                 on_phase: Callable[[str], Optional[float]], timeout_s: float,
-                                shares: Optional[Sequence[float]] = None) -> ExchangeResult:
+                                shares: Optional[Sequence[float]] = None, owner: Optional[OwnerFeedback] = None,
+                                ) -> ExchangeResult:
         """_average within timeout_s; on failure tell every groupmate at once (PHASE_ABORT), so they fail
         now instead of waiting out their own timeout for slices that will never come."""
         try:
-            return await asyncio.wait_for(self._average(key, group, me, delta, on_phase, shares), timeout_s)
+            return await asyncio.wait_for(self._average(key, group, me, delta, on_phase, shares, owner), timeout_s)
         except (ExchangeFailed, asyncio.TimeoutError, TimeoutError) as e:
             if not isinstance(e, ExchangeFailed) or not e.from_groupmate:
                 reason = str(e) if isinstance(e, ExchangeFailed) else f"no complete exchange within {timeout_s:.0f}s"
@@ -164,7 +168,7 @@ class Exchange:
 
     async def _average(
         self, key: str, group: list[Member], me: Member, delta: torch.Tensor, on_phase: Callable[[str], None],
-        shares: Optional[Sequence[float]] = None,
+        shares: Optional[Sequence[float]] = None, owner: Optional[OwnerFeedback] = None,
     ) -> ExchangeResult:
         started = time.perf_counter()
         codec = get_codec(me.codec)
@@ -186,7 +190,8 @@ class Exchange:
         decoded = await settle(self._decoded(key, group, codec, (digest, exchange_pb2.PHASE_CONTRIBUTION, position),
                                              sender, bounds[position][1] - bounds[position][0]) for sender in range(len(group)))
         await _pause(on_phase("reducing"))
-        averaged, reduced = await asyncio.to_thread(reduce_decoded, self.aggregation, codec, decoded, weights, key)
+        averaged, reduced = await asyncio.to_thread(reduce_decoded, self.aggregation, codec, decoded, weights, key,
+                                                    owner=owner, bounds=bounds[position])
         rejected, clipped = judged(key, group, reduced)
         await self._deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
         sent += sum(await settle(self._send(member, key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)

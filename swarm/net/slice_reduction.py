@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from swarm.core.aggregation import Aggregation, Reduced
-from swarm.core.average import part_bounds
+from swarm.core.average import owner_encode, part_bounds
+from swarm.core.owner_feedback import OwnerFeedback
 from swarm.net.rendezvous import Member
 
 logger = logging.getLogger("swarm.net.allreduce")  # the exchange's log, where these lines always were
@@ -83,10 +84,16 @@ def reduce_slice(aggregation: Aggregation, codec, contributions: list[bytes], we
 
 
 def reduce_decoded(aggregation: Aggregation, codec, decoded: list[torch.Tensor], weights: list[float],
-                   key: str) -> tuple[bytes, Reduced]:
-    """``reduce_slice`` on contributions already decoded (each as it arrived)."""
+                   key: str, *, owner: Optional[OwnerFeedback] = None,
+                   bounds: Optional[tuple[int, int]] = None) -> tuple[bytes, Reduced]:
+    """``reduce_slice`` on contributions already decoded (each as it arrived). With ``owner`` (this
+    peer's residual for its slice ``bounds``) and a codec that asks for owner feedback, the residual is
+    added before encoding and the new one staged (``average.owner_encode``)."""
     reduced = aggregation.reduce(decoded, weights)
-    return encode_slice(codec, reduced.average.contiguous(), key), reduced
+    try:
+        return owner_encode(codec, reduced.average, bounds or (0, 0), owner), reduced
+    except ValueError as e:  # non-finite values: never sent, never applied
+        raise ExchangeFailed(f"{key}: cannot encode this slice ({e})") from None
 
 
 def check_sendable(codec, flat: torch.Tensor, key: str) -> None:

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
+
+from swarm.core.owner_feedback import OwnerFeedback
 
 
 @dataclass(frozen=True)
@@ -27,3 +30,7 @@ class Contribution:
     # The codec the exchange sent it with, set by the exchange (the round's controller choice); "": the
     # run's codec. Written on the exchange's thread before ``record_sent`` reads it after the round's future.
     sent_as: str = ""
+    # This peer's residual as a butterfly slice owner for the fragment (never sent): the exchange adds it
+    # to its averaged slice and stages the new one when the codec asks for owner feedback; ``record_sent``
+    # commits it.
+    owner: Optional[OwnerFeedback] = field(default=None, repr=False, compare=False)

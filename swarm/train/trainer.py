@@ -26,6 +26,7 @@ from swarm.core import average, fragments, spans
 from swarm.core.outer import OuterOptimizer
 from swarm.core.state import GlobalState
 from swarm.core.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
+from swarm.core.owner_feedback import OwnerFeedback
 from swarm.config import RunConfig
 from swarm.train import prefetch, schedule
 from swarm.train.eager_optimizer import inner_adamw
@@ -101,6 +102,7 @@ class LocalTrainer:
             [ErrorFeedback(self.fragment_numel(f), rounds.error_feedback_decay) for f in range(len(self.fragments))]
             if rounds.error_feedback else None
         )
+        self.owner_feedback = [OwnerFeedback() for _ in self.fragments] if rounds.error_feedback else None
         self._samples_since_sync = [0] * len(self.fragments)
 
     def _sampler(self) -> "BatchSampler | RankSampler":
@@ -278,7 +280,8 @@ class LocalTrainer:
         if self.error_feedback is not None:
             delta = self.error_feedback[f].compensate(delta)
         samples, self._samples_since_sync[f] = self._samples_since_sync[f], 0
-        return Contribution(fragment=f, delta=delta, samples=samples)
+        owner = self.owner_feedback[f] if self.owner_feedback is not None else None
+        return Contribution(fragment=f, delta=delta, samples=samples, owner=owner)
 
     def return_contribution(self, contribution: Contribution) -> None:
         """The round ``contribution`` was taken for was voided: nothing of it was applied anywhere, and
@@ -286,6 +289,8 @@ class LocalTrainer:
         carries it again, weighted by all of its samples. (Error feedback was not updated either:
         ``record_sent`` is called when the round commits.)"""
         self._samples_since_sync[contribution.fragment] += contribution.samples
+        if contribution.owner is not None:
+            contribution.owner.discard()
 
     def record_sent(self, contribution: Contribution, codec: Codec | str, parts: int | None = None) -> None:
         """Error feedback: remember what the codec drops from ``contribution.delta`` when it is sent as
@@ -295,6 +300,8 @@ class LocalTrainer:
         whatever encoded them. Call it once the contribution went out; a no-op when error feedback is off."""
         if self.error_feedback is None:
             return
+        if contribution.owner is not None:
+            contribution.owner.commit()
         codec = get_codec(contribution.sent_as or codec)
         feedback = self.error_feedback[contribution.fragment]
         if codec.lossless:

@@ -72,7 +72,8 @@ class Board:
             if self.wire.gathered:  # a sparse codec: every peer decodes all contributions (swarm.core.all_gather)
                 self.averages[round_no] = gather_reference(deltas, weights, self.wire, reduce=reduce)
             else:
-                self.averages[round_no] = butterfly_reference(deltas, weights, self.wire, reduce=reduce) \
+                owners = [c.owner for c in ordered]  # peer i owns slice i
+                self.averages[round_no] = butterfly_reference(deltas, weights, self.wire, reduce=reduce, owners=owners) \
                     if self.plan is None else two_level_reference(deltas, weights, self.plan, self.wire, reduce=reduce)
         in_site, cross_site = self.bytes_sent(contribution.delta.numel())[index]
         self.cross_site_bytes.setdefault(round_no, {})[index] = cross_site

@@ -113,11 +113,21 @@ codec = "topk-int4@0.05"
 """
 
 
-@pytest.mark.parametrize("config_text, rounds", [(STREAMING_INT8, 4), (SPARSE, 3)], ids=["int8-streaming-overlap",
-                                                                                      "topk-all-gather"])
+ONE_BIT = """
+[rounds]
+inner_steps = 10
+max_rounds = 3
+min_peers = 2
+codec = "sign"
+"""
+
+
+@pytest.mark.parametrize("config_text, rounds", [(STREAMING_INT8, 4), (SPARSE, 3), (ONE_BIT, 3)],
+                         ids=["int8-streaming-overlap", "topk-all-gather", "sign-owner-feedback"])
 def test_a_compressed_swarm_matches_the_simulator(swarm, tmp_path, config_text, rounds):
-    """int8 with 2 balanced streaming fragments (tensors split between them) and overlap (the butterfly), and
-    topk-int4 (the sparse all-gather)."""
+    """int8 with 2 balanced streaming fragments (tensors split between them) and overlap (the butterfly),
+    topk-int4 (the sparse all-gather), and the 1-bit sign codec, whose slice owners keep the residual of
+    their re-encoded average across rounds."""
     config = tmp_path / "run.toml"
     config.write_text(config_text)
     swarm.start_coordinator("--config", str(config), "--exit-grace-s", "0")

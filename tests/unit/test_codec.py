@@ -27,6 +27,7 @@ EXPECTED_SIZE = {
     "bf16": lambda n: 2 * n,
     "int8": lambda n: 4 * math.ceil(n / 64) + n,  # an fp32 scale per 64 elements, one byte each
     "int4": lambda n: 4 * math.ceil(n / 64) + math.ceil(n / 2),  # two codes per byte
+    "sign": lambda n: 4 * math.ceil(n / 64) + math.ceil(n / 8),  # an fp32 scale per 64, one bit each
 }
 
 

@@ -20,6 +20,7 @@ from hivemind.utils.timed_storage import get_dht_time
 
 from swarm.core import credential
 from swarm.core.average import butterfly_reference, part_bounds, weighted_average
+from swarm.core.owner_feedback import OwnerFeedback
 from swarm.core.codec import CODECS
 from swarm.core.credential import PeerKey
 from swarm.net.allreduce import MAX_OPEN_KEYS, Exchange, ExchangeFailed, ExchangeResult
@@ -57,10 +58,12 @@ class Peer:
                           ttl_s=60, poll_s=0.05)
 
     def average(self, key: str, me: Member, planned: set[str], delta: torch.Tensor, *,
-                window_s: float = 20.0, timeout_s: float = 30.0) -> tuple[list[Member], ExchangeResult]:
+                window_s: float = 20.0, timeout_s: float = 30.0,
+                owner: OwnerFeedback | None = None) -> tuple[list[Member], ExchangeResult]:
         """The group this peer found and the exchange's result."""
         group = self.group(key, me, planned, window_s=window_s)
-        return group, self.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=timeout_s)
+        return group, self.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=timeout_s,
+                                            owner=owner)
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +158,29 @@ def test_fp16_average_is_bit_identical_on_every_peer_and_close_to_fp32(peers: li
     fp16 = CODECS["fp16"]
     through_wire = [fp16.decode(fp16.encode(d), NUMEL) for d in inputs]
     assert torch.equal(results[0].average, fp16.decode(fp16.encode(weighted_average(through_wire, weights)), NUMEL))
+
+
+def test_sign_owners_keep_their_residual_across_rounds_as_the_simulator_does(peers: list[Peer]) -> None:
+    """1-bit codec: each owner adds what re-encoding its averaged slice lost last round, exactly as
+    ``butterfly_reference`` (the simulator) does with its owners' residuals."""
+    weights = [3.0, 1.0, 2.0]
+    planned = {p.name for p in peers}
+    owners, reference_owners = [OwnerFeedback() for _ in peers], [OwnerFeedback() for _ in peers]
+    members = [p.member(weight=w, codec="sign") for p, w in zip(peers, weights)]
+    for round_no in (20, 21):
+        inputs = deltas(round_no, 3)
+        results = [result for _, result in results_of(concurrently(
+            [lambda p=p, m=m, d=d, o=o: p.average(group_key(RUN_ID, round_no), m, planned, d, owner=o)
+             for p, m, d, o in zip(peers, members, inputs, owners)],
+            timeout_s=60,
+        ))]
+        expected = butterfly_reference(inputs, weights, "sign", owners=reference_owners)
+        for result in results:
+            assert torch.equal(result.average, expected)
+        for owner in owners + reference_owners:
+            owner.commit()
+        assert all(torch.equal(a.residual, b.residual) for a, b in zip(owners, reference_owners))
+    assert [o.bounds for o in owners] == part_bounds(NUMEL, 3, 64)
 
 
 def test_a_planned_peer_that_never_shows_up_is_left_out_after_the_window(peers: list[Peer]) -> None:
