@@ -49,7 +49,7 @@ log = logging.getLogger("bench_quality")
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = ("single", "ddp", "diloco", "streaming", "heterogeneous", "torchft_diloco")
 ROW_KEYS = ("method", "codec", "H", "fragments", "overlap", "eval_loss", "bytes_per_worker",
-            "reduction_vs_ddp", "peak_bytes_per_sync", "wall_s")
+            "reduction_vs_ddp", "peak_bytes_per_sync", "wall_s", "cpu_s")
 
 # ~0.22M parameters in 4 blocks of width 64 ("tiny" is 0.44M in 2 blocks): Streaming DiLoCo with
 # F = 4 needs at least 4 layer units.
@@ -407,7 +407,7 @@ RUNNERS = {"single": run_single, "ddp": run_ddp, "diloco": run_sim, "streaming":
 def run_job(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
     """One row as a plain dict (dicts, not classes, cross the process pool)."""
     torch.set_num_threads(bench.threads)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     row: dict[str, Any] = {"method": job.method, "codec": job.codec, "H": job.H, "fragments": job.fragments,
                            "overlap": job.overlap, "error_feedback": job.error_feedback, "init": job.init}
     try:
@@ -416,6 +416,9 @@ def run_job(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
         row |= {"eval_loss": None, "bytes_per_worker": None, "peak_bytes_per_sync": None,
                 "note": f"skipped: {e}"}
     row["wall_s"] = round(time.perf_counter() - start, 1)
+    # This process's CPU seconds: what the row costs on an idle core, whatever else shares the machine
+    # (torchft's rows run in child processes, which this does not count).
+    row["cpu_s"] = None if job.method == "torchft_diloco" else round(time.process_time() - cpu_start, 1)
     return row
 
 
