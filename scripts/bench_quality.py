@@ -505,7 +505,7 @@ def _reuse_cached(rows: dict[Job, dict], cache: bench_record.RowCache, jobs: lis
     for job in jobs:
         row = cache.get(dataclasses.asdict(job), _start(job, ckpt))
         if row is not None:
-            rows[job] = row | {"note": ((row.get("note") or "") + " (cached row)").strip()}
+            rows[job] = row | {"cached": True}
 
 
 def _finished(progress: RunProgress, rows: dict[Job, dict], job: Job, cache: Optional[bench_record.RowCache],
@@ -525,7 +525,8 @@ def _show_row(progress: RunProgress, rows: dict[Job, dict], job: Job) -> None:
     """A finished row: its line, and the progress over the rows (a bar on a terminal)."""
     row = rows[job]
     line = (f"{job.label}: {row.get('note')}" if row["eval_loss"] is None
-            else f"{job.label}: eval loss {row['eval_loss']:.4f}, {row['wall_s']:.0f} s")
+            else f"{job.label}: eval loss {row['eval_loss']:.4f}, {row['wall_s']:.0f} s"
+            + (" (cached)" if row.get("cached") else ""))
     if progress.live:
         progress.note(line)  # kept above the bar
     progress.update(len(rows), last=line)
