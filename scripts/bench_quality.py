@@ -19,6 +19,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import hashlib
+import inspect
 import json
 import logging
 import multiprocessing
@@ -189,8 +190,7 @@ def warm_checkpoint(bench: Bench) -> Path:
         raise ValueError(f"--workers must be below {run.data.num_shards} (the last shard is the warm-up's).")
     # Everything the checkpoint's bits depend on: a cached one made by other code, another Python's
     # standard library (the corpus), other CPU kernels or thread counts is not reused.
-    env = bench_record.environment(run.data, bench.threads)
-    env["code"] = bench_record.code_digest(with_scripts=False)
+    env = bench_record.environment(run.data, bench.threads, with_scripts=False)
     spec = {"run": run.to_dict(), "shape": MODEL_PRESETS[BENCH_PRESET],
             "warm_steps": bench.warm_steps, "env": env, "version": 2}
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
@@ -449,8 +449,13 @@ def _pool_init(verbose: bool) -> None:
 
 
 def row_cache(bench: Bench) -> bench_record.RowCache:
-    """The finished rows of runs with these settings, this code, corpus, torch, CPU kernels and threads."""
-    env = bench_record.environment(bench.run_config().data, bench.threads)
+    """The finished rows of runs with these settings, this code, corpus, torch, CPU kernels and threads.
+    The code is swarm's layers and this script's functions that compute a row (edits elsewhere in the
+    script, to its flags or tables, do not throw the cached rows away)."""
+    env = bench_record.environment(bench.run_config().data, bench.threads, with_scripts=False)
+    row_code = [Bench.run_config, load_weights, start_from, _model_eval_loss, ring_bytes, *RUNNERS.values(),
+                _torchft_replica]
+    env["row_code"] = hashlib.sha256("".join(inspect.getsource(f) for f in row_code).encode()).hexdigest()[:16]
     return bench_record.RowCache(bench.cache_dir, {"settings": _settings(bench), "env": env})
 
 

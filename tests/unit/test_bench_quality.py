@@ -41,7 +41,9 @@ def test_the_docs_table_is_the_recorded_rows() -> None:
 
 
 def test_check_names_a_row_whose_loss_moved_by_one_ulp() -> None:
-    documented = record_mod.load()["rows"]
+    documented = [{"label": label, "method": method, "eval_loss": loss, "bytes_per_worker": sent}
+                  for label, method, loss, sent in (("ddp fp32 (warm)", "ddp", 1.9257, 1.06e9),
+                                                    ("diloco fp32 H=50 (warm)", "diloco", 1.9568, 2.1e7))]
     measured = copy.deepcopy(documented)
     moved = next(r for r in measured if r["method"] == "ddp")
     moved["eval_loss"] = moved["eval_loss"] * (1 + 2**-52)
