@@ -685,9 +685,10 @@ def record_rows(bench: Bench, rows: list[dict], ckpt: Path, *, command: str) -> 
     log.warning("recorded %d rows in %s", len(rows), bench_record.RECORD_PATH)
 
 
-def check_documented(*, parallel: int, verbose: bool, cache_dir: Path) -> int:
+def check_documented(*, parallel: int, verbose: bool, cache_dir: Path,
+                     record_path: Path = bench_record.RECORD_PATH) -> int:
     """Re-run the documented warm-start rows; 0 when every one reproduces bit for bit, 1 when not."""
-    record = bench_record.load()
+    record = bench_record.load(record_path)
     s = record["settings"]
     bench = Bench(workers=s["workers"], steps=s["steps"], warm_steps=s["warm_steps"], seed=s["seed"],
                   threads=s["threads"], cache_dir=cache_dir, grid=Grid(eval_batches=s["eval_batches"]))
@@ -821,8 +822,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print_tables(tables, goals, stderr=args.json)
     log.warning("total %.0f s", time.perf_counter() - started)
     if args.record and ckpt is not None:
+        args_given = list(sys.argv[1:] if argv is None else argv)
+        if "--cache-dir" in args_given:  # a local path: not part of what the rows depend on
+            at = args_given.index("--cache-dir")
+            del args_given[at:at + 2]
         record_rows(bench, [r for r in rows if r["init"] == "warm"], ckpt,
-                    command="scripts/bench_quality.py " + " ".join(sys.argv[1:] if argv is None else argv))
+                    command="scripts/bench_quality.py " + " ".join(args_given))
     if args.json:
         sys.stdout.write(json.dumps([{k: r.get(k) for k in (*ROW_KEYS, "label", "error_feedback", "note")}
                                      for r in tables[0][1]]) + "\n")
