@@ -676,7 +676,8 @@ def record_rows(bench: Bench, rows: list[dict], ckpt: Path, *, command: str) -> 
     with tempfile.TemporaryDirectory() as tmp:
         pinned = pinned_row(Path(tmp))
     keep = (*ROW_KEYS, "label", "job", "error_feedback", "note")
-    record = {"command": command, "settings": _settings(bench), "environment": bench_record.environment(bench.run_config().data, bench.threads),
+    env = bench_record.environment(bench.run_config().data, bench.threads)
+    record = {"command": command, "settings": _settings(bench), "environment": env,
               "warm_start": {"eval_loss": meta["eval_loss"], "cpu_s": meta.get("cpu_s")},
               "rows": [{k: r.get(k) for k in keep} for r in rows], "pinned": pinned}
     bench_record.write(bench_record.RECORD_PATH, record)
@@ -693,7 +694,8 @@ def check_documented(*, parallel: int, verbose: bool, cache_dir: Path,
     bench = Bench(workers=s["workers"], steps=s["steps"], warm_steps=s["warm_steps"], seed=s["seed"],
                   threads=s["threads"], cache_dir=cache_dir, grid=Grid(eval_batches=s["eval_batches"]))
     torch.set_num_threads(bench.threads)
-    differ = bench_record.bits_differ(record["environment"], bench_record.environment(bench.run_config().data, bench.threads))
+    here = bench_record.environment(bench.run_config().data, bench.threads)
+    differ = bench_record.bits_differ(record["environment"], here)
     if differ:
         sys.stderr.write("cannot compare bit for bit on this machine (" + "; ".join(differ) + "): run"
                          " scripts/bench_quality.py --record here to make its own reference.\n")
@@ -756,6 +758,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         parser.error(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}.")
+    if args.record and (args.quick or args.warm_steps <= 0):
+        parser.error("--record writes the documented warm-start rows: run it without --quick and with --warm-steps > 0.")
     if args.check:
         return check_documented(parallel=args.jobs, verbose=args.verbose, cache_dir=args.cache_dir)
     steps, warm_steps, grid = args.steps, args.warm_steps, FULL_GRID if args.full else Grid()

@@ -53,7 +53,8 @@ def corpus_digest(data_cfg: Any) -> str:
 
 def environment(data_cfg: Any, threads: int, *, with_scripts: bool = True) -> dict[str, Any]:
     """What a row's bits depend on besides its settings: code, corpus, CPU kernels and threads."""
-    return {"code": code_digest(with_scripts=with_scripts), "corpus": corpus_digest(data_cfg), "python": platform.python_version(),
+    return {"code": code_digest(with_scripts=with_scripts), "corpus": corpus_digest(data_cfg),
+            "python": platform.python_version(),
             "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "threads": threads}
 
