@@ -3,13 +3,14 @@ data-parallel training, DiLoCo (fp32, fp16, int8, int4 + error feedback), Stream
 heterogeneous peers and torchft's DiLoCo: same model, data, seeds and inner steps per worker, on CPU.
 
     scripts/bench_setup.sh                                # optional: torchft, the external reference
-    .venv/bin/python scripts/bench_quality.py             # the full run; --quick: a smoke run
-    .venv/bin/python scripts/bench_quality.py --methods ddp,diloco --json
+    .venv/bin/python scripts/bench_quality.py --json      # the documented rows; --quick: a smoke run
+    .venv/bin/python scripts/bench_quality.py --full      # + fp16/int8, sparse codecs, from scratch
+    .venv/bin/python scripts/bench_quality.py --check     # do the documented rows still reproduce?
 
 As in the DiLoCo paper, every method continues from one checkpoint trained by a single worker
-(cached under .bench_cache/); a second table repeats the fp32 rows from scratch. Swarm's rows run
-in its simulator (swarm.train.sim), which calls the peer daemon's functions. docs/BENCHMARKS.md has the
-results and how to read them.
+(cached under .bench_cache/); with --full a second table repeats the fp32 rows from scratch. Swarm's
+rows run in its simulator (swarm.train.sim), which calls the peer daemon's functions.
+docs/BENCHMARKS.md has the results and how to read them; docs/bench_quality.json pins them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import hashlib
+import inspect
 import json
 import logging
 import multiprocessing
@@ -33,6 +35,7 @@ from typing import Any, Optional, Sequence
 import torch
 from rich.console import Console
 
+import bench_quality_record as bench_record
 from swarm.app.run_progress import RunProgress
 from swarm.core import average
 from swarm.core.fragments import fragments as split_fragments
@@ -49,7 +52,7 @@ log = logging.getLogger("bench_quality")
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = ("single", "ddp", "diloco", "streaming", "heterogeneous", "torchft_diloco")
 ROW_KEYS = ("method", "codec", "H", "fragments", "overlap", "eval_loss", "bytes_per_worker",
-            "reduction_vs_ddp", "peak_bytes_per_sync", "wall_s")
+            "reduction_vs_ddp", "peak_bytes_per_sync", "wall_s", "cpu_s")
 
 # ~0.22M parameters in 4 blocks of width 64 ("tiny" is 0.44M in 2 blocks): Streaming DiLoCo with
 # F = 4 needs at least 4 layer units.
@@ -65,11 +68,18 @@ class Grid:
     """Which rows run, and at which H (inner steps per full sync)."""
 
     h_values: tuple[int, ...] = (10, 50, 100, 200)  # fp32 DiLoCo, warm and from scratch
-    codecs: tuple[str, ...] = ("fp16", "int8", "int4")  # with error feedback
+    codecs: tuple[str, ...] = ("int4",)  # with error feedback (fp16 and int8 land within 0.03% of fp32)
     codec_h: tuple[int, ...] = (50, 100, 200)
     # (lr, momentum) of the codec rows' outer Nesterov step, one row each (None: the run's)
     codec_outers: tuple[Optional[tuple[float, float]], ...] = (None,)
     ef_decays: tuple[float, ...] = (1.0,)  # error-feedback decay β of the codec rows, one row each
+    # Sparse codecs with SparseLoCo's settings: error feedback decayed by β and a plain outer step
+    # (lr 1, no momentum: with momentum they end worse than they started).
+    sparse_codecs: tuple[str, ...] = ()
+    sparse_h: tuple[int, ...] = (25, 50, 100)
+    sparse_outer: tuple[float, float] = (1.0, 0.0)
+    sparse_ef_decay: float = 0.95
+    scratch: bool = False  # the from-scratch table
     reference_h: int = 50  # heterogeneous, torchft DiLoCo, and the DDP target
     stream_h: int = 100  # Streaming DiLoCo (F divides it) and torchft's streaming row
     fragments: int = 4
@@ -79,8 +89,11 @@ class Grid:
     eval_batches: int = 32  # 32 x 8 windows of 128 bytes from the held-out split
 
 
+FULL_GRID = Grid(codecs=("fp16", "int8", "int4"), sparse_codecs=("topk-int4@0.01", "topk-int4@0.03", "topk-int4@0.1"),
+                 scratch=True)
 QUICK_GRID = Grid(h_values=(10,), codecs=("int4",), codec_h=(10,), reference_h=10, stream_h=20, overlap=2,
-                  torchft_streaming=False, eval_batches=4)
+                  sparse_codecs=("topk-int4@0.1",), sparse_h=(10,), torchft_streaming=False, eval_batches=4,
+                  scratch=True)
 QUICK_STEPS = 20
 
 
@@ -143,6 +156,9 @@ def plan(bench: Bench, methods: Sequence[str], *, init: str) -> list[Job]:
         if init == "warm":
             jobs += [Job(method="diloco", init=init, codec=codec, H=h, error_feedback=True, ef_decay=beta, outer=outer)
                      for codec in g.codecs for h in g.codec_h for beta in g.ef_decays for outer in g.codec_outers]
+            jobs += [Job(method="diloco", init=init, codec=codec, H=h, error_feedback=True,
+                         ef_decay=g.sparse_ef_decay, outer=g.sparse_outer)
+                     for codec in g.sparse_codecs for h in g.sparse_h]
     if init == "warm":
         if "streaming" in methods:
             jobs += [Job(method="streaming", init=init, H=g.stream_h, fragments=g.fragments, overlap=tau)
@@ -156,7 +172,7 @@ def plan(bench: Bench, methods: Sequence[str], *, init: str) -> list[Job]:
     for job in jobs:
         if job.H is not None and bench.steps % job.H:
             raise ValueError(f"--steps {bench.steps} is not a multiple of H={job.H}; use a multiple of 200.")
-    return jobs
+    return list(dict.fromkeys(jobs))  # a row asked for twice (e.g. by --codecs and the sparse sweep) runs once
 
 
 # ---- the shared starting point ----------------------------------------------------------------
@@ -173,8 +189,11 @@ def warm_checkpoint(bench: Bench) -> Path:
     run = bench.run_config()
     if bench.workers >= run.data.num_shards:
         raise ValueError(f"--workers must be below {run.data.num_shards} (the last shard is the warm-up's).")
+    # Everything the checkpoint's bits depend on: a cached one made by other code, another Python's
+    # standard library (the corpus), other CPU kernels or thread counts is not reused.
+    env = bench_record.environment(run.data, bench.threads, with_scripts=False)
     spec = {"run": run.to_dict(), "shape": MODEL_PRESETS[BENCH_PRESET],
-            "warm_steps": bench.warm_steps, "torch": torch.__version__, "version": 1}
+            "warm_steps": bench.warm_steps, "env": env, "version": 2}
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     weights_path = bench.cache_dir / f"warm-{key}.safetensors"
     meta_path = weights_path.with_suffix(".json")
@@ -186,7 +205,7 @@ def warm_checkpoint(bench: Bench) -> Path:
     bench.cache_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(bench.threads)
     log.info("warm start: training one worker for %d steps (cached afterwards)", bench.warm_steps)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     trainer = LocalTrainer(run, peer_index=run.data.num_shards - 1)
     stats = trainer.train(bench.warm_steps)
     weights = {name: p.detach().clone().contiguous() for name, p in trainer.model.named_parameters()}
@@ -195,7 +214,8 @@ def warm_checkpoint(bench: Bench) -> Path:
     save_file(weights, str(tmp))
     os.replace(tmp, weights_path)  # a run killed mid-write leaves no half checkpoint behind
     meta = spec | {"eval_loss": loss, "train_loss": stats.mean_loss, "shard": trainer.shard_index,
-                   "seconds": round(time.perf_counter() - start, 1)}
+                   "seconds": round(time.perf_counter() - start, 1),
+                   "cpu_s": round(time.process_time() - cpu_start, 1)}
     meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     log.info("warm start: eval loss %.4f after %d steps (%.0f s)", loss, bench.warm_steps, meta["seconds"])
     return weights_path
@@ -412,15 +432,19 @@ RUNNERS = {"single": run_single, "ddp": run_ddp, "diloco": run_sim, "streaming":
 def run_job(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
     """One row as a plain dict (dicts, not classes, cross the process pool)."""
     torch.set_num_threads(bench.threads)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     row: dict[str, Any] = {"method": job.method, "codec": job.codec, "H": job.H, "fragments": job.fragments,
-                           "overlap": job.overlap, "error_feedback": job.error_feedback, "init": job.init}
+                           "overlap": job.overlap, "error_feedback": job.error_feedback, "init": job.init,
+                           "label": job.label, "job": dataclasses.asdict(job)}
     try:
         row |= RUNNERS[job.method](bench, job, ckpt if job.init == "warm" else None)
     except RowSkipped as e:
         row |= {"eval_loss": None, "bytes_per_worker": None, "peak_bytes_per_sync": None,
                 "note": f"skipped: {e}"}
     row["wall_s"] = round(time.perf_counter() - start, 1)
+    # This process's CPU seconds: what the row costs on an idle core, whatever else shares the machine
+    # (torchft's rows run in child processes, which this does not count).
+    row["cpu_s"] = None if job.method == "torchft_diloco" else round(time.process_time() - cpu_start, 1)
     return row
 
 
@@ -429,14 +453,32 @@ def _pool_init(verbose: bool) -> None:
     log.setLevel(logging.INFO)
 
 
-def run_rows(bench: Bench, jobs: list[Job], *, parallel: int, verbose: bool) -> tuple[list[dict], Optional[Path]]:
+def row_cache(bench: Bench) -> bench_record.RowCache:
+    """The finished rows of runs with these settings, this code, corpus, torch, CPU kernels and threads.
+    The code is swarm's layers and this script's functions that compute a row (edits elsewhere in the
+    script, to its flags or tables, do not throw the cached rows away)."""
+    env = bench_record.environment(bench.run_config().data, bench.threads, with_scripts=False)
+    row_code = [Bench.run_config, load_weights, start_from, _model_eval_loss, ring_bytes, *RUNNERS.values(),
+                _torchft_replica]
+    env["row_code"] = hashlib.sha256("".join(inspect.getsource(f) for f in row_code).encode()).hexdigest()[:16]
+    key = {"settings": _settings(bench), "env": env}
+    if bench.grid.fragment_pattern != "strided":  # the streaming rows' split (strided: the keys made before it)
+        key["fragment_pattern"] = bench.grid.fragment_pattern
+    return bench_record.RowCache(bench.cache_dir, key)
+
+
+def run_rows(bench: Bench, jobs: list[Job], *, parallel: int, verbose: bool,
+             cache: Optional[bench_record.RowCache] = None) -> tuple[list[dict], Optional[Path]]:
     """Runs ``jobs`` and returns their rows in ``jobs`` order, and the warm-start checkpoint.
 
     The simulator's rows run in a pool of ``parallel`` one-thread processes: the from-scratch rows
     start at once while the warm-start checkpoint trains (when it is not cached yet), the warm rows
     once it exists. torchft's rows run alone afterwards: each starts one process per worker.
+    A row ``cache`` holds is not run again; each row finished is stored there at once.
     """
     rows: dict[Job, dict] = {}
+    if cache is not None:
+        _reuse_cached(rows, cache, [j for j in jobs if j.init == "scratch"], None)
     warm = [j for j in jobs if j.init == "warm"]
     with RunProgress(len(jobs), what="rows", console=Console(stderr=True)) as progress, \
             concurrent.futures.ProcessPoolExecutor(
@@ -445,23 +487,45 @@ def run_rows(bench: Bench, jobs: list[Job], *, parallel: int, verbose: bool) -> 
     ) as pool:
         ckpt: Optional[Path] = None
         ckpt_future = pool.submit(warm_checkpoint, bench) if warm else None
-        pending = {pool.submit(run_job, bench, j, None): j for j in _pool_order(jobs, "scratch")}
+        pending = {pool.submit(run_job, bench, j, None): j for j in _pool_order(jobs, "scratch") if j not in rows}
         while pending or ckpt_future is not None:
             waiting = [*pending] + ([ckpt_future] if ckpt_future is not None else [])
             done, _ = concurrent.futures.wait(waiting, return_when=concurrent.futures.FIRST_COMPLETED)
             for fut in done:
                 if fut is ckpt_future:
                     ckpt, ckpt_future = fut.result(), None
-                    pending |= {pool.submit(run_job, bench, j, ckpt): j for j in _pool_order(jobs, "warm")}
+                    if cache is not None:
+                        _reuse_cached(rows, cache, warm, ckpt)
+                    pending |= {pool.submit(run_job, bench, j, ckpt): j for j in _pool_order(jobs, "warm")
+                                if j not in rows}
                 else:
                     job = pending.pop(fut)
                     rows[job] = fut.result()
-                    _show_row(progress, rows, job)
+                    _finished(progress, rows, job, cache, ckpt)
         for job in jobs:
-            if job.method == "torchft_diloco":
+            if job.method == "torchft_diloco" and job not in rows:
                 rows[job] = run_job(bench, job, ckpt if job.init == "warm" else None)
-                _show_row(progress, rows, job)
+                _finished(progress, rows, job, cache, ckpt)
     return [rows[j] for j in jobs], ckpt
+
+
+def _start(job: Job, ckpt: Optional[Path]) -> Optional[str]:
+    """What a row starts from, for the row cache: the warm checkpoint's name (its key) or None."""
+    return ckpt.name if job.init == "warm" and ckpt is not None else None
+
+
+def _reuse_cached(rows: dict[Job, dict], cache: bench_record.RowCache, jobs: list[Job], ckpt: Optional[Path]) -> None:
+    for job in jobs:
+        row = cache.get(dataclasses.asdict(job), _start(job, ckpt))
+        if row is not None:
+            rows[job] = row | {"cached": True}
+
+
+def _finished(progress: RunProgress, rows: dict[Job, dict], job: Job, cache: Optional[bench_record.RowCache],
+              ckpt: Optional[Path]) -> None:
+    if cache is not None and rows[job]["eval_loss"] is not None:
+        cache.put(dataclasses.asdict(job), _start(job, ckpt), rows[job])
+    _show_row(progress, rows, job)
 
 
 def _pool_order(jobs: list[Job], init: str) -> list[Job]:
@@ -474,7 +538,8 @@ def _show_row(progress: RunProgress, rows: dict[Job, dict], job: Job) -> None:
     """A finished row: its line, and the progress over the rows (a bar on a terminal)."""
     row = rows[job]
     line = (f"{job.label}: {row.get('note')}" if row["eval_loss"] is None
-            else f"{job.label}: eval loss {row['eval_loss']:.4f}, {row['wall_s']:.0f} s")
+            else f"{job.label}: eval loss {row['eval_loss']:.4f}, {row['wall_s']:.0f} s"
+            + (" (cached)" if row.get("cached") else ""))
     if progress.live:
         progress.note(line)  # kept above the bar
     progress.update(len(rows), last=line)
@@ -590,6 +655,75 @@ def print_tables(tables: list[tuple[str, list[dict]]], goals: list[tuple[str, Op
     console.print(goal_table)
 
 
+# ---- the documented rows: recorded, pinned, checked -----------------------------------------
+
+# A row short enough for a unit test (a few CPU seconds), pinned bit for bit in docs/bench_quality.json.
+PINNED_JOB = Job(method="diloco", init="warm", H=5)
+
+
+def pinned_row(cache_dir: Path) -> dict[str, Any]:
+    """The pinned short row: 10 warm-up steps, then 2 workers x 10 steps of DiLoCo at H = 5 (2 syncs)."""
+    bench = Bench(workers=2, steps=10, warm_steps=10, seed=0, threads=1, cache_dir=cache_dir,
+                  grid=Grid(eval_batches=2))
+    ckpt = warm_checkpoint(bench)
+    row = run_job(bench, PINNED_JOB, ckpt)
+    return {"label": row["label"], "warm_eval_loss": json.loads(ckpt.with_suffix(".json").read_text())["eval_loss"],
+            "eval_loss": row["eval_loss"], "bytes_per_worker": row["bytes_per_worker"]}
+
+
+def _settings(bench: Bench) -> dict[str, Any]:
+    return {"workers": bench.workers, "steps": bench.steps, "warm_steps": bench.warm_steps, "seed": bench.seed,
+            "threads": bench.threads, "eval_batches": bench.grid.eval_batches}
+
+
+def record_rows(bench: Bench, rows: list[dict], ckpt: Path, *, command: str) -> None:
+    """docs/bench_quality.json from this run's warm rows, and the docs table regenerated from it."""
+    import tempfile
+
+    meta = json.loads(ckpt.with_suffix(".json").read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        pinned = pinned_row(Path(tmp))
+    keep = (*ROW_KEYS, "label", "job", "error_feedback", "note")
+    env = bench_record.environment(bench.run_config().data, bench.threads)
+    record = {"command": command, "settings": _settings(bench), "environment": env,
+              "warm_start": {"eval_loss": meta["eval_loss"], "cpu_s": meta.get("cpu_s")},
+              "rows": [{k: r.get(k) for k in keep} for r in rows], "pinned": pinned}
+    bench_record.write(bench_record.RECORD_PATH, record)
+    if not bench_record.update_docs(record):
+        log.warning("docs/BENCHMARKS.md has no generated-table markers; the table was not updated")
+    log.warning("recorded %d rows in %s", len(rows), bench_record.RECORD_PATH)
+
+
+def check_documented(*, parallel: int, verbose: bool, cache_dir: Path,
+                     record_path: Path = bench_record.RECORD_PATH) -> int:
+    """Re-run the documented warm-start rows; 0 when every one reproduces bit for bit, 1 when not."""
+    record = bench_record.load(record_path)
+    s = record["settings"]
+    bench = Bench(workers=s["workers"], steps=s["steps"], warm_steps=s["warm_steps"], seed=s["seed"],
+                  threads=s["threads"], cache_dir=cache_dir, grid=Grid(eval_batches=s["eval_batches"]))
+    torch.set_num_threads(bench.threads)
+    here = bench_record.environment(bench.run_config().data, bench.threads)
+    differ = bench_record.bits_differ(record["environment"], here)
+    if differ:
+        sys.stderr.write("cannot compare bit for bit on this machine (" + "; ".join(differ) + "): run"
+                         " scripts/bench_quality.py --record here to make its own reference.\n")
+        return 2
+    jobs = [Job(**(r["job"] | {"outer": tuple(r["job"]["outer"]) if r["job"]["outer"] else None}))
+            for r in record["rows"]]
+    rows, ckpt = run_rows(bench, jobs, parallel=parallel, verbose=verbose)  # no row cache: run them all
+    bad, unchecked = bench_record.compare(record["rows"], rows)
+    warm = json.loads(ckpt.with_suffix(".json").read_text())["eval_loss"] if ckpt else None
+    if warm != record["warm_start"]["eval_loss"]:
+        bad.insert(0, f"warm start: eval loss {warm!r} (documented {record['warm_start']['eval_loss']!r})")
+    for line in bad:
+        sys.stderr.write(f"DIFFERS: {line}\n")
+    for label in unchecked:
+        sys.stderr.write(f"not compared: {label}\n")
+    sys.stderr.write(f"{len(rows) - len(unchecked) - len(bad)} of {len(record['rows'])} documented rows reproduce"
+                     " bit for bit" + ("" if not bad else "; the docs or the code need updating") + ".\n")
+    return 1 if bad else 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description="Held-out loss against bytes sent: DDP, DiLoCo, codecs,"
                                      " Streaming DiLoCo, heterogeneous workers, torchft.",
@@ -600,7 +734,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="single-worker steps of the shared warm-start checkpoint (0: only from scratch)")
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     parser.add_argument("--codecs", help="comma-separated codecs of the DiLoCo codec sweep, with error feedback"
-                        " (default fp16,int8,int4; 'none' skips the sweep)")
+                        " (default int4; with --full fp16,int8,int4; 'none' skips the sweep)")
     parser.add_argument("--codec-h", help="comma-separated H of the codec sweep (default 50,100,200)")
     parser.add_argument("--h-values", help="comma-separated H of the fp32 DiLoCo rows (default 10,50,100,200;"
                         " 'none' skips them)")
@@ -610,7 +744,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         " (default 1: no decay), one row each")
     parser.add_argument("--fragment-pattern", default="strided", choices=FRAGMENT_PATTERNS,
                         help="[rounds] fragment_pattern of the streaming rows (default strided)")
-    parser.add_argument("--no-scratch", action="store_true", help="skip the from-scratch table")
+    parser.add_argument("--no-scratch", action="store_true", help="skip the from-scratch table (of --full, --quick)")
+    parser.add_argument("--full", action="store_true", help="every row: also fp16 and int8, the sparse codecs"
+                        " (topk-int4 at 1/3/10%% density, H = 25/50/100) and the from-scratch table")
+    parser.add_argument("--check", action="store_true", help="re-run the rows docs/bench_quality.json documents and"
+                        " compare their eval loss bit for bit (exit 1 when one differs); other row flags are ignored")
+    parser.add_argument("--fresh", action="store_true", help="run every row, also those an earlier run with this"
+                        " code and these settings left in the cache")
+    parser.add_argument("--record", action="store_true", help="write this run's warm-start rows to"
+                        " docs/bench_quality.json and regenerate docs/BENCHMARKS.md's table from it")
     parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run of every row kind")
     parser.add_argument("--jobs", type=int, default=2, help="rows run at once, one process each (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
@@ -626,7 +768,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         parser.error(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}.")
-    steps, warm_steps, grid = args.steps, args.warm_steps, Grid()
+    if args.record and (args.quick or args.warm_steps <= 0):
+        parser.error("--record writes the documented warm-start rows: run it without --quick and with --warm-steps > 0.")
+    if args.check:
+        return check_documented(parallel=args.jobs, verbose=args.verbose, cache_dir=args.cache_dir)
+    steps, warm_steps, grid = args.steps, args.warm_steps, FULL_GRID if args.full else Grid()
     if args.quick:
         steps, warm_steps, grid = QUICK_STEPS, min(warm_steps, QUICK_STEPS), QUICK_GRID
     if args.codecs is not None:
@@ -670,10 +816,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   threads=args.threads, cache_dir=args.cache_dir, grid=grid)
     torch.set_num_threads(bench.threads)
     started = time.perf_counter()
-    inits = (["warm"] if warm_steps > 0 else []) + ([] if args.no_scratch and warm_steps > 0 else ["scratch"])
+    scratch = warm_steps == 0 or (grid.scratch and not args.no_scratch)
+    inits = (["warm"] if warm_steps > 0 else []) + (["scratch"] if scratch else [])
     try:
         jobs = [job for init in inits for job in plan(bench, methods, init=init)]
-        rows, _ = run_rows(bench, jobs, parallel=args.jobs, verbose=args.verbose)
+        rows, ckpt = run_rows(bench, jobs, parallel=args.jobs, verbose=args.verbose,
+                              cache=None if args.fresh else row_cache(bench))
     except ValueError as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
@@ -688,8 +836,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     goals = targets(tables[0][1], bench) if tables and inits[0] == "warm" else []
     print_tables(tables, goals, stderr=args.json)
     log.warning("total %.0f s", time.perf_counter() - started)
+    if args.record and ckpt is not None:
+        args_given = list(sys.argv[1:] if argv is None else argv)
+        if "--cache-dir" in args_given:  # a local path: not part of what the rows depend on
+            at = args_given.index("--cache-dir")
+            del args_given[at:at + 2]
+        record_rows(bench, [r for r in rows if r["init"] == "warm"], ckpt,
+                    command="scripts/bench_quality.py " + " ".join(args_given))
     if args.json:
-        sys.stdout.write(json.dumps([{k: r.get(k) for k in (*ROW_KEYS, "error_feedback", "note")}
+        sys.stdout.write(json.dumps([{k: r.get(k) for k in (*ROW_KEYS, "label", "error_feedback", "note")}
                                      for r in tables[0][1]]) + "\n")
     return 0
 
