@@ -10,7 +10,7 @@ then one multiplication), so a sender gets the same bytes on every machine; deco
 A butterfly slice owner re-encodes the averaged slice with this codec too, which loses about as much
 as the first encoding: ``Codec.owner_feedback`` asks it to keep that residual for its next round
 (``swarm.core.owner_feedback``). Run it with a plain outer step (lr 1, momentum 0): with the outer
-momentum the late re-sent residuals are repeated for many rounds (docs/COMPRESSION_NOTES.md).
+momentum the late re-sent residuals are repeated for many rounds (docs/BENCHMARKS.md, "Dense 1-bit with error feedback").
 """
 
 from __future__ import annotations
