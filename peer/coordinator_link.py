@@ -176,11 +176,24 @@ class CoordinatorLink:
             decision = self.decide_by_group(vote, request, e)
             if decision is not None:
                 return decision
+            self.report_backlog_first()
             self.call(lambda: self.client.report_round(request), f"report round {round_no}")
         self.faults.at(round_no, "reported")
         fallback = lambda error: self.decide_by_group(vote, request, error)  # noqa: E731
         info = self.await_decision(round_no, fallback=fallback)
         return info if isinstance(info, Decision) else self._decision(round_no, info)
+
+    def report_backlog_first(self) -> None:
+        """Before waiting for the coordinator's decision on this round, let it hear the rounds the group decided
+        without it: back but behind the group, it cannot reach this round until it has decided those, and a
+        member waiting here would otherwise hold them back until the coordinator gave up on the group's
+        reports (a chaos soak saw it commit a lone restarted peer's round instead, and the group resync).
+        The entries stay in the backlog: ``peer.backlog`` reports them again (a late report is ignored) and
+        checks every decision against the group's."""
+        for entry in list(self.backlog):
+            number = entry.request.round
+            self.call(lambda: self.client.report_round(entry.request), f"report round {number}")  # noqa: B023
+            self.await_decision(number)
 
     def decide_by_group(self, vote: Vote, request: pb.ReportRoundRequest, error: Exception) -> Optional[Decision]:
         decided = self.group_decision(vote)
