@@ -93,7 +93,9 @@ def test_a_link_slowed_while_it_runs_takes_the_new_rate(testbed: Testbed) -> Non
     testbed.set_rate("h0", up_mbit=100, down_mbit=100)
     restored = send(testbed, "h0", "h1", 5_000_000)["mbit_s"]
     print(f"slowed to 10 Mbit/s: {slowed:.1f}; restored to 100: {restored:.1f}")
-    assert 9.0 <= slowed <= 11.0 and restored >= 70, (slowed, restored)
+    # the change takes effect: ~10 Mbit/s, not 100 (a 1.6 s transfer includes TCP's recovery from the token
+    # bucket's first drops, which measured 8.4 once on the idle machine; the rate's accuracy is the test above's)
+    assert 8.0 <= slowed <= 11.0 and restored >= 70, (slowed, restored)
 
 
 def test_the_delay_proxy_adds_its_one_way_latency(testbed: Testbed) -> None:
