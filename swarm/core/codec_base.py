@@ -60,5 +60,13 @@ class Codec(abc.ABC):
                 f" expected {self.encoded_size(max(numel, 0))}; the payload is truncated or not this codec."
             )
 
+    def _block_scales(self, data: bytes, numel: int) -> np.ndarray:
+        """The fp32 scales that head ``data``, one per ``block`` elements; ValueError when one is negative or
+        not finite (``encode`` never writes such a scale)."""
+        scales = np.frombuffer(data, dtype="<f4", count=-(-numel // self.block))
+        if not (np.isfinite(scales).all() and (scales >= 0).all()):
+            raise ValueError(f"codec {self.name}: a block scale is negative or not finite; the payload is corrupt.")
+        return scales
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"

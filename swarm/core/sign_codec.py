@@ -58,10 +58,8 @@ class SignCodec(Codec):
 
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
         self._check_length(data, numel)
-        nb = self._num_blocks(numel)
-        scales = np.frombuffer(data, dtype="<f4", count=nb)
-        if not (np.isfinite(scales).all() and (scales >= 0).all()):
-            raise ValueError(f"codec {self.name}: a block scale is negative or not finite; the payload is corrupt.")
+        scales = self._block_scales(data, numel)
+        nb = scales.size
         packed = np.frombuffer(data, dtype=np.uint8, offset=4 * nb)
         bits = np.unpackbits(packed, bitorder="little")
         if bits[numel:].any():
