@@ -12,7 +12,6 @@ import lock, and the DHT process runs only hivemind code its starting thread imp
 from __future__ import annotations
 
 import concurrent.futures
-import importlib
 import logging
 import os
 import threading
@@ -22,9 +21,6 @@ from typing import Callable, Optional, TypeVar
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Modules worth importing while the join waits on the network. torch._dynamo was (torch.optim imports it at
-# the first optimizer step, ~1.3 CPU-s) until the trainer stopped needing it (swarm.train.eager_optimizer).
-WARM_MODULES: tuple[str, ...] = ()
 
 
 def seconds_since_launch() -> Optional[float]:
@@ -39,14 +35,6 @@ def seconds_since_launch() -> Optional[float]:
         return None
 
 
-def _import_quietly(names: tuple[str, ...]) -> None:
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except Exception as e:  # the trainer build imports it again and reports any real problem
-            logger.debug("warm-up import of %s failed: %s", name, e)
-
-
 def result_or_none(future: "Optional[concurrent.futures.Future[T]]", timeout_s: float) -> Optional[T]:
     """What an overlapped task returned, waiting at most ``timeout_s``; None if it failed or is still running."""
     if future is None:
@@ -55,13 +43,6 @@ def result_or_none(future: "Optional[concurrent.futures.Future[T]]", timeout_s: 
         return future.result(timeout=timeout_s)
     except BaseException:  # noqa: BLE001  its failure was the start's, already reported there
         return None
-
-
-def warm_imports(names: tuple[str, ...] = WARM_MODULES) -> threading.Thread:
-    """Start importing ``names`` in a daemon thread."""
-    thread = threading.Thread(target=_import_quietly, args=(names,), name="swarm-warm-imports", daemon=True)
-    thread.start()
-    return thread
 
 
 class StartupClock:
@@ -76,10 +57,9 @@ class StartupClock:
         self._warming: list[threading.Thread] = []
 
     def warm(self, *tasks: Callable[[], None]) -> None:
-        """Start the warm-up imports and ``tasks`` in daemon threads (nobody waits for them)."""
-        self._warming = [warm_imports()] + [threading.Thread(target=task, name="swarm-warm-up", daemon=True)
-                                            for task in tasks]
-        for thread in self._warming[1:]:
+        """Start ``tasks`` in daemon threads (nobody waits for them)."""
+        self._warming = [threading.Thread(target=task, name="swarm-warm-up", daemon=True) for task in tasks]
+        for thread in self._warming:
             thread.start()
 
     @staticmethod

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from peer.identity import fresh_libp2p_identity, make_spare_libp2p_identity
-from peer.startup import StartupClock, seconds_since_launch, warm_imports
+from peer.startup import StartupClock, seconds_since_launch
 from swarm.net.libp2p_identity import IDENTITY_FILE, SPARE_FILE, Libp2pIdentity
 
 pytestmark = pytest.mark.timeout(30)
@@ -28,12 +28,6 @@ def test_the_summary_names_every_step_and_adds_up_to_the_time_since_launch():
     launched = seconds_since_launch()
     assert launched is not None and 0 < launched < 3600  # this test process started moments ago
     assert clock.since_launch() >= sum(seconds for _, seconds in clock.steps)
-
-
-def test_a_module_that_cannot_be_imported_only_costs_the_warm_up():
-    thread = warm_imports(("json", "no_such_module_for_swarm"))
-    thread.join(timeout=10)
-    assert not thread.is_alive() and "json" in sys.modules
 
 
 def test_a_restart_takes_the_spare_identity_the_start_before_made_and_never_reuses_one(tmp_path):
