@@ -28,12 +28,10 @@ def expected_identity(run_spec_json: str) -> RunIdentity:
 
 def with_data_fingerprint(run: RunConfig) -> RunConfig:
     """``run`` with ``[data] fingerprint`` computed from the coordinator's copy of the data; a pinned one is kept
-    when the coordinator lacks the files, and must agree when it has them. Text as bytes has none."""
-    if run.data.kind == "bytes":
-        return run
+    when the coordinator lacks the files, and must agree when it has them."""
     try:
         mine = data_fingerprint(run.data)
-    except (ConfigError, OSError) as e:
+    except (ConfigError, OSError, ValueError) as e:  # ValueError: text files that are gone or empty
         if run.data.fingerprint:
             logger.info("data: the coordinator cannot read it (%s); peers must match the pinned fingerprint %s",
                         e, run.data.fingerprint[:16])

@@ -29,6 +29,7 @@ class ByteCorpus:
 
     train: torch.Tensor
     eval: torch.Tensor
+    digest: str = ""  # SHA-256 of the bytes read (train then eval): what the data fingerprint of text as bytes hashes
     vocab_size = 256  # one token per byte
     min_vocab_size = 256
 
@@ -54,7 +55,8 @@ def _load_cached(source: str, max_bytes: Optional[int], eval_fraction: float) ->
         raise ValueError(f"data source {source!r} holds no bytes; point it at non-empty text files.")
     data = torch.frombuffer(buf, dtype=torch.uint8).clone()
     n_eval = max(1, round(len(data) * eval_fraction))
-    corpus = ByteCorpus(train=data[: len(data) - n_eval], eval=data[len(data) - n_eval :])
+    corpus = ByteCorpus(train=data[: len(data) - n_eval], eval=data[len(data) - n_eval :],
+                        digest=hashlib.sha256(buf).hexdigest())
     log.info(
         "corpus %s: %d files read, %d train bytes, %d eval bytes",
         source, files_read, corpus.train.numel(), corpus.eval.numel(),

@@ -2,8 +2,12 @@
 
 Token files: each file's size and the SHA-256 of its first and last MiB (cheap on terabytes, and any
 re-tokenization or reordering changes it), plus the token dtype. Text with a tokenizer: the hash of the text
-and the tokenizer (the cache key of the tokenized file). Text as bytes: none (it stays as it always was).
+and the tokenizer (the cache key of the tokenized file). Text as bytes: the hash of the bytes read (at most
+``max_bytes``, 8 MB by default: ~10 ms), which the peer reads anyway.
 The coordinator fills ``[data] fingerprint`` in from its copy of the files; each peer checks its own against it.
+The built-in corpus (``source = "stdlib"``: the Python standard library's files) differs between Python builds
+(3.11.7 and Debian's 3.11.2 hold different files), so a peer on another build is warned, not refused: it trains
+on Python source all the same, but its shards and eval split are not the run's.
 
     python -m swarm.train.data_fingerprint RUN.toml    # print it (to pin it when the coordinator lacks the files)
 """
@@ -11,10 +15,14 @@ The coordinator fills ``[data] fingerprint`` in from its copy of the files; each
 from __future__ import annotations
 
 import hashlib
+import logging
+import platform
 import sys
 from pathlib import Path
 
 from swarm.config import ConfigError, DataConfig, load_run_config
+
+logger = logging.getLogger(__name__)
 
 EDGE_BYTES = 1 << 20
 
@@ -29,12 +37,15 @@ def _file_digest(path: Path, digest: "hashlib._Hash") -> None:
 
 
 def data_fingerprint(cfg: DataConfig) -> str:
-    """The fingerprint of ``cfg``'s data as this machine has it ("" for text as bytes)."""
+    """The fingerprint of ``cfg``'s data as this machine has it."""
     from swarm.train.data_tokens import token_files
 
-    if cfg.kind == "bytes":
-        return ""
     digest = hashlib.sha256(f"swarm-data-v1:{cfg.kind}\0".encode())
+    if cfg.kind == "bytes":
+        from swarm.train.data import ByteCorpus
+
+        digest.update(ByteCorpus.load(cfg).digest.encode())
+        return digest.hexdigest()
     if cfg.kind == "tokens":
         digest.update(cfg.token_dtype.encode())
         for path in token_files(cfg.tokens):
@@ -52,12 +63,19 @@ def data_fingerprint(cfg: DataConfig) -> str:
 
 
 def check_fingerprint(cfg: DataConfig) -> None:
-    """ConfigError when the run pins a fingerprint and this machine's data has another."""
+    """ConfigError when the run pins a fingerprint and this machine's data has another (for the built-in
+    corpus a warning: see the module's docstring)."""
     if not cfg.fingerprint:
         return
     mine = data_fingerprint(cfg)
-    if mine != cfg.fingerprint:
-        what = f"[data] tokens {cfg.tokens!r}" if cfg.kind == "tokens" else f"[data] source {cfg.source!r} with tokenizer {cfg.tokenizer!r}"
+    if mine != cfg.fingerprint and cfg.kind == "bytes" and cfg.source == "stdlib":
+        logger.warning("this peer's built-in corpus (the standard library of Python %s) differs from the run's"
+                       " (fingerprint %s, the run's %s): it trains on other shards and its eval losses are not"
+                       " comparable; for an exact run give every machine the same text files ([data] source = PATH).",
+                       platform.python_version(), mine[:16], cfg.fingerprint[:16])
+    elif mine != cfg.fingerprint:
+        what = (f"[data] tokens {cfg.tokens!r}" if cfg.kind == "tokens" else f"[data] source {cfg.source!r}"
+                + (f" with tokenizer {cfg.tokenizer!r}" if cfg.tokenizer else ""))
         raise ConfigError(f"this peer's data (fingerprint {mine[:16]}) differs from the run's ({cfg.fingerprint[:16]});"
                           f" give it the same files as the coordinator's ({what}).")
 
@@ -68,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m swarm.train.data_fingerprint RUN.toml", file=sys.stderr)
         return 2
     try:
-        print(data_fingerprint(load_run_config(args[0]).data) or "(text as bytes: no fingerprint)")
+        print(data_fingerprint(load_run_config(args[0]).data))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
