@@ -42,7 +42,7 @@ def data_fingerprint(cfg: DataConfig) -> str:
 
     digest = hashlib.sha256(f"swarm-data-v1:{cfg.kind}\0".encode())
     if cfg.kind == "bytes":
-        from swarm.train.data import ByteCorpus
+        from swarm.train.byte_corpus import ByteCorpus
 
         digest.update(ByteCorpus.load(cfg).digest.encode())
         return digest.hexdigest()

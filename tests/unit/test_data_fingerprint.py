@@ -11,7 +11,8 @@ import pytest
 
 from coordinator.run_identity import with_data_fingerprint
 from swarm.config import ConfigError, RunConfig
-from swarm.train.data import _load_cached, load_corpus
+from swarm.train.byte_corpus import _load_cached
+from swarm.train.data import load_corpus
 
 pytestmark = pytest.mark.timeout(60)
 
