@@ -15,6 +15,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
+from coordinator.run_identity import with_data_fingerprint
 from coordinator.server import JOIN_STRING_FILE, CoordinatorServer, serve
 from swarm.app.cli import main as cli_main
 from swarm.control import tls
@@ -92,7 +93,7 @@ def test_bad_token_is_rejected_and_the_server_keeps_serving(server: CoordinatorS
         key = PeerKey.generate()
         response = honest.join(key=key, libp2p=libp2p_identity(), name="honest", site="lab", device="cpu")
     assert response.peer_id == key.peer_id
-    assert response.run_spec_json == RUN.to_json()
+    assert response.run_spec_json == with_data_fingerprint(RUN).to_json()  # the spec with the data pinned
     assert response.dht_initial_peers and response.dht_initial_peers[0].startswith("/ip4/127.0.0.1/tcp/")
     assert "/p2p/" in response.dht_initial_peers[0]
     assert (response.lease_s, response.heartbeat_interval_s) == (15.0, 2.0)

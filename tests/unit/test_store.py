@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.engine import CoordinatorEngine
+from coordinator.run_identity import with_data_fingerprint
 from coordinator.records import COMMITTED, OPEN, READY, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
 from coordinator.store import SCHEMA_VERSION, STORE_FILE, Store
 from swarm.config import ConfigError, RoundConfig, RunConfig
@@ -117,7 +118,7 @@ def test_a_restart_may_send_the_logs_elsewhere(tmp_path: Path) -> None:
     moved = RunConfig().replace(logging=LoggingConfig(tensorboard=str(tmp_path / "tb")))
     restarted = CoordinatorEngine(Store.in_dir(tmp_path), config=moved)
     assert restarted.config.logging.tensorboard == str(tmp_path / "tb")
-    assert restarted.run.run_spec_json == moved.to_json(), "peers that join now are told the new log dir"
+    assert restarted.run.run_spec_json == with_data_fingerprint(moved).to_json(), "peers that join now are told the new log dir"
     restarted._store.close()
 
 
