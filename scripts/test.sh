@@ -13,6 +13,6 @@ if [ $# -gt 0 ]; then
   exec "${PYTEST[@]}" "$@"
 fi
 status=0
-"${PYTEST[@]}" -n "${SWARM_TEST_WORKERS:-3}" -m "not serial" || status=$?
+"${PYTEST[@]}" -n "${SWARM_TEST_WORKERS:-3}" -m "not serial" --durations=25 || status=$?
 "${PYTEST[@]}" -m serial || status=$((status ? status : $?))
 exit "$status"

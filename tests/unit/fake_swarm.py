@@ -130,6 +130,8 @@ class FakeNet:
         self.codecs: dict[tuple, dict[str, str]] = {}  # key -> peer id -> the codec it sent with
         self.links: Callable[[str, int], tuple[float, float]] = lambda peer_id, round_no: (math.nan, math.nan)
         self.transports = 0
+        self.drop_votes_from: Optional[int] = None  # votes of this round and later are lost (never stored)
+        self.dropped: dict[int, set[str]] = {}  # round -> peers whose vote was lost
 
     def transport(self, peer_id: str) -> FakeTransport:
         with self.cond:
@@ -171,6 +173,10 @@ class FakeNet:
 
     def post(self, key: tuple, peer_id: str, dht_id: str, vote: Vote) -> None:
         with self.cond:
+            if self.drop_votes_from is not None and key[0] >= self.drop_votes_from:
+                self.dropped.setdefault(key[0], set()).add(peer_id)
+                self.cond.notify_all()
+                return
             self.votes.setdefault(key, {})[peer_id] = (vote, dht_id)
             self.cond.notify_all()
 

@@ -80,6 +80,29 @@ def test_a_coordinator_outage_is_bridged_by_group_decisions_that_it_confirms_aft
     assert committed_hash(coordinator, 4) == a.trainer.state.state_hash
 
 
+def test_back_after_an_outage_the_coordinator_hears_the_groups_rounds_before_the_one_its_votes_could_not_decide(tmp_path):
+    """The group decides rounds by its votes while the coordinator is down; then a round's votes are lost, so
+    the members must wait for the coordinator, which comes back behind them. They report the rounds the group
+    decided first (``report_backlog_first``): the coordinator confirms those, then decides the waiting round —
+    nothing voided, nobody resyncs. Reporting only the waiting round would leave the coordinator waiting for
+    the older rounds' reports, which the members send only after (a chaos soak's deadlock: it voided them)."""
+    coordinator, parts = swarm(RUN.replace(rounds=RoundConfig(inner_steps=2, max_rounds=8, min_peers=2)))
+    a, b = start(parts, tmp_path, "a"), start(parts, tmp_path, "b")
+    wait_until(lambda: committed(coordinator) >= 1, what="round 1")
+    coordinator.down.set()
+    lost = committed(coordinator) + 3  # two rounds decided by the group, then one whose votes are lost
+    parts.net.drop_votes_from = lost
+    wait_until(lambda: parts.net.dropped.get(lost) == {a.daemon_.peer_id, b.daemon_.peer_id}, what=f"both votes of round {lost} lost")
+    # the group's rounds, not yet heard (a member that missed round 1's decision holds that one too)
+    assert all(p.daemon_.link.backlog[-1].request.round == lost - 1 for p in (a, b))
+    coordinator.down.clear()
+    assert finish(a, b) == [0, 0]
+    assert a.trainer.state.state_hash == b.trainer.state.state_hash and a.trainer.round_no == 8
+    run = coordinator.status().run
+    assert (run.rounds_committed, run.rounds_voided) == (8, 0)
+    assert not any(PeerState.SYNCING in p.states for p in (a, b))  # no decision contradicted the group's
+
+
 def test_a_late_joiner_downloads_the_committed_state_and_takes_part(tmp_path):
     # 30 rounds of 2 steps: enough that the late peer's sync (and its 1 s back-off) lands before the run ends,
     # also on a loaded machine (with 12 it sometimes did not, and the peer never took part)
