@@ -20,6 +20,7 @@ from hivemind.utils.multiaddr import Multiaddr
 
 from coordinator.limits import parse_dht_maddr
 from swarm.net.p2p_address import maddr
+from swarm.net.relay import Allowed, RelayNode
 from swarm.net.transport import exit_with_parent
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class DHTNode:
         self._previous_port = previous_port  # with port 0: the one the previous start bound, tried first
         self._announce_host = announce_host
         self._dht: Optional[hivemind.DHT] = None
+        self.relay: Optional[RelayNode] = None
         self.initial_peers: list[str] = []
         self.port = 0  # bound, known after start()
 
@@ -135,7 +137,16 @@ class DHTNode:
             return
         logger.info("DHT node reconnected to %d of the %d peers it knew", reached, len(peers))
 
+    def start_relay(self, allowed: Allowed) -> None:
+        """Forward streams between members that cannot dial each other (``swarm.net.relay``); ``allowed``
+        says whether a libp2p id is one of the run's live members."""
+        assert self._dht is not None
+        self.relay = RelayNode(self._dht, allowed)
+
     def stop(self) -> None:
+        if self.relay is not None:
+            self.relay.stop()
+            self.relay = None
         if self._dht is not None:
             self._dht.shutdown()
             self._dht = None

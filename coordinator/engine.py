@@ -244,6 +244,11 @@ class CoordinatorEngine:
         with self._lock:
             return [m for p in self._peers.values() if p.alive for m in p.metrics.dht_maddrs]
 
+    def is_live_member(self, dht_peer_id: str) -> bool:
+        """Whether a libp2p id is a live member's (proven at its join): the relay forwards between those only."""
+        with self._lock:
+            return any(p.alive and p.dht_peer_id == dht_peer_id for p in self._peers.values())
+
     # --- internals ------------------------------------------------------------------------------
 
     @contextlib.contextmanager

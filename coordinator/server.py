@@ -118,6 +118,7 @@ class CoordinatorServer:
                                                   run_id=self.engine.run.run_id)],
             )
             initial_peers = self._dht.start(bootstrap=self.engine.peer_dht_addresses())
+            self._dht.start_relay(self.engine.is_live_member)  # for members behind NAT on both ends
             self._grpc = grpc.server(
                 ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="coordinator-rpc"),
                 options=[

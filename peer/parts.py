@@ -90,6 +90,9 @@ class PeerParts:
             logger.error("%s could not join the DHT through %s for %.0fs; check that the coordinator is running "
                          "and that this machine can reach its DHT port", tag, initial_peers, options.join_timeout_s)
             raise PeerExit(2)
+        from swarm.net.relay import use_relay
+
+        transport.relay = transport.run(use_relay(transport.p2p, initial_peers), timeout_s=30)
         visible = transport.visible_maddrs
         logger.info("%s listening on %s, reachable for groupmates at %s", tag, address.listen_host, ", ".join(visible))
         if only_loopback(visible) and not is_loopback(options.join.host):

@@ -67,25 +67,33 @@ def _wait_all(procs: list[subprocess.Popen], timeout_s: float) -> None:
 
 
 def section_nat(args: argparse.Namespace) -> dict:
-    """tests/integration/test_nat.py's run: a coordinator on h0, bare peers on h1 and behind NAT."""
+    """tests/integration/test_nat.py's run: a coordinator on h0, bare peers on h1 and behind two NATs (nat, nat1:
+    routers of their own, so those two reach each other only through the coordinator's relay)."""
     work = Path(tempfile.mkdtemp(prefix="bench-nat-"))
     procs: list[subprocess.Popen] = []
-    with Testbed(make_topology(hosts=2, nat_host=True, prefix=PREFIX)) as bed:
+    hosts = ("h1", "nat", "nat1")
+    with Testbed(make_topology(hosts=2, nat_hosts=2, prefix=PREFIX)) as bed:
         try:
-            coordinator, join = _coordinator(bed, work, TWO_PEER_RUN, work / "coordinator.log", grace_s=0)
+            config = TWO_PEER_RUN.replace("min_peers = 2", f"min_peers = {len(hosts)}")
+            coordinator, join = _coordinator(bed, work, config, work / "coordinator.log", grace_s=0)
             procs.append(coordinator)
-            procs += [_peer(bed, host, work, join, []) for host in ("h1", "nat")]
+            procs += [_peer(bed, host, work, join, []) for host in hosts]
             _wait_all(procs[1:], 120)
         finally:
             for proc in procs:
                 kill_family(proc)
-    committed = dict(re.findall(r"r(\d+)\] committed, hash ([0-9a-f]+)", (work / "nat.log").read_text(errors="replace")))
     decided = re.findall(r"round (\d+): committed: \d+ of \d+ group members agree on ([0-9a-f]+)",
                          (work / "coordinator.log").read_text(errors="replace"))
     last = max(decided, key=lambda d: int(d[0])) if decided else None
-    on_hash = bool(last and committed.get(last[0], "").startswith(last[1]))
-    return {"rounds_joined": len(committed), "rounds_committed": len(decided), "on_committed_hash": on_hash,
-            "logs": str(work)}
+    out: dict = {"rounds_committed": len(decided), "logs": str(work)}
+    for host in ("nat", "nat1"):
+        log = (work / f"{host}.log").read_text(errors="replace")
+        committed = dict(re.findall(r"r(\d+)\] committed, hash ([0-9a-f]+)", log))
+        key = "" if host == "nat" else f"_{host}"
+        out[f"rounds_joined{key}"] = len(committed)
+        out[f"on_committed_hash{key}"] = bool(last and committed.get(last[0], "").startswith(last[1]))
+        out[f"relayed{key}"] = "through the coordinator's relay" in log
+    return out
 
 
 def _status(bed: Testbed, join: str) -> dict | None:

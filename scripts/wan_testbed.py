@@ -48,7 +48,8 @@ def up(args: argparse.Namespace) -> int:
 def _topology(args: argparse.Namespace):
     sites = args.sites.split(",") if args.sites is not None else None
     return make_topology(hosts=args.hosts, mbit=args.mbit, up_mbit=args.up_mbit, down_mbit=args.down_mbit,
-                         nat_host=args.nat_host, prefix=args.prefix, sites=sites, cross_site_mbit=args.cross_site_mbit)
+                         nat_host=args.nat_host, nat_hosts=getattr(args, "nat_hosts", 0), prefix=args.prefix,
+                         sites=sites, cross_site_mbit=args.cross_site_mbit)
 
 
 def rate(args: argparse.Namespace) -> int:
@@ -127,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--down-mbit", type=float, help="download rate, overriding --mbit")
     p.add_argument("--nat-host", action="store_true", help="also a host 'nat' behind a router that admits no "
                                                              "inbound connection")
+    p.add_argument("--nat-hosts", type=int, default=0, help="that many NAT hosts (nat, nat1, ...), each behind a "
+                                                           "router of its own")
     p.add_argument("--sites", help="one site label per host, comma-separated (empty: none), e.g. ,a,a,b,b")
     p.add_argument("--cross-site-mbit", type=float, help="rate each way between hosts of different sites")
     p.set_defaults(handler=up)
@@ -138,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=int, default=3, help="as given to 'up' (needed with --sites)")
     p.add_argument("--sites", help="as given to 'up': keeps the host's cross-site class")
     p.add_argument("--nat-host", action="store_true", help="as given to 'up'")
+    p.add_argument("--nat-hosts", type=int, default=0, help="as given to 'up'")
     p.set_defaults(handler=rate)
     sub.add_parser("down", help="remove everything the testbed created").set_defaults(handler=down)
     sub.add_parser("status", help="the hosts, their addresses and rates").set_defaults(handler=status)
@@ -152,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=0, help="port to listen on (0: any; the proxy prints it)")
     p.set_defaults(handler=proxy)
     args = parser.parse_args(argv)
-    reason = missing_privileges(nat=args.action == "up" and args.nat_host)
+    reason = missing_privileges(nat=args.action == "up" and (args.nat_host or args.nat_hosts > 0))
     if reason:
         print(f"wan_testbed: {reason}", file=sys.stderr)
         return 2

@@ -115,6 +115,7 @@ class Transport:
         self._thread.start()
         self.p2p = self.run(self.dht.replicate_p2p(), timeout_s=start_timeout_s)
         self.peer_id = str(self.p2p.peer_id)
+        self.relay: Any = None  # swarm.net.relay.RelayClient once the peer installs it
 
     @property
     def visible_maddrs(self) -> list[str]:

@@ -1,7 +1,8 @@
-"""A peer behind NAT (the testbed's `nat` host: MASQUERADE, nothing inbound) joins with the bare
-`swarm peer --join STRING --device cpu` beside a public peer, and both commit every round and end on the
-same model. No port forwarding, no relay: the NAT peer dials its groupmates itself, and libp2p carries
-their slices back over those connections (a groupmate never needs to dial it)."""
+"""Two peers behind NAT (the testbed's `nat` and `nat1` hosts, each behind a MASQUERADE router of its own that
+admits nothing inbound) join with the bare `swarm peer --join STRING --device cpu` beside a public peer; all
+three commit every round and end on the same model. No port forwarding, no VPN: a NAT peer dials the public
+groupmate itself, and libp2p carries that groupmate's slices back over the connection; the two NAT peers can dial
+neither way, so their slices go through the coordinator's relay (swarm.net.relay)."""
 
 from __future__ import annotations
 
@@ -17,17 +18,18 @@ from swarm.app.testbed import Testbed, make_topology, missing_privileges
 from swarm.train.final_model import tensors_digest
 from tests.integration.harness import TWO_PEER_RUN, kill_family, read_join_string
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+PEERS = ("h1", "nat", "nat1")
 PREFIX = "swnat-"  # every namespace of this test; teardown removes only these
 
 
 
-def _nat_holds(bed: Testbed) -> bool:
-    """h1 cannot reach the NAT host at all (a refused connection would mean it can, on a closed port)."""
+def _nat_holds(bed: Testbed, source: str, target: str) -> bool:
+    """``source`` cannot reach ``target`` at all (a refused connection would mean it can, on a closed port)."""
     probe = (f"import socket\ns = socket.socket(); s.settimeout(2)\n"
-             f"try: s.connect(({bed.address('nat')!r}, 9)); print('reached')\n"
+             f"try: s.connect(({bed.address(target)!r}, 9)); print('reached')\n"
              f"except ConnectionRefusedError: print('reached')\nexcept OSError: print('unreachable')")
-    return bed.run("h1", [sys.executable, "-c", probe], capture_output=True, text=True,
+    return bed.run(source, [sys.executable, "-c", probe], capture_output=True, text=True,
                    timeout=20).stdout.strip() == "unreachable"
 
 
@@ -36,19 +38,20 @@ def bed():
     why = missing_privileges(nat=True)
     if why:
         pytest.skip(why)
-    with Testbed(make_topology(hosts=2, nat_host=True, prefix=PREFIX)) as made:
+    with Testbed(make_topology(hosts=2, nat_hosts=2, prefix=PREFIX)) as made:
         yield made
 
 
-def test_bare_peer_behind_nat_commits_every_round_and_ends_on_the_committed_model(bed, tmp_path):
+def test_bare_peers_behind_two_nats_commit_every_round_through_the_relay_and_end_on_the_committed_model(bed, tmp_path):
     config = tmp_path / "run.toml"
-    config.write_text(TWO_PEER_RUN)
+    config.write_text(TWO_PEER_RUN.replace("min_peers = 2", f"min_peers = {len(PEERS)}"))
     # one torch thread per process: three share this machine's cores (the CLI stays the bare command)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    assert _nat_holds(bed), "h1 can reach the NAT host: the testbed's NAT is not in place"
+    for source, target in (("h1", "nat"), ("nat", "nat1"), ("nat1", "nat")):
+        assert _nat_holds(bed, source, target), f"{source} can reach {target}: the testbed's NAT is not in place"
     procs: list[subprocess.Popen] = []
-    logs = {name: tmp_path / f"{name}.log" for name in ("coordinator", "h1", "nat")}
+    logs = {name: tmp_path / f"{name}.log" for name in ("coordinator", *PEERS)}
     try:
         with open(logs["coordinator"], "wb") as err:
             procs.append(bed.spawn("h0", [sys.executable, "-m", "swarm.app.cli", "coordinator", "--config",
@@ -56,29 +59,31 @@ def test_bare_peer_behind_nat_commits_every_round_and_ends_on_the_committed_mode
                                           "--state-dir", str(tmp_path / "coordinator"), "--exit-grace-s", "0"],
                                    cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=err))
         join = read_join_string(procs[0], timeout_s=30)
-        for host in ("h1", "nat"):  # the README's bare command, each in a directory of its own
+        for host in PEERS:  # the README's bare command, each in a directory of its own
             (tmp_path / host).mkdir()
             with open(logs[host], "wb") as out:
                 procs.append(bed.spawn(host, [sys.executable, "-m", "swarm.app.cli", "peer", "--join", join,
                                               "--device", "cpu"], cwd=tmp_path / host, env=env, stdout=out,
                                        stderr=subprocess.STDOUT))
-        for host, proc in zip(("h1", "nat"), procs[1:]):
+        for host, proc in zip(PEERS, procs[1:]):
             try:
-                code = proc.wait(timeout=70)
+                code = proc.wait(timeout=90)
             except subprocess.TimeoutExpired:
                 code = None
             assert code == 0, f"{host}'s peer exited with {code}:\n{logs[host].read_text(errors='replace')[-4000:]}"
         hashes = {}
-        for host in ("h1", "nat"):
+        for host in PEERS:
             log = logs[host].read_text(errors="replace")
             committed = dict(re.findall(r"r(\d+)\] committed, hash ([0-9a-f]+)", log))
             assert set(committed) == {"1", "2"}, f"{host} committed rounds {sorted(committed)}:\n{log[-3000:]}"
             hashes[host] = committed["2"]
         coordinator_log = logs["coordinator"].read_text(errors="replace")
-        assert f"round 2: committed: 2 of 2 group members agree on {hashes['nat'][:12]}" in coordinator_log
-        assert hashes["h1"] == hashes["nat"]
-        finals = [tmp_path / host / "swarm-peer" / "final" / "model.safetensors" for host in ("h1", "nat")]
-        assert tensors_digest(finals[0]) == tensors_digest(finals[1]), "the peers ended on different models"
+        assert f"round 2: committed: 3 of 3 group members agree on {hashes['nat'][:12]}" in coordinator_log
+        assert len(set(hashes.values())) == 1, hashes
+        for host in ("nat", "nat1"):  # each reached the other only through the coordinator
+            assert "through the coordinator's relay" in logs[host].read_text(errors="replace"), host
+        finals = [tmp_path / host / "swarm-peer" / "final" / "model.safetensors" for host in PEERS]
+        assert len({tensors_digest(f) for f in finals}) == 1, "the peers ended on different models"
     finally:
         for proc in procs:
             kill_family(proc)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from swarm.app.testbed.topology import LAN_SUBNET, ROUTER, ROUTER_ADDRESS, SWITCH, HostSpec, Topology
+from swarm.app.testbed.topology import SWITCH, HostSpec, Topology
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def _shape_by_site(namespace: str, device: str, mbit: float | None, cross_mbit: 
 def _upstream(topology: Topology, host: HostSpec) -> tuple[str, str]:
     """The namespace and device of the far end of ``host``'s link (the bridge's port, or the router's leg)."""
     if host.behind_nat:
-        return topology.namespace(ROUTER), "lan0"
+        return topology.namespace(host.router), "lan0"
     return topology.namespace(SWITCH), host.name
 
 
@@ -140,19 +140,19 @@ def _link_host(topology: Topology, host: HostSpec) -> None:
     _ip(ns, "addr", "add", f"{host.address}/24", "dev", "eth0")
     _ip(ns, "link", "set", "eth0", "up")
     if host.behind_nat:
-        _ip(ns, "route", "add", "default", "via", f"{LAN_SUBNET}.1")
+        _ip(ns, "route", "add", "default", "via", host.gateway)
     shape_host(topology, host, host.up_mbit, host.down_mbit)
 
 
-def _build_router(topology: Topology) -> None:
-    """A router that masquerades its private side and forwards nothing new inward: the NAT host behind it
-    can connect out, and nobody can connect in."""
-    router, switch = topology.namespace(ROUTER), topology.namespace(SWITCH)
+def _build_router(topology: Topology, host: HostSpec) -> None:
+    """The NAT host's router, which masquerades its private side and forwards nothing new inward: the NAT host
+    behind it can connect out, and nobody can connect in."""
+    router, switch = topology.namespace(host.router), topology.namespace(SWITCH)
     _new_namespace(router)
-    _ip(switch, "link", "add", ROUTER, "type", "veth", "peer", "name", "eth0", "netns", router)
-    _ip(switch, "link", "set", ROUTER, "master", "br0")
-    _ip(switch, "link", "set", ROUTER, "up")
-    _ip(router, "addr", "add", f"{ROUTER_ADDRESS}/24", "dev", "eth0")
+    _ip(switch, "link", "add", host.router, "type", "veth", "peer", "name", "eth0", "netns", router)
+    _ip(switch, "link", "set", host.router, "master", "br0")
+    _ip(switch, "link", "set", host.router, "up")
+    _ip(router, "addr", "add", f"{host.router_address}/24", "dev", "eth0")
     _ip(router, "link", "set", "eth0", "up")
     _in(router, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
     tag = ("-m", "comment", "--comment", topology.prefix + "nat")
@@ -160,7 +160,8 @@ def _build_router(topology: Topology) -> None:
     _in(router, "iptables", "-A", "FORWARD", "-i", "lan0", "-o", "eth0", "-j", "ACCEPT", *tag)
     _in(router, "iptables", "-A", "FORWARD", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED",
         "-j", "ACCEPT", *tag)
-    _in(router, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", f"{LAN_SUBNET}.0/24", "-o", "eth0",
+    lan = host.gateway.rsplit(".", 1)[0]
+    _in(router, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", f"{lan}.0/24", "-o", "eth0",
         "-j", "MASQUERADE", *tag)
 
 
@@ -176,12 +177,13 @@ def build(topology: Topology) -> None:
         _ip(switch, "link", "set", "br0", "up")
         for host in topology.hosts:
             _new_namespace(topology.namespace(host.name))
-        if topology.has_nat:
-            _build_router(topology)
+        nat_hosts = [h for h in topology.hosts if h.behind_nat]
+        for host in nat_hosts:
+            _build_router(topology, host)
         for host in topology.hosts:
             _link_host(topology, host)
-        if topology.has_nat:
-            _ip(topology.namespace(ROUTER), "addr", "add", f"{LAN_SUBNET}.1/24", "dev", "lan0")
+        for host in nat_hosts:
+            _ip(topology.namespace(host.router), "addr", "add", f"{host.gateway}/24", "dev", "lan0")
     except BaseException:
         teardown(topology.prefix)
         raise

@@ -13,6 +13,7 @@ NAT_HOST = "nat"
 WAN_SUBNET = "10.77.0"  # hosts on the bridge: .10, .11, ...; the router: .254
 LAN_SUBNET = "10.77.1"  # behind the router: router .1, NAT host .2
 ROUTER_ADDRESS = f"{WAN_SUBNET}.254"  # what the NAT host's connections come from, as its peers see them
+MAX_NAT_HOSTS = 8  # NAT host i (nat, nat1, ...) sits behind router gw, gw1, ... on 10.77.(1+i).0/24, seen as .(254−i)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +27,18 @@ class HostSpec:
     down_mbit: float | None
     behind_nat: bool = False
     site: str = ""
+    router: str = ""  # behind NAT: its router's host name (gw, gw1, ...)
+    router_address: str = ""  # that router's address on the bridge: what the host's connections come from
+    gateway: str = ""  # that router's address on the host's private link
+
+
+def nat_host_spec(index: int, up_mbit: float | None, down_mbit: float | None) -> HostSpec:
+    """NAT host ``index``: ``nat`` behind ``gw`` for 0 (as before there were several), ``nat<i>`` behind ``gw<i>``."""
+    suffix = str(index) if index else ""
+    lan = f"10.77.{1 + index}"
+    return HostSpec(name=NAT_HOST + suffix, address=f"{lan}.2", up_mbit=up_mbit, down_mbit=down_mbit,
+                    behind_nat=True, router=ROUTER + suffix, router_address=f"{WAN_SUBNET}.{254 - index}",
+                    gateway=f"{lan}.1")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,9 +74,10 @@ def host_names(count: int) -> list[str]:
 
 
 def make_topology(*, hosts: int, mbit: float | None = None, up_mbit: float | None = None,
-                  down_mbit: float | None = None, nat_host: bool = False, prefix: str = PREFIX,
+                  down_mbit: float | None = None, nat_host: bool = False, nat_hosts: int = 0, prefix: str = PREFIX,
                   sites: Optional[Sequence[str]] = None, cross_site_mbit: float | None = None) -> Topology:
-    """``hosts`` hosts h0, h1, ... on one bridge (plus ``nat`` behind a router when ``nat_host``), each with
+    """``hosts`` hosts h0, h1, ... on one bridge (plus ``nat`` behind a router when ``nat_host``, or ``nat_hosts``
+    of them, each behind a router of its own: nat, nat1, ...), each with
     the same upload and download rate (``up_mbit``/``down_mbit`` override ``mbit`` per direction).
     ``sites``: one label per bridge host ("": none); with ``cross_site_mbit`` a host's traffic to and from
     hosts of another site runs at that rate each way, and the rest at its own."""
@@ -82,6 +96,8 @@ def make_topology(*, hosts: int, mbit: float | None = None, up_mbit: float | Non
     down = down_mbit if down_mbit is not None else mbit
     specs = [HostSpec(name=name, address=f"{WAN_SUBNET}.{10 + i}", up_mbit=up, down_mbit=down, site=site)
              for i, (name, site) in enumerate(zip(host_names(hosts), labels))]
-    if nat_host:
-        specs.append(HostSpec(name=NAT_HOST, address=f"{LAN_SUBNET}.2", up_mbit=up, down_mbit=down, behind_nat=True))
+    nats = max(nat_hosts, 1 if nat_host else 0)
+    if not 0 <= nats <= MAX_NAT_HOSTS:
+        raise ValueError(f"--nat-hosts must be between 0 and {MAX_NAT_HOSTS}, got {nats}")
+    specs += [nat_host_spec(i, up, down) for i in range(nats)]
     return Topology(hosts=tuple(specs), prefix=prefix, cross_site_mbit=cross_site_mbit)
