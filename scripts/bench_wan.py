@@ -37,7 +37,7 @@ from bench_wan_adapt import section_adaptation  # noqa: E402  (scripts/, beside 
 from bench_wan_runs import section_nat, section_utilization, section_utilization_controlled  # noqa: E402
 from bench_wan_sites import section_hierarchical  # noqa: E402
 
-PREFIX = "swb-"  # every namespace of this benchmark; teardown removes only these
+PREFIX = os.environ.get("SWARM_BENCH_PREFIX", "swb-")  # every namespace of this benchmark; teardown removes only these
 WORKER = ROOT / "scripts" / "bench_wan_worker.py"
 NUMEL = {20: 1_250_000, 100: 6_250_000, 1000: 25_000_000}  # fp32: ~3 s at the link rate for 4 peers (1.2 s at 1G)
 CLK_TCK = os.sysconf("SC_CLK_TCK")

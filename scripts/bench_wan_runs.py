@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 from swarm.app.testbed import Testbed, make_topology  # noqa: E402
 from tests.integration.harness import TWO_PEER_RUN, kill_family, read_join_string  # noqa: E402
 
-PREFIX = "swb-"  # bench_wan.py's: its teardown removes these
+PREFIX = os.environ.get("SWARM_BENCH_PREFIX", "swb-")  # bench_wan.py's: its teardown removes these
 P2P_PORT = 7100  # each host is a namespace of its own, so every peer can take the same port
 
 UTILIZATION_RUN = """
