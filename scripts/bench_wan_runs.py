@@ -136,6 +136,23 @@ def history(work: Path) -> dict:
         return {"rounds": [], "peer_rounds": [], "error": out.stderr.strip()[-500:]}
 
 
+def compute_share(record: dict, *, skip: int = 1) -> float | None:
+    """The share of wall time the peers spent in inner steps, from round ``skip`` + 1 to the end: each round's mean
+    inner seconds over its peers, summed, over the time from that round's opening to the last decision. Read at
+    round boundaries: a peer's ``inner_time_s`` grows a round at a time, so two status polls mid-round can
+    count one round more of inner time than of wall time (a "utilization" over 1)."""
+    rows = [r for r in record.get("rounds", []) if r.get("round", 0) > skip and r.get("outcome") == "committed"]
+    inner: dict[int, list[float]] = {}
+    for p in record.get("peer_rounds", []):
+        if p.get("inner_s") is not None:
+            inner.setdefault(p["round"], []).append(p["inner_s"])
+    if not rows or not all(r["round"] in inner for r in rows):
+        return None
+    span = rows[-1]["decided_at"] - rows[0]["opened_at"]
+    busy = sum(sum(inner[r["round"]]) / len(inner[r["round"]]) for r in rows)
+    return round(busy / span, 3) if span > 0 else None
+
+
 def _peer_times(status: dict) -> dict[str, tuple[float, float]]:
     return {p["id"]: (p.get("metrics", {}).get("inner_time_s", 0.0), p.get("metrics", {}).get("wall_time_s", 0.0))
             for p in status.get("peers", [])}
@@ -185,8 +202,10 @@ def section_utilization(args: argparse.Namespace, *, peers: int = 4, mbit: float
     start, end = _peer_times(first), _peer_times(last)
     shares = [(end[p][0] - start[p][0]) / (end[p][1] - start[p][1]) for p in start
               if p in end and end[p][1] > start[p][1]]
-    rows = history(work)["rounds"]
-    return dict(result, utilization=round(sum(shares) / len(shares), 3) if shares else None,
+    record = history(work)
+    rows = record["rounds"]
+    return dict(result, utilization=compute_share(record),
+                status_delta_utilization=round(sum(shares) / len(shares), 3) if shares else None,
                 rounds_committed=last["run"].get("rounds_committed"), rounds_voided=last["run"].get("rounds_voided"),
                 per_peer=[round(s, 3) for s in shares],
                 status_utilization=last.get("totals", {}).get("compute_utilization"),
