@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import time
 import tempfile
 from pathlib import Path
 
@@ -32,7 +33,7 @@ CHOICE_LINE = re.compile(r"round (\d+): (.*) \(shares (.*)\)$", re.M)
 
 def _timeline(cut_after: int, restore_after: int):
     """on_status for run_swarm: cuts and restores the link as rounds commit, and keeps each round's choice."""
-    state = {"choices": {}, "cut_round": None, "restore_round": None}
+    state = {"choices": {}, "cut_at": None, "restore_at": None}
 
     def on_status(bed: Testbed, host: str, mbit: float, status: dict) -> None:
         run = status.get("run", {})
@@ -40,13 +41,22 @@ def _timeline(cut_after: int, restore_after: int):
         if choice:
             state["choices"][int(choice.get("round", 0))] = choice
         committed = run.get("rounds_committed", 0)
-        if state["cut_round"] is None and committed >= cut_after:
+        # when each change took effect: the first round opened after it is the first to run on the new link from
+        # its start (``first_round_after``); the poll that sees a commit may land late in the next round
+        if state["cut_at"] is None and committed >= cut_after:
             bed.set_rate(host, up_mbit=mbit / 10, down_mbit=mbit / 10)
-            state["cut_round"] = committed + 1  # the first round that ran on the slow link from its start
-        elif state["cut_round"] is not None and state["restore_round"] is None and committed >= restore_after:
+            state["cut_at"] = time.time()
+        elif state["cut_at"] is not None and state["restore_at"] is None and committed >= restore_after:
             bed.set_rate(host, up_mbit=mbit, down_mbit=mbit)
-            state["restore_round"] = committed + 1
+            state["restore_at"] = time.time()
     return state, on_status
+
+
+def first_round_after(hist: dict, at: float | None) -> int | None:
+    """The first round the coordinator opened after ``at`` (epoch seconds; this machine's clock)."""
+    if at is None:
+        return None
+    return next((int(r["round"]) for r in hist.get("rounds", []) if r.get("opened_at", 0) >= at), None)
 
 
 def rows_by_round(hist: dict, choices: dict[int, dict], log: str) -> list[dict]:
@@ -98,8 +108,10 @@ def section_adaptation(args: argparse.Namespace, *, mbit: float = 100, rounds: i
         run_swarm(bed, work, ADAPTATION_RUN.format(inner_steps=inner_steps, rounds=rounds, overlap=overlap), hosts,
                   peer_args=lambda host: ["--threads", "1"], on_status=lambda s: on_status(bed, slow, mbit, s),
                   timeout_s=900)
-    rows = rows_by_round(history(work), state["choices"], (work / "coordinator.log").read_text(errors="replace"))
+    hist = history(work)
+    rows = rows_by_round(hist, state["choices"], (work / "coordinator.log").read_text(errors="replace"))
+    cut_round, restore_round = first_round_after(hist, state["cut_at"]), first_round_after(hist, state["restore_at"])
     return {"peers": len(hosts), "mbit": mbit, "slow_host": slow, "cut_to_mbit": mbit / 10,
-            "cut_from_round": state["cut_round"], "restored_from_round": state["restore_round"],
+            "cut_from_round": cut_round, "restored_from_round": restore_round,
             "inner_steps": inner_steps, "overlap_steps": overlap, "rows": rows,
-            **summary(rows, state["cut_round"], state["restore_round"]), "logs": str(work)}
+            **summary(rows, cut_round, restore_round), "logs": str(work)}
