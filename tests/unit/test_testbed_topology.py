@@ -20,9 +20,19 @@ def test_hosts_get_distinct_addresses_and_the_rates_asked_for() -> None:
     assert [h.name for h in topology.hosts if h.behind_nat] == ["nat"]
 
 
+def test_each_nat_host_sits_behind_a_router_of_its_own() -> None:
+    nats = [h for h in make_topology(hosts=1, nat_hosts=3).hosts if h.behind_nat]
+    assert [(h.name, h.router, h.address, h.gateway, h.router_address) for h in nats] == [
+        ("nat", "gw", "10.77.1.2", "10.77.1.1", "10.77.0.254"),  # the one --nat-host has always built
+        ("nat1", "gw1", "10.77.2.2", "10.77.2.1", "10.77.0.253"),
+        ("nat2", "gw2", "10.77.3.2", "10.77.3.1", "10.77.0.252"),
+    ]
+
+
 @pytest.mark.parametrize(("kwargs", "sentence"), [
     ({"hosts": 0}, "--hosts must be between 1 and 200, got 0"),
     ({"hosts": 2, "mbit": -5}, "mbit must be a positive rate in Mbit/s, got -5"),
+    ({"hosts": 2, "nat_hosts": 9}, "--nat-hosts must be between 0 and 8, got 9"),
 ])
 def test_a_bad_request_is_named(kwargs: dict, sentence: str) -> None:
     with pytest.raises(ValueError, match=sentence):
