@@ -2,8 +2,15 @@
 
 NAT relay under faults: a public peer and two NAT peers; each NAT peer is SIGKILLed once mid-run and restarted
 on its state dir; the coordinator is killed once and restarted. The run must commit every round, end identical."""
-import re, signal, subprocess, sys, time, json
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
 from pathlib import Path
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_wan_runs import _coordinator, _peer, _env, kill_family
 from swarm.app.testbed import Testbed, make_topology
