@@ -26,6 +26,8 @@ class ConfigError(ValueError):
 # Valid names, listed here so that the config stays a leaf: swarm.core.codec.CODECS and
 # swarm.core.fragments.PATTERNS implement exactly these (tests/unit/test_config.py checks they agree).
 CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4", "sign", "topk-fp16", "topk-int8", "topk-int4")
+# lowrank<r>-<values> (swarm.core.lowrank): the codecs its two factors may go over the wire in
+LOWRANK_VALUES = ("fp32", "fp16", "bf16", "int8", "int4")
 FRAGMENT_PATTERNS = ("strided", "contiguous", "balanced")
 # swarm.core.aggregation.RULES implements exactly these: how a slice's owner combines the group's slices.
 AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean")
@@ -285,6 +287,9 @@ def check_codec_name(name: str) -> None:
     (``topk-int4@0.003``: the fraction of each chunk's values sent; the plain name sends 1%)."""
     if name in CODEC_NAMES:
         return
+    if name.startswith("lowrank"):
+        _check_lowrank_name(name)
+        return
     base, at, density = name.partition("@")
     if not (at and base.startswith("topk-") and base in CODEC_NAMES):
         raise ConfigError(f"[rounds] codec {name!r} is unknown; choose one of {sorted(CODEC_NAMES)}"
@@ -296,6 +301,15 @@ def check_codec_name(name: str) -> None:
     if not (math.isfinite(fraction) and 0 < fraction <= 1):
         raise ConfigError(f"[rounds] codec {name!r}: the density after '@' must be a fraction in (0, 1],"
                           f" e.g. {base}@0.01.")
+
+
+def _check_lowrank_name(name: str) -> None:
+    """ConfigError unless ``name`` is ``lowrank{r}-{values}``: rank r in 1..64, values a dense
+    butterfly codec (``lowrank4-fp16``, ``lowrank8-int8``)."""
+    rank, _, values = name[len("lowrank"):].partition("-")
+    if not (rank.isdigit() and 1 <= int(rank) <= 64 and values in LOWRANK_VALUES):
+        raise ConfigError(f"[rounds] codec {name!r}: a low-rank codec is lowrank<rank>-<values> with a rank from 1"
+                          f" to 64 and values one of {list(LOWRANK_VALUES)}, e.g. lowrank4-fp16.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -370,6 +384,9 @@ class RoundConfig:
         if self.hierarchical and self.codec.startswith("topk-"):
             raise ConfigError(f"[rounds] codec {self.codec} is exchanged by a flat all-gather; set hierarchical = false"
                               " or choose a dense codec.")
+        if self.codec.startswith("lowrank") and (self.hierarchical or self.aggregation != "mean"):
+            raise ConfigError(f"[rounds] codec {self.codec} averages its factors linearly in one flat group; set"
+                              " hierarchical = false and aggregation = \"mean\", or choose a dense codec.")
         if self.hierarchical and self.codec == "sign":
             raise ConfigError("[rounds] codec sign needs its slice owners' error feedback, which only the flat butterfly"
                               " keeps; set hierarchical = false or choose int4.")
@@ -413,7 +430,7 @@ class RoundConfig:
         if unknown or not self.controller_codecs:
             raise ConfigError(f"[rounds] controller_codecs must list codecs among {dense},"
                               f" got {list(self.controller_codecs)}.")
-        if self.controller != "off" and self.codec.startswith("topk-"):
+        if self.controller != "off" and self.codec.startswith(("topk-", "lowrank")):
             raise ConfigError(f"[rounds] codec {self.codec} is not one the controller chooses among; set"
                               " controller = \"off\" to send it every round.")
         if not (math.isfinite(self.controller_exchange_fraction) and 0 < self.controller_exchange_fraction <= 1):
