@@ -25,7 +25,7 @@ class ConfigError(ValueError):
 
 # Valid names, listed here so that the config stays a leaf: swarm.core.codec.CODECS and
 # swarm.core.fragments.PATTERNS implement exactly these (tests/unit/test_config.py checks they agree).
-CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4", "sign", "topk-fp16", "topk-int8", "topk-int4")
+CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4", "sign", "ternary", "topk-fp16", "topk-int8", "topk-int4")
 # lowrank<r>-<values> (swarm.core.lowrank): the codecs its two factors may go over the wire in
 LOWRANK_VALUES = ("fp32", "fp16", "bf16", "int8", "int4")
 FRAGMENT_PATTERNS = ("strided", "contiguous", "balanced")
@@ -387,8 +387,8 @@ class RoundConfig:
         if self.codec.startswith("lowrank") and (self.hierarchical or self.aggregation != "mean"):
             raise ConfigError(f"[rounds] codec {self.codec} averages its factors linearly in one flat group; set"
                               " hierarchical = false and aggregation = \"mean\", or choose a dense codec.")
-        if self.hierarchical and self.codec == "sign":
-            raise ConfigError("[rounds] codec sign needs its slice owners' error feedback, which only the flat butterfly"
+        if self.hierarchical and self.codec in ("sign", "ternary"):
+            raise ConfigError(f"[rounds] codec {self.codec} needs its slice owners' error feedback, which only the flat butterfly"
                               " keeps; set hierarchical = false or choose int4.")
         if self.eval_every_rounds < 1:
             raise ConfigError("[rounds] eval_every_rounds must be at least 1.")

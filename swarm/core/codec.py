@@ -18,6 +18,7 @@ from swarm.core.codec_base import BLOCK, Codec
 from swarm.core.lowrank_codec import parse_lowrank
 from swarm.core.sign_codec import SignCodec
 from swarm.core.sparse_codec import VALUE_FORMATS, parse_topk
+from swarm.core.ternary_codec import TernaryCodec
 
 
 class RawFloatCodec(Codec):
@@ -202,6 +203,7 @@ CODECS: dict[str, Codec] = {
     "int8": BlockIntCodec("int8", 8),
     "int4": BlockIntCodec("int4", 4),
     "sign": SignCodec(),  # 1 bit per element (swarm.core.sign_codec)
+    "ternary": TernaryCodec(),  # −level / 0 / +level, 1.725 bits per element (swarm.core.ternary_codec)
 }
 # The top-k family (swarm.core.sparse_codec), these names at the default density (1%);
 # ``topk-int4@0.003`` names another density.
