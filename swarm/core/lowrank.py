@@ -108,6 +108,18 @@ def outer_sum(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return acc
 
 
+def _flat_columns(factor: torch.Tensor) -> torch.Tensor:
+    """A factor (rows×r) flattened column by column: a codec block then holds one column, whose scale
+    (one singular direction's) can be far from its neighbours'; row-major blocks would quantize the weak
+    columns against the strong ones' absmax."""
+    return factor.t().reshape(-1)
+
+
+def _columns(flat: torch.Tensor, rows: int, rank: int) -> torch.Tensor:
+    """The rows×r factor that ``_flat_columns`` flattened (a view)."""
+    return flat.view(rank, rows).t()
+
+
 def _unit_columns(q: torch.Tensor) -> torch.Tensor:
     """Q with unit columns (a zero column stays zero): P = M Q then has M's scale whatever Q's was."""
     norms = torch.sqrt((q * q).sum(dim=0))
@@ -119,8 +131,8 @@ def p_vector(delta: torch.Tensor, lay: Layout, q: torch.Tensor) -> torch.Tensor:
     parts, q_at = [], 0
     for offset, m, n in lay.matrices:
         mat = delta[offset:offset + m * n].view(m, n)
-        qm = _unit_columns(q[q_at:q_at + n * lay.rank].view(n, lay.rank))
-        parts.append((mat @ qm).reshape(-1))
+        qm = _unit_columns(_columns(q[q_at:q_at + n * lay.rank], n, lay.rank))
+        parts.append(_flat_columns(mat @ qm))
         q_at += n * lay.rank
     parts += [delta[offset:offset + n] for offset, n in lay.dense]
     return torch.cat(parts) if parts else delta.new_zeros(0)
@@ -130,14 +142,14 @@ def p_hats(p_avg: torch.Tensor, lay: Layout) -> list[torch.Tensor]:
     """The orthonormalized P̂ of every matrix, from the averaged (decoded) first message."""
     out, at = [], 0
     for _, m, _ in lay.matrices:
-        out.append(orthonormalize(p_avg[at:at + m * lay.rank].view(m, lay.rank)))
+        out.append(orthonormalize(_columns(p_avg[at:at + m * lay.rank], m, lay.rank)))
         at += m * lay.rank
     return out
 
 
 def q_vector(delta: torch.Tensor, lay: Layout, hats: Sequence[torch.Tensor]) -> torch.Tensor:
     """A peer's second message: Mᵀ P̂ for every matrix, flat."""
-    parts = [(delta[offset:offset + m * n].view(m, n).t() @ hat).reshape(-1)
+    parts = [_flat_columns(delta[offset:offset + m * n].view(m, n).t() @ hat)
              for (offset, m, n), hat in zip(lay.matrices, hats)]
     return torch.cat(parts) if parts else delta.new_zeros(0)
 
@@ -147,7 +159,7 @@ def assemble(lay: Layout, hats: Sequence[torch.Tensor], q: torch.Tensor, p_dense
     out = torch.empty(lay.numel, dtype=torch.float32)
     q_at = 0
     for (offset, m, n), hat in zip(lay.matrices, hats):
-        out[offset:offset + m * n] = outer_sum(hat, q[q_at:q_at + n * lay.rank].view(n, lay.rank)).reshape(-1)
+        out[offset:offset + m * n] = outer_sum(hat, _columns(q[q_at:q_at + n * lay.rank], n, lay.rank)).reshape(-1)
         q_at += n * lay.rank
     dense_at = sum(m * lay.rank for _, m, _ in lay.matrices)
     for offset, n in lay.dense:
