@@ -286,8 +286,8 @@ class LocalTrainer:
         the samples behind it; the fragment's sample count restarts."""
         f = self._fragment_or_only(fragment)
         delta = self.pseudo_gradient(f)
-        if self.error_feedback is not None:
-            delta = self.error_feedback[f].compensate(delta)
+        if self.error_feedback is not None and not self.run.rounds.keep_unsent_locally:
+            delta = self.error_feedback[f].compensate(delta)  # (kept locally, θl already holds it: Δ carries it)
         samples, self._samples_since_sync[f] = self._samples_since_sync[f], 0
         owner = self.owner_feedback[f] if self.owner_feedback is not None else None
         return Contribution(fragment=f, delta=delta, samples=samples, owner=owner,
@@ -360,6 +360,10 @@ class LocalTrainer:
             return
         merged = fragments.merge_fragment(self.local_params(fragment), spans.gather(self.global_params, fragment_spans),
                                           self.mixing_alpha)
+        if self.run.rounds.keep_unsent_locally and self.error_feedback is not None:
+            # θl ← θg − residual: the next Δ = θg − θl starts with what the wire has not delivered yet
+            residual = average.unflatten(self.error_feedback[self._fragment_or_only(fragment)].residual, merged)
+            merged = [m - r for m, r in zip(merged, residual)]
         spans.write(self._params, fragment_spans, merged)
 
     @property
