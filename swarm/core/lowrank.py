@@ -208,10 +208,6 @@ def lowrank_reference(
     return LowRankRound(average, delivered, q_avg)
 
 
-def lowrank_messages(lay: Layout) -> tuple[int, int]:
-    """Elements of the two all-reduced vectors (P and the dense parts; Q)."""
-    return lay.p_numel, lay.q_numel
-
 
 class LowRankState:
     """One peer's low-rank state for one fragment: the Q it warm-starts from, and what the round in
