@@ -73,6 +73,8 @@ class Grid:
     # (lr, momentum) of the codec rows' outer Nesterov step, one row each (None: the run's)
     codec_outers: tuple[Optional[tuple[float, float]], ...] = (None,)
     ef_decays: tuple[float, ...] = (1.0,)  # error-feedback decay β of the codec rows, one row each
+    codec_error_feedback: bool = True  # False: the codec rows send without error feedback (an ablation)
+    keep_unsent_locally: bool = False  # the codec rows' [rounds] keep_unsent_locally
     # Sparse codecs with SparseLoCo's settings: error feedback decayed by β and a plain outer step
     # (lr 1, no momentum: with momentum they end worse than they started).
     sparse_codecs: tuple[str, ...] = ()
@@ -129,6 +131,7 @@ class Job:
     ef_decay: float = 1.0
     outer: Optional[tuple[float, float]] = None  # (lr, momentum) of the outer step (None: the run's)
     slow_factor: int = 1  # heterogeneous: the last worker runs this many times slower
+    keep_unsent: bool = False  # [rounds] keep_unsent_locally: θl restarts from θg − the EF residual
 
     @property
     def label(self) -> str:
@@ -138,6 +141,8 @@ class Job:
             parts.append(f"H={self.H}")
         if self.outer:
             parts.append(f"outer {self.outer[0]:g},{self.outer[1]:g}")
+        if self.keep_unsent:
+            parts.append("unsent kept locally")
         if self.fragments > 1:
             parts.append(f"F={self.fragments} tau={self.overlap}")
         return " ".join(parts) + f" ({self.init})"
@@ -154,7 +159,8 @@ def plan(bench: Bench, methods: Sequence[str], *, init: str) -> list[Job]:
     if "diloco" in methods:
         jobs += [Job(method="diloco", init=init, H=h) for h in g.h_values]
         if init == "warm":
-            jobs += [Job(method="diloco", init=init, codec=codec, H=h, error_feedback=True, ef_decay=beta, outer=outer)
+            jobs += [Job(method="diloco", init=init, codec=codec, H=h, error_feedback=g.codec_error_feedback,
+                         ef_decay=beta, outer=outer, keep_unsent=g.keep_unsent_locally)
                      for codec in g.codecs for h in g.codec_h for beta in g.ef_decays for outer in g.codec_outers]
             jobs += [Job(method="diloco", init=init, codec=codec, H=h, error_feedback=True,
                          ef_decay=g.sparse_ef_decay, outer=g.sparse_outer)
@@ -295,6 +301,9 @@ def run_sim(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
         run = run.replace(outer=dataclasses.replace(run.outer, lr=lr, momentum=momentum)).validate()
     if job.ef_decay != 1.0:
         run = run.replace(rounds=dataclasses.replace(run.rounds, error_feedback_decay=job.ef_decay)).validate()
+    if job.keep_unsent:
+        run = run.replace(rounds=dataclasses.replace(run.rounds, keep_unsent_locally=True,
+                                                     error_feedback=job.error_feedback)).validate()
     if job.fragments > 1:
         run = run.replace(rounds=dataclasses.replace(run.rounds, fragment_pattern=bench.grid.fragment_pattern)).validate()
     kwargs: dict[str, Any] = dict(codec=job.codec, error_feedback=job.error_feedback,
@@ -742,6 +751,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         " several separated by '/' (e.g. 0.7,0/1.0,0) make one row each")
     parser.add_argument("--ef-decay", help="comma-separated error-feedback decays β in (0, 1] of the codec rows"
                         " (default 1: no decay), one row each")
+    parser.add_argument("--no-error-feedback", action="store_true",
+                        help="send the codec rows without error feedback (an ablation; the default keeps it on)")
+    parser.add_argument("--keep-unsent-locally", action="store_true",
+                        help="codec rows: a peer restarts from θg minus its error-feedback residual instead of adding"
+                        " the residual to its next pseudo-gradient ([rounds] keep_unsent_locally)")
     parser.add_argument("--fragment-pattern", default="strided", choices=FRAGMENT_PATTERNS,
                         help="[rounds] fragment_pattern of the streaming rows (default strided)")
     parser.add_argument("--no-scratch", action="store_true", help="skip the from-scratch table (of --full, --quick)")
@@ -809,7 +823,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except ValueError:
             parser.error(f"--ef-decay takes comma-separated decays in (0, 1], e.g. 0.9,0.95, got {args.ef_decay!r}.")
         grid = dataclasses.replace(grid, ef_decays=decays)
-    grid = dataclasses.replace(grid, fragment_pattern=args.fragment_pattern)
+    grid = dataclasses.replace(grid, fragment_pattern=args.fragment_pattern,
+                               codec_error_feedback=not args.no_error_feedback,
+                               keep_unsent_locally=args.keep_unsent_locally)
     if args.workers < 2:
         parser.error("--workers must be at least 2: the methods differ only with several workers.")
     bench = Bench(workers=args.workers, steps=steps, warm_steps=warm_steps, seed=args.seed,

@@ -55,6 +55,9 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
     run = _run_config(args)  # config mistakes are reported before the slow imports
+    if run.rounds.codec.startswith("lowrank"):
+        raise ConfigError(f"[rounds] codec {run.rounds.codec} runs only in the simulator so far (python -m swarm.train.sim,"
+                          " scripts/bench_quality.py); a real swarm cannot exchange it yet: choose int4 or sign.")
 
     from coordinator.server import serve
     return serve(

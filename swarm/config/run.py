@@ -25,7 +25,9 @@ class ConfigError(ValueError):
 
 # Valid names, listed here so that the config stays a leaf: swarm.core.codec.CODECS and
 # swarm.core.fragments.PATTERNS implement exactly these (tests/unit/test_config.py checks they agree).
-CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4", "sign", "topk-fp16", "topk-int8", "topk-int4")
+CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4", "sign", "ternary", "topk-fp16", "topk-int8", "topk-int4")
+# lowrank<r>-<values> (swarm.core.lowrank): the codecs its two factors may go over the wire in
+LOWRANK_VALUES = ("fp32", "fp16", "bf16", "int8", "int4")
 FRAGMENT_PATTERNS = ("strided", "contiguous", "balanced")
 # swarm.core.aggregation.RULES implements exactly these: how a slice's owner combines the group's slices.
 AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean")
@@ -285,6 +287,9 @@ def check_codec_name(name: str) -> None:
     (``topk-int4@0.003``: the fraction of each chunk's values sent; the plain name sends 1%)."""
     if name in CODEC_NAMES:
         return
+    if name.startswith("lowrank"):
+        _check_lowrank_name(name)
+        return
     base, at, density = name.partition("@")
     if not (at and base.startswith("topk-") and base in CODEC_NAMES):
         raise ConfigError(f"[rounds] codec {name!r} is unknown; choose one of {sorted(CODEC_NAMES)}"
@@ -296,6 +301,15 @@ def check_codec_name(name: str) -> None:
     if not (math.isfinite(fraction) and 0 < fraction <= 1):
         raise ConfigError(f"[rounds] codec {name!r}: the density after '@' must be a fraction in (0, 1],"
                           f" e.g. {base}@0.01.")
+
+
+def _check_lowrank_name(name: str) -> None:
+    """ConfigError unless ``name`` is ``lowrank{r}-{values}``: rank r in 1..64, values a dense
+    butterfly codec (``lowrank4-fp16``, ``lowrank8-int8``)."""
+    rank, _, values = name[len("lowrank"):].partition("-")
+    if not (rank.isdigit() and 1 <= int(rank) <= 64 and values in LOWRANK_VALUES):
+        raise ConfigError(f"[rounds] codec {name!r}: a low-rank codec is lowrank<rank>-<values> with a rank from 1"
+                          f" to 64 and values one of {list(LOWRANK_VALUES)}, e.g. lowrank4-fp16.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -319,6 +333,10 @@ class RoundConfig:
     # value at full weight; β < 1 (e.g. 0.95) makes the residual the outer momentum (pair it with an outer
     # step without momentum).
     error_feedback_decay: float = 1.0
+    # Plain DiLoCo with a lossy codec: instead of adding what the codec dropped to the next pseudo-gradient, a
+    # peer restarts its inner steps from θg minus it (θl ← θg − residual), so the next Δ carries it and the
+    # inner steps do not learn it a second time. Lets error feedback work with the outer momentum.
+    keep_unsent_locally: bool = False
     # Streaming DiLoCo (see swarm.core.fragments): the parameters are split into `fragments` groups of layers
     # that sync one per round, staggered, each once every inner_steps steps; 1 is plain DiLoCo.
     fragments: int = 1
@@ -370,8 +388,11 @@ class RoundConfig:
         if self.hierarchical and self.codec.startswith("topk-"):
             raise ConfigError(f"[rounds] codec {self.codec} is exchanged by a flat all-gather; set hierarchical = false"
                               " or choose a dense codec.")
-        if self.hierarchical and self.codec == "sign":
-            raise ConfigError("[rounds] codec sign needs its slice owners' error feedback, which only the flat butterfly"
+        if self.codec.startswith("lowrank") and (self.hierarchical or self.aggregation != "mean"):
+            raise ConfigError(f"[rounds] codec {self.codec} averages its factors linearly in one flat group; set"
+                              " hierarchical = false and aggregation = \"mean\", or choose a dense codec.")
+        if self.hierarchical and self.codec in ("sign", "ternary"):
+            raise ConfigError(f"[rounds] codec {self.codec} needs its slice owners' error feedback, which only the flat butterfly"
                               " keeps; set hierarchical = false or choose int4.")
         if self.eval_every_rounds < 1:
             raise ConfigError("[rounds] eval_every_rounds must be at least 1.")
@@ -394,6 +415,10 @@ class RoundConfig:
         if not 0.0 < self.error_feedback_decay <= 1.0:
             raise ConfigError(f"[rounds] error_feedback_decay must be in (0, 1] (1: no decay), "
                               f"got {self.error_feedback_decay}.")
+        if self.keep_unsent_locally and (self.fragments > 1 or self.overlap_steps > 0 or not self.error_feedback
+                                         or self.error_feedback_decay != 1.0):
+            raise ConfigError("[rounds] keep_unsent_locally needs plain DiLoCo with error feedback: fragments = 1,"
+                              " overlap_steps = 0, error_feedback = true and error_feedback_decay = 1.")
         if not 0.0 <= self.mixing_alpha < 1.0:
             raise ConfigError(f"[rounds] mixing_alpha must be in [0, 1), got {self.mixing_alpha}.")
         check_range("rounds", "inner_steps", self.inner_steps, 1, MAX_STEPS)
@@ -413,7 +438,7 @@ class RoundConfig:
         if unknown or not self.controller_codecs:
             raise ConfigError(f"[rounds] controller_codecs must list codecs among {dense},"
                               f" got {list(self.controller_codecs)}.")
-        if self.controller != "off" and self.codec.startswith("topk-"):
+        if self.controller != "off" and self.codec.startswith(("topk-", "lowrank")):
             raise ConfigError(f"[rounds] codec {self.codec} is not one the controller chooses among; set"
                               " controller = \"off\" to send it every round.")
         if not (math.isfinite(self.controller_exchange_fraction) and 0 < self.controller_exchange_fraction <= 1):

@@ -15,8 +15,10 @@ import numpy as np
 import torch
 
 from swarm.core.codec_base import BLOCK, Codec
+from swarm.core.lowrank_codec import parse_lowrank
 from swarm.core.sign_codec import SignCodec
 from swarm.core.sparse_codec import VALUE_FORMATS, parse_topk
+from swarm.core.ternary_codec import TernaryCodec
 
 
 class RawFloatCodec(Codec):
@@ -201,6 +203,7 @@ CODECS: dict[str, Codec] = {
     "int8": BlockIntCodec("int8", 8),
     "int4": BlockIntCodec("int4", 4),
     "sign": SignCodec(),  # 1 bit per element (swarm.core.sign_codec)
+    "ternary": TernaryCodec(),  # −level / 0 / +level, 1.725 bits per element (swarm.core.ternary_codec)
 }
 # The top-k family (swarm.core.sparse_codec), these names at the default density (1%);
 # ``topk-int4@0.003`` names another density.
@@ -210,10 +213,11 @@ CODECS |= {f"topk-{values}": parse_topk(f"topk-{values}") for values in VALUE_FO
 def get_codec(name: str | Codec) -> Codec:
     if isinstance(name, Codec):
         return name
-    codec = CODECS.get(name) or parse_topk(name)
+    codec = CODECS.get(name) or parse_topk(name) or parse_lowrank(name, CODECS)
     if codec is None:
         raise ValueError(f"codec {name!r} is unknown; choose one of {sorted(CODECS)}"
-                         " (topk codecs take a density: topk-int4@0.003).")
+                         " (topk codecs take a density: topk-int4@0.003; low-rank ones a rank and values:"
+                         " lowrank4-fp16).")
     return codec
 
 

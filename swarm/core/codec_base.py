@@ -24,6 +24,8 @@ class Codec(abc.ABC):
     # True: a butterfly slice owner keeps what re-encoding its averaged slice lost and adds it next round
     # (swarm.core.owner_feedback), with error feedback on; for codecs too coarse to re-encode for free.
     owner_feedback: bool = False
+    # True: a low-rank projection exchanged as two butterflies of its factors (swarm.core.lowrank)
+    lowrank: bool = False
 
     @abc.abstractmethod
     def encoded_size(self, numel: int) -> int:

@@ -176,6 +176,8 @@ class Exchange:
         weights = capped_weights(self.aggregation, group, key)
         await self._expect(key, group)
         flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
+        if codec.lowrank:  # the coordinator refuses such runs; a hand-made spec must not average garbage
+            raise ValueError(f"codec {codec.name} is exchanged only by the simulator so far; choose int4 or sign.")
         if codec.gathered:  # a sparse codec: all-gather, every member reduces the whole vector
             return await self._gather(key, group, me, flat, codec, weights, on_phase, started)
         position, digest = [m.peer_id for m in group].index(me.peer_id), group_digest(group)

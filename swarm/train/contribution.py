@@ -8,6 +8,7 @@ from typing import Optional
 
 import torch
 
+from swarm.core.lowrank import LowRankState
 from swarm.core.owner_feedback import OwnerFeedback
 
 
@@ -34,3 +35,6 @@ class Contribution:
     # to its averaged slice and stages the new one when the codec asks for owner feedback; ``record_sent``
     # commits it.
     owner: Optional[OwnerFeedback] = field(default=None, repr=False, compare=False)
+    # This peer's low-rank state for the fragment (its warm-start Q; never sent), with a lowrank codec: the
+    # exchange stages what the contribution delivered and the next Q; ``record_sent`` commits them.
+    lowrank: Optional[LowRankState] = field(default=None, repr=False, compare=False)

@@ -26,6 +26,7 @@ from swarm.core import average, fragments, spans
 from swarm.core.outer import OuterOptimizer
 from swarm.core.state import GlobalState
 from swarm.core.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
+from swarm.core.lowrank import LowRankState
 from swarm.core.owner_feedback import OwnerFeedback
 from swarm.config import RunConfig
 from swarm.train import prefetch, schedule
@@ -103,6 +104,9 @@ class LocalTrainer:
             if rounds.error_feedback else None
         )
         self.owner_feedback = [OwnerFeedback() for _ in self.fragments] if rounds.error_feedback else None
+        # lowrank codecs: each fragment's warm-start Q (seeded alike on every peer: swarm.core.lowrank)
+        self.lowrank = ([LowRankState(run.seed * 1000 + f) for f in range(len(self.fragments))]
+                        if get_codec(rounds.codec).lowrank else None)
         self._samples_since_sync = [0] * len(self.fragments)
 
     def _sampler(self) -> "BatchSampler | RankSampler":
@@ -254,6 +258,11 @@ class LocalTrainer:
         self._spans(fragment)
         return fragment
 
+    def fragment_shapes(self, fragment: int | None = None) -> list[tuple[int, ...]]:
+        """The shapes of ``fragment``'s flat vector in order: a whole tensor's shape, or (n,) for part of one."""
+        return [tuple(self._params[s.param].shape) if spans.is_whole(s, self._params[s.param]) else (s.numel,)
+                for s in self._spans(fragment)]
+
     def fragment_numel(self, fragment: int | None = None) -> int:
         return sum(s.numel for s in self._spans(fragment))
 
@@ -277,11 +286,12 @@ class LocalTrainer:
         the samples behind it; the fragment's sample count restarts."""
         f = self._fragment_or_only(fragment)
         delta = self.pseudo_gradient(f)
-        if self.error_feedback is not None:
-            delta = self.error_feedback[f].compensate(delta)
+        if self.error_feedback is not None and not self.run.rounds.keep_unsent_locally:
+            delta = self.error_feedback[f].compensate(delta)  # (kept locally, θl already holds it: Δ carries it)
         samples, self._samples_since_sync[f] = self._samples_since_sync[f], 0
         owner = self.owner_feedback[f] if self.owner_feedback is not None else None
-        return Contribution(fragment=f, delta=delta, samples=samples, owner=owner)
+        return Contribution(fragment=f, delta=delta, samples=samples, owner=owner,
+                            lowrank=self.lowrank[f] if self.lowrank is not None else None)
 
     def return_contribution(self, contribution: Contribution) -> None:
         """The round ``contribution`` was taken for was voided: nothing of it was applied anywhere, and
@@ -291,6 +301,8 @@ class LocalTrainer:
         self._samples_since_sync[contribution.fragment] += contribution.samples
         if contribution.owner is not None:
             contribution.owner.discard()
+        if contribution.lowrank is not None:
+            contribution.lowrank.discard()
 
     def record_sent(self, contribution: Contribution, codec: Codec | str, parts: int | None = None) -> None:
         """Error feedback: remember what the codec drops from ``contribution.delta`` when it is sent as
@@ -298,12 +310,16 @@ class LocalTrainer:
         the one the exchange sent it with (``sent_as``, the round's controller choice) or else ``codec``
         (the run's). The residual stays valid across codec changes: it is what the last sent values lacked,
         whatever encoded them. Call it once the contribution went out; a no-op when error feedback is off."""
+        delivered = contribution.lowrank.commit() if contribution.lowrank is not None else None
         if self.error_feedback is None:
             return
         if contribution.owner is not None:
             contribution.owner.commit()
         codec = get_codec(contribution.sent_as or codec)
         feedback = self.error_feedback[contribution.fragment]
+        if delivered is not None:  # a low-rank exchange: it delivered this peer's projection
+            feedback.update(contribution.delta, delivered)
+            return
         if codec.lossless:
             feedback.reset()
             return
@@ -344,6 +360,10 @@ class LocalTrainer:
             return
         merged = fragments.merge_fragment(self.local_params(fragment), spans.gather(self.global_params, fragment_spans),
                                           self.mixing_alpha)
+        if self.run.rounds.keep_unsent_locally and self.error_feedback is not None:
+            # θl ← θg − residual: the next Δ = θg − θl starts with what the wire has not delivered yet
+            residual = average.unflatten(self.error_feedback[self._fragment_or_only(fragment)].residual, merged)
+            merged = [m - r for m, r in zip(merged, residual)]
         spans.write(self._params, fragment_spans, merged)
 
     @property

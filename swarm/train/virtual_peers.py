@@ -16,6 +16,7 @@ from swarm.core.aggregation import Aggregation
 from swarm.core.all_gather import gather_bytes_by_site, gather_reference
 from swarm.core.average import butterfly_reference
 from swarm.core.codec import Codec, get_codec
+from swarm.core import lowrank
 from swarm.core import commit_rule
 from swarm.core.fragments import round_end_step
 from swarm.core.site_plan import butterfly_bytes_by_site, plan_sites, two_level_bytes_sent, two_level_reference
@@ -41,8 +42,12 @@ class Board:
     the round runner blocks exactly where a real peer would."""
 
     def __init__(self, peers: int, rounds: int, wire: Codec, aggregation: Aggregation = Aggregation(), *,
-                 sites: Optional[list[str]] = None, hierarchical: bool = False, group_size: int = 0) -> None:
+                 sites: Optional[list[str]] = None, hierarchical: bool = False, group_size: int = 0,
+                 shapes: Optional[list[list[tuple[int, ...]]]] = None) -> None:
         self.peers, self.rounds, self.wire = peers, rounds, wire
+        # a lowrank codec: each fragment's layout of matrices and dense parts (swarm.core.lowrank)
+        self.layouts = [lowrank.layout(f, wire.rank) for f in shapes or []] if wire.lowrank else []
+        self.lowrank_rounds: dict[int, lowrank.LowRankRound] = {}
         self.aggregation = aggregation
         self.sites = sites or [""] * peers  # each virtual peer's site, as its credential would carry it
         # [rounds] hierarchical: the two-level plan of the group of every virtual peer (None: one flat group)
@@ -69,19 +74,31 @@ class Board:
             weights = self.aggregation.weights([float(c.samples) for c in ordered], [str(i) for i in range(self.peers)])
             reduce = lambda d, w: self.aggregation.reduce(d, w).average  # noqa: E731
             deltas = [c.delta for c in ordered]
-            if self.wire.gathered:  # a sparse codec: every peer decodes all contributions (swarm.core.all_gather)
+            if self.wire.lowrank:  # two butterflies of the factors (swarm.core.lowrank)
+                lay = self.layouts[ordered[0].fragment]
+                qs = [c.lowrank.q_for(lay) if c.lowrank is not None else lowrank.initial_q(lay, 0) for c in ordered]
+                done = lowrank.lowrank_reference(deltas, weights, self.wire, lay, qs, reduce=reduce)
+                self.averages[round_no], self.lowrank_rounds[round_no] = done.average, done
+            elif self.wire.gathered:  # a sparse codec: every peer decodes all contributions (swarm.core.all_gather)
                 self.averages[round_no] = gather_reference(deltas, weights, self.wire, reduce=reduce)
             else:
                 owners = [c.owner for c in ordered]  # peer i owns slice i
                 self.averages[round_no] = butterfly_reference(deltas, weights, self.wire, reduce=reduce, owners=owners) \
                     if self.plan is None else two_level_reference(deltas, weights, self.plan, self.wire, reduce=reduce)
-        in_site, cross_site = self.bytes_sent(contribution.delta.numel())[index]
+        if self.wire.lowrank and contribution.lowrank is not None:
+            done = self.lowrank_rounds[round_no]
+            contribution.lowrank.stage(done.q_next, done.delivered[index])
+        in_site, cross_site = self.bytes_sent(contribution.delta.numel(), contribution.fragment)[index]
         self.cross_site_bytes.setdefault(round_no, {})[index] = cross_site
         return Averaged(average=self.averages[round_no], group=[str(i) for i in range(self.peers)],
                         bytes_sent=in_site + cross_site)
 
-    def bytes_sent(self, numel: int) -> list[tuple[int, int]]:
+    def bytes_sent(self, numel: int, fragment: int = 0) -> list[tuple[int, int]]:
         """(in-site, cross-site) payload bytes each virtual peer sends in one exchange of ``numel`` elements."""
+        if self.wire.lowrank:
+            lay = self.layouts[fragment]
+            both = [butterfly_bytes_by_site(n, self.sites, self.wire.values) for n in (lay.p_numel, lay.q_numel)]
+            return [(a[0] + b[0], a[1] + b[1]) for a, b in zip(*both)]
         if self.wire.gathered:
             return gather_bytes_by_site(numel, self.sites, self.wire)
         if self.plan is not None:
@@ -167,7 +184,8 @@ def run_peers(run: RunConfig, trainers: list[LocalTrainer], rates: list[Fraction
     """Every virtual peer runs its rounds through the round runner, on its own thread. ``tamper``
     (benchmarks and tests) replaces what the peers send, see ``Tamper``; ``sites`` are the peers' sites."""
     board = Board(len(trainers), rounds, get_codec(run.rounds.codec), Aggregation.for_run(run), sites=sites,
-                  hierarchical=run.rounds.hierarchical, group_size=run.rounds.group_size)
+                  hierarchical=run.rounds.hierarchical, group_size=run.rounds.group_size,
+                  shapes=[trainers[0].fragment_shapes(f) for f in range(run.rounds.fragments)])
     peers, threads, errors = [], [], []
     for i, (trainer, rate) in enumerate(zip(trainers, rates)):
         peer = VirtualPeer(i, board, tamper=tamper)

@@ -122,12 +122,16 @@ codec = "sign"
 """
 
 
-@pytest.mark.parametrize("config_text, rounds", [(STREAMING_INT8, 4), (SPARSE, 3), (ONE_BIT, 3)],
-                         ids=["int8-streaming-overlap", "topk-all-gather", "sign-owner-feedback"])
+TERNARY = ONE_BIT.replace('codec = "sign"', 'codec = "ternary"\nkeep_unsent_locally = true')
+
+
+@pytest.mark.parametrize("config_text, rounds", [(STREAMING_INT8, 4), (SPARSE, 3), (ONE_BIT, 3), (TERNARY, 3)],
+                         ids=["int8-streaming-overlap", "topk-all-gather", "sign-owner-feedback",
+                              "ternary-unsent-kept-locally"])
 def test_a_compressed_swarm_matches_the_simulator(swarm, tmp_path, config_text, rounds):
     """int8 with 2 balanced streaming fragments (tensors split between them) and overlap (the butterfly),
-    topk-int4 (the sparse all-gather), and the 1-bit sign codec, whose slice owners keep the residual of
-    their re-encoded average across rounds."""
+    topk-int4 (the sparse all-gather), and the 1-bit sign and the ternary codecs, whose slice owners keep the
+    residual of their re-encoded average across rounds (ternary with its peers' residual kept in θl)."""
     config = tmp_path / "run.toml"
     config.write_text(config_text)
     swarm.start_coordinator("--config", str(config), "--exit-grace-s", "0")

@@ -28,6 +28,7 @@ EXPECTED_SIZE = {
     "int8": lambda n: 4 * math.ceil(n / 64) + n,  # an fp32 scale per 64 elements, one byte each
     "int4": lambda n: 4 * math.ceil(n / 64) + math.ceil(n / 2),  # two codes per byte
     "sign": lambda n: 4 * math.ceil(n / 64) + math.ceil(n / 8),  # an fp32 scale per 64, one bit each
+    "ternary": lambda n: 4 * math.ceil(n / 256) + math.ceil(n / 5),  # an fp32 level per 256, five codes a byte
 }
 
 

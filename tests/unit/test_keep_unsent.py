@@ -1,0 +1,54 @@
+"""``[rounds] keep_unsent_locally``: after a round a peer restarts its inner steps from θg minus its
+error-feedback residual, so the next pseudo-gradient carries what the wire has not delivered yet without
+adding it a second time, and the peers still agree on θg."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from swarm.config import ConfigError, RunConfig
+from swarm.core.average import butterfly_reference
+from swarm.train.sim import simulate
+from swarm.train.trainer import LocalTrainer
+from tests.unit.test_trainer_sim import RUN
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
+
+
+def _run(keep: bool) -> RunConfig:
+    return RUN.replace(rounds=dataclasses.replace(RUN.rounds, inner_steps=3, codec="ternary",
+                                                  keep_unsent_locally=keep)).validate()
+
+
+def test_the_next_pseudo_gradient_starts_with_the_residual_and_does_not_add_it_again():
+    run = _run(True)
+    trainers = [LocalTrainer(run, peer_index=i) for i in range(2)]
+    for t in trainers:
+        t.train(3)
+    contributions = [t.take_contribution() for t in trainers]
+    assert torch.equal(contributions[0].delta, trainers[0].pseudo_gradient())  # no residual added yet
+    average = butterfly_reference([c.delta for c in contributions], [1.0, 1.0], "ternary",
+                                  owners=[c.owner for c in contributions])
+    for t, c in zip(trainers, contributions):
+        state = t.apply(average, None, 1)
+        t.record_sent(c, "ternary", parts=2)
+        t.commit(state, fragment=0)
+    residual = trainers[0].error_feedback[0].residual
+    assert residual.abs().max() > 0
+    # before any inner step, θg − θl is the residual: the next Δ holds it once
+    assert torch.equal(trainers[0].take_contribution().delta, trainers[0].pseudo_gradient())
+    assert torch.allclose(trainers[0].pseudo_gradient(), residual, atol=1e-6)
+
+
+def test_a_simulated_run_is_consistent_and_differs_from_adding_the_residual():
+    kept, added = simulate(_run(True), peers=2, rounds=3), simulate(_run(False), peers=2, rounds=3)
+    assert kept.consistent and added.consistent and kept.final_hash != added.final_hash
+
+
+def test_it_is_refused_where_theta_l_is_not_restarted_each_round():
+    for extra in ('"fragments": 2', '"overlap_steps": 2', '"error_feedback": false'):
+        with pytest.raises(ConfigError, match="keep_unsent_locally needs plain DiLoCo"):
+            RunConfig.from_json(f'{{"rounds": {{"codec": "int4", "keep_unsent_locally": true, {extra}}}}}')
