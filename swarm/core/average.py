@@ -68,10 +68,14 @@ def weighted_average(contributions: Sequence[torch.Tensor], weights: Sequence[fl
     total = 0.0
     for w in weights:  # Python float, summed in the given order: every peer gets the same divisor
         total += float(w)
-    acc = contributions[0] * _f32(weights[0])
+    # In place into one new tensor and one scratch: the same roundings as ``acc + c * w`` written out, without
+    # a fresh allocation per operation (at tens of MB each, their page faults cost more than the arithmetic).
+    acc = torch.mul(contributions[0], _f32(weights[0]))
+    scaled = torch.empty_like(acc) if len(contributions) > 1 else acc
     for c, w in zip(contributions[1:], weights[1:]):
-        acc = acc + (c * _f32(w))  # separate mul and add: two roundings, never one FMA
-    return acc / _f32(total)
+        torch.mul(c, _f32(w), out=scaled)
+        acc.add_(scaled)  # separate mul and add: two roundings, never one FMA
+    return acc.div_(_f32(total))
 
 
 def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

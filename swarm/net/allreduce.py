@@ -28,7 +28,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import AsyncIterator, Awaitable, Callable, Optional, Sequence
 
 import torch
 from hivemind.p2p import P2PContext, PeerID
@@ -36,6 +36,7 @@ from hivemind.p2p import P2PContext, PeerID
 from swarm.core.aggregation import Aggregation
 from swarm.core.codec import get_codec
 from swarm.core.owner_feedback import OwnerFeedback
+from swarm.net.bulk_channel import MAC_KEY_BYTES, TAG_BYTES, BulkChannel, parse_bulk_address, seal
 from swarm.net.link_probe import LinkProbe
 from swarm.net.chunk_stream import SlicePayload, cancel_all, chunk_messages, settle
 from swarm.net.link_stats import LinkTimings, TransferLog
@@ -47,6 +48,7 @@ from swarm.net.slice_reduction import (
     capped_weights,
     check_agreement,
     check_sendable,
+    decode_into,
     decode_slice,
     encode_slice,
     group_bounds,
@@ -79,9 +81,17 @@ class ExchangeResult:
 
 
 class Exchange:
-    def __init__(self, transport: Transport, *, run_id: str, aggregation: Aggregation = Aggregation()):
+    def __init__(self, transport: Transport, *, run_id: str, aggregation: Aggregation = Aggregation(),
+                 bulk: bool = True, send_in_turn: bool = True):
+        """``bulk``: slices go over the transport's bulk channel to members that announce one
+        (``swarm.net.bulk_channel``), else over libp2p. ``send_in_turn``: each phase sends to one groupmate at
+        a time, position p's i-th send to position p + i (so each link carries one flow at a time), instead of
+        to all at once."""
         self.transport = transport
         self.aggregation = aggregation  # Aggregation.for_run(run): the rule and the weight cap of the run
+        self.send_in_turn = send_in_turn
+        self.bulk: Optional[BulkChannel] = None  # the transport's, shared with its other exchanges
+        self._use_bulk = bulk
         self._handler_name = f"swarm_{run_id}.part"
         self.probe = LinkProbe(transport.p2p, run_id=run_id)  # answers this run's pings; times groupmates'
         self._key_prefix = f"{run_id}."  # every key of this run's exchanges (rendezvous.group_key)
@@ -101,6 +111,13 @@ class Exchange:
             self._handler_name, self._on_chunks, exchange_pb2.TensorChunk, stream_input=True
         )
         await self.probe.start()
+        if self._use_bulk:
+            self.bulk = await self.transport.open_bulk()
+
+    @property
+    def bulk_address(self) -> str:
+        """What this peer's group entry announces as ``Member.bulk`` ("": no bulk channel)."""
+        return self.bulk.address if self.bulk is not None else ""
 
     def average(
         self, *, key: str, group: list[Member], me: Member, delta: torch.Tensor, timeout_s: float,
@@ -196,15 +213,18 @@ class Exchange:
                                                     owner=owner, bounds=bounds[position])
         rejected, clipped = judged(key, group, reduced)
         await self._deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
-        sent += sum(await settle(self._send(member, key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
-                                 for i, member in enumerate(group) if i != position))
+        averaged_payload = SlicePayload(averaged)  # one digest for every groupmate
+        sent += await self._send_each(len(group) - 1, lambda i: self._send(
+            group[(position + 1 + i) % len(group)], key, digest, exchange_pb2.PHASE_AVERAGED, position, position,
+            averaged_payload))
 
         # Phase 2: collect every owner's averaged slice, each decoded as it arrives.
-        parts = await settle(self._decoded(key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, owner), owner, e - s)
-                             for owner, (s, e) in enumerate(bounds))
+        average = torch.empty(me.numel)
+        await settle(self._decoded_into(key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, owner), owner,
+                                        average[s:e]) for owner, (s, e) in enumerate(bounds))
         rtt_s = self.probe.ping_for_next(group[:position] + group[position + 1:])  # on links now idle
         return ExchangeResult(
-            average=await asyncio.to_thread(torch.cat, parts),
+            average=average,
             bytes_sent=sent,
             bytes_received=self._received_bytes.get(key, 0),
             seconds=time.perf_counter() - started,
@@ -227,35 +247,82 @@ class Exchange:
 
     async def _contribute(self, key: str, group: list[Member], digest: str, position: int,
                           bounds: list[tuple[int, int]], flat: torch.Tensor, codec) -> int:
-        """Send every slice to its owner as soon as it is encoded (elementwise codecs chunk by chunk), owners
-        in turn from the next position on (the group's first sends go to different owners); the bytes sent."""
+        """Send every slice to its owner, owners in turn from the next position on, each slice encoded (and
+        its digest for the bulk channel made) while the one before it is sent; this peer's own slice is
+        encoded meanwhile. The bytes sent."""
         await asyncio.to_thread(check_sendable, codec, flat, key)
-        sends = []
+        owners = [(position + i) % len(group) for i in range(1, len(group))]
+
+        async def prepared(owner: int) -> tuple[SlicePayload, Optional[tuple[bytes, bytes]]]:
+            """The slice for ``owner``, and for the bulk channel its one-time key and tag."""
+            start, end = bounds[owner]
+            payload = SlicePayload.lazy(codec, flat[start:end])
+            if payload is None:  # off the event loop, which keeps serving the other peers' streams
+                payload = SlicePayload(await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key))
+            if self._bulk_address(group[owner]) is None:
+                return payload, None
+            return payload, await asyncio.to_thread(seal, await payload.whole())
+
+        async def own() -> None:
+            start, end = bounds[position]
+            own_slice = SlicePayload.lazy(codec, flat[start:end])
+            if own_slice is not None and own_slice.lossless_view() is not None:
+                data = own_slice.lossless_view()  # fp32: its bytes are the vector's; the reduction reads them there
+            else:
+                data = await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key)
+            await self._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, position, position, data)
+
+        payloads = {}  # owner -> its slice being prepared, at most one ahead when sending in turn
+        ahead = 1 if self.send_in_turn else len(owners)
+
+        def prepare_upto(i: int) -> None:
+            for owner in owners[:i + 1]:
+                if owner not in payloads:
+                    payloads[owner] = asyncio.ensure_future(prepared(owner))
+
+        async def send(i: int) -> int:
+            prepare_upto(i + ahead)
+            payload, sealed = await payloads[owners[i]]
+            return await self._send(group[owners[i]], key, digest, exchange_pb2.PHASE_CONTRIBUTION, owners[i],
+                                    position, payload, sealed=sealed)
+
+        prepare_upto(ahead - 1)
+        own_slice = asyncio.ensure_future(own())
         try:
-            for owner in [(position + i) % len(group) for i in range(1, len(group) + 1)]:
-                start, end = bounds[owner]
-                payload = SlicePayload.lazy(codec, flat[start:end]) if owner != position else None
-                if payload is None:  # off the event loop, which keeps serving the other peers' streams
-                    payload = SlicePayload(await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key))
-                if owner == position:
-                    await self._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload.data)
-                else:
-                    sends.append(asyncio.ensure_future(
-                        self._send(group[owner], key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload)))
-        except BaseException:  # an encoding failed: the sends already under way are called off
-            await cancel_all(sends)
+            sent = await self._send_each(len(owners), send)
+            await own_slice
+        except BaseException:  # an encoding or a send failed: the rest are called off
+            await cancel_all([own_slice, *payloads.values()])
             raise
-        return sum(await settle(sends))
+        return sent
+
+    async def _send_each(self, count: int, send: Callable[[int], Awaitable[int]]) -> int:
+        """``send(i)`` for i in range(count), in turn or all at once (``send_in_turn``); the bytes sent."""
+        if not self.send_in_turn:
+            return sum(await settle(send(i) for i in range(count)))
+        return sum([await send(i) for i in range(count)])
 
     async def _decoded(self, key: str, group: list[Member], codec, where: tuple, sender: int, numel: int) -> torch.Tensor:
         """The slice (``where``: digest, phase, part) from position ``sender``, decoded once it is here."""
         (data,) = await self._wait_for(key, [(*where, sender, group[sender].dht_peer_id)], group)
         return await asyncio.to_thread(decode_slice, codec, data, numel, key)
 
+    async def _decoded_into(self, key: str, group: list[Member], codec, where: tuple, sender: int,
+                            out: torch.Tensor) -> None:
+        """The slice (``where``: digest, phase, part) from position ``sender``, decoded into ``out``."""
+        (data,) = await self._wait_for(key, [(*where, sender, group[sender].dht_peer_id)], group)
+        await asyncio.to_thread(decode_into, codec, data, out, key)
+
     async def _send(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int,
-                    payload: SlicePayload | bytes) -> int:
+                    payload: SlicePayload | bytes, *, sealed: Optional[tuple[bytes, bytes]] = None) -> int:
+        """Send one slice: over ``member``'s bulk channel if it has one (``sealed``: its key and tag, made
+        now when None), else, or if that fails, over libp2p; the bytes sent."""
         payload, sent = SlicePayload(payload) if isinstance(payload, bytes) else payload, 0
         head = dict(key=key, group_digest=digest, phase=phase, part=part, sender=sender)
+        if phase != exchange_pb2.PHASE_ABORT:
+            bulk_sent = await self._send_bulk(member, key, head, payload, sealed)
+            if bulk_sent is not None:
+                return bulk_sent
         for attempt in range(2):
             first_byte, sizes = [], []  # when the stream opened (the first chunk went); each message's size
             try:
@@ -284,6 +351,59 @@ class Exchange:
             return sent + sum(sizes)
         raise AssertionError("unreachable")
 
+    def _bulk_address(self, member: Member) -> Optional[tuple[str, int]]:
+        return parse_bulk_address(member.bulk) if self.bulk is not None else None
+
+    async def _send_bulk(self, member: Member, key: str, head: dict, payload: SlicePayload,
+                         sealed: Optional[tuple[bytes, bytes]]) -> Optional[int]:
+        """Claim the slot over libp2p with the slice's one-time key and tag, then send the bytes over
+        ``member``'s bulk channel; the bytes sent, or None when the slice must go over libp2p (no bulk address,
+        a claim or a frame not taken: a refusal there is then the libp2p path's to report)."""
+        address = self._bulk_address(member)
+        if address is None:
+            return None
+        data = await payload.whole()
+        mac_key, tag = sealed or await asyncio.to_thread(seal, data)
+        claim = exchange_pb2.TensorChunk(**head, chunk=0, num_chunks=1, bulk_mac_key=mac_key, bulk_tag=tag,
+                                         bulk_bytes=len(data))
+        try:
+            ack = await self.transport.p2p.call_protobuf_handler(
+                PeerID.from_base58(member.dht_peer_id), self._handler_name, _one(claim), exchange_pb2.ChunkAck)
+        except Exception as e:  # any failure to claim: the libp2p path tries and reports it
+            logger.debug("%s: no bulk claim with %s (%r)", key, member.peer_id, e)
+            return None
+        if not ack.ok:
+            return None
+        first_byte = await self.transport.bulk_sender.send(
+            address, exchange_pb2.BulkHeader(**head, tag=tag, length=len(data)), data)
+        if first_byte is None:
+            return None
+        if key in self._groups:  # an exchange in progress
+            self._transfers.sent(key, member.dht_peer_id, len(data), first_byte)
+        return len(data) + claim.ByteSize()
+
+    async def _on_claim(self, head: exchange_pb2.TensorChunk, remote: str) -> exchange_pb2.ChunkAck:
+        """A groupmate's claim: take the slot's bytes from the bulk channel once they match its digest."""
+        if self.bulk is None or len(head.bulk_mac_key) != MAC_KEY_BYTES or len(head.bulk_tag) != TAG_BYTES \
+                or head.bulk_bytes <= 0 or head.data:
+            return exchange_pb2.ChunkAck(ok=False, error="no bulk channel here, or a malformed claim")
+        key, slot = head.key, (head.group_digest, head.phase, head.part, head.sender, remote)
+        async with self._cond:
+            if not self._admitted(key, slot):
+                self._reject(key, remote, head.sender)
+                return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
+
+        async def deliver(payload: memoryview, sizes: list[int], arrivals: list[float]) -> bool:
+            if not await self._deliver(key, *slot[:4], payload, sender_id=remote):
+                return False
+            self._received_bytes[key] = self._received_bytes.get(key, 0) + len(payload)
+            self._transfers.received(key, remote, sizes, arrivals)
+            return True
+
+        if not self.bulk.claim(key, (*slot[:4], head.bulk_tag, head.bulk_bytes), head.bulk_mac_key, deliver):
+            return exchange_pb2.ChunkAck(ok=False, error="too many bulk claims open here; send the slice itself")
+        return exchange_pb2.ChunkAck(ok=True)
+
     async def _on_chunks(self, requests, context: P2PContext) -> exchange_pb2.ChunkAck:
         chunks: list[exchange_pb2.TensorChunk] = []
         arrivals: list[float] = []
@@ -298,8 +418,10 @@ class Exchange:
             for i, c in enumerate(chunks)
         ):
             return exchange_pb2.ChunkAck(ok=False, error="chunks of one slice arrived inconsistent or incomplete")
-        payload = b"".join(c.data for c in chunks)
         remote = context.remote_id.to_base58()
+        if head.bulk_tag:
+            return await self._on_claim(head, remote)
+        payload = b"".join(c.data for c in chunks)
         if not await self._deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload,
                                    sender_id=remote):
             return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
@@ -316,16 +438,20 @@ class Exchange:
         sender_id = sender_id or self.transport.peer_id
         slot = (digest, phase, part, sender, sender_id)
         async with self._cond:
-            ids = self._groups.get(key)
-            if ids is not None and not (0 <= sender < len(ids) and ids[sender] == sender_id):
-                self._reject(key, sender_id, sender)
-                return False
-            if ids is None and not self._may_buffer_early(key, slot):
+            if not self._admitted(key, slot):
                 self._reject(key, sender_id, sender)
                 return False
             self._inbox[key][slot] = payload
             self._cond.notify_all()
             return True
+
+    def _admitted(self, key: str, slot: Slot) -> bool:
+        """Whether ``slot``'s sender is that position's member of ``key``'s group (or, while the group is not
+        known, may be: ``_may_buffer_early``); under ``_cond``."""
+        ids, sender, sender_id = self._groups.get(key), slot[3], slot[4]
+        if ids is not None:
+            return 0 <= sender < len(ids) and ids[sender] == sender_id
+        return self._may_buffer_early(key, slot)
 
     def _may_buffer_early(self, key: str, slot: Slot) -> bool:
         """Whether a slice that came before this peer knows the key's group may wait for it (opening a
@@ -348,6 +474,8 @@ class Exchange:
             return False
         for stale in idle[:max(0, excess)]:
             self._inbox.pop(stale)
+            if self.bulk is not None:
+                self.bulk.forget(stale)
             self._received_bytes.pop(stale, None)
             self._transfers.forget(stale)
         self._inbox[key] = {}
@@ -400,8 +528,14 @@ class Exchange:
             self._received_bytes.pop(key, None)
             self._transfers.forget(key)
             self._groups.pop(key, None)
+        if self.bulk is not None:
+            self.bulk.forget(key)
 
 
 async def _pause(seconds: Optional[float]) -> None:
     if seconds:
         await asyncio.sleep(seconds)
+
+
+async def _one(message) -> AsyncIterator:
+    yield message

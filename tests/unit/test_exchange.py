@@ -49,9 +49,10 @@ class Peer:
         self.credential: credential.Member = make_member(COORDINATOR, RUN_ID, transport.peer_id)
         self.name = self.credential.peer_id
 
-    def member(self, *, weight: float, codec: str = "fp32", numel: int = NUMEL) -> Member:
+    def member(self, *, weight: float, codec: str = "fp32", numel: int = NUMEL, bulk: bool = True) -> Member:
+        """``bulk``: announce this peer's bulk channel (its slices then come over it), as a peer does."""
         return Member(peer_id=self.name, dht_peer_id=self.transport.peer_id, index=self.index,
-                      weight=weight, numel=numel, codec=codec)
+                      weight=weight, numel=numel, codec=codec, bulk=self.exchange.bulk_address if bulk else "")
 
     def group(self, key: str, me: Member, planned: set[str], *, window_s: float = 20.0) -> list[Member]:
         return rendezvous(self.transport.dht, key=key, me=me, member=self.credential, planned=lambda: planned, window_s=window_s,
