@@ -38,7 +38,7 @@ from swarm.core.codec import get_codec
 from swarm.core.owner_feedback import OwnerFeedback
 from swarm.net.bulk_channel import MAC_KEY_BYTES, TAG_BYTES, BulkChannel, parse_bulk_address, seal
 from swarm.net.link_probe import LinkProbe
-from swarm.net.chunk_stream import SlicePayload, cancel_all, chunk_messages, settle
+from swarm.net.chunk_stream import SlicePayload, Turn, cancel_all, chunk_messages, settle
 from swarm.net.link_stats import LinkTimings, TransferLog
 from swarm.net.p2p_address import unreachable_sentence
 from swarm.net.reachability import is_dial_failure, shown_maddrs, unreachable_groupmate
@@ -214,9 +214,9 @@ class Exchange:
         rejected, clipped = judged(key, group, reduced)
         await self._deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
         averaged_payload = SlicePayload(averaged)  # one digest for every groupmate
-        sent += await self._send_each(len(group) - 1, lambda i: self._send(
+        sent += await self._send_each(len(group) - 1, lambda i, turn: self._send(
             group[(position + 1 + i) % len(group)], key, digest, exchange_pb2.PHASE_AVERAGED, position, position,
-            averaged_payload))
+            averaged_payload, turn=turn))
 
         # Phase 2: collect every owner's averaged slice, each decoded as it arrives.
         average = torch.empty(me.numel)
@@ -272,35 +272,29 @@ class Exchange:
                 data = await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key)
             await self._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, position, position, data)
 
-        payloads = {}  # owner -> its slice being prepared, at most one ahead when sending in turn
-        ahead = 1 if self.send_in_turn else len(owners)
-
-        def prepare_upto(i: int) -> None:
-            for owner in owners[:i + 1]:
-                if owner not in payloads:
-                    payloads[owner] = asyncio.ensure_future(prepared(owner))
-
-        async def send(i: int) -> int:
-            prepare_upto(i + ahead)
-            payload, sealed = await payloads[owners[i]]
+        async def send(i: int, turn: Turn) -> int:
+            try:
+                payload, sealed = await prepared(owners[i])
+            except BaseException:
+                turn.done()  # the sends after it are called off too; none waits for this one meanwhile
+                raise
             return await self._send(group[owners[i]], key, digest, exchange_pb2.PHASE_CONTRIBUTION, owners[i],
-                                    position, payload, sealed=sealed)
+                                    position, payload, sealed=sealed, turn=turn)
 
-        prepare_upto(ahead - 1)
         own_slice = asyncio.ensure_future(own())
         try:
             sent = await self._send_each(len(owners), send)
             await own_slice
         except BaseException:  # an encoding or a send failed: the rest are called off
-            await cancel_all([own_slice, *payloads.values()])
+            await cancel_all([own_slice])
             raise
         return sent
 
-    async def _send_each(self, count: int, send: Callable[[int], Awaitable[int]]) -> int:
-        """``send(i)`` for i in range(count), in turn or all at once (``send_in_turn``); the bytes sent."""
-        if not self.send_in_turn:
-            return sum(await settle(send(i) for i in range(count)))
-        return sum([await send(i) for i in range(count)])
+    async def _send_each(self, count: int, send: Callable[[int, Turn], Awaitable[int]]) -> int:
+        """``send(i, turn)`` for i in range(count), all started at once (each encodes and claims its slot at
+        once); their bytes go in turn, the i-th once the one before it is done (``send_in_turn``), or all
+        at once. The bytes sent."""
+        return sum(await settle(send(i, turn) for i, turn in enumerate(Turn.chain(count, self.send_in_turn))))
 
     async def _decoded(self, key: str, group: list[Member], codec, where: tuple, sender: int, numel: int) -> torch.Tensor:
         """The slice (``where``: digest, phase, part) from position ``sender``, decoded once it is here."""
@@ -314,15 +308,25 @@ class Exchange:
         await asyncio.to_thread(decode_into, codec, data, out, key)
 
     async def _send(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int,
-                    payload: SlicePayload | bytes, *, sealed: Optional[tuple[bytes, bytes]] = None) -> int:
+                    payload: SlicePayload | bytes, *, sealed: Optional[tuple[bytes, bytes]] = None,
+                    turn: Optional[Turn] = None) -> int:
         """Send one slice: over ``member``'s bulk channel if it has one (``sealed``: its key and tag, made
-        now when None), else, or if that fails, over libp2p; the bytes sent."""
+        now when None), else, or if that fails, over libp2p; its bytes go on ``turn``. The bytes sent."""
+        turn = turn or Turn()
+        try:
+            return await self._send_on_turn(member, key, digest, phase, part, sender, payload, sealed, turn)
+        finally:
+            turn.done()
+
+    async def _send_on_turn(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int,
+                            payload: SlicePayload | bytes, sealed: Optional[tuple[bytes, bytes]], turn: Turn) -> int:
         payload, sent = SlicePayload(payload) if isinstance(payload, bytes) else payload, 0
         head = dict(key=key, group_digest=digest, phase=phase, part=part, sender=sender)
         if phase != exchange_pb2.PHASE_ABORT:
-            bulk_sent = await self._send_bulk(member, key, head, payload, sealed)
+            bulk_sent = await self._send_bulk(member, key, head, payload, sealed, turn)
             if bulk_sent is not None:
                 return bulk_sent
+        await turn.wait()
         for attempt in range(2):
             first_byte, sizes = [], []  # when the stream opened (the first chunk went); each message's size
             try:
@@ -355,7 +359,7 @@ class Exchange:
         return parse_bulk_address(member.bulk) if self.bulk is not None else None
 
     async def _send_bulk(self, member: Member, key: str, head: dict, payload: SlicePayload,
-                         sealed: Optional[tuple[bytes, bytes]]) -> Optional[int]:
+                         sealed: Optional[tuple[bytes, bytes]], turn: Turn) -> Optional[int]:
         """Claim the slot over libp2p with the slice's one-time key and tag, then send the bytes over
         ``member``'s bulk channel; the bytes sent, or None when the slice must go over libp2p (no bulk address,
         a claim or a frame not taken: a refusal there is then the libp2p path's to report)."""
@@ -374,6 +378,7 @@ class Exchange:
             return None
         if not ack.ok:
             return None
+        await turn.wait()
         first_byte = await self.transport.bulk_sender.send(
             address, exchange_pb2.BulkHeader(**head, tag=tag, length=len(data)), data)
         if first_byte is None:

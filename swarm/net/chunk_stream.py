@@ -72,6 +72,28 @@ async def chunk_messages(payload: SlicePayload, head: dict, first_byte: list[flo
         yield message
 
 
+class Turn:
+    """One send's place in a phase's order: its bytes go once the send before it is done (``after``: None
+    for the first, or when sends go all at once), and it says when it is done itself."""
+
+    def __init__(self, after: Optional[asyncio.Event] = None) -> None:
+        self.after, self.finished = after, asyncio.Event()
+
+    @staticmethod
+    def chain(count: int, in_turn: bool) -> list["Turn"]:
+        turns: list[Turn] = []
+        for _ in range(count):
+            turns.append(Turn(turns[-1].finished if in_turn and turns else None))
+        return turns
+
+    async def wait(self) -> None:
+        if self.after is not None:
+            await self.after.wait()
+
+    def done(self) -> None:
+        self.finished.set()
+
+
 async def settle(awaitables: Iterable[Awaitable]) -> list:
     """All results; on the first failure the rest are cancelled (and awaited) before it propagates."""
     tasks = [asyncio.ensure_future(a) for a in awaitables]
