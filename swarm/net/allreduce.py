@@ -43,6 +43,7 @@ from swarm.net.link_stats import LinkTimings, TransferLog
 from swarm.net.p2p_address import unreachable_sentence
 from swarm.net.reachability import is_dial_failure, shown_maddrs, unreachable_groupmate
 from swarm.net.rendezvous import Member, group_digest
+from swarm.net.slice_inbox import SliceInbox
 from swarm.net.slice_reduction import (
     ExchangeFailed,
     capped_weights,
@@ -61,9 +62,6 @@ from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)
 
-MAX_OPEN_KEYS = 4  # rounds whose early parts are buffered; older ones are dropped
-MAX_EARLY_SLOTS_PER_SENDER = 6  # messages buffered per sender and key before the group is known (a member: 3)
-Slot = tuple[str, int, int, int, str]  # (group digest, phase, part, sender position, sender's libp2p id)
 ABORT_TIMEOUT_S = 2.0  # how long a failing member spends telling its groupmates
 
 
@@ -95,24 +93,32 @@ class Exchange:
         self._handler_name = f"swarm_{run_id}.part"
         self.probe = LinkProbe(transport.p2p, run_id=run_id)  # answers this run's pings; times groupmates'
         self._key_prefix = f"{run_id}."  # every key of this run's exchanges (rendezvous.group_key)
-        self._inbox: dict[str, dict[Slot, bytes]] = {}
+        self.inbox: Optional[SliceInbox] = None  # made on the loop
         self._received_bytes: dict[str, int] = {}
         self._transfers = TransferLog()  # per key, the timed sends and receives
-        self._groups: dict[str, list[str]] = {}  # key -> the libp2p id of each position, while it is averaged
-        self.rejected_chunks = 0  # messages dropped because their sender is not the member they claim to be
         self.own_maddrs = shown_maddrs(transport.visible_maddrs)  # what groupmates are told to dial
         self._told_unreachable = False  # the loop thread's: the fix is logged once, not every round
-        self._cond: Optional[asyncio.Condition] = None
         transport.run(self._start(), timeout_s=30)
 
     async def _start(self) -> None:
-        self._cond = asyncio.Condition()
+        self.inbox = SliceInbox(key_prefix=self._key_prefix, own_id=self.transport.peer_id, on_forget=self._forgotten)
         await self.transport.p2p.add_protobuf_handler(
             self._handler_name, self._on_chunks, exchange_pb2.TensorChunk, stream_input=True
         )
         await self.probe.start()
         if self._use_bulk:
             self.bulk = await self.transport.open_bulk()
+
+    @property
+    def rejected_chunks(self) -> int:
+        """Messages dropped because their sender is not the member they claim to be."""
+        return self.inbox.rejected
+
+    def _forgotten(self, key: str) -> None:
+        self._received_bytes.pop(key, None)
+        self._transfers.forget(key)
+        if self.bulk is not None:
+            self.bulk.forget(key)
 
     @property
     def bulk_address(self) -> str:
@@ -141,7 +147,7 @@ class Exchange:
         except (asyncio.TimeoutError, TimeoutError):
             raise ExchangeFailed(f"{key}: the group did not complete the exchange within {timeout_s:.0f}s") from None
         finally:
-            self.transport.run(self._forget(key), timeout_s=5)
+            self.transport.run(self.inbox.forget(key), timeout_s=5)
 
     async def _average_or_abort(self, key: str, group: list[Member], me: Member, delta: torch.Tensor,
                                 on_phase: Callable[[str], Optional[float]], timeout_s: float,
@@ -191,7 +197,7 @@ class Exchange:
         codec = get_codec(me.codec)
         check_agreement(key, group, me)
         weights = capped_weights(self.aggregation, group, key)
-        await self._expect(key, group)
+        await self.inbox.expect(key, [m.dht_peer_id for m in group])
         flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
         if codec.lowrank:  # the coordinator refuses such runs; a hand-made spec must not average garbage
             raise ValueError(f"codec {codec.name} is exchanged only by the simulator so far; choose int4 or sign.")
@@ -212,7 +218,7 @@ class Exchange:
         averaged, reduced = await asyncio.to_thread(reduce_decoded, self.aggregation, codec, decoded, weights, key,
                                                     owner=owner, bounds=bounds[position])
         rejected, clipped = judged(key, group, reduced)
-        await self._deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
+        await self.inbox.deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
         averaged_payload = SlicePayload(averaged)  # one digest for every groupmate
         sent += await self._send_each(len(group) - 1, lambda i, turn: self._send(
             group[(position + 1 + i) % len(group)], key, digest, exchange_pb2.PHASE_AVERAGED, position, position,
@@ -270,7 +276,7 @@ class Exchange:
                 data = own_slice.lossless_view()  # fp32: its bytes are the vector's; the reduction reads them there
             else:
                 data = await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key)
-            await self._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, position, position, data)
+            await self.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, position, position, data)
 
         async def send(i: int, turn: Turn) -> int:
             try:
@@ -298,13 +304,13 @@ class Exchange:
 
     async def _decoded(self, key: str, group: list[Member], codec, where: tuple, sender: int, numel: int) -> torch.Tensor:
         """The slice (``where``: digest, phase, part) from position ``sender``, decoded once it is here."""
-        (data,) = await self._wait_for(key, [(*where, sender, group[sender].dht_peer_id)], group)
+        (data,) = await self.inbox.wait_for(key, [(*where, sender, group[sender].dht_peer_id)], group)
         return await asyncio.to_thread(decode_slice, codec, data, numel, key)
 
     async def _decoded_into(self, key: str, group: list[Member], codec, where: tuple, sender: int,
                             out: torch.Tensor) -> None:
         """The slice (``where``: digest, phase, part) from position ``sender``, decoded into ``out``."""
-        (data,) = await self._wait_for(key, [(*where, sender, group[sender].dht_peer_id)], group)
+        (data,) = await self.inbox.wait_for(key, [(*where, sender, group[sender].dht_peer_id)], group)
         await asyncio.to_thread(decode_into, codec, data, out, key)
 
     async def _send(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int,
@@ -350,7 +356,7 @@ class Exchange:
                 raise ExchangeFailed(f"{key}: could not send to {member.peer_id} ({e!r})") from None
             if not ack.ok:
                 raise ExchangeFailed(f"{key}: {member.peer_id} refused a slice: {ack.error}")
-            if first_byte and key in self._groups:  # an exchange in progress, not a late abort
+            if first_byte and self.inbox.averaging(key):  # an exchange in progress, not a late abort
                 self._transfers.sent(key, member.dht_peer_id, sum(sizes), first_byte[0])
             return sent + sum(sizes)
         raise AssertionError("unreachable")
@@ -383,7 +389,7 @@ class Exchange:
             address, exchange_pb2.BulkHeader(**head, tag=tag, length=len(data)), data)
         if first_byte is None:
             return None
-        if key in self._groups:  # an exchange in progress
+        if self.inbox.averaging(key):  # an exchange in progress
             self._transfers.sent(key, member.dht_peer_id, len(data), first_byte)
         return len(data) + claim.ByteSize()
 
@@ -393,13 +399,13 @@ class Exchange:
                 or head.bulk_bytes <= 0 or head.data:
             return exchange_pb2.ChunkAck(ok=False, error="no bulk channel here, or a malformed claim")
         key, slot = head.key, (head.group_digest, head.phase, head.part, head.sender, remote)
-        async with self._cond:
-            if not self._admitted(key, slot):
-                self._reject(key, remote, head.sender)
+        async with self.inbox.cond:
+            if not self.inbox.admitted(key, slot):
+                self.inbox.reject(key, remote, head.sender)
                 return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
 
         async def deliver(payload: memoryview, sizes: list[int], arrivals: list[float]) -> bool:
-            if not await self._deliver(key, *slot[:4], payload, sender_id=remote):
+            if not await self.inbox.deliver(key, *slot[:4], payload, sender_id=remote):
                 return False
             self._received_bytes[key] = self._received_bytes.get(key, 0) + len(payload)
             self._transfers.received(key, remote, sizes, arrivals)
@@ -427,114 +433,13 @@ class Exchange:
         if head.bulk_tag:
             return await self._on_claim(head, remote)
         payload = b"".join(c.data for c in chunks)
-        if not await self._deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload,
+        if not await self.inbox.deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload,
                                    sender_id=remote):
             return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
         sizes = [c.ByteSize() for c in chunks]  # not free for 1 MiB messages: once each
         self._received_bytes[head.key] = self._received_bytes.get(head.key, 0) + sum(sizes)
         self._transfers.received(head.key, remote, sizes, arrivals)
         return exchange_pb2.ChunkAck(ok=True)
-
-    async def _deliver(self, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes, *,
-                       sender_id: Optional[str] = None) -> bool:
-        """Buffer a slice from ``sender_id`` (this peer's own when None); False when it was dropped: this
-        key's group is known and ``sender_id`` is not the libp2p id of position ``sender`` in it, or the
-        group is not known yet and the slice cannot be an early one of this run's members."""
-        sender_id = sender_id or self.transport.peer_id
-        slot = (digest, phase, part, sender, sender_id)
-        async with self._cond:
-            if not self._admitted(key, slot):
-                self._reject(key, sender_id, sender)
-                return False
-            self._inbox[key][slot] = payload
-            self._cond.notify_all()
-            return True
-
-    def _admitted(self, key: str, slot: Slot) -> bool:
-        """Whether ``slot``'s sender is that position's member of ``key``'s group (or, while the group is not
-        known, may be: ``_may_buffer_early``); under ``_cond``."""
-        ids, sender, sender_id = self._groups.get(key), slot[3], slot[4]
-        if ids is not None:
-            return 0 <= sender < len(ids) and ids[sender] == sender_id
-        return self._may_buffer_early(key, slot)
-
-    def _may_buffer_early(self, key: str, slot: Slot) -> bool:
-        """Whether a slice that came before this peer knows the key's group may wait for it (opening a
-        buffer for the key if needed). A member sends each peer at most three messages per key (its
-        contribution, its averaged slice, an abort), so a sender with more is not an honest member; the
-        buffers of keys being averaged are never evicted for a new key."""
-        if not key.startswith(self._key_prefix):
-            return False
-        if key in self._inbox:
-            inbox = self._inbox[key]
-            return slot in inbox or sum(s[4] == slot[4] for s in inbox) < MAX_EARLY_SLOTS_PER_SENDER
-        return self._open(key, force=False)
-
-    def _open(self, key: str, *, force: bool) -> bool:
-        """Open a buffer for ``key``, evicting the oldest buffers of keys not being averaged to stay within
-        MAX_OPEN_KEYS; False (unless ``force``) when only keys being averaged are open."""
-        idle = [k for k in self._inbox if k not in self._groups]
-        excess = len(self._inbox) + 1 - MAX_OPEN_KEYS
-        if excess > len(idle) and not force:
-            return False
-        for stale in idle[:max(0, excess)]:
-            self._inbox.pop(stale)
-            if self.bulk is not None:
-                self.bulk.forget(stale)
-            self._received_bytes.pop(stale, None)
-            self._transfers.forget(stale)
-        self._inbox[key] = {}
-        return True
-
-    async def _expect(self, key: str, group: list[Member]) -> None:
-        """From now on accept slices for ``key`` only from the group's members, each for its own position;
-        drop what strangers sent before this peer knew the group."""
-        ids = [m.dht_peer_id for m in group]
-        async with self._cond:
-            self._groups[key] = ids
-            if key not in self._inbox:
-                self._open(key, force=True)
-            inbox = self._inbox[key]
-            for slot in [s for s in inbox if not (0 <= s[3] < len(ids) and ids[s[3]] == s[4])]:
-                inbox.pop(slot)
-                self._reject(key, slot[4], slot[3])
-
-    def _reject(self, key: str, sender_id: str, sender: int) -> None:
-        self.rejected_chunks += 1
-        if self.rejected_chunks & (self.rejected_chunks - 1) == 0:  # the 1st, 2nd, 4th, 8th...: never a flood
-            logger.warning("%s: dropped a message from %s claiming group position %d: not that member's libp2p id, "
-                           "or more than a member sends (%d dropped so far)", key, sender_id, sender,
-                           self.rejected_chunks)
-
-    async def _wait_for(self, key: str, wanted: list[Slot], group: list[Member]) -> list[bytes]:
-        """The wanted slices once all are here; ExchangeFailed as soon as a groupmate aborts (only a member
-        can: ``_expect`` dropped every other sender's messages)."""
-        digest = wanted[0][0]
-
-        def aborted() -> Optional[tuple[int, bytes]]:
-            for (d, phase, _, sender, sender_id), data in self._inbox.get(key, {}).items():
-                if phase == exchange_pb2.PHASE_ABORT and d == digest and group[sender].dht_peer_id == sender_id:
-                    return sender, data
-            return None
-
-        async with self._cond:
-            await self._cond.wait_for(lambda: aborted() or all(w in self._inbox.get(key, {}) for w in wanted))
-            abort = aborted()
-            if abort is not None:
-                sender, why = abort
-                who = group[sender].peer_id
-                raise ExchangeFailed(f"{key}: groupmate {who} gave up ({why.decode(errors='replace')})",
-                                     from_groupmate=True)
-            return [self._inbox[key][w] for w in wanted]
-
-    async def _forget(self, key: str) -> None:
-        async with self._cond:
-            self._inbox.pop(key, None)
-            self._received_bytes.pop(key, None)
-            self._transfers.forget(key)
-            self._groups.pop(key, None)
-        if self.bulk is not None:
-            self.bulk.forget(key)
 
 
 async def _pause(seconds: Optional[float]) -> None:

@@ -23,7 +23,8 @@ from swarm.core.average import butterfly_reference, part_bounds, weighted_averag
 from swarm.core.owner_feedback import OwnerFeedback
 from swarm.core.codec import CODECS
 from swarm.core.credential import PeerKey
-from swarm.net.allreduce import MAX_OPEN_KEYS, Exchange, ExchangeFailed, ExchangeResult
+from swarm.net.allreduce import Exchange, ExchangeFailed, ExchangeResult
+from swarm.net.slice_inbox import MAX_OPEN_KEYS
 from swarm.net.dht_entries import EntryValidator, guard, read_entries, sign_entry, store_entry
 from swarm.net.link_stats import LinkEstimates
 from swarm.net.rendezvous import Member, group_digest, group_key, rendezvous
