@@ -113,9 +113,9 @@ def _row(system: str, peers: int, mbit: float, codec: str, payload: int, times: 
             **extra}
 
 
-# Swarm's exchange as each system name runs it: over the bulk channel or libp2p only, sending in turn or all at once.
-SWARM_SYSTEMS = {"swarm": {"bulk": True, "in_turn": True}, "swarm-libp2p": {"bulk": False, "in_turn": True},
-                 "swarm-all-at-once": {"bulk": True, "in_turn": False}}
+# Swarm's exchange as each system name runs it: over the bulk channel or libp2p only, sending all at once or in turn.
+SWARM_SYSTEMS = {"swarm": {"bulk": True, "in_turn": False}, "swarm-libp2p": {"bulk": False, "in_turn": False},
+                 "swarm-in-turn": {"bulk": True, "in_turn": True}}
 
 
 def _swarm_rows(hosts: Hosts, peers: int, mbit: float, codec: str, numel: int, repeats: int, tag: str,
@@ -126,7 +126,7 @@ def _swarm_rows(hosts: Hosts, peers: int, mbit: float, codec: str, numel: int, r
     tag = f"{tag}.{system}"
     # untimed: each host makes its vector and the hosts' connections open, as in a running swarm
     hosts.timed(dict(cmd, key=f"bench.{tag}.{codec}.warm"))
-    times, identical, late, inside, before = [], True, [0.0], [], hosts.cpu_s()
+    times, identical, late, inside, phases, before = [], True, [0.0], [], [], hosts.cpu_s()
     for rep in range(repeats):
         seconds, replies = hosts.timed(dict(cmd, key=f"bench.{tag}.{codec}.{rep}"))
         if seconds is None:
@@ -136,10 +136,13 @@ def _swarm_rows(hosts: Hosts, peers: int, mbit: float, codec: str, numel: int, r
         identical &= len({r["digest"] for r in replies}) == 1
         late += [r["late_s"] for r in replies]
         inside.append(max(r["inside_s"] for r in replies))
+        phases.append({name: max(r["phases_s"].get(name, 0.0) for r in replies) for name in replies[0]["phases_s"]})
     after = hosts.cpu_s()
     cpu = {k: round((after[k] - before[k]) / max(1, len(times)), 2) for k in after}
     return _row(system, peers, mbit, codec, CODECS[codec].encoded_size(numel), times, identical=identical,
                 cpu_s_per_exchange=cpu, exchange_own_s=round(statistics.median(inside), 3) if inside else None,
+                # the slowest host's passing of each point of the exchange, median over repeats
+                phases_s={name: round(statistics.median(p[name] for p in phases), 3) for name in phases[0]} if phases else {},
                 late_s=round(max(late), 3))
 
 
@@ -319,8 +322,8 @@ def main() -> int:
     parser.add_argument("--peers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--codecs", nargs="+", default=["fp32", "int4"], choices=sorted(CODECS))
     parser.add_argument("--systems", nargs="+", default=["swarm", "hivemind", "tcp"], choices=[*SWARM_SYSTEMS, "hivemind", "tcp", "tcp-in-turn"],
-                        help="swarm: over the bulk channel, sending in turn; swarm-libp2p: libp2p only; "
-                             "swarm-all-at-once: bulk, every slice of a phase sent at once; tcp: the butterfly's bytes on "
+                        help="swarm: over the bulk channel, every slice of a phase sent at once; swarm-libp2p: libp2p "
+                             "only; swarm-in-turn: bulk, one groupmate at a time; tcp: the butterfly's bytes on "
                              "raw sockets, all at once; tcp-in-turn: the same, one groupmate at a time")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--numel", type=int, help="parameters per exchange (default: sized to the link rate)")

@@ -170,13 +170,13 @@ class Worker:
         bulk = cmd.get("bulk") or [""] * len(cmd["group"])  # "": that member's slices come over libp2p
         group = [Member(peer_id=f"p{i}", dht_peer_id=d, index=i, weight=1.0, numel=cmd["numel"], codec=cmd["codec"],
                         bulk=b) for i, (d, b) in enumerate(zip(cmd["group"], bulk))]
-        self.exchange.send_in_turn = cmd.get("in_turn", True)
+        self.exchange.send_in_turn = cmd.get("in_turn", False)
         delta = self.vector(cmd["numel"])
         late_s = _wait_until(cmd["at"])
         result = self.exchange.average(key=cmd["key"], group=group, me=group[self.index], delta=delta,
                                        timeout_s=cmd.get("timeout_s", 300))
         return {"seconds": time.time() - cmd["at"], "digest": _digest(result.average), "bytes_sent": result.bytes_sent,
-                "late_s": late_s, "inside_s": result.seconds}
+                "late_s": late_s, "inside_s": result.seconds, "phases_s": result.phases_s}
 
     def _hm_open(self, cmd: dict) -> dict:
         from hivemind.averaging import DecentralizedAverager

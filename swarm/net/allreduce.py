@@ -76,11 +76,14 @@ class ExchangeResult:
     rejected: dict[str, str] = field(default_factory=dict)  # left out of the slice's average
     clipped: dict[str, str] = field(default_factory=dict)  # scaled down to the clipping norm
     links: LinkTimings = field(default_factory=LinkTimings)  # this peer's sends, receives and pings, timed
+    # Seconds from the start at which this peer passed each point of a butterfly exchange: its contributions
+    # sent, every contribution to its slice here, its slice reduced, its averaged slice sent, every slice here.
+    phases_s: dict[str, float] = field(default_factory=dict)
 
 
 class Exchange:
     def __init__(self, transport: Transport, *, run_id: str, aggregation: Aggregation = Aggregation(),
-                 bulk: bool = True, send_in_turn: bool = True):
+                 bulk: bool = True, send_in_turn: bool = False):
         """``bulk``: slices go over the transport's bulk channel to members that announce one
         (``swarm.net.bulk_channel``), else over libp2p. ``send_in_turn``: each phase sends to one groupmate at
         a time, position p's i-th send to position p + i (so each link carries one flow at a time), instead of
@@ -209,25 +212,30 @@ class Exchange:
         # Phase 1: every slice goes, encoded, to its owner (this peer's own slice stays here).
         await _pause(on_phase("sending"))
         sent = await self._contribute(key, group, digest, position, bounds, flat, codec)
+        phases_s = {"contributed": time.perf_counter() - started}
 
         # Reduce this peer's slice in the group's order (each contribution decoded as it arrives), then send
         # the same encoded bytes to all.
         decoded = await settle(self._decoded(key, group, codec, (digest, exchange_pb2.PHASE_CONTRIBUTION, position),
                                              sender, bounds[position][1] - bounds[position][0]) for sender in range(len(group)))
+        phases_s["contributions_here"] = time.perf_counter() - started
         await _pause(on_phase("reducing"))
         averaged, reduced = await asyncio.to_thread(reduce_decoded, self.aggregation, codec, decoded, weights, key,
                                                     owner=owner, bounds=bounds[position])
         rejected, clipped = judged(key, group, reduced)
         await self.inbox.deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
-        averaged_payload = SlicePayload(averaged)  # one digest for every groupmate
+        averaged_payload = SlicePayload(averaged)
+        phases_s["reduced"] = time.perf_counter() - started
         sent += await self._send_each(len(group) - 1, lambda i, turn: self._send(
             group[(position + 1 + i) % len(group)], key, digest, exchange_pb2.PHASE_AVERAGED, position, position,
             averaged_payload, turn=turn))
+        phases_s["averaged_sent"] = time.perf_counter() - started
 
         # Phase 2: collect every owner's averaged slice, each decoded as it arrives.
         average = torch.empty(me.numel)
         await settle(self._decoded_into(key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, owner), owner,
                                         average[s:e]) for owner, (s, e) in enumerate(bounds))
+        phases_s["all_here"] = time.perf_counter() - started
         rtt_s = self.probe.ping_for_next(group[:position] + group[position + 1:])  # on links now idle
         return ExchangeResult(
             average=average,
@@ -237,6 +245,7 @@ class Exchange:
             rejected=rejected,
             clipped=clipped,
             links=self._transfers.timings(key, rtt_s=rtt_s, group=group),
+            phases_s={name: round(seconds, 4) for name, seconds in phases_s.items()},
         )
 
     async def _gather(self, key: str, group: list[Member], me: Member, flat: torch.Tensor, codec, weights: list[float],

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 2.0
 IO_TIMEOUT_S = 600.0  # one frame's send and its status byte; an exchange's own timeout comes first
-UNREACHABLE_RETRY_S = 60.0
+UNREACHABLE_RETRY_S = 600.0  # a firewalled port costs one connect timeout per this long, not one per round
 MAX_IDLE_PER_ADDRESS = 4
 Address = tuple[str, int]
 
