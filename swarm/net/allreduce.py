@@ -36,7 +36,7 @@ from hivemind.p2p import P2PContext, PeerID
 from swarm.core.aggregation import Aggregation
 from swarm.core.codec import get_codec
 from swarm.core.owner_feedback import OwnerFeedback
-from swarm.net.bulk_channel import MAC_KEY_BYTES, TAG_BYTES, BulkChannel, parse_bulk_address, seal
+from swarm.net.bulk_channel import MAC_KEY_BYTES, MIN_BULK_BYTES, TAG_BYTES, BulkChannel, parse_bulk_address, seal
 from swarm.net.link_probe import LinkProbe
 from swarm.net.chunk_stream import SlicePayload, Turn, cancel_all, chunk_messages, settle
 from swarm.net.link_stats import LinkTimings, TransferLog
@@ -274,7 +274,7 @@ class Exchange:
             payload = SlicePayload.lazy(codec, flat[start:end])
             if payload is None:  # off the event loop, which keeps serving the other peers' streams
                 payload = SlicePayload(await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key))
-            if self._bulk_address(group[owner]) is None:
+            if self._bulk_address(group[owner]) is None or payload.size < MIN_BULK_BYTES:
                 return payload, None
             return payload, await asyncio.to_thread(seal, await payload.whole())
 
@@ -379,7 +379,7 @@ class Exchange:
         ``member``'s bulk channel; the bytes sent, or None when the slice must go over libp2p (no bulk address,
         a claim or a frame not taken: a refusal there is then the libp2p path's to report)."""
         address = self._bulk_address(member)
-        if address is None:
+        if address is None or payload.size < MIN_BULK_BYTES:
             return None
         data = await payload.whole()
         mac_key, tag = sealed or await asyncio.to_thread(seal, data)
@@ -398,9 +398,10 @@ class Exchange:
             address, exchange_pb2.BulkHeader(**head, tag=tag, length=len(data)), data)
         if first_byte is None:
             return None
+        sent = len(data) + claim.ByteSize()  # the claim's few bytes too, as the libp2p path counts its headers
         if self.inbox.averaging(key):  # an exchange in progress
-            self._transfers.sent(key, member.dht_peer_id, len(data), first_byte)
-        return len(data) + claim.ByteSize()
+            self._transfers.sent(key, member.dht_peer_id, sent, first_byte)
+        return sent
 
     async def _on_claim(self, head: exchange_pb2.TensorChunk, remote: str) -> exchange_pb2.ChunkAck:
         """A groupmate's claim: take the slot's bytes from the bulk channel once they match its digest."""

@@ -42,6 +42,7 @@ PREFIX = struct.Struct("<4sI")  # MAGIC, header length
 MAX_HEADER_BYTES = 4096
 MAX_PENDING_BYTES = 1 << 30  # bulk bytes read but not yet verified, all connections together
 MAX_CLAIMS = 4096  # slots announced and not yet delivered, all keys together
+MIN_BULK_BYTES = 1 << 16  # smaller slices go over libp2p: one message there costs less than a claim and a frame
 
 # The status byte after a frame. Anything but OK: the sender sends the slice over libp2p instead.
 OK, NO_CLAIM, BUSY, OVER_CAP, MISMATCH, BAD_FRAME, UNDELIVERED = range(7)
