@@ -262,21 +262,27 @@ class Exchange:
 
     async def _contribute(self, key: str, group: list[Member], digest: str, position: int,
                           bounds: list[tuple[int, int]], flat: torch.Tensor, codec) -> int:
-        """Send every slice to its owner, owners in turn from the next position on, each slice encoded (and
-        its digest for the bulk channel made) while the one before it is sent; this peer's own slice is
-        encoded meanwhile. The bytes sent."""
+        """Send every slice to its owner, owners from the next position on. The slices are encoded (and
+        sealed for the bulk channel) one after another in that order, each sent as soon as it is ready, this
+        peer's own slice last: encoding them all at once would delay the first send by the whole vector's
+        encoding. The bytes sent."""
         await asyncio.to_thread(check_sendable, codec, flat, key)
         owners = [(position + i) % len(group) for i in range(1, len(group))]
+        encoding = Turn.chain(len(owners) + 1, in_turn=True)  # the i-th slice's encoding, this peer's own last
 
-        async def prepared(owner: int) -> tuple[SlicePayload, Optional[tuple[bytes, bytes]]]:
-            """The slice for ``owner``, and for the bulk channel its one-time key and tag."""
-            start, end = bounds[owner]
-            payload = SlicePayload.lazy(codec, flat[start:end])
-            if payload is None:  # off the event loop, which keeps serving the other peers' streams
-                payload = SlicePayload(await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key))
-            if self._bulk_address(group[owner]) is None or payload.size < MIN_BULK_BYTES:
-                return payload, None
-            return payload, await asyncio.to_thread(seal, await payload.whole())
+        async def prepared(i: int) -> tuple[SlicePayload, Optional[tuple[bytes, bytes]]]:
+            """The slice for ``owners[i]``, and for the bulk channel its one-time key and tag."""
+            start, end = bounds[owners[i]]
+            await encoding[i].wait()
+            try:
+                payload = SlicePayload.lazy(codec, flat[start:end])
+                if payload is None:  # off the event loop, which keeps serving the other peers' streams
+                    payload = SlicePayload(await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key))
+                if self._bulk_address(group[owners[i]]) is None or payload.size < MIN_BULK_BYTES:
+                    return payload, None
+                return payload, await asyncio.to_thread(seal, await payload.whole())
+            finally:
+                encoding[i].done()
 
         async def own() -> None:
             start, end = bounds[position]
@@ -284,12 +290,13 @@ class Exchange:
             if own_slice is not None and own_slice.lossless_view() is not None:
                 data = own_slice.lossless_view()  # fp32: its bytes are the vector's; the reduction reads them there
             else:
+                await encoding[-1].wait()
                 data = await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key)
             await self.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, position, position, data)
 
         async def send(i: int, turn: Turn) -> int:
             try:
-                payload, sealed = await prepared(owners[i])
+                payload, sealed = await prepared(i)
             except BaseException:
                 turn.done()  # the sends after it are called off too; none waits for this one meanwhile
                 raise
@@ -309,7 +316,7 @@ class Exchange:
         """``send(i, turn)`` for i in range(count), all started at once (each encodes and claims its slot at
         once); their bytes go in turn, the i-th once the one before it is done (``send_in_turn``), or all
         at once. The bytes sent."""
-        return sum(await settle(send(i, turn) for i, turn in enumerate(Turn.chain(count, self.send_in_turn))))
+        return sum(await settle(send(i, turn) for i, turn in enumerate(Turn.chain(count, in_turn=self.send_in_turn))))
 
     async def _decoded(self, key: str, group: list[Member], codec, where: tuple, sender: int, numel: int) -> torch.Tensor:
         """The slice (``where``: digest, phase, part) from position ``sender``, decoded once it is here."""

@@ -80,7 +80,8 @@ class Turn:
         self.after, self.finished = after, asyncio.Event()
 
     @staticmethod
-    def chain(count: int, in_turn: bool) -> list["Turn"]:
+    def chain(count: int, *, in_turn: bool) -> list["Turn"]:
+        """``count`` turns, each after the one before it (``in_turn``), or none waiting for another."""
         turns: list[Turn] = []
         for _ in range(count):
             turns.append(Turn(turns[-1].finished if in_turn and turns else None))
