@@ -34,6 +34,7 @@ import torch
 from hivemind.p2p import P2PContext, PeerID
 
 from swarm.core.aggregation import Aggregation
+from swarm.core.average import new_f32
 from swarm.core.codec import get_codec
 from swarm.core.owner_feedback import OwnerFeedback
 from swarm.net.bulk_channel import MAC_KEY_BYTES, MIN_BULK_BYTES, TAG_BYTES, BulkChannel, parse_bulk_address, seal
@@ -232,7 +233,7 @@ class Exchange:
         phases_s["averaged_sent"] = time.perf_counter() - started
 
         # Phase 2: collect every owner's averaged slice, each decoded as it arrives.
-        average = torch.empty(me.numel)
+        average = new_f32((me.numel,))  # in huge pages where the kernel has them: written once, by the decodes
         await settle(self._decoded_into(key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, owner), owner,
                                         average[s:e]) for owner, (s, e) in enumerate(bounds))
         phases_s["all_here"] = time.perf_counter() - started
