@@ -412,7 +412,7 @@ class Exchange:
         return sent
 
     async def _on_claim(self, head: exchange_pb2.TensorChunk, remote: str) -> exchange_pb2.ChunkAck:
-        """A groupmate's claim: take the slot's bytes from the bulk channel once they match its digest."""
+        """A groupmate's claim: take the slot's bytes from the bulk channel once they carry its tag."""
         if self.bulk is None or len(head.bulk_mac_key) != MAC_KEY_BYTES or len(head.bulk_tag) != TAG_BYTES \
                 or head.bulk_bytes <= 0 or head.data:
             return exchange_pb2.ChunkAck(ok=False, error="no bulk channel here, or a malformed claim")
@@ -429,7 +429,7 @@ class Exchange:
             self._transfers.received(key, remote, sizes, arrivals)
             return True
 
-        if not self.bulk.claim(key, (*slot[:4], head.bulk_tag, head.bulk_bytes), head.bulk_mac_key, deliver):
+        if not self.bulk.claim(key, (*slot[:4], head.bulk_tag, head.bulk_bytes), head.bulk_mac_key, remote, deliver):
             return exchange_pb2.ChunkAck(ok=False, error="too many bulk claims open here; send the slice itself")
         return exchange_pb2.ChunkAck(ok=True)
 

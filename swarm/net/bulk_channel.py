@@ -42,6 +42,7 @@ PREFIX = struct.Struct("<4sI")  # MAGIC, header length
 MAX_HEADER_BYTES = 4096
 MAX_PENDING_BYTES = 1 << 30  # bulk bytes read but not yet verified, all connections together
 MAX_CLAIMS = 4096  # slots announced and not yet delivered, all keys together
+MAX_CLAIMS_PER_SENDER = 8  # per key: an honest member claims 2 (its contribution, its averaged slice) and resends
 MIN_BULK_BYTES = 1 << 16  # smaller slices go over libp2p: one message there costs less than a claim and a frame
 
 # The status byte after a frame. Anything but OK: the sender sends the slice over libp2p instead.
@@ -61,6 +62,7 @@ class Claim:
 
     deliver: Deliver  # (payload, read sizes, their arrival times) -> whether the exchange took it
     mac_key: bytes
+    sender_id: str  # the libp2p id that claimed it (authenticated by libp2p)
     reading: bool = False  # a connection is reading bytes for it now
 
 
@@ -129,13 +131,14 @@ class BulkChannel:
         for reader in list(self._readers):
             reader.abort()
 
-    def claim(self, key: str, slot: Slot, mac_key: bytes, deliver: Deliver) -> bool:
-        """Expect ``slot``'s bytes for ``key``; False when too many claims are open (the sender then
-        sends over libp2p). A repeated claim replaces the earlier (a resend after a lost ack)."""
+    def claim(self, key: str, slot: Slot, mac_key: bytes, sender_id: str, deliver: Deliver) -> bool:
+        """Expect ``slot``'s bytes for ``key`` from ``sender_id``; False when it or everyone has too many
+        claims open (the sender then sends over libp2p). A repeated claim replaces the earlier (a resend)."""
         claims = self._claims.setdefault(key, {})
-        if slot not in claims and sum(map(len, self._claims.values())) >= MAX_CLAIMS:
+        if slot not in claims and (sum(map(len, self._claims.values())) >= MAX_CLAIMS or sum(
+                c.sender_id == sender_id for c in claims.values()) >= MAX_CLAIMS_PER_SENDER):
             return False
-        claims[slot] = Claim(deliver, mac_key)
+        claims[slot] = Claim(deliver, mac_key, sender_id)
         return True
 
     def forget(self, key: str) -> None:
@@ -244,6 +247,9 @@ class _Reader(asyncio.BufferedProtocol):
             else:
                 delivered = await claim.deliver(payload, self._sizes, self._arrivals)
                 status = OK if delivered else UNDELIVERED
+        except Exception as e:  # the exchange failed to take it: the sender sends over libp2p
+            logger.warning("bulk channel: a verified slice could not be delivered (%r)", e)
+            status = UNDELIVERED
         finally:
             self.channel._release(header, claim, delivered=delivered)
         if status != OK:

@@ -1,9 +1,11 @@
 """The bulk channel (swarm.net.bulk_channel) under the butterfly all-reduce, three real hivemind peers in one
 process: slices that go over it give every member the simulator's bits; bytes that an on-path attacker changes
-are refused while the exchange still completes; a member without a reachable bulk address still exchanges."""
+are refused while the exchange still completes; a member without a reachable bulk address still exchanges; bytes
+not yet verified stay under the channel's cap."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import socket
@@ -15,7 +17,8 @@ import torch
 
 from swarm.core.average import butterfly_reference
 from swarm.net.allreduce import Exchange
-from swarm.net.bulk_channel import MAGIC, MISMATCH, NO_CLAIM, PREFIX, parse_bulk_address
+from swarm.net.bulk_channel import (MAGIC, MISMATCH, NO_CLAIM, OK, OVER_CAP, PREFIX, BulkChannel, parse_bulk_address,
+                                   seal)
 from swarm.net.rendezvous import Member, group_digest, group_key
 from swarm.net.transport import Transport
 from swarm.v1 import exchange_pb2
@@ -177,3 +180,42 @@ def test_only_addresses_to_dial_are_taken_from_an_entry() -> None:
     for text in ["", "10.0.0.7", "10.0.0.7:0", "10.0.0.7:70000", "0.0.0.0:4001", "a b:1", "host/evil:1", "x:1\n"]:
         assert parse_bulk_address(text) is None, text
 
+
+
+def test_bytes_beyond_the_unverified_cap_are_refused_and_counted() -> None:
+    """A channel alone (no hivemind): claims for two slots, a cap that holds one of them at a time."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    channel, taken = BulkChannel(max_pending_bytes=150_000), []
+
+    async def deliver(payload, sizes, arrivals) -> bool:
+        taken.append(bytes(payload))
+        return True
+
+    def frame(part: int, body: bytes, tag: bytes) -> bytes:
+        head = exchange_pb2.BulkHeader(key="k", group_digest="d", phase=exchange_pb2.PHASE_CONTRIBUTION, part=part,
+                                       sender=1, tag=tag, length=len(body)).SerializeToString()
+        return PREFIX.pack(MAGIC, len(head)) + head
+
+    try:
+        asyncio.run_coroutine_threadsafe(channel.start("127.0.0.1", None), loop).result(10)
+        bodies = [os.urandom(100_000), os.urandom(100_000)]
+        seals = [seal(body) for body in bodies]
+        for part, (body, (mac_key, tag)) in enumerate(zip(bodies, seals)):
+            slot = ("d", exchange_pb2.PHASE_CONTRIBUTION, part, 1, tag, len(body))
+            loop.call_soon_threadsafe(channel.claim, "k", slot, mac_key, "sender", deliver)
+        address = parse_bulk_address(channel.address)
+        with socket.create_connection(address) as first, socket.create_connection(address) as second:
+            first.sendall(frame(0, bodies[0], seals[0][1]) + bodies[0][:50_000])  # half of it: held, unverified
+            while channel.pending_bytes == 0:  # the loop thread has taken the header and holds the buffer
+                threading.Event().wait(0.01)
+            second.sendall(frame(1, bodies[1], seals[1][1]))
+            assert second.recv(1) == bytes([OVER_CAP])  # 100 kB more would pass the 150 kB cap
+            first.sendall(bodies[0][50_000:])
+            assert first.recv(1) == bytes([OK])
+        assert taken == [bodies[0]] and channel.drops.counts == {OVER_CAP: 1} and channel.pending_bytes == 0
+    finally:
+        loop.call_soon_threadsafe(channel.close)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
