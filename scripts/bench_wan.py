@@ -115,14 +115,16 @@ def _row(system: str, peers: int, mbit: float, codec: str, payload: int, times: 
 
 # Swarm's exchange as each system name runs it: over the bulk channel or libp2p only, sending all at once or in turn.
 SWARM_SYSTEMS = {"swarm": {"bulk": True, "in_turn": False}, "swarm-libp2p": {"bulk": False, "in_turn": False},
-                 "swarm-in-turn": {"bulk": True, "in_turn": True}}
+                 "swarm-in-turn": {"bulk": True, "in_turn": True}, "swarm-paced": {"bulk": True, "in_turn": False}}
 
 
 def _swarm_rows(hosts: Hosts, peers: int, mbit: float, codec: str, numel: int, repeats: int, tag: str,
                 system: str = "swarm") -> dict:
     options = SWARM_SYSTEMS[system]
     cmd = {"cmd": "swarm", "group": [h["dht_peer_id"] for h in hosts.hello], "numel": numel, "codec": codec,
-           "bulk": [h["bulk"] if options["bulk"] else "" for h in hosts.hello], "in_turn": options["in_turn"]}
+           "bulk": [h["bulk"] if options["bulk"] else "" for h in hosts.hello], "in_turn": options["in_turn"],
+           # swarm-paced: each bulk connection at most its share of the link (K−1 flows leave each host)
+           "pace_mbit": 0.95 * mbit / (peers - 1) if system == "swarm-paced" and mbit and peers > 1 else 0}
     tag = f"{tag}.{system}"
     # untimed: each host makes its vector and the hosts' connections open, as in a running swarm
     hosts.timed(dict(cmd, key=f"bench.{tag}.{codec}.warm"))
@@ -323,7 +325,8 @@ def main() -> int:
     parser.add_argument("--codecs", nargs="+", default=["fp32", "int4"], choices=sorted(CODECS))
     parser.add_argument("--systems", nargs="+", default=["swarm", "hivemind", "tcp"], choices=[*SWARM_SYSTEMS, "hivemind", "tcp", "tcp-in-turn"],
                         help="swarm: over the bulk channel, every slice of a phase sent at once; swarm-libp2p: libp2p "
-                             "only; swarm-in-turn: bulk, one groupmate at a time; tcp: the butterfly's bytes on "
+                             "only; swarm-in-turn: bulk, one groupmate at a time; swarm-paced: bulk, each connection paced at "
+                             "0.95/(K-1) of the link; tcp: the butterfly's bytes on "
                              "raw sockets, all at once; tcp-in-turn: the same, one groupmate at a time")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--numel", type=int, help="parameters per exchange (default: sized to the link rate)")

@@ -171,6 +171,7 @@ class Worker:
         group = [Member(peer_id=f"p{i}", dht_peer_id=d, index=i, weight=1.0, numel=cmd["numel"], codec=cmd["codec"],
                         bulk=b) for i, (d, b) in enumerate(zip(cmd["group"], bulk))]
         self.exchange.send_in_turn = cmd.get("in_turn", False)
+        self.exchange.pace_mbit_s = cmd.get("pace_mbit", 0.0)
         delta = self.vector(cmd["numel"])
         late_s = _wait_until(cmd["at"])
         result = self.exchange.average(key=cmd["key"], group=group, me=group[self.index], delta=delta,

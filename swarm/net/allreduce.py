@@ -84,14 +84,16 @@ class ExchangeResult:
 
 class Exchange:
     def __init__(self, transport: Transport, *, run_id: str, aggregation: Aggregation = Aggregation(),
-                 bulk: bool = True, send_in_turn: bool = False):
+                 bulk: bool = True, send_in_turn: bool = False, pace_mbit_s: float = 0.0):
         """``bulk``: slices go over the transport's bulk channel to members that announce one
         (``swarm.net.bulk_channel``), else over libp2p. ``send_in_turn``: each phase sends to one groupmate at
         a time, position p's i-th send to position p + i (so each link carries one flow at a time), instead of
-        to all at once."""
+        to all at once. ``pace_mbit_s``: each bulk connection sends at most this fast (0: unpaced); about the
+        links' rate / (K − 1) keeps the K − 1 flows into a member from overrunning its downlink's queue."""
         self.transport = transport
         self.aggregation = aggregation  # Aggregation.for_run(run): the rule and the weight cap of the run
         self.send_in_turn = send_in_turn
+        self.pace_mbit_s = pace_mbit_s  # the owning thread's between exchanges (read by the loop during one)
         self.bulk: Optional[BulkChannel] = None  # the transport's, shared with its other exchanges
         self._use_bulk = bulk
         self._handler_name = f"swarm_{run_id}.part"
@@ -403,7 +405,8 @@ class Exchange:
             return None
         await turn.wait()
         first_byte = await self.transport.bulk_sender.send(
-            address, exchange_pb2.BulkHeader(**head, tag=tag, length=len(data)), data)
+            address, exchange_pb2.BulkHeader(**head, tag=tag, length=len(data)), data,
+            pace_bytes_per_s=int(self.pace_mbit_s * 1e6 / 8))
         if first_byte is None:
             return None
         sent = len(data) + claim.ByteSize()  # the claim's few bytes too, as the libp2p path counts its headers

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,8 @@ CONNECT_TIMEOUT_S = 2.0
 IO_TIMEOUT_S = 600.0  # one frame's send and its status byte; an exchange's own timeout comes first
 UNREACHABLE_RETRY_S = 600.0  # a firewalled port costs one connect timeout per this long, not one per round
 MAX_IDLE_PER_ADDRESS = 4
+SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)  # Linux; TCP paces itself without the fq qdisc
+UNPACED = 0xFFFFFFFF  # the option's "no limit" (a u32)
 Address = tuple[str, int]
 
 
@@ -37,17 +40,19 @@ class BulkSender:
         self._idle: dict[Address, list[socket.socket]] = {}  # under _lock
         self._skip_until: dict[Address, float] = {}  # the loop's: addresses that could not be dialled
 
-    async def send(self, address: Address, header: exchange_pb2.BulkHeader, data: bytes | memoryview
-                   ) -> Optional[float]:
-        """Send one frame; when the receiver took it, the ``time.perf_counter`` at which its first byte
-        went, else None (not dialled, refused, or the connection broke: the caller uses libp2p)."""
+    async def send(self, address: Address, header: exchange_pb2.BulkHeader, data: bytes | memoryview, *,
+                   pace_bytes_per_s: int = 0) -> Optional[float]:
+        """Send one frame, at most ``pace_bytes_per_s`` (the kernel's TCP pacing, SO_MAX_PACING_RATE; 0:
+        unpaced); when the receiver took it, the ``time.perf_counter`` at which its first byte went, else
+        None (not dialled, refused, or the connection broke: the caller uses libp2p)."""
         if time.monotonic() < self._skip_until.get(address, 0.0):
             return None
         head = header.SerializeToString()
         in_use: list[socket.socket] = []  # the socket the thread is using, to cut it on cancellation
         try:
             started, status = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self._send_frame, address, PREFIX.pack(MAGIC, len(head)) + head, data, in_use)
+                self._pool, self._send_frame, address, PREFIX.pack(MAGIC, len(head)) + head, data, pace_bytes_per_s,
+                in_use)
         except asyncio.CancelledError:
             for sock in in_use:
                 _close(sock)  # unblocks the thread's sendall or recv
@@ -61,7 +66,7 @@ class BulkSender:
                          STATUS_WORDS.get(status, status))
         return started if status == OK else None
 
-    def _send_frame(self, address: Address, head: bytes, data: bytes | memoryview,
+    def _send_frame(self, address: Address, head: bytes, data: bytes | memoryview, pace_bytes_per_s: int,
                     in_use: list[socket.socket]) -> tuple[float, object]:
         for attempt in range(2):
             sock, reused = self._checkout(address)
@@ -69,6 +74,7 @@ class BulkSender:
                 return 0.0, "unreachable"
             in_use[:] = [sock]
             started = time.perf_counter()
+            _pace(sock, pace_bytes_per_s)
             try:
                 sock.sendall(head)
                 sock.sendall(data)
@@ -113,6 +119,15 @@ class BulkSender:
                     _close(sock)
             self._idle.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _pace(sock: socket.socket, bytes_per_s: int) -> None:
+    """Cap the connection's rate (0: no cap; a kept connection may have had one); where the system has no
+    such option, the frame goes unpaced."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, struct.pack("=I", min(UNPACED, bytes_per_s or UNPACED)))
+    except OSError:
+        pass
 
 
 def _close(sock: socket.socket) -> None:
