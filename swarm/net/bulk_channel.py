@@ -234,6 +234,8 @@ class _Reader(asyncio.BufferedProtocol):
         if claim is None:
             return self._refuse(status)
         self._header, self._claim, self.key = header, claim, header.key
+        # timed from the header on, so every byte of the body counts (TransferLog leaves the first read out)
+        self._sizes, self._arrivals = [0], [time.perf_counter()]
         # numpy's empty is not zeroed first (bytearray's is): each page is touched once, by the socket's copy
         self._buffer, self._got, self._stage = memoryview(np.empty(header.length, dtype=np.uint8)), 0, "body"
         self._mac = Poly1305(claim.mac_key)

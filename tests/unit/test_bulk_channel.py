@@ -241,3 +241,6 @@ def test_paced_bulk_connections_send_no_faster_than_the_pace(trio: list[Peer]) -
     assert all(torch.equal(r.average, butterfly_reference(inputs, weights, "fp32")) for r in results)
     rates = [t.bytes * 8 / t.seconds / 1e6 for r in results for t in r.links.uploads]
     assert len(rates) == 12 and max(rates) < 1.25 * pace_mbit_s, rates  # unpaced, loopback moves Gbit/s
+    # the receiving side times them too: what the link estimates take as the download rate
+    received = [t.bytes * 8 / t.seconds / 1e6 for r in results for t in r.links.downloads]
+    assert len(received) == 12 and all(0.5 * pace_mbit_s < rate < 1.25 * pace_mbit_s for rate in received), received
