@@ -28,7 +28,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable, Optional, Sequence
+from typing import Awaitable, Callable, Optional, Sequence
 
 import torch
 from hivemind.p2p import P2PContext, PeerID
@@ -37,7 +37,8 @@ from swarm.core.aggregation import Aggregation
 from swarm.core.average import new_f32
 from swarm.core.codec import get_codec
 from swarm.core.owner_feedback import OwnerFeedback
-from swarm.net.bulk_channel import MAC_KEY_BYTES, MIN_BULK_BYTES, TAG_BYTES, BulkChannel, parse_bulk_address, seal
+from swarm.net.bulk_channel import BulkChannel, seal
+from swarm.net.bulk_slices import BulkSlices
 from swarm.net.link_probe import LinkProbe
 from swarm.net.chunk_stream import SlicePayload, Turn, cancel_all, chunk_messages, settle
 from swarm.net.link_stats import LinkTimings, TransferLog
@@ -95,6 +96,7 @@ class Exchange:
         self.send_in_turn = send_in_turn
         self.pace_mbit_s = pace_mbit_s  # the owning thread's between exchanges (read by the loop during one)
         self.bulk: Optional[BulkChannel] = None  # the transport's, shared with its other exchanges
+        self._bulk_slices: Optional[BulkSlices] = None  # this exchange's use of it
         self._use_bulk = bulk
         self._handler_name = f"swarm_{run_id}.part"
         self.probe = LinkProbe(transport.p2p, run_id=run_id)  # answers this run's pings; times groupmates'
@@ -114,6 +116,8 @@ class Exchange:
         await self.probe.start()
         if self._use_bulk:
             self.bulk = await self.transport.open_bulk()
+            self._bulk_slices = BulkSlices(self.transport, self.bulk, handler_name=self._handler_name, inbox=self.inbox,
+                                           on_sent=self._sent, on_received=self._received)
 
     @property
     def rejected_chunks(self) -> int:
@@ -281,7 +285,7 @@ class Exchange:
                 payload = SlicePayload.lazy(codec, flat[start:end])
                 if payload is None:  # off the event loop, which keeps serving the other peers' streams
                     payload = SlicePayload(await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key))
-                if self._bulk_address(group[owners[i]]) is None or payload.size < MIN_BULK_BYTES:
+                if self._bulk_slices is None or self._bulk_slices.takes(group[owners[i]], payload) is None:
                     return payload, None
                 return payload, await asyncio.to_thread(seal, await payload.whole())
             finally:
@@ -347,8 +351,8 @@ class Exchange:
                             payload: SlicePayload | bytes, sealed: Optional[tuple[bytes, bytes]], turn: Turn) -> int:
         payload, sent = SlicePayload(payload) if isinstance(payload, bytes) else payload, 0
         head = dict(key=key, group_digest=digest, phase=phase, part=part, sender=sender)
-        if phase != exchange_pb2.PHASE_ABORT:
-            bulk_sent = await self._send_bulk(member, key, head, payload, sealed, turn)
+        if phase != exchange_pb2.PHASE_ABORT and self._bulk_slices is not None:
+            bulk_sent = await self._bulk_slices.send(member, key, head, payload, sealed, turn, pace_mbit_s=self.pace_mbit_s)
             if bulk_sent is not None:
                 return bulk_sent
         await turn.wait()
@@ -375,66 +379,18 @@ class Exchange:
                 raise ExchangeFailed(f"{key}: could not send to {member.peer_id} ({e!r})") from None
             if not ack.ok:
                 raise ExchangeFailed(f"{key}: {member.peer_id} refused a slice: {ack.error}")
-            if first_byte and self.inbox.averaging(key):  # an exchange in progress, not a late abort
-                self._transfers.sent(key, member.dht_peer_id, sum(sizes), first_byte[0])
+            if first_byte:
+                self._sent(key, member.dht_peer_id, sum(sizes), first_byte[0])
             return sent + sum(sizes)
         raise AssertionError("unreachable")
 
-    def _bulk_address(self, member: Member) -> Optional[tuple[str, int]]:
-        return parse_bulk_address(member.bulk) if self.bulk is not None else None
+    def _sent(self, key: str, libp2p_id: str, size: int, first_byte: float) -> None:
+        if self.inbox.averaging(key):  # an exchange in progress, not a late abort
+            self._transfers.sent(key, libp2p_id, size, first_byte)
 
-    async def _send_bulk(self, member: Member, key: str, head: dict, payload: SlicePayload,
-                         sealed: Optional[tuple[bytes, bytes]], turn: Turn) -> Optional[int]:
-        """Claim the slot over libp2p with the slice's one-time key and tag, then send the bytes over
-        ``member``'s bulk channel; the bytes sent, or None when the slice must go over libp2p (no bulk address,
-        a claim or a frame not taken: a refusal there is then the libp2p path's to report)."""
-        address = self._bulk_address(member)
-        if address is None or payload.size < MIN_BULK_BYTES:
-            return None
-        data = await payload.whole()
-        mac_key, tag = sealed or await asyncio.to_thread(seal, data)
-        claim = exchange_pb2.TensorChunk(**head, chunk=0, num_chunks=1, bulk_mac_key=mac_key, bulk_tag=tag,
-                                         bulk_bytes=len(data))
-        try:
-            ack = await self.transport.p2p.call_protobuf_handler(
-                PeerID.from_base58(member.dht_peer_id), self._handler_name, _one(claim), exchange_pb2.ChunkAck)
-        except Exception as e:  # any failure to claim: the libp2p path tries and reports it
-            logger.debug("%s: no bulk claim with %s (%r)", key, member.peer_id, e)
-            return None
-        if not ack.ok:
-            return None
-        await turn.wait()
-        first_byte = await self.transport.bulk_sender.send(
-            address, exchange_pb2.BulkHeader(**head, tag=tag, length=len(data)), data,
-            pace_bytes_per_s=int(self.pace_mbit_s * 1e6 / 8))
-        if first_byte is None:
-            return None
-        sent = len(data) + claim.ByteSize()  # the claim's few bytes too, as the libp2p path counts its headers
-        if self.inbox.averaging(key):  # an exchange in progress
-            self._transfers.sent(key, member.dht_peer_id, sent, first_byte)
-        return sent
-
-    async def _on_claim(self, head: exchange_pb2.TensorChunk, remote: str) -> exchange_pb2.ChunkAck:
-        """A groupmate's claim: take the slot's bytes from the bulk channel once they carry its tag."""
-        if self.bulk is None or len(head.bulk_mac_key) != MAC_KEY_BYTES or len(head.bulk_tag) != TAG_BYTES \
-                or head.bulk_bytes <= 0 or head.data:
-            return exchange_pb2.ChunkAck(ok=False, error="no bulk channel here, or a malformed claim")
-        key, slot = head.key, (head.group_digest, head.phase, head.part, head.sender, remote)
-        async with self.inbox.cond:
-            if not self.inbox.admitted(key, slot):
-                self.inbox.reject(key, remote, head.sender)
-                return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
-
-        async def deliver(payload: memoryview, sizes: list[int], arrivals: list[float]) -> bool:
-            if not await self.inbox.deliver(key, *slot[:4], payload, sender_id=remote):
-                return False
-            self._received_bytes[key] = self._received_bytes.get(key, 0) + len(payload)
-            self._transfers.received(key, remote, sizes, arrivals)
-            return True
-
-        if not self.bulk.claim(key, (*slot[:4], head.bulk_tag, head.bulk_bytes), head.bulk_mac_key, remote, deliver):
-            return exchange_pb2.ChunkAck(ok=False, error="too many bulk claims open here; send the slice itself")
-        return exchange_pb2.ChunkAck(ok=True)
+    def _received(self, key: str, libp2p_id: str, sizes: list[int], arrivals: list[float]) -> None:
+        self._received_bytes[key] = self._received_bytes.get(key, 0) + sum(sizes)
+        self._transfers.received(key, libp2p_id, sizes, arrivals)
 
     async def _on_chunks(self, requests, context: P2PContext) -> exchange_pb2.ChunkAck:
         chunks: list[exchange_pb2.TensorChunk] = []
@@ -452,14 +408,14 @@ class Exchange:
             return exchange_pb2.ChunkAck(ok=False, error="chunks of one slice arrived inconsistent or incomplete")
         remote = context.remote_id.to_base58()
         if head.bulk_tag:
-            return await self._on_claim(head, remote)
+            if self._bulk_slices is None:
+                return exchange_pb2.ChunkAck(ok=False, error="no bulk channel here; send the slice itself")
+            return await self._bulk_slices.on_claim(head, remote)
         payload = b"".join(c.data for c in chunks)
         if not await self.inbox.deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload,
                                    sender_id=remote):
             return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
-        sizes = [c.ByteSize() for c in chunks]  # not free for 1 MiB messages: once each
-        self._received_bytes[head.key] = self._received_bytes.get(head.key, 0) + sum(sizes)
-        self._transfers.received(head.key, remote, sizes, arrivals)
+        self._received(head.key, remote, [c.ByteSize() for c in chunks], arrivals)  # not free at 1 MiB: once each
         return exchange_pb2.ChunkAck(ok=True)
 
 
@@ -467,6 +423,3 @@ async def _pause(seconds: Optional[float]) -> None:
     if seconds:
         await asyncio.sleep(seconds)
 
-
-async def _one(message) -> AsyncIterator:
-    yield message
