@@ -83,7 +83,7 @@ class DhtGroup:
         me = Member(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, index=self.peer_index,
                     weight=weight, numel=contribution.delta.numel(), codec=codec, plan=plan_digest(choice),
                     live_peers=self.live_peers if rounds.scale_by_participation else 0,
-                    maddrs=self.exchange.own_maddrs, site=self.member.site)
+                    maddrs=self.exchange.own_maddrs, site=self.member.site, bulk=self.exchange.bulk_address)
         key = self.key(round_no, contribution.fragment)
         try:
             group = rendezvous(

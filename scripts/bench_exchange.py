@@ -75,7 +75,7 @@ def bench_swarm(transports, exchanges, vectors, codec: str, repeats: int, round0
 
         def one(i: int):
             me = Member(peer_id=members[i].peer_id, dht_peer_id=transports[i].peer_id, index=i, weight=1.0,
-                        numel=vectors[i].numel(), codec=codec)
+                        numel=vectors[i].numel(), codec=codec, bulk=exchanges[i].bulk_address)
             group = rendezvous(transports[i].dht, key=key, me=me, member=members[i], planned=lambda: planned, window_s=30, ttl_s=120)
             start = time.perf_counter()
             result = exchanges[i].average(key=key, group=group, me=me, delta=vectors[i], timeout_s=120)

@@ -113,14 +113,24 @@ def _row(system: str, peers: int, mbit: float, codec: str, payload: int, times: 
             **extra}
 
 
-def _swarm_rows(hosts: Hosts, peers: int, mbit: float, codec: str, numel: int, repeats: int, tag: str) -> dict:
-    group = [h["dht_peer_id"] for h in hosts.hello]
-    # untimed: each host makes its vector and the hosts' libp2p connections open, as in a running swarm
-    hosts.timed({"cmd": "swarm", "group": group, "numel": numel, "codec": codec, "key": f"bench.{tag}.{codec}.warm"})
-    times, identical, late, inside, before = [], True, [0.0], [], hosts.cpu_s()
+# Swarm's exchange as each system name runs it: over the bulk channel or libp2p only, sending all at once or in turn.
+SWARM_SYSTEMS = {"swarm": {"bulk": True, "in_turn": False}, "swarm-libp2p": {"bulk": False, "in_turn": False},
+                 "swarm-in-turn": {"bulk": True, "in_turn": True}, "swarm-paced": {"bulk": True, "in_turn": False}}
+
+
+def _swarm_rows(hosts: Hosts, peers: int, mbit: float, codec: str, numel: int, repeats: int, tag: str,
+                system: str = "swarm") -> dict:
+    options = SWARM_SYSTEMS[system]
+    cmd = {"cmd": "swarm", "group": [h["dht_peer_id"] for h in hosts.hello], "numel": numel, "codec": codec,
+           "bulk": [h["bulk"] if options["bulk"] else "" for h in hosts.hello], "in_turn": options["in_turn"],
+           # swarm-paced: each bulk connection at most its share of the link (K−1 flows leave each host)
+           "pace_mbit": 0.95 * mbit / (peers - 1) if system == "swarm-paced" and mbit and peers > 1 else 0}
+    tag = f"{tag}.{system}"
+    # untimed: each host makes its vector and the hosts' connections open, as in a running swarm
+    hosts.timed(dict(cmd, key=f"bench.{tag}.{codec}.warm"))
+    times, identical, late, inside, phases, before = [], True, [0.0], [], [], hosts.cpu_s()
     for rep in range(repeats):
-        seconds, replies = hosts.timed({"cmd": "swarm", "group": group, "numel": numel, "codec": codec,
-                                        "key": f"bench.{tag}.{codec}.{rep}"})
+        seconds, replies = hosts.timed(dict(cmd, key=f"bench.{tag}.{codec}.{rep}"))
         if seconds is None:
             log(f"  swarm rep {rep} failed: {replies}")
             continue
@@ -128,17 +138,20 @@ def _swarm_rows(hosts: Hosts, peers: int, mbit: float, codec: str, numel: int, r
         identical &= len({r["digest"] for r in replies}) == 1
         late += [r["late_s"] for r in replies]
         inside.append(max(r["inside_s"] for r in replies))
+        phases.append({name: max(r["phases_s"].get(name, 0.0) for r in replies) for name in replies[0]["phases_s"]})
     after = hosts.cpu_s()
     cpu = {k: round((after[k] - before[k]) / max(1, len(times)), 2) for k in after}
-    return _row("swarm", peers, mbit, codec, CODECS[codec].encoded_size(numel), times, identical=identical,
+    return _row(system, peers, mbit, codec, CODECS[codec].encoded_size(numel), times, identical=identical,
                 cpu_s_per_exchange=cpu, exchange_own_s=round(statistics.median(inside), 3) if inside else None,
+                # the slowest host's passing of each point of the exchange, median over repeats
+                phases_s={name: round(statistics.median(p[name] for p in phases), 3) for name in phases[0]} if phases else {},
                 late_s=round(max(late), 3))
 
 
-def _tcp_row(hosts: Hosts, peers: int, mbit: float, codec: str, numel: int, repeats: int) -> dict:
+def _tcp_row(hosts: Hosts, peers: int, mbit: float, codec: str, numel: int, repeats: int, in_turn: bool = False) -> dict:
     payload = CODECS[codec].encoded_size(numel)
-    times = [hosts.timed({"cmd": "tcp", "slice_bytes": payload // peers})[0] for _ in range(repeats)]
-    return _row("tcp", peers, mbit, codec, payload, [t for t in times if t is not None])
+    times = [hosts.timed({"cmd": "tcp", "slice_bytes": payload // peers, "in_turn": in_turn})[0] for _ in range(repeats)]
+    return _row("tcp-in-turn" if in_turn else "tcp", peers, mbit, codec, payload, [t for t in times if t is not None])
 
 
 def _hivemind_row(hosts: Hosts, peers: int, mbit: float, codec: str, numel: int, repeats: int, tag: str) -> dict:
@@ -174,8 +187,10 @@ def measure_exchange(mbit: float | None, peers: int, codecs: list[str], systems:
             for codec in codecs:
                 tag = f"{mbit}.{peers}"
                 for system in systems:
-                    row = {"swarm": lambda: _swarm_rows(hosts, peers, mbit or 0, codec, numel, repeats, tag),
+                    row = {**{name: lambda name=name: _swarm_rows(hosts, peers, mbit or 0, codec, numel, repeats, tag,
+                                                                  name) for name in SWARM_SYSTEMS},
                            "tcp": lambda: _tcp_row(hosts, peers, mbit or 0, codec, numel, repeats),
+                           "tcp-in-turn": lambda: _tcp_row(hosts, peers, mbit or 0, codec, numel, repeats, True),
                            "hivemind": lambda: _hivemind_row(hosts, peers, mbit or 0, codec, numel, repeats,
                                                              f"{tag}{codec}".replace(".", "_"))}[system]()
                     log(f"  {row}")
@@ -308,7 +323,11 @@ def main() -> int:
     parser.add_argument("--mbit", type=float, nargs="+", default=[20, 100, 1000])
     parser.add_argument("--peers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--codecs", nargs="+", default=["fp32", "int4"], choices=sorted(CODECS))
-    parser.add_argument("--systems", nargs="+", default=["swarm", "hivemind", "tcp"], choices=["swarm", "hivemind", "tcp"])
+    parser.add_argument("--systems", nargs="+", default=["swarm", "hivemind", "tcp"], choices=[*SWARM_SYSTEMS, "hivemind", "tcp", "tcp-in-turn"],
+                        help="swarm: over the bulk channel, every slice of a phase sent at once; swarm-libp2p: libp2p "
+                             "only; swarm-in-turn: bulk, one groupmate at a time; swarm-paced: bulk, each connection paced at "
+                             "0.95/(K-1) of the link; tcp: the butterfly's bytes on "
+                             "raw sockets, all at once; tcp-in-turn: the same, one groupmate at a time")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--numel", type=int, help="parameters per exchange (default: sized to the link rate)")
     parser.add_argument("--util-mbit", type=float, default=4,

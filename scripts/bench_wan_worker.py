@@ -84,8 +84,19 @@ class TcpFloor:
                 self.out[j] = sock
         acceptor.join(60)
 
-    def exchange(self, slice_bytes: int) -> None:
+    def exchange(self, slice_bytes: int, index: int = 0, in_turn: bool = False) -> None:
+        """``in_turn``: step i sends to position index + i and receives from index − i (one flow per link)."""
         payload = bytes(slice_bytes)
+        if in_turn:
+            peers = len(self.out) + 1
+            for _ in range(2):
+                for i in range(1, peers):
+                    buffer = bytearray(slice_bytes)
+                    sender = threading.Thread(target=self.out[(index + i) % peers].sendall, args=(payload,))
+                    sender.start()
+                    _recv_into(self.inbound[(index - i) % peers], buffer)
+                    sender.join()
+            return
         for _ in range(2):  # phase 1: contributions to owners; phase 2: averaged slices to everyone
             senders = [threading.Thread(target=s.sendall, args=(payload,)) for s in self.out.values()]
             buffers = {j: bytearray(slice_bytes) for j in self.inbound}
@@ -113,7 +124,8 @@ class Worker:
         return self._vectors[numel]
 
     def hello(self) -> dict:
-        return {"maddrs": self.transport.visible_maddrs, "dht_peer_id": self.transport.peer_id, "tcp_port": self.tcp.port}
+        return {"maddrs": self.transport.visible_maddrs, "dht_peer_id": self.transport.peer_id, "tcp_port": self.tcp.port,
+                "bulk": self.exchange.bulk_address}
 
     def handle(self, cmd: dict) -> dict:
         name = cmd["cmd"]
@@ -122,7 +134,7 @@ class Worker:
             return {"ok": True}
         if name == "tcp":
             late_s = _wait_until(cmd["at"])
-            self.tcp.exchange(cmd["slice_bytes"])
+            self.tcp.exchange(cmd["slice_bytes"], self.index, cmd.get("in_turn", False))
             return {"seconds": time.time() - cmd["at"], "late_s": late_s}
         if name == "swarm":
             return self._swarm(cmd)
@@ -155,14 +167,17 @@ class Worker:
         raise ValueError(f"unknown command {name!r}")
 
     def _swarm(self, cmd: dict) -> dict:
-        group = [Member(peer_id=f"p{i}", dht_peer_id=d, index=i, weight=1.0, numel=cmd["numel"], codec=cmd["codec"])
-                 for i, d in enumerate(cmd["group"])]
+        bulk = cmd.get("bulk") or [""] * len(cmd["group"])  # "": that member's slices come over libp2p
+        group = [Member(peer_id=f"p{i}", dht_peer_id=d, index=i, weight=1.0, numel=cmd["numel"], codec=cmd["codec"],
+                        bulk=b) for i, (d, b) in enumerate(zip(cmd["group"], bulk))]
+        self.exchange.send_in_turn = cmd.get("in_turn", False)
+        self.exchange.pace_mbit_s = cmd.get("pace_mbit", 0.0)
         delta = self.vector(cmd["numel"])
         late_s = _wait_until(cmd["at"])
         result = self.exchange.average(key=cmd["key"], group=group, me=group[self.index], delta=delta,
                                        timeout_s=cmd.get("timeout_s", 300))
         return {"seconds": time.time() - cmd["at"], "digest": _digest(result.average), "bytes_sent": result.bytes_sent,
-                "late_s": late_s, "inside_s": result.seconds}
+                "late_s": late_s, "inside_s": result.seconds, "phases_s": result.phases_s}
 
     def _hm_open(self, cmd: dict) -> dict:
         from hivemind.averaging import DecentralizedAverager

@@ -28,25 +28,30 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Awaitable, Callable, Optional, Sequence
 
 import torch
 from hivemind.p2p import P2PContext, PeerID
 
 from swarm.core.aggregation import Aggregation
+from swarm.core.average import new_f32
 from swarm.core.codec import get_codec
 from swarm.core.owner_feedback import OwnerFeedback
+from swarm.net.bulk_channel import BulkChannel, seal
+from swarm.net.bulk_slices import BulkSlices
 from swarm.net.link_probe import LinkProbe
-from swarm.net.chunk_stream import SlicePayload, cancel_all, chunk_messages, settle
+from swarm.net.chunk_stream import SlicePayload, Turn, cancel_all, chunk_messages, settle
 from swarm.net.link_stats import LinkTimings, TransferLog
 from swarm.net.p2p_address import unreachable_sentence
 from swarm.net.reachability import is_dial_failure, shown_maddrs, unreachable_groupmate
 from swarm.net.rendezvous import Member, group_digest
+from swarm.net.slice_inbox import SliceInbox
 from swarm.net.slice_reduction import (
     ExchangeFailed,
     capped_weights,
     check_agreement,
     check_sendable,
+    decode_into,
     decode_slice,
     encode_slice,
     group_bounds,
@@ -59,9 +64,6 @@ from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)
 
-MAX_OPEN_KEYS = 4  # rounds whose early parts are buffered; older ones are dropped
-MAX_EARLY_SLOTS_PER_SENDER = 6  # messages buffered per sender and key before the group is known (a member: 3)
-Slot = tuple[str, int, int, int, str]  # (group digest, phase, part, sender position, sender's libp2p id)
 ABORT_TIMEOUT_S = 2.0  # how long a failing member spends telling its groupmates
 
 
@@ -76,31 +78,62 @@ class ExchangeResult:
     rejected: dict[str, str] = field(default_factory=dict)  # left out of the slice's average
     clipped: dict[str, str] = field(default_factory=dict)  # scaled down to the clipping norm
     links: LinkTimings = field(default_factory=LinkTimings)  # this peer's sends, receives and pings, timed
+    # Seconds from the start at which this peer passed each point of a butterfly exchange: its contributions
+    # sent, every contribution to its slice here, its slice reduced, its averaged slice sent, every slice here.
+    phases_s: dict[str, float] = field(default_factory=dict)
 
 
 class Exchange:
-    def __init__(self, transport: Transport, *, run_id: str, aggregation: Aggregation = Aggregation()):
+    def __init__(self, transport: Transport, *, run_id: str, aggregation: Aggregation = Aggregation(),
+                 bulk: bool = True, send_in_turn: bool = False, pace_mbit_s: float = 0.0):
+        """``bulk``: slices go over the transport's bulk channel to members that announce one
+        (``swarm.net.bulk_channel``), else over libp2p. ``send_in_turn``: each phase sends to one groupmate at
+        a time, position p's i-th send to position p + i (so each link carries one flow at a time), instead of
+        to all at once. ``pace_mbit_s``: each bulk connection sends at most this fast (0: unpaced); about the
+        links' rate / (K − 1) keeps the K − 1 flows into a member from overrunning its downlink's queue."""
         self.transport = transport
         self.aggregation = aggregation  # Aggregation.for_run(run): the rule and the weight cap of the run
+        self.send_in_turn = send_in_turn
+        self.pace_mbit_s = pace_mbit_s  # the owning thread's between exchanges (read by the loop during one)
+        self.bulk: Optional[BulkChannel] = None  # the transport's, shared with its other exchanges
+        self._bulk_slices: Optional[BulkSlices] = None  # this exchange's use of it
+        self._use_bulk = bulk
         self._handler_name = f"swarm_{run_id}.part"
         self.probe = LinkProbe(transport.p2p, run_id=run_id)  # answers this run's pings; times groupmates'
         self._key_prefix = f"{run_id}."  # every key of this run's exchanges (rendezvous.group_key)
-        self._inbox: dict[str, dict[Slot, bytes]] = {}
+        self.inbox: Optional[SliceInbox] = None  # made on the loop
         self._received_bytes: dict[str, int] = {}
         self._transfers = TransferLog()  # per key, the timed sends and receives
-        self._groups: dict[str, list[str]] = {}  # key -> the libp2p id of each position, while it is averaged
-        self.rejected_chunks = 0  # messages dropped because their sender is not the member they claim to be
         self.own_maddrs = shown_maddrs(transport.visible_maddrs)  # what groupmates are told to dial
         self._told_unreachable = False  # the loop thread's: the fix is logged once, not every round
-        self._cond: Optional[asyncio.Condition] = None
         transport.run(self._start(), timeout_s=30)
 
     async def _start(self) -> None:
-        self._cond = asyncio.Condition()
+        self.inbox = SliceInbox(key_prefix=self._key_prefix, own_id=self.transport.peer_id, on_forget=self._forgotten)
         await self.transport.p2p.add_protobuf_handler(
             self._handler_name, self._on_chunks, exchange_pb2.TensorChunk, stream_input=True
         )
         await self.probe.start()
+        if self._use_bulk:
+            self.bulk = await self.transport.open_bulk()
+            self._bulk_slices = BulkSlices(self.transport, self.bulk, handler_name=self._handler_name, inbox=self.inbox,
+                                           on_sent=self._sent, on_received=self._received)
+
+    @property
+    def rejected_chunks(self) -> int:
+        """Messages dropped because their sender is not the member they claim to be."""
+        return self.inbox.rejected
+
+    def _forgotten(self, key: str) -> None:
+        self._received_bytes.pop(key, None)
+        self._transfers.forget(key)
+        if self.bulk is not None:
+            self.bulk.forget(key)
+
+    @property
+    def bulk_address(self) -> str:
+        """What this peer's group entry announces as ``Member.bulk`` ("": no bulk channel)."""
+        return self.bulk.address if self.bulk is not None else ""
 
     def average(
         self, *, key: str, group: list[Member], me: Member, delta: torch.Tensor, timeout_s: float,
@@ -124,7 +157,7 @@ class Exchange:
         except (asyncio.TimeoutError, TimeoutError):
             raise ExchangeFailed(f"{key}: the group did not complete the exchange within {timeout_s:.0f}s") from None
         finally:
-            self.transport.run(self._forget(key), timeout_s=5)
+            self.transport.run(self.inbox.forget(key), timeout_s=5)
 
     async def _average_or_abort(self, key: str, group: list[Member], me: Member, delta: torch.Tensor,
                                 on_phase: Callable[[str], Optional[float]], timeout_s: float,
@@ -174,7 +207,7 @@ class Exchange:
         codec = get_codec(me.codec)
         check_agreement(key, group, me)
         weights = capped_weights(self.aggregation, group, key)
-        await self._expect(key, group)
+        await self.inbox.expect(key, [m.dht_peer_id for m in group])
         flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
         if codec.lowrank:  # the coordinator refuses such runs; a hand-made spec must not average garbage
             raise ValueError(f"codec {codec.name} is exchanged only by the simulator so far; choose int4 or sign.")
@@ -186,31 +219,40 @@ class Exchange:
         # Phase 1: every slice goes, encoded, to its owner (this peer's own slice stays here).
         await _pause(on_phase("sending"))
         sent = await self._contribute(key, group, digest, position, bounds, flat, codec)
+        phases_s = {"contributed": time.perf_counter() - started}
 
         # Reduce this peer's slice in the group's order (each contribution decoded as it arrives), then send
         # the same encoded bytes to all.
         decoded = await settle(self._decoded(key, group, codec, (digest, exchange_pb2.PHASE_CONTRIBUTION, position),
                                              sender, bounds[position][1] - bounds[position][0]) for sender in range(len(group)))
+        phases_s["contributions_here"] = time.perf_counter() - started
         await _pause(on_phase("reducing"))
         averaged, reduced = await asyncio.to_thread(reduce_decoded, self.aggregation, codec, decoded, weights, key,
                                                     owner=owner, bounds=bounds[position])
         rejected, clipped = judged(key, group, reduced)
-        await self._deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
-        sent += sum(await settle(self._send(member, key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
-                                 for i, member in enumerate(group) if i != position))
+        await self.inbox.deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
+        averaged_payload = SlicePayload(averaged)
+        phases_s["reduced"] = time.perf_counter() - started
+        sent += await self._send_each(len(group) - 1, lambda i, turn: self._send(
+            group[(position + 1 + i) % len(group)], key, digest, exchange_pb2.PHASE_AVERAGED, position, position,
+            averaged_payload, turn=turn))
+        phases_s["averaged_sent"] = time.perf_counter() - started
 
         # Phase 2: collect every owner's averaged slice, each decoded as it arrives.
-        parts = await settle(self._decoded(key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, owner), owner, e - s)
-                             for owner, (s, e) in enumerate(bounds))
+        average = new_f32((me.numel,))  # in huge pages where the kernel has them: written once, by the decodes
+        await settle(self._decoded_into(key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, owner), owner,
+                                        average[s:e]) for owner, (s, e) in enumerate(bounds))
+        phases_s["all_here"] = time.perf_counter() - started
         rtt_s = self.probe.ping_for_next(group[:position] + group[position + 1:])  # on links now idle
         return ExchangeResult(
-            average=await asyncio.to_thread(torch.cat, parts),
+            average=average,
             bytes_sent=sent,
             bytes_received=self._received_bytes.get(key, 0),
             seconds=time.perf_counter() - started,
             rejected=rejected,
             clipped=clipped,
             links=self._transfers.timings(key, rtt_s=rtt_s, group=group),
+            phases_s={name: round(seconds, 4) for name, seconds in phases_s.items()},
         )
 
     async def _gather(self, key: str, group: list[Member], me: Member, flat: torch.Tensor, codec, weights: list[float],
@@ -227,35 +269,93 @@ class Exchange:
 
     async def _contribute(self, key: str, group: list[Member], digest: str, position: int,
                           bounds: list[tuple[int, int]], flat: torch.Tensor, codec) -> int:
-        """Send every slice to its owner as soon as it is encoded (elementwise codecs chunk by chunk), owners
-        in turn from the next position on (the group's first sends go to different owners); the bytes sent."""
+        """Send every slice to its owner, owners from the next position on. The slices are encoded (and
+        sealed for the bulk channel) one after another in that order, each sent as soon as it is ready, this
+        peer's own slice last: encoding them all at once would delay the first send by the whole vector's
+        encoding. The bytes sent."""
         await asyncio.to_thread(check_sendable, codec, flat, key)
-        sends = []
-        try:
-            for owner in [(position + i) % len(group) for i in range(1, len(group) + 1)]:
-                start, end = bounds[owner]
-                payload = SlicePayload.lazy(codec, flat[start:end]) if owner != position else None
+        owners = [(position + i) % len(group) for i in range(1, len(group))]
+        encoding = Turn.chain(len(owners) + 1, in_turn=True)  # the i-th slice's encoding, this peer's own last
+
+        async def prepared(i: int) -> tuple[SlicePayload, Optional[tuple[bytes, bytes]]]:
+            """The slice for ``owners[i]``, and for the bulk channel its one-time key and tag."""
+            start, end = bounds[owners[i]]
+            await encoding[i].wait()
+            try:
+                payload = SlicePayload.lazy(codec, flat[start:end])
                 if payload is None:  # off the event loop, which keeps serving the other peers' streams
                     payload = SlicePayload(await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key))
-                if owner == position:
-                    await self._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload.data)
-                else:
-                    sends.append(asyncio.ensure_future(
-                        self._send(group[owner], key, digest, exchange_pb2.PHASE_CONTRIBUTION, owner, position, payload)))
-        except BaseException:  # an encoding failed: the sends already under way are called off
-            await cancel_all(sends)
+                if self._bulk_slices is None or self._bulk_slices.takes(group[owners[i]], payload) is None:
+                    return payload, None
+                return payload, await asyncio.to_thread(seal, await payload.whole())
+            finally:
+                encoding[i].done()
+
+        async def own() -> None:
+            start, end = bounds[position]
+            own_slice = SlicePayload.lazy(codec, flat[start:end])
+            if own_slice is not None and own_slice.lossless_view() is not None:
+                data = own_slice.lossless_view()  # fp32: its bytes are the vector's; the reduction reads them there
+            else:
+                await encoding[-1].wait()
+                data = await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key)
+            await self.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, position, position, data)
+
+        async def send(i: int, turn: Turn) -> int:
+            try:
+                payload, sealed = await prepared(i)
+            except BaseException:
+                turn.done()  # the sends after it are called off too; none waits for this one meanwhile
+                raise
+            return await self._send(group[owners[i]], key, digest, exchange_pb2.PHASE_CONTRIBUTION, owners[i],
+                                    position, payload, sealed=sealed, turn=turn)
+
+        own_slice = asyncio.ensure_future(own())
+        try:
+            sent = await self._send_each(len(owners), send)
+            await own_slice
+        except BaseException:  # an encoding or a send failed: the rest are called off
+            await cancel_all([own_slice])
             raise
-        return sum(await settle(sends))
+        return sent
+
+    async def _send_each(self, count: int, send: Callable[[int, Turn], Awaitable[int]]) -> int:
+        """``send(i, turn)`` for i in range(count), all started at once (each encodes and claims its slot at
+        once); their bytes go in turn, the i-th once the one before it is done (``send_in_turn``), or all
+        at once. The bytes sent."""
+        return sum(await settle(send(i, turn) for i, turn in enumerate(Turn.chain(count, in_turn=self.send_in_turn))))
 
     async def _decoded(self, key: str, group: list[Member], codec, where: tuple, sender: int, numel: int) -> torch.Tensor:
         """The slice (``where``: digest, phase, part) from position ``sender``, decoded once it is here."""
-        (data,) = await self._wait_for(key, [(*where, sender, group[sender].dht_peer_id)], group)
+        (data,) = await self.inbox.wait_for(key, [(*where, sender, group[sender].dht_peer_id)], group)
         return await asyncio.to_thread(decode_slice, codec, data, numel, key)
 
+    async def _decoded_into(self, key: str, group: list[Member], codec, where: tuple, sender: int,
+                            out: torch.Tensor) -> None:
+        """The slice (``where``: digest, phase, part) from position ``sender``, decoded into ``out``."""
+        (data,) = await self.inbox.wait_for(key, [(*where, sender, group[sender].dht_peer_id)], group)
+        await asyncio.to_thread(decode_into, codec, data, out, key)
+
     async def _send(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int,
-                    payload: SlicePayload | bytes) -> int:
+                    payload: SlicePayload | bytes, *, sealed: Optional[tuple[bytes, bytes]] = None,
+                    turn: Optional[Turn] = None) -> int:
+        """Send one slice: over ``member``'s bulk channel if it has one (``sealed``: its key and tag, made
+        now when None), else, or if that fails, over libp2p; its bytes go on ``turn``. The bytes sent."""
+        turn = turn or Turn()
+        try:
+            return await self._send_on_turn(member, key, digest, phase, part, sender, payload, sealed, turn)
+        finally:
+            turn.done()
+
+    async def _send_on_turn(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int,
+                            payload: SlicePayload | bytes, sealed: Optional[tuple[bytes, bytes]], turn: Turn) -> int:
         payload, sent = SlicePayload(payload) if isinstance(payload, bytes) else payload, 0
         head = dict(key=key, group_digest=digest, phase=phase, part=part, sender=sender)
+        if phase != exchange_pb2.PHASE_ABORT and self._bulk_slices is not None:
+            bulk_sent = await self._bulk_slices.send(member, key, head, payload, sealed, turn, pace_mbit_s=self.pace_mbit_s)
+            if bulk_sent is not None:
+                return bulk_sent
+        await turn.wait()
         for attempt in range(2):
             first_byte, sizes = [], []  # when the stream opened (the first chunk went); each message's size
             try:
@@ -279,10 +379,18 @@ class Exchange:
                 raise ExchangeFailed(f"{key}: could not send to {member.peer_id} ({e!r})") from None
             if not ack.ok:
                 raise ExchangeFailed(f"{key}: {member.peer_id} refused a slice: {ack.error}")
-            if first_byte and key in self._groups:  # an exchange in progress, not a late abort
-                self._transfers.sent(key, member.dht_peer_id, sum(sizes), first_byte[0])
+            if first_byte:
+                self._sent(key, member.dht_peer_id, sum(sizes), first_byte[0])
             return sent + sum(sizes)
         raise AssertionError("unreachable")
+
+    def _sent(self, key: str, libp2p_id: str, size: int, first_byte: float) -> None:
+        if self.inbox.averaging(key):  # an exchange in progress, not a late abort
+            self._transfers.sent(key, libp2p_id, size, first_byte)
+
+    def _received(self, key: str, libp2p_id: str, sizes: list[int], arrivals: list[float]) -> None:
+        self._received_bytes[key] = self._received_bytes.get(key, 0) + sum(sizes)
+        self._transfers.received(key, libp2p_id, sizes, arrivals)
 
     async def _on_chunks(self, requests, context: P2PContext) -> exchange_pb2.ChunkAck:
         chunks: list[exchange_pb2.TensorChunk] = []
@@ -298,110 +406,20 @@ class Exchange:
             for i, c in enumerate(chunks)
         ):
             return exchange_pb2.ChunkAck(ok=False, error="chunks of one slice arrived inconsistent or incomplete")
-        payload = b"".join(c.data for c in chunks)
         remote = context.remote_id.to_base58()
-        if not await self._deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload,
+        if head.bulk_tag:
+            if self._bulk_slices is None:
+                return exchange_pb2.ChunkAck(ok=False, error="no bulk channel here; send the slice itself")
+            return await self._bulk_slices.on_claim(head, remote)
+        payload = b"".join(c.data for c in chunks)
+        if not await self.inbox.deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload,
                                    sender_id=remote):
             return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
-        sizes = [c.ByteSize() for c in chunks]  # not free for 1 MiB messages: once each
-        self._received_bytes[head.key] = self._received_bytes.get(head.key, 0) + sum(sizes)
-        self._transfers.received(head.key, remote, sizes, arrivals)
+        self._received(head.key, remote, [c.ByteSize() for c in chunks], arrivals)  # not free at 1 MiB: once each
         return exchange_pb2.ChunkAck(ok=True)
-
-    async def _deliver(self, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes, *,
-                       sender_id: Optional[str] = None) -> bool:
-        """Buffer a slice from ``sender_id`` (this peer's own when None); False when it was dropped: this
-        key's group is known and ``sender_id`` is not the libp2p id of position ``sender`` in it, or the
-        group is not known yet and the slice cannot be an early one of this run's members."""
-        sender_id = sender_id or self.transport.peer_id
-        slot = (digest, phase, part, sender, sender_id)
-        async with self._cond:
-            ids = self._groups.get(key)
-            if ids is not None and not (0 <= sender < len(ids) and ids[sender] == sender_id):
-                self._reject(key, sender_id, sender)
-                return False
-            if ids is None and not self._may_buffer_early(key, slot):
-                self._reject(key, sender_id, sender)
-                return False
-            self._inbox[key][slot] = payload
-            self._cond.notify_all()
-            return True
-
-    def _may_buffer_early(self, key: str, slot: Slot) -> bool:
-        """Whether a slice that came before this peer knows the key's group may wait for it (opening a
-        buffer for the key if needed). A member sends each peer at most three messages per key (its
-        contribution, its averaged slice, an abort), so a sender with more is not an honest member; the
-        buffers of keys being averaged are never evicted for a new key."""
-        if not key.startswith(self._key_prefix):
-            return False
-        if key in self._inbox:
-            inbox = self._inbox[key]
-            return slot in inbox or sum(s[4] == slot[4] for s in inbox) < MAX_EARLY_SLOTS_PER_SENDER
-        return self._open(key, force=False)
-
-    def _open(self, key: str, *, force: bool) -> bool:
-        """Open a buffer for ``key``, evicting the oldest buffers of keys not being averaged to stay within
-        MAX_OPEN_KEYS; False (unless ``force``) when only keys being averaged are open."""
-        idle = [k for k in self._inbox if k not in self._groups]
-        excess = len(self._inbox) + 1 - MAX_OPEN_KEYS
-        if excess > len(idle) and not force:
-            return False
-        for stale in idle[:max(0, excess)]:
-            self._inbox.pop(stale)
-            self._received_bytes.pop(stale, None)
-            self._transfers.forget(stale)
-        self._inbox[key] = {}
-        return True
-
-    async def _expect(self, key: str, group: list[Member]) -> None:
-        """From now on accept slices for ``key`` only from the group's members, each for its own position;
-        drop what strangers sent before this peer knew the group."""
-        ids = [m.dht_peer_id for m in group]
-        async with self._cond:
-            self._groups[key] = ids
-            if key not in self._inbox:
-                self._open(key, force=True)
-            inbox = self._inbox[key]
-            for slot in [s for s in inbox if not (0 <= s[3] < len(ids) and ids[s[3]] == s[4])]:
-                inbox.pop(slot)
-                self._reject(key, slot[4], slot[3])
-
-    def _reject(self, key: str, sender_id: str, sender: int) -> None:
-        self.rejected_chunks += 1
-        if self.rejected_chunks & (self.rejected_chunks - 1) == 0:  # the 1st, 2nd, 4th, 8th...: never a flood
-            logger.warning("%s: dropped a message from %s claiming group position %d: not that member's libp2p id, "
-                           "or more than a member sends (%d dropped so far)", key, sender_id, sender,
-                           self.rejected_chunks)
-
-    async def _wait_for(self, key: str, wanted: list[Slot], group: list[Member]) -> list[bytes]:
-        """The wanted slices once all are here; ExchangeFailed as soon as a groupmate aborts (only a member
-        can: ``_expect`` dropped every other sender's messages)."""
-        digest = wanted[0][0]
-
-        def aborted() -> Optional[tuple[int, bytes]]:
-            for (d, phase, _, sender, sender_id), data in self._inbox.get(key, {}).items():
-                if phase == exchange_pb2.PHASE_ABORT and d == digest and group[sender].dht_peer_id == sender_id:
-                    return sender, data
-            return None
-
-        async with self._cond:
-            await self._cond.wait_for(lambda: aborted() or all(w in self._inbox.get(key, {}) for w in wanted))
-            abort = aborted()
-            if abort is not None:
-                sender, why = abort
-                who = group[sender].peer_id
-                raise ExchangeFailed(f"{key}: groupmate {who} gave up ({why.decode(errors='replace')})",
-                                     from_groupmate=True)
-            return [self._inbox[key][w] for w in wanted]
-
-    async def _forget(self, key: str) -> None:
-        async with self._cond:
-            self._inbox.pop(key, None)
-            self._received_bytes.pop(key, None)
-            self._transfers.forget(key)
-            self._groups.pop(key, None)
 
 
 async def _pause(seconds: Optional[float]) -> None:
     if seconds:
         await asyncio.sleep(seconds)
+

@@ -7,6 +7,7 @@ exactly those of the encoded slice cut into ``CHUNK_BYTES`` parts."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from typing import AsyncIterator, Awaitable, Iterable, Optional
 
@@ -24,6 +25,7 @@ class SlicePayload:
         step = getattr(codec, "element_bytes", 0)
         self._per_chunk = CHUNK_BYTES // step if values is not None and step else 0
         self.size = len(data) if data is not None else values.numel() * step
+        self._whole: Optional[bytes | memoryview] = data
 
     @staticmethod
     def lazy(codec, values: torch.Tensor) -> Optional["SlicePayload"]:
@@ -35,9 +37,22 @@ class SlicePayload:
     def num_chunks(self) -> int:
         return max(1, -(-self.size // CHUNK_BYTES))
 
+    async def whole(self) -> bytes | memoryview:
+        """The encoded slice in one piece (for the bulk channel): fp32 as a view of the vector's memory (its
+        little-endian bytes are the encoding), other codecs encoded once, off the loop."""
+        if self._whole is None:
+            self._whole = self.lossless_view() or await asyncio.to_thread(self.codec.encode, self.values)
+        return self._whole
+
+    def lossless_view(self) -> Optional[memoryview]:
+        """fp32 values' encoding without a copy: a view of their memory (on a little-endian machine)."""
+        if self.values is None or not self.codec.lossless or sys.byteorder != "little" or not self.values.is_contiguous():
+            return None
+        return memoryview(self.values.numpy()).cast("B")
+
     async def chunk(self, i: int) -> bytes:
-        if self.data is not None:
-            return self.data[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES]
+        if isinstance(self._whole, bytes):  # given, or encoded for the bulk channel already
+            return self._whole[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES]
         part = self.values[i * self._per_chunk:(i + 1) * self._per_chunk]
         if self.codec.lossless:  # a plain copy of the fp32 bytes: cheaper than a hop to a thread
             return self.codec.encode(part)
@@ -55,6 +70,29 @@ async def chunk_messages(payload: SlicePayload, head: dict, first_byte: list[flo
             first_byte.append(time.perf_counter())
         sizes.append(message.ByteSize())
         yield message
+
+
+class Turn:
+    """One send's place in a phase's order: its bytes go once the send before it is done (``after``: None
+    for the first, or when sends go all at once), and it says when it is done itself."""
+
+    def __init__(self, after: Optional[asyncio.Event] = None) -> None:
+        self.after, self.finished = after, asyncio.Event()
+
+    @staticmethod
+    def chain(count: int, *, in_turn: bool) -> list["Turn"]:
+        """``count`` turns, each after the one before it (``in_turn``), or none waiting for another."""
+        turns: list[Turn] = []
+        for _ in range(count):
+            turns.append(Turn(turns[-1].finished if in_turn and turns else None))
+        return turns
+
+    async def wait(self) -> None:
+        if self.after is not None:
+            await self.after.wait()
+
+    def done(self) -> None:
+        self.finished.set()
 
 
 async def settle(awaitables: Iterable[Awaitable]) -> list:

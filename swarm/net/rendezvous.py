@@ -38,6 +38,7 @@ class Member:
     maddrs: str = ""  # the addresses its node announces (reachability.shown_maddrs): only shown in messages
     site: str = ""  # its credential's site (a reader refuses an entry whose site is not its credential's)
     plan: str = ""  # digest of the round's controller choice (codec and shares) it applies ("": controller off)
+    bulk: str = ""  # host:port of its bulk channel (swarm.net.bulk_channel; "": none, its slices go over libp2p)
 
 
 def group_key(run_id: str, round_no: int, fragment: int = 0) -> str:
@@ -46,7 +47,8 @@ def group_key(run_id: str, round_no: int, fragment: int = 0) -> str:
 
 def group_digest(members: list[Member]) -> str:
     text = "|".join(f"{m.peer_id},{m.dht_peer_id},{m.index},{m.weight!r},{m.numel},{m.codec},{m.live_peers}"
-                    + (f",{m.site!r}" if m.site else "") + (f",{m.plan}" if m.plan else "") for m in members)
+                    + (f",{m.site!r}" if m.site else "") + (f",{m.plan}" if m.plan else "")
+                    + (f",bulk={m.bulk!r}" if m.bulk else "") for m in members)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -123,11 +123,32 @@ def encode_slice(codec, tensor: torch.Tensor, key: str) -> bytes:
         raise ExchangeFailed(f"{key}: cannot encode this slice ({e})") from None
 
 
-def decode_slice(codec, data: bytes, numel: int, key: str) -> torch.Tensor:
-    try:
-        tensor = codec.decode(data, numel)
-    except ValueError as e:
-        raise ExchangeFailed(f"{key}: a groupmate sent a malformed slice ({e})") from None
+def decode_slice(codec, data: bytes | memoryview, numel: int, key: str) -> torch.Tensor:
+    """The slice's values; fp32 bytes in a ``memoryview`` (the bulk channel's buffer, this peer's own slice of
+    its vector) are read where they lie, without the codec's copy (the reduction only reads them)."""
+    if _raw_fp32(codec) and isinstance(data, memoryview) and not data.readonly and len(data) == 4 * numel:
+        tensor = torch.from_numpy(np.frombuffer(data, dtype="<f4"))
+    else:
+        try:
+            tensor = codec.decode(data, numel)
+        except ValueError as e:
+            raise ExchangeFailed(f"{key}: a groupmate sent a malformed slice ({e})") from None
     if not np.isfinite(tensor.numpy()).all():  # numpy's check is ~100x faster than torch's here
         raise ExchangeFailed(f"{key}: a groupmate sent non-finite values")
     return tensor
+
+
+def decode_into(codec, data: bytes | memoryview, out: torch.Tensor, key: str) -> None:
+    """``decode_slice`` written into ``out`` (the exchange's result, where this slice goes): fp32 is copied
+    once, from the received bytes to its place, instead of decoded and then concatenated."""
+    if not (_raw_fp32(codec) and len(data) == 4 * out.numel()):
+        out.copy_(decode_slice(codec, data, out.numel(), key))
+        return
+    values = out.numpy()
+    np.copyto(values, np.frombuffer(data, dtype="<f4"))
+    if not np.isfinite(values).all():
+        raise ExchangeFailed(f"{key}: a groupmate sent non-finite values")
+
+
+def _raw_fp32(codec) -> bool:
+    return getattr(codec, "element_bytes", 0) == 4 and codec.lossless

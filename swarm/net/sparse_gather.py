@@ -42,11 +42,11 @@ async def gather_average(exchange: Any, key: str, group: list[Member], me: Membe
     digest = group_digest(group)
     await pause("sending")
     payload = await asyncio.to_thread(encode_slice, codec, flat, key)
-    await exchange._deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, position, payload)
+    await exchange.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, position, payload)
     sends = [exchange._send(m, key, digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, position, payload)
              for i, m in enumerate(group) if i != position]
     sent = sum(await asyncio.gather(*sends))
-    contributions = await exchange._wait_for(key, [
+    contributions = await exchange.inbox.wait_for(key, [
         (digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, sender, group[sender].dht_peer_id)
         for sender in range(len(group))
     ], group)

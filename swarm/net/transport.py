@@ -19,6 +19,8 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, Awaitable, Optional, Sequence
 
+from swarm.net.bulk_channel import BulkChannel
+from swarm.net.bulk_sender import BulkSender
 from swarm.net.p2p_address import free_port, maddr
 
 if TYPE_CHECKING:
@@ -109,6 +111,9 @@ class Transport:
                 logger.debug("DHT shutdown after a failed start: %r", shutdown_error)
             raise TransportStartFailed(f"the DHT did not start through {list(initial_peers) or 'no peers'}: "
                                        f"{str(e).strip() or type(e).__name__}") from e
+        self.listen_host, self.announce_host = host, announce_host
+        self.bulk: Optional[BulkChannel] = None  # the loop's; opened by the first exchange (open_bulk)
+        self.bulk_sender: Optional[BulkSender] = None
         self._orphan_watch = exit_with_parent(self.dht)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="swarm-p2p", daemon=True)
@@ -130,7 +135,19 @@ class Transport:
             future.cancel()
             raise TimeoutError(f"transport operation did not finish within {timeout_s:.1f}s") from None
 
+    async def open_bulk(self) -> BulkChannel:
+        """This node's bulk channel (``swarm.net.bulk_channel``), listening beside its libp2p node; one per
+        transport, shared by its exchanges, since a member's entry announces one bulk address."""
+        if self.bulk is None:
+            channel = BulkChannel()
+            await channel.start(self.listen_host, self.announce_host)
+            self.bulk, self.bulk_sender = channel, BulkSender()
+        return self.bulk
+
     def shutdown(self) -> None:
+        if self.bulk is not None:
+            self._loop.call_soon_threadsafe(self.bulk.close)
+            self.bulk_sender.close()
         try:
             self.run(self._cancel_tasks(), timeout_s=5)
         except Exception as e:  # shutting down; nothing left to protect

@@ -24,21 +24,23 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17swarm/v1/exchange.proto\x12\x08swarm.v1\"\x9f\x01\n\x0bTensorChunk\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x14\n\x0cgroup_digest\x18\x02 \x01(\t\x12\x1e\n\x05phase\x18\x03 \x01(\x0e\x32\x0f.swarm.v1.Phase\x12\x0c\n\x04part\x18\x04 \x01(\x05\x12\x0e\n\x06sender\x18\x05 \x01(\x05\x12\r\n\x05\x63hunk\x18\x06 \x01(\x05\x12\x12\n\nnum_chunks\x18\x07 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\"%\n\x08\x43hunkAck\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"Q\n\x0cStateRequest\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0e\n\x06length\x18\x03 \x01(\x03\x12\x12\n\ncredential\x18\x04 \x01(\x0c\"q\n\nStateChunk\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x12\n\nstate_hash\x18\x02 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\r\n\x05\x65rror\x18\x06 \x01(\t*[\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\x16\n\x12PHASE_CONTRIBUTION\x10\x01\x12\x12\n\x0ePHASE_AVERAGED\x10\x02\x12\x0f\n\x0bPHASE_ABORT\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17swarm/v1/exchange.proto\x12\x08swarm.v1\"\xdb\x01\n\x0bTensorChunk\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x14\n\x0cgroup_digest\x18\x02 \x01(\t\x12\x1e\n\x05phase\x18\x03 \x01(\x0e\x32\x0f.swarm.v1.Phase\x12\x0c\n\x04part\x18\x04 \x01(\x05\x12\x0e\n\x06sender\x18\x05 \x01(\x05\x12\r\n\x05\x63hunk\x18\x06 \x01(\x05\x12\x12\n\nnum_chunks\x18\x07 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x14\n\x0c\x62ulk_mac_key\x18\t \x01(\x0c\x12\x10\n\x08\x62ulk_tag\x18\n \x01(\x0c\x12\x12\n\nbulk_bytes\x18\x0b \x01(\x03\"\x8a\x01\n\nBulkHeader\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x14\n\x0cgroup_digest\x18\x02 \x01(\t\x12\x1e\n\x05phase\x18\x03 \x01(\x0e\x32\x0f.swarm.v1.Phase\x12\x0c\n\x04part\x18\x04 \x01(\x05\x12\x0e\n\x06sender\x18\x05 \x01(\x05\x12\x0b\n\x03tag\x18\x06 \x01(\x0c\x12\x0e\n\x06length\x18\x07 \x01(\x03\"%\n\x08\x43hunkAck\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"Q\n\x0cStateRequest\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0e\n\x06length\x18\x03 \x01(\x03\x12\x12\n\ncredential\x18\x04 \x01(\x0c\"q\n\nStateChunk\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x12\n\nstate_hash\x18\x02 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\r\n\x05\x65rror\x18\x06 \x01(\t*[\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\x16\n\x12PHASE_CONTRIBUTION\x10\x01\x12\x12\n\x0ePHASE_AVERAGED\x10\x02\x12\x0f\n\x0bPHASE_ABORT\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'swarm.v1.exchange_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PHASE']._serialized_start=436
-  _globals['_PHASE']._serialized_end=527
+  _globals['_PHASE']._serialized_start=637
+  _globals['_PHASE']._serialized_end=728
   _globals['_TENSORCHUNK']._serialized_start=38
-  _globals['_TENSORCHUNK']._serialized_end=197
-  _globals['_CHUNKACK']._serialized_start=199
-  _globals['_CHUNKACK']._serialized_end=236
-  _globals['_STATEREQUEST']._serialized_start=238
-  _globals['_STATEREQUEST']._serialized_end=319
-  _globals['_STATECHUNK']._serialized_start=321
-  _globals['_STATECHUNK']._serialized_end=434
+  _globals['_TENSORCHUNK']._serialized_end=257
+  _globals['_BULKHEADER']._serialized_start=260
+  _globals['_BULKHEADER']._serialized_end=398
+  _globals['_CHUNKACK']._serialized_start=400
+  _globals['_CHUNKACK']._serialized_end=437
+  _globals['_STATEREQUEST']._serialized_start=439
+  _globals['_STATEREQUEST']._serialized_end=520
+  _globals['_STATECHUNK']._serialized_start=522
+  _globals['_STATECHUNK']._serialized_end=635
 # @@protoc_insertion_point(module_scope)

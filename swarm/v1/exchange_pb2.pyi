@@ -17,7 +17,7 @@ PHASE_AVERAGED: Phase
 PHASE_ABORT: Phase
 
 class TensorChunk(_message.Message):
-    __slots__ = ("key", "group_digest", "phase", "part", "sender", "chunk", "num_chunks", "data")
+    __slots__ = ("key", "group_digest", "phase", "part", "sender", "chunk", "num_chunks", "data", "bulk_mac_key", "bulk_tag", "bulk_bytes")
     KEY_FIELD_NUMBER: _ClassVar[int]
     GROUP_DIGEST_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,9 @@ class TensorChunk(_message.Message):
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    BULK_MAC_KEY_FIELD_NUMBER: _ClassVar[int]
+    BULK_TAG_FIELD_NUMBER: _ClassVar[int]
+    BULK_BYTES_FIELD_NUMBER: _ClassVar[int]
     key: str
     group_digest: str
     phase: Phase
@@ -34,7 +37,28 @@ class TensorChunk(_message.Message):
     chunk: int
     num_chunks: int
     data: bytes
-    def __init__(self, key: _Optional[str] = ..., group_digest: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., part: _Optional[int] = ..., sender: _Optional[int] = ..., chunk: _Optional[int] = ..., num_chunks: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    bulk_mac_key: bytes
+    bulk_tag: bytes
+    bulk_bytes: int
+    def __init__(self, key: _Optional[str] = ..., group_digest: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., part: _Optional[int] = ..., sender: _Optional[int] = ..., chunk: _Optional[int] = ..., num_chunks: _Optional[int] = ..., data: _Optional[bytes] = ..., bulk_mac_key: _Optional[bytes] = ..., bulk_tag: _Optional[bytes] = ..., bulk_bytes: _Optional[int] = ...) -> None: ...
+
+class BulkHeader(_message.Message):
+    __slots__ = ("key", "group_digest", "phase", "part", "sender", "tag", "length")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    GROUP_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    group_digest: str
+    phase: Phase
+    part: int
+    sender: int
+    tag: bytes
+    length: int
+    def __init__(self, key: _Optional[str] = ..., group_digest: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., part: _Optional[int] = ..., sender: _Optional[int] = ..., tag: _Optional[bytes] = ..., length: _Optional[int] = ...) -> None: ...
 
 class ChunkAck(_message.Message):
     __slots__ = ("ok", "error")

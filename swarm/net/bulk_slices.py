@@ -1,0 +1,96 @@
+"""An exchange's slices over the bulk channel (``swarm.net.bulk_channel``): the sender claims the slot over
+libp2p with the slice's length and a one-time Poly1305 key and tag, then sends the bytes over the member's
+bulk connection; the receiver takes a claim only from the member that the group lists for that position,
+and the bytes only when they carry the claimed tag. Any refusal sends the slice over libp2p instead
+(``Exchange._send``). Owned by the transport's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator, Callable, Optional
+
+from hivemind.p2p import PeerID
+
+from swarm.net.bulk_channel import MAC_KEY_BYTES, MIN_BULK_BYTES, TAG_BYTES, BulkChannel, parse_bulk_address, seal
+from swarm.net.bulk_sender import Address
+from swarm.net.chunk_stream import SlicePayload, Turn
+from swarm.net.rendezvous import Member
+from swarm.net.slice_inbox import SliceInbox
+from swarm.net.transport import Transport
+from swarm.v1 import exchange_pb2
+
+logger = logging.getLogger("swarm.net.allreduce")  # the exchange's log
+
+Sealed = tuple[bytes, bytes]  # a claim's one-time key and the slice's tag under it
+OnSent = Callable[[str, str, int, float], None]  # (key, libp2p id, bytes, first byte's perf_counter)
+OnReceived = Callable[[str, str, list[int], list[float]], None]  # (key, libp2p id, read sizes, their times)
+
+
+class BulkSlices:
+    def __init__(self, transport: Transport, channel: BulkChannel, *, handler_name: str, inbox: SliceInbox,
+                 on_sent: OnSent, on_received: OnReceived) -> None:
+        self.transport, self.channel, self.handler_name, self.inbox = transport, channel, handler_name, inbox
+        self.on_sent, self.on_received = on_sent, on_received
+
+    def takes(self, member: Member, payload: SlicePayload) -> Optional[Address]:
+        """Where ``payload`` goes over ``member``'s bulk channel, or None: libp2p (no usable address, or a
+        slice so small that a claim and a frame cost more than one libp2p message)."""
+        address = parse_bulk_address(member.bulk)
+        return address if address is not None and payload.size >= MIN_BULK_BYTES else None
+
+    async def send(self, member: Member, key: str, head: dict, payload: SlicePayload, sealed: Optional[Sealed],
+                   turn: Turn, *, pace_mbit_s: float = 0.0) -> Optional[int]:
+        """Claim the slot, then send the bytes once ``turn`` comes (``sealed``: made now when None); the bytes
+        sent, or None when the slice must go over libp2p (a refusal there is then the libp2p path's to report)."""
+        address = self.takes(member, payload)
+        if address is None:
+            return None
+        data = await payload.whole()
+        mac_key, tag = sealed or await asyncio.to_thread(seal, data)
+        claim = exchange_pb2.TensorChunk(**head, chunk=0, num_chunks=1, bulk_mac_key=mac_key, bulk_tag=tag,
+                                         bulk_bytes=len(data))
+        try:
+            ack = await self.transport.p2p.call_protobuf_handler(
+                PeerID.from_base58(member.dht_peer_id), self.handler_name, _one(claim), exchange_pb2.ChunkAck)
+        except Exception as e:  # any failure to claim: the libp2p path tries and reports it
+            logger.debug("%s: no bulk claim with %s (%r)", key, member.peer_id, e)
+            return None
+        if not ack.ok:
+            return None
+        await turn.wait()
+        first_byte = await self.transport.bulk_sender.send(
+            address, exchange_pb2.BulkHeader(**head, tag=tag, length=len(data)), data,
+            pace_bytes_per_s=int(pace_mbit_s * 1e6 / 8))
+        if first_byte is None:
+            return None
+        sent = len(data) + claim.ByteSize()  # the claim's few bytes too, as the libp2p path counts its headers
+        self.on_sent(key, member.dht_peer_id, sent, first_byte)
+        return sent
+
+    async def on_claim(self, head: exchange_pb2.TensorChunk, remote: str) -> exchange_pb2.ChunkAck:
+        """A groupmate's claim (``remote``: its libp2p id, authenticated): take the slot's bytes from the bulk
+        channel once they carry its tag."""
+        if len(head.bulk_mac_key) != MAC_KEY_BYTES or len(head.bulk_tag) != TAG_BYTES or head.bulk_bytes <= 0 \
+                or head.data:
+            return exchange_pb2.ChunkAck(ok=False, error="a malformed bulk claim")
+        key, slot = head.key, (head.group_digest, head.phase, head.part, head.sender, remote)
+        async with self.inbox.cond:
+            if not self.inbox.admitted(key, slot):
+                self.inbox.reject(key, remote, head.sender)
+                return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
+
+        async def deliver(payload: memoryview, sizes: list[int], arrivals: list[float]) -> bool:
+            if not await self.inbox.deliver(key, *slot[:4], payload, sender_id=remote):
+                return False
+            self.on_received(key, remote, sizes, arrivals)
+            return True
+
+        if not self.channel.claim(key, (*slot[:4], head.bulk_tag, head.bulk_bytes), head.bulk_mac_key, remote,
+                                  deliver):
+            return exchange_pb2.ChunkAck(ok=False, error="too many bulk claims open here; send the slice itself")
+        return exchange_pb2.ChunkAck(ok=True)
+
+
+async def _one(message) -> AsyncIterator:
+    yield message

@@ -1,0 +1,135 @@
+"""Where an exchange's slices wait until the exchange takes them, and who may put them there.
+
+A slice counts for group position s only when it came from the libp2p id the (signed) group entry of s
+lists: the sender's id is the one libp2p's secure channel authenticated, never a field of the message.
+Before this peer knows a key's group, a few slices per sender wait for it (a member sends each peer at most
+three messages per key); once the group is known, slices and aborts from anyone else are dropped and counted.
+Owned by the transport's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable, Optional
+
+from swarm.net.rendezvous import Member
+from swarm.net.slice_reduction import ExchangeFailed
+from swarm.v1 import exchange_pb2
+
+logger = logging.getLogger("swarm.net.allreduce")  # the exchange's log, where these lines always were
+
+MAX_OPEN_KEYS = 4  # rounds whose early parts are buffered; older ones are dropped
+MAX_EARLY_SLOTS_PER_SENDER = 6  # messages buffered per sender and key before the group is known (a member: 3)
+Slot = tuple[str, int, int, int, str]  # (group digest, phase, part, sender position, sender's libp2p id)
+
+
+class SliceInbox:
+    def __init__(self, *, key_prefix: str, own_id: str, on_forget: Callable[[str], None]) -> None:
+        """``key_prefix``: every key of this run's exchanges; ``own_id``: this peer's libp2p id (its own
+        slices'); ``on_forget(key)``: called (under ``cond``) when a key's slices are dropped."""
+        self.key_prefix, self.own_id, self.on_forget = key_prefix, own_id, on_forget
+        self._slots: dict[str, dict[Slot, bytes | memoryview]] = {}
+        self._groups: dict[str, list[str]] = {}  # key -> the libp2p id of each position, while it is averaged
+        self.rejected = 0  # messages dropped because their sender is not the member they claim to be
+        self.cond = asyncio.Condition()  # made on the loop (an Exchange's start)
+
+    async def deliver(self, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes | memoryview,
+                      *, sender_id: Optional[str] = None) -> bool:
+        """Buffer a slice from ``sender_id`` (this peer's own when None); False when it was dropped: this
+        key's group is known and ``sender_id`` is not the libp2p id of position ``sender`` in it, or the
+        group is not known yet and the slice cannot be an early one of this run's members."""
+        sender_id = sender_id or self.own_id
+        slot = (digest, phase, part, sender, sender_id)
+        async with self.cond:
+            if not self.admitted(key, slot):
+                self.reject(key, sender_id, sender)
+                return False
+            self._slots[key][slot] = payload
+            self.cond.notify_all()
+            return True
+
+    def admitted(self, key: str, slot: Slot) -> bool:
+        """Whether ``slot``'s sender is that position's member of ``key``'s group (or, while the group is not
+        known, may be: ``_may_buffer_early``); under ``cond``."""
+        ids, sender, sender_id = self._groups.get(key), slot[3], slot[4]
+        if ids is not None:
+            return 0 <= sender < len(ids) and ids[sender] == sender_id
+        return self._may_buffer_early(key, slot)
+
+    def _may_buffer_early(self, key: str, slot: Slot) -> bool:
+        """Whether a slice that came before this peer knows the key's group may wait for it (opening a
+        buffer for the key if needed). A member sends each peer at most three messages per key (its
+        contribution, its averaged slice, an abort), so a sender with more is not an honest member; the
+        buffers of keys being averaged are never evicted for a new key."""
+        if not key.startswith(self.key_prefix):
+            return False
+        if key in self._slots:
+            inbox = self._slots[key]
+            return slot in inbox or sum(s[4] == slot[4] for s in inbox) < MAX_EARLY_SLOTS_PER_SENDER
+        return self._open(key, force=False)
+
+    def _open(self, key: str, *, force: bool) -> bool:
+        """Open a buffer for ``key``, evicting the oldest buffers of keys not being averaged to stay within
+        MAX_OPEN_KEYS; False (unless ``force``) when only keys being averaged are open."""
+        idle = [k for k in self._slots if k not in self._groups]
+        excess = len(self._slots) + 1 - MAX_OPEN_KEYS
+        if excess > len(idle) and not force:
+            return False
+        for stale in idle[:max(0, excess)]:
+            self._slots.pop(stale)
+            self.on_forget(stale)
+        self._slots[key] = {}
+        return True
+
+    async def expect(self, key: str, ids: list[str]) -> None:
+        """From now on accept slices for ``key`` only from the group's members (``ids``: the libp2p id of
+        each position), each for its own position; drop what strangers sent before this peer knew the group."""
+        async with self.cond:
+            self._groups[key] = ids
+            if key not in self._slots:
+                self._open(key, force=True)
+            inbox = self._slots[key]
+            for slot in [s for s in inbox if not (0 <= s[3] < len(ids) and ids[s[3]] == s[4])]:
+                inbox.pop(slot)
+                self.reject(key, slot[4], slot[3])
+
+    def reject(self, key: str, sender_id: str, sender: int) -> None:
+        self.rejected += 1
+        if self.rejected & (self.rejected - 1) == 0:  # the 1st, 2nd, 4th, 8th...: never a flood
+            logger.warning("%s: dropped a message from %s claiming group position %d: not that member's libp2p id, "
+                           "or more than a member sends (%d dropped so far)", key, sender_id, sender,
+                           self.rejected)
+
+    async def wait_for(self, key: str, wanted: list[Slot], group: list[Member]) -> list[bytes | memoryview]:
+        """The wanted slices once all are here; ExchangeFailed as soon as a groupmate aborts (only a member
+        can: ``expect`` dropped every other sender's messages)."""
+        digest = wanted[0][0]
+
+        def aborted() -> Optional[tuple[int, bytes]]:
+            for (d, phase, _, sender, sender_id), data in self._slots.get(key, {}).items():
+                if phase == exchange_pb2.PHASE_ABORT and d == digest and group[sender].dht_peer_id == sender_id:
+                    return sender, data
+            return None
+
+        async with self.cond:
+            await self.cond.wait_for(lambda: aborted() or all(w in self._slots.get(key, {}) for w in wanted))
+            abort = aborted()
+            if abort is not None:
+                sender, why = abort
+                who = group[sender].peer_id
+                raise ExchangeFailed(f"{key}: groupmate {who} gave up ({why.decode(errors='replace')})",
+                                     from_groupmate=True)
+            return [self._slots[key][w] for w in wanted]
+
+    async def forget(self, key: str) -> None:
+        """``key``'s exchange is over: its slices go, and what others keep for it (``on_forget``)."""
+        async with self.cond:
+            self._slots.pop(key, None)
+            self._groups.pop(key, None)
+            self.on_forget(key)
+
+    def averaging(self, key: str) -> bool:
+        """Whether ``key``'s exchange is in progress here."""
+        return key in self._groups
+

@@ -1,0 +1,246 @@
+"""The bulk channel (swarm.net.bulk_channel) under the butterfly all-reduce, three real hivemind peers in one
+process: slices that go over it give every member the simulator's bits; bytes that an on-path attacker changes
+are refused while the exchange still completes; a member without a reachable bulk address still exchanges; bytes
+not yet verified stay under the channel's cap."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import socket
+import sys
+import threading
+from typing import Iterator
+
+import pytest
+import torch
+
+from swarm.core.average import butterfly_reference
+from swarm.net.allreduce import Exchange
+from swarm.net.bulk_channel import (MAGIC, MISMATCH, NO_CLAIM, OK, OVER_CAP, PREFIX, BulkChannel, parse_bulk_address,
+                                   seal)
+from swarm.net.rendezvous import Member, group_digest, group_key
+from swarm.net.transport import Transport
+from swarm.v1 import exchange_pb2
+from tests.unit.test_exchange import Peer, concurrently, results_of
+
+pytestmark = pytest.mark.timeout(120)
+
+RUN_ID = "run-test-exchange"  # the Peer helper's credentials are for this run
+NUMEL = 600_001  # fp32 slices of ~0.8 MB
+
+
+@pytest.fixture(scope="module")
+def trio() -> Iterator[list[Peer]]:
+    transports: list[Transport] = []
+    try:
+        transports.append(Transport(initial_peers=[]))
+        for _ in range(2):
+            transports.append(Transport(initial_peers=transports[0].visible_maddrs))
+        yield [Peer(t, Exchange(t, run_id=RUN_ID), i) for i, t in enumerate(transports)]
+    finally:
+        for t in reversed(transports):
+            t.shutdown()
+
+
+def exchange(trio: list[Peer], key: str, group: list[Member], inputs: list[torch.Tensor]) -> list:
+    """Every peer averages with ``group`` as given (no rendezvous: the members' entries are the test's)."""
+    return [r.average for r in results_of(concurrently(
+        [lambda p=p, m=m, d=d: p.exchange.average(key=key, group=group, me=m, delta=d, timeout_s=60)
+         for p, m, d in zip(trio, group, inputs)], timeout_s=90))]
+
+
+def frames_taken(trio: list[Peer]) -> list[int]:
+    return [p.exchange.bulk.frames_taken for p in trio]
+
+
+@pytest.mark.parametrize("round_number, codec", [(201, "fp32"), (202, "int4")])
+def test_slices_over_the_bulk_channel_give_every_member_the_simulators_bits(trio: list[Peer], round_number: int,
+                                                                            codec: str) -> None:
+    weights = [5.0, 2.0, 1.0]
+    inputs = [torch.randn(NUMEL, generator=torch.Generator().manual_seed(round_number + i)) for i in range(3)]
+    group = [p.member(weight=w, codec=codec, numel=NUMEL) for p, w in zip(trio, weights)]
+    before = frames_taken(trio)
+
+    averages = exchange(trio, group_key(RUN_ID, round_number), group, inputs)
+
+    expected = butterfly_reference(inputs, weights, codec)
+    assert all(torch.equal(a, expected) for a in averages)
+    # each peer took its two groupmates' contributions and their two averaged slices over the channel
+    assert [after - b for after, b in zip(frames_taken(trio), before)] == [4, 4, 4]
+
+
+class TamperingProxy:
+    """An on-path attacker in front of a peer's bulk channel: it sees every frame's header and bytes, tries each
+    frame first with one byte changed, then passes the real one on (and its answer back)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.tampered_answers: list[int] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+
+    def _relay(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(self.target)
+        with client, upstream:
+            while True:
+                prefix = _read(client, PREFIX.size)
+                if prefix is None:
+                    return
+                head = _read(client, PREFIX.unpack(prefix)[1])
+                header = exchange_pb2.BulkHeader.FromString(head)
+                body = bytearray(_read(client, header.length))
+                forged = bytearray(body)
+                forged[len(forged) // 2] ^= 0x01
+                with socket.create_connection(self.target) as attacker:
+                    attacker.sendall(prefix + head + forged)
+                    self.tampered_answers.append(_read(attacker, 1)[0])
+                upstream.sendall(prefix + head + body)
+                client.sendall(_read(upstream, 1))
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _read(sock: socket.socket, size: int) -> bytes | None:
+    data = b""
+    while len(data) < size:
+        more = sock.recv(size - len(data))
+        if not more:
+            return None
+        data += more
+    return data
+
+
+def test_bytes_changed_on_the_way_are_refused_and_the_exchange_still_gives_the_simulators_bits(
+        trio: list[Peer]) -> None:
+    round_number, weights = 203, [1.0, 3.0, 2.0]
+    inputs = [torch.randn(NUMEL, generator=torch.Generator().manual_seed(round_number + i)) for i in range(3)]
+    proxy = TamperingProxy(parse_bulk_address(trio[0].exchange.bulk_address))
+    try:
+        group = [p.member(weight=w, numel=NUMEL) for p, w in zip(trio, weights)]
+        group[0] = dataclasses.replace(group[0], bulk=proxy.address)  # what the others dial to reach peer 0
+        refused_before = trio[0].exchange.bulk.drops.counts.get(MISMATCH, 0)
+
+        averages = exchange(trio, group_key(RUN_ID, round_number), group, inputs)
+    finally:
+        proxy.close()
+
+    expected = butterfly_reference(inputs, weights, "fp32")
+    assert all(torch.equal(a, expected) for a in averages)
+    assert proxy.tampered_answers == [MISMATCH] * 4  # both groupmates' contribution and averaged slice
+    assert trio[0].exchange.bulk.drops.counts[MISMATCH] - refused_before == 4
+
+
+def test_a_frame_no_member_claimed_is_refused_before_its_bytes_are_read(trio: list[Peer]) -> None:
+    head = exchange_pb2.BulkHeader(key=group_key(RUN_ID, 204), group_digest="0" * 16, phase=exchange_pb2.PHASE_CONTRIBUTION,
+                                   part=0, sender=1, tag=os.urandom(16), length=1 << 30).SerializeToString()
+    with socket.create_connection(parse_bulk_address(trio[0].exchange.bulk_address)) as stranger:
+        stranger.sendall(PREFIX.pack(MAGIC, len(head)) + head)
+        assert stranger.recv(1) == bytes([NO_CLAIM])  # answered at once: the GiB it announced was never awaited
+        assert stranger.recv(1) == b""  # and the connection closed
+    assert trio[0].exchange.bulk.pending_bytes == 0
+
+
+def test_members_without_a_reachable_bulk_address_exchange_over_libp2p(trio: list[Peer]) -> None:
+    round_number, weights = 205, [2.0, 1.0, 1.0]
+    inputs = [torch.randn(NUMEL, generator=torch.Generator().manual_seed(round_number + i)) for i in range(3)]
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        dead_address = f"127.0.0.1:{closed.getsockname()[1]}"  # nothing listens there once closed
+    group = [p.member(weight=w, numel=NUMEL) for p, w in zip(trio, weights)]
+    group[1] = dataclasses.replace(group[1], bulk=dead_address)  # announced, but unreachable (a firewall)
+    group[2] = dataclasses.replace(group[2], bulk="")  # none announced (behind NAT)
+    before = frames_taken(trio)
+
+    averages = exchange(trio, group_key(RUN_ID, round_number), group, inputs)
+
+    assert all(torch.equal(a, butterfly_reference(inputs, weights, "fp32")) for a in averages)
+    # peer 0 still took its groupmates' slices over its bulk channel; the other two took theirs over libp2p
+    assert [after - b for after, b in zip(frames_taken(trio), before)] == [4, 0, 0]
+
+
+def test_a_group_without_bulk_addresses_keeps_its_digest() -> None:
+    member = Member(peer_id="p", dht_peer_id="d", index=0, weight=1.0, numel=3, codec="fp32")
+    assert group_digest([member]) == "d80333662a81b173"  # as before bulk addresses existed
+    assert group_digest([dataclasses.replace(member, bulk="127.0.0.1:9")]) != group_digest([member])
+
+
+def test_only_addresses_to_dial_are_taken_from_an_entry() -> None:
+    assert parse_bulk_address("10.0.0.7:4001") == ("10.0.0.7", 4001)
+    assert parse_bulk_address("[::1]:4001") == ("::1", 4001)
+    for text in ["", "10.0.0.7", "10.0.0.7:0", "10.0.0.7:70000", "0.0.0.0:4001", "a b:1", "host/evil:1", "x:1\n"]:
+        assert parse_bulk_address(text) is None, text
+
+
+
+def test_bytes_beyond_the_unverified_cap_are_refused_and_counted() -> None:
+    """A channel alone (no hivemind): claims for two slots, a cap that holds one of them at a time."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    channel, taken = BulkChannel(max_pending_bytes=150_000), []
+
+    async def deliver(payload, sizes, arrivals) -> bool:
+        taken.append(bytes(payload))
+        return True
+
+    def frame(part: int, body: bytes, tag: bytes) -> bytes:
+        head = exchange_pb2.BulkHeader(key="k", group_digest="d", phase=exchange_pb2.PHASE_CONTRIBUTION, part=part,
+                                       sender=1, tag=tag, length=len(body)).SerializeToString()
+        return PREFIX.pack(MAGIC, len(head)) + head
+
+    try:
+        asyncio.run_coroutine_threadsafe(channel.start("127.0.0.1", None), loop).result(10)
+        bodies = [os.urandom(100_000), os.urandom(100_000)]
+        seals = [seal(body) for body in bodies]
+        for part, (body, (mac_key, tag)) in enumerate(zip(bodies, seals)):
+            slot = ("d", exchange_pb2.PHASE_CONTRIBUTION, part, 1, tag, len(body))
+            loop.call_soon_threadsafe(channel.claim, "k", slot, mac_key, "sender", deliver)
+        address = parse_bulk_address(channel.address)
+        with socket.create_connection(address) as first, socket.create_connection(address) as second:
+            first.sendall(frame(0, bodies[0], seals[0][1]) + bodies[0][:50_000])  # half of it: held, unverified
+            while channel.pending_bytes == 0:  # the loop thread has taken the header and holds the buffer
+                threading.Event().wait(0.01)
+            second.sendall(frame(1, bodies[1], seals[1][1]))
+            assert second.recv(1) == bytes([OVER_CAP])  # 100 kB more would pass the 150 kB cap
+            first.sendall(bodies[0][50_000:])
+            assert first.recv(1) == bytes([OK])
+        assert taken == [bodies[0]] and channel.drops.counts == {OVER_CAP: 1} and channel.pending_bytes == 0
+    finally:
+        loop.call_soon_threadsafe(channel.close)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pacing is Linux's SO_MAX_PACING_RATE")
+def test_paced_bulk_connections_send_no_faster_than_the_pace(trio: list[Peer]) -> None:
+    round_number, weights, pace_mbit_s = 206, [1.0, 1.0, 1.0], 80.0
+    numel = 4_500_000  # 6 MB slices, 0.6 s each at the pace: loopback's first window (~0.6 MB) goes unpaced
+    inputs = [torch.randn(numel, generator=torch.Generator().manual_seed(round_number + i)) for i in range(3)]
+    group = [p.member(weight=w, numel=numel) for p, w in zip(trio, weights)]
+    try:
+        for p in trio:
+            p.exchange.pace_mbit_s = pace_mbit_s
+        results = results_of(concurrently(
+            [lambda p=p, m=m, d=d: p.exchange.average(key=group_key(RUN_ID, round_number), group=group, me=m, delta=d,
+                                                      timeout_s=60) for p, m, d in zip(trio, group, inputs)],
+            timeout_s=90))
+    finally:
+        for p in trio:
+            p.exchange.pace_mbit_s = 0.0
+    assert all(torch.equal(r.average, butterfly_reference(inputs, weights, "fp32")) for r in results)
+    rates = [t.bytes * 8 / t.seconds / 1e6 for r in results for t in r.links.uploads]
+    assert len(rates) == 12 and max(rates) < 1.25 * pace_mbit_s, rates  # unpaced, loopback moves Gbit/s
+    # the receiving side times them too: what the link estimates take as the download rate
+    received = [t.bytes * 8 / t.seconds / 1e6 for r in results for t in r.links.downloads]
+    assert len(received) == 12 and all(0.5 * pace_mbit_s < rate < 1.25 * pace_mbit_s for rate in received), received
