@@ -185,6 +185,8 @@ class PeerDaemon:
                                               planned=self.link.planned, faults=o.faults, member=self.link.member,
                                               round_choice=self.link.round_choice)
         self.link.group_decision = group.group_decision
+        if o.uplink_mbit > 0:
+            group.exchange.uplink_mbit_s = o.uplink_mbit  # --uplink-mbit: the bulk sends are paced under it
         self.link.param_count = trainer.param_count
         transfer = self.parts.state_transfer(self.transport, run_id=self.run_id, timeout_s=o.state_timeout_s,
                                              member=self.link.member)

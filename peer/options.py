@@ -22,6 +22,7 @@ class PeerOptions:
     p2p_host: Optional[str] = None  # None: all interfaces, or loopback when the coordinator is (swarm.net.p2p_address)
     p2p_port: int = 0
     announce_host: Optional[str] = None  # None: the address of the route to the coordinator
+    uplink_mbit: float = 0.0  # the operator's word for this machine's uplink: paces the bulk sends (0: unpaced)
     poll_s: float = 0.2  # how often a waiting peer asks the coordinator about the round
     state_timeout_s: float = 120.0
     join_timeout_s: float = 120.0  # give up joining when the coordinator stays unreachable this long

@@ -106,6 +106,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         p2p_host=args.p2p_host,
         p2p_port=args.p2p_port,
         announce_host=args.announce_host,
+        uplink_mbit=args.uplink_mbit,
         join_timeout_s=args.join_timeout_s,
         faults=faults,
         checkpoint_every_rounds=args.checkpoint_every,
@@ -234,7 +235,7 @@ _NUMBER_FLAGS: dict[str, tuple[tuple[str, float, float], ...]] = {
     "coordinator": (("port", 0, 65535), ("dht_port", 0, 65535), ("max_rounds", 1, 10**9), ("min_peers", 1, 10**5),
                     ("inner_steps", 1, 10**7), ("lease_s", 0.1, 86400), ("exit_grace_s", 0, 86400)),
     "peer": (("p2p_port", 0, 65535), ("threads", 1, 4096), ("nproc", 1, 1024), ("join_timeout_s", 0.1, 7 * 86400),
-             ("checkpoint_every", 0, 10**9), ("final_serve_s", 0, 86400)),
+             ("checkpoint_every", 0, 10**9), ("final_serve_s", 0, 86400), ("uplink_mbit", 0, 10**6)),
     "status": (("interval", 0.1, 3600),),
     "demo": (("peers", 1, 64), ("rounds", 1, 10**6), ("inner_steps", 1, 10**7), ("timeout", 1, 7 * 86400)),
     "token": (("max_uses", 1, 10**9),),
@@ -305,6 +306,9 @@ def _add_peer_parser(sub) -> None:
     p.add_argument("--p2p-host", help="address to listen on for peers (default: all; loopback if the coordinator is)")
     p.add_argument("--p2p-port", type=int, default=0, help="port for the peer-to-peer transport (0: any)")
     p.add_argument("--announce-host", help="address other peers reach this one at (default: its route to the coordinator)")
+    p.add_argument("--uplink-mbit", type=float, default=0.0,
+                   help="this machine's upload rate in Mbit/s, if known: the exchange paces its sends just under it, "
+                        "so that they do not overrun the link's queue (default 0: unpaced)")
     p.add_argument("--join-timeout-s", type=float, default=120.0,
                    help="give up (exit 2) when the coordinator stays unreachable this long at start")
     p.add_argument("--checkpoint-every", type=int, default=5,

@@ -85,16 +85,19 @@ class ExchangeResult:
 
 class Exchange:
     def __init__(self, transport: Transport, *, run_id: str, aggregation: Aggregation = Aggregation(),
-                 bulk: bool = True, send_in_turn: bool = False, pace_mbit_s: float = 0.0):
+                 bulk: bool = True, send_in_turn: bool = False, pace_mbit_s: float = 0.0, uplink_mbit_s: float = 0.0):
         """``bulk``: slices go over the transport's bulk channel to members that announce one
         (``swarm.net.bulk_channel``), else over libp2p. ``send_in_turn``: each phase sends to one groupmate at
         a time, position p's i-th send to position p + i (so each link carries one flow at a time), instead of
         to all at once. ``pace_mbit_s``: each bulk connection sends at most this fast (0: unpaced); about the
-        links' rate / (K − 1) keeps the K − 1 flows into a member from overrunning its downlink's queue."""
+        links' rate / (K − 1) keeps the K − 1 flows into a member from overrunning its downlink's queue.
+        ``uplink_mbit_s``: this peer's uplink as its operator declared it (``swarm peer --uplink-mbit``); without
+        ``pace_mbit_s`` each bulk connection of a K-member exchange is paced at 0.95 × uplink / (K − 1)."""
         self.transport = transport
         self.aggregation = aggregation  # Aggregation.for_run(run): the rule and the weight cap of the run
         self.send_in_turn = send_in_turn
         self.pace_mbit_s = pace_mbit_s  # the owning thread's between exchanges (read by the loop during one)
+        self.uplink_mbit_s = uplink_mbit_s
         self.bulk: Optional[BulkChannel] = None  # the transport's, shared with its other exchanges
         self._bulk_slices: Optional[BulkSlices] = None  # this exchange's use of it
         self._use_bulk = bulk
@@ -347,12 +350,18 @@ class Exchange:
         finally:
             turn.done()
 
+    def _pace(self, key: str) -> float:
+        """Each bulk connection's pace in Mbit/s for ``key``'s exchange (0: unpaced)."""
+        if self.pace_mbit_s or not self.uplink_mbit_s or self.inbox is None:
+            return self.pace_mbit_s
+        return uplink_pace(self.uplink_mbit_s, self.inbox.group_size(key))
+
     async def _send_on_turn(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int,
                             payload: SlicePayload | bytes, sealed: Optional[tuple[bytes, bytes]], turn: Turn) -> int:
         payload, sent = SlicePayload(payload) if isinstance(payload, bytes) else payload, 0
         head = dict(key=key, group_digest=digest, phase=phase, part=part, sender=sender)
         if phase != exchange_pb2.PHASE_ABORT and self._bulk_slices is not None:
-            bulk_sent = await self._bulk_slices.send(member, key, head, payload, sealed, turn, pace_mbit_s=self.pace_mbit_s)
+            bulk_sent = await self._bulk_slices.send(member, key, head, payload, sealed, turn, pace_mbit_s=self._pace(key))
             if bulk_sent is not None:
                 return bulk_sent
         await turn.wait()
@@ -423,3 +432,8 @@ async def _pause(seconds: Optional[float]) -> None:
     if seconds:
         await asyncio.sleep(seconds)
 
+
+def uplink_pace(uplink_mbit_s: float, group_size: int) -> float:
+    """The pace of each of a K-member exchange's K − 1 concurrent bulk connections that keeps them together just
+    under the declared uplink (0: unpaced when there is nobody to send to)."""
+    return 0.95 * uplink_mbit_s / (group_size - 1) if uplink_mbit_s > 0 and group_size > 1 else 0.0

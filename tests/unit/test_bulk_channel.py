@@ -223,21 +223,27 @@ def test_bytes_beyond_the_unverified_cap_are_refused_and_counted() -> None:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pacing is Linux's SO_MAX_PACING_RATE")
-def test_paced_bulk_connections_send_no_faster_than_the_pace(trio: list[Peer]) -> None:
-    round_number, weights, pace_mbit_s = 206, [1.0, 1.0, 1.0], 80.0
+@pytest.mark.parametrize("declared", ["pace", "uplink"])
+def test_paced_bulk_connections_send_no_faster_than_the_pace(trio: list[Peer], declared: str) -> None:
+    """The pace given as such, or from the uplink an operator declares (swarm peer --uplink-mbit): each of the
+    K − 1 = 2 connections then gets 0.95 × uplink / 2."""
+    round_number, weights, pace_mbit_s = 206 if declared == "pace" else 207, [1.0, 1.0, 1.0], 80.0
     numel = 4_500_000  # 6 MB slices, 0.6 s each at the pace: loopback's first window (~0.6 MB) goes unpaced
     inputs = [torch.randn(numel, generator=torch.Generator().manual_seed(round_number + i)) for i in range(3)]
     group = [p.member(weight=w, numel=numel) for p, w in zip(trio, weights)]
     try:
         for p in trio:
-            p.exchange.pace_mbit_s = pace_mbit_s
+            if declared == "pace":
+                p.exchange.pace_mbit_s = pace_mbit_s
+            else:
+                p.exchange.uplink_mbit_s = pace_mbit_s * 2 / 0.95
         results = results_of(concurrently(
             [lambda p=p, m=m, d=d: p.exchange.average(key=group_key(RUN_ID, round_number), group=group, me=m, delta=d,
                                                       timeout_s=60) for p, m, d in zip(trio, group, inputs)],
             timeout_s=90))
     finally:
         for p in trio:
-            p.exchange.pace_mbit_s = 0.0
+            p.exchange.pace_mbit_s = p.exchange.uplink_mbit_s = 0.0
     assert all(torch.equal(r.average, butterfly_reference(inputs, weights, "fp32")) for r in results)
     rates = [t.bytes * 8 / t.seconds / 1e6 for r in results for t in r.links.uploads]
     assert len(rates) == 12 and max(rates) < 1.25 * pace_mbit_s, rates  # unpaced, loopback moves Gbit/s
