@@ -17,13 +17,11 @@ import pytest
 import torch
 
 from swarm.core.average import butterfly_reference
-from swarm.net.allreduce import Exchange
 from swarm.net.bulk_channel import (MAGIC, MISMATCH, NO_CLAIM, OK, OVER_CAP, PREFIX, BulkChannel, parse_bulk_address,
                                    seal)
 from swarm.net.rendezvous import Member, group_digest, group_key
-from swarm.net.transport import Transport
 from swarm.v1 import exchange_pb2
-from tests.unit.test_exchange import Peer, concurrently, results_of
+from tests.unit.test_exchange import Peer, three_peers, concurrently, results_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,15 +31,7 @@ NUMEL = 600_001  # fp32 slices of ~0.8 MB
 
 @pytest.fixture(scope="module")
 def trio() -> Iterator[list[Peer]]:
-    transports: list[Transport] = []
-    try:
-        transports.append(Transport(initial_peers=[]))
-        for _ in range(2):
-            transports.append(Transport(initial_peers=transports[0].visible_maddrs))
-        yield [Peer(t, Exchange(t, run_id=RUN_ID), i) for i, t in enumerate(transports)]
-    finally:
-        for t in reversed(transports):
-            t.shutdown()
+    yield from three_peers()
 
 
 def exchange(trio: list[Peer], key: str, group: list[Member], inputs: list[torch.Tensor]) -> list:

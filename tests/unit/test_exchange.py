@@ -68,8 +68,8 @@ class Peer:
                                             owner=owner)
 
 
-@pytest.fixture(scope="module")
-def peers() -> Iterator[list[Peer]]:
+def three_peers() -> Iterator[list[Peer]]:
+    """Three real hivemind transports on loopback, each with an Exchange of this run (the fixtures' body)."""
     transports: list[Transport] = []
     try:
         transports.append(Transport(initial_peers=[]))
@@ -79,6 +79,11 @@ def peers() -> Iterator[list[Peer]]:
     finally:
         for t in reversed(transports):
             t.shutdown()
+
+
+@pytest.fixture(scope="module")
+def peers() -> Iterator[list[Peer]]:
+    yield from three_peers()
 
 
 def concurrently(calls: list[Callable[[], Any]], *, timeout_s: float) -> list[Any]:

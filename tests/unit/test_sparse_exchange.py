@@ -15,11 +15,9 @@ from swarm.core.aggregation import Aggregation
 from swarm.core.all_gather import gather_reference
 from swarm.core.average import part_bounds
 from swarm.core.codec import ErrorFeedback, codec_round_trip, get_codec
-from swarm.net.allreduce import Exchange
 from swarm.net.rendezvous import group_key
-from swarm.net.transport import Transport
 from swarm.train.sim import simulate
-from tests.unit.test_exchange import Peer, concurrently, deltas, results_of
+from tests.unit.test_exchange import Peer, three_peers, concurrently, deltas, results_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,15 +87,7 @@ def test_the_run_config_names_topk_codecs_with_their_density():
 
 @pytest.fixture(scope="module")
 def peers() -> Iterator[list[Peer]]:
-    transports: list[Transport] = []
-    try:
-        transports.append(Transport(initial_peers=[]))
-        for _ in range(2):
-            transports.append(Transport(initial_peers=transports[0].visible_maddrs))
-        yield [Peer(t, Exchange(t, run_id=RUN_ID), i) for i, t in enumerate(transports)]
-    finally:
-        for t in reversed(transports):
-            t.shutdown()
+    yield from three_peers()
 
 
 def _exchange(peers, key, codec, weights, inputs):
