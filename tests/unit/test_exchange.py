@@ -68,14 +68,14 @@ class Peer:
                                             owner=owner)
 
 
-def three_peers() -> Iterator[list[Peer]]:
-    """Three real hivemind transports on loopback, each with an Exchange of this run (the fixtures' body)."""
+def three_peers(run_id: str = RUN_ID) -> Iterator[list[Peer]]:
+    """Three real hivemind transports on loopback, each with an Exchange of ``run_id`` (the fixtures' body)."""
     transports: list[Transport] = []
     try:
         transports.append(Transport(initial_peers=[]))
         for _ in range(2):
             transports.append(Transport(initial_peers=transports[0].visible_maddrs))
-        yield [Peer(t, Exchange(t, run_id=RUN_ID), i) for i, t in enumerate(transports)]
+        yield [Peer(t, Exchange(t, run_id=run_id), i) for i, t in enumerate(transports)]
     finally:
         for t in reversed(transports):
             t.shutdown()

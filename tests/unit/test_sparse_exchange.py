@@ -87,7 +87,7 @@ def test_the_run_config_names_topk_codecs_with_their_density():
 
 @pytest.fixture(scope="module")
 def peers() -> Iterator[list[Peer]]:
-    yield from three_peers()
+    yield from three_peers(RUN_ID)
 
 
 def _exchange(peers, key, codec, weights, inputs):
