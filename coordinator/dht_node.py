@@ -13,6 +13,7 @@ import socket
 from pathlib import Path
 from typing import Optional, Sequence
 
+import swarm.net  # noqa: F401  first: it keeps hivemind's import from loading scipy.optimize (swarm.net.deferred_imports)
 import hivemind
 from hivemind.dht.validation import RecordValidatorBase
 from hivemind.p2p import PeerID

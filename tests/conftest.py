@@ -9,6 +9,8 @@ import psutil
 import pytest
 import torch
 
+import swarm.net  # noqa: F401  before any test imports hivemind: keeps scipy.optimize unloaded until used
+
 _PR_SET_CHILD_SUBREAPER = 36
 
 
