@@ -8,7 +8,9 @@ overlaps, else within ``controller_exchange_fraction`` of the round. When none d
 compact codec and a longer round: the H whose round keeps what the overlap does not hide within that
 fraction of the round, capped at ``controller_max_inner_steps``; ``coordinator.budgets`` turns that H into
 the round's time budget (H × the fastest believable step time) and each participant's steps. Fragments and
-overlap stay the run's. Shares follow each member's uplink, so a slow uplink owns a smaller slice.
+overlap stay the run's; with the controller on, a peer whose exchange outlasts the overlap window keeps
+training and merges when it ends (``RoundRunner.merge_when_ready``), so a short prediction costs staleness,
+not idle time. Shares follow each member's uplink, so a slow uplink owns a smaller slice.
 ``for_round`` is the engine's one call; ``message`` puts a choice into RoundInfo.
 """
 

@@ -200,6 +200,7 @@ class PeerDaemon:
         self.runner = RoundRunner(trainer, self.run_config, exchange=group, votes=group, decider=self.link,
                                   store=self.store, executor=self._executor, hooks=self.hooks,
                                   stopping=self.stop.is_set, left_out=self.left_out,
+                                  merge_when_ready=self.run_config.rounds.controller == "auto",
                                   budget=lambda r: self.link.budget(r, self.runner.full_speed(r)))
         self.stats.update(model_fingerprint=trainer.fingerprint, param_count=trainer.param_count,
                           dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs))

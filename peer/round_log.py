@@ -60,8 +60,9 @@ class RoundLog:
         train = entry.train or (entry.vote.train if entry.vote else None)
         level = logging.WARNING if result.outcome is Outcome.VOIDED else logging.INFO
         evaluated = "" if entry.eval_loss is None else f"; eval loss {entry.eval_loss:.4f}"
-        logger.log(level, "%s %s: %s%s", self.tag(result.round_no), outcome_words(result),
-                   figures(train, entry.vote, codec=self.codec), evaluated)
+        waited = f"; training waited {result.waited_s:.2f} s for it" if result.waited_s >= 0.05 else ""
+        logger.log(level, "%s %s: %s%s%s", self.tag(result.round_no), outcome_words(result),
+                   figures(train, entry.vote, codec=self.codec), waited, evaluated)
         self.train_log.log(result.round_no, round_scalars(result, train, entry.lr, entry.vote))
 
     def evaluated(self, round_no: int, loss: float) -> None:
@@ -117,6 +118,7 @@ def round_scalars(result: RoundResult, train: Optional[TrainStats], lr: float,
     scalars: dict[str, Optional[float]] = {
         "round/committed": 1.0 if result.outcome is Outcome.COMMITTED else 0.0,
         "train/lr": lr,
+        "round/waited_s": result.waited_s,  # training stood still for the exchange and the decision
     }
     if train is not None:
         scalars |= {"train/loss": train.mean_loss, "train/steps": float(train.steps),

@@ -85,7 +85,8 @@ class RoundConfig:
     # bytes per sync; needs the nesterov outer optimizer)
     fragment_pattern: str = "strided"
     # A fragment's exchange runs during the next overlap_steps inner steps and is merged after them
-    # (0: the peer waits for it).
+    # (0: the peer waits for it). With controller = "auto" overlap_steps is a minimum: a peer whose exchange
+    # has not ended by then keeps training and merges at the first step after it ends (within the round).
     overlap_steps: int = 0
     # With overlap: local ← alpha·local + (1−alpha)·global for the merged fragment (the paper's 0.5).
     mixing_alpha: float = 0.5
@@ -111,7 +112,9 @@ class RoundConfig:
     # the least lossy of controller_codecs whose predicted exchange stays hidden behind computation (within
     # the overlap window, or without overlap within controller_exchange_fraction of the round), and each
     # member's share of the reduction in proportion to its measured uplink; every member applies the same
-    # choice. "off": every round uses codec and equal slices, as without a controller.
+    # choice; with overlap a peer merges when its exchange has ended (overlap_steps is a minimum), so a
+    # prediction that was short does not stall training. "off": every round uses codec and equal slices, as
+    # without a controller, and the merge is at exactly overlap_steps (which the simulator reproduces).
     controller: str = "off"
     controller_codecs: tuple[str, ...] = ("fp32", "fp16", "int8", "int4")
     controller_exchange_fraction: float = 0.1

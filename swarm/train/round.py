@@ -26,8 +26,10 @@ the decision run on ``executor`` and only read the trainer's committed state (``
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import enum
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol
 
@@ -155,6 +157,7 @@ class RoundResult:
     decision: Optional[Decision] = None
     pending: Optional[Pending] = None  # IN_FLIGHT only
     group: list[str] = field(default_factory=list)
+    waited_s: float = 0.0  # how long training stood still for this round's exchange and decision
 
 
 class InlineExecutor(concurrent.futures.Executor):
@@ -174,7 +177,7 @@ class RoundRunner:
                  decider: Decider, store: StateStore, executor: concurrent.futures.Executor,
                  hooks: Optional[Hooks] = None, stopping: Callable[[], bool] = lambda: False,
                  evaluate: bool = True, budget: Optional[Callable[[int], tuple[int, int]]] = None,
-                 left_out: Callable[[int], bool] = lambda round_no: False) -> None:
+                 left_out: Callable[[int], bool] = lambda round_no: False, merge_when_ready: bool = False) -> None:
         self.trainer, self.run = trainer, run
         self.exchange, self.votes, self.decider, self.store = exchange, votes, decider, store
         self.executor = executor
@@ -185,6 +188,10 @@ class RoundRunner:
         # is finished, when the round's plan (its time budget) is known
         self.budget = budget or self.full_speed
         self.left_out = left_out  # the round went on without this peer (too slow): asked once its steps are done
+        # τ as a minimum: after τ steps, keep training while the carried exchange is still running and merge at the
+        # first step it has finished (the controller's runs: a slow exchange no longer idles the peer). Off, the
+        # merge is at exactly τ steps, which the simulator reproduces bit for bit.
+        self.merge_when_ready = merge_when_ready
 
     def full_speed(self, round_no: int) -> tuple[int, int]:
         """(inner steps before a carried exchange is merged, inner steps in the round) for round_no."""
@@ -202,13 +209,16 @@ class RoundRunner:
         parts = []
         if carry is not None:
             parts.append(self.trainer.train(before_merge))
+            if self.merge_when_ready:
+                parts += self._train_while(lambda: not carry.future.done(), steps - before_merge)
             previous = self.finish(carry)
             if previous.outcome is Outcome.BEHIND:
                 return previous
             if not self.decider.still_planned(round_no):
                 return RoundResult(round_no, Outcome.NOT_PLANNED)
-            steps = max(self.budget(round_no)[1], parts[0].steps)
-            parts.append(self.trainer.train(steps - parts[0].steps))
+            done = sum(p.steps for p in parts)
+            steps = max(self.budget(round_no)[1], done)
+            parts.append(self.trainer.train(steps - done))
         else:
             parts.append(self.trainer.train(steps))
         train = combine(parts)
@@ -223,6 +233,16 @@ class RoundRunner:
         if rounds.overlap_steps > 0 and not last:
             return RoundResult(round_no, Outcome.IN_FLIGHT, pending=pending)
         return self.finish(pending)
+
+    def _train_while(self, busy: Callable[[], bool], most: int) -> list[TrainStats]:
+        """Inner steps while ``busy()``, at most ``most``, in chunks of 1/16 of them (a chunk is one call to the
+        trainer: on a multi-GPU peer it starts every rank)."""
+        parts: list[TrainStats] = []
+        done, chunk = 0, max(1, most // 16)
+        while done < most and busy():
+            parts.append(self.trainer.train(min(chunk, most - done)))
+            done += parts[-1].steps
+        return parts
 
     def start(self, round_no: int, train: TrainStats) -> Pending:
         fragment = round_fragment(round_no, self.run.rounds.fragments)
@@ -255,8 +275,10 @@ class RoundRunner:
     def finish(self, pending: Pending) -> RoundResult:
         """Wait for ``pending``'s decision and apply it: commit, keep the voided round's work, or BEHIND."""
         self.hooks.deciding(pending.round_no)
+        started = time.perf_counter()
         vote, decision, tentative = pending.future.result()
-        result = self._apply(pending, vote, decision, tentative)
+        waited = time.perf_counter() - started
+        result = dataclasses.replace(self._apply(pending, vote, decision, tentative), waited_s=waited)
         self.hooks.decided(result)
         return result
 

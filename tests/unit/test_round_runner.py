@@ -1,7 +1,9 @@
 """The round runner with in-process fakes for its collaborators: what one peer does with every kind of
 decision, a groupmate failing at each phase, a lost report, overlap, and leaving mid-round."""
 
+import concurrent.futures
 import dataclasses
+import threading
 
 import pytest
 import torch
@@ -184,6 +186,54 @@ def test_with_overlap_the_exchange_lands_after_tau_steps_of_the_next_round():
     second = runner.run_round(2, first.pending)  # the last round: not overlapped
     assert second.outcome is Outcome.COMMITTED and runner.trainer.round_no == 2
     assert [r.outcome for r in parts["hooks"].results] == [Outcome.COMMITTED, Outcome.COMMITTED]
+
+
+class GatedGroup(FakeGroup):
+    """Round 1's exchange ends only when ``gate`` opens (or after ``timeout_s``): a slow link."""
+
+    def __init__(self, timeout_s: float, steps_done):
+        super().__init__()
+        self.gate, self.timeout_s, self.steps_done = threading.Event(), timeout_s, steps_done
+        self.steps_at_end = None
+
+    def average(self, round_no, contribution):
+        if round_no == 1:
+            self.gate.wait(self.timeout_s)
+            self.steps_at_end = self.steps_done()
+        return super().average(round_no, contribution)
+
+
+@pytest.mark.parametrize("when_ready", [True, False])
+def test_with_merge_when_ready_training_goes_on_past_tau_until_the_slow_exchange_ends(when_ready):
+    # τ = 1 of H = 8: round 1's exchange ends only after the trainer has run 4 steps of round 2 (one slow
+    # link). Merging when ready, the peer keeps training meanwhile and merges then; at exactly τ it stands
+    # still until the exchange gives up waiting, having trained τ steps.
+    run = RUN.replace(rounds=dataclasses.replace(RUN.rounds, inner_steps=8, overlap_steps=1, max_rounds=2))
+    trainer, hooks = LocalTrainer(run, peer_index=0), Recorder()
+    group = GatedGroup(timeout_s=30 if when_ready else 1.0, steps_done=lambda: trainer.inner_steps_done)
+    train = trainer.train
+
+    def counting(steps):
+        stats = train(steps)
+        if trainer.inner_steps_done >= 8 + 4:
+            group.gate.set()
+        return stats
+
+    trainer.train = counting
+    with concurrent.futures.ThreadPoolExecutor(1) as executor:
+        runner = RoundRunner(trainer, run, exchange=group, votes=group, decider=FakeDecider(), store=FakeStore(),
+                             executor=executor, hooks=hooks, merge_when_ready=when_ready)
+        first = runner.run_round(1)
+        assert first.outcome is Outcome.IN_FLIGHT
+        second = runner.run_round(2, first.pending)
+    assert [r.outcome for r in hooks.results] == [Outcome.COMMITTED, Outcome.COMMITTED]
+    assert second.outcome is Outcome.COMMITTED and trainer.round_no == 2
+    assert trainer.inner_steps_done == 16  # the round's 8 steps either way, split differently around the merge
+    waited = hooks.results[0].waited_s
+    if when_ready:
+        assert group.steps_at_end >= 12 and waited < 0.5  # merged once the exchange ended, training all along
+    else:
+        assert group.steps_at_end == 9 and waited >= 0.5  # stood still at τ = 1 step
 
 
 def test_a_peer_no_longer_planned_stops_after_finishing_the_carried_round():

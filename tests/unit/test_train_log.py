@@ -163,7 +163,7 @@ def test_a_peer_logs_one_readable_line_per_round_and_its_scalars(caplog) -> None
     ]
     assert caplog.records[1].levelno == logging.WARNING
     steps = {step: values for step, values in recorder.written if "round/committed" in values}
-    assert steps[2] == {"round/committed": 1.0, "train/lr": 3e-3, "train/loss": 2.3456, "train/steps": 50.0,
+    assert steps[2] == {"round/committed": 1.0, "round/waited_s": 0.0, "train/lr": 3e-3, "train/loss": 2.3456, "train/steps": 50.0,
                         "train/tokens_per_s": 12_800.0, "train/step_time_s": 0.08, "exchange/bytes_sent": 1.5e6,
                         "exchange/bytes_received": 1.4e6, "exchange/seconds": 0.84, "link/upload_mbit_s": 90.0,
                         "link/rtt_ms": 12.0}
