@@ -169,6 +169,7 @@ class PeerDaemon:
                                                                         identity=libp2p, member=self.link.member))
         trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=o.device, ranks=self.ranks)
         trainer.throttle = o.faults.throttle(lambda: self.stats.metrics().round)  # slow@R: a throttled device
+        trainer.clock = lambda seconds: self.stats.add(inner_time_s=seconds)  # utilization to a step, not a round
         self.clock.mark("trainer")
         self.transport = self._network.result()  # PeerExit when it could not start
         self.build_round(trainer, joined)

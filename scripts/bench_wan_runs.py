@@ -137,10 +137,10 @@ def history(work: Path) -> dict:
 
 
 def compute_share(record: dict, *, skip: int = 1) -> float | None:
-    """The share of wall time the peers spent in inner steps, from round ``skip`` + 1 to the end: each round's mean
-    inner seconds over its peers, summed, over the time from that round's opening to the last decision. Read at
-    round boundaries: a peer's ``inner_time_s`` grows a round at a time, so two status polls mid-round can
-    count one round more of inner time than of wall time (a "utilization" over 1)."""
+    """Each round's mean inner seconds over its peers, summed from round ``skip`` + 1 on, over the time from that
+    round's opening to the last decision. Biased high with overlap: a round's first steps train before it opens
+    (while the previous round's exchange runs), so they fall outside the window (1.049 on one run); kept for
+    comparison with session 10's figure. ``_shares`` is the measure."""
     rows = [r for r in record.get("rounds", []) if r.get("round", 0) > skip and r.get("outcome") == "committed"]
     inner: dict[int, list[float]] = {}
     for p in record.get("peer_rounds", []):
@@ -151,6 +151,16 @@ def compute_share(record: dict, *, skip: int = 1) -> float | None:
     span = rows[-1]["decided_at"] - rows[0]["opened_at"]
     busy = sum(sum(inner[r["round"]]) / len(inner[r["round"]]) for r in rows)
     return round(busy / span, 3) if span > 0 else None
+
+
+def _shares(first: dict, last: dict) -> list[float]:
+    """Each peer's inner seconds over its wall seconds between two `swarm status` polls. Both numbers come from
+    the same heartbeat of the peer, and a peer's inner seconds grow a step at a time (the trainer's clock), so
+    the share is exact to a step: the window is from round 2's opening to the last round's (``steady_end``) or
+    to the end."""
+    start, end = _peer_times(first), _peer_times(last)
+    return [(end[p][0] - start[p][0]) / (end[p][1] - start[p][1]) for p in start
+            if p in end and end[p][1] > start[p][1]]
 
 
 def _peer_times(status: dict) -> dict[str, tuple[float, float]]:
@@ -181,9 +191,12 @@ def section_utilization(args: argparse.Namespace, *, peers: int = 4, mbit: float
     seen: dict[str, dict] = {}
 
     def on_status(status: dict) -> None:
-        if status.get("run", {}).get("rounds_committed", 0) >= 1:
-            seen.setdefault("first", status)
+        committed = status.get("run", {}).get("rounds_committed", 0)
+        if committed >= 1:
+            seen.setdefault("first", status)  # round 2 open
             seen["last"] = status
+        if committed >= rounds - 1:
+            seen.setdefault("steady_end", status)  # the last round open: its final exchange is not in the window
 
     with Testbed(make_topology(hosts=peers + 1, mbit=mbit, prefix=PREFIX)) as bed:
         proxies = _proxies(bed, hosts, one_way_ms)
@@ -199,15 +212,15 @@ def section_utilization(args: argparse.Namespace, *, peers: int = 4, mbit: float
     if "first" not in seen:
         return dict(result, utilization=None, error="no round committed; see the logs")
     first, last = seen["first"], seen["last"]
-    start, end = _peer_times(first), _peer_times(last)
-    shares = [(end[p][0] - start[p][0]) / (end[p][1] - start[p][1]) for p in start
-              if p in end and end[p][1] > start[p][1]]
+    steady = _shares(first, seen.get("steady_end", last))
+    whole = _shares(first, last)
     record = history(work)
     rows = record["rounds"]
-    return dict(result, utilization=compute_share(record),
-                status_delta_utilization=round(sum(shares) / len(shares), 3) if shares else None,
+    return dict(result, utilization=round(sum(steady) / len(steady), 3) if steady else None,
+                utilization_to_end=round(sum(whole) / len(whole), 3) if whole else None,
+                history_share=compute_share(record),
                 rounds_committed=last["run"].get("rounds_committed"), rounds_voided=last["run"].get("rounds_voided"),
-                per_peer=[round(s, 3) for s in shares],
+                per_peer=[round(s, 3) for s in steady],
                 status_utilization=last.get("totals", {}).get("compute_utilization"),
                 codecs=[r.get("codec") for r in rows], exchange_s=[round(r.get("exchange_s") or 0, 2) for r in rows],
                 controller=(last["run"].get("controller") or {}).get("reason"))

@@ -91,6 +91,8 @@ class LocalTrainer:
         self.state = initial_state(self.model, self.outer)
         self._step_time_ema_s: float | None = None
         self.throttle: Optional[Callable[[float], None]] = None  # after each step, with its compute seconds
+        # told the inner seconds as they pass (each step's, then the call's rest): a live utilization
+        self.clock: Callable[[float], None] = lambda seconds: None
 
         rounds = run.rounds
         # Plain DiLoCo (one fragment, no overlap) restarts every round from θg; streaming peers keep
@@ -156,8 +158,9 @@ class LocalTrainer:
         start = time.perf_counter()
         if self.ranks is not None and steps:
             self._lead_ranks(steps)
-        mean_loss = self._train_steps(steps, self.run_step)
+        mean_loss, clocked = self._train_steps(steps, self.run_step)
         elapsed = time.perf_counter() - start
+        self.clock(elapsed - clocked)
         if steps:
             per_step = elapsed / steps
             ema = self._step_time_ema_s
@@ -169,11 +172,13 @@ class LocalTrainer:
         return TrainStats(steps=steps, samples=samples, tokens=samples * self.run.data.seq_len,
                           mean_loss=mean_loss, inner_time_s=elapsed)
 
-    def _train_steps(self, steps: int, run_step: int) -> float:
+    def _train_steps(self, steps: int, run_step: int) -> tuple[float, float]:
+        """(mean loss, the seconds already told to ``clock``)."""
         self.model.train()
         loss_sum = torch.zeros((), device=self.device)
         draw = prefetch.batches(self.sampler.next_batch, steps, self.device, prefetch=self.run.inner.prefetch)
-        step_start = time.perf_counter()
+        step_start = mark = time.perf_counter()
+        clocked = 0.0
         for i, (x, y) in enumerate(draw):
             lr = self.lr_at(self.inner_steps_done, run_step + i)
             loss_sum += self.inner_step.step(x, y, lr)  # no per-step .item(): it would stall a GPU every step
@@ -181,9 +186,12 @@ class LocalTrainer:
             if self.throttle is not None:  # a slow device (fault injection): the measured step time includes the wait
                 self.throttle(time.perf_counter() - step_start)
                 step_start = time.perf_counter()
+            now = time.perf_counter()
+            self.clock(now - mark)
+            clocked, mark = clocked + now - mark, now
         if self.sharded is not None and steps:
             self.sharded.gather(self._params if self.ranks.leader else None)  # rank 0's θl is whole again
-        return loss_sum.item() / steps if steps else float("nan")
+        return (loss_sum.item() / steps if steps else float("nan")), clocked
 
     def _lead_ranks(self, steps: int) -> None:
         """Rank 0: start the other ranks on ``steps`` steps, with θl and AdamW state if they changed."""

@@ -248,3 +248,12 @@ def test_a_leaving_peer_does_not_send_its_round():
     runner, parts = make(stopping=lambda: True)
     assert runner.run_round(1).outcome is Outcome.STOPPED
     assert parts["decider"].votes == [] and parts["exchange"].posted == []
+
+
+def test_the_trainers_clock_hears_every_step_as_it_ends_and_adds_up_to_the_rounds_inner_time():
+    # a peer's live inner seconds (its utilization in `swarm status`) move a step at a time, not a round
+    trainer, heard = LocalTrainer(RUN, peer_index=0), []
+    trainer.clock = heard.append
+    stats = trainer.train(5)
+    assert len(heard) == 5 + 1  # each step as it ends, then the rest of the call
+    assert sum(heard) == pytest.approx(stats.inner_time_s, rel=1e-9, abs=1e-9)
