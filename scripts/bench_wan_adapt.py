@@ -10,7 +10,7 @@ import time
 import tempfile
 from pathlib import Path
 
-from bench_wan_runs import PREFIX, history, run_swarm
+from bench_wan_runs import PREFIX, _peer_times, history, run_swarm
 from swarm.app.testbed import Testbed, make_topology
 
 ADAPTATION_RUN = """
@@ -33,9 +33,10 @@ CHOICE_LINE = re.compile(r"round (\d+): (.*) \(shares (.*)\)$", re.M)
 
 def _timeline(cut_after: int, restore_after: int):
     """on_status for run_swarm: cuts and restores the link as rounds commit, and keeps each round's choice."""
-    state = {"choices": {}, "cut_at": None, "restore_at": None}
+    state = {"choices": {}, "cut_at": None, "restore_at": None, "polls": []}
 
     def on_status(bed: Testbed, host: str, mbit: float, status: dict) -> None:
+        state["polls"].append((time.time(), _peer_times(status)))
         run = status.get("run", {})
         choice = run.get("controller")
         if choice:
@@ -59,10 +60,24 @@ def first_round_after(hist: dict, at: float | None) -> int | None:
     return next((int(r["round"]) for r in hist.get("rounds", []) if r.get("opened_at", 0) >= at), None)
 
 
-def rows_by_round(hist: dict, choices: dict[int, dict], log: str) -> list[dict]:
-    """One row per decided round: the controller's codec, fragments, recommended H and reason; the history's
-    utilization (inner ÷ (inner + exchange)) and the compute share of the round's period (mean inner seconds
-    ÷ seconds from its opening to the next round's)."""
+def busy_share(polls: list, start: float, end: float) -> float | None:
+    """The peers' mean share of wall time in inner steps from the first status poll at or after ``start`` to the
+    first at or after ``end`` (epoch seconds): each peer's live inner and wall seconds come from one heartbeat,
+    so the share is exact for the window between the two polls (≤ one poll interval off the round's period)."""
+    a = next((times for t, times in polls if t >= start), None)
+    b = next((times for t, times in polls if t >= end), None)
+    if a is None or b is None or a is b:
+        return None
+    shares = [(b[p][0] - a[p][0]) / (b[p][1] - a[p][1]) for p in a if p in b and b[p][1] > a[p][1]]
+    return round(sum(shares) / len(shares), 3) if shares else None
+
+
+def rows_by_round(hist: dict, choices: dict[int, dict], log: str, polls: list = ()) -> list[dict]:
+    """One row per decided round: the controller's codec, fragments, recommended H and reason; ``busy``, the
+    peers' live share of wall time in inner steps over the round's period (its opening to the next round's,
+    ``busy_share``: what the recovery is counted on); the history's ``utilization`` (inner ÷ (inner + exchange),
+    which counts an exchange hidden behind overlap as lost) and the compute share of the round's period (mean
+    inner seconds ÷ seconds from its opening to the next round's)."""
     reasons = {int(n): reason for n, reason, _ in CHOICE_LINE.findall(log)}
     rounds = hist.get("rounds", [])
     rows = []
@@ -73,6 +88,7 @@ def rows_by_round(hist: dict, choices: dict[int, dict], log: str) -> list[dict]:
         rows.append({"round": n, "outcome": r.get("outcome"), "codec": r.get("codec"),
                      "fragments": choice.get("fragments", r.get("fragments")),
                      "H": choice.get("inner_steps", r.get("inner_steps")),
+                     "busy": busy_share(list(polls), r["opened_at"], rounds[i + 1]["opened_at"]) if period else None,
                      "utilization": round(r.get("utilization") or 0.0, 3),
                      "compute_share": round(r["inner_s"] / period, 3) if period else None,
                      "exchange_s": round(r.get("exchange_s") or 0.0, 2),
@@ -82,7 +98,7 @@ def rows_by_round(hist: dict, choices: dict[int, dict], log: str) -> list[dict]:
 
 
 def summary(rows: list[dict], cut_round: int | None, restore_round: int | None) -> dict:
-    """Rounds from each link change to the first round with another codec, and to utilization ≥ 0.95 again."""
+    """Rounds from each link change to the first round with another codec, and to a busy share ≥ 0.95 again."""
     def after(start: int | None, before_codec: str | None, key: str) -> dict:
         if start is None:
             return {"changed_after_rounds": None, "recovered_after_rounds": None}
@@ -95,8 +111,8 @@ def summary(rows: list[dict], cut_round: int | None, restore_round: int | None) 
         before = [r for r in rows if start is not None and r["round"] < start]
         return before[-1]["codec"] if before else None
 
-    return {"cut": after(cut_round, codec_before(cut_round), "utilization"),
-            "restore": after(restore_round, codec_before(restore_round), "utilization")}
+    return {"cut": after(cut_round, codec_before(cut_round), "busy"),
+            "restore": after(restore_round, codec_before(restore_round), "busy")}
 
 
 def section_adaptation(args: argparse.Namespace, *, mbit: float = 100, rounds: int = 12, inner_steps: int = 40,
@@ -109,7 +125,7 @@ def section_adaptation(args: argparse.Namespace, *, mbit: float = 100, rounds: i
                   peer_args=lambda host: ["--threads", "1"], on_status=lambda s: on_status(bed, slow, mbit, s),
                   timeout_s=900)
     hist = history(work)
-    rows = rows_by_round(hist, state["choices"], (work / "coordinator.log").read_text(errors="replace"))
+    rows = rows_by_round(hist, state["choices"], (work / "coordinator.log").read_text(errors="replace"), state["polls"])
     cut_round, restore_round = first_round_after(hist, state["cut_at"]), first_round_after(hist, state["restore_at"])
     return {"peers": len(hosts), "mbit": mbit, "slow_host": slow, "cut_to_mbit": mbit / 10,
             "cut_from_round": cut_round, "restored_from_round": restore_round,

@@ -1,5 +1,5 @@
 """bench_wan.py's adaptation rows and verdict, from a run's history and the controller's choices: how many
-rounds after a link change the codec changed and utilization was back."""
+rounds after a link change the codec changed and the peers' busy share was back."""
 
 from __future__ import annotations
 
@@ -21,6 +21,16 @@ def history_of(codecs: list[str], utilization: list[float]) -> dict:
                        for i, (c, u) in enumerate(zip(codecs, utilization))]}
 
 
+def polls_of(busy: list[float]) -> list:
+    """`swarm status` polls at each round's opening: one peer whose live inner seconds grew by busy × the
+    round's 25 s period (the utilization the summary counts on), and a second peer always busy."""
+    polls, inner = [], 0.0
+    for i in range(len(busy) + 1):
+        polls.append((100.0 + 25 * i, {"p-a": (inner, 25.0 * i), "p-b": (25.0 * i, 25.0 * i)}))
+        inner += 25 * (2 * busy[i] - 1) if i < len(busy) else 0.0  # the mean of the two peers is busy[i]
+    return polls
+
+
 def test_rows_carry_the_choice_the_reason_and_the_compute_share() -> None:
     log = "12:00:00 INFO coordinator.controller: round 2: int8: fp16 would take 3.1 s (shares p-a 0.25)\n"
     rows = rows_by_round(history_of(["fp32", "int8"], [0.99, 0.9]), {2: {"inner_steps": 80, "fragments": 1}}, log)
@@ -40,5 +50,7 @@ def test_rows_carry_the_choice_the_reason_and_the_compute_share() -> None:
       "restore": {"changed_after_rounds": None, "recovered_after_rounds": None}}),
 ])
 def test_summary_counts_rounds_from_each_link_change(codecs, utilization, cut, restore, expected) -> None:
-    rows = rows_by_round(history_of(codecs, utilization), {}, "")
+    # the history's own utilization (inner ÷ (inner + exchange)) is not what counts: the polls' busy share is
+    rows = rows_by_round(history_of(codecs, [0.5] * len(codecs)), {}, "", polls_of(utilization))
+    assert [r["busy"] for r in rows[:-1]] == pytest.approx(utilization[:-1])
     assert summary(rows, cut, restore) == expected
