@@ -199,9 +199,8 @@ class PeerDaemon:
                                log=RoundLog.for_run(self.run_config, name=o.name or self.peer_id, run_id=self.run_id, tag=self.tag))
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="swarm-exchange")
         self.runner = RoundRunner(trainer, self.run_config, exchange=group, votes=group, decider=self.link,
-                                  store=self.store, executor=self._executor, hooks=self.hooks,
-                                  stopping=self.stop.is_set, left_out=self.left_out,
-                                  merge_when_ready=self.run_config.rounds.controller == "auto",
+                                  store=self.store, executor=self._executor, hooks=self.hooks, stopping=self.stop.is_set,
+                                  left_out=self.left_out, merge_when_ready=self.run_config.rounds.controller == "auto",
                                   budget=lambda r: self.link.budget(r, self.runner.full_speed(r)))
         self.stats.update(model_fingerprint=trainer.fingerprint, param_count=trainer.param_count,
                           dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs))

@@ -87,12 +87,10 @@ class LocalTrainer:
         self._ranks_peer_step = 0  # rank 0: inner_steps_done when the ranks last trained together
         shapes = [p.shape for p in self._params]
         self.outer = OuterOptimizer(run.outer, shapes)
-        # The committed global state; round 0 is θ0 with a zero outer state.
-        self.state = initial_state(self.model, self.outer)
+        self.state = initial_state(self.model, self.outer)  # the committed global state; round 0: θ0, zero outer state
         self._step_time_ema_s: float | None = None
         self.throttle: Optional[Callable[[float], None]] = None  # after each step, with its compute seconds
-        # told the inner seconds as they pass (each step's, then the call's rest): a live utilization
-        self.clock: Callable[[float], None] = lambda seconds: None
+        self.clock: Callable[[float], None] = lambda seconds: None  # told inner seconds as they pass (live utilization)
 
         rounds = run.rounds
         # Plain DiLoCo (one fragment, no overlap) restarts every round from θg; streaming peers keep
