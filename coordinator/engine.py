@@ -69,9 +69,7 @@ class CoordinatorEngine:
         self.config: RunConfig = open_run(store, config, check_config=check_config, now=self.started_at)
         self.run_log = open_run_log(store, self.config)  # [logging]: the run's curves, as rounds are recorded
         self._load()
-        with store.transaction():  # peers kept training while the coordinator was down: a fresh lease to check in
-            for peer in membership.renewed_leases(self._peers.values(), until=self.started_at + lease_s):
-                self._save_peer(peer)
+        self.serving()  # peers kept training while the coordinator was down: a fresh lease to check in
 
     def _load(self) -> None:
         self._run: RunRecord = self._store.get_run()  # type: ignore[assignment]
@@ -90,6 +88,13 @@ class CoordinatorEngine:
         self._wait_until = float("inf")  # when the open round is decided even if nothing else happens
         self._info_cache = RoundInfoCache(self._roster)
         self._history = self.run_log.history(self._store)
+
+    def serving(self) -> None:
+        """Every live peer's lease runs from now (``membership.RESTART_GRACE_S`` more): call it as the server starts
+        to answer, which after a restart is seconds after the store was loaded (the DHT node, TLS)."""
+        with self._lock, self._store.transaction():
+            for peer in membership.restart_leases(self._peers.values(), now=self._clock(), lease_s=self._lease_s):
+                self._save_peer(peer)
 
     @property
     def run(self) -> RunRecord:

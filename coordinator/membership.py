@@ -94,6 +94,17 @@ def counted_rounds(peers: Mapping[str, PeerRecord], *, joined: Iterable[str], mi
                       for p in missed if p in peers]
 
 
+# After a coordinator restart every live peer gets a lease plus this long to check in: the peers could not heartbeat
+# while it was down or starting, and their gRPC channels reconnect with a backoff. Counted from the store's load
+# with no grace, a 4 s lease evicted every peer of a chaos soak the moment the restarted coordinator listened.
+RESTART_GRACE_S = 10.0
+
+
+def restart_leases(peers: Iterable[PeerRecord], *, now: float, lease_s: float) -> list[PeerRecord]:
+    """The live peers with their lease extended to a lease plus ``RESTART_GRACE_S`` from ``now``."""
+    return renewed_leases(peers, until=now + lease_s + RESTART_GRACE_S)
+
+
 def renewed_leases(peers: Iterable[PeerRecord], *, until: float) -> list[PeerRecord]:
     """The live peers whose lease ends before ``until``, with it extended to ``until``."""
     return [dataclasses.replace(p, lease_expiry=until) for p in peers if p.alive and p.lease_expiry < until]

@@ -133,6 +133,7 @@ class CoordinatorServer:
             )
             _add_servicer(servicer, self._grpc)
             port = self._bind(self._grpc, tls.server_credentials(cert_pem, key_pem))
+            self.engine.serving()  # the leases run from now: starting the DHT node took seconds
             self._grpc.start()
         except BaseException:
             self.stop()

@@ -11,6 +11,11 @@ import torch
 
 import swarm.net  # noqa: F401  before any test imports hivemind: keeps scipy.optimize unloaded until used
 
+# hypothesis's pytest plugin imports hypothesis at the terminal summary when no test did; pytest then parses its
+# modules (assertion rewriting) while abandoned asyncio coroutines are finalized, which CPython 3.11 can break
+# ("AST constructor recursion depth mismatch", exit 1 after every test passed). Imported here, nothing is left late.
+import hypothesis  # noqa: E402,F401
+
 _PR_SET_CHILD_SUBREAPER = 36
 
 

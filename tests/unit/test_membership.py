@@ -191,6 +191,29 @@ def test_fingerprint_mismatch_eviction_is_saved_although_the_call_fails() -> Non
         engine.heartbeat(ready_beat(bad.peer_id, engine))
 
 
+def test_a_restarted_coordinator_counts_the_fresh_leases_from_when_it_serves_with_a_grace(tmp_path) -> None:
+    # chaos soak: a 4 s lease counted from the store's load ran out while the DHT node started; every peer was
+    # evicted the second the coordinator listened, before any could heartbeat
+    clock = FakeClock()
+    config = RunConfig()
+    store = Store(tmp_path / "c.sqlite3")
+    engine = CoordinatorEngine(store, config=config, lease_s=LEASE_S, clock=clock)
+    back, _ = engine_join(engine)
+    gone, _ = engine_join(engine)
+    store.close()
+    clock.now += 10 * LEASE_S  # down
+    engine = CoordinatorEngine(Store(tmp_path / "c.sqlite3"), config=config, lease_s=LEASE_S, clock=clock)
+    clock.now += 2 * LEASE_S  # the DHT node, TLS: longer than a lease
+    engine.serving()
+    clock.now += LEASE_S + membership.RESTART_GRACE_S - 1  # the peer's channel reconnected late in the grace
+    engine.tick()
+    engine.heartbeat(ready_beat(back.peer_id, engine))  # still a member
+    clock.now += 2
+    engine.tick()
+    states = {p.id: p.state for p in engine.status(engine.run.token).peers}
+    assert states == {back.peer_id: "ready", gone.peer_id: "evicted"}
+
+
 def test_restart_gives_alive_peers_a_fresh_lease(tmp_path) -> None:
     clock = FakeClock()
     config = RunConfig()
