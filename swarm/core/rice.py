@@ -25,6 +25,8 @@ def encode(gaps: np.ndarray, extra: np.ndarray) -> bytes:
     parameter r that makes them shortest (the smallest such r)."""
     gaps = np.asarray(gaps, dtype=np.int64)
     count = gaps.size
+    if count == 0:
+        return b""
     best, best_size = 0, None
     for r in range(MAX_PARAMETER + 1):
         size = _stream_bytes(int((gaps >> r).sum()) + count, count, r)
