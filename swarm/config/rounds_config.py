@@ -80,9 +80,9 @@ class RoundConfig:
     # value at full weight; β < 1 (e.g. 0.95) makes the residual the outer momentum (pair it with an outer
     # step without momentum).
     error_feedback_decay: float = 1.0
-    # Plain DiLoCo with a lossy codec: instead of adding what the codec dropped to the next pseudo-gradient, a
-    # peer restarts its inner steps from θg minus it (θl ← θg − residual), so the next Δ carries it and the
-    # inner steps do not learn it a second time. Lets error feedback work with the outer momentum.
+    # A lossy codec without overlap: instead of adding what the codec dropped to the next pseudo-gradient, a
+    # peer restarts its inner steps from θg minus it (θl ← θg − residual, per fragment as it merges), so the next
+    # Δ carries it and the inner steps do not learn it a second time. Lets error feedback work with the outer momentum.
     keep_unsent_locally: bool = False
     # Streaming DiLoCo (see swarm.core.fragments): the parameters are split into `fragments` groups of layers
     # that sync one per round, staggered, each once every inner_steps steps; 1 is plain DiLoCo.
@@ -162,10 +162,10 @@ class RoundConfig:
         if not 0.0 < self.error_feedback_decay <= 1.0:
             raise ConfigError(f"[rounds] error_feedback_decay must be in (0, 1] (1: no decay), "
                               f"got {self.error_feedback_decay}.")
-        if self.keep_unsent_locally and (self.fragments > 1 or self.overlap_steps > 0 or not self.error_feedback
+        if self.keep_unsent_locally and (self.overlap_steps > 0 or not self.error_feedback
                                          or self.error_feedback_decay != 1.0):
-            raise ConfigError("[rounds] keep_unsent_locally needs plain DiLoCo with error feedback: fragments = 1,"
-                              " overlap_steps = 0, error_feedback = true and error_feedback_decay = 1.")
+            raise ConfigError("[rounds] keep_unsent_locally needs θl to restart from θg when a fragment merges, with"
+                              " error feedback: overlap_steps = 0, error_feedback = true and error_feedback_decay = 1.")
         if not 0.0 <= self.mixing_alpha < 1.0:
             raise ConfigError(f"[rounds] mixing_alpha must be in [0, 1), got {self.mixing_alpha}.")
         check_range("rounds", "inner_steps", self.inner_steps, 1, MAX_STEPS)
