@@ -129,7 +129,7 @@ def test_the_butterfly_counts_each_payload_it_moves():
 
 def test_a_run_names_it_and_the_simulator_counts_the_bytes_it_sent():
     run = RunConfig.from_json('{"rounds": {"codec": "ternary@0.1", "keep_unsent_locally": true}}')
-    assert get_codec(run.rounds.codec) .density == 0.1 and simulator_only("ternary@0.1") and not simulator_only("ternary")
+    assert get_codec(run.rounds.codec).density == 0.1 and simulator_only("ternary@0.1") and not simulator_only("ternary")
     for bad in ("ternary@0", "ternary@1.5", "ternary@x", "sign@0.1"):
         with pytest.raises(ConfigError, match="unknown|density after '@'"):
             RunConfig.from_json(f'{{"rounds": {{"codec": "{bad}"}}}}')
