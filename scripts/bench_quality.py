@@ -75,6 +75,7 @@ class Grid:
     ef_decays: tuple[float, ...] = (1.0,)  # error-feedback decay β of the codec rows, one row each
     codec_error_feedback: bool = True  # False: the codec rows send without error feedback (an ablation)
     keep_unsent_locally: bool = False  # the codec rows' [rounds] keep_unsent_locally
+    codec_fragments: int = 1  # > 1: the codec rows are Streaming DiLoCo with this many fragments, no overlap
     # Sparse codecs with SparseLoCo's settings: error feedback decayed by β and a plain outer step
     # (lr 1, no momentum: with momentum they end worse than they started).
     sparse_codecs: tuple[str, ...] = ()
@@ -159,8 +160,9 @@ def plan(bench: Bench, methods: Sequence[str], *, init: str) -> list[Job]:
     if "diloco" in methods:
         jobs += [Job(method="diloco", init=init, H=h) for h in g.h_values]
         if init == "warm":
-            jobs += [Job(method="diloco", init=init, codec=codec, H=h, error_feedback=g.codec_error_feedback,
-                         ef_decay=beta, outer=outer, keep_unsent=g.keep_unsent_locally)
+            jobs += [Job(method="diloco" if g.codec_fragments == 1 else "streaming", init=init, codec=codec, H=h,
+                         error_feedback=g.codec_error_feedback, ef_decay=beta, outer=outer,
+                         keep_unsent=g.keep_unsent_locally, fragments=g.codec_fragments)
                      for codec in g.codecs for h in g.codec_h for beta in g.ef_decays for outer in g.codec_outers]
             jobs += [Job(method="diloco", init=init, codec=codec, H=h, error_feedback=True,
                          ef_decay=g.sparse_ef_decay, outer=g.sparse_outer)
@@ -756,6 +758,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--keep-unsent-locally", action="store_true",
                         help="codec rows: a peer restarts from θg minus its error-feedback residual instead of adding"
                         " the residual to its next pseudo-gradient ([rounds] keep_unsent_locally)")
+    parser.add_argument("--codec-fragments", type=int, default=1,
+                        help="codec rows: Streaming DiLoCo with this many fragments (no overlap; the pattern of"
+                        " --fragment-pattern); default 1, plain DiLoCo")
     parser.add_argument("--fragment-pattern", default="strided", choices=FRAGMENT_PATTERNS,
                         help="[rounds] fragment_pattern of the streaming rows (default strided)")
     parser.add_argument("--no-scratch", action="store_true", help="skip the from-scratch table (of --full, --quick)")
@@ -825,7 +830,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         grid = dataclasses.replace(grid, ef_decays=decays)
     grid = dataclasses.replace(grid, fragment_pattern=args.fragment_pattern,
                                codec_error_feedback=not args.no_error_feedback,
-                               keep_unsent_locally=args.keep_unsent_locally)
+                               keep_unsent_locally=args.keep_unsent_locally, codec_fragments=args.codec_fragments)
+    if args.codec_fragments < 1:
+        parser.error(f"--codec-fragments must be at least 1 (1: plain DiLoCo), got {args.codec_fragments}.")
     if args.workers < 2:
         parser.error("--workers must be at least 2: the methods differ only with several workers.")
     bench = Bench(workers=args.workers, steps=steps, warm_steps=warm_steps, seed=args.seed,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from swarm.config import ConfigError, RunConfig, load_run_config
+from swarm.config.rounds_config import simulator_only
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -55,7 +56,7 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
     run = _run_config(args)  # config mistakes are reported before the slow imports
-    if run.rounds.codec.startswith("lowrank"):
+    if simulator_only(run.rounds.codec):
         raise ConfigError(f"[rounds] codec {run.rounds.codec} runs only in the simulator so far (python -m swarm.train.sim,"
                           " scripts/bench_quality.py); a real swarm cannot exchange it yet: choose int4 or sign.")
 

@@ -23,17 +23,18 @@ CONTROLLERS = ("off", "auto")
 
 
 def check_codec_name(name: str) -> None:
-    """ConfigError unless ``name`` is a codec: one of CODEC_NAMES, or a topk one with its density
-    (``topk-int4@0.003``: the fraction of each chunk's values sent; the plain name sends 1%)."""
+    """ConfigError unless ``name`` is a codec: one of CODEC_NAMES, a topk one with its density
+    (``topk-int4@0.003``: the fraction of each chunk's values sent; the plain name sends 1%), or a sparse
+    ternary one, which always names it (``ternary@0.1``)."""
     if name in CODEC_NAMES:
         return
     if name.startswith("lowrank"):
         _check_lowrank_name(name)
         return
     base, at, density = name.partition("@")
-    if not (at and base.startswith("topk-") and base in CODEC_NAMES):
+    if not (at and (base.startswith("topk-") or base == "ternary") and base in CODEC_NAMES):
         raise ConfigError(f"[rounds] codec {name!r} is unknown; choose one of {sorted(CODEC_NAMES)}"
-                          " (a topk codec may name its density: topk-int4@0.003).")
+                          " (a topk codec may name its density: topk-int4@0.003; a sparse ternary one must: ternary@0.1).")
     try:
         fraction = float(density)
     except ValueError:
@@ -41,6 +42,12 @@ def check_codec_name(name: str) -> None:
     if not (math.isfinite(fraction) and 0 < fraction <= 1):
         raise ConfigError(f"[rounds] codec {name!r}: the density after '@' must be a fraction in (0, 1],"
                           f" e.g. {base}@0.01.")
+
+
+def simulator_only(name: str) -> bool:
+    """Whether a real swarm cannot exchange codec ``name`` yet (the simulator can): the low-rank codecs
+    (a two-phase exchange) and the sparse ternary ones (a payload whose size depends on its values)."""
+    return name.startswith(("lowrank", "ternary@"))
 
 
 def _check_lowrank_name(name: str) -> None:
@@ -73,9 +80,9 @@ class RoundConfig:
     # value at full weight; β < 1 (e.g. 0.95) makes the residual the outer momentum (pair it with an outer
     # step without momentum).
     error_feedback_decay: float = 1.0
-    # Plain DiLoCo with a lossy codec: instead of adding what the codec dropped to the next pseudo-gradient, a
-    # peer restarts its inner steps from θg minus it (θl ← θg − residual), so the next Δ carries it and the
-    # inner steps do not learn it a second time. Lets error feedback work with the outer momentum.
+    # A lossy codec without overlap: instead of adding what the codec dropped to the next pseudo-gradient, a
+    # peer restarts its inner steps from θg minus it (θl ← θg − residual, per fragment as it merges), so the next
+    # Δ carries it and the inner steps do not learn it a second time. Lets error feedback work with the outer momentum.
     keep_unsent_locally: bool = False
     # Streaming DiLoCo (see swarm.core.fragments): the parameters are split into `fragments` groups of layers
     # that sync one per round, staggered, each once every inner_steps steps; 1 is plain DiLoCo.
@@ -134,7 +141,7 @@ class RoundConfig:
         if self.codec.startswith("lowrank") and (self.hierarchical or self.aggregation != "mean"):
             raise ConfigError(f"[rounds] codec {self.codec} averages its factors linearly in one flat group; set"
                               " hierarchical = false and aggregation = \"mean\", or choose a dense codec.")
-        if self.hierarchical and self.codec in ("sign", "ternary"):
+        if self.hierarchical and (self.codec == "sign" or self.codec.startswith("ternary")):
             raise ConfigError(f"[rounds] codec {self.codec} needs its slice owners' error feedback, which only the flat butterfly"
                               " keeps; set hierarchical = false or choose int4.")
         if self.eval_every_rounds < 1:
@@ -158,10 +165,10 @@ class RoundConfig:
         if not 0.0 < self.error_feedback_decay <= 1.0:
             raise ConfigError(f"[rounds] error_feedback_decay must be in (0, 1] (1: no decay), "
                               f"got {self.error_feedback_decay}.")
-        if self.keep_unsent_locally and (self.fragments > 1 or self.overlap_steps > 0 or not self.error_feedback
+        if self.keep_unsent_locally and (self.overlap_steps > 0 or not self.error_feedback
                                          or self.error_feedback_decay != 1.0):
-            raise ConfigError("[rounds] keep_unsent_locally needs plain DiLoCo with error feedback: fragments = 1,"
-                              " overlap_steps = 0, error_feedback = true and error_feedback_decay = 1.")
+            raise ConfigError("[rounds] keep_unsent_locally needs θl to restart from θg when a fragment merges, with"
+                              " error feedback: overlap_steps = 0, error_feedback = true and error_feedback_decay = 1.")
         if not 0.0 <= self.mixing_alpha < 1.0:
             raise ConfigError(f"[rounds] mixing_alpha must be in [0, 1), got {self.mixing_alpha}.")
         check_range("rounds", "inner_steps", self.inner_steps, 1, MAX_STEPS)
@@ -181,7 +188,7 @@ class RoundConfig:
         if unknown or not self.controller_codecs:
             raise ConfigError(f"[rounds] controller_codecs must list codecs among {dense},"
                               f" got {list(self.controller_codecs)}.")
-        if self.controller != "off" and self.codec.startswith(("topk-", "lowrank")):
+        if self.controller != "off" and self.codec.startswith(("topk-", "lowrank", "ternary@")):
             raise ConfigError(f"[rounds] codec {self.codec} is not one the controller chooses among; set"
                               " controller = \"off\" to send it every round.")
         if not (math.isfinite(self.controller_exchange_fraction) and 0 < self.controller_exchange_fraction <= 1):

@@ -124,6 +124,7 @@ def butterfly_reference(
     parts: int | None = None,
     reduce: Callable[[list[torch.Tensor], list[float]], torch.Tensor] = weighted_average,
     owners: Sequence[OwnerFeedback | None] | None = None,
+    pair_bytes: list[list[int]] | None = None,
 ) -> torch.Tensor:
     """The average a butterfly all-reduce delivers to every member (``swarm.net.allreduce``), computed in one
     process: each contribution is cut into ``parts`` (default: one per contributor) slices aligned to
@@ -132,8 +133,9 @@ def butterfly_reference(
     in the given (group) order; the owner encodes its averaged slice once and
     every member decodes those same bytes.  ``owners[i]`` (the owner of slice i, when the codec asks
     for ``owner_feedback``) adds its residual to the average before that encoding and stages the new one
-    (``swarm.core.owner_feedback``).  The simulator calls this, so a simulated round and a real one
-    agree bit for bit."""
+    (``swarm.core.owner_feedback``).  ``pair_bytes`` (K × K, one slice per member), when given, receives
+    the payload bytes member i sends member j, counted from the real encodings (a ``variable_size`` codec's
+    depend on the values).  The simulator calls this, so a simulated round and a real one agree bit for bit."""
     codec = get_codec(codec)
     if not contributions:
         raise ValueError("butterfly_reference needs at least one contribution.")
@@ -144,13 +146,22 @@ def butterfly_reference(
     bounds = part_bounds(numel, len(contributions) if parts is None else parts, codec.block)
     if owners is not None and len(owners) != len(bounds):
         raise ValueError(f"need one owner feedback (or None) per slice, got {len(owners)} for {len(bounds)} slices.")
+    if pair_bytes is not None and not (len(bounds) == len(contributions) == len(pair_bytes)):
+        raise ValueError("pair_bytes counts a butterfly of one slice per member: K slices, K rows.")
     averaged = []
     for i, (start, end) in enumerate(bounds):
         n = end - start
-        decoded = [codec.decode(codec.encode(as_cpu_f32(c[start:end]).contiguous()), n) for c in contributions]
+        payloads = [codec.encode(as_cpu_f32(c[start:end]).contiguous()) for c in contributions]
+        decoded = [codec.decode(data, n) for data in payloads]
         mean = reduce(decoded, list(weights))
         owner = owners[i] if owners is not None else None
-        averaged.append(codec.decode(owner_encode(codec, mean, (start, end), owner), n))
+        data = owner_encode(codec, mean, (start, end), owner)
+        if pair_bytes is not None:
+            for j, sent in enumerate(payloads):
+                if j != i:
+                    pair_bytes[j][i] += len(sent)  # member j's slice i to its owner
+                    pair_bytes[i][j] += len(data)  # the owner's average back to member j
+        averaged.append(codec.decode(data, n))
     return torch.cat(averaged)
 
 

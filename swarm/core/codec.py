@@ -18,6 +18,7 @@ from swarm.core.codec_base import BLOCK, Codec
 from swarm.core.lowrank_codec import parse_lowrank
 from swarm.core.sign_codec import SignCodec
 from swarm.core.sparse_codec import VALUE_FORMATS, parse_topk
+from swarm.core.sparse_ternary_codec import parse_sparse_ternary
 from swarm.core.ternary_codec import TernaryCodec
 
 
@@ -213,11 +214,11 @@ CODECS |= {f"topk-{values}": parse_topk(f"topk-{values}") for values in VALUE_FO
 def get_codec(name: str | Codec) -> Codec:
     if isinstance(name, Codec):
         return name
-    codec = CODECS.get(name) or parse_topk(name) or parse_lowrank(name, CODECS)
+    codec = CODECS.get(name) or parse_topk(name) or parse_sparse_ternary(name) or parse_lowrank(name, CODECS)
     if codec is None:
         raise ValueError(f"codec {name!r} is unknown; choose one of {sorted(CODECS)}"
-                         " (topk codecs take a density: topk-int4@0.003; low-rank ones a rank and values:"
-                         " lowrank4-fp16).")
+                         " (topk codecs take a density: topk-int4@0.003, and so does a sparse ternary one:"
+                         " ternary@0.1; low-rank ones a rank and values: lowrank4-fp16).")
     return codec
 
 

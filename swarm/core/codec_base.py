@@ -26,10 +26,13 @@ class Codec(abc.ABC):
     owner_feedback: bool = False
     # True: a low-rank projection exchanged as two butterflies of its factors (swarm.core.lowrank)
     lowrank: bool = False
+    # True: ``encode``'s size depends on the values (an entropy code), ``encoded_size`` is the most it returns,
+    # and the bytes a round sends are counted from its payloads; only the simulator exchanges such codecs so far.
+    variable_size: bool = False
 
     @abc.abstractmethod
     def encoded_size(self, numel: int) -> int:
-        """Exact number of bytes ``encode`` returns for ``numel`` elements."""
+        """Exact number of bytes ``encode`` returns for ``numel`` elements (``variable_size``: the most)."""
 
     @abc.abstractmethod
     def encode(self, t: torch.Tensor) -> bytes:

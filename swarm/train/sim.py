@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="number of outer rounds")
     parser.add_argument("--steps", type=int, help="inner steps per round (default: the run's inner_steps)")
     parser.add_argument("--preset", help="model preset, overriding the config")
-    parser.add_argument("--codec", help="wire codec (fp32, fp16, bf16, int8, int4, sign, ternary, topk-int4, topk-int4@0.003, lowrank16-int4, ...), overriding the config")
+    parser.add_argument("--codec", help="wire codec (fp32, fp16, bf16, int8, int4, sign, ternary, ternary@0.5, topk-int4, topk-int4@0.003, lowrank16-int4, ...), overriding the config")
     parser.add_argument("--no-error-feedback", action="store_true", help="send lossy codecs without error feedback")
     parser.add_argument("--fragments", type=int, help="Streaming DiLoCo fragments F, overriding the config")
     parser.add_argument("--overlap", type=int, help="inner steps an exchange overlaps (tau), overriding the config")

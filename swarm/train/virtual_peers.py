@@ -57,6 +57,8 @@ class Board:
         self.averages: dict[int, torch.Tensor] = {}
         self.votes: dict[int, dict[int, Vote]] = {}
         self.cross_site_bytes: dict[int, dict[int, int]] = {}  # round -> peer -> bytes sent to other sites
+        # round -> [i][j] payload bytes peer i sent peer j: a variable_size codec's, counted from its payloads
+        self.pair_bytes: dict[int, list[list[int]]] = {}
         self.failed: Optional[BaseException] = None
 
     def wait_all(self, table: dict[int, dict], round_no: int) -> None:
@@ -83,12 +85,19 @@ class Board:
                 self.averages[round_no] = gather_reference(deltas, weights, self.wire, reduce=reduce)
             else:
                 owners = [c.owner for c in ordered]  # peer i owns slice i
-                self.averages[round_no] = butterfly_reference(deltas, weights, self.wire, reduce=reduce, owners=owners) \
+                pairs = [[0] * self.peers for _ in range(self.peers)] if self.wire.variable_size else None
+                self.averages[round_no] = butterfly_reference(
+                    deltas, weights, self.wire, reduce=reduce, owners=owners, pair_bytes=pairs) \
                     if self.plan is None else two_level_reference(deltas, weights, self.plan, self.wire, reduce=reduce)
+                if pairs is not None:
+                    self.pair_bytes[round_no] = pairs
         if self.wire.lowrank and contribution.lowrank is not None:
             done = self.lowrank_rounds[round_no]
             contribution.lowrank.stage(done.q_next, done.delivered[index])
-        in_site, cross_site = self.bytes_sent(contribution.delta.numel(), contribution.fragment)[index]
+        if round_no in self.pair_bytes:
+            in_site, cross_site = self.sent_by_site(self.pair_bytes[round_no])[index]
+        else:
+            in_site, cross_site = self.bytes_sent(contribution.delta.numel(), contribution.fragment)[index]
         self.cross_site_bytes.setdefault(round_no, {})[index] = cross_site
         return Averaged(average=self.averages[round_no], group=[str(i) for i in range(self.peers)],
                         bytes_sent=in_site + cross_site)
@@ -104,6 +113,14 @@ class Board:
         if self.plan is not None:
             return two_level_bytes_sent(numel, self.plan, self.wire)
         return butterfly_bytes_by_site(numel, self.sites, self.wire)
+
+    def sent_by_site(self, pairs: list[list[int]]) -> list[tuple[int, int]]:
+        """(in-site, cross-site) bytes of each peer from the bytes ``pairs[i][j]`` peer i sent peer j."""
+        out = []
+        for i, site in enumerate(self.sites):
+            same = sum(n for j, n in enumerate(pairs[i]) if j != i and site and self.sites[j] == site)
+            out.append((same, sum(pairs[i]) - same))
+        return out
 
     def decide(self, vote: Vote, index: int) -> Decision:
         self.votes.setdefault(vote.round_no, {})[index] = vote

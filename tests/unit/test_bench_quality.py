@@ -62,3 +62,12 @@ def test_the_default_run_keeps_every_targets_rows_and_full_adds_the_sweeps() -> 
     sparse = {(j.codec, j.H) for j in full if j.codec.startswith("topk")}
     assert sparse == {(f"topk-int4@{d}", h) for d in ("0.01", "0.03", "0.1") for h in (25, 50, 100)}
     assert set(default) < set(full) and len(full) == len(set(full))
+
+
+def test_codec_fragments_make_the_codec_rows_streamed_without_overlap() -> None:
+    grid = bq.Grid(h_values=(), codecs=("ternary@0.5",), codec_h=(50,), keep_unsent_locally=True, codec_fragments=4,
+                   fragment_pattern="balanced")
+    [job] = bq.plan(_bench(grid), ["diloco"], init="warm")
+    assert (job.method, job.codec, job.H, job.fragments, job.overlap, job.keep_unsent) == (
+        "streaming", "ternary@0.5", 50, 4, 0, True)
+    assert job.label == "streaming ternary@0.5+EF H=50 unsent kept locally F=4 tau=0 (warm)"

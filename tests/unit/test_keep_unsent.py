@@ -48,7 +48,29 @@ def test_a_simulated_run_is_consistent_and_differs_from_adding_the_residual():
     assert kept.consistent and added.consistent and kept.final_hash != added.final_hash
 
 
-def test_it_is_refused_where_theta_l_is_not_restarted_each_round():
-    for extra in ('"fragments": 2', '"overlap_steps": 2', '"error_feedback": false'):
-        with pytest.raises(ConfigError, match="keep_unsent_locally needs plain DiLoCo"):
+def test_it_is_refused_where_theta_l_is_not_restarted_when_a_fragment_merges():
+    for extra in ('"fragments": 2, "overlap_steps": 2', '"error_feedback": false', '"error_feedback_decay": 0.9'):
+        with pytest.raises(ConfigError, match="keep_unsent_locally needs θl to restart from θg"):
             RunConfig.from_json(f'{{"rounds": {{"codec": "int4", "keep_unsent_locally": true, {extra}}}}}')
+
+
+def test_streaming_fragments_keep_each_fragments_residual_and_agree():
+    rounds = dataclasses.replace(RUN.rounds, inner_steps=4, codec="ternary", keep_unsent_locally=True, fragments=2)
+    run = RUN.replace(rounds=rounds).validate()
+    assert simulate(run, peers=2, rounds=4).consistent
+    trainers = [LocalTrainer(run, peer_index=i) for i in range(2)]
+    for t in trainers:
+        t.train(2)
+    contributions = [t.take_contribution(1) for t in trainers]
+    average = butterfly_reference([c.delta for c in contributions], [1.0, 1.0], "ternary",
+                                  owners=[c.owner for c in contributions])
+    before = trainers[0].pseudo_gradient(0)
+    for t, c in zip(trainers, contributions):
+        state = t.apply(average, 1, 1)
+        t.record_sent(c, "ternary", parts=2)
+        t.commit(state, fragment=1)
+    residual = trainers[0].error_feedback[1].residual
+    assert residual.abs().max() > 0 and not trainers[0].error_feedback[0].residual.any()
+    # fragment 1 restarted from θg − its residual; fragment 0 kept training untouched
+    assert torch.allclose(trainers[0].pseudo_gradient(1), residual, atol=1e-6)
+    assert torch.equal(trainers[0].pseudo_gradient(0), before)
