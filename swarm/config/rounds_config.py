@@ -46,8 +46,8 @@ def check_codec_name(name: str) -> None:
 
 def simulator_only(name: str) -> bool:
     """Whether a real swarm cannot exchange codec ``name`` yet (the simulator can): the low-rank codecs
-    (a two-phase exchange) and the sparse ternary ones (a payload whose size depends on its values)."""
-    return name.startswith(("lowrank", "ternary@"))
+    (a two-phase exchange)."""
+    return name.startswith("lowrank")
 
 
 def _check_lowrank_name(name: str) -> None:

@@ -27,7 +27,8 @@ class Codec(abc.ABC):
     # True: a low-rank projection exchanged as two butterflies of its factors (swarm.core.lowrank)
     lowrank: bool = False
     # True: ``encode``'s size depends on the values (an entropy code), ``encoded_size`` is the most it returns,
-    # and the bytes a round sends are counted from its payloads; only the simulator exchanges such codecs so far.
+    # and the bytes a round sends are counted from its payloads (the simulator's pair_bytes; the real exchange takes
+    # each slice's length from its message and counts what it sent).
     variable_size: bool = False
 
     @abc.abstractmethod

@@ -125,8 +125,23 @@ keep_unsent_locally = true
 """
 
 
-@pytest.mark.parametrize("config_text, rounds", [(STREAMING_INT8, 4), (SPARSE, 3), (TERNARY, 3)],
-                         ids=["int8-streaming-overlap", "topk-all-gather", "ternary-owner-feedback-unsent-kept-locally"])
+# The entropy-coded sparse ternary codec: payloads whose size depends on their values, in 2 balanced streaming
+# fragments, each restarting from θg minus its own residual (issue 14's winning row, scaled down).
+SPARSE_TERNARY = """
+[rounds]
+inner_steps = 10
+max_rounds = 4
+min_peers = 2
+codec = "ternary@0.5"
+fragments = 2
+fragment_pattern = "balanced"
+keep_unsent_locally = true
+"""
+
+
+@pytest.mark.parametrize("config_text, rounds", [(STREAMING_INT8, 4), (SPARSE, 3), (TERNARY, 3), (SPARSE_TERNARY, 4)],
+                         ids=["int8-streaming-overlap", "topk-all-gather", "ternary-owner-feedback-unsent-kept-locally",
+                              "sparse-ternary-variable-size-streamed-unsent-kept-locally"])
 def test_a_compressed_swarm_matches_the_simulator(swarm, tmp_path, config_text, rounds):
     """int8 with 2 balanced streaming fragments (tensors split between them) and overlap (the butterfly),
     topk-int4 (the sparse all-gather), and the 1-bit sign and the ternary codecs, whose slice owners keep the

@@ -45,12 +45,14 @@ def frames_taken(trio: list[Peer]) -> list[int]:
     return [p.exchange.bulk.frames_taken for p in trio]
 
 
-@pytest.mark.parametrize("round_number, codec", [(201, "fp32"), (202, "int4")])
+# ternary@0.5's payloads have sizes that depend on their values (an entropy code): the claim carries each length
+@pytest.mark.parametrize("round_number, codec, numel", [(201, "fp32", NUMEL), (202, "int4", NUMEL),
+                                                        (203, "ternary@0.5", 1_500_001)])  # ~95 KB slices
 def test_slices_over_the_bulk_channel_give_every_member_the_simulators_bits(trio: list[Peer], round_number: int,
-                                                                            codec: str) -> None:
+                                                                            codec: str, numel: int) -> None:
     weights = [5.0, 2.0, 1.0]
-    inputs = [torch.randn(NUMEL, generator=torch.Generator().manual_seed(round_number + i)) for i in range(3)]
-    group = [p.member(weight=w, codec=codec, numel=NUMEL) for p, w in zip(trio, weights)]
+    inputs = [torch.randn(numel, generator=torch.Generator().manual_seed(round_number + i)) for i in range(3)]
+    group = [p.member(weight=w, codec=codec, numel=numel) for p, w in zip(trio, weights)]
     before = frames_taken(trio)
 
     averages = exchange(trio, group_key(RUN_ID, round_number), group, inputs)
