@@ -38,6 +38,7 @@ class BulkSender:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="swarm-bulk")
         self._lock = threading.Lock()
         self._idle: dict[Address, list[socket.socket]] = {}  # under _lock
+        self._busy: set[socket.socket] = set()  # under _lock: sockets a thread is sending on or reading from
         self._skip_until: dict[Address, float] = {}  # the loop's: addresses that could not be dialled
 
     async def send(self, address: Address, header: exchange_pb2.BulkHeader, data: bytes | memoryview, *,
@@ -73,6 +74,8 @@ class BulkSender:
             if sock is None:
                 return 0.0, "unreachable"
             in_use[:] = [sock]
+            with self._lock:
+                self._busy.add(sock)
             started = time.perf_counter()
             _pace(sock, pace_bytes_per_s)
             try:
@@ -84,6 +87,9 @@ class BulkSender:
                 if reused and attempt == 0:
                     continue  # a kept connection the receiver had closed meanwhile: one fresh try
                 return started, f"connection failed ({e!r})"
+            finally:
+                with self._lock:
+                    self._busy.discard(sock)
             if status == bytes([OK]):
                 self._checkin(address, sock)
                 return started, OK
@@ -113,11 +119,16 @@ class BulkSender:
         _close(sock)
 
     def close(self) -> None:
+        """Close every connection, also those a thread is still blocked on (a receiver that stopped reading while
+        a forked child holds its socket open never resets it): the pool's threads, which the interpreter joins at
+        exit, then end at once instead of after IO_TIMEOUT_S (a finished peer hung at exit in the suite)."""
         with self._lock:
             for idle in self._idle.values():
                 for sock in idle:
                     _close(sock)
             self._idle.clear()
+            for sock in self._busy:
+                _close(sock)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
