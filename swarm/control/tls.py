@@ -27,7 +27,6 @@ SERVER_NAME = "swarm-coordinator"  # the certificate's DNS name; clients overrid
 CERT_FILE = "coordinator-cert.pem"
 KEY_FILE = "coordinator-key.pem"
 _VALIDITY = datetime.timedelta(days=3650)
-MAX_RECONNECT_MS = 4000  # a client finds a restarted coordinator within 4 s (membership.RESTART_GRACE_S: 10)
 
 
 class TLSPinError(Exception):
@@ -125,6 +124,4 @@ def pinned_channel(host: str, port: int, fingerprint: str, *, timeout_s: float) 
         )
     credentials = grpc.ssl_channel_credentials(root_certificates=cert_pem)
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    # gRPC's reconnect backoff grows to 120 s: a peer would stay cut off that long after a coordinator restart
-    options = [("grpc.ssl_target_name_override", SERVER_NAME), ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_MS)]
-    return grpc.secure_channel(target, credentials, options=options)
+    return grpc.secure_channel(target, credentials, options=[("grpc.ssl_target_name_override", SERVER_NAME)])
