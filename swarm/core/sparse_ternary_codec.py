@@ -26,18 +26,11 @@ import torch
 
 from swarm.core import rice
 from swarm.core.codec_base import Codec
+from swarm.core.ternary_codec import tree_sums
 
 SPARSE_TERNARY_BLOCK = 1024  # elements per level: 32/1024 = 0.03 bits per element
 _SHRINK = np.float32(1.0 / SPARSE_TERNARY_BLOCK)  # 2⁻¹⁰: a tree of 1,024 adds then cannot overflow
 PREFIX = "ternary@"
-
-
-def _tree_sums(rows: np.ndarray) -> np.ndarray:
-    """Σ of each row (a power-of-two width) by a pairwise tree of elementwise adds: machine-independent."""
-    while rows.shape[1] > 1:
-        half = rows.shape[1] // 2
-        rows = rows[:, :half] + rows[:, half:]
-    return rows[:, 0]
 
 
 class SparseTernaryCodec(Codec):
@@ -89,7 +82,7 @@ class SparseTernaryCodec(Codec):
             np.put_along_axis(picked[first:last], chosen, True, axis=1)
         kept = np.where(picked, rows, np.float32(0)) * _SHRINK  # exact above the subnormals
         counts = picked.sum(axis=1).astype(np.float32)
-        levels = ((_tree_sums(kept) * np.float32(self.block)) / counts).astype("<f4")
+        levels = ((tree_sums(kept) * np.float32(self.block)) / counts).astype("<f4")
         positions = np.flatnonzero(picked.reshape(-1))
         gaps = np.diff(positions, prepend=-1) - 1
         signs = (values[positions] < 0).astype(np.uint8)

@@ -25,7 +25,7 @@ _THRESHOLD = np.float32(0.75)  # of the block's mean |x|: close to the Gaussian 
 _POWERS = np.array([1, 3, 9, 27, 81], dtype=np.uint8)
 
 
-def _tree_sums(rows: np.ndarray) -> np.ndarray:
+def tree_sums(rows: np.ndarray) -> np.ndarray:
     """Σ of each row (a power-of-two width) by a pairwise tree of elementwise adds: machine-independent."""
     while rows.shape[1] > 1:
         half = rows.shape[1] // 2
@@ -58,10 +58,10 @@ class TernaryCodec(Codec):
         if n % self.block:
             lengths[-1] = n % self.block
         # the threshold in shrunk units: ¾ · mean|x| · 2⁻⁸ = ¾ · Σ(|x|·2⁻⁸) / length
-        threshold = _THRESHOLD * (_tree_sums(rows) / lengths)
+        threshold = _THRESHOLD * (tree_sums(rows) / lengths)
         keep = rows > threshold[:, None]
         counts = keep.sum(axis=1)
-        kept = _tree_sums(np.where(keep, rows, np.float32(0)))
+        kept = tree_sums(np.where(keep, rows, np.float32(0)))
         levels = np.where(counts > 0, (kept * np.float32(self.block)) / np.maximum(counts, 1).astype(np.float32),
                           np.float32(0)).astype("<f4")
         trits = np.zeros(-(-n // 5) * 5, dtype=np.uint8)
