@@ -23,8 +23,16 @@ T = TypeVar("T")
 
 
 
+# time.monotonic() at which this peer was launched, when that is not this process's start: a supervised peer's
+# first child counts from its parent's launch, which did the imports (peer/restarts.py)
+launched_at: Optional[float] = None
+
+
 def seconds_since_launch() -> Optional[float]:
-    """How long ago this process was started (Linux /proc; None elsewhere)."""
+    """How long ago this peer was launched: ``launched_at``, else this process's start (Linux /proc; None
+    elsewhere)."""
+    if launched_at is not None:
+        return max(0.0, time.monotonic() - launched_at)
     try:
         with open("/proc/self/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()

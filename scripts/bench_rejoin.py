@@ -10,6 +10,10 @@ and asks the coordinator whether the round it started training counted it. With 
 stdout line is one JSON object: ``restarts`` (one row per restart: ``to_training_s``, the breakdown,
 ``round``, ``contributed`` (its report of that round was counted), ``to_committed_s`` (restart to a
 committed round holding its update)) and the means ``mean_to_training_s`` and ``mean_to_committed_s``.
+
+With ``--supervised`` the restarted peer runs under ``--max-restarts`` (peer/restarts.py) and only its peer
+process is killed (as a crash or an out-of-memory kill would end it); its supervisor forks the next one.
+``to_training_s`` then also counts the seconds from the kill to the new process's start (``respawn_s``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -35,6 +41,7 @@ from swarm.control.joinstring import JoinString  # noqa: E402
 
 FIRST_ROUND = re.compile(r"r(\d+)\] first round: training ([\d.]+)s after launch \((.*)\)")
 CPU_S = re.compile(r"([\d.]+) CPU-s")
+RESTARTED = "peer-1"
 
 
 def spawn(args: list[str], log: Path, stdout=None) -> subprocess.Popen:
@@ -99,8 +106,9 @@ class Bench:
         return line.split(" ", 1)[1].strip() if line.startswith("join: ") else None
 
     def start_peer(self, name: str) -> None:
+        supervised = ["--max-restarts", "1000000"] if self.args.supervised and name == RESTARTED else []
         self.peers[name] = spawn(["peer", "--join", self.join, "--state-dir", str(self.workdir / name),
-                                  "--threads", "1", "--name", name, "--checkpoint-every", "1"],
+                                  "--threads", "1", "--name", name, "--checkpoint-every", "1", *supervised],
                                  self.workdir / f"{name}.log")
 
     def status(self) -> Optional[dict]:
@@ -116,14 +124,18 @@ class Bench:
     def restart(self, name: str) -> dict:
         log = self.workdir / f"{name}.log"
         before = self.peer_row(name)["rounds_joined"]
-        kill_group(self.peers[name])
-        offset = log.stat().st_size
-        restarted = time.monotonic()
-        self.start_peer(name)
+        offset, respawn = log.stat().st_size, 0.0
+        if self.args.supervised:
+            restarted, respawn = time.monotonic(), self.kill_supervised_child(name)
+        else:
+            kill_group(self.peers[name])
+            offset = log.stat().st_size
+            restarted = time.monotonic()
+            self.start_peer(name)
         since = lambda: log.read_bytes()[offset:].decode(errors="replace")  # noqa: E731  this process's lines
         match = poll(lambda: (FIRST_ROUND.findall(since()) or [None])[0],
                      timeout_s=120, what=f"{name} to train again", alive=self.alive)
-        round_no, to_training, breakdown = int(match[0]), float(match[1]), match[2]
+        round_no, to_training, breakdown = int(match[0]), float(match[1]) + respawn, match[2]
         row = poll(lambda: (lambda r: r if r and r["rounds_joined"] > before else None)(self.peer_row(name)),
                    timeout_s=120, what=f"a committed round holding {name}'s update", alive=self.alive)
         to_committed = time.monotonic() - restarted
@@ -131,10 +143,31 @@ class Bench:
                            alive=self.alive)
         contributed = contributed == "mine"
         cpu = CPU_S.search(breakdown)
-        return {"round": round_no, "to_training_s": to_training, "breakdown": breakdown,
+        return {"round": round_no, "to_training_s": round(to_training, 2), "respawn_s": round(respawn, 3),
+                "breakdown": breakdown,
                 "cpu_s": float(cpu.group(1)) if cpu else None,
                 "contributed": contributed, "to_committed_s": round(to_committed, 2),
                 "rounds_joined": row["rounds_joined"] - before}
+
+    def kill_supervised_child(self, name: str) -> float:
+        """kill -9 the peer process under ``name``'s supervisor; seconds from the kill to its successor's start."""
+        supervisor = psutil.Process(self.peers[name].pid)
+        def forks() -> list[psutil.Process]:  # the peer process: a fork, so the supervisor's command line
+            found = []
+            for c in supervisor.children():
+                try:
+                    if c.status() != psutil.STATUS_ZOMBIE and c.cmdline() == supervisor.cmdline():
+                        found.append(c)
+                except psutil.NoSuchProcess:
+                    pass
+            return found
+
+        (child,) = forks()
+        killed = time.time()
+        child.kill()
+        successor = poll(lambda: [c for c in forks() if c.pid != child.pid], timeout_s=30,
+                         what=f"{name}'s supervisor to start it again", alive=self.alive)[0]
+        return max(0.0, successor.create_time() - killed)  # create_time: the kernel's, to a clock tick
 
     def alive(self) -> bool:
         return all(proc.poll() is None for proc in [*self.peers.values(), self.coordinator])
@@ -144,7 +177,13 @@ class Bench:
             self.client.close()
         for proc in [*self.peers.values(), self.coordinator]:
             if proc is not None and proc.poll() is None:
+                family = psutil.Process(proc.pid).children(recursive=True)  # a supervised peer's own group too
                 kill_group(proc)
+                for p in family:
+                    try:
+                        p.kill()
+                    except psutil.NoSuchProcess:
+                        pass
 
 
 def main() -> int:
@@ -154,6 +193,8 @@ def main() -> int:
     parser.add_argument("--warm-rounds", type=int, default=2, help="committed rounds before the first kill")
     parser.add_argument("--settle-rounds", type=int, default=1, help="committed rounds between restarts")
     parser.add_argument("--workdir", help="keep logs here (default: a temporary directory)")
+    parser.add_argument("--supervised", action="store_true",
+                        help="run the restarted peer under --max-restarts and kill only its peer process")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="swarm-rejoin-"))
@@ -165,7 +206,7 @@ def main() -> int:
         poll(lambda: (bench.status() or {"run": {}})["run"].get("rounds_committed", 0) >= args.warm_rounds,
              timeout_s=300, what="the first rounds", alive=bench.alive)
         for _ in range(args.restarts):
-            rows.append(bench.restart("peer-1"))
+            rows.append(bench.restart(RESTARTED))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
             target = bench.status()["run"]["rounds_committed"] + args.settle_rounds
             poll(lambda: bench.status()["run"]["rounds_committed"] >= target, timeout_s=120, what="a settle round",
@@ -176,7 +217,8 @@ def main() -> int:
     summary = {"restarts": rows, "mean_to_training_s": mean("to_training_s"),
                "mean_cpu_s": mean("cpu_s") if all(r["cpu_s"] is not None for r in rows) else None,
                "mean_to_committed_s": mean("to_committed_s"),
-               "contributed_to_first_round": sum(r["contributed"] for r in rows), "workdir": str(workdir)}
+               "contributed_to_first_round": sum(r["contributed"] for r in rows), "supervised": args.supervised,
+               "workdir": str(workdir)}
     print(json.dumps(summary) if args.json else json.dumps(summary, indent=1), flush=True)
     return 0
 

@@ -34,6 +34,7 @@ from swarm.control.joinstring import JoinString  # noqa: E402
 from swarm.app.run_progress import RunProgress  # noqa: E402
 from swarm.app.status import format_bytes, status_to_dict  # noqa: E402
 from rich.console import Console  # noqa: E402
+import psutil  # noqa: E402
 
 
 def spawn(args: list[str], log: Path, stdout=None) -> subprocess.Popen:
@@ -91,9 +92,25 @@ class Soak:
         raise RuntimeError("the coordinator did not start; see coordinator.log")
 
     def start_peer(self, name: str) -> None:
+        supervised = ["--max-restarts", "1000000"] if self.args.supervised else []
         self.peers[name] = spawn(["peer", "--join", self.join, "--state-dir", str(self.workdir / name),
-                                  "--threads", "1", "--name", name, "--join-timeout-s", "300", "--checkpoint-every", "1"],
-                                 self.workdir / f"{name}.log")
+                                  "--threads", "1", "--name", name, "--join-timeout-s", "300", "--checkpoint-every", "1",
+                                  *supervised], self.workdir / f"{name}.log")
+
+    def kill_peer_process(self, name: str) -> None:
+        """--supervised: kill -9 the peer process under ``name``'s supervisor (a fork: the supervisor's command
+        line), as a crash or an out-of-memory kill would end it; the supervisor starts the next one."""
+        supervisor = psutil.Process(self.peers[name].pid)
+        for child in supervisor.children():
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE and child.cmdline() == supervisor.cmdline():
+                    child.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+    @staticmethod
+    def rounds_joined(status: Optional[dict], name: str) -> int:
+        return max((p["rounds_joined"] for p in (status or {}).get("peers", []) if p["name"] == name), default=0)
 
     def status(self, client: CoordinatorClient) -> Optional[dict]:
         try:
@@ -177,12 +194,16 @@ class Soak:
             if self.faults and now >= next_fault and status and status["run"]["rounds_committed"] >= 1:
                 # Any live peer may die, also the last holder of the committed state: every voter wrote
                 # its vote to disk before reporting it, and a restarted peer resumes from it.
-                live = [n for n, p in self.peers.items() if p.poll() is None]
+                live = [n for n, p in self.peers.items() if p.poll() is None and n not in self.restarted_at]
                 if len(live) > 2:  # two peers keep training while the others restart
                     victim = self.rng.choice(live)
-                    kill_tree(self.peers[victim])
                     self.faults_injected += 1
-                    pending_restarts.append((now + self.rng.uniform(0.5, 3.0), victim))
+                    if self.args.supervised:  # restarted at once by its supervisor: back from the kill on
+                        self.kill_peer_process(victim)
+                        self.restarted_at[victim] = (time.monotonic(), self.rounds_joined(status, victim))
+                    else:
+                        kill_tree(self.peers[victim])
+                        pending_restarts.append((now + self.rng.uniform(0.5, 3.0), victim))
                 next_fault = now + self.rng.expovariate(1 / self.args.mtbf_s)
             restarting = {name for _, name in pending_restarts}
             for name, proc in self.peers.items():
@@ -197,9 +218,7 @@ class Soak:
                 if now >= when:
                     pending_restarts.remove((when, name))
                     self.start_peer(name)
-                    joined = max((p["rounds_joined"] for p in (status or {}).get("peers", []) if p["name"] == name),
-                                 default=0)
-                    self.restarted_at[name] = (time.monotonic(), joined)
+                    self.restarted_at[name] = (time.monotonic(), self.rounds_joined(status, name))
             time.sleep(0.3)  # the soak's sampling period
         progress.stop()
         for proc in self.peers.values():
@@ -245,6 +264,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-s", type=float, default=1800)
     parser.add_argument("--skip-fault-free", action="store_true")
+    parser.add_argument("--supervised", action="store_true",
+                        help="peers run under --max-restarts; a fault kills only the peer process, which its "
+                             "supervisor starts again at once (the rejoin counts from the kill)")
     parser.add_argument("--workdir", help="keep logs here (default: a temporary directory)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -275,6 +297,7 @@ def main() -> int:
         "rejoins_measured": len(soak.rejoin_s),
         "unexpected_exits": len(soak.unexpected_exits),
         "wall_s": result["wall_s"],
+        "supervised": args.supervised,
         "workdir": str(base),
     }
     print(json.dumps(summary) if args.json else json.dumps(summary, indent=1), flush=True)

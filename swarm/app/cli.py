@@ -85,17 +85,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
 
     faults = FaultPlan.parse(args.faults or os.environ.get("SWARM_FAULTS", ""))
 
-    from peer.run import run_peer
     from peer.options import PeerOptions
-    if args.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {args.device} was asked for but torch sees no CUDA device; use --device cpu.")
-        first = torch.device(args.device).index or 0
-        if first + args.nproc > torch.cuda.device_count():
-            raise ConfigError(f"--nproc {args.nproc} from --device {args.device} needs GPUs up to cuda:"
-                              f"{first + args.nproc - 1}, but torch sees {torch.cuda.device_count()}; lower --nproc.")
     options = PeerOptions(
         join=join,
         device=args.device,
@@ -113,7 +103,36 @@ def cmd_peer(args: argparse.Namespace) -> int:
         checkpoint_every_rounds=args.checkpoint_every,
         final_serve_s=args.final_serve_s,
     )
-    return run_peer(options, metrics_port=args.metrics_port)
+
+    def run() -> int:
+        from peer.run import run_peer
+
+        _check_devices(args)
+        return run_peer(options, metrics_port=args.metrics_port)
+
+    if not args.max_restarts:
+        return run()
+    from peer.ranks import torchrun_rank
+    from peer.restarts import supervise
+
+    if torchrun_rank() is not None:
+        raise ConfigError("--max-restarts restarts a peer that swarm started itself; under torchrun, use torchrun's "
+                          "own --max-restarts instead.")
+    return supervise(lambda: _reported(args, run), max_restarts=args.max_restarts)
+
+
+def _check_devices(args: argparse.Namespace) -> None:
+    """--device and --nproc against the GPUs torch sees (in the process that trains: a CUDA driver initialized
+    before a fork does not work in the child, see peer/restarts.py)."""
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {args.device} was asked for but torch sees no CUDA device; use --device cpu.")
+        first = torch.device(args.device).index or 0
+        if first + args.nproc > torch.cuda.device_count():
+            raise ConfigError(f"--nproc {args.nproc} from --device {args.device} needs GPUs up to cuda:"
+                              f"{first + args.nproc - 1}, but torch sees {torch.cuda.device_count()}; lower --nproc.")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -236,7 +255,8 @@ _NUMBER_FLAGS: dict[str, tuple[tuple[str, float, float], ...]] = {
     "coordinator": (("port", 0, 65535), ("dht_port", 0, 65535), ("max_rounds", 1, 10**9), ("min_peers", 1, 10**5),
                     ("inner_steps", 1, 10**7), ("lease_s", 0.1, 86400), ("exit_grace_s", 0, 86400)),
     "peer": (("p2p_port", 0, 65535), ("threads", 1, 4096), ("nproc", 1, 1024), ("join_timeout_s", 0.1, 7 * 86400),
-             ("checkpoint_every", 0, 10**9), ("final_serve_s", 0, 86400), ("uplink_mbit", 0, 10**6)),
+             ("checkpoint_every", 0, 10**9), ("final_serve_s", 0, 86400), ("uplink_mbit", 0, 10**6),
+             ("max_restarts", 0, 10**6)),
     "status": (("interval", 0.1, 3600),),
     "demo": (("peers", 1, 64), ("rounds", 1, 10**6), ("inner_steps", 1, 10**7), ("timeout", 1, 7 * 86400)),
     "token": (("max_uses", 1, 10**9),),
@@ -318,6 +338,10 @@ def _add_peer_parser(sub) -> None:
     p.add_argument("--final-serve-s", type=float, default=30.0,
                    help="when the run finishes, keep serving the final state this long at most while peers "
                         "still download it")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="when the peer process dies (a crash, an out-of-memory kill), start it again at once from its "
+                        "state dir, this many times at most; a parent process that keeps the imports loaded forks "
+                        "each one, so a restart skips them (default 0: exit instead)")
     p.add_argument("--faults", help="fault injection for tests, e.g. 'crash@3:sending,delay@2:reported=5' "
                                     "(see peer/faults.py); also read from SWARM_FAULTS")
     p.add_argument("--metrics-port", type=int,
@@ -351,18 +375,24 @@ def _add_watch_parsers(sub) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from peer.faults import FaultSpecError
-    from swarm.control.client import CoordinatorError
-    from swarm.control.joinstring import JoinStringError
-
     parser = build_parser()
     args = parser.parse_args(argv)
     problem = validate_args(args)
     if problem is not None:
         parser.error(problem)  # usage and the sentence on stderr, exit 2
     _setup_logging(args.verbose)
+    return _reported(args, lambda: int(args.func(args) or 0))
+
+
+def _reported(args: argparse.Namespace, command) -> int:
+    """Run ``command``; a user's mistake (bad config, join string, token, fault spec) is one sentence on stderr
+    and exit 2."""
+    from peer.faults import FaultSpecError
+    from swarm.control.client import CoordinatorError
+    from swarm.control.joinstring import JoinStringError
+
     try:
-        return int(args.func(args) or 0)
+        return command()
     except (ConfigError, JoinStringError, CoordinatorError, FaultSpecError) as e:
         print(f"swarm {args.command}: {e}", file=sys.stderr)
         return 2

@@ -15,19 +15,22 @@ import psutil
 from swarm.control.client import CoordinatorClient, CoordinatorError
 from swarm.control.joinstring import JoinString
 from swarm.app.status import status_to_dict
+from tests.integration.cli_launcher import LaunchedCli, launch
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def swarm_process(args: list[str], log: Path, *, stdout=None) -> subprocess.Popen:
+def swarm_process(args: list[str], log: Path, *, stdout=None, cold: bool = False) -> LaunchedCli | subprocess.Popen:
+    """``swarm *args`` (tests/integration/cli_launcher.py), its stderr and stdout appended to ``log``; with
+    ``stdout=subprocess.PIPE`` its stdout goes to ``log``'s ``.stdout`` sibling instead, read by the
+    returned process's ``stdout.readline()``. ``cold``: a fresh interpreter, as a user's shell starts it
+    (for a test about what a start costs)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-    return subprocess.Popen(
-        [sys.executable, "-m", "swarm.app.cli", *args],
-        stdout=stdout if stdout is not None else open(log, "ab"),
-        stderr=open(log, "ab"),
-        env=env,
-        cwd=ROOT,
-    )
+    if cold:
+        return subprocess.Popen([sys.executable, "-m", "swarm.app.cli", *args], stdout=stdout or open(log, "ab"),
+                                stderr=open(log, "ab"), env=env, cwd=ROOT)
+    out = log.with_suffix(".stdout") if stdout == subprocess.PIPE else log
+    return launch(list(args), stdout=out, stderr=log, env=env, cwd=ROOT)
 
 
 def poll(predicate: Callable[[], object], *, timeout_s: float, what: str, interval_s: float = 0.2):
@@ -56,7 +59,7 @@ round_timeout_s = 30.0
 """
 
 
-def read_join_string(coordinator: subprocess.Popen, *, timeout_s: float, log: Optional[Path] = None) -> str:
+def read_join_string(coordinator: subprocess.Popen | LaunchedCli, *, timeout_s: float, log: Optional[Path] = None) -> str:
     """The join string a coordinator started with stdout=PIPE prints; fails (with its log) if it prints none."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -69,7 +72,7 @@ def read_join_string(coordinator: subprocess.Popen, *, timeout_s: float, log: Op
     raise AssertionError(f"the coordinator printed no join string:\n{tail}")
 
 
-def kill_family(proc: subprocess.Popen) -> None:
+def kill_family(proc: subprocess.Popen | LaunchedCli) -> None:
     """The process and its children (its DHT process and p2pd, which would otherwise outlive it)."""
     try:
         family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
@@ -88,9 +91,9 @@ class Swarm:
     """A coordinator plus peers started by a test, with their logs in one directory."""
 
     workdir: Path
-    coordinator: Optional[subprocess.Popen] = None
+    coordinator: Optional[LaunchedCli] = None
     join: str = ""
-    peers: dict[str, subprocess.Popen] = field(default_factory=dict)
+    peers: dict[str, LaunchedCli | subprocess.Popen] = field(default_factory=dict)
     _client: Optional[CoordinatorClient] = None
 
     def start_coordinator(self, *args: str, timeout_s: float = 60) -> str:
@@ -101,11 +104,11 @@ class Swarm:
         self.join = read_join_string(self.coordinator, timeout_s=timeout_s, log=self.workdir / "coordinator.log")
         return self.join
 
-    def start_peer(self, name: str, *args: str) -> subprocess.Popen:
+    def start_peer(self, name: str, *args: str, cold: bool = False) -> LaunchedCli | subprocess.Popen:
         proc = swarm_process(
             ["peer", "--join", self.join, "--state-dir", str(self.workdir / name), "--threads", "1",
              "--name", name, *args],
-            self.workdir / f"{name}.log",
+            self.workdir / f"{name}.log", cold=cold,
         )
         self.peers[name] = proc
         return proc

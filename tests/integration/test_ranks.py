@@ -26,12 +26,14 @@ def _multiprocessing_children() -> set[int]:
     return found
 
 
-def _assert_no_worker_left(before: set[int]) -> None:
+def _assert_no_worker_left(before: set[int], swarm: Swarm) -> None:
     # the worker rank ended with its peer (orphans re-parent to this test process: tests/conftest.py); a
     # forkserver or resource tracker an earlier test of this worker process started lives on, and is not one
     # (a worker exits right after its peer: it may still be on its way out when the peer's exit is seen)
+    # (the swarm's own processes are forks of the tests' launcher, a multiprocessing forkserver: not workers)
+    ours = {p.pid for p in [swarm.coordinator, *swarm.peers.values()] if p is not None}
     workers = []
-    for pid in _multiprocessing_children() - before:
+    for pid in _multiprocessing_children() - before - ours:
         try:
             workers.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
@@ -55,6 +57,6 @@ def test_a_two_rank_fsdp_peer_trains_with_a_one_process_peer_and_both_end_on_the
         for name in ("sharded", "single"):
             assert "run finished at round 2" in swarm.log(name)
         assert tensors_digest(swarm.final_model("sharded")) == tensors_digest(swarm.final_model("single"))
-        _assert_no_worker_left(before)
+        _assert_no_worker_left(before, swarm)
     finally:
         swarm.close()

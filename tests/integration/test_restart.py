@@ -65,3 +65,25 @@ def test_killed_voters_resume_from_their_votes_and_a_stopped_swarm_resumes_from_
         assert tensors_digest(swarm.final_model("peer-0")) == tensors_digest(swarm.final_model("peer-1"))
     finally:
         swarm.close()
+
+
+def test_a_peer_that_dies_is_restarted_at_once_without_its_imports_and_ends_on_the_run_s_model(tmp_path):
+    swarm = Swarm(workdir=tmp_path)
+    try:
+        swarm.start_coordinator("--max-rounds", "3", "--min-peers", "2", "--inner-steps", "10")
+        swarm.start_peer("steady")
+        # kill -9 of its own process right after it reported round 2 (peer/faults.py): an out-of-memory kill
+        swarm.start_peer("phoenix", "--checkpoint-every", "1", "--faults", "crash@2:reported", "--max-restarts", "2",
+                         cold=True)  # a fresh interpreter, as from a shell: its first start pays the imports
+        assert swarm.wait_peers(timeout_s=240) == {"steady": 0, "phoenix": 0}, swarm.log("phoenix")[-3000:]
+        log = swarm.log("phoenix")
+        assert "fault injection: crashing at round 2" in log
+        assert "the peer process crashed (exit 137); starting it again at once from its state dir (restart 1 of 2)" \
+            in log
+        starts = [float(s) for s in re.findall(r"first round: training [\d.]+s after launch \(imports ([\d.]+)s", log)]
+        assert len(starts) == 2, log[-3000:]
+        assert starts[1] < starts[0], f"the restart paid the imports again: {starts}"  # forked with them loaded
+        assert swarm.status()["run"]["rounds_committed"] == 3
+        assert tensors_digest(swarm.final_model("steady")) == tensors_digest(swarm.final_model("phoenix"))
+    finally:
+        swarm.close()

@@ -1,0 +1,190 @@
+"""``swarm peer --max-restarts N``: the peer runs in a child forked from a parent that has already imported
+everything a peer needs (torch, hivemind, the trainer), and when that child dies — a crash, an out-of-memory
+kill, ``kill -9`` — the parent forks a new one at once, which rejoins from the same state dir without paying
+the imports again (~4 CPU-s of a cold start here, torch alone ~2.6 s). torchrun's ``--max-restarts`` does
+the same for its workers, from a cold interpreter.
+
+What is restarted and what is not: a child killed by a signal, or one that ended on an exception nobody
+caught (exit ``CRASHED``). A peer that finished or left (0), was refused or misconfigured (2), or was
+interrupted (130) is not: a restart would end the same way. SIGINT and SIGTERM to the parent are passed on
+to the child (it leaves the run as it would alone) and end the supervision.
+
+Each child leads a process group of its own, with its DHT process and p2pd in it: when the child dies, the
+parent kills what is left of its group before the next start, so nothing of a dead peer outlives it.
+
+The parent starts no thread and touches no device before it forks (a CUDA context does not survive a fork):
+device checks run in each child."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Callable
+
+from peer import startup
+
+logger = logging.getLogger("peer.daemon")
+
+CRASHED = 70  # sysexits' EX_SOFTWARE: the child ended on an uncaught exception
+NOT_RESTARTED = (0, 2, 130)  # finished or left; refused or misconfigured; interrupted
+GROUP_GONE_WAIT_S = 2.0  # how long a dead child's leftovers (DHT process, p2pd) get to vanish after SIGKILL
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
+
+# What a peer imports on its way to training, imported once by the parent so that no child pays for it
+# (swarm.net first: it keeps hivemind's scipy import deferred, swarm/net/deferred_imports.py)
+PRELOAD = ("swarm.net", "torch", "hivemind", "swarm.net.transport", "swarm.net.allreduce", "peer.daemon",
+           "peer.run", "swarm.train.trainer", "swarm.train.eager_optimizer")
+
+
+def supervise(run: Callable[[], int], *, max_restarts: int, preload: tuple[str, ...] = PRELOAD) -> int:
+    """Run ``run`` in forked children until one ends in a way a restart would not change, or ``max_restarts``
+    restarts were spent; the exit code to exit with. ``preload``: the modules the parent imports first."""
+    for name in preload:
+        importlib.import_module(name)
+    _become_subreaper()
+    stopping: list[int] = []
+    child: list[int] = []  # the running child's pid (the signal handlers read it)
+
+    def forward(signum, frame) -> None:
+        stopping.append(signum)
+        if child:
+            _signal(child[0], signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    launch = time.monotonic() - (startup.seconds_since_launch() or 0.0)
+    restarts = 0
+    while True:
+        startup.launched_at = launch if restarts == 0 else None  # a restart counts from its own fork
+        pid = _fork_child(run)
+        child[:] = [pid]
+        if stopping:  # a signal that came while the child was being forked
+            _signal(pid, stopping[-1])
+        code = _wait(pid)
+        child.clear()
+        _kill_group(pid)
+        if stopping or code in NOT_RESTARTED:
+            return code if code >= 0 else 128 - code
+        if restarts >= max_restarts:
+            logger.error("the peer process %s; it was restarted %d times (--max-restarts), giving up",
+                         _ended(code), restarts)
+            return code if code > 0 else 1
+        restarts += 1
+        logger.warning("the peer process %s; starting it again at once from its state dir (restart %d of %d)",
+                       _ended(code), restarts, max_restarts)
+
+
+def _fork_child(run: Callable[[], int]) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    # the child: the peer itself, in a process group of its own, with the signal handlers a fresh one has
+    code = CRASHED
+    try:
+        os.setpgid(0, 0)
+        _die_with_parent(parent)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        code = run()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:  # noqa: BLE001  reported, and the parent restarts
+        traceback.print_exc()
+        code = CRASHED
+    finally:
+        try:
+            threading._shutdown()  # as the interpreter ends: non-daemon threads first, then atexit
+            import atexit
+
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code & 0xFF)
+    return 0  # not reached
+
+
+def _wait(pid: int) -> int:
+    """The child's exit code, negative for the signal that killed it; meanwhile reaps the orphans of earlier
+    children as they end (torch's shared-memory manager, which leaves the dead child's process group)."""
+    while True:
+        try:
+            ended, status = os.waitpid(-1, 0)
+        except InterruptedError:
+            continue
+        if ended == pid:
+            return os.waitstatus_to_exitcode(status)
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of a dead child's process group and reap it (this process is their subreaper),
+    so that nothing of it lingers and a fixed --p2p-port is free again for the next child."""
+    deadline = time.monotonic() + GROUP_GONE_WAIT_S
+    while True:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return
+        _reap_orphans()
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.01)  # SIGKILL is not instant; the group is gone once its last member is reaped
+
+
+def _reap_orphans() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _die_with_parent(parent: int) -> None:
+    """A SIGKILL for the child when the supervising parent dies (kill -9 of `swarm peer` ends the peer too)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os._exit(1)
+
+
+def _become_subreaper() -> None:
+    """Orphans of a dead child (its DHT process, then p2pd) re-parent to this process, which reaps them."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
+def _ended(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"crashed (exit {code})"

@@ -1,0 +1,95 @@
+"""``swarm peer --max-restarts`` (peer/restarts.py): which ends of the peer process are restarted, how many
+times, that nothing of a dead one is left behind, and that SIGTERM ends the supervision — each in a real
+supervising process whose forked children end as the test tells them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.integration.harness import poll
+
+pytestmark = pytest.mark.timeout(60)
+ROOT = Path(__file__).resolve().parents[2]
+
+# argv: a directory for the starts' traces, the ends of the 1st, 2nd, ... start (the last repeats), max restarts
+SUPERVISED = """
+import os, signal, subprocess, sys, time
+from peer.restarts import supervise
+
+trace, ends = sys.argv[1], sys.argv[2].split(",")
+
+def run():
+    starts = len(os.listdir(trace))
+    with open(os.path.join(trace, f"start-{starts}"), "w") as f:
+        f.write(str(os.getpid()))
+    end = ends[min(starts, len(ends) - 1)]
+    if end == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if end == "raise":
+        raise RuntimeError("a bug in the peer")
+    if end == "orphan":  # a child of its own (as the DHT process is), then killed: the child must not outlive it
+        leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open(os.path.join(trace, "leftover"), "w") as f:
+            f.write(str(leftover.pid))
+        os.kill(os.getpid(), signal.SIGKILL)
+    if end == "wait":
+        time.sleep(600)
+    return int(end)
+
+sys.exit(supervise(run, max_restarts=int(sys.argv[3]), preload=()))
+"""
+
+
+def supervise(tmp_path: Path, ends: str, max_restarts: int) -> subprocess.Popen:
+    trace = tmp_path / "starts"
+    trace.mkdir()
+    return subprocess.Popen([sys.executable, "-c", SUPERVISED, str(trace), ends, str(max_restarts)], cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)), stderr=subprocess.PIPE, text=True)
+
+
+def starts(tmp_path: Path) -> int:
+    return len([p for p in (tmp_path / "starts").iterdir() if p.name.startswith("start-")])
+
+
+@pytest.mark.parametrize("ends, max_restarts, code, started", [
+    ("kill,raise,0", 2, 0, 3),  # killed, then an uncaught exception: both restarted; then it finished
+    ("kill", 1, 1, 2),  # killed every time: one restart, then the supervisor gives up (exit 1)
+    ("2", 5, 2, 1),  # refused or misconfigured: a restart would end the same way
+    ("130", 5, 130, 1),  # interrupted
+    ("0", 5, 0, 1),
+])
+def test_a_dead_peer_process_is_restarted_and_one_that_finished_or_was_refused_is_not(
+        tmp_path: Path, ends: str, max_restarts: int, code: int, started: int) -> None:
+    proc = supervise(tmp_path, ends, max_restarts)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == code, stderr
+    assert starts(tmp_path) == started
+    assert stderr.count("starting it again at once") == started - 1
+    if code == 1:
+        assert "was killed by SIGKILL; it was restarted 1 times (--max-restarts), giving up" in stderr
+    if "raise" in ends:
+        assert "RuntimeError: a bug in the peer" in stderr  # the traceback is shown, then the restart
+
+
+def test_nothing_of_a_dead_peer_process_outlives_it(tmp_path: Path) -> None:
+    proc = supervise(tmp_path, "orphan,0", 1)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    leftover = int((tmp_path / "starts" / "leftover").read_text())
+    assert not psutil.pid_exists(leftover) or psutil.Process(leftover).status() == psutil.STATUS_ZOMBIE
+
+
+def test_sigterm_reaches_the_peer_and_ends_the_supervision(tmp_path: Path) -> None:
+    proc = supervise(tmp_path, "wait", 5)
+    poll(lambda: starts(tmp_path) == 1, timeout_s=20, what="the first start")
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr  # the child's end, passed on: not restarted
+    assert starts(tmp_path) == 1
