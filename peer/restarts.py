@@ -7,10 +7,12 @@ the same for its workers, from a cold interpreter.
 What is restarted and what is not: a child killed by a signal, or one that ended on an exception nobody
 caught (exit ``CRASHED``). A peer that finished or left (0), was refused or misconfigured (2), or was
 interrupted (130) is not: a restart would end the same way. SIGINT and SIGTERM to the parent are passed on
-to the child (it leaves the run as it would alone) and end the supervision.
+to the child (it leaves the run as it would alone; a second SIGINT, from the terminal to the whole group,
+changes nothing) and end the supervision.
 
-Each child leads a process group of its own, with its DHT process and p2pd in it: when the child dies, the
-parent kills what is left of its group before the next start, so nothing of a dead peer outlives it.
+When a child dies, its DHT process and p2pd are re-parented to the parent (a child subreaper), which kills and
+reaps them before the next start, so nothing of a dead peer outlives it. The child stays in the parent's process
+group: killing the group (``kill -9 -PGID``, a terminal's Ctrl-C) reaches all of them, as without a supervisor.
 
 The parent starts no thread and touches no device before it forks (a CUDA context does not survive a fork):
 device checks run in each child."""
@@ -34,7 +36,7 @@ logger = logging.getLogger("peer.daemon")
 
 CRASHED = 70  # sysexits' EX_SOFTWARE: the child ended on an uncaught exception
 NOT_RESTARTED = (0, 2, 130)  # finished or left; refused or misconfigured; interrupted
-GROUP_GONE_WAIT_S = 2.0  # how long a dead child's leftovers (DHT process, p2pd) get to vanish after SIGKILL
+LEFTOVERS_WAIT_S = 2.0  # how long a dead child's leftovers (DHT process, p2pd) get to vanish after SIGKILL
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
 
@@ -70,7 +72,7 @@ def supervise(run: Callable[[], int], *, max_restarts: int, preload: tuple[str, 
             _signal(pid, stopping[-1])
         code = _wait(pid)
         child.clear()
-        _kill_group(pid)
+        _end_leftovers()
         if stopping or code in NOT_RESTARTED:
             return code if code >= 0 else 128 - code
         if restarts >= max_restarts:
@@ -89,10 +91,9 @@ def _fork_child(run: Callable[[], int]) -> int:
     pid = os.fork()
     if pid:
         return pid
-    # the child: the peer itself, in a process group of its own, with the signal handlers a fresh one has
+    # the child: the peer itself, with the signal handlers a fresh one has
     code = CRASHED
     try:
-        os.setpgid(0, 0)
         _die_with_parent(parent)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -136,29 +137,34 @@ def _signal(pid: int, signum: int) -> None:
         pass
 
 
-def _kill_group(pgid: int) -> None:
-    """SIGKILL what is left of a dead child's process group and reap it (this process is their subreaper),
-    so that nothing of it lingers and a fixed --p2p-port is free again for the next child."""
-    deadline = time.monotonic() + GROUP_GONE_WAIT_S
-    while True:
+def _end_leftovers() -> None:
+    """SIGKILL and reap what a dead child left (its DHT process, then that one's p2pd, torch's shared-memory
+    manager: orphans, re-parented to this process, their subreaper), so that nothing of it lingers and a fixed
+    --p2p-port is free again for the next child; done once this process has no child left."""
+    deadline = time.monotonic() + LEFTOVERS_WAIT_S
+    while time.monotonic() < deadline:
+        for pid in _children():
+            _signal(pid, signal.SIGKILL)
         try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            return
-        _reap_orphans()
-        if time.monotonic() > deadline:
-            return
-        time.sleep(0.01)  # SIGKILL is not instant; the group is gone once its last member is reaped
-
-
-def _reap_orphans() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
         except ChildProcessError:
-            return
-        if pid == 0:
-            return
+            return  # none left
+        time.sleep(0.01)  # SIGKILL is not instant, and a killed DHT process's p2pd is re-parented only then
+
+
+def _children() -> list[int]:
+    """This process's children (Linux /proc)."""
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass  # gone meanwhile
+    return found
 
 
 def _die_with_parent(parent: int) -> None:

@@ -35,6 +35,7 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture) -> str:
     (["peer", "--join", JOIN, "--threads", "0"], "--threads must be from 1"),
     (["peer", "--join", JOIN, "--name", "n" * 300], "--name must be at most 256 bytes"),
     (["peer", "--join", JOIN, "--join-timeout-s", "-5"], "--join-timeout-s must be from"),
+    (["peer", "--join", JOIN, "--max-restarts", "-1"], "--max-restarts must be from 0"),
     (["status", JOIN, "--interval", "0"], "--interval must be from"),
     (["demo", "--peers", "100000"], "--peers must be from 1 to 64"),
     (["coordinator", "--port", "abc"], "invalid int value: 'abc'"),

@@ -93,3 +93,43 @@ def test_sigterm_reaches_the_peer_and_ends_the_supervision(tmp_path: Path) -> No
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGTERM, stderr  # the child's end, passed on: not restarted
     assert starts(tmp_path) == 1
+
+
+def test_kill_9_of_the_supervisor_ends_the_peer_process_too(tmp_path: Path) -> None:
+    proc = supervise(tmp_path, "wait", 5)
+    poll(lambda: starts(tmp_path) == 1, timeout_s=20, what="the first start")
+    child = psutil.Process(int((tmp_path / "starts" / "start-0").read_text()))
+    proc.kill()
+    proc.wait(timeout=10)
+    # the parent-death signal (peer/restarts.py): the orphan is re-parented to this test process (a subreaper)
+    # or init, and dies
+    psutil.wait_procs([child], timeout=10)
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_supervised_peer_that_cannot_start_says_why_once_and_is_not_restarted(tmp_path: Path) -> None:
+    join = "swarm://127.0.0.1:1?token=t&fp=" + "ab" * 32
+    if torch_sees_cuda():
+        pytest.skip("this machine has a CUDA device: --device cuda is not a mistake here")
+    result = subprocess.run([sys.executable, "-m", "swarm.app.cli", "peer", "--join", join, "--device", "cuda",
+                             "--max-restarts", "3", "--state-dir", str(tmp_path / "peer")], cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("torch sees no CUDA device; use --device cpu.") == 1
+    assert "starting it again" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_under_torchrun_max_restarts_is_refused_with_the_fix(monkeypatch, capsys) -> None:
+    from swarm.app.cli import main
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["peer", "--join", "swarm://127.0.0.1:1?token=t&fp=" + "ab" * 32, "--max-restarts", "2"]) == 2
+    assert "use torchrun's own --max-restarts instead." in capsys.readouterr().err
+
+
+def torch_sees_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
