@@ -62,6 +62,7 @@ def round_info(
             info.participants.extend(round_row.participants)
         else:  # an open round: only the live ones, so groupmates stop waiting for a peer that left
             info.participants.extend(p for p in round_row.participants if p in peers and peers[p].alive)
+            info.participant_dht_ids.extend(peers[p].dht_peer_id for p in info.participants)
         if round_row.outcome == COMMITTED:
             info.committed_hash = round_row.committed_hash
             holders = list(round_row.holders)

@@ -60,6 +60,7 @@ class CoordinatorLink:
         self.member: Optional[Member] = None  # after join: this peer's key and credential (renewed by heartbeats)
         self.backlog: list[Backlogged] = []
         self.last_group: Optional[set[str]] = None
+        self.processes: dict[str, str] = {}  # the open round's participants' libp2p ids (current_processes)
         self.live_peers = 0
         self.group_decision: Callable[[Vote], Optional[tuple[Optional[str], list[str]]]] = lambda vote: None
         self.param_count = 0  # of this peer's model, carried by every report
@@ -145,6 +146,7 @@ class CoordinatorLink:
 
     def planned(self, round_no: int) -> Optional[set[str]]:
         """Who the coordinator planned into ``round_no``; while it is down (or behind), the last group."""
+        self.processes = {}  # unknown unless this answer says
         try:
             info = self.get_round(round_no)
         except Exception:
@@ -152,7 +154,13 @@ class CoordinatorLink:
         if info.round != round_no or info.outcome != pb.ROUND_OUTCOME_OPEN:
             return self.last_group
         self.last_group = set(info.participants)
+        if len(info.participant_dht_ids) == len(info.participants):
+            self.processes = dict(zip(info.participants, info.participant_dht_ids))
         return self.last_group
+
+    def current_processes(self) -> dict[str, str]:
+        """Peer id -> the libp2p id of its current process, as of the last ``planned`` answer ({}: unknown)."""
+        return self.processes
 
     def still_planned(self, round_no: int) -> bool:
         info = self.round_info(round_no)

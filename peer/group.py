@@ -7,7 +7,7 @@ import hashlib
 import logging
 import math
 import statistics
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 from peer.faults import FaultPlan
 from swarm.config import RunConfig
@@ -42,7 +42,8 @@ class DhtGroup:
     def __init__(self, transport: Transport, run: RunConfig, *, run_id: str, peer_id: str, peer_index: int,
                  planned: Callable[[int], Optional[set[str]]], faults: FaultPlan,
                  member: Optional[credential.Member],
-                 round_choice: Optional[Callable[[int], Optional[pb.RoundChoice]]] = None) -> None:
+                 round_choice: Optional[Callable[[int], Optional[pb.RoundChoice]]] = None,
+                 processes: Callable[[], Mapping[str, str]] = dict) -> None:
         if member is None:
             raise ValueError("the round's group needs this peer's credential (CoordinatorLink.member after the join) "
                              "to sign its entries and check its groupmates'.")
@@ -53,6 +54,7 @@ class DhtGroup:
         if not getattr(transport, "validates_entries", False):  # normally guarded from its start (PeerParts.transport)
             guard(transport.dht, member)  # this node refuses to store or relay forged entries
         self.planned = planned  # the coordinator's plan for a round, or the last known group while it is down
+        self.processes = processes  # the planned peers' current libp2p ids, as of the last planned() answer
         self.round_choice = round_choice or (lambda round_no: None)
         self.faults = faults
         self.exchange = Exchange(transport, run_id=run_id, aggregation=Aggregation.for_run(run))
@@ -89,7 +91,7 @@ class DhtGroup:
             group = rendezvous(
                 self.transport.dht, key=key, me=me, member=self.member, planned=lambda: self.planned(round_no),
                 window_s=rounds.matchmaking_window_s, ttl_s=rounds.matchmaking_window_s + rounds.exchange_timeout_s,
-                on_posted=lambda: self.faults.at(round_no, "matchmaking"),
+                on_posted=lambda: self.faults.at(round_no, "matchmaking"), processes=self.processes,
             )
             dropped_before = self.exchange.rejected_chunks
             result = self._reduce(round_no, key, group, me, delta, choice, contribution.owner)

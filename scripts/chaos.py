@@ -18,6 +18,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -243,6 +244,20 @@ class Soak:
         }
 
 
+FIRST_ROUND = re.compile(r"first round: training ([\d.]+)s after launch")
+
+
+def restart_to_training_s(workdir: Path, peers: dict[str, subprocess.Popen]) -> list[float]:
+    """Each restart's seconds from its process's launch (a supervised one: its fork, right after the kill) to
+    training, from the peers' own start-up lines; a peer's first start is not a restart."""
+    seconds = []
+    for name in peers:
+        log = workdir / f"{name}.log"
+        if log.exists():
+            seconds += [float(s) for s in FIRST_ROUND.findall(log.read_text(errors="replace"))[1:]]
+    return seconds
+
+
 def final_eval(workdir: Path, peers: dict[str, subprocess.Popen]) -> Optional[float]:
     from swarm.config import RunConfig
     from swarm.train.final_model import final_eval_loss
@@ -280,6 +295,7 @@ def main() -> int:
     if not args.skip_fault_free:
         (base / "calm").mkdir(exist_ok=True)
         calm = Soak(args, base / "calm", faults=False).run()
+    starts = restart_to_training_s(base / "chaos", soak.peers)
     summary = {
         "faults_injected": soak.faults_injected,
         "coordinator_restarts": soak.coordinator_restarts,
@@ -293,8 +309,12 @@ def main() -> int:
         # peers whose update each committed round holds, on average: what the faults cost in compute
         "mean_contributors": result["mean_contributors"],
         "fault_free_mean_contributors": calm.get("mean_contributors"),
+        # from the restart to a committed round holding the peer's update (includes the rest of the round)
         "mean_rejoin_s": round(sum(soak.rejoin_s) / len(soak.rejoin_s), 2) if soak.rejoin_s else None,
         "rejoins_measured": len(soak.rejoin_s),
+        # from the restarted process's launch to its first inner step (its own start-up line)
+        "mean_restart_to_training_s": round(sum(starts) / len(starts), 2) if starts else None,
+        "restarts_measured": len(starts),
         "unexpected_exits": len(soak.unexpected_exits),
         "wall_s": result["wall_s"],
         "supervised": args.supervised,

@@ -16,7 +16,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import hivemind
 
@@ -64,12 +64,16 @@ def rendezvous(
     poll_s: float = 0.1,
     plan_refresh_s: float = 1.0,
     on_posted: Optional[Callable[[], None]] = None,
+    processes: Callable[[], Mapping[str, str]] = dict,
 ) -> list[Member]:
     """Post this peer under key and return the group, ordered by peer index.
 
     planned() returns the planned participants' peer ids, or None when the plan is unknown (the
     coordinator is unreachable): then whoever posted within the window forms the group. ``member`` signs
-    this peer's entry and checks the others'.
+    this peer's entry and checks the others'. processes() maps planned peers to the libp2p id of their
+    current process, as far as the coordinator said (read after each planned()): an entry under another
+    id was left by a process that has since been replaced (a peer restarted mid-round, which cannot be
+    reached there), and does not count as that peer's.
     """
     store_entry(dht, key, me, member=member, ttl_s=ttl_s)
     if on_posted is not None:
@@ -78,7 +82,9 @@ def rendezvous(
     expected = planned()
     next_plan_at = time.monotonic() + plan_refresh_s
     while True:
-        posted = read_entries(dht, key, Member, member=member)
+        current = processes()
+        posted = {pid: m for pid, m in read_entries(dht, key, Member, member=member).items()
+                  if current.get(pid, m.dht_peer_id) == m.dht_peer_id}
         posted[me.peer_id] = me
         if expected is not None and expected <= set(posted):
             break

@@ -55,15 +55,16 @@ class Peer:
         return Member(peer_id=self.name, dht_peer_id=self.transport.peer_id, index=self.index,
                       weight=weight, numel=numel, codec=codec, bulk=self.exchange.bulk_address if bulk else "")
 
-    def group(self, key: str, me: Member, planned: set[str], *, window_s: float = 20.0) -> list[Member]:
+    def group(self, key: str, me: Member, planned: set[str], *, window_s: float = 20.0,
+              processes: dict[str, str] | None = None) -> list[Member]:
         return rendezvous(self.transport.dht, key=key, me=me, member=self.credential, planned=lambda: planned, window_s=window_s,
-                          ttl_s=60, poll_s=0.05)
+                          ttl_s=60, poll_s=0.05, processes=lambda: processes or {})
 
     def average(self, key: str, me: Member, planned: set[str], delta: torch.Tensor, *,
-                window_s: float = 20.0, timeout_s: float = 30.0,
-                owner: OwnerFeedback | None = None) -> tuple[list[Member], ExchangeResult]:
+                window_s: float = 20.0, timeout_s: float = 30.0, owner: OwnerFeedback | None = None,
+                processes: dict[str, str] | None = None) -> tuple[list[Member], ExchangeResult]:
         """The group this peer found and the exchange's result."""
-        group = self.group(key, me, planned, window_s=window_s)
+        group = self.group(key, me, planned, window_s=window_s, processes=processes)
         return group, self.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=timeout_s,
                                             owner=owner)
 
@@ -188,6 +189,31 @@ def test_sign_owners_keep_their_residual_across_rounds_as_the_simulator_does(pee
             owner.commit()
         assert all(torch.equal(a.residual, b.residual) for a, b in zip(owners, reference_owners))
     assert [o.bounds for o in owners] == part_bounds(NUMEL, 3, 64)
+
+
+def test_an_entry_left_by_a_replaced_process_is_not_its_peers_and_the_others_average_without_it(
+        peers: list[Peer]) -> None:
+    # the third peer posted, then died and was restarted: the coordinator now lists its new process's libp2p id,
+    # and the entry under the old one (here another node's id: nothing of that peer answers there) is stale
+    key = group_key(RUN_ID, 4)
+    present, restarted = peers[:2], peers[2]
+    old_id = present[0].transport.peer_id
+    old_process = make_member(COORDINATOR, RUN_ID, old_id, key=restarted.credential.key)  # its credential then
+    stale = dataclasses.replace(restarted.member(weight=7.0), dht_peer_id=old_id)
+    store_entry(restarted.transport.dht, key, stale, member=old_process, ttl_s=60)
+    processes = {p.name: p.transport.peer_id for p in peers}
+    weights, inputs = [2.0, 3.0], deltas(4, 2)
+    members = [p.member(weight=w) for p, w in zip(present, weights)]
+
+    results = results_of(concurrently(
+        [lambda p=p, m=m, d=d: p.average(key, m, {q.name for q in peers}, d, window_s=2.0, processes=processes)
+         for p, m, d in zip(present, members, inputs)],
+        timeout_s=60,
+    ))
+
+    for group, result in results:
+        assert [m.peer_id for m in group] == [p.name for p in present]
+        assert torch.equal(result.average, weighted_average(inputs, weights))
 
 
 def test_a_planned_peer_that_never_shows_up_is_left_out_after_the_window(peers: list[Peer]) -> None:

@@ -468,3 +468,21 @@ def test_a_restarted_peer_that_never_reports_delays_its_round_only_by_the_grace(
     clock.now += 6  # past the grace (not round_timeout_s): the placeholder stands for b's failure
     engine.tick()
     assert engine.round_info(a, 1).outcome == pb.ROUND_OUTCOME_VOIDED  # 1 of a group of 2 is no quorum
+
+
+def test_an_open_round_names_each_participants_current_process_also_after_a_restart(clock: FakeClock) -> None:
+    engine = make_engine(clock, min_peers=2)
+    a, _ = engine_join(engine, dht_peer_id="dht-a")
+    key = PeerKey.generate()
+    b, _ = engine_join(engine, key=key, dht_peer_id="dht-b-first")
+    a, b = a.peer_id, b.peer_id
+    beat(engine, a)
+    beat(engine, b)
+    info = engine.round_info(a, 1)
+    assert list(info.participants) == [a, b]
+    assert list(info.participant_dht_ids) == ["dht-a", "dht-b-first"]  # the ids they joined with
+    # b's process dies and its successor joins with the same key and a new libp2p id, mid-round: groupmates
+    # must not take an entry its old process left for its own (swarm/net/rendezvous.py)
+    engine_join(engine, key=key, dht_peer_id="dht-b-second")
+    info = engine.round_info(a, 1)
+    assert dict(zip(info.participants, info.participant_dht_ids)) == {a: "dht-a", b: "dht-b-second"}
