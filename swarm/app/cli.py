@@ -114,16 +114,13 @@ def cmd_peer(args: argparse.Namespace) -> int:
         return run()
     from peer.ranks import torchrun_rank
     from peer.restarts import supervise
-
     if torchrun_rank() is not None:
-        raise ConfigError("--max-restarts restarts a peer that swarm started itself; under torchrun, use torchrun's "
-                          "own --max-restarts instead.")
+        raise ConfigError("--max-restarts restarts a peer swarm started; under torchrun, use torchrun's own instead.")
     return supervise(lambda: _reported(args, run), max_restarts=args.max_restarts)
 
 
 def _check_devices(args: argparse.Namespace) -> None:
-    """--device and --nproc against the GPUs torch sees (in the process that trains: a CUDA driver initialized
-    before a fork does not work in the child, see peer/restarts.py)."""
+    """--device and --nproc against the GPUs torch sees (in the process that trains: see peer/restarts.py)."""
     if args.device.startswith("cuda"):
         import torch
 
@@ -338,10 +335,8 @@ def _add_peer_parser(sub) -> None:
     p.add_argument("--final-serve-s", type=float, default=30.0,
                    help="when the run finishes, keep serving the final state this long at most while peers "
                         "still download it")
-    p.add_argument("--max-restarts", type=int, default=0,
-                   help="when the peer process dies (a crash, an out-of-memory kill), start it again at once from its "
-                        "state dir, this many times at most; a parent process that keeps the imports loaded forks "
-                        "each one, so a restart skips them (default 0: exit instead)")
+    p.add_argument("--max-restarts", type=int, default=0, help="when the peer process dies (a crash, an OOM kill), "
+                   "fork it again at once from a parent that keeps the imports loaded, this many times at most")
     p.add_argument("--faults", help="fault injection for tests, e.g. 'crash@3:sending,delay@2:reported=5' "
                                     "(see peer/faults.py); also read from SWARM_FAULTS")
     p.add_argument("--metrics-port", type=int,

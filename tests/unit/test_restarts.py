@@ -126,7 +126,7 @@ def test_under_torchrun_max_restarts_is_refused_with_the_fix(monkeypatch, capsys
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["peer", "--join", "swarm://127.0.0.1:1?token=t&fp=" + "ab" * 32, "--max-restarts", "2"]) == 2
-    assert "use torchrun's own --max-restarts instead." in capsys.readouterr().err
+    assert "under torchrun, use torchrun's own instead." in capsys.readouterr().err
 
 
 def torch_sees_cuda() -> bool:
