@@ -266,7 +266,7 @@ class FakeParts(PeerParts):
         return self.net.transport(identity.peer_id)
 
     def group(self, transport, run, *, run_id, peer_id, peer_index, planned, faults, member=None,
-              round_choice=None) -> FakeGroup:
+              round_choice=None, processes=dict) -> FakeGroup:  # the fake DHT keeps no entry of a dead process
         return FakeGroup(self.net, transport, peer_id=peer_id, peer_index=peer_index, planned=planned,
                          round_choice=round_choice)
 
