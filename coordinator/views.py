@@ -172,6 +172,7 @@ def peer_status(peer: PeerRecord, now: float) -> pb.PeerStatus:
         device=_bounded(peer.device), rounds_joined=peer.rounds_joined, rounds_missed=peer.rounds_missed,
         last_seen_s=max(0.0, now - peer.last_seen),
         compute_utilization=_ratio(peer.metrics.inner_time_s, peer.metrics.wall_time_s), metrics=metrics,
+        restarts=max(0, peer.session - 1),
     )
 
 

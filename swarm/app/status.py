@@ -129,15 +129,15 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
         table.add_row("peers not listed", f"{status['peers_omitted']} (left or evicted long ago)")
 
     peers = Table(title="peers")
-    for column in ("id", "name", "site", "state", "θg hash", "round", "joined", "missed", "tokens/s", "s/step", "loss",
-                   "sent", "up/down Mbit/s", "rtt ms", "util", "seen"):
+    for column in ("id", "name", "site", "state", "θg hash", "round", "joined", "missed", "restarts", "tokens/s",
+                   "s/step", "loss", "sent", "up/down Mbit/s", "rtt ms", "util", "seen"):
         peers.add_column(column)
     for p in status["peers"]:
         m = p["metrics"]
         peers.add_row(
             _shown(p["id"]), _shown(p["name"]), _shown(p["site"]) or "—", _shown(p["state"]),
             _shown(m["state_hash"]) or "—", str(max(m["state_round"], 0)),
-            str(p["rounds_joined"]), str(p["rounds_missed"]), f"{m['tokens_per_s']:,.0f}",
+            str(p["rounds_joined"]), str(p["rounds_missed"]), str(p.get("restarts") or 0), f"{m['tokens_per_s']:,.0f}",
             _measured(m.get("step_time_s"), "{:.3g}"), _num(m["loss"]), format_bytes(m["bytes_sent"]),
             f"{_measured(m.get('upload_mbit_s'))}/{_measured(m.get('download_mbit_s'))}",
             _measured(m.get("rtt_ms"), "{:.0f}"), f"{100 * p['compute_utilization']:.0f}%", f"{p['last_seen_s']:.0f}s ago",

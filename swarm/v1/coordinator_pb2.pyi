@@ -379,7 +379,7 @@ class RunStatus(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., open_round: _Optional[int] = ..., rounds_committed: _Optional[int] = ..., rounds_voided: _Optional[int] = ..., committed_hash: _Optional[str] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., initial_eval_loss: _Optional[float] = ..., finished: _Optional[bool] = ..., max_rounds: _Optional[int] = ..., inner_steps: _Optional[int] = ..., codec: _Optional[str] = ..., model_preset: _Optional[str] = ..., param_count: _Optional[int] = ..., loss: _Optional[float] = ..., uptime_s: _Optional[float] = ..., committed_round: _Optional[int] = ..., fragments: _Optional[int] = ..., overlap_steps: _Optional[int] = ..., outer_optimizer: _Optional[str] = ..., error_feedback: _Optional[bool] = ..., aggregation: _Optional[str] = ..., controller: _Optional[_Union[RoundChoice, _Mapping]] = ...) -> None: ...
 
 class PeerStatus(_message.Message):
-    __slots__ = ("id", "name", "site", "state", "device", "rounds_joined", "rounds_missed", "last_seen_s", "compute_utilization", "metrics")
+    __slots__ = ("id", "name", "site", "state", "device", "rounds_joined", "rounds_missed", "last_seen_s", "compute_utilization", "metrics", "restarts")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SITE_FIELD_NUMBER: _ClassVar[int]
@@ -390,6 +390,7 @@ class PeerStatus(_message.Message):
     LAST_SEEN_S_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     site: str
@@ -400,7 +401,8 @@ class PeerStatus(_message.Message):
     last_seen_s: float
     compute_utilization: float
     metrics: PeerMetrics
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., site: _Optional[str] = ..., state: _Optional[str] = ..., device: _Optional[str] = ..., rounds_joined: _Optional[int] = ..., rounds_missed: _Optional[int] = ..., last_seen_s: _Optional[float] = ..., compute_utilization: _Optional[float] = ..., metrics: _Optional[_Union[PeerMetrics, _Mapping]] = ...) -> None: ...
+    restarts: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., site: _Optional[str] = ..., state: _Optional[str] = ..., device: _Optional[str] = ..., rounds_joined: _Optional[int] = ..., rounds_missed: _Optional[int] = ..., last_seen_s: _Optional[float] = ..., compute_utilization: _Optional[float] = ..., metrics: _Optional[_Union[PeerMetrics, _Mapping]] = ..., restarts: _Optional[int] = ...) -> None: ...
 
 class Totals(_message.Message):
     __slots__ = ("bytes_sent", "bytes_received", "ddp_equivalent_bytes", "compute_utilization", "tokens", "inner_steps", "inner_time_s", "wall_time_s", "contributions_rejected", "contributions_clipped", "foreign_messages_dropped")

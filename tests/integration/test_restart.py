@@ -83,7 +83,9 @@ def test_a_peer_that_dies_is_restarted_at_once_without_its_imports_and_ends_on_t
         starts = [float(s) for s in re.findall(r"first round: training [\d.]+s after launch \(imports ([\d.]+)s", log)]
         assert len(starts) == 2, log[-3000:]
         assert starts[1] < starts[0], f"the restart paid the imports again: {starts}"  # forked with them loaded
-        assert swarm.status()["run"]["rounds_committed"] == 3
+        status = swarm.status()
+        assert status["run"]["rounds_committed"] == 3
+        assert {p["name"]: p["restarts"] for p in status["peers"]} == {"steady": 0, "phoenix": 1}  # swarm status
         assert tensors_digest(swarm.final_model("steady")) == tensors_digest(swarm.final_model("phoenix"))
     finally:
         swarm.close()

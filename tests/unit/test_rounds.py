@@ -486,3 +486,4 @@ def test_an_open_round_names_each_participants_current_process_also_after_a_rest
     engine_join(engine, key=key, dht_peer_id="dht-b-second")
     info = engine.round_info(a, 1)
     assert dict(zip(info.participants, info.participant_dht_ids)) == {a: "dht-a", b: "dht-b-second"}
+    assert {p.id: p.restarts for p in engine.status(engine.run.token).peers} == {a: 0, b: 1}  # swarm status shows it
