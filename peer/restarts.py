@@ -36,6 +36,7 @@ logger = logging.getLogger("peer.daemon")
 
 CRASHED = 70  # sysexits' EX_SOFTWARE: the child ended on an uncaught exception
 NOT_RESTARTED = (0, 2, 130)  # finished or left; refused or misconfigured; interrupted
+MAX_BACKOFF_S = 60.0  # the longest wait before restarting a process that keeps dying before it trains
 LEFTOVERS_WAIT_S = 2.0  # how long a dead child's leftovers (DHT process, p2pd) get to vanish after SIGKILL
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
@@ -54,19 +55,24 @@ def supervise(run: Callable[[], int], *, max_restarts: int, preload: tuple[str, 
     _become_subreaper()
     stopping: list[int] = []
     child: list[int] = []  # the running child's pid (the signal handlers read it)
+    woken = threading.Event()  # a backoff's wait ends early on SIGINT/SIGTERM (no thread: set by the handler)
 
     def forward(signum, frame) -> None:
         stopping.append(signum)
+        woken.set()
         if child:
             _signal(child[0], signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     launch = time.monotonic() - (startup.seconds_since_launch() or 0.0)
-    restarts = 0
+    restarts = quick_deaths = 0
     while True:
         startup.launched_at = launch if restarts == 0 else None  # a restart counts from its own fork
-        pid = _fork_child(run)
+        started = time.monotonic()
+        trained_r, trained_w = os.pipe()  # the child writes a byte once it trains (startup.on_first_round)
+        pid = _fork_child(run, trained_w)
+        os.close(trained_w)
         child[:] = [pid]
         if stopping:  # a signal that came while the child was being forked
             _signal(pid, stopping[-1])
@@ -80,17 +86,41 @@ def supervise(run: Callable[[], int], *, max_restarts: int, preload: tuple[str, 
                          _ended(code), restarts)
             return code if code > 0 else 1
         restarts += 1
-        logger.warning("the peer process %s; starting it again at once from its state dir (restart %d of %d)",
-                       _ended(code), restarts, max_restarts)
+        lived = time.monotonic() - started
+        quick_deaths = 0 if _trained(trained_r) else quick_deaths + 1
+        delay = backoff_s(quick_deaths)
+        logger.warning("the peer process %s after %.1fs; starting it again %s from its state dir (restart %d of %d)",
+                       _ended(code), lived, f"in {delay:.0f}s" if delay else "at once", restarts, max_restarts)
+        if woken.wait(delay):
+            return 128 + stopping[-1]
 
 
-def _fork_child(run: Callable[[], int]) -> int:
+def backoff_s(quick_deaths: int) -> float:
+    """The wait before a restart, after ``quick_deaths`` deaths in a row of processes that never started
+    training: none for the first (back at once), then 1, 2, 4, ... up to MAX_BACKOFF_S, so that a process that
+    cannot start (out of memory at once, a coordinator that refuses it) is not restarted in a tight loop."""
+    return 0.0 if quick_deaths <= 1 else min(MAX_BACKOFF_S, 2.0 ** (quick_deaths - 2))
+
+
+def _trained(trained_r: int) -> bool:
+    """Whether the dead child had started training (it wrote to the pipe); closes the pipe."""
+    try:
+        os.set_blocking(trained_r, False)
+        return bool(os.read(trained_r, 1))
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(trained_r)
+
+
+def _fork_child(run: Callable[[], int], trained_w: int) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid()
     pid = os.fork()
     if pid:
         return pid
+    startup.on_first_round = lambda: os.write(trained_w, b"t")
     # the child: the peer itself, with the signal handlers a fresh one has
     code = CRASHED
     try:

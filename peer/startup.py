@@ -26,6 +26,8 @@ T = TypeVar("T")
 # time.monotonic() at which this peer was launched, when that is not this process's start: a supervised peer's
 # first child counts from its parent's launch, which did the imports (peer/restarts.py)
 launched_at: Optional[float] = None
+# called once when the peer starts training its first round (a supervised child tells its parent it started)
+on_first_round: Optional[Callable[[], object]] = None
 
 
 def seconds_since_launch() -> Optional[float]:
@@ -100,6 +102,8 @@ class StartupClock:
             self.reported = True
             self.mark("sync and wait")
             logger.info("%s first round: training %s", tag, self.summary())
+            if on_first_round is not None:
+                on_first_round()
 
     def summary(self) -> str:
         parts = [f"imports {self.before:.1f}s"] if self.before is not None else []

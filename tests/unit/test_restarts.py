@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -71,11 +72,34 @@ def test_a_dead_peer_process_is_restarted_and_one_that_finished_or_was_refused_i
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == code, stderr
     assert starts(tmp_path) == started
-    assert stderr.count("starting it again at once") == started - 1
+    assert stderr.count("starting it again") == started - 1
+    if started > 1:
+        assert "starting it again at once from its state dir (restart 1 of" in stderr  # the first: no wait
     if code == 1:
         assert "was killed by SIGKILL; it was restarted 1 times (--max-restarts), giving up" in stderr
     if "raise" in ends:
         assert "RuntimeError: a bug in the peer" in stderr  # the traceback is shown, then the restart
+
+
+def test_a_peer_process_that_keeps_dying_at_once_is_restarted_after_growing_waits(tmp_path: Path) -> None:
+    proc = supervise(tmp_path, "kill,kill,kill,0", 5)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    assert starts(tmp_path) == 4
+    assert [line.split("starting it again ")[1].split(" from")[0] for line in stderr.splitlines()
+            if "starting it again" in line] == ["at once", "in 1s", "in 2s"]  # peer/restarts.py backoff_s
+    times = sorted((tmp_path / "starts" / f"start-{i}").stat().st_mtime for i in range(4))
+    assert times[2] - times[1] >= 1.0 and times[3] - times[2] >= 2.0
+
+
+def test_sigterm_during_a_wait_before_a_restart_ends_the_supervision_at_once(tmp_path: Path) -> None:
+    proc = supervise(tmp_path, "kill", 10)  # waits 0, 1, then 2 s before the 2nd, 3rd and 4th start
+    poll(lambda: starts(tmp_path) == 3, timeout_s=20, what="the third start")
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert time.monotonic() - signalled < 1.9 and starts(tmp_path) == 3
 
 
 def test_nothing_of_a_dead_peer_process_outlives_it(tmp_path: Path) -> None:
