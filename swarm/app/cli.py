@@ -11,9 +11,11 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -23,14 +25,13 @@ from swarm.config.rounds_config import simulator_only
 
 
 def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
+    """Logs on stderr, and every thread's stack there on SIGUSR1 (`kill -USR1 PID`: where a hung process is)."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("hivemind", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def _run_config(args: argparse.Namespace) -> RunConfig:
@@ -64,9 +65,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     return serve(
         run=run,
         state_dir=Path(args.state_dir),
-        host=args.host,
-        port=args.port,
-        dht_port=args.dht_port,
+        host=args.host, port=args.port, dht_port=args.dht_port,
         announce_host=args.announce_host,
         lease_s=args.lease_s,
         config_given=args.config is not None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -131,8 +132,18 @@ class Swarm:
             try:
                 codes[name] = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"peer {name} did not exit:\n{self.log(name)[-3000:]}")
+                raise AssertionError(f"peer {name} did not exit; its threads:\n{self.stacks(name)}") from None
         return codes
+
+    def stacks(self, name: str) -> str:
+        """The end of ``name``'s log after it dumped every thread's stack (SIGUSR1: swarm.app.cli)."""
+        before = len(self.log(name))
+        self.peers[name].send_signal(signal.SIGUSR1)
+        try:
+            poll(lambda: "most recent call first" in self.log(name)[before:], timeout_s=10, what="the stack dump")
+        except AssertionError:
+            pass  # the log as it is
+        return self.log(name)[-12000:]
 
     def final_model(self, name: str) -> Path:
         return self.workdir / name / "final" / "model.safetensors"
