@@ -4,8 +4,11 @@ multi-GPU peer (``--nproc``, or torchrun's environment) whose other ranks only t
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import logging
+import os
 import signal
+import sys
 import threading
 from typing import Optional
 
@@ -17,9 +20,34 @@ from swarm.train.ranks import join_ranks
 logger = logging.getLogger("peer.daemon")
 
 
+EXIT_WATCHDOG_S = 30.0  # once the peer is done, the longest its process may take to exit
+
+
 def run_peer(options: PeerOptions, *, metrics_port: Optional[int] = None) -> int:
     """Run a peer until the run finishes; SIGINT/SIGTERM leave the run cleanly and exit 0. With ``metrics_port``
     (0: any free port) it serves its metrics there for Prometheus, on the loopback address."""
+    code = _run_peer(options, metrics_port=metrics_port)
+    exit_within(EXIT_WATCHDOG_S, code)
+    return code
+
+
+def exit_within(seconds: float, code: int) -> None:
+    """The peer has left and written what it had to (checkpoint, final model); what remains is the interpreter's
+    exit (joining threads, atexit handlers). Should that hang — a finished peer of the suite's crash test once
+    did not exit in 180 s, cause not found — log every thread's stack, so the next one shows where, and exit
+    with ``code`` anyway instead of holding the machine."""
+    def fire() -> None:
+        logger.warning("the peer is done but its process has not exited %.0fs later; its threads:", seconds)
+        faulthandler.dump_traceback(all_threads=True)
+        sys.stderr.flush()
+        os._exit(code)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True  # it never delays an exit that happens
+    timer.start()
+
+
+def _run_peer(options: PeerOptions, *, metrics_port: Optional[int]) -> int:
     peer_ranks: Optional[PeerRanks] = None
     launched = torchrun_rank()
     if launched is not None:
