@@ -1,6 +1,7 @@
 """Shared test fixtures: reap every child process a test started, even when it fails."""
 
 import ctypes
+import gc
 import os
 import signal
 import sys
@@ -38,6 +39,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two workers share the machine's cores: one torch thread each, or their intra-op threads spin-wait on
     # each other (tests that need a thread count set it themselves, see one_torch_thread).
     torch.set_num_threads(1)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Before pytest formats a failure (it parses the test's source): finalize what the test abandoned. An asyncio
+    coroutine finalized while CPython 3.11 builds an AST breaks the parse ("AST constructor recursion depth
+    mismatch"), and pytest then aborts the whole run with an INTERNALERROR instead of reporting the one failure."""
+    if call.excinfo is not None:
+        gc.collect()
+    yield
 
 
 @pytest.fixture(scope="session", autouse=True)

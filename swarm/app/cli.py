@@ -30,8 +30,10 @@ def _setup_logging(verbose: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("hivemind", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    if hasattr(signal, "SIGUSR1"):
+    try:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # no SIGUSR1 here, or stderr is not a file (captured)
+        pass
 
 
 def _run_config(args: argparse.Namespace) -> RunConfig:
@@ -70,9 +72,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         lease_s=args.lease_s,
         config_given=args.config is not None,
         exit_grace_s=args.exit_grace_s,
-        http_port=args.http_port,
-        http_host=args.http_host,
-        linger_s=args.linger_s,
+        http_port=args.http_port, http_host=args.http_host, linger_s=args.linger_s,
     )
 
 
