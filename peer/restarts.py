@@ -2,7 +2,8 @@
 everything a peer needs (torch, hivemind, the trainer), and when that child dies — a crash, an out-of-memory
 kill, ``kill -9`` — the parent forks a new one at once, which rejoins from the same state dir without paying
 the imports again (~4 CPU-s of a cold start here, torch alone ~2.6 s). torchrun's ``--max-restarts`` does
-the same for its workers, from a cold interpreter.
+the same for its workers, from a cold interpreter. Processes that keep dying before they train are restarted
+after growing waits (``backoff_s``), not in a tight loop.
 
 What is restarted and what is not: a child killed by a signal, or one that ended on an exception nobody
 caught (exit ``CRASHED``). A peer that finished or left (0), was refused or misconfigured (2), or was
