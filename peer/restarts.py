@@ -20,6 +20,7 @@ device checks run in each child."""
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import importlib
 import logging
@@ -29,7 +30,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable
+from typing import Callable, NoReturn
 
 from peer import startup
 
@@ -53,7 +54,7 @@ def supervise(run: Callable[[], int], *, max_restarts: int, preload: tuple[str, 
     restarts were spent; the exit code to exit with. ``preload``: the modules the parent imports first."""
     for name in preload:
         importlib.import_module(name)
-    _become_subreaper()
+    become_subreaper()
     stopping: list[int] = []
     child: list[int] = []  # the running child's pid (the signal handlers read it)
     woken = threading.Event()  # a backoff's wait ends early on SIGINT/SIGTERM (no thread: set by the handler)
@@ -123,30 +124,36 @@ def _fork_child(run: Callable[[], int], trained_w: int) -> int:
         return pid
     startup.on_first_round = lambda: os.write(trained_w, b"t")
     # the child: the peer itself, with the signal handlers a fresh one has
-    code = CRASHED
+    code: object = CRASHED
     try:
         _die_with_parent(parent)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         code = run()
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        code = e.code
     except KeyboardInterrupt:
         code = 130
     except BaseException:  # noqa: BLE001  reported, and the parent restarts
         traceback.print_exc()
         code = CRASHED
     finally:
-        try:
-            threading._shutdown()  # as the interpreter ends: non-daemon threads first, then atexit
-            import atexit
+        exit_as_the_interpreter(code)
 
-            atexit._run_exitfuncs()
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code & 0xFF)
-    return 0  # not reached
+
+def exit_as_the_interpreter(code: object) -> NoReturn:
+    """End this (forked) process the way the interpreter ends a script: non-daemon threads joined, then the
+    atexit handlers, the streams flushed; ``code`` as SystemExit takes it (None: 0; not an int: printed, 1)."""
+    status = 0 if code is None else code if isinstance(code, int) else 1
+    try:
+        threading._shutdown()
+        atexit._run_exitfuncs()
+        if status == 1 and not isinstance(code, int):
+            print(code, file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(status & 0xFF)
 
 
 def _wait(pid: int) -> int:
@@ -174,7 +181,7 @@ def _end_leftovers() -> None:
     --p2p-port is free again for the next child; done once this process has no child left."""
     deadline = time.monotonic() + LEFTOVERS_WAIT_S
     while time.monotonic() < deadline:
-        for pid in _children():
+        for pid in children(os.getpid()):
             _signal(pid, signal.SIGKILL)
         try:
             while os.waitpid(-1, os.WNOHANG)[0]:
@@ -184,36 +191,52 @@ def _end_leftovers() -> None:
         time.sleep(0.01)  # SIGKILL is not instant, and a killed DHT process's p2pd is re-parented only then
 
 
-def _children() -> list[int]:
-    """This process's children (Linux /proc)."""
-    me, found = os.getpid(), []
+def children(parent: int) -> list[int]:
+    """The pids of ``parent``'s children (Linux /proc)."""
+    found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == parent:
                         found.append(int(entry))
             except (OSError, ValueError, IndexError):
                 pass  # gone meanwhile
     return found
 
 
+def peer_processes(supervisor: int) -> list[int]:
+    """The running peer process of the `swarm peer --max-restarts` whose pid is ``supervisor`` (a fork: a child
+    with its command line; [] between two), for soaks and benchmarks that kill it as a crash would."""
+    def cmdline(pid: int) -> bytes:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read()  # b"" for a zombie
+        except OSError:
+            return b""
+
+    own = cmdline(supervisor)
+    return [pid for pid in children(supervisor) if own and cmdline(pid) == own]
+
+
 def _die_with_parent(parent: int) -> None:
     """A SIGKILL for the child when the supervising parent dies (kill -9 of `swarm peer` ends the peer too)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-        if os.getppid() != parent:  # the parent died before the request took effect
-            os._exit(1)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
 
 
-def _become_subreaper() -> None:
-    """Orphans of a dead child (its DHT process, then p2pd) re-parent to this process, which reaps them."""
+def become_subreaper() -> None:
+    """Orphans of this process's descendants (a dead child's DHT process, then p2pd) re-parent to it instead of
+    init, so it sees and reaps them (also the test suite's reaper, tests/conftest.py)."""
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _prctl(option: int, value: int) -> None:
+    """Linux prctl(2); nothing elsewhere."""
     if sys.platform.startswith("linux"):
         try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
         except (OSError, AttributeError):
             pass
 

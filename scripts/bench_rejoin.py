@@ -35,6 +35,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from peer.restarts import peer_processes  # noqa: E402
 from swarm.app.status import status_to_dict  # noqa: E402
 from swarm.control.client import CoordinatorClient, CoordinatorError  # noqa: E402
 from swarm.control.joinstring import JoinString  # noqa: E402
@@ -124,12 +125,11 @@ class Bench:
     def restart(self, name: str) -> dict:
         log = self.workdir / f"{name}.log"
         before = self.peer_row(name)["rounds_joined"]
-        offset, respawn = log.stat().st_size, 0.0
+        offset, respawn = log.stat().st_size, 0.0  # the restarted process's lines come after this
         if self.args.supervised:
             restarted, respawn = time.monotonic(), self.kill_supervised_child(name)
         else:
             kill_group(self.peers[name])
-            offset = log.stat().st_size
             restarted = time.monotonic()
             self.start_peer(name)
         since = lambda: log.read_bytes()[offset:].decode(errors="replace")  # noqa: E731  this process's lines
@@ -151,23 +151,13 @@ class Bench:
 
     def kill_supervised_child(self, name: str) -> float:
         """kill -9 the peer process under ``name``'s supervisor; seconds from the kill to its successor's start."""
-        supervisor = psutil.Process(self.peers[name].pid)
-        def forks() -> list[psutil.Process]:  # the peer process: a fork, so the supervisor's command line
-            found = []
-            for c in supervisor.children():
-                try:
-                    if c.status() != psutil.STATUS_ZOMBIE and c.cmdline() == supervisor.cmdline():
-                        found.append(c)
-                except psutil.NoSuchProcess:
-                    pass
-            return found
-
-        (child,) = forks()
+        supervisor = self.peers[name].pid
+        (child,) = peer_processes(supervisor)
         killed = time.time()
-        child.kill()
-        successor = poll(lambda: [c for c in forks() if c.pid != child.pid], timeout_s=30,
+        os.kill(child, signal.SIGKILL)
+        successor = poll(lambda: [p for p in peer_processes(supervisor) if p != child], timeout_s=30,
                          what=f"{name}'s supervisor to start it again", alive=self.alive)[0]
-        return max(0.0, successor.create_time() - killed)  # create_time: the kernel's, to a clock tick
+        return max(0.0, psutil.Process(successor).create_time() - killed)  # the kernel's, to a clock tick
 
     def alive(self) -> bool:
         return all(proc.poll() is None for proc in [*self.peers.values(), self.coordinator])

@@ -30,12 +30,12 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from peer.restarts import peer_processes  # noqa: E402
 from swarm.control.client import CoordinatorClient, CoordinatorError  # noqa: E402
 from swarm.control.joinstring import JoinString  # noqa: E402
 from swarm.app.run_progress import RunProgress  # noqa: E402
 from swarm.app.status import format_bytes, status_to_dict  # noqa: E402
 from rich.console import Console  # noqa: E402
-import psutil  # noqa: E402
 
 
 def spawn(args: list[str], log: Path, stdout=None) -> subprocess.Popen:
@@ -101,13 +101,11 @@ class Soak:
     def kill_peer_process(self, name: str) -> None:
         """--supervised: kill -9 the peer process under ``name``'s supervisor (a fork: the supervisor's command
         line), as a crash or an out-of-memory kill would end it; the supervisor starts the next one."""
-        supervisor = psutil.Process(self.peers[name].pid)
-        for child in supervisor.children():
+        for pid in peer_processes(self.peers[name].pid):
             try:
-                if child.status() != psutil.STATUS_ZOMBIE and child.cmdline() == supervisor.cmdline():
-                    child.kill()
-            except psutil.NoSuchProcess:
-                pass
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # it died on its own meanwhile
 
     @staticmethod
     def rounds_joined(status: Optional[dict], name: str) -> int:

@@ -1,39 +1,25 @@
 """Shared test fixtures: reap every child process a test started, even when it fails."""
 
-import ctypes
 import gc
 import os
 import signal
-import sys
 
 import psutil
 import pytest
 import torch
 
 import swarm.net  # noqa: F401  before any test imports hivemind: keeps scipy.optimize unloaded until used
+from peer.restarts import become_subreaper  # noqa: E402
 
 # hypothesis's pytest plugin imports hypothesis at the terminal summary when no test did; pytest then parses its
 # modules (assertion rewriting) while abandoned asyncio coroutines are finalized, which CPython 3.11 can break
 # ("AST constructor recursion depth mismatch", exit 1 after every test passed). Imported here, nothing is left late.
 import hypothesis  # noqa: E402,F401
 
-_PR_SET_CHILD_SUBREAPER = 36
-
-
-def _become_subreaper() -> None:
-    """Make orphans re-parent to this process instead of init, so the reaper below still sees them.
-
-    A test that SIGKILLs a coordinator or peer would otherwise orphan its hivemind DHT process (a fork)
-    and that process's p2pd, which then outlive the test session.
-    """
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-
-
-_become_subreaper()
+# Orphans re-parent to this process instead of init, so the reaper below still sees them: a test that SIGKILLs a
+# coordinator or peer would otherwise orphan its hivemind DHT process (a fork) and that process's p2pd, which then
+# outlive the test session.
+become_subreaper()
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two workers share the machine's cores: one torch thread each, or their intra-op threads spin-wait on

@@ -11,7 +11,6 @@ interpreters: a user's restart pays the imports, and what they measure must too.
 
 from __future__ import annotations
 
-import atexit
 import multiprocessing
 import os
 import signal
@@ -22,6 +21,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Optional
+
+from peer.restarts import exit_as_the_interpreter
 
 # swarm.net first: it keeps hivemind's scipy import deferred (swarm/net/deferred_imports.py), as the CLI does
 PRELOAD = ["swarm.net", "torch", "hivemind", "grpc", "swarm.app.cli", "peer.run", "coordinator.server"]
@@ -75,16 +76,7 @@ def _run_cli(argv: list[str], stdout: str, stderr: str, env: dict[str, str], cwd
         traceback.print_exc()
         code = 1
     finally:
-        threading._shutdown()  # what Py_Finalize does first: wait for the non-daemon threads
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    os._exit(code & 0xFF)
+        exit_as_the_interpreter(code)  # as `swarm peer --max-restarts` ends its forked peers
 
 
 class LaunchedCli:

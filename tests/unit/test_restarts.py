@@ -14,6 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from peer.restarts import peer_processes
+
 from tests.integration.harness import poll
 
 pytestmark = pytest.mark.timeout(60)
@@ -123,6 +125,7 @@ def test_kill_9_of_the_supervisor_ends_the_peer_process_too(tmp_path: Path) -> N
     proc = supervise(tmp_path, "wait", 5)
     poll(lambda: starts(tmp_path) == 1, timeout_s=20, what="the first start")
     child = psutil.Process(int((tmp_path / "starts" / "start-0").read_text()))
+    assert peer_processes(proc.pid) == [child.pid]  # what the soaks and benchmarks kill
     proc.kill()
     proc.wait(timeout=10)
     # the parent-death signal (peer/restarts.py): the orphan is re-parented to this test process (a subreaper)
