@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable, Iterator, Optional
 
-from coordinator import admission, membership, round_opening, rounds, tokens
+from coordinator import admission, membership, offline_votes, round_opening, rounds, tokens
 from coordinator.errors import BadRequest, PeerGone, Rejection, UnknownPeer
 from coordinator.history import history_page
 from coordinator.records import COMMITTED, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
@@ -182,6 +182,8 @@ class CoordinatorEngine:
             self._settle(now)
 
     def report(self, req: pb.ReportRoundRequest) -> pb.RoundInfo:
+        votes = offline_votes.checked_votes(req, run_id=self._run.run_id, coordinator_public_key=self.public_key,
+                                            now=self._clock()) if req.group_votes else {}  # outside the lock
         with self._session() as now:
             peer = membership.check_member(req.peer_id, self._peers.get(req.peer_id))
             if req.round < 1:
@@ -190,6 +192,9 @@ class CoordinatorEngine:
             if self._open is None or req.round != self._open.round:
                 return self._info(req.round)  # late or early: nothing to decide, say how it stands
             report = report_record(req, now)
+            adopted = self._reports.adopt(self._open, votes, reporter=req.peer_id, peers=self._peers, now=now)
+            if adopted is not self._open:  # the group decided this round during an outage, with other members
+                self._save_round(adopted)
             if self._reports.add(report):
                 log = logger.info if req.ok else logger.warning
                 log("peer %s: round %d: reported %s%s", req.peer_id, req.round,

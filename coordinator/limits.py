@@ -22,6 +22,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from coordinator.errors import BadRequest
+from swarm.core.round_vote import MAX_SENT_VOTES
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +114,9 @@ def _message_problem(message: Message, prefix: str) -> Optional[str]:
         where = prefix + field.name
         if field.message_type is not None:
             items = value if field.is_repeated else [value]
-            if len(items) > MAX_OTHER_LIST:
-                return f"{where} has {len(items)} entries, more than {MAX_OTHER_LIST}"
+            cap = MAX_SENT_VOTES if field.name == "group_votes" else MAX_OTHER_LIST
+            if len(items) > cap:
+                return f"{where} has {len(items)} entries, more than {cap}"
             for item in items:
                 problem = _message_problem(item, where + ".")
                 if problem:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
-from coordinator import rounds
-from coordinator.records import ReportRecord
+from coordinator import offline_votes, rounds
+from coordinator.records import PeerRecord, ReportRecord, RoundRecord
 from coordinator.store import Store
 from swarm.core import commit_rule
+from swarm.core.round_vote import Vote
 from swarm.v1 import coordinator_pb2 as pb
 
 
@@ -28,9 +29,9 @@ class RoundReports:
 
     def add(self, report: ReportRecord) -> bool:
         """Keep ``report``, in the store too; False when this peer already reported (the first one stands),
-        except that a restarted peer's own report replaces the placeholder its restart left."""
+        except that a peer's own report replaces a stand-in or placeholder (``rounds.precedence``)."""
         earlier = self._reports.get(report.peer_id)
-        if earlier is not None and rounds.is_restart_placeholder(earlier) and not rounds.is_restart_placeholder(report):
+        if earlier is not None and rounds.precedence(report) > rounds.precedence(earlier):
             self._store.replace_report(report)
         elif not self._store.add_report(report):
             return False
@@ -44,6 +45,18 @@ class RoundReports:
 
     def __len__(self) -> int:
         return len(self._reports)
+
+    def adopt(self, round_row: RoundRecord, votes: Mapping[str, Vote], *, reporter: str,
+              peers: Mapping[str, PeerRecord], now: float) -> RoundRecord:
+        """The open round as the group that decided it by ``votes`` had it, the votes of its members whose process
+        is gone kept as their reports (``coordinator.offline_votes``); ``round_row`` itself when nothing changed."""
+        if not votes:
+            return round_row
+        adopted, stand_ins = offline_votes.adopt(round_row, self._reports, votes, reporter=reporter, peers=peers,
+                                                 now=now)
+        for stand_in in stand_ins:
+            self.add(stand_in)
+        return adopted
 
     def by_peer_id(self) -> list[ReportRecord]:
         return sorted(self._reports.values(), key=lambda r: r.peer_id)

@@ -28,10 +28,23 @@ class Decision:
 
 
 RESTARTED = "it restarted"  # the error of the placeholder report a restarted participant's old process leaves
+BY_VOTE = "its group's signed vote"  # the error of a stand-in report made from a gone process's DHT vote
 
 
 def is_restart_placeholder(report: ReportRecord) -> bool:
     return not report.ok and report.error == RESTARTED and not report.state_hash
+
+
+def is_stand_in(report: ReportRecord) -> bool:
+    """A report made from the signed DHT vote of a process that is gone (``coordinator.offline_votes``): it
+    counts for the commit rule, but its peer does not hold what it voted for."""
+    return report.error == BY_VOTE
+
+
+def precedence(report: ReportRecord) -> int:
+    """Which of a peer's reports of a round stands: its own (2) over a stand-in from its vote (1) over its
+    restart's placeholder (0)."""
+    return 0 if is_restart_placeholder(report) else 1 if is_stand_in(report) else 2
 
 
 def decide_round(
@@ -80,7 +93,7 @@ def decide_round(
         return Decision(round=decided, decided=True, reason=decided.reason,
                         missed=tuple(participants) + round_row.left_out)
     by_peer = {r.peer_id: r for r in counted}
-    holding = set(verdict.holders)
+    holding = {p for p in verdict.holders if not is_stand_in(by_peer[p])}
     holders = tuple(p for p in participants if p in holding)
     decided = dataclasses.replace(
         round_row, outcome=COMMITTED, decided_at=now, committed_hash=verdict.committed_hash, holders=holders,

@@ -39,6 +39,15 @@ class PeerExit(Exception):
 
 
 @dataclass(frozen=True)
+class GroupDecided:
+    """A round decided by the group's DHT votes (the coordinator's commit rule on a complete set)."""
+
+    committed_hash: Optional[str]  # None: void
+    holders: list[str]  # the DHT ids of the members that hold the committed state
+    votes: list[pb.SignedVote]  # every member's vote as it signed it, for the coordinator to count
+
+
+@dataclass(frozen=True)
 class Backlogged:
     """A round the group decided without the coordinator, to report once it is back."""
 
@@ -62,7 +71,7 @@ class CoordinatorLink:
         self.last_group: Optional[set[str]] = None
         self.processes: dict[str, str] = {}  # the open round's participants' libp2p ids (current_processes)
         self.live_peers = 0
-        self.group_decision: Callable[[Vote], Optional[tuple[Optional[str], list[str]]]] = lambda vote: None
+        self.group_decision: Callable[[Vote], Optional[GroupDecided]] = lambda vote: None
         self.param_count = 0  # of this peer's model, carried by every report
         self._choices: dict[int, pb.RoundChoice] = {}  # round -> the controller's choice, as the coordinator said
         self.plans: dict[int, pb.RoundPlan] = {}  # the time budgets of the latest rounds seen, by round
@@ -210,11 +219,13 @@ class CoordinatorLink:
                 logger.warning("%s %s; not every groupmate's vote arrived, waiting for the coordinator",
                                self.tag(vote.round_no), error)
             return None
-        committed, holders = decided
+        committed = decided.committed_hash
+        # the votes go with the report: a member whose process dies before it can report still counts
+        request.group_votes.extend(decided.votes)
         self.backlog.append(Backlogged(request, committed))
         logger.warning("%s coordinator unreachable; round decided by the group's votes: %s", self.tag(vote.round_no),
                        f"committed {committed}" if committed else "voided")
-        return Decision(vote.round_no, committed, by_group=True, holders=holders)
+        return Decision(vote.round_no, committed, by_group=True, holders=decided.holders)
 
     def await_decision(self, round_no: int, fallback=None):
         """The coordinator's RoundInfo once it decided ``round_no`` (or ``fallback``'s Decision, tried once

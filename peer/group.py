@@ -9,6 +9,7 @@ import math
 import statistics
 from typing import Callable, Mapping, Optional
 
+from peer.coordinator_link import GroupDecided
 from peer.faults import FaultPlan
 from swarm.config import RunConfig
 from swarm.config.run import CODEC_NAMES
@@ -22,7 +23,7 @@ from swarm.net.rendezvous import Member, group_key, participation_scale, rendezv
 from swarm.net.transport import Transport
 from swarm.net.two_level import TwoLevelExchange, bytes_by_site
 from swarm.net.votes import Vote as DhtVote
-from swarm.net.votes import collect_votes, group_decision, post_vote
+from swarm.net.votes import MAX_SENT_VOTES, collect_votes, group_decision, group_id, post_vote
 from swarm.train.round import Averaged, SyncFailed, Vote
 from swarm.train.trainer import Contribution
 from swarm.v1 import coordinator_pb2 as pb
@@ -128,20 +129,22 @@ class DhtGroup:
     def post(self, vote: Vote) -> None:
         post_vote(self.transport.dht, self.key(vote.round_no, vote.fragment),
                   DhtVote(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, ok=vote.ok,
-                          state_hash=vote.state_hash), member=self.member, ttl_s=VOTE_TTL_S)
+                          state_hash=vote.state_hash, group=group_id(vote.group) if vote.ok else ""),
+                  member=self.member, ttl_s=VOTE_TTL_S)
 
-    def group_decision(self, vote: Vote) -> Optional[tuple[Optional[str], list[str]]]:
+    def group_decision(self, vote: Vote) -> Optional[GroupDecided]:
         """The group's own decision on ``vote``'s round by the commit rule, once every groupmate's vote is
-        in the DHT: (committed hash or None for void, its holders' DHT ids); None when some are missing."""
+        in the DHT; None when some are missing."""
         if not vote.group:
             return None
-        votes = collect_votes(self.transport.dht, self.key(vote.round_no, vote.fragment), vote.group,
-                              member=self.member, timeout_s=self.run.rounds.exchange_timeout_s)
-        if votes is None:
+        ballots = collect_votes(self.transport.dht, self.key(vote.round_no, vote.fragment), vote.group,
+                                member=self.member, timeout_s=self.run.rounds.exchange_timeout_s)
+        if ballots is None:
             return None
-        committed = group_decision(votes)
-        holders = [v.dht_peer_id for v in votes.values() if v.ok and v.state_hash == committed] if committed else []
-        return committed, holders
+        committed = group_decision(ballots.votes)
+        holders = [v.dht_peer_id for v in ballots.votes.values() if v.ok and v.state_hash == committed] \
+            if committed else []
+        return GroupDecided(committed, holders, signed_votes(ballots.signed))
 
 
 def round_codec(choice: Optional[pb.RoundChoice], run_codec: str) -> str:
@@ -173,3 +176,12 @@ def group_shares(choice: Optional[pb.RoundChoice], group: list) -> Optional[list
     if not all(math.isfinite(s) and s > 0 for s in shares):
         raise SyncFailed(f"the coordinator's shares {shares} are not all positive; the round cannot be reduced.")
     return shares
+
+
+def signed_votes(signed: Mapping[str, dict]) -> list[pb.SignedVote]:
+    """A group's votes as the coordinator receives them with a report of the round the group decided alone
+    (none for a group too large to send them all: the coordinator then counts its members' own reports only)."""
+    if len(signed) > MAX_SENT_VOTES:
+        return []
+    return [pb.SignedVote(peer_id=peer_id, key=value["key"], body=value["body"], credential=value["credential"],
+                          signature=value["signature"]) for peer_id, value in sorted(signed.items())]

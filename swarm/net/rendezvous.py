@@ -21,6 +21,7 @@ from typing import Callable, Mapping, Optional
 import hivemind
 
 from swarm.core import credential
+from swarm.core.round_vote import group_key
 from swarm.net.dht_entries import read_entries, store_entry
 
 logger = logging.getLogger(__name__)
@@ -39,10 +40,6 @@ class Member:
     site: str = ""  # its credential's site (a reader refuses an entry whose site is not its credential's)
     plan: str = ""  # digest of the round's controller choice (codec and shares) it applies ("": controller off)
     bulk: str = ""  # host:port of its bulk channel (swarm.net.bulk_channel; "": none, its slices go over libp2p)
-
-
-def group_key(run_id: str, round_no: int, fragment: int = 0) -> str:
-    return f"{run_id}.round{round_no}.fragment{fragment}"
 
 
 def group_digest(members: list[Member]) -> str:

@@ -15,27 +15,28 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import hivemind
 
 from swarm.core import commit_rule
 from swarm.core.credential import Member
-from swarm.net.dht_entries import read_entries, store_entry
+from swarm.core.round_vote import MAX_SENT_VOTES, Vote, group_id, vote_key
+from swarm.net.dht_entries import read_signed_entries, store_entry
+
+__all__ = ["MAX_SENT_VOTES", "Ballots", "Vote", "collect_votes", "group_decision", "group_id", "post_vote",
+           "vote_key"]
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Vote:
-    peer_id: str
-    dht_peer_id: str
-    ok: bool
-    state_hash: str
+@dataclass(frozen=True)
+class Ballots:
+    """A group's complete votes, by member, each with the signed DHT value it came in: a member passes those
+    on to the coordinator, which checks the signatures itself (``coordinator.offline_votes``)."""
 
-
-def vote_key(group_key: str) -> str:
-    return f"{group_key}.votes"
+    votes: dict[str, Vote]
+    signed: dict[str, dict[str, Any]]
 
 
 def post_vote(dht: hivemind.DHT, group_key: str, vote: Vote, *, member: Member, ttl_s: float) -> None:
@@ -43,13 +44,14 @@ def post_vote(dht: hivemind.DHT, group_key: str, vote: Vote, *, member: Member, 
 
 
 def collect_votes(dht: hivemind.DHT, group_key: str, members: list[str], *, member: Member, timeout_s: float,
-                  poll_s: float = 0.2) -> Optional[dict[str, Vote]]:
+                  poll_s: float = 0.2) -> Optional[Ballots]:
     """Every member's vote (signed by that member), or None when some are still missing after timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:
-        votes = {p: v for p, v in read_entries(dht, vote_key(group_key), Vote, member=member).items() if p in members}
+        found = read_signed_entries(dht, vote_key(group_key), Vote, member=member)
+        votes = {p: v for p, (v, _) in found.items() if p in members}
         if set(votes) == set(members):
-            return votes
+            return Ballots(votes, {p: found[p][1] for p in members})
         if time.monotonic() >= deadline:
             logger.info("%s: %d of %d votes arrived", group_key, len(votes), len(members))
             return None

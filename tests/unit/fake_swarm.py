@@ -17,7 +17,9 @@ import torch
 from coordinator.engine import CoordinatorEngine
 from coordinator.servicer import CoordinatorServicer
 from coordinator.store import Store
+from peer.coordinator_link import GroupDecided
 from peer.daemon import PeerDaemon
+from peer.group import signed_votes
 from peer.options import PeerOptions
 from peer.parts import PeerParts
 from swarm.config import RunConfig
@@ -29,8 +31,12 @@ from swarm.core.codec import get_codec
 from swarm.core import commit_rule
 from swarm.core.credential import PeerKey
 from swarm.core.state import GlobalState
+from swarm.net.dht_entries import sign_entry
 from swarm.net.libp2p_identity import Libp2pIdentity
+from swarm.net.rendezvous import group_key
 from swarm.net.state_transfer import StateUnavailable
+from swarm.net.votes import Vote as DhtVote
+from swarm.net.votes import group_id, vote_key
 from swarm.train.round import Averaged, SyncFailed, Vote
 from swarm.train.trainer import Contribution
 from swarm.v1 import coordinator_pb2 as pb
@@ -125,7 +131,7 @@ class FakeNet:
         self.run, self.cond = run, threading.Condition()
         self.contributions: dict[tuple, dict[str, tuple[int, Contribution]]] = {}
         self.groups: dict[tuple, tuple[list[str], torch.Tensor]] = {}
-        self.votes: dict[tuple, dict[str, tuple[Vote, str]]] = {}
+        self.votes: dict[tuple, dict[str, tuple[Vote, str, Optional[dict]]]] = {}  # vote, DHT id, signed value
         self.published: dict[str, GlobalState] = {}
         self.codecs: dict[tuple, dict[str, str]] = {}  # key -> peer id -> the codec it sent with
         self.links: Callable[[str, int], tuple[float, float]] = lambda peer_id, round_no: (math.nan, math.nan)
@@ -171,13 +177,13 @@ class FakeNet:
             return Averaged(average=average, group=list(members), bytes_sent=4 * average.numel(), upload_mbit_s=up,
                             download_mbit_s=down)
 
-    def post(self, key: tuple, peer_id: str, dht_id: str, vote: Vote) -> None:
+    def post(self, key: tuple, peer_id: str, dht_id: str, vote: Vote, signed: Optional[dict] = None) -> None:
         with self.cond:
             if self.drop_votes_from is not None and key[0] >= self.drop_votes_from:
                 self.dropped.setdefault(key[0], set()).add(peer_id)
                 self.cond.notify_all()
                 return
-            self.votes.setdefault(key, {})[peer_id] = (vote, dht_id)
+            self.votes.setdefault(key, {})[peer_id] = (vote, dht_id, signed)
             self.cond.notify_all()
 
     def group_decision(self, key: tuple, group: list[str]):
@@ -188,17 +194,19 @@ class FakeNet:
             votes = {p: self.votes[key][p] for p in group}  # the DHT read keeps the group's votes only
             members = frozenset(group)
             committed = commit_rule.decide(
-                [commit_rule.Claim(p, v.ok, v.state_hash, members) for p, (v, _) in votes.items()], members,
+                [commit_rule.Claim(p, v.ok, v.state_hash, members) for p, (v, _, _) in votes.items()], members,
             ).committed_hash
-            holders = [d for v, d in votes.values() if v.ok and v.state_hash == committed]
-            return committed, holders
+            holders = [d for v, d, _ in votes.values() if v.ok and v.state_hash == committed]
+            signed = {p: value for p, (_, _, value) in votes.items() if value is not None}
+            return GroupDecided(committed, holders, signed_votes(signed) if len(signed) == len(votes) else [])
 
 
 class FakeGroup:
     def __init__(self, net: FakeNet, transport: FakeTransport, *, peer_id: str, peer_index: int, planned,
-                 round_choice=None) -> None:
+                 round_choice=None, member=None, run_id: str = "") -> None:
         self.net, self.transport, self.peer_id, self.peer_index, self.planned = net, transport, peer_id, peer_index, planned
         self.round_choice = round_choice or (lambda round_no: None)
+        self.member, self.run_id = member, run_id  # with a member, votes are signed as in the DHT
         self.live_peers = 0
 
     def average(self, round_no: int, contribution: Contribution) -> Averaged:
@@ -207,7 +215,12 @@ class FakeGroup:
                                 lambda: self.planned(round_no), codec=choice.codec if choice is not None else None)
 
     def post(self, vote: Vote) -> None:
-        self.net.post((vote.round_no, vote.fragment), self.peer_id, self.transport.peer_id, vote)
+        signed = None
+        if self.member is not None:
+            entry = DhtVote(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, ok=vote.ok,
+                            state_hash=vote.state_hash, group=group_id(vote.group) if vote.ok else "")
+            signed = sign_entry(self.member, vote_key(group_key(self.run_id, vote.round_no, vote.fragment)), entry)
+        self.net.post((vote.round_no, vote.fragment), self.peer_id, self.transport.peer_id, vote, signed)
 
     def group_decision(self, vote: Vote):
         return self.net.group_decision((vote.round_no, vote.fragment), vote.group)
@@ -268,7 +281,7 @@ class FakeParts(PeerParts):
     def group(self, transport, run, *, run_id, peer_id, peer_index, planned, faults, member=None,
               round_choice=None, processes=dict) -> FakeGroup:  # the fake DHT keeps no entry of a dead process
         return FakeGroup(self.net, transport, peer_id=peer_id, peer_index=peer_index, planned=planned,
-                         round_choice=round_choice)
+                         round_choice=round_choice, member=member, run_id=run_id)
 
     def state_transfer(self, transport, *, run_id, timeout_s, member=None) -> FakeTransfer:
         return FakeTransfer(self.net, transport)

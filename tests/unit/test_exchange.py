@@ -361,7 +361,7 @@ def test_votes_forged_for_another_peer_are_ignored(peers: list[Peer]) -> None:
     attacker.transport.dht.store(vote_key(key), subkey=a.name, value=sign_entry(attacker.credential, vote_key(key), forged),
                                  expiration_time=get_dht_time() + 60)
 
-    assert collect_votes(a.transport.dht, key, [b.name], member=a.credential, timeout_s=5) == {b.name: honest}
+    assert collect_votes(a.transport.dht, key, [b.name], member=a.credential, timeout_s=5).votes == {b.name: honest}
     assert collect_votes(a.transport.dht, key, [a.name, b.name], member=a.credential, timeout_s=0.5) is None
 
 

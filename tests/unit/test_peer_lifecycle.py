@@ -72,6 +72,9 @@ def test_a_coordinator_outage_is_bridged_by_group_decisions_that_it_confirms_aft
     # the group goes on alone: rounds decided from the DHT votes pile up in each peer's backlog
     wait_until(lambda: all(p.daemon_.link.backlog and PeerState.OFFLINE_DECIDING in p.states for p in (a, b)),
                what="a round run and decided by the group alone")
+    # each report of such a round carries the group's signed votes (coordinator/offline_votes.py checks them)
+    entry = a.daemon_.link.backlog[0]
+    assert {v.peer_id for v in entry.request.group_votes} == {a.daemon_.peer_id, b.daemon_.peer_id}
     coordinator.down.clear()
     assert finish(a, b) == [0, 0]
     assert a.trainer.state.state_hash == b.trainer.state.state_hash and a.trainer.round_no == 4

@@ -1,0 +1,98 @@
+"""A member's signed entry: what it posts in the DHT (group entries, votes), checkable by anyone who holds the
+run's coordinator key: the members, and the coordinator itself (a group's votes reach it with a report).
+
+An entry is ``{"key", "body", "credential", "signature"}``: ``body`` is the entry (a dataclass, as JSON),
+``credential`` the poster's membership credential from the coordinator, ``signature`` the poster's signature of
+the key and the body (an entry cannot be replayed under another round's key). Plain Python, no DHT:
+``swarm.net.dht_entries`` stores and reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, fields
+from typing import Any, TypeVar
+
+from swarm.core.credential import CredentialError, Member, verify_credential, verify_signature
+
+T = TypeVar("T")
+
+ENTRY_PURPOSE = "dht-entry"
+MAX_BODY_BYTES = 1024  # an entry's JSON is ~200 bytes; a larger one is refused unparsed
+
+
+class EntryRejected(ValueError):
+    """An entry that is not believed; the message says why."""
+
+
+def _signed_message(key: str, body: bytes) -> bytes:
+    return key.encode() + b"\0" + body
+
+
+def sign_entry(member: Member, key: str, entry: Any) -> dict[str, Any]:
+    """The DHT value that stands for ``entry`` under ``key``, signed by ``member``. The key travels in
+    clear too: DHT nodes see only its hash, and their ``EntryValidator`` checks the signature with it."""
+    body = json.dumps(asdict(entry), sort_keys=True, separators=(",", ":")).encode()
+    return {"key": key, "body": body, "credential": bytes(member.credential),
+            "signature": member.key.sign(ENTRY_PURPOSE, _signed_message(key, body))}
+
+
+def verify_signed(value: Any, *, key: str, subkey: Any, cls: type[T], coordinator_public_key: bytes, run_id: str,
+                  now: float) -> T:
+    """The entry of type ``cls`` in a signed value posted under ``key`` and ``subkey``, if it checks out against the
+    run's coordinator key; EntryRejected with the reason otherwise."""
+    signed = signed_fields(value, key=key, subkey=subkey, coordinator_public_key=coordinator_public_key,
+                           run_id=run_id, now=now)
+    try:
+        return cls(**_typed_fields(signed, cls))
+    except (ValueError, TypeError) as e:
+        raise EntryRejected(f"malformed {cls.__name__} ({e})") from None
+
+
+def signed_fields(value: Any, *, key: str, subkey: Any, coordinator_public_key: bytes, run_id: str,
+                  now: float) -> dict[str, Any]:
+    """The fields of a signed entry for ``key`` under ``subkey`` whose poster's credential is current and
+    names the same peer and libp2p id as the entry; EntryRejected with the reason otherwise."""
+    if not isinstance(value, dict) or not all(isinstance(value.get(f), bytes) for f in ("body", "credential", "signature")):
+        raise EntryRejected("not a signed entry")
+    body = value["body"]
+    if len(body) > MAX_BODY_BYTES:
+        raise EntryRejected(f"body of {len(body)} bytes, over {MAX_BODY_BYTES}")
+    try:
+        credential = verify_credential(value["credential"], coordinator_public_key, run_id=run_id, now=now)
+    except CredentialError as e:
+        raise EntryRejected(str(e)) from None
+    if not verify_signature(credential.public_key, value["signature"], ENTRY_PURPOSE, _signed_message(key, body)):
+        raise EntryRejected(f"not signed by {credential.peer_id} for this key")
+    try:
+        signed = json.loads(body.decode())
+    except ValueError:
+        raise EntryRejected("body is not JSON") from None
+    if not isinstance(signed, dict):
+        raise EntryRejected("body is not an object")
+    if not credential.peer_id == subkey == signed.get("peer_id"):
+        raise EntryRejected(f"credential of {credential.peer_id} on an entry of {str(signed.get('peer_id'))[:64]!r} "
+                            f"under subkey {str(subkey)[:64]!r}")
+    if signed.get("dht_peer_id") != credential.dht_peer_id:
+        raise EntryRejected(f"libp2p id {str(signed.get('dht_peer_id'))[:64]!r} is not the credential's")
+    if "site" in signed and signed["site"] != credential.site:
+        raise EntryRejected(f"site {str(signed['site'])[:64]!r} is not the credential's {credential.site[:64]!r}")
+    return signed
+
+
+_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
+
+
+def _typed_fields(decoded: Any, cls: type) -> dict[str, Any]:
+    """The decoded fields if each has its field's type (floats finite); TypeError otherwise."""
+    if not isinstance(decoded, dict):
+        raise TypeError("not an object")
+    declared = {f.name: str(f.type) for f in fields(cls)}
+    for name, value in decoded.items():
+        allowed = _TYPES.get(declared.get(name, ""), ())
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise TypeError(f"field {name[:32]!r} is missing from {cls.__name__} or has the wrong type")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise TypeError(f"field {name!r} is not finite")
+    return {name: float(v) if declared[name] == "float" else v for name, v in decoded.items()}

@@ -1,0 +1,209 @@
+"""A round a group decided by its signed DHT votes while the coordinator was down is taken as the group decided
+it, also when members died meanwhile and the coordinator, back, opened the round with other peers.
+
+The scenario is a chaos soak's (docs/BENCHMARKS.md, "Session 12"): five peers decided a round by their votes
+during an outage, two of them were restarted, the restarted coordinator opened the round with the peers ready
+then, ignored the survivors' reports (their group named peers outside the round) and committed a restarted
+peer's lone round; the survivors had to resync.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from coordinator.engine import CoordinatorEngine
+from coordinator.errors import BadRequest
+from coordinator.offline_votes import checked_votes
+from coordinator.records import READY
+from coordinator.store import Store
+from peer.group import signed_votes
+from swarm.config import RoundConfig, RunConfig
+from swarm.core.credential import Member, PeerKey
+from swarm.core.round_vote import Vote, group_id, group_key, vote_key
+from swarm.core.signed_entry import sign_entry
+from swarm.v1 import coordinator_pb2 as pb
+from tests.unit.fake_swarm import engine_join
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclasses.dataclass
+class Peer:
+    key: PeerKey
+    peer_id: str
+    dht_id: str
+    member: Member
+
+
+def join(engine: CoordinatorEngine, name: str, *, key: PeerKey | None = None) -> Peer:
+    """A peer (a new process of ``key``'s peer) joined, with its credential, and ready."""
+    key = key or PeerKey.generate()
+    dht_id = f"dht-{name}"
+    record, _ = engine_join(engine, key=key, dht_peer_id=dht_id)
+    member = Member(key=key, credential=engine.issue_credential(record.peer_id), run_id=engine.run.run_id,
+                    coordinator_public_key=engine.public_key)
+    peer = Peer(key, record.peer_id, dht_id, member)
+    beat(engine, peer)
+    return peer
+
+
+def beat(engine: CoordinatorEngine, peer: Peer, state: int = READY) -> None:
+    engine.heartbeat(pb.HeartbeatRequest(peer_id=peer.peer_id, metrics=pb.PeerMetrics(
+        state=state, state_round=0, state_hash=engine.run.initial_hash, model_fingerprint=engine.run.model_fingerprint,
+        param_count=1000, dht_peer_id=peer.dht_id)))
+
+
+def vote(engine: CoordinatorEngine, peer: Peer, round_no: int, state_hash: str, group: list[Peer], *,
+         fragment: int = 0, ok: bool = True) -> dict:
+    entry = Vote(peer_id=peer.peer_id, dht_peer_id=peer.dht_id, ok=ok, state_hash=state_hash,
+                 group=group_id([p.peer_id for p in group]) if ok else "")
+    return sign_entry(peer.member, vote_key(group_key(engine.run.run_id, round_no, fragment)), entry)
+
+
+def group_report(engine: CoordinatorEngine, reporter: Peer, round_no: int, state_hash: str, group: list[Peer],
+                 votes: dict[str, dict] | None = None) -> pb.ReportRoundRequest:
+    """What a member sends for a round its group decided by these votes (by default every member's, for the hash)."""
+    if votes is None:
+        votes = {p.peer_id: vote(engine, p, round_no, state_hash, group) for p in group}
+    request = pb.ReportRoundRequest(peer_id=reporter.peer_id, round=round_no, ok=True, state_hash=state_hash,
+                                    group=[p.peer_id for p in group], inner_steps=10, loss=2.0)
+    request.group_votes.extend(signed_votes(votes))
+    return request
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def make_engine(clock: FakeClock) -> CoordinatorEngine:
+    config = RunConfig(rounds=RoundConfig(round_timeout_s=100.0, min_peers=2, report_grace_s=10.0))
+    return CoordinatorEngine(Store(":memory:"), config=config, lease_s=30.0, clock=clock)
+
+
+def test_the_groups_round_commits_with_the_votes_of_its_dead_members_and_only_the_living_hold_it(clock) -> None:
+    engine = make_engine(clock)
+    s1, r1 = join(engine, "s1"), join(engine, "r1-old")
+    assert set(engine.round_info(s1.peer_id, 1).participants) == {s1.peer_id, r1.peer_id}
+    # r1 died and its new process took part in the round the coordinator opened, alone: a group of 1 has its quorum
+    r1_new = join(engine, "r1-new", key=r1.key)
+    engine.report(pb.ReportRoundRequest(peer_id=r1_new.peer_id, round=1, ok=True, state_hash="lone",
+                                        group=[r1.peer_id], inner_steps=3))
+    s2, s3, r2 = join(engine, "s2"), join(engine, "s3"), join(engine, "r2-old")  # not in the round
+    group = [s1, s2, s3, r1, r2]
+    # the group's votes, as r1's and r2's old processes posted them in the DHT before they died
+    votes = {p.peer_id: vote(engine, p, 1, "g", group) for p in group}
+    join(engine, "r2-new", key=r2.key)
+    engine.report(group_report(engine, s1, 1, "g", group, votes))
+    info = engine.round_info(s1.peer_id, 1)
+    assert set(info.participants) == {p.peer_id for p in group}  # the round is the group's now
+    assert info.outcome == pb.ROUND_OUTCOME_OPEN  # s2 and s3 are alive in the processes that voted: they report
+    for survivor in (s2, s3):
+        engine.report(group_report(engine, survivor, 1, "g", group, votes))
+    decided = engine.round_info(s1.peer_id, 1)
+    assert decided.outcome == pb.ROUND_OUTCOME_COMMITTED and decided.committed_hash == "g"
+    # r2's vote counted (its process is gone); r1's own later report stands over its old vote; neither holds "g"
+    assert set(decided.holders) == {s1.dht_id, s2.dht_id, s3.dht_id}
+
+
+def test_without_the_votes_the_survivors_reports_are_ignored_and_the_lone_round_commits(clock) -> None:
+    """The behaviour the votes fix: the same reports, sent without the group's votes."""
+    engine = make_engine(clock)
+    s1, r1 = join(engine, "s1"), join(engine, "r1-old")
+    r1_new = join(engine, "r1-new", key=r1.key)
+    engine.report(pb.ReportRoundRequest(peer_id=r1_new.peer_id, round=1, ok=True, state_hash="lone",
+                                        group=[r1.peer_id], inner_steps=3))
+    s2, s3 = join(engine, "s2"), join(engine, "s3")
+    group = [s1, s2, s3, r1]
+    for survivor in (s1, s2, s3):
+        bare = group_report(engine, survivor, 1, "g", group)
+        del bare.group_votes[:]
+        engine.report(bare)
+    clock.now += 11  # the grace after the lone quorum
+    engine.tick()
+    decided = engine.round_info(s1.peer_id, 1)
+    assert decided.outcome == pb.ROUND_OUTCOME_COMMITTED and decided.committed_hash == "lone"
+
+
+def test_a_stand_in_vote_counts_until_the_peers_own_process_reports(clock) -> None:
+    engine = make_engine(clock)
+    s1, r1 = join(engine, "s1"), join(engine, "r1-old")
+    s2 = join(engine, "s2")
+    group = [s1, s2, r1]
+    votes = {p.peer_id: vote(engine, p, 1, "g", group) for p in group}
+    join(engine, "r1-new", key=r1.key)  # r1 restarted: its vote stands in for it
+    engine.report(group_report(engine, s1, 1, "g", group, votes))
+    engine.report(group_report(engine, s2, 1, "g", group, votes))
+    decided = engine.round_info(s1.peer_id, 1)
+    assert decided.outcome == pb.ROUND_OUTCOME_COMMITTED  # 3 of 3 agree, nobody left to wait for
+    assert set(decided.holders) == {s1.dht_id, s2.dht_id}
+
+
+def bad(engine: CoordinatorEngine, request: pb.ReportRoundRequest, match: str) -> None:
+    with pytest.raises(BadRequest, match=match):
+        checked_votes(request, run_id=engine.run.run_id, coordinator_public_key=engine.public_key, now=engine._clock())
+
+
+def test_votes_that_do_not_prove_the_report_are_refused_with_the_reason(clock) -> None:
+    engine = make_engine(clock)
+    a, b, c = join(engine, "a"), join(engine, "b"), join(engine, "c")
+    group = [a, b, c]
+    good = {p.peer_id: vote(engine, p, 1, "g", group) for p in group}
+    assert set(checked_votes(group_report(engine, a, 1, "g", group, good), run_id=engine.run.run_id,
+                             coordinator_public_key=engine.public_key, now=clock.now)) == {a.peer_id, b.peer_id, c.peer_id}
+
+    missing = {p: v for p, v in good.items() if p != c.peer_id}
+    bad(engine, group_report(engine, a, 1, "g", group, missing), "not one from each member")
+    outsider = join(engine, "d")
+    extra = {**good, outsider.peer_id: vote(engine, outsider, 1, "g", group)}
+    bad(engine, group_report(engine, a, 1, "g", group, extra), "not one from each member")
+    other_round = {**good, b.peer_id: vote(engine, b, 2, "g", group)}
+    bad(engine, group_report(engine, a, 1, "g", group, other_round), "not all for one fragment")
+    other_fragment = {**good, b.peer_id: vote(engine, b, 1, "g", group, fragment=1)}
+    bad(engine, group_report(engine, a, 1, "g", group, other_fragment), "not all for one fragment")
+    forged = {**good, b.peer_id: {**good[b.peer_id], "signature": bytes(64)}}
+    bad(engine, group_report(engine, a, 1, "g", group, forged), f"vote of {b.peer_id} does not check out")
+    # a vote is signed by its voter alone: a's key cannot vote for b
+    by_a = sign_entry(a.member, vote_key(group_key(engine.run.run_id, 1, 0)),
+                      Vote(peer_id=b.peer_id, dht_peer_id=b.dht_id, ok=True, state_hash="g", group=group_id([p.peer_id for p in group])))
+    bad(engine, group_report(engine, a, 1, "g", group, {**good, b.peer_id: by_a}), "does not check out")
+    elsewhere = {**good, b.peer_id: vote(engine, b, 1, "g", [a, b])}  # b averaged with another group
+    bad(engine, group_report(engine, a, 1, "g", group, elsewhere), "voted with another group")
+    disagrees = {**good, a.peer_id: vote(engine, a, 1, "other", group)}
+    bad(engine, group_report(engine, a, 1, "g", group, disagrees), "its own vote says other")
+
+
+def test_a_refused_report_changes_nothing_and_the_round_goes_on(clock) -> None:
+    engine = make_engine(clock)
+    a, b = join(engine, "a"), join(engine, "b")
+    group = [a, b]
+    forged = {a.peer_id: vote(engine, a, 1, "g", group), b.peer_id: {**vote(engine, b, 1, "g", group),
+                                                                     "signature": bytes(64)}}
+    with pytest.raises(BadRequest):
+        engine.report(group_report(engine, a, 1, "g", group, forged))
+    assert engine.round_info(a.peer_id, 1).outcome == pb.ROUND_OUTCOME_OPEN
+    engine.report(group_report(engine, a, 1, "g", group))
+    engine.report(group_report(engine, b, 1, "g", group))
+    assert engine.round_info(a.peer_id, 1).committed_hash == "g"
+
+
+def test_a_report_with_more_votes_than_any_sent_group_is_refused_before_the_engine(clock) -> None:
+    from coordinator.limits import check_request
+    from swarm.core.round_vote import MAX_SENT_VOTES
+
+    request = pb.ReportRoundRequest(peer_id="p-1", round=1, ok=True, state_hash="g")
+    request.group_votes.extend(pb.SignedVote(peer_id="p-1", key="k") for _ in range(MAX_SENT_VOTES + 1))
+    with pytest.raises(BadRequest, match=f"group_votes has {MAX_SENT_VOTES + 1} entries, more than {MAX_SENT_VOTES}"):
+        check_request("ReportRound", request)
+    del request.group_votes[MAX_SENT_VOTES:]
+    check_request("ReportRound", request)  # within the caps: the engine checks what they prove
