@@ -37,7 +37,8 @@ def checked_votes(req: pb.ReportRoundRequest, *, run_id: str, coordinator_public
     and the same as its report, every successful vote naming that group. BadRequest (one sentence) if not."""
     group = set(req.group)
     voters = [v.peer_id for v in req.group_votes]
-    if len(voters) > MAX_SENT_VOTES or len(set(voters)) != len(voters) or set(voters) != group:
+    if len(voters) > MAX_SENT_VOTES or len(set(voters)) != len(voters) or set(voters) != group \
+            or req.peer_id not in group:
         raise BadRequest(f"round {req.round}: the report's votes are not one from each member of its group of "
                          f"{len(group)}; send the group's votes as collected from the DHT.")
     prefix = group_key(run_id, req.round, 0).removesuffix("0")

@@ -213,6 +213,13 @@ class CoordinatorLink:
             self.await_decision(number)
 
     def decide_by_group(self, vote: Vote, request: pb.ReportRoundRequest, error: Exception) -> Optional[Decision]:
+        if len(vote.group) <= 1 and len(self.last_group or ()) > 1:
+            # alone where others were planned: its groupmates are in another round (a process restarted into the
+            # round the coordinator last had open, while they went on without it), so a decision of its own would
+            # only split it off from them (a chaos soak saw one go on alone for six rounds, then resync)
+            logger.warning("%s %s; this peer averaged alone where %d peers were planned: waiting for the coordinator",
+                           self.tag(vote.round_no), error, len(self.last_group))
+            return None
         decided = self.group_decision(vote)
         if decided is None:
             if vote.group:

@@ -39,6 +39,7 @@ from swarm.control.client import CoordinatorRejected, CoordinatorUnreachable
 from swarm.train.final_model import write_final_model
 from swarm.train.ranks import Ranks
 from swarm.train.round import Outcome, Pending, RoundResult, RoundRunner
+from swarm.train.step_probe import probe_step_time
 from swarm.train.trainer import LocalTrainer
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -168,9 +169,12 @@ class PeerDaemon:
         self._network = self.clock.overlap(lambda: self.parts.transport(o, peers, stop=self.stop, tag=self.tag(),
                                                                         identity=libp2p, member=self.link.member))
         trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=o.device, ranks=self.ranks)
-        trainer.throttle = o.faults.throttle(lambda: self.stats.metrics().round)  # slow@R: a throttled device
+        # slow@R: a throttled device (before round 1, the step-time probe: as slow as its first round)
+        trainer.throttle = o.faults.throttle(lambda: max(1, self.stats.metrics().round))
         trainer.clock = lambda seconds: self.stats.add(inner_time_s=seconds)  # utilization to a step, not a round
         self.clock.mark("trainer")
+        self.stats.update(step_time_s=probe_step_time(trainer) or 0.0)  # its first round gets a time budget too
+        self.clock.mark("probe")
         self.transport = self._network.result()  # PeerExit when it could not start
         self.build_round(trainer, joined)
         self.clock.mark("DHT")

@@ -102,6 +102,12 @@ class BatchSampler:
         windows = self.data[starts + self._window].long()
         return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
 
+    def peek_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next batch, left to be drawn again."""
+        batch = self.next_batch()
+        self.batches_drawn -= 1
+        return batch
+
     def state_dict(self) -> dict[str, int]:
         return {"batches_drawn": self.batches_drawn, "shard_index": self.shard_index, "seed": self.seed}
 

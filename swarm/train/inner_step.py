@@ -75,6 +75,16 @@ class InnerStep:
             self.optimizer_step()
         return loss.detach()
 
+    def passes(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """A step's forward and backward passes, without the update: the gradients are dropped after
+        (``swarm.train.step_probe``). Not on a multi-GPU peer: DDP would wait for the other ranks."""
+        assert self.ddp is None, "a probe runs on one process"
+        self.optimizer.zero_grad(set_to_none=True)
+        n = self.cfg.micro_batches
+        for xs, ys in zip(x.chunk(n), y.chunk(n)):
+            self._backward(self._loss(xs, ys) * (xs.shape[0] / x.shape[0]))
+        self.optimizer.zero_grad(set_to_none=True)
+
     def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with self.autocast():
             if not self.compiled:

@@ -1,0 +1,77 @@
+"""Seconds per inner step before a peer has trained one, so that its first round has a time budget too.
+
+The coordinator budgets a round from the step times the peers report (``coordinator.budgets``); a peer
+that has not trained yet has none, so it did its full H in its first round: a device 3× slower than the
+others took 3× the round, missed its group and was out of its first two rounds (docs/BENCHMARKS.md,
+"Stragglers"). At its start a peer now times a few forward and backward passes on its next batch (the
+first pass warms up, the fastest of the others counts), and the optimizer's update on copies of up to
+``UPDATE_SAMPLE`` of the parameters' elements (the same optimizer class and settings, scaled to all of
+them: the update is elementwise), throttled like its steps. Nothing of it reaches the model, the optimizer
+state, the data order or the random streams: a run trains the same bits with or without it. The measured
+step time replaces it after the peer's first round.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+from swarm.train.eager_optimizer import eager_step
+
+PROBE_PASSES = 3  # after the warm-up pass
+UPDATE_SAMPLE = 1 << 22  # elements of the parameters whose update is timed (64 MB of copies and state in fp32)
+
+
+def probe_step_time(trainer, passes: int = PROBE_PASSES) -> Optional[float]:
+    """``trainer``'s seconds per inner step as its forward and backward passes take them (None on a
+    multi-GPU peer, whose ranks only step together)."""
+    if trainer.ranks is not None or passes < 1:
+        return None
+    x, y = trainer.sampler.peek_batch()
+    x, y = x.to(trainer.device), y.to(trainer.device)
+    cuda = trainer.device.type == "cuda"
+    trainer.model.train()
+    times = []
+    with torch.random.fork_rng(devices=[trainer.device.index or 0] if cuda else []):  # dropout draws are given back
+        update_s = _update_seconds(trainer.optimizer, cuda=cuda)
+        for _ in range(passes + 1):
+            start = time.perf_counter()
+            trainer.inner_step.passes(x, y)
+            if cuda:
+                torch.cuda.synchronize(trainer.device)
+            compute_s = time.perf_counter() - start + update_s
+            if trainer.throttle is not None:  # a slow device (fault injection) is slow here too
+                trainer.throttle(compute_s)
+            times.append(time.perf_counter() - start + update_s)
+    return min(times[1:])
+
+
+def _update_seconds(optimizer: torch.optim.Optimizer, *, cuda: bool) -> float:
+    """Seconds of one ``optimizer`` update of all its parameters, timed on copies of the first
+    ``UPDATE_SAMPLE`` elements (the tensors as they are, the last one cut) with gradients of noise."""
+    groups, total, taken = [], 0, 0
+    for group in optimizer.param_groups:
+        copies = []
+        for p in group["params"]:
+            total += p.numel()
+            if taken < UPDATE_SAMPLE:
+                part = p.detach().flatten()[:UPDATE_SAMPLE - taken] if p.numel() > UPDATE_SAMPLE - taken else p.detach()
+                copy = part.clone().requires_grad_(True)
+                copy.grad = torch.randn_like(copy)
+                copies.append(copy)
+                taken += copy.numel()
+        if copies:
+            groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": copies})
+    if not taken:
+        return 0.0
+    update = eager_step(type(optimizer)(groups))  # each group carries its settings
+    times = []
+    for _ in range(2):  # the first creates the optimizer's state
+        start = time.perf_counter()
+        update()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return times[-1] * total / taken
