@@ -107,9 +107,10 @@ def _join_string(coordinator: subprocess.Popen) -> str:
 
 def throughput(history: dict) -> dict:
     """Swarm tokens/s in the steady rounds against the sum of each peer's own training speed in them. The
-    steady rounds start at the first round after round 1 that every peer reported: in round 1 nothing is
-    measured, so the slow peer does the full steps, misses its group and resyncs (the rounds it spends
-    out are counted as lost in ``rounds_before_steady``, not in the ratio)."""
+    steady rounds start at the first round after round 1 that every peer reported (round 1 has no decided round
+    before it to time from; since the step-time probe it is budgeted too, before it the slow peer did the full
+    steps, missed its group and resynced: the rounds a peer spends out are counted in ``rounds_before_steady``,
+    not in the ratio)."""
     rounds = [r for r in history["rounds"] if r["outcome"] == "committed"]
     reporters = {i + 1: len(steps) for i, steps in enumerate(history["steps"])}  # round -> peers that reported
     first = next((r["round"] for r in rounds if r["round"] >= 2 and reporters.get(r["round"], 0) >= PEERS), None)
