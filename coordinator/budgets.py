@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import AbstractSet, Mapping, Optional, Sequence
 
 from coordinator import controller
 from coordinator.records import EXCHANGING, PeerRecord, RoundRecord
@@ -31,6 +31,9 @@ from coordinator.step_times import measured, reference_step_s
 from swarm.config import RoundConfig
 from swarm.core.fragments import round_steps
 from swarm.core.round_length import longest_inner_steps
+
+
+PROBED_SLOWDOWN = 5.0  # a start-up probe's step time counts only from this many times the reference (trusted_probe)
 
 
 @dataclass(frozen=True)
@@ -47,21 +50,32 @@ class Plan:
 
 
 def plan_budgets(participants: Sequence[str], step_times: Mapping[str, float], *, full_steps: int,
-                 slack_s: float, budget_s: Optional[float] = None) -> Plan:
+                 slack_s: float, budget_s: Optional[float] = None, probed: AbstractSet[str] = frozenset()) -> Plan:
     """Each participant's inner steps for a round of at most ``full_steps`` steps.
 
     ``budget_s`` is the round's compute seconds (default: ``full_steps`` × the reference step time); a
-    controller choosing a round's time rather than its steps passes it.
+    controller choosing a round's time rather than its steps passes it. ``probed``: the participants whose
+    step time is their start-up probe's estimate (``trusted_probe``).
     """
     reference = reference_step_s([step_times.get(p, 0.0) for p in participants])
     if reference is None:
         return Plan(0.0, 0.0, {p: Budget(full_steps, 0.0) for p in participants})
     if budget_s is None:
         budget_s = full_steps * reference
-    budgets = {p: Budget(steps_for(step_times.get(p, 0.0), reference, full_steps=full_steps, budget_s=budget_s,
-                                   slack_s=slack_s), _believed(step_times.get(p, 0.0), reference))
-               for p in participants}
+    times = {p: step_times.get(p, 0.0) if p not in probed or trusted_probe(step_times.get(p, 0.0), reference) else 0.0
+             for p in participants}
+    budgets = {p: Budget(steps_for(times[p], reference, full_steps=full_steps, budget_s=budget_s, slack_s=slack_s),
+                         _believed(times[p], reference)) for p in participants}
     return Plan(budget_s, budget_s + slack_s, budgets)
+
+
+def trusted_probe(step_time_s: float, reference_s: float) -> bool:
+    """Whether a start-up probe's step time may cut a peer's steps: only when it says the peer is at least
+    ``PROBED_SLOWDOWN`` times slower than the reference. Probes run while the machine may be busy starting
+    peers (the demo's three equal peers probed up to 3.9× apart at their start), and a smaller cut is not worth
+    a wrong one: the first round's measurement takes over. What it is for: a device several times slower (a CPU
+    among GPUs), which would otherwise train the full H in its first round and miss its group."""
+    return measured(step_time_s) and step_time_s >= PROBED_SLOWDOWN * reference_s
 
 
 def steps_for(step_time_s: float, reference_s: float, *, full_steps: int, budget_s: float, slack_s: float) -> int:
@@ -139,8 +153,9 @@ def plan_round(round_row: RoundRecord, peers: Mapping[str, PeerRecord], config: 
     times = step_times(peers)
     full = round_full_steps(round_row, config)
     reference = reference_step_s([times.get(p, 0.0) for p in round_row.participants])
+    probed = {p for p in round_row.participants if p in peers and peers[p].metrics.step_time_probed}
     plan = plan_budgets(round_row.participants, times, full_steps=full, slack_s=config.straggler_slack_s,
-                        budget_s=full * reference if reference is not None else None)
+                        budget_s=full * reference if reference is not None else None, probed=probed)
     return planned_round(round_row, plan)
 
 

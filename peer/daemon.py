@@ -39,7 +39,7 @@ from swarm.control.client import CoordinatorRejected, CoordinatorUnreachable
 from swarm.train.final_model import write_final_model
 from swarm.train.ranks import Ranks
 from swarm.train.round import Outcome, Pending, RoundResult, RoundRunner
-from swarm.train.step_probe import probe_step_time
+from swarm.train.step_probe import StepProbe
 from swarm.train.trainer import LocalTrainer
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -136,8 +136,13 @@ class PeerDaemon:
             self.train_round(info.open_round)
         else:
             self.enter(PeerState.READY)
+            self.reported_probe(self.probe.again())  # before its first round: a better estimate meanwhile
             self.stop.wait(self.options.poll_s)  # waiting to be planned into a round
         return None
+
+    def reported_probe(self, step_s: Optional[float]) -> None:
+        if step_s is not None:
+            self.stats.update(step_time_s=step_s, step_time_probed=True)
 
     def enter(self, state: PeerState) -> None:
         self.state = state
@@ -173,7 +178,8 @@ class PeerDaemon:
         trainer.throttle = o.faults.throttle(lambda: max(1, self.stats.metrics().round))
         trainer.clock = lambda seconds: self.stats.add(inner_time_s=seconds)  # utilization to a step, not a round
         self.clock.mark("trainer")
-        self.stats.update(step_time_s=probe_step_time(trainer) or 0.0)  # its first round gets a time budget too
+        self.probe = StepProbe(trainer)  # a far slower device gets a smaller time budget from its first round
+        self.reported_probe(self.probe.run())
         self.clock.mark("probe")
         self.transport = self._network.result()  # PeerExit when it could not start
         self.build_round(trainer, joined)

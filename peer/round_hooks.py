@@ -37,7 +37,7 @@ class PeerHooks(Hooks):
         tokens_per_s = stats.tokens / max(1e-9, stats.inner_time_s)
         self.stats.add(inner_steps=stats.steps, tokens=stats.tokens)  # inner_time_s: live, from the trainer's clock
         self.stats.update(loss=stats.mean_loss, step_time_s=stats.inner_time_s / max(1, stats.steps),
-                          tokens_per_s=tokens_per_s)
+                          step_time_probed=False, tokens_per_s=tokens_per_s)
         self.log.trained(round_no, stats, lr=self.lr())
 
     def exchanging(self, round_no: int) -> None:

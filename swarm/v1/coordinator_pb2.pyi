@@ -183,7 +183,7 @@ class PlannedPeer(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., inner_steps: _Optional[int] = ..., step_time_s: _Optional[float] = ...) -> None: ...
 
 class PeerMetrics(_message.Message):
-    __slots__ = ("state", "round", "state_hash", "state_round", "model_fingerprint", "param_count", "dht_peer_id", "dht_maddrs", "loss", "step_time_s", "tokens_per_s", "eval_loss", "eval_round", "inner_time_s", "wall_time_s", "inner_steps", "tokens", "bytes_sent", "bytes_received", "contributions_rejected", "contributions_clipped", "foreign_messages_dropped", "upload_mbit_s", "download_mbit_s", "rtt_ms")
+    __slots__ = ("state", "round", "state_hash", "state_round", "model_fingerprint", "param_count", "dht_peer_id", "dht_maddrs", "loss", "step_time_s", "tokens_per_s", "eval_loss", "eval_round", "inner_time_s", "wall_time_s", "inner_steps", "tokens", "bytes_sent", "bytes_received", "contributions_rejected", "contributions_clipped", "foreign_messages_dropped", "upload_mbit_s", "download_mbit_s", "rtt_ms", "step_time_probed")
     STATE_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     STATE_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +209,7 @@ class PeerMetrics(_message.Message):
     UPLOAD_MBIT_S_FIELD_NUMBER: _ClassVar[int]
     DOWNLOAD_MBIT_S_FIELD_NUMBER: _ClassVar[int]
     RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_PROBED_FIELD_NUMBER: _ClassVar[int]
     state: PeerState
     round: int
     state_hash: str
@@ -234,7 +235,8 @@ class PeerMetrics(_message.Message):
     upload_mbit_s: float
     download_mbit_s: float
     rtt_ms: float
-    def __init__(self, state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., state_hash: _Optional[str] = ..., state_round: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., param_count: _Optional[int] = ..., dht_peer_id: _Optional[str] = ..., dht_maddrs: _Optional[_Iterable[str]] = ..., loss: _Optional[float] = ..., step_time_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., inner_steps: _Optional[int] = ..., tokens: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., contributions_rejected: _Optional[int] = ..., contributions_clipped: _Optional[int] = ..., foreign_messages_dropped: _Optional[int] = ..., upload_mbit_s: _Optional[float] = ..., download_mbit_s: _Optional[float] = ..., rtt_ms: _Optional[float] = ...) -> None: ...
+    step_time_probed: bool
+    def __init__(self, state: _Optional[_Union[PeerState, str]] = ..., round: _Optional[int] = ..., state_hash: _Optional[str] = ..., state_round: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., param_count: _Optional[int] = ..., dht_peer_id: _Optional[str] = ..., dht_maddrs: _Optional[_Iterable[str]] = ..., loss: _Optional[float] = ..., step_time_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., inner_steps: _Optional[int] = ..., tokens: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., contributions_rejected: _Optional[int] = ..., contributions_clipped: _Optional[int] = ..., foreign_messages_dropped: _Optional[int] = ..., upload_mbit_s: _Optional[float] = ..., download_mbit_s: _Optional[float] = ..., rtt_ms: _Optional[float] = ..., step_time_probed: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("peer_id", "metrics")

@@ -44,6 +44,19 @@ def test_the_fastest_peer_always_does_all_its_steps(h: int, fastest: float) -> N
     assert plan.budgets["a"].inner_steps == h and plan.budgets["b"].inner_steps == max(1, h // 3)
 
 
+@pytest.mark.parametrize("times, expected", [
+    # the demo's three equal peers, probed while the machine was busy starting them: nobody is cut
+    ({"a": 0.09, "b": 0.35, "c": 0.09}, {"a": H, "b": H, "c": H}),
+    # a device 6x slower (a CPU among GPUs would be 10-100x) is, from its first round
+    ({"a": 0.1, "b": 0.6, "c": 0.1}, {"a": H, "b": 2, "c": H}),
+])
+def test_a_start_up_probe_cuts_a_peers_steps_only_when_it_is_far_slower(times, expected) -> None:
+    plan = budgets.plan_budgets(sorted(times), times, full_steps=H, slack_s=0.0, probed=set(times))
+    assert {p: b.inner_steps for p, b in plan.budgets.items()} == expected
+    measured = budgets.plan_budgets(sorted(times), times, full_steps=H, slack_s=0.0)  # a round's measurements
+    assert measured.budgets["b"].inner_steps < H
+
+
 def test_a_given_round_time_sets_the_budgets_but_never_more_than_the_full_steps() -> None:
     plan = budgets.plan_budgets(["a", "b"], {"a": 0.5, "b": 1.0}, full_steps=H, slack_s=0.0, budget_s=3.0)
     assert {p: b.inner_steps for p, b in plan.budgets.items()} == {"a": 6, "b": 3}

@@ -235,3 +235,17 @@ def test_a_stalled_peer_is_left_out_and_the_others_commit_without_it(tmp_path):
     missed = {p.name: p.rounds_missed for p in status.peers}
     assert missed["a"] == missed["b"] == 0 and missed["c"] >= 1
     assert PeerState.SYNCING in c.states[c.states.index(PeerState.TRAINING):]
+
+
+def test_a_far_slower_device_gets_a_smaller_budget_already_in_its_first_round(tmp_path):
+    """Its start-up step-time probe (swarm/train/step_probe.py, throttled like its steps) says it is ~10x slower:
+    round 1 budgets it too (before the probe it trained the full H there, missed its group and resynced)."""
+    run = RUN.replace(rounds=RoundConfig(inner_steps=8, max_rounds=2, min_peers=3, eval_every_rounds=100,
+                                         straggler_slack_s=0.0, report_grace_s=5.0))
+    coordinator, parts = swarm(run)
+    a, b = start(parts, tmp_path, "a"), start(parts, tmp_path, "b")
+    c = start(parts, tmp_path, "c", faults=_plan("slow@1:compute=20"))
+    assert finish(a, b, c) == [0, 0, 0]
+    assert len({p.trainer.state.state_hash for p in (a, b, c)}) == 1
+    first = _reported_steps(coordinator, 1)
+    assert first["a"] == first["b"] == 8 and first["c"] < 8, first

@@ -53,3 +53,20 @@ def test_the_update_is_timed_on_a_sample_of_the_parameters_and_scaled_to_all(mon
     before = [p.detach().clone() for p in trainer.model.parameters()]
     assert probe_step_time(trainer) > 0
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+
+
+def test_a_peer_waiting_for_its_first_round_probes_again_and_keeps_the_fastest(monkeypatch) -> None:
+    from swarm.train import step_probe
+
+    trainer = LocalTrainer(RUN, peer_index=0)
+    probe = step_probe.StepProbe(trainer)
+    slow = [0.2]
+    trainer.throttle = lambda compute_s: time.sleep(slow[0])  # a busy start: the first probe is slow
+    first = probe.run()
+    assert first >= 0.2 and probe.again() is None  # not due yet
+    monkeypatch.setattr(step_probe, "PROBE_EVERY_S", 0.0)
+    probe._next = 0.0
+    slow[0] = 0.0  # the machine calmed down
+    assert probe.again() < first  # the fastest yet
+    trainer.train(1)
+    assert probe.again() is None  # it trained: its rounds measure it from now on
