@@ -25,16 +25,9 @@ from swarm.core.round_vote import Vote, group_id, group_key, vote_key
 from swarm.core.signed_entry import sign_entry
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import engine_join
+from tests.unit.test_rounds import FakeClock, clock  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclasses.dataclass
@@ -79,11 +72,6 @@ def group_report(engine: CoordinatorEngine, reporter: Peer, round_no: int, state
                                     group=[p.peer_id for p in group], inner_steps=10, loss=2.0)
     request.group_votes.extend(signed_votes(votes))
     return request
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 def make_engine(clock: FakeClock) -> CoordinatorEngine:
