@@ -95,6 +95,7 @@ def test_the_groups_round_commits_with_the_votes_of_its_dead_members_and_only_th
     engine.report(group_report(engine, s1, 1, "g", group, votes))
     info = engine.round_info(s1.peer_id, 1)
     assert set(info.participants) == {p.peer_id for p in group}  # the round is the group's now
+    assert {p.peer_id for p in info.plan.peers} == set(info.participants)  # its plan still lists every participant
     assert info.outcome == pb.ROUND_OUTCOME_OPEN  # s2 and s3 are alive in the processes that voted: they report
     for survivor in (s2, s3):
         engine.report(group_report(engine, survivor, 1, "g", group, votes))
