@@ -75,6 +75,8 @@ class CoordinatorLink:
         self.param_count = 0  # of this peer's model, carried by every report
         self._choices: dict[int, pb.RoundChoice] = {}  # round -> the controller's choice, as the coordinator said
         self.plans: dict[int, pb.RoundPlan] = {}  # the time budgets of the latest rounds seen, by round
+        # this process took part in a round the coordinator decided: only then may its group's votes decide without it
+        self.coordinator_decided = False
 
     def join(self, options, *, key: PeerKey, libp2p: Libp2pSigner) -> pb.JoinResponse:
         """Join the run, retrying while the coordinator is unreachable; gives up after join_timeout_s.
@@ -198,7 +200,10 @@ class CoordinatorLink:
         self.faults.at(round_no, "reported")
         fallback = lambda error: self.decide_by_group(vote, request, error)  # noqa: E731
         info = self.await_decision(round_no, fallback=fallback)
-        return info if isinstance(info, Decision) else self._decision(round_no, info)
+        if isinstance(info, Decision):
+            return info
+        self.coordinator_decided = True
+        return self._decision(round_no, info)
 
     def report_backlog_first(self) -> None:
         """Before waiting for the coordinator's decision on this round, let it hear the rounds the group decided
@@ -213,6 +218,14 @@ class CoordinatorLink:
             self.await_decision(number)
 
     def decide_by_group(self, vote: Vote, request: pb.ReportRoundRequest, error: Exception) -> Optional[Decision]:
+        if not self.coordinator_decided:
+            # a process that has not yet taken part in a round the coordinator decided does not know where its group
+            # is: started while the coordinator was behind the group (it had not heard the group's rounds yet), it
+            # was planned into a round the group had played long ago (a chaos soak saw three restarted processes
+            # decide two such rounds among themselves and resync)
+            logger.warning("%s %s; this process has not yet taken part in a round the coordinator decided: waiting "
+                           "for the coordinator", self.tag(vote.round_no), error)
+            return None
         if len(vote.group) <= 1 and len(self.last_group or ()) > 1:
             # alone where others were planned: its groupmates are in another round (a process restarted into the
             # round the coordinator last had open, while they went on without it), so a decision of its own would

@@ -198,37 +198,67 @@ def test_a_report_with_more_votes_than_any_sent_group_is_refused_before_the_engi
     check_request("ReportRound", request)  # within the caps: the engine checks what they prove
 
 
-def test_a_peer_that_averaged_alone_where_others_were_planned_waits_for_the_coordinator() -> None:
-    """A process restarted into the round the coordinator last had open, while its group went on offline, finds
-    nobody to average with; deciding that round alone would split it off from them. It waits instead."""
-    import threading
-
-    import torch
-
-    from peer.coordinator_link import CoordinatorLink
-    from peer.faults import FaultPlan
-    from swarm.control.client import CoordinatorUnreachable
-    from swarm.train.contribution import Contribution, TrainStats
-    from swarm.train.round import Vote as RoundVote
-
-    asked = []
-    link = CoordinatorLink(client=None, stop=threading.Event(), faults=FaultPlan.parse(""), poll_s=0.01,
-                           leave_grace_s=0.0, tag=lambda r: f"[r{r}]")
-    link.group_decision = lambda vote: asked.append(vote) or None
-    link.last_group = {"p-me", "p-b", "p-c"}
-    vote = RoundVote(round_no=29, fragment=0, ok=True, state_hash="solo", group=["p-me"],
-                     contribution=Contribution(0, torch.zeros(1), 1), train=TrainStats(1, 1, 1, 1.0, 0.1))
-    request = link.report_request(vote)
-    assert link.decide_by_group(vote, request, CoordinatorUnreachable("down")) is None
-    assert not asked and not link.backlog  # no decision of its own, nothing to report later
-    link.last_group = {"p-me"}  # the run's only peer: deciding alone is its group's decision
-    link.decide_by_group(vote, request, CoordinatorUnreachable("down"))
-    assert asked == [vote]
-
-
 def test_votes_of_a_group_without_the_reporter_are_refused(clock) -> None:
     engine = make_engine(clock)
     a, b, c = join(engine, "a"), join(engine, "b"), join(engine, "c")
     report = group_report(engine, b, 1, "g", [b, c])
     report.peer_id = a.peer_id  # a sends its groupmates' votes as its own report
     bad(engine, report, "not one from each member")
+
+
+def _link(last_group: set[str], asked: list):
+    """A CoordinatorLink whose group decision records what it was asked (the coordinator unreachable)."""
+    import threading
+
+    from peer.coordinator_link import CoordinatorLink
+    from peer.faults import FaultPlan
+
+    link = CoordinatorLink(client=None, stop=threading.Event(), faults=FaultPlan.parse(""), poll_s=0.01,
+                           leave_grace_s=0.0, tag=lambda r: f"[r{r}]")
+    link.group_decision = lambda vote: asked.append(vote) or None
+    link.last_group = last_group
+    return link
+
+
+def _vote(round_no: int, group: list[str]):
+    import torch
+
+    from swarm.train.contribution import Contribution, TrainStats
+    from swarm.train.round import Vote as RoundVote
+
+    return RoundVote(round_no=round_no, fragment=0, ok=True, state_hash="h", group=group,
+                     contribution=Contribution(0, torch.zeros(1), 1), train=TrainStats(1, 1, 1, 1.0, 0.1))
+
+
+def _decided_alone(link, vote):
+    from swarm.control.client import CoordinatorUnreachable
+
+    return link.decide_by_group(vote, link.report_request(vote), CoordinatorUnreachable("down"))
+
+
+def test_a_peer_that_averaged_alone_where_others_were_planned_waits_for_the_coordinator() -> None:
+    """A process restarted into the round the coordinator last had open, while its group went on offline, finds
+    nobody to average with; deciding that round alone would split it off from them. It waits instead."""
+    asked: list = []
+    link = _link({"p-me", "p-b", "p-c"}, asked)
+    link.coordinator_decided = True  # it has taken part in a round the coordinator decided
+    vote = _vote(29, ["p-me"])
+    assert _decided_alone(link, vote) is None
+    assert not asked and not link.backlog  # no decision of its own, nothing to report later
+    link.last_group = {"p-me"}  # the run's only peer: deciding alone is its group's decision
+    _decided_alone(link, vote)
+    assert asked == [vote]
+
+
+def test_a_process_that_has_not_yet_taken_part_in_a_round_the_coordinator_decided_waits_for_it() -> None:
+    """Restarted while the coordinator was behind its group, a process is planned into a round the group played long
+    ago; with others restarted alike they form a group of their own (a chaos soak: three of five, two rounds
+    decided among themselves, then resynced). Their votes must not decide that round."""
+    asked: list = []
+    link = _link({"p-a", "p-b", "p-c", "p-d", "p-e"}, asked)
+    vote = _vote(26, ["p-a", "p-b", "p-c"])
+    assert _decided_alone(link, vote) is None
+    assert not asked and not link.backlog
+    link.coordinator_decided = True
+    _decided_alone(link, vote)
+    assert asked == [vote]
