@@ -78,13 +78,15 @@ def adopt(round_row: RoundRecord, reports: Mapping[str, ReportRecord], votes: Ma
     members = [p for p in sorted(votes) if p in peers]
     added = tuple(p for p in members if p not in round_row.participants)
     if added:
-        aligned = len(round_row.budgets) == len(round_row.participants)  # the plan lists a budget per participant
-        round_row = dataclasses.replace(
-            round_row, participants=round_row.participants + added,
-            left_out=tuple(p for p in round_row.left_out if p not in added),
-            # they trained before the coordinator was back: their budget is the round's largest, their step time unknown
-            budgets=round_row.budgets + (max(round_row.budgets, default=0),) * len(added) if aligned else round_row.budgets,
-            step_times_s=round_row.step_times_s + (0.0,) * len(added) if aligned else round_row.step_times_s)
+        # the plan lists a budget per participant: they trained before the coordinator was back, so theirs is the
+        # round's largest, their step time unknown
+        aligned = len(round_row.budgets) == len(round_row.participants)
+        budgets, times = round_row.budgets, round_row.step_times_s
+        if aligned:
+            budgets, times = budgets + (max(budgets, default=0),) * len(added), times + (0.0,) * len(added)
+        round_row = dataclasses.replace(round_row, participants=round_row.participants + added, budgets=budgets,
+                                        step_times_s=times,
+                                        left_out=tuple(p for p in round_row.left_out if p not in added))
         logger.info("round %d: taken with the group that decided it while the coordinator was away (%d more "
                     "participants: %s)", round_row.round, len(added), ", ".join(added))
     group = tuple(sorted(votes))

@@ -75,8 +75,7 @@ class CoordinatorLink:
         self.param_count = 0  # of this peer's model, carried by every report
         self._choices: dict[int, pb.RoundChoice] = {}  # round -> the controller's choice, as the coordinator said
         self.plans: dict[int, pb.RoundPlan] = {}  # the time budgets of the latest rounds seen, by round
-        # this process took part in a round the coordinator decided: only then may its group's votes decide without it
-        self.coordinator_decided = False
+        self.coordinator_decided = False  # see ``join``
 
     def join(self, options, *, key: PeerKey, libp2p: Libp2pSigner) -> pb.JoinResponse:
         """Join the run, retrying while the coordinator is unreachable; gives up after join_timeout_s.
@@ -91,6 +90,9 @@ class CoordinatorLink:
                          "and that the coordinator is running", options.join.address, options.join_timeout_s)
             raise PeerExit(2)
         self.peer_id = joined.peer_id
+        # a first process may decide by its group's votes at once; a restarted one only once it took part in a round
+        # the coordinator decided: until then it does not know where its group is (``decide_by_group``)
+        self.coordinator_decided = joined.session <= 1
         self.member = Member(key=key, credential=joined.credential,
                              coordinator_public_key=joined.coordinator_public_key, run_id=joined.run_id)
         return joined
@@ -143,13 +145,17 @@ class CoordinatorLink:
         steps = min(max(full[1], longest), mine)
         return min(full[0], steps), steps
 
-    def left_out(self, round_no: int) -> bool:
-        """The coordinator went on with ``round_no`` without this peer (it was not ready by the deadline);
-        False when the coordinator is unreachable (the group decides then)."""
+    def left_out(self, round_no: int, step_time_s: float = math.nan) -> bool:
+        """Asked once the round's steps are done: the coordinator went on with ``round_no`` without this peer (it was
+        not ready by the deadline: too slow); False when the coordinator is unreachable (the group decides then)."""
         try:
-            return self.peer_id in self.get_round(round_no).plan.left_out
+            out = self.peer_id in self.get_round(round_no).plan.left_out
         except CoordinatorUnreachable:
             return False
+        if out:
+            logger.warning("%s round %d went on without this peer (too slow: %.3g s per step); resyncing",
+                           self.tag(round_no), round_no, step_time_s)
+        return out
 
     def round_info(self, round_no: int) -> pb.RoundInfo:
         """Round ``round_no``, retrying while the coordinator is unreachable."""
@@ -219,12 +225,12 @@ class CoordinatorLink:
 
     def decide_by_group(self, vote: Vote, request: pb.ReportRoundRequest, error: Exception) -> Optional[Decision]:
         if not self.coordinator_decided:
-            # a process that has not yet taken part in a round the coordinator decided does not know where its group
-            # is: started while the coordinator was behind the group (it had not heard the group's rounds yet), it
-            # was planned into a round the group had played long ago (a chaos soak saw three restarted processes
-            # decide two such rounds among themselves and resync)
-            logger.warning("%s %s; this process has not yet taken part in a round the coordinator decided: waiting "
-                           "for the coordinator", self.tag(vote.round_no), error)
+            # a restarted process that has not yet taken part in a round the coordinator decided does not know where
+            # its group is: restarted while the coordinator was behind the group (it had not heard the group's rounds
+            # yet), it was planned into a round the group had played long ago (a chaos soak saw three restarted
+            # processes decide two such rounds among themselves and resync)
+            logger.warning("%s %s; this restarted process has not yet taken part in a round the coordinator decided: "
+                           "waiting for the coordinator", self.tag(vote.round_no), error)
             return None
         if len(vote.group) <= 1 and len(self.last_group or ()) > 1:
             # alone where others were planned: its groupmates are in another round (a process restarted into the

@@ -136,13 +136,9 @@ class PeerDaemon:
             self.train_round(info.open_round)
         else:
             self.enter(PeerState.READY)
-            self.reported_probe(self.probe.again())  # before its first round: a better estimate meanwhile
+            self.probe.again()  # before its first round: a better estimate meanwhile
             self.stop.wait(self.options.poll_s)  # waiting to be planned into a round
         return None
-
-    def reported_probe(self, step_s: Optional[float]) -> None:
-        if step_s is not None:
-            self.stats.update(step_time_s=step_s, step_time_probed=True)
 
     def enter(self, state: PeerState) -> None:
         self.state = state
@@ -174,12 +170,11 @@ class PeerDaemon:
         self._network = self.clock.overlap(lambda: self.parts.transport(o, peers, stop=self.stop, tag=self.tag(),
                                                                         identity=libp2p, member=self.link.member))
         trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=o.device, ranks=self.ranks)
-        # slow@R: a throttled device (before round 1, the step-time probe: as slow as its first round)
-        trainer.throttle = o.faults.throttle(lambda: max(1, self.stats.metrics().round))
+        trainer.throttle = o.faults.throttle(lambda: max(1, self.stats.metrics().round))  # slow@R (and its probe)
         trainer.clock = lambda seconds: self.stats.add(inner_time_s=seconds)  # utilization to a step, not a round
         self.clock.mark("trainer")
-        self.probe = StepProbe(trainer)  # a far slower device gets a smaller time budget from its first round
-        self.reported_probe(self.probe.run())
+        self.probe = StepProbe(trainer, report=self.stats.probed)  # a far slower device: a smaller round 1 budget
+        self.probe.run()
         self.clock.mark("probe")
         self.transport = self._network.result()  # PeerExit when it could not start
         self.build_round(trainer, joined)
@@ -210,7 +205,8 @@ class PeerDaemon:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="swarm-exchange")
         self.runner = RoundRunner(trainer, self.run_config, exchange=group, votes=group, decider=self.link,
                                   store=self.store, executor=self._executor, hooks=self.hooks, stopping=self.stop.is_set,
-                                  left_out=self.left_out, merge_when_ready=self.run_config.rounds.controller == "auto",
+                                  left_out=lambda r: self.link.left_out(r, self.stats.metrics().step_time_s),
+                                  merge_when_ready=self.run_config.rounds.controller == "auto",
                                   budget=lambda r: self.link.budget(r, self.runner.full_speed(r)))
         self.stats.update(model_fingerprint=trainer.fingerprint, param_count=trainer.param_count,
                           dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs))
@@ -230,14 +226,6 @@ class PeerDaemon:
             self.carry = result.pending
         elif result.outcome is not Outcome.STOPPED:
             self.enter(PeerState.READY)
-
-    def left_out(self, round_no: int) -> bool:
-        """Asked once the round's steps are done: too slow, the round went on without this peer."""
-        if not self.link.left_out(round_no):
-            return False
-        logger.warning("%s round %d went on without this peer (too slow: %.3g s per step); resyncing",
-                       self.tag(round_no), round_no, self.stats.metrics().step_time_s)
-        return True
 
     def round_state(self, name: str) -> None:
         """The round hooks' 'exchanging' and 'deciding' points (on the main thread)."""

@@ -31,6 +31,10 @@ class PeerStats:
                 self._metrics.ClearField(name)
             self._metrics.MergeFrom(changed)
 
+    def probed(self, step_time_s: float) -> None:
+        """A step time from the start-up probe (``swarm.train.step_probe``), not yet a round's measurement."""
+        self.update(step_time_s=step_time_s, step_time_probed=True)
+
     def add(self, **increments: Any) -> None:
         """Add to cumulative metrics, e.g. ``add(bytes_sent=n, tokens=t)``."""
         with self._lock:

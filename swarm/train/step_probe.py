@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -85,8 +85,8 @@ class StepProbe:
     round (``again``), keeping the fastest — a start on a busy machine (other peers importing, its own DHT
     starting) measured up to 4× the step time in the demo, a probe while waiting much less."""
 
-    def __init__(self, trainer) -> None:
-        self.trainer = trainer
+    def __init__(self, trainer, report: Callable[[float], None] = lambda step_s: None) -> None:
+        self.trainer, self.report = trainer, report  # told each new fastest step time
         self.best: Optional[float] = None
         self.probes = 0
         self._next = 0.0
@@ -98,6 +98,7 @@ class StepProbe:
         self._next = time.monotonic() + PROBE_EVERY_S
         if step_s is not None:
             self.best = min(step_s, self.best if self.best is not None else math.inf)
+            self.report(self.best)
         return self.best
 
     def again(self) -> Optional[float]:

@@ -250,10 +250,11 @@ def test_a_peer_that_averaged_alone_where_others_were_planned_waits_for_the_coor
     assert asked == [vote]
 
 
-def test_a_process_that_has_not_yet_taken_part_in_a_round_the_coordinator_decided_waits_for_it() -> None:
+def test_a_restarted_process_that_has_not_yet_taken_part_in_a_round_the_coordinator_decided_waits_for_it() -> None:
     """Restarted while the coordinator was behind its group, a process is planned into a round the group played long
     ago; with others restarted alike they form a group of their own (a chaos soak: three of five, two rounds
-    decided among themselves, then resynced). Their votes must not decide that round."""
+    decided among themselves, then resynced). Their votes must not decide that round. (A first process may: its
+    ``join`` sets ``coordinator_decided`` for session 1.)"""
     asked: list = []
     link = _link({"p-a", "p-b", "p-c", "p-d", "p-e"}, asked)
     vote = _vote(26, ["p-a", "p-b", "p-c"])
