@@ -265,10 +265,13 @@ def test_a_member_that_posts_but_never_exchanges_fails_the_others(peers: list[Pe
     assert [m.peer_id for m in outcomes[2]] == [p.name for p in peers]
     for outcome, seconds in outcomes[:2]:
         assert isinstance(outcome, ExchangeFailed), f"expected ExchangeFailed, got {outcome!r}"
-        # its own timeout, or the first groupmate's to time out, which tells the others (abort)
-        assert key in str(outcome)
-        assert "did not complete" in str(outcome) or "no complete exchange within" in str(outcome)
-        assert timeout_s - 1 <= seconds < timeout_s + 3
+        # its own timeout, or the first groupmate's to time out, which tells the others (abort); on a loaded machine
+        # the dial to the silent member can fail first (a full suite saw it once): that ends it too, with its reason
+        text = str(outcome)
+        assert key in text
+        unreachable = "cannot reach groupmate" in text
+        assert "did not complete" in text or "no complete exchange within" in text or unreachable, text
+        assert (unreachable or timeout_s - 1 <= seconds) and seconds < timeout_s + 3
 
 
 def test_a_member_that_fails_tells_the_others_who_fail_at_once(peers: list[Peer]) -> None:
