@@ -174,12 +174,15 @@ _IDENTITY_METRICS = ("model_fingerprint", "param_count", "dht_peer_id", "dht_mad
 
 
 def _merge_metrics(previous: pb.PeerMetrics, reported: pb.PeerMetrics) -> pb.PeerMetrics:
-    """The reported metrics, with the identity fields it left empty taken from ``previous``."""
+    """The reported metrics, with the identity fields it left empty taken from ``previous``; and a step time measured
+    by the peer's rounds kept over its start-up probe's estimate (a restarted peer: its last session measured it)."""
     merged = pb.PeerMetrics()
     merged.CopyFrom(reported)
     for name in _IDENTITY_METRICS:
         if not getattr(reported, name):
             merged.MergeFrom(pb.PeerMetrics(**{name: getattr(previous, name)}))
+    if reported.step_time_probed and previous.step_time_s > 0 and not previous.step_time_probed:
+        merged.step_time_s, merged.step_time_probed = previous.step_time_s, False
     del merged.dht_maddrs[MAX_DHT_MADDRS:]  # a restarted coordinator dials these: keep it bounded
     return merged
 

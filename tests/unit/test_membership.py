@@ -90,6 +90,25 @@ def test_a_heartbeat_without_the_peer_identity_keeps_the_known_one() -> None:
     assert (later.loss, later.state_hash) == (1.5, "")  # the measurements are the new ones
 
 
+def test_a_restarted_peers_measured_step_time_outlasts_its_start_up_probe() -> None:
+    """Its last session's rounds measured it; the new process's probe is an estimate: the coordinator budgets the
+    restarted peer by the measurement until its first round measures it again."""
+    run = run_record()
+    peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=0.0, last_seen=0.0, lease_expiry=LEASE_S)
+
+    def beat(peer, now: float, **metrics) -> PeerRecord:
+        request = pb.HeartbeatRequest(peer_id="p-1", metrics=pb.PeerMetrics(state=READY, **metrics))
+        return membership.apply_heartbeat(run, peer, request, now=now, lease_s=LEASE_S).peer
+
+    probed = beat(peer, 1.0, step_time_s=0.9, step_time_probed=True)
+    assert (probed.metrics.step_time_s, probed.metrics.step_time_probed) == (0.9, True)  # nothing measured yet
+    measured = beat(probed, 2.0, step_time_s=0.3)
+    restarted = beat(beat(measured, 3.0, step_time_s=0.8, step_time_probed=True), 4.0, step_time_s=0.7,
+                     step_time_probed=True)
+    assert (restarted.metrics.step_time_s, restarted.metrics.step_time_probed) == (0.3, False)
+    assert beat(restarted, 5.0, step_time_s=0.35).metrics.step_time_s == 0.35  # its new rounds' measurement
+
+
 def test_newest_eval_wins_and_missing_eval_is_ignored() -> None:
     run = membership.record_eval(run_record(), 3.0, 2)
     run = membership.record_eval(run, 4.0, 1)  # older round: ignored
