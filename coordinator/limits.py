@@ -56,6 +56,7 @@ _ROUNDS = {"round", "state_round", "eval_round"}  # may be -1 ("none") or, for t
 _LINKS = {"upload_mbit_s", "download_mbit_s", "rtt_ms"}  # NaN until measured, else in [0, MAX_SECONDS]
 _DURATIONS = {"step_time_s", "tokens_per_s", "inner_time_s", "wall_time_s", "exchange_time_s"} | _LINKS
 _MAYBE_NAN = {"loss", "eval_loss"} | _LINKS  # NaN: not measured yet
+_LIST_CAPS = {"dht_maddrs": MAX_DHT_MADDRS_SENT, "group": MAX_GROUP, "group_votes": MAX_SENT_VOTES}  # else MAX_OTHER_LIST
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def _message_problem(message: Message, prefix: str) -> Optional[str]:
         where = prefix + field.name
         if field.message_type is not None:
             items = value if field.is_repeated else [value]
-            cap = MAX_SENT_VOTES if field.name == "group_votes" else MAX_OTHER_LIST
+            cap = _LIST_CAPS.get(field.name, MAX_OTHER_LIST)
             if len(items) > cap:
                 return f"{where} has {len(items)} entries, more than {cap}"
             for item in items:
@@ -131,7 +132,7 @@ def _message_problem(message: Message, prefix: str) -> Optional[str]:
 def _field_problem(field: FieldDescriptor, value: Any, where: str) -> Optional[str]:
     name = field.name
     if field.is_repeated:
-        cap = {"dht_maddrs": MAX_DHT_MADDRS_SENT, "group": MAX_GROUP}.get(name, MAX_OTHER_LIST)
+        cap = _LIST_CAPS.get(name, MAX_OTHER_LIST)
         if len(value) > cap:
             return f"{where} has {len(value)} entries, more than {cap}"
         if name == "dht_maddrs":

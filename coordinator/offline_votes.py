@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from typing import Mapping
 
 from coordinator import rounds
 from coordinator.errors import BadRequest
 from coordinator.records import OPEN, PeerRecord, ReportRecord, RoundRecord
-from swarm.core.round_vote import MAX_SENT_VOTES, Vote, group_id, group_key, vote_key
+from swarm.core.round_vote import MAX_SENT_VOTES, Vote, group_id, vote_fragment
 from swarm.core.signed_entry import EntryRejected, verify_signed
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
-_FRAGMENT = re.compile(r"[0-9]{1,6}")
 
 
 def checked_votes(req: pb.ReportRoundRequest, *, run_id: str, coordinator_public_key: bytes,
@@ -41,10 +39,8 @@ def checked_votes(req: pb.ReportRoundRequest, *, run_id: str, coordinator_public
             or req.peer_id not in group:
         raise BadRequest(f"round {req.round}: the report's votes are not one from each member of its group of "
                          f"{len(group)}; send the group's votes as collected from the DHT.")
-    prefix = group_key(run_id, req.round, 0).removesuffix("0")
-    fragment = req.group_votes[0].key.removeprefix(prefix).removesuffix(".votes")
-    key = vote_key(group_key(run_id, req.round, int(fragment))) if _FRAGMENT.fullmatch(fragment) else None
-    if key is None or any(v.key != key for v in req.group_votes):
+    key = req.group_votes[0].key
+    if vote_fragment(key, run_id, req.round) is None or any(v.key != key for v in req.group_votes):
         raise BadRequest(f"round {req.round}: the report's votes are not all for one fragment of this run's round "
                          f"{req.round}; send the group's votes as collected from the DHT.")
     votes: dict[str, Vote] = {}

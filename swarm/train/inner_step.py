@@ -47,21 +47,7 @@ class InnerStep:
         self.optimizer_step = eager_step(optimizer)  # optimizer.step() without importing torch._dynamo
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> torch.Tensor:
-        n = self.cfg.micro_batches
-        if n == 1:
-            loss = self._loss(x, y)
-            self.optimizer.zero_grad(set_to_none=True)
-            self._backward(loss)
-        else:
-            self.optimizer.zero_grad(set_to_none=True)
-            loss = torch.zeros((), device=self.device)
-            for i, (xs, ys) in enumerate(zip(x.chunk(n), y.chunk(n))):
-                # DDP all-reduces the gradients once, on the last micro-batch
-                last = i == n - 1
-                with contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync():
-                    part = self._loss(xs, ys) * (xs.shape[0] / x.shape[0])
-                    self._backward(part)
-                loss += part.detach()
+        loss = self._gradients(x, y)
         if self.scaler is not None and self.cfg.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
         if self.cfg.grad_clip > 0:
@@ -73,17 +59,32 @@ class InnerStep:
             self.scaler.update()
         else:
             self.optimizer_step()
-        return loss.detach()
+        return loss
 
     def passes(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """A step's forward and backward passes, without the update: the gradients are dropped after
         (``swarm.train.step_probe``). Not on a multi-GPU peer: DDP would wait for the other ranks."""
         assert self.ddp is None, "a probe runs on one process"
+        self._gradients(x, y)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _gradients(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The batch's gradients, fresh (the micro-batches' accumulated); its mean loss, detached."""
         self.optimizer.zero_grad(set_to_none=True)
         n = self.cfg.micro_batches
-        for xs, ys in zip(x.chunk(n), y.chunk(n)):
-            self._backward(self._loss(xs, ys) * (xs.shape[0] / x.shape[0]))
-        self.optimizer.zero_grad(set_to_none=True)
+        if n == 1:
+            loss = self._loss(x, y)
+            self._backward(loss)
+            return loss.detach()
+        loss = torch.zeros((), device=self.device)
+        for i, (xs, ys) in enumerate(zip(x.chunk(n), y.chunk(n))):
+            # DDP all-reduces the gradients once, on the last micro-batch
+            last = i == n - 1
+            with contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync():
+                part = self._loss(xs, ys) * (xs.shape[0] / x.shape[0])
+                self._backward(part)
+            loss += part.detach()
+        return loss
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with self.autocast():
