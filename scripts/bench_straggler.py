@@ -59,6 +59,8 @@ straggler_slack_s = 1.0
 matchmaking_window_s = 15.0
 exchange_timeout_s = 30.0
 round_timeout_s = 600.0
+overlap_steps = {overlap_steps}
+controller = "{controller}"
 """
 
 
@@ -172,10 +174,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short smoke run (numbers not meaningful)")
     parser.add_argument("--inner-steps", type=int, default=400, help="H of both runs")
     parser.add_argument("--rounds", type=int, default=6, help="rounds of both runs")
+    parser.add_argument("--overlap-steps", type=int, default=0,
+                        help="[rounds] overlap_steps of both runs (0: a peer waits for its exchange)")
+    parser.add_argument("--controller", choices=("off", "auto"), default="off",
+                        help="[rounds] controller of both runs (auto: with overlap, a peer merges when its exchange"
+                             " ends and trains on meanwhile)")
     parser.add_argument("--keep", help="keep both runs' state dirs and logs under this directory")
     args = parser.parse_args(argv)
     inner_steps, rounds = (40, 3) if args.quick else (args.inner_steps, args.rounds)
-    config = CONFIG.format(inner_steps=inner_steps, rounds=rounds, peers=PEERS, eval_batches=4 if args.quick else 16)
+    config = CONFIG.format(inner_steps=inner_steps, rounds=rounds, peers=PEERS, eval_batches=4 if args.quick else 16,
+                           overlap_steps=args.overlap_steps, controller=args.controller)
     timeout_s = 60 + rounds * inner_steps * 0.5
     with tempfile.TemporaryDirectory(prefix="bench_straggler_") as scratch:
         tmp = args.keep or scratch
@@ -197,7 +205,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "equal_rounds": [(r["round"], r["outcome"], r["tokens"]) for r in equal["rounds"]],
         "straggler_steps": straggler["steps"], "equal_steps": equal["steps"],
         "config": {"peers": PEERS, "slow": SLOW, "inner_steps": inner_steps, "rounds": rounds, "model": "tiny",
-                   "batch_size": 4, "seq_len": 32},
+                   "batch_size": 4, "seq_len": 32, "overlap_steps": args.overlap_steps, "controller": args.controller},
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         "elapsed_s": elapsed_s,
     }

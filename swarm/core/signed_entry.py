@@ -30,10 +30,15 @@ def _signed_message(key: str, body: bytes) -> bytes:
     return key.encode() + b"\0" + body
 
 
+def entry_body(entry: Any) -> bytes:
+    """The bytes ``sign_entry`` signs for ``entry`` (a reader refuses more than MAX_BODY_BYTES)."""
+    return json.dumps(asdict(entry), sort_keys=True, separators=(",", ":")).encode()
+
+
 def sign_entry(member: Member, key: str, entry: Any) -> dict[str, Any]:
     """The DHT value that stands for ``entry`` under ``key``, signed by ``member``. The key travels in
     clear too: DHT nodes see only its hash, and their ``EntryValidator`` checks the signature with it."""
-    body = json.dumps(asdict(entry), sort_keys=True, separators=(",", ":")).encode()
+    body = entry_body(entry)
     return {"key": key, "body": body, "credential": bytes(member.credential),
             "signature": member.key.sign(ENTRY_PURPOSE, _signed_message(key, body))}
 

@@ -34,11 +34,12 @@ _LOGGED_MAX = 1024  # rejections remembered so each (key, subkey, reason) is log
 _logged: collections.OrderedDict[tuple[str, str, str], None] = collections.OrderedDict()
 
 
-def store_entry(dht: hivemind.DHT, key: str, entry: Any, *, member: Member, ttl_s: float) -> None:
-    """Post ``entry`` (a dataclass whose ``peer_id`` is the member's) under ``key``, signed."""
+def store_entry(dht: hivemind.DHT, key: str, entry: Any, *, member: Member, ttl_s: float, wait: bool = True) -> None:
+    """Post ``entry`` (a dataclass whose ``peer_id`` is the member's) under ``key``, signed (``wait=False``: in
+    the DHT's own process, without waiting for it)."""
     assert entry.peer_id == member.peer_id, "a member posts only its own entries"
     dht.store(key, subkey=member.peer_id, value=sign_entry(member, key, entry),
-              expiration_time=get_dht_time() + ttl_s)
+              expiration_time=get_dht_time() + ttl_s, return_future=not wait)
 
 
 def verify_entry(value: Any, *, key: str, subkey: Any, cls: type[T], member: Member, now: float) -> T:

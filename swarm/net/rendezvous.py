@@ -15,14 +15,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Optional
 
 import hivemind
 
 from swarm.core import credential
 from swarm.core.round_vote import group_key
+from swarm.core.signed_entry import MAX_BODY_BYTES, entry_body
 from swarm.net.dht_entries import read_entries, store_entry
+from swarm.net.slice_reduction import ExchangeFailed
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +42,9 @@ class Member:
     site: str = ""  # its credential's site (a reader refuses an entry whose site is not its credential's)
     plan: str = ""  # digest of the round's controller choice (codec and shares) it applies ("": controller off)
     bulk: str = ""  # host:port of its bulk channel (swarm.net.bulk_channel; "": none, its slices go over libp2p)
+    # Posted again once its matchmaking has closed: the indexes of the group it formed ("0,2,3"), so a planned peer
+    # that posts later and is not among them fails at once instead of waiting out the exchange ("": still open).
+    closed: str = ""
 
 
 def group_digest(members: list[Member]) -> str:
@@ -71,6 +76,12 @@ def rendezvous(
     current process, as far as the coordinator said (read after each planned()): an entry under another
     id was left by a process that has since been replaced (a peer restarted mid-round, which cannot be
     reached there), and does not count as that peer's.
+
+    Once its group is formed a peer posts its entry again with the group's indexes (``Member.closed``): a planned
+    peer that arrives after that (it trained past the window, or the coordinator admitted it late) and is not in
+    that group fails at once with ExchangeFailed, instead of forming a group the others have left and waiting out
+    the exchange's timeout. The re-post is waited for only when the group is short of the plan (a late peer is
+    then likely; the whole window was waited anyway).
     """
     store_entry(dht, key, me, member=member, ttl_s=ttl_s)
     if on_posted is not None:
@@ -83,6 +94,7 @@ def rendezvous(
         posted = {pid: m for pid, m in read_entries(dht, key, Member, member=member).items()
                   if current.get(pid, m.dht_peer_id) == m.dht_peer_id}
         posted[me.peer_id] = me
+        _check_not_left_behind(key, me, posted, expected)
         if expected is not None and expected <= set(posted):
             break
         if time.monotonic() >= deadline:
@@ -93,8 +105,26 @@ def rendezvous(
             expected = planned() or expected
             next_plan_at = time.monotonic() + plan_refresh_s
         time.sleep(poll_s)  # polling the DHT: there is no change notification to await
-    members = [m for pid, m in posted.items() if expected is None or pid in expected or pid == me.peer_id]
-    return sorted(members, key=lambda m: (m.index, m.peer_id))
+    members = sorted((m for pid, m in posted.items() if expected is None or pid in expected or pid == me.peer_id),
+                     key=lambda m: (m.index, m.peer_id))
+    marked = replace(me, closed=",".join(str(m.index) for m in members))
+    if len(entry_body(marked)) <= MAX_BODY_BYTES:  # a larger group (~150) is not marked: a late peer times out
+        short = expected is None or not expected <= set(posted)
+        store_entry(dht, key, marked, member=member, ttl_s=ttl_s, wait=short)
+    return members
+
+
+def _check_not_left_behind(key: str, me: Member, posted: Mapping[str, Member], expected: Optional[set[str]]) -> None:
+    """ExchangeFailed if a planned groupmate has already formed its group without this peer."""
+    mine = str(me.index)
+    gone = sorted(m.peer_id for pid, m in posted.items()
+                  if pid != me.peer_id and m.closed and (expected is None or pid in expected)
+                  and mine not in m.closed.split(","))
+    if gone:
+        raise ExchangeFailed(
+            f"{key}: the group averaged without this peer ({', '.join(gone)} closed matchmaking before it posted: "
+            "it finished its inner steps after the matchmaking window); it takes the committed state and goes on "
+            "with the next round")
 
 
 def participation_scale(group: list[Member]) -> float:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import torch
@@ -15,7 +15,9 @@ import torch
 from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import owner_encode, part_bounds
 from swarm.core.owner_feedback import OwnerFeedback
-from swarm.net.rendezvous import Member
+
+if TYPE_CHECKING:  # rendezvous raises ExchangeFailed
+    from swarm.net.rendezvous import Member
 
 logger = logging.getLogger("swarm.net.allreduce")  # the exchange's log, where these lines always were
 

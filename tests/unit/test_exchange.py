@@ -239,6 +239,25 @@ def test_a_planned_peer_that_never_shows_up_is_left_out_after_the_window(peers: 
         assert torch.equal(result.average, expected)
 
 
+def test_a_planned_peer_that_posts_after_the_group_formed_fails_at_once(peers: list[Peer]) -> None:
+    """A straggler that finished its inner steps after the others' window closed used to see their entries, form a
+    group of all three and wait the exchange's whole timeout for groupmates who had long averaged without it."""
+    key = group_key(RUN_ID, 23)
+    present, late = peers[:2], peers[2]
+    planned = {p.name for p in peers}
+    inputs = deltas(23, 2)
+    results = results_of(concurrently(
+        [lambda p=p, d=d: p.average(key, p.member(weight=1.0), planned, d, window_s=1.0) for p, d in zip(present, inputs)],
+        timeout_s=60,
+    ))
+    assert all([m.peer_id for m in group] == [p.name for p in present] for group, _ in results)
+
+    started = time.monotonic()
+    with pytest.raises(ExchangeFailed, match="the group averaged without this peer"):
+        late.average(key, late.member(weight=1.0), planned, deltas(24, 1)[0], window_s=20.0, timeout_s=30.0)
+    assert time.monotonic() - started < 10.0  # not the 20 s window nor the 30 s exchange timeout
+
+
 def test_a_member_that_posts_but_never_exchanges_fails_the_others(peers: list[Peer]) -> None:
     key = group_key(RUN_ID, 4)
     planned = {p.name for p in peers}
