@@ -4,15 +4,18 @@
     .venv/bin/python scripts/bench_straggler.py --json      # ~10-15 min on 2 shared cores
     .venv/bin/python scripts/bench_straggler.py --quick     # a smoke run (~2 min)
 
-Measured from the coordinator's history (``swarm history STATE_DIR``), over the rounds after the first
-(round 1 has no step time measured yet, so every peer does the full steps and the others wait):
+Measured from the coordinator's history (``swarm history STATE_DIR``), over the rounds after the first (a peer
+whose step-time probe did not show it >= 5x slower trains round 1's full steps):
 
 - ``straggler_throughput_ratio``: the swarm's tokens per wall second (every token its peers trained, over
   the time from round 1's decision to the last one's) over the sum of the peers' standalone tokens per
   second (each peer's own training speed in those rounds as its heartbeats report it: what it would do
-  alone on this machine, throttle included). Target >= 0.95.
+  alone on this machine, throttle included). Target >= 0.95. ``..._without_last_round``: the same without
+  the last round, whose exchange no next round can hide (every peer waits for it).
 - ``straggler_eval_loss_ratio``: the straggler run's last evaluated loss over the equal-speed run's at the
   same number of tokens (linear between its rounds). Target <= 1.01.
+
+``--overlap-steps 20 --controller auto`` runs both with overlap, the peers training on while they exchange.
 
 The last stdout line (with --json) is one JSON object with both and the numbers behind them.
 """
@@ -107,13 +110,16 @@ def _join_string(coordinator: subprocess.Popen) -> str:
     raise RuntimeError("the coordinator printed no join string")
 
 
-def throughput(history: dict) -> dict:
+def throughput(history: dict, *, last_round: bool = True) -> dict:
     """Swarm tokens/s in the steady rounds against the sum of each peer's own training speed in them. The
     steady rounds start at the first round after round 1 that every peer reported (round 1 has no decided round
     before it to time from; since the step-time probe it is budgeted too, before it the slow peer did the full
     steps, missed its group and resynced: the rounds a peer spends out are counted in ``rounds_before_steady``,
-    not in the ratio)."""
+    not in the ratio). ``last_round=False`` leaves the last round out too: its exchange has no next round to
+    overlap with, so every peer waits for it (the window ``utilization_under_wan`` measures)."""
     rounds = [r for r in history["rounds"] if r["outcome"] == "committed"]
+    if not last_round:
+        rounds = rounds[:-1]
     reporters = {i + 1: len(steps) for i, steps in enumerate(history["steps"])}  # round -> peers that reported
     first = next((r["round"] for r in rounds if r["round"] >= 2 and reporters.get(r["round"], 0) >= PEERS), None)
     if first is None:
@@ -200,6 +206,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "straggler_eval_loss_ratio": loss / equal_loss if equal_loss else None,
         **{k: v for k, v in speed.items() if k != "ratio"},
         "equal_throughput_ratio": throughput(equal)["ratio"],
+        "straggler_throughput_ratio_without_last_round": throughput(straggler, last_round=False)["ratio"],
+        "equal_throughput_ratio_without_last_round": throughput(equal, last_round=False)["ratio"],
         "eval_tokens": tokens, "straggler_eval_loss": loss, "equal_eval_loss_at_tokens": equal_loss,
         "straggler_rounds": [(r["round"], r["outcome"], r["tokens"]) for r in straggler["rounds"]],
         "equal_rounds": [(r["round"], r["outcome"], r["tokens"]) for r in equal["rounds"]],
@@ -210,7 +218,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "elapsed_s": elapsed_s,
     }
     for key in ("straggler_throughput_ratio", "straggler_eval_loss_ratio", "swarm_tokens_per_s",
-                "standalone_sum_tokens_per_s", "equal_throughput_ratio"):
+                "standalone_sum_tokens_per_s", "equal_throughput_ratio",
+                "straggler_throughput_ratio_without_last_round", "equal_throughput_ratio_without_last_round"):
         value = result[key]
         print(f"{key:32s} {value:.4g}" if isinstance(value, float) else f"{key:32s} {value}")
     if args.json:

@@ -38,6 +38,9 @@ from swarm.app.status import format_bytes, status_to_dict  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 
+SLOW = "slow@1:compute=3"
+
+
 def spawn(args: list[str], log: Path, stdout=None) -> subprocess.Popen:
     # faulthandler: a process that dies of a signal of its own (SIGSEGV, SIGABRT) leaves a traceback
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", PYTHONPATH=str(ROOT))
@@ -64,6 +67,8 @@ class Soak:
         self.config.write_text(
             f"[rounds]\ninner_steps = {args.inner_steps}\nmax_rounds = {args.rounds}\nmin_peers = {args.peers}\n"
             "matchmaking_window_s = 5.0\nexchange_timeout_s = 8.0\nround_timeout_s = 60.0\n"
+            + (f"overlap_steps = {args.overlap_steps}\ncontroller = \"{args.controller}\"\n"
+               if args.overlap_steps or args.controller != "off" else "")
         )
         self.coordinator: Optional[subprocess.Popen] = None
         self.join = ""
@@ -94,6 +99,8 @@ class Soak:
 
     def start_peer(self, name: str) -> None:
         supervised = ["--max-restarts", "1000000"] if self.args.supervised else []
+        if int(name.rsplit("-", 1)[1]) < self.args.slow_peers:
+            supervised += ["--faults", SLOW]  # a 3x slower device, in every process of this peer
         self.peers[name] = spawn(["peer", "--join", self.join, "--state-dir", str(self.workdir / name),
                                   "--threads", "1", "--name", name, "--join-timeout-s", "300", "--checkpoint-every", "1",
                                   *supervised], self.workdir / f"{name}.log")
@@ -280,6 +287,10 @@ def main() -> int:
     parser.add_argument("--supervised", action="store_true",
                         help="peers run under --max-restarts; a fault kills only the peer process, which its "
                              "supervisor starts again at once (the rejoin counts from the kill)")
+    parser.add_argument("--overlap-steps", type=int, default=0, help="[rounds] overlap_steps of the run")
+    parser.add_argument("--controller", choices=("off", "auto"), default="off", help="[rounds] controller of the run")
+    parser.add_argument("--slow-peers", type=int, default=0,
+                        help=f"the first N peers run with --faults {SLOW} (each inner step takes 3x its compute)")
     parser.add_argument("--workdir", help="keep logs here (default: a temporary directory)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

@@ -210,7 +210,7 @@ class Exchange:
         codec = get_codec(me.codec)
         check_agreement(key, group, me)
         weights = capped_weights(self.aggregation, group, key)
-        await self.inbox.expect(key, [m.dht_peer_id for m in group])
+        await self.inbox.expect(key, [m.dht_peer_id for m in group], group_digest(group))
         flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
         if codec.lowrank:  # the coordinator refuses such runs; a hand-made spec must not average garbage
             raise ValueError(f"codec {codec.name} is exchanged only by the simulator so far; choose int4 or sign.")
@@ -423,7 +423,7 @@ class Exchange:
         payload = b"".join(c.data for c in chunks)
         if not await self.inbox.deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload,
                                    sender_id=remote):
-            return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
+            return exchange_pb2.ChunkAck(ok=False, error=self.inbox.refusal(head.key, remote))
         self._received(head.key, remote, [c.ByteSize() for c in chunks], arrivals)  # not free at 1 MiB: once each
         return exchange_pb2.ChunkAck(ok=True)
 

@@ -85,7 +85,7 @@ class BulkSlices:
         async with self.inbox.cond:
             if not self.inbox.admitted(key, slot):
                 self.inbox.reject(key, remote, head.sender)
-                return exchange_pb2.ChunkAck(ok=False, error="this slice's sender is not that member of the group")
+                return exchange_pb2.ChunkAck(ok=False, error=self.inbox.refusal(key, remote))
 
         async def deliver(payload: memoryview, sizes: list[int], arrivals: list[float]) -> bool:
             if not await self.inbox.deliver(key, *slot[:4], payload, sender_id=remote):

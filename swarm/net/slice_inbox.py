@@ -31,6 +31,8 @@ class SliceInbox:
         self.key_prefix, self.own_id, self.on_forget = key_prefix, own_id, on_forget
         self._slots: dict[str, dict[Slot, bytes | memoryview]] = {}
         self._groups: dict[str, list[str]] = {}  # key -> the libp2p id of each position, while it is averaged
+        self._digests: dict[str, str] = {}  # key -> the digest of the group this peer averages it in
+        self._disagreed: dict[str, str] = {}  # key -> a member whose message names another group (libp2p id)
         self.rejected = 0  # messages dropped because their sender is not the member they claim to be
         self.cond = asyncio.Condition()  # made on the loop (an Exchange's start)
 
@@ -52,10 +54,14 @@ class SliceInbox:
     def admitted(self, key: str, slot: Slot) -> bool:
         """Whether ``slot``'s sender is that position's member of ``key``'s group (or, while the group is not
         known, may be: ``_may_buffer_early``); under ``cond``."""
-        ids, sender, sender_id = self._groups.get(key), slot[3], slot[4]
-        if ids is not None:
-            return 0 <= sender < len(ids) and ids[sender] == sender_id
+        if key in self._groups:
+            return self._fits(key, slot)
         return self._may_buffer_early(key, slot)
+
+    def _fits(self, key: str, slot: Slot) -> bool:
+        """Whether ``slot`` names this peer's group of ``key`` and its sender is that position's member."""
+        ids, sender, sender_id = self._groups[key], slot[3], slot[4]
+        return slot[0] == self._digests[key] and 0 <= sender < len(ids) and ids[sender] == sender_id
 
     def _may_buffer_early(self, key: str, slot: Slot) -> bool:
         """Whether a slice that came before this peer knows the key's group may wait for it (opening a
@@ -82,19 +88,33 @@ class SliceInbox:
         self._slots[key] = {}
         return True
 
-    async def expect(self, key: str, ids: list[str]) -> None:
+    async def expect(self, key: str, ids: list[str], digest: str) -> None:
         """From now on accept slices for ``key`` only from the group's members (``ids``: the libp2p id of
-        each position), each for its own position; drop what strangers sent before this peer knew the group."""
+        each position), each for its own position and naming this group (``digest``); drop what strangers sent
+        before this peer knew the group. A member whose message names another group (its matchmaking saw other
+        entries) fails the exchange at once (``wait_for``): it will never send this group's slices."""
         async with self.cond:
-            self._groups[key] = ids
+            self._groups[key], self._digests[key] = ids, digest
             if key not in self._slots:
                 self._open(key, force=True)
             inbox = self._slots[key]
-            for slot in [s for s in inbox if not (0 <= s[3] < len(ids) and ids[s[3]] == s[4])]:
+            for slot in [s for s in inbox if not self._fits(key, s)]:
                 inbox.pop(slot)
                 self.reject(key, slot[4], slot[3])
 
+    def refusal(self, key: str, sender_id: str) -> str:
+        """The sentence a dropped message's sender gets back (its ack's error)."""
+        if sender_id in self._groups.get(key, ()):
+            return "this peer averages this round in another group (its matchmaking saw other entries)"
+        return "this slice's sender is not that member of the group"
+
     def reject(self, key: str, sender_id: str, sender: int) -> None:
+        """Count a dropped message (under ``cond``); from a member of ``key``'s group, it means that member
+        averages in another group."""
+        if sender_id in self._groups.get(key, ()) and sender_id != self.own_id:
+            self._disagreed.setdefault(key, sender_id)
+            self.cond.notify_all()
+            return
         self.rejected += 1
         if self.rejected & (self.rejected - 1) == 0:  # the 1st, 2nd, 4th, 8th...: never a flood
             logger.warning("%s: dropped a message from %s claiming group position %d: not that member's libp2p id, "
@@ -113,7 +133,12 @@ class SliceInbox:
             return None
 
         async with self.cond:
-            await self.cond.wait_for(lambda: aborted() or all(w in self._slots.get(key, {}) for w in wanted))
+            await self.cond.wait_for(lambda: aborted() or key in self._disagreed
+                                     or all(w in self._slots.get(key, {}) for w in wanted))
+            if key in self._disagreed:
+                who = next((m.peer_id for m in group if m.dht_peer_id == self._disagreed[key]), self._disagreed[key])
+                raise ExchangeFailed(f"{key}: groupmate {who} averages in another group (its matchmaking window closed"
+                                     " on other entries, e.g. a late peer's); this round's exchange cannot complete")
             abort = aborted()
             if abort is not None:
                 sender, why = abort
@@ -127,6 +152,8 @@ class SliceInbox:
         async with self.cond:
             self._slots.pop(key, None)
             self._groups.pop(key, None)
+            self._digests.pop(key, None)
+            self._disagreed.pop(key, None)
             self.on_forget(key)
 
     def averaging(self, key: str) -> bool:

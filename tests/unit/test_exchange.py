@@ -258,6 +258,25 @@ def test_a_planned_peer_that_posts_after_the_group_formed_fails_at_once(peers: l
     assert time.monotonic() - started < 10.0  # not the 20 s window nor the 30 s exchange timeout
 
 
+def test_members_that_formed_different_groups_all_fail_at_once(peers: list[Peer]) -> None:
+    """A peer posting just as the window closes can be seen by some members and not others: the soak's straggler
+    run had two peers wait out the 30 s exchange timeout for a groupmate whose slices named another group."""
+    key = group_key(RUN_ID, 25)
+    members = [p.member(weight=1.0) for p in peers]
+    views = [members[:2], members, members]  # peer 0 did not see peer 2's entry in time, peers 1 and 2 did
+    inputs = deltas(25, 3)
+    started = time.monotonic()
+    outcomes = concurrently(
+        [lambda p=p, g=g, d=d: p.exchange.average(key=key, group=g, me=g[[m.peer_id for m in g].index(p.name)],
+                                                  delta=d, timeout_s=30.0)
+         for p, g, d in zip(peers, views, inputs)],
+        timeout_s=60,
+    )
+    assert time.monotonic() - started < 10.0  # nobody waited out the 30 s timeout
+    assert all(isinstance(o, ExchangeFailed) for o in outcomes), outcomes
+    assert any("in another group" in str(o) for o in outcomes), outcomes  # the others may be told by an abort
+
+
 def test_a_member_that_posts_but_never_exchanges_fails_the_others(peers: list[Peer]) -> None:
     key = group_key(RUN_ID, 4)
     planned = {p.name for p in peers}
