@@ -46,10 +46,18 @@ def round_history(
         exchange_s=max((r.exchange_time_s for r in counted), default=0.0),
         inner_s=inner / len(counted) if counted else 0.0,
         mean_loss=decided.mean_loss, eval_loss=math.nan,
-        tokens=sum(max(r.samples, 0) for r in counted) * config.data.seq_len,
+        tokens=sum(max(r.samples, 0) for r in _in_state(decided, counted)) * config.data.seq_len,
         utilization=inner / (inner + exchange) if inner + exchange > 0 else 0.0,
         committed_hash=decided.committed_hash if decided.outcome == COMMITTED else "", reason=decided.reason,
     )
+
+
+def _in_state(decided: RoundRecord, reports: Sequence[ReportRecord]) -> list[ReportRecord]:
+    """The reports whose samples are in the committed state: none of a voided round (its peers' work carries into
+    their next contribution) or of a participant whose exchange failed (it resyncs: its work is lost)."""
+    if decided.outcome != COMMITTED:
+        return []
+    return [r for r in reports if r.ok and r.state_hash == decided.committed_hash]
 
 
 def peer_round_history(

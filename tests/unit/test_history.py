@@ -83,6 +83,7 @@ def test_history_is_served_live_and_read_from_the_finished_state_dir(tmp_path: P
     assert first.mean_loss == 3.25 and first.eval_loss == 2.5 and first.utilization == 0.75
     assert first.tokens == 80 * RUN.data.seq_len and first.ddp_equivalent_bytes > 0
     assert second.outcome == pb.ROUND_OUTCOME_VOIDED and second.holders == 0
+    assert second.tokens == 0  # its work carries into the peers' next contributions: counted once, there
     peer_rows = [p for p in live.peer_rounds if p.round == 1]
     assert sorted(p.peer_id for p in peer_rows) == sorted(group)
     assert all(p.holder and p.tokens_per_s == 1234.0 and p.upload_mbit_s == 80.0 for p in peer_rows)
@@ -133,3 +134,18 @@ def test_a_round_the_controller_chose_for_records_its_codec_and_longest_budget()
     plain = round_history(RoundRecord(round=4, opened_at=1.0, participants=("a",), outcome=COMMITTED), [], RUN,
                           ddp_equivalent_bytes=0)
     assert (plain.codec, plain.inner_steps) == (RUN.rounds.codec, RUN.rounds.inner_steps)
+
+
+def test_a_rounds_tokens_are_those_in_the_committed_state() -> None:
+    """A participant whose exchange failed resyncs and its work is lost; the history does not count it."""
+    from coordinator.history import round_history
+    from coordinator.records import COMMITTED, ReportRecord, RoundRecord
+
+    decided = RoundRecord(round=3, opened_at=1.0, participants=("a", "b", "c"), outcome=COMMITTED, decided_at=2.0,
+                          committed_hash="h", holders=("a", "b"))
+    reports = [ReportRecord(round=3, peer_id="a", reported_at=1.5, ok=True, state_hash="h", samples=40),
+               ReportRecord(round=3, peer_id="b", reported_at=1.5, ok=True, state_hash="h", samples=40),
+               ReportRecord(round=3, peer_id="c", reported_at=1.5, ok=False, samples=40, error="the group averaged "
+                            "without this peer")]
+    row = round_history(decided, reports, RUN, ddp_equivalent_bytes=0)
+    assert row.tokens == 80 * RUN.data.seq_len and row.reported == 3
