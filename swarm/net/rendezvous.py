@@ -24,7 +24,7 @@ from swarm.core import credential
 from swarm.core.round_vote import group_key
 from swarm.core.signed_entry import MAX_BODY_BYTES, entry_body
 from swarm.net.dht_entries import read_entries, store_entry
-from swarm.net.slice_reduction import ExchangeFailed
+from swarm.net.exchange_failed import ExchangeFailed
 
 logger = logging.getLogger(__name__)
 

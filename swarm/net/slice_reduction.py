@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -15,20 +15,10 @@ import torch
 from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import owner_encode, part_bounds
 from swarm.core.owner_feedback import OwnerFeedback
-
-if TYPE_CHECKING:  # rendezvous raises ExchangeFailed
-    from swarm.net.rendezvous import Member
+from swarm.net.exchange_failed import ExchangeFailed
+from swarm.net.rendezvous import Member
 
 logger = logging.getLogger("swarm.net.allreduce")  # the exchange's log, where these lines always were
-
-
-class ExchangeFailed(RuntimeError):
-    """The group could not complete the average; nothing of it may be applied."""
-
-    def __init__(self, message: str, *, from_groupmate: bool = False, unreachable: bool = False):
-        super().__init__(message)
-        self.from_groupmate = from_groupmate  # a groupmate's abort: not passed on again
-        self.unreachable = unreachable  # a groupmate could not be dialled
 
 
 def slice_bounds(numel: int, parts: int, align: int, shares: Optional[Sequence[float]] = None) -> list[tuple[int, int]]:

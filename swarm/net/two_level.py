@@ -28,10 +28,11 @@ import torch
 from swarm.core.aggregation import Aggregation
 from swarm.core.site_plan import SitePlan, plan_sites, subgroup_weights
 from swarm.net.allreduce import Exchange, ExchangeResult
+from swarm.net.exchange_failed import ExchangeFailed
 from swarm.net.link_stats import LinkTimings
 from swarm.net.rendezvous import Member, group_digest
 from swarm.net.site_broadcast import SiteBroadcast
-from swarm.net.slice_reduction import ExchangeFailed, capped_weights
+from swarm.net.slice_reduction import capped_weights
 from swarm.net.transport import Transport
 
 logger = logging.getLogger(__name__)
