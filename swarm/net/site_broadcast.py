@@ -19,8 +19,8 @@ import torch
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.utils.asyncio import as_aiter
 
-from swarm.net.rendezvous import Member
 from swarm.net.exchange_failed import ExchangeFailed
+from swarm.net.rendezvous import Member
 from swarm.net.transport import CHUNK_BYTES, Transport
 from swarm.v1 import exchange_pb2
 

@@ -13,8 +13,8 @@ import asyncio
 import logging
 from typing import Callable, Optional
 
-from swarm.net.rendezvous import Member
 from swarm.net.exchange_failed import ExchangeFailed
+from swarm.net.rendezvous import Member
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger("swarm.net.allreduce")  # the exchange's log, where these lines always were
