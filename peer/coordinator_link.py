@@ -69,6 +69,7 @@ class CoordinatorLink:
         self.member: Optional[Member] = None  # after join: this peer's key and credential (renewed by heartbeats)
         self.backlog: list[Backlogged] = []
         self.last_group: Optional[set[str]] = None
+        self.plan_open = False  # the last planned() answer was the coordinator's plan of the open round
         self.processes: dict[str, str] = {}  # the open round's participants' libp2p ids (current_processes)
         self.live_peers = 0
         self.group_decision: Callable[[Vote], Optional[GroupDecided]] = lambda vote: None
@@ -163,17 +164,21 @@ class CoordinatorLink:
 
     def planned(self, round_no: int) -> Optional[set[str]]:
         """Who the coordinator planned into ``round_no``; while it is down (or behind), the last group."""
-        self.processes = {}  # unknown unless this answer says
+        self.processes, self.plan_open = {}, False  # unknown unless this answer says
         try:
             info = self.get_round(round_no)
         except Exception:
             return self.last_group
         if info.round != round_no or info.outcome != pb.ROUND_OUTCOME_OPEN:
             return self.last_group
-        self.last_group = set(info.participants)
+        self.last_group, self.plan_open = set(info.participants), True
         if len(info.participant_dht_ids) == len(info.participants):
             self.processes = dict(zip(info.participants, info.participant_dht_ids))
         return self.last_group
+
+    def plan_holds(self) -> bool:
+        """Whether the last ``planned`` answer was the coordinator's plan of the open round (not the last group)."""
+        return self.plan_open
 
     def current_processes(self) -> dict[str, str]:
         """Peer id -> the libp2p id of its current process, as of the last ``planned`` answer ({}: unknown)."""

@@ -56,6 +56,7 @@ class DhtGroup:
             guard(transport.dht, member)  # this node refuses to store or relay forged entries
         self.planned = planned  # the coordinator's plan for a round, or the last known group while it is down
         self.processes = processes  # the planned peers' current libp2p ids, as of the last planned() answer
+        self.plan_holds: Callable[[], bool] = lambda: False  # the last planned() answer is the coordinator's (the link)
         self.round_choice = round_choice or (lambda round_no: None)
         self.faults = faults
         self.exchange = Exchange(transport, run_id=run_id, aggregation=Aggregation.for_run(run))
@@ -91,7 +92,8 @@ class DhtGroup:
         try:
             group = rendezvous(
                 self.transport.dht, key=key, me=me, member=self.member, planned=lambda: self.planned(round_no),
-                window_s=rounds.matchmaking_window_s, ttl_s=rounds.matchmaking_window_s + rounds.exchange_timeout_s,
+                window_s=rounds.matchmaking_window_s, ttl_s=2 * rounds.matchmaking_window_s + rounds.exchange_timeout_s,
+                plan_holds=self.plan_holds,
                 on_posted=lambda: self.faults.at(round_no, "matchmaking"), processes=self.processes,
             )
             dropped_before = self.exchange.rejected_chunks

@@ -67,6 +67,7 @@ def rendezvous(
     plan_refresh_s: float = 1.0,
     on_posted: Optional[Callable[[], None]] = None,
     processes: Callable[[], Mapping[str, str]] = dict,
+    plan_holds: Callable[[], bool] = lambda: False,
 ) -> list[Member]:
     """Post this peer under key and return the group, ordered by peer index.
 
@@ -77,6 +78,13 @@ def rendezvous(
     id was left by a process that has since been replaced (a peer restarted mid-round, which cannot be
     reached there), and does not count as that peer's.
 
+    plan_holds() says whether the last planned() answer is the coordinator's plan of the open round (not a
+    fallback): then the window stays open past ``window_s`` (up to twice it) while that plan still lists a peer
+    that has not posted, and closes when the coordinator drops it (a plan refresh) or it posts. Every member then
+    closes on the same plan instead of each on its own clock: a peer that posted early (with overlap it trains the
+    next round while its last exchange waits, and posts the moment the round opens) no longer closes before a
+    slower planned peer arrives while another member, which posted later, includes it.
+
     Once its group is formed a peer posts its entry again with the group's indexes (``Member.closed``): a planned
     peer that arrives after that (it trained past the window, or the coordinator admitted it late) and is not in
     that group fails at once with ExchangeFailed, instead of forming a group the others have left and waiting out
@@ -86,7 +94,7 @@ def rendezvous(
     store_entry(dht, key, me, member=member, ttl_s=ttl_s)
     if on_posted is not None:
         on_posted()
-    deadline = time.monotonic() + window_s
+    deadline, longest = time.monotonic() + window_s, time.monotonic() + 2 * window_s
     expected = planned()
     next_plan_at = time.monotonic() + plan_refresh_s
     while True:
@@ -97,7 +105,7 @@ def rendezvous(
         _check_not_left_behind(key, me, posted, expected)
         if expected is not None and expected <= set(posted):
             break
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline and not (expected is not None and plan_holds() and time.monotonic() < longest):
             logger.info("%s: matchmaking window closed with %d of %s planned peers", key, len(posted),
                         "?" if expected is None else len(expected))
             break

@@ -55,10 +55,11 @@ class Peer:
         return Member(peer_id=self.name, dht_peer_id=self.transport.peer_id, index=self.index,
                       weight=weight, numel=numel, codec=codec, bulk=self.exchange.bulk_address if bulk else "")
 
-    def group(self, key: str, me: Member, planned: set[str], *, window_s: float = 20.0,
-              processes: dict[str, str] | None = None) -> list[Member]:
-        return rendezvous(self.transport.dht, key=key, me=me, member=self.credential, planned=lambda: planned, window_s=window_s,
-                          ttl_s=60, poll_s=0.05, processes=lambda: processes or {})
+    def group(self, key: str, me: Member, planned: set[str] | Callable[[], set[str]], *, window_s: float = 20.0,
+              processes: dict[str, str] | None = None, plan_holds: bool = False) -> list[Member]:
+        plan = planned if callable(planned) else (lambda: planned)
+        return rendezvous(self.transport.dht, key=key, me=me, member=self.credential, planned=plan, window_s=window_s,
+                          ttl_s=60, poll_s=0.05, processes=lambda: processes or {}, plan_holds=lambda: plan_holds)
 
     def average(self, key: str, me: Member, planned: set[str], delta: torch.Tensor, *,
                 window_s: float = 20.0, timeout_s: float = 30.0, owner: OwnerFeedback | None = None,
@@ -256,6 +257,35 @@ def test_a_planned_peer_that_posts_after_the_group_formed_fails_at_once(peers: l
     with pytest.raises(ExchangeFailed, match="the group averaged without this peer"):
         late.average(key, late.member(weight=1.0), planned, deltas(24, 1)[0], window_s=20.0, timeout_s=30.0)
     assert time.monotonic() - started < 10.0  # not the 20 s window nor the 30 s exchange timeout
+
+
+def test_while_the_coordinator_still_plans_a_late_peer_the_window_waits_for_it(peers: list[Peer]) -> None:
+    """The WAN testbed's overlap run: a peer that posted the moment the round opened closed its window before the
+    slowest planned peer posted, while a member that posted later included it; three rounds voided in a row."""
+    key = group_key(RUN_ID, 27)
+    planned = {p.name for p in peers}
+    window_s = 1.0
+
+    def late() -> list[Member]:
+        time.sleep(window_s + 0.5)  # the scenario: it posts after the others' window, before twice it
+        return peers[2].group(key, peers[2].member(weight=1.0), planned, window_s=window_s, plan_holds=True)
+
+    groups = results_of(concurrently(
+        [lambda p=p: p.group(key, p.member(weight=1.0), planned, window_s=window_s, plan_holds=True)
+         for p in peers[:2]] + [late], timeout_s=60))
+    assert all([m.peer_id for m in g] == [p.name for p in peers] for g in groups)  # one group, on every member
+
+
+def test_when_the_coordinator_drops_a_planned_peer_the_window_closes_on_its_new_plan(peers: list[Peer]) -> None:
+    key = group_key(RUN_ID, 29)
+    present = peers[:2]
+    started = time.monotonic()
+    plan = lambda: {p.name for p in (peers if time.monotonic() - started < 2.5 else present)}  # noqa: E731
+    groups = results_of(concurrently(
+        [lambda p=p: p.group(key, p.member(weight=1.0), plan, window_s=2.0, plan_holds=True) for p in present],
+        timeout_s=60))
+    assert 2.5 <= time.monotonic() - started < 3.8  # past the window, closed on the new plan (refreshed each second)
+    assert all([m.peer_id for m in g] == [p.name for p in present] for g in groups)
 
 
 def test_members_that_formed_different_groups_all_fail_at_once(peers: list[Peer]) -> None:
