@@ -130,12 +130,20 @@ def throughput(history: dict, *, last_round: bool = True) -> dict:
     swarm_tps = sum(r["tokens"] for r in steady) / wall_s
     speeds: dict[str, list[float]] = {}
     for p in history["peer_rounds"]:
-        if p["round"] >= first and p["tokens_per_s"]:
+        if first <= p["round"] <= steady[-1]["round"] and p["tokens_per_s"]:
             speeds.setdefault(p["peer_id"], []).append(p["tokens_per_s"])
     standalone = {peer: statistics.median(v) for peer, v in speeds.items()}
     return {"swarm_tokens_per_s": swarm_tps, "standalone_tokens_per_s": sorted(standalone.values()),
             "standalone_sum_tokens_per_s": sum(standalone.values()), "steady_wall_s": wall_s,
             "steady_rounds": [r["round"] for r in steady], "ratio": swarm_tps / sum(standalone.values())}
+
+
+def _ratio_without_last_round(history: dict) -> Optional[float]:
+    """``throughput(..., last_round=False)``'s ratio; None when the last round is the only steady one."""
+    try:
+        return throughput(history, last_round=False)["ratio"]
+    except RuntimeError:
+        return None
 
 
 def eval_curve(history: dict) -> list[tuple[int, float]]:
@@ -206,8 +214,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "straggler_eval_loss_ratio": loss / equal_loss if equal_loss else None,
         **{k: v for k, v in speed.items() if k != "ratio"},
         "equal_throughput_ratio": throughput(equal)["ratio"],
-        "straggler_throughput_ratio_without_last_round": throughput(straggler, last_round=False)["ratio"],
-        "equal_throughput_ratio_without_last_round": throughput(equal, last_round=False)["ratio"],
+        "straggler_throughput_ratio_without_last_round": _ratio_without_last_round(straggler),
+        "equal_throughput_ratio_without_last_round": _ratio_without_last_round(equal),
         "eval_tokens": tokens, "straggler_eval_loss": loss, "equal_eval_loss_at_tokens": equal_loss,
         "straggler_rounds": [(r["round"], r["outcome"], r["tokens"]) for r in straggler["rounds"]],
         "equal_rounds": [(r["round"], r["outcome"], r["tokens"]) for r in equal["rounds"]],

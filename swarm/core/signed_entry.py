@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, fields
+from dataclasses import MISSING, fields
 from typing import Any, TypeVar
 
 from swarm.core.credential import CredentialError, Member, verify_credential, verify_signature
@@ -31,8 +31,12 @@ def _signed_message(key: str, body: bytes) -> bytes:
 
 
 def entry_body(entry: Any) -> bytes:
-    """The bytes ``sign_entry`` signs for ``entry`` (a reader refuses more than MAX_BODY_BYTES)."""
-    return json.dumps(asdict(entry), sort_keys=True, separators=(",", ":")).encode()
+    """The bytes ``sign_entry`` signs for ``entry`` (a reader refuses more than MAX_BODY_BYTES). A field at its
+    default is left out (the reader fills it in), so a field added with a default does not make a peer of the
+    previous version refuse every entry of this one."""
+    body = {f.name: value for f in fields(entry)
+            if (value := getattr(entry, f.name)) != f.default or f.default is MISSING}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
 def sign_entry(member: Member, key: str, entry: Any) -> dict[str, Any]:

@@ -88,8 +88,7 @@ def rendezvous(
     Once its group is formed a peer posts its entry again with the group's indexes (``Member.closed``): a planned
     peer that arrives after that (it trained past the window, or the coordinator admitted it late) and is not in
     that group fails at once with ExchangeFailed, instead of forming a group the others have left and waiting out
-    the exchange's timeout. The re-post is waited for only when the group is short of the plan (a late peer is
-    then likely; the whole window was waited anyway).
+    the exchange's timeout. The re-post is not waited for (the DHT's own process stores it).
     """
     store_entry(dht, key, me, member=member, ttl_s=ttl_s)
     if on_posted is not None:
@@ -117,8 +116,7 @@ def rendezvous(
                      key=lambda m: (m.index, m.peer_id))
     marked = replace(me, closed=",".join(str(m.index) for m in members))
     if len(entry_body(marked)) <= MAX_BODY_BYTES:  # a larger group (~150) is not marked: a late peer times out
-        short = expected is None or not expected <= set(posted)
-        store_entry(dht, key, marked, member=member, ttl_s=ttl_s, wait=short)
+        store_entry(dht, key, marked, member=member, ttl_s=ttl_s, wait=False)  # a dead DHT node must not delay us
     return members
 
 

@@ -101,6 +101,9 @@ class SliceInbox:
             for slot in [s for s in inbox if not self._fits(key, s)]:
                 inbox.pop(slot)
                 self.reject(key, slot[4], slot[3])
+        if key in self._disagreed:  # a groupmate's early message already named another group: do not send
+            raise ExchangeFailed(f"{key}: groupmate {self._disagreed[key]} (libp2p id) averages in another group (its "
+                                 "matchmaking window closed on other entries); this round's exchange cannot complete")
 
     def refusal(self, key: str, sender_id: str) -> str:
         """The sentence a dropped message's sender gets back (its ack's error)."""

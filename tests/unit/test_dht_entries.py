@@ -39,6 +39,31 @@ def test_a_members_signed_entry_reads_back_exactly() -> None:
     assert _read(sign_entry(MEMBER, KEY, vote), cls=Vote) == vote
 
 
+def test_a_reader_of_the_previous_version_reads_an_entry_whose_new_fields_are_at_their_defaults() -> None:
+    """Fields at their defaults are left out of the signed body, so the matchmaking entry's ``closed`` (added in
+    session 14) does not make an older peer, whose Member has no such field, refuse every entry."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class OldMember:  # Member as it was before ``closed``
+        peer_id: str
+        dht_peer_id: str
+        index: int
+        weight: float
+        numel: int
+        codec: str
+        live_peers: int = 0
+        maddrs: str = ""
+        site: str = ""
+        plan: str = ""
+        bulk: str = ""
+
+    assert b"closed" not in SIGNED["body"]
+    assert _read(SIGNED, cls=OldMember).index == ENTRY.index
+    marked = dataclasses.replace(ENTRY, closed="1,3")
+    assert _read(sign_entry(MEMBER, KEY, marked)) == marked
+
+
 @pytest.mark.parametrize("tamper, reason", [
     (lambda v: {**v, "signature": bytes(64)}, "not signed by"),
     (lambda v: {**v, "credential": make_member(PeerKey.generate(), RUN_ID, "QmMember").credential},
