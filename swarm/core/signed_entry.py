@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import MISSING, fields
+from dataclasses import fields
 from typing import Any, TypeVar
 
 from swarm.core.credential import CredentialError, Member, verify_credential, verify_signature
@@ -30,12 +30,16 @@ def _signed_message(key: str, body: bytes) -> bytes:
     return key.encode() + b"\0" + body
 
 
+# Fields added to an entry after its first version, left out of the body while at their default (the reader fills
+# it in), so a peer of the previous version does not refuse every entry of this one. Only these: every other field
+# stays, ``site`` above all, which readers check against the credential when it is there.
+OMITTED_AT_DEFAULT = ("closed",)
+
+
 def entry_body(entry: Any) -> bytes:
-    """The bytes ``sign_entry`` signs for ``entry`` (a reader refuses more than MAX_BODY_BYTES). A field at its
-    default is left out (the reader fills it in), so a field added with a default does not make a peer of the
-    previous version refuse every entry of this one."""
-    body = {f.name: value for f in fields(entry)
-            if (value := getattr(entry, f.name)) != f.default or f.default is MISSING}
+    """The bytes ``sign_entry`` signs for ``entry`` (a reader refuses more than MAX_BODY_BYTES)."""
+    body = {f.name: getattr(entry, f.name) for f in fields(entry)
+            if not (f.name in OMITTED_AT_DEFAULT and getattr(entry, f.name) == f.default)}
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
