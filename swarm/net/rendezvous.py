@@ -78,17 +78,11 @@ def rendezvous(
     id was left by a process that has since been replaced (a peer restarted mid-round, which cannot be
     reached there), and does not count as that peer's.
 
-    plan_holds() says whether the last planned() answer is the coordinator's plan of the open round (not a
-    fallback): then the window stays open past ``window_s`` (up to twice it) while that plan still lists a peer
-    that has not posted, and closes when the coordinator drops it (a plan refresh) or it posts. Every member then
-    closes on the same plan instead of each on its own clock: a peer that posted early (with overlap it trains the
-    next round while its last exchange waits, and posts the moment the round opens) no longer closes before a
-    slower planned peer arrives while another member, which posted later, includes it.
-
-    Once its group is formed a peer posts its entry again with the group's indexes (``Member.closed``): a planned
-    peer that arrives after that (it trained past the window, or the coordinator admitted it late) and is not in
-    that group fails at once with ExchangeFailed, instead of forming a group the others have left and waiting out
-    the exchange's timeout. The re-post is not waited for (the DHT's own process stores it).
+    plan_holds(): the last planned() answer is the coordinator's plan of the open round. Then the window stays
+    open (up to twice ``window_s``) while that plan lists a peer that has not posted, so every member closes on
+    the coordinator's decision, not each on its own clock (with overlap a peer posts the moment a round opens).
+    A formed group's members post again with its indexes (``_mark_closed``): a planned peer posting later and not
+    among them fails at once with ExchangeFailed instead of waiting out the exchange's timeout.
     """
     store_entry(dht, key, me, member=member, ttl_s=ttl_s)
     if on_posted is not None:
@@ -114,10 +108,17 @@ def rendezvous(
         time.sleep(poll_s)  # polling the DHT: there is no change notification to await
     members = sorted((m for pid, m in posted.items() if expected is None or pid in expected or pid == me.peer_id),
                      key=lambda m: (m.index, m.peer_id))
-    marked = replace(me, closed=",".join(str(m.index) for m in members))
-    if len(entry_body(marked)) <= MAX_BODY_BYTES:  # a larger group (~150) is not marked: a late peer times out
-        store_entry(dht, key, marked, member=member, ttl_s=ttl_s, wait=False)  # a dead DHT node must not delay us
+    _mark_closed(dht, key, me, members, member=member, ttl_s=ttl_s)
     return members
+
+
+def _mark_closed(dht: hivemind.DHT, key: str, me: Member, members: list[Member], *, member: credential.Member,
+                 ttl_s: float) -> None:
+    """Post this peer's entry again with its formed group's indexes (``Member.closed``), without waiting (a dead DHT
+    node must not delay the exchange); a larger group (~150) is not marked, and a late peer then times out."""
+    marked = replace(me, closed=",".join(str(m.index) for m in members))
+    if len(entry_body(marked)) <= MAX_BODY_BYTES:
+        store_entry(dht, key, marked, member=member, ttl_s=ttl_s, wait=False)
 
 
 def _check_not_left_behind(key: str, me: Member, posted: Mapping[str, Member], expected: Optional[set[str]]) -> None:
