@@ -39,6 +39,7 @@ class BulkSender:
         self._lock = threading.Lock()
         self._idle: dict[Address, list[socket.socket]] = {}  # under _lock
         self._busy: set[socket.socket] = set()  # under _lock: sockets a thread is sending on or reading from
+        self._closed = False  # under _lock: after close() no thread starts a send (one racing it used to block exit)
         self._skip_until: dict[Address, float] = {}  # the loop's: addresses that could not be dialled
 
     async def send(self, address: Address, header: exchange_pb2.BulkHeader, data: bytes | memoryview, *,
@@ -75,6 +76,9 @@ class BulkSender:
                 return 0.0, "unreachable"
             in_use[:] = [sock]
             with self._lock:
+                if self._closed:  # close() ran after this send was picked up: it would block on a fresh socket
+                    _close(sock)
+                    return 0.0, "connection failed (shutting down)"
                 self._busy.add(sock)
             started = time.perf_counter()
             _pace(sock, pace_bytes_per_s)
@@ -123,6 +127,7 @@ class BulkSender:
         a forked child holds its socket open never resets it): the pool's threads, which the interpreter joins at
         exit, then end at once instead of after IO_TIMEOUT_S (a finished peer hung at exit in the suite)."""
         with self._lock:
+            self._closed = True
             for idle in self._idle.values():
                 for sock in idle:
                     _close(sock)
