@@ -176,10 +176,6 @@ class CoordinatorLink:
             self.processes = dict(zip(info.participants, info.participant_dht_ids))
         return self.last_group
 
-    def plan_holds(self) -> bool:
-        """Whether the last ``planned`` answer was the coordinator's plan of the open round (not the last group)."""
-        return self.plan_open
-
     def current_processes(self) -> dict[str, str]:
         """Peer id -> the libp2p id of its current process, as of the last ``planned`` answer ({}: unknown)."""
         return self.processes

@@ -190,7 +190,7 @@ class PeerDaemon:
                                               peer_id=self.peer_id, peer_index=joined.peer_index,
                                               planned=self.link.planned, faults=o.faults, member=self.link.member,
                                               round_choice=self.link.round_choice, processes=self.link.current_processes)
-        self.link.group_decision, group.plan_holds = group.group_decision, self.link.plan_holds
+        self.link.group_decision, group.plan_holds = group.group_decision, lambda: self.link.plan_open
         if o.uplink_mbit > 0:
             group.exchange.uplink_mbit_s = o.uplink_mbit  # --uplink-mbit: the bulk sends are paced under it
         self.link.param_count = trainer.param_count

@@ -102,8 +102,7 @@ class SliceInbox:
                 inbox.pop(slot)
                 self.reject(key, slot[4], slot[3])
         if key in self._disagreed:  # a groupmate's early message already named another group: do not send
-            raise ExchangeFailed(f"{key}: groupmate {self._disagreed[key]} (libp2p id) averages in another group (its "
-                                 "matchmaking window closed on other entries); this round's exchange cannot complete")
+            raise self._disagreement(key, [])
 
     def refusal(self, key: str, sender_id: str) -> str:
         """The sentence a dropped message's sender gets back (its ack's error)."""
@@ -139,9 +138,7 @@ class SliceInbox:
             await self.cond.wait_for(lambda: aborted() or key in self._disagreed
                                      or all(w in self._slots.get(key, {}) for w in wanted))
             if key in self._disagreed:
-                who = next((m.peer_id for m in group if m.dht_peer_id == self._disagreed[key]), self._disagreed[key])
-                raise ExchangeFailed(f"{key}: groupmate {who} averages in another group (its matchmaking window closed"
-                                     " on other entries, e.g. a late peer's); this round's exchange cannot complete")
+                raise self._disagreement(key, group)
             abort = aborted()
             if abort is not None:
                 sender, why = abort
@@ -149,6 +146,12 @@ class SliceInbox:
                 raise ExchangeFailed(f"{key}: groupmate {who} gave up ({why.decode(errors='replace')})",
                                      from_groupmate=True)
             return [self._slots[key][w] for w in wanted]
+
+    def _disagreement(self, key: str, group: list[Member]) -> ExchangeFailed:
+        """The error for a groupmate whose message named another group (its peer id when ``group`` has it)."""
+        who = next((m.peer_id for m in group if m.dht_peer_id == self._disagreed[key]), self._disagreed[key])
+        return ExchangeFailed(f"{key}: groupmate {who} averages in another group (its matchmaking window closed on "
+                              "other entries, e.g. a late peer's); this round's exchange cannot complete")
 
     async def forget(self, key: str) -> None:
         """``key``'s exchange is over: its slices go, and what others keep for it (``on_forget``)."""
