@@ -37,8 +37,8 @@ from swarm.core.aggregation import Aggregation
 from swarm.core.average import new_f32
 from swarm.core.codec import get_codec
 from swarm.core.owner_feedback import OwnerFeedback
-from swarm.net.bulk_channel import BulkChannel, seal
-from swarm.net.bulk_slices import BulkSlices
+from swarm.net.bulk_channel import BulkChannel
+from swarm.net.bulk_slices import BulkSlices, Reservation
 from swarm.net.link_probe import LinkProbe
 from swarm.net.chunk_stream import SlicePayload, Turn, cancel_all, chunk_messages, settle
 from swarm.net.link_stats import LinkTimings, TransferLog
@@ -218,10 +218,41 @@ class Exchange:
             return await self._gather(key, group, me, flat, codec, weights, on_phase, started)
         position, digest = [m.peer_id for m in group].index(me.peer_id), group_digest(group)
         bounds = group_bounds(key, me.numel, len(group), codec.block, shares)  # block-aligned: quantize like the whole
+        reserved = self._reserve(key, group, digest, position, bounds, codec)  # the bulk slots, claimed now
+        try:
+            return await self._butterfly(key, group, position, digest, bounds, reserved, flat, codec, weights,
+                                         on_phase, owner, started)
+        finally:
+            await cancel_all([r.answer for r in reserved.values() if not r.answer.done()])
 
+    def _reserve(self, key: str, group: list[Member], digest: str, position: int, bounds: list[tuple[int, int]],
+                 codec) -> dict[tuple[int, int], Reservation]:
+        """This peer's bulk slots of the exchange, claimed before anything is encoded (so the claims' round trips
+        overlap the encoding): by (phase, group position sent to), its contribution to every owner and its
+        averaged slice to every member; a slice with no slot goes over libp2p."""
+        if self._bulk_slices is None:
+            return {}
+        reserved = {}
+        def size(part: int) -> int:
+            return codec.encoded_size(bounds[part][1] - bounds[part][0])  # the most a slice's encoding takes
+
+        for to, member in enumerate(group):
+            if to == position:
+                continue
+            for phase, part in ((exchange_pb2.PHASE_CONTRIBUTION, to), (exchange_pb2.PHASE_AVERAGED, position)):
+                head = dict(key=key, group_digest=digest, phase=phase, part=part, sender=position)
+                reservation = self._bulk_slices.reserve(member, key, head, size(part))
+                if reservation is not None:
+                    reserved[phase, to] = reservation
+        return reserved
+
+    async def _butterfly(self, key: str, group: list[Member], position: int, digest: str,
+                         bounds: list[tuple[int, int]], reserved: dict[tuple[int, int], Reservation],
+                         flat: torch.Tensor, codec, weights: list[float], on_phase: Callable[[str], Optional[float]],
+                         owner: Optional[OwnerFeedback], started: float) -> ExchangeResult:
         # Phase 1: every slice goes, encoded, to its owner (this peer's own slice stays here).
         await _pause(on_phase("sending"))
-        sent = await self._contribute(key, group, digest, position, bounds, flat, codec)
+        sent = await self._contribute(key, group, digest, position, bounds, flat, codec, reserved)
         phases_s = {"contributed": time.perf_counter() - started}
 
         # Reduce this peer's slice in the group's order (each contribution decoded as it arrives), then send
@@ -238,11 +269,12 @@ class Exchange:
         phases_s["reduced"] = time.perf_counter() - started
         sent += await self._send_each(len(group) - 1, lambda i, turn: self._send(
             group[(position + 1 + i) % len(group)], key, digest, exchange_pb2.PHASE_AVERAGED, position, position,
-            averaged_payload, turn=turn))
+            averaged_payload, turn=turn,
+            reservation=reserved.get((exchange_pb2.PHASE_AVERAGED, (position + 1 + i) % len(group)))))
         phases_s["averaged_sent"] = time.perf_counter() - started
 
         # Phase 2: collect every owner's averaged slice, each decoded as it arrives.
-        average = new_f32((me.numel,))  # in huge pages where the kernel has them: written once, by the decodes
+        average = new_f32((bounds[-1][1],))  # in huge pages where the kernel has them: written once, by the decodes
         await settle(self._decoded_into(key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, owner), owner,
                                         average[s:e]) for owner, (s, e) in enumerate(bounds))
         phases_s["all_here"] = time.perf_counter() - started
@@ -271,26 +303,28 @@ class Exchange:
                               links=self._transfers.timings(key, rtt_s=rtt_s, group=group))
 
     async def _contribute(self, key: str, group: list[Member], digest: str, position: int,
-                          bounds: list[tuple[int, int]], flat: torch.Tensor, codec) -> int:
+                          bounds: list[tuple[int, int]], flat: torch.Tensor, codec,
+                          reserved: dict[tuple[int, int], Reservation]) -> int:
         """Send every slice to its owner, owners from the next position on. The slices are encoded (and
-        sealed for the bulk channel) one after another in that order, each sent as soon as it is ready, this
+        tagged for their bulk slot) one after another in that order, each sent as soon as it is ready, this
         peer's own slice last: encoding them all at once would delay the first send by the whole vector's
         encoding. The bytes sent."""
         await asyncio.to_thread(check_sendable, codec, flat, key)
         owners = [(position + i) % len(group) for i in range(1, len(group))]
         encoding = Turn.chain(len(owners) + 1, in_turn=True)  # the i-th slice's encoding, this peer's own last
 
-        async def prepared(i: int) -> tuple[SlicePayload, Optional[tuple[bytes, bytes]]]:
-            """The slice for ``owners[i]``, and for the bulk channel its one-time key and tag."""
+        async def prepared(i: int) -> tuple[SlicePayload, Optional[bytes]]:
+            """The slice for ``owners[i]``, and its tag for the bulk slot reserved for it."""
             start, end = bounds[owners[i]]
             await encoding[i].wait()
             try:
                 payload = SlicePayload.lazy(codec, flat[start:end])
                 if payload is None:  # off the event loop, which keeps serving the other peers' streams
                     payload = SlicePayload(await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key))
-                if self._bulk_slices is None or self._bulk_slices.takes(group[owners[i]], payload) is None:
+                reservation = reserved.get((exchange_pb2.PHASE_CONTRIBUTION, owners[i]))
+                if reservation is None:
                     return payload, None
-                return payload, await asyncio.to_thread(seal, await payload.whole())
+                return payload, await asyncio.to_thread(reservation.tag, await payload.whole())
             finally:
                 encoding[i].done()
 
@@ -306,12 +340,13 @@ class Exchange:
 
         async def send(i: int, turn: Turn) -> int:
             try:
-                payload, sealed = await prepared(i)
+                payload, frame_tag = await prepared(i)
             except BaseException:
                 turn.done()  # the sends after it are called off too; none waits for this one meanwhile
                 raise
             return await self._send(group[owners[i]], key, digest, exchange_pb2.PHASE_CONTRIBUTION, owners[i],
-                                    position, payload, sealed=sealed, turn=turn)
+                                    position, payload, frame_tag=frame_tag, turn=turn,
+                                    reservation=reserved.get((exchange_pb2.PHASE_CONTRIBUTION, owners[i])))
 
         own_slice = asyncio.ensure_future(own())
         try:
@@ -340,13 +375,15 @@ class Exchange:
         await asyncio.to_thread(decode_into, codec, data, out, key)
 
     async def _send(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int,
-                    payload: SlicePayload | bytes, *, sealed: Optional[tuple[bytes, bytes]] = None,
-                    turn: Optional[Turn] = None) -> int:
-        """Send one slice: over ``member``'s bulk channel if it has one (``sealed``: its key and tag, made
-        now when None), else, or if that fails, over libp2p; its bytes go on ``turn``. The bytes sent."""
+                    payload: SlicePayload | bytes, *, reservation: Optional[Reservation] = None,
+                    frame_tag: Optional[bytes] = None, turn: Optional[Turn] = None) -> int:
+        """Send one slice: over ``member``'s bulk channel if it has one (``reservation``: the slot claimed for
+        it, made now when None; ``frame_tag``: the bytes' tag under its key), else, or if that fails, over
+        libp2p; its bytes go on ``turn``. The bytes sent."""
         turn = turn or Turn()
         try:
-            return await self._send_on_turn(member, key, digest, phase, part, sender, payload, sealed, turn)
+            return await self._send_on_turn(member, key, digest, phase, part, sender, payload, reservation, frame_tag,
+                                            turn)
         finally:
             turn.done()
 
@@ -357,11 +394,13 @@ class Exchange:
         return uplink_pace(self.uplink_mbit_s, self.inbox.group_size(key))
 
     async def _send_on_turn(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int,
-                            payload: SlicePayload | bytes, sealed: Optional[tuple[bytes, bytes]], turn: Turn) -> int:
+                            payload: SlicePayload | bytes, reservation: Optional[Reservation],
+                            frame_tag: Optional[bytes], turn: Turn) -> int:
         payload, sent = SlicePayload(payload) if isinstance(payload, bytes) else payload, 0
         head = dict(key=key, group_digest=digest, phase=phase, part=part, sender=sender)
         if phase != exchange_pb2.PHASE_ABORT and self._bulk_slices is not None:
-            bulk_sent = await self._bulk_slices.send(member, key, head, payload, sealed, turn, pace_mbit_s=self._pace(key))
+            bulk_sent = await self._bulk_slices.send(member, key, head, payload, reservation, frame_tag, turn,
+                                                     pace_mbit_s=self._pace(key))
             if bulk_sent is not None:
                 return bulk_sent
         await turn.wait()
@@ -416,7 +455,7 @@ class Exchange:
         ):
             return exchange_pb2.ChunkAck(ok=False, error="chunks of one slice arrived inconsistent or incomplete")
         remote = context.remote_id.to_base58()
-        if head.bulk_tag:
+        if head.bulk_mac_key:  # a claim (one without a ticket, an older peer's, is refused: it sends over libp2p)
             if self._bulk_slices is None:
                 return exchange_pb2.ChunkAck(ok=False, error="no bulk channel here; send the slice itself")
             return await self._bulk_slices.on_claim(head, remote)

@@ -3,15 +3,19 @@ exchange's slice bytes straight from the socket into one buffer, without p2pd's 
 
 Why it is safe although the channel is not authenticated: bytes are read only for a slot that the sender
 claimed first over libp2p (``Exchange`` checks there that the claim comes from the libp2p id of that group
-position) with the slice's length and its Poly1305 tag under a one-time key that the claim carries. libp2p's
-secure channel keeps the key between the two ends, so no one else can make other bytes with that tag
-(a forgery succeeds with probability below 2^-80 for any slice size here). Poly1305 rather than a SHA-256
-digest: it is 3-4x cheaper per byte, and with a fresh key per claim it is as binding for everyone but the
-sender, who may send any bytes for its own slot anyway. A frame whose header names no such claim is
-refused before a byte of its body is read; a body whose tag differs is dropped and counted; one connection
-at a time reads for a claim, and the bytes being read but not yet verified stay under ``max_pending_bytes``. A
-refused sender sends the slice over libp2p instead, so an attacker who knows the port can slow an
-exchange down to today's path, never change or fail it.
+position) with a one-time key, a ticket and the most bytes the slice may take. The frame names the ticket and
+carries the bytes' Poly1305 tag under the key. libp2p's secure channel keeps key and ticket between the two
+ends, so no one else can name the slot or make other bytes with a valid tag (a forgery succeeds with
+probability below 2^-80 for any slice size here); the sender uses each key for one frame only, as a one-time
+authenticator needs. Poly1305 rather than a SHA-256 digest: it is 3-4x cheaper per byte, and with a fresh key
+per claim it is as binding for everyone but the sender, who may send any bytes for its own slot anyway. Since
+the claim needs neither the bytes nor their tag, a sender claims its slots as the exchange starts, and the
+claim's round trip (tens of ms through p2pd on a busy host, one RTT on a WAN link) is not paid between the
+encoding and the first byte. A frame whose header names no such claim, or more bytes than it, is refused before
+a byte of its body is read; a body whose tag differs is dropped and counted; one connection at a time reads for
+a claim, and the bytes being read but not yet verified stay under ``max_pending_bytes``. A refused sender sends
+the slice over libp2p instead, so an attacker who knows the port can slow an exchange down to today's path,
+never change or fail it.
 
 Frame: ``MAGIC``, a little-endian u32 header length, an ``exchange_pb2.BulkHeader``, ``length`` bytes;
 the receiver answers one status byte (``OK`` or why not) and the connection carries the next frame.
@@ -51,8 +55,8 @@ STATUS_WORDS = {NO_CLAIM: "no claim for that slot", BUSY: "another connection is
                 OVER_CAP: "too many unverified bulk bytes held", MISMATCH: "bytes differ from the claimed tag",
                 BAD_FRAME: "malformed frame", UNDELIVERED: "the exchange refused the slice"}
 
-Slot = tuple[str, int, int, int, bytes, int]  # (group digest, phase, part, sender position, tag, length)
-MAC_KEY_BYTES, TAG_BYTES = 32, 16
+Slot = tuple[str, int, int, int, bytes]  # (group digest, phase, part, sender position, ticket)
+MAC_KEY_BYTES, TAG_BYTES, TICKET_BYTES = 32, 16, 16
 Deliver = Callable[[memoryview, list[int], list[float]], Awaitable[bool]]
 
 
@@ -62,6 +66,7 @@ class Claim:
 
     deliver: Deliver  # (payload, read sizes, their arrival times) -> whether the exchange took it
     mac_key: bytes
+    max_bytes: int  # the most the slice may take (its codec's size bound)
     sender_id: str  # the libp2p id that claimed it (authenticated by libp2p)
     reading: bool = False  # a connection is reading bytes for it now
 
@@ -79,10 +84,14 @@ class Drops:
             logger.warning("bulk channel refused a frame: %s (%d refused so far)", STATUS_WORDS[status], total)
 
 
-def seal(data: bytes | memoryview) -> tuple[bytes, bytes]:
-    """A fresh one-time key and ``data``'s Poly1305 tag under it: what a claim carries."""
-    key = os.urandom(MAC_KEY_BYTES)
-    return key, Poly1305.generate_tag(key, data)
+def fresh_claim_secrets() -> tuple[bytes, bytes]:
+    """A claim's one-time key and ticket, fresh from the OS's generator."""
+    return os.urandom(MAC_KEY_BYTES), os.urandom(TICKET_BYTES)
+
+
+def tag(mac_key: bytes, data: bytes | memoryview) -> bytes:
+    """``data``'s Poly1305 tag under a claim's one-time key: what its frame carries."""
+    return Poly1305.generate_tag(mac_key, data)
 
 
 def bulk_address(host: str, port: int) -> str:
@@ -131,14 +140,15 @@ class BulkChannel:
         for reader in list(self._readers):
             reader.abort()
 
-    def claim(self, key: str, slot: Slot, mac_key: bytes, sender_id: str, deliver: Deliver) -> bool:
-        """Expect ``slot``'s bytes for ``key`` from ``sender_id``; False when it or everyone has too many
-        claims open (the sender then sends over libp2p). A repeated claim replaces the earlier (a resend)."""
+    def claim(self, key: str, slot: Slot, max_bytes: int, mac_key: bytes, sender_id: str, deliver: Deliver) -> bool:
+        """Expect at most ``max_bytes`` of ``slot``'s bytes for ``key`` from ``sender_id``; False when it or
+        everyone has too many claims open (the sender then sends over libp2p). A repeated claim replaces the
+        earlier (a resend)."""
         claims = self._claims.setdefault(key, {})
         if slot not in claims and (sum(map(len, self._claims.values())) >= MAX_CLAIMS or sum(
                 c.sender_id == sender_id for c in claims.values()) >= MAX_CLAIMS_PER_SENDER):
             return False
-        claims[slot] = Claim(deliver, mac_key, sender_id)
+        claims[slot] = Claim(deliver, mac_key, max_bytes, sender_id)
         return True
 
     def forget(self, key: str) -> None:
@@ -148,10 +158,11 @@ class BulkChannel:
             reader.abort()
 
     def _take(self, header: exchange_pb2.BulkHeader) -> tuple[int, Optional[Claim]]:
-        slot = (header.group_digest, header.phase, header.part, header.sender, header.tag, header.length)
-        claim = self._claims.get(header.key, {}).get(slot)
+        claim = self._claims.get(header.key, {}).get(_slot(header))
         if claim is None:
             return NO_CLAIM, None
+        if header.length > claim.max_bytes:
+            return BAD_FRAME, None
         if claim.reading:
             return BUSY, None
         if self.pending_bytes + header.length > self.max_pending_bytes:
@@ -164,8 +175,11 @@ class BulkChannel:
         self.pending_bytes -= header.length
         claim.reading = False
         if delivered:
-            slot = (header.group_digest, header.phase, header.part, header.sender, header.tag, header.length)
-            self._claims.get(header.key, {}).pop(slot, None)
+            self._claims.get(header.key, {}).pop(_slot(header), None)
+
+
+def _slot(header: exchange_pb2.BulkHeader) -> Slot:
+    return header.group_digest, header.phase, header.part, header.sender, header.ticket
 
 
 class _Reader(asyncio.BufferedProtocol):
@@ -228,7 +242,7 @@ class _Reader(asyncio.BufferedProtocol):
             header.ParseFromString(bytes(self._buffer))
         except Exception:  # protobuf's DecodeError; any malformed header is refused the same way
             return self._refuse(BAD_FRAME)
-        if header.length <= 0 or len(header.tag) != TAG_BYTES:
+        if header.length <= 0 or len(header.tag) != TAG_BYTES or len(header.ticket) != TICKET_BYTES:
             return self._refuse(BAD_FRAME)
         status, claim = self.channel._take(header)
         if claim is None:

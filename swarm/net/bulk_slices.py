@@ -1,18 +1,21 @@
 """An exchange's slices over the bulk channel (``swarm.net.bulk_channel``): the sender claims the slot over
-libp2p with the slice's length and a one-time Poly1305 key and tag, then sends the bytes over the member's
-bulk connection; the receiver takes a claim only from the member that the group lists for that position,
-and the bytes only when they carry the claimed tag. Any refusal sends the slice over libp2p instead
-(``Exchange._send``). Owned by the transport's event loop."""
+libp2p with a one-time Poly1305 key, a ticket and the most bytes the slice may take, as the exchange starts;
+once the slice is encoded it sends the bytes over the member's bulk connection in a frame that names the ticket
+and carries the bytes' tag under the key. The receiver takes a claim only from the member that the group lists
+for that position, and the bytes only when they carry a valid tag. Any refusal sends the slice over libp2p
+instead (``Exchange._send``). Owned by the transport's event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Optional
 
 from hivemind.p2p import PeerID
 
-from swarm.net.bulk_channel import MAC_KEY_BYTES, MIN_BULK_BYTES, TAG_BYTES, BulkChannel, parse_bulk_address, seal
+from swarm.net.bulk_channel import (MAC_KEY_BYTES, MIN_BULK_BYTES, TICKET_BYTES, BulkChannel, fresh_claim_secrets,
+                                    parse_bulk_address, tag)
 from swarm.net.bulk_sender import Address
 from swarm.net.chunk_stream import SlicePayload, Turn
 from swarm.net.rendezvous import Member
@@ -27,9 +30,25 @@ logger = logging.getLogger("swarm.net.allreduce")  # the exchange's log
 # slice goes over libp2p, where it would take longer and count as a drop of the fast path
 CLAIM_ATTEMPTS = 2
 
-Sealed = tuple[bytes, bytes]  # a claim's one-time key and the slice's tag under it
 OnSent = Callable[[str, str, int, float], None]  # (key, libp2p id, bytes, first byte's perf_counter)
 OnReceived = Callable[[str, str, list[int], list[float]], None]  # (key, libp2p id, read sizes, their times)
+
+
+@dataclass
+class Reservation:
+    """A slot on a member's bulk channel, claimed (or being claimed) for one slice: the frame's secrets, and
+    the claim's answer (a task: whether the member took the claim)."""
+
+    address: Address
+    mac_key: bytes
+    ticket: bytes
+    max_bytes: int
+    claim_bytes: int  # the claim's size, counted with the slice's bytes as the libp2p path counts its headers
+    answer: asyncio.Task
+
+    def tag(self, data: bytes | memoryview) -> bytes:
+        """``data``'s tag under this reservation's key (CPU work: off the loop for a large slice)."""
+        return tag(self.mac_key, data)
 
 
 class BulkSlices:
@@ -38,47 +57,57 @@ class BulkSlices:
         self.transport, self.channel, self.handler_name, self.inbox = transport, channel, handler_name, inbox
         self.on_sent, self.on_received = on_sent, on_received
 
-    def takes(self, member: Member, payload: SlicePayload) -> Optional[Address]:
-        """Where ``payload`` goes over ``member``'s bulk channel, or None: libp2p (no usable address, or a
-        slice so small that a claim and a frame cost more than one libp2p message)."""
+    def reserve(self, member: Member, key: str, head: dict, max_bytes: int) -> Optional[Reservation]:
+        """Claim the slot ``head`` names on ``member``'s bulk channel for a slice of at most ``max_bytes``, the
+        claim's round trip started now; None: the slice goes over libp2p (no usable address, or a slice so small
+        that a claim and a frame cost more than one libp2p message)."""
         address = parse_bulk_address(member.bulk)
-        return address if address is not None and payload.size >= MIN_BULK_BYTES else None
-
-    async def send(self, member: Member, key: str, head: dict, payload: SlicePayload, sealed: Optional[Sealed],
-                   turn: Turn, *, pace_mbit_s: float = 0.0) -> Optional[int]:
-        """Claim the slot, then send the bytes once ``turn`` comes (``sealed``: made now when None); the bytes
-        sent, or None when the slice must go over libp2p (a refusal there is then the libp2p path's to report)."""
-        address = self.takes(member, payload)
-        if address is None:
+        if address is None or max_bytes < MIN_BULK_BYTES:
             return None
-        data = await payload.whole()
-        mac_key, tag = sealed or await asyncio.to_thread(seal, data)
-        claim = exchange_pb2.TensorChunk(**head, chunk=0, num_chunks=1, bulk_mac_key=mac_key, bulk_tag=tag,
-                                         bulk_bytes=len(data))
-        ack = None
+        mac_key, ticket = fresh_claim_secrets()
+        claim = exchange_pb2.TensorChunk(**head, chunk=0, num_chunks=1, bulk_mac_key=mac_key, bulk_ticket=ticket,
+                                         bulk_bytes=max_bytes)
+        answer = asyncio.ensure_future(self._claim(member, key, claim))
+        return Reservation(address, mac_key, ticket, max_bytes, claim.ByteSize(), answer)
+
+    async def _claim(self, member: Member, key: str, claim: exchange_pb2.TensorChunk) -> bool:
         for attempt in range(CLAIM_ATTEMPTS):
             try:
                 ack = await self.transport.p2p.call_protobuf_handler(
                     PeerID.from_base58(member.dht_peer_id), self.handler_name, _one(claim), exchange_pb2.ChunkAck)
-                break
+                return ack.ok
             except Exception as e:  # after the last try, any failure to claim: the libp2p path tries and reports it
                 logger.debug("%s: no bulk claim with %s (attempt %d: %r)", key, member.peer_id, attempt + 1, e)
-        if ack is None or not ack.ok:
+        return False
+
+    async def send(self, member: Member, key: str, head: dict, payload: SlicePayload,
+                   reservation: Optional[Reservation], frame_tag: Optional[bytes], turn: Turn, *,
+                   pace_mbit_s: float = 0.0) -> Optional[int]:
+        """Send the bytes in ``reservation``'s slot (made now when None) once its claim is taken and ``turn``
+        comes (``frame_tag``: the bytes' tag under its key, made now when None); the bytes sent, or None when
+        the slice must go over libp2p (a refusal there is then the libp2p path's to report)."""
+        reservation = reservation or self.reserve(member, key, head, payload.size)
+        if reservation is None or payload.size > reservation.max_bytes:
+            return None
+        data = await payload.whole()
+        frame_tag = frame_tag or await asyncio.to_thread(reservation.tag, data)
+        if not await reservation.answer:
             return None
         await turn.wait()
         first_byte = await self.transport.bulk_sender.send(
-            address, exchange_pb2.BulkHeader(**head, tag=tag, length=len(data)), data,
+            reservation.address,
+            exchange_pb2.BulkHeader(**head, tag=frame_tag, length=len(data), ticket=reservation.ticket), data,
             pace_bytes_per_s=int(pace_mbit_s * 1e6 / 8))
         if first_byte is None:
             return None
-        sent = len(data) + claim.ByteSize()  # the claim's few bytes too, as the libp2p path counts its headers
+        sent = len(data) + reservation.claim_bytes
         self.on_sent(key, member.dht_peer_id, sent, first_byte)
         return sent
 
     async def on_claim(self, head: exchange_pb2.TensorChunk, remote: str) -> exchange_pb2.ChunkAck:
         """A groupmate's claim (``remote``: its libp2p id, authenticated): take the slot's bytes from the bulk
-        channel once they carry its tag."""
-        if len(head.bulk_mac_key) != MAC_KEY_BYTES or len(head.bulk_tag) != TAG_BYTES or head.bulk_bytes <= 0 \
+        channel once they carry a valid tag."""
+        if len(head.bulk_mac_key) != MAC_KEY_BYTES or len(head.bulk_ticket) != TICKET_BYTES or head.bulk_bytes <= 0 \
                 or head.data:
             return exchange_pb2.ChunkAck(ok=False, error="a malformed bulk claim")
         key, slot = head.key, (head.group_digest, head.phase, head.part, head.sender, remote)
@@ -93,7 +122,7 @@ class BulkSlices:
             self.on_received(key, remote, sizes, arrivals)
             return True
 
-        if not self.channel.claim(key, (*slot[:4], head.bulk_tag, head.bulk_bytes), head.bulk_mac_key, remote,
+        if not self.channel.claim(key, (*slot[:4], head.bulk_ticket), head.bulk_bytes, head.bulk_mac_key, remote,
                                   deliver):
             return exchange_pb2.ChunkAck(ok=False, error="too many bulk claims open here; send the slice itself")
         return exchange_pb2.ChunkAck(ok=True)

@@ -17,7 +17,7 @@ PHASE_AVERAGED: Phase
 PHASE_ABORT: Phase
 
 class TensorChunk(_message.Message):
-    __slots__ = ("key", "group_digest", "phase", "part", "sender", "chunk", "num_chunks", "data", "bulk_mac_key", "bulk_tag", "bulk_bytes")
+    __slots__ = ("key", "group_digest", "phase", "part", "sender", "chunk", "num_chunks", "data", "bulk_mac_key", "bulk_bytes", "bulk_ticket")
     KEY_FIELD_NUMBER: _ClassVar[int]
     GROUP_DIGEST_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -27,8 +27,8 @@ class TensorChunk(_message.Message):
     NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     BULK_MAC_KEY_FIELD_NUMBER: _ClassVar[int]
-    BULK_TAG_FIELD_NUMBER: _ClassVar[int]
     BULK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BULK_TICKET_FIELD_NUMBER: _ClassVar[int]
     key: str
     group_digest: str
     phase: Phase
@@ -38,12 +38,12 @@ class TensorChunk(_message.Message):
     num_chunks: int
     data: bytes
     bulk_mac_key: bytes
-    bulk_tag: bytes
     bulk_bytes: int
-    def __init__(self, key: _Optional[str] = ..., group_digest: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., part: _Optional[int] = ..., sender: _Optional[int] = ..., chunk: _Optional[int] = ..., num_chunks: _Optional[int] = ..., data: _Optional[bytes] = ..., bulk_mac_key: _Optional[bytes] = ..., bulk_tag: _Optional[bytes] = ..., bulk_bytes: _Optional[int] = ...) -> None: ...
+    bulk_ticket: bytes
+    def __init__(self, key: _Optional[str] = ..., group_digest: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., part: _Optional[int] = ..., sender: _Optional[int] = ..., chunk: _Optional[int] = ..., num_chunks: _Optional[int] = ..., data: _Optional[bytes] = ..., bulk_mac_key: _Optional[bytes] = ..., bulk_bytes: _Optional[int] = ..., bulk_ticket: _Optional[bytes] = ...) -> None: ...
 
 class BulkHeader(_message.Message):
-    __slots__ = ("key", "group_digest", "phase", "part", "sender", "tag", "length")
+    __slots__ = ("key", "group_digest", "phase", "part", "sender", "tag", "length", "ticket")
     KEY_FIELD_NUMBER: _ClassVar[int]
     GROUP_DIGEST_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class BulkHeader(_message.Message):
     SENDER_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     key: str
     group_digest: str
     phase: Phase
@@ -58,7 +59,8 @@ class BulkHeader(_message.Message):
     sender: int
     tag: bytes
     length: int
-    def __init__(self, key: _Optional[str] = ..., group_digest: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., part: _Optional[int] = ..., sender: _Optional[int] = ..., tag: _Optional[bytes] = ..., length: _Optional[int] = ...) -> None: ...
+    ticket: bytes
+    def __init__(self, key: _Optional[str] = ..., group_digest: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., part: _Optional[int] = ..., sender: _Optional[int] = ..., tag: _Optional[bytes] = ..., length: _Optional[int] = ..., ticket: _Optional[bytes] = ...) -> None: ...
 
 class ChunkAck(_message.Message):
     __slots__ = ("ok", "error")

@@ -11,14 +11,15 @@ import os
 import socket
 import sys
 import threading
+import time
 from typing import Iterator
 
 import pytest
 import torch
 
 from swarm.core.average import butterfly_reference
-from swarm.net.bulk_channel import (MAGIC, MISMATCH, NO_CLAIM, OK, OVER_CAP, PREFIX, BulkChannel, parse_bulk_address,
-                                   seal)
+from swarm.net.bulk_channel import (BAD_FRAME, MAGIC, MISMATCH, NO_CLAIM, OK, OVER_CAP, PREFIX, BulkChannel,
+                                   fresh_claim_secrets, parse_bulk_address, tag)
 from swarm.net.rendezvous import Member, group_digest, group_key
 from swarm.v1 import exchange_pb2
 from tests.unit.test_exchange import Peer, three_peers, concurrently, results_of
@@ -45,7 +46,8 @@ def frames_taken(trio: list[Peer]) -> list[int]:
     return [p.exchange.bulk.frames_taken for p in trio]
 
 
-# ternary@0.5's payloads have sizes that depend on their values (an entropy code): the claim carries each length
+# ternary@0.5's payloads have sizes that depend on their values (an entropy code): the claim carries the most a
+# slice may take, its frame the length it has
 @pytest.mark.parametrize("round_number, codec, numel", [(201, "fp32", NUMEL), (202, "int4", NUMEL),
                                                         (203, "ternary@0.5", 1_500_001)])  # ~95 KB slices
 def test_slices_over_the_bulk_channel_give_every_member_the_simulators_bits(trio: list[Peer], round_number: int,
@@ -136,12 +138,54 @@ def test_bytes_changed_on_the_way_are_refused_and_the_exchange_still_gives_the_s
 
 def test_a_frame_no_member_claimed_is_refused_before_its_bytes_are_read(trio: list[Peer]) -> None:
     head = exchange_pb2.BulkHeader(key=group_key(RUN_ID, 204), group_digest="0" * 16, phase=exchange_pb2.PHASE_CONTRIBUTION,
-                                   part=0, sender=1, tag=os.urandom(16), length=1 << 30).SerializeToString()
+                                   part=0, sender=1, tag=os.urandom(16), length=1 << 30,
+                                   ticket=os.urandom(16)).SerializeToString()
     with socket.create_connection(parse_bulk_address(trio[0].exchange.bulk_address)) as stranger:
         stranger.sendall(PREFIX.pack(MAGIC, len(head)) + head)
         assert stranger.recv(1) == bytes([NO_CLAIM])  # answered at once: the GiB it announced was never awaited
         assert stranger.recv(1) == b""  # and the connection closed
     assert trio[0].exchange.bulk.pending_bytes == 0
+
+
+def test_a_member_claims_its_bulk_slots_before_it_encodes_a_byte(trio: list[Peer]) -> None:
+    """The claims' round trips (one RTT each, tens of ms through p2pd on a busy host) overlap the encoding
+    instead of following it: while peer 0 is held before it encodes, each groupmate already holds peer 0's
+    claims for its contribution and for peer 0's averaged slice; the exchange then gives the simulator's bits."""
+    round_number, weights = 206, [1.0, 2.0, 3.0]
+    key = group_key(RUN_ID, round_number)
+    inputs = [torch.randn(NUMEL, generator=torch.Generator().manual_seed(round_number + i)) for i in range(3)]
+    group = [p.member(weight=w, numel=NUMEL) for p, w in zip(trio, weights)]
+    held = threading.Event()
+
+    def claims_from_peer0(peer: Peer) -> list[tuple[int, int]]:
+        async def read() -> list[tuple[int, int]]:  # on the loop that owns the channel
+            return sorted((slot[1], slot[2]) for slot, claim in peer.exchange.bulk._claims.get(key, {}).items()
+                          if claim.sender_id == trio[0].transport.peer_id)
+        return peer.transport.run(read(), timeout_s=5)
+
+    def peer0() -> torch.Tensor:
+        hold = lambda phase: (held.set(), 3.0)[1] if phase == "sending" else None  # noqa: E731
+        return trio[0].exchange.average(key=key, group=group, me=group[0], delta=inputs[0], timeout_s=60,
+                                        on_phase=hold).average
+
+    def watcher() -> list[list[tuple[int, int]]]:
+        assert held.wait(30)
+        deadline = time.monotonic() + 2.5  # well inside the 3 s that peer 0 is held
+        while time.monotonic() < deadline:
+            seen = [claims_from_peer0(p) for p in trio[1:]]
+            if all(len(claims) == 2 for claims in seen):
+                return seen
+            time.sleep(0.02)
+        return [claims_from_peer0(p) for p in trio[1:]]
+
+    others = [lambda p=p, m=m, d=d: p.exchange.average(key=key, group=group, me=m, delta=d, timeout_s=60).average
+              for p, m, d in zip(trio[1:], group[1:], inputs[1:])]
+    outcomes = results_of(concurrently([peer0, *others, watcher], timeout_s=90))
+
+    contribution, averaged = exchange_pb2.PHASE_CONTRIBUTION, exchange_pb2.PHASE_AVERAGED
+    assert outcomes[-1] == [[(contribution, 1), (averaged, 0)], [(contribution, 2), (averaged, 0)]]
+    expected = butterfly_reference(inputs, weights, "fp32")
+    assert all(torch.equal(a, expected) for a in outcomes[:3])
 
 
 def test_members_without_a_reachable_bulk_address_exchange_over_libp2p(trio: list[Peer]) -> None:
@@ -176,7 +220,8 @@ def test_only_addresses_to_dial_are_taken_from_an_entry() -> None:
 
 
 def test_bytes_beyond_the_unverified_cap_are_refused_and_counted() -> None:
-    """A channel alone (no hivemind): claims for two slots, a cap that holds one of them at a time."""
+    """A channel alone (no hivemind): claims for two slots, a cap that holds one of them at a time; a frame
+    that names a claimed slot's ticket with more bytes than the claim allows, or another ticket, is refused."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -186,28 +231,38 @@ def test_bytes_beyond_the_unverified_cap_are_refused_and_counted() -> None:
         taken.append(bytes(payload))
         return True
 
-    def frame(part: int, body: bytes, tag: bytes) -> bytes:
+    def frame(part: int, body: bytes, ticket: bytes, mac_key: bytes, length: int = 0) -> bytes:
         head = exchange_pb2.BulkHeader(key="k", group_digest="d", phase=exchange_pb2.PHASE_CONTRIBUTION, part=part,
-                                       sender=1, tag=tag, length=len(body)).SerializeToString()
+                                       sender=1, tag=tag(mac_key, body), length=length or len(body),
+                                       ticket=ticket).SerializeToString()
         return PREFIX.pack(MAGIC, len(head)) + head
+
+    def answer(data: bytes) -> int:
+        with socket.create_connection(address) as sock:
+            sock.sendall(data)
+            return sock.recv(1)[0]
 
     try:
         asyncio.run_coroutine_threadsafe(channel.start("127.0.0.1", None), loop).result(10)
         bodies = [os.urandom(100_000), os.urandom(100_000)]
-        seals = [seal(body) for body in bodies]
-        for part, (body, (mac_key, tag)) in enumerate(zip(bodies, seals)):
-            slot = ("d", exchange_pb2.PHASE_CONTRIBUTION, part, 1, tag, len(body))
-            loop.call_soon_threadsafe(channel.claim, "k", slot, mac_key, "sender", deliver)
+        secrets = [fresh_claim_secrets() for _ in bodies]  # claimed before the bytes exist, as an exchange does
+        for part, (body, (mac_key, ticket)) in enumerate(zip(bodies, secrets)):
+            slot = ("d", exchange_pb2.PHASE_CONTRIBUTION, part, 1, ticket)
+            loop.call_soon_threadsafe(channel.claim, "k", slot, len(body), mac_key, "sender", deliver)
         address = parse_bulk_address(channel.address)
+        (key0, ticket0), (key1, ticket1) = secrets
+        assert answer(frame(0, bodies[0], ticket0, key0, length=len(bodies[0]) + 1)) == BAD_FRAME  # over the claim
+        assert answer(frame(0, bodies[0], os.urandom(16), key0)) == NO_CLAIM  # a ticket no one claimed
         with socket.create_connection(address) as first, socket.create_connection(address) as second:
-            first.sendall(frame(0, bodies[0], seals[0][1]) + bodies[0][:50_000])  # half of it: held, unverified
+            first.sendall(frame(0, bodies[0], ticket0, key0) + bodies[0][:50_000])  # half of it: held, unverified
             while channel.pending_bytes == 0:  # the loop thread has taken the header and holds the buffer
                 threading.Event().wait(0.01)
-            second.sendall(frame(1, bodies[1], seals[1][1]))
+            second.sendall(frame(1, bodies[1], ticket1, key1))
             assert second.recv(1) == bytes([OVER_CAP])  # 100 kB more would pass the 150 kB cap
             first.sendall(bodies[0][50_000:])
             assert first.recv(1) == bytes([OK])
-        assert taken == [bodies[0]] and channel.drops.counts == {OVER_CAP: 1} and channel.pending_bytes == 0
+        assert taken == [bodies[0]] and channel.pending_bytes == 0
+        assert channel.drops.counts == {BAD_FRAME: 1, NO_CLAIM: 1, OVER_CAP: 1}
     finally:
         loop.call_soon_threadsafe(channel.close)
         loop.call_soon_threadsafe(loop.stop)
