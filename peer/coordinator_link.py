@@ -158,6 +158,18 @@ class CoordinatorLink:
                            self.tag(round_no), round_no, step_time_s)
         return out
 
+    def passed_over(self, round_no: int, heard: Optional[pb.RoundInfo], step_time_s: float = math.nan) -> bool:
+        """Asked between parts of ``round_no``'s inner steps, with the round the heartbeat last heard of (no call
+        here): the coordinator committed ``round_no`` without this peer, or left it out of it (not ready by the
+        deadline: too slow), so the rest of its steps would be lost. False on what was not heard yet."""
+        if heard is None:
+            return False
+        out = heard.last_committed_round >= round_no or (heard.round == round_no and self.peer_id in heard.plan.left_out)
+        if out:
+            logger.warning("%s round %d went on without this peer (too slow: %.3g s per step); it stops training that "
+                           "round and resyncs", self.tag(round_no), round_no, step_time_s)
+        return out
+
     def round_info(self, round_no: int) -> pb.RoundInfo:
         """Round ``round_no``, retrying while the coordinator is unreachable."""
         return self.call(lambda: self.get_round(round_no), "get round")

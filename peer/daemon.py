@@ -206,6 +206,8 @@ class PeerDaemon:
         self.runner = RoundRunner(trainer, self.run_config, exchange=group, votes=group, decider=self.link,
                                   store=self.store, executor=self._executor, hooks=self.hooks, stopping=self.stop.is_set,
                                   left_out=lambda r: self.link.left_out(r, self.stats.metrics().step_time_s),
+                                  passed_over=lambda r: self.link.passed_over(r, self.heartbeat.heard,
+                                                                              self.stats.metrics().step_time_s),
                                   merge_when_ready=self.run_config.rounds.controller == "auto",
                                   budget=lambda r: self.link.budget(r, self.runner.full_speed(r)))
         self.stats.update(model_fingerprint=trainer.fingerprint, param_count=trainer.param_count,

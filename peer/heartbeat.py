@@ -10,6 +10,7 @@ from peer.faults import FaultPlan
 from peer.stats import PeerStats
 from swarm.control.client import CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
 from swarm.net.transport import FORK_LOCK
+from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +25,7 @@ class HeartbeatThread(threading.Thread):
         self.faults = faults or FaultPlan()
         self.renewed = renewed  # called with each fresh credential a heartbeat answer brings
         self.rejection: Optional[str] = None  # set when the coordinator refuses this peer for good
+        self.heard: Optional[pb.RoundInfo] = None  # the round the last answer was about (the open or latest one)
         self._wake = threading.Event()
         self._unreachable_since_logged = False
 
@@ -36,6 +38,7 @@ class HeartbeatThread(threading.Thread):
                 if not self.faults.drops(self.stats.metrics().round, "heartbeat"):
                     with FORK_LOCK:  # never in a gRPC call while the transport forks its DHT process
                         answer = self.client.heartbeat(self.stats.heartbeat_request(self.peer_id))
+                    self.heard = answer.round
                     if answer.credential:
                         self.renewed(answer.credential)
                 if self._unreachable_since_logged:

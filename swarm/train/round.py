@@ -177,7 +177,8 @@ class RoundRunner:
                  decider: Decider, store: StateStore, executor: concurrent.futures.Executor,
                  hooks: Optional[Hooks] = None, stopping: Callable[[], bool] = lambda: False,
                  evaluate: bool = True, budget: Optional[Callable[[int], tuple[int, int]]] = None,
-                 left_out: Callable[[int], bool] = lambda round_no: False, merge_when_ready: bool = False) -> None:
+                 left_out: Callable[[int], bool] = lambda round_no: False, merge_when_ready: bool = False,
+                 passed_over: Optional[Callable[[int], bool]] = None) -> None:
         self.trainer, self.run = trainer, run
         self.exchange, self.votes, self.decider, self.store = exchange, votes, decider, store
         self.executor = executor
@@ -188,6 +189,9 @@ class RoundRunner:
         # is finished, when the round's plan (its time budget) is known
         self.budget = budget or self.full_speed
         self.left_out = left_out  # the round went on without this peer (too slow): asked once its steps are done
+        # asked between parts of a round's inner steps, so it must be cheap (a peer: what its heartbeat last heard):
+        # the swarm went on without this round, so this peer stops training it. None: a round's steps in one call.
+        self.passed_over = passed_over
         # τ as a minimum: after τ steps, keep training while the carried exchange is still running and merge at the
         # first step it has finished (the controller's runs: a slow exchange no longer idles the peer). Off, the
         # merge is at exactly τ steps, which the simulator reproduces bit for bit.
@@ -218,10 +222,11 @@ class RoundRunner:
                 return RoundResult(round_no, Outcome.NOT_PLANNED)
             done = sum(p.steps for p in parts)
             steps = max(self.budget(round_no)[1], done)
-            parts.append(self.trainer.train(steps - done))
-        else:
-            parts.append(self.trainer.train(steps))
-        train = combine(parts)
+            steps -= done
+        rest = self._train_unless_passed_over(round_no, steps)
+        if rest is None:
+            return RoundResult(round_no, Outcome.NOT_PLANNED)
+        train = combine(parts + [rest]) if parts else rest
         self.hooks.trained(round_no, train)
         self.hooks.at(round_no, "trained")
         if self.stopping():
@@ -233,6 +238,21 @@ class RoundRunner:
         if rounds.overlap_steps > 0 and not last:
             return RoundResult(round_no, Outcome.IN_FLIGHT, pending=pending)
         return self.finish(pending)
+
+    def _train_unless_passed_over(self, round_no: int, steps: int) -> Optional[TrainStats]:
+        """``steps`` inner steps of ``round_no``; None when the swarm went on without this round meanwhile (asked
+        before each part of 1/16 of them: parts train the same bits as one call). A peer that is far slower than
+        its start-up probe said (or stalls) then stops at once instead of training a round that is lost."""
+        if self.passed_over is None:
+            return self.trainer.train(steps)
+        parts: list[TrainStats] = []
+        done, chunk = 0, max(1, steps // 16)
+        while not self.passed_over(round_no):
+            if done >= steps:
+                return self.trainer.train(0) if not parts else parts[0] if len(parts) == 1 else combine(parts)
+            parts.append(self.trainer.train(min(chunk, steps - done)))
+            done += parts[-1].steps
+        return None
 
     def _train_while(self, busy: Callable[[], bool], most: int) -> list[TrainStats]:
         """Inner steps while ``busy()``, at most ``most``, in chunks of 1/16 of them (a chunk is one call to the

@@ -182,10 +182,12 @@ class _SlowTrainer:
         trainer = LocalTrainer(run, peer_index=peer_index, device=device, **options)
         if peer_index == 2:
             fast = trainer.train
+            trainer.trained = []  # (the round it trained for, steps) of each call
 
             def train(steps: int):
                 import dataclasses
                 import time
+                trainer.trained.append((trainer.round_no + 1, steps))
                 start = time.perf_counter()
                 stats = fast(steps)
                 time.sleep(cls.STEP_S * steps)
@@ -217,6 +219,25 @@ def test_a_slow_peer_gets_a_smaller_time_budget_and_every_peer_ends_identical(tm
     later = [_reported_steps(coordinator, r) for r in (2, 3, 4)]
     # 1 step at these speeds; 2 when a loaded machine made a fast peer's measured step time 2x longer
     assert all(steps[fast] == 4 and steps.get(slow, 1) <= 2 for steps in later), later
+
+
+def test_a_peer_left_out_while_it_trains_stops_training_that_round(tmp_path, monkeypatch):
+    """A peer far slower than its start-up probe said (this fake sleeps only in train()) is left out of round 1
+    at the deadline plus the grace; its heartbeat hears so and it stops training that round after a part of its
+    steps (it used to train all 16, ~5 s here, for a round already lost), resyncs and ends identical."""
+    monkeypatch.setattr("peer.daemon.LocalTrainer", _SlowTrainer)
+    run = RUN.replace(rounds=RoundConfig(inner_steps=16, max_rounds=2, min_peers=3, eval_every_rounds=100,
+                                         straggler_slack_s=0.2, report_grace_s=1.0))
+    coordinator, parts = swarm(run)
+    peers = [start(parts, tmp_path, name) for name in ("a", "b", "c")]
+    assert finish(*peers) == [0, 0, 0]
+    assert len({p.trainer.state.state_hash for p in peers}) == 1
+    status = coordinator.status()
+    assert (status.run.rounds_committed, status.run.rounds_voided) == (2, 0)
+    slow = next(p for p in peers if p.trainer.peer_index == 2)
+    assert slow.daemon_.options.name not in _reported_steps(coordinator, 1)  # left out of round 1
+    trained_in_round_1 = sum(steps for round_no, steps in slow.trainer.trained if round_no == 1)
+    assert trained_in_round_1 < 16, slow.trainer.trained
 
 
 def test_a_stalled_peer_is_left_out_and_the_others_commit_without_it(tmp_path):
