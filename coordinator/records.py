@@ -105,6 +105,9 @@ class RoundRecord:
     budgets: tuple[int, ...] = ()
     step_times_s: tuple[float, ...] = ()
     left_out: tuple[str, ...] = ()  # participants the round went on without (too slow); no longer in participants
+    # when the late participants' grace began, if not at the deadline (0): inf while most of them were late past the
+    # deadline (the round waits), then the moment more than half were ready (coordinator.rounds.leave_out)
+    grace_from: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -56,8 +56,8 @@ def leave_out_late(now: float, open_round: RoundRecord, reports: Sequence[Report
     out), and when to look again."""
     row, look_again = rounds.leave_out(now, open_round, reports, budgets.exchanging(open_round, peers),
                                        report_grace_s=config.rounds.report_grace_s, not_before=started_at)
-    if row is not open_round:
-        logger.warning("round %d: went on without %s (not ready %.0fs after its %.3gs deadline)", row.round,
-                       ", ".join(row.left_out[len(open_round.left_out):]), config.rounds.report_grace_s,
-                       row.deadline_s)
+    if len(row.left_out) > len(open_round.left_out):
+        late_by = f"its {row.deadline_s:.3g}s deadline" if not open_round.grace_from else "more than half were ready"
+        logger.warning("round %d: went on without %s (not ready %.0fs after %s)", row.round,
+                       ", ".join(row.left_out[len(open_round.left_out):]), config.rounds.report_grace_s, late_by)
     return row, look_again

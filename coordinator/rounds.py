@@ -112,8 +112,10 @@ def leave_out(now: float, round_row: RoundRecord, reports: Sequence[ReportRecord
     nor started their exchange (``ready``: the participants exchanging this round) out of the round, so the
     others stop waiting for them. Returns the round (the same object when nobody was left out) and when
     to look again (inf: never). Nobody is left out while more than half the participants are late (none
-    ready, or most of them slowed down together): the round waits as before; nor is a participant that a
-    successful report names in its group."""
+    ready, or most of them slowed down together): the round waits as before, and once more than half are
+    ready the late ones get ``report_grace_s`` from then (they were as late as the others by a deadline that
+    said nothing of the run's real speed, e.g. start-up probes taken on an idle machine); nor is a participant
+    that a successful report names in its group. The row changes (``grace_from``) as the wait starts and ends."""
     if round_row.outcome != OPEN or round_row.deadline_s <= 0:
         return round_row, math.inf
     # ``not_before``: when this coordinator started. A round opened before a restart gets its deadline anew:
@@ -131,7 +133,13 @@ def leave_out(now: float, round_row: RoundRecord, reports: Sequence[ReportRecord
     if 2 * len(late) > len(round_row.participants):
         # most are late: the machine or the run slowed, not a straggler; leaving the majority out would
         # throw its work away, so the round waits as before (look again as they become ready)
+        if round_row.grace_from != math.inf:
+            round_row = dataclasses.replace(round_row, grace_from=math.inf)
         return round_row, now + 1.0
+    if round_row.grace_from == math.inf:  # more than half are ready now: the late ones' grace starts
+        return dataclasses.replace(round_row, grace_from=now), now + report_grace_s
+    if now < round_row.grace_from + report_grace_s:
+        return round_row, round_row.grace_from + report_grace_s
     return budgets.without(round_row, late), math.inf
 
 

@@ -252,6 +252,8 @@ class RoundRunner:
                 return self.trainer.train(0) if not parts else parts[0] if len(parts) == 1 else combine(parts)
             parts.append(self.trainer.train(min(chunk, steps - done)))
             done += parts[-1].steps
+        if parts:  # what it trained still tells its speed (a peer: its heartbeat reports the measured step time)
+            self.hooks.trained(round_no, combine(parts))
         return None
 
     def _train_while(self, busy: Callable[[], bool], most: int) -> list[TrainStats]:

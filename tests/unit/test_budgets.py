@@ -1,11 +1,12 @@
 """Time-budgeted rounds: each participant's inner steps from its measured speed, and participants not
 ready by the round's deadline plus report_grace_s left out (pure functions, then the engine on a clock)."""
 
+import dataclasses
 import math
 
 import pytest
 
-from coordinator import budgets, rounds
+from coordinator import budgets, records, rounds
 from coordinator.records import COMMITTED, EXCHANGING, OPEN, TRAINING, ReportRecord, RoundRecord
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.test_rounds import FakeClock, make_engine, send
@@ -92,7 +93,7 @@ def test_participants_not_ready_by_the_deadline_plus_grace_are_left_out(now, rep
     assert after.left_out == left_out and when == look_again
     assert after.participants == tuple(p for p in row.participants if p not in left_out)
     if not left_out:
-        assert after is row
+        assert dataclasses.replace(after, grace_from=0.0) == row
     else:
         assert after.budgets == (H,) and after.step_times_s == (0.5,)
 
@@ -101,9 +102,27 @@ def test_when_most_participants_are_late_nobody_is_left_out() -> None:
     """A machine that slowed down makes most participants miss the deadline: the one ready first must not
     commit alone and throw the others' work away; a single late one among three is still left out."""
     row = planned("a", "b", "c", steps=(H, H, H), times=(0.5, 0.5, 0.5))
-    assert rounds.leave_out(9.0, row, [report("a", group=("a",))], set(), report_grace_s=2.0) == (row, 10.0)
+    waiting, when = rounds.leave_out(9.0, row, [report("a", group=("a",))], set(), report_grace_s=2.0)
+    assert (waiting.left_out, waiting.participants, when) == ((), row.participants, 10.0)
     after, _ = rounds.leave_out(9.0, row, [report("a", group=("a",))], {"b"}, report_grace_s=2.0)
     assert after.left_out == ("c",)
+
+
+def test_when_most_were_late_past_the_deadline_the_last_ones_get_the_grace_from_when_more_than_half_are_ready():
+    """Start-up probes taken on an idle machine promised 6 s; four peers sharing two cores took 20. Peers as slow as
+    the first ones ready (a few seconds behind them) are not left out at once when more than half are ready: the
+    grace (2 s) starts then, and only a peer still not ready after it is left out."""
+    row = planned("a", "b", "c", steps=(H, H, H), times=(0.5, 0.5, 0.5))
+    waiting, when = rounds.leave_out(9.0, row, [], {"a"}, report_grace_s=2.0)
+    assert (waiting.left_out, when) == ((), 10.0)  # most are late: the round waits
+    assert rounds.leave_out(10.0, waiting, [], {"a"}, report_grace_s=2.0) == (waiting, 11.0)  # unchanged meanwhile
+    ready, when = rounds.leave_out(20.0, waiting, [report("a", group=("a",))], {"b"}, report_grace_s=2.0)
+    assert (ready.left_out, ready.grace_from, when) == ((), 20.0, 22.0)  # b ready at 20 s: c gets until 22 s
+    assert rounds.leave_out(21.9, ready, [report("a", group=("a",))], {"b"}, report_grace_s=2.0) == (ready, 22.0)
+    assert rounds.leave_out(21.0, ready, [report("a", group=("a",))], {"b", "c"}, report_grace_s=2.0)[0] is ready
+    after, when = rounds.leave_out(22.0, ready, [report("a", group=("a",))], {"b"}, report_grace_s=2.0)
+    assert (after.left_out, after.participants, when) == (("c",), ("a", "b"), math.inf)
+    assert records.from_json(RoundRecord, records.to_json(waiting)).grace_from == math.inf  # kept across a restart
 
 
 def test_a_participant_a_report_names_in_its_group_is_not_left_out() -> None:
