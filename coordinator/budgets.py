@@ -166,9 +166,13 @@ def admit(before: RoundRecord, after: RoundRecord, peers: Mapping[str, PeerRecor
 
 
 def exchanging(round_row: RoundRecord, peers: Mapping[str, PeerRecord]) -> set[str]:
-    """The participants whose latest heartbeat says they are exchanging this round (ready: not left out)."""
-    return {p for p in round_row.participants if p in peers and peers[p].state == EXCHANGING
-            and peers[p].metrics.round == round_row.round}
+    """The participants whose latest heartbeat says they are exchanging this round, or already training a later
+    one (with overlap a peer trains the next round while this one's exchange waits for its group): ready, not
+    left out. Counting only the first, a group held in matchmaking for a straggler (while the plan lists it) looked
+    late as a whole, so the straggler was never left out and the round waited for it (WAN testbed, session 15)."""
+    return {p for p in round_row.participants if p in peers and (
+        peers[p].metrics.round > round_row.round
+        or (peers[p].state == EXCHANGING and peers[p].metrics.round == round_row.round))}
 
 
 def step_times(peers: Mapping[str, PeerRecord]) -> dict[str, float]:

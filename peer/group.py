@@ -93,7 +93,7 @@ class DhtGroup:
             group = rendezvous(
                 self.transport.dht, key=key, me=me, member=self.member, planned=lambda: self.planned(round_no),
                 window_s=rounds.matchmaking_window_s, ttl_s=2 * rounds.matchmaking_window_s + rounds.exchange_timeout_s,
-                plan_holds=self.plan_holds,
+                plan_holds=self.plan_holds, hold_s=rounds.round_timeout_s,
                 on_posted=lambda: self.faults.at(round_no, "matchmaking"), processes=self.processes,
             )
             dropped_before = self.exchange.rejected_chunks

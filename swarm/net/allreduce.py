@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Optional, Sequence
 
 import torch
@@ -39,9 +38,10 @@ from swarm.core.codec import get_codec
 from swarm.core.owner_feedback import OwnerFeedback
 from swarm.net.bulk_channel import BulkChannel
 from swarm.net.bulk_slices import BulkSlices, Reservation
+from swarm.net.exchange_result import ExchangeResult
 from swarm.net.link_probe import LinkProbe
 from swarm.net.chunk_stream import SlicePayload, Turn, cancel_all, chunk_messages, settle
-from swarm.net.link_stats import LinkTimings, TransferLog
+from swarm.net.link_stats import TransferLog
 from swarm.net.p2p_address import unreachable_sentence
 from swarm.net.reachability import is_dial_failure, shown_maddrs, unreachable_groupmate
 from swarm.net.rendezvous import Member, group_digest
@@ -65,22 +65,6 @@ from swarm.v1 import exchange_pb2
 logger = logging.getLogger(__name__)
 
 ABORT_TIMEOUT_S = 2.0  # how long a failing member spends telling its groupmates
-
-
-@dataclass
-class ExchangeResult:
-    average: torch.Tensor
-    bytes_sent: int
-    bytes_received: int
-    seconds: float
-    # What this peer, as the owner of its slice, did to groupmates' slices (peer id -> why); per slice, so
-    # other owners may have judged the same groupmate differently.
-    rejected: dict[str, str] = field(default_factory=dict)  # left out of the slice's average
-    clipped: dict[str, str] = field(default_factory=dict)  # scaled down to the clipping norm
-    links: LinkTimings = field(default_factory=LinkTimings)  # this peer's sends, receives and pings, timed
-    # Seconds from the start at which this peer passed each point of a butterfly exchange: its contributions
-    # sent, every contribution to its slice here, its slice reduced, its averaged slice sent, every slice here.
-    phases_s: dict[str, float] = field(default_factory=dict)
 
 
 class Exchange:
@@ -218,33 +202,13 @@ class Exchange:
             return await self._gather(key, group, me, flat, codec, weights, on_phase, started)
         position, digest = [m.peer_id for m in group].index(me.peer_id), group_digest(group)
         bounds = group_bounds(key, me.numel, len(group), codec.block, shares)  # block-aligned: quantize like the whole
-        reserved = self._reserve(key, group, digest, position, bounds, codec)  # the bulk slots, claimed now
+        reserved = {} if self._bulk_slices is None else self._bulk_slices.reserve_butterfly(  # claimed now
+            key, group, digest, position, bounds, codec)
         try:
             return await self._butterfly(key, group, position, digest, bounds, reserved, flat, codec, weights,
                                          on_phase, owner, started)
         finally:
             await cancel_all([r.answer for r in reserved.values() if not r.answer.done()])
-
-    def _reserve(self, key: str, group: list[Member], digest: str, position: int, bounds: list[tuple[int, int]],
-                 codec) -> dict[tuple[int, int], Reservation]:
-        """This peer's bulk slots of the exchange, claimed before anything is encoded (so the claims' round trips
-        overlap the encoding): by (phase, group position sent to), its contribution to every owner and its
-        averaged slice to every member; a slice with no slot goes over libp2p."""
-        if self._bulk_slices is None:
-            return {}
-        reserved = {}
-        def size(part: int) -> int:
-            return codec.encoded_size(bounds[part][1] - bounds[part][0])  # the most a slice's encoding takes
-
-        for to, member in enumerate(group):
-            if to == position:
-                continue
-            for phase, part in ((exchange_pb2.PHASE_CONTRIBUTION, to), (exchange_pb2.PHASE_AVERAGED, position)):
-                head = dict(key=key, group_digest=digest, phase=phase, part=part, sender=position)
-                reservation = self._bulk_slices.reserve(member, key, head, size(part))
-                if reservation is not None:
-                    reserved[phase, to] = reservation
-        return reserved
 
     async def _butterfly(self, key: str, group: list[Member], position: int, digest: str,
                          bounds: list[tuple[int, int]], reserved: dict[tuple[int, int], Reservation],

@@ -70,6 +70,25 @@ class BulkSlices:
         answer = asyncio.ensure_future(self._claim(member, key, claim))
         return Reservation(address, mac_key, ticket, max_bytes, claim.ByteSize(), answer)
 
+    def reserve_butterfly(self, key: str, group: list[Member], digest: str, position: int,
+                          bounds: list[tuple[int, int]], codec) -> dict[tuple[int, int], Reservation]:
+        """This peer's slots of a butterfly exchange, claimed before anything is encoded (so the claims' round trips
+        overlap the encoding): by (phase, group position sent to), its contribution to every owner and its
+        averaged slice to every member; a slice with no slot goes over libp2p."""
+        def size(part: int) -> int:
+            return codec.encoded_size(bounds[part][1] - bounds[part][0])  # the most a slice's encoding takes
+
+        reserved = {}
+        for to, member in enumerate(group):
+            if to == position:
+                continue
+            for phase, part in ((exchange_pb2.PHASE_CONTRIBUTION, to), (exchange_pb2.PHASE_AVERAGED, position)):
+                head = dict(key=key, group_digest=digest, phase=phase, part=part, sender=position)
+                reservation = self.reserve(member, key, head, size(part))
+                if reservation is not None:
+                    reserved[phase, to] = reservation
+        return reserved
+
     async def _claim(self, member: Member, key: str, claim: exchange_pb2.TensorChunk) -> bool:
         for attempt in range(CLAIM_ATTEMPTS):
             try:

@@ -68,6 +68,7 @@ def rendezvous(
     on_posted: Optional[Callable[[], None]] = None,
     processes: Callable[[], Mapping[str, str]] = dict,
     plan_holds: Callable[[], bool] = lambda: False,
+    hold_s: Optional[float] = None,
 ) -> list[Member]:
     """Post this peer under key and return the group, ordered by peer index.
 
@@ -79,22 +80,22 @@ def rendezvous(
     reached there), and does not count as that peer's.
 
     plan_holds(): the last planned() answer is the coordinator's plan of the open round. Then the window stays
-    open (up to twice ``window_s``) while that plan lists a peer that has not posted, so every member closes on
-    the coordinator's decision, not each on its own clock (with overlap a peer posts the moment a round opens).
+    open (up to ``hold_s``, default twice ``window_s``; this peer's entry is posted again as its ttl runs down)
+    while that plan lists a peer that has not posted, so every member closes on the coordinator's decision (it
+    leaves late peers out, evicts dead ones, or voids the round), not each on its own clock (with overlap a peer
+    posts as a round opens; one whose budget was cut to a few steps posts long before its groupmates).
     A formed group's members post again with its indexes (``_mark_closed``): a planned peer posting later and not
     among them fails at once with ExchangeFailed instead of waiting out the exchange's timeout.
     """
     store_entry(dht, key, me, member=member, ttl_s=ttl_s)
     if on_posted is not None:
         on_posted()
-    deadline, longest = time.monotonic() + window_s, time.monotonic() + 2 * window_s
+    posted_at = time.monotonic()
+    deadline, longest = posted_at + window_s, posted_at + (2 * window_s if hold_s is None else hold_s)
     expected = planned()
     next_plan_at = time.monotonic() + plan_refresh_s
     while True:
-        current = processes()
-        posted = {pid: m for pid, m in read_entries(dht, key, Member, member=member).items()
-                  if current.get(pid, m.dht_peer_id) == m.dht_peer_id}
-        posted[me.peer_id] = me
+        posted = _posted(dht, key, me, member, processes())
         _check_not_left_behind(key, me, posted, expected)
         if expected is not None and expected <= set(posted):
             break
@@ -105,11 +106,24 @@ def rendezvous(
         if time.monotonic() >= next_plan_at:
             expected = planned() or expected
             next_plan_at = time.monotonic() + plan_refresh_s
+        if time.monotonic() - posted_at > ttl_s / 3:  # held open for long: keep this peer's entry alive
+            store_entry(dht, key, me, member=member, ttl_s=ttl_s, wait=False)
+            posted_at = time.monotonic()
         time.sleep(poll_s)  # polling the DHT: there is no change notification to await
     members = sorted((m for pid, m in posted.items() if expected is None or pid in expected or pid == me.peer_id),
                      key=lambda m: (m.index, m.peer_id))
     _mark_closed(dht, key, me, members, member=member, ttl_s=ttl_s)
     return members
+
+
+def _posted(dht: hivemind.DHT, key: str, me: Member, member: credential.Member,
+            current: Mapping[str, str]) -> dict[str, Member]:
+    """The entries under ``key`` by peer id, this peer's own included; an entry under a libp2p id other than the
+    one the coordinator gave for its peer's current process (``current``) was left by a replaced process."""
+    posted = {pid: m for pid, m in read_entries(dht, key, Member, member=member).items()
+              if current.get(pid, m.dht_peer_id) == m.dht_peer_id}
+    posted[me.peer_id] = me
+    return posted
 
 
 def _mark_closed(dht: hivemind.DHT, key: str, me: Member, members: list[Member], *, member: credential.Member,

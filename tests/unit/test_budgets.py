@@ -171,7 +171,10 @@ def beat(engine, peer_id: str, *, step_time_s: float = 0.0, state: int = pb.PEER
     )))
 
 
-def test_the_engine_plans_budgets_and_goes_on_without_a_straggler() -> None:
+@pytest.mark.parametrize("ready_state, ready_round", [(EXCHANGING, 1), (TRAINING, 2)])
+def test_the_engine_plans_budgets_and_goes_on_without_a_straggler(ready_state, ready_round) -> None:
+    """(TRAINING, 2): with overlap the ready peers already train round 2 while round 1's exchange waits in
+    matchmaking for the straggler; they count as ready (they used to look late, and the round waited for it)."""
     from tests.unit.fake_swarm import engine_join
     clock = FakeClock()
     engine = make_engine(clock, min_peers=3, inner_steps=H, report_grace_s=2.0, straggler_slack_s=1.0)
@@ -183,8 +186,8 @@ def test_the_engine_plans_budgets_and_goes_on_without_a_straggler() -> None:
     assert {p.peer_id: p.inner_steps for p in info.plan.peers} == {a: H, b: H, c: 4}
     assert info.plan.budget_s == pytest.approx(6.0) and info.plan.deadline_s == pytest.approx(7.0)
     clock.now += 7.0
-    beat(engine, a, step_time_s=0.5, state=EXCHANGING, round_no=1)
-    beat(engine, b, step_time_s=0.5, state=EXCHANGING, round_no=1)
+    beat(engine, a, step_time_s=0.5, state=ready_state, round_no=ready_round)
+    beat(engine, b, step_time_s=0.5, state=ready_state, round_no=ready_round)
     beat(engine, c, step_time_s=1.5, state=TRAINING, round_no=1)
     assert list(engine.round_info(a, 1).participants) == [a, b, c]  # not yet: the grace runs
     clock.now += 2.0
