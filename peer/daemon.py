@@ -18,7 +18,6 @@ from __future__ import annotations
 import concurrent.futures
 import enum
 import logging
-import math
 import threading
 from typing import Optional
 
@@ -208,7 +207,7 @@ class PeerDaemon:
                                   store=self.store, executor=self._executor, hooks=self.hooks, stopping=self.stop.is_set,
                                   left_out=lambda r: self.link.left_out(r, self.stats.metrics().step_time_s),
                                   passed_over=lambda r: self.link.passed_over(r, self.heartbeat.heard,
-                                                                              trainer.local_step_time_s or math.nan),
+                                                                              trainer.local_step_time_s or float("nan")),
                                   merge_when_ready=self.run_config.rounds.controller == "auto",
                                   budget=lambda r: self.link.budget(r, self.runner.full_speed(r)))
         self.stats.update(model_fingerprint=trainer.fingerprint, param_count=trainer.param_count,
