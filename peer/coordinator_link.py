@@ -154,8 +154,7 @@ class CoordinatorLink:
         except CoordinatorUnreachable:
             return False
         if out:
-            logger.warning("%s round %d went on without this peer (too slow: %.3g s per step); resyncing",
-                           self.tag(round_no), round_no, step_time_s)
+            self._went_on_without(round_no, step_time_s, "resyncing")
         return out
 
     def passed_over(self, round_no: int, heard: Optional[pb.RoundInfo], step_time_s: float = math.nan) -> bool:
@@ -166,9 +165,12 @@ class CoordinatorLink:
             return False
         out = heard.last_committed_round >= round_no or (heard.round == round_no and self.peer_id in heard.plan.left_out)
         if out:
-            logger.warning("%s round %d went on without this peer (too slow: %.3g s per step); it stops training that "
-                           "round and resyncs", self.tag(round_no), round_no, step_time_s)
+            self._went_on_without(round_no, step_time_s, "it stops training that round and resyncs")
         return out
+
+    def _went_on_without(self, round_no: int, step_time_s: float, then: str) -> None:
+        logger.warning("%s round %d went on without this peer (too slow: %.3g s per step); %s", self.tag(round_no),
+                       round_no, step_time_s, then)
 
     def round_info(self, round_no: int) -> pb.RoundInfo:
         """Round ``round_no``, retrying while the coordinator is unreachable."""

@@ -277,15 +277,14 @@ class Exchange:
         owners = [(position + i) % len(group) for i in range(1, len(group))]
         encoding = Turn.chain(len(owners) + 1, in_turn=True)  # the i-th slice's encoding, this peer's own last
 
-        async def prepared(i: int) -> tuple[SlicePayload, Optional[bytes]]:
-            """The slice for ``owners[i]``, and its tag for the bulk slot reserved for it."""
+        async def prepared(i: int, reservation: Optional[Reservation]) -> tuple[SlicePayload, Optional[bytes]]:
+            """The slice for ``owners[i]``, and its tag for ``reservation`` (its bulk slot, if any)."""
             start, end = bounds[owners[i]]
             await encoding[i].wait()
             try:
                 payload = SlicePayload.lazy(codec, flat[start:end])
                 if payload is None:  # off the event loop, which keeps serving the other peers' streams
                     payload = SlicePayload(await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key))
-                reservation = reserved.get((exchange_pb2.PHASE_CONTRIBUTION, owners[i]))
                 if reservation is None:
                     return payload, None
                 return payload, await asyncio.to_thread(reservation.tag, await payload.whole())
@@ -303,14 +302,14 @@ class Exchange:
             await self.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, position, position, data)
 
         async def send(i: int, turn: Turn) -> int:
+            reservation = reserved.get((exchange_pb2.PHASE_CONTRIBUTION, owners[i]))
             try:
-                payload, frame_tag = await prepared(i)
+                payload, frame_tag = await prepared(i, reservation)
             except BaseException:
                 turn.done()  # the sends after it are called off too; none waits for this one meanwhile
                 raise
             return await self._send(group[owners[i]], key, digest, exchange_pb2.PHASE_CONTRIBUTION, owners[i],
-                                    position, payload, frame_tag=frame_tag, turn=turn,
-                                    reservation=reserved.get((exchange_pb2.PHASE_CONTRIBUTION, owners[i])))
+                                    position, payload, reservation=reservation, frame_tag=frame_tag, turn=turn)
 
         own_slice = asyncio.ensure_future(own())
         try:

@@ -241,19 +241,16 @@ class RoundRunner:
 
     def _train_unless_passed_over(self, round_no: int, steps: int) -> Optional[TrainStats]:
         """``steps`` inner steps of ``round_no``; None when the swarm went on without this round meanwhile (asked
-        before each part of 1/16 of them: parts train the same bits as one call). A peer that is far slower than
+        before each part of 1/16 of them, ``_train_while``: parts train the same bits as one call). A peer that is far slower than
         its start-up probe said (or stalls) then stops at once instead of training a round that is lost."""
-        if self.passed_over is None:
+        if self.passed_over is None or steps <= 0:
             return self.trainer.train(steps)
-        parts: list[TrainStats] = []
-        done, chunk = 0, max(1, steps // 16)
-        while not self.passed_over(round_no):
-            if done >= steps:
-                return self.trainer.train(0) if not parts else parts[0] if len(parts) == 1 else combine(parts)
-            parts.append(self.trainer.train(min(chunk, steps - done)))
-            done += parts[-1].steps
+        parts = self._train_while(lambda: not self.passed_over(round_no), steps)
+        trained = parts[0] if len(parts) == 1 else combine(parts)
+        if trained.steps == steps:
+            return trained
         if parts:  # what it trained still tells its speed (a peer: its heartbeat reports the measured step time)
-            self.hooks.trained(round_no, combine(parts))
+            self.hooks.trained(round_no, trained)
         return None
 
     def _train_while(self, busy: Callable[[], bool], most: int) -> list[TrainStats]:
