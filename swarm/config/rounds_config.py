@@ -66,7 +66,7 @@ class RoundConfig:
     min_peers: int = 1  # round 1 opens once this many peers are ready
     codec: str = "fp32"  # wire format of pseudo-gradients
     eval_every_rounds: int = 1
-    matchmaking_window_s: float = 15.0  # how long a peer waits for missing groupmates
+    matchmaking_window_s: float = 15.0  # how long a peer waits for missing groupmates (longer while still planned)
     exchange_timeout_s: float = 60.0  # bound on moving the tensors once a group formed
     round_timeout_s: float = 900.0  # a round undecided this long after it opened is decided as is
     report_grace_s: float = 10.0  # once a hash has its group's quorum, how long the round waits for the rest
