@@ -117,6 +117,36 @@ def part_bounds(numel: int, parts: int, align: int = 1) -> list[tuple[int, int]]
     return bounds
 
 
+# A butterfly over a large vector goes in stripes (``butterfly_bounds``): the vector is cut into up to MAX_STRIPES
+# consecutive stripes and each stripe into one slice per member, so an owner reduces and sends back its slice of
+# stripe 0 while the contributions to stripe 1 are still arriving (the two phases overlap instead of running one
+# after the other). A stripe is cut only while every member's slice of it keeps at least STRIPE_MIN_BYTES encoded:
+# each slice is one frame (a claim, a connection's turn), which costs more than it overlaps below that.
+STRIPE_MIN_BYTES = 192 * 1024
+MAX_STRIPES = 8
+
+
+def stripe_count(codec: Codec | str, numel: int, group_size: int) -> int:
+    """How many stripes a butterfly of ``numel`` elements over ``group_size`` members goes in: a function of
+    these alone (every member and the simulator derive the same), 1 for small vectors."""
+    codec = get_codec(codec)
+    if group_size < 2 or numel <= 0:
+        return 1
+    per_member = codec.encoded_size(-(-numel // group_size))
+    return max(1, min(MAX_STRIPES, per_member // STRIPE_MIN_BYTES))
+
+
+def butterfly_bounds(numel: int, group_size: int, align: int, stripes: int = 1,
+                     cut: Callable[[int], list[tuple[int, int]]] | None = None) -> list[tuple[int, int]]:
+    """The slices [start, end) of a butterfly, ``stripes`` × ``group_size`` of them: slice i is member
+    i % group_size's part of stripe i // group_size. Stripes are ``part_bounds`` of the vector; each stripe is
+    cut by ``cut(stripe length)`` (default: equal parts); every boundary but the last is a multiple of
+    ``align``, so the slices quantize like the whole vector and a blockwise codec gives the same values in
+    stripes as in one piece."""
+    cut = cut or (lambda n: part_bounds(n, group_size, align))
+    return [(s0 + a, s0 + b) for s0, s1 in part_bounds(numel, stripes, align) for a, b in cut(s1 - s0)]
+
+
 def butterfly_reference(
     contributions: Sequence[torch.Tensor],
     weights: Sequence[float],
@@ -127,12 +157,13 @@ def butterfly_reference(
     pair_bytes: list[list[int]] | None = None,
 ) -> torch.Tensor:
     """The average a butterfly all-reduce delivers to every member (``swarm.net.allreduce``), computed in one
-    process: each contribution is cut into ``parts`` (default: one per contributor) slices aligned to
-    the codec's block; every slice goes over the wire encoded, so its owner reduces the decoded slices
+    process: each contribution is cut into ``parts`` slices aligned to the codec's block (default: one per
+    contributor in each of ``stripe_count`` stripes, slice i owned by contributor i % K, as the network
+    cuts them: ``butterfly_bounds``); every slice goes over the wire encoded, so its owner reduces the decoded slices
     with ``reduce`` (default ``weighted_average``; the exchange's rule, see ``swarm.core.aggregation``)
     in the given (group) order; the owner encodes its averaged slice once and
-    every member decodes those same bytes.  ``owners[i]`` (the owner of slice i, when the codec asks
-    for ``owner_feedback``) adds its residual to the average before that encoding and stages the new one
+    every member decodes those same bytes.  ``owners[k]`` (contributor k's, the owner of slices k, k + K, ...,
+    when the codec asks for ``owner_feedback``; with ``parts``, one per slice) adds its residual to the average before that encoding and stages the new one
     (``swarm.core.owner_feedback``).  ``pair_bytes`` (K × K, one slice per member), when given, receives
     the payload bytes member i sends member j, counted from the real encodings (a ``variable_size`` codec's
     depend on the values).  The simulator calls this, so a simulated round and a real one agree bit for bit."""
@@ -143,24 +174,25 @@ def butterfly_reference(
     for c in contributions:
         if c.dim() != 1 or c.numel() != numel:
             raise ValueError(f"contributions must be 1-D with {numel} elements, got {tuple(c.shape)}.")
-    bounds = part_bounds(numel, len(contributions) if parts is None else parts, codec.block)
-    if owners is not None and len(owners) != len(bounds):
-        raise ValueError(f"need one owner feedback (or None) per slice, got {len(owners)} for {len(bounds)} slices.")
-    if pair_bytes is not None and not (len(bounds) == len(contributions) == len(pair_bytes)):
-        raise ValueError("pair_bytes counts a butterfly of one slice per member: K slices, K rows.")
+    k = len(contributions) if parts is None else parts
+    bounds = butterfly_bounds(numel, k, codec.block, stripe_count(codec, numel, k) if parts is None else 1)
+    if owners is not None and len(owners) != k:
+        raise ValueError(f"need one owner feedback (or None) per owner, got {len(owners)} for {k} owners.")
+    if pair_bytes is not None and not (k == len(contributions) == len(pair_bytes)):
+        raise ValueError("pair_bytes counts a butterfly of one owner per member: K owners, K rows.")
     averaged = []
     for i, (start, end) in enumerate(bounds):
-        n = end - start
+        n, owner_at = end - start, i % k
         payloads = [codec.encode(as_cpu_f32(c[start:end]).contiguous()) for c in contributions]
         decoded = [codec.decode(data, n) for data in payloads]
         mean = reduce(decoded, list(weights))
-        owner = owners[i] if owners is not None else None
+        owner = owners[owner_at] if owners is not None else None
         data = owner_encode(codec, mean, (start, end), owner)
         if pair_bytes is not None:
             for j, sent in enumerate(payloads):
-                if j != i:
-                    pair_bytes[j][i] += len(sent)  # member j's slice i to its owner
-                    pair_bytes[i][j] += len(data)  # the owner's average back to member j
+                if j != owner_at:
+                    pair_bytes[j][owner_at] += len(sent)  # member j's slice i to its owner
+                    pair_bytes[owner_at][j] += len(data)  # the owner's average back to member j
         averaged.append(codec.decode(data, n))
     return torch.cat(averaged)
 
@@ -182,6 +214,8 @@ def butterfly_bytes_sent(numel: int, group_size: int, codec: Codec | str) -> lis
     its encoded slices for the K−1 other owners, then its own averaged slice to each of the K−1 others.
     Message headers are not counted."""
     codec = get_codec(codec)
-    sizes = [codec.encoded_size(e - s) for s, e in part_bounds(numel, group_size, codec.block)]
+    sizes = [0] * group_size  # what each member owns, encoded, over all stripes
+    for i, (s, e) in enumerate(butterfly_bounds(numel, group_size, codec.block, stripe_count(codec, numel, group_size))):
+        sizes[i % group_size] += codec.encoded_size(e - s)
     total = sum(sizes)
     return [total - own + (group_size - 1) * own for own in sizes]

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from swarm.core.average import as_cpu_f32, butterfly_reference, part_bounds, weighted_average
+from swarm.core.average import as_cpu_f32, butterfly_bounds, butterfly_reference, stripe_count, weighted_average
 from swarm.core.codec import Codec, get_codec
 
 Reduce = Callable[[list[torch.Tensor], list[float]], torch.Tensor]
@@ -118,7 +118,10 @@ def butterfly_bytes_by_site(numel: int, sites: Sequence[str], codec: Codec | str
     """(in-site, cross-site) payload bytes each member of one butterfly all-reduce over a group at ``sites``
     sends: to owner k its encoded slice k, and its own averaged slice; "" is a site of its own."""
     codec = get_codec(codec)
-    sizes = [codec.encoded_size(e - s) for s, e in part_bounds(numel, len(sites), codec.block)]
+    k = len(sites)
+    sizes = [0] * k  # what each member owns, encoded, over all stripes
+    for i, (s, e) in enumerate(butterfly_bounds(numel, k, codec.block, stripe_count(codec, numel, k))):
+        sizes[i % k] += codec.encoded_size(e - s)
     out = []
     for i, site in enumerate(sites):
         same = cross = 0

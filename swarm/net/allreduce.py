@@ -3,9 +3,10 @@
 Why not ``hivemind.averaging.DecentralizedAverager.step``: it hands every peer ``local + (average −
 local)`` with the delta compressed per peer, so peers end with different bits (and with 8-bit codecs
 under numpy 2, or a lost part, with a silently partial average: see docs/ARCHITECTURE.md). Here the
-flat vector is cut into one slice per group member; each member reduces its slice from everyone's
-encoded contribution in the group's canonical order, encodes the average once, and sends those same
-bytes to every member. Every member decodes identical bytes, so every member holds the same average;
+flat vector is cut into one slice per group member (a large vector in stripes, each cut so: an owner
+sends back its slice of one stripe while the next stripe's contributions arrive); each member reduces its
+slices from everyone's encoded contribution in the group's canonical order, encodes the average once, and
+sends those same bytes to every member. Every member decodes identical bytes, so every member holds the same average;
 a slice that does not arrive in time fails the exchange instead of being replaced by local values.
 The owner reduces by the run's aggregation rule (``swarm.core.aggregation``): declared weights are capped
 at what a round allows, and robust rules limit what a groupmate's slice can do; a malicious owner can
@@ -27,23 +28,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
-from hivemind.p2p import P2PContext, PeerID
 
-from swarm.core.aggregation import Aggregation
-from swarm.core.average import new_f32
+from swarm.core.aggregation import Aggregation, Reduced
+from swarm.core.average import new_f32, stripe_count
 from swarm.core.codec import get_codec
 from swarm.core.owner_feedback import OwnerFeedback
 from swarm.net.bulk_channel import BulkChannel
 from swarm.net.bulk_slices import BulkSlices, Reservation
+from swarm.net.chunk_stream import SlicePayload, Turn, cancel_all, settle
 from swarm.net.exchange_result import ExchangeResult
+from swarm.net.libp2p_slices import Libp2pSlices
 from swarm.net.link_probe import LinkProbe
-from swarm.net.chunk_stream import SlicePayload, Turn, cancel_all, chunk_messages, settle
 from swarm.net.link_stats import TransferLog
 from swarm.net.p2p_address import unreachable_sentence
-from swarm.net.reachability import is_dial_failure, shown_maddrs, unreachable_groupmate
+from swarm.net.reachability import shown_maddrs
 from swarm.net.rendezvous import Member, group_digest
 from swarm.net.slice_inbox import SliceInbox
 from swarm.net.slice_reduction import (
@@ -86,6 +87,7 @@ class Exchange:
         self._bulk_slices: Optional[BulkSlices] = None  # this exchange's use of it
         self._use_bulk = bulk
         self._handler_name = f"swarm_{run_id}.part"
+        self._libp2p: Optional[Libp2pSlices] = None  # the slices' other path (made on the loop)
         self.probe = LinkProbe(transport.p2p, run_id=run_id)  # answers this run's pings; times groupmates'
         self._key_prefix = f"{run_id}."  # every key of this run's exchanges (rendezvous.group_key)
         self.inbox: Optional[SliceInbox] = None  # made on the loop
@@ -97,14 +99,15 @@ class Exchange:
 
     async def _start(self) -> None:
         self.inbox = SliceInbox(key_prefix=self._key_prefix, own_id=self.transport.peer_id, on_forget=self._forgotten)
-        await self.transport.p2p.add_protobuf_handler(
-            self._handler_name, self._on_chunks, exchange_pb2.TensorChunk, stream_input=True
-        )
+        self._libp2p = Libp2pSlices(self.transport, handler_name=self._handler_name, inbox=self.inbox,
+                                    on_sent=self._sent, on_received=self._received)
+        await self._libp2p.start()
         await self.probe.start()
         if self._use_bulk:
             self.bulk = await self.transport.open_bulk()
             self._bulk_slices = BulkSlices(self.transport, self.bulk, handler_name=self._handler_name, inbox=self.inbox,
                                            on_sent=self._sent, on_received=self._received)
+            self._libp2p.bulk = self._bulk_slices
 
     @property
     def rejected_chunks(self) -> int:
@@ -201,7 +204,8 @@ class Exchange:
         if codec.gathered:  # a sparse codec: all-gather, every member reduces the whole vector
             return await self._gather(key, group, me, flat, codec, weights, on_phase, started)
         position, digest = [m.peer_id for m in group].index(me.peer_id), group_digest(group)
-        bounds = group_bounds(key, me.numel, len(group), codec.block, shares)  # block-aligned: quantize like the whole
+        stripes = stripe_count(codec, me.numel, len(group))  # block-aligned slices: quantize like the whole
+        bounds = group_bounds(key, me.numel, len(group), codec.block, shares, stripes)
         reserved = {} if self._bulk_slices is None else self._bulk_slices.reserve_butterfly(  # claimed now
             key, group, digest, position, bounds, codec)
         try:
@@ -211,37 +215,59 @@ class Exchange:
             await cancel_all([r.answer for r in reserved.values() if not r.answer.done()])
 
     async def _butterfly(self, key: str, group: list[Member], position: int, digest: str,
-                         bounds: list[tuple[int, int]], reserved: dict[tuple[int, int], Reservation],
+                         bounds: list[tuple[int, int]], reserved: dict[tuple[int, int, int], Reservation],
                          flat: torch.Tensor, codec, weights: list[float], on_phase: Callable[[str], Optional[float]],
                          owner: Optional[OwnerFeedback], started: float) -> ExchangeResult:
-        # Phase 1: every slice goes, encoded, to its owner (this peer's own slice stays here).
-        await _pause(on_phase("sending"))
-        sent = await self._contribute(key, group, digest, position, bounds, flat, codec, reserved)
-        phases_s = {"contributed": time.perf_counter() - started}
+        """Phase 1 sends every slice to its owner (``_contribute``). Each slice this peer owns (one per stripe) is
+        reduced in the group's order once the group's contributions to it are here, and the same encoded bytes go
+        to every member, while the later stripes' contributions still arrive: the phases overlap. Phase 2 decodes
+        every owner's averaged slices into the result as they arrive."""
+        k, stripes = len(group), len(bounds) // len(group)
+        others = [(position + i) % k for i in range(1, k)]
+        phases_s: dict[str, float] = {}
+        reductions: dict[int, Reduced] = {}
+        hook: list[asyncio.Future] = []  # on_phase("reducing"), called once, before the first reduction
+        links = self._links(others)
 
-        # Reduce this peer's slice in the group's order (each contribution decoded as it arrives), then send
-        # the same encoded bytes to all.
-        decoded = await settle(self._decoded(key, group, codec, (digest, exchange_pb2.PHASE_CONTRIBUTION, position),
-                                             sender, bounds[position][1] - bounds[position][0]) for sender in range(len(group)))
-        phases_s["contributions_here"] = time.perf_counter() - started
-        await _pause(on_phase("reducing"))
-        averaged, reduced = await asyncio.to_thread(reduce_decoded, self.aggregation, codec, decoded, weights, key,
-                                                    owner=owner, bounds=bounds[position])
-        rejected, clipped = judged(key, group, reduced)
-        await self.inbox.deliver(key, digest, exchange_pb2.PHASE_AVERAGED, position, position, averaged)
-        averaged_payload = SlicePayload(averaged)
-        phases_s["reduced"] = time.perf_counter() - started
-        sent += await self._send_each(len(group) - 1, lambda i, turn: self._send(
-            group[(position + 1 + i) % len(group)], key, digest, exchange_pb2.PHASE_AVERAGED, position, position,
-            averaged_payload, turn=turn,
-            reservation=reserved.get((exchange_pb2.PHASE_AVERAGED, (position + 1 + i) % len(group)))))
-        phases_s["averaged_sent"] = time.perf_counter() - started
+        def passed(point: str) -> None:  # the last time the exchange passes each point
+            phases_s[point] = time.perf_counter() - started
 
-        # Phase 2: collect every owner's averaged slice, each decoded as it arrives.
+        async def contributed() -> int:
+            sent = await self._contribute(key, group, digest, position, bounds, flat, codec, reserved, links)
+            passed("contributed")
+            return sent
+
+        async def reduced(stripe: int) -> int:
+            part = stripe * k + position
+            start, end = bounds[part]
+            decoded = await settle(self._decoded(key, group, codec, (digest, exchange_pb2.PHASE_CONTRIBUTION, part),
+                                                 sender, end - start) for sender in range(k))
+            passed("contributions_here")
+            if not hook:
+                hook.append(asyncio.ensure_future(_pause(on_phase("reducing"))))
+            await hook[0]
+            averaged, reductions[stripe] = await asyncio.to_thread(
+                reduce_decoded, self.aggregation, codec, decoded, weights, key, owner=owner, bounds=(start, end))
+            await self.inbox.deliver(key, digest, exchange_pb2.PHASE_AVERAGED, part, position, averaged)
+            passed("reduced")
+            payload = SlicePayload(averaged)
+            sent = sum(await settle(self._send(
+                group[to], key, digest, exchange_pb2.PHASE_AVERAGED, part, position, payload, turn=Turn(link=links[to]),
+                reservation=reserved.get((exchange_pb2.PHASE_AVERAGED, part, to))) for to in others))
+            passed("averaged_sent")
+            return sent
+
         average = new_f32((bounds[-1][1],))  # in huge pages where the kernel has them: written once, by the decodes
-        await settle(self._decoded_into(key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, owner), owner,
-                                        average[s:e]) for owner, (s, e) in enumerate(bounds))
-        phases_s["all_here"] = time.perf_counter() - started
+
+        async def collected() -> int:
+            await settle(self._decoded_into(key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, part), part % k,
+                                            average[s:e]) for part, (s, e) in enumerate(bounds))
+            passed("all_here")
+            return 0
+
+        await _pause(on_phase("sending"))
+        sent = sum(await settle([contributed(), collected(), *(reduced(stripe) for stripe in range(stripes))]))
+        rejected, clipped = judged(key, group, _merged([reductions[stripe] for stripe in range(stripes)]))
         rtt_s = self.probe.ping_for_next(group[:position] + group[position + 1:])  # on links now idle
         return ExchangeResult(
             average=average,
@@ -253,6 +279,16 @@ class Exchange:
             links=self._transfers.timings(key, rtt_s=rtt_s, group=group),
             phases_s={name: round(seconds, 4) for name, seconds in phases_s.items()},
         )
+
+    def _links(self, others: list[int]) -> dict[int, asyncio.Lock]:
+        """One exchange's links by group position sent to: the sends to one groupmate (both phases, every stripe)
+        take turns on one connection, in the order their bytes are ready, so the K − 1 flows of a member's
+        uplink stay K − 1 (which ``uplink_pace`` assumes) and a stripe its owner waits for is not slowed by a
+        later one; with ``send_in_turn`` all sends take turns on one link."""
+        if self.send_in_turn:
+            link = asyncio.Lock()
+            return {to: link for to in others}
+        return {to: asyncio.Lock() for to in others}
 
     async def _gather(self, key: str, group: list[Member], me: Member, flat: torch.Tensor, codec, weights: list[float],
                       on_phase: Callable[[str], Optional[float]], started: float) -> ExchangeResult:
@@ -268,18 +304,20 @@ class Exchange:
 
     async def _contribute(self, key: str, group: list[Member], digest: str, position: int,
                           bounds: list[tuple[int, int]], flat: torch.Tensor, codec,
-                          reserved: dict[tuple[int, int], Reservation]) -> int:
-        """Send every slice to its owner, owners from the next position on. The slices are encoded (and
-        tagged for their bulk slot) one after another in that order, each sent as soon as it is ready, this
-        peer's own slice last: encoding them all at once would delay the first send by the whole vector's
-        encoding. The bytes sent."""
+                          reserved: dict[tuple[int, int, int], Reservation], links: dict[int, asyncio.Lock]) -> int:
+        """Send every slice to its owner, stripe by stripe, owners from the next position on. The slices are
+        encoded (and tagged for their bulk slot) one after another in that order, each stripe's own slice last,
+        each sent as soon as it is ready and its link is free (``_links``): encoding them all at once would delay
+        the first send by the whole vector's encoding. The bytes sent."""
         await asyncio.to_thread(check_sendable, codec, flat, key)
-        owners = [(position + i) % len(group) for i in range(1, len(group))]
-        encoding = Turn.chain(len(owners) + 1, in_turn=True)  # the i-th slice's encoding, this peer's own last
+        k, stripes = len(group), len(bounds) // len(group)
+        others = [(position + i) % k for i in range(1, k)]
+        order = [(stripe, to) for stripe in range(stripes) for to in [*others, position]]
+        encoding = Turn.chain(len(order), in_turn=True)  # the i-th slice's encoding
 
         async def prepared(i: int, reservation: Optional[Reservation]) -> tuple[SlicePayload, Optional[bytes]]:
-            """The slice for ``owners[i]``, and its tag for ``reservation`` (its bulk slot, if any)."""
-            start, end = bounds[owners[i]]
+            """The i-th slice, and its tag for ``reservation`` (its bulk slot, if any)."""
+            start, end = bounds[order[i][0] * k + order[i][1]]
             await encoding[i].wait()
             try:
                 payload = SlicePayload.lazy(codec, flat[start:end])
@@ -291,40 +329,35 @@ class Exchange:
             finally:
                 encoding[i].done()
 
-        async def own() -> None:
-            start, end = bounds[position]
-            own_slice = SlicePayload.lazy(codec, flat[start:end])
-            if own_slice is not None and own_slice.lossless_view() is not None:
-                data = own_slice.lossless_view()  # fp32: its bytes are the vector's; the reduction reads them there
-            else:
-                await encoding[-1].wait()
-                data = await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key)
-            await self.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, position, position, data)
+        async def own(i: int) -> int:
+            part = order[i][0] * k + position
+            start, end = bounds[part]
+            await encoding[i].wait()
+            try:
+                own_slice = SlicePayload.lazy(codec, flat[start:end])
+                if own_slice is not None and own_slice.lossless_view() is not None:
+                    data = own_slice.lossless_view()  # fp32: its bytes are the vector's; the reduction reads them there
+                else:
+                    data = await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key)
+            finally:
+                encoding[i].done()
+            await self.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, part, position, data)
+            return 0
 
-        async def send(i: int, turn: Turn) -> int:
-            reservation = reserved.get((exchange_pb2.PHASE_CONTRIBUTION, owners[i]))
+        async def send(i: int) -> int:
+            stripe, to = order[i]
+            part, turn = stripe * k + to, Turn(link=links[to])
+            reservation = reserved.get((exchange_pb2.PHASE_CONTRIBUTION, part, to))
             try:
                 payload, frame_tag = await prepared(i, reservation)
             except BaseException:
                 turn.done()  # the sends after it are called off too; none waits for this one meanwhile
                 raise
-            return await self._send(group[owners[i]], key, digest, exchange_pb2.PHASE_CONTRIBUTION, owners[i],
-                                    position, payload, reservation=reservation, frame_tag=frame_tag, turn=turn)
+            return await self._send(group[to], key, digest, exchange_pb2.PHASE_CONTRIBUTION, part, position, payload,
+                                    reservation=reservation, frame_tag=frame_tag, turn=turn)
 
-        own_slice = asyncio.ensure_future(own())
-        try:
-            sent = await self._send_each(len(owners), send)
-            await own_slice
-        except BaseException:  # an encoding or a send failed: the rest are called off
-            await cancel_all([own_slice])
-            raise
-        return sent
-
-    async def _send_each(self, count: int, send: Callable[[int, Turn], Awaitable[int]]) -> int:
-        """``send(i, turn)`` for i in range(count), all started at once (each encodes and claims its slot at
-        once); their bytes go in turn, the i-th once the one before it is done (``send_in_turn``), or all
-        at once. The bytes sent."""
-        return sum(await settle(send(i, turn) for i, turn in enumerate(Turn.chain(count, in_turn=self.send_in_turn))))
+        # an encoding or a send that fails calls off the rest
+        return sum(await settle(own(i) if to == position else send(i) for i, (_, to) in enumerate(order)))
 
     async def _decoded(self, key: str, group: list[Member], codec, where: tuple, sender: int, numel: int) -> torch.Tensor:
         """The slice (``where``: digest, phase, part) from position ``sender``, decoded once it is here."""
@@ -359,7 +392,7 @@ class Exchange:
     async def _send_on_turn(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int,
                             payload: SlicePayload | bytes, reservation: Optional[Reservation],
                             frame_tag: Optional[bytes], turn: Turn) -> int:
-        payload, sent = SlicePayload(payload) if isinstance(payload, bytes) else payload, 0
+        payload = SlicePayload(payload) if isinstance(payload, bytes) else payload
         head = dict(key=key, group_digest=digest, phase=phase, part=part, sender=sender)
         if phase != exchange_pb2.PHASE_ABORT and self._bulk_slices is not None:
             bulk_sent = await self._bulk_slices.send(member, key, head, payload, reservation, frame_tag, turn,
@@ -367,67 +400,26 @@ class Exchange:
             if bulk_sent is not None:
                 return bulk_sent
         await turn.wait()
-        for attempt in range(2):
-            first_byte, sizes = [], []  # when the stream opened (the first chunk went); each message's size
-            try:
-                ack = await self.transport.p2p.call_protobuf_handler(
-                    PeerID.from_base58(member.dht_peer_id), self._handler_name,
-                    chunk_messages(payload, head, first_byte, sizes), exchange_pb2.ChunkAck,
-                )
-            except ValueError:
-                # hivemind's stream sometimes closes without the handler's reply although the data arrived
-                # (about once in 30 rounds); a slice really lost shows up as a timeout of the phase that needs
-                # it, so the exchange never completes silently partial.
-                logger.debug("%s: no acknowledgement from %s; relying on the phase timeout", key, member.peer_id)
-                return sent + sum(sizes)
-            except Exception as e:
-                sent += sum(sizes)
-                if attempt == 0:
-                    continue  # delivery is idempotent: a repeated slice replaces the same inbox entry
-                if is_dial_failure(e):
-                    raise ExchangeFailed(unreachable_groupmate(key, member.peer_id, member.maddrs, e),
-                                         unreachable=True) from None
-                raise ExchangeFailed(f"{key}: could not send to {member.peer_id} ({e!r})") from None
-            if not ack.ok:
-                raise ExchangeFailed(f"{key}: {member.peer_id} refused a slice: {ack.error}")
-            if first_byte:
-                self._sent(key, member.dht_peer_id, sum(sizes), first_byte[0])
-            return sent + sum(sizes)
-        raise AssertionError("unreachable")
+        return await self._libp2p.send(member, key, head, payload)
 
     def _sent(self, key: str, libp2p_id: str, size: int, first_byte: float) -> None:
         if self.inbox.averaging(key):  # an exchange in progress, not a late abort
             self._transfers.sent(key, libp2p_id, size, first_byte)
 
-    def _received(self, key: str, libp2p_id: str, sizes: list[int], arrivals: list[float]) -> None:
+    def _received(self, key: str, libp2p_id: str, sizes: list[int], arrivals: list[float],
+                  opened: Optional[float] = None) -> None:
         self._received_bytes[key] = self._received_bytes.get(key, 0) + sum(sizes)
-        self._transfers.received(key, libp2p_id, sizes, arrivals)
+        self._transfers.received(key, libp2p_id, sizes, arrivals, opened=opened)
 
-    async def _on_chunks(self, requests, context: P2PContext) -> exchange_pb2.ChunkAck:
-        chunks: list[exchange_pb2.TensorChunk] = []
-        arrivals: list[float] = []
-        async for message in requests:
-            arrivals.append(time.perf_counter())
-            chunks.append(message)
-        if not chunks:
-            return exchange_pb2.ChunkAck(ok=False, error="empty stream")
-        head = chunks[0]
-        if len(chunks) != head.num_chunks or any(
-            (c.key, c.group_digest, c.phase, c.part, c.sender, c.chunk) != (head.key, head.group_digest, head.phase, head.part, head.sender, i)
-            for i, c in enumerate(chunks)
-        ):
-            return exchange_pb2.ChunkAck(ok=False, error="chunks of one slice arrived inconsistent or incomplete")
-        remote = context.remote_id.to_base58()
-        if head.bulk_mac_key:  # a claim (one without a ticket, an older peer's, is refused: it sends over libp2p)
-            if self._bulk_slices is None:
-                return exchange_pb2.ChunkAck(ok=False, error="no bulk channel here; send the slice itself")
-            return await self._bulk_slices.on_claim(head, remote)
-        payload = b"".join(c.data for c in chunks)
-        if not await self.inbox.deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload,
-                                   sender_id=remote):
-            return exchange_pb2.ChunkAck(ok=False, error=self.inbox.refusal(head.key, remote))
-        self._received(head.key, remote, [c.ByteSize() for c in chunks], arrivals)  # not free at 1 MiB: once each
-        return exchange_pb2.ChunkAck(ok=True)
+
+def _merged(reductions: list[Reduced]) -> Reduced:
+    """What the reductions of this peer's slices (one per stripe) did to whom: the first reason for each."""
+    rejected, clipped = {}, {}
+    for reduced in reductions:
+        for verdicts, into in ((reduced.rejected, rejected), (reduced.clipped, clipped)):
+            for position, why in verdicts.items():
+                into.setdefault(position, why)
+    return Reduced(average=torch.empty(0), rejected=rejected, clipped=clipped)
 
 
 async def _pause(seconds: Optional[float]) -> None:

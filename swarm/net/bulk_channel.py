@@ -36,6 +36,7 @@ from typing import Awaitable, Callable, Optional
 import numpy as np
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
+from swarm.core.average import MAX_STRIPES
 from swarm.net.p2p_address import is_wildcard
 from swarm.v1 import exchange_pb2
 
@@ -44,9 +45,11 @@ logger = logging.getLogger(__name__)
 MAGIC = b"SWB1"
 PREFIX = struct.Struct("<4sI")  # MAGIC, header length
 MAX_HEADER_BYTES = 4096
+BACK_TO_BACK_S = 0.02  # a frame's header read this soon after reading resumed was waiting in the socket (or
+# nearly: a sender's gap this short counts as busy, an underestimate of at most this per frame)
 MAX_PENDING_BYTES = 1 << 30  # bulk bytes read but not yet verified, all connections together
 MAX_CLAIMS = 4096  # slots announced and not yet delivered, all keys together
-MAX_CLAIMS_PER_SENDER = 8  # per key: an honest member claims 2 (its contribution, its averaged slice) and resends
+MAX_CLAIMS_PER_SENDER = 2 * MAX_STRIPES + 6  # per key: an honest member claims 2 per stripe (a contribution, an averaged slice) and resends
 MIN_BULK_BYTES = 1 << 16  # smaller slices go over libp2p: one message there costs less than a claim and a frame
 
 # The status byte after a frame. Anything but OK: the sender sends the slice over libp2p instead.
@@ -189,6 +192,9 @@ class _Reader(asyncio.BufferedProtocol):
         self.channel = channel
         self.transport: Optional[asyncio.Transport] = None
         self.key: Optional[str] = None  # the key of the claim being read
+        # a frame that follows the one before it back to back (the sender does not wait for answers) came partly
+        # while that one was being taken (reading paused): it is timed from the previous body's last byte
+        self._last_byte = self._resumed = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -248,8 +254,10 @@ class _Reader(asyncio.BufferedProtocol):
         if claim is None:
             return self._refuse(status)
         self._header, self._claim, self.key = header, claim, header.key
-        # timed from the header on, so every byte of the body counts (TransferLog leaves the first read out)
-        self._sizes, self._arrivals = [0], [time.perf_counter()]
+        # timed from the header on, so every byte of the body counts (TransferLog leaves the first read out), or
+        # from the previous frame's last byte when this one waited in the socket while that one was taken
+        now = time.perf_counter()
+        self._sizes, self._arrivals = [0], [self._last_byte if now - self._resumed < BACK_TO_BACK_S else now]
         # numpy's empty is not zeroed first (bytearray's is): each page is touched once, by the socket's copy
         self._buffer, self._got, self._stage = memoryview(np.empty(header.length, dtype=np.uint8)), 0, "body"
         self._mac = Poly1305(claim.mac_key)
@@ -272,7 +280,9 @@ class _Reader(asyncio.BufferedProtocol):
             return self._refuse(status)
         self.channel.frames_taken += 1
         self.transport.write(bytes([OK]))
+        last_byte = self._arrivals[-1]
         self._reset()
+        self._last_byte, self._resumed = last_byte, time.perf_counter()
         self.transport.resume_reading()
 
     def _refuse(self, status: int) -> None:

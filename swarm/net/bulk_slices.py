@@ -14,8 +14,8 @@ from typing import AsyncIterator, Callable, Optional
 
 from hivemind.p2p import PeerID
 
-from swarm.net.bulk_channel import (MAC_KEY_BYTES, MIN_BULK_BYTES, TICKET_BYTES, BulkChannel, fresh_claim_secrets,
-                                    parse_bulk_address, tag)
+from swarm.net.bulk_channel import (MAC_KEY_BYTES, MAX_CLAIMS_PER_SENDER, MIN_BULK_BYTES, TICKET_BYTES, BulkChannel,
+                                    fresh_claim_secrets, parse_bulk_address, tag)
 from swarm.net.bulk_sender import Address
 from swarm.net.chunk_stream import SlicePayload, Turn
 from swarm.net.rendezvous import Member
@@ -70,24 +70,41 @@ class BulkSlices:
         answer = asyncio.ensure_future(self._claim(member, key, claim))
         return Reservation(address, mac_key, ticket, max_bytes, claim.ByteSize(), answer)
 
-    def reserve_butterfly(self, key: str, group: list[Member], digest: str, position: int,
-                          bounds: list[tuple[int, int]], codec) -> dict[tuple[int, int], Reservation]:
-        """This peer's slots of a butterfly exchange, claimed before anything is encoded (so the claims' round trips
-        overlap the encoding): by (phase, group position sent to), its contribution to every owner and its
-        averaged slice to every member; a slice with no slot goes over libp2p."""
-        def size(part: int) -> int:
-            return codec.encoded_size(bounds[part][1] - bounds[part][0])  # the most a slice's encoding takes
+    def reserve_all(self, member: Member, key: str, digest: str, sender: int,
+                    slots: list[tuple[int, int, int]]) -> dict[tuple[int, int], Reservation]:
+        """Claim ``slots`` ((phase, part, the most bytes the slice may take)) on ``member``'s bulk channel in one
+        message, its round trip started now; by (phase, part), those claimed (a slice so small that a claim and
+        a frame cost more than one libp2p message goes over libp2p, as every slot does without a usable address)."""
+        address = parse_bulk_address(member.bulk)
+        claims = [exchange_pb2.BulkClaim(phase=phase, part=part, max_bytes=max_bytes,
+                                         **dict(zip(("mac_key", "ticket"), fresh_claim_secrets())))
+                  for phase, part, max_bytes in slots if max_bytes >= MIN_BULK_BYTES]
+        if address is None or not claims:
+            return {}
+        message = exchange_pb2.TensorChunk(key=key, group_digest=digest, sender=sender, chunk=0, num_chunks=1,
+                                           bulk_claims=claims)
+        answer = asyncio.ensure_future(self._claim(member, key, message))
+        share = -(-message.ByteSize() // len(claims))  # each slice's part of the claim's bytes
+        return {(c.phase, c.part): Reservation(address, c.mac_key, c.ticket, c.max_bytes, share, answer)
+                for c in claims}
 
-        reserved = {}
-        for to, member in enumerate(group):
-            if to == position:
-                continue
-            for phase, part in ((exchange_pb2.PHASE_CONTRIBUTION, to), (exchange_pb2.PHASE_AVERAGED, position)):
-                head = dict(key=key, group_digest=digest, phase=phase, part=part, sender=position)
-                reservation = self.reserve(member, key, head, size(part))
-                if reservation is not None:
-                    reserved[phase, to] = reservation
-        return reserved
+    def reserve_butterfly(self, key: str, group: list[Member], digest: str, position: int,
+                          bounds: list[tuple[int, int]], codec) -> dict[tuple[int, int, int], Reservation]:
+        """This peer's slots of a butterfly exchange, claimed before anything is encoded (so the claims' round trips
+        overlap the encoding), one claim message per groupmate: by (phase, slice, group position sent to), its
+        contribution to the owner of every slice (slice i is position i % K's:
+        ``swarm.core.average.butterfly_bounds``) and each averaged slice it owns to every member; a slice with
+        no slot goes over libp2p."""
+        slots: dict[int, list[tuple[int, int, int]]] = {to: [] for to in range(len(group)) if to != position}
+        for part, (start, end) in enumerate(bounds):
+            owner, size = part % len(group), codec.encoded_size(end - start)  # the most its encoding takes
+            if owner != position:
+                slots[owner].append((exchange_pb2.PHASE_CONTRIBUTION, part, size))
+            else:
+                for to in slots:
+                    slots[to].append((exchange_pb2.PHASE_AVERAGED, part, size))
+        return {(phase, part, to): reservation for to, wanted in slots.items()
+                for (phase, part), reservation in self.reserve_all(group[to], key, digest, position, wanted).items()}
 
     async def _claim(self, member: Member, key: str, claim: exchange_pb2.TensorChunk) -> bool:
         for attempt in range(CLAIM_ATTEMPTS):
@@ -103,8 +120,9 @@ class BulkSlices:
                    reservation: Optional[Reservation], frame_tag: Optional[bytes], turn: Turn, *,
                    pace_mbit_s: float = 0.0) -> Optional[int]:
         """Send the bytes in ``reservation``'s slot (made now when None) once its claim is taken and ``turn``
-        comes (``frame_tag``: the bytes' tag under its key, made now when None); the bytes sent, or None when
-        the slice must go over libp2p (a refusal there is then the libp2p path's to report)."""
+        comes (``frame_tag``: the bytes' tag under its key, made now when None), which ends once the bytes are
+        written (the next frame goes behind them while this one waits for its answer); the bytes sent, or None
+        when the slice must go over libp2p (a refusal there is then the libp2p path's to report)."""
         reservation = reservation or self.reserve(member, key, head, payload.size)
         if reservation is None or payload.size > reservation.max_bytes:
             return None
@@ -116,7 +134,7 @@ class BulkSlices:
         first_byte = await self.transport.bulk_sender.send(
             reservation.address,
             exchange_pb2.BulkHeader(**head, tag=frame_tag, length=len(data), ticket=reservation.ticket), data,
-            pace_bytes_per_s=int(pace_mbit_s * 1e6 / 8))
+            pace_bytes_per_s=int(pace_mbit_s * 1e6 / 8), on_written=turn.done)  # the next frame may follow it
         if first_byte is None:
             return None
         sent = len(data) + reservation.claim_bytes
@@ -124,27 +142,34 @@ class BulkSlices:
         return sent
 
     async def on_claim(self, head: exchange_pb2.TensorChunk, remote: str) -> exchange_pb2.ChunkAck:
-        """A groupmate's claim (``remote``: its libp2p id, authenticated): take the slot's bytes from the bulk
-        channel once they carry a valid tag."""
-        if len(head.bulk_mac_key) != MAC_KEY_BYTES or len(head.bulk_ticket) != TICKET_BYTES or head.bulk_bytes <= 0 \
-                or head.data:
+        """A groupmate's claim of one slot (the head's) or several (``bulk_claims``) (``remote``: its libp2p id,
+        authenticated): take each slot's bytes from the bulk channel once they carry a valid tag."""
+        claims = list(head.bulk_claims) or [exchange_pb2.BulkClaim(
+            phase=head.phase, part=head.part, mac_key=head.bulk_mac_key, max_bytes=head.bulk_bytes,
+            ticket=head.bulk_ticket)]
+        if head.data or (head.bulk_claims and head.bulk_mac_key) or len(claims) > MAX_CLAIMS_PER_SENDER or any(
+                len(c.mac_key) != MAC_KEY_BYTES or len(c.ticket) != TICKET_BYTES or c.max_bytes <= 0 for c in claims):
             return exchange_pb2.ChunkAck(ok=False, error="a malformed bulk claim")
-        key, slot = head.key, (head.group_digest, head.phase, head.part, head.sender, remote)
+        key = head.key
+        slots = [(head.group_digest, c.phase, c.part, head.sender, remote) for c in claims]
         async with self.inbox.cond:
-            if not self.inbox.admitted(key, slot):
+            if not all(self.inbox.admitted(key, slot) for slot in slots):
                 self.inbox.reject(key, remote, head.sender)
                 return exchange_pb2.ChunkAck(ok=False, error=self.inbox.refusal(key, remote))
+        for slot, claim in zip(slots, claims):
+            if not self.channel.claim(key, (*slot[:4], claim.ticket), claim.max_bytes, claim.mac_key, remote,
+                                      self._deliverer(key, slot, remote)):
+                return exchange_pb2.ChunkAck(ok=False, error="too many bulk claims open here; send the slice itself")
+        return exchange_pb2.ChunkAck(ok=True)
 
+    def _deliverer(self, key: str, slot: tuple, remote: str):
+        """What the channel calls with a claimed slot's verified bytes: into the inbox, counted as received."""
         async def deliver(payload: memoryview, sizes: list[int], arrivals: list[float]) -> bool:
             if not await self.inbox.deliver(key, *slot[:4], payload, sender_id=remote):
                 return False
             self.on_received(key, remote, sizes, arrivals)
             return True
-
-        if not self.channel.claim(key, (*slot[:4], head.bulk_ticket), head.bulk_bytes, head.bulk_mac_key, remote,
-                                  deliver):
-            return exchange_pb2.ChunkAck(ok=False, error="too many bulk claims open here; send the slice itself")
-        return exchange_pb2.ChunkAck(ok=True)
+        return deliver
 
 
 async def _one(message) -> AsyncIterator:

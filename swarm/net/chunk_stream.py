@@ -74,10 +74,12 @@ async def chunk_messages(payload: SlicePayload, head: dict, first_byte: list[flo
 
 class Turn:
     """One send's place in a phase's order: its bytes go once the send before it is done (``after``: None
-    for the first, or when sends go all at once), and it says when it is done itself."""
+    for the first, or when sends go all at once) and, with a ``link`` (a lock: one per groupmate or one for all),
+    once no other send holds that link (in the order the sends asked for it); it says when it is done itself,
+    which frees the link."""
 
-    def __init__(self, after: Optional[asyncio.Event] = None) -> None:
-        self.after, self.finished = after, asyncio.Event()
+    def __init__(self, after: Optional[asyncio.Event] = None, *, link: Optional[asyncio.Lock] = None) -> None:
+        self.after, self.finished, self.link, self._holds = after, asyncio.Event(), link, False
 
     @staticmethod
     def chain(count: int, *, in_turn: bool) -> list["Turn"]:
@@ -90,9 +92,15 @@ class Turn:
     async def wait(self) -> None:
         if self.after is not None:
             await self.after.wait()
+        if self.link is not None and not self._holds:
+            await self.link.acquire()
+            self._holds = True
 
     def done(self) -> None:
         self.finished.set()
+        if self._holds:
+            self._holds = False
+            self.link.release()
 
 
 async def settle(awaitables: Iterable[Awaitable]) -> list:

@@ -84,10 +84,13 @@ class TransferLog:
         """A send of ``size`` bytes whose first byte went at ``first_byte`` was acknowledged just now."""
         self._by_key.setdefault(key, ([], []))[0].append(Transfer(libp2p_id, size, first_byte, time.perf_counter()))
 
-    def received(self, key: str, libp2p_id: str, chunk_sizes: list[int], arrivals: list[float]) -> None:
-        """A slice's chunks and when each arrived: timed from the first's arrival on, so its bytes don't count."""
-        self._by_key.setdefault(key, ([], []))[1].append(
-            Transfer(libp2p_id, sum(chunk_sizes[1:]), arrivals[0], arrivals[-1]))
+    def received(self, key: str, libp2p_id: str, chunk_sizes: list[int], arrivals: list[float], *,
+                 opened: Optional[float] = None) -> None:
+        """A slice's chunks and when each arrived: timed from ``opened`` (its stream opened, before the first
+        byte came) or else from the first's arrival on, so that chunk's bytes don't count."""
+        if opened is None:
+            chunk_sizes, opened = chunk_sizes[1:], arrivals[0]
+        self._by_key.setdefault(key, ([], []))[1].append(Transfer(libp2p_id, sum(chunk_sizes), opened, arrivals[-1]))
 
     def timings(self, key: str, *, rtt_s: dict[str, float], group: Sequence[Any]) -> LinkTimings:
         return LinkTimings.named(*self._by_key.get(key, ([], [])), rtt_s=rtt_s, group=group)

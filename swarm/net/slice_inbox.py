@@ -3,7 +3,7 @@
 A slice counts for group position s only when it came from the libp2p id the (signed) group entry of s
 lists: the sender's id is the one libp2p's secure channel authenticated, never a field of the message.
 Before this peer knows a key's group, a few slices per sender wait for it (a member sends each peer at most
-three messages per key); once the group is known, slices and aborts from anyone else are dropped and counted.
+two messages per stripe and an abort per key); once the group is known, slices and aborts from anyone else are dropped and counted.
 Owned by the transport's event loop.
 """
 
@@ -13,6 +13,7 @@ import asyncio
 import logging
 from typing import Callable, Optional
 
+from swarm.core.average import MAX_STRIPES
 from swarm.net.exchange_failed import ExchangeFailed
 from swarm.net.rendezvous import Member
 from swarm.v1 import exchange_pb2
@@ -20,7 +21,8 @@ from swarm.v1 import exchange_pb2
 logger = logging.getLogger("swarm.net.allreduce")  # the exchange's log, where these lines always were
 
 MAX_OPEN_KEYS = 4  # rounds whose early parts are buffered; older ones are dropped
-MAX_EARLY_SLOTS_PER_SENDER = 6  # messages buffered per sender and key before the group is known (a member: 3)
+MAX_EARLY_SLOTS_PER_SENDER = 2 * MAX_STRIPES + 4  # buffered per sender and key before the group is known (a member
+# sends 2 per stripe and an abort)
 Slot = tuple[str, int, int, int, str]  # (group digest, phase, part, sender position, sender's libp2p id)
 
 
@@ -65,8 +67,8 @@ class SliceInbox:
 
     def _may_buffer_early(self, key: str, slot: Slot) -> bool:
         """Whether a slice that came before this peer knows the key's group may wait for it (opening a
-        buffer for the key if needed). A member sends each peer at most three messages per key (its
-        contribution, its averaged slice, an abort), so a sender with more is not an honest member; the
+        buffer for the key if needed). A member sends each peer at most two messages per stripe and key (its
+        contribution, its averaged slice) and an abort, so a sender with more is not an honest member; the
         buffers of keys being averaged are never evicted for a new key."""
         if not key.startswith(self.key_prefix):
             return False

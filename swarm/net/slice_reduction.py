@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from swarm.core.aggregation import Aggregation, Reduced
-from swarm.core.average import owner_encode, part_bounds
+from swarm.core.average import butterfly_bounds, owner_encode, part_bounds
 from swarm.core.owner_feedback import OwnerFeedback
 from swarm.net.exchange_failed import ExchangeFailed
 from swarm.net.rendezvous import Member
@@ -21,11 +21,18 @@ from swarm.net.rendezvous import Member
 logger = logging.getLogger("swarm.net.allreduce")  # the exchange's log, where these lines always were
 
 
-def slice_bounds(numel: int, parts: int, align: int, shares: Optional[Sequence[float]] = None) -> list[tuple[int, int]]:
-    """Each group position's slice [start, end) of ``numel`` elements: equal (``part_bounds``) without
-    ``shares``, else as near ``shares`` (one positive weight per position) as whole blocks of ``align``
-    allow. Every boundary but the last is block-aligned, so the slices quantize like the whole vector; the
-    bounds depend only on the arguments, so members with the same shares cut the same slices."""
+def slice_bounds(numel: int, parts: int, align: int, shares: Optional[Sequence[float]] = None,
+                 stripes: int = 1) -> list[tuple[int, int]]:
+    """The butterfly's slices [start, end) of ``numel`` elements (``butterfly_bounds``): in each of ``stripes``
+    stripes one per group position, equal (``part_bounds``) without ``shares``, else as near ``shares`` (one
+    positive weight per position) as whole blocks of ``align`` allow; slice i is position i % parts's.
+    Every boundary but the last is block-aligned, so the slices quantize like the whole vector; the bounds
+    depend only on the arguments, so members with the same shares cut the same slices."""
+    return butterfly_bounds(numel, parts, align, stripes, lambda n: _cut(n, parts, align, shares))
+
+
+def _cut(numel: int, parts: int, align: int, shares: Optional[Sequence[float]]) -> list[tuple[int, int]]:
+    """One stripe's slices, one per position (``slice_bounds``)."""
     if not shares:
         return part_bounds(numel, parts, align)
     if len(shares) != parts or not all(math.isfinite(s) and s > 0 for s in shares):
@@ -42,10 +49,11 @@ def slice_bounds(numel: int, parts: int, align: int, shares: Optional[Sequence[f
     return bounds
 
 
-def group_bounds(key: str, numel: int, parts: int, align: int, shares: Optional[Sequence[float]]) -> list[tuple[int, int]]:
+def group_bounds(key: str, numel: int, parts: int, align: int, shares: Optional[Sequence[float]],
+                 stripes: int = 1) -> list[tuple[int, int]]:
     """``slice_bounds``, its ValueError an ExchangeFailed."""
     try:
-        return slice_bounds(numel, parts, align, shares)
+        return slice_bounds(numel, parts, align, shares, stripes)
     except ValueError as e:
         raise ExchangeFailed(f"{key}: {e}") from None
 

@@ -1,6 +1,8 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -17,7 +19,7 @@ PHASE_AVERAGED: Phase
 PHASE_ABORT: Phase
 
 class TensorChunk(_message.Message):
-    __slots__ = ("key", "group_digest", "phase", "part", "sender", "chunk", "num_chunks", "data", "bulk_mac_key", "bulk_bytes", "bulk_ticket")
+    __slots__ = ("key", "group_digest", "phase", "part", "sender", "chunk", "num_chunks", "data", "bulk_mac_key", "bulk_bytes", "bulk_ticket", "bulk_claims")
     KEY_FIELD_NUMBER: _ClassVar[int]
     GROUP_DIGEST_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +31,7 @@ class TensorChunk(_message.Message):
     BULK_MAC_KEY_FIELD_NUMBER: _ClassVar[int]
     BULK_BYTES_FIELD_NUMBER: _ClassVar[int]
     BULK_TICKET_FIELD_NUMBER: _ClassVar[int]
+    BULK_CLAIMS_FIELD_NUMBER: _ClassVar[int]
     key: str
     group_digest: str
     phase: Phase
@@ -40,7 +43,22 @@ class TensorChunk(_message.Message):
     bulk_mac_key: bytes
     bulk_bytes: int
     bulk_ticket: bytes
-    def __init__(self, key: _Optional[str] = ..., group_digest: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., part: _Optional[int] = ..., sender: _Optional[int] = ..., chunk: _Optional[int] = ..., num_chunks: _Optional[int] = ..., data: _Optional[bytes] = ..., bulk_mac_key: _Optional[bytes] = ..., bulk_bytes: _Optional[int] = ..., bulk_ticket: _Optional[bytes] = ...) -> None: ...
+    bulk_claims: _containers.RepeatedCompositeFieldContainer[BulkClaim]
+    def __init__(self, key: _Optional[str] = ..., group_digest: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., part: _Optional[int] = ..., sender: _Optional[int] = ..., chunk: _Optional[int] = ..., num_chunks: _Optional[int] = ..., data: _Optional[bytes] = ..., bulk_mac_key: _Optional[bytes] = ..., bulk_bytes: _Optional[int] = ..., bulk_ticket: _Optional[bytes] = ..., bulk_claims: _Optional[_Iterable[_Union[BulkClaim, _Mapping]]] = ...) -> None: ...
+
+class BulkClaim(_message.Message):
+    __slots__ = ("phase", "part", "mac_key", "max_bytes", "ticket")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    MAC_KEY_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    phase: Phase
+    part: int
+    mac_key: bytes
+    max_bytes: int
+    ticket: bytes
+    def __init__(self, phase: _Optional[_Union[Phase, str]] = ..., part: _Optional[int] = ..., mac_key: _Optional[bytes] = ..., max_bytes: _Optional[int] = ..., ticket: _Optional[bytes] = ...) -> None: ...
 
 class BulkHeader(_message.Message):
     __slots__ = ("key", "group_digest", "phase", "part", "sender", "tag", "length", "ticket")

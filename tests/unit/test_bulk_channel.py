@@ -16,10 +16,12 @@ from typing import Iterator
 
 import pytest
 import torch
+from hivemind.p2p import PeerID
 
-from swarm.core.average import butterfly_reference
+from swarm.core.average import butterfly_reference, stripe_count
 from swarm.net.bulk_channel import (BAD_FRAME, MAGIC, MISMATCH, NO_CLAIM, OK, OVER_CAP, PREFIX, BulkChannel,
                                    fresh_claim_secrets, parse_bulk_address, tag)
+from swarm.net.link_stats import throughput_mbit_s
 from swarm.net.rendezvous import Member, group_digest, group_key
 from swarm.v1 import exchange_pb2
 from tests.unit.test_exchange import Peer, three_peers, concurrently, results_of
@@ -61,8 +63,11 @@ def test_slices_over_the_bulk_channel_give_every_member_the_simulators_bits(trio
 
     expected = butterfly_reference(inputs, weights, codec)
     assert all(torch.equal(a, expected) for a in averages)
-    # each peer took its two groupmates' contributions and their two averaged slices over the channel
-    assert [after - b for after, b in zip(frames_taken(trio), before)] == [4, 4, 4]
+    # each peer took its two groupmates' contributions and their two averaged slices over the channel, in each
+    # stripe (fp32: 4 of ~200 KB slices, the others 1)
+    stripes = stripe_count(codec, numel, 3)
+    assert stripes == (4 if codec == "fp32" else 1)
+    assert [after - b for after, b in zip(frames_taken(trio), before)] == [4 * stripes] * 3
 
 
 class TamperingProxy:
@@ -132,8 +137,9 @@ def test_bytes_changed_on_the_way_are_refused_and_the_exchange_still_gives_the_s
 
     expected = butterfly_reference(inputs, weights, "fp32")
     assert all(torch.equal(a, expected) for a in averages)
-    assert proxy.tampered_answers == [MISMATCH] * 4  # both groupmates' contribution and averaged slice
-    assert trio[0].exchange.bulk.drops.counts[MISMATCH] - refused_before == 4
+    frames = 4 * stripe_count("fp32", NUMEL, 3)  # both groupmates' contribution and averaged slice, per stripe
+    assert proxy.tampered_answers == [MISMATCH] * frames
+    assert trio[0].exchange.bulk.drops.counts[MISMATCH] - refused_before == frames
 
 
 def test_a_frame_no_member_claimed_is_refused_before_its_bytes_are_read(trio: list[Peer]) -> None:
@@ -147,6 +153,43 @@ def test_a_frame_no_member_claimed_is_refused_before_its_bytes_are_read(trio: li
     assert trio[0].exchange.bulk.pending_bytes == 0
 
 
+def test_a_claim_of_several_slots_is_taken_only_from_the_member_of_every_slot(trio: list[Peer]) -> None:
+    """A member claims all its slots with one groupmate in one message (``bulk_claims``); a groupmate that names
+    another member's position in any slot of it gets nothing registered, and is told why."""
+    key = group_key(RUN_ID, 208)
+    group = [p.member(weight=1.0) for p in trio]
+    digest = group_digest(group)
+    receiver = trio[0]
+    receiver.transport.run(receiver.exchange.inbox.expect(key, [m.dht_peer_id for m in group], digest), timeout_s=5)
+
+    def claim(sender: Peer, position: int, parts: list[int]) -> exchange_pb2.ChunkAck:
+        claims = [exchange_pb2.BulkClaim(phase=exchange_pb2.PHASE_CONTRIBUTION, part=part, max_bytes=1 << 20,
+                                         **dict(zip(("mac_key", "ticket"), fresh_claim_secrets()))) for part in parts]
+        message = exchange_pb2.TensorChunk(key=key, group_digest=digest, sender=position, chunk=0, num_chunks=1,
+                                           bulk_claims=claims)
+
+        async def one():
+            yield message
+        return sender.transport.run(sender.transport.p2p.call_protobuf_handler(
+            PeerID.from_base58(receiver.transport.peer_id), f"swarm_{RUN_ID}.part", one(), exchange_pb2.ChunkAck),
+            timeout_s=10)
+
+    def registered() -> set[tuple[int, int]]:
+        async def read():
+            return {(slot[2], slot[3]) for slot in receiver.exchange.bulk._claims.get(key, {})}
+        return receiver.transport.run(read(), timeout_s=5)
+
+    try:
+        forged = claim(trio[2], 1, [0, 3])  # position 1 is trio[1], not trio[2]
+        assert not forged.ok and forged.error, forged  # (a groupmate naming another's position: "another group")
+        assert registered() == set()
+        honest = claim(trio[1], 1, [0, 3])
+        assert honest.ok, honest.error
+        assert registered() == {(0, 1), (3, 1)}  # (part, sender position)
+    finally:
+        receiver.transport.run(receiver.exchange.inbox.forget(key), timeout_s=5)
+
+
 def test_a_member_claims_its_bulk_slots_before_it_encodes_a_byte(trio: list[Peer]) -> None:
     """The claims' round trips (one RTT each, tens of ms through p2pd on a busy host) overlap the encoding
     instead of following it: while peer 0 is held before it encodes, each groupmate already holds peer 0's
@@ -156,6 +199,7 @@ def test_a_member_claims_its_bulk_slots_before_it_encodes_a_byte(trio: list[Peer
     inputs = [torch.randn(NUMEL, generator=torch.Generator().manual_seed(round_number + i)) for i in range(3)]
     group = [p.member(weight=w, numel=NUMEL) for p, w in zip(trio, weights)]
     held = threading.Event()
+    stripes = stripe_count("fp32", NUMEL, 3)  # slice i is position i % 3's
 
     def claims_from_peer0(peer: Peer) -> list[tuple[int, int]]:
         async def read() -> list[tuple[int, int]]:  # on the loop that owns the channel
@@ -173,7 +217,7 @@ def test_a_member_claims_its_bulk_slots_before_it_encodes_a_byte(trio: list[Peer
         deadline = time.monotonic() + 2.5  # well inside the 3 s that peer 0 is held
         while time.monotonic() < deadline:
             seen = [claims_from_peer0(p) for p in trio[1:]]
-            if all(len(claims) == 2 for claims in seen):
+            if all(len(claims) == 2 * stripes for claims in seen):
                 return seen
             time.sleep(0.02)
         return [claims_from_peer0(p) for p in trio[1:]]
@@ -183,7 +227,8 @@ def test_a_member_claims_its_bulk_slots_before_it_encodes_a_byte(trio: list[Peer
     outcomes = results_of(concurrently([peer0, *others, watcher], timeout_s=90))
 
     contribution, averaged = exchange_pb2.PHASE_CONTRIBUTION, exchange_pb2.PHASE_AVERAGED
-    assert outcomes[-1] == [[(contribution, 1), (averaged, 0)], [(contribution, 2), (averaged, 0)]]
+    assert outcomes[-1] == [sorted([(contribution, 3 * s + j) for s in range(stripes)] +
+                                   [(averaged, 3 * s) for s in range(stripes)]) for j in (1, 2)]
     expected = butterfly_reference(inputs, weights, "fp32")
     assert all(torch.equal(a, expected) for a in outcomes[:3])
 
@@ -202,7 +247,7 @@ def test_members_without_a_reachable_bulk_address_exchange_over_libp2p(trio: lis
 
     assert all(torch.equal(a, butterfly_reference(inputs, weights, "fp32")) for a in averages)
     # peer 0 still took its groupmates' slices over its bulk channel; the other two took theirs over libp2p
-    assert [after - b for after, b in zip(frames_taken(trio), before)] == [4, 0, 0]
+    assert [after - b for after, b in zip(frames_taken(trio), before)] == [4 * stripe_count("fp32", NUMEL, 3), 0, 0]
 
 
 def test_a_group_without_bulk_addresses_keeps_its_digest() -> None:
@@ -275,7 +320,7 @@ def test_paced_bulk_connections_send_no_faster_than_the_pace(trio: list[Peer], d
     """The pace given as such, or from the uplink an operator declares (swarm peer --uplink-mbit): each of the
     K − 1 = 2 connections then gets 0.95 × uplink / 2."""
     round_number, weights, pace_mbit_s = 206 if declared == "pace" else 207, [1.0, 1.0, 1.0], 80.0
-    numel = 4_500_000  # 6 MB slices, 0.6 s each at the pace: loopback's first window (~0.6 MB) goes unpaced
+    numel = 4_500_000  # 6 MB per groupmate, 0.6 s at the pace: loopback's first window (~0.6 MB) goes unpaced
     inputs = [torch.randn(numel, generator=torch.Generator().manual_seed(round_number + i)) for i in range(3)]
     group = [p.member(weight=w, numel=numel) for p, w in zip(trio, weights)]
     try:
@@ -292,8 +337,13 @@ def test_paced_bulk_connections_send_no_faster_than_the_pace(trio: list[Peer], d
         for p in trio:
             p.exchange.pace_mbit_s = p.exchange.uplink_mbit_s = 0.0
     assert all(torch.equal(r.average, butterfly_reference(inputs, weights, "fp32")) for r in results)
-    rates = [t.bytes * 8 / t.seconds / 1e6 for r in results for t in r.links.uploads]
-    assert len(rates) == 12 and max(rates) < 1.25 * pace_mbit_s, rates  # unpaced, loopback moves Gbit/s
+    # per groupmate, the frames of every stripe and both phases, which take turns on one connection
+    stripes = stripe_count("fp32", numel, 3)
+    assert all(len(r.links.uploads) == 2 * 2 * stripes for r in results)
+    rates = [throughput_mbit_s(t for t in r.links.uploads if t.peer == peer) for r in results
+             for peer in {t.peer for t in r.links.uploads}]
+    assert len(rates) == 6 and max(rates) < 1.25 * pace_mbit_s, rates  # unpaced, loopback moves Gbit/s
     # the receiving side times them too: what the link estimates take as the download rate
-    received = [t.bytes * 8 / t.seconds / 1e6 for r in results for t in r.links.downloads]
-    assert len(received) == 12 and all(0.5 * pace_mbit_s < rate < 1.25 * pace_mbit_s for rate in received), received
+    received = [throughput_mbit_s(t for t in r.links.downloads if t.peer == peer) for r in results
+                for peer in {t.peer for t in r.links.downloads}]
+    assert len(received) == 6 and all(0.5 * pace_mbit_s < rate < 1.25 * pace_mbit_s for rate in received), received

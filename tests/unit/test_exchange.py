@@ -19,7 +19,8 @@ from hivemind.utils.asyncio import as_aiter
 from hivemind.utils.timed_storage import get_dht_time
 
 from swarm.core import credential
-from swarm.core.average import butterfly_reference, part_bounds, weighted_average
+from swarm.core import average as average_module
+from swarm.core.average import butterfly_bounds, butterfly_reference, part_bounds, stripe_count, weighted_average
 from swarm.core.owner_feedback import OwnerFeedback
 from swarm.core.codec import CODECS
 from swarm.core.credential import PeerKey
@@ -171,9 +172,15 @@ def test_fp16_average_is_bit_identical_on_every_peer_and_close_to_fp32(peers: li
     assert torch.equal(results[0].average, fp16.decode(fp16.encode(weighted_average(through_wire, weights)), NUMEL))
 
 
-def test_sign_owners_keep_their_residual_across_rounds_as_the_simulator_does(peers: list[Peer]) -> None:
-    """1-bit codec: each owner adds what re-encoding its averaged slice lost last round, exactly as
-    ``butterfly_reference`` (the simulator) does with its owners' residuals."""
+@pytest.mark.parametrize("stripe_min_bytes", [None, 1024])  # None: one stripe at this size; 1024: six
+def test_sign_owners_keep_their_residual_across_rounds_as_the_simulator_does(
+        peers: list[Peer], stripe_min_bytes: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1-bit codec: each owner adds what re-encoding its averaged slices (one per stripe) lost last round,
+    exactly as ``butterfly_reference`` (the simulator) does with its owners' residuals."""
+    if stripe_min_bytes:
+        monkeypatch.setattr(average_module, "STRIPE_MIN_BYTES", stripe_min_bytes)
+    stripes = stripe_count("sign", NUMEL, 3)
+    assert (stripes > 1) == bool(stripe_min_bytes)
     weights = [3.0, 1.0, 2.0]
     planned = {p.name for p in peers}
     owners, reference_owners = [OwnerFeedback() for _ in peers], [OwnerFeedback() for _ in peers]
@@ -191,7 +198,8 @@ def test_sign_owners_keep_their_residual_across_rounds_as_the_simulator_does(pee
         for owner in owners + reference_owners:
             owner.commit()
         assert all(torch.equal(a.residual, b.residual) for a, b in zip(owners, reference_owners))
-    assert [o.bounds for o in owners] == part_bounds(NUMEL, 3, 64)
+    bounds = butterfly_bounds(NUMEL, 3, 64, stripes)
+    assert [o.bounds for o in owners] == [bounds[k::3] for k in range(3)]
 
 
 def test_an_entry_left_by_a_replaced_process_is_not_its_peers_and_the_others_average_without_it(
@@ -580,7 +588,7 @@ def test_a_forged_entry_cannot_displace_a_members_entry_on_guarded_nodes() -> No
 
 
 def test_every_exchange_times_its_sends_receives_and_pings_per_groupmate(peers: list[Peer]) -> None:
-    numel = 2_100_003  # slices of three chunks: the receiving side times the last two
+    numel = 2_100_003  # in stripes (fp32: 8), a slice of one 1 MiB chunk is timed from its stream's opening
     inputs = deltas(90, 3, numel)
     planned = {p.name for p in peers}
     # libp2p's path: on loopback the bulk channel lands a slice in less than the 1 ms a timing needs
@@ -598,8 +606,8 @@ def test_every_exchange_times_its_sends_receives_and_pings_per_groupmate(peers: 
         assert torch.equal(result.average, expected)  # timing changes nothing that is averaged
         links = result.links
         others = planned - {peer.name}
-        # two sends per groupmate (its contribution slice, this peer's averaged slice), all of bytes_sent
-        assert sorted(t.peer for t in links.uploads) == sorted(list(others) * 2)
+        # two sends per groupmate and stripe (its contribution slice, this peer's averaged slice), all of bytes_sent
+        assert sorted(t.peer for t in links.uploads) == sorted(list(others) * 2 * stripe_count("fp32", numel, 3))
         assert sum(t.bytes for t in links.uploads) == result.bytes_sent
         assert {t.peer for t in links.downloads} == others
         assert all(t.timed() for t in links.uploads), [(t.bytes, t.seconds) for t in links.uploads]

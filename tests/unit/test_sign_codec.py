@@ -80,7 +80,7 @@ def test_owner_feedback_carries_the_second_encodings_loss_into_the_next_round():
         # what is not yet applied is exactly what the owners hold, slice by slice
         held = torch.cat([o.residual for o in owners])
         assert torch.allclose(applied + held, exact, atol=1e-5)
-    assert [o.bounds for o in owners] == part_bounds(64 * 9 + 5, 3, 64)
+    assert [o.bounds for o in owners] == [[b] for b in part_bounds(64 * 9 + 5, 3, 64)]
 
 
 def test_owner_feedback_drops_a_residual_whose_bounds_changed_and_keeps_it_when_voided():
@@ -92,7 +92,7 @@ def test_owner_feedback_drops_a_residual_whose_bounds_changed_and_keeps_it_when_
     assert owner.compensate((64, 128), mean) is mean  # another slice: the old residual does not apply
     owner.stage((64, 128), mean, mean)
     owner.discard()  # the round was voided: nobody applied it
-    assert owner.bounds == (0, 64)
+    assert owner.bounds == [(0, 64)]
     owner.commit()  # a committed round in which this peer owned nothing drops it
     assert owner.residual is None
 
