@@ -39,6 +39,7 @@ from swarm.core.owner_feedback import OwnerFeedback
 from swarm.net.bulk_channel import BulkChannel
 from swarm.net.bulk_slices import BulkSlices, Reservation
 from swarm.net.chunk_stream import SlicePayload, Turn, cancel_all, settle
+from swarm.net.contributions import send_contributions
 from swarm.net.exchange_result import ExchangeResult
 from swarm.net.libp2p_slices import Libp2pSlices
 from swarm.net.link_probe import LinkProbe
@@ -51,10 +52,8 @@ from swarm.net.slice_reduction import (
     ExchangeFailed,
     capped_weights,
     check_agreement,
-    check_sendable,
     decode_into,
     decode_slice,
-    encode_slice,
     group_bounds,
     judged,
     reduce_decoded,
@@ -233,7 +232,7 @@ class Exchange:
             phases_s[point] = time.perf_counter() - started
 
         async def contributed() -> int:
-            sent = await self._contribute(key, group, digest, position, bounds, flat, codec, reserved, links)
+            sent = await send_contributions(self, key, group, digest, position, bounds, flat, codec, reserved, links)
             passed("contributed")
             return sent
 
@@ -267,18 +266,8 @@ class Exchange:
 
         await _pause(on_phase("sending"))
         sent = sum(await settle([contributed(), collected(), *(reduced(stripe) for stripe in range(stripes))]))
-        rejected, clipped = judged(key, group, _merged([reductions[stripe] for stripe in range(stripes)]))
-        rtt_s = self.probe.ping_for_next(group[:position] + group[position + 1:])  # on links now idle
-        return ExchangeResult(
-            average=average,
-            bytes_sent=sent,
-            bytes_received=self._received_bytes.get(key, 0),
-            seconds=time.perf_counter() - started,
-            rejected=rejected,
-            clipped=clipped,
-            links=self._transfers.timings(key, rtt_s=rtt_s, group=group),
-            phases_s={name: round(seconds, 4) for name, seconds in phases_s.items()},
-        )
+        return self._result(key, group, position, average, sent, [reductions[s] for s in range(stripes)], started,
+                            phases_s)
 
     def _links(self, others: list[int]) -> dict[int, asyncio.Lock]:
         """One exchange's links by group position sent to: the sends to one groupmate (both phases, every stripe)
@@ -295,69 +284,21 @@ class Exchange:
         """A sparse codec's exchange (swarm.net.sparse_gather): this peer's whole vector to everyone."""
         reduced, sent = await gather_average(self, key, group, me, flat, codec, weights,
                                              lambda phase: _pause(on_phase(phase)))
-        rejected, clipped = judged(key, group, reduced)
         position = [m.peer_id for m in group].index(me.peer_id)
-        rtt_s = self.probe.ping_for_next(group[:position] + group[position + 1:])  # on links now idle
-        return ExchangeResult(average=reduced.average, bytes_sent=sent, bytes_received=self._received_bytes.get(key, 0),
-                              seconds=time.perf_counter() - started, rejected=rejected, clipped=clipped,
-                              links=self._transfers.timings(key, rtt_s=rtt_s, group=group))
+        return self._result(key, group, position, reduced.average, sent, [reduced], started)
 
-    async def _contribute(self, key: str, group: list[Member], digest: str, position: int,
-                          bounds: list[tuple[int, int]], flat: torch.Tensor, codec,
-                          reserved: dict[tuple[int, int, int], Reservation], links: dict[int, asyncio.Lock]) -> int:
-        """Send every slice to its owner, stripe by stripe, owners from the next position on. The slices are
-        encoded (and tagged for their bulk slot) one after another in that order, each stripe's own slice last,
-        each sent as soon as it is ready and its link is free (``_links``): encoding them all at once would delay
-        the first send by the whole vector's encoding. The bytes sent."""
-        await asyncio.to_thread(check_sendable, codec, flat, key)
-        k, stripes = len(group), len(bounds) // len(group)
-        others = [(position + i) % k for i in range(1, k)]
-        order = [(stripe, to) for stripe in range(stripes) for to in [*others, position]]
-        encoding = Turn.chain(len(order), in_turn=True)  # the i-th slice's encoding
-
-        async def prepared(i: int, reservation: Optional[Reservation]) -> tuple[SlicePayload, Optional[bytes]]:
-            """The i-th slice, and its tag for ``reservation`` (its bulk slot, if any)."""
-            start, end = bounds[order[i][0] * k + order[i][1]]
-            await encoding[i].wait()
-            try:
-                payload = SlicePayload.lazy(codec, flat[start:end])
-                if payload is None:  # off the event loop, which keeps serving the other peers' streams
-                    payload = SlicePayload(await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key))
-                if reservation is None:
-                    return payload, None
-                return payload, await asyncio.to_thread(reservation.tag, await payload.whole())
-            finally:
-                encoding[i].done()
-
-        async def own(i: int) -> int:
-            part = order[i][0] * k + position
-            start, end = bounds[part]
-            await encoding[i].wait()
-            try:
-                own_slice = SlicePayload.lazy(codec, flat[start:end])
-                if own_slice is not None and own_slice.lossless_view() is not None:
-                    data = own_slice.lossless_view()  # fp32: its bytes are the vector's; the reduction reads them there
-                else:
-                    data = await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key)
-            finally:
-                encoding[i].done()
-            await self.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, part, position, data)
-            return 0
-
-        async def send(i: int) -> int:
-            stripe, to = order[i]
-            part, turn = stripe * k + to, Turn(link=links[to])
-            reservation = reserved.get((exchange_pb2.PHASE_CONTRIBUTION, part, to))
-            try:
-                payload, frame_tag = await prepared(i, reservation)
-            except BaseException:
-                turn.done()  # the sends after it are called off too; none waits for this one meanwhile
-                raise
-            return await self._send(group[to], key, digest, exchange_pb2.PHASE_CONTRIBUTION, part, position, payload,
-                                    reservation=reservation, frame_tag=frame_tag, turn=turn)
-
-        # an encoding or a send that fails calls off the rest
-        return sum(await settle(own(i) if to == position else send(i) for i, (_, to) in enumerate(order)))
+    def _result(self, key: str, group: list[Member], position: int, average: torch.Tensor, sent: int,
+                reductions: list[Reduced], started: float, phases_s: Optional[dict[str, float]] = None) -> ExchangeResult:
+        """The exchange's result, with what this peer's reductions did to whom and what its links measured (and
+        a ping of each groupmate, on links now idle, for the next exchange's RTT)."""
+        rejected, clipped = judged(key, group, *reductions)
+        rtt_s = self.probe.ping_for_next(group[:position] + group[position + 1:])
+        return ExchangeResult(
+            average=average, bytes_sent=sent, bytes_received=self._received_bytes.get(key, 0),
+            seconds=time.perf_counter() - started, rejected=rejected, clipped=clipped,
+            links=self._transfers.timings(key, rtt_s=rtt_s, group=group),
+            phases_s={name: round(seconds, 4) for name, seconds in (phases_s or {}).items()},
+        )
 
     async def _decoded(self, key: str, group: list[Member], codec, where: tuple, sender: int, numel: int) -> torch.Tensor:
         """The slice (``where``: digest, phase, part) from position ``sender``, decoded once it is here."""
@@ -410,16 +351,6 @@ class Exchange:
                   opened: Optional[float] = None) -> None:
         self._received_bytes[key] = self._received_bytes.get(key, 0) + sum(sizes)
         self._transfers.received(key, libp2p_id, sizes, arrivals, opened=opened)
-
-
-def _merged(reductions: list[Reduced]) -> Reduced:
-    """What the reductions of this peer's slices (one per stripe) did to whom: the first reason for each."""
-    rejected, clipped = {}, {}
-    for reduced in reductions:
-        for verdicts, into in ((reduced.rejected, rejected), (reduced.clipped, clipped)):
-            for position, why in verdicts.items():
-                into.setdefault(position, why)
-    return Reduced(average=torch.empty(0), rejected=rejected, clipped=clipped)
 
 
 async def _pause(seconds: Optional[float]) -> None:

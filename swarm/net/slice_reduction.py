@@ -105,10 +105,14 @@ def check_sendable(codec, flat: torch.Tensor, key: str) -> None:
         raise ExchangeFailed(f"{key}: cannot encode this slice ({e})") from None
 
 
-def judged(key: str, group: list[Member], reduced: Reduced) -> tuple[dict[str, str], dict[str, str]]:
-    """The reduction's verdicts by peer id, each logged once."""
-    rejected = {group[i].peer_id: why for i, why in reduced.rejected.items()}
-    clipped = {group[i].peer_id: why for i, why in reduced.clipped.items()}
+def judged(key: str, group: list[Member], *reductions: Reduced) -> tuple[dict[str, str], dict[str, str]]:
+    """The reductions' verdicts (this peer's slices: one per stripe) by peer id, the first reason for each, each
+    logged once."""
+    rejected, clipped = {}, {}
+    for reduced in reductions:
+        for verdicts, into in ((reduced.rejected, rejected), (reduced.clipped, clipped)):
+            for i, why in verdicts.items():
+                into.setdefault(group[i].peer_id, why)
     for peer_id, why in rejected.items():
         logger.warning("%s: the slice from %s was left out of this peer's part of the average (%s)", key, peer_id, why)
     for peer_id, why in clipped.items():

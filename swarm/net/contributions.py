@@ -1,0 +1,74 @@
+"""Phase 1 of the butterfly all-reduce (``swarm.net.allreduce``): a member's slices to their owners, stripe by
+stripe, each encoded (and tagged for its bulk slot) in turn and sent the moment it is ready and its groupmate's link
+is free, its own slice of each stripe put straight into its inbox."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional
+
+import torch
+
+from swarm.net.bulk_slices import Reservation
+from swarm.net.chunk_stream import SlicePayload, Turn, settle
+from swarm.net.rendezvous import Member
+from swarm.net.slice_reduction import check_sendable, encode_slice
+from swarm.v1 import exchange_pb2
+
+
+async def send_contributions(exchange: Any, key: str, group: list[Member], digest: str, position: int,
+                             bounds: list[tuple[int, int]], flat: torch.Tensor, codec,
+                             reserved: dict[tuple[int, int, int], Reservation], links: dict[int, asyncio.Lock]) -> int:
+    """``exchange`` (a ``swarm.net.allreduce.Exchange``) sends every slice to its owner, stripe by stripe, owners
+    from the next position on. The slices are encoded (and tagged for their bulk slot) one after another in that
+    order, each stripe's own slice last, each sent as soon as it is ready and its link (one of ``links``) is free:
+    encoding them all at once would delay the first send by the whole vector's encoding. The bytes sent."""
+    await asyncio.to_thread(check_sendable, codec, flat, key)
+    k, stripes = len(group), len(bounds) // len(group)
+    others = [(position + i) % k for i in range(1, k)]
+    order = [(stripe, to) for stripe in range(stripes) for to in [*others, position]]
+    encoding = Turn.chain(len(order), in_turn=True)  # the i-th slice's encoding
+
+    async def prepared(i: int, reservation: Optional[Reservation]) -> tuple[SlicePayload, Optional[bytes]]:
+        """The i-th slice, and its tag for ``reservation`` (its bulk slot, if any)."""
+        start, end = bounds[order[i][0] * k + order[i][1]]
+        await encoding[i].wait()
+        try:
+            payload = SlicePayload.lazy(codec, flat[start:end])
+            if payload is None:  # off the event loop, which keeps serving the other peers' streams
+                payload = SlicePayload(await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key))
+            if reservation is None:
+                return payload, None
+            return payload, await asyncio.to_thread(reservation.tag, await payload.whole())
+        finally:
+            encoding[i].done()
+
+    async def own(i: int) -> int:
+        part = order[i][0] * k + position
+        start, end = bounds[part]
+        await encoding[i].wait()
+        try:
+            own_slice = SlicePayload.lazy(codec, flat[start:end])
+            if own_slice is not None and own_slice.lossless_view() is not None:
+                data = own_slice.lossless_view()  # fp32: its bytes are the vector's; the reduction reads them there
+            else:
+                data = await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key)
+        finally:
+            encoding[i].done()
+        await exchange.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, part, position, data)
+        return 0
+
+    async def send(i: int) -> int:
+        stripe, to = order[i]
+        part, turn = stripe * k + to, Turn(link=links[to])
+        reservation = reserved.get((exchange_pb2.PHASE_CONTRIBUTION, part, to))
+        try:
+            payload, frame_tag = await prepared(i, reservation)
+        except BaseException:
+            turn.done()  # the sends after it are called off too; none waits for this one meanwhile
+            raise
+        return await exchange._send(group[to], key, digest, exchange_pb2.PHASE_CONTRIBUTION, part, position, payload,
+                                reservation=reservation, frame_tag=frame_tag, turn=turn)
+
+    # an encoding or a send that fails calls off the rest
+    return sum(await settle(own(i) if to == position else send(i) for i, (_, to) in enumerate(order)))
