@@ -19,7 +19,7 @@ from swarm.net.allreduce import Exchange, ExchangeFailed
 from swarm.net.dht_entries import guard
 from swarm.net.link_probe import PING_TIMEOUT_S
 from swarm.net.link_stats import LinkEstimates
-from swarm.net.rendezvous import Member, group_key, participation_scale, rendezvous
+from swarm.net.rendezvous import EXCHANGE_PROTOCOL, Member, group_key, participation_scale, rendezvous
 from swarm.net.transport import Transport
 from swarm.net.two_level import TwoLevelExchange, bytes_by_site
 from swarm.net.votes import Vote as DhtVote
@@ -87,7 +87,8 @@ class DhtGroup:
         me = Member(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, index=self.peer_index,
                     weight=weight, numel=contribution.delta.numel(), codec=codec, plan=plan_digest(choice),
                     live_peers=self.live_peers if rounds.scale_by_participation else 0,
-                    maddrs=self.exchange.own_maddrs, site=self.member.site, bulk=self.exchange.bulk_address)
+                    maddrs=self.exchange.own_maddrs, site=self.member.site, bulk=self.exchange.bulk_address,
+                    protocol=EXCHANGE_PROTOCOL)
         key = self.key(round_no, contribution.fragment)
         try:
             group = rendezvous(

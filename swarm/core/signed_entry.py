@@ -32,8 +32,9 @@ def _signed_message(key: str, body: bytes) -> bytes:
 
 # Fields added to an entry after its first version, left out of the body while at their default (the reader fills
 # it in), so a peer of the previous version does not refuse every entry of this one. Only these: every other field
-# stays, ``site`` above all, which readers check against the credential when it is there.
-OMITTED_AT_DEFAULT = ("closed",)
+# stays, ``site`` above all, which readers check against the credential when it is there. (A nonzero ``protocol`` is
+# refused by a peer from before it, as it should be: the two cut their slices differently.)
+OMITTED_AT_DEFAULT = ("closed", "protocol")
 
 
 def entry_body(entry: Any) -> bytes:
