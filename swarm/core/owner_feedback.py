@@ -19,6 +19,7 @@ and nobody applied the average, forgets it (``discard``), keeping the previous o
 
 from __future__ import annotations
 
+import threading
 from typing import Optional
 
 import torch
@@ -29,12 +30,13 @@ Bounds = tuple[int, int]
 class OwnerFeedback:
     """One peer's residuals of the averaged slices it last owned in one fragment's exchange (one per stripe).
 
-    Written by the exchange's threads (``compensate``/``stage``, each slice by one thread) and then, after the
-    round's future, by the round runner (``commit``/``discard``): never at the same time."""
+    Written by the exchange's threads (``compensate``/``stage``: stripes reduced at once stage under a lock) and
+    then, after the round's future, by the round runner (``commit``/``discard``): never at the same time."""
 
     def __init__(self) -> None:
         self.residuals: dict[Bounds, torch.Tensor] = {}  # by the slice [start, end) each covers
         self._pending: Optional[dict[Bounds, torch.Tensor]] = None
+        self._staging = threading.Lock()
 
     @property
     def bounds(self) -> list[Bounds]:
@@ -57,9 +59,11 @@ class OwnerFeedback:
         """The residual this round would leave over ``bounds``: ``sent_input − decoded``."""
         if sent_input.shape != decoded.shape:
             raise ValueError(f"owner feedback: sent {tuple(sent_input.shape)} but decoded {tuple(decoded.shape)}.")
-        pending = self._pending if self._pending is not None else {}
-        pending[tuple(bounds)] = sent_input - decoded
-        self._pending = pending
+        residual = sent_input - decoded
+        with self._staging:
+            if self._pending is None:
+                self._pending = {}
+            self._pending[tuple(bounds)] = residual
 
     def commit(self) -> None:
         """The round committed: the staged residuals replace the old ones (a round that owned nothing, e.g. a

@@ -128,7 +128,7 @@ class BulkSlices:
             return None
         data = await payload.whole()
         frame_tag = frame_tag or await asyncio.to_thread(reservation.tag, data)
-        if not await reservation.answer:
+        if not await asyncio.shield(reservation.answer):  # one claim answers several slots: a cancel is not theirs
             return None
         await turn.wait()
         first_byte = await self.transport.bulk_sender.send(

@@ -308,6 +308,8 @@ class RoundRunner:
             self.store.voided(round_no, provisional=decision.by_group)
             return RoundResult(round_no, Outcome.VOIDED, decision, group=vote.group)
         if tentative is None or decision.committed_hash != tentative.state_hash:
+            if pending.contribution.owner is not None:  # its staged residuals belong to an average nobody applied
+                pending.contribution.owner.discard()
             return RoundResult(round_no, Outcome.BEHIND, decision, group=vote.group)
         self.trainer.record_sent(pending.contribution, self.run.rounds.codec,
                                  parts=len(vote.group) if vote.group else None)
