@@ -154,6 +154,12 @@ class BulkChannel:
         claims[slot] = Claim(deliver, mac_key, max_bytes, sender_id)
         return True
 
+    def unclaim(self, key: str, slot: Slot) -> None:
+        """Drop a claim no frame is being read for (a claim of several slots that could not be registered whole)."""
+        claims = self._claims.get(key, {})
+        if slot in claims and not claims[slot].reading:
+            del claims[slot]
+
     def forget(self, key: str) -> None:
         """Drop ``key``'s claims and stop reading bytes for them (its exchange is over)."""
         self._claims.pop(key, None)

@@ -156,10 +156,14 @@ class BulkSlices:
             if not all(self.inbox.admitted(key, slot) for slot in slots):
                 self.inbox.reject(key, remote, head.sender)
                 return exchange_pb2.ChunkAck(ok=False, error=self.inbox.refusal(key, remote))
+        registered = []  # all or none: a claim refused part way leaves nothing behind
         for slot, claim in zip(slots, claims):
             if not self.channel.claim(key, (*slot[:4], claim.ticket), claim.max_bytes, claim.mac_key, remote,
                                       self._deliverer(key, slot, remote)):
+                for done in registered:
+                    self.channel.unclaim(key, done)
                 return exchange_pb2.ChunkAck(ok=False, error="too many bulk claims open here; send the slice itself")
+            registered.append((*slot[:4], claim.ticket))
         return exchange_pb2.ChunkAck(ok=True)
 
     def _deliverer(self, key: str, slot: tuple, remote: str):

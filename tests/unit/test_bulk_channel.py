@@ -19,8 +19,8 @@ import torch
 from hivemind.p2p import PeerID
 
 from swarm.core.average import butterfly_reference, stripe_count
-from swarm.net.bulk_channel import (BAD_FRAME, MAGIC, MISMATCH, NO_CLAIM, OK, OVER_CAP, PREFIX, BulkChannel,
-                                   fresh_claim_secrets, parse_bulk_address, tag)
+from swarm.net.bulk_channel import (BAD_FRAME, MAGIC, MAX_CLAIMS_PER_SENDER, MISMATCH, NO_CLAIM, OK, OVER_CAP, PREFIX,
+                                   BulkChannel, fresh_claim_secrets, parse_bulk_address, tag)
 from swarm.net.link_stats import throughput_mbit_s
 from swarm.net.rendezvous import Member, group_digest, group_key
 from swarm.v1 import exchange_pb2
@@ -186,6 +186,11 @@ def test_a_claim_of_several_slots_is_taken_only_from_the_member_of_every_slot(tr
         honest = claim(trio[1], 1, [0, 3])
         assert honest.ok, honest.error
         assert registered() == {(0, 1), (3, 1)}  # (part, sender position)
+        # past the per-sender cap part way through a claim: none of it stays registered
+        assert claim(trio[1], 1, list(range(6, 6 + MAX_CLAIMS_PER_SENDER - 4))).ok  # two short of the cap
+        over = claim(trio[1], 1, list(range(100, 105)))  # the first two fit, the third does not
+        assert not over.ok and "too many bulk claims" in over.error
+        assert len(registered()) == MAX_CLAIMS_PER_SENDER - 2 and not {p for p, _ in registered()} & set(range(100, 105))
     finally:
         receiver.transport.run(receiver.exchange.inbox.forget(key), timeout_s=5)
 
