@@ -159,14 +159,15 @@ def butterfly_reference(
     """The average a butterfly all-reduce delivers to every member (``swarm.net.allreduce``), computed in one
     process: each contribution is cut into ``parts`` slices aligned to the codec's block (default: one per
     contributor in each of ``stripe_count`` stripes, slice i owned by contributor i % K, as the network
-    cuts them: ``butterfly_bounds``); every slice goes over the wire encoded, so its owner reduces the decoded slices
-    with ``reduce`` (default ``weighted_average``; the exchange's rule, see ``swarm.core.aggregation``)
-    in the given (group) order; the owner encodes its averaged slice once and
-    every member decodes those same bytes.  ``owners[k]`` (contributor k's, the owner of slices k, k + K, ...,
-    when the codec asks for ``owner_feedback``; with ``parts``, one per slice) adds its residual to the average before that encoding and stages the new one
-    (``swarm.core.owner_feedback``).  ``pair_bytes`` (K × K, one slice per member), when given, receives
-    the payload bytes member i sends member j, counted from the real encodings (a ``variable_size`` codec's
-    depend on the values).  The simulator calls this, so a simulated round and a real one agree bit for bit."""
+    cuts them: ``butterfly_bounds``); every slice goes over the wire encoded, so its owner reduces the decoded
+    slices with ``reduce`` (default ``weighted_average``; the exchange's rule, see ``swarm.core.aggregation``)
+    in the given (group) order; the owner encodes its averaged slice once and every member decodes those same
+    bytes.  ``owners[k]`` (contributor k's, the owner of slices k, k + K, ..., when the codec asks for
+    ``owner_feedback``; with ``parts``, one per slice) adds its residual to the average before that encoding
+    and stages the new one (``swarm.core.owner_feedback``).  ``pair_bytes`` (K × K, one row per member), when
+    given, receives the payload bytes member i sends member j, counted from the real encodings (a
+    ``variable_size`` codec's depend on the values).  The simulator calls this, so a simulated round and a real
+    one agree bit for bit."""
     codec = get_codec(codec)
     if not contributions:
         raise ValueError("butterfly_reference needs at least one contribution.")
@@ -209,13 +210,21 @@ def owner_encode(codec: Codec, mean: torch.Tensor, bounds: tuple[int, int], owne
     return data
 
 
+def owned_bytes(numel: int, group_size: int, codec: Codec | str) -> list[int]:
+    """The encoded bytes of the slices each member (by position) owns in a butterfly of ``numel`` elements, over
+    all its stripes: the most its contributions to them take, and its averaged slices."""
+    codec = get_codec(codec)
+    sizes = [0] * group_size
+    bounds = butterfly_bounds(numel, group_size, codec.block, stripe_count(codec, numel, group_size))
+    for i, (start, end) in enumerate(bounds):
+        sizes[i % group_size] += codec.encoded_size(end - start)
+    return sizes
+
+
 def butterfly_bytes_sent(numel: int, group_size: int, codec: Codec | str) -> list[int]:
     """Payload bytes each member (by position) sends in one butterfly all-reduce of ``numel`` elements:
     its encoded slices for the K−1 other owners, then its own averaged slice to each of the K−1 others.
     Message headers are not counted."""
-    codec = get_codec(codec)
-    sizes = [0] * group_size  # what each member owns, encoded, over all stripes
-    for i, (s, e) in enumerate(butterfly_bounds(numel, group_size, codec.block, stripe_count(codec, numel, group_size))):
-        sizes[i % group_size] += codec.encoded_size(e - s)
+    sizes = owned_bytes(numel, group_size, codec)
     total = sum(sizes)
     return [total - own + (group_size - 1) * own for own in sizes]

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from swarm.core.average import as_cpu_f32, butterfly_bounds, butterfly_reference, stripe_count, weighted_average
+from swarm.core.average import as_cpu_f32, butterfly_reference, owned_bytes, weighted_average
 from swarm.core.codec import Codec, get_codec
 
 Reduce = Callable[[list[torch.Tensor], list[float]], torch.Tensor]
@@ -117,11 +117,7 @@ def two_level_reference(contributions: Sequence[torch.Tensor], weights: Sequence
 def butterfly_bytes_by_site(numel: int, sites: Sequence[str], codec: Codec | str) -> list[tuple[int, int]]:
     """(in-site, cross-site) payload bytes each member of one butterfly all-reduce over a group at ``sites``
     sends: to owner k its encoded slice k, and its own averaged slice; "" is a site of its own."""
-    codec = get_codec(codec)
-    k = len(sites)
-    sizes = [0] * k  # what each member owns, encoded, over all stripes
-    for i, (s, e) in enumerate(butterfly_bounds(numel, k, codec.block, stripe_count(codec, numel, k))):
-        sizes[i % k] += codec.encoded_size(e - s)
+    sizes = owned_bytes(numel, len(sites), codec)  # over all stripes
     out = []
     for i, site in enumerate(sites):
         same = cross = 0

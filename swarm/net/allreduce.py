@@ -6,7 +6,8 @@ under numpy 2, or a lost part, with a silently partial average: see docs/ARCHITE
 flat vector is cut into one slice per group member (a large vector in stripes, each cut so: an owner
 sends back its slice of one stripe while the next stripe's contributions arrive); each member reduces its
 slices from everyone's encoded contribution in the group's canonical order, encodes the average once, and
-sends those same bytes to every member. Every member decodes identical bytes, so every member holds the same average;
+sends those same bytes to every member. Every member decodes identical bytes, so every member holds the
+same average;
 a slice that does not arrive in time fails the exchange instead of being replaced by local values.
 The owner reduces by the run's aggregation rule (``swarm.core.aggregation``): declared weights are capped
 at what a round allows, and robust rules limit what a groupmate's slice can do; a malicious owner can
@@ -288,7 +289,8 @@ class Exchange:
         return self._result(key, group, position, reduced.average, sent, [reduced], started)
 
     def _result(self, key: str, group: list[Member], position: int, average: torch.Tensor, sent: int,
-                reductions: list[Reduced], started: float, phases_s: Optional[dict[str, float]] = None) -> ExchangeResult:
+                reductions: list[Reduced], started: float,
+                phases_s: Optional[dict[str, float]] = None) -> ExchangeResult:
         """The exchange's result, with what this peer's reductions did to whom and what its links measured (and
         a ping of each groupmate, on links now idle, for the next exchange's RTT)."""
         rejected, clipped = judged(key, group, *reductions)

@@ -49,7 +49,8 @@ BACK_TO_BACK_S = 0.02  # a frame's header read this soon after reading resumed w
 # nearly: a sender's gap this short counts as busy, an underestimate of at most this per frame)
 MAX_PENDING_BYTES = 1 << 30  # bulk bytes read but not yet verified, all connections together
 MAX_CLAIMS = 4096  # slots announced and not yet delivered, all keys together
-MAX_CLAIMS_PER_SENDER = 2 * MAX_STRIPES + 6  # per key: an honest member claims 2 per stripe (a contribution, an averaged slice) and resends
+# per key: an honest member claims 2 per stripe (a contribution, an averaged slice), and may resend
+MAX_CLAIMS_PER_SENDER = 2 * MAX_STRIPES + 6
 MIN_BULK_BYTES = 1 << 16  # smaller slices go over libp2p: one message there costs less than a claim and a frame
 
 # The status byte after a frame. Anything but OK: the sender sends the slice over libp2p instead.

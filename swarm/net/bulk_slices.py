@@ -57,19 +57,6 @@ class BulkSlices:
         self.transport, self.channel, self.handler_name, self.inbox = transport, channel, handler_name, inbox
         self.on_sent, self.on_received = on_sent, on_received
 
-    def reserve(self, member: Member, key: str, head: dict, max_bytes: int) -> Optional[Reservation]:
-        """Claim the slot ``head`` names on ``member``'s bulk channel for a slice of at most ``max_bytes``, the
-        claim's round trip started now; None: the slice goes over libp2p (no usable address, or a slice so small
-        that a claim and a frame cost more than one libp2p message)."""
-        address = parse_bulk_address(member.bulk)
-        if address is None or max_bytes < MIN_BULK_BYTES:
-            return None
-        mac_key, ticket = fresh_claim_secrets()
-        claim = exchange_pb2.TensorChunk(**head, chunk=0, num_chunks=1, bulk_mac_key=mac_key, bulk_ticket=ticket,
-                                         bulk_bytes=max_bytes)
-        answer = asyncio.ensure_future(self._claim(member, key, claim))
-        return Reservation(address, mac_key, ticket, max_bytes, claim.ByteSize(), answer)
-
     def reserve_all(self, member: Member, key: str, digest: str, sender: int,
                     slots: list[tuple[int, int, int]]) -> dict[tuple[int, int], Reservation]:
         """Claim ``slots`` ((phase, part, the most bytes the slice may take)) on ``member``'s bulk channel in one
@@ -123,7 +110,9 @@ class BulkSlices:
         comes (``frame_tag``: the bytes' tag under its key, made now when None), which ends once the bytes are
         written (the next frame goes behind them while this one waits for its answer); the bytes sent, or None
         when the slice must go over libp2p (a refusal there is then the libp2p path's to report)."""
-        reservation = reservation or self.reserve(member, key, head, payload.size)
+        slot = (head["phase"], head["part"])
+        reservation = reservation or self.reserve_all(member, key, head["group_digest"], head["sender"],
+                                                      [(*slot, payload.size)]).get(slot)
         if reservation is None or payload.size > reservation.max_bytes:
             return None
         data = await payload.whole()
@@ -142,12 +131,10 @@ class BulkSlices:
         return sent
 
     async def on_claim(self, head: exchange_pb2.TensorChunk, remote: str) -> exchange_pb2.ChunkAck:
-        """A groupmate's claim of one slot (the head's) or several (``bulk_claims``) (``remote``: its libp2p id,
-        authenticated): take each slot's bytes from the bulk channel once they carry a valid tag."""
-        claims = list(head.bulk_claims) or [exchange_pb2.BulkClaim(
-            phase=head.phase, part=head.part, mac_key=head.bulk_mac_key, max_bytes=head.bulk_bytes,
-            ticket=head.bulk_ticket)]
-        if head.data or (head.bulk_claims and head.bulk_mac_key) or len(claims) > MAX_CLAIMS_PER_SENDER or any(
+        """A groupmate's claim of its slots (``bulk_claims``; ``remote``: its libp2p id, authenticated): take each
+        slot's bytes from the bulk channel once they carry a valid tag."""
+        claims = list(head.bulk_claims)
+        if head.data or len(claims) > MAX_CLAIMS_PER_SENDER or any(
                 len(c.mac_key) != MAC_KEY_BYTES or len(c.ticket) != TICKET_BYTES or c.max_bytes <= 0 for c in claims):
             return exchange_pb2.ChunkAck(ok=False, error="a malformed bulk claim")
         key = head.key

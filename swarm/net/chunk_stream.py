@@ -82,11 +82,11 @@ class Turn:
         self.after, self.finished, self.link, self._holds = after, asyncio.Event(), link, False
 
     @staticmethod
-    def chain(count: int, *, in_turn: bool) -> list["Turn"]:
-        """``count`` turns, each after the one before it (``in_turn``), or none waiting for another."""
+    def chain(count: int) -> list["Turn"]:
+        """``count`` turns, each after the one before it."""
         turns: list[Turn] = []
         for _ in range(count):
-            turns.append(Turn(turns[-1].finished if in_turn and turns else None))
+            turns.append(Turn(turns[-1].finished if turns else None))
         return turns
 
     async def wait(self) -> None:

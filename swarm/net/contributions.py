@@ -27,7 +27,7 @@ async def send_contributions(exchange: Any, key: str, group: list[Member], diges
     k, stripes = len(group), len(bounds) // len(group)
     others = [(position + i) % k for i in range(1, k)]
     order = [(stripe, to) for stripe in range(stripes) for to in [*others, position]]
-    encoding = Turn.chain(len(order), in_turn=True)  # the i-th slice's encoding
+    encoding = Turn.chain(len(order))  # the i-th slice's encoding, after the one before it
 
     async def prepared(i: int, reservation: Optional[Reservation]) -> tuple[SlicePayload, Optional[bytes]]:
         """The i-th slice, and its tag for ``reservation`` (its bulk slot, if any)."""

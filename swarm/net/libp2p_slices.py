@@ -80,13 +80,12 @@ class Libp2pSlices:
         if not chunks:
             return exchange_pb2.ChunkAck(ok=False, error="empty stream")
         head = chunks[0]
-        if len(chunks) != head.num_chunks or any(
-            (c.key, c.group_digest, c.phase, c.part, c.sender, c.chunk) != (head.key, head.group_digest, head.phase, head.part, head.sender, i)
-            for i, c in enumerate(chunks)
-        ):
+        slot = (head.key, head.group_digest, head.phase, head.part, head.sender)
+        if len(chunks) != head.num_chunks or any((c.key, c.group_digest, c.phase, c.part, c.sender, c.chunk)
+                                                 != (*slot, i) for i, c in enumerate(chunks)):
             return exchange_pb2.ChunkAck(ok=False, error="chunks of one slice arrived inconsistent or incomplete")
         remote = context.remote_id.to_base58()
-        if head.bulk_mac_key or head.bulk_claims:  # a claim (one without a ticket, an older peer's, is refused)
+        if head.bulk_claims:  # a claim of bulk slots instead of a slice
             if self.bulk is None:
                 return exchange_pb2.ChunkAck(ok=False, error="no bulk channel here; send the slice itself")
             return await self.bulk.on_claim(head, remote)
@@ -94,5 +93,6 @@ class Libp2pSlices:
         if not await self.inbox.deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload,
                                         sender_id=remote):
             return exchange_pb2.ChunkAck(ok=False, error=self.inbox.refusal(head.key, remote))
-        self.on_received(head.key, remote, [c.ByteSize() for c in chunks], arrivals, opened)  # not free at 1 MiB: once each
+        sizes = [c.ByteSize() for c in chunks]  # not free at 1 MiB: once each
+        self.on_received(head.key, remote, sizes, arrivals, opened)
         return exchange_pb2.ChunkAck(ok=True)

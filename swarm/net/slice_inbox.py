@@ -3,7 +3,8 @@
 A slice counts for group position s only when it came from the libp2p id the (signed) group entry of s
 lists: the sender's id is the one libp2p's secure channel authenticated, never a field of the message.
 Before this peer knows a key's group, a few slices per sender wait for it (a member sends each peer at most
-two messages per stripe and an abort per key); once the group is known, slices and aborts from anyone else are dropped and counted.
+two messages per stripe and an abort per key); once the group is known, slices and aborts from anyone else
+are dropped and counted.
 Owned by the transport's event loop.
 """
 

@@ -61,8 +61,8 @@ def group_bounds(key: str, numel: int, parts: int, align: int, shares: Optional[
 def check_agreement(key: str, group: list[Member], me: Member) -> None:
     """ExchangeFailed unless every member posted the same exchange protocol, vector size, codec and controller
     choice."""
-    if any(m.protocol != me.protocol for m in group):
-        other = next(m for m in group if m.protocol != me.protocol)
+    other = next((m for m in group if m.protocol != me.protocol), None)
+    if other is not None:
         raise ExchangeFailed(f"{key}: groupmate {other.peer_id} runs another version of the exchange (protocol "
                              f"{other.protocol or 'from before session 16'}, this peer {me.protocol}): every peer of a "
                              "run must run the same Swarm release; upgrade the older one")

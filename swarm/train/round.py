@@ -241,8 +241,8 @@ class RoundRunner:
 
     def _train_unless_passed_over(self, round_no: int, steps: int) -> Optional[TrainStats]:
         """``steps`` inner steps of ``round_no``; None when the swarm went on without this round meanwhile (asked
-        before each part of 1/16 of them, ``_train_while``: parts train the same bits as one call). A peer that is far slower than
-        its start-up probe said (or stalls) then stops at once instead of training a round that is lost."""
+        before each part of 1/16 of them, ``_train_while``: parts train the same bits as one call). A peer that is
+        far slower than its start-up probe said (or stalls) then stops at once instead of training a lost round."""
         if self.passed_over is None or steps <= 0:
             return self.trainer.train(steps)
         parts = self._train_while(lambda: not self.passed_over(round_no), steps)

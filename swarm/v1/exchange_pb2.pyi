@@ -19,7 +19,7 @@ PHASE_AVERAGED: Phase
 PHASE_ABORT: Phase
 
 class TensorChunk(_message.Message):
-    __slots__ = ("key", "group_digest", "phase", "part", "sender", "chunk", "num_chunks", "data", "bulk_mac_key", "bulk_bytes", "bulk_ticket", "bulk_claims")
+    __slots__ = ("key", "group_digest", "phase", "part", "sender", "chunk", "num_chunks", "data", "bulk_claims")
     KEY_FIELD_NUMBER: _ClassVar[int]
     GROUP_DIGEST_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -28,9 +28,6 @@ class TensorChunk(_message.Message):
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
-    BULK_MAC_KEY_FIELD_NUMBER: _ClassVar[int]
-    BULK_BYTES_FIELD_NUMBER: _ClassVar[int]
-    BULK_TICKET_FIELD_NUMBER: _ClassVar[int]
     BULK_CLAIMS_FIELD_NUMBER: _ClassVar[int]
     key: str
     group_digest: str
@@ -40,11 +37,8 @@ class TensorChunk(_message.Message):
     chunk: int
     num_chunks: int
     data: bytes
-    bulk_mac_key: bytes
-    bulk_bytes: int
-    bulk_ticket: bytes
     bulk_claims: _containers.RepeatedCompositeFieldContainer[BulkClaim]
-    def __init__(self, key: _Optional[str] = ..., group_digest: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., part: _Optional[int] = ..., sender: _Optional[int] = ..., chunk: _Optional[int] = ..., num_chunks: _Optional[int] = ..., data: _Optional[bytes] = ..., bulk_mac_key: _Optional[bytes] = ..., bulk_bytes: _Optional[int] = ..., bulk_ticket: _Optional[bytes] = ..., bulk_claims: _Optional[_Iterable[_Union[BulkClaim, _Mapping]]] = ...) -> None: ...
+    def __init__(self, key: _Optional[str] = ..., group_digest: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., part: _Optional[int] = ..., sender: _Optional[int] = ..., chunk: _Optional[int] = ..., num_chunks: _Optional[int] = ..., data: _Optional[bytes] = ..., bulk_claims: _Optional[_Iterable[_Union[BulkClaim, _Mapping]]] = ...) -> None: ...
 
 class BulkClaim(_message.Message):
     __slots__ = ("phase", "part", "mac_key", "max_bytes", "ticket")
