@@ -8,6 +8,7 @@ from typing import Optional
 
 from peer.faults import FaultPlan
 from swarm.control.joinstring import JoinString
+from swarm.net.tcp_congestion import CONGESTION_CONTROL
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,6 +24,7 @@ class PeerOptions:
     p2p_port: int = 0
     announce_host: Optional[str] = None  # None: the address of the route to the coordinator
     uplink_mbit: float = 0.0  # the operator's word for this machine's uplink: paces the bulk sends (0: unpaced)
+    tcp_congestion: str = CONGESTION_CONTROL  # the bulk connections' congestion control ("system": the default)
     poll_s: float = 0.2  # how often a waiting peer asks the coordinator about the round
     state_timeout_s: float = 120.0
     join_timeout_s: float = 120.0  # give up joining when the coordinator stays unreachable this long

@@ -90,6 +90,7 @@ class PeerParts:
             logger.error("%s could not join the DHT through %s for %.0fs; check that the coordinator is running "
                          "and that this machine can reach its DHT port", tag, initial_peers, options.join_timeout_s)
             raise PeerExit(2)
+        transport.tcp_congestion = options.tcp_congestion
         from swarm.net.relay import use_relay
 
         transport.relay = transport.run(use_relay(transport.p2p, initial_peers), timeout_s=30)

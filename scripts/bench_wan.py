@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from swarm.app.testbed import Testbed, make_topology, missing_privileges, teardown  # noqa: E402
 from swarm.core.codec import CODECS  # noqa: E402
+from swarm.net.tcp_congestion import CONGESTION_CONTROL, congestion_problem  # noqa: E402
 from swarm.train.network_model import Costs, butterfly, ideal_exchange_s, make_peers  # noqa: E402
 
 from bench_wan_adapt import section_adaptation  # noqa: E402  (scripts/, beside this file)
@@ -332,8 +333,14 @@ def main() -> int:
     parser.add_argument("--numel", type=int, help="parameters per exchange (default: sized to the link rate)")
     parser.add_argument("--util-mbit", type=float, default=4,
                         help="utilization_under_wan's link rate: one fp32 exchange of `tiny` ~20%% of a round")
+    parser.add_argument("--tcp-congestion", default=CONGESTION_CONTROL,
+                        help="congestion control of Swarm's bulk connections and of the raw TCP rows (default: "
+                             "Swarm's; 'system': the machine's default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args()
+    if congestion_problem(args.tcp_congestion):
+        parser.error(congestion_problem(args.tcp_congestion))
+    os.environ["SWARM_BENCH_TCP_CONGESTION"] = args.tcp_congestion  # the workers' (scripts/bench_wan_worker.py)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
@@ -364,7 +371,7 @@ def main() -> int:
     finally:
         teardown(PREFIX)
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps({**out, "tcp_congestion": args.tcp_congestion}))
     return 0
 
 

@@ -13,6 +13,7 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import socket
 import struct
 import sys
@@ -26,7 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from swarm.net.allreduce import Exchange  # noqa: E402
 from swarm.net.rendezvous import Member  # noqa: E402
+from swarm.net.tcp_congestion import CONGESTION_CONTROL, set_congestion  # noqa: E402
 from swarm.net.transport import Transport  # noqa: E402
+
+CONGESTION = os.environ.get("SWARM_BENCH_TCP_CONGESTION", CONGESTION_CONTROL)  # bench_wan.py --tcp-congestion
 
 
 
@@ -70,6 +74,7 @@ class TcpFloor:
             for _ in range(len(peers) - 1):
                 conn, _ = self.listener.accept()
                 hello = bytearray(4)
+                set_congestion(conn, CONGESTION)
                 _recv_into(conn, hello)
                 sender = struct.unpack("<I", hello)[0]
                 self.inbound[sender] = conn
@@ -80,6 +85,7 @@ class TcpFloor:
             if j != index:
                 sock = socket.create_connection((host, port))
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                set_congestion(sock, CONGESTION)
                 sock.sendall(struct.pack("<I", index))
                 self.out[j] = sock
         acceptor.join(60)
@@ -112,6 +118,7 @@ class Worker:
     def __init__(self, host: str, bootstrap: list[str], index: int) -> None:
         self.index = index
         self.transport = Transport(initial_peers=bootstrap, host=host, announce_host=host)
+        self.transport.tcp_congestion = CONGESTION
         self.exchange = Exchange(self.transport, run_id="bench")
         self.tcp = TcpFloor(host)
         self.averager = None

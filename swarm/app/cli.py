@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 from swarm.config import ConfigError, RunConfig, load_run_config
 from swarm.config.rounds_config import simulator_only
+from swarm.net.tcp_congestion import CONGESTION_CONTROL, SYSTEM, congestion_problem
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -97,6 +98,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         p2p_port=args.p2p_port,
         announce_host=args.announce_host,
         uplink_mbit=args.uplink_mbit,
+        tcp_congestion=args.tcp_congestion or CONGESTION_CONTROL,
         join_timeout_s=args.join_timeout_s,
         faults=faults,
         checkpoint_every_rounds=args.checkpoint_every,
@@ -274,6 +276,8 @@ def validate_args(args: argparse.Namespace) -> Optional[str]:
         value = getattr(args, name, None)
         if value and os.path.exists(value) and not os.path.isdir(value):
             return f"--state-dir {value!r} is a file; give a directory (it is created when missing)."
+    if getattr(args, "tcp_congestion", None) is not None:
+        return congestion_problem(args.tcp_congestion)
     return None
 
 
@@ -326,6 +330,9 @@ def _add_peer_parser(sub) -> None:
     p.add_argument("--uplink-mbit", type=float, default=0.0,
                    help="this machine's upload rate in Mbit/s, if known: the exchange paces its sends just under it, "
                         "so that they do not overrun the link's queue (default 0: unpaced)")
+    p.add_argument("--tcp-congestion",
+                   help=f"TCP congestion control of the bulk connections (default {CONGESTION_CONTROL}: the K - 1 "
+                        f"flows into each groupmate share its link evenly; '{SYSTEM}': the system's default)")
     p.add_argument("--join-timeout-s", type=float, default=120.0,
                    help="give up (exit 2) when the coordinator stays unreachable this long at start")
     p.add_argument("--checkpoint-every", type=int, default=5,

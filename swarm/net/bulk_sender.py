@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
 from swarm.net.bulk_channel import MAGIC, OK, PREFIX, STATUS_WORDS
+from swarm.net.tcp_congestion import CONGESTION_CONTROL, set_congestion
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,8 @@ class _Pipe:
 class BulkSender:
     """Owned by the transport's event loop (``send``); the pool's threads touch ``_pipes`` only under its lock."""
 
-    def __init__(self, *, threads: int = THREADS) -> None:
+    def __init__(self, *, threads: int = THREADS, congestion: str = CONGESTION_CONTROL) -> None:
+        self.congestion = congestion  # for connections dialled from now on (``SYSTEM``: the system's default)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="swarm-bulk")
         self._lock = threading.Lock()
         self._pipes: dict[Address, _Pipe] = {}  # under _lock
@@ -156,6 +158,7 @@ class BulkSender:
         except OSError:
             return None, False
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        set_congestion(sock, self.congestion)
         sock.settimeout(IO_TIMEOUT_S)
         with self._lock:
             if self._closed:  # close() ran meanwhile: it would block on a fresh socket nobody closes

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Optional, Sequence
 
 from swarm.net.bulk_channel import BulkChannel
 from swarm.net.bulk_sender import BulkSender
+from swarm.net.tcp_congestion import CONGESTION_CONTROL
 from swarm.net.p2p_address import free_port, maddr
 
 if TYPE_CHECKING:
@@ -114,6 +115,7 @@ class Transport:
         self.listen_host, self.announce_host = host, announce_host
         self.bulk: Optional[BulkChannel] = None  # the loop's; opened by the first exchange (open_bulk)
         self.bulk_sender: Optional[BulkSender] = None
+        self.tcp_congestion = CONGESTION_CONTROL  # the bulk connections' (``swarm peer --tcp-congestion``)
         self._orphan_watch = exit_with_parent(self.dht)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="swarm-p2p", daemon=True)
@@ -141,7 +143,7 @@ class Transport:
         if self.bulk is None:
             channel = BulkChannel()
             await channel.start(self.listen_host, self.announce_host)
-            self.bulk, self.bulk_sender = channel, BulkSender()
+            self.bulk, self.bulk_sender = channel, BulkSender(congestion=self.tcp_congestion)
         return self.bulk
 
     def shutdown(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,8 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture) -> str:
     (["peer", "--join", JOIN, "--name", "n" * 300], "--name must be at most 256 bytes"),
     (["peer", "--join", JOIN, "--join-timeout-s", "-5"], "--join-timeout-s must be from"),
     (["peer", "--join", JOIN, "--max-restarts", "-1"], "--max-restarts must be from 0"),
+    (["peer", "--join", JOIN, "--tcp-congestion", "no-such-control"], "--tcp-congestion no-such-control: not one of"
+     if sys.platform.startswith("linux") else "--tcp-congestion no-such-control: this system does not let"),
     (["status", JOIN, "--interval", "0"], "--interval must be from"),
     (["demo", "--peers", "100000"], "--peers must be from 1 to 64"),
     (["coordinator", "--port", "abc"], "invalid int value: 'abc'"),
