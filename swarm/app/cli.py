@@ -330,7 +330,7 @@ def _add_peer_parser(sub) -> None:
     p.add_argument("--uplink-mbit", type=float, default=0.0,
                    help="this machine's upload rate in Mbit/s, if known: the exchange paces its sends just under it, "
                         "so that they do not overrun the link's queue (default 0: unpaced)")
-    p.add_argument("--tcp-congestion",
+    p.add_argument("--tcp-congestion", metavar="NAME",
                    help=f"TCP congestion control of the bulk connections (default {CONGESTION_CONTROL}: the K - 1 "
                         f"flows into each groupmate share its link evenly; '{SYSTEM}': the system's default)")
     p.add_argument("--join-timeout-s", type=float, default=120.0,
