@@ -11,7 +11,10 @@ optimizer, so neither mark does anything here:
   after the import), as long as ``torch._dynamo`` is not loaded; once it is, the wrappers work as usual.
 - ``eager_step(optimizer)`` returns the optimizer's own step body, called under ``torch.no_grad`` as
   ``step`` itself calls it, without the graph break: the same arithmetic, bit for bit. It falls back to
-  ``optimizer.step`` where the wrapper does more than that (step hooks, a differentiable optimizer).
+  ``optimizer.step`` where the wrapper does more than that (step hooks, a differentiable optimizer), checked
+  at every step: a hook registered after the trainer was built (torchft's DiLoCo registers its sync as a
+  post hook) must run. Until session 17 the check ran once, when the trainer was built, and torchft's
+  DiLoCo around a ``LocalTrainer`` silently never synced.
 """
 
 from __future__ import annotations
@@ -51,13 +54,19 @@ def skip_dynamo_import() -> None:
 def eager_step(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
     """A function doing ``optimizer.step()`` (no closure) without importing ``torch._dynamo``."""
     body = inspect.unwrap(type(optimizer).step)
-    hooks = (optimizer._optimizer_step_pre_hooks, optimizer._optimizer_step_post_hooks,
-             getattr(torch_optimizer, "_global_optimizer_pre_hooks", None),
-             getattr(torch_optimizer, "_global_optimizer_post_hooks", None))
-    if body is type(optimizer).step or optimizer.defaults.get("differentiable") or any(h is None or h for h in hooks):
+    if body is type(optimizer).step or optimizer.defaults.get("differentiable"):
         return optimizer.step
 
+    def hooked() -> bool:
+        hooks = (optimizer._optimizer_step_pre_hooks, optimizer._optimizer_step_post_hooks,
+                 getattr(torch_optimizer, "_global_optimizer_pre_hooks", None),
+                 getattr(torch_optimizer, "_global_optimizer_post_hooks", None))
+        return any(h is None or h for h in hooks)
+
     def step() -> None:
+        if hooked():  # one registered since (by torchft's DiLoCo, a scheduler, the user): the wrapper runs them
+            optimizer.step()
+            return
         with torch.no_grad():
             body(optimizer)
 
