@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import logging
-import math
 import os
 import signal
 import sys
@@ -22,7 +21,8 @@ from typing import Optional, Sequence
 
 from swarm.config import ConfigError, RunConfig, load_run_config
 from swarm.config.rounds_config import simulator_only
-from swarm.net.tcp_congestion import CONGESTION_CONTROL, SYSTEM, congestion_problem
+from swarm.app.flag_validation import validate_args
+from swarm.net.tcp_congestion import CONGESTION_CONTROL, SYSTEM
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -246,39 +246,6 @@ def _add_token_parser(sub) -> None:
     for action in (create, actions.choices["list"], revoke):
         action.add_argument("--state-dir", default="swarm-coordinator", help="the coordinator's --state-dir")
     t.set_defaults(func=cmd_token)
-
-
-# (flag, low, high) per command: the range of each number a user may give.
-_NUMBER_FLAGS: dict[str, tuple[tuple[str, float, float], ...]] = {
-    "coordinator": (("port", 0, 65535), ("dht_port", 0, 65535), ("max_rounds", 1, 10**9), ("min_peers", 1, 10**5),
-                    ("inner_steps", 1, 10**7), ("lease_s", 0.1, 86400), ("exit_grace_s", 0, 86400)),
-    "peer": (("p2p_port", 0, 65535), ("threads", 1, 4096), ("nproc", 1, 1024), ("join_timeout_s", 0.1, 7 * 86400),
-             ("checkpoint_every", 0, 10**9), ("final_serve_s", 0, 86400), ("uplink_mbit", 0, 10**6),
-             ("max_restarts", 0, 10**6)),
-    "status": (("interval", 0.1, 3600),),
-    "demo": (("peers", 1, 64), ("rounds", 1, 10**6), ("inner_steps", 1, 10**7), ("timeout", 1, 7 * 86400)),
-    "token": (("max_uses", 1, 10**9),),
-}
-_TEXT_FLAGS = ("host", "announce_host", "p2p_host", "site", "name", "preset", "device")
-
-
-def validate_args(args: argparse.Namespace) -> Optional[str]:
-    """One sentence about the first bad flag in ``args``, or None when they are all fine."""
-    for name, low, high in _NUMBER_FLAGS.get(args.command, ()):
-        value = getattr(args, name, None)
-        if value is not None and not (math.isfinite(value) and low <= value <= high):
-            return f"--{name.replace('_', '-')} must be from {low:g} to {high:g}, got {value:g}."
-    for name in _TEXT_FLAGS:
-        value = getattr(args, name, None)
-        if value is not None and (len(value.encode("utf-8", "surrogateescape")) > 256 or not value.isprintable()):
-            return f"--{name.replace('_', '-')} must be at most 256 bytes of printable text."
-    for name in ("state_dir",):
-        value = getattr(args, name, None)
-        if value and os.path.exists(value) and not os.path.isdir(value):
-            return f"--state-dir {value!r} is a file; give a directory (it is created when missing)."
-    if getattr(args, "tcp_congestion", None) is not None:
-        return congestion_problem(args.tcp_congestion)
-    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
