@@ -21,7 +21,7 @@ _NUMBER_FLAGS: dict[str, tuple[tuple[str, float, float], ...]] = {
     "demo": (("peers", 1, 64), ("rounds", 1, 10**6), ("inner_steps", 1, 10**7), ("timeout", 1, 7 * 86400)),
     "token": (("max_uses", 1, 10**9),),
 }
-_TEXT_FLAGS = ("host", "announce_host", "p2p_host", "site", "name", "preset", "device")
+_TEXT_FLAGS = ("host", "announce_host", "p2p_host", "site", "name", "preset", "device", "tcp_congestion")
 
 
 def validate_args(args: argparse.Namespace) -> Optional[str]:

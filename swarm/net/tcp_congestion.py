@@ -8,6 +8,7 @@ picks another with ``swarm peer --tcp-congestion`` (``system``: the system's own
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 from typing import Optional
@@ -28,27 +29,51 @@ def congestion_controls() -> Optional[list[str]]:
         return None
 
 
+def try_congestion(name: str) -> Optional[OSError]:
+    """Set ``name`` on a throwaway socket: None when this process may use it, else why not (EPERM: the system
+    has it but lets an unprivileged process pick only those in net.ipv4.tcp_allowed_congestion_control)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
+        except OSError as e:
+            return e
+    return None
+
+
 def congestion_problem(name: str) -> Optional[str]:
-    """One sentence when ``name`` is no congestion control this system offers, else None."""
+    """One sentence when this process cannot give its bulk connections congestion control ``name``, else None."""
     if name == SYSTEM:
         return None
-    offered = congestion_controls()
-    if offered is None or not hasattr(socket, "TCP_CONGESTION"):
+    if not hasattr(socket, "TCP_CONGESTION"):
         return f"--tcp-congestion {name}: this system does not let a connection choose its congestion control; " \
                f"leave the option out or give '{SYSTEM}'."
-    if name not in offered:
-        return f"--tcp-congestion {name}: not one of this system's TCP congestion controls ({' '.join(offered)}); " \
-               f"give one of them, or '{SYSTEM}' for the system's default."
-    return None
+    error = try_congestion(name)
+    if error is None:
+        return None
+    if error.errno == errno.EPERM:
+        return f"--tcp-congestion {name}: this system has it but lets this process use only the controls in " \
+               f"net.ipv4.tcp_allowed_congestion_control; add {name} there (as root), run with CAP_NET_ADMIN, " \
+               f"or give '{SYSTEM}'."
+    offered = congestion_controls()
+    listed = f" ({' '.join(offered)})" if offered else ""
+    return f"--tcp-congestion {name}: not one of this system's TCP congestion controls{listed}; " \
+           f"give one of them, or '{SYSTEM}' for the system's default."
+
+
+_warned: set[str] = set()  # the controls a connection could not pick, warned about once each
 
 
 def set_congestion(sock: socket.socket, name: str) -> None:
     """Use congestion control ``name`` on ``sock``; where the system has no such control or does not let this
-    process pick it (an unprivileged process may use only those in tcp_allowed_congestion_control), the
-    connection keeps the system's default."""
+    process pick it (an unprivileged process may use only those in net.ipv4.tcp_allowed_congestion_control),
+    the connection keeps the system's default, and the first such connection says so in the log."""
     if name == SYSTEM or not hasattr(socket, "TCP_CONGESTION"):
         return
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
     except OSError as e:
-        logger.debug("bulk connection keeps the system's congestion control (%s unavailable: %s)", name, e)
+        if name not in _warned:
+            _warned.add(name)
+            logger.warning("bulk connections keep the system's TCP congestion control: this process may not pick "
+                           "%s (%s); to use it, add it to net.ipv4.tcp_allowed_congestion_control as root, or give "
+                           "swarm peer --tcp-congestion system to silence this", name, e.strerror or e)

@@ -59,3 +59,33 @@ def test_a_bad_join_string_or_config_is_one_line_and_exit_2(tmp_path: Path, caps
     assert main(["coordinator", "--config", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "non-ASCII" in err and "is a directory" in err
+
+
+def test_a_congestion_control_this_process_may_not_pick_is_named_with_the_fix(monkeypatch, capsys) -> None:
+    """Linux lets an unprivileged process pick only the controls in net.ipv4.tcp_allowed_congestion_control
+    (EPERM for the others, as for cubic on this machine when not root)."""
+    import errno
+
+    import swarm.net.tcp_congestion as congestion
+    monkeypatch.setattr(congestion, "try_congestion", lambda name: PermissionError(errno.EPERM, "not permitted"))
+    assert _refused(["peer", "--join", JOIN, "--tcp-congestion", "cubic"], capsys) == (
+        "swarm: error: --tcp-congestion cubic: this system has it but lets this process use only the controls in "
+        "net.ipv4.tcp_allowed_congestion_control; add cubic there (as root), run with CAP_NET_ADMIN, or give "
+        "'system'.")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_CONGESTION is Linux's")
+def test_a_connection_that_cannot_pick_its_control_keeps_the_default_and_says_so_once(caplog) -> None:
+    import socket
+
+    from swarm.net.tcp_congestion import set_congestion
+    default = [socket.socket() for _ in range(2)]
+    try:
+        before = default[0].getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+        for sock in default:
+            set_congestion(sock, "no-such-control")
+        assert default[1].getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16) == before
+    finally:
+        for sock in default:
+            sock.close()
+    assert [r.levelname for r in caplog.records if "keep the system's TCP congestion" in r.message] == ["WARNING"]

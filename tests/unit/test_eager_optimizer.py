@@ -27,6 +27,7 @@ def _grads(model: torch.nn.Linear, step: int) -> None:
 def test_the_eager_step_does_what_step_does_bit_for_bit() -> None:
     (plain, plain_opt), (eager, eager_opt) = _model_and_optimizer(0), _model_and_optimizer(0)
     step = eager_step(eager_opt)
+    assert step != eager_opt.step  # the eager body itself, not the wrapper it falls back to
     for i in range(3):
         _grads(plain, i)
         plain_opt.step()
