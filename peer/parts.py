@@ -82,7 +82,7 @@ class PeerParts:
             lambda: Transport(initial_peers=initial_peers, host=address.listen_host, port=options.p2p_port,
                               announce_host=address.announce_host, identity_path=str(identity.path),
                               # from its first moment the node stores and passes on members' signed entries only
-                              record_validators=[validator_for(member)]),
+                              record_validators=[validator_for(member)], tcp_congestion=options.tcp_congestion),
             what=f"{tag} DHT start", stop=stop, give_up_after_s=options.join_timeout_s,
             first_backoff_s=1.0, retry_on=TransportStartFailed,
         )
@@ -90,7 +90,6 @@ class PeerParts:
             logger.error("%s could not join the DHT through %s for %.0fs; check that the coordinator is running "
                          "and that this machine can reach its DHT port", tag, initial_peers, options.join_timeout_s)
             raise PeerExit(2)
-        transport.tcp_congestion = options.tcp_congestion
         from swarm.net.relay import use_relay
 
         transport.relay = transport.run(use_relay(transport.p2p, initial_peers), timeout_s=30)

@@ -338,8 +338,9 @@ def main() -> int:
                              "Swarm's; 'system': the machine's default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args()
-    if congestion_problem(args.tcp_congestion):
-        parser.error(congestion_problem(args.tcp_congestion))
+    problem = congestion_problem(args.tcp_congestion)
+    if problem:
+        parser.error(problem)
     os.environ["SWARM_BENCH_TCP_CONGESTION"] = args.tcp_congestion  # the workers' (scripts/bench_wan_worker.py)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [s for s in sections if s not in SECTIONS]

@@ -117,8 +117,7 @@ class TcpFloor:
 class Worker:
     def __init__(self, host: str, bootstrap: list[str], index: int) -> None:
         self.index = index
-        self.transport = Transport(initial_peers=bootstrap, host=host, announce_host=host)
-        self.transport.tcp_congestion = CONGESTION
+        self.transport = Transport(initial_peers=bootstrap, host=host, announce_host=host, tcp_congestion=CONGESTION)
         self.exchange = Exchange(self.transport, run_id="bench")
         self.tcp = TcpFloor(host)
         self.averager = None

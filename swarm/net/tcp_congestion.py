@@ -33,10 +33,14 @@ def try_congestion(name: str) -> Optional[OSError]:
     """Set ``name`` on a throwaway socket: None when this process may use it, else why not (EPERM: the system
     has it but lets an unprivileged process pick only those in net.ipv4.tcp_allowed_congestion_control)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
-        except OSError as e:
-            return e
+        return _pick(sock, name)
+
+
+def _pick(sock: socket.socket, name: str) -> Optional[OSError]:
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
+    except OSError as e:
+        return e
     return None
 
 
@@ -69,11 +73,9 @@ def set_congestion(sock: socket.socket, name: str) -> None:
     the connection keeps the system's default, and the first such connection says so in the log."""
     if name == SYSTEM or not hasattr(socket, "TCP_CONGESTION"):
         return
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
-    except OSError as e:
-        if name not in _warned:
-            _warned.add(name)
-            logger.warning("bulk connections keep the system's TCP congestion control: this process may not pick "
-                           "%s (%s); to use it, add it to net.ipv4.tcp_allowed_congestion_control as root, or give "
-                           "swarm peer --tcp-congestion system to silence this", name, e.strerror or e)
+    error = _pick(sock, name)
+    if error is not None and name not in _warned:
+        _warned.add(name)
+        logger.warning("bulk connections keep the system's TCP congestion control: this process may not pick "
+                       "%s (%s); to use it, add it to net.ipv4.tcp_allowed_congestion_control as root, or give "
+                       "swarm peer --tcp-congestion system to silence this", name, error.strerror or error)

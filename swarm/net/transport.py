@@ -79,6 +79,7 @@ class Transport:
         start_timeout_s: float = 60.0,
         identity_path: Optional[str] = None,
         record_validators: Sequence[Any] = (),
+        tcp_congestion: str = CONGESTION_CONTROL,  # the bulk connections' (``swarm peer --tcp-congestion``)
     ):
         """``identity_path``: the libp2p key (``swarm.net.libp2p_identity``) to run with; made fresh by the
         peer at each start, so it is never taken by another node and the check for that is skipped.
@@ -115,7 +116,7 @@ class Transport:
         self.listen_host, self.announce_host = host, announce_host
         self.bulk: Optional[BulkChannel] = None  # the loop's; opened by the first exchange (open_bulk)
         self.bulk_sender: Optional[BulkSender] = None
-        self.tcp_congestion = CONGESTION_CONTROL  # the bulk connections' (``swarm peer --tcp-congestion``)
+        self.tcp_congestion = tcp_congestion
         self._orphan_watch = exit_with_parent(self.dht)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="swarm-p2p", daemon=True)
