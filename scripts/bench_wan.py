@@ -81,6 +81,11 @@ class Hosts:
             return None, replies
         return max(r["seconds"] for r in replies), replies
 
+    def identical(self) -> bool:
+        """Whether every host holds the same bits after the last exchange (hashed after the clocks stopped)."""
+        digests = {r["digest"] for r in self.ask({"cmd": "digest"})}
+        return len(digests) == 1 and None not in digests
+
     def cpu_s(self) -> dict[str, float]:
         """CPU seconds used so far in the hosts' namespaces, split into p2pd (libp2p) and the rest (Python)."""
         split = {"p2pd": 0.0, "python": 0.0}
@@ -129,19 +134,20 @@ def _swarm_rows(hosts: Hosts, peers: int, mbit: float, codec: str, numel: int, r
     tag = f"{tag}.{system}"
     # untimed: each host makes its vector and the hosts' connections open, as in a running swarm
     hosts.timed(dict(cmd, key=f"bench.{tag}.{codec}.warm"))
-    times, identical, late, inside, phases, before = [], True, [0.0], [], [], hosts.cpu_s()
+    times, identical, late, inside, phases, used = [], True, [0.0], [], [], {"p2pd": 0.0, "python": 0.0}
     for rep in range(repeats):
+        before = hosts.cpu_s()
         seconds, replies = hosts.timed(dict(cmd, key=f"bench.{tag}.{codec}.{rep}"))
         if seconds is None:
             log(f"  swarm rep {rep} failed: {replies}")
             continue
+        used = {k: v + hosts.cpu_s()[k] - before[k] for k, v in used.items()}  # the exchange's, not the digest's
         times.append(seconds)
-        identical &= len({r["digest"] for r in replies}) == 1
+        identical &= hosts.identical()
         late += [r["late_s"] for r in replies]
         inside.append(max(r["inside_s"] for r in replies))
         phases.append({name: max(r["phases_s"].get(name, 0.0) for r in replies) for name in replies[0]["phases_s"]})
-    after = hosts.cpu_s()
-    cpu = {k: round((after[k] - before[k]) / max(1, len(times)), 2) for k in after}
+    cpu = {k: round(v / max(1, len(times)), 2) for k, v in used.items()}
     return _row(system, peers, mbit, codec, CODECS[codec].encoded_size(numel), times, identical=identical,
                 cpu_s_per_exchange=cpu, exchange_own_s=round(statistics.median(inside), 3) if inside else None,
                 # the slowest host's passing of each point of the exchange, median over repeats
@@ -171,7 +177,7 @@ def _hivemind_row(hosts: Hosts, peers: int, mbit: float, codec: str, numel: int,
                 log(f"  hivemind rep {rep} failed: {replies}")
                 continue
             times.append(seconds)
-            identical &= len({r["digest"] for r in replies}) == 1
+            identical &= hosts.identical()
     finally:
         hosts.ask({"cmd": "hm_close"})
     return _row("hivemind", peers, mbit, codec, payload, times, identical=identical)

@@ -123,6 +123,9 @@ class Worker:
         self.averager = None
         self.control = None
         self._vectors: dict[int, torch.Tensor] = {}  # made before the clock starts, once per size
+        # The last exchange's result, hashed only when asked ("digest"): after every host has stopped its clock,
+        # so a host that finished early does not hash 100 MB on the cores its groupmates are still exchanging on.
+        self._last: torch.Tensor | None = None
 
     def vector(self, numel: int) -> torch.Tensor:
         if numel not in self._vectors:
@@ -144,6 +147,11 @@ class Worker:
             return {"seconds": time.time() - cmd["at"], "late_s": late_s}
         if name == "swarm":
             return self._swarm(cmd)
+        if name == "digest":
+            if self.averager is not None:
+                with self.averager.get_tensors() as tensors:
+                    return {"digest": _digest(tensors[0])}
+            return {"digest": _digest(self._last) if self._last is not None else None}
         if name == "hm_open":
             return self._hm_open(cmd)
         if name == "hm_arm":
@@ -162,9 +170,7 @@ class Worker:
                 self.control.result(timeout=cmd.get("timeout_s", 300))
             except Exception as e:  # a failed all-reduce is a row without a time, not a crash
                 return {"seconds": None, "error": repr(e)}
-            seconds = time.time() - cmd["at"]
-            with self.averager.get_tensors() as tensors:
-                return {"seconds": seconds, "digest": _digest(tensors[0]), "late_s": late_s}
+            return {"seconds": time.time() - cmd["at"], "late_s": late_s}
         if name == "hm_close":
             if self.averager is not None:
                 self.averager.shutdown()
@@ -182,8 +188,9 @@ class Worker:
         late_s = _wait_until(cmd["at"])
         result = self.exchange.average(key=cmd["key"], group=group, me=group[self.index], delta=delta,
                                        timeout_s=cmd.get("timeout_s", 300))
-        return {"seconds": time.time() - cmd["at"], "digest": _digest(result.average), "bytes_sent": result.bytes_sent,
-                "late_s": late_s, "inside_s": result.seconds, "phases_s": result.phases_s}
+        seconds = time.time() - cmd["at"]
+        self._last = result.average
+        return {"seconds": seconds, "bytes_sent": result.bytes_sent, "late_s": late_s, "inside_s": result.seconds, "phases_s": result.phases_s}
 
     def _hm_open(self, cmd: dict) -> dict:
         from hivemind.averaging import DecentralizedAverager

@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import torch
 
-from swarm.core.codec_base import BLOCK, Codec
+from swarm.core.codec_base import BLOCK, Codec, all_finite
 from swarm.core.lowrank_codec import parse_lowrank
 from swarm.core.sign_codec import SignCodec
 from swarm.core.sparse_codec import VALUE_FORMATS, parse_topk
@@ -96,6 +96,9 @@ class BFloat16Codec(Codec):
         return torch.from_numpy(wide.view(np.float32))
 
 
+CHUNK = 1 << 17  # elements the integer codecs quantize at a time (a multiple of BLOCK): 512 KiB of fp32 scratch
+
+
 class BlockIntCodec(Codec):
     """Blockwise absmax quantization: every ``BLOCK`` consecutive elements share one scale.
 
@@ -105,6 +108,8 @@ class BlockIntCodec(Codec):
     per element the error is at most ``scale / 2 = absmax / qmax / 2`` (up to fp32 rounding). fp32 scales
     cost 4 bytes per block more than fp16 ones would, but keep that bound for blocks of any magnitude.
     """
+
+    decodes_finite = True
 
     def __init__(self, name: str, bits: int) -> None:
         if bits not in (4, 8):
@@ -124,70 +129,116 @@ class BlockIntCodec(Codec):
         return 4 * self._num_blocks(numel) + self._code_bytes(numel)
 
     def encode(self, t: torch.Tensor) -> bytes:
-        values = self._check_input(t)
+        values = self._check_input(t, finite=False)  # a block with an inf or a nan has a non-finite scale
         n = values.size
         full = n // self.block * self.block  # the whole blocks, quantized in place of a padded copy
-        tail = np.zeros(self.block if full < n else 0, dtype=np.float32)
-        tail[:n - full] = values[full:]
         scales = np.empty(self._num_blocks(n), dtype="<f4")
-        q = np.empty(n + (n % 2 if self.bits == 4 else 0), dtype=np.int8)
-        self._quantize(values[:full].reshape(-1, self.block), scales[:full // self.block], q[:full])
-        if tail.size:
-            codes = np.empty(self.block, dtype=np.int8)
-            self._quantize(tail.reshape(1, self.block), scales[-1:], codes)
-            q[full:n] = codes[:n - full]
+        codes = np.empty(self._code_bytes(n), dtype=np.uint8)
+        per_code = 1 if self.bits == 8 else 2  # elements per byte of codes
+        work = np.empty(min(full, CHUNK), dtype=np.float32)
+        for start in range(0, full, CHUNK):  # a chunk's temporaries stay in the core's cache
+            end = min(full, start + CHUNK)
+            self._encode_blocks(values[start:end], scales[start // self.block:end // self.block],
+                                codes[start // per_code:end // per_code], work)
+        if full < n:  # the last, partial block: zero-padded (so an odd int4 count pads with the code of 0)
+            tail = np.zeros(self.block, dtype=np.float32)
+            tail[:n - full] = values[full:]
+            tail_codes = np.empty(self.block // per_code, dtype=np.uint8)
+            self._encode_blocks(tail, scales[-1:], tail_codes, np.empty(self.block, dtype=np.float32))
+            codes[full // per_code:] = tail_codes[:codes.size - full // per_code]
+        return scales.tobytes() + codes.tobytes()
+
+    def _encode_blocks(self, x: np.ndarray, scales: np.ndarray, codes: np.ndarray, work: np.ndarray) -> None:
+        """Fill ``scales`` (one per ``block`` elements of ``x``, a whole number of blocks) and ``codes`` (int8
+        one per byte, int4 ``q + 8`` two per byte, low nibble first); ``work``: scratch of at least ``x.size``."""
+        blocks = x.reshape(-1, self.block)
+        scaled = work[:x.size].reshape(-1, self.block)
+        # absmax, exact as |x| is: maxima of halves in place (a short-row max along an axis is ~10x slower)
+        np.abs(blocks, out=scaled)
+        width = self.block
+        while width > 1:
+            width //= 2
+            np.maximum(scaled[:, :width], scaled[:, width:2 * width], out=scaled[:, :width])
+        np.divide(scaled[:, 0], np.float32(self.qmax), out=scales)
+        if not np.isfinite(scales).all():  # a block holds an inf or a nan (absmax propagates both)
+            raise ValueError(f"codec {self.name}: the tensor holds inf or nan; it cannot be sent.")
+        # A zero block (or one whose absmax/qmax underflows to 0) is sent as zeros with scale 0: x / inf = ±0.
+        safe = np.where(scales > 0, scales, np.float32(np.inf))
+        np.divide(blocks, safe[:, None], out=scaled)
+        np.rint(scaled, out=scaled)  # np.rint rounds half to even
+        # x/scale can reach qmax + a rounding; subnormal scales lose precision: clamp, never wrap.
+        np.clip(scaled, -self.qmax, self.qmax, out=scaled)
         if self.bits == 8:
-            return scales.tobytes() + q.tobytes()
-        if n % 2:
-            q[n] = 0  # an odd count pads with the code of 0
+            codes.view(np.int8)[:] = scaled.reshape(-1)
+            return
+        q = scaled.reshape(-1).astype(np.int8)
         q += 8  # codes 1..15, low nibble first: as uint16 pairs (little-endian) v = lo | hi << 8
         pairs = q.view(np.uint16) if sys.byteorder == "little" else q.view(np.uint16).byteswap()
         packed = pairs >> 4
         packed |= pairs  # lo | hi << 4 in the low byte
-        return scales.tobytes() + packed.astype(np.uint8).tobytes()
-
-    def _quantize(self, blocks: np.ndarray, scales: np.ndarray, q: np.ndarray) -> None:
-        """Fill ``scales`` (one per row of ``blocks``) and the int8 codes ``q`` (row-major)."""
-        if not blocks.size:
-            return
-        # exact, as |x| is; the outer abs (per block, cheap) makes a zero block's absmax +0, never -0
-        absmax = np.abs(np.maximum(blocks.max(axis=1), -blocks.min(axis=1)))
-        np.divide(absmax, np.float32(self.qmax), out=scales)
-        # A zero block (or one whose absmax/qmax underflows to 0) is sent as zeros with scale 0: x / inf = ±0.
-        safe = np.where(scales > 0, scales, np.float32(np.inf))
-        scaled = blocks / safe[:, None]
-        np.rint(scaled, out=scaled)  # np.rint rounds half to even
-        # x/scale can reach qmax + a rounding; subnormal scales lose precision: clamp, never wrap.
-        np.clip(scaled, -self.qmax, self.qmax, out=scaled)
-        q[:] = scaled.reshape(-1)
+        codes[:] = packed
 
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
+        out = np.empty(max(numel, 0), dtype=np.float32)
+        self._check_length(data, numel)
+        self.decode_into(data, out)
+        return torch.from_numpy(out)
+
+    def decode_into(self, data: bytes | memoryview, out: np.ndarray) -> None:
+        numel = out.size
         self._check_length(data, numel)
         scales = self._block_scales(data, numel)
-        nb = scales.size
-        raw = np.frombuffer(data, dtype=np.uint8, offset=4 * nb)
+        raw = np.frombuffer(data, dtype=np.uint8, offset=4 * scales.size)
+        scratch = _DecodeScratch(min(numel, CHUNK), self.bits)
+        for start in range(0, numel, CHUNK):  # a chunk's temporaries stay in the core's cache
+            end = min(numel, start + CHUNK)
+            q = self._codes(raw, start, end, numel, scratch)
+            self._scale_into(q, scales, start, end, numel, out)
+            if not all_finite(out[start:end]):  # only a crafted scale can overflow its codes
+                raise ValueError(f"codec {self.name}: the payload decodes to non-finite values, which encode never"
+                                 " produces.")
+
+    def _codes(self, raw: np.ndarray, start: int, end: int, numel: int, scratch: "_DecodeScratch") -> np.ndarray:
+        """The int8 codes of elements [start, end) (``start`` even), checked against what encode writes."""
         if self.bits == 8:
-            q = raw.view(np.int8)
+            q = raw[start:end].view(np.int8)
             if (q == -128).any():
                 raise ValueError("codec int8: the payload holds code -128, which encode never produces.")
-        else:
-            wide = raw.astype(np.uint16)  # byte b -> (b & 0x0F) | (b >> 4) << 8: the two nibbles, low first
-            high = wide & 0xF0
-            high <<= 4
-            wide &= 0x0F
-            wide |= high
-            nibbles = (wide if sys.byteorder == "little" else wide.byteswap()).view(np.uint8)
-            if (nibbles == 0).any() or (numel % 2 and nibbles[-1] != 8):
-                raise ValueError("codec int4: the payload holds codes that encode never produces.")
-            q = nibbles[:numel].view(np.int8)
-            q = q - np.int8(8)
-        out = np.empty(numel, dtype=np.float32)
-        full = numel // self.block * self.block
-        # int8 -> fp32 is exact; then one rounding per element, the scale broadcast over its block
-        np.multiply(q[:full].reshape(-1, self.block), scales[:full // self.block, None],
-                    out=out[:full].reshape(-1, self.block), dtype=np.float32)
-        np.multiply(q[full:], scales[nb - 1:] if full < numel else scales[:0], out=out[full:], dtype=np.float32)
-        return torch.from_numpy(out)
+            return q
+        src = raw[start // 2:(end + 1) // 2]
+        wide, high = scratch.wide[:src.size], scratch.high[:src.size]
+        np.copyto(wide, src)  # byte b -> (b & 0x0F) | (b >> 4) << 8: the two nibbles, low first
+        np.bitwise_and(wide, 0xF0, out=high)
+        high <<= 4
+        wide &= 0x0F
+        wide |= high
+        nibbles = (wide if sys.byteorder == "little" else wide.byteswap()).view(np.uint8)
+        if (nibbles == 0).any() or (end == numel and numel % 2 and nibbles[end - start] != 8):
+            raise ValueError("codec int4: the payload holds codes that encode never produces.")
+        q = scratch.q[:end - start]
+        np.subtract(nibbles[:end - start].view(np.int8), np.int8(8), out=q)
+        return q
+
+    def _scale_into(self, q: np.ndarray, scales: np.ndarray, start: int, end: int, numel: int, out: np.ndarray) -> None:
+        """out[start:end] = q × its blocks' scales: int8 -> fp32 is exact, then one rounding per element."""
+        full = min(end, numel // self.block * self.block)  # the whole blocks of this chunk end here
+        b0, b1 = start // self.block, full // self.block
+        with np.errstate(over="ignore"):  # a crafted scale's overflow is refused by the caller's check
+            if full > start:
+                np.multiply(q[:full - start].reshape(-1, self.block), scales[b0:b1, None],
+                            out=out[start:full].reshape(-1, self.block), dtype=np.float32)
+            if full < end:  # the last, partial block
+                np.multiply(q[full - start:], scales[-1:], out=out[full:end], dtype=np.float32)
+
+
+class _DecodeScratch:
+    """One decode's reusable int4 unpacking buffers, a chunk long."""
+
+    def __init__(self, numel: int, bits: int) -> None:
+        pairs = (numel + 1) // 2 if bits == 4 else 0
+        self.wide = np.empty(pairs, dtype=np.uint16)
+        self.high = np.empty(pairs, dtype=np.uint16)
+        self.q = np.empty(numel, dtype=np.int8)
 
 
 def _readonly(array: np.ndarray) -> torch.Tensor:

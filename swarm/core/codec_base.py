@@ -10,6 +10,15 @@ import torch
 BLOCK = 64  # elements per absmax block of the integer codecs: a scale costs 4/64 = 0.06 bytes per element
 
 
+def all_finite(values: np.ndarray) -> bool:
+    """Whether every element of the float array is finite. A finite sum proves it (a nan or an inf makes the sum
+    non-finite) in one pass with no temporary; only a sum that overflows or is not finite takes the exact check."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if values.size == 0 or np.isfinite(np.add.reduce(values, axis=None)):
+            return True
+    return bool(np.isfinite(values).all())
+
+
 class Codec(abc.ABC):
     """Encodes a 1-D contiguous fp32 CPU tensor to bytes and decodes them to fp32.
 
@@ -30,6 +39,8 @@ class Codec(abc.ABC):
     # and the bytes a round sends are counted from its payloads (the simulator's pair_bytes; the real exchange takes
     # each slice's length from its message and counts what it sent).
     variable_size: bool = False
+    # True: ``decode`` raises ValueError rather than return a non-finite value (callers need not check again)
+    decodes_finite: bool = False
 
     @abc.abstractmethod
     def encoded_size(self, numel: int) -> int:
@@ -48,14 +59,19 @@ class Codec(abc.ABC):
     def lossless(self) -> bool:
         return False
 
-    def _check_input(self, t: torch.Tensor) -> np.ndarray:
+    def decode_into(self, data: bytes | memoryview, out: np.ndarray) -> None:
+        """``decode`` written into ``out`` (1-D fp32, as many elements as ``data`` holds)."""
+        out[:] = self.decode(data, out.size).numpy()
+
+    def _check_input(self, t: torch.Tensor, *, finite: bool = True) -> np.ndarray:
+        """``t``'s values; ``finite=False``: the caller checks them for inf and nan itself."""
         if t.dtype != torch.float32 or t.dim() != 1 or t.device.type != "cpu" or not t.is_contiguous():
             raise ValueError(
                 f"codec {self.name} encodes 1-D contiguous fp32 CPU tensors, got {t.dtype}"
                 f" {tuple(t.shape)} on {t.device}."
             )
         values = t.detach().numpy()
-        if not np.isfinite(values).all():
+        if finite and not all_finite(values):
             raise ValueError(f"codec {self.name}: the tensor holds inf or nan; it cannot be sent.")
         return values
 

@@ -14,6 +14,7 @@ import torch
 
 from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import butterfly_bounds, owner_encode, part_bounds
+from swarm.core.codec_base import all_finite
 from swarm.core.owner_feedback import OwnerFeedback
 from swarm.net.exchange_failed import ExchangeFailed
 from swarm.net.rendezvous import Member
@@ -143,7 +144,7 @@ def decode_slice(codec, data: bytes | memoryview, numel: int, key: str) -> torch
             tensor = codec.decode(data, numel)
         except ValueError as e:
             raise ExchangeFailed(f"{key}: a groupmate sent a malformed slice ({e})") from None
-    if not np.isfinite(tensor.numpy()).all():  # numpy's check is ~100x faster than torch's here
+    if not codec.decodes_finite and not all_finite(tensor.numpy()):  # numpy's check is ~100x faster than torch's
         raise ExchangeFailed(f"{key}: a groupmate sent non-finite values")
     return tensor
 
@@ -151,12 +152,17 @@ def decode_slice(codec, data: bytes | memoryview, numel: int, key: str) -> torch
 def decode_into(codec, data: bytes | memoryview, out: torch.Tensor, key: str) -> None:
     """``decode_slice`` written into ``out`` (the exchange's result, where this slice goes): fp32 is copied
     once, from the received bytes to its place, instead of decoded and then concatenated."""
-    if not (_raw_fp32(codec) and len(data) == 4 * out.numel()):
-        out.copy_(decode_slice(codec, data, out.numel(), key))
-        return
     values = out.numpy()
+    if not (_raw_fp32(codec) and len(data) == 4 * out.numel()):
+        try:
+            codec.decode_into(data, values)
+        except ValueError as e:
+            raise ExchangeFailed(f"{key}: a groupmate sent a malformed slice ({e})") from None
+        if not codec.decodes_finite and not all_finite(values):
+            raise ExchangeFailed(f"{key}: a groupmate sent non-finite values")
+        return
     np.copyto(values, np.frombuffer(data, dtype="<f4"))
-    if not np.isfinite(values).all():
+    if not all_finite(values):
         raise ExchangeFailed(f"{key}: a groupmate sent non-finite values")
 
 

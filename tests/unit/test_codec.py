@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from swarm.core.average import part_bounds
-from swarm.core.codec import BLOCK, CODECS, ErrorFeedback, codec_round_trip, get_codec
+from swarm.core.codec import BLOCK, CHUNK, CODECS, ErrorFeedback, codec_round_trip, get_codec
+from swarm.core.codec_base import all_finite
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -194,6 +195,62 @@ def test_corrupt_integer_payloads_are_refused():
             CODECS["int8"].decode(bytes(data), 10)
     with pytest.raises(ValueError, match="inf or nan"):
         CODECS["bf16"].decode(bytes.fromhex("807f"), 1)
+
+
+def _reference_block_int(x: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """The integer codecs' scales and codes computed the plain way, the whole vector at once."""
+    blocks = np.zeros(-(-x.size // BLOCK) * BLOCK, dtype=np.float32)
+    blocks[:x.size] = x
+    blocks = blocks.reshape(-1, BLOCK)
+    scales = (np.abs(blocks).max(axis=1) / np.float32(qmax)).astype(np.float32)
+    safe = np.where(scales > 0, scales, np.float32(np.inf))
+    codes = np.clip(np.rint(blocks / safe[:, None]), -qmax, qmax).astype(np.int8).reshape(-1)[:x.size]
+    return scales, codes
+
+
+@pytest.mark.parametrize("name, qmax", [("int8", 127), ("int4", 7)])
+@pytest.mark.parametrize("numel", [CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + BLOCK + 3])
+def test_integer_codecs_cut_into_chunks_write_what_one_pass_would(name, qmax, numel):
+    """The integer codecs quantize and decode a chunk at a time: across chunk boundaries and a partial last
+    block, the bytes and the decoded values are those of one pass over the whole vector."""
+    x = _values(numel, seed=numel)
+    x[CHUNK - 70:CHUNK + 70] = 0  # zero blocks on both sides of the first boundary
+    codec = CODECS[name]
+    scales, codes = _reference_block_int(x.numpy(), qmax)
+    data = codec.encode(x)
+    assert data[:4 * scales.size] == scales.astype("<f4").tobytes()
+    got = np.frombuffer(data, dtype=np.uint8, offset=4 * scales.size)
+    if name == "int8":
+        assert np.array_equal(got.view(np.int8), codes)
+    else:
+        nibbles = np.stack([got & 0x0F, got >> 4], axis=1).reshape(-1).astype(np.int8) - 8
+        assert np.array_equal(nibbles[:numel], codes) and (numel % 2 == 0 or nibbles[numel] == 0)
+    expected = codes.astype(np.float32) * np.repeat(scales, BLOCK)[:numel]
+    assert np.array_equal(codec.decode(data, numel).numpy(), expected)
+    into = np.full(numel, np.nan, dtype=np.float32)
+    codec.decode_into(data, into)
+    assert np.array_equal(into, expected)
+
+
+def test_a_scale_too_large_for_its_codes_is_refused_not_decoded_to_inf():
+    """A finite scale whose codes overflow fp32 (only a crafted payload has one) is refused, in any chunk."""
+    for name, qmax in (("int4", 7), ("int8", 127)):
+        numel = CHUNK + 100
+        data = bytearray(CODECS[name].encode(torch.ones(numel)))
+        block = (CHUNK + 10) // BLOCK  # a block of the second chunk
+        data[4 * block:4 * block + 4] = np.float32(3e38).tobytes()
+        with pytest.raises(ValueError, match="non-finite"):
+            CODECS[name].decode(bytes(data), numel)
+
+
+def test_all_finite_is_exact_also_where_the_sum_overflows():
+    assert all_finite(np.array([3e38, 3e38, -1.0], dtype=np.float32))  # the sum overflows; the values do not
+    assert all_finite(np.zeros(0, dtype=np.float32))
+    for bad in (math.nan, math.inf, -math.inf):
+        values = np.ones(1000, dtype=np.float32)
+        values[700] = bad
+        assert not all_finite(values)
+    assert not all_finite(np.array([np.inf, -np.inf], dtype=np.float32))  # the sum is nan
 
 
 # ---- error feedback -------------------------------------------------------------------------------
