@@ -96,7 +96,7 @@ class BFloat16Codec(Codec):
         return torch.from_numpy(wide.view(np.float32))
 
 
-CHUNK = 1 << 17  # elements the integer codecs quantize at a time (a multiple of BLOCK): 512 KiB of fp32 scratch
+CHUNK = 1 << 18  # elements the integer codecs code at a time (a multiple of BLOCK): 1 MiB of fp32 scratch, a core's L2
 
 
 class BlockIntCodec(Codec):
@@ -194,7 +194,7 @@ class BlockIntCodec(Codec):
             end = min(numel, start + CHUNK)
             q = self._codes(raw, start, end, numel, scratch)
             self._scale_into(q, scales, start, end, numel, out)
-            if not all_finite(out[start:end]):  # only a crafted scale can overflow its codes
+            if not all_finite(out[start:end], scratch.finite):  # only a crafted scale can overflow its codes
                 raise ValueError(f"codec {self.name}: the payload decodes to non-finite values, which encode never"
                                  " produces.")
 
@@ -239,6 +239,7 @@ class _DecodeScratch:
         self.wide = np.empty(pairs, dtype=np.uint16)
         self.high = np.empty(pairs, dtype=np.uint16)
         self.q = np.empty(numel, dtype=np.int8)
+        self.finite = np.empty(numel, dtype=bool)
 
 
 def _readonly(array: np.ndarray) -> torch.Tensor:

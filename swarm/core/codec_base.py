@@ -10,13 +10,22 @@ import torch
 BLOCK = 64  # elements per absmax block of the integer codecs: a scale costs 4/64 = 0.06 bytes per element
 
 
-def all_finite(values: np.ndarray) -> bool:
-    """Whether every element of the float array is finite. A finite sum proves it (a nan or an inf makes the sum
-    non-finite) in one pass with no temporary; only a sum that overflows or is not finite takes the exact check."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        if values.size == 0 or np.isfinite(np.add.reduce(values, axis=None)):
-            return True
-    return bool(np.isfinite(values).all())
+FINITE_CHUNK = 1 << 18  # elements checked at a time: the check's scratch stays in cache
+
+
+def all_finite(values: np.ndarray, scratch: np.ndarray | None = None) -> bool:
+    """Whether every element of the 1-D float array is finite, a cache-sized chunk at a time (``scratch``: a bool
+    buffer to reuse); a whole-array ``isfinite`` would first write a temporary as long as the array."""
+    if values.size <= FINITE_CHUNK and scratch is None:
+        return bool(np.isfinite(values).all())
+    scratch = scratch if scratch is not None else np.empty(FINITE_CHUNK, dtype=bool)
+    for start in range(0, values.size, scratch.size):
+        part = values[start:start + scratch.size]
+        finite = scratch[:part.size]
+        np.isfinite(part, out=finite)
+        if not finite.all():
+            return False
+    return True
 
 
 class Codec(abc.ABC):
