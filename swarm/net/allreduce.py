@@ -197,15 +197,15 @@ class Exchange:
         codec = get_codec(me.codec)
         check_agreement(key, group, me)
         weights = capped_weights(self.aggregation, group, key)
-        await self.inbox.expect(key, [m.dht_peer_id for m in group], group_digest(group))
-        flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
         if codec.lowrank:  # the coordinator refuses such runs; a hand-made spec must not average garbage
             raise ValueError(f"codec {codec.name} is exchanged only by the simulator so far; choose int4 or sign.")
-        if codec.gathered:  # a sparse codec: all-gather, every member reduces the whole vector
+        stripes = stripe_count(codec, me.numel, len(group))  # block-aligned slices: quantize like the whole
+        bounds = [] if codec.gathered else group_bounds(key, me.numel, len(group), codec.block, shares, stripes)
+        await self.inbox.expect(key, [m.dht_peer_id for m in group], group_digest(group), max(1, len(bounds)))
+        flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
+        if codec.gathered:  # a sparse codec: all-gather (its one part), every member reduces the whole vector
             return await self._gather(key, group, me, flat, codec, weights, on_phase, started)
         position, digest = [m.peer_id for m in group].index(me.peer_id), group_digest(group)
-        stripes = stripe_count(codec, me.numel, len(group))  # block-aligned slices: quantize like the whole
-        bounds = group_bounds(key, me.numel, len(group), codec.block, shares, stripes)
         reserved = {} if self._bulk_slices is None else self._bulk_slices.reserve_butterfly(  # claimed now
             key, group, digest, position, bounds, codec)
         try:

@@ -140,9 +140,10 @@ class BulkSlices:
         key = head.key
         slots = [(head.group_digest, c.phase, c.part, head.sender, remote) for c in claims]
         async with self.inbox.cond:
-            if not all(self.inbox.admitted(key, slot) for slot in slots):
-                self.inbox.reject(key, remote, head.sender)
-                return exchange_pb2.ChunkAck(ok=False, error=self.inbox.refusal(key, remote))
+            refused = next((slot for slot in slots if not self.inbox.admitted(key, slot)), None)
+            if refused is not None:
+                self.inbox.reject(key, remote, head.sender, refused)
+                return exchange_pb2.ChunkAck(ok=False, error=self.inbox.refusal(key, remote, refused))
         registered = []  # all or none: a claim refused part way leaves nothing behind
         for slot, claim in zip(slots, claims):
             if not self.channel.claim(key, (*slot[:4], claim.ticket), claim.max_bytes, claim.mac_key, remote,

@@ -92,7 +92,8 @@ class Libp2pSlices:
         payload = b"".join(c.data for c in chunks)
         if not await self.inbox.deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload,
                                         sender_id=remote):
-            return exchange_pb2.ChunkAck(ok=False, error=self.inbox.refusal(head.key, remote))
+            return exchange_pb2.ChunkAck(ok=False, error=self.inbox.refusal(
+                head.key, remote, (head.group_digest, head.phase, head.part, head.sender, remote)))
         sizes = [c.ByteSize() for c in chunks]  # not free at 1 MiB: once each
         self.on_received(head.key, remote, sizes, arrivals, opened)
         return exchange_pb2.ChunkAck(ok=True)

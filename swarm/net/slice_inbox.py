@@ -4,7 +4,8 @@ A slice counts for group position s only when it came from the libp2p id the (si
 lists: the sender's id is the one libp2p's secure channel authenticated, never a field of the message.
 Before this peer knows a key's group, a few slices per sender wait for it (a member sends each peer at most
 two messages per stripe and an abort per key); once the group is known, slices and aborts from anyone else
-are dropped and counted.
+are dropped and counted, and so are a member's messages for a phase or a part its exchange does not have (each
+one would otherwise take memory until the exchange ends).
 Owned by the transport's event loop.
 """
 
@@ -25,6 +26,7 @@ MAX_OPEN_KEYS = 4  # rounds whose early parts are buffered; older ones are dropp
 MAX_EARLY_SLOTS_PER_SENDER = 2 * MAX_STRIPES + 4  # buffered per sender and key before the group is known (a member
 # sends 2 per stripe and an abort)
 Slot = tuple[str, int, int, int, str]  # (group digest, phase, part, sender position, sender's libp2p id)
+EXCHANGED_PHASES = (exchange_pb2.PHASE_CONTRIBUTION, exchange_pb2.PHASE_AVERAGED)  # with parts; an abort has none
 
 
 class SliceInbox:
@@ -36,6 +38,7 @@ class SliceInbox:
         self._groups: dict[str, list[str]] = {}  # key -> the libp2p id of each position, while it is averaged
         self._digests: dict[str, str] = {}  # key -> the digest of the group this peer averages it in
         self._disagreed: dict[str, str] = {}  # key -> a member whose message names another group (libp2p id)
+        self._parts: dict[str, int] = {}  # key -> how many parts its exchange has
         self.rejected = 0  # messages dropped because their sender is not the member they claim to be
         self.cond = asyncio.Condition()  # made on the loop (an Exchange's start)
 
@@ -48,7 +51,7 @@ class SliceInbox:
         slot = (digest, phase, part, sender, sender_id)
         async with self.cond:
             if not self.admitted(key, slot):
-                self.reject(key, sender_id, sender)
+                self.reject(key, sender_id, sender, slot)
                 return False
             self._slots[key][slot] = payload
             self.cond.notify_all()
@@ -58,13 +61,21 @@ class SliceInbox:
         """Whether ``slot``'s sender is that position's member of ``key``'s group (or, while the group is not
         known, may be: ``_may_buffer_early``); under ``cond``."""
         if key in self._groups:
-            return self._fits(key, slot)
+            return self._fits(key, slot) and self._in_range(key, slot)
         return self._may_buffer_early(key, slot)
 
     def _fits(self, key: str, slot: Slot) -> bool:
         """Whether ``slot`` names this peer's group of ``key`` and its sender is that position's member."""
         ids, sender, sender_id = self._groups[key], slot[3], slot[4]
         return slot[0] == self._digests[key] and 0 <= sender < len(ids) and ids[sender] == sender_id
+
+    def _in_range(self, key: str, slot: Slot) -> bool:
+        """Whether ``slot`` is one of the messages ``key``'s exchange has: a contribution or an averaged slice of one
+        of its parts, or an abort (part 0)."""
+        phase, part = slot[1], slot[2]
+        if phase == exchange_pb2.PHASE_ABORT:
+            return part == 0
+        return phase in EXCHANGED_PHASES and 0 <= part < self._parts.get(key, 0)
 
     def _may_buffer_early(self, key: str, slot: Slot) -> bool:
         """Whether a slice that came before this peer knows the key's group may wait for it (opening a
@@ -91,40 +102,50 @@ class SliceInbox:
         self._slots[key] = {}
         return True
 
-    async def expect(self, key: str, ids: list[str], digest: str) -> None:
+    async def expect(self, key: str, ids: list[str], digest: str, parts: int) -> None:
         """From now on accept slices for ``key`` only from the group's members (``ids``: the libp2p id of
-        each position), each for its own position and naming this group (``digest``); drop what strangers sent
-        before this peer knew the group. A member whose message names another group (its matchmaking saw other
-        entries) fails the exchange at once (``wait_for``): it will never send this group's slices."""
+        each position), each for its own position, naming this group (``digest``) and one of the exchange's
+        ``parts``; drop what strangers sent before this peer knew the group. A member whose message names another
+        group (its matchmaking saw other entries) fails the exchange at once (``wait_for``): it will never send this
+        group's slices."""
         async with self.cond:
-            self._groups[key], self._digests[key] = ids, digest
+            self._groups[key], self._digests[key], self._parts[key] = ids, digest, parts
             if key not in self._slots:
                 self._open(key, force=True)
             inbox = self._slots[key]
-            for slot in [s for s in inbox if not self._fits(key, s)]:
+            for slot in [s for s in inbox if not (self._fits(key, s) and self._in_range(key, s))]:
                 inbox.pop(slot)
-                self.reject(key, slot[4], slot[3])
+                self.reject(key, slot[4], slot[3], slot)
         if key in self._disagreed:  # a groupmate's early message already named another group: do not send
             raise self._disagreement(key, [])
 
-    def refusal(self, key: str, sender_id: str) -> str:
+    def refusal(self, key: str, sender_id: str, slot: Optional[Slot] = None) -> str:
         """The sentence a dropped message's sender gets back (its ack's error)."""
+        if slot is not None and self._out_of_range(key, slot):
+            return (f"this exchange has no phase {slot[1]} part {slot[2]} (it has {self._parts.get(key, 0)} parts);"
+                    " the sender's exchange is cut otherwise, e.g. another Swarm version's")
         if sender_id in self._groups.get(key, ()):
             return "this peer averages this round in another group (its matchmaking saw other entries)"
         return "this slice's sender is not that member of the group"
 
-    def reject(self, key: str, sender_id: str, sender: int) -> None:
-        """Count a dropped message (under ``cond``); from a member of ``key``'s group, it means that member
-        averages in another group."""
-        if sender_id in self._groups.get(key, ()) and sender_id != self.own_id:
+    def _out_of_range(self, key: str, slot: Slot) -> bool:
+        """A message from the right member of this group for a phase or part its exchange does not have."""
+        return key in self._groups and self._fits(key, slot) and not self._in_range(key, slot)
+
+    def reject(self, key: str, sender_id: str, sender: int, slot: Optional[Slot] = None) -> None:
+        """Count a dropped message (under ``cond``); from a member of ``key``'s group, for another group, it means
+        that member averages in another group."""
+        out_of_range = slot is not None and self._out_of_range(key, slot)
+        if not out_of_range and sender_id in self._groups.get(key, ()) and sender_id != self.own_id:
             self._disagreed.setdefault(key, sender_id)
             self.cond.notify_all()
             return
         self.rejected += 1
         if self.rejected & (self.rejected - 1) == 0:  # the 1st, 2nd, 4th, 8th...: never a flood
-            logger.warning("%s: dropped a message from %s claiming group position %d: not that member's libp2p id, "
-                           "or more than a member sends (%d dropped so far)", key, sender_id, sender,
-                           self.rejected)
+            why = (f"phase {slot[1]} part {slot[2]}, which this exchange does not have" if out_of_range else
+                   "not that member's libp2p id, or more than a member sends")
+            logger.warning("%s: dropped a message from %s claiming group position %d: %s (%d dropped so far)",
+                           key, sender_id, sender, why, self.rejected)
 
     async def wait_for(self, key: str, wanted: list[Slot], group: list[Member]) -> list[bytes | memoryview]:
         """The wanted slices once all are here; ExchangeFailed as soon as a groupmate aborts (only a member
@@ -163,6 +184,7 @@ class SliceInbox:
             self._groups.pop(key, None)
             self._digests.pop(key, None)
             self._disagreed.pop(key, None)
+            self._parts.pop(key, None)
             self.on_forget(key)
 
     def averaging(self, key: str) -> bool:

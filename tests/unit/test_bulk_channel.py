@@ -161,7 +161,8 @@ def test_a_claim_of_several_slots_is_taken_only_from_the_member_of_every_slot(tr
     group = [p.member(weight=1.0) for p in trio]
     digest = group_digest(group)
     receiver = trio[0]
-    receiver.transport.run(receiver.exchange.inbox.expect(key, [m.dht_peer_id for m in group], digest), timeout_s=5)
+    receiver.transport.run(receiver.exchange.inbox.expect(key, [m.dht_peer_id for m in group], digest, parts=200),
+                           timeout_s=5)
 
     def claim(sender: Peer, position: int, parts: list[int]) -> exchange_pb2.ChunkAck:
         claims = [exchange_pb2.BulkClaim(phase=exchange_pb2.PHASE_CONTRIBUTION, part=part, max_bytes=1 << 20,

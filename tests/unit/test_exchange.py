@@ -528,6 +528,49 @@ def test_slices_and_aborts_from_a_non_member_are_dropped_and_the_average_is_bit_
     assert acks and not any(acks), f"a slice from a non-member was acknowledged: {acks}"
     assert a.exchange.rejected_chunks - rejected_before >= 6  # three buffered before the group, three during
 
+def test_a_members_message_for_a_part_its_exchange_does_not_have_is_refused_and_the_average_still_completes(
+        peers: list[Peer]) -> None:
+    """A member may name only the exchange's own parts and phases: each other (phase, part) would take memory until
+    the exchange ends. Such a message is refused with the reason, counted, and does not fail the exchange the way a
+    member of another group does."""
+    a, b, _ = peers
+    key = group_key(RUN_ID, 915)
+    inputs = deltas(915, 2)
+    members = [a.member(weight=1.0), b.member(weight=1.0)]
+    digest = group_digest(members)
+    parts = 2 * stripe_count("fp32", NUMEL, 2)
+    sending = threading.Event()
+    acks: list[Optional[bool]] = []
+    refusals: list[str] = []
+
+    def b_oversteps() -> None:  # b, a real member in its own position, while a waits before sending
+        assert sending.wait(30)
+        for phase, part in ((exchange_pb2.PHASE_CONTRIBUTION, parts), (exchange_pb2.PHASE_AVERAGED, 10 ** 6),
+                            (7, 0), (exchange_pb2.PHASE_ABORT, 3)):
+            acks.append(_forge(b, a, key, digest, phase, part, 1, b"x" * 64))
+        refusals.append(a.exchange.inbox.refusal(key, b.transport.peer_id,
+                                                 (digest, exchange_pb2.PHASE_CONTRIBUTION, parts, 1, b.transport.peer_id)))
+
+    overstepper = threading.Thread(target=b_oversteps, daemon=True)
+    overstepper.start()
+    rejected_before = a.exchange.rejected_chunks
+
+    def run(p: Peer, me: Member, delta: torch.Tensor) -> ExchangeResult:
+        group = p.group(key, me, {a.name, b.name})
+        hook = (lambda phase: (sending.set(), 1.5)[1] if phase == "sending" else None) if p is a else None
+        return p.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=30, on_phase=hook)
+
+    results = results_of(concurrently([lambda: run(a, members[0], inputs[0]), lambda: run(b, members[1], inputs[1])],
+                                      timeout_s=60))
+    overstepper.join(10)
+    expected = weighted_average(inputs, [1.0, 1.0])
+    assert all(torch.equal(r.average, expected) for r in results)
+    assert acks == [False] * 4, acks
+    assert a.exchange.rejected_chunks - rejected_before == 4
+    assert refusals == [f"this exchange has no phase 1 part {parts} (it has {parts} parts); the sender's exchange is"
+                        " cut otherwise, e.g. another Swarm version's"]
+
+
 def test_a_group_smaller_than_the_runs_live_peers_takes_a_proportionally_smaller_outer_step():
     from swarm.net.rendezvous import participation_scale
 
