@@ -69,6 +69,7 @@ class Soak:
             "matchmaking_window_s = 5.0\nexchange_timeout_s = 8.0\nround_timeout_s = 60.0\n"
             + (f"overlap_steps = {args.overlap_steps}\ncontroller = \"{args.controller}\"\n"
                if args.overlap_steps or args.controller != "off" else "")
+            + (f"codec = \"{args.codec}\"\n" if args.codec != "fp32" else "")
         )
         self.coordinator: Optional[subprocess.Popen] = None
         self.join = ""
@@ -289,6 +290,7 @@ def main() -> int:
                              "supervisor starts again at once (the rejoin counts from the kill)")
     parser.add_argument("--overlap-steps", type=int, default=0, help="[rounds] overlap_steps of the run")
     parser.add_argument("--controller", choices=("off", "auto"), default="off", help="[rounds] controller of the run")
+    parser.add_argument("--codec", default="fp32", help="[rounds] codec of the run (e.g. int4)")
     parser.add_argument("--slow-peers", type=int, default=0,
                         help=f"the first N peers run with --faults {SLOW} (each inner step takes 3x its compute)")
     parser.add_argument("--workdir", help="keep logs here (default: a temporary directory)")

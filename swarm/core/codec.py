@@ -179,8 +179,8 @@ class BlockIntCodec(Codec):
         codes[:] = packed
 
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
-        out = np.empty(max(numel, 0), dtype=np.float32)
         self._check_length(data, numel)
+        out = np.empty(numel, dtype=np.float32)
         self.decode_into(data, out)
         return torch.from_numpy(out)
 
