@@ -151,7 +151,9 @@ class Worker:
             if self.averager is not None:
                 with self.averager.get_tensors() as tensors:
                     return {"digest": _digest(tensors[0])}
-            return {"digest": _digest(self._last) if self._last is not None else None}
+            digest = _digest(self._last) if self._last is not None else None
+            self._last = None  # hashed: released, as a peer releases its round's average once applied
+            return {"digest": digest}
         if name == "hm_open":
             return self._hm_open(cmd)
         if name == "hm_arm":

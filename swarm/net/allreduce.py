@@ -34,7 +34,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from swarm.core.aggregation import Aggregation, Reduced
-from swarm.core.average import new_f32, stripe_count
+from swarm.core.average import stripe_count
 from swarm.core.codec import get_codec
 from swarm.core.owner_feedback import OwnerFeedback
 from swarm.net.bulk_channel import BulkChannel
@@ -48,6 +48,7 @@ from swarm.net.link_stats import TransferLog
 from swarm.net.p2p_address import unreachable_sentence
 from swarm.net.reachability import shown_maddrs
 from swarm.net.rendezvous import Member, group_digest
+from swarm.net.result_vectors import ResultVectors
 from swarm.net.slice_inbox import SliceInbox
 from swarm.net.slice_reduction import (
     ExchangeFailed,
@@ -95,6 +96,7 @@ class Exchange:
         self._transfers = TransferLog()  # per key, the timed sends and receives
         self.own_maddrs = shown_maddrs(transport.visible_maddrs)  # what groupmates are told to dial
         self._told_unreachable = False  # the loop thread's: the fix is logged once, not every round
+        self._results = ResultVectors()  # the butterfly's result vectors (the loop's)
         transport.run(self._start(), timeout_s=30)
 
     async def _start(self) -> None:
@@ -257,7 +259,7 @@ class Exchange:
             passed("averaged_sent")
             return sent
 
-        average = new_f32((bounds[-1][1],))  # in huge pages where the kernel has them: written once, by the decodes
+        average = self._results.take(bounds[-1][1])  # written once, by the decodes; reused once nothing holds it
 
         async def collected() -> int:
             await settle(self._decoded_into(key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, part), part % k,

@@ -55,6 +55,9 @@ class Outcome(enum.Enum):
     STOPPED = "stopped"  # the peer is leaving; the round's work was not sent
 
 
+RELEASED = torch.empty(0)  # an Averaged's average once it was applied (the round keeps only the exchange's numbers)
+
+
 @dataclass(frozen=True)
 class Averaged:
     """What a finished exchange gives this peer: Δ̄ of the fragment, identical on every groupmate."""
@@ -278,6 +281,9 @@ class RoundRunner:
                 raise SyncFailed(f"round {round_no}: no inner steps since fragment {contribution.fragment} last synced")
             averaged = self.exchange.average(round_no, contribution)
             tentative = self.trainer.apply(averaged.average, contribution.fragment, round_no)
+            # applied (the outer step keeps copies): the vote keeps the exchange's numbers, not its model-sized
+            # result, whose memory the next exchange may then reuse (swarm.net.result_vectors)
+            averaged = dataclasses.replace(averaged, average=RELEASED)
             self.store.save_vote(tentative)  # before the hash is reported: the round survives on disk
         except SyncFailed as e:
             error = str(e)

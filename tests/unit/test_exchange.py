@@ -731,3 +731,34 @@ def test_members_holding_different_controller_choices_fail_loudly(peers: list[Pe
 
     for outcome in outcomes:
         assert isinstance(outcome, ExchangeFailed) and "different controller choices" in str(outcome), outcome
+
+
+def test_an_exchange_reuses_its_result_vector_only_once_nothing_holds_it(peers: list[Peer]) -> None:
+    """The result goes into memory the last exchange used once its caller let go of it (a first touch costs a page
+    fault per page), never while a tensor, a view or an array still shares it; every average stays exact."""
+    a, b, _ = peers
+    members = [a.member(weight=1.0), b.member(weight=1.0)]
+
+    def a_result(round_no: int) -> torch.Tensor:
+        key = group_key(RUN_ID, round_no)
+        inputs = deltas(round_no, 2)
+
+        def run(p: Peer, me: Member, delta: torch.Tensor) -> ExchangeResult:
+            return p.exchange.average(key=key, group=p.group(key, me, {a.name, b.name}), me=me, delta=delta,
+                                      timeout_s=30)
+        results = results_of(concurrently([lambda: run(a, members[0], inputs[0]), lambda: run(b, members[1], inputs[1])],
+                                          timeout_s=60))
+        assert all(torch.equal(r.average, weighted_average(inputs, [1.0, 1.0])) for r in results)
+        return results[0].average
+
+    held = a_result(921)[5:]  # a view of the first result, kept
+    first_values = held.clone()
+    reused = a.exchange._results.reused
+    second = a_result(922)
+    assert a.exchange._results.reused == reused  # the first is still held: a fresh vector
+    assert torch.equal(held, first_values)  # and the second exchange did not write into it
+    second_memory = second.data_ptr()
+    del second  # as a peer does once its outer step is applied
+    assert a_result(923).data_ptr() == second_memory and a.exchange._results.reused == reused + 1
+
+

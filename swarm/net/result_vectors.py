@@ -1,0 +1,42 @@
+"""The vectors an exchange writes its result into, handed out again once nothing holds them.
+
+Why: the result of an exchange is model-sized, and memory fresh from the kernel costs a fault and a zeroed page
+on its first touch. On this project's test machine (a VM) decoding into a fresh 100 MB result took 26 ms, and
+320 ms when the VM had not backed the pages yet, against 16 ms into a reused one; across a 4-peer 1 Gbit/s int4
+exchange, reusing it cut the hosts' CPU by about 30% (docs/BENCHMARKS.md, session 18).
+
+When a vector is free: the pool keeps the numpy array that owns the memory, and everything that shares that
+memory holds a reference to that array — the result tensor's storage, every view of it, every ``.numpy()`` of
+it. So an array whose only references are the pool's own is read and written by no one, and is handed out again;
+one that is still held (a round's vote that keeps its average, an exchange that failed while a decode still
+writes into it) is left alone and a fresh one is made. The pool keeps at most ``keep`` arrays: the memory it
+holds beyond what its callers hold is at most that many vectors.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+KEEP = 1  # one result per exchange at a time (a peer whose rounds overlap gets a fresh one while the last is held)
+
+
+class ResultVectors:
+    def __init__(self, keep: int = KEEP) -> None:
+        self.keep = keep
+        self._arrays: list[np.ndarray] = []
+        self.reused = 0  # vectors handed out again (a test's and a benchmark's view of it)
+
+    def take(self, numel: int) -> torch.Tensor:
+        """An uninitialised fp32 vector of ``numel`` elements: a kept one nothing holds, else a new one (kept in
+        place of the oldest). Its caller writes every element before anyone reads it."""
+        for i in range(len(self._arrays)):
+            # the list's reference and getrefcount's own argument: nothing else shares the memory
+            if self._arrays[i].size == numel and sys.getrefcount(self._arrays[i]) == 2:
+                self.reused += 1
+                return torch.from_numpy(self._arrays[i])
+        array = np.empty(numel, dtype=np.float32)  # numpy asks for huge pages for large arrays (average.new_f32)
+        self._arrays = [array, *self._arrays][:self.keep]
+        return torch.from_numpy(array)
