@@ -318,7 +318,10 @@ def test_fuzzed_requests_never_fail_internally_nor_log_a_traceback_and_honest_ca
             assert refusal.code != grpc.StatusCode.INTERNAL, refusal.details
 
     one()
-    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    # the coordinator's own records: a thread another test left behind in this worker (asyncio, hivemind) may log
+    # an error of its own meanwhile
+    assert not [r for r in caplog.records if r.name.split(".")[0] in ("coordinator", "swarm", "grpc")
+                and (r.exc_info or r.levelno >= logging.ERROR)]
     peer = coordinator.join(name="after the fuzz")
     info = coordinator.call("Heartbeat", pb.HeartbeatRequest(peer_id=peer, metrics=pb.PeerMetrics(
         state=pb.PEER_STATE_JOINING, dht_maddrs=[GOOD_MADDR])))
