@@ -23,6 +23,17 @@ import torch
 KEEP = 1  # one result per exchange at a time (a peer whose rounds overlap gets a fresh one while the last is held)
 
 
+def _unheld_count() -> int:
+    """What ``sys.getrefcount`` says of a list's item that nothing else references, on this interpreter (2 on
+    CPython 3.11: the list's reference and the call's argument; an interpreter that does not count the argument
+    says 1, and comparing with a constant would then take a vector someone holds for a free one)."""
+    probe = [np.empty(0, dtype=np.float32)]
+    return sys.getrefcount(probe[0])
+
+
+UNHELD = _unheld_count()
+
+
 class ResultVectors:
     def __init__(self, keep: int = KEEP) -> None:
         self.keep = keep
@@ -33,8 +44,8 @@ class ResultVectors:
         """An uninitialised fp32 vector of ``numel`` elements: a kept one nothing holds, else a new one (kept in
         place of the oldest). Its caller writes every element before anyone reads it."""
         for i in range(len(self._arrays)):
-            # the list's reference and getrefcount's own argument: nothing else shares the memory
-            if self._arrays[i].size == numel and sys.getrefcount(self._arrays[i]) == 2:
+            # only the list's reference (and the call's own): nothing else shares the memory
+            if self._arrays[i].size == numel and sys.getrefcount(self._arrays[i]) == UNHELD:
                 self.reused += 1
                 return torch.from_numpy(self._arrays[i])
         array = np.empty(numel, dtype=np.float32)  # numpy asks for huge pages for large arrays (average.new_f32)

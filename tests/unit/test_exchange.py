@@ -485,6 +485,30 @@ def _forge(attacker: Peer, target: Peer, key: str, digest: str, phase: int, part
     return ack.ok
 
 
+def _pair_exchange_while(a: Peer, b: Peer, key: str, members: list[Member], inputs: list[torch.Tensor],
+                         meanwhile: Callable[[], None]) -> list[ExchangeResult]:
+    """a and b average under ``key``; ``meanwhile`` runs on its own thread while a, its group known, waits 1.5 s
+    before sending."""
+    sending = threading.Event()
+
+    def side() -> None:
+        assert sending.wait(30)
+        meanwhile()
+
+    thread = threading.Thread(target=side, daemon=True)
+    thread.start()
+
+    def run(p: Peer, me: Member, delta: torch.Tensor) -> ExchangeResult:
+        group = p.group(key, me, {a.name, b.name})
+        hook = (lambda phase: (sending.set(), 1.5)[1] if phase == "sending" else None) if p is a else None
+        return p.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=30, on_phase=hook)
+
+    results = results_of(concurrently([lambda: run(a, members[0], inputs[0]), lambda: run(b, members[1], inputs[1])],
+                                      timeout_s=60))
+    thread.join(10)
+    return results
+
+
 def test_slices_and_aborts_from_a_non_member_are_dropped_and_the_average_is_bit_identical(peers: list[Peer]) -> None:
     a, b, attacker = peers
     key = group_key(RUN_ID, 905)
@@ -500,28 +524,16 @@ def test_slices_and_aborts_from_a_non_member_are_dropped_and_the_average_is_bit_
         _forge(attacker, target, key, digest, C, me, other, huge[me])
         _forge(attacker, target, key, digest, A, other, other, huge[other])
         _forge(attacker, target, key, digest, X, 0, other, b"stop")
-    sending = threading.Event()
     acks: list[Optional[bool]] = []
 
-    def during_the_exchange() -> None:  # while a waits before sending, with its group known
-        assert sending.wait(30)
+    def during_the_exchange() -> None:
         acks.extend(_forge(attacker, a, key, digest, phase, part, 1, payload)
                     for phase, part, payload in ((C, 0, huge[0]), (A, 1, huge[1]), (X, 0, b"stop")))
         for other in range(906, 906 + 2 * MAX_OPEN_KEYS):  # early slices of other rounds must not evict this one
             _forge(attacker, a, group_key(RUN_ID, other), digest, C, 0, 1, huge[0])
 
-    forger = threading.Thread(target=during_the_exchange, daemon=True)
-    forger.start()
     rejected_before = a.exchange.rejected_chunks
-
-    def run(p: Peer, me: Member, delta: torch.Tensor) -> ExchangeResult:
-        group = p.group(key, me, {a.name, b.name})
-        hook = (lambda phase: (sending.set(), 1.5)[1] if phase == "sending" else None) if p is a else None
-        return p.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=30, on_phase=hook)
-
-    results = results_of(concurrently([lambda: run(a, members[0], inputs[0]), lambda: run(b, members[1], inputs[1])],
-                                      timeout_s=60))
-    forger.join(10)
+    results = _pair_exchange_while(a, b, key, members, inputs, during_the_exchange)
 
     expected = weighted_average(inputs, weights)
     assert all(torch.equal(r.average, expected) for r in results)
@@ -539,30 +551,18 @@ def test_a_members_message_for_a_part_its_exchange_does_not_have_is_refused_and_
     members = [a.member(weight=1.0), b.member(weight=1.0)]
     digest = group_digest(members)
     parts = 2 * stripe_count("fp32", NUMEL, 2)
-    sending = threading.Event()
     acks: list[Optional[bool]] = []
     refusals: list[str] = []
 
-    def b_oversteps() -> None:  # b, a real member in its own position, while a waits before sending
-        assert sending.wait(30)
+    def b_oversteps() -> None:  # b, a real member in its own position
         for phase, part in ((exchange_pb2.PHASE_CONTRIBUTION, parts), (exchange_pb2.PHASE_AVERAGED, 10 ** 6),
                             (7, 0), (exchange_pb2.PHASE_ABORT, 3)):
             acks.append(_forge(b, a, key, digest, phase, part, 1, b"x" * 64))
         refusals.append(a.exchange.inbox.refusal(key, b.transport.peer_id,
                                                  (digest, exchange_pb2.PHASE_CONTRIBUTION, parts, 1, b.transport.peer_id)))
 
-    overstepper = threading.Thread(target=b_oversteps, daemon=True)
-    overstepper.start()
     rejected_before = a.exchange.rejected_chunks
-
-    def run(p: Peer, me: Member, delta: torch.Tensor) -> ExchangeResult:
-        group = p.group(key, me, {a.name, b.name})
-        hook = (lambda phase: (sending.set(), 1.5)[1] if phase == "sending" else None) if p is a else None
-        return p.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=30, on_phase=hook)
-
-    results = results_of(concurrently([lambda: run(a, members[0], inputs[0]), lambda: run(b, members[1], inputs[1])],
-                                      timeout_s=60))
-    overstepper.join(10)
+    results = _pair_exchange_while(a, b, key, members, inputs, b_oversteps)
     expected = weighted_average(inputs, [1.0, 1.0])
     assert all(torch.equal(r.average, expected) for r in results)
     assert acks == [False] * 4, acks
