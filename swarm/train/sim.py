@@ -156,6 +156,24 @@ def _records(peers: list[VirtualPeer], run: RunConfig, rounds: int) -> list[SimR
     return out
 
 
+def _trainers(run: RunConfig, peers: int, initial_params: Sequence[torch.Tensor] | None) -> list[LocalTrainer]:
+    """One trainer per virtual peer; ``initial_params`` (a warm start) replace θ0 on each, with zero outer state."""
+    trainers = [LocalTrainer(run, peer_index=i) for i in range(peers)]
+    if initial_params is not None:
+        for t in trainers:
+            t.commit(GlobalState(0, [p.detach().clone() for p in initial_params], t.state.outer_state))
+    return trainers
+
+
+def _tally_bytes(result: SimResult) -> None:
+    """The run's bytes from its rounds: per peer, the largest sync, and the mean per peer and round."""
+    for r in result.rounds:
+        result.bytes_sent_per_peer = [a + b for a, b in zip(result.bytes_sent_per_peer, r.bytes_sent)]
+        result.peak_bytes_per_sync = max(result.peak_bytes_per_sync, max(r.bytes_sent))
+    if result.rounds:
+        result.bytes_per_peer_per_round = sum(result.bytes_sent_per_peer) / (result.peers * len(result.rounds))
+
+
 def simulate(
     run: RunConfig,
     *,
@@ -196,10 +214,7 @@ def simulate(
     rc = run.rounds
     wire = get_codec(rc.codec)
     rates = _rates(run, peers, steps_per_peer, speeds)
-    trainers = [LocalTrainer(run, peer_index=i) for i in range(peers)]
-    if initial_params is not None:
-        for t in trainers:
-            t.commit(GlobalState(0, [p.detach().clone() for p in initial_params], t.state.outer_state))
+    trainers = _trainers(run, peers, initial_params)
     fragment_numel = [trainers[0].fragment_numel(f) for f in range(rc.fragments)]
     full_group = [sum(butterfly_bytes_sent(n, peers, wire)) / peers for n in fragment_numel]
     result = SimResult(
@@ -212,11 +227,7 @@ def simulate(
              peers, result.param_count, wire.name, rc.fragments, rc.overlap_steps, result.initial_eval_loss)
     virtual = run_peers(run, trainers, rates, rounds, tamper, sites=_sites(sites, peers))
     result.rounds = _records(virtual, run, rounds)
-    for r in result.rounds:
-        result.bytes_sent_per_peer = [a + b for a, b in zip(result.bytes_sent_per_peer, r.bytes_sent)]
-        result.peak_bytes_per_sync = max(result.peak_bytes_per_sync, max(r.bytes_sent))
-    if rounds:
-        result.bytes_per_peer_per_round = sum(result.bytes_sent_per_peer) / (peers * rounds)
+    _tally_bytes(result)
     result.final_params = trainers[0].global_params
     result.final_outer_state = trainers[0].state.outer_state
     return result
