@@ -141,7 +141,8 @@ def _swarm_rows(hosts: Hosts, peers: int, mbit: float, codec: str, numel: int, r
         if seconds is None:
             log(f"  swarm rep {rep} failed: {replies}")
             continue
-        used = {k: v + hosts.cpu_s()[k] - before[k] for k, v in used.items()}  # the exchange's, not the digest's
+        after = hosts.cpu_s()
+        used = {k: v + after[k] - before[k] for k, v in used.items()}  # the exchange's, not the digest's
         times.append(seconds)
         identical &= hosts.identical()
         late += [r["late_s"] for r in replies]

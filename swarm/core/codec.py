@@ -57,6 +57,10 @@ class RawFloatCodec(Codec):
             return torch.from_numpy(wire.copy())  # a writable copy
         return _readonly(wire).to(torch.float32)  # fp16 -> fp32 is exact; a new tensor
 
+    def decode_into(self, data: bytes | memoryview, out: np.ndarray) -> None:
+        self._check_length(data, out.size)
+        np.copyto(out, np.frombuffer(data, dtype=self._wire, count=out.size))  # one copy; fp16 -> fp32 is exact
+
 
 class BFloat16Codec(Codec):
     """bfloat16: the top 16 bits of the fp32 pattern, rounded to nearest even (fp32's range, 8-bit

@@ -61,8 +61,13 @@ class SliceInbox:
         """Whether ``slot``'s sender is that position's member of ``key``'s group (or, while the group is not
         known, may be: ``_may_buffer_early``); under ``cond``."""
         if key in self._groups:
-            return self._fits(key, slot) and self._in_range(key, slot)
+            return self._belongs(key, slot)
         return self._may_buffer_early(key, slot)
+
+    def _belongs(self, key: str, slot: Slot) -> bool:
+        """Whether ``slot`` comes from its position's member of ``key``'s known group and is a message of its
+        exchange."""
+        return self._fits(key, slot) and self._in_range(key, slot)
 
     def _fits(self, key: str, slot: Slot) -> bool:
         """Whether ``slot`` names this peer's group of ``key`` and its sender is that position's member."""
@@ -113,7 +118,7 @@ class SliceInbox:
             if key not in self._slots:
                 self._open(key, force=True)
             inbox = self._slots[key]
-            for slot in [s for s in inbox if not (self._fits(key, s) and self._in_range(key, s))]:
+            for slot in [s for s in inbox if not self._belongs(key, s)]:
                 inbox.pop(slot)
                 self.reject(key, slot[4], slot[3], slot)
         if key in self._disagreed:  # a groupmate's early message already named another group: do not send

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -138,32 +138,31 @@ def decode_slice(codec, data: bytes | memoryview, numel: int, key: str) -> torch
     """The slice's values; fp32 bytes in a ``memoryview`` (the bulk channel's buffer, this peer's own slice of
     its vector) are read where they lie, without the codec's copy (the reduction only reads them)."""
     if _raw_fp32(codec) and isinstance(data, memoryview) and not data.readonly and len(data) == 4 * numel:
-        tensor = torch.from_numpy(np.frombuffer(data, dtype="<f4"))
-    else:
-        try:
-            tensor = codec.decode(data, numel)
-        except ValueError as e:
-            raise ExchangeFailed(f"{key}: a groupmate sent a malformed slice ({e})") from None
-    if not codec.decodes_finite and not all_finite(tensor.numpy()):  # numpy's check is ~100x faster than torch's
-        raise ExchangeFailed(f"{key}: a groupmate sent non-finite values")
-    return tensor
+        return torch.from_numpy(_checked(codec, key, lambda: np.frombuffer(data, dtype="<f4")))
+    return torch.from_numpy(_checked(codec, key, lambda: codec.decode(data, numel).numpy()))
 
 
 def decode_into(codec, data: bytes | memoryview, out: torch.Tensor, key: str) -> None:
-    """``decode_slice`` written into ``out`` (the exchange's result, where this slice goes): fp32 is copied
-    once, from the received bytes to its place, instead of decoded and then concatenated."""
+    """``decode_slice`` written into ``out`` (the exchange's result, where this slice goes) by the codec's
+    ``decode_into``: no temporary, no second copy."""
     values = out.numpy()
-    if not (_raw_fp32(codec) and len(data) == 4 * out.numel()):
-        try:
-            codec.decode_into(data, values)
-        except ValueError as e:
-            raise ExchangeFailed(f"{key}: a groupmate sent a malformed slice ({e})") from None
-        if not codec.decodes_finite and not all_finite(values):
-            raise ExchangeFailed(f"{key}: a groupmate sent non-finite values")
-        return
-    np.copyto(values, np.frombuffer(data, dtype="<f4"))
-    if not all_finite(values):
+
+    def into() -> np.ndarray:
+        codec.decode_into(data, values)
+        return values
+    _checked(codec, key, into)
+
+
+def _checked(codec, key: str, decode: Callable[[], np.ndarray]) -> np.ndarray:
+    """``decode()``'s values, or ExchangeFailed saying what the groupmate sent wrong: bytes the codec refuses, or
+    non-finite values (checked here unless the codec's decode refuses those itself)."""
+    try:
+        values = decode()
+    except ValueError as e:
+        raise ExchangeFailed(f"{key}: a groupmate sent a malformed slice ({e})") from None
+    if not codec.decodes_finite and not all_finite(values):  # numpy's check is ~100x faster than torch's
         raise ExchangeFailed(f"{key}: a groupmate sent non-finite values")
+    return values
 
 
 def _raw_fp32(codec) -> bool:
