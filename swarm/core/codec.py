@@ -122,6 +122,7 @@ class BlockIntCodec(Codec):
         self.bits = bits
         self.block = BLOCK
         self.qmax = (1 << (bits - 1)) - 1  # symmetric: 127 or 7, so -qmax..qmax and zero is exact
+        self._qmax = torch.tensor(float(self.qmax), dtype=torch.float32)
 
     def _num_blocks(self, numel: int) -> int:
         return -(-numel // self.block)
@@ -133,54 +134,57 @@ class BlockIntCodec(Codec):
         return 4 * self._num_blocks(numel) + self._code_bytes(numel)
 
     def encode(self, t: torch.Tensor) -> bytes:
-        values = self._check_input(t, finite=False)  # a block with an inf or a nan has a non-finite scale
-        n = values.size
+        values = torch.from_numpy(self._check_input(t, finite=False))  # inf/nan: a non-finite block scale
+        n = values.numel()
         full = n // self.block * self.block  # the whole blocks, quantized in place of a padded copy
-        scales = np.empty(self._num_blocks(n), dtype="<f4")
-        codes = np.empty(self._code_bytes(n), dtype=np.uint8)
+        payload = np.empty(self.encoded_size(n), dtype=np.uint8)  # the scales, then the codes
+        head = 4 * self._num_blocks(n)
+        scales = torch.from_numpy(payload[:head].view(np.float32))
+        codes = torch.from_numpy(payload[head:])
         per_code = 1 if self.bits == 8 else 2  # elements per byte of codes
-        work = np.empty(min(full, CHUNK), dtype=np.float32)
+        scratch = _EncodeScratch(min(full, CHUNK))
         for start in range(0, full, CHUNK):  # a chunk's temporaries stay in the core's cache
             end = min(full, start + CHUNK)
             self._encode_blocks(values[start:end], scales[start // self.block:end // self.block],
-                                codes[start // per_code:end // per_code], work)
+                                codes[start // per_code:end // per_code], scratch)
         if full < n:  # the last, partial block: zero-padded (so an odd int4 count pads with the code of 0)
-            tail = np.zeros(self.block, dtype=np.float32)
+            tail = torch.zeros(self.block, dtype=torch.float32)
             tail[:n - full] = values[full:]
-            tail_codes = np.empty(self.block // per_code, dtype=np.uint8)
-            self._encode_blocks(tail, scales[-1:], tail_codes, np.empty(self.block, dtype=np.float32))
-            codes[full // per_code:] = tail_codes[:codes.size - full // per_code]
-        return scales.tobytes() + codes.tobytes()
+            tail_codes = torch.empty(self.block // per_code, dtype=torch.uint8)
+            self._encode_blocks(tail, scales[-1:], tail_codes, _EncodeScratch(self.block))
+            codes[full // per_code:] = tail_codes[:codes.numel() - full // per_code]
+        if sys.byteorder != "little":
+            scales.numpy().byteswap(inplace=True)
+        return payload.tobytes()
 
-    def _encode_blocks(self, x: np.ndarray, scales: np.ndarray, codes: np.ndarray, work: np.ndarray) -> None:
+    def _encode_blocks(self, x: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor,
+                       scratch: "_EncodeScratch") -> None:
         """Fill ``scales`` (one per ``block`` elements of ``x``, a whole number of blocks) and ``codes`` (int8
-        one per byte, int4 ``q + 8`` two per byte, low nibble first); ``work``: scratch of at least ``x.size``."""
-        blocks = x.reshape(-1, self.block)
-        scaled = work[:x.size].reshape(-1, self.block)
-        # absmax, exact as |x| is: maxima of halves in place (a short-row max along an axis is ~10x slower)
-        np.abs(blocks, out=scaled)
-        width = self.block
-        while width > 1:
-            width //= 2
-            np.maximum(scaled[:, :width], scaled[:, width:2 * width], out=scaled[:, :width])
-        np.divide(scaled[:, 0], np.float32(self.qmax), out=scales)
-        if not np.isfinite(scales).all():  # a block holds an inf or a nan (absmax propagates both)
+        one per byte, int4 ``q + 8`` two per byte, low nibble first) from ``x``, in ``scratch``.
+
+        torch's kernels, not numpy's: a max along rows of 64 and the float -> integer conversions are
+        2.5-4x faster there. Every step is exact or one IEEE rounding (division, round half to even), so
+        the bytes do not depend on the library or the CPU's vector width."""
+        blocks = x.view(-1, self.block)
+        scaled = scratch.work[:x.numel()].view(-1, self.block)
+        torch.abs(blocks, out=scaled)
+        torch.amax(scaled, dim=1, out=scales)  # exact, and nan propagates
+        scales.div_(self._qmax)  # a tensor: divided, never multiplied by 1/qmax
+        if not bool(torch.isfinite(scales).all()):  # a block holds an inf or a nan
             raise ValueError(f"codec {self.name}: the tensor holds inf or nan; it cannot be sent.")
         # A zero block (or one whose absmax/qmax underflows to 0) is sent as zeros with scale 0: x / inf = ±0.
-        safe = np.where(scales > 0, scales, np.float32(np.inf))
-        np.divide(blocks, safe[:, None], out=scaled)
-        np.rint(scaled, out=scaled)  # np.rint rounds half to even
+        safe = torch.where(scales > 0, scales, scratch.inf)
+        torch.div(blocks, safe[:, None], out=scaled)
+        scaled.round_()  # half to even
         # x/scale can reach qmax + a rounding; subnormal scales lose precision: clamp, never wrap.
-        np.clip(scaled, -self.qmax, self.qmax, out=scaled)
+        scaled.clamp_(-self.qmax, self.qmax)
         if self.bits == 8:
-            codes.view(np.int8)[:] = scaled.reshape(-1)
+            codes.view(torch.int8).copy_(scaled.view(-1))
             return
-        q = scaled.reshape(-1).astype(np.int8)
-        q += 8  # codes 1..15, low nibble first: as uint16 pairs (little-endian) v = lo | hi << 8
-        pairs = q.view(np.uint16) if sys.byteorder == "little" else q.view(np.uint16).byteswap()
-        packed = pairs >> 4
-        packed |= pairs  # lo | hi << 4 in the low byte
-        codes[:] = packed
+        pairs = scaled.add_(8).view(-1, 2)  # codes 1..15; lo + 16·hi is exact in fp32
+        packed = scratch.packed[:pairs.shape[0]]
+        torch.add(pairs[:, 0], pairs[:, 1], alpha=16, out=packed)
+        codes.copy_(packed)
 
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
         self._check_length(data, numel)
@@ -233,6 +237,17 @@ class BlockIntCodec(Codec):
                             out=out[start:full].reshape(-1, self.block), dtype=np.float32)
             if full < end:  # the last, partial block
                 np.multiply(q[full - start:], scales[-1:], out=out[full:end], dtype=np.float32)
+
+
+class _EncodeScratch:
+    """One encode's reusable buffers, a chunk long."""
+
+    inf = torch.tensor(float("inf"))
+
+    def __init__(self, numel: int) -> None:
+        self.work = torch.empty(numel, dtype=torch.float32)
+        self.packed = torch.empty(numel // 2, dtype=torch.float32)
+
 
 
 class _DecodeScratch:
