@@ -73,3 +73,9 @@ class StaleChallenge(Rejection):
 
 class RateLimited(Rejection):
     code = "RESOURCE_EXHAUSTED"
+
+
+class WrongProtocol(Rejection):
+    """A peer of another generation of Swarm's wire formats: it could not average with the run's peers."""
+
+    code = "FAILED_PRECONDITION"

@@ -15,11 +15,12 @@ import grpc
 from coordinator import auth, tokens
 from coordinator.challenges import Challenges
 from coordinator.engine import CoordinatorEngine
-from coordinator.errors import RateLimited, Rejection, StaleChallenge
+from coordinator.errors import RateLimited, Rejection, StaleChallenge, WrongProtocol
 from coordinator.limits import check_request
 from coordinator.rate_limit import JoinLimits, RateLimiter, client_address
 from coordinator.views import status_page
 from swarm.control import signing
+from swarm.core.wire_protocol import PROTOCOL, mismatch, release
 from swarm.v1 import coordinator_pb2 as pb
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -81,6 +82,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise RateLimited(f"too many joins from {address}; wait a few seconds and join again.")
         if not self._joins_per_token.allow(token_id[:64]):
             raise RateLimited(f"too many joins with token {token_id[:64]}; wait a few seconds and join again.")
+        if request.protocol != PROTOCOL:  # refused before it can void a round of the peers it would be grouped with
+            raise WrongProtocol(mismatch(request.protocol, PROTOCOL, peer_version=request.swarm_version[:64],
+                                         coordinator_version=release()))
         if not self._challenges.take(request.nonce, time.monotonic()):
             raise StaleChallenge()
         claim = auth.verify_join(request)
@@ -100,6 +104,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             session=peer.session,
             credential=self._engine.issue_credential(peer.peer_id),
             coordinator_public_key=self._engine.public_key,
+            protocol=PROTOCOL,
         )
 
     @_rpc

@@ -15,11 +15,12 @@ from swarm.config import RunConfig
 from swarm.config.run import CODEC_NAMES
 from swarm.core import credential
 from swarm.core.aggregation import Aggregation
+from swarm.core.wire_protocol import PROTOCOL
 from swarm.net.allreduce import Exchange, ExchangeFailed
 from swarm.net.dht_entries import guard
 from swarm.net.link_probe import PING_TIMEOUT_S
 from swarm.net.link_stats import LinkEstimates
-from swarm.net.rendezvous import EXCHANGE_PROTOCOL, Member, group_key, participation_scale, rendezvous
+from swarm.net.rendezvous import Member, group_key, participation_scale, rendezvous
 from swarm.net.transport import Transport
 from swarm.net.two_level import TwoLevelExchange, bytes_by_site
 from swarm.net.votes import Vote as DhtVote
@@ -88,7 +89,7 @@ class DhtGroup:
                     weight=weight, numel=contribution.delta.numel(), codec=codec, plan=plan_digest(choice),
                     live_peers=self.live_peers if rounds.scale_by_participation else 0,
                     maddrs=self.exchange.own_maddrs, site=self.member.site, bulk=self.exchange.bulk_address,
-                    protocol=EXCHANGE_PROTOCOL)
+                    protocol=PROTOCOL)
         key = self.key(round_no, contribution.fragment)
         try:
             group = rendezvous(

@@ -15,6 +15,7 @@ import grpc
 from swarm.control import signing, tls
 from swarm.control.joinstring import JoinString
 from swarm.core.credential import PeerKey
+from swarm.core.wire_protocol import PROTOCOL, release
 from swarm.v1 import coordinator_pb2 as pb
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -54,15 +55,6 @@ class CoordinatorImpostor(CoordinatorRejected, tls.TLSPinError):
         super().__init__(details, grpc.StatusCode.UNAUTHENTICATED)
 
 
-def _swarm_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("swarm-train")
-    except Exception:  # running from a source checkout
-        return "0+unknown"
-
-
 class CoordinatorClient:
     """Thread-safe; connects on first use and reconnects (re-checking the certificate) after a failure."""
 
@@ -78,14 +70,15 @@ class CoordinatorClient:
     # --- calls ----------------------------------------------------------------------------------
 
     def join(self, *, key: PeerKey, libp2p: signing.Libp2pSigner, site: str = "", device: str = "", name: str = "",
-             swarm_version: Optional[str] = None) -> pb.JoinResponse:
+             swarm_version: Optional[str] = None, protocol: int = PROTOCOL) -> pb.JoinResponse:
         """Join over a fresh challenge, signed by ``key`` and ``libp2p``; every later call of this client is
         then signed by ``key`` in the session the coordinator returned."""
-        version = _swarm_version() if swarm_version is None else swarm_version
+        version = release() if swarm_version is None else swarm_version
         for attempt in range(2):
             nonce = self._call("Challenge", pb.ChallengeRequest()).nonce
             request = signing.signed_join(token=self.join_string.token, nonce=nonce, key=key, libp2p=libp2p,
-                                          site=site, device=device, name=name, swarm_version=version)
+                                          site=site, device=device, name=name, swarm_version=version,
+                                          protocol=protocol)
             try:
                 response = self._call("Join", request)
             except CoordinatorRejected as e:

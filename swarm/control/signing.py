@@ -17,6 +17,7 @@ from typing import Optional, Protocol, Sequence
 from google.protobuf.message import Message
 
 from swarm.core.credential import PeerKey, verify_signature
+from swarm.core.wire_protocol import PROTOCOL
 from swarm.v1 import coordinator_pb2 as pb
 
 JOIN_PURPOSE = "join"
@@ -105,11 +106,11 @@ class Libp2pSigner(Protocol):
 
 
 def signed_join(*, token: str, nonce: bytes, key: PeerKey, libp2p: Libp2pSigner, site: str = "", device: str = "",
-                name: str = "", swarm_version: str = "") -> pb.JoinRequest:
+                name: str = "", swarm_version: str = "", protocol: int = PROTOCOL) -> pb.JoinRequest:
     """A JoinRequest over ``nonce``, signed by the peer's key and by its libp2p key."""
     request = pb.JoinRequest(token=token, site=site, device=device, name=name, swarm_version=swarm_version,
                              public_key=key.public_key, nonce=nonce, dht_peer_id=libp2p.peer_id,
-                             dht_public_key=libp2p.public_key)
+                             dht_public_key=libp2p.public_key, protocol=protocol)
     message = join_message(request)
     request.signature = key.sign(JOIN_PURPOSE, message)
     request.dht_signature = libp2p.sign(message)

@@ -45,13 +45,9 @@ class Member:
     # Posted again once its matchmaking has closed: the indexes of the group it formed ("0,2,3"), so a planned peer
     # that posts later and is not among them fails at once instead of waiting out the exchange ("": still open).
     closed: str = ""
-    # The exchange's wire protocol it speaks (EXCHANGE_PROTOCOL; 0: posted by a peer from before the field), left
-    # out of its entry at 0: members that cut their slices differently cannot average together.
+    # The wire protocol it speaks (swarm.core.wire_protocol.PROTOCOL; 0: posted by a peer from before the field),
+    # left out of its entry at 0: members that cut their slices differently cannot average together.
     protocol: int = 0
-
-
-# 2: the butterfly in stripes (swarm.core.average.butterfly_bounds), one claim message per groupmate (session 16)
-EXCHANGE_PROTOCOL = 2
 
 
 def group_digest(members: list[Member]) -> str:

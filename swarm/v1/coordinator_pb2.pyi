@@ -48,7 +48,7 @@ class ChallengeResponse(_message.Message):
     def __init__(self, nonce: _Optional[bytes] = ..., expires_in_s: _Optional[float] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("token", "site", "device", "name", "swarm_version", "public_key", "nonce", "dht_peer_id", "dht_public_key", "signature", "dht_signature")
+    __slots__ = ("token", "site", "device", "name", "swarm_version", "public_key", "nonce", "dht_peer_id", "dht_public_key", "signature", "dht_signature", "protocol")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     SITE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class JoinRequest(_message.Message):
     DHT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     DHT_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     token: str
     site: str
     device: str
@@ -71,10 +72,11 @@ class JoinRequest(_message.Message):
     dht_public_key: bytes
     signature: bytes
     dht_signature: bytes
-    def __init__(self, token: _Optional[str] = ..., site: _Optional[str] = ..., device: _Optional[str] = ..., name: _Optional[str] = ..., swarm_version: _Optional[str] = ..., public_key: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., dht_peer_id: _Optional[str] = ..., dht_public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., dht_signature: _Optional[bytes] = ...) -> None: ...
+    protocol: int
+    def __init__(self, token: _Optional[str] = ..., site: _Optional[str] = ..., device: _Optional[str] = ..., name: _Optional[str] = ..., swarm_version: _Optional[str] = ..., public_key: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., dht_peer_id: _Optional[str] = ..., dht_public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., dht_signature: _Optional[bytes] = ..., protocol: _Optional[int] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
-    __slots__ = ("peer_id", "run_id", "run_spec_json", "dht_initial_peers", "heartbeat_interval_s", "lease_s", "peer_index", "round", "session", "credential", "coordinator_public_key")
+    __slots__ = ("peer_id", "run_id", "run_spec_json", "dht_initial_peers", "heartbeat_interval_s", "lease_s", "peer_index", "round", "session", "credential", "coordinator_public_key", "protocol")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +88,7 @@ class JoinResponse(_message.Message):
     SESSION_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     run_id: str
     run_spec_json: str
@@ -97,7 +100,8 @@ class JoinResponse(_message.Message):
     session: int
     credential: bytes
     coordinator_public_key: bytes
-    def __init__(self, peer_id: _Optional[str] = ..., run_id: _Optional[str] = ..., run_spec_json: _Optional[str] = ..., dht_initial_peers: _Optional[_Iterable[str]] = ..., heartbeat_interval_s: _Optional[float] = ..., lease_s: _Optional[float] = ..., peer_index: _Optional[int] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ..., session: _Optional[int] = ..., credential: _Optional[bytes] = ..., coordinator_public_key: _Optional[bytes] = ...) -> None: ...
+    protocol: int
+    def __init__(self, peer_id: _Optional[str] = ..., run_id: _Optional[str] = ..., run_spec_json: _Optional[str] = ..., dht_initial_peers: _Optional[_Iterable[str]] = ..., heartbeat_interval_s: _Optional[float] = ..., lease_s: _Optional[float] = ..., peer_index: _Optional[int] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ..., session: _Optional[int] = ..., credential: _Optional[bytes] = ..., coordinator_public_key: _Optional[bytes] = ..., protocol: _Optional[int] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
     __slots__ = ("round", "outcome", "participants", "committed_hash", "holders", "last_committed_round", "last_committed_hash", "finished", "open_round", "live_peers", "behind_peers", "choice", "plan", "participant_dht_ids")

@@ -23,6 +23,7 @@ from swarm.config import RoundConfig, RunConfig
 from swarm.control.client import CoordinatorClient, CoordinatorError, CoordinatorRejected, CoordinatorUnreachable
 from swarm.control.joinstring import JoinString
 from swarm.core.credential import PeerKey, verify_credential
+from swarm.core.wire_protocol import PROTOCOL, release
 from swarm.train.initial_state import run_identity
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import libp2p_identity, member_client
@@ -97,6 +98,25 @@ def test_bad_token_is_rejected_and_the_server_keeps_serving(server: CoordinatorS
     assert response.dht_initial_peers and response.dht_initial_peers[0].startswith("/ip4/127.0.0.1/tcp/")
     assert "/p2p/" in response.dht_initial_peers[0]
     assert (response.lease_s, response.heartbeat_interval_s) == (15.0, 2.0)
+
+
+@pytest.mark.parametrize("protocol", [PROTOCOL - 1, 0], ids=["another-protocol", "a-release-before-the-field"])
+def test_a_peer_of_another_wire_protocol_is_refused_at_join_with_the_fix_and_honest_peers_still_join(
+    server: CoordinatorServer, protocol: int
+) -> None:
+    key = PeerKey.generate()
+    with CoordinatorClient(server.join_string, request_timeout_s=5) as other:
+        with pytest.raises(CoordinatorRejected) as info:
+            other.join(key=key, libp2p=libp2p_identity(), name="other", swarm_version="0.0.9", protocol=protocol)
+        assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        shown = f"wire protocol {protocol}" if protocol else "a release that does not say its protocol"
+        assert f"this peer runs Swarm 0.0.9, {shown}" in info.value.details
+        assert f"the run's coordinator Swarm {release()}, wire protocol {PROTOCOL}" in info.value.details
+        assert "install the coordinator's Swarm release on this machine and join again" in info.value.details
+        assert key.peer_id not in {p.id for p in other.get_status().peers}  # it never became a member
+    honest, joined = member_client(server.join_string, name="honest")
+    honest.close()
+    assert joined.protocol == PROTOCOL
 
 
 def test_unknown_peer_heartbeat_is_unauthenticated(client: CoordinatorClient) -> None:

@@ -25,11 +25,12 @@ from swarm.core.owner_feedback import OwnerFeedback
 from swarm.core.signed_entry import entry_body
 from swarm.core.codec import CODECS
 from swarm.core.credential import PeerKey
+from swarm.core.wire_protocol import PROTOCOL
 from swarm.net.allreduce import Exchange, ExchangeFailed, ExchangeResult
 from swarm.net.slice_inbox import MAX_OPEN_KEYS
 from swarm.net.dht_entries import EntryValidator, guard, read_entries, sign_entry, store_entry
 from swarm.net.link_stats import LinkEstimates
-from swarm.net.rendezvous import EXCHANGE_PROTOCOL, Member, group_digest, group_key, rendezvous
+from swarm.net.rendezvous import Member, group_digest, group_key, rendezvous
 from swarm.net.slice_reduction import check_agreement
 from swarm.net.transport import Transport
 from swarm.net.votes import Vote, collect_votes, post_vote, vote_key
@@ -635,13 +636,13 @@ def test_a_forged_entry_cannot_displace_a_members_entry_on_guarded_nodes() -> No
 def test_a_groupmate_of_another_exchange_protocol_fails_the_exchange_with_one_sentence() -> None:
     """A peer from before stripes cuts its slices differently: averaging with it would mix unrelated slices."""
     me = Member(peer_id="new", dht_peer_id="d1", index=0, weight=1.0, numel=NUMEL, codec="fp32",
-                protocol=EXCHANGE_PROTOCOL)
+                protocol=PROTOCOL)
     old = dataclasses.replace(me, peer_id="old", dht_peer_id="d2", index=1, protocol=0)  # its entry had no field
     with pytest.raises(ExchangeFailed, match="groupmate old runs another version of the exchange.*upgrade the older"):
         check_agreement("k", [me, old], me)
-    check_agreement("k", [me, dataclasses.replace(old, protocol=EXCHANGE_PROTOCOL)], me)  # the same release: fine
+    check_agreement("k", [me, dataclasses.replace(old, protocol=PROTOCOL)], me)  # the same release: fine
     assert "protocol" not in entry_body(old).decode() and '"protocol":2' in entry_body(me).decode()
-    assert group_digest([old]) != group_digest([dataclasses.replace(old, protocol=EXCHANGE_PROTOCOL)])
+    assert group_digest([old]) != group_digest([dataclasses.replace(old, protocol=PROTOCOL)])
 
 
 def test_every_exchange_times_its_sends_receives_and_pings_per_groupmate(peers: list[Peer]) -> None:

@@ -270,3 +270,18 @@ def test_a_far_slower_device_gets_a_smaller_budget_already_in_its_first_round(tm
     assert len({p.trainer.state.state_hash for p in (a, b, c)}) == 1
     first = _reported_steps(coordinator, 1)
     assert first["a"] == first["b"] == 8 and first["c"] < 8, first
+
+
+def test_a_peer_of_another_wire_protocol_than_its_coordinators_leaves_at_once_and_says_why(tmp_path, monkeypatch,
+                                                                                           caplog):
+    """A coordinator of another release admits the peer (an older one does not check); the peer cannot average
+    with that run's peers, so it says so and leaves instead of voiding their rounds."""
+    import peer.daemon
+
+    coordinator, parts = swarm()
+    monkeypatch.setattr(peer.daemon, "PROTOCOL", peer.daemon.PROTOCOL + 1)
+    newer = start(parts, tmp_path, "newer")
+    assert finish(newer) == [2]
+    assert "install the coordinator's Swarm release on this machine and join again" in caplog.text
+    assert PeerState.TRAINING not in newer.states
+    assert [p.state for p in coordinator.status().peers if p.name == "newer"] == ["left"]
