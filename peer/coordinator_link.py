@@ -18,6 +18,7 @@ from swarm.control.client import CoordinatorClient, CoordinatorUnreachable
 from swarm.control.signing import Libp2pSigner
 from swarm.core.credential import Member, PeerKey
 from swarm.core.fragments import round_steps
+from swarm.core.wire_protocol import PROTOCOL, mismatch, release
 from swarm.train.round import Decision, Vote
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -91,6 +92,10 @@ class CoordinatorLink:
                          "and that the coordinator is running", options.join.address, options.join_timeout_s)
             raise PeerExit(2)
         self.peer_id = joined.peer_id
+        if joined.protocol != PROTOCOL:  # an older coordinator admits any peer; this one could not average
+            logger.error("%s", mismatch(PROTOCOL, joined.protocol, peer_version=release()))
+            self.leave(None, reason="another wire protocol")
+            raise PeerExit(2)
         # a first process may decide by its group's votes at once; a restarted one only once it took part in a round
         # the coordinator decided: until then it does not know where its group is (``decide_by_group``)
         self.coordinator_decided = joined.session <= 1
@@ -312,11 +317,13 @@ class CoordinatorLink:
             ready()
             self.stop.wait(self.poll_s)
 
-    def leave(self, last_heartbeat: pb.HeartbeatRequest) -> None:
-        """A last heartbeat carries the final numbers, then the peer leaves; best effort both (the lease
-        expires anyway)."""
-        for call in (lambda: self.client.heartbeat(last_heartbeat),
-                     lambda: self.client.leave(peer_id=self.peer_id, reason="peer exiting")):
+    def leave(self, last_heartbeat: Optional[pb.HeartbeatRequest], reason: str = "peer exiting") -> None:
+        """A last heartbeat carries the final numbers (if any), then the peer leaves; best effort both (the
+        lease expires anyway)."""
+        calls = [lambda: self.client.leave(peer_id=self.peer_id, reason=reason)]
+        if last_heartbeat is not None:
+            calls.insert(0, lambda: self.client.heartbeat(last_heartbeat))
+        for call in calls:
             try:
                 call()
             except Exception as e:

@@ -36,7 +36,6 @@ from peer.state_store import PeerStateStore
 from peer.stats import PeerStats
 from swarm.config import RunConfig
 from swarm.control.client import CoordinatorRejected, CoordinatorUnreachable
-from swarm.core.wire_protocol import PROTOCOL, mismatch, release
 from swarm.train.final_model import write_final_model
 from swarm.train.ranks import Ranks
 from swarm.train.round import Outcome, Pending, RoundResult, RoundRunner
@@ -156,10 +155,7 @@ class PeerDaemon:
         # the next start's identity and the trainer build's slow imports, while the join waits on the network
         self.clock.warm(lambda: self.parts.spare_libp2p_identity(o.state_dir))
         joined = self.link.join(o, key=identity.peer_key(o.state_dir), libp2p=libp2p)
-        self.peer_id = joined.peer_id  # set first: the run is left on every exit from here on
-        if joined.protocol != PROTOCOL:  # an older coordinator admits any peer; this one could not average
-            logger.error("%s %s", self.tag(), mismatch(PROTOCOL, joined.protocol, peer_version=release()))
-            raise PeerExit(2)
+        self.peer_id = joined.peer_id
         self.run_id, self.run_config = joined.run_id, RunConfig.from_json(joined.run_spec_json)
         logger.info("%s joined run %s as peer index %d%s", self.tag(), joined.run_id, joined.peer_index,
                     f" (restarted: session {joined.session})" if joined.session > 1 else "")

@@ -276,10 +276,10 @@ def test_a_peer_of_another_wire_protocol_than_its_coordinators_leaves_at_once_an
                                                                                            caplog):
     """A coordinator of another release admits the peer (an older one does not check); the peer cannot average
     with that run's peers, so it says so and leaves instead of voiding their rounds."""
-    import peer.daemon
+    import peer.coordinator_link
 
     coordinator, parts = swarm()
-    monkeypatch.setattr(peer.daemon, "PROTOCOL", peer.daemon.PROTOCOL + 1)
+    monkeypatch.setattr(peer.coordinator_link, "PROTOCOL", peer.coordinator_link.PROTOCOL + 1)
     newer = start(parts, tmp_path, "newer")
     assert finish(newer) == [2]
     assert "install the coordinator's Swarm release on this machine and join again" in caplog.text
