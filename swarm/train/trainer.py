@@ -36,6 +36,7 @@ from swarm.train.contribution import Contribution, TrainStats
 from swarm.train.initial_state import initial_state
 from swarm.train.inner_step import InnerStep
 from swarm.train.model import model_fingerprint
+from swarm.train.rank_lockstep import RankLockstep
 from swarm.train.ranks import GatherOptimizer, RankSampler, Ranks, TrainOrder
 from swarm.train.run_model import build_run_model
 
@@ -83,8 +84,7 @@ class LocalTrainer:
                                     device=self.device, wrap=self.ranks.wrap if self.ranks and not fsdp else None)
         self.world_size = self.ranks.world_size if self.ranks is not None else 1
         self._steps_since_commit = 0  # with the committed round: the run position the lr decays over
-        self._ranks_params_changed = False  # rank 0: θl changed outside train(); the other ranks need it
-        self._ranks_peer_step = 0  # rank 0: inner_steps_done when the ranks last trained together
+        self.lockstep = RankLockstep(self.ranks, self.sharded, self._params, self.optimizer)
         shapes = [p.shape for p in self._params]
         self.outer = OuterOptimizer(run.outer, shapes)
         self.state = initial_state(self.model, self.outer)  # the committed global state; round 0: θ0, zero outer state
@@ -155,7 +155,8 @@ class LocalTrainer:
             raise ValueError(f"steps must be non-negative, got {steps}.")
         start = time.perf_counter()
         if self.ranks is not None and steps:
-            self._lead_ranks(steps)
+            self.lockstep.lead(steps, peer_step=self.inner_steps_done, run_step=self.run_step,
+                               batches_drawn=self.sampler.batches_drawn)
         mean_loss, clocked = self._train_steps(steps, self.run_step)
         elapsed = time.perf_counter() - start
         self.clock(elapsed - clocked)
@@ -191,57 +192,27 @@ class LocalTrainer:
             self.sharded.gather(self._params if self.ranks.leader else None)  # rank 0's θl is whole again
         return (loss_sum.item() / steps if steps else float("nan")), clocked
 
-    def _lead_ranks(self, steps: int) -> None:
-        """Rank 0: start the other ranks on ``steps`` steps, with θl and AdamW state if they changed."""
-        order = TrainOrder(steps=steps, peer_step=self.inner_steps_done, run_step=self.run_step,
-                           batches_drawn=self.sampler.batches_drawn,
-                           params_changed=self._ranks_params_changed,
-                           optimizer_changed=self.inner_steps_done != self._ranks_peer_step)
-        self.ranks.send(order)
-        self._sync_ranks(order)
-        self._ranks_params_changed = False
-        self._ranks_peer_step = self.inner_steps_done + steps
-
     def follow(self, order: "TrainOrder | GatherOptimizer") -> None:
         """The other ranks: train in lockstep with rank 0 as ``order`` says (or give it their AdamW shards)."""
         if isinstance(order, GatherOptimizer):
             self.sharded.gather_optimizer(self.optimizer)
             return
-        self._sync_ranks(order)
+        self.lockstep.sync(order)
         self.inner_steps_done = order.peer_step
         self.sampler.batches_drawn = order.batches_drawn
         self._train_steps(order.steps, order.run_step)
 
-    def _sync_ranks(self, order: TrainOrder) -> None:
-        if self.sharded is not None:
-            self.sharded.sync(order, self.ranks, self._params, self.optimizer)
-            return
-        if order.params_changed or order.optimizer_changed:
-            self.ranks.broadcast_params(self._params)
-        if order.optimizer_changed:
-            self.ranks.broadcast_optimizer(self.optimizer)
-
     def optimizer_state_dict(self) -> dict:
-        """The inner AdamW state as ``Optimizer.state_dict()`` has it, whole (on rank 0 of an FSDP peer the
-        ranks send their shards: every rank takes part)."""
-        if self.sharded is None:
-            return self.optimizer.state_dict()
-        self.ranks.send(GatherOptimizer())
-        return self.sharded.optimizer_state_dict(self.optimizer)
+        return self.lockstep.optimizer_state_dict()  # whole, also from an FSDP peer's shards
 
     def load_optimizer_state_dict(self, state_dict: dict) -> None:
-        """Install an ``optimizer_state_dict`` (a resume); an FSDP peer's ranks take their shards of it when
-        they next train."""
-        if self.sharded is None:
-            self.optimizer.load_state_dict(state_dict)
-        else:
-            self.sharded.load_optimizer_state_dict(self.optimizer, state_dict)
+        self.lockstep.load_optimizer_state_dict(state_dict)
 
     @torch.no_grad()
     def load_global_into_model(self) -> None:
         for p, g in zip(self._params, self.global_params):
             p.copy_(g)
-        self._ranks_params_changed = True
+        self.lockstep.params_changed = True
 
     # ---- fragments ------------------------------------------------------------------------------
 
@@ -359,7 +330,7 @@ class LocalTrainer:
         self.outer.load_state_tensors(state.outer_state)
         self.state = state
         self._steps_since_commit = 0
-        self._ranks_params_changed = True
+        self.lockstep.params_changed = True
         if fragment is None:
             self.load_global_into_model()
             self._samples_since_sync = [0] * len(self.fragments)
