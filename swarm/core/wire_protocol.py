@@ -24,8 +24,10 @@ def release() -> str:
 
 def mismatch(peer: int, coordinator: int, *, peer_version: str = "", coordinator_version: str = "") -> str:
     """One sentence for a peer and a coordinator of different generations (0: from before the field)."""
+    shown = peer_version != coordinator_version  # the same release number says nothing here
+
     def named(protocol: int, version: str) -> str:
-        release = f"Swarm {version}, " if version else ""
+        release = f"Swarm {version}, " if version and shown else ""
         return f"{release}wire protocol {protocol}" if protocol else f"{release}a release that does not say its protocol"
 
     return (f"this peer runs {named(peer, peer_version)} and the run's coordinator {named(coordinator, coordinator_version)}:"
