@@ -20,7 +20,7 @@ from coordinator.limits import check_request
 from coordinator.rate_limit import JoinLimits, RateLimiter, client_address
 from coordinator.views import status_page
 from swarm.control import signing
-from swarm.core.wire_protocol import PROTOCOL, mismatch, release
+from swarm.core.wire_protocol import PROTOCOL, mismatch
 from swarm.v1 import coordinator_pb2 as pb
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -83,8 +83,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if not self._joins_per_token.allow(token_id[:64]):
             raise RateLimited(f"too many joins with token {token_id[:64]}; wait a few seconds and join again.")
         if request.protocol != PROTOCOL:  # refused before it can void a round of the peers it would be grouped with
-            raise WrongProtocol(mismatch(request.protocol, PROTOCOL, peer_version=request.swarm_version[:64],
-                                         coordinator_version=release()))
+            raise WrongProtocol(mismatch(request.protocol, PROTOCOL, peer_version=request.swarm_version[:64]))
         if not self._challenges.take(request.nonce, time.monotonic()):
             raise StaleChallenge()
         claim = auth.verify_join(request)

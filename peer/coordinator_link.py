@@ -18,7 +18,7 @@ from swarm.control.client import CoordinatorClient, CoordinatorUnreachable
 from swarm.control.signing import Libp2pSigner
 from swarm.core.credential import Member, PeerKey
 from swarm.core.fragments import round_steps
-from swarm.core.wire_protocol import PROTOCOL, mismatch, release
+from swarm.core.wire_protocol import ASK_THE_OPERATOR, PROTOCOL, mismatch, release
 from swarm.train.round import Decision, Vote
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -93,7 +93,7 @@ class CoordinatorLink:
             raise PeerExit(2)
         self.peer_id = joined.peer_id
         if joined.protocol != PROTOCOL:  # an older coordinator admits any peer; this one could not average
-            logger.error("%s", mismatch(PROTOCOL, joined.protocol, peer_version=release()))
+            logger.error("%s", mismatch(PROTOCOL, joined.protocol, peer_version=release(), fix=ASK_THE_OPERATOR))
             self.leave(None, reason="another wire protocol")
             raise PeerExit(2)
         # a first process may decide by its group's votes at once; a restarted one only once it took part in a round

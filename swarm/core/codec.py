@@ -134,7 +134,8 @@ class BlockIntCodec(Codec):
         return 4 * self._num_blocks(numel) + self._code_bytes(numel)
 
     def encode(self, t: torch.Tensor) -> bytes:
-        values = torch.from_numpy(self._check_input(t, finite=False))  # inf/nan: a non-finite block scale
+        self._check_input(t, finite=False)  # inf/nan: a non-finite block scale
+        values = t.detach()
         n = values.numel()
         full = n // self.block * self.block  # the whole blocks, quantized in place of a padded copy
         payload = np.empty(self.encoded_size(n), dtype=np.uint8)  # the scales, then the codes
@@ -169,7 +170,7 @@ class BlockIntCodec(Codec):
         scaled = scratch.work[:x.numel()].view(-1, self.block)
         torch.abs(blocks, out=scaled)
         torch.amax(scaled, dim=1, out=scales)  # exact, and nan propagates
-        scales.div_(self._qmax)  # a tensor: divided, never multiplied by 1/qmax
+        scales.div_(self._qmax)  # CPU kernels divide (inputs are CPU-only: _check_input); no reciprocal
         if not bool(torch.isfinite(scales).all()):  # a block holds an inf or a nan
             raise ValueError(f"codec {self.name}: the tensor holds inf or nan; it cannot be sent.")
         # A zero block (or one whose absmax/qmax underflows to 0) is sent as zeros with scale 0: x / inf = ±0.
@@ -247,7 +248,6 @@ class _EncodeScratch:
     def __init__(self, numel: int) -> None:
         self.work = torch.empty(numel, dtype=torch.float32)
         self.packed = torch.empty(numel // 2, dtype=torch.float32)
-
 
 
 class _DecodeScratch:

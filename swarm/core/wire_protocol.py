@@ -8,10 +8,13 @@ any change that makes an exchange of the new code fail against the old.
 
 from __future__ import annotations
 
+import functools
+
 # 2: the butterfly in stripes (swarm.core.average.butterfly_bounds), one claim message per groupmate (session 16)
 PROTOCOL = 2
 
 
+@functools.cache
 def release() -> str:
     """This installation's Swarm release (shown beside the protocol; "0+unknown" from a source checkout)."""
     try:
@@ -22,14 +25,16 @@ def release() -> str:
         return "0+unknown"
 
 
-def mismatch(peer: int, coordinator: int, *, peer_version: str = "", coordinator_version: str = "") -> str:
-    """One sentence for a peer and a coordinator of different generations (0: from before the field)."""
-    shown = peer_version != coordinator_version  # the same release number says nothing here
+def mismatch(peer: int, coordinator: int, *, peer_version: str = "", fix: str = "") -> str:
+    """One sentence for a peer and a coordinator of different generations (0: from before the field). The
+    coordinator's release is not named: a refused caller has not shown a token yet."""
+    def named(protocol: int) -> str:
+        return f"wire protocol {protocol}" if protocol else "a release that does not say its wire protocol"
 
-    def named(protocol: int, version: str) -> str:
-        release = f"Swarm {version}, " if version and shown else ""
-        return f"{release}wire protocol {protocol}" if protocol else f"{release}a release that does not say its protocol"
+    runs = f"Swarm {peer_version} with " if peer_version else ""
+    return (f"this peer runs {runs}{named(peer)} while the run's coordinator runs {named(coordinator)}: peers of"
+            f" different protocols cannot average together; {fix or INSTALL_THE_COORDINATORS}")
 
-    return (f"this peer runs {named(peer, peer_version)} and the run's coordinator {named(coordinator, coordinator_version)}:"
-            " peers of different protocols cannot average together; install the coordinator's Swarm release on"
-            " this machine and join again.")
+
+INSTALL_THE_COORDINATORS = "install the Swarm release the coordinator runs on this machine and join again."
+ASK_THE_OPERATOR = "ask the run's operator which Swarm release the coordinator runs, install it here and join again."

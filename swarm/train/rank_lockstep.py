@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 
 class RankLockstep:
-    """The ranks' view of one trainer's θl (``params``) and inner optimizer; a no-op part of a one-GPU peer's
-    trainer except for ``optimizer_state_dict``."""
+    """The ranks' view of one trainer's θl (``params``) and inner optimizer. A one-GPU peer's trainer uses only
+    its ``optimizer_state_dict`` and ``load_optimizer_state_dict``, which are then the optimizer's own."""
 
     def __init__(self, ranks: Optional[Ranks], sharded: Optional[ShardedModel], params: list[torch.Tensor],
                  optimizer: torch.optim.Optimizer) -> None:

@@ -23,6 +23,7 @@ from coordinator.views import MAX_PAGE_SIZE
 from swarm.app.status import fetch_all_pages
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.signing import CallSigner, signed_join
+from swarm.core.wire_protocol import PROTOCOL
 from swarm.core.credential import PeerKey
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import pooled_identity
@@ -272,6 +273,8 @@ _TEXT = st.one_of(st.text(max_size=20), st.text(max_size=300), st.sampled_from([
 def _value(field: FieldDescriptor, known: dict[str, str]) -> st.SearchStrategy:
     if field.message_type is not None:
         return _message(field.message_type._concrete_class, known)  # type: ignore[attr-defined]
+    if field.name == "protocol":  # a join of this release's protocol gets past the protocol check
+        return st.one_of(st.just(PROTOCOL), st.integers(-(2**31), 2**31 - 1))
     if field.name in known:
         return st.one_of(st.just(known[field.name]), _TEXT)
     if field.type == FieldDescriptor.TYPE_STRING:

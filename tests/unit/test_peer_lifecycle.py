@@ -282,6 +282,6 @@ def test_a_peer_of_another_wire_protocol_than_its_coordinators_leaves_at_once_an
     monkeypatch.setattr(peer.coordinator_link, "PROTOCOL", peer.coordinator_link.PROTOCOL + 1)
     newer = start(parts, tmp_path, "newer")
     assert finish(newer) == [2]
-    assert "install the coordinator's Swarm release on this machine and join again" in caplog.text
+    assert "ask the run's operator which Swarm release the coordinator runs, install it here" in caplog.text
     assert PeerState.TRAINING not in newer.states
     assert [p.state for p in coordinator.status().peers if p.name == "newer"] == ["left"]
