@@ -323,6 +323,7 @@ def main() -> int:
         # from the restart to a committed round holding the peer's update (includes the rest of the round)
         "mean_rejoin_s": round(sum(soak.rejoin_s) / len(soak.rejoin_s), 2) if soak.rejoin_s else None,
         "rejoins_measured": len(soak.rejoin_s),
+        "rejoin_s": [round(s, 2) for s in soak.rejoin_s],  # each, in the order they happened
         # from the restarted process's launch to its first inner step (its own start-up line)
         "mean_restart_to_training_s": round(sum(starts) / len(starts), 2) if starts else None,
         "restarts_measured": len(starts),

@@ -143,13 +143,18 @@ class Exchange:
         this peer's residual as its slice's owner (``swarm.core.owner_feedback``; ``average.owner_encode``).
         """
         on_phase = on_phase or (lambda phase: None)
+        failed = ""
         try:
             return self.transport.run(self._average_or_abort(key, group, me, delta, on_phase, timeout_s, shares, owner),
                                       timeout_s=timeout_s + ABORT_TIMEOUT_S + 5)
         except (asyncio.TimeoutError, TimeoutError):
-            raise ExchangeFailed(f"{key}: the group did not complete the exchange within {timeout_s:.0f}s") from None
+            failed = f"the group did not complete the exchange within {timeout_s:.0f}s"
+            raise ExchangeFailed(f"{key}: {failed}") from None
+        except Exception as e:
+            failed = str(e).removeprefix(f"{key}: ") or type(e).__name__
+            raise
         finally:
-            self.transport.run(self.inbox.forget(key), timeout_s=5)
+            self.transport.run(self.inbox.forget(key, failed=failed), timeout_s=5)
 
     async def _average_or_abort(self, key: str, group: list[Member], me: Member, delta: torch.Tensor,
                                 on_phase: Callable[[str], Optional[float]], timeout_s: float,

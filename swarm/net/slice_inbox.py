@@ -5,7 +5,9 @@ lists: the sender's id is the one libp2p's secure channel authenticated, never a
 Before this peer knows a key's group, a few slices per sender wait for it (a member sends each peer at most
 two messages per stripe and an abort per key); once the group is known, slices and aborts from anyone else
 are dropped and counted, and so are a member's messages for a phase or a part its exchange does not have (each
-one would otherwise take memory until the exchange ends).
+one would otherwise take memory until the exchange ends). Once this peer's exchange of a key has failed, messages
+for that key are refused with the reason: their sender (e.g. a groupmate's restarted process, which the abort did
+not reach) then fails at once instead of waiting out its timeout for slices this peer will never send.
 Owned by the transport's event loop.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from typing import Callable, Optional
 
 from swarm.core.average import MAX_STRIPES
@@ -23,6 +26,7 @@ from swarm.v1 import exchange_pb2
 logger = logging.getLogger("swarm.net.allreduce")  # the exchange's log, where these lines always were
 
 MAX_OPEN_KEYS = 4  # rounds whose early parts are buffered; older ones are dropped
+MAX_FAILED_KEYS = 8  # keys whose exchange failed here, remembered to refuse their late messages
 MAX_EARLY_SLOTS_PER_SENDER = 2 * MAX_STRIPES + 4  # buffered per sender and key before the group is known (a member
 # sends 2 per stripe and an abort)
 Slot = tuple[str, int, int, int, str]  # (group digest, phase, part, sender position, sender's libp2p id)
@@ -39,6 +43,7 @@ class SliceInbox:
         self._digests: dict[str, str] = {}  # key -> the digest of the group this peer averages it in
         self._disagreed: dict[str, str] = {}  # key -> a member whose message names another group (libp2p id)
         self._parts: dict[str, int] = {}  # key -> how many parts its exchange has
+        self._failed: OrderedDict[str, str] = OrderedDict()  # key -> why this peer's exchange of it failed
         self.rejected = 0  # messages dropped because their sender is not the member they claim to be
         self.cond = asyncio.Condition()  # made on the loop (an Exchange's start)
 
@@ -87,7 +92,7 @@ class SliceInbox:
         buffer for the key if needed). A member sends each peer at most two messages per stripe and key (its
         contribution, its averaged slice) and an abort, so a sender with more is not an honest member; the
         buffers of keys being averaged are never evicted for a new key."""
-        if not key.startswith(self.key_prefix):
+        if not key.startswith(self.key_prefix) or key in self._failed:
             return False
         if key in self._slots:
             inbox = self._slots[key]
@@ -114,6 +119,7 @@ class SliceInbox:
         group (its matchmaking saw other entries) fails the exchange at once (``wait_for``): it will never send this
         group's slices."""
         async with self.cond:
+            self._failed.pop(key, None)
             self._groups[key], self._digests[key], self._parts[key] = ids, digest, parts
             if key not in self._slots:
                 self._open(key, force=True)
@@ -126,6 +132,8 @@ class SliceInbox:
 
     def refusal(self, key: str, sender_id: str, slot: Optional[Slot] = None) -> str:
         """The sentence a dropped message's sender gets back (its ack's error)."""
+        if key in self._failed and key not in self._groups:
+            return f"this peer's exchange of {key} already failed ({self._failed[key]}); it cannot complete"
         if slot is not None and self._out_of_range(key, slot):
             return (f"this exchange has no phase {slot[1]} part {slot[2]} (it has {self._parts.get(key, 0)} parts);"
                     " the sender's exchange is cut otherwise, e.g. another Swarm version's")
@@ -140,6 +148,8 @@ class SliceInbox:
     def reject(self, key: str, sender_id: str, sender: int, slot: Optional[Slot] = None) -> None:
         """Count a dropped message (under ``cond``); from a member of ``key``'s group, for another group, it means
         that member averages in another group."""
+        if key in self._failed and key not in self._groups:
+            return  # a late message for an exchange that failed here: refused with the reason, not an intruder's
         out_of_range = slot is not None and self._out_of_range(key, slot)
         if not out_of_range and sender_id in self._groups.get(key, ()) and sender_id != self.own_id:
             self._disagreed.setdefault(key, sender_id)
@@ -182,9 +192,14 @@ class SliceInbox:
         return ExchangeFailed(f"{key}: groupmate {who} averages in another group (its matchmaking window closed on "
                               "other entries, e.g. a late peer's); this round's exchange cannot complete")
 
-    async def forget(self, key: str) -> None:
-        """``key``'s exchange is over: its slices go, and what others keep for it (``on_forget``)."""
+    async def forget(self, key: str, *, failed: str = "") -> None:
+        """``key``'s exchange is over: its slices go, and what others keep for it (``on_forget``); ``failed``: why
+        it failed here (its late messages are then refused with that reason)."""
         async with self.cond:
+            if failed:
+                self._failed[key] = failed[:300]
+                while len(self._failed) > MAX_FAILED_KEYS:
+                    self._failed.popitem(last=False)
             self._slots.pop(key, None)
             self._groups.pop(key, None)
             self._digests.pop(key, None)

@@ -763,3 +763,39 @@ def test_an_exchange_reuses_its_result_vector_only_once_nothing_holds_it(peers: 
     assert a_result(923).data_ptr() == second_memory and a.exchange._results.reused == reused + 1
 
 
+
+
+def test_a_restarted_groupmate_that_the_abort_missed_is_told_the_exchange_already_failed(peers: list[Peer]) -> None:
+    # b's process died as the round's exchange began: a averages with b's old process (its entry named another
+    # libp2p id, here the third node's), fails and aborts to that id. b's restarted process then starts the same
+    # round's exchange with a: a refuses its slices with the reason, so b fails at once instead of waiting for a's
+    # slices for its whole timeout (the chaos soak lost 10 s of the swarm so)
+    a, b, old_process = peers
+    key = group_key(RUN_ID, 41)
+    inputs = deltas(41, 2)
+    me_a, me_b = a.member(weight=1.0), b.member(weight=1.0)
+    b_then = dataclasses.replace(me_b, dht_peer_id=old_process.transport.peer_id, bulk="")
+
+    def fail(phase: str) -> None:
+        if phase == "sending":
+            raise ExchangeFailed("injected: cannot reach groupmate b")
+
+    with pytest.raises(ExchangeFailed, match="injected"):
+        a.exchange.average(key=key, group=[me_a, b_then], me=me_a, delta=inputs[0], timeout_s=10, on_phase=fail)
+    intruders_before = a.exchange.rejected_chunks
+    started = time.monotonic()
+    with pytest.raises(ExchangeFailed) as info:
+        b.exchange.average(key=key, group=[me_a, me_b], me=me_b, delta=inputs[1], timeout_s=20)
+    assert time.monotonic() - started < 5, "b waited for slices a will never send"
+    assert f"{a.name} refused a slice: this peer's exchange of {key} already failed (injected: cannot reach" \
+        in str(info.value)
+    assert a.exchange.rejected_chunks == intruders_before  # refused with the reason, not counted as an intruder's
+
+    # the next round between the same two processes is unaffected
+    key = group_key(RUN_ID, 42)
+    results = results_of(concurrently(
+        [lambda: a.exchange.average(key=key, group=[me_a, me_b], me=me_a, delta=inputs[0], timeout_s=30),
+         lambda: b.exchange.average(key=key, group=[me_a, me_b], me=me_b, delta=inputs[1], timeout_s=30)],
+        timeout_s=60))
+    assert torch.equal(results[0].average, results[1].average)
+    assert torch.equal(results[0].average, weighted_average(inputs, [1.0, 1.0]))
