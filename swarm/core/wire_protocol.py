@@ -31,9 +31,12 @@ def mismatch(peer: int, coordinator: int, *, peer_version: str = "", fix: str = 
     def named(protocol: int) -> str:
         return f"wire protocol {protocol}" if protocol else "a release that does not say its wire protocol"
 
-    runs = f"Swarm {peer_version} with " if peer_version else ""
-    return (f"this peer runs {runs}{named(peer)} while the run's coordinator runs {named(coordinator)}: peers of"
-            f" different protocols cannot average together; {fix or INSTALL_THE_COORDINATORS}")
+    if peer_version:
+        runs = f"Swarm {peer_version} with {named(peer)}" if peer else f"Swarm {peer_version}, {named(peer)},"
+    else:
+        runs = named(peer)
+    return (f"this peer runs {runs} while the run's coordinator runs {named(coordinator)}: peers of different"
+            f" protocols cannot average together; {fix or INSTALL_THE_COORDINATORS}")
 
 
 INSTALL_THE_COORDINATORS = "install the Swarm release the coordinator runs on this machine and join again."

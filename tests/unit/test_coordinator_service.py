@@ -109,8 +109,9 @@ def test_a_peer_of_another_wire_protocol_is_refused_at_join_with_the_fix_and_hon
         with pytest.raises(CoordinatorRejected) as info:
             other.join(key=key, libp2p=libp2p_identity(), name="other", swarm_version="0.0.9", protocol=protocol)
         assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
-        shown = f"wire protocol {protocol}" if protocol else "a release that does not say its wire protocol"
-        assert f"this peer runs Swarm 0.0.9 with {shown} while the run's coordinator runs wire protocol {PROTOCOL}:" \
+        shown = (f"0.0.9 with wire protocol {protocol}" if protocol
+                 else "0.0.9, a release that does not say its wire protocol,")
+        assert f"this peer runs Swarm {shown} while the run's coordinator runs wire protocol {PROTOCOL}:" \
             in info.value.details
         assert "install the Swarm release the coordinator runs on this machine and join again" in info.value.details
         assert release() not in info.value.details  # nothing about the coordinator's software before a token
