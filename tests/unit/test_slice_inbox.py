@@ -1,0 +1,60 @@
+"""SliceInbox on its own (the exchange's tests run it with real peers): what it does with messages for a key
+whose exchange already ended here."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from swarm.net.slice_inbox import MAX_FAILED_KEYS, SliceInbox
+from swarm.v1 import exchange_pb2
+
+pytestmark = pytest.mark.timeout(30)
+
+PREFIX = "run-inbox."
+LATE = "QmLateProcess"  # a groupmate's restarted process: a libp2p id the ended exchange never knew
+
+
+def key(n: int) -> str:
+    return f"{PREFIX}round{n}.fragment0"
+
+
+async def late_slice(inbox: SliceInbox, k: str) -> bool:
+    return await inbox.deliver(k, "digest", exchange_pb2.PHASE_CONTRIBUTION, 0, 1, b"bytes", sender_id=LATE)
+
+
+def inbox() -> SliceInbox:
+    return SliceInbox(key_prefix=PREFIX, own_id="QmSelf", on_forget=lambda k: None)
+
+
+def test_a_key_whose_exchange_failed_refuses_late_slices_with_the_reason_and_one_that_succeeded_does_not() -> None:
+    async def scenario() -> None:
+        box = inbox()
+        for k in (key(1), key(2)):
+            await box.expect(k, ["QmSelf", "QmOldProcess"], "digest", 2)
+        await box.forget(key(1), failed="cannot reach groupmate b")
+        await box.forget(key(2))
+
+        assert not await late_slice(box, key(1))
+        assert box.refusal(key(1), LATE) == (f"this peer's exchange of {key(1)} already failed (cannot reach groupmate"
+                                             " b); it cannot complete")
+        assert box.rejected == 0  # a late groupmate, not an intruder
+        assert await late_slice(box, key(2))  # succeeded here: a retried slice is still taken (early, as before)
+
+    asyncio.run(scenario())
+
+
+def test_only_the_latest_failed_keys_are_kept_and_a_new_exchange_of_one_takes_slices_again() -> None:
+    async def scenario() -> None:
+        box = inbox()
+        for n in range(MAX_FAILED_KEYS + 1):
+            await box.forget(key(n), failed=f"failure {n}")
+        assert await late_slice(box, key(0))  # the oldest was dropped: early buffering as for any key
+        assert not await late_slice(box, key(MAX_FAILED_KEYS))
+
+        await box.expect(key(MAX_FAILED_KEYS), ["QmSelf", LATE], "digest", 1)  # the key is exchanged anew
+        assert await late_slice(box, key(MAX_FAILED_KEYS))
+        assert "already failed" not in box.refusal(key(MAX_FAILED_KEYS), LATE)
+
+    asyncio.run(scenario())
