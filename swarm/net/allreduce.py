@@ -150,8 +150,8 @@ class Exchange:
         except (asyncio.TimeoutError, TimeoutError):
             failed = f"the group did not complete the exchange within {timeout_s:.0f}s"
             raise ExchangeFailed(f"{key}: {failed}") from None
-        except Exception as e:
-            failed = str(e).removeprefix(f"{key}: ") or type(e).__name__
+        except ExchangeFailed as e:  # the group's failure (an abort went out or came in); not an internal error's
+            failed = str(e).removeprefix(f"{key}: ")
             raise
         finally:
             self.transport.run(self.inbox.forget(key, failed=failed), timeout_s=5)

@@ -196,8 +196,8 @@ class SliceInbox:
         """``key``'s exchange is over: its slices go, and what others keep for it (``on_forget``); ``failed``: why
         it failed here (its late messages are then refused with that reason)."""
         async with self.cond:
-            if failed:
-                self._failed[key] = failed[:300]
+            if failed:  # told to whoever sends for the key later: printable characters, bounded
+                self._failed[key] = "".join(c if c.isprintable() else " " for c in failed[:300])
                 while len(self._failed) > MAX_FAILED_KEYS:
                     self._failed.popitem(last=False)
             self._slots.pop(key, None)
