@@ -93,7 +93,8 @@ class CoordinatorLink:
             raise PeerExit(2)
         self.peer_id = joined.peer_id
         if joined.protocol != PROTOCOL:  # an older coordinator admits any peer; this one could not average
-            logger.error("%s", mismatch(PROTOCOL, joined.protocol, peer_version=release(), fix=ASK_THE_OPERATOR))
+            logger.error("%s %s", self.tag(None), mismatch(PROTOCOL, joined.protocol, peer_version=release(),
+                                                         fix=ASK_THE_OPERATOR))
             self.leave(None, reason="another wire protocol")
             raise PeerExit(2)
         # a first process may decide by its group's votes at once; a restarted one only once it took part in a round
