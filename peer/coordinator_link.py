@@ -321,10 +321,8 @@ class CoordinatorLink:
     def leave(self, last_heartbeat: Optional[pb.HeartbeatRequest], reason: str = "peer exiting") -> None:
         """A last heartbeat carries the final numbers (if any), then the peer leaves; best effort both (the
         lease expires anyway)."""
-        calls = [lambda: self.client.leave(peer_id=self.peer_id, reason=reason)]
-        if last_heartbeat is not None:
-            calls.insert(0, lambda: self.client.heartbeat(last_heartbeat))
-        for call in calls:
+        beat = [] if last_heartbeat is None else [lambda: self.client.heartbeat(last_heartbeat)]
+        for call in [*beat, lambda: self.client.leave(peer_id=self.peer_id, reason=reason)]:
             try:
                 call()
             except Exception as e:

@@ -43,7 +43,8 @@ class SliceInbox:
         self._digests: dict[str, str] = {}  # key -> the digest of the group this peer averages it in
         self._disagreed: dict[str, str] = {}  # key -> a member whose message names another group (libp2p id)
         self._parts: dict[str, int] = {}  # key -> how many parts its exchange has
-        self._failed: OrderedDict[str, str] = OrderedDict()  # key -> why this peer's exchange of it failed
+        # key -> why this peer's exchange of it failed; never a key being averaged (expect takes it out)
+        self._failed: OrderedDict[str, str] = OrderedDict()
         self.rejected = 0  # messages dropped because their sender is not the member they claim to be
         self.cond = asyncio.Condition()  # made on the loop (an Exchange's start)
 
@@ -132,7 +133,7 @@ class SliceInbox:
 
     def refusal(self, key: str, sender_id: str, slot: Optional[Slot] = None) -> str:
         """The sentence a dropped message's sender gets back (its ack's error)."""
-        if key in self._failed and key not in self._groups:
+        if key in self._failed:
             return f"this peer's exchange of {key} already failed ({self._failed[key]}); it cannot complete"
         if slot is not None and self._out_of_range(key, slot):
             return (f"this exchange has no phase {slot[1]} part {slot[2]} (it has {self._parts.get(key, 0)} parts);"
@@ -148,7 +149,7 @@ class SliceInbox:
     def reject(self, key: str, sender_id: str, sender: int, slot: Optional[Slot] = None) -> None:
         """Count a dropped message (under ``cond``); from a member of ``key``'s group, for another group, it means
         that member averages in another group."""
-        if key in self._failed and key not in self._groups:
+        if key in self._failed:
             return  # a late message for an exchange that failed here: refused with the reason, not an intruder's
         out_of_range = slot is not None and self._out_of_range(key, slot)
         if not out_of_range and sender_id in self._groups.get(key, ()) and sender_id != self.own_id:
