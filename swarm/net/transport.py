@@ -107,12 +107,7 @@ class Transport:
         try:
             self.dht.wait_until_ready(start_timeout_s)
         except Exception as e:  # hivemind raises P2PDaemonError, TimeoutError, ...: all mean "not started"
-            try:
-                self.dht.shutdown()
-            except Exception as shutdown_error:  # the DHT process may already be gone
-                logger.debug("DHT shutdown after a failed start: %r", shutdown_error)
-            raise TransportStartFailed(f"the DHT did not start through {list(initial_peers) or 'no peers'}: "
-                                       f"{str(e).strip() or type(e).__name__}") from e
+            raise self._failed_start(initial_peers, e) from e
         self.listen_host, self.announce_host = host, announce_host
         self.bulk: Optional[BulkChannel] = None  # the loop's; opened by the first exchange (open_bulk)
         self.bulk_sender: Optional[BulkSender] = None
@@ -121,9 +116,23 @@ class Transport:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="swarm-p2p", daemon=True)
         self._thread.start()
-        self.p2p = self.run(self.dht.replicate_p2p(), timeout_s=start_timeout_s)
+        try:
+            self.p2p = self.run(self.dht.replicate_p2p(), timeout_s=start_timeout_s)
+        except Exception as e:  # e.g. no answer from the DHT process on a loaded machine: a start to retry
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            raise self._failed_start(initial_peers, e) from e
         self.peer_id = str(self.p2p.peer_id)
         self.relay: Any = None  # swarm.net.relay.RelayClient once the peer installs it
+
+    def _failed_start(self, initial_peers: Sequence[str], error: Exception) -> TransportStartFailed:
+        """Stop the DHT process of a start that failed (left running, it would keep this process from exiting:
+        the interpreter waits for it, and it waits for this process to end) and say why, as a start to retry."""
+        try:
+            self.dht.shutdown()
+        except Exception as shutdown_error:  # the DHT process may already be gone
+            logger.debug("DHT shutdown after a failed start: %r", shutdown_error)
+        return TransportStartFailed(f"the DHT did not start through {list(initial_peers) or 'no peers'}: "
+                                    f"{str(error).strip() or type(error).__name__}")
 
     @property
     def visible_maddrs(self) -> list[str]:

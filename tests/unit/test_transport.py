@@ -64,3 +64,20 @@ def test_the_dht_process_and_its_p2pd_end_when_the_process_that_started_them_is_
     while any(_running(pid) for pid in [dht_pid, *p2pd]) and time.monotonic() < deadline:
         time.sleep(0.1)  # polling the process table: there is nothing to await
     assert not any(_running(pid) for pid in [dht_pid, *p2pd]), "the DHT process outlived its parent"
+
+
+def test_a_dht_process_that_never_hands_over_its_p2p_is_a_start_to_retry_and_the_process_still_exits():
+    """On a loaded machine the DHT process once started but did not answer for its p2p daemon within the start
+    timeout: the TimeoutError escaped, the peer did not retry, and it never exited (the interpreter waited for the
+    DHT process, which waits for its parent to end)."""
+    code = ("import asyncio, hivemind\n"
+            "async def never(self): await asyncio.sleep(3600)\n"
+            "hivemind.DHT.replicate_p2p = never\n"
+            "from swarm.net.transport import Transport, TransportStartFailed\n"
+            "try:\n"
+            "    Transport(initial_peers=[], start_timeout_s=15)\n"
+            "except TransportStartFailed as e:\n"
+            "    print('refused:', e, flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "refused: the DHT did not start through no peers: transport operation did not finish" in proc.stdout
