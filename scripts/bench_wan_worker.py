@@ -47,7 +47,7 @@ def _vector(numel: int, index: int) -> torch.Tensor:
 
 
 def _digest(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()[:16]
+    return hashlib.sha256(memoryview(t.contiguous().numpy()).cast("B")).hexdigest()[:16]  # read in place: no copy
 
 
 def _recv_into(sock: socket.socket, buf: bytearray) -> None:

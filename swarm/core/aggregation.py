@@ -85,13 +85,15 @@ class Aggregation:
             out.append(min(float(weight), self.max_weight))
         return out
 
-    def reduce(self, slices: Sequence[torch.Tensor], weights: Sequence[float]) -> Reduced:
-        """The group's slices (fp32, one shape, group order) combined by the rule."""
+    def reduce(self, slices: Sequence[torch.Tensor], weights: Sequence[float], *,
+               out: torch.Tensor | None = None) -> Reduced:
+        """The group's slices (fp32, one shape, group order) combined by the rule (``out``: where a mean is
+        written, as ``weighted_average``'s)."""
         if len(slices) != len(weights) or not slices:
             raise ValueError(f"need one weight per slice, got {len(slices)} and {len(weights)}.")
         needs_norms = self.rule == "clipped_mean" or (self.reject_factor > 0 and len(slices) >= 3)
         if not needs_norms:
-            return self._combine(list(slices), list(weights), {})
+            return self._combine(list(slices), list(weights), {}, out)
         norms = [slice_norm(s) for s in slices]
         rejected = {}
         if self.reject_factor > 0 and len(slices) >= 3:
@@ -104,13 +106,14 @@ class Aggregation:
         if self.rule == "clipped_mean":
             kept_slices, scaled = clip_to_median([norms[i] for i in kept], kept_slices, self.clip_factor)
             clipped = {kept[j]: f"clipped to {scale:.3g} of its norm" for j, scale in scaled.items()}
-        reduced = self._combine(kept_slices, [weights[i] for i in kept], rejected)
+        reduced = self._combine(kept_slices, [weights[i] for i in kept], rejected, out)
         return Reduced(reduced.average, rejected, clipped)
 
-    def _combine(self, slices: list[torch.Tensor], weights: list[float], rejected: dict[int, str]) -> Reduced:
+    def _combine(self, slices: list[torch.Tensor], weights: list[float], rejected: dict[int, str],
+                 out: torch.Tensor | None) -> Reduced:
         if self.rule == "trimmed_mean":
             return Reduced(trimmed_mean(slices, weights, self.trim_fraction), rejected)
-        return Reduced(weighted_average(slices, weights), rejected)
+        return Reduced(weighted_average(slices, weights, out=out), rejected)
 
 
 NORM_CHUNK = 1 << 18  # elements converted to fp64 at a time: a scratch that stays in cache

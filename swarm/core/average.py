@@ -65,24 +65,41 @@ def new_f32(shape: Sequence[int] | torch.Size) -> torch.Tensor:
     return torch.from_numpy(np.empty(tuple(shape), dtype=np.float32))
 
 
-def weighted_average(contributions: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+AVERAGE_CHUNK = 1 << 16  # elements averaged at a time: the running sum and one scratch stay in the core's cache
+
+
+def weighted_average(contributions: Sequence[torch.Tensor], weights: Sequence[float], *,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """Σ w_i c_i / Σ w_i with a fixed op order, in the order given (callers pass a canonical order).
 
     Purely elementwise, so computing it on any slice gives exactly the slice of the full result: a
-    peer that reduces one part of the vector agrees with one that reduces all of it.
+    peer that reduces one part of the vector agrees with one that reduces all of it. ``out``: a
+    contiguous fp32 tensor of the contributions' shape, none of them, to write the result into (None: a new one).
     """
     check_contributions(contributions, weights)
     total = 0.0
     for w in weights:  # Python float, summed in the given order: every peer gets the same divisor
         total += float(w)
-    # In place into one new tensor and one scratch: the same roundings as ``acc + c * w`` written out, without
-    # a fresh allocation per operation (at tens of MB each, their page faults cost more than the arithmetic).
-    acc = torch.mul(contributions[0], _f32(weights[0]), out=new_f32(contributions[0].shape))
-    scaled = new_f32(acc.shape) if len(contributions) > 1 else acc
-    for c, w in zip(contributions[1:], weights[1:]):
-        torch.mul(c, _f32(w), out=scaled)
-        acc.add_(scaled)  # separate mul and add: two roundings, never one FMA
-    return acc.div_(_f32(total))
+    acc = out if out is not None else new_f32(contributions[0].shape)
+    if acc.dtype != _F32 or acc.shape != contributions[0].shape or not acc.is_contiguous():
+        raise ValueError(f"out must be a contiguous fp32 tensor of shape {tuple(contributions[0].shape)}.")
+    # A chunk at a time, the same roundings as ``acc + c * w`` written out (separate mul and add: two roundings,
+    # never one FMA): the running sum is read and written once from memory instead of once per contribution,
+    # and the products' scratch is a chunk, not a vector (at tens of MB, fresh memory's page faults cost more
+    # than the arithmetic).
+    flat, parts = acc.view(-1), [c.reshape(-1) for c in contributions]
+    scales, divisor = [_f32(w) for w in weights], _f32(total)
+    scratch = torch.empty(min(flat.numel(), AVERAGE_CHUNK), dtype=_F32) if len(parts) > 1 else None
+    for start in range(0, flat.numel(), AVERAGE_CHUNK):
+        end = min(flat.numel(), start + AVERAGE_CHUNK)
+        chunk = flat[start:end]
+        torch.mul(parts[0][start:end], scales[0], out=chunk)
+        for c, w in zip(parts[1:], scales[1:]):
+            scaled = scratch[:end - start]
+            torch.mul(c[start:end], w, out=scaled)
+            chunk.add_(scaled)
+        chunk.div_(divisor)
+    return acc
 
 
 def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

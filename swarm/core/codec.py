@@ -9,12 +9,13 @@ and an absmax, which is exact whatever order it is taken in. Nothing is pickled.
 from __future__ import annotations
 
 import sys
+import threading
 import warnings
 
 import numpy as np
 import torch
 
-from swarm.core.codec_base import BLOCK, Codec, all_finite
+from swarm.core.codec_base import BLOCK, Codec
 from swarm.core.lowrank_codec import parse_lowrank
 from swarm.core.sign_codec import SignCodec
 from swarm.core.sparse_codec import VALUE_FORMATS, parse_topk
@@ -100,6 +101,8 @@ class BFloat16Codec(Codec):
         return torch.from_numpy(wide.view(np.float32))
 
 
+# The least exact value that rounds to fp32 infinity: FLT_MAX plus half its ulp (round to nearest even goes up there)
+FP32_OVERFLOW = float(np.finfo(np.float32).max) + 2.0 ** 103
 CHUNK = 1 << 18  # elements the integer codecs code at a time (a multiple of BLOCK): 1 MiB of fp32 scratch, a core's L2
 
 
@@ -138,12 +141,12 @@ class BlockIntCodec(Codec):
         values = t.detach()
         n = values.numel()
         full = n // self.block * self.block  # the whole blocks, quantized in place of a padded copy
-        payload = np.empty(self.encoded_size(n), dtype=np.uint8)  # the scales, then the codes
+        payload = _scratch_bytes(self.encoded_size(n))  # the scales, then the codes; copied out below
         head = 4 * self._num_blocks(n)
         scales = torch.from_numpy(payload[:head].view(np.float32))
         codes = torch.from_numpy(payload[head:])
         per_code = 1 if self.bits == 8 else 2  # elements per byte of codes
-        scratch = _EncodeScratch(min(full, CHUNK))
+        scratch = _EncodeScratch.mine(min(full, CHUNK))
         for start in range(0, full, CHUNK):  # a chunk's temporaries stay in the core's cache
             end = min(full, start + CHUNK)
             self._encode_blocks(values[start:end], scales[start // self.block:end // self.block],
@@ -197,15 +200,18 @@ class BlockIntCodec(Codec):
         numel = out.size
         self._check_length(data, numel)
         scales = self._block_scales(data, numel)
+        # Only a crafted scale can overflow its codes: q × scale is one rounding of the exact product and |q| ≤ qmax,
+        # so every value is finite iff qmax × the largest scale (exact in fp64) rounds to a finite fp32, i.e. is
+        # below FLT_MAX + half its ulp. One check of the scales instead of one of every value.
+        if scales.size and float(scales.max()) * self.qmax >= FP32_OVERFLOW:
+            raise ValueError(f"codec {self.name}: the payload decodes to non-finite values, which encode never"
+                             " produces.")
         raw = np.frombuffer(data, dtype=np.uint8, offset=4 * scales.size)
         scratch = _DecodeScratch(min(numel, CHUNK), self.bits)
         for start in range(0, numel, CHUNK):  # a chunk's temporaries stay in the core's cache
             end = min(numel, start + CHUNK)
             q = self._codes(raw, start, end, numel, scratch)
             self._scale_into(q, scales, start, end, numel, out)
-            if not all_finite(out[start:end], scratch.finite):  # only a crafted scale can overflow its codes
-                raise ValueError(f"codec {self.name}: the payload decodes to non-finite values, which encode never"
-                                 " produces.")
 
     def _codes(self, raw: np.ndarray, start: int, end: int, numel: int, scratch: "_DecodeScratch") -> np.ndarray:
         """The int8 codes of elements [start, end) (``start`` even), checked against what encode writes."""
@@ -240,6 +246,24 @@ class BlockIntCodec(Codec):
                 np.multiply(q[full - start:], scales[-1:], out=out[full:end], dtype=np.float32)
 
 
+_THREAD = threading.local()  # each thread's encode buffers: encodes run on several threads at once
+
+
+KEEP_PAYLOAD_BYTES = 64 << 20  # the largest payload buffer a thread keeps (an exchange encodes a slice at a time)
+
+
+def _scratch_bytes(size: int) -> np.ndarray:
+    """``size`` bytes of this thread's payload buffer, grown as needed and kept up to KEEP_PAYLOAD_BYTES: memory
+    written by an earlier encode, so an encode's writes fault no fresh page (the kernel zeroes each one first)."""
+    buffer = getattr(_THREAD, "payload", None)
+    if buffer is not None and buffer.size >= size:
+        return buffer[:size]
+    buffer = np.empty(size, dtype=np.uint8)
+    if size <= KEEP_PAYLOAD_BYTES:
+        _THREAD.payload = buffer
+    return buffer
+
+
 class _EncodeScratch:
     """One encode's reusable buffers, a chunk long."""
 
@@ -248,6 +272,14 @@ class _EncodeScratch:
     def __init__(self, numel: int) -> None:
         self.work = torch.empty(numel, dtype=torch.float32)
         self.packed = torch.empty(numel // 2, dtype=torch.float32)
+
+    @classmethod
+    def mine(cls, numel: int) -> "_EncodeScratch":
+        """This thread's scratch of at least ``numel`` elements (kept, like its payload buffer)."""
+        scratch = getattr(_THREAD, "scratch", None)
+        if scratch is None or scratch.work.numel() < numel:
+            scratch = _THREAD.scratch = cls(numel)
+        return scratch
 
 
 class _DecodeScratch:
@@ -258,7 +290,6 @@ class _DecodeScratch:
         self.wide = np.empty(pairs, dtype=np.uint16)
         self.high = np.empty(pairs, dtype=np.uint16)
         self.q = np.empty(numel, dtype=np.int8)
-        self.finite = np.empty(numel, dtype=bool)
 
 
 def _readonly(array: np.ndarray) -> torch.Tensor:

@@ -56,8 +56,10 @@ from swarm.net.slice_reduction import (
     check_agreement,
     decode_into,
     decode_slice,
+    decodes_into,
     group_bounds,
     judged,
+    read_in_place,
     reduce_decoded,
 )
 from swarm.net.sparse_gather import gather_average
@@ -97,6 +99,7 @@ class Exchange:
         self.own_maddrs = shown_maddrs(transport.visible_maddrs)  # what groupmates are told to dial
         self._told_unreachable = False  # the loop thread's: the fix is logged once, not every round
         self._results = ResultVectors()  # the butterfly's result vectors (the loop's)
+        self._scratch = ResultVectors(keep=0)  # its decoded contributions and reductions (the loop's; sized per group)
         transport.run(self._start(), timeout_s=30)
 
     async def _start(self) -> None:
@@ -235,6 +238,7 @@ class Exchange:
         reductions: dict[int, Reduced] = {}
         hook: list[asyncio.Future] = []  # on_phase("reducing"), called once, before the first reduction
         links = self._links(others)
+        self._scratch.keep = 2 * k + 2  # a stripe's K contributions and its reduction, and the next stripe's
 
         def passed(point: str) -> None:  # the last time the exchange passes each point
             phases_s[point] = time.perf_counter() - started
@@ -253,8 +257,11 @@ class Exchange:
             if not hook:
                 hook.append(asyncio.ensure_future(_pause(on_phase("reducing"))))
             await hook[0]
-            averaged, reductions[stripe] = await asyncio.to_thread(
-                reduce_decoded, self.aggregation, codec, decoded, weights, key, owner=owner, bounds=(start, end))
+            averaged, reduction = await asyncio.to_thread(
+                reduce_decoded, self.aggregation, codec, decoded, weights, key, owner=owner, bounds=(start, end),
+                out=self._scratch.take(end - start))
+            reductions[stripe] = Reduced(_NOTHING, reduction.rejected, reduction.clipped)  # its memory back to the pool
+            del decoded, reduction
             await self.inbox.deliver(key, digest, exchange_pb2.PHASE_AVERAGED, part, position, averaged)
             passed("reduced")
             payload = SlicePayload(averaged)
@@ -312,7 +319,11 @@ class Exchange:
     async def _decoded(self, key: str, group: list[Member], codec, where: tuple, sender: int, numel: int) -> torch.Tensor:
         """The slice (``where``: digest, phase, part) from position ``sender``, decoded once it is here."""
         (data,) = await self.inbox.wait_for(key, [(*where, sender, group[sender].dht_peer_id)], group)
-        return await asyncio.to_thread(decode_slice, codec, data, numel, key)
+        if read_in_place(codec, data, numel) or not decodes_into(codec):
+            return await asyncio.to_thread(decode_slice, codec, data, numel, key)
+        out = self._scratch.take(numel)  # memory the last stripe's or exchange's reduction let go: no page faults
+        await asyncio.to_thread(decode_into, codec, data, out, key)
+        return out
 
     async def _decoded_into(self, key: str, group: list[Member], codec, where: tuple, sender: int,
                             out: torch.Tensor) -> None:
@@ -360,6 +371,9 @@ class Exchange:
                   opened: Optional[float] = None) -> None:
         self._received_bytes[key] = self._received_bytes.get(key, 0) + sum(sizes)
         self._transfers.received(key, libp2p_id, sizes, arrivals, opened=opened)
+
+
+_NOTHING = torch.empty(0)  # a kept reduction's average: the bytes sent are what counts
 
 
 async def _pause(seconds: Optional[float]) -> None:

@@ -14,7 +14,7 @@ import torch
 
 from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import butterfly_bounds, owner_encode, part_bounds
-from swarm.core.codec_base import all_finite
+from swarm.core.codec_base import Codec, all_finite
 from swarm.core.owner_feedback import OwnerFeedback
 from swarm.net.exchange_failed import ExchangeFailed
 from swarm.net.rendezvous import Member
@@ -91,12 +91,13 @@ def reduce_slice(aggregation: Aggregation, codec, contributions: list[bytes], we
 
 
 def reduce_decoded(aggregation: Aggregation, codec, decoded: list[torch.Tensor], weights: list[float],
-                   key: str, *, owner: Optional[OwnerFeedback] = None,
-                   bounds: Optional[tuple[int, int]] = None) -> tuple[bytes, Reduced]:
+                   key: str, *, owner: Optional[OwnerFeedback] = None, bounds: Optional[tuple[int, int]] = None,
+                   out: Optional[torch.Tensor] = None) -> tuple[bytes, Reduced]:
     """``reduce_slice`` on contributions already decoded (each as it arrived). With ``owner`` (this
     peer's residual for its slice ``bounds``) and a codec that asks for owner feedback, the residual is
-    added before encoding and the new one staged (``average.owner_encode``)."""
-    reduced = aggregation.reduce(decoded, weights)
+    added before encoding and the new one staged (``average.owner_encode``). ``out``: where a mean is
+    written (``Aggregation.reduce``)."""
+    reduced = aggregation.reduce(decoded, weights, out=out)
     try:
         return owner_encode(codec, reduced.average, bounds or (0, 0), owner), reduced
     except ValueError as e:  # non-finite values: never sent, never applied
@@ -137,7 +138,7 @@ def encode_slice(codec, tensor: torch.Tensor, key: str) -> bytes:
 def decode_slice(codec, data: bytes | memoryview, numel: int, key: str) -> torch.Tensor:
     """The slice's values; fp32 bytes in a ``memoryview`` (the bulk channel's buffer, this peer's own slice of
     its vector) are read where they lie, without the codec's copy (the reduction only reads them)."""
-    if _raw_fp32(codec) and isinstance(data, memoryview) and not data.readonly and len(data) == 4 * numel:
+    if read_in_place(codec, data, numel):
         return torch.from_numpy(_checked(codec, key, lambda: np.frombuffer(data, dtype="<f4")))
     return torch.from_numpy(_checked(codec, key, lambda: codec.decode(data, numel).numpy()))
 
@@ -163,6 +164,16 @@ def _checked(codec, key: str, decode: Callable[[], np.ndarray]) -> np.ndarray:
     if not codec.decodes_finite and not all_finite(values):  # numpy's check is ~100x faster than torch's
         raise ExchangeFailed(f"{key}: a groupmate sent non-finite values")
     return values
+
+
+def read_in_place(codec, data: bytes | memoryview, numel: int) -> bool:
+    """Whether ``decode_slice`` reads ``data``'s values where they lie (fp32 in a writable buffer): no copy."""
+    return _raw_fp32(codec) and isinstance(data, memoryview) and not data.readonly and len(data) == 4 * numel
+
+
+def decodes_into(codec) -> bool:
+    """Whether the codec decodes straight into a given array (else its ``decode_into`` decodes and copies)."""
+    return type(codec).decode_into is not Codec.decode_into
 
 
 def _raw_fp32(codec) -> bool:

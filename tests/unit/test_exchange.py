@@ -763,6 +763,31 @@ def test_an_exchange_reuses_its_result_vector_only_once_nothing_holds_it(peers: 
     assert a_result(923).data_ptr() == second_memory and a.exchange._results.reused == reused + 1
 
 
+def test_decoded_contributions_go_into_memory_the_last_exchange_let_go_and_every_average_stays_exact(
+        peers: list[Peer]) -> None:
+    """An int4 butterfly decodes each contribution into, and reduces into, memory an earlier stripe or exchange used
+    (a first touch costs a page fault per page): the second exchange takes only such memory, and both averages are
+    the simulator's, bit for bit, on every member."""
+    weights = [3.0, 1.0, 2.0]
+    members = [p.member(weight=w, codec="int4") for p, w in zip(peers, weights)]
+
+    def exchange(round_no: int) -> None:
+        key = group_key(RUN_ID, round_no)
+        inputs = deltas(round_no, 3)
+        results = results_of(concurrently(
+            [lambda p=p, me=me, d=d: p.exchange.average(key=key, group=p.group(key, me, {q.name for q in peers}), me=me,
+                                                        delta=d, timeout_s=30)
+             for p, me, d in zip(peers, members, inputs)], timeout_s=60))
+        expected = butterfly_reference(inputs, weights, "int4")
+        assert all(torch.equal(r.average, expected) for r in results)
+
+    exchange(931)
+    taken = [p.exchange._scratch.reused for p in peers]
+    exchange(932)
+    takes = (len(peers) + 1) * stripe_count("int4", NUMEL, len(peers))  # per stripe: 3 decodes and a reduction
+    assert [p.exchange._scratch.reused - before for p, before in zip(peers, taken)] == [takes] * len(peers)
+
+
 
 
 def test_a_restarted_groupmate_that_the_abort_missed_is_told_the_exchange_already_failed(peers: list[Peer]) -> None:
