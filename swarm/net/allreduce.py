@@ -146,10 +146,12 @@ class Exchange:
         this peer's residual as its slice's owner (``swarm.core.owner_feedback``; ``average.owner_encode``).
         """
         on_phase = on_phase or (lambda phase: None)
-        failed = ""
+        failed, completed = "", False
         try:
-            return self.transport.run(self._average_or_abort(key, group, me, delta, on_phase, timeout_s, shares, owner),
-                                      timeout_s=timeout_s + ABORT_TIMEOUT_S + 5)
+            result = self.transport.run(self._average_or_abort(key, group, me, delta, on_phase, timeout_s, shares,
+                                                               owner), timeout_s=timeout_s + ABORT_TIMEOUT_S + 5)
+            completed = True
+            return result
         except (asyncio.TimeoutError, TimeoutError):
             failed = f"the group did not complete the exchange within {timeout_s:.0f}s"
             raise ExchangeFailed(f"{key}: {failed}") from None
@@ -157,7 +159,7 @@ class Exchange:
             failed = str(e).removeprefix(f"{key}: ")
             raise
         finally:
-            self.transport.run(self.inbox.forget(key, failed=failed), timeout_s=5)
+            self.transport.run(self.inbox.forget(key, failed=failed, completed=completed), timeout_s=5)
 
     async def _average_or_abort(self, key: str, group: list[Member], me: Member, delta: torch.Tensor,
                                 on_phase: Callable[[str], Optional[float]], timeout_s: float,

@@ -7,7 +7,10 @@ two messages per stripe and an abort per key); once the group is known, slices a
 are dropped and counted, and so are a member's messages for a phase or a part its exchange does not have (each
 one would otherwise take memory until the exchange ends). Once this peer's exchange of a key has failed, messages
 for that key are refused with the reason: their sender (e.g. a groupmate's restarted process, which the abort did
-not reach) then fails at once instead of waiting out its timeout for slices this peer will never send.
+not reach) then fails at once instead of waiting out its timeout for slices this peer will never send. So are a
+completed exchange's messages from anyone outside its group (e.g. a restarted process that a restarted coordinator,
+not yet told how far the group got while it was away, sent into a round the group had already decided), while a
+member's retried slice is still taken and acknowledged.
 Owned by the transport's event loop.
 """
 
@@ -27,6 +30,7 @@ logger = logging.getLogger("swarm.net.allreduce")  # the exchange's log, where t
 
 MAX_OPEN_KEYS = 4  # rounds whose early parts are buffered; older ones are dropped
 MAX_FAILED_KEYS = 8  # keys whose exchange failed here, remembered to refuse their late messages
+MAX_COMPLETED_KEYS = 8  # keys whose exchange completed here, with their members, to refuse anyone else's
 MAX_EARLY_SLOTS_PER_SENDER = 2 * MAX_STRIPES + 4  # buffered per sender and key before the group is known (a member
 # sends 2 per stripe and an abort)
 Slot = tuple[str, int, int, int, str]  # (group digest, phase, part, sender position, sender's libp2p id)
@@ -45,6 +49,7 @@ class SliceInbox:
         self._parts: dict[str, int] = {}  # key -> how many parts its exchange has
         # key -> why this peer's exchange of it failed; never a key being averaged (expect takes it out)
         self._failed: OrderedDict[str, str] = OrderedDict()
+        self._completed: OrderedDict[str, frozenset[str]] = OrderedDict()  # key -> its members' libp2p ids; likewise
         self.rejected = 0  # messages dropped because their sender is not the member they claim to be
         self.cond = asyncio.Condition()  # made on the loop (an Exchange's start)
 
@@ -93,7 +98,7 @@ class SliceInbox:
         buffer for the key if needed). A member sends each peer at most two messages per stripe and key (its
         contribution, its averaged slice) and an abort, so a sender with more is not an honest member; the
         buffers of keys being averaged are never evicted for a new key."""
-        if not key.startswith(self.key_prefix) or key in self._failed:
+        if not key.startswith(self.key_prefix) or key in self._failed or self._completed_without(key, slot[4]):
             return False
         if key in self._slots:
             inbox = self._slots[key]
@@ -121,6 +126,7 @@ class SliceInbox:
         group's slices."""
         async with self.cond:
             self._failed.pop(key, None)
+            self._completed.pop(key, None)
             self._groups[key], self._digests[key], self._parts[key] = ids, digest, parts
             if key not in self._slots:
                 self._open(key, force=True)
@@ -135,6 +141,9 @@ class SliceInbox:
         """The sentence a dropped message's sender gets back (its ack's error)."""
         if key in self._failed:
             return f"this peer's exchange of {key} already failed ({self._failed[key]}); it cannot complete"
+        if self._completed_without(key, sender_id):
+            return (f"this peer's exchange of {key} is over: it completed in a group without this sender, which"
+                    " cannot complete it")
         if slot is not None and self._out_of_range(key, slot):
             return (f"this exchange has no phase {slot[1]} part {slot[2]} (it has {self._parts.get(key, 0)} parts);"
                     " the sender's exchange is cut otherwise, e.g. another Swarm version's")
@@ -149,8 +158,8 @@ class SliceInbox:
     def reject(self, key: str, sender_id: str, sender: int, slot: Optional[Slot] = None) -> None:
         """Count a dropped message (under ``cond``); from a member of ``key``'s group, for another group, it means
         that member averages in another group."""
-        if key in self._failed:
-            return  # a late message for an exchange that failed here: refused with the reason, not an intruder's
+        if key in self._failed or self._completed_without(key, sender_id):
+            return  # a late message for an exchange that ended here: refused with the reason, not an intruder's
         out_of_range = slot is not None and self._out_of_range(key, slot)
         if not out_of_range and sender_id in self._groups.get(key, ()) and sender_id != self.own_id:
             self._disagreed.setdefault(key, sender_id)
@@ -193,14 +202,23 @@ class SliceInbox:
         return ExchangeFailed(f"{key}: groupmate {who} averages in another group (its matchmaking window closed on "
                               "other entries, e.g. a late peer's); this round's exchange cannot complete")
 
-    async def forget(self, key: str, *, failed: str = "") -> None:
+    def _completed_without(self, key: str, sender_id: str) -> bool:
+        """Whether ``key``'s exchange completed here in a group ``sender_id`` was not in."""
+        return key in self._completed and sender_id not in self._completed[key]
+
+    async def forget(self, key: str, *, failed: str = "", completed: bool = False) -> None:
         """``key``'s exchange is over: its slices go, and what others keep for it (``on_forget``); ``failed``: why
-        it failed here (its late messages are then refused with that reason)."""
+        it failed here (its late messages are then refused with that reason); ``completed``: it completed here (its
+        members' late messages are still taken, anyone else's refused)."""
         async with self.cond:
             if failed:  # told to whoever sends for the key later: printable characters, bounded
                 self._failed[key] = "".join(c if c.isprintable() else " " for c in failed[:300])
                 while len(self._failed) > MAX_FAILED_KEYS:
                     self._failed.popitem(last=False)
+            elif completed and key in self._groups:
+                self._completed[key] = frozenset(self._groups[key])
+                while len(self._completed) > MAX_COMPLETED_KEYS:
+                    self._completed.popitem(last=False)
             self._slots.pop(key, None)
             self._groups.pop(key, None)
             self._digests.pop(key, None)

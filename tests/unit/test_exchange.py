@@ -824,3 +824,37 @@ def test_a_restarted_groupmate_that_the_abort_missed_is_told_the_exchange_alread
         timeout_s=60))
     assert torch.equal(results[0].average, results[1].average)
     assert torch.equal(results[0].average, weighted_average(inputs, [1.0, 1.0]))
+
+
+def test_a_restarted_process_sent_into_a_round_its_group_already_completed_is_told_so_at_once(
+        peers: list[Peer]) -> None:
+    # b's old process and a completed a round's exchange (while their coordinator was away, say). b's process then
+    # died, and the coordinator, restarted and not yet told how far the group got, sent b's new process into that
+    # round: a refuses its slices with the reason, so b fails at once instead of waiting for a's slices for its
+    # whole timeout (the chaos soak stalled the swarm 9 s so: the coordinator waited for b's report)
+    a, b, old_process = peers
+    key = group_key(RUN_ID, 43)
+    inputs = deltas(43, 2)
+    me_a, me_b = a.member(weight=1.0), b.member(weight=1.0)
+    b_then = dataclasses.replace(old_process.member(weight=1.0), peer_id=me_b.peer_id)
+    results_of(concurrently(
+        [lambda: a.exchange.average(key=key, group=[me_a, b_then], me=me_a, delta=inputs[0], timeout_s=30),
+         lambda: old_process.exchange.average(key=key, group=[me_a, b_then], me=b_then, delta=inputs[1], timeout_s=30)],
+        timeout_s=60))
+    intruders_before = a.exchange.rejected_chunks
+    started = time.monotonic()
+    with pytest.raises(ExchangeFailed) as info:
+        b.exchange.average(key=key, group=[me_a, me_b], me=me_b, delta=inputs[1], timeout_s=20)
+    assert time.monotonic() - started < 5, "b waited for slices a will never send"
+    assert f"{a.name} refused a slice: this peer's exchange of {key} is over: it completed in a group without this" \
+        " sender" in str(info.value)
+    assert a.exchange.rejected_chunks == intruders_before  # refused with the reason, not counted as an intruder's
+
+    # the next round between a and b's new process is unaffected
+    key = group_key(RUN_ID, 44)
+    results = results_of(concurrently(
+        [lambda: a.exchange.average(key=key, group=[me_a, me_b], me=me_a, delta=inputs[0], timeout_s=30),
+         lambda: b.exchange.average(key=key, group=[me_a, me_b], me=me_b, delta=inputs[1], timeout_s=30)],
+        timeout_s=60))
+    assert torch.equal(results[0].average, results[1].average)
+    assert torch.equal(results[0].average, weighted_average(inputs, [1.0, 1.0]))

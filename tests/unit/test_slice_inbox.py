@@ -28,19 +28,25 @@ def inbox() -> SliceInbox:
     return SliceInbox(key_prefix=PREFIX, own_id="QmSelf", on_forget=lambda k: None)
 
 
-def test_a_key_whose_exchange_failed_refuses_late_slices_with_the_reason_and_one_that_succeeded_does_not() -> None:
+def test_a_key_whose_exchange_failed_refuses_late_slices_with_the_reason_and_one_that_succeeded_only_strangers() -> None:
     async def scenario() -> None:
         box = inbox()
         for k in (key(1), key(2)):
             await box.expect(k, ["QmSelf", "QmOldProcess"], "digest", 2)
         await box.forget(key(1), failed="cannot reach groupmate b\n\x1b[31m")
-        await box.forget(key(2))
+        await box.forget(key(2), completed=True)
 
         assert not await late_slice(box, key(1))
         assert box.refusal(key(1), LATE) == (f"this peer's exchange of {key(1)} already failed (cannot reach groupmate"
                                              " b  [31m); it cannot complete")  # only printable characters
         assert box.rejected == 0  # a late groupmate, not an intruder
-        assert await late_slice(box, key(2))  # succeeded here: a retried slice is still taken (early, as before)
+        # succeeded here: a member's retried slice is still taken (early, as before), anyone else's refused
+        assert await box.deliver(key(2), "digest", exchange_pb2.PHASE_CONTRIBUTION, 0, 1, b"bytes",
+                                 sender_id="QmOldProcess")
+        assert not await late_slice(box, key(2))
+        assert box.refusal(key(2), LATE) == (f"this peer's exchange of {key(2)} is over: it completed in a group"
+                                             " without this sender, which cannot complete it")
+        assert box.rejected == 0
 
     asyncio.run(scenario())
 
@@ -56,7 +62,7 @@ def test_only_the_latest_failed_keys_are_kept_and_a_new_exchange_of_one_takes_sl
         await box.expect(key(MAX_FAILED_KEYS), ["QmSelf", LATE], "digest", 1)  # the key is exchanged anew
         assert await late_slice(box, key(MAX_FAILED_KEYS))
         assert "already failed" not in box.refusal(key(MAX_FAILED_KEYS), LATE)
-        await box.forget(key(MAX_FAILED_KEYS))  # ... and succeeds: the old failure no longer refuses a late retry
+        await box.forget(key(MAX_FAILED_KEYS), completed=True)  # ... and succeeds: a member's late retry is taken
         assert await late_slice(box, key(MAX_FAILED_KEYS))
 
     asyncio.run(scenario())
