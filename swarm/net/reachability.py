@@ -25,5 +25,5 @@ def unreachable_groupmate(key: str, peer_id: str, maddrs: str, error: BaseExcept
     """The exchange's failure reason when ``peer_id`` could not be dialled."""
     where = maddrs if maddrs.isprintable() and maddrs else "no announced address"
     detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-    return (f"{key}: cannot reach groupmate {peer_id} at {where} ({detail}); that peer must pass "
-            "--announce-host ADDRESS reachable from its groupmates (and open the port)")
+    return (f"{key}: cannot reach groupmate {peer_id} at {where} ({detail}); it may have stopped, or if it runs, "
+            "it must pass --announce-host ADDRESS reachable from its groupmates (and open the port)")

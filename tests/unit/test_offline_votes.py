@@ -263,3 +263,45 @@ def test_a_restarted_process_that_has_not_yet_taken_part_in_a_round_the_coordina
     link.coordinator_decided = True
     _decided_alone(link, vote)
     assert asked == [vote]
+
+
+class _BehindCoordinator:
+    """A coordinator back from a restart at round ``behind``: it refuses reports of later rounds until this peer
+    has reported the rounds its group decided without it, then decides every round it is told of."""
+
+    def __init__(self, behind: int) -> None:
+        self.open_round, self.reports = behind, []
+
+    def report_round(self, request: pb.ReportRoundRequest) -> pb.ReportRoundResponse:
+        self.reports.append(request.round)
+        if request.round == self.open_round:
+            self.open_round += 1
+        return pb.ReportRoundResponse(round=pb.RoundInfo(round=request.round, open_round=self.open_round))
+
+    def get_round(self, *, peer_id: str, round_no: int) -> pb.RoundInfo:
+        decided = round_no < self.open_round
+        return pb.RoundInfo(round=round_no, open_round=self.open_round, committed_hash="h" if decided else "",
+                            outcome=pb.ROUND_OUTCOME_COMMITTED if decided else pb.ROUND_OUTCOME_OPEN)
+
+
+def test_a_coordinator_back_but_behind_hears_the_groups_rounds_at_once_instead_of_after_the_votes() -> None:
+    """Back from a restart, the coordinator is at round 20 while the group, which decided round 20 by its votes,
+    averaged round 21; a groupmate died before voting on 21, so its votes cannot decide it. The peer reports round 20
+    from its backlog at once and the coordinator decides 21, instead of the peer first waiting out the votes' timeout
+    (a chaos soak: every peer 8 s)."""
+    from peer.coordinator_link import Backlogged, GroupDecided
+
+    asked: list = []
+    link = _link({"p-me", "p-b", "p-c", "p-d"}, asked)
+    link.coordinator_decided = True
+    link.client = coordinator = _BehindCoordinator(behind=20)
+    link.backlog.append(Backlogged(pb.ReportRoundRequest(peer_id="p-me", round=20, ok=True, state_hash="h"), "h"))
+    decision = link.decide(_vote(21, ["p-me", "p-b", "p-c", "p-d"]))
+    assert decision.committed_hash == "h" and not decision.by_group
+    assert not asked  # the votes were not waited for
+    assert coordinator.reports == [21, 20, 21]  # refused (behind), the backlog, then this round again
+
+    link.backlog.clear()  # with nothing to tell it, the group's votes are still what decide
+    link.group_decision = lambda vote: asked.append(vote) or GroupDecided("h2", [], [])
+    coordinator.open_round = 22
+    assert link.decide(_vote(23, ["p-me", "p-b", "p-c", "p-d"])).by_group and len(asked) == 1

@@ -69,5 +69,6 @@ def test_dial_failures_are_told_apart_and_shown_bounded():
     shown = shown_maddrs([f"/ip4/10.0.0.{i}/tcp/7100/p2p/QmPeer" for i in range(9)])
     assert shown == " ".join(f"/ip4/10.0.0.{i}/tcp/7100" for i in range(3))
     reason = unreachable_groupmate("k", "p-1", "bad\x1b[31m", RuntimeError("routing: not found"))
-    assert reason == ("k: cannot reach groupmate p-1 at no announced address (routing: not found); that peer must "
-                      "pass --announce-host ADDRESS reachable from its groupmates (and open the port)")
+    assert reason == ("k: cannot reach groupmate p-1 at no announced address (routing: not found); it may have "
+                      "stopped, or if it runs, it must pass --announce-host ADDRESS reachable from its groupmates (and"
+                      " open the port)")
