@@ -61,6 +61,7 @@ class DhtGroup:
         self.round_choice = round_choice or (lambda round_no: None)
         self.faults = faults
         self.exchange = Exchange(transport, run_id=run_id, aggregation=Aggregation.for_run(run))
+        self.exchange.read_entries_as(member)  # a groupmate's restarted process then fails its old one's exchange at once
         self.two_level = TwoLevelExchange(self.exchange, transport, run_id=run_id, group_size=run.rounds.group_size) \
             if run.rounds.hierarchical else None  # [rounds] hierarchical: by site, then across sites
         self.live_peers = 0  # the run's live peers as last heard from the coordinator (0: not yet)

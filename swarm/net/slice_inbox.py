@@ -10,7 +10,9 @@ for that key are refused with the reason: their sender (e.g. a groupmate's resta
 not reach) then fails at once instead of waiting out its timeout for slices this peer will never send. So are a
 completed exchange's messages from anyone outside its group (e.g. a restarted process that a restarted coordinator,
 not yet told how far the group got while it was away, sent into a round the group had already decided), while a
-member's retried slice is still taken and acknowledged.
+member's retried slice is still taken and acknowledged. A message for a key being averaged from a libp2p id outside
+its group is reported (``on_stranger``): the exchange checks whether it is a member's restarted process, whose old
+process's slices will then never come (``member_gone`` fails the exchange at once).
 Owned by the transport's event loop.
 """
 
@@ -50,7 +52,10 @@ class SliceInbox:
         # key -> why this peer's exchange of it failed; never a key being averaged (expect takes it out)
         self._failed: OrderedDict[str, str] = OrderedDict()
         self._completed: OrderedDict[str, frozenset[str]] = OrderedDict()  # key -> its members' libp2p ids; likewise
+        self._gone: dict[str, str] = {}  # key -> why a member's slices will never come (its process was replaced)
         self.rejected = 0  # messages dropped because their sender is not the member they claim to be
+        # called (under ``cond``) with a key being averaged and the libp2p id of a sender outside its group
+        self.on_stranger: Callable[[str, str], None] = lambda key, sender_id: None
         self.cond = asyncio.Condition()  # made on the loop (an Exchange's start)
 
     async def deliver(self, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes | memoryview,
@@ -127,6 +132,7 @@ class SliceInbox:
         async with self.cond:
             self._failed.pop(key, None)
             self._completed.pop(key, None)
+            self._gone.pop(key, None)
             self._groups[key], self._digests[key], self._parts[key] = ids, digest, parts
             if key not in self._slots:
                 self._open(key, force=True)
@@ -165,6 +171,8 @@ class SliceInbox:
             self._disagreed.setdefault(key, sender_id)
             self.cond.notify_all()
             return
+        if key in self._groups and sender_id not in self._groups[key]:
+            self.on_stranger(key, sender_id)
         self.rejected += 1
         if self.rejected & (self.rejected - 1) == 0:  # the 1st, 2nd, 4th, 8th...: never a flood
             why = (f"phase {slot[1]} part {slot[2]}, which this exchange does not have" if out_of_range else
@@ -184,10 +192,12 @@ class SliceInbox:
             return None
 
         async with self.cond:
-            await self.cond.wait_for(lambda: aborted() or key in self._disagreed
+            await self.cond.wait_for(lambda: aborted() or key in self._disagreed or key in self._gone
                                      or all(w in self._slots.get(key, {}) for w in wanted))
             if key in self._disagreed:
                 raise self._disagreement(key, group)
+            if key in self._gone:
+                raise ExchangeFailed(f"{key}: {self._gone[key]}")
             abort = aborted()
             if abort is not None:
                 sender, why = abort
@@ -201,6 +211,13 @@ class SliceInbox:
         who = next((m.peer_id for m in group if m.dht_peer_id == self._disagreed[key]), self._disagreed[key])
         return ExchangeFailed(f"{key}: groupmate {who} averages in another group (its matchmaking window closed on "
                               "other entries, e.g. a late peer's); this round's exchange cannot complete")
+
+    async def member_gone(self, key: str, why: str) -> None:
+        """A member of ``key``'s exchange in progress will never send its slices (``why``): the exchange fails."""
+        async with self.cond:
+            if key in self._groups:
+                self._gone.setdefault(key, why)
+                self.cond.notify_all()
 
     def _completed_without(self, key: str, sender_id: str) -> bool:
         """Whether ``key``'s exchange completed here in a group ``sender_id`` was not in."""
@@ -223,6 +240,7 @@ class SliceInbox:
             self._groups.pop(key, None)
             self._digests.pop(key, None)
             self._disagreed.pop(key, None)
+            self._gone.pop(key, None)
             self._parts.pop(key, None)
             self.on_forget(key)
 

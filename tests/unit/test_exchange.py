@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import threading
 import time
@@ -26,6 +27,7 @@ from swarm.core.signed_entry import entry_body
 from swarm.core.codec import CODECS
 from swarm.core.credential import PeerKey
 from swarm.core.wire_protocol import PROTOCOL
+from swarm.net import allreduce as allreduce_module
 from swarm.net.allreduce import Exchange, ExchangeFailed, ExchangeResult
 from swarm.net.slice_inbox import MAX_OPEN_KEYS
 from swarm.net.dht_entries import EntryValidator, guard, read_entries, sign_entry, store_entry
@@ -782,6 +784,7 @@ def test_decoded_contributions_go_into_memory_the_last_exchange_let_go_and_every
         assert all(torch.equal(r.average, expected) for r in results)
 
     exchange(931)
+    gc.collect()  # a send that fell back from the bulk channel under load leaves a traceback cycle holding a frame
     taken = [p.exchange._scratch.reused for p in peers]
     exchange(932)
     takes = (len(peers) + 1) * stripe_count("int4", NUMEL, len(peers))  # per stripe: 3 decodes and a reduction
@@ -824,6 +827,44 @@ def test_a_restarted_groupmate_that_the_abort_missed_is_told_the_exchange_alread
         timeout_s=60))
     assert torch.equal(results[0].average, results[1].average)
     assert torch.equal(results[0].average, weighted_average(inputs, [1.0, 1.0]))
+
+
+def test_a_groupmate_whose_process_restarted_mid_exchange_fails_the_exchange_at_once(
+        peers: list[Peer], monkeypatch: pytest.MonkeyPatch) -> None:
+    # b's process died as the round's exchange began, after a had its group: a waits for the old process's slices.
+    # b's restarted process posts its signed entry for the round and sends its slices: a refuses them (not that
+    # member's libp2p id), but the entry shows b was restarted, so a fails now instead of after its timeout (a chaos
+    # soak: 8 s of three peers). A message from an id no entry names changes nothing.
+    a, b, old_process = peers
+    key = group_key(RUN_ID, 45)
+    inputs = deltas(45, 2)
+    me_a, me_b = a.member(weight=1.0), b.member(weight=1.0)
+    b_then = dataclasses.replace(old_process.member(weight=1.0), peer_id=me_b.peer_id)
+    a.exchange.read_entries_as(a.credential)
+    monkeypatch.setattr(allreduce_module, "STRANGER_RECHECK_S", 0.0)  # b's second try is checked again at once
+    waiting = threading.Thread(target=lambda: outcome.append(_outcome(
+        lambda: a.exchange.average(key=key, group=[me_a, b_then], me=me_a, delta=inputs[0], timeout_s=20))))
+    outcome: list = []
+    started = time.monotonic()
+    waiting.start()
+    with pytest.raises(ExchangeFailed):  # an id with no entry (b before it posts): refused, a keeps waiting
+        b.exchange.average(key=key, group=[me_a, me_b], me=me_b, delta=inputs[1], timeout_s=3)
+    assert waiting.is_alive()
+    store_entry(b.transport.dht, key, me_b, member=b.credential, ttl_s=60)  # then b's new process tries again
+    with pytest.raises(ExchangeFailed):
+        b.exchange.average(key=key, group=[me_a, me_b], me=me_b, delta=inputs[1], timeout_s=5)
+    waiting.join(timeout=30)
+    assert time.monotonic() - started < 12, "a waited out its timeout for the old process's slices"
+    (failure,) = outcome
+    assert isinstance(failure, ExchangeFailed)
+    assert f"groupmate {me_b.peer_id} restarted: its new process sent this round's slices" in str(failure)
+
+
+def _outcome(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except Exception as e:  # the outcome is what the test checks
+        return e
 
 
 def test_a_restarted_process_sent_into_a_round_its_group_already_completed_is_told_so_at_once(
