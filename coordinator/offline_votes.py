@@ -68,7 +68,8 @@ def adopt(round_row: RoundRecord, reports: Mapping[str, ReportRecord], votes: Ma
           reporter: str, peers: Mapping[str, PeerRecord], now: float) -> tuple[RoundRecord, list[ReportRecord]]:
     """The open round with the voters as participants (the group decided the round with them), and a stand-in
     report for each voter whose process is gone (it is not alive, or it runs under another libp2p id now) and
-    who has not reported itself. Members alive in the same process report themselves."""
+    who has not reported itself, or whose next process reported a failure. Members alive in the same process
+    report themselves."""
     if round_row.outcome != OPEN:
         return round_row, []
     members = [p for p in sorted(votes) if p in peers]
@@ -91,7 +92,8 @@ def adopt(round_row: RoundRecord, reports: Mapping[str, ReportRecord], votes: Ma
         vote, peer, earlier = votes[peer_id], peers[peer_id], reports.get(peer_id)
         if peer_id == reporter or (peer.alive and peer.dht_peer_id == vote.dht_peer_id):
             continue
-        if earlier is None or rounds.is_restart_placeholder(earlier):
+        if earlier is None or not earlier.ok and not rounds.is_stand_in(earlier):  # none, its placeholder, or a
+            # failure of its next process, which the group's vote replaces (``rounds.supersedes``)
             stand_ins.append(ReportRecord(round=round_row.round, peer_id=peer_id, reported_at=now, ok=vote.ok,
                                           state_hash=vote.state_hash, group=group, error=rounds.BY_VOTE))
             logger.info("peer %s: round %d: its process is gone; its signed vote counts (%s)", peer_id,

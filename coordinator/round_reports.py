@@ -29,9 +29,10 @@ class RoundReports:
 
     def add(self, report: ReportRecord) -> bool:
         """Keep ``report``, in the store too; False when this peer already reported (the first one stands),
-        except that a peer's own report replaces a stand-in or placeholder (``rounds.precedence``)."""
+        except that a peer's own report replaces a stand-in or placeholder, and a stand-in a failure of its next
+        process (``rounds.supersedes``)."""
         earlier = self._reports.get(report.peer_id)
-        if earlier is not None and rounds.precedence(report) > rounds.precedence(earlier):
+        if earlier is not None and rounds.supersedes(report, earlier):
             self._store.replace_report(report)
         elif not self._store.add_report(report):
             return False

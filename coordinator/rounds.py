@@ -47,6 +47,19 @@ def precedence(report: ReportRecord) -> int:
     return 0 if is_restart_placeholder(report) else 1 if is_stand_in(report) else 2
 
 
+def supersedes(report: ReportRecord, earlier: ReportRecord) -> bool:
+    """Whether ``report`` replaces a peer's ``earlier`` report of a round (``precedence``), except between its signed
+    vote and a failure: a vote stands in only for a process that is gone, so a failure the peer reports itself comes
+    from its next process, which was not in the group that voted (restarted, and sent into a round its group had
+    already decided, it could not take part). That failure does not undo the old process's vote, and the vote
+    replaces it: a chaos soak saw two restarted processes' failures void a round their group had committed."""
+    if is_stand_in(earlier) and not report.ok:
+        return False
+    if is_stand_in(report) and not earlier.ok and not is_stand_in(earlier):
+        return True
+    return precedence(report) > precedence(earlier)
+
+
 def decide_round(
     now: float,
     round_row: RoundRecord,

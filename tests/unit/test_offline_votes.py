@@ -305,3 +305,34 @@ def test_a_coordinator_back_but_behind_hears_the_groups_rounds_at_once_instead_o
     link.group_decision = lambda vote: asked.append(vote) or GroupDecided("h2", [], [])
     coordinator.open_round = 22
     assert link.decide(_vote(23, ["p-me", "p-b", "p-c", "p-d"])).by_group and len(asked) == 1
+
+
+@pytest.mark.parametrize("failure_first", [True, False], ids=["its-failure-first", "the-votes-first"])
+def test_a_restarted_members_failure_does_not_undo_the_vote_its_old_process_gave_the_group(clock, failure_first) -> None:
+    """A group of four decided the round by its votes while the coordinator was away; two members died and their next
+    processes, sent into that round by the restarted coordinator, failed it (their groupmates refused them: the
+    exchange had completed without them). Their failures must not outvote what their old processes signed: a chaos
+    soak saw the coordinator void such a round 2 of 4, after the group had committed it and gone on."""
+    engine = make_engine(clock)
+    s1, s2, r1, r2 = (join(engine, name) for name in ("s1", "s2", "r1-old", "r2-old"))
+    group = [s1, s2, r1, r2]
+    votes = {p.peer_id: vote(engine, p, 1, "g", group) for p in group}  # before r1's and r2's processes died
+    restarted = [join(engine, "r1-new", key=r1.key), join(engine, "r2-new", key=r2.key)]
+
+    def failures() -> None:
+        for process in restarted:
+            engine.report(pb.ReportRoundRequest(peer_id=process.peer_id, round=1, ok=False, group=[process.peer_id],
+                                                error="this peer's exchange of the round is over: it completed in a "
+                                                      "group without this sender"))
+
+    def survivors() -> None:
+        for survivor in (s1, s2):
+            engine.report(group_report(engine, survivor, 1, "g", group, votes))
+
+    for reports in ((failures, survivors) if failure_first else (survivors, failures)):
+        reports()
+    clock.now += 11  # past the report grace, should the round still be open
+    engine.tick()
+    decided = engine.round_info(s1.peer_id, 1)
+    assert decided.outcome == pb.ROUND_OUTCOME_COMMITTED and decided.committed_hash == "g"
+    assert set(decided.holders) == {s1.dht_id, s2.dht_id}  # the restarted processes do not hold it: they resync
