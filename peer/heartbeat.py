@@ -7,6 +7,7 @@ import threading
 from typing import Callable, Optional
 
 from peer.faults import FaultPlan
+from peer.retry import coordinator_back
 from peer.stats import PeerStats
 from swarm.control.client import CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
 from swarm.net.transport import FORK_LOCK
@@ -44,6 +45,7 @@ class HeartbeatThread(threading.Thread):
                 if self._unreachable_since_logged:
                     logger.info("[%s] coordinator reachable again; heartbeats resumed", self.peer_id)
                     self._unreachable_since_logged = False
+                    coordinator_back()  # the report waiting out its backoff goes now
             except CoordinatorUnreachable as e:
                 if not self._unreachable_since_logged:
                     logger.warning("[%s] %s; training continues, heartbeats will retry", self.peer_id, e)

@@ -4,12 +4,34 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable, Optional, TypeVar
 
 from swarm.control.client import CoordinatorUnreachable
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+_back = threading.Condition()  # notified when the coordinator answers again (``coordinator_back``)
+_times_back = 0
+PAUSE_SLICE_S = 0.1  # how often a backoff checks ``stop`` (nothing notifies the condition when it is set)
+
+
+def coordinator_back() -> None:
+    """The coordinator answered again (the heartbeat saw it): every call waiting out a backoff retries now, instead of
+    up to ``max_backoff_s`` later (a chaos soak: a restarted peer's report waited 4 s more, and its round with it)."""
+    global _times_back
+    with _back:
+        _times_back += 1
+        _back.notify_all()
+
+
+def _pause(stop: threading.Event, seconds: float) -> None:
+    """Wait ``seconds``, less when ``stop`` is set or the coordinator is back meanwhile."""
+    with _back:
+        seen, until = _times_back, time.monotonic() + seconds
+        while not stop.is_set() and _times_back == seen and (left := until - time.monotonic()) > 0:
+            _back.wait(min(left, PAUSE_SLICE_S))
 
 
 def with_retry(
@@ -38,7 +60,8 @@ def with_retry(
             if give_up_after_s is not None and waited >= give_up_after_s:
                 return None
             logger.warning("%s: %s; retrying in %.1fs", what, e, backoff)
-            stop.wait(backoff)
-            waited += backoff
+            started = time.monotonic()
+            _pause(stop, backoff)
+            waited += time.monotonic() - started
             backoff = min(max_backoff_s, backoff * 2)
     return None
