@@ -26,10 +26,10 @@ def coordinator_back() -> None:
         _back.notify_all()
 
 
-def _pause(stop: threading.Event, seconds: float) -> None:
-    """Wait ``seconds``, less when ``stop`` is set or the coordinator is back meanwhile."""
+def _pause(stop: threading.Event, seconds: float, seen: int) -> None:
+    """Wait ``seconds``, less when ``stop`` is set or the coordinator was back since ``_times_back`` was ``seen``."""
     with _back:
-        seen, until = _times_back, time.monotonic() + seconds
+        until = time.monotonic() + seconds
         while not stop.is_set() and _times_back == seen and (left := until - time.monotonic()) > 0:
             _back.wait(min(left, PAUSE_SLICE_S))
 
@@ -51,6 +51,7 @@ def with_retry(
     """
     backoff, waited = first_backoff_s, 0.0
     while not stop.is_set():
+        seen = _times_back  # the coordinator back after the call began (it failed meanwhile): retry at once
         try:
             result = call()
             if waited:
@@ -61,7 +62,7 @@ def with_retry(
                 return None
             logger.warning("%s: %s; retrying in %.1fs", what, e, backoff)
             started = time.monotonic()
-            _pause(stop, backoff)
+            _pause(stop, backoff, seen)
             waited += time.monotonic() - started
             backoff = min(max_backoff_s, backoff * 2)
     return None
