@@ -42,6 +42,7 @@ FORK_LOCK = threading.Lock()
 
 
 PARENT_POLL_S = 1.0
+REPLICATE_TIMEOUT_S = 15.0  # the started DHT process hands over its p2p daemon within this, or the start is retried
 
 
 async def _exit_with_parent(parent_pid: int, _dht: Any, node: Any) -> None:
@@ -116,8 +117,8 @@ class Transport:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="swarm-p2p", daemon=True)
         self._thread.start()
-        try:
-            self.p2p = self.run(self.dht.replicate_p2p(), timeout_s=start_timeout_s)
+        try:  # a local call to the DHT process, ready by now: when it does not answer, starting again is faster
+            self.p2p = self.run(self.dht.replicate_p2p(), timeout_s=min(start_timeout_s, REPLICATE_TIMEOUT_S))
         except Exception as e:  # e.g. no answer from the DHT process on a loaded machine: a start to retry
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise self._failed_start(initial_peers, e) from e
@@ -127,12 +128,21 @@ class Transport:
     def _failed_start(self, initial_peers: Sequence[str], error: Exception) -> TransportStartFailed:
         """Stop the DHT process of a start that failed (left running, it would keep this process from exiting:
         the interpreter waits for it, and it waits for this process to end) and say why, as a start to retry."""
-        try:
-            self.dht.shutdown()
-        except Exception as shutdown_error:  # the DHT process may already be gone
-            logger.debug("DHT shutdown after a failed start: %r", shutdown_error)
+        self._stop_dht()
         return TransportStartFailed(f"the DHT did not start through {list(initial_peers) or 'no peers'}: "
                                     f"{str(error).strip() or type(error).__name__}")
+
+    def _stop_dht(self) -> None:
+        """Shut the DHT process down; kill it if it is still there after hivemind's grace period and SIGTERM (a chaos
+        soak saw one outlive both, and the interpreter's exit then waited for it forever)."""
+        try:
+            self.dht.shutdown()
+        except Exception as e:  # the DHT process may already be gone
+            logger.debug("DHT shutdown: %r", e)
+        if self.dht.is_alive():
+            logger.warning("the DHT process (pid %s) did not end when asked; killing it", self.dht.pid)
+            self.dht.kill()
+            self.dht.join(timeout=5)
 
     @property
     def visible_maddrs(self) -> list[str]:
@@ -164,10 +174,7 @@ class Transport:
             self.run(self._cancel_tasks(), timeout_s=5)
         except Exception as e:  # shutting down; nothing left to protect
             logger.debug("transport tasks: %r", e)
-        try:
-            self.dht.shutdown()
-        except Exception as e:
-            logger.debug("DHT shutdown: %r", e)
+        self._stop_dht()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
 

@@ -81,3 +81,22 @@ def test_a_dht_process_that_never_hands_over_its_p2p_is_a_start_to_retry_and_the
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "refused: the DHT did not start through no peers: transport operation did not finish" in proc.stdout
+
+
+def test_a_dht_process_that_ignores_its_shutdown_is_killed_and_the_process_still_exits():
+    """A chaos soak: a restarted peer's DHT process did not hand over its p2p daemon, and outlived both its shutdown
+    and SIGTERM; the peer finished its run but its process never exited (the interpreter joins its children)."""
+    code = ("import signal, time, hivemind\n"
+            "async def stuck(dht, node):\n"
+            "    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # runs in the DHT process, whose loop it then blocks\n"
+            "    time.sleep(3600)\n"
+            "hivemind.DHT._get_p2p_daemon_listen_maddr = staticmethod(stuck)\n"
+            "from swarm.net.transport import Transport, TransportStartFailed\n"
+            "try:\n"
+            "    Transport(initial_peers=[], start_timeout_s=5)\n"
+            "except TransportStartFailed as e:\n"
+            "    print('refused:', e, flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "refused: the DHT did not start through no peers: transport operation did not finish" in proc.stdout
+    assert "did not end when asked; killing it" in proc.stderr
