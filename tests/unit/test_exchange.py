@@ -810,17 +810,24 @@ def test_a_restarted_groupmate_that_the_abort_missed_is_told_the_exchange_alread
 
     with pytest.raises(ExchangeFailed, match="injected"):
         a.exchange.average(key=key, group=[me_a, b_then], me=me_a, delta=inputs[0], timeout_s=10, on_phase=fail)
+    _b_is_refused_at_once_and_the_next_round_is_unaffected(
+        a, b, key, inputs, f"this peer's exchange of {key} already failed (injected: cannot reach", next_round=42)
+
+
+def _b_is_refused_at_once_and_the_next_round_is_unaffected(a: Peer, b: Peer, key: str, inputs: list[torch.Tensor],
+                                                           refusal: str, *, next_round: int) -> None:
+    """b's restarted process starts ``key``'s exchange with a: a refuses it with ``refusal`` (not as an intruder),
+    b fails at once, and the next round between the two is bit-identical."""
+    me_a, me_b = a.member(weight=1.0), b.member(weight=1.0)
     intruders_before = a.exchange.rejected_chunks
     started = time.monotonic()
     with pytest.raises(ExchangeFailed) as info:
         b.exchange.average(key=key, group=[me_a, me_b], me=me_b, delta=inputs[1], timeout_s=20)
     assert time.monotonic() - started < 5, "b waited for slices a will never send"
-    assert f"{a.name} refused a slice: this peer's exchange of {key} already failed (injected: cannot reach" \
-        in str(info.value)
+    assert f"{a.name} refused a slice: {refusal}" in str(info.value)
     assert a.exchange.rejected_chunks == intruders_before  # refused with the reason, not counted as an intruder's
 
-    # the next round between the same two processes is unaffected
-    key = group_key(RUN_ID, 42)
+    key = group_key(RUN_ID, next_round)
     results = results_of(concurrently(
         [lambda: a.exchange.average(key=key, group=[me_a, me_b], me=me_a, delta=inputs[0], timeout_s=30),
          lambda: b.exchange.average(key=key, group=[me_a, me_b], me=me_b, delta=inputs[1], timeout_s=30)],
@@ -882,20 +889,6 @@ def test_a_restarted_process_sent_into_a_round_its_group_already_completed_is_to
         [lambda: a.exchange.average(key=key, group=[me_a, b_then], me=me_a, delta=inputs[0], timeout_s=30),
          lambda: old_process.exchange.average(key=key, group=[me_a, b_then], me=b_then, delta=inputs[1], timeout_s=30)],
         timeout_s=60))
-    intruders_before = a.exchange.rejected_chunks
-    started = time.monotonic()
-    with pytest.raises(ExchangeFailed) as info:
-        b.exchange.average(key=key, group=[me_a, me_b], me=me_b, delta=inputs[1], timeout_s=20)
-    assert time.monotonic() - started < 5, "b waited for slices a will never send"
-    assert f"{a.name} refused a slice: this peer's exchange of {key} is over: it completed in a group without this" \
-        " sender" in str(info.value)
-    assert a.exchange.rejected_chunks == intruders_before  # refused with the reason, not counted as an intruder's
-
-    # the next round between a and b's new process is unaffected
-    key = group_key(RUN_ID, 44)
-    results = results_of(concurrently(
-        [lambda: a.exchange.average(key=key, group=[me_a, me_b], me=me_a, delta=inputs[0], timeout_s=30),
-         lambda: b.exchange.average(key=key, group=[me_a, me_b], me=me_b, delta=inputs[1], timeout_s=30)],
-        timeout_s=60))
-    assert torch.equal(results[0].average, results[1].average)
-    assert torch.equal(results[0].average, weighted_average(inputs, [1.0, 1.0]))
+    _b_is_refused_at_once_and_the_next_round_is_unaffected(
+        a, b, key, inputs, f"this peer's exchange of {key} is over: it completed in a group without this sender",
+        next_round=44)

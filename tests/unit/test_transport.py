@@ -78,9 +78,7 @@ def test_a_dht_process_that_never_hands_over_its_p2p_is_a_start_to_retry_and_the
             "    Transport(initial_peers=[], start_timeout_s=15)\n"
             "except TransportStartFailed as e:\n"
             "    print('refused:', e, flush=True)\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=90)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "refused: the DHT did not start through no peers: transport operation did not finish" in proc.stdout
+    _refused_and_exited(code)
 
 
 def test_a_dht_process_that_ignores_its_shutdown_is_killed_and_the_process_still_exits():
@@ -96,7 +94,12 @@ def test_a_dht_process_that_ignores_its_shutdown_is_killed_and_the_process_still
             "    Transport(initial_peers=[], start_timeout_s=5)\n"
             "except TransportStartFailed as e:\n"
             "    print('refused:', e, flush=True)\n")
+    assert "did not end when asked; killing it" in _refused_and_exited(code).stderr
+
+
+def _refused_and_exited(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` (a failing Transport start) in a fresh interpreter: its start is refused and the process exits."""
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "refused: the DHT did not start through no peers: transport operation did not finish" in proc.stdout
-    assert "did not end when asked; killing it" in proc.stderr
+    return proc
