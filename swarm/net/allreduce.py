@@ -42,7 +42,6 @@ from swarm.net.bulk_channel import BulkChannel
 from swarm.net.bulk_slices import BulkSlices, Reservation
 from swarm.net.chunk_stream import SlicePayload, Turn, cancel_all, settle
 from swarm.net.contributions import send_contributions
-from swarm.net.dht_entries import read_entries
 from swarm.net.exchange_result import ExchangeResult
 from swarm.net.libp2p_slices import Libp2pSlices
 from swarm.net.link_probe import LinkProbe
@@ -50,6 +49,7 @@ from swarm.net.link_stats import TransferLog
 from swarm.net.p2p_address import unreachable_sentence
 from swarm.net.reachability import shown_maddrs
 from swarm.net.rendezvous import Member, group_digest
+from swarm.net.restarted_groupmates import RestartedGroupmates
 from swarm.net.result_vectors import ResultVectors
 from swarm.net.slice_inbox import SliceInbox
 from swarm.net.slice_reduction import (
@@ -71,7 +71,6 @@ from swarm.v1 import exchange_pb2
 logger = logging.getLogger(__name__)
 
 ABORT_TIMEOUT_S = 2.0  # how long a failing member spends telling its groupmates
-STRANGER_RECHECK_S = 1.0  # a sender outside the group is checked for a groupmate's restarted process this often
 
 
 class Exchange:
@@ -102,15 +101,14 @@ class Exchange:
         self.own_maddrs = shown_maddrs(transport.visible_maddrs)  # what groupmates are told to dial
         self._told_unreachable = False  # the loop thread's: the fix is logged once, not every round
         self._results = ResultVectors()  # the butterfly's result vectors (the loop's)
-        self._entry_reader: Optional[credential.Member] = None  # checks groupmates' signed group entries (read_entries_as)
-        self._averaged: dict[str, list[Member]] = {}  # key -> the group of its exchange in progress (the loop's)
-        self._strangers: dict[str, list[tuple[str, float]]] = {}  # key -> the checks of senders outside its group
+        self.restarts = RestartedGroupmates(transport.dht)  # made ready on the loop (its inbox)
         self._scratch = ResultVectors(keep=0)  # its decoded contributions and reductions (the loop's; sized per group)
         transport.run(self._start(), timeout_s=30)
 
     async def _start(self) -> None:
         self.inbox = SliceInbox(key_prefix=self._key_prefix, own_id=self.transport.peer_id, on_forget=self._forgotten)
-        self.inbox.on_stranger = self._stranger
+        self.restarts.inbox = self.inbox
+        self.inbox.on_stranger = self.restarts.stranger
         self._libp2p = Libp2pSlices(self.transport, handler_name=self._handler_name, inbox=self.inbox,
                                     on_sent=self._sent, on_received=self._received)
         await self._libp2p.start()
@@ -127,41 +125,11 @@ class Exchange:
         return self.inbox.rejected
 
     def read_entries_as(self, member: credential.Member) -> None:
-        """Let this exchange read the group entries of its rounds with ``member``'s credential: a message from a
-        libp2p id outside the group that a groupmate's newer signed entry names (its restarted process) then fails
-        the exchange at once, since the groupmate's old process will never send its slices."""
-        self._entry_reader = member
-
-    def _stranger(self, key: str, sender_id: str) -> None:
-        """A message for ``key``'s exchange in progress from ``sender_id``, outside its group: a groupmate's restarted
-        process? Checked at most once a second per sender (its entry may reach the DHT after its first message), and
-        at most 4 times per member of the group in all (strangers cannot make this peer read the DHT for long)."""
-        group, checks = self._averaged.get(key), self._strangers.setdefault(key, [])
-        now = time.monotonic()
-        if (self._entry_reader is None or group is None or len(checks) >= 4 * len(group)
-                or any(sender == sender_id and now - at < STRANGER_RECHECK_S for sender, at in checks)):
-            return
-        checks.append((sender_id, now))
-        asyncio.ensure_future(self._replaced(key, sender_id, group))
-
-    async def _replaced(self, key: str, sender_id: str, group: list[Member]) -> None:
-        """Fail ``key``'s exchange if a groupmate's signed entry for it now names ``sender_id``: that groupmate's
-        process was replaced (a restart), and the old one's slices will never come."""
-        try:
-            entries = await asyncio.to_thread(read_entries, self.transport.dht, key, Member, member=self._entry_reader)
-        except Exception as e:  # a DHT that does not answer: the exchange's own timeout still bounds the wait
-            logger.debug("%s: could not read the group entries (%r)", key, e)
-            return
-        for m in group:
-            entry = entries.get(m.peer_id)
-            if entry is not None and entry.dht_peer_id == sender_id != m.dht_peer_id:
-                await self.inbox.member_gone(key, f"groupmate {m.peer_id} restarted: its new process sent this round's "
-                                                  "slices, so its old process's will never come")
-                return
+        """Check groupmates' round entries with ``member``'s credential (``swarm.net.restarted_groupmates``)."""
+        self.restarts.reader = member
 
     def _forgotten(self, key: str) -> None:
-        self._averaged.pop(key, None)
-        self._strangers.pop(key, None)
+        self.restarts.forget(key)
         self._received_bytes.pop(key, None)
         self._transfers.forget(key)
         if self.bulk is not None:
@@ -255,7 +223,7 @@ class Exchange:
             raise ValueError(f"codec {codec.name} is exchanged only by the simulator so far; choose int4 or sign.")
         stripes = stripe_count(codec, me.numel, len(group))  # block-aligned slices: quantize like the whole
         bounds = [] if codec.gathered else group_bounds(key, me.numel, len(group), codec.block, shares, stripes)
-        self._averaged[key] = group
+        self.restarts.averaging(key, group)
         await self.inbox.expect(key, [m.dht_peer_id for m in group], group_digest(group), max(1, len(bounds)))
         flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
         if codec.gathered:  # a sparse codec: all-gather (its one part), every member reduces the whole vector

@@ -27,7 +27,7 @@ from swarm.core.signed_entry import entry_body
 from swarm.core.codec import CODECS
 from swarm.core.credential import PeerKey
 from swarm.core.wire_protocol import PROTOCOL
-from swarm.net import allreduce as allreduce_module
+from swarm.net import restarted_groupmates
 from swarm.net.allreduce import Exchange, ExchangeFailed, ExchangeResult
 from swarm.net.slice_inbox import MAX_OPEN_KEYS
 from swarm.net.dht_entries import EntryValidator, guard, read_entries, sign_entry, store_entry
@@ -848,7 +848,7 @@ def test_a_groupmate_whose_process_restarted_mid_exchange_fails_the_exchange_at_
     me_a, me_b = a.member(weight=1.0), b.member(weight=1.0)
     b_then = dataclasses.replace(old_process.member(weight=1.0), peer_id=me_b.peer_id)
     a.exchange.read_entries_as(a.credential)
-    monkeypatch.setattr(allreduce_module, "STRANGER_RECHECK_S", 0.0)  # b's second try is checked again at once
+    monkeypatch.setattr(restarted_groupmates, "RECHECK_S", 0.0)  # b's second try is looked up again at once
     waiting = threading.Thread(target=lambda: outcome.append(_outcome(
         lambda: a.exchange.average(key=key, group=[me_a, b_then], me=me_a, delta=inputs[0], timeout_s=20))))
     outcome: list = []
