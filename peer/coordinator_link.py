@@ -56,6 +56,10 @@ class Backlogged:
     committed_hash: Optional[str]
 
 
+class Behind(CoordinatorUnreachable):
+    """The coordinator answered from an earlier round than the one reported: back, not yet caught up with the group."""
+
+
 class CoordinatorLink:
     """Threads: ``decide`` runs on the round runner's executor; everything else on the main thread.
     ``backlog`` is appended by the executor and taken by the main thread (list append/swap are atomic);
@@ -213,22 +217,15 @@ class CoordinatorLink:
         if self.faults.drops(round_no, "report"):
             self.faults.at(round_no, "reported")
             return self._decision(round_no, self.await_decision(round_no))
-        behind = False
         try:
-            response = self.client.report_round(request)
-            if 0 < response.round.open_round < round_no:
-                # back, but still behind this group: it did not count the report
-                behind = True
-                raise CoordinatorUnreachable(f"the coordinator is at round {response.round.open_round}")
+            self._counted(self.client.report_round(request), round_no)
         except CoordinatorUnreachable as e:
-            # Behind, it catches up from the rounds the group decided without it, so a peer that holds them reports
-            # them at once; the group's votes decide only without such a coordinator. (Waiting for them first cost a
-            # chaos soak 8 s of every peer's time: a groupmate had died before its vote, so the votes never decided.)
-            decision = None if behind and self.backlog else self.decide_by_group(vote, request, e)
-            if decision is not None:
-                return decision
-            self.report_backlog_first()
-            self.call(lambda: self.client.report_round(request), f"report round {round_no}")
+            if not (isinstance(e, Behind) and self.backlog and self._caught_up(request)):
+                decision = self.decide_by_group(vote, request, e)
+                if decision is not None:
+                    return decision
+                self.report_backlog_first()
+                self.call(lambda: self.client.report_round(request), f"report round {round_no}")
         self.faults.at(round_no, "reported")
         fallback = lambda error: self.decide_by_group(vote, request, error)  # noqa: E731
         info = self.await_decision(round_no, fallback=fallback)
@@ -236,6 +233,25 @@ class CoordinatorLink:
             return info
         self.coordinator_decided = True
         return self._decision(round_no, info)
+
+    @staticmethod
+    def _counted(response: pb.ReportRoundResponse, round_no: int) -> None:
+        """Behind when the coordinator is back but at an earlier round than this report's: it did not count it."""
+        if 0 < response.round.open_round < round_no:
+            raise Behind(f"the coordinator is at round {response.round.open_round}")
+
+    def _caught_up(self, request: pb.ReportRoundRequest) -> bool:
+        """Whether the coordinator, told the rounds the group decided without it, now counts this report. It catches
+        up from them, so a peer holding them reports them at once, before the group's votes: a chaos soak lost 8 s of
+        every peer to those votes when a groupmate had died before voting. False when it is still behind (e.g. it
+        voided the last of them): the votes decide after all."""
+        self.report_backlog_first()
+        try:
+            self._counted(self.call(lambda: self.client.report_round(request), f"report round {request.round}"),
+                          request.round)
+        except Behind:
+            return False
+        return True
 
     def report_backlog_first(self) -> None:
         """Before waiting for the coordinator's decision on this round, let it hear the rounds the group decided

@@ -249,7 +249,8 @@ class BlockIntCodec(Codec):
 _THREAD = threading.local()  # each thread's encode buffers: encodes run on several threads at once
 
 
-KEEP_PAYLOAD_BYTES = 64 << 20  # the largest payload buffer a thread keeps (an exchange encodes a slice at a time)
+KEEP_PAYLOAD_BYTES = 16 << 20  # the largest payload buffer a thread keeps (an exchange encodes a slice at a time;
+# the default executor has up to 32 threads)
 
 
 def _scratch_bytes(size: int) -> np.ndarray:

@@ -7,7 +7,8 @@ the group lists for that member (``swarm.net.slice_inbox``). Such a refused send
 signed group entries; when a groupmate's entry now names it, that groupmate's old process is gone and the exchange
 fails at once (``SliceInbox.member_gone``). Only the holder of that member's key can post such an entry, and a
 member could abort the group anyway; a stranger can make a peer read the DHT at most once a second per sender
-libp2p id and four times per member of the group in all.
+libp2p id, one look-up at a time, and four times per member of the group in all. The exchange fails only while it
+still waits for a slice of that member's old process.
 Owned by the transport's event loop.
 """
 
@@ -36,6 +37,7 @@ class RestartedGroupmates:
         self.reader: Optional[credential.Member] = None  # whose credential verifies the entries (None: no look-ups)
         self._groups: dict[str, list[Member]] = {}  # key -> the group of its exchange in progress
         self._checks: dict[str, list[tuple[str, float]]] = {}  # key -> (sender, when) of each look-up
+        self._looking: set[str] = set()  # keys with a look-up in flight (one at a time: it takes a worker thread)
 
     def averaging(self, key: str, group: list[Member]) -> None:
         self._groups[key] = group
@@ -43,15 +45,18 @@ class RestartedGroupmates:
     def forget(self, key: str) -> None:
         self._groups.pop(key, None)
         self._checks.pop(key, None)
+        self._looking.discard(key)
 
     def stranger(self, key: str, sender_id: str) -> None:
         """A message for ``key``'s exchange in progress from ``sender_id``, outside its group: look it up (bounded)."""
         group, checks = self._groups.get(key), self._checks.setdefault(key, [])
         now = time.monotonic()
-        if (self.reader is None or self.inbox is None or group is None or len(checks) >= CHECKS_PER_MEMBER * len(group)
+        if (self.reader is None or self.inbox is None or group is None or key in self._looking
+                or len(checks) >= CHECKS_PER_MEMBER * len(group)
                 or any(sender == sender_id and now - at < RECHECK_S for sender, at in checks)):
             return
         checks.append((sender_id, now))
+        self._looking.add(key)
         asyncio.ensure_future(self._replaced(key, sender_id, group))
 
     async def _replaced(self, key: str, sender_id: str, group: list[Member]) -> None:
@@ -61,9 +66,12 @@ class RestartedGroupmates:
         except Exception as e:  # a DHT that does not answer: the exchange's own timeout still bounds the wait
             logger.debug("%s: could not read the group entries (%r)", key, e)
             return
+        finally:
+            self._looking.discard(key)
         for m in group:
             entry = entries.get(m.peer_id)
             if entry is not None and entry.dht_peer_id == sender_id != m.dht_peer_id:
-                await self.inbox.member_gone(key, f"groupmate {m.peer_id} restarted: its new process sent this round's "
-                                                  "slices, so its old process's will never come")
+                await self.inbox.member_gone(key, m.dht_peer_id, f"groupmate {m.peer_id} restarted: its new process "
+                                                                 "sent this round's slices, so its old process's will "
+                                                                 "never come")
                 return

@@ -52,7 +52,7 @@ class SliceInbox:
         # key -> why this peer's exchange of it failed; never a key being averaged (expect takes it out)
         self._failed: OrderedDict[str, str] = OrderedDict()
         self._completed: OrderedDict[str, frozenset[str]] = OrderedDict()  # key -> its members' libp2p ids; likewise
-        self._gone: dict[str, str] = {}  # key -> why a member's slices will never come (its process was replaced)
+        self._gone: dict[str, tuple[str, str]] = {}  # key -> (libp2p id, why) of a member whose slices will never come
         self.rejected = 0  # messages dropped because their sender is not the member they claim to be
         # called (under ``cond``) with a key being averaged and the libp2p id of a sender outside its group
         self.on_stranger: Callable[[str, str], None] = lambda key, sender_id: None
@@ -148,8 +148,8 @@ class SliceInbox:
         if key in self._failed:
             return f"this peer's exchange of {key} already failed ({self._failed[key]}); it cannot complete"
         if self._completed_without(key, sender_id):
-            return (f"this peer's exchange of {key} is over: it completed in a group without this sender, which"
-                    " cannot complete it")
+            return (f"this peer's exchange of {key} is over: it completed in a group without this sender, so the"
+                    " sender's exchange cannot complete")
         if slot is not None and self._out_of_range(key, slot):
             return (f"this exchange has no phase {slot[1]} part {slot[2]} (it has {self._parts.get(key, 0)} parts);"
                     " the sender's exchange is cut otherwise, e.g. another Swarm version's")
@@ -192,12 +192,16 @@ class SliceInbox:
             return None
 
         async with self.cond:
-            await self.cond.wait_for(lambda: aborted() or key in self._disagreed or key in self._gone
+            def never_coming() -> bool:  # a wanted slice from a member whose process is gone, not here
+                gone = self._gone.get(key)
+                return gone is not None and any(w[4] == gone[0] and w not in self._slots.get(key, {}) for w in wanted)
+
+            await self.cond.wait_for(lambda: aborted() or key in self._disagreed or never_coming()
                                      or all(w in self._slots.get(key, {}) for w in wanted))
             if key in self._disagreed:
                 raise self._disagreement(key, group)
-            if key in self._gone:
-                raise ExchangeFailed(f"{key}: {self._gone[key]}")
+            if never_coming():
+                raise ExchangeFailed(f"{key}: {self._gone[key][1]}")
             abort = aborted()
             if abort is not None:
                 sender, why = abort
@@ -212,11 +216,12 @@ class SliceInbox:
         return ExchangeFailed(f"{key}: groupmate {who} averages in another group (its matchmaking window closed on "
                               "other entries, e.g. a late peer's); this round's exchange cannot complete")
 
-    async def member_gone(self, key: str, why: str) -> None:
-        """A member of ``key``'s exchange in progress will never send its slices (``why``): the exchange fails."""
+    async def member_gone(self, key: str, sender_id: str, why: str) -> None:
+        """The member of ``key``'s exchange in progress at libp2p id ``sender_id`` will never send again (``why``): the
+        exchange fails if it still waits for a slice of that member's."""
         async with self.cond:
             if key in self._groups:
-                self._gone.setdefault(key, why)
+                self._gone.setdefault(key, (sender_id, why))
                 self.cond.notify_all()
 
     def _completed_without(self, key: str, sender_id: str) -> bool:

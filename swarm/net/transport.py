@@ -139,6 +139,7 @@ class Transport:
             self.dht.shutdown()
         except Exception as e:  # the DHT process may already be gone
             logger.debug("DHT shutdown: %r", e)
+        self.dht.join(timeout=2)  # hivemind's shutdown sends SIGTERM after its grace period without waiting
         if self.dht.is_alive():
             logger.warning("the DHT process (pid %s) did not end when asked; killing it", self.dht.pid)
             self.dht.kill()

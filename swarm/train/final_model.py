@@ -9,6 +9,7 @@ The metadata holds the round, the state hash, the run spec and, for a Hugging Fa
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import torch
@@ -40,7 +41,20 @@ def write_final_model(path: Path, model: nn.Module, state: GlobalState, *, run: 
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "to_json_string"):
         metadata[HF_CONFIG_KEY] = config.to_json_string(use_diff=False)
-    write_atomically(path, save(final_tensors(model, state), metadata=metadata))
+    write_atomically(path, canonical_header(save(final_tensors(model, state), metadata=metadata)))
+
+
+def canonical_header(data: bytes) -> bytes:
+    """A safetensors file whose header lists its keys in sorted order: the library writes its metadata from a hash
+    map whose order changes from process to process, so peers holding the same θg wrote files that differed in a
+    few header bytes, and ``sha256sum`` told an operator that their final models differed. The tensors' bytes
+    and offsets (relative to the header's end) are unchanged; the header is padded with spaces to 8 bytes, as the
+    library pads it."""
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + data[8 + size:]
 
 
 def tensors_digest(path: Path) -> str:

@@ -270,18 +270,21 @@ class _BehindCoordinator:
     has reported the rounds its group decided without it, then decides every round it is told of."""
 
     def __init__(self, behind: int) -> None:
-        self.open_round, self.reports = behind, []
+        self.open_round, self.reports, self.voided, self.stalls = behind, [], set(), False
 
     def report_round(self, request: pb.ReportRoundRequest) -> pb.ReportRoundResponse:
         self.reports.append(request.round)
-        if request.round == self.open_round:
+        if request.round == self.open_round and self.stalls:  # voided, and the next round not opened yet
+            self.voided.add(request.round)
+        elif request.round == self.open_round:
             self.open_round += 1
         return pb.ReportRoundResponse(round=pb.RoundInfo(round=request.round, open_round=self.open_round))
 
     def get_round(self, *, peer_id: str, round_no: int) -> pb.RoundInfo:
-        decided = round_no < self.open_round
-        return pb.RoundInfo(round=round_no, open_round=self.open_round, committed_hash="h" if decided else "",
-                            outcome=pb.ROUND_OUTCOME_COMMITTED if decided else pb.ROUND_OUTCOME_OPEN)
+        outcome = pb.ROUND_OUTCOME_COMMITTED if round_no < self.open_round else \
+            pb.ROUND_OUTCOME_VOIDED if round_no in self.voided else pb.ROUND_OUTCOME_OPEN
+        return pb.RoundInfo(round=round_no, open_round=self.open_round, outcome=outcome,
+                            committed_hash="h" if outcome == pb.ROUND_OUTCOME_COMMITTED else "")
 
 
 def test_a_coordinator_back_but_behind_hears_the_groups_rounds_at_once_instead_of_after_the_votes() -> None:
@@ -305,6 +308,12 @@ def test_a_coordinator_back_but_behind_hears_the_groups_rounds_at_once_instead_o
     link.group_decision = lambda vote: asked.append(vote) or GroupDecided("h2", [], [])
     coordinator.open_round = 22
     assert link.decide(_vote(23, ["p-me", "p-b", "p-c", "p-d"])).by_group and len(asked) == 1
+
+    # told the backlog, it is still behind (it voided round 25 and has not opened 26 yet): the votes decide after all
+    link.backlog[:] = [Backlogged(pb.ReportRoundRequest(peer_id="p-me", round=25, ok=True, state_hash="h"), "h")]
+    coordinator.open_round, coordinator.reports, coordinator.stalls = 25, [], True
+    assert link.decide(_vote(26, ["p-me", "p-b", "p-c", "p-d"])).by_group and len(asked) == 2
+    assert coordinator.reports[:3] == [26, 25, 26]
 
 
 @pytest.mark.parametrize("failure_first", [True, False], ids=["its-failure-first", "the-votes-first"])

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from swarm.net.exchange_failed import ExchangeFailed
 from swarm.net.slice_inbox import MAX_FAILED_KEYS, SliceInbox
 from swarm.v1 import exchange_pb2
 
@@ -45,7 +46,7 @@ def test_a_key_whose_exchange_failed_refuses_late_slices_with_the_reason_and_one
                                  sender_id="QmOldProcess")
         assert not await late_slice(box, key(2))
         assert box.refusal(key(2), LATE) == (f"this peer's exchange of {key(2)} is over: it completed in a group"
-                                             " without this sender, which cannot complete it")
+                                             " without this sender, so the sender's exchange cannot complete")
         assert box.rejected == 0
 
     asyncio.run(scenario())
@@ -64,5 +65,22 @@ def test_only_the_latest_failed_keys_are_kept_and_a_new_exchange_of_one_takes_sl
         assert "already failed" not in box.refusal(key(MAX_FAILED_KEYS), LATE)
         await box.forget(key(MAX_FAILED_KEYS), completed=True)  # ... and succeeds: a member's late retry is taken
         assert await late_slice(box, key(MAX_FAILED_KEYS))
+
+    asyncio.run(scenario())
+
+
+def test_a_member_whose_process_is_gone_fails_the_exchange_only_while_one_of_its_slices_is_missing() -> None:
+    """Its restarted process showed up (swarm.net.restarted_groupmates): slices its old process sent before it died
+    still count, and only a wait for one it never sent fails at once."""
+    async def scenario() -> None:
+        box = inbox()
+        k, old = key(7), "QmOldProcess"
+        await box.expect(k, ["QmSelf", old], "digest", 2)
+        assert await box.deliver(k, "digest", exchange_pb2.PHASE_CONTRIBUTION, 0, 1, b"sent", sender_id=old)
+        await box.member_gone(k, old, "groupmate p-b restarted")
+        sent = ("digest", exchange_pb2.PHASE_CONTRIBUTION, 0, 1, old)
+        assert await box.wait_for(k, [sent], []) == [b"sent"]
+        with pytest.raises(ExchangeFailed, match="groupmate p-b restarted"):
+            await box.wait_for(k, [("digest", exchange_pb2.PHASE_AVERAGED, 1, 1, old)], [])
 
     asyncio.run(scenario())
