@@ -92,10 +92,10 @@ def adopt(round_row: RoundRecord, reports: Mapping[str, ReportRecord], votes: Ma
         vote, peer, earlier = votes[peer_id], peers[peer_id], reports.get(peer_id)
         if peer_id == reporter or (peer.alive and peer.dht_peer_id == vote.dht_peer_id):
             continue
-        if earlier is None or not earlier.ok and not rounds.is_stand_in(earlier):  # none, its placeholder, or a
-            # failure of its next process, which the group's vote replaces (``rounds.supersedes``)
-            stand_ins.append(ReportRecord(round=round_row.round, peer_id=peer_id, reported_at=now, ok=vote.ok,
-                                          state_hash=vote.state_hash, group=group, error=rounds.BY_VOTE))
+        stand_in = ReportRecord(round=round_row.round, peer_id=peer_id, reported_at=now, ok=vote.ok,
+                                state_hash=vote.state_hash, group=group, error=rounds.BY_VOTE)
+        if earlier is None or rounds.supersedes(stand_in, earlier):  # none, its placeholder, its next process's failure
+            stand_ins.append(stand_in)
             logger.info("peer %s: round %d: its process is gone; its signed vote counts (%s)", peer_id,
                         round_row.round, f"hash {vote.state_hash[:12]}" if vote.ok else "failure")
     return round_row, stand_ins

@@ -234,13 +234,10 @@ class SliceInbox:
         members' late messages are still taken, anyone else's refused)."""
         async with self.cond:
             if failed:  # told to whoever sends for the key later: printable characters, bounded
-                self._failed[key] = "".join(c if c.isprintable() else " " for c in failed[:300])
-                while len(self._failed) > MAX_FAILED_KEYS:
-                    self._failed.popitem(last=False)
+                _remember(self._failed, key, "".join(c if c.isprintable() else " " for c in failed[:300]),
+                          MAX_FAILED_KEYS)
             elif completed and key in self._groups:
-                self._completed[key] = frozenset(self._groups[key])
-                while len(self._completed) > MAX_COMPLETED_KEYS:
-                    self._completed.popitem(last=False)
+                _remember(self._completed, key, frozenset(self._groups[key]), MAX_COMPLETED_KEYS)
             self._slots.pop(key, None)
             self._groups.pop(key, None)
             self._digests.pop(key, None)
@@ -257,3 +254,9 @@ class SliceInbox:
         """The members of ``key``'s exchange in progress here (0: none)."""
         return len(self._groups.get(key, ()))
 
+
+def _remember(ended: OrderedDict, key: str, value, limit: int) -> None:
+    """``ended[key] = value``, keeping only the ``limit`` latest keys."""
+    ended[key] = value
+    while len(ended) > limit:
+        ended.popitem(last=False)
