@@ -176,6 +176,9 @@ class BlockIntCodec(Codec):
         scales.div_(self._qmax)  # CPU kernels divide (inputs are CPU-only: _check_input); no reciprocal
         if not bool(torch.isfinite(scales).all()):  # a block holds an inf or a nan
             raise ValueError(f"codec {self.name}: the tensor holds inf or nan; it cannot be sent.")
+        if float(scales.max()) * self.qmax >= FP32_OVERFLOW:  # absmax near FLT_MAX: qmax × scale would round to inf
+            too_big = scales.double().mul_(self.qmax) >= FP32_OVERFLOW
+            scales.copy_(torch.where(too_big, torch.nextafter(scales, torch.zeros_like(scales)), scales))
         # A zero block (or one whose absmax/qmax underflows to 0) is sent as zeros with scale 0: x / inf = ±0.
         safe = torch.where(scales > 0, scales, scratch.inf)
         torch.div(blocks, safe[:, None], out=scaled)

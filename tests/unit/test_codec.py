@@ -243,6 +243,18 @@ def test_a_scale_too_large_for_its_codes_is_refused_not_decoded_to_inf():
             CODECS[name].decode(bytes(data), numel)
 
 
+@pytest.mark.parametrize("name", ["int4", "int8"])
+def test_values_as_large_as_fp32_allows_are_sent_and_decode_finite(name):
+    """absmax / qmax rounded up can make qmax × scale overflow; encode then rounds that scale down instead of sending
+    a payload that its own decode refuses."""
+    big = float(np.finfo(np.float32).max)
+    x = torch.zeros(2 * BLOCK)
+    x[3], x[BLOCK + 1], x[5] = big, -big, 1.0
+    y = CODECS[name].decode(CODECS[name].encode(x), x.numel())
+    assert torch.isfinite(y).all()
+    assert abs(y[3].item() / big - 1) < 1e-6 and abs(y[BLOCK + 1].item() / -big - 1) < 1e-6
+
+
 def test_all_finite_is_exact_also_where_the_sum_overflows():
     assert all_finite(np.array([3e38, 3e38, -1.0], dtype=np.float32))  # the sum overflows; the values do not
     assert all_finite(np.zeros(0, dtype=np.float32))
