@@ -1,13 +1,13 @@
 """A sparse ternary wire format with entropy-coded positions, ``ternary@<density>`` (e.g. ``ternary@0.1``):
-per block of ``SPARSE_TERNARY_BLOCK`` elements, the ⌈density × length⌉ largest-magnitude elements as
+per block of ``block_for(density)`` elements (1,024 from density 1/32 up; up to 8,192 below), the ⌈density × length⌉ largest-magnitude elements as
 ±level and the rest as 0, the level being their mean |x| (the value that minimizes the L2 error for that
 choice). Positions are Rice codes of the gaps between sent elements (``swarm.core.rice``), one sign bit
 each, so a payload costs about the entropy of the code, H(density) + density bits per element, plus a
-fp32 level per block (0.03 bits): e.g. 0.1 → ~0.6 bits, where ``ternary``'s fixed layout costs 1.725.
+fp32 level per block (≤ 0.03 bits): e.g. 0.1 → ~0.6 bits, where ``ternary``'s fixed layout costs 1.725.
 
 Its size depends on where the sent elements fall (``Codec.variable_size``): ``encoded_size`` is the most
 ``encode`` returns, and the bytes a run sends are counted from the real payloads. Every quantity is
-computed with integer or correctly rounded fp32 operations in a fixed order (|x| × 2⁻¹⁰, a pairwise tree
+computed with integer or correctly rounded fp32 operations in a fixed order (|x| × 1/block, a pairwise tree
 of adds, one multiplication and one division per level), so a sender gets the same bytes on every machine;
 which of two equal magnitudes a block keeps is the sender's choice (receivers decode the bytes they got).
 
@@ -28,15 +28,27 @@ from swarm.core import rice
 from swarm.core.codec_base import Codec
 from swarm.core.ternary_codec import tree_sums
 
-SPARSE_TERNARY_BLOCK = 1024  # elements per level: 32/1024 = 0.03 bits per element
-_SHRINK = np.float32(1.0 / SPARSE_TERNARY_BLOCK)  # 2⁻¹⁰: a tree of 1,024 adds then cannot overflow
+SPARSE_TERNARY_BLOCK = 1024  # elements per level from density 1/32 up: 32/1024 = 0.03 bits per element
+MAX_BLOCK = 8192
+MIN_SENT_PER_LEVEL = 32
 PREFIX = "ternary@"
+
+
+def block_for(density: float) -> int:
+    """Elements per level: 1,024, doubled (up to 8,192) until a block sends at least 32 values.
+
+    At a low density a 1,024-element block sends a handful of values, and its fp32 level and the rounding up of
+    ⌈density × 1,024⌉ cost as much as their positions: at 0.012, 13 values instead of 12.3 and a level for
+    them (~25% of the payload); at 0.003, 4 instead of 3.1 (~40%); below 1/1,024 every block still sends one."""
+    block = SPARSE_TERNARY_BLOCK
+    while block < MAX_BLOCK and density * block < MIN_SENT_PER_LEVEL:
+        block *= 2
+    return block
 
 
 class SparseTernaryCodec(Codec):
     """±level for the ⌈density × length⌉ largest |x| of every block, 0 elsewhere; positions Rice-coded."""
 
-    block = SPARSE_TERNARY_BLOCK
     owner_feedback = True
     variable_size = True
 
@@ -44,6 +56,8 @@ class SparseTernaryCodec(Codec):
         if not (isinstance(density, float) and math.isfinite(density) and 0 < density <= 1):
             raise ValueError(f"a sparse ternary codec's density must be a fraction in (0, 1], got {density!r}.")
         self.density = density
+        self.block = block_for(density)
+        self._shrink = np.float32(1.0 / self.block)  # a power of two: a tree of ``block`` adds cannot overflow
         self.name = f"{PREFIX}{density:g}"
 
     def k(self, length: int) -> int:
@@ -80,7 +94,7 @@ class SparseTernaryCodec(Codec):
             chosen = np.argpartition(-part, k - 1, axis=1)[:, :k] if k < self.block else np.broadcast_to(
                 np.arange(self.block), (last - first, self.block))
             np.put_along_axis(picked[first:last], chosen, True, axis=1)
-        kept = np.where(picked, rows, np.float32(0)) * _SHRINK  # exact above the subnormals
+        kept = np.where(picked, rows, np.float32(0)) * self._shrink  # exact above the subnormals
         counts = picked.sum(axis=1).astype(np.float32)
         levels = ((tree_sums(kept) * np.float32(self.block)) / counts).astype("<f4")
         positions = np.flatnonzero(picked.reshape(-1))
