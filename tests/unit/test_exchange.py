@@ -24,7 +24,7 @@ from swarm.core import average as average_module
 from swarm.core.average import butterfly_bounds, butterfly_reference, part_bounds, stripe_count, weighted_average
 from swarm.core.owner_feedback import OwnerFeedback
 from swarm.core.signed_entry import entry_body
-from swarm.core.codec import CODECS
+from swarm.core.codec import CODECS, get_codec
 from swarm.core.credential import PeerKey
 from swarm.core.wire_protocol import PROTOCOL
 from swarm.net import restarted_groupmates
@@ -177,19 +177,20 @@ def test_fp16_average_is_bit_identical_on_every_peer_and_close_to_fp32(peers: li
     assert torch.equal(results[0].average, fp16.decode(fp16.encode(weighted_average(through_wire, weights)), NUMEL))
 
 
-@pytest.mark.parametrize("stripe_min_bytes", [None, 1024])  # None: one stripe at this size; 1024: six
-def test_sign_owners_keep_their_residual_across_rounds_as_the_simulator_does(
-        peers: list[Peer], stripe_min_bytes: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """1-bit codec: each owner adds what re-encoding its averaged slices (one per stripe) lost last round,
-    exactly as ``butterfly_reference`` (the simulator) does with its owners' residuals."""
+@pytest.mark.parametrize("stripe_min_bytes", [None, 1024])  # None: one stripe at this size; 1024: several
+@pytest.mark.parametrize("codec", ["sign", "ternary@0.01"])  # ternary@0.01: variable-size, blocks of 4,096
+def test_owners_keep_their_residual_across_rounds_as_the_simulator_does(
+        peers: list[Peer], codec: str, stripe_min_bytes: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1-bit and sparse ternary codecs: each owner adds what re-encoding its averaged slices (one per stripe) lost
+    last round, exactly as ``butterfly_reference`` (the simulator) does with its owners' residuals."""
     if stripe_min_bytes:
         monkeypatch.setattr(average_module, "STRIPE_MIN_BYTES", stripe_min_bytes)
-    stripes = stripe_count("sign", NUMEL, 3)
+    stripes = stripe_count(codec, NUMEL, 3)
     assert (stripes > 1) == bool(stripe_min_bytes)
     weights = [3.0, 1.0, 2.0]
     planned = {p.name for p in peers}
     owners, reference_owners = [OwnerFeedback() for _ in peers], [OwnerFeedback() for _ in peers]
-    members = [p.member(weight=w, codec="sign") for p, w in zip(peers, weights)]
+    members = [p.member(weight=w, codec=codec) for p, w in zip(peers, weights)]
     for round_no in (20, 21):
         inputs = deltas(round_no, 3)
         results = [result for _, result in results_of(concurrently(
@@ -197,13 +198,13 @@ def test_sign_owners_keep_their_residual_across_rounds_as_the_simulator_does(
              for p, m, d, o in zip(peers, members, inputs, owners)],
             timeout_s=60,
         ))]
-        expected = butterfly_reference(inputs, weights, "sign", owners=reference_owners)
+        expected = butterfly_reference(inputs, weights, codec, owners=reference_owners)
         for result in results:
             assert torch.equal(result.average, expected)
         for owner in owners + reference_owners:
             owner.commit()
         assert all(torch.equal(a.residual, b.residual) for a, b in zip(owners, reference_owners))
-    bounds = butterfly_bounds(NUMEL, 3, 64, stripes)
+    bounds = butterfly_bounds(NUMEL, 3, get_codec(codec).block, stripes)
     assert [o.bounds for o in owners] == [bounds[k::3] for k in range(3)]
 
 
