@@ -70,7 +70,14 @@ class Soak:
             + (f"overlap_steps = {args.overlap_steps}\ncontroller = \"{args.controller}\"\n"
                if args.overlap_steps or args.controller != "off" else "")
             + (f"codec = \"{args.codec}\"\n" if args.codec != "fp32" else "")
+            + extra_toml(args.set)
         )
+        from swarm.config import ConfigError
+        from swarm.config.run import load_run_config
+        try:
+            load_run_config(self.config)
+        except ConfigError as e:
+            raise SystemExit(f"chaos: the run config is refused: {e}") from None
         self.coordinator: Optional[subprocess.Popen] = None
         self.join = ""
         self.peers: dict[str, subprocess.Popen] = {}
@@ -264,6 +271,20 @@ def restart_to_training_s(workdir: Path, peers: dict[str, subprocess.Popen]) -> 
     return seconds
 
 
+def extra_toml(settings: list[str]) -> str:
+    """``--set SECTION.KEY=VALUE`` settings as TOML: [rounds] keys continue the [rounds] table above, the other
+    sections follow it as tables of their own. VALUE is a TOML value (``0.95``, ``"ternary@0.08"``, ``true``)."""
+    sections: dict[str, list[str]] = {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not (sep and dot and name and value.strip()):
+            raise SystemExit(f"--set {item!r}: write SECTION.KEY=VALUE, e.g. --set outer.momentum=0.0.")
+        sections.setdefault(section, []).append(f"{name} = {value.strip()}")
+    text = "".join(f"{line}\n" for line in sections.pop("rounds", []))
+    return text + "".join(f"[{section}]\n" + "".join(f"{line}\n" for line in lines) for section, lines in sections.items())
+
+
 def final_eval(workdir: Path, peers: dict[str, subprocess.Popen]) -> Optional[float]:
     from swarm.config import RunConfig
     from swarm.train.final_model import final_eval_loss
@@ -291,6 +312,8 @@ def main() -> int:
     parser.add_argument("--overlap-steps", type=int, default=0, help="[rounds] overlap_steps of the run")
     parser.add_argument("--controller", choices=("off", "auto"), default="off", help="[rounds] controller of the run")
     parser.add_argument("--codec", default="fp32", help="[rounds] codec of the run (e.g. int4)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="one more key of the run config, a TOML value (repeatable), e.g. --set outer.momentum=0.0")
     parser.add_argument("--slow-peers", type=int, default=0,
                         help=f"the first N peers run with --faults {SLOW} (each inner step takes 3x its compute)")
     parser.add_argument("--workdir", help="keep logs here (default: a temporary directory)")
