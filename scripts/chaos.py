@@ -64,14 +64,10 @@ class Soak:
         self.args, self.workdir, self.faults = args, workdir, faults
         self.rng = random.Random(args.seed)
         self.config = workdir / "run.toml"
-        self.config.write_text(
-            f"[rounds]\ninner_steps = {args.inner_steps}\nmax_rounds = {args.rounds}\nmin_peers = {args.peers}\n"
-            "matchmaking_window_s = 5.0\nexchange_timeout_s = 8.0\nround_timeout_s = 60.0\n"
-            + (f"overlap_steps = {args.overlap_steps}\ncontroller = \"{args.controller}\"\n"
-               if args.overlap_steps or args.controller != "off" else "")
-            + (f"codec = \"{args.codec}\"\n" if args.codec != "fp32" else "")
-            + extra_toml(args.set)
-        )
+        rounds = {"inner_steps": args.inner_steps, "max_rounds": args.rounds, "min_peers": args.peers,
+                  "matchmaking_window_s": 5.0, "exchange_timeout_s": 8.0, "round_timeout_s": 60.0,
+                  "overlap_steps": args.overlap_steps, "controller": f'"{args.controller}"', "codec": f'"{args.codec}"'}
+        self.config.write_text(run_toml(rounds, args.set))
         from swarm.config import ConfigError
         from swarm.config.run import load_run_config
         try:
@@ -271,18 +267,25 @@ def restart_to_training_s(workdir: Path, peers: dict[str, subprocess.Popen]) -> 
     return seconds
 
 
-def extra_toml(settings: list[str]) -> str:
-    """``--set SECTION.KEY=VALUE`` settings as TOML: [rounds] keys continue the [rounds] table above, the other
-    sections follow it as tables of their own. VALUE is a TOML value (``0.95``, ``"ternary@0.08"``, ``true``)."""
-    sections: dict[str, list[str]] = {}
+def run_toml(rounds: dict[str, object], settings: list[str]) -> str:
+    """The soak's run config: its ``[rounds]`` keys, then ``--set SECTION.KEY=VALUE`` settings, which win over them.
+    VALUE is a TOML value (``0.95``, ``true``); a string that is not one is quoted (``rounds.codec=int4``)."""
+    import tomllib
+
+    sections: dict[str, dict[str, object]] = {"rounds": dict(rounds)}
     for item in settings:
         key, sep, value = item.partition("=")
         section, dot, name = key.strip().partition(".")
-        if not (sep and dot and name and value.strip()):
+        value = value.strip()
+        if not (sep and dot and name and value):
             raise SystemExit(f"--set {item!r}: write SECTION.KEY=VALUE, e.g. --set outer.momentum=0.0.")
-        sections.setdefault(section, []).append(f"{name} = {value.strip()}")
-    text = "".join(f"{line}\n" for line in sections.pop("rounds", []))
-    return text + "".join(f"[{section}]\n" + "".join(f"{line}\n" for line in lines) for section, lines in sections.items())
+        try:
+            tomllib.loads(f"v = {value}")
+        except tomllib.TOMLDecodeError:
+            value = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        sections.setdefault(section, {})[name] = value
+    return "".join(f"[{section}]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items())
+                   for section, keys in sections.items())
 
 
 def final_eval(workdir: Path, peers: dict[str, subprocess.Popen]) -> Optional[float]:

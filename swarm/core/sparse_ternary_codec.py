@@ -32,6 +32,7 @@ SPARSE_TERNARY_BLOCK = 1024  # elements per level from density 1/32 up: 32/1024 
 MAX_BLOCK = 8192
 MIN_SENT_PER_LEVEL = 32
 PREFIX = "ternary@"
+_FLT_MAX = np.float32(np.finfo(np.float32).max)
 
 
 def block_for(density: float) -> int:
@@ -96,7 +97,12 @@ class SparseTernaryCodec(Codec):
             np.put_along_axis(picked[first:last], chosen, True, axis=1)
         kept = np.where(picked, rows, np.float32(0)) * self._shrink  # exact above the subnormals
         counts = picked.sum(axis=1).astype(np.float32)
-        levels = ((tree_sums(kept) * np.float32(self.block)) / counts).astype("<f4")
+        sums = tree_sums(kept)
+        with np.errstate(over="ignore"):
+            levels = ((sums * np.float32(self.block)) / counts).astype("<f4")
+        if not np.isfinite(levels).all():  # kept values whose sum passes FLT_MAX (each near it): divide first
+            levels = np.where(np.isfinite(levels), levels,
+                              np.minimum((sums / counts) * np.float32(self.block), _FLT_MAX)).astype("<f4")
         positions = np.flatnonzero(picked.reshape(-1))
         gaps = np.diff(positions, prepend=-1) - 1
         signs = (values[positions] < 0).astype(np.uint8)

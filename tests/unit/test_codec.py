@@ -245,8 +245,9 @@ def test_a_scale_too_large_for_its_codes_is_refused_not_decoded_to_inf():
 
 @pytest.mark.parametrize("name", ["int4", "int8"])
 def test_values_as_large_as_fp32_allows_are_sent_and_decode_finite(name):
-    """absmax / qmax rounded up can make qmax × scale overflow; encode then rounds that scale down instead of sending
-    a payload that its own decode refuses."""
+    """absmax / qmax rounded up can make qmax × scale overflow (int8: 127 × fl(FLT_MAX / 127) does; int4's 7 ×
+    fl(FLT_MAX / 7) stays below); encode then rounds that scale down instead of sending a payload that its own
+    decode refuses."""
     big = float(np.finfo(np.float32).max)
     x = torch.zeros(2 * BLOCK)
     x[3], x[BLOCK + 1], x[5] = big, -big, 1.0

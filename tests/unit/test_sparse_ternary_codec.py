@@ -76,6 +76,18 @@ def test_a_payload_costs_about_the_entropy_of_the_code(density):
         assert bits < 1.6 < 8 * fixed.encoded_size(x.numel()) / x.numel() and abs(kept[0] - kept[1]) < 0.01
 
 
+@pytest.mark.parametrize("density", [0.5, 0.01])
+def test_values_near_the_largest_float_are_sent_at_their_mean_not_refused(density):
+    """A block's level is the mean |x| of what it keeps; their sum may pass FLT_MAX although the mean cannot."""
+    codec = get_codec(f"ternary@{density}")
+    x = torch.full((3 * codec.block,), 3e38)
+    x[1::2] = -3e38
+    y = codec.decode(codec.encode(x), x.numel())
+    kept = y != 0
+    assert torch.isfinite(y).all() and int(kept.sum()) == 3 * codec.k(codec.block)
+    assert torch.allclose(y[kept], x[kept], rtol=1e-6)
+
+
 def test_block_aligned_slices_decode_like_the_whole_vector():
     x = torch.randn(1024 * 6 + 10, generator=torch.Generator().manual_seed(1))
     whole = SPARSE.decode(SPARSE.encode(x), x.numel())
