@@ -8,6 +8,7 @@ and an absmax, which is exact whatever order it is taken in. Nothing is pickled.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import warnings
@@ -174,9 +175,10 @@ class BlockIntCodec(Codec):
         torch.abs(blocks, out=scaled)
         torch.amax(scaled, dim=1, out=scales)  # exact, and nan propagates
         scales.div_(self._qmax)  # CPU kernels divide (inputs are CPU-only: _check_input); no reciprocal
-        if not bool(torch.isfinite(scales).all()):  # a block holds an inf or a nan
+        top = float(scales.max())  # one pass: nan or inf when a block holds one
+        if not math.isfinite(top):
             raise ValueError(f"codec {self.name}: the tensor holds inf or nan; it cannot be sent.")
-        if float(scales.max()) * self.qmax >= FP32_OVERFLOW:  # absmax near FLT_MAX: qmax × scale would round to inf
+        if top * self.qmax >= FP32_OVERFLOW:  # absmax near FLT_MAX: qmax × scale would round to inf
             too_big = scales.double().mul_(self.qmax) >= FP32_OVERFLOW
             scales.copy_(torch.where(too_big, torch.nextafter(scales, torch.zeros_like(scales)), scales))
         # A zero block (or one whose absmax/qmax underflows to 0) is sent as zeros with scale 0: x / inf = ±0.
