@@ -349,7 +349,11 @@ def test_paced_bulk_connections_send_no_faster_than_the_pace(trio: list[Peer], d
     assert all(len(r.links.uploads) == 2 * 2 * stripes for r in results)
     rates = [throughput_mbit_s(t for t in r.links.uploads if t.peer == peer) for r in results
              for peer in {t.peer for t in r.links.uploads}]
-    assert len(rates) == 6 and max(rates) < 1.25 * pace_mbit_s, rates  # unpaced, loopback moves Gbit/s
+    # unpaced, loopback moves Gbit/s. The sender's clock stops when a frame's last byte is in the socket buffer, and
+    # the gaps between frames are not counted: a buffer that drained in a gap takes the next frame's first bytes at
+    # once, so under load (longer gaps) the sender reads up to ~1.4x the pace (seen in a full suite run); the
+    # receiver's timing below is the tight check.
+    assert len(rates) == 6 and max(rates) < 2 * pace_mbit_s, rates
     # the receiving side times them too: what the link estimates take as the download rate
     received = [throughput_mbit_s(t for t in r.links.downloads if t.peer == peer) for r in results
                 for peer in {t.peer for t in r.links.downloads}]
