@@ -223,8 +223,9 @@ def test_a_slow_peer_gets_a_smaller_time_budget_and_every_peer_ends_identical(tm
 
 def test_a_peer_left_out_while_it_trains_stops_training_that_round(tmp_path, monkeypatch):
     """A peer far slower than its start-up probe said (this fake sleeps only in train()) is left out of round 1
-    at the deadline plus the grace; its heartbeat hears so and it stops training that round after a part of its
-    steps (it used to train all 16, ~5 s here, for a round already lost), resyncs and ends identical."""
+    at the deadline plus the grace (or cut to a budget first, under load); its heartbeat hears so and it stops
+    training that round after a part of its steps (it used to train all 16, ~5 s here, for a round already lost),
+    resyncs and ends identical."""
     monkeypatch.setattr("peer.daemon.LocalTrainer", _SlowTrainer)
     run = RUN.replace(rounds=RoundConfig(inner_steps=16, max_rounds=2, min_peers=3, eval_every_rounds=100,
                                          straggler_slack_s=0.2, report_grace_s=1.0))
@@ -235,7 +236,9 @@ def test_a_peer_left_out_while_it_trains_stops_training_that_round(tmp_path, mon
     status = coordinator.status()
     assert (status.run.rounds_committed, status.run.rounds_voided) == (2, 0)
     slow = next(p for p in peers if p.trainer.peer_index == 2)
-    assert slow.daemon_.options.name not in _reported_steps(coordinator, 1)  # left out of round 1
+    # left out of round 1, or, when the heartbeat's budget reached it first (under load), cut to the steps that fit
+    # the fastest's time and counted with those: either way not the 16 of a full round
+    assert _reported_steps(coordinator, 1).get(slow.daemon_.options.name, 0) < 16
     trained_in_round_1 = sum(steps for round_no, steps in slow.trainer.trained if round_no == 1)
     assert trained_in_round_1 < 16, slow.trainer.trained
 
