@@ -24,6 +24,9 @@ import numpy as np
 import torch
 
 KEEP = 1  # one result per exchange at a time (a peer whose rounds overlap gets a fresh one while the last is held)
+# Larger vectors are not kept between exchanges: at a real model size a kept result is a model's worth of memory
+# held all round for a saving (no page faults on first touch) that is small beside that exchange's bytes.
+KEEP_MAX_BYTES = 64 << 20
 
 
 def _unheld_count() -> int:
@@ -52,5 +55,6 @@ class ResultVectors:
                 self.reused += 1
                 return torch.from_numpy(self._arrays[i])
         array = np.empty(numel, dtype=np.float32)  # numpy asks for huge pages for large arrays (average.new_f32)
-        self._arrays = [array, *self._arrays][:self.keep]
+        if 4 * numel <= KEEP_MAX_BYTES:
+            self._arrays = [array, *self._arrays][:self.keep]
         return torch.from_numpy(array)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from swarm.config import ConfigError
-from swarm.train.model import portable_normal
+from swarm.train.model import PortableNormals
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def hf_config_dict(spec: Any) -> dict[str, Any]:
 
 def build_hf_model(spec: Any, *, seed: int) -> nn.Module:
     """``AutoModelForCausalLM.from_config`` in fp32 on the CPU, then every parameter that its own init drew at
-    random redrawn with the portable normal (std ``initializer_range``), seeded by ``seed``; constant ones
+    random redrawn with the portable normal (``model.PortableNormals``, std ``initializer_range``), seeded by ``seed``; constant ones
     (norm gains, biases) stay as the library set them. So θ0 depends only on the config and the seed."""
     transformers = _transformers()
     config = hf_config_dict(spec)
@@ -68,13 +68,13 @@ def build_hf_model(spec: Any, *, seed: int) -> nn.Module:
         except (ValueError, KeyError) as e:
             raise ConfigError(f"[model] hf_config does not describe a causal LM transformers can build ({e}).") from None
     std = float(getattr(hf_config, "initializer_range", 0.02))
-    gen = torch.Generator().manual_seed(seed)
+    normals = PortableNormals(seed)
     with torch.no_grad():
         for p in model.parameters():
             flat = p.detach().reshape(-1)
             if flat.numel() > 1 and bool((flat == flat[0]).all()):
                 continue  # a constant init (ones, zeros) is already the same everywhere
-            p.copy_(portable_normal(p.shape, std=std, generator=gen))
+            normals.fill(p.data, std=std)
     model.train()
     return model
 

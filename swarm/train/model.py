@@ -11,6 +11,7 @@ import logging
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -156,6 +157,33 @@ def portable_normal(shape: torch.Size, *, std: float, generator: torch.Generator
     unit_std = 4.0 * math.sqrt((n * n - 1) / 12.0)  # std of `centred`
     scale = torch.tensor(std / unit_std, dtype=torch.float32)
     return centred.to(torch.float32) * scale
+
+
+class PortableNormals:
+    """``portable_normal``'s distribution (the sum of four uniform 16-bit integers, scaled once) from one
+    stream of PCG64's raw 64-bit outputs, each split into its four 16-bit fields: exact integer work and one
+    correctly rounded multiply, so bit-identical on every CPU, and about 10x faster than four ``randint``
+    draws per element (a 124M-parameter model: ~1 s instead of ~6 s). The stream continues across ``fill``
+    calls, so a model's tensors drawn in order get the same bits however the stream is cut into chunks."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, seed: int) -> None:
+        self._bits = np.random.PCG64(seed)  # its raw output is fixed by the algorithm (not by numpy's version)
+
+    @torch.no_grad()
+    def fill(self, out: torch.Tensor, *, std: float) -> None:
+        """Overwrite the fp32 CPU tensor ``out`` (contiguous) with draws of standard deviation ``std``."""
+        n = 1 << 16
+        unit_std = 4.0 * math.sqrt((n * n - 1) / 12.0)
+        scale = torch.tensor(std / unit_std, dtype=torch.float32)
+        flat = out.view(-1)
+        for start in range(0, flat.numel(), self.CHUNK):
+            k = min(self.CHUNK, flat.numel() - start)
+            raw = torch.from_numpy(self._bits.random_raw(k).view(np.int64))
+            fields = (raw & 0xFFFF) + ((raw >> 16) & 0xFFFF) + ((raw >> 32) & 0xFFFF) + ((raw >> 48) & 0xFFFF)
+            centred = 2 * fields - 4 * (n - 1)  # mean 0, |x| < 2**18: exact in fp32
+            torch.mul(centred.to(torch.float32), scale, out=flat[start:start + k])
 
 
 def model_fingerprint(model: nn.Module) -> str:

@@ -24,6 +24,9 @@ from swarm.train.eager_optimizer import eager_step
 PROBE_PASSES = 3  # after the warm-up pass
 PROBE_EVERY_S = 1.0  # while a peer waits for its first round, it probes again this often
 MAX_PROBES = 10
+# A pass this slow is its own estimate: the warm-up's extra cost is small beside it, and a large model's start
+# (or its wait for a round, which re-probes) is not held up by passes that tell nothing new.
+SLOW_PASS_S = 0.5
 UPDATE_SAMPLE = 1 << 22  # elements of the parameters whose update is timed (64 MB of copies and state in fp32)
 
 
@@ -48,7 +51,9 @@ def probe_step_time(trainer, passes: int = PROBE_PASSES) -> Optional[float]:
             if trainer.throttle is not None:  # a slow device (fault injection) is slow here too
                 trainer.throttle(compute_s)
             times.append(time.perf_counter() - start + update_s)
-    return min(times[1:])
+            if compute_s - update_s >= SLOW_PASS_S:
+                break
+    return min(times[1:] or times)
 
 
 def _update_seconds(optimizer: torch.optim.Optimizer, *, cuda: bool) -> float:
@@ -105,6 +110,6 @@ class StepProbe:
         """While waiting for the first round: the fastest step time yet when a new probe was due and ran (None: not
         due, or done: the peer trained, or probed ``MAX_PROBES`` times)."""
         if self.best is None or self.trainer.inner_steps_done or self.probes >= MAX_PROBES \
-                or time.monotonic() < self._next:
+                or time.monotonic() < self._next or self.best >= SLOW_PASS_S:
             return None
         return self.run()

@@ -25,10 +25,11 @@ import torch
 from swarm.core import average, fragments, spans
 from swarm.core.outer import OuterOptimizer
 from swarm.core.state import GlobalState
+from swarm.core.tentative import TentativeState
 from swarm.core.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
 from swarm.core.lowrank import LowRankState
 from swarm.core.owner_feedback import OwnerFeedback
-from swarm.config import RunConfig
+from swarm.config import NESTEROV, RunConfig
 from swarm.train import prefetch, schedule
 from swarm.train.eager_optimizer import inner_adamw
 from swarm.train.data import BatchSampler, check_vocab, eval_loss, load_corpus, shard_index_for_peer
@@ -188,6 +189,8 @@ class LocalTrainer:
             now = time.perf_counter()
             self.clock(now - mark)
             clocked, mark = clocked + now - mark, now
+        if steps:  # the gradients are not read again before the next step makes new ones: a model's worth freed
+            self.optimizer.zero_grad(set_to_none=True)
         if self.sharded is not None and steps:
             self.sharded.gather(self._params if self.ranks.leader else None)  # rank 0's θl is whole again
         return (loss_sum.item() / steps if steps else float("nan")), clocked
@@ -255,8 +258,13 @@ class LocalTrainer:
 
     def pseudo_gradient(self, fragment: int | None = None) -> torch.Tensor:
         """Δ = θg − θl over ``fragment``'s spans (default: all), flattened to one fp32 CPU vector."""
-        return average.flatten(average.pseudo_gradient(
-            spans.gather(self.global_params, self._spans(fragment)), self.local_params(fragment)))
+        global_parts = spans.gather(self.global_params, self._spans(fragment))
+        local_parts = self.local_params(fragment)
+        flat = torch.empty(sum(g.numel() for g in global_parts), dtype=torch.float32)
+        # average.pseudo_gradient's one subtraction per element, written straight into the flat vector
+        for out, g, l in zip(average.unflatten(flat, global_parts), global_parts, local_parts, strict=True):
+            torch.sub(g, l, out=out)
+        return flat
 
     def take_contribution(self, fragment: int | None = None) -> Contribution:
         """At a sync point: Δ of ``fragment`` (None: the only one) plus its error-feedback residual, and
@@ -303,16 +311,20 @@ class LocalTrainer:
         bounds = average.part_bounds(contribution.delta.numel(), parts or 1, codec.block)
         feedback.update(contribution.delta, codec_round_trip(contribution.delta, codec, bounds))
 
-    def apply(self, avg_delta_flat: torch.Tensor, fragment: int | None, round_no: int) -> GlobalState:
+    def apply(self, avg_delta_flat: torch.Tensor, fragment: int | None,
+              round_no: int) -> "GlobalState | TentativeState":
         """The tentative global state of round ``round_no``: an outer step of ``fragment`` (None: every
         parameter) with the averaged Δ̄ over it. The trainer is not changed, so a round that is not
-        committed leaves no trace."""
+        committed leaves no trace. With the Nesterov outer optimizer it is a ``TentativeState``: the step
+        is made a tensor at a time (hash, vote) and in place at the commit, never as a second θg."""
         fragment_spans = self._spans(fragment)
         deltas = average.unflatten(avg_delta_flat, spans.gather(self.global_params, fragment_spans))
+        if self.outer.name == NESTEROV:  # stepped a tensor at a time when hashed, written or committed
+            return TentativeState(round_no, self.state, self.outer, deltas, fragment_spans)
         params, outer_state = spans.tentative_step(self.outer, self.global_params, deltas, fragment_spans)
         return GlobalState(round_no, params, outer_state)
 
-    def commit(self, state: GlobalState, *, fragment: int | None = None) -> None:
+    def commit(self, state: "GlobalState | TentativeState", *, fragment: int | None = None) -> None:
         """Install ``state`` as the committed global state; the trainer keeps its tensors, so the caller
         must not modify them afterwards.
 
@@ -321,6 +333,11 @@ class LocalTrainer:
         fragment into θl: replaced by θg_f (plain DiLoCo: f is every parameter), or, with overlap,
         mixed as α·θl_f + (1 − α)·θg_f (``mixing_alpha``); the rest of θl keeps training.
         """
+        if isinstance(state, TentativeState):
+            if state.base is not self.state:
+                raise ValueError(f"round {state.round_no}'s tentative state was stepped from another state than the committed one.")
+            self._spans(fragment)  # checks the fragment before anything changes
+            state = state.commit_in_place()
         if len(state.params) != len(self.global_params):
             raise ValueError("committed state has the wrong number of tensors.")
         for new, old in zip(state.params, self.global_params):
@@ -335,9 +352,13 @@ class LocalTrainer:
             self.load_global_into_model()
             self._samples_since_sync = [0] * len(self.fragments)
             return
+        keep_unsent = self.run.rounds.keep_unsent_locally and self.error_feedback is not None
+        if self.mixing_alpha == 0.0 and not keep_unsent:  # plain replacement: θg's bits copied straight into θl
+            spans.write(self._params, fragment_spans, spans.gather(self.global_params, fragment_spans))
+            return
         merged = fragments.merge_fragment(self.local_params(fragment), spans.gather(self.global_params, fragment_spans),
                                           self.mixing_alpha)
-        if self.run.rounds.keep_unsent_locally and self.error_feedback is not None:
+        if keep_unsent:
             # θl ← θg − residual: the next Δ = θg − θl starts with what the wire has not delivered yet
             residual = average.unflatten(self.error_feedback[self._fragment_or_only(fragment)].residual, merged)
             merged = [m - r for m, r in zip(merged, residual)]
@@ -379,11 +400,21 @@ class LocalTrainer:
 
     def eval_loss(self) -> float:
         """Held-out loss of θg (not θl); the model's local parameters are restored afterwards."""
+        d = self.run.data
         with torch.no_grad():
+            if self.device.type == "cpu":  # θg's own tensors stand in for θl's while it evaluates: no copy
+                local = [p.data for p in self._params]
+                try:
+                    for p, g in zip(self._params, self.global_params):
+                        p.data = g
+                    return eval_loss(self.model, self.corpus, batch_size=d.batch_size,
+                                     seq_len=d.seq_len, num_batches=d.eval_batches, loss=self.loss_fn)
+                finally:
+                    for p, t in zip(self._params, local):
+                        p.data = t
             saved = [p.detach().clone() for p in self._params]
             self.load_global_into_model()
             try:
-                d = self.run.data
                 return eval_loss(self.model, self.corpus, batch_size=d.batch_size,
                                  seq_len=d.seq_len, num_batches=d.eval_batches, loss=self.loss_fn)
             finally:
