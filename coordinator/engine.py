@@ -233,14 +233,17 @@ class CoordinatorEngine:
             pass
 
     def done(self, *, linger_s: float = 20.0) -> bool:
-        """The run finished and the final round's participants left (or ``linger_s`` passed)."""
+        """The run finished, the final round's participants left and no live peer is still behind, downloading
+        the final state (it asks this coordinator for holders, and then leaves too); or ``linger_s`` passed."""
         with self._lock:
             if self._run.finished_at is None:
                 return False
             if self._clock() - self._run.finished_at >= linger_s:
                 return True
             final = self._latest.participants if self._latest is not None else ()
-            return not any(self._peers[p].alive for p in final if p in self._peers)
+            if any(self._peers[p].alive for p in final if p in self._peers):
+                return False
+            return self._roster.behind == 0
 
     def remember_ports(self, *, grpc_port: int, dht_port: int) -> None:
         """Keep the bound ports, which a restart binds again so that peers' addresses still hold."""

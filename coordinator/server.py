@@ -38,7 +38,9 @@ logger = logging.getLogger(__name__)
 
 JOIN_STRING_FILE = "join-string"
 SIGNING_KEY_FILE = "coordinator-signing-key.pem"  # Ed25519: signs the members' credentials
-FINISH_LINGER_S = 20.0  # after the run finishes, how long to wait for the last peers to say goodbye
+# after the run finishes, how long at most to wait for the last peers to say goodbye: the final round's participants
+# serve its state for up to 30 s (a peer's --final-serve-s) while peers behind download it, and those then leave
+FINISH_LINGER_S = 60.0
 _WILDCARDS = ("0.0.0.0", "::", "")
 RPC_THREADS = 16
 MAX_CONCURRENT_RPCS = 256  # beyond this many in flight (running or queued), callers get RESOURCE_EXHAUSTED

@@ -29,6 +29,8 @@ MAX_REPORTED_ERROR_BYTES = 1024  # the coordinator refuses a round report whose 
 DECIDED = (pb.ROUND_OUTCOME_COMMITTED, pb.ROUND_OUTCOME_VOIDED)
 MAX_CHOICES_KEPT = 8  # rounds whose controller choice is remembered
 FALLBACK_AFTER_S = 2.0  # unreachable this long while awaiting a decision: the group's votes decide
+STOP_DECISION_WAIT_S = 3.0  # a peer asked to leave waits at most this long for the decision of a round it reported
+FINISHED_RETRY_S = 5.0  # once the coordinator said the run finished, how long an unanswered call is retried
 
 
 class PeerExit(Exception):
@@ -56,6 +58,10 @@ class Backlogged:
     committed_hash: Optional[str]
 
 
+class Departed(Exception):
+    """The coordinator said the run finished and has stopped answering since: nothing more will come from it."""
+
+
 class Behind(CoordinatorUnreachable):
     """The coordinator answered from an earlier round than the one reported: back, not yet caught up with the group."""
 
@@ -67,9 +73,14 @@ class CoordinatorLink:
     replaced whole, never changed in place)."""
 
     def __init__(self, client: CoordinatorClient, *, stop: threading.Event, faults: FaultPlan, poll_s: float,
-                 leave_grace_s: float, tag: Callable[[Optional[int]], str]) -> None:
+                 leave_grace_s: float, tag: Callable[[Optional[int]], str],
+                 give_up_after_s: Optional[float] = None) -> None:
         self.client, self.stop, self.faults = client, stop, faults
-        self.poll_s, self.leave_grace_s, self.tag = poll_s, leave_grace_s, tag
+        self.poll_s, self.tag = poll_s, tag
+        self.leave_grace_s = min(leave_grace_s, STOP_DECISION_WAIT_S)  # SIGTERM stops a peer within seconds
+        # unreachable this long while this peer has nothing it can do without the coordinator: it exits (None: never)
+        self.give_up_after_s = give_up_after_s
+        self.final: Optional[tuple[int, str]] = None  # (round, hash) once the coordinator said the run finished
         self.peer_id = ""
         self.member: Optional[Member] = None  # after join: this peer's key and credential (renewed by heartbeats)
         self.backlog: list[Backlogged] = []
@@ -91,6 +102,8 @@ class CoordinatorLink:
                                      name=options.name or socket.gethostname()),
             what="join", stop=self.stop, give_up_after_s=options.join_timeout_s,
         )
+        if joined is None and self.stop.is_set():
+            raise PeerExit(0)  # stopped while the coordinator did not answer: nothing to leave yet
         if joined is None:
             logger.error("could not reach the coordinator at %s for %.0fs; check the join string's address "
                          "and that the coordinator is running", options.join.address, options.join_timeout_s)
@@ -118,6 +131,7 @@ class CoordinatorLink:
         """Round ``round_no`` (0: the current one), asked once; raises CoordinatorUnreachable."""
         info = self.client.get_round(peer_id=self.peer_id, round_no=round_no)
         self.live_peers = info.live_peers
+        self.heard(info)
         if info.HasField("choice") and info.round not in self._choices:
             self._choices[info.round] = info.choice  # a round's choice never changes: the first answer holds
             for old in sorted(self._choices)[:-MAX_CHOICES_KEPT]:
@@ -126,6 +140,11 @@ class CoordinatorLink:
             kept = {r: plan for r, plan in self.plans.items() if r >= info.round - 2}
             self.plans = {**kept, info.round: info.plan}
         return info
+
+    def heard(self, info: pb.RoundInfo) -> None:
+        """A RoundInfo from the coordinator (a call, or a heartbeat's answer): remember whether the run finished."""
+        if info.finished and info.last_committed_round > 0:
+            self.final = (info.last_committed_round, info.last_committed_hash)
 
     def round_choice(self, round_no: int) -> Optional[pb.RoundChoice]:
         """The controller's choice for ``round_no`` (None: the controller is off, or the coordinator is
@@ -171,6 +190,8 @@ class CoordinatorLink:
         """Asked between parts of ``round_no``'s inner steps, with the round the heartbeat last heard of (no call
         here): the coordinator committed ``round_no`` without this peer, or left it out of it (not ready by the
         deadline: too slow), so the rest of its steps would be lost. False on what was not heard yet."""
+        if self.stop.is_set():
+            return True  # leaving: the rest of the round's steps would not be sent (no log: the signal said it)
         if heard is None:
             return False
         out = heard.last_committed_round >= round_no or (heard.round == round_no and self.peer_id in heard.plan.left_out)
@@ -183,8 +204,12 @@ class CoordinatorLink:
                        round_no, step_time_s, then)
 
     def round_info(self, round_no: int) -> pb.RoundInfo:
-        """Round ``round_no``, retrying while the coordinator is unreachable."""
+        """Round ``round_no``, retrying while the coordinator is unreachable (``call``: bounded)."""
         return self.call(lambda: self.get_round(round_no), "get round")
+
+    def holders(self, round_no: int) -> list[str]:
+        """Who holds round ``round_no``'s state, as the coordinator says (retrying as ``call`` does)."""
+        return list(self.round_info(round_no).holders)
 
     def planned(self, round_no: int) -> Optional[set[str]]:
         """Who the coordinator planned into ``round_no``; while it is down (or behind), the last group."""
@@ -308,6 +333,7 @@ class CoordinatorLink:
                     raise PeerExit(0)
             try:
                 info = self.get_round(round_no)
+                unreachable_since = None
             except CoordinatorUnreachable as e:
                 logger.warning("%s waiting for the decision: %s", self.tag(round_no), e)
                 info = None
@@ -316,6 +342,7 @@ class CoordinatorLink:
                     decision, fallback = fallback(e), None
                     if decision is not None:
                         return decision
+                self._give_up_if_gone(time.monotonic() - unreachable_since, f"waiting for the decision of round {round_no}")
             if info is not None and info.outcome in DECIDED:
                 return info
             time.sleep(self.poll_s if info is not None else 1.0)  # polled: there is no push
@@ -374,7 +401,35 @@ class CoordinatorLink:
         return Decision(round_no, committed, finished=info.finished, holders=list(info.holders))
 
     def call(self, fn, what: str):
-        result = with_retry(fn, what=f"{self.tag(None)} {what}", stop=self.stop)
-        if result is None:
+        """``fn()``, retrying while the coordinator is unreachable: PeerExit(0) when the peer is stopped; Departed
+        when the coordinator said the run finished and then stopped answering (it does not come back for a
+        finished run); PeerExit(1), after one sentence, when it stays unreachable ``give_up_after_s``."""
+        finished = self.final is not None
+        limit = FINISHED_RETRY_S if finished else self.give_up_after_s
+        started = time.monotonic()
+        result = with_retry(fn, what=f"{self.tag(None)} {what}", stop=self.stop, give_up_after_s=limit)
+        if result is not None:
+            return result
+        if self.stop.is_set():
             raise PeerExit(0)
-        return result
+        if finished:
+            raise Departed()
+        self._give_up_if_gone(max(time.monotonic() - started, limit or 0.0), what)
+        raise PeerExit(1)  # unreachable: give_up_if_gone raised (with_retry gives up only with a limit)
+
+    def _give_up_if_gone(self, unreachable_s: float, waiting_for: str) -> None:
+        """Raise when the coordinator has been unreachable too long for a peer that has nothing to do without it:
+        Departed once it said the run finished, else PeerExit(1) after ``give_up_after_s``, with one sentence."""
+        if self.final is not None and unreachable_s >= FINISHED_RETRY_S:
+            raise Departed()
+        if self.give_up_after_s is None or unreachable_s < self.give_up_after_s:
+            return
+        logger.error("%s the coordinator at %s has not answered for %.0fs (%s) and this peer has no round it can run "
+                     "without it; exiting (start it again with the same --state-dir once the coordinator is back)",
+                     self.tag(None), _address(self.client), unreachable_s, waiting_for)
+        raise PeerExit(1)
+
+
+def _address(client: CoordinatorClient) -> str:
+    join = getattr(client, "join_string", None)
+    return join.address if join is not None else "its address"

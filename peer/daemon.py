@@ -19,16 +19,18 @@ import concurrent.futures
 import enum
 import logging
 import threading
-from typing import Optional
+import time
+from typing import Callable, Optional, TypeVar
 
 import torch
 
 from peer import identity
 from peer.backlog import report_backlog
-from peer.coordinator_link import CoordinatorLink, PeerExit
+from peer.coordinator_link import CoordinatorLink, Departed, PeerExit
 from peer.heartbeat import HeartbeatThread
 from peer.options import PeerOptions
 from peer.parts import PeerParts
+from peer.resume import checkpoint_dir
 from peer.round_hooks import PeerHooks
 from peer.round_log import RoundLog
 from peer.startup import StartupClock, result_or_none
@@ -44,6 +46,10 @@ from swarm.train.trainer import LocalTrainer
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+STOP_CHECK_S = 0.1  # how often the main thread, waiting on a download, looks at the stop event
+LEAVE_ROUND_WAIT_S = 3.0  # a leaving peer waits this long at most for a round still in flight on the executor
 
 
 class PeerState(enum.Enum):
@@ -73,8 +79,10 @@ class PeerDaemon:
         self.stats = PeerStats()
         self.state = PeerState.JOINING
         self.client = self.parts.client(options.join)
+        # unreachable for --join-timeout-s while it has nothing to do without the coordinator, the peer exits
         self.link = CoordinatorLink(self.client, stop=self.stop, faults=options.faults, poll_s=options.poll_s,
-                                    leave_grace_s=options.leave_grace_s, tag=self.tag)
+                                    leave_grace_s=options.leave_grace_s, tag=self.tag,
+                                    give_up_after_s=options.join_timeout_s)
         self.peer_id, self.transport = "", None
         self.heartbeat: Optional[HeartbeatThread] = None
         self.runner: Optional[RoundRunner] = None
@@ -86,12 +94,16 @@ class PeerDaemon:
         self.offline = False  # the current round runs while the coordinator is unreachable
         self.clock = StartupClock()  # where a (re)start's seconds go, logged at its first round
         self._network: Optional[concurrent.futures.Future] = None  # the DHT start, overlapping the trainer build
+        self._busy_thread = False  # a download left running on its thread when the peer stopped: no checkpoint
+        self._checkpointed = False  # the stranded path wrote its checkpoint already
 
     # ---- lifecycle -----------------------------------------------------------------------------------
     def run(self) -> int:
         try:
             self.join()
             return self.loop()
+        except Departed:
+            return self.departed()
         except (PeerExit, CoordinatorRejected) as e:
             rejection = e if isinstance(e, CoordinatorRejected) else (self.heartbeat and self.heartbeat.rejection)
             if rejection:
@@ -113,10 +125,13 @@ class PeerDaemon:
             try:
                 info = self.link.get_round(0)
             except CoordinatorUnreachable:
-                if self.offline_next is not None:
+                self.heard_by_heartbeat()
+                if self.link.final is None and self.offline_next is not None:
                     self.train_round(self.offline_next, offline=True)
                     continue
-                info = self.link.round_info(0)  # nothing to do without it: wait (with backoff, logged)
+                # nothing to do without it: wait (with backoff, logged; Departed when the run is over, PeerExit(1)
+                # after --join-timeout-s)
+                info = self.link.round_info(0)
             code = self.step(info)
             if code is not None:
                 return code
@@ -126,10 +141,8 @@ class PeerDaemon:
         if self.link.backlog:
             self.report_backlog()
         elif self.behind or info.last_committed_round > self.runner.trainer.round_no:
-            if not self.sync(info) and info.finished and not info.holders:  # holders stay a while
-                logger.error("%s the run finished at round %d and no peer holding its state is left to download "
-                             "it from; no final model was written", self.tag(), info.last_committed_round)
-                return 1
+            if not self.sync(info) and info.finished and not info.holders and not self.stop.is_set():
+                return self.stranded(info.last_committed_round)  # the holders serve a while (--final-serve-s)
         elif info.finished:
             return self.finish()
         elif info.open_round and self.peer_id in info.participants and info.round == info.open_round:
@@ -252,36 +265,109 @@ class PeerDaemon:
             self.stats.update(state_round=-1)  # holds no committed state until it resyncs
 
     def sync(self, info: pb.RoundInfo) -> bool:
-        """SYNCING: get the committed state (own disk first, else a holder)."""
+        """SYNCING: get the committed state (own disk first, else a holder). The download runs on a thread of its
+        own, so that a stopped peer leaves at once instead of after it (``state_timeout_s`` at most)."""
         self.enter(PeerState.SYNCING)
         if info.last_committed_round < 0:
             return False
-        synced = self.store.sync(info, holders=lambda r: list(self.link.round_info(r).holders))
+        synced = self.unless_stopped(lambda: self.store.sync(info, holders=self.link.holders), "swarm-sync")
+        if synced is None:
+            return False
         if synced:
             self.behind, self.offline_next = False, None  # the group this peer was in moved on without it
         else:
             self.stop.wait(1.0)  # back off before asking the coordinator for holders again
         return synced
 
+    def unless_stopped(self, fn: Callable[[], T], name: str) -> Optional[T]:
+        """``fn()`` on a thread of its own, its result or its exception; None as soon as the peer is stopped (the
+        thread is left to end on its own: the transport's shutdown in ``leave`` cancels a download)."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def work() -> None:
+            try:
+                done.set_result(fn())
+            except BaseException as e:  # re-raised on the main thread
+                done.set_exception(e)
+
+        threading.Thread(target=work, name=name, daemon=True).start()
+        while not self.stop.is_set():
+            try:
+                return done.result(timeout=STOP_CHECK_S)
+            except concurrent.futures.TimeoutError:
+                continue
+        if done.done():
+            return done.result()
+        self._busy_thread = True  # it may yet install a state: leave writes no checkpoint meanwhile
+        return None
+
+    def heard_by_heartbeat(self) -> None:
+        """What the heartbeat last heard counts too: a peer busy downloading learns that the run finished there."""
+        heard = self.heartbeat.heard if self.heartbeat is not None else None
+        if heard is not None:
+            self.link.heard(heard)
+
     def finish(self) -> int:
         """FINISHING: write the final model, then stay a holder while live peers still download it."""
         self.enter(PeerState.FINISHING)
+        self.write_final()
+        self.link.serve_final_state(self.options.final_serve_s,
+                                    ready=lambda: self.stats.update(state=pb.PEER_STATE_READY))
+        return 0
+
+    def write_final(self) -> None:
         trainer = self.runner.trainer
         path = self.options.state_dir / "final" / "model.safetensors"
         write_final_model(path, trainer.model, trainer.state, run=trainer.run)
         logger.info("%s run finished at round %d; wrote %s", self.tag(), trainer.round_no, path)
-        self.link.serve_final_state(self.options.final_serve_s,
-                                    ready=lambda: self.stats.update(state=pb.PEER_STATE_READY))
-        return 0
+
+    def departed(self) -> int:
+        """The coordinator said the run finished and is gone since: a peer holding the final state writes the final
+        model (there is nobody left to serve it to); one that does not cannot get it any more."""
+        final_round, final_hash = self.link.final
+        trainer = self.runner.trainer if self.runner is not None else None
+        if trainer is None or self._busy_thread:
+            return self.stranded(final_round)
+        if trainer.round_no == final_round and trainer.state.state_hash == final_hash and not self.behind:
+            self.enter(PeerState.FINISHING)
+            self.write_final()
+            return 0
+        return self.stranded(final_round)
+
+    def stranded(self, final_round: int) -> int:
+        """The run finished and no holder of its final state is left: say in one sentence what this peer holds and
+        where, then exit 1."""
+        trainer = self.runner.trainer if self.runner is not None else None
+        if trainer is None or trainer.round_no <= 0 or self._busy_thread:
+            where = "it wrote no state (it holds no committed round)" if trainer is None or trainer.round_no <= 0 \
+                else "its download was still running"
+            held = "no round" if trainer is None else f"round {trainer.round_no}"
+        else:
+            if not self._checkpointed and not self.store.provisional:
+                self.store.checkpoint()
+                self._checkpointed = True
+            held = f"round {trainer.round_no} (hash {trainer.state.state_hash[:16]})"
+            where = f"its state is in {checkpoint_dir(self.options.state_dir)}"
+        logger.error("%s the run finished at round %d while this peer held %s; %s; no holder is left to download "
+                     "round %d from, so it wrote no final model", self.tag(), final_round, held, where, final_round)
+        return 1
 
     def leave(self) -> None:
         """LEAVING: checkpoint a committed state, a last heartbeat with the final numbers, then leave."""
         self.state = PeerState.LEAVING
         self.stop.set()
+        in_flight = False
         if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
+            # a round still exchanging or awaiting its decision gets a moment to end (its vote is on disk either way);
+            # after that the peer leaves without it and writes no checkpoint (the round may be changing the trainer)
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            until = time.monotonic() + LEAVE_ROUND_WAIT_S
+            for thread in list(getattr(self._executor, "_threads", ())):
+                thread.join(timeout=max(0.0, until - time.monotonic()))
+                in_flight = in_flight or thread.is_alive()
         trainer = self.runner.trainer if self.runner is not None else None
-        if trainer is not None and trainer.round_no > 0 and not self.store.provisional and not self.behind:
+        if trainer is not None and trainer.round_no > 0 and not self.store.provisional and not self.behind \
+                and not (in_flight or self._busy_thread or self._checkpointed):
             self.store.checkpoint()  # a restarted peer resumes here if the run has not moved on
         if self.runner is not None:
             self.hooks.close()  # the training logs' last round

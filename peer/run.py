@@ -21,14 +21,25 @@ logger = logging.getLogger("peer.daemon")
 
 
 EXIT_WATCHDOG_S = 30.0  # once the peer is done, the longest its process may take to exit
+STOP_DEADLINE_S = 6.0  # after SIGTERM/SIGINT, the longest the peer takes to leave and exit, whatever it was doing
+LEFT_EXIT_S = 2.0  # after a signal, once the peer has left, the longest the interpreter's exit may take
 
 
 def run_peer(options: PeerOptions, *, metrics_port: Optional[int] = None) -> int:
-    """Run a peer until the run finishes; SIGINT/SIGTERM leave the run cleanly and exit 0. With ``metrics_port``
-    (0: any free port) it serves its metrics there for Prometheus, on the loopback address."""
+    """Run a peer until the run finishes; SIGINT/SIGTERM leave the run and exit 0 within ``STOP_DEADLINE_S``
+    (a second signal: at once). With ``metrics_port`` (0: any free port) it serves its metrics there for
+    Prometheus, on the loopback address."""
     code = _run_peer(options, metrics_port=metrics_port)
-    exit_within(EXIT_WATCHDOG_S, code)
+    if _signalled.is_set():  # it left as asked: a thread still in an exchange or a download does not hold it
+        timer = threading.Timer(LEFT_EXIT_S, _exit_now, args=(code,))
+        timer.daemon = True
+        timer.start()
+    else:
+        exit_within(EXIT_WATCHDOG_S, code)
     return code
+
+
+_signalled = threading.Event()  # SIGTERM/SIGINT arrived: the peer is leaving
 
 
 def exit_within(seconds: float, code: int) -> None:
@@ -77,9 +88,36 @@ def _run_peer(options: PeerOptions, *, metrics_port: Optional[int]) -> int:
 def _run_daemon(daemon: PeerDaemon) -> int:
     if threading.current_thread() is threading.main_thread():
         def leave_on_signal(signum, frame):
-            logger.info("%s signal %d: leaving the run after the current step", daemon.tag(), signum)
+            name = signal.Signals(signum).name
+            if _signalled.is_set():
+                logger.warning("%s %s again: exiting now (%s)", daemon.tag(), name, daemon.state.value)
+                _exit_now(0)
+            _signalled.set()
+            logger.info("%s %s while %s: leaving the run (at most %.0fs)", daemon.tag(), name, daemon.state.value,
+                        STOP_DEADLINE_S)
             daemon.stop.set()
+            _deadline(STOP_DEADLINE_S, daemon)
 
         signal.signal(signal.SIGTERM, leave_on_signal)
         signal.signal(signal.SIGINT, leave_on_signal)
     return daemon.run()
+
+
+def _deadline(seconds: float, daemon: PeerDaemon) -> None:
+    """Whatever the peer was doing when the signal came (an exchange that only its timeout ends, a coordinator that
+    does not answer its last calls), the process ends ``seconds`` later: a vote and a checkpoint are written
+    atomically, so what is on disk stays whole; the coordinator's lease for this peer ends it there."""
+    def fire() -> None:
+        logger.warning("%s still %s %.0fs after the signal; exiting without the rest of its leave", daemon.tag(),
+                       daemon.state.value, seconds)
+        _exit_now(0)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+
+
+def _exit_now(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
