@@ -61,8 +61,9 @@ class RoundLog:
         level = logging.WARNING if result.outcome is Outcome.VOIDED else logging.INFO
         evaluated = "" if entry.eval_loss is None else f"; eval loss {entry.eval_loss:.4f}"
         waited = f"; training waited {result.waited_s:.2f} s for it" if result.waited_s >= 0.05 else ""
-        logger.log(level, "%s %s: %s%s%s", self.tag(result.round_no), outcome_words(result),
-                   figures(train, entry.vote, codec=self.codec), waited, evaluated)
+        local = f"; local work {result.overhead_s:.2f} s" if result.overhead_s >= 0.05 else ""  # Δ, step, vote, commit
+        logger.log(level, "%s %s: %s%s%s%s", self.tag(result.round_no), outcome_words(result),
+                   figures(train, entry.vote, codec=self.codec), waited, local, evaluated)
         self.train_log.log(result.round_no, round_scalars(result, train, entry.lr, entry.vote))
 
     def evaluated(self, round_no: int, loss: float) -> None:
@@ -120,6 +121,8 @@ def round_scalars(result: RoundResult, train: Optional[TrainStats], lr: float,
         "train/lr": lr,
         "round/waited_s": result.waited_s,  # training stood still for the exchange and the decision
     }
+    if result.outcome is Outcome.COMMITTED:
+        scalars |= {"round/overhead_s": result.overhead_s, "round/eval_s": result.eval_s}
     if train is not None:
         scalars |= {"train/loss": train.mean_loss, "train/steps": float(train.steps),
                     "train/tokens_per_s": train.tokens / max(1e-9, train.inner_time_s),

@@ -88,6 +88,7 @@ class Vote:
     train: TrainStats
     averaged: Optional[Averaged] = None
     error: str = ""
+    vote_s: float = 0.0  # the outer step, its hash and the vote on disk: local work, not the exchange's
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,7 @@ class Pending:
     contribution: Contribution
     train: TrainStats
     future: concurrent.futures.Future  # of (Vote, Decision, tentative GlobalState or None)
+    contribution_s: float = 0.0  # taking the contribution (Δ and its residual)
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,10 @@ class RoundResult:
     pending: Optional[Pending] = None  # IN_FLIGHT only
     group: list[str] = field(default_factory=list)
     waited_s: float = 0.0  # how long training stood still for this round's exchange and decision
+    # the round's local work that is neither inner steps nor the exchange: Δ, the outer step, its hash, the vote
+    # on disk, the commit and what it publishes (docs/BENCHMARKS.md, per-round overhead); and its evaluation
+    overhead_s: float = 0.0
+    eval_s: float = 0.0
 
 
 class InlineExecutor(concurrent.futures.Executor):
@@ -268,30 +274,35 @@ class RoundRunner:
 
     def start(self, round_no: int, train: TrainStats) -> Pending:
         fragment = round_fragment(round_no, self.run.rounds.fragments)
+        started = time.perf_counter()
         contribution = self.trainer.take_contribution(fragment)
+        contribution_s = time.perf_counter() - started
         self.hooks.exchanging(round_no)
         future = self.executor.submit(self._exchange_and_decide, round_no, contribution, train)
-        return Pending(round_no, fragment, contribution, train, future)
+        return Pending(round_no, fragment, contribution, train, future, contribution_s=contribution_s)
 
     def _exchange_and_decide(self, round_no: int, contribution: Contribution, train: TrainStats):
         """On the executor: average, tentative outer step, durable vote, decision."""
-        tentative, averaged, error = None, None, ""
+        tentative, averaged, error, vote_s = None, None, "", 0.0
         try:
             if contribution.samples <= 0:
                 raise SyncFailed(f"round {round_no}: no inner steps since fragment {contribution.fragment} last synced")
             averaged = self.exchange.average(round_no, contribution)
+            started = time.perf_counter()
             tentative = self.trainer.apply(averaged.average, contribution.fragment, round_no)
             # applied (the outer step keeps copies): the vote keeps the exchange's numbers, not its model-sized
             # result, whose memory the next exchange may then reuse (swarm.net.result_vectors)
             averaged = dataclasses.replace(averaged, average=RELEASED)
             self.store.save_vote(tentative)  # before the hash is reported: the round survives on disk
+            tentative.state_hash  # noqa: B018  (computed once, here, when the vote did not already)
+            vote_s = time.perf_counter() - started
         except SyncFailed as e:
             error = str(e)
         self.hooks.at(round_no, "averaged")
         vote = Vote(round_no=round_no, fragment=contribution.fragment, ok=tentative is not None,
                     state_hash=tentative.state_hash if tentative is not None else "",
                     group=averaged.group if averaged else [], contribution=contribution, train=train,
-                    averaged=averaged, error=error)
+                    averaged=averaged, error=error, vote_s=vote_s)
         self.hooks.voted(vote)
         self.votes.post(vote)
         decision = self.decider.decide(vote)
@@ -317,13 +328,17 @@ class RoundRunner:
             if pending.contribution.owner is not None:  # its staged residuals belong to an average nobody applied
                 pending.contribution.owner.discard()
             return RoundResult(round_no, Outcome.BEHIND, decision, group=vote.group)
+        started = time.perf_counter()
         self.trainer.record_sent(pending.contribution, self.run.rounds.codec,
                                  parts=len(vote.group) if vote.group else None)
         self.trainer.commit(tentative, fragment=pending.fragment)
         self.store.committed(tentative, provisional=decision.by_group)
+        evaluated = time.perf_counter()
         if self.evaluate and (decision.finished or round_no % self.run.rounds.eval_every_rounds == 0):
             self.hooks.evaluated(round_no, self.trainer.eval_loss())
-        return RoundResult(round_no, Outcome.COMMITTED, decision, group=vote.group)
+        done = time.perf_counter()
+        return RoundResult(round_no, Outcome.COMMITTED, decision, group=vote.group,
+                           overhead_s=pending.contribution_s + vote.vote_s + evaluated - started, eval_s=done - evaluated)
 
 
 def combine(parts: list[TrainStats]) -> TrainStats:

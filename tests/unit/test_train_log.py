@@ -153,11 +153,12 @@ def test_a_peer_logs_one_readable_line_per_round_and_its_scalars(caplog) -> None
             if ok:
                 log.evaluated(round_no, 2.1)
             outcome = Outcome.COMMITTED if ok else Outcome.VOIDED
-            log.decided(RoundResult(round_no, outcome, Decision(round_no, "ab12" if ok else None)))
+            log.decided(RoundResult(round_no, outcome, Decision(round_no, "ab12" if ok else None),
+                                    overhead_s=1.25 if ok else 0.0, eval_s=0.5 if ok else 0.0))
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
         "[peer-a r2] committed, hash ab12: 50 steps, loss 2.3456, 12,800 tokens/s; sent 1.5 MB, received 1.4 MB,"
-        " exchange 0.84 s; codec int8; eval loss 2.1000",
+        " exchange 0.84 s; codec int8; local work 1.25 s; eval loss 2.1000",
         "[peer-a r3] voided by the coordinator (this round's work carries into the next): 50 steps, loss 2.3456,"
         " 12,800 tokens/s; codec int8; exchange failed: round 3: the group did not form",
     ]
@@ -166,7 +167,7 @@ def test_a_peer_logs_one_readable_line_per_round_and_its_scalars(caplog) -> None
     assert steps[2] == {"round/committed": 1.0, "round/waited_s": 0.0, "train/lr": 3e-3, "train/loss": 2.3456, "train/steps": 50.0,
                         "train/tokens_per_s": 12_800.0, "train/step_time_s": 0.08, "exchange/bytes_sent": 1.5e6,
                         "exchange/bytes_received": 1.4e6, "exchange/seconds": 0.84, "link/upload_mbit_s": 90.0,
-                        "link/rtt_ms": 12.0}
+                        "link/rtt_ms": 12.0, "round/overhead_s": 1.25, "round/eval_s": 0.5}
     assert steps[3]["round/committed"] == 0.0 and "exchange/seconds" not in steps[3]
     assert (2, {"eval/loss": 2.1}) in recorder.written
 
