@@ -4,6 +4,11 @@ Written atomically (a temporary directory, fsync, then one rename), so a crash l
 previous checkpoint or the new one, never half of one. The manifest records the SHA-256 of the
 tensor file, so a truncated or corrupted checkpoint is detected and refused with a clear message
 instead of being loaded half. Nothing is pickled.
+
+The tensor file is safetensors (``safetensors.torch.load_file`` reads it), written straight from the tensors'
+memory with its SHA-256 computed in the same pass (``swarm.core.state.write_safetensors``), and read back in
+one pass too: each tensor into its own memory, hashed as it is read (``read_safetensors``). No copy of the
+whole state is made on either way, and the file is not read twice.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from safetensors.torch import load_file, save_file
+
+from swarm.core.state import read_safetensors, write_safetensors
 
 logger = logging.getLogger(__name__)
 
@@ -39,21 +45,32 @@ def save_checkpoint(directory: Path, *, tensors: dict[str, torch.Tensor], manife
         shutil.rmtree(staging)
     staging.mkdir()
     tensor_path = staging / TENSORS
-    save_file({name: t.detach().cpu().contiguous() for name, t in tensors.items()}, str(tensor_path))
-    record = dict(manifest, format_version=FORMAT_VERSION, tensors_sha256=_sha256(tensor_path),
-                  tensors_bytes=tensor_path.stat().st_size)
-    (staging / MANIFEST).write_text(json.dumps(record, sort_keys=True, indent=1))
-    for path in (tensor_path, staging / MANIFEST):
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())
+    with open(tensor_path, "wb", buffering=0) as f:
+        digest, size = write_safetensors(f, tensors)
+        os.fsync(f.fileno())
+    record = dict(manifest, format_version=FORMAT_VERSION, tensors_sha256=digest, tensors_bytes=size)
+    with open(staging / MANIFEST, "w") as f:
+        f.write(json.dumps(record, sort_keys=True, indent=1))
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_directory(staging)
     previous = directory.with_name(directory.name + ".old")
     if previous.exists():
         shutil.rmtree(previous)
     if directory.exists():
         directory.rename(previous)
     staging.rename(directory)
+    _fsync_directory(directory.parent)  # the rename itself survives a power loss
     if previous.exists():
         shutil.rmtree(previous)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _resolve(directory: Path) -> Path:
@@ -91,12 +108,15 @@ def load_checkpoint(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str,
     if tensor_path.stat().st_size != manifest.get("tensors_bytes"):
         raise CheckpointError(f"checkpoint {tensor_path} is truncated "
                               f"({tensor_path.stat().st_size} of {manifest.get('tensors_bytes')} bytes)")
-    if _sha256(tensor_path) != manifest.get("tensors_sha256"):
-        raise CheckpointError(f"checkpoint {tensor_path} is corrupted (its SHA-256 does not match the manifest)")
     try:
-        tensors = load_file(str(tensor_path))
-    except Exception as e:
+        with open(tensor_path, "rb", buffering=0) as f:
+            tensors, _, digest = read_safetensors(f, manifest["tensors_bytes"])
+    except (OSError, ValueError) as e:  # unreadable bytes: told apart from a damaged file by the hash
+        if _sha256(tensor_path) != manifest.get("tensors_sha256"):
+            raise CheckpointError(f"checkpoint {tensor_path} is corrupted (its SHA-256 does not match the manifest)") from None
         raise CheckpointError(f"checkpoint {tensor_path} is not valid safetensors ({e})") from None
+    if digest != manifest.get("tensors_sha256"):
+        raise CheckpointError(f"checkpoint {tensor_path} is corrupted (its SHA-256 does not match the manifest)")
     return tensors, manifest
 
 

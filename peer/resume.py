@@ -15,6 +15,7 @@ the last round the coordinator committed stays on disk until it confirms them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import shutil
@@ -24,7 +25,8 @@ from typing import Any, Optional
 import torch
 
 from peer.checkpoint import CheckpointError, load_checkpoint, read_manifest, save_checkpoint
-from swarm.core.state import GlobalState, state_from_tensors, state_tensors
+from swarm.core.state import GlobalState, LazyTensor, state_from_tensors, state_tensors
+from swarm.core.tentative import TentativeState
 from swarm.train.trainer import LocalTrainer
 
 logger = logging.getLogger(__name__)
@@ -129,11 +131,25 @@ def vote_dir(state_dir: Path, round_no: int) -> Path:
     return Path(state_dir) / "votes" / f"r{round_no:08d}"
 
 
-def save_vote(state_dir: Path, state: GlobalState, *, run_id: str) -> None:
-    """Persist the tentative state of its round before its hash is reported (atomic, verified)."""
-    save_checkpoint(vote_dir(state_dir, state.round_no), tensors=state_tensors(state),
+def save_vote(state_dir: Path, state: GlobalState | TentativeState, *, run_id: str) -> None:
+    """Persist the tentative state of its round before its hash is reported (atomic, verified). The file is
+    written straight from the tensors; a ``TentativeState``'s stepped tensors are made one at a time as
+    they are written, so the vote never holds a second θg and outer state."""
+    save_checkpoint(vote_dir(state_dir, state.round_no), tensors=vote_tensors(state),
                     manifest={"kind": "vote", "run_id": run_id, "round": state.round_no,
                               "state_hash": state.state_hash})
+
+
+def vote_tensors(state: GlobalState | TentativeState) -> dict[str, torch.Tensor | LazyTensor]:
+    """The state in the one layout (``state_tensors``); a tentative state's tensors are made when written."""
+    if not isinstance(state, TentativeState):
+        return state_tensors(state)
+    tensors: dict[str, torch.Tensor | LazyTensor] = {}
+    for group, (prefix, base) in enumerate((("param", state.base.params), ("outer", state.base.outer_state))):
+        for i, t in enumerate(base):
+            tensors[f"{prefix}.{i:05d}"] = LazyTensor(torch.float32, tuple(t.shape),
+                                                      functools.partial(state.tensor, group, i))
+    return tensors
 
 
 def prune_votes(state_dir: Path, *, below: int) -> None:

@@ -3,18 +3,19 @@ and its one format on disk and on the wire."""
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
+import json
+import math
 import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import BinaryIO, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
-from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 
 from swarm.core.average import as_cpu_f32
 
@@ -72,25 +73,312 @@ def state_from_tensors(tensors: dict[str, torch.Tensor], round_no: int, *, like:
         if t.shape != ref.shape or t.dtype != ref.dtype:
             raise ValueError(f"a state tensor is {t.dtype} {tuple(t.shape)} where this model has {ref.dtype} "
                              f"{tuple(ref.shape)}: the state is of another model")
-        if not torch.isfinite(t).all():
+        if t.numel() and not torch.isfinite(torch.stack(torch.aminmax(t))).all():  # NaN, ±inf: one reduction
             raise ValueError("the state holds values that are not finite")
     return GlobalState(round_no, params, outer)
 
 
 def encode_state(state: GlobalState) -> bytes:
-    """The state as one safetensors blob (what a holder serves)."""
-    return save_safetensors(state_tensors(state), metadata={"round_no": str(state.round_no),
-                                                            "state_hash": state.state_hash})
+    """The state as one safetensors blob: ``EncodedState(state)``'s bytes joined (small states, tests; a holder
+    serves the ``EncodedState`` itself, from views of the tensors)."""
+    return EncodedState(state).read(0)
 
 
-def decode_state(blob: bytes, round_no: int, *, like: GlobalState) -> GlobalState:
+def decode_state(blob: bytes | bytearray | memoryview | np.ndarray, round_no: int, *, like: GlobalState) -> GlobalState:
+    """The state in ``blob`` (safetensors), checked against ``like`` (``state_from_tensors``). The tensors of
+    a writable buffer (a bytearray, a numpy array: what a download fills) are views of it, not copies, and
+    keep it alive; a read-only one (bytes) is copied tensor by tensor."""
     try:
-        tensors = load_safetensors(blob)
-    except Exception as e:
+        tensors, _ = tensors_from_buffer(blob)
+    except ValueError as e:
         raise ValueError(f"the state is not valid safetensors ({e})") from None
     if len(tensors) != len(like.params) + len(like.outer_state):
         raise ValueError("the state holds a different set of tensors than this model")
     return state_from_tensors(tensors, round_no, like=like)
+
+
+class EncodedState:
+    """``encode_state(state)``'s bytes without making them: the safetensors header, then views of the state's
+    own tensors. ``read`` copies only the range asked for. The tensors must not change while it is used:
+    ``changed`` tells when one did (an in-place commit of the next round steps them), so that bytes read
+    meanwhile are not served as this state's."""
+
+    def __init__(self, state: GlobalState):
+        self.round_no, self.state_hash = state.round_no, state.state_hash
+        tensors = state_tensors(state)
+        self.layout = SafetensorsLayout(tensors, {"round_no": str(state.round_no), "state_hash": state.state_hash})
+        self.size = self.layout.size
+        self._tensors = list(state.params) + list(state.outer_state)
+        self._versions = [_version(t) for t in self._tensors]  # bumped by every in-place op on the tensor
+
+    def changed(self) -> bool:
+        """Whether a tensor of the state was modified in place since this was made."""
+        return any(_version(t) != v for t, v in zip(self._tensors, self._versions))
+
+    def read(self, offset: int, length: int | None = None) -> bytes:
+        return self.layout.read(offset, length)
+
+    def view(self, offset: int, length: int) -> memoryview | bytes:
+        return self.layout.view(offset, length)
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # an inference-mode tensor keeps no version counter (nor can it be modified outside one)
+        return -1
+
+
+# ---- safetensors, written and read without a copy of the whole state ---------------------------------
+# The format is safetensors' (https://github.com/huggingface/safetensors): a little-endian u64 header length,
+# a JSON header padded with spaces to a multiple of 8, then the tensors' bytes back to back. safetensors'
+# ``load``/``load_file`` read what is written here; what is read here is checked as strictly as they do.
+
+SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL", torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
+    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+}
+_TORCH_DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
+_HEADER_SIZE = struct.Struct("<Q")
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
+IO_BLOCK = 8 << 20  # bytes hashed and written at a time
+
+
+@dataclass(frozen=True)
+class LazyTensor:
+    """A tensor made only when its bytes are written (``make()``, once): a vote of a tentative state is written
+    one stepped tensor at a time, never as a second whole state. Its dtype and shape are known before."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    make: Callable[[], torch.Tensor]
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor: a flat view of its memory (no copy; it keeps the tensor alive)."""
+    if t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError("only a contiguous CPU tensor's bytes can be viewed")
+    flat = t.detach().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+
+
+class SafetensorsLayout:
+    """A safetensors file of ``tensors`` as parts: its header's bytes, then each tensor's bytes (a view of a CPU
+    tensor's memory; another device's tensor is copied to the CPU when its bytes are wanted, one at a time).
+    Tensors go in order of decreasing element size, then name (so each one is aligned to its element size),
+    which for one dtype is safetensors' own order; the metadata keys in the order given."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor | LazyTensor], metadata: dict[str, str] | None = None):
+        for name, t in tensors.items():
+            if t.dtype not in SAFETENSORS_DTYPES:
+                raise ValueError(f"tensor {name} is {t.dtype}, which safetensors does not store")
+        named = sorted(((name, t if isinstance(t, LazyTensor) else t.detach()) for name, t in tensors.items()),
+                       key=lambda item: (-item[1].element_size(), item[0]))
+        header: dict[str, object] = {}
+        if metadata:
+            header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+        offset = 0
+        for name, t in named:
+            nbytes = t.numel() * t.element_size()
+            header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                            "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        text += b" " * (-len(text) % 8)
+        self.header = _HEADER_SIZE.pack(len(text)) + text
+        self._tensors = [t for _, t in named]
+        # a CPU tensor's view is made once (a committed state is served from these for as long as it is published)
+        self._views: list[Optional[memoryview]] = [memoryview(self.header)] + [
+            None if isinstance(t, LazyTensor) or t.device.type != "cpu" else tensor_bytes(t.contiguous())
+            for t in self._tensors]
+        self.starts: list[int] = []
+        position = 0
+        for size in [len(self.header)] + [t.numel() * t.element_size() for t in self._tensors]:
+            self.starts.append(position)
+            position += size
+        self.size = position
+
+    def part(self, index: int) -> memoryview:
+        """Part ``index``'s bytes: 0 the header, i the i-th tensor's (a lazy one's made now)."""
+        view = self._views[index]
+        if view is not None:
+            return view
+        t = self._tensors[index - 1]
+        if isinstance(t, LazyTensor):
+            made = t.make()
+            if made.dtype != t.dtype or tuple(made.shape) != tuple(t.shape):
+                raise ValueError(f"a lazy tensor declared {t.dtype} {tuple(t.shape)} and made {made.dtype} "
+                                 f"{tuple(made.shape)}")
+            t = made
+        return tensor_bytes(t.detach().cpu().contiguous())
+
+    def read(self, offset: int, length: int | None = None) -> bytes:
+        """``length`` bytes (None: to the end) from ``offset``, fewer at the end: one copy of those bytes only."""
+        pieces = self._pieces(offset, length)
+        return pieces[0].tobytes() if len(pieces) == 1 else b"".join(pieces)
+
+    def view(self, offset: int, length: int) -> memoryview | bytes:
+        """Like ``read``, but a view (no copy) where the range lies in one part."""
+        pieces = self._pieces(offset, length)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _pieces(self, offset: int, length: int | None) -> list[memoryview]:
+        if offset < 0 or (length is not None and length < 0):
+            raise ValueError(f"offset {offset} or length {length} is negative")
+        stop = self.size if length is None else min(self.size, offset + length)
+        pieces = []
+        index = max(0, bisect.bisect_right(self.starts, offset) - 1)
+        while offset < stop and index < len(self.starts):
+            start = self.starts[index]
+            piece = self.part(index)[offset - start:stop - start]
+            if piece.nbytes:
+                pieces.append(piece)
+                offset += piece.nbytes
+            index += 1
+        return pieces
+
+    def blocks(self, block: int = IO_BLOCK) -> Iterator[memoryview]:
+        """Every byte of the file, in order, as views of at most ``block`` bytes."""
+        for index in range(len(self.starts)):
+            part = self.part(index)
+            for start in range(0, part.nbytes, block):
+                yield part[start:start + block]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+def _parse_header(text: bytes, data_bytes: int) -> tuple[list[_Entry], dict[str, str]]:
+    """The entries of a safetensors header (in the order of their bytes) and its metadata; ValueError unless
+    they describe exactly ``data_bytes`` bytes, tensor after tensor, each of its dtype's and shape's size."""
+    def unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        keys = [k for k, _ in pairs]
+        if len(set(keys)) != len(keys):
+            raise ValueError("the header names a tensor twice")
+        return dict(pairs)
+
+    try:
+        header = json.loads(text.decode("utf-8"), object_pairs_hook=unique)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"its header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise ValueError("its header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ValueError("its metadata is not a map of strings")
+    entries = []
+    for name, info in header.items():
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise ValueError(f"tensor {name!r} is described by {info!r}")
+        dtype, shape, offsets = _TORCH_DTYPES.get(info["dtype"]), info["shape"], info["data_offsets"]
+        if dtype is None:
+            raise ValueError(f"tensor {name!r} has dtype {info['dtype']!r}")
+        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
+                and isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
+            raise ValueError(f"tensor {name!r} has shape {shape!r} and offsets {offsets!r}")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if not 0 <= offsets[0] <= offsets[1] or offsets[1] - offsets[0] != nbytes:
+            raise ValueError(f"tensor {name!r} of shape {shape} takes {nbytes} bytes, not the offsets {offsets}")
+        entries.append(_Entry(name, dtype, tuple(shape), offsets[0], offsets[1]))
+    entries.sort(key=lambda e: (e.begin, e.end))
+    position = 0
+    for e in entries:
+        if e.begin != position:
+            raise ValueError(f"tensor {e.name!r} starts at {e.begin}, not at {position} (a gap or an overlap)")
+        position = e.end
+    if position != data_bytes:
+        raise ValueError(f"its tensors take {position} bytes and it holds {data_bytes}")
+    return entries, metadata
+
+
+def _header_length(prefix: bytes | memoryview, total: int) -> int:
+    if len(prefix) < _HEADER_SIZE.size:
+        raise ValueError(f"{total} bytes are too few for a header")
+    (n,) = _HEADER_SIZE.unpack(prefix[:_HEADER_SIZE.size])
+    if n > MAX_HEADER_BYTES or _HEADER_SIZE.size + n > total:
+        raise ValueError(f"a header of {n} bytes does not fit in {total} bytes")
+    return n
+
+
+def tensors_from_buffer(buffer: bytes | bytearray | memoryview | np.ndarray) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors, metadata) of the safetensors bytes in ``buffer``. A writable buffer's tensors are views of it
+    (each one keeps it alive; one that would be misaligned is copied); a read-only one's are copies."""
+    view = memoryview(buffer).cast("B") if not isinstance(buffer, np.ndarray) else memoryview(buffer.reshape(-1).view(np.uint8))
+    n = _header_length(view, view.nbytes)
+    base = _HEADER_SIZE.size + n
+    entries, metadata = _parse_header(bytes(view[_HEADER_SIZE.size:base]), view.nbytes - base)
+    array = np.frombuffer(view, dtype=np.uint8)
+    tensors = {}
+    for e in entries:
+        raw = array[base + e.begin:base + e.end]
+        if view.readonly or raw.ctypes.data % e.dtype.itemsize:
+            raw = raw.copy()
+        tensors[e.name] = torch.from_numpy(raw).view(e.dtype).reshape(e.shape)
+    return tensors, metadata
+
+
+def write_safetensors(f: BinaryIO, tensors: dict[str, torch.Tensor | LazyTensor], metadata: dict[str, str] | None = None) -> tuple[str, int]:
+    """Write ``tensors`` to the open (binary, unbuffered) file ``f`` as safetensors, straight from their memory
+    (another device's tensors are copied to the CPU one at a time); returns (the SHA-256 of what was written, its size),
+    computed in the same pass."""
+    layout = SafetensorsLayout(tensors, metadata)
+    digest = hashlib.sha256()
+    for block in layout.blocks():
+        digest.update(block)  # hashlib and the write release the GIL: the trainer's threads go on meanwhile
+        while block.nbytes:
+            written = f.write(block)
+            block = block[written:]
+    return digest.hexdigest(), layout.size
+
+
+def read_safetensors(f: BinaryIO, size: int) -> tuple[dict[str, torch.Tensor], dict[str, str], str]:
+    """(tensors, metadata, SHA-256 of the file) of the safetensors file open in ``f`` (``size`` bytes), read in
+    one pass: each tensor straight into its own memory, the hash as it goes. ValueError for malformed bytes;
+    the caller compares the hash before it trusts the tensors."""
+    digest = hashlib.sha256()
+    prefix = _read_exactly(f, _HEADER_SIZE.size)
+    n = _header_length(prefix, size)
+    text = _read_exactly(f, n)
+    digest.update(prefix)
+    digest.update(text)
+    entries, metadata = _parse_header(text, size - _HEADER_SIZE.size - n)
+    tensors = {}
+    for e in entries:
+        t = torch.empty(e.shape, dtype=e.dtype)
+        view = tensor_bytes(t)
+        got = 0
+        while got < view.nbytes:
+            read = f.readinto(view[got:got + IO_BLOCK])
+            if not read:
+                raise ValueError(f"the file ends inside tensor {e.name!r}")
+            digest.update(view[got:got + read])
+            got += read
+        tensors[e.name] = t
+    return tensors, metadata, digest.hexdigest()
+
+
+def _read_exactly(f: BinaryIO, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        more = f.read(n - len(data))
+        if not more:
+            raise ValueError("the file ends inside its header")
+        data += more
+    return bytes(data)
 
 
 def encoded_size_bound(like: GlobalState) -> int:

@@ -14,19 +14,33 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
+import os
 import threading
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
+import numpy as np
 from hivemind.p2p import P2PContext, PeerID
 
 from swarm.core.credential import CredentialError, Member
-from swarm.core.state import GlobalState, decode_state, encode_state, encoded_size_bound
-from swarm.net.transport import CHUNK_BYTES, Transport
+from swarm.core.state import EncodedState, GlobalState, decode_state, encoded_size_bound
+from swarm.net.bulk_channel import (MAC_KEY_BYTES, MIN_BULK_BYTES, TICKET_BYTES, BulkChannel, fresh_claim_secrets,
+                                    parse_bulk_address, tag)
+from swarm.net.transport import Transport
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1 << 20  # asked per request over libp2p
+MIN_CHUNK_BYTES = 1 << 20  # a holder answers at least min(asked, this) over libp2p (a Swarm before 2 MiB: 1 MiB)
+MAX_CHUNK_BYTES = 2 << 20  # and at most this (p2pd's messages are at most 4 MiB)
+BULK_FRAME_BYTES = 8 << 20  # asked per request over the bulk channel
+MAX_BULK_FRAME_BYTES = 64 << 20  # sent per request over the bulk channel at most
+BULK_GROUP = "state"  # the group_digest of a state frame's slot (an exchange's is its group's digest)
+WINDOW = 8  # requests in flight per holder
+USE_BULK = True  # ask holders for frames over this peer's bulk channel (else every byte comes over libp2p)
 
 
 class StateUnavailable(RuntimeError):
@@ -42,36 +56,74 @@ class StateServer:
         self.transport, self.member = transport, member
         self.handler_name = f"swarm_{run_id}.state"
         self._lock = threading.Lock()
-        self._round = -1
-        self._hash = ""
-        self._blob = b""
+        self._round, self._hash = -1, ""
+        self._served: EncodedState | None = None
         transport.run(
             transport.p2p.add_protobuf_handler(self.handler_name, self._on_request, exchange_pb2.StateRequest),
             timeout_s=30,
         )
 
     def publish(self, state: GlobalState) -> None:
-        blob = encode_state(state)
+        """Serve ``state`` from now on: its header is made now, its bytes are read from its tensors per request
+        (the state is kept, not copied). Once its tensors change in place (the trainer commits the next round
+        into them) it is no longer served: requests are refused until the next state is published."""
+        served = EncodedState(state)
         with self._lock:
-            self._round, self._hash, self._blob = state.round_no, state.state_hash, blob
+            self._round, self._hash, self._served = state.round_no, state.state_hash, served
 
     async def _on_request(self, request: exchange_pb2.StateRequest, context: P2PContext) -> exchange_pb2.StateChunk:
         refusal = self._refusal(request, context)
         if refusal:
             return exchange_pb2.StateChunk(error=refusal)
         with self._lock:
-            round_no, state_hash, blob = self._round, self._hash, self._blob
-        if round_no != request.round:
+            served, round_no, state_hash = self._served, self._round, self._hash
+        if served is None or round_no != request.round:
             return exchange_pb2.StateChunk(round=round_no, error=f"this peer holds round {round_no}")
-        if not 0 <= request.offset <= len(blob) or request.length < 0:
+        if not 0 <= request.offset <= served.size or request.length < 0:
             return exchange_pb2.StateChunk(round=round_no, error=f"offset {request.offset} or length {request.length} "
-                                                                 f"is outside the state's {len(blob)} bytes")
-        length = min(request.length, CHUNK_BYTES)
-        data = blob[request.offset:request.offset + length]
+                                                                 f"is outside the state's {served.size} bytes")
+        if request.bulk_address and await self._send_bulk(request, served):
+            return exchange_pb2.StateChunk(round=round_no, state_hash=state_hash, total_bytes=served.size,
+                                           offset=request.offset, bulk=True)
+        data = served.read(request.offset, min(request.length, MAX_CHUNK_BYTES))  # the one copy: protobuf's bytes
+        if served.changed():
+            return self._moved_on(served)
         return exchange_pb2.StateChunk(
-            round=round_no, state_hash=state_hash, total_bytes=len(blob), offset=request.offset, data=data
+            round=round_no, state_hash=state_hash, total_bytes=served.size, offset=request.offset, data=data
         )
 
+    def _moved_on(self, served: EncodedState) -> exchange_pb2.StateChunk:
+        """The answer once the served state's tensors were stepped in place (the trainer committed the next
+        round into them): its bytes are no longer this round's, so it is withdrawn until the next publish."""
+        with self._lock:
+            if self._served is served:
+                self._round, self._hash, self._served = -1, "", None
+        return exchange_pb2.StateChunk(round=-1, error=f"this peer moved on from round {served.round_no}")
+
+    async def _send_bulk(self, request: exchange_pb2.StateRequest, served: EncodedState) -> bool:
+        """Send the bytes asked for as one frame over the requester's bulk channel; True when it took them (else
+        the answer carries them over libp2p). Only a member gets here, and only to the address it named: the
+        frame is tagged under the one-time key it sent over this authenticated stream."""
+        address = parse_bulk_address(request.bulk_address)
+        length = min(request.length, MAX_BULK_FRAME_BYTES, served.size - request.offset)
+        if (address is None or length < MIN_BULK_BYTES or len(request.bulk_mac_key) != MAC_KEY_BYTES
+                or len(request.bulk_ticket) != TICKET_BYTES or not request.bulk_key):
+            return False
+        try:
+            await self.transport.open_bulk()  # its sender; the exchange opens it too
+            loop = asyncio.get_running_loop()
+            # a view of one tensor's bytes, or a copy of the frame's bytes where it spans several; tagged off the loop
+            data, frame_tag = await loop.run_in_executor(None, _frame, served, request.offset, length,
+                                                         request.bulk_mac_key)
+            if served.changed():  # bytes of a later state may be in it: its frame would not be taken anyway
+                return False
+            header = exchange_pb2.BulkHeader(key=request.bulk_key, group_digest=BULK_GROUP,
+                                             phase=exchange_pb2.PHASE_UNSPECIFIED, part=request.bulk_part, sender=0,
+                                             ticket=request.bulk_ticket, length=length, tag=frame_tag)
+            return await self.transport.bulk_sender.send(address, header, data) is not None
+        except Exception as e:  # the bytes go over libp2p instead
+            logger.debug("state frame over the bulk channel failed: %r", e)
+            return False
 
     def _refusal(self, request: exchange_pb2.StateRequest, context: P2PContext) -> str:
         """Why this request gets no bytes ('' when it may have them)."""
@@ -82,6 +134,11 @@ class StateServer:
         if credential.dht_peer_id != context.remote_id.to_base58():
             return f"refused: the credential of {credential.peer_id} is for another libp2p id than this stream's"
         return ""
+
+
+def _frame(served: EncodedState, offset: int, length: int, mac_key: bytes) -> tuple[memoryview | bytes, bytes]:
+    data = served.view(offset, length)
+    return data, tag(mac_key, data)
 
 
 def download_state(
@@ -99,9 +156,11 @@ def download_state(
     only when it fits this model (``like``) and its hash is ``expected_hash``; returns (state, bytes).
     ``member``'s credential is shown to the holders.
 
-    A holder that fails or moves on mid-download hands its chunks to the others (the download
-    resumes where it was). If the assembled state has the wrong hash — a holder sent bad bytes — each
-    holder is tried alone, so one bad holder cannot stop a peer from joining.
+    Each holder has ``WINDOW`` requests in flight; the chunks land in one buffer of the announced size, and
+    the state's tensors are views of that buffer (no other copy of the state is made). A holder that fails
+    or moves on mid-download hands its chunks to the others (the download resumes where it was). If the
+    assembled state has the wrong hash — a holder sent bad bytes — each holder is tried alone, so one bad
+    holder cannot stop a peer from joining.
     """
     if member is None:
         raise ValueError("downloading the state needs this peer's credential (a credential.Member): holders serve members only.")
@@ -117,27 +176,31 @@ def download_state(
             break
         names = "+".join(h[-8:] for h in attempt)
         try:
-            blob = transport.run(_fetch(transport, attempt, handler, round_no, expected_hash, errors,
-                                        credential=member.credential, max_bytes=encoded_size_bound(like)),
-                                 timeout_s=remaining)
-            state = decode_state(blob, round_no, like=like)
+            buffer = transport.run(_fetch(transport, attempt, handler, round_no, expected_hash, errors,
+                                          credential=member.credential, max_bytes=encoded_size_bound(like)),
+                                   timeout_s=remaining)
+            nbytes = buffer.nbytes
+            state = decode_state(buffer, round_no, like=like)  # views of the buffer: it lives as long as they do
         except Exception as e:
             errors.append(f"{names}: {e}")
             continue
+        finally:
+            buffer = None  # a failed attempt's bytes are not kept while the next one fills its own
         if state.state_hash != expected_hash:
             errors.append(f"{names}: served hash {state.state_hash}, committed is {expected_hash}")
+            state = None
             continue
-        logger.info("downloaded round %d state (%d bytes) from %d holder(s)", round_no, len(blob), len(attempt))
-        return state, len(blob)
+        logger.info("downloaded round %d state (%d bytes) from %d holder(s)", round_no, nbytes, len(attempt))
+        return state, nbytes
     raise StateUnavailable(f"no holder served round {round_no} with hash {expected_hash} ({'; '.join(errors)})")
 
 
 async def _fetch(transport: Transport, holders: Sequence[str], handler: str, round_no: int, expected_hash: str,
-                 errors: list[str], *, credential: bytes, max_bytes: int) -> bytes:
-    async def request(holder: str, offset: int, length: int = CHUNK_BYTES) -> exchange_pb2.StateChunk:
+                 errors: list[str], *, credential: bytes, max_bytes: int) -> np.ndarray:
+    async def request(holder: str, offset: int, length: int, **bulk) -> exchange_pb2.StateChunk:
         chunk = await transport.p2p.call_protobuf_handler(
             PeerID.from_base58(holder), handler,
-            exchange_pb2.StateRequest(round=round_no, offset=offset, length=length, credential=credential),
+            exchange_pb2.StateRequest(round=round_no, offset=offset, length=length, credential=credential, **bulk),
             exchange_pb2.StateChunk,
         )
         if chunk.error:
@@ -147,7 +210,7 @@ async def _fetch(transport: Transport, holders: Sequence[str], handler: str, rou
         return chunk
 
     # a zero-length probe: which holders serve this state, and its size (no chunk is fetched twice)
-    first = await asyncio.gather(*(request(h, 0, length=0) for h in holders), return_exceptions=True)
+    first = await asyncio.gather(*(request(h, 0, 0) for h in holders), return_exceptions=True)
     serving = [(h, c) for h, c in zip(holders, first) if not isinstance(c, BaseException)]
     errors.extend(f"{h[-8:]}: {c}" for h, c in zip(holders, first) if isinstance(c, BaseException))
     if not serving:
@@ -156,29 +219,101 @@ async def _fetch(transport: Transport, holders: Sequence[str], handler: str, rou
     if not 0 < total <= max_bytes:  # before anything is allocated for it
         raise RuntimeError(f"a holder announced a state of {total} bytes; this model's is at most {max_bytes}")
     serving = [(h, c) for h, c in serving if c.total_bytes == total]
-    parts: dict[int, bytes] = {}
-    todo = collections.deque(range(0, total, CHUNK_BYTES))
+    channel = await _bulk_channel(transport)
+    # numpy's empty is not zeroed first (bytearray's is): each page is touched once, by the chunk's copy
+    buffer = np.empty(total, dtype=np.uint8)
+    key = f"state/{round_no}/{os.urandom(8).hex()}"  # this download's claims on the bulk channel
+    parts = itertools.count()
+    done = False  # set when this returns: no frame still on its way may write into the buffer after that
+    frame = BULK_FRAME_BYTES if channel is not None else CHUNK_BYTES
+    todo = collections.deque((offset, min(frame, total - offset)) for offset in range(0, total, frame))
+    in_flight = 0
+    changed = asyncio.Condition()  # a range was taken, or handed back
 
-    async def worker(holder: str) -> None:
-        while todo:
-            offset = todo.popleft()
+    async def fetch(holder: str, offset: int, length: int, bulk: bool) -> int:
+        """Fetch bytes from ``offset`` (``length`` at most) into the buffer; returns how many came."""
+        if bulk:
+            slot = (BULK_GROUP, exchange_pb2.PHASE_UNSPECIFIED, next(parts), 0, b"")
+            mac_key, ticket = fresh_claim_secrets()
+            slot = slot[:4] + (ticket,)
+            landed: list[bool] = []
+
+            async def deliver(payload: memoryview, _sizes: list[int], _arrivals: list[float]) -> bool:
+                if done or landed or payload.nbytes != length:
+                    return False
+                buffer[offset:offset + length] = np.frombuffer(payload, dtype=np.uint8)
+                landed.append(True)
+                return True
+
+            bulk = channel.claim(key, slot, length, mac_key, holder, deliver)
+        fields = dict(bulk_address=channel.address, bulk_key=key, bulk_part=slot[2], bulk_ticket=ticket,
+                      bulk_mac_key=mac_key) if bulk else {}
+        try:
+            chunk = await request(holder, offset, length if bulk else min(length, CHUNK_BYTES), **fields)
+        finally:
+            if bulk:
+                channel.unclaim(key, slot)
+        if chunk.total_bytes != total:
+            raise RuntimeError("its state changed during the download")
+        if chunk.bulk:
+            if not (bulk and landed and chunk.offset == offset):
+                raise RuntimeError(f"it said it sent {length} bytes at {chunk.offset} over the bulk channel, "
+                                   "which took none")
+            return length
+        asked = length if bulk else min(length, CHUNK_BYTES)
+        got = len(chunk.data)
+        if chunk.offset != offset or not min(asked, MIN_CHUNK_BYTES) <= got <= asked:
+            raise RuntimeError(f"asked for {asked} bytes at {offset}, it sent {got} at {chunk.offset}")
+        buffer[offset:offset + got] = np.frombuffer(chunk.data, dtype=np.uint8)
+        return got
+
+    async def worker(holder: str, failed: list[bool], bulk: list[bool]) -> None:
+        nonlocal in_flight
+        while not failed:
+            async with changed:
+                await changed.wait_for(lambda: todo or not in_flight or failed)
+                if failed or not todo:
+                    return
+                offset, length = todo.popleft()
+                in_flight += 1
             try:
-                chunk = await request(holder, offset)
-                if chunk.total_bytes != total:
-                    raise RuntimeError("its state changed during the download")
-                if chunk.offset != offset or len(chunk.data) != min(CHUNK_BYTES, total - offset):
-                    raise RuntimeError(f"asked for {min(CHUNK_BYTES, total - offset)} bytes at {offset}, "
-                                       f"it sent {len(chunk.data)} at {chunk.offset}")
+                got = await fetch(holder, offset, length, bool(bulk))
             except Exception as e:
-                todo.append(offset)  # another holder picks it up: the download resumes, not restarts
-                errors.append(f"{holder[-8:]}: {e}")
-                return
-            parts[offset] = chunk.data
+                if not failed:
+                    errors.append(f"{holder[-8:]}: {e}")
+                failed.append(True)
+                got = 0
+            if got < length and bulk:
+                bulk.clear()  # the holder could not send over the bulk channel (not reachable?): libp2p from now on
+            async with changed:
+                if got < length:
+                    todo.appendleft((offset + got, length - got))  # the rest, by this holder or another one
+                in_flight -= 1
+                changed.notify_all()
 
-    await asyncio.gather(*(worker(h) for h, _ in serving))
+    workers = []
+    for holder, _ in serving:
+        failed: list[bool] = []  # shared by the holder's workers: one failure stops them all
+        bulk = [True] if channel is not None else []  # whether to ask it for frames over the bulk channel
+        workers += [worker(holder, failed, bulk) for _ in range(WINDOW)]
+    try:
+        await asyncio.gather(*workers)
+    finally:
+        done = True
+        if channel is not None:
+            channel.forget(key)
     if todo:
         raise RuntimeError("every holder failed before the download completed")
-    blob = b"".join(parts[offset] for offset in sorted(parts))
-    if len(blob) != total:
-        raise RuntimeError(f"assembled {len(blob)} of {total} bytes")
-    return blob
+    return buffer
+
+
+async def _bulk_channel(transport: Transport) -> Optional[BulkChannel]:
+    """This transport's bulk channel when holders can send to it (an announced address), else None."""
+    if not USE_BULK:
+        return None
+    try:
+        channel = await transport.open_bulk()
+    except Exception as e:  # e.g. no port to listen on: the state comes over libp2p
+        logger.info("no bulk channel for the state download (%r); it comes over libp2p", e)
+        return None
+    return channel if channel.address else None

@@ -83,29 +83,41 @@ class ChunkAck(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class StateRequest(_message.Message):
-    __slots__ = ("round", "offset", "length", "credential")
+    __slots__ = ("round", "offset", "length", "credential", "bulk_address", "bulk_key", "bulk_part", "bulk_ticket", "bulk_mac_key")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    BULK_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BULK_KEY_FIELD_NUMBER: _ClassVar[int]
+    BULK_PART_FIELD_NUMBER: _ClassVar[int]
+    BULK_TICKET_FIELD_NUMBER: _ClassVar[int]
+    BULK_MAC_KEY_FIELD_NUMBER: _ClassVar[int]
     round: int
     offset: int
     length: int
     credential: bytes
-    def __init__(self, round: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., credential: _Optional[bytes] = ...) -> None: ...
+    bulk_address: str
+    bulk_key: str
+    bulk_part: int
+    bulk_ticket: bytes
+    bulk_mac_key: bytes
+    def __init__(self, round: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., credential: _Optional[bytes] = ..., bulk_address: _Optional[str] = ..., bulk_key: _Optional[str] = ..., bulk_part: _Optional[int] = ..., bulk_ticket: _Optional[bytes] = ..., bulk_mac_key: _Optional[bytes] = ...) -> None: ...
 
 class StateChunk(_message.Message):
-    __slots__ = ("round", "state_hash", "total_bytes", "offset", "data", "error")
+    __slots__ = ("round", "state_hash", "total_bytes", "offset", "data", "error", "bulk")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     STATE_HASH_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    BULK_FIELD_NUMBER: _ClassVar[int]
     round: int
     state_hash: str
     total_bytes: int
     offset: int
     data: bytes
     error: str
-    def __init__(self, round: _Optional[int] = ..., state_hash: _Optional[str] = ..., total_bytes: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., error: _Optional[str] = ...) -> None: ...
+    bulk: bool
+    def __init__(self, round: _Optional[int] = ..., state_hash: _Optional[str] = ..., total_bytes: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., error: _Optional[str] = ..., bulk: _Optional[bool] = ...) -> None: ...

@@ -68,3 +68,66 @@ def test_crash_between_renames_still_finds_the_previous_checkpoint(tmp_path):
     (tmp_path / "ckpt").rename(tmp_path / "ckpt.old")  # what a crash mid-replacement leaves
     _, manifest = load_checkpoint(tmp_path / "ckpt")
     assert manifest["round"] == 1
+
+
+def _mixed():
+    g = torch.Generator().manual_seed(3)
+    return {
+        "param.00000": torch.randn(33, 7, generator=g),
+        "inner.00000.step": torch.tensor(12.0),  # 0-dim
+        "inner.00001.count": torch.tensor(5, dtype=torch.int64),
+        "half": torch.randn(5, generator=g).to(torch.bfloat16),  # 10 bytes: the next tensor would be misaligned after it
+        "mask": torch.tensor([True, False, True]),
+        "empty": torch.zeros(0, 4),
+        "transposed": torch.randn(6, 4, generator=g).t(),  # not contiguous
+        "bytes": torch.arange(7, dtype=torch.uint8),
+        "wide": torch.randn(3, generator=g, dtype=torch.float64),
+    }
+
+
+def test_the_streamed_file_is_safetensors_and_its_manifest_hash_is_the_files(tmp_path):
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    tensors = _mixed()
+    save_checkpoint(tmp_path / "ckpt", tensors=tensors, manifest={"round": 3})
+    path = tmp_path / "ckpt" / TENSORS
+    manifest = json.loads((tmp_path / "ckpt" / MANIFEST).read_text())
+    assert manifest["tensors_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert manifest["tensors_bytes"] == path.stat().st_size
+    by_safetensors = load_file(str(path))
+    loaded, _ = load_checkpoint(tmp_path / "ckpt")
+    assert set(by_safetensors) == set(loaded) == set(tensors)
+    for name, t in tensors.items():
+        assert by_safetensors[name].dtype == loaded[name].dtype == t.dtype
+        assert torch.equal(by_safetensors[name], t) and torch.equal(loaded[name], t), name
+    loaded["param.00000"] += 1  # the loaded tensors own writable memory (the inner optimizer updates its state in place)
+
+
+def test_a_checkpoint_made_by_safetensors_itself_loads(tmp_path):
+    """Files of the format written before the streaming writer (safetensors' save_file) still load."""
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    tensors = _mixed()
+    (tmp_path / "ckpt").mkdir()
+    path = tmp_path / "ckpt" / TENSORS
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+    from peer.checkpoint import FORMAT_VERSION
+    (tmp_path / "ckpt" / MANIFEST).write_text(json.dumps({
+        "round": 1, "format_version": FORMAT_VERSION, "tensors_bytes": path.stat().st_size,
+        "tensors_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}))
+    loaded, _ = load_checkpoint(tmp_path / "ckpt")
+    assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
+
+
+def test_a_corrupted_header_is_refused_as_corrupted(tmp_path):
+    save_checkpoint(tmp_path / "ckpt", tensors=_state(0), manifest={"round": 1})
+    path = tmp_path / "ckpt" / TENSORS
+    data = bytearray(path.read_bytes())
+    data[9] ^= 0xFF  # inside the JSON header
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="corrupted"):
+        load_checkpoint(tmp_path / "ckpt")

@@ -116,3 +116,30 @@ def test_a_checkpoint_of_an_older_format_is_refused_with_a_message(tmp_path, cap
     fresh = LocalTrainer(_run(), peer_index=0)
     assert not resume_trainer(tmp_path / "ckpt", fresh, run_id="run-x", round_no=1, state_hash=trainer.state.state_hash)
     assert "written by another version of Swarm" in caplog.text and fresh.round_no == 0
+
+
+def test_a_tentative_states_vote_is_written_a_tensor_at_a_time_and_is_the_materialised_states(tmp_path):
+    from peer.checkpoint import TENSORS
+    from swarm.core.tentative import TentativeState
+
+    trainer = LocalTrainer(_run(), peer_index=0)
+    trainer.train(4)
+    tentative = trainer.apply(trainer.take_contribution(0).delta, 0, 1)
+    assert isinstance(tentative, TentativeState)
+    made: list[int] = []
+    real_tensor = tentative.tensor
+
+    def counting(group, i):
+        made.append(1)
+        return real_tensor(group, i)
+
+    tentative.tensor = counting  # made one at a time, once each, as the file is written
+    save_vote(tmp_path / "lazy", tentative, run_id="run-x")
+    assert len(made) == len(trainer.state.params) + len(trainer.state.outer_state)
+    materialised = GlobalState(1, tentative.params, tentative.outer_state)
+    save_vote(tmp_path / "whole", materialised, run_id="run-x")
+    lazy, whole = (vote_dir(tmp_path / d, 1) / TENSORS for d in ("lazy", "whole"))
+    assert lazy.read_bytes() == whole.read_bytes()
+    restarted = LocalTrainer(_run(), peer_index=0)
+    assert maybe_resume(tmp_path / "lazy", restarted, run_id="run-x", round_no=1,
+                        state_hash=materialised.state_hash) == 1
