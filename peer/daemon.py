@@ -92,6 +92,7 @@ class PeerDaemon:
         self.offline_next: Optional[int] = None  # the round the group runs next should the coordinator be down
         self.behind = False  # the coordinator contradicted a group decision: resync before anything else
         self.offline = False  # the current round runs while the coordinator is unreachable
+        self.initial_eval_due = False  # θ0 is evaluated once, at the first wait that has time for it
         self.clock = StartupClock()  # where a (re)start's seconds go, logged at its first round
         self._network: Optional[concurrent.futures.Future] = None  # the DHT start, overlapping the trainer build
         self._busy_thread = False  # a download left running on its thread when the peer stopped: no checkpoint
@@ -149,6 +150,7 @@ class PeerDaemon:
             self.train_round(info.open_round)
         else:
             self.enter(PeerState.READY)
+            self.evaluate_initial()
             self.probe.again()  # before its first round: a better estimate meanwhile
             self.stop.wait(self.options.poll_s)  # waiting to be planned into a round
         return None
@@ -193,8 +195,7 @@ class PeerDaemon:
         self.build_round(trainer, joined)
         self.clock.mark("DHT")
         self.store.install(trainer.state)
-        if joined.round.last_committed_round == 0:
-            self.hooks.evaluated(0, trainer.eval_loss())  # a joiner of a run under way syncs first
+        self.initial_eval_due = joined.round.last_committed_round == 0  # a joiner of a run under way syncs first
         self.heartbeat.beat_now()
 
     def build_round(self, trainer: LocalTrainer, joined: pb.JoinResponse) -> None:
@@ -246,6 +247,18 @@ class PeerDaemon:
         """The round hooks' 'exchanging' and 'deciding' points (on the main thread)."""
         state = PeerState(name)
         self.enter(PeerState.OFFLINE_DECIDING if state is PeerState.DECIDING and self.offline else state)
+        if state is PeerState.DECIDING:
+            self.evaluate_initial()  # the main thread only waits for the exchange here; θg is θ0 until it commits
+
+    def evaluate_initial(self) -> None:
+        """θ0's evaluation, at the first wait with time for it (to be planned into a round, or for the first
+        round's exchange) rather than before the first step: at a real model size it takes seconds."""
+        if not self.initial_eval_due:
+            return
+        self.initial_eval_due = False
+        trainer = self.runner.trainer
+        if trainer.round_no == 0:
+            self.hooks.evaluated(0, trainer.eval_loss())
 
     def on_decided(self, result: RoundResult) -> None:
         """A round was decided: should the coordinator be unreachable for the next one, the group goes on

@@ -267,7 +267,7 @@ class RoundRunner:
         trainer: on a multi-GPU peer it starts every rank)."""
         parts: list[TrainStats] = []
         done, chunk = 0, max(1, most // 16)
-        while done < most and busy():
+        while done < most and busy() and not self.stopping():  # a stopping peer leaves between chunks
             parts.append(self.trainer.train(min(chunk, most - done)))
             done += parts[-1].steps
         return parts
