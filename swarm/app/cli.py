@@ -38,24 +38,15 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _run_config(args: argparse.Namespace) -> RunConfig:
-    run = load_run_config(args.config) if args.config else RunConfig()
-    rounds = run.rounds
-    overrides = {}
-    if args.max_rounds is not None:
-        overrides["max_rounds"] = args.max_rounds
-    if args.min_peers is not None:
-        overrides["min_peers"] = args.min_peers
-    if args.inner_steps is not None:
-        overrides["inner_steps"] = args.inner_steps
-    if overrides:
-        import dataclasses
+    """The run TOML (or the embedded default) with the command line's overrides, checked as a whole."""
+    from swarm.config.run import with_overrides
 
-        run = run.replace(rounds=dataclasses.replace(rounds, **overrides))
-    if args.preset is not None:
-        import dataclasses
-
-        run = run.replace(model=dataclasses.replace(run.model, preset=args.preset))
-    return run.validate()
+    rounds = {key: getattr(args, key) for key in ("max_rounds", "min_peers", "inner_steps")
+              if getattr(args, key) is not None}
+    overrides = {"rounds": rounds, **({"model": {"preset": args.preset}} if args.preset is not None else {})}
+    if args.config:
+        return load_run_config(args.config, overrides=overrides)
+    return RunConfig.from_dict(with_overrides({}, overrides), origin="the command line")
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
@@ -122,6 +113,13 @@ def cmd_peer(args: argparse.Namespace) -> int:
 
 def _check_devices(args: argparse.Namespace) -> None:
     """--device and --nproc against the GPUs torch sees (in the process that trains: see peer/restarts.py)."""
+    kind = args.device.split(":")[0]
+    if kind in ("mps", "xpu"):
+        import torch
+
+        backend = torch.backends.mps if kind == "mps" else getattr(torch, "xpu", None)
+        if backend is None or not backend.is_available():
+            raise ConfigError(f"--device {args.device} was asked for but torch sees no {kind} device; use --device cpu.")
     if args.device.startswith("cuda"):
         import torch
 
@@ -227,7 +225,7 @@ def _add_history_parsers(sub) -> None:
     w = sub.add_parser("dashboard", help="serve the dashboard of a finished (or running) run from its state dir")
     w.add_argument("state_dir", metavar="STATE_DIR", help="the coordinator's --state-dir")
     w.add_argument("--http-port", type=int, default=0, help="port for the page and /metrics (0: any free port)")
-    w.add_argument("--http-host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    w.add_argument("--http-host", default="127.0.0.1", help="address to listen on (127.0.0.1: loopback only)")
     w.set_defaults(func=cmd_dashboard)
 
 
@@ -248,16 +246,51 @@ def _add_token_parser(sub) -> None:
     t.set_defaults(func=cmd_token)
 
 
+class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless it names one itself or has none worth saying
+    (None, "", a flag that is off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "(default" in text or not action.option_strings or default is None or default is False \
+                or default == "" or default is argparse.SUPPRESS:
+            return text
+        return text + " (default: %(default)s)"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("swarm-train")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="swarm", description="Train one model on many poorly connected computers.")
+    parser = argparse.ArgumentParser(prog="swarm", description="Train one model on many poorly connected computers.",
+                                     formatter_class=_HelpWithDefaults)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"swarm {_version()}",
+                        help="print the installed Swarm release and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_coordinator_parser(sub)
     _add_peer_parser(sub)
     _add_token_parser(sub)
     _add_watch_parsers(sub)
     _add_history_parsers(sub)
+    _with_defaults_in_help(parser)
     return parser
+
+
+def _with_defaults_in_help(parser: argparse.ArgumentParser) -> None:
+    """``parser`` and every subcommand under it show each option's default in their --help."""
+    parser.formatter_class = _HelpWithDefaults
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _with_defaults_in_help(child)
 
 
 def _add_coordinator_parser(sub) -> None:
@@ -268,15 +301,17 @@ def _add_coordinator_parser(sub) -> None:
     c.add_argument("--dht-port", type=int, default=0, help="hivemind DHT port (0: any free port)")
     c.add_argument("--announce-host", help="address peers should use to reach this host, when --host is 0.0.0.0")
     c.add_argument("--state-dir", default="swarm-coordinator", help="where the SQLite state, TLS key and join string live")
-    c.add_argument("--max-rounds", type=int, help="finish the run after this many committed rounds")
-    c.add_argument("--min-peers", type=int, help="open the first round once this many peers are ready")
-    c.add_argument("--inner-steps", type=int, help="H: inner steps per round")
-    c.add_argument("--preset", help="model preset (tiny, small, medium, gpt2)")
+    c.add_argument("--max-rounds", type=int, help="finish the run after this many committed rounds; on a finished run's "
+                   "--state-dir, a larger number extends it (default: the run TOML's [rounds] max_rounds)")
+    c.add_argument("--min-peers", type=int,
+                   help="open each round once this many peers are ready (default: the run TOML's [rounds] min_peers)")
+    c.add_argument("--inner-steps", type=int, help="H: inner steps per round (default: the run TOML's [rounds] inner_steps)")
+    c.add_argument("--preset", help="model preset: tiny, small, medium, gpt2 (default: the run TOML's [model] preset)")
     c.add_argument("--lease-s", type=float, default=15.0, help="evict a peer after this many seconds without heartbeat")
     c.add_argument("--exit-grace-s", type=float, default=2.0,
                    help="after the run finished and its peers left, keep answering status this long")
     c.add_argument("--http-port", type=int, help="serve the dashboard and /metrics on this port (0: any free port)")
-    c.add_argument("--http-host", default="127.0.0.1", help="address for the dashboard (default: loopback only)")
+    c.add_argument("--http-host", default="127.0.0.1", help="address for the dashboard (127.0.0.1: loopback only)")
     c.add_argument("--linger-s", type=float, default=0.0,
                    help="with --http-port: keep the finished run's dashboard up this many seconds more")
     c.set_defaults(func=cmd_coordinator)
@@ -327,10 +362,10 @@ def _add_watch_parsers(sub) -> None:
     s.set_defaults(func=cmd_status)
 
     d = sub.add_parser("demo", help="a coordinator and peers on this machine, training the embedded default")
-    d.add_argument("--peers", type=int, default=3)
-    d.add_argument("--rounds", type=int, default=10)
-    d.add_argument("--inner-steps", type=int, default=50)
-    d.add_argument("--preset", default="tiny")
+    d.add_argument("--peers", type=int, default=3, help="how many peers to start on this machine")
+    d.add_argument("--rounds", type=int, default=10, help="finish the run after this many committed rounds")
+    d.add_argument("--inner-steps", type=int, default=50, help="H: inner steps each peer trains per round")
+    d.add_argument("--preset", default="tiny", help="model preset (tiny, small, medium, gpt2)")
     d.add_argument("--state-dir", help="keep the run's files here (default: a temporary directory)")
     d.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
     d.add_argument("--json", action="store_true", help="end with one JSON line summarising the run")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from typing import Optional
 
 from swarm.net.tcp_congestion import congestion_problem
@@ -21,6 +22,10 @@ _NUMBER_FLAGS: dict[str, tuple[tuple[str, float, float], ...]] = {
     "demo": (("peers", 1, 64), ("rounds", 1, 10**6), ("inner_steps", 1, 10**7), ("timeout", 1, 7 * 86400)),
     "token": (("max_uses", 1, 10**9),),
 }
+# what torch.device takes for a device to train on: a kind, and for the kinds with several devices an index
+_DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:[0-9]{1,4})?")
+DEVICE_FORMS = "cpu, cuda (the first GPU), cuda:N (GPU N), mps (Apple silicon) or xpu[:N] (Intel GPUs)"
+
 _TEXT_FLAGS = ("host", "announce_host", "p2p_host", "site", "name", "preset", "device", "tcp_congestion")
 
 
@@ -34,6 +39,9 @@ def validate_args(args: argparse.Namespace) -> Optional[str]:
         value = getattr(args, name, None)
         if value is not None and (len(value.encode("utf-8", "surrogateescape")) > 256 or not value.isprintable()):
             return f"--{name.replace('_', '-')} must be at most 256 bytes of printable text."
+    device = getattr(args, "device", None)
+    if device is not None and not _DEVICE.fullmatch(device):
+        return f"--device {device!r} is not a device torch can train on; give {DEVICE_FORMS}."
     for name in ("state_dir",):
         value = getattr(args, name, None)
         if value and os.path.exists(value) and not os.path.isdir(value):

@@ -47,7 +47,7 @@ class RunConfig:
             section.validate()
         if self.inner.schedule != "constant" and self.rounds.max_rounds is None:
             raise ConfigError(f"[inner] schedule {self.inner.schedule!r} decays over the run's inner steps; set"
-                              " [rounds] max_rounds, or use schedule = \"constant\".")
+                              " [rounds] max_rounds (or give --max-rounds), or use schedule = \"constant\".")
         if self.data.batch_size % self.inner.micro_batches:
             raise ConfigError(f"[inner] micro_batches {self.inner.micro_batches} must divide [data] batch_size"
                               f" {self.data.batch_size}.")
@@ -74,8 +74,10 @@ class RunConfig:
 MAX_CONFIG_BYTES = 1_000_000
 
 
-def load_run_config(path: str | Path) -> RunConfig:
-    """Read a run TOML file; every mistake becomes one ConfigError sentence."""
+def load_run_config(path: str | Path, *, overrides: Optional[dict[str, dict[str, Any]]] = None) -> RunConfig:
+    """Read a run TOML file; every mistake becomes one ConfigError sentence. ``overrides`` ({section: {key:
+    value}}: what the command line says, e.g. ``--max-rounds``) replace the file's values before the whole is
+    checked, so that a check across keys (a decaying schedule needs max_rounds) sees them."""
     path = Path(path)
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
@@ -91,7 +93,16 @@ def load_run_config(path: str | Path) -> RunConfig:
         raise ConfigError(f"config file {str(path)!r} cannot be read ({e.strerror}); check its permissions.") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path} is not valid TOML ({e}); fix the syntax.") from None
-    return RunConfig.from_dict(data, origin=str(path))
+    return RunConfig.from_dict(with_overrides(data, overrides), origin=str(path))
+
+
+def with_overrides(data: dict[str, Any], overrides: Optional[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """A run table (as TOML gives it) with ``overrides`` ({section: {key: value}}) set in it."""
+    data = dict(data)
+    for section, values in (overrides or {}).items():
+        table = data.get(section, {})
+        data[section] = {**table, **values} if isinstance(table, dict) else table  # not a table: from_dict says so
+    return data
 
 
 def _build(cls: type, data: Any, *, origin: str, section: str) -> Any:
