@@ -4,6 +4,7 @@ The round runner's Decider."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import socket
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from peer.faults import FaultPlan
-from peer.retry import with_retry
+from peer.retry import clause, with_retry
 from swarm.control.client import CoordinatorClient, CoordinatorUnreachable
 from swarm.control.signing import Libp2pSigner
 from swarm.core.credential import Member, PeerKey
@@ -93,6 +94,8 @@ class CoordinatorLink:
         self._choices: dict[int, pb.RoundChoice] = {}  # round -> the controller's choice, as the coordinator said
         self.plans: dict[int, pb.RoundPlan] = {}  # the time budgets of the latest rounds seen, by round
         self.coordinator_decided = False  # see ``join``
+        self.min_peers = 1  # the run's [rounds] min_peers (from the spec at join)
+        self._waiting_said: Optional[tuple[int, int]] = None  # (round, peers missing) last said while waiting
 
     def join(self, options, *, key: PeerKey, libp2p: Libp2pSigner) -> pb.JoinResponse:
         """Join the run, retrying while the coordinator is unreachable; gives up after join_timeout_s.
@@ -109,6 +112,10 @@ class CoordinatorLink:
                          "and that the coordinator is running", options.join.address, options.join_timeout_s)
             raise PeerExit(2)
         self.peer_id = joined.peer_id
+        try:
+            self.min_peers = int(json.loads(joined.run_spec_json)["rounds"]["min_peers"])
+        except (ValueError, KeyError, TypeError):  # an older coordinator's spec: nothing to say while waiting
+            self.min_peers = 1
         if joined.protocol != PROTOCOL:  # an older coordinator admits any peer; this one could not average
             logger.error("%s %s", self.tag(None), mismatch(PROTOCOL, joined.protocol, peer_version=release(),
                                                          fix=ASK_THE_OPERATOR))
@@ -132,6 +139,8 @@ class CoordinatorLink:
         info = self.client.get_round(peer_id=self.peer_id, round_no=round_no)
         self.live_peers = info.live_peers
         self.heard(info)
+        if round_no == 0:
+            self._say_if_waiting_for_peers(info)
         if info.HasField("choice") and info.round not in self._choices:
             self._choices[info.round] = info.choice  # a round's choice never changes: the first answer holds
             for old in sorted(self._choices)[:-MAX_CHOICES_KEPT]:
@@ -140,6 +149,18 @@ class CoordinatorLink:
             kept = {r: plan for r, plan in self.plans.items() if r >= info.round - 2}
             self.plans = {**kept, info.round: info.plan}
         return info
+
+    def _say_if_waiting_for_peers(self, info: pb.RoundInfo) -> None:
+        """No round is open and the run has fewer peers than ``min_peers``: say so once per round and shortfall
+        (a lone first peer otherwise waits in silence)."""
+        missing = self.min_peers - info.live_peers
+        if info.open_round or info.finished or missing <= 0:
+            return
+        next_round = max(info.round, info.last_committed_round) + 1
+        if self._waiting_said != (next_round, missing):
+            self._waiting_said = (next_round, missing)
+            logger.info("%s waiting for %d more peer%s (min_peers = %d) before round %d opens", self.tag(None), missing,
+                        "" if missing == 1 else "s", self.min_peers, next_round)
 
     def heard(self, info: pb.RoundInfo) -> None:
         """A RoundInfo from the coordinator (a call, or a heartbeat's answer): remember whether the run finished."""
@@ -297,20 +318,20 @@ class CoordinatorLink:
             # yet), it was planned into a round the group had played long ago (a chaos soak saw three restarted
             # processes decide two such rounds among themselves and resync)
             logger.warning("%s %s; this restarted process has not yet taken part in a round the coordinator decided: "
-                           "waiting for the coordinator", self.tag(vote.round_no), error)
+                           "waiting for the coordinator", self.tag(vote.round_no), clause(error))
             return None
         if len(vote.group) <= 1 and len(self.last_group or ()) > 1:
             # alone where others were planned: its groupmates are in another round (a process restarted into the
             # round the coordinator last had open, while they went on without it), so a decision of its own would
             # only split it off from them (a chaos soak saw one go on alone for six rounds, then resync)
             logger.warning("%s %s; this peer averaged alone where %d peers were planned: waiting for the coordinator",
-                           self.tag(vote.round_no), error, len(self.last_group))
+                           self.tag(vote.round_no), clause(error), len(self.last_group))
             return None
         decided = self.group_decision(vote)
         if decided is None:
             if vote.group:
                 logger.warning("%s %s; not every groupmate's vote arrived, waiting for the coordinator",
-                               self.tag(vote.round_no), error)
+                               self.tag(vote.round_no), clause(error))
             return None
         committed = decided.committed_hash
         # the votes go with the report: a member whose process dies before it can report still counts

@@ -7,7 +7,7 @@ import threading
 from typing import Callable, Optional
 
 from peer.faults import FaultPlan
-from peer.retry import coordinator_back
+from peer.retry import clause, coordinator_back
 from peer.stats import PeerStats
 from swarm.control.client import CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
 from swarm.net.transport import FORK_LOCK
@@ -48,7 +48,7 @@ class HeartbeatThread(threading.Thread):
                     coordinator_back()  # the report waiting out its backoff goes now
             except CoordinatorUnreachable as e:
                 if not self._unreachable_since_logged:
-                    logger.warning("[%s] %s; training continues, heartbeats will retry", self.peer_id, e)
+                    logger.warning("[%s] %s; training continues, heartbeats will retry", self.peer_id, clause(e))
                     self._unreachable_since_logged = True
             except CoordinatorRejected as e:
                 self.rejection = str(e)

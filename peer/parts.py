@@ -86,6 +86,10 @@ class PeerParts:
             what=f"{tag} DHT start", stop=stop, give_up_after_s=options.join_timeout_s,
             first_backoff_s=1.0, retry_on=TransportStartFailed,
         )
+        if transport is None and stop.is_set():
+            # the peer is stopping: a signal, or its start failed for another reason (its data, its device) and
+            # ``leave`` stopped this thread; that reason is what the peer reports, not the DHT
+            raise PeerExit(0)
         if transport is None:
             logger.error("%s could not join the DHT through %s for %.0fs; check that the coordinator is running "
                          "and that this machine can reach its DHT port", tag, initial_peers, options.join_timeout_s)

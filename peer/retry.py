@@ -26,6 +26,11 @@ def coordinator_back() -> None:
         _back.notify_all()
 
 
+def clause(error: BaseException) -> str:
+    """An error's sentence as a clause inside a longer log line: without its final period (no "running.; retrying")."""
+    return str(error).rstrip().rstrip(".")
+
+
 def _pause(stop: threading.Event, seconds: float, seen: int) -> None:
     """Wait ``seconds``, less when ``stop`` is set or the coordinator was back since ``_times_back`` was ``seen``."""
     with _back:
@@ -58,9 +63,9 @@ def with_retry(
                 logger.info("%s: succeeded after %.0fs of retrying", what, waited)
             return result
         except retry_on as e:
-            if give_up_after_s is not None and waited >= give_up_after_s:
-                return None
-            logger.warning("%s: %s; retrying in %.1fs", what, e, backoff)
+            if stop.is_set() or (give_up_after_s is not None and waited >= give_up_after_s):
+                return None  # stopped meanwhile (the peer is leaving): no retry to announce
+            logger.warning("%s: %s; retrying in %.1fs", what, clause(e), backoff)
             started = time.monotonic()
             _pause(stop, backoff, seen)
             waited += time.monotonic() - started

@@ -100,7 +100,14 @@ def _run_daemon(daemon: PeerDaemon) -> int:
 
         signal.signal(signal.SIGTERM, leave_on_signal)
         signal.signal(signal.SIGINT, leave_on_signal)
-    return daemon.run()
+    code = daemon.run()
+    rejection = daemon.heartbeat.rejection if daemon.heartbeat is not None else None
+    if code == 0 and rejection and not _signalled.is_set():
+        # the heartbeat's refusal (another model or θ0, a revoked token) stopped the peer while it waited or trained:
+        # the daemon ended as if stopped, but the peer was refused
+        logger.error("%s the coordinator rejected this peer: %s", daemon.tag(), rejection)
+        return 2
+    return code
 
 
 def _deadline(seconds: float, daemon: PeerDaemon) -> None:

@@ -132,7 +132,8 @@ def test_model_or_initial_state_mismatch_evicts(field: str, value: str, words: s
     assert result.peer.state == EVICTED
     assert isinstance(result.rejection, StateMismatch) and result.rejection.code == "FAILED_PRECONDITION"
     assert words in str(result.rejection)
-    assert "run the same swarm version and config as the coordinator" in str(result.rejection)
+    assert "use the run's [model] code (the same factory module, preset or hf_config) and the coordinator's Swarm " \
+           "release, then start the peer again." in str(result.rejection)
 
 
 def test_ready_means_alive_holding_the_last_committed_state() -> None:
