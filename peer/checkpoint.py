@@ -6,9 +6,9 @@ tensor file, so a truncated or corrupted checkpoint is detected and refused with
 instead of being loaded half. Nothing is pickled.
 
 The tensor file is safetensors (``safetensors.torch.load_file`` reads it), written straight from the tensors'
-memory with its SHA-256 computed in the same pass (``swarm.core.state.write_safetensors``), and read back in
-one pass too: each tensor into its own memory, hashed as it is read (``read_safetensors``). No copy of the
-whole state is made on either way, and the file is not read twice.
+memory with its SHA-256 computed in the same pass (``swarm.core.state.write_safetensors``), and mapped back
+(``map_safetensors``): one pass over the file for its hash, and the tensors are views of a private,
+copy-on-write mapping. No copy of the whole state is made either way, and the file is not read twice.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import torch
 
-from swarm.core.state import read_safetensors, write_safetensors
+from swarm.core.state import map_safetensors, write_safetensors
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +109,10 @@ def load_checkpoint(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str,
         raise CheckpointError(f"checkpoint {tensor_path} is truncated "
                               f"({tensor_path.stat().st_size} of {manifest.get('tensors_bytes')} bytes)")
     try:
-        with open(tensor_path, "rb", buffering=0) as f:
-            tensors, _, digest = read_safetensors(f, manifest["tensors_bytes"])
-    except (OSError, ValueError) as e:  # unreadable bytes: told apart from a damaged file by the hash
+        tensors, _, digest = map_safetensors(tensor_path)
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {tensor_path} is unreadable ({e})") from None
+    except ValueError as e:  # unreadable bytes: told apart from a damaged file by the hash
         if _sha256(tensor_path) != manifest.get("tensors_sha256"):
             raise CheckpointError(f"checkpoint {tensor_path} is corrupted (its SHA-256 does not match the manifest)") from None
         raise CheckpointError(f"checkpoint {tensor_path} is not valid safetensors ({e})") from None

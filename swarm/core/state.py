@@ -8,6 +8,7 @@ import functools
 import hashlib
 import json
 import math
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -345,40 +346,20 @@ def write_safetensors(f: BinaryIO, tensors: dict[str, torch.Tensor | LazyTensor]
     return digest.hexdigest(), layout.size
 
 
-def read_safetensors(f: BinaryIO, size: int) -> tuple[dict[str, torch.Tensor], dict[str, str], str]:
-    """(tensors, metadata, SHA-256 of the file) of the safetensors file open in ``f`` (``size`` bytes), read in
-    one pass: each tensor straight into its own memory, the hash as it goes. ValueError for malformed bytes;
-    the caller compares the hash before it trusts the tensors."""
-    digest = hashlib.sha256()
-    prefix = _read_exactly(f, _HEADER_SIZE.size)
-    n = _header_length(prefix, size)
-    text = _read_exactly(f, n)
-    digest.update(prefix)
-    digest.update(text)
-    entries, metadata = _parse_header(text, size - _HEADER_SIZE.size - n)
-    tensors = {}
-    for e in entries:
-        t = torch.empty(e.shape, dtype=e.dtype)
-        view = tensor_bytes(t)
-        got = 0
-        while got < view.nbytes:
-            read = f.readinto(view[got:got + IO_BLOCK])
-            if not read:
-                raise ValueError(f"the file ends inside tensor {e.name!r}")
-            digest.update(view[got:got + read])
-            got += read
-        tensors[e.name] = t
-    return tensors, metadata, digest.hexdigest()
-
-
-def _read_exactly(f: BinaryIO, n: int) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        more = f.read(n - len(data))
-        if not more:
-            raise ValueError("the file ends inside its header")
-        data += more
-    return bytes(data)
+def map_safetensors(path: Path | str) -> tuple[dict[str, torch.Tensor], dict[str, str], str]:
+    """(tensors, metadata, SHA-256 of the file) of a safetensors file, mapped rather than read: one pass over
+    its bytes (the hash), and the tensors are views of a private copy-on-write mapping (writable; a write
+    copies only the page it touches, never the file). ValueError for malformed bytes; the caller compares the
+    hash before it trusts the tensors."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < _HEADER_SIZE.size:
+            raise ValueError(f"{size} bytes are too few for a header")
+        mapped = mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE,  # no MAP_POPULATE: it would copy every page
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    digest = hashlib.sha256(mapped).hexdigest()  # releases the GIL: a vote written meanwhile is not held up
+    tensors, metadata = tensors_from_buffer(mapped)  # each tensor keeps the mapping alive
+    return tensors, metadata, digest
 
 
 def encoded_size_bound(like: GlobalState) -> int:

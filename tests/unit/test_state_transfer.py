@@ -300,13 +300,13 @@ def test_a_holder_announcing_a_huge_state_is_refused_before_anything_is_allocate
     run_id = f"run-huge-{announced}"
     state = make_state(6, seed=12)
     allocated: list[int] = []
-    real_empty = np.empty
+    real_allocate = state_transfer._allocate
 
-    def empty(shape, *args, **kwargs):
-        allocated.append(shape)
-        return real_empty(shape, *args, **kwargs)
+    def allocate(nbytes: int):
+        allocated.append(nbytes)
+        return real_allocate(nbytes)
 
-    monkeypatch.setattr(state_transfer.np, "empty", empty)  # what the download allocates its buffer with
+    monkeypatch.setattr(state_transfer, "_allocate", allocate)  # what the download allocates its buffer with
     HugeStateServer(holder, run_id=run_id, member=member_of(holder, run_id), announced=announced).publish(state)
     with pytest.raises(StateUnavailable, match=f"announced a state of {announced} bytes"):
         download_state(fetcher, member=member_of(fetcher, run_id), run_id=run_id, holders=[holder.peer_id], round_no=6,
