@@ -19,9 +19,9 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from swarm.core.average import as_cpu_f32
-from swarm.core.outer import OuterOptimizer, outer_step
-from swarm.core.spans import Span, is_whole
+from swarm.core.average import _f32, as_cpu_f32
+from swarm.core.outer import OuterOptimizer
+from swarm.core.spans import Span
 from swarm.core.state import GlobalState
 
 
@@ -29,6 +29,8 @@ class TentativeState:
     """The state ``base`` would become after the outer step of ``spans`` with ``deltas`` (one tensor per span,
     shaped as ``spans.gather`` gives them). ``base``'s tensors must not change until this is committed or
     dropped; nothing here changes them before ``commit_in_place``."""
+
+    CHUNK = 1 << 22  # elements stepped at a time: every op in reused, cache-sized buffers, none on fresh pages
 
     def __init__(self, round_no: int, base: GlobalState, outer: OuterOptimizer, deltas: Sequence[torch.Tensor],
                  spans: Sequence[Span]) -> None:
@@ -40,47 +42,56 @@ class TentativeState:
         self.base = base
         self.committed: GlobalState | None = None  # once committed: the state it became (base's tensors, stepped)
         cfg = outer.config
-        self._step = functools.partial(outer_step, lr=cfg.lr, momentum_coef=cfg.momentum, nesterov=cfg.nesterov)
-        self._by_param: dict[int, list[tuple[Span, torch.Tensor]]] = {}
+        self._lr, self._mu, self._nesterov = _f32(cfg.lr), _f32(cfg.momentum), cfg.nesterov
+        self._by_param: dict[int, list[tuple[int, int, torch.Tensor]]] = {}  # (start, stop, Δ̄ flat) per parameter
         for s, d in zip(spans, deltas):
-            self._by_param.setdefault(s.param, []).append((s, d))
+            self._by_param.setdefault(s.param, []).append((s.start, s.stop, d.reshape(-1)))
+        for parts in self._by_param.values():
+            parts.sort(key=lambda part: part[0])
+        self._scratch = torch.empty(0, dtype=torch.float32)
 
-    # ---- one tensor at a time -------------------------------------------------------------------------
-    def _stepped(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(θg'_i, m'_i): new tensors for a parameter the round steps whole; for one it steps in parts, the
-        stepped parts only (see ``_segments``)."""
-        (s, d), = self._by_param[i]
-        p, m = self._step([as_cpu_f32(self.base.params[i])], [d], [self.base.outer_state[i]])
-        return p[0], m[0]
+    # ---- one piece at a time ----------------------------------------------------------------------------
+    def _buffer(self, n: int, which: int) -> torch.Tensor:
+        """The first ``n`` elements of reused scratch buffer ``which`` (0, 1 or 2)."""
+        if self._scratch.numel() < 3 * self.CHUNK:
+            self._scratch = torch.empty(3 * self.CHUNK, dtype=torch.float32)
+        return self._scratch[which * self.CHUNK:which * self.CHUNK + n]
 
-    def _part(self, i: int, s: Span, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        p = as_cpu_f32(self.base.params[i]).reshape(-1)[s.start:s.stop]
-        m = self.base.outer_state[i].reshape(-1)[s.start:s.stop]
-        stepped, momentum = self._step([p], [d], [m])
-        return stepped[0], momentum[0]
-
-    def _whole(self, i: int) -> bool:
-        parts = self._by_param.get(i)
-        return parts is not None and len(parts) == 1 and is_whole(parts[0][0], self.base.params[i])
+    def _step_into(self, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, out_p: torch.Tensor,
+                   out_m: torch.Tensor) -> None:
+        """``outer_step`` of one piece, written into ``out_p`` and ``out_m``, by the same fp32 ops in the same
+        order, one rounding each: m' = (m·μ) + g; u = g + (m'·μ) (Nesterov) or m'; p' = p − (u·lr). ``out_m``
+        may be ``m`` itself and ``out_p`` ``p`` itself (each element reads only itself)."""
+        torch.mul(m, self._mu, out=out_m)
+        out_m.add_(g)
+        u = self._buffer(p.numel(), 2)
+        if self._nesterov:
+            torch.mul(out_m, self._mu, out=u)
+            u.add_(g)  # x + g: the same bits as g + x
+        else:
+            u.copy_(out_m)
+        u.mul_(self._lr)
+        torch.sub(p, u, out=out_p)
 
     def _segments(self, group: int, i: int) -> Iterator[torch.Tensor]:
-        """Tensor ``i`` of ``group`` (0: θg, 1: the outer state) as consecutive 1-D pieces of its values."""
-        base = (self.base.params if group == 0 else self.base.outer_state)[i]
-        parts = self._by_param.get(i)
-        if parts is None:
-            yield as_cpu_f32(base).reshape(-1)
-            return
-        if self._whole(i):
-            yield self._stepped(i)[group].reshape(-1)
-            return
-        flat, at = as_cpu_f32(base).reshape(-1), 0
-        for s, d in sorted(parts, key=lambda sd: sd[0].start):
-            if at < s.start:
-                yield flat[at:s.start]
-            yield self._part(i, s, d)[group]
-            at = s.stop
-        if at < flat.numel():
-            yield flat[at:]
+        """Tensor ``i`` of ``group`` (0: θg', 1: the outer state) as consecutive 1-D pieces of its values: the
+        committed tensor's own memory where the round leaves it, else a scratch buffer that the next piece
+        overwrites (read each piece before asking for the next)."""
+        p_flat = as_cpu_f32(self.base.params[i]).reshape(-1)
+        m_flat = self.base.outer_state[i].reshape(-1)
+        base = p_flat if group == 0 else m_flat
+        at = 0
+        for start, stop, d in self._by_param.get(i, []):
+            if at < start:
+                yield base[at:start]
+            for lo in range(start, stop, self.CHUNK):
+                hi = min(stop, lo + self.CHUNK)
+                out_p, out_m = self._buffer(hi - lo, 0), self._buffer(hi - lo, 1)
+                self._step_into(p_flat[lo:hi], d[lo - start:hi - start], m_flat[lo:hi], out_p, out_m)
+                yield out_p if group == 0 else out_m
+            at = stop
+        if at < base.numel():
+            yield base[at:]
 
     def tensor(self, group: int, i: int) -> torch.Tensor:
         """Tensor ``i`` of θg' (``group`` 0) or of the outer state (1), whole and shaped (a new tensor when
@@ -90,9 +101,12 @@ class TentativeState:
         base = (self.base.params if group == 0 else self.base.outer_state)[i]
         if i not in self._by_param:
             return base
-        if self._whole(i):
-            return self._stepped(i)[group].view(base.shape)
-        return torch.cat(list(self._segments(group, i))).view(base.shape)
+        out = torch.empty(base.shape, dtype=torch.float32)
+        flat, at = out.view(-1), 0
+        for piece in self._segments(group, i):
+            flat[at:at + piece.numel()].copy_(piece)
+            at += piece.numel()
+        return out
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, tensor) in the state's one layout (``swarm.core.state.state_tensors``), made one at a time."""
@@ -134,16 +148,13 @@ class TentativeState:
         self.base.state_hash  # noqa: B018  whenever it was installed or committed: no second pass over it)
         params, outer = self.base.params, self.base.outer_state
         for i, parts in self._by_param.items():
-            if self._whole(i):
-                p, m = self._stepped(i)
-                params[i].copy_(p.view(params[i].shape))
-                outer[i].copy_(m.view(outer[i].shape))
-                continue
-            # parts: each reads only its own elements, so stepping them one after another in place is the same
-            for s, d in parts:
-                p, m = self._part(i, s, d)
-                params[i].view(-1)[s.start:s.stop].copy_(p)
-                outer[i].view(-1)[s.start:s.stop].copy_(m)
+            p_flat, m_flat = params[i].view(-1), outer[i].view(-1)
+            for start, stop, d in parts:
+                for lo in range(start, stop, self.CHUNK):
+                    hi = min(stop, lo + self.CHUNK)
+                    p, m = p_flat[lo:hi], m_flat[lo:hi]
+                    self._step_into(p, d[lo - start:hi - start], m, p, m)
+        self._scratch = torch.empty(0, dtype=torch.float32)
         state = GlobalState(self.round_no, params, outer)
         state.__dict__["state_hash"] = self.state_hash  # cached_property's slot: the bits it hashed are these
         self.committed = state

@@ -66,3 +66,23 @@ def test_a_torch_optimizer_is_refused():
     adam = OuterOptimizer(dataclasses.replace(RunConfig().outer, name="Adam"), [torch.Size(s) for s in SHAPES])
     with pytest.raises(ValueError, match="nesterov"):
         TentativeState(1, base, adam, [], [])
+
+
+def test_pieces_smaller_than_a_tensor_step_the_same_bits(monkeypatch):
+    """A tensor larger than the chunk is stepped in pieces: each element's step reads only itself."""
+    monkeypatch.setattr(TentativeState, "CHUNK", 7)
+    test_hash_and_commit_equal_the_materialised_step("parts of tensors")
+    test_hash_and_commit_equal_the_materialised_step("every tensor whole")
+
+
+def test_plain_momentum_steps_the_same_bits():
+    base, _ = _state(0)
+    outer = OuterOptimizer(dataclasses.replace(RunConfig().outer, nesterov=False), [torch.Size(s) for s in SHAPES])
+    outer.load_state_tensors(base.outer_state)
+    chosen = SPAN_SETS["every tensor whole"]()
+    deltas = [torch.randn(torch.Size(s), generator=torch.Generator().manual_seed(2)) for s in SHAPES]
+    expected = GlobalState(4, *spans.tentative_step(outer, base.params, deltas, chosen))
+    lazy = TentativeState(4, base, outer, deltas, chosen)
+    assert lazy.state_hash == expected.state_hash
+    committed = lazy.commit_in_place()
+    assert all(torch.equal(a, b) for a, b in zip(committed.params, expected.params))
