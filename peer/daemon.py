@@ -92,7 +92,7 @@ class PeerDaemon:
         self.offline_next: Optional[int] = None  # the round the group runs next should the coordinator be down
         self.behind = False  # the coordinator contradicted a group decision: resync before anything else
         self.offline = False  # the current round runs while the coordinator is unreachable
-        self.initial_eval_due = False  # θ0 is evaluated once, at the first wait that has time for it
+        self.initial_eval_due = False  # θ0 is evaluated once, during the first round's exchange
         self.clock = StartupClock()  # where a (re)start's seconds go, logged at its first round
         self._network: Optional[concurrent.futures.Future] = None  # the DHT start, overlapping the trainer build
         self._busy_thread = False  # a download left running on its thread when the peer stopped: no checkpoint
@@ -150,7 +150,6 @@ class PeerDaemon:
             self.train_round(info.open_round)
         else:
             self.enter(PeerState.READY)
-            self.evaluate_initial()
             self.probe.again()  # before its first round: a better estimate meanwhile
             self.stop.wait(self.options.poll_s)  # waiting to be planned into a round
         return None
@@ -251,14 +250,16 @@ class PeerDaemon:
             self.evaluate_initial()  # the main thread only waits for the exchange here; θg is θ0 until it commits
 
     def evaluate_initial(self) -> None:
-        """θ0's evaluation, at the first wait with time for it (to be planned into a round, or for the first
-        round's exchange) rather than before the first step: at a real model size it takes seconds."""
+        """θ0's evaluation, while the first round's exchange runs (the main thread only waits for it then)
+        rather than before the first step: at a real model size it takes seconds, and a peer evaluating when
+        its first round opens starts it late."""
         if not self.initial_eval_due:
             return
         self.initial_eval_due = False
         trainer = self.runner.trainer
         if trainer.round_no == 0:
             self.hooks.evaluated(0, trainer.eval_loss())
+            self.heartbeat.beat_now()  # the coordinator records it before the first round's own evaluation
 
     def on_decided(self, result: RoundResult) -> None:
         """A round was decided: should the coordinator be unreachable for the next one, the group goes on

@@ -54,6 +54,7 @@ EXCHANGE = re.compile(r"exchange ([\d.]+) s")
 LOCAL_WORK = re.compile(r"local work ([\d.]+) s")
 DOWNLOADED = re.compile(r"downloaded round (\d+) state \((\d+) bytes\) from (\d+) holder")
 TIMESTAMP = re.compile(r"^(\d\d):(\d\d):(\d\d) ")
+TIMELINE = False  # --rss-timeline: each peer's resident memory every 0.2 s, to read beside its log
 
 
 # ---- the baseline: plain PyTorch training of the same model --------------------------------------------------
@@ -104,6 +105,7 @@ class TreeWatch:
         self.hwm: dict[int, int] = {}
         self.names: dict[int, str] = {}
         self.tree_rss_max = 0  # the largest sum of the tree's resident memory seen at one moment
+        self.timeline: list[tuple[str, float]] = []  # (wall clock HH:MM:SS.s, the main process's resident GB)
 
     def poll(self) -> None:
         try:
@@ -120,6 +122,12 @@ class TreeWatch:
             except psutil.Error:
                 pass
         self.tree_rss_max = max(self.tree_rss_max, rss)
+        try:
+            now = time.time()
+            self.timeline.append((time.strftime("%H:%M:%S", time.localtime(now)) + f"{now % 1:.1f}"[1:],
+                                  round(root.memory_info().rss / 1e9, 3)))
+        except psutil.Error:
+            pass
 
     def result(self) -> dict:
         return {"main_peak_rss_bytes": self.hwm.get(self.pid, 0), "tree_peak_rss_bytes": sum(self.hwm.values()),
@@ -212,6 +220,8 @@ def _wait_for(find, timeout_s: float, what: str):
 def _peer_row(label: str, proc: subprocess.Popen, watch: TreeWatch, log: Path) -> dict:
     text = log.read_text(errors="replace")
     row: dict = {"label": label, "exit_code": proc.poll(), **watch.result()}
+    if TIMELINE:
+        row["rss_timeline"] = watch.timeline
     first = FIRST_ROUND.search(text)
     if first:
         row["launch_to_first_step_s"] = float(first[1])
@@ -283,6 +293,7 @@ def main() -> int:
     parser.add_argument("--late-joiner", action="store_true", help="start one more peer once round 1 committed")
     parser.add_argument("--baseline-steps", type=int, default=3)
     parser.add_argument("--timeout-s", type=float, default=1200)
+    parser.add_argument("--rss-timeline", action="store_true", help="add each peer's resident memory every 0.2 s")
     parser.add_argument("--work-dir", help="keep the run's files and logs here (default: a temporary directory)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--baseline-of", help=argparse.SUPPRESS)  # the baseline's own process
@@ -291,6 +302,8 @@ def main() -> int:
         print(json.dumps(baseline(MODELS[args.baseline_of], seq_len=args.seq_len, batch_size=args.batch_size,
                                   steps=args.baseline_steps)))
         return 0
+    global TIMELINE
+    TIMELINE = args.rss_timeline
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in MODELS]
     if unknown:
