@@ -52,12 +52,14 @@ class CoordinatorEngine:
         clock: Callable[[], float] = time.time,
         signing_key: Optional[credential.PeerKey] = None,
         credential_ttl_s: float = admission.CREDENTIAL_TTL_S,
+        max_rounds: Optional[int] = None,
     ) -> None:
         """Open the run kept in ``store``, or start a new one with ``config``.
 
         Raises ConfigError when the store holds a run with a different config (unless ``check_config``
         is False: the config is a default, not the user's choice, and the stored one wins), or when the
-        store holds no run and no config is given.
+        store holds no run and no config is given. ``max_rounds`` (the command line's --max-rounds) sets a kept
+        run's max_rounds even so: a larger one extends it (``run_open.open_run``).
         """
         self._store = store
         self._lease_s = lease_s
@@ -66,7 +68,8 @@ class CoordinatorEngine:
         self._signing_key = signing_key or credential.PeerKey.generate()
         self._credential_ttl_s = credential_ttl_s
         self.started_at = clock()
-        self.config: RunConfig = open_run(store, config, check_config=check_config, now=self.started_at)
+        self.config: RunConfig = open_run(store, config, check_config=check_config, now=self.started_at,
+                                             max_rounds=max_rounds)
         self.run_log = open_run_log(store, self.config)  # [logging]: the run's curves, as rounds are recorded
         self._load()
         self.serving()  # peers kept training while the coordinator was down: a fresh lease to check in

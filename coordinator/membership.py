@@ -26,7 +26,9 @@ from coordinator.records import (
 from swarm.v1 import coordinator_pb2 as pb
 
 _REPORTABLE_STATES = (JOINING,) + HOLDING_STATES  # what a heartbeat may set; leaving goes through Leave
-_DIFFERS = " differs from the run's"  # the end of the eviction reason of a peer whose model or θ0 is another
+# the eviction reasons of a peer whose model or θ0 is not the run's (how they start)
+_OTHER_MODEL = "it builds a different model than the run"
+_OTHER_THETA0 = "it draws other initial weights than the run"
 # what a peer evicted for another model or θ0 must do: restarting it as it is would build the same model again
 MISMATCH_REMEDY = ("use the run's [model] code (the same factory module, preset or hf_config) and the coordinator's "
                    "Swarm release, then start the peer again")
@@ -59,7 +61,7 @@ def check_member(peer_id: str, peer: Optional[PeerRecord]) -> PeerRecord:
         raise UnknownPeer(peer_id)
     if peer.state == EVICTED:
         remedy = ("ask the operator for a new join string" if "revoked" in peer.gone_reason
-                  else MISMATCH_REMEDY if peer.gone_reason.endswith(_DIFFERS)
+                  else MISMATCH_REMEDY if peer.gone_reason.startswith((_OTHER_MODEL, _OTHER_THETA0))
                   else "restart the peer to join again")
         raise PeerGone(f"peer {peer_id} was evicted ({peer.gone_reason}); {remedy}.")
     if peer.state == LEFT:
@@ -151,19 +153,20 @@ def apply_heartbeat(
     if reported.model_fingerprint and reported.model_fingerprint != run.model_fingerprint:
         return _mismatch(
             run, peer,
-            reason=f"its model fingerprint {_short(reported.model_fingerprint)}{_DIFFERS}",
+            reason=(f"{_OTHER_MODEL}: model fingerprint {_short(reported.model_fingerprint)}, the run's "
+                    f"{_short(run.model_fingerprint)}"),
             sentence=(
                 f"this peer's model (fingerprint {_short(reported.model_fingerprint)}) does not match the run's "
-                f"({_short(run.model_fingerprint)}): this peer builds a different model than the run; {MISMATCH_REMEDY}."
+                f"({_short(run.model_fingerprint)}): this peer {_OTHER_MODEL[3:]}; {MISMATCH_REMEDY}."
             ),
         )
     if reported.state_round == 0 and reported.state_hash and reported.state_hash != run.initial_hash:
         return _mismatch(
             run, peer,
-            reason=f"its initial state {_short(reported.state_hash)}{_DIFFERS}",
+            reason=f"{_OTHER_THETA0}: initial state {_short(reported.state_hash)}, the run's {_short(run.initial_hash)}",
             sentence=(
                 f"this peer's initial model state (hash {_short(reported.state_hash)}) differs from the run's "
-                f"({_short(run.initial_hash)}): this peer draws other initial weights than the run; {MISMATCH_REMEDY}."
+                f"({_short(run.initial_hash)}): this peer {_OTHER_THETA0[3:]}; {MISMATCH_REMEDY}."
             ),
         )
     state = reported.state if reported.state in _REPORTABLE_STATES else peer.state

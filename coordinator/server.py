@@ -66,8 +66,10 @@ class CoordinatorServer:
         join_limits: JoinLimits = JoinLimits(),
         http_port: Optional[int] = None,
         http_host: str = "127.0.0.1",
+        max_rounds: Optional[int] = None,
     ) -> None:
-        """Serve ``run``, or resume the run kept in ``state_dir``.
+        """Serve ``run``, or resume the run kept in ``state_dir`` (``max_rounds``, the command line's, sets its
+        max_rounds even when ``config_given`` is False: a larger one extends it).
 
         A kept run with a different config is refused, unless ``config_given`` is False (``run`` is
         then only the default for a new run) or ``run`` is None.  Port 0 reuses the port of the
@@ -78,6 +80,7 @@ class CoordinatorServer:
         self._run = run
         self._exit_grace_s = exit_grace_s  # after the run is done, keep serving status this long
         self._config_given = config_given
+        self._max_rounds = max_rounds
         self._state_dir = Path(state_dir)
         self._host = host
         self._port = port
@@ -108,7 +111,7 @@ class CoordinatorServer:
             signing_key = PeerKey.load_or_create(self._state_dir / SIGNING_KEY_FILE)
             self.engine = CoordinatorEngine(
                 self._store, config=self._run, check_config=self._config_given, lease_s=self._lease_s,
-                clock=self._clock, signing_key=signing_key,
+                clock=self._clock, signing_key=signing_key, max_rounds=self._max_rounds,
             )
             cert_pem, key_pem = tls.ensure_certificate(self._state_dir)
             # A restart keeps the DHT port (the peers' address for this node) and dials the peers it knew.
@@ -311,6 +314,7 @@ def serve(
         run=run, state_dir=Path(state_dir), host=host, port=port, dht_port=dht_port,
         announce_host=announce_host, lease_s=lease_s, heartbeat_interval_s=heartbeat_interval_s,
         config_given=config_given, exit_grace_s=exit_grace_s, http_port=http_port, http_host=http_host,
+        max_rounds=max_rounds,
     )
     join = server.start()
     terminated = threading.Event()

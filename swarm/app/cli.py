@@ -62,7 +62,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, dht_port=args.dht_port,
         announce_host=args.announce_host,
         lease_s=args.lease_s,
-        config_given=args.config is not None,
+        config_given=args.config is not None, max_rounds=args.max_rounds,
         exit_grace_s=args.exit_grace_s,
         http_port=args.http_port, http_host=args.http_host, linger_s=args.linger_s,
     )

@@ -165,3 +165,81 @@ def test_a_lone_peer_says_once_how_many_more_peers_round_1_waits_for(caplog) -> 
         "[p-1] waiting for 2 more peers (min_peers = 3) before round 1 opens",
         "[p-1] waiting for 1 more peer (min_peers = 3) before round 1 opens",
     ]
+
+
+def _finished_run(tmp_path: Path, *, rounds: int):
+    """A coordinator's state dir whose run committed ``rounds`` rounds and finished (max_rounds = rounds)."""
+    import dataclasses as dc
+
+    from coordinator.engine import CoordinatorEngine
+    from coordinator.records import COMMITTED, RoundRecord
+    from coordinator.store import Store
+
+    config = RunConfig(rounds=RoundConfig(max_rounds=rounds))
+    engine = CoordinatorEngine(Store.in_dir(tmp_path), config=config)
+    store = engine._store
+    for number in range(1, rounds + 1):
+        store.put_round(RoundRecord(round=number, outcome=COMMITTED, committed_hash=f"h{number}", opened_at=0.0))
+    store.put_run(dc.replace(store.get_run(), finished_at=1.0))
+    store.close()
+    return config
+
+
+def _engine(tmp_path: Path, config, **kwargs):
+    from coordinator.engine import CoordinatorEngine
+    from coordinator.store import Store
+
+    return CoordinatorEngine(Store.in_dir(tmp_path), config=config, **kwargs)
+
+
+def test_a_finished_run_restarted_with_a_larger_max_rounds_goes_on(tmp_path: Path) -> None:
+    config = _finished_run(tmp_path, rounds=2)
+    more = config.replace(rounds=RoundConfig(max_rounds=4))
+    engine = _engine(tmp_path, more)  # --config with max_rounds raised, nothing else
+    assert engine.config.rounds.max_rounds == 4 and not engine.run.finished
+    engine._store.close()
+    # without --config (the embedded default), --max-rounds alone extends it too
+    engine = _engine(tmp_path, RunConfig(rounds=RoundConfig(max_rounds=6)), check_config=False, max_rounds=6)
+    assert engine.config.rounds.max_rounds == 6 and not engine.run.finished
+    engine._store.close()
+    engine = _engine(tmp_path, RunConfig(), check_config=False)  # no --max-rounds: as stored
+    assert engine.config.rounds.max_rounds == 6
+    engine._store.close()
+
+
+def test_a_restart_may_not_change_more_than_max_rounds_nor_go_below_the_committed_rounds(tmp_path: Path) -> None:
+    from swarm.config import ConfigError
+
+    config = _finished_run(tmp_path, rounds=3)
+    other = config.replace(rounds=RoundConfig(max_rounds=5, min_peers=2))
+    with pytest.raises(ConfigError, match=r"different config \(rounds.min_peers differs\)"):
+        _engine(tmp_path, other)
+    with pytest.raises(ConfigError, match=r"has committed 3 rounds already, more than max_rounds 2; give "
+                                          r"--max-rounds 3 or more \(more extends the run\)\."):
+        _engine(tmp_path, config.replace(rounds=RoundConfig(max_rounds=2)))
+    engine = _engine(tmp_path, None)
+    assert engine.config.rounds.max_rounds == 3 and engine.run.finished  # nothing changed
+    engine._store.close()
+
+
+def test_a_peer_evicted_for_another_model_is_told_to_use_the_run_s_model_code_not_to_restart() -> None:
+    from coordinator import membership
+    from coordinator.errors import PeerGone, StateMismatch
+    from coordinator.records import PeerRecord, RunRecord
+
+    run = RunRecord(run_id="r", token="t", run_spec_json="{}", created_at=0.0, model_fingerprint="fp",
+                    initial_hash="h0")
+    peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=0.0, last_seen=0.0, lease_expiry=10.0)
+    beat = pb.HeartbeatRequest(peer_id="p-1", metrics=pb.PeerMetrics(model_fingerprint="other"))
+    result = membership.apply_heartbeat(run, peer, beat, now=1.0, lease_s=10.0)
+    assert isinstance(result.rejection, StateMismatch)
+    assert str(result.rejection) == (
+        "this peer's model (fingerprint other) does not match the run's (fp): this peer builds a different model "
+        "than the run; use the run's [model] code (the same factory module, preset or hf_config) and the "
+        "coordinator's Swarm release, then start the peer again.")
+    with pytest.raises(PeerGone) as later:  # its next call
+        membership.check_member("p-1", result.peer)
+    assert str(later.value) == (
+        "peer p-1 was evicted (it builds a different model than the run: model fingerprint other, the run's fp); use "
+        "the run's [model] code (the same factory module, preset or hf_config) and the coordinator's Swarm release, "
+        "then start the peer again.")
