@@ -135,9 +135,10 @@ def save_vote(state_dir: Path, state: GlobalState | TentativeState, *, run_id: s
     """Persist the tentative state of its round before its hash is reported (atomic, verified). The file is
     written straight from the tensors; a ``TentativeState``'s stepped tensors are made one at a time as
     they are written, so the vote never holds a second θg and outer state."""
+    # no SHA-256 of the file: a vote is used only when its tensors hash to the committed state hash
     save_checkpoint(vote_dir(state_dir, state.round_no), tensors=vote_tensors(state),
                     manifest={"kind": "vote", "run_id": run_id, "round": state.round_no,
-                              "state_hash": state.state_hash})
+                              "state_hash": state.state_hash}, file_digest=False)
 
 
 def vote_tensors(state: GlobalState | TentativeState) -> dict[str, torch.Tensor | LazyTensor]:
@@ -182,8 +183,8 @@ def resume_from_vote(state_dir: Path, trainer: LocalTrainer, *, run_id: str, rou
         logger.warning("the vote in %s does not fit this model (%s); downloading the state instead", directory, e)
         return False
     if state.state_hash != state_hash:
-        logger.warning("the vote in %s does not hash to its manifest's %s; downloading instead", directory,
-                       state_hash)
+        logger.warning("the vote in %s is corrupted (its tensors do not hash to its manifest's %s); downloading "
+                       "instead", directory, state_hash)
         return False
     try:
         local_manifest = read_manifest(checkpoint_dir(state_dir))

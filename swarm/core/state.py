@@ -332,18 +332,20 @@ def tensors_from_buffer(buffer: bytes | bytearray | memoryview | np.ndarray) -> 
     return tensors, metadata
 
 
-def write_safetensors(f: BinaryIO, tensors: dict[str, torch.Tensor | LazyTensor], metadata: dict[str, str] | None = None) -> tuple[str, int]:
+def write_safetensors(f: BinaryIO, tensors: dict[str, torch.Tensor | LazyTensor], metadata: dict[str, str] | None = None,
+                      *, digest: bool = True) -> tuple[str | None, int]:
     """Write ``tensors`` to the open (binary, unbuffered) file ``f`` as safetensors, straight from their memory
     (another device's tensors are copied to the CPU one at a time); returns (the SHA-256 of what was written, its size),
-    computed in the same pass."""
+    computed in the same pass (None for the digest with ``digest=False``)."""
     layout = SafetensorsLayout(tensors, metadata)
-    digest = hashlib.sha256()
+    hasher = hashlib.sha256() if digest else None
     for block in layout.blocks():
-        digest.update(block)  # hashlib and the write release the GIL: the trainer's threads go on meanwhile
+        if hasher is not None:
+            hasher.update(block)  # hashlib and the write release the GIL: the trainer's threads go on meanwhile
         while block.nbytes:
             written = f.write(block)
             block = block[written:]
-    return digest.hexdigest(), layout.size
+    return (hasher.hexdigest() if hasher is not None else None), layout.size
 
 
 def map_safetensors(path: Path | str) -> tuple[dict[str, torch.Tensor], dict[str, str], str]:

@@ -155,6 +155,7 @@ class TentativeState:
                     p, m = p_flat[lo:hi], m_flat[lo:hi]
                     self._step_into(p, d[lo - start:hi - start], m, p, m)
         self._scratch = torch.empty(0, dtype=torch.float32)
+        self._by_param = {}  # Δ̄ is applied: its model-sized memory goes back as soon as the exchange lets go of it
         state = GlobalState(self.round_no, params, outer)
         state.__dict__["state_hash"] = self.state_hash  # cached_property's slot: the bits it hashed are these
         self.committed = state

@@ -10,51 +10,44 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save
+from safetensors.torch import load_file
 from torch import nn
 
 from swarm.config import RunConfig
-from swarm.core.state import GlobalState, write_atomically
+from swarm.core.state import GlobalState, write_safetensors
 
 HF_CONFIG_KEY = "hf_config"
 RUN_SPEC_KEY = "run_spec"
 
 
 def final_tensors(model: nn.Module, state: GlobalState) -> dict[str, torch.Tensor]:
-    """``model.state_dict()`` with θg in place of the parameters (CPU, contiguous, no shared storage)."""
+    """``model.state_dict()`` with θg in place of the parameters: the tensors themselves (CPU), no copies."""
     global_by_param = {id(p): g for p, g in zip(model.parameters(), state.params)}
-    tensors = {}
-    for name, value in model.state_dict(keep_vars=True).items():
-        source = global_by_param.get(id(value), value.detach())
-        tensors[name] = source.detach().to("cpu").contiguous().clone()
-    return tensors
+    return {name: global_by_param.get(id(value), value.detach()).detach().to("cpu")
+            for name, value in model.state_dict(keep_vars=True).items()}
 
 
 def write_final_model(path: Path, model: nn.Module, state: GlobalState, *, run: RunConfig | None = None) -> None:
-    """θg under the model's state_dict names (``model.load_state_dict`` takes it), written atomically."""
+    """θg under the model's state_dict names (``model.load_state_dict`` takes it), written atomically, straight
+    from the tensors' memory (``swarm.core.state.write_safetensors``: no copy of the model is made). The header
+    lists the tensors and the metadata in a fixed order, so peers holding the same θg write the same bytes."""
     metadata = {"round_no": str(state.round_no), "state_hash": state.state_hash}
     if run is not None:
         metadata[RUN_SPEC_KEY] = run.to_json()
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "to_json_string"):
         metadata[HF_CONFIG_KEY] = config.to_json_string(use_diff=False)
-    write_atomically(path, canonical_header(save(final_tensors(model, state), metadata=metadata)))
-
-
-def canonical_header(data: bytes) -> bytes:
-    """A safetensors file whose header lists its keys in sorted order: the library writes its metadata from a hash
-    map whose order changes from process to process, so peers holding the same θg wrote files that differed in a
-    few header bytes, and ``sha256sum`` told an operator that their final models differed. The tensors' bytes
-    and offsets (relative to the header's end) are unchanged; the header is padded with spaces to 8 bytes, as the
-    library pads it."""
-    size = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + size])
-    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    return len(text).to_bytes(8, "little") + text + data[8 + size:]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb", buffering=0) as f:
+        write_safetensors(f, final_tensors(model, state), metadata=dict(sorted(metadata.items())), digest=False)
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def tensors_digest(path: Path) -> str:

@@ -32,6 +32,7 @@ from swarm.core.owner_feedback import OwnerFeedback
 from swarm.config import NESTEROV, RunConfig
 from swarm.train import prefetch, schedule
 from swarm.train.eager_optimizer import inner_adamw
+from swarm.train.host_memory import release_free_memory
 from swarm.train.data import BatchSampler, check_vocab, eval_loss, load_corpus, shard_index_for_peer
 from swarm.train.contribution import Contribution, TrainStats
 from swarm.train.initial_state import initial_state
@@ -191,6 +192,7 @@ class LocalTrainer:
             clocked, mark = clocked + now - mark, now
         if steps:  # the gradients are not read again before the next step makes new ones: a model's worth freed
             self.optimizer.zero_grad(set_to_none=True)
+            release_free_memory()
         if self.sharded is not None and steps:
             self.sharded.gather(self._params if self.ranks.leader else None)  # rank 0's θl is whole again
         return (loss_sum.item() / steps if steps else float("nan")), clocked
@@ -355,6 +357,7 @@ class LocalTrainer:
         keep_unsent = self.run.rounds.keep_unsent_locally and self.error_feedback is not None
         if self.mixing_alpha == 0.0 and not keep_unsent:  # plain replacement: θg's bits copied straight into θl
             spans.write(self._params, fragment_spans, spans.gather(self.global_params, fragment_spans))
+            release_free_memory()  # the round's buffers (Δ, the exchange's) are gone: their memory back too
             return
         merged = fragments.merge_fragment(self.local_params(fragment), spans.gather(self.global_params, fragment_spans),
                                           self.mixing_alpha)
