@@ -180,23 +180,29 @@ def swarm_run(name: str, config: dict, args: argparse.Namespace, work: Path) -> 
         join = _wait_for(lambda: re.search(r"swarm://\S+", coord_log.read_text(errors="replace")), 120, "join string")[0]
         peers: list[tuple[str, subprocess.Popen, TreeWatch, Path]] = []
 
-        def start_peer(label: str) -> None:
+        def start_peer(label: str, state_dir: Optional[str] = None) -> None:
             log = work / f"{label}.log"
-            proc = _spawn(["peer", "--join", join, "--state-dir", str(work / label), "--device", args.device,
-                           "--name", label], log)
+            proc = _spawn(["peer", "--join", join, "--state-dir", str(work / (state_dir or label)), "--device",
+                           args.device, "--name", state_dir or label], log)
             procs.append(proc)
             peers.append((label, proc, TreeWatch(proc.pid), log))
 
         for i in range(args.peers):
             start_peer(f"peer-{i}")
         late_started: Optional[float] = None
+        restarted = False
         deadline = time.monotonic() + args.timeout_s
         while time.monotonic() < deadline and any(p.poll() is None for _, p, _, _ in peers):
             for _, _, watch, _ in peers:
                 watch.poll()
-            if args.late_joiner and late_started is None and "round 1: committed" in coord_log.read_text(errors="replace"):
+            committed_1 = "round 1: committed" in coord_log.read_text(errors="replace")
+            if args.late_joiner and late_started is None and committed_1:
                 late_started = time.monotonic()
                 start_peer("late")
+            if args.restart and not restarted and committed_1:  # kill -9 peer-0's process group, start it again
+                restarted = True
+                _stop(peers.pop(0)[1])
+                start_peer("peer-0-restarted", state_dir="peer-0")  # its state dir: it resumes from its own disk
             time.sleep(0.2)
         timed_out = any(p.poll() is None for _, p, _, _ in peers)
         rows = [_peer_row(label, proc, watch, log) for label, proc, watch, log in peers]
@@ -265,7 +271,9 @@ def measure(name: str, args: argparse.Namespace) -> dict:
     peers = swarm["peers"]
     local = [r["local_work_s"] for p in peers for r in p["rounds"][1:]]  # round 1 pays first-touch page faults
     per_gb = (max(local) / (model_bytes / 1e9)) if local else None
-    first = [p["launch_to_first_step_s"] for p in peers if "launch_to_first_step_s" in p and p["label"] != "late"]
+    first = [p["launch_to_first_step_s"] for p in peers
+             if "launch_to_first_step_s" in p and p["label"] not in ("late", "peer-0-restarted")]
+    restarted = [p.get("launch_to_first_step_s") for p in peers if p["label"] == "peer-0-restarted"]
     return {
         "model": name, "params": base["params"], "fp32_bytes": model_bytes, "codec": args.codec,
         "fragments": args.fragments, "peers": args.peers, "baseline": base, **swarm,
@@ -276,6 +284,8 @@ def measure(name: str, args: argparse.Namespace) -> dict:
         "first_step_target_s": base["from_config_s"] + 10, "first_step_s": first,
         "first_step_met": bool(first) and max(first) <= base["from_config_s"] + 10,
         "local_work_s_per_gb_max": per_gb, "local_work_met": per_gb is not None and per_gb <= 1.0,
+        "restart_first_step_s": restarted[0] if restarted else None,
+        "restart_met": bool(restarted) and restarted[0] is not None and restarted[0] <= 10,
     }
 
 
@@ -291,6 +301,8 @@ def main() -> int:
     parser.add_argument("--codec", default="fp32")
     parser.add_argument("--fragments", type=int, default=1)
     parser.add_argument("--late-joiner", action="store_true", help="start one more peer once round 1 committed")
+    parser.add_argument("--restart", action="store_true",
+                        help="once round 1 committed, kill -9 peer-0 and start it again on its state dir")
     parser.add_argument("--baseline-steps", type=int, default=3)
     parser.add_argument("--timeout-s", type=float, default=1200)
     parser.add_argument("--rss-timeline", action="store_true", help="add each peer's resident memory every 0.2 s")
