@@ -2,7 +2,7 @@
 
     swarm coordinator [--config run.toml] [--host 0.0.0.0] [--port 0] [--state-dir DIR] [--max-rounds N]
     swarm peer --join 'swarm://...' [--device cpu|cuda] [--state-dir DIR] [--site LABEL]
-    swarm status 'swarm://...' [--json] [--watch]
+    swarm status 'swarm://...' [--json] [--watch [--interval S] [--count N]]
     swarm history 'swarm://...'|STATE_DIR [--csv|--json]
     swarm token create|list|revoke --state-dir DIR [...]
     swarm demo [--peers 3] [--rounds N] [--json]
@@ -142,9 +142,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         fetch = lambda: status_to_dict(fetch_all_pages(lambda token: client.get_status(page_token=token)))  # noqa: E731
         console = Console()
-        if args.watch and not args.json:
+        if args.watch or args.count is not None:
             try:
-                watch(fetch, interval_s=args.interval, console=console)
+                watch(fetch, interval_s=args.interval, console=console, count=args.count, as_json=args.json)
             except KeyboardInterrupt:
                 pass
             return 0
@@ -357,8 +357,11 @@ def _add_watch_parsers(sub) -> None:
     s = sub.add_parser("status", help="show how a run is doing")
     s.add_argument("join", help="the run's join string")
     s.add_argument("--json", action="store_true", help="print one JSON object")
-    s.add_argument("--watch", action="store_true", help="refresh live until the run finishes")
+    s.add_argument("--watch", action="store_true",
+                   help="refresh live until the run finishes (piped, or with --json: print a snapshot every interval)")
     s.add_argument("--interval", type=float, default=2.0, help="refresh period for --watch, seconds")
+    s.add_argument("--count", type=int, help="with --watch: stop after this many snapshots (implies --watch; "
+                   "default: until the run finishes or Ctrl-C)")
     s.set_defaults(func=cmd_status)
 
     d = sub.add_parser("demo", help="a coordinator and peers on this machine, training the embedded default")
@@ -401,6 +404,19 @@ def _reported(args: argparse.Namespace, command) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `swarm status --watch | head`: the reader is gone, which is not an error
+        _quiet_stdout()
+        return 0
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit does not fail again on the closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout is not a file (captured)
+        pass
 
 
 if __name__ == "__main__":

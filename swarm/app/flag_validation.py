@@ -18,7 +18,7 @@ _NUMBER_FLAGS: dict[str, tuple[tuple[str, float, float], ...]] = {
     "peer": (("p2p_port", 0, 65535), ("threads", 1, 4096), ("nproc", 1, 1024), ("join_timeout_s", 0.1, 7 * 86400),
              ("checkpoint_every", 0, 10**9), ("final_serve_s", 0, 86400), ("uplink_mbit", 0, 10**6),
              ("max_restarts", 0, 10**6)),
-    "status": (("interval", 0.1, 3600),),
+    "status": (("interval", 0.1, 3600), ("count", 1, 10**9)),
     "demo": (("peers", 1, 64), ("rounds", 1, 10**6), ("inner_steps", 1, 10**7), ("timeout", 1, 7 * 86400)),
     "token": (("max_uses", 1, 10**9),),
 }

@@ -17,8 +17,8 @@ from typing import Any, Callable
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from rich.console import Console
-from rich.table import Table
 
+from swarm.app.tables import Column, fitted, is_piped, print_plain
 from swarm.config import ConfigError
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -92,12 +92,23 @@ def print_history(history: dict[str, Any], *, fmt: str, console: Console) -> Non
     if fmt == "csv":
         console.file.write(to_csv(history))
         return
-    table = Table(title=f"{len(history['rounds'])} decided rounds")
-    for column in COLUMNS:
-        table.add_column(column.replace("_", " "), justify="left" if column in ("outcome", "codec") else "right")
-    for row in history["rounds"]:
-        table.add_row(*(_cell(row[c]) for c in COLUMNS))
-    console.print(table)
+    title = f"{len(history['rounds'])} decided rounds"
+    rows = [[_cell(row.get(c) or None) if c == "committed_hash" else _cell(row[c]) for c in TABLE_FIELDS]
+            for row in history["rounds"]]
+    if is_piped(console):
+        print_plain(console, [fitted(title, TABLE_COLUMNS, rows, width=None)])
+    else:
+        console.print(fitted(title, TABLE_COLUMNS, rows, width=console.width))
+
+
+# The table: COLUMNS and the committed hash; a terminal too narrow for all of them drops the highest ranks first
+# (0: always shown).
+TABLE_FIELDS = ("round", "outcome", "committed_hash", *COLUMNS[2:])
+_RANKS = {"round": 0, "outcome": 0, "committed_hash": 0, "mean_loss": 1, "eval_loss": 2, "participants": 3, "tokens": 4, "exchange_s": 5,
+          "bytes_sent": 6, "utilization": 7, "codec": 8, "inner_s": 9, "holders": 10, "inner_steps": 11,
+          "ddp_equivalent_bytes": 12, "group_size": 13, "fragments": 14}
+TABLE_COLUMNS = tuple(Column("θg hash" if c == "committed_hash" else c.replace("_", " "), _RANKS[c],
+                             "left" if c in ("outcome", "codec", "committed_hash") else "right") for c in TABLE_FIELDS)
 
 
 def _cell(value: Any) -> str:

@@ -5,20 +5,23 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
-from rich.console import Console
+from rich import box
+from rich.console import Console, RenderableType
 from rich.markup import escape
 from rich.table import Table
 
+from swarm.app.tables import Column, fitted, is_piped, print_plain
 from swarm.core.sparse_codec import density_note
 from swarm.v1 import coordinator_pb2 as pb
 
 
 MAX_PAGES = 1000  # a coordinator that keeps answering with a next page is not followed forever
-DISPLAY_CHARS = 24  # a peer's name, site or hash in the table
+DISPLAY_CHARS = 24  # a peer's name or site in the table (names are strangers' text: a long one is cut)
+ID_CHARS = 128  # ids, states and hashes are never cut (the coordinator bounds hashes at 128 characters)
 SHARES_SHOWN = 8  # the controller's shares listed in the table (--json has all)
 
 
@@ -87,10 +90,14 @@ def _measured(value: Any, fmt: str = "{:.1f}") -> str:
     return "—" if not value else fmt.format(value)
 
 
-def status_tables(status: dict[str, Any]) -> list[Table]:
+def status_tables(status: dict[str, Any], *, width: Optional[int] = None) -> list[RenderableType]:
+    """The run's table and the peers' table (or blocks) for a terminal ``width`` columns wide; None: piped, every
+    column in full."""
     run, totals = status["run"], status["totals"]
     state = "finished" if run["finished"] else (f"round {run['open_round']} open" if run["open_round"] else "waiting for peers")
-    table = Table(title=f"run {_shown(run['run_id'], 64)} — {state}", show_header=False)
+    table = Table(title=f"run {_shown(run['run_id'], 64)} — {state}", show_header=False,
+                  box=box.SQUARE if width is not None else None, pad_edge=width is not None,
+                  title_justify="center" if width is not None else "left")
     table.add_column("what", style="bold")
     table.add_column("value")
     max_rounds = run["max_rounds"] or "∞"
@@ -128,21 +135,27 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
     if status.get("peers_omitted"):
         table.add_row("peers not listed", f"{status['peers_omitted']} (left or evicted long ago)")
 
-    peers = Table(title="peers")
-    for column in ("id", "name", "site", "state", "θg hash", "round", "joined", "missed", "restarts", "tokens/s",
-                   "s/step", "loss", "sent", "up/down Mbit/s", "rtt ms", "util", "seen"):
-        peers.add_column(column)
-    for p in status["peers"]:
-        m = p["metrics"]
-        peers.add_row(
-            _shown(p["id"]), _shown(p["name"]), _shown(p["site"]) or "—", _shown(p["state"]),
-            _shown(m["state_hash"]) or "—", str(max(m["state_round"], 0)),
-            str(p["rounds_joined"]), str(p["rounds_missed"]), str(p.get("restarts") or 0), f"{m['tokens_per_s']:,.0f}",
-            _measured(m.get("step_time_s"), "{:.3g}"), _num(m["loss"]), format_bytes(m["bytes_sent"]),
-            f"{_measured(m.get('upload_mbit_s'))}/{_measured(m.get('download_mbit_s'))}",
-            _measured(m.get("rtt_ms"), "{:.0f}"), f"{100 * p['compute_utilization']:.0f}%", f"{p['last_seen_s']:.0f}s ago",
-        )
-    return [table, peers]
+    rows = [_peer_row(p) for p in status["peers"]]
+    return [table, fitted("peers", PEER_COLUMNS, rows, width=width)]
+
+
+# The peers table's columns; a terminal too narrow for all of them drops the highest ranks first (0: always shown).
+PEER_COLUMNS = tuple(Column(h, rank) for h, rank in (
+    ("id", 0), ("name", 1), ("site", 6), ("state", 0), ("θg hash", 0), ("round", 0), ("joined", 7), ("missed", 5),
+    ("restarts", 13), ("tokens/s", 3), ("s/step", 10), ("loss", 2), ("sent", 11), ("up/down Mbit/s", 8),
+    ("rtt ms", 9), ("util", 12), ("seen", 4)))
+
+
+def _peer_row(p: dict[str, Any]) -> list[str]:
+    m = p["metrics"]
+    return [
+        _shown(p["id"], ID_CHARS), _shown(p["name"]), _shown(p["site"]) or "—", _shown(p["state"], ID_CHARS),
+        _shown(m["state_hash"], ID_CHARS) or "—", str(max(m["state_round"], 0)),
+        str(p["rounds_joined"]), str(p["rounds_missed"]), str(p.get("restarts") or 0), f"{m['tokens_per_s']:,.0f}",
+        _measured(m.get("step_time_s"), "{:.3g}"), _num(m["loss"]), format_bytes(m["bytes_sent"]),
+        f"{_measured(m.get('upload_mbit_s'))}/{_measured(m.get('download_mbit_s'))}",
+        _measured(m.get("rtt_ms"), "{:.0f}"), f"{100 * p['compute_utilization']:.0f}%", f"{p['last_seen_s']:.0f}s ago",
+    ]
 
 
 def controller_line(choice: dict[str, Any]) -> str:
@@ -158,26 +171,54 @@ def controller_line(choice: dict[str, Any]) -> str:
 
 
 def render_status(status: dict[str, Any], console: Console) -> None:
-    for table in status_tables(status):
+    """The tables on ``console``: fitted to its width on a terminal, every column in full when piped."""
+    if is_piped(console):
+        print_plain(console, status_tables(status))
+        return
+    for table in status_tables(status, width=console.width):
         console.print(table)
 
 
 def print_status(status: dict[str, Any], *, as_json: bool, console: Console) -> None:
     if as_json:
-        print(json.dumps(status, sort_keys=True), flush=True)
+        console.file.write(json.dumps(status, sort_keys=True) + "\n")
+        console.file.flush()
     else:
         render_status(status, console)
 
 
-def watch(fetch, *, interval_s: float, console: Console) -> None:
-    """Refresh the tables in place until interrupted or the run finishes."""
+def watch(fetch, *, interval_s: float, console: Console, count: Optional[int] = None, as_json: bool = False) -> None:
+    """Show the run every ``interval_s`` until interrupted, the run finishes or ``count`` snapshots were shown: on a
+    terminal the tables refresh in place; piped (or ``as_json``), each snapshot is printed after the last, a plain
+    one under a line with its time (JSON: one object per line), like `vmstat 1`."""
+    if as_json or is_piped(console):
+        _print_snapshots(fetch, interval_s=interval_s, console=console, count=count, as_json=as_json)
+        return
     from rich.console import Group
     from rich.live import Live
 
+    shown = 0
     with Live(console=console, auto_refresh=False) as live:
         while True:
             status = fetch()
-            live.update(Group(*status_tables(status)), refresh=True)
-            if status["run"]["finished"]:
+            live.update(Group(*status_tables(status, width=console.width)), refresh=True)
+            shown += 1
+            if status["run"]["finished"] or (count is not None and shown >= count):
                 return
             time.sleep(interval_s)  # a display refresh period, not a wait for a condition
+
+
+def _print_snapshots(fetch, *, interval_s: float, console: Console, count: Optional[int], as_json: bool) -> None:
+    shown = 0
+    while True:
+        status = fetch()
+        if as_json:
+            print_status(status, as_json=True, console=console)
+        else:
+            console.file.write(("\n" if shown else "") + f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
+            render_status(status, console)
+            console.file.flush()
+        shown += 1
+        if status["run"]["finished"] or (count is not None and shown >= count):
+            return
+        time.sleep(interval_s)  # a display refresh period, not a wait for a condition
