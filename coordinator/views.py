@@ -5,6 +5,7 @@ Pure functions; the engine passes the records in.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
@@ -13,7 +14,7 @@ from coordinator import controller
 from coordinator.errors import BadRequest
 from coordinator.limits import MAX_DHT_MADDRS, MAX_LABEL_BYTES
 from coordinator.records import COMMITTED, PeerRecord, RoundRecord, RunRecord
-from swarm.config import RunConfig
+from swarm.config import ConfigError, ModelConfig, RunConfig
 from swarm.v1 import coordinator_pb2 as pb
 
 
@@ -130,7 +131,9 @@ def status_response(
         max_rounds=rounds.max_rounds or 0,
         inner_steps=rounds.inner_steps,
         codec=rounds.codec,
-        model_preset=config.model.preset,
+        model_preset=config.model.preset if config.model.kind == "preset" else "",
+        model=model_name(config.model),
+        model_source=MODEL_SOURCES[config.model.kind],
         param_count=run.param_count,
         loss=last_committed.mean_loss if last_committed is not None else math.nan,
         uptime_s=max(0.0, now - started_at),
@@ -145,6 +148,31 @@ def status_response(
         totals=totals(peers, ddp_equivalent_bytes=run.ddp_equivalent_bytes),
         peers_omitted=len(peers) - len(listed),
     )
+
+
+MODEL_SOURCES = {"preset": "preset", "factory": "factory", "hf": "hf_config"}  # ModelConfig.kind -> status word
+
+
+def model_name(model: ModelConfig) -> str:
+    """What the run trains, as status shows it: the preset's name, the factory spec, or the hf_config's model_type."""
+    if model.kind == "factory":
+        return model.factory
+    if model.kind == "preset":
+        return model.preset
+    if isinstance(model.hf_config, dict):
+        return str(model.hf_config.get("model_type") or "unknown")
+    return _hf_model_type(str(model.hf_config))
+
+
+@functools.lru_cache(maxsize=8)
+def _hf_model_type(path: str) -> str:
+    """The model_type of the config.json at ``path`` (read once: status is asked often)."""
+    from swarm.train.hf_model import hf_config_dict
+
+    try:
+        return str(hf_config_dict(path)["model_type"])
+    except ConfigError:  # the coordinator's copy is gone: the run still trains what its peers built
+        return "unknown"
 
 
 def status_page(response: pb.GetStatusResponse, *, page_size: int, page_token: str) -> pb.GetStatusResponse:

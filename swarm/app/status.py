@@ -105,7 +105,7 @@ def status_tables(status: dict[str, Any], *, width: Optional[int] = None) -> lis
     table.add_row("committed θg hash", _shown(run["committed_hash"], 64) or "—")
     table.add_row("eval loss", f"{_num(run['eval_loss'])} at round {run['eval_round']} (initial {_num(run['initial_eval_loss'])})")
     table.add_row("train loss", _num(run["loss"]))
-    table.add_row("model", f"{_shown(run['model_preset'])} ({run['param_count']:,} parameters)")
+    table.add_row("model", model_line(run))
     fragments = run.get("fragments") or 1
     plan = f"H = {run['inner_steps']} inner steps, codec {_shown(run['codec'])}{density_note(str(run['codec']))}"
     if run.get("error_feedback") and run["codec"] not in ("fp32", ""):
@@ -156,6 +156,13 @@ def _peer_row(p: dict[str, Any]) -> list[str]:
         f"{_measured(m.get('upload_mbit_s'))}/{_measured(m.get('download_mbit_s'))}",
         _measured(m.get("rtt_ms"), "{:.0f}"), f"{100 * p['compute_utilization']:.0f}%", f"{p['last_seen_s']:.0f}s ago",
     ]
+
+
+def model_line(run: dict[str, Any]) -> str:
+    """The model the run trains, where it comes from and its size: "gpt2 (hf_config, 124,439,808 parameters)"."""
+    name = run.get("model") or run["model_preset"]  # a coordinator before the model field has only the preset
+    source = f"{_shown(run['model_source'])}, " if run.get("model_source") else ""
+    return f"{_shown(name, 128)} ({source}{run['param_count']:,} parameters)"
 
 
 def controller_line(choice: dict[str, Any]) -> str:

@@ -351,7 +351,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self, token: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class RunStatus(_message.Message):
-    __slots__ = ("run_id", "open_round", "rounds_committed", "rounds_voided", "committed_hash", "eval_loss", "eval_round", "initial_eval_loss", "finished", "max_rounds", "inner_steps", "codec", "model_preset", "param_count", "loss", "uptime_s", "committed_round", "fragments", "overlap_steps", "outer_optimizer", "error_feedback", "aggregation", "controller")
+    __slots__ = ("run_id", "open_round", "rounds_committed", "rounds_voided", "committed_hash", "eval_loss", "eval_round", "initial_eval_loss", "finished", "max_rounds", "inner_steps", "codec", "model_preset", "param_count", "loss", "uptime_s", "committed_round", "fragments", "overlap_steps", "outer_optimizer", "error_feedback", "aggregation", "model", "model_source", "controller")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     OPEN_ROUND_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_COMMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -374,6 +374,8 @@ class RunStatus(_message.Message):
     OUTER_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     ERROR_FEEDBACK_FIELD_NUMBER: _ClassVar[int]
     AGGREGATION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SOURCE_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     open_round: int
@@ -397,8 +399,10 @@ class RunStatus(_message.Message):
     outer_optimizer: str
     error_feedback: bool
     aggregation: str
+    model: str
+    model_source: str
     controller: RoundChoice
-    def __init__(self, run_id: _Optional[str] = ..., open_round: _Optional[int] = ..., rounds_committed: _Optional[int] = ..., rounds_voided: _Optional[int] = ..., committed_hash: _Optional[str] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., initial_eval_loss: _Optional[float] = ..., finished: _Optional[bool] = ..., max_rounds: _Optional[int] = ..., inner_steps: _Optional[int] = ..., codec: _Optional[str] = ..., model_preset: _Optional[str] = ..., param_count: _Optional[int] = ..., loss: _Optional[float] = ..., uptime_s: _Optional[float] = ..., committed_round: _Optional[int] = ..., fragments: _Optional[int] = ..., overlap_steps: _Optional[int] = ..., outer_optimizer: _Optional[str] = ..., error_feedback: _Optional[bool] = ..., aggregation: _Optional[str] = ..., controller: _Optional[_Union[RoundChoice, _Mapping]] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., open_round: _Optional[int] = ..., rounds_committed: _Optional[int] = ..., rounds_voided: _Optional[int] = ..., committed_hash: _Optional[str] = ..., eval_loss: _Optional[float] = ..., eval_round: _Optional[int] = ..., initial_eval_loss: _Optional[float] = ..., finished: _Optional[bool] = ..., max_rounds: _Optional[int] = ..., inner_steps: _Optional[int] = ..., codec: _Optional[str] = ..., model_preset: _Optional[str] = ..., param_count: _Optional[int] = ..., loss: _Optional[float] = ..., uptime_s: _Optional[float] = ..., committed_round: _Optional[int] = ..., fragments: _Optional[int] = ..., overlap_steps: _Optional[int] = ..., outer_optimizer: _Optional[str] = ..., error_feedback: _Optional[bool] = ..., aggregation: _Optional[str] = ..., model: _Optional[str] = ..., model_source: _Optional[str] = ..., controller: _Optional[_Union[RoundChoice, _Mapping]] = ...) -> None: ...
 
 class PeerStatus(_message.Message):
     __slots__ = ("id", "name", "site", "state", "device", "rounds_joined", "rounds_missed", "last_seen_s", "compute_utilization", "metrics", "restarts")
