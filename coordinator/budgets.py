@@ -169,7 +169,7 @@ def exchanging(round_row: RoundRecord, peers: Mapping[str, PeerRecord]) -> set[s
     """The participants whose latest heartbeat says they are exchanging this round, or already training a later
     one (with overlap a peer trains the next round while this one's exchange waits for its group): ready, not
     left out. Counting only the first, a group held in matchmaking for a straggler (while the plan lists it) looked
-    late as a whole, so the straggler was never left out and the round waited for it (WAN testbed, session 15)."""
+    late as a whole, so the straggler would never be left out and the round would wait for it (seen on the WAN testbed)."""
     return {p for p in round_row.participants if p in peers and (
         peers[p].metrics.round > round_row.round
         or (peers[p].state == EXCHANGING and peers[p].metrics.round == round_row.round))}

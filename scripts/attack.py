@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Attack soak: a real swarm on loopback (coordinator, honest peers and one Byzantine peer, all started
-with the normal CLI) trained while an attacker tries, again and again, what issue 10 found:
+with the normal CLI) trained while an attacker tries, again and again, each attack below:
 
     .venv/bin/python scripts/attack.py --rounds 12 --json
 

@@ -1,4 +1,4 @@
-"""Stragglers on loopback (issue 11, part 3): a real coordinator and 4 real peers, one of them 3x slower
+"""Stragglers on loopback: a real coordinator and 4 real peers, one of them 3x slower
 (``--faults slow@1:compute=3``: each inner step takes 3x its compute), then the same run with 4 equal peers.
 
     .venv/bin/python scripts/bench_straggler.py --json      # ~10-15 min on 2 shared cores

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Swarm over emulated WAN links (issue 11): its exchange beside stock hivemind and raw TCP on tbf-shaped
+"""Swarm over emulated WAN links: its exchange beside stock hivemind and raw TCP on tbf-shaped
 testbed links, the network model's calibration, a peer behind NAT, and real swarms (the controller adapting to a
 link cut 10x, two-level averaging across two sites, utilization with overlap). Needs root (network namespaces).
 

@@ -140,7 +140,7 @@ def compute_share(record: dict, *, skip: int = 1) -> float | None:
     """Each round's mean inner seconds over its peers, summed from round ``skip`` + 1 on, over the time from that
     round's opening to the last decision. Biased high with overlap: a round's first steps train before it opens
     (while the previous round's exchange runs), so they fall outside the window (1.049 on one run); kept for
-    comparison with session 10's figure. ``_shares`` is the measure."""
+    comparison with figures taken this way. ``_shares`` is the measure."""
     rows = [r for r in record.get("rounds", []) if r.get("round", 0) > skip and r.get("outcome") == "committed"]
     inner: dict[int, list[float]] = {}
     for p in record.get("peer_rounds", []):
@@ -234,7 +234,7 @@ eval_every_rounds = {rounds}
 
 
 def section_utilization_controlled(args: argparse.Namespace) -> dict:
-    """issue 11's setup with the controller and overlap: 4 peers, 50 ms one-way, the link scaled so that one
+    """The WAN utilization setup with the controller and overlap: 4 peers, 50 ms one-way, the link scaled so that one
     fp32 exchange of `tiny` takes ~20% of a round (`small` does not run 4 peers on 2 shared cores here);
     evaluation only after the last round, so the share measured is training against exchanging."""
     rounds, inner_steps = 6, 60

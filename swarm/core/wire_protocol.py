@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import functools
 
-# 2: the butterfly in stripes (swarm.core.average.butterfly_bounds), one claim message per groupmate (session 16)
+# 2: the butterfly in stripes (swarm.core.average.butterfly_bounds), one claim message per groupmate
 # 3: ternary@<density> below 1/32 in blocks of up to 8,192 elements (sparse_ternary_codec.block_for): its slices'
-#    bounds and payloads differ from 2's (session 21)
+#    bounds and payloads differ from 2's
 PROTOCOL = 3
 
 

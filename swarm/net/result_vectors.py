@@ -4,9 +4,9 @@ pool, the slices it decodes its groupmates' contributions into and reduces them 
 Why: the result of an exchange is model-sized, and memory fresh from the kernel costs a fault and a zeroed page
 on its first touch. On this project's test machine (a VM) decoding into a fresh 100 MB result took 26 ms, and
 320 ms when the VM had not backed the pages yet, against 16 ms into a reused one; across a 4-peer 1 Gbit/s int4
-exchange, reusing it cut the hosts' CPU by about 30% (docs/BENCHMARKS.md, session 18), and reusing the decoded
-contributions and the reductions by another 14% (session 20: memory freed on the threads that decode is handed
-back to the kernel by glibc, so it faulted again every exchange).
+exchange, reusing it cuts the hosts' CPU by about 30%, and reusing the decoded contributions and the reductions
+by another 14% (memory freed on the threads that decode is handed back to the kernel by glibc, so without the pool
+it faults again every exchange).
 
 When a vector is free: the pool keeps the numpy array that owns the memory, and everything that shares that
 memory holds a reference to that array — the result tensor's storage, every view of it, every ``.numpy()`` of

@@ -65,7 +65,7 @@ def check_agreement(key: str, group: list[Member], me: Member) -> None:
     other = next((m for m in group if m.protocol != me.protocol), None)
     if other is not None:
         raise ExchangeFailed(f"{key}: groupmate {other.peer_id} runs another version of the exchange (protocol "
-                             f"{other.protocol or 'from before session 16'}, this peer {me.protocol}): every peer of a "
+                             f"{other.protocol or 'unset: an older release'}, this peer {me.protocol}): every peer of a "
                              "run must run the same Swarm release; upgrade the older one")
     if any(m.numel != me.numel or m.codec != me.codec for m in group):
         raise ExchangeFailed(f"{key}: groupmates disagree on the vector size or codec")

@@ -3,7 +3,7 @@
 Each connection uses ``CONGESTION_CONTROL`` (cubic, Linux's usual default) rather than the
 system's. In the butterfly K − 1 flows converge on every member's downlink at once; where the system default
 is BBR (v1), the exchange took 1.28–1.35× the ideal at 4 peers on 100 Mbit/s links against 1.12–1.24× (median
-1.15×) with cubic, measured side by side (docs/BENCHMARKS.md, session 17); raw TCP moved alike. An operator
+1.15×) with cubic, measured side by side (docs/BENCHMARKS.md, "Weak links"); raw TCP moved alike. An operator
 picks another with ``swarm peer --tcp-congestion`` (``system``: the system's own)."""
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ optimizer, so neither mark does anything here:
   ``step`` itself calls it, without the graph break: the same arithmetic, bit for bit. It falls back to
   ``optimizer.step`` where the wrapper does more than that (step hooks, a differentiable optimizer), checked
   at every step: a hook registered after the trainer was built (torchft's DiLoCo registers its sync as a
-  post hook) must run. Until session 17 the check ran once, when the trainer was built, and torchft's
-  DiLoCo around a ``LocalTrainer`` silently never synced.
+  post hook) must run. Checked only once, when the trainer was built, torchft's DiLoCo around a ``LocalTrainer``
+  would silently never sync.
 """
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ def test_a_members_signed_entry_reads_back_exactly() -> None:
 
 
 def test_a_reader_of_the_previous_version_reads_an_entry_whose_new_fields_are_at_their_defaults() -> None:
-    """Fields at their defaults are left out of the signed body, so the matchmaking entry's ``closed`` (added in
-    session 14) does not make an older peer, whose Member has no such field, refuse every entry."""
+    """Fields at their defaults are left out of the signed body, so the matchmaking entry's ``closed`` (a later
+    field) does not make an older peer, whose Member has no such field, refuse every entry."""
     import dataclasses
 
     @dataclasses.dataclass(frozen=True, kw_only=True)

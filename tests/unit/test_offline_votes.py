@@ -1,7 +1,7 @@
 """A round a group decided by its signed DHT votes while the coordinator was down is taken as the group decided
 it, also when members died meanwhile and the coordinator, back, opened the round with other peers.
 
-The scenario is a chaos soak's (docs/BENCHMARKS.md, "Session 12"): five peers decided a round by their votes
+The scenario is one a chaos soak (scripts/chaos.py) found: five peers decided a round by their votes
 during an outage, two of them were restarted, the restarted coordinator opened the round with the peers ready
 then, ignored the survivors' reports (their group named peers outside the round) and committed a restarted
 peer's lone round; the survivors had to resync.
