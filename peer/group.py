@@ -105,7 +105,7 @@ class DhtGroup:
             raise SyncFailed(str(e)) from e
         self.links.observe(result.links)
         scale = participation_scale(group)
-        average = result.average if scale == 1.0 else result.average * scale
+        average = result.average if scale == 1.0 else result.average.mul_(scale)  # in place: no second Δ̄
         in_site, cross_site = bytes_by_site(result, group, me)
         logger.info("[%s r%d] averaged fragment %d with %d peers in %.2fs (%s, %d bytes sent: %d in-site, %d "
                     "cross-site)%s", self.peer_id, round_no, contribution.fragment, len(group), result.seconds, codec,
