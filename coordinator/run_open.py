@@ -27,6 +27,7 @@ def open_run(store: Store, given: Optional[RunConfig], *, check_config: bool, no
     run = store.get_run()
     if given is not None:
         given = with_data_fingerprint(given)  # every peer gets the spec with it and checks its own data
+        _warn_special_tokens(given)
     if run is None:
         if given is None:
             raise ConfigError("this state directory holds no run yet; give --config to start one.")
@@ -61,6 +62,18 @@ def open_run(store: Store, given: Optional[RunConfig], *, check_config: bool, no
         logger.warning("run %s: keeps its stored config; the settings given now differ in %s", run.run_id, where)
     logger.info("run %s: resumed from %s", run.run_id, store.path)
     return kept
+
+
+def _warn_special_tokens(run: RunConfig) -> None:
+    """An hf_config whose bos/eos/pad ids lie outside its vocabulary trains, but its export cannot generate():
+    say so at the start, when it is still cheap to fix."""
+    if run.model.kind != "hf":
+        return
+    from swarm.train.hf_model import hf_auto_config, special_ids_outside_vocab
+
+    problem = special_ids_outside_vocab(hf_auto_config(run.model.hf_config))
+    if problem:
+        logger.warning("[model] hf_config: %s", problem)
 
 
 def _with_max_rounds(store: Store, kept: RunConfig, wanted: Optional[int], *, now: float,

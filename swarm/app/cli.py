@@ -209,8 +209,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from swarm.app.export import export
 
-    written = export(Path(args.state_dir), Path(args.out_dir))
-    print(f"exported {written}")
+    result = export(Path(args.state_dir), Path(args.out_dir), tokenizer=Path(args.tokenizer) if args.tokenizer else None)
+    for note in result.notes:
+        print(f"swarm export: {note}", file=sys.stderr)
+    print(f"exported {result.weights}" + (f" and {result.tokenizer}" if result.tokenizer else ""))
     return 0
 
 
@@ -377,6 +379,9 @@ def _add_watch_parsers(sub) -> None:
     e = sub.add_parser("export", help="a finished peer's final model as a Hugging Face directory or a safetensors file")
     e.add_argument("state_dir", help="the peer's --state-dir (it holds final/model.safetensors)")
     e.add_argument("out_dir", help="where to write it (created when missing)")
+    e.add_argument("--tokenizer", metavar="TOKENIZER_JSON",
+                   help="the tokenizer.json to export with the model (default: the run's [data] tokenizer, found as "
+                        "named or beside the state dir; none for a run on bytes or token files)")
     e.set_defaults(func=cmd_export)
 
 

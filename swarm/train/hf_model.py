@@ -50,17 +50,45 @@ def hf_config_dict(spec: Any) -> dict[str, Any]:
     return config
 
 
+def hf_auto_config(spec: Any):
+    """The transformers config ``spec`` describes, with the library's defaults for what it leaves out."""
+    transformers = _transformers()
+    config = hf_config_dict(spec)
+    kwargs = {k: v for k, v in config.items() if k != "model_type"}
+    try:
+        return transformers.AutoConfig.for_model(config["model_type"], **kwargs)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"[model] hf_config is not a config transformers knows ({e}); check model_type.") from None
+
+
+SPECIAL_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def special_ids_outside_vocab(hf_config: Any) -> str | None:
+    """One sentence when the config's bos/eos/pad token ids are not ids of its vocabulary (GPT-2's defaults,
+    50256, in a smaller vocabulary): ``generate()`` would look them up. None when they fit or are unset."""
+    vocab = getattr(hf_config, "vocab_size", None)
+    if not isinstance(vocab, int) or vocab <= 0:
+        return None
+    bad = []
+    for name in SPECIAL_TOKEN_IDS:
+        value = getattr(hf_config, name, None)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(v, int) and not 0 <= v < vocab for v in values):
+            bad.append(f"{name} {value}")
+    if not bad:
+        return None
+    return (f"the model's {' and '.join(bad)} {'lie' if len(bad) > 1 else 'lies'} outside its vocabulary of {vocab}"
+            f" ids, so generate() cannot use {'them' if len(bad) > 1 else 'it'}: set {'them' if len(bad) > 1 else 'it'}"
+            f" in [model] hf_config to ids below {vocab} (your tokenizer's special tokens).")
+
+
 def build_hf_model(spec: Any, *, seed: int) -> nn.Module:
     """``AutoModelForCausalLM.from_config`` in fp32 on the CPU, then every parameter that its own init drew at
     random redrawn with the portable normal (``model.PortableNormals``, std ``initializer_range``), seeded by ``seed``; constant ones
     (norm gains, biases) stay as the library set them. So θ0 depends only on the config and the seed."""
     transformers = _transformers()
-    config = hf_config_dict(spec)
-    kwargs = {k: v for k, v in config.items() if k != "model_type"}
-    try:
-        hf_config = transformers.AutoConfig.for_model(config["model_type"], **kwargs)
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"[model] hf_config is not a config transformers knows ({e}); check model_type.") from None
+    hf_config = hf_auto_config(spec)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
@@ -96,6 +124,7 @@ def hf_context(model: nn.Module) -> int | None:
 
 
 def save_pretrained(model: nn.Module, out_dir: Path) -> None:
+    _transformers().utils.logging.disable_progress_bar()  # `swarm export` prints what it wrote, in one line
     model.save_pretrained(str(out_dir), safe_serialization=True)
 
 
