@@ -177,7 +177,12 @@ def swarm_run(name: str, config: dict, args: argparse.Namespace, work: Path) -> 
                           "--port", "0", "--exit-grace-s", "5"], coord_log)
     procs = [coordinator]
     try:
-        join = _wait_for(lambda: re.search(r"swarm://\S+", coord_log.read_text(errors="replace")), 120, "join string")[0]
+        def join_string():
+            if coordinator.poll() is not None:
+                raise SystemExit(f"bench_scale: the coordinator exited: {coord_log.read_text(errors='replace').strip()[-300:]}")
+            return re.search(r"swarm://\S+", coord_log.read_text(errors="replace"))
+
+        join = _wait_for(join_string, 120, "join string")[0]
         peers: list[tuple[str, subprocess.Popen, TreeWatch, Path]] = []
 
         def start_peer(label: str, state_dir: Optional[str] = None) -> None:
