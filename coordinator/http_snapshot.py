@@ -7,6 +7,7 @@ A peer's figures are as fresh as the engine's last write of it (every few second
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any, Optional
@@ -15,6 +16,9 @@ from coordinator.history import history_page
 from coordinator.records import COMMITTED, EVICTED, VOIDED
 from coordinator.store import Store
 from coordinator.views import peer_status, totals
+from swarm.config import RunConfig
+from swarm.core.fragments import round_end_step
+from swarm.train.schedule import lr_at
 from swarm.v1 import coordinator_pb2 as pb
 
 HISTORY_ROUNDS = 5000  # the page plots at most this many latest rounds
@@ -31,6 +35,7 @@ def snapshot(store: Store, *, now: Optional[float] = None) -> dict[str, Any]:
     committed_hash = committed.committed_hash if committed is not None else run.initial_hash
     summed = totals(peers, ddp_equivalent_bytes=run.ddp_equivalent_bytes)
     history = history_page(store, after_round=_first_shown(latest), max_rounds=HISTORY_ROUNDS)
+    rate = _round_lr(run.run_spec_json)
     return {
         "run": {
             "run_id": run.run_id,
@@ -52,7 +57,7 @@ def snapshot(store: Store, *, now: Optional[float] = None) -> dict[str, Any]:
             "eval_loss": _number(run.eval_loss), "eval_round": run.eval_round,
             "initial_eval_loss": _number(run.initial_eval_loss),
         },
-        "rounds": [_round(r) for r in history.rounds],
+        "rounds": [dict(_round(r), lr=rate(r.round)) for r in history.rounds],
         "peers": [_peer(peer_status(p, now), p.alive, committed_hash) for p in peers],
     }
 
@@ -71,6 +76,21 @@ def _round(row: pb.RoundHistory) -> dict[str, Any]:
         "eval_loss": _number(row.eval_loss), "tokens": row.tokens, "utilization": row.utilization,
         "tokens_per_s": row.tokens / seconds if seconds > 0 else None, "reason": row.reason,
     }
+
+
+@functools.lru_cache(maxsize=4)
+def _round_lr(run_spec_json: str):
+    """round -> the inner learning rate of its last step, from the run's config by the peers' own schedule
+    (``swarm.train.schedule``), for a full-speed peer training since round 1 (a peer that joined later warms
+    up again from its own first step). The peers do not report their rate to the coordinator."""
+    run = RunConfig.from_json(run_spec_json)
+    rc = run.rounds
+    run_steps = round_end_step(rc.max_rounds, rc.inner_steps, rc.fragments) if rc.max_rounds else 0
+
+    def rate(round_no: int) -> Optional[float]:
+        step = round_end_step(round_no, rc.inner_steps, rc.fragments) - 1
+        return None if step < 0 else lr_at(run.inner, peer_step=step, run_step=step, run_steps=run_steps)
+    return rate
 
 
 def _peer(status: pb.PeerStatus, alive: bool, committed_hash: str) -> dict[str, Any]:
