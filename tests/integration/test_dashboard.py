@@ -59,7 +59,7 @@ def test_the_dashboard_of_a_real_run_shows_its_peers_and_loss_curve(tmp_path: Pa
             # a new, empty profile (playwright passes it as --user-data-dir)
             browser = p.chromium.launch_persistent_context(
                 str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=LAUNCH_FLAGS,
-                viewport={"width": 1400, "height": 1000})
+                viewport={"width": 1400, "height": 900})
             try:
                 page = browser.new_page()
                 errors: list[str] = []
@@ -72,6 +72,12 @@ def test_the_dashboard_of_a_real_run_shows_its_peers_and_loss_curve(tmp_path: Pa
                      timeout_s=30, what="the page to show the finished run")
                 assert page.locator("#peers tbody tr.peer").count() == 2
                 assert page.locator("#chart-loss circle[data-series=train]").count() == committed
+                rounds = int(page.locator("body").get_attribute("data-rounds"))
+                assert page.locator("#chart-lr circle.pt").count() == rounds  # the schedule's rate per round
+                assert page.locator("#chart-utilization").get_attribute("data-y-max") == "1"  # on 0-100%
+                for id_cell in page.locator("#peers tbody td.id").all():  # short ids, the whole one on hover
+                    assert id_cell.get_attribute("title").startswith(id_cell.inner_text())
+                assert "e+" not in page.evaluate("document.body.innerText")
                 page.screenshot(path=str(shot), full_page=True)
             finally:
                 browser.close()
