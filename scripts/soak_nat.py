@@ -26,7 +26,8 @@ matchmaking_window_s = 10.0
 exchange_timeout_s = 15.0
 round_timeout_s = 60.0
 """
-work = Path(sys.argv[1]); work.mkdir(parents=True, exist_ok=True)
+work = Path(sys.argv[1])
+work.mkdir(parents=True, exist_ok=True)
 hosts = ("h1", "nat", "nat1")
 
 def committed() -> int:
@@ -51,11 +52,14 @@ with Testbed(make_topology(hosts=2, nat_hosts=2, prefix="swd-")) as bed:
     try:
         for victim, at in (("nat1", 3), ("nat", 6)):
             print("committed", wait_for(at), flush=True)
-            kill_family(procs[victim]); events.append(f"kill {victim} after {committed()}")
+            kill_family(procs[victim])
+            events.append(f"kill {victim} after {committed()}")
             time.sleep(1.0)
-            procs[victim] = restart(bed, victim, join); events.append(f"restart {victim}")
+            procs[victim] = restart(bed, victim, join)
+            events.append(f"restart {victim}")
         print("committed", wait_for(8), flush=True)
-        kill_family(coord); events.append(f"kill coordinator after {committed()}")
+        kill_family(coord)
+        events.append(f"kill coordinator after {committed()}")
         time.sleep(2.0)
         with open(work / "coordinator.log", "ab") as err:
             coord = bed.spawn("h0", [sys.executable, "-m", "swarm.app.cli", "coordinator", "--config", str(work / "run.toml"),

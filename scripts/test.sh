@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Set everything up (idempotent) and run the whole test suite. Extra arguments go to pytest (one plain run).
+#   ./scripts/test.sh --lint [ARGS]   ruff check . (lint only; the rules are in pyproject.toml): non-zero on findings
+#   ./scripts/test.sh --fast [ARGS]   the tests not marked slow or serial, on two workers (about a minute on 2 cores)
 #
 # The whole suite runs on three pytest workers (pytest-xdist), also on 2 cores: much of its time is real peer
 # processes waiting on each other, which the other workers fill (measured on 2 idle cores: 1 worker 13:23,
@@ -9,6 +11,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 PYTEST=(.venv/bin/python -m pytest -p no:cacheprovider)
+case "${1:-}" in
+  --lint) shift; exec .venv/bin/ruff check . "$@" ;;
+  --fast) shift; exec "${PYTEST[@]}" -n "${SWARM_TEST_WORKERS:-2}" -m "not slow and not serial" "$@" ;;
+esac
 if [ $# -gt 0 ]; then
   exec "${PYTEST[@]}" "$@"
 fi

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 from hivemind.p2p import P2PContext, PeerID
 
-from swarm.net.bulk_slices import BulkSlices, OnReceived, OnSent
+from swarm.net.bulk_slices import BulkSlices, OnSent
 from swarm.net.chunk_stream import SlicePayload, chunk_messages
 from swarm.net.exchange_failed import ExchangeFailed
 from swarm.net.reachability import is_dial_failure, unreachable_groupmate

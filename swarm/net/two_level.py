@@ -25,7 +25,6 @@ from typing import Callable, Optional
 
 import torch
 
-from swarm.core.aggregation import Aggregation
 from swarm.core.site_plan import SitePlan, plan_sites, subgroup_weights
 from swarm.net.allreduce import Exchange, ExchangeResult
 from swarm.net.exchange_failed import ExchangeFailed

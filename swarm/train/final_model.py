@@ -9,7 +9,6 @@ The metadata holds the round, the state hash, the run spec and, for a Hugging Fa
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 

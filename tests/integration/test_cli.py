@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.harness import Swarm
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 
 ROOT = Path(__file__).resolve().parents[2]
 # Port 9 (discard) on loopback: nothing listens there, so connecting is refused at once.

@@ -15,7 +15,7 @@ import pytest
 
 from tests.integration.harness import TWO_PEER_RUN, ROOT, Swarm, poll
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
 CHROMIUM = "/usr/bin/chromium"
 LAUNCH_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -7,7 +7,7 @@ import pytest
 from swarm.train.final_model import tensors_digest
 from tests.integration.harness import Swarm
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 FAST_FAILURE_CONFIG = """
 [rounds]

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from swarm.train.final_model import tensors_digest
 from tests.integration.harness import TWO_PEER_RUN, kill_family, read_join_string
 from tests.integration.netns_hosts import NetnsHosts, missing_privilege
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(90)]
 ROOT = Path(__file__).resolve().parents[2]
 
 

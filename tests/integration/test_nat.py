@@ -18,7 +18,7 @@ from swarm.app.testbed import Testbed, make_topology, missing_privileges
 from swarm.train.final_model import tensors_digest
 from tests.integration.harness import TWO_PEER_RUN, kill_family, read_join_string
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 PEERS = ("h1", "nat", "nat1")
 PREFIX = "swnat-"  # every namespace of this test; teardown removes only these
 

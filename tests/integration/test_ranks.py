@@ -10,7 +10,7 @@ import pytest
 from swarm.train.final_model import tensors_digest
 from tests.integration.harness import Swarm
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
 RUN_FLAGS = ("--max-rounds", "2", "--inner-steps", "4", "--preset", "tiny", "--exit-grace-s", "0")
 

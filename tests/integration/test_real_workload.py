@@ -17,7 +17,7 @@ from swarm.train.final_model import tensors_digest
 from swarm.train.hf_model import build_hf_model
 from tests.integration.harness import ROOT, Swarm
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 
 LLAMA = {"model_type": "llama", "hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 64}

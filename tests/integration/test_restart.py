@@ -10,7 +10,7 @@ import pytest
 from swarm.train.final_model import tensors_digest
 from tests.integration.harness import Swarm, poll
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(360)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(360)]
 
 PEERS = ("peer-0", "peer-1")
 

@@ -13,7 +13,7 @@ import pytest
 from swarm.train.final_model import tensors_digest
 from tests.integration.harness import Swarm, poll
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 
 STOP_WITHIN_S = 5.0  # SIGTERM → process gone; peer/run.py's hard deadline is 6 s, a clean leave takes ~1 s
 

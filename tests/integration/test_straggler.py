@@ -11,7 +11,7 @@ from coordinator.store import STORE_FILE, Store
 from swarm.train.final_model import tensors_digest
 from tests.integration.harness import Swarm
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(240)]
 
 # ~15 ms per inner step on one core: a full-speed round is 0.3 s of compute, the slow peer's 1.2 s. A peer
 # finishing the full steps 0.2 s after the fastest still does them all (noise on a loaded machine).

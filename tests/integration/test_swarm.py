@@ -15,7 +15,7 @@ from swarm.train.sim import simulate
 from swarm.train.final_model import tensors_digest
 from tests.integration.harness import Swarm
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def assert_matches_simulator(final_model, run: RunConfig, *, peers: int, rounds: int) -> None:

@@ -15,7 +15,7 @@ from swarm.app.testbed import ROUTER_ADDRESS, Testbed, leftovers, make_topology,
 
 PREFIX = "swt-test-"  # only this test's objects: teardown never touches another testbed's namespaces
 _reason = missing_privileges()
-pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(30),
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(30),
               pytest.mark.skipif(_reason is not None, reason=_reason or "")]
 
 PYTHON = sys.executable

@@ -16,7 +16,7 @@ from swarm.train.model import build_model
 from swarm.train.sim import simulate
 from tests.integration.harness import Swarm
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
 RUN = """
 [model]

@@ -13,7 +13,7 @@ import pytest
 from swarm.train.final_model import tensors_digest
 from tests.integration.harness import ROOT, Swarm, kill_family, poll
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 
 PEERS = ("peer-0", "peer-1")
 

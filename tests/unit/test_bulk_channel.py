@@ -27,7 +27,7 @@ from swarm.net.tcp_congestion import CONGESTION_CONTROL, try_congestion
 from swarm.v1 import exchange_pb2
 from tests.unit.test_exchange import Peer, three_peers, concurrently, results_of
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 RUN_ID = "run-test-exchange"  # the Peer helper's credentials are for this run
 NUMEL = 600_001  # fp32 slices of ~0.8 MB

@@ -13,7 +13,7 @@ from coordinator.server import CoordinatorServer
 from coordinator.store import STORE_FILE, Store
 from tests.unit.test_history import RUN, _run_two_rounds
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 
 

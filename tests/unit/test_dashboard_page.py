@@ -25,7 +25,7 @@ from swarm.train.schedule import lr_at
 from tests.integration.test_dashboard import CHROMIUM, LAUNCH_FLAGS
 from tests.unit.test_history import RUN, _run_two_rounds
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 ROUNDS = 40
 PEER_IDS = ("p-2125bedba73c1645", "p-9f0c33e1d2a47b58")

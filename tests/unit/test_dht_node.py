@@ -17,7 +17,7 @@ import pytest
 from coordinator.dht_node import DHTNode
 from swarm.net.transport import Transport
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 ROOT = Path(__file__).resolve().parents[2]
 
 

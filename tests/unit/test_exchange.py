@@ -39,7 +39,7 @@ from swarm.net.votes import Vote, collect_votes, post_vote, vote_key
 from swarm.v1 import exchange_pb2
 from tests.unit.run_members import make_member
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 RUN_ID = "run-test-exchange"
 NUMEL = 100_003  # not divisible by 3: the slices differ in length

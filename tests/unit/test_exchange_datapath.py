@@ -15,7 +15,7 @@ from swarm.net.rendezvous import group_key
 from swarm.net.transport import Transport
 from tests.unit.test_exchange import Peer, concurrently, results_of
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 RUN_ID = "run-test-exchange"  # the Peer helper's credentials are for this run
 NUMEL = 1_000_003  # fp32 slices of ~2 MB: three chunks each, bf16 two

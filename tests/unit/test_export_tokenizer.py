@@ -19,7 +19,7 @@ from swarm.core.state import GlobalState
 from swarm.train.final_model import write_final_model
 from swarm.train.run_model import build_run_model
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = ROOT / "swarm" / "train"
 GPT2 = {"model_type": "gpt2", "n_embd": 32, "n_layer": 1, "n_head": 2, "n_positions": 64, "vocab_size": 100}

@@ -20,7 +20,7 @@ from swarm.train.initial_state import run_identity
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import member_client
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 
 RUN = RunConfig(rounds=RoundConfig(min_peers=2, max_rounds=5, inner_steps=5))

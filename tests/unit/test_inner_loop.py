@@ -12,7 +12,7 @@ from swarm.train.schedule import lr_at
 from swarm.train.sim import simulate
 from swarm.train.trainer import LocalTrainer
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]
 
 RUN = RunConfig(
     seed=0,

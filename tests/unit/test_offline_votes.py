@@ -25,9 +25,14 @@ from swarm.core.round_vote import Vote, group_id, group_key, vote_key
 from swarm.core.signed_entry import sign_entry
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import engine_join
-from tests.unit.test_rounds import FakeClock, clock  # noqa: F401 - the fixture
+from tests.unit.test_rounds import FakeClock
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
 
 
 @dataclasses.dataclass

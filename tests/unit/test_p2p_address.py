@@ -10,7 +10,7 @@ from swarm.net.p2p_address import (P2PAddress, choose_p2p_address, free_port, ma
                                    route_source_address, unreachable_sentence)
 from swarm.net.transport import Transport
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 
 def _own_address() -> str:

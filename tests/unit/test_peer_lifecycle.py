@@ -12,7 +12,7 @@ from peer.daemon import PeerState
 from swarm.config import DataConfig, ModelConfig, RoundConfig, RunConfig
 from tests.unit.fake_swarm import FakeCoordinator, FakeNet, FakeParts, PeerThread, engine_join, wait_until
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
 
 RUN = RunConfig(
     seed=0,

@@ -14,7 +14,7 @@ from swarm.train.ranks import RankSampler
 from swarm.train.trainer import LocalTrainer
 from tests.unit.test_inner_loop import RUN
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.usefixtures("one_torch_thread")]
 
 
 class _GlobalBatch:

@@ -13,7 +13,7 @@ from hivemind.p2p import P2P, P2PContext
 from swarm.net.relay import RELAYED, RelayClient, RelayServer, _frame
 from swarm.v1 import exchange_pb2
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 
 async def _node(relay: P2P | None = None) -> P2P:

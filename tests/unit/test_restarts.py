@@ -18,7 +18,7 @@ from peer.restarts import peer_processes
 
 from tests.integration.harness import poll
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 ROOT = Path(__file__).resolve().parents[2]
 
 # argv: a directory for the starts' traces, the ends of the 1st, 2nd, ... start (the last repeats), max restarts

@@ -10,7 +10,7 @@ from swarm.core.state import GlobalState
 from swarm.config import DataConfig, RunConfig
 from swarm.train.trainer import LocalTrainer
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
 
 
 def _run(codec: str = "int8") -> RunConfig:

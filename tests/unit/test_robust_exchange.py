@@ -15,7 +15,7 @@ from swarm.net.allreduce import Exchange, ExchangeFailed
 from swarm.net.rendezvous import Member, group_key
 from swarm.net.transport import Transport
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 RUN_ID = "run-test-robust-exchange"
 NUMEL = 30_001

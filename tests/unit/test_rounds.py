@@ -318,10 +318,10 @@ def test_timeout_decides_without_the_silent_participant(clock: FakeClock) -> Non
 
 def test_evicted_participant_is_not_waited_for(clock: FakeClock) -> None:
     engine = make_engine(clock, report_grace_s=TIMEOUT_S)
-    a, b = join_ready(engine), join_ready(engine)
+    a, _b = join_ready(engine), join_ready(engine)
     send(engine, a, 1, group=[a])
     assert engine.round_info(a, 1).outcome == OPEN
-    for _ in range(2):  # b goes silent for longer than its lease while a keeps beating
+    for _ in range(2):  # _b goes silent for longer than its lease while a keeps beating
         clock.now += 0.6 * LEASE_S
         beat(engine, a)
     engine.tick()

@@ -12,7 +12,7 @@ from swarm.control.client import CoordinatorBusy, CoordinatorClient
 from swarm.core.credential import PeerKey
 from tests.unit.fake_swarm import libp2p_identity
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 
 def test_the_join_limits_given_to_the_server_are_the_ones_it_enforces(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from swarm.net.rendezvous import group_key
 from swarm.train.sim import simulate
 from tests.unit.test_exchange import Peer, three_peers, concurrently, deltas, results_of
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 RUN_ID = "run-test-sparse"
 NUMEL = 100_003  # 24 full chunks and a short one

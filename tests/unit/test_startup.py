@@ -15,7 +15,7 @@ from peer.identity import fresh_libp2p_identity, make_spare_libp2p_identity
 from peer.startup import StartupClock, seconds_since_launch
 from swarm.net.libp2p_identity import IDENTITY_FILE, SPARE_FILE, Libp2pIdentity
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(30)]
 
 
 def test_the_summary_names_every_step_and_adds_up_to_the_time_since_launch():

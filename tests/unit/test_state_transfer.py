@@ -23,7 +23,7 @@ from swarm.net.transport import CHUNK_BYTES, Transport
 from swarm.v1 import exchange_pb2
 from tests.unit.run_members import make_member
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 SHAPES = [torch.Size([400, 700]), torch.Size([700]), torch.Size([3, 4, 5])]  # over 1 MiB: several chunks
 

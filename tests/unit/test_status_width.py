@@ -21,7 +21,7 @@ from swarm.config import RoundConfig, RunConfig
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import engine_join
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(30)]
 
 HASH = "9f86d081884c7d65"
 

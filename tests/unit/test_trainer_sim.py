@@ -17,7 +17,7 @@ from swarm.train.sim import main as sim_main
 from swarm.train.sim import simulate
 from swarm.train.trainer import LocalTrainer
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]
 
 
 

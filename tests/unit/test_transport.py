@@ -12,7 +12,7 @@ import pytest
 
 from swarm.net.transport import Transport, TransportStartFailed
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -20,7 +20,7 @@ from swarm.net.slice_reduction import ExchangeFailed
 from swarm.net.transport import Transport
 from swarm.net.two_level import TwoLevelExchange
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
 RUN_ID = "run-test-two-level"
 NUMEL = 50_001

@@ -14,7 +14,7 @@ from swarm.net.rendezvous import Member, group_key
 from swarm.net.transport import Transport
 from tests.unit.test_exchange import concurrently
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 RUN_ID = "run-test-unreachable"
 
 
