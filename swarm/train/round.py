@@ -164,7 +164,7 @@ class RoundResult:
     group: list[str] = field(default_factory=list)
     waited_s: float = 0.0  # how long training stood still for this round's exchange and decision
     # the round's local work that is neither inner steps nor the exchange: Δ, the outer step, its hash, the vote
-    # on disk, the commit and what it publishes (docs/BENCHMARKS.md, per-round overhead); and its evaluation
+    # on disk, the commit and what it publishes (docs/BENCHMARKS.md, "Real model sizes"); and its evaluation
     overhead_s: float = 0.0
     eval_s: float = 0.0
 
