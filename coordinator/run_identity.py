@@ -11,8 +11,10 @@ import functools
 import logging
 
 from swarm.config import ConfigError, RunConfig
+from swarm.train.data import data_vocab_size
 from swarm.train.data_fingerprint import data_fingerprint
 from swarm.train.initial_state import RunIdentity, run_identity
+from swarm.train.run_model import checked_vocab_size
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +26,30 @@ def expected_identity(run_spec_json: str) -> RunIdentity:
     logger.info("run model: fingerprint %s, initial state %s, %d parameters", identity.model_fingerprint[:16],
                 identity.initial_hash, identity.param_count)
     return identity
+
+
+def check_model(run: RunConfig) -> None:
+    """What would make every peer's model build or first step fail, found from the config alone and before the
+    data is read (which takes seconds): the model's config (``checked_vocab_size``) and its vocabulary against the
+    data's. A factory model's vocabulary is known once it is built: ``check_vocab_fits`` after ``expected_identity``."""
+    check_vocab_fits(checked_vocab_size(run.model), run)
+
+
+def check_vocab_fits(model_vocab: int | None, run: RunConfig) -> None:
+    """ConfigError when the model embeds fewer token ids than the data is drawn from: each peer would refuse to
+    train it (``swarm.train.data.check_vocab``), so the coordinator refuses to serve it."""
+    data_vocab = data_vocab_size(run.data)
+    if model_vocab is None or data_vocab is None or model_vocab >= data_vocab:
+        return
+    change = {"hf": "the hf_config's vocab_size", "factory": "the factory model's embedding size",
+              "preset": "[model] vocab_size"}[run.model.kind]
+    if run.data.kind == "tokenized":
+        raise ConfigError(f"the model's vocabulary ({model_vocab} ids) is smaller than the tokenizer's ({data_vocab}"
+                          f" ids, [data] tokenizer {run.data.tokenizer}), so no peer could train it; set {change} to at"
+                          f" least {data_vocab}, or use a tokenizer of at most {model_vocab} ids.")
+    raise ConfigError(f"the model's vocabulary ({model_vocab} ids) is smaller than the {data_vocab} byte values the"
+                      f" data is read as, so no peer could train it; set {change} to at least {data_vocab}, or give"
+                      f" [data] a tokenizer of at most {model_vocab} ids.")
 
 
 def with_data_fingerprint(run: RunConfig) -> RunConfig:

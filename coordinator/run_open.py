@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from coordinator import tokens
 from coordinator.records import COMMITTED, RunRecord
-from coordinator.run_identity import expected_identity, with_data_fingerprint
+from coordinator.run_identity import check_model, check_vocab_fits, expected_identity, with_data_fingerprint
 from coordinator.store import Store
 from swarm.config import ConfigError, RunConfig
 
@@ -26,12 +26,14 @@ def open_run(store: Store, given: Optional[RunConfig], *, check_config: bool, no
     (``check_config`` False)."""
     run = store.get_run()
     if given is not None:
+        check_model(given)  # a mistake in [model] is reported before the data is read (seconds)
         given = with_data_fingerprint(given)  # every peer gets the spec with it and checks its own data
         _warn_special_tokens(given)
     if run is None:
         if given is None:
             raise ConfigError("this state directory holds no run yet; give --config to start one.")
         identity = expected_identity(given.to_json())
+        check_vocab_fits(identity.vocab_size, given)  # a factory model's, known once it is built
         run = RunRecord(run_id="run-" + secrets.token_hex(6), token=secrets.token_urlsafe(24),
                         run_spec_json=given.to_json(), created_at=now, model_fingerprint=identity.model_fingerprint,
                         initial_hash=identity.initial_hash, param_count=identity.param_count)

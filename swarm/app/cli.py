@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from swarm.config import ConfigError, RunConfig, load_run_config
+from swarm.config.model_sources import check_model_sources
 from swarm.config.rounds_config import simulator_only
 from swarm.app.flag_validation import validate_args
 from swarm.net.tcp_congestion import CONGESTION_CONTROL, SYSTEM
@@ -51,6 +52,7 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
     run = _run_config(args)  # config mistakes are reported before the slow imports
+    check_model_sources(run.model)  # a misspelt hf_config path or factory module too (the rest: before the data)
     if simulator_only(run.rounds.codec):
         raise ConfigError(f"[rounds] codec {run.rounds.codec} runs only in the simulator so far (python -m swarm.train.sim,"
                           " scripts/bench_quality.py); a real swarm cannot exchange it yet: choose int4 or sign.")

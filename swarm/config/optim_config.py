@@ -112,7 +112,7 @@ class OuterOptConfig:
         for key, value in self.options.items():
             for number in value if isinstance(value, list) else [value]:
                 check_range("outer.options", key, number, -1e12, 1e12)
-        if self.name not in outer_optimizer_names():
+        if self.name != NESTEROV and self.name not in outer_optimizer_names():  # the default imports no torch
             raise ConfigError(f"[outer] name {self.name!r} is unknown; choose one of {outer_optimizer_names()}.")
         if self.name == NESTEROV:
             if self.options:

@@ -49,6 +49,18 @@ def check_vocab(model_vocab: int | None, corpus: "ByteCorpus | TokenCorpus") -> 
                           f" {model_vocab} ids; set the model's vocab_size to at least {corpus.min_vocab_size}.")
 
 
+def data_vocab_size(cfg: DataConfig) -> int | None:
+    """The number of token ids the data is drawn from, known without reading it: 256 for text read as bytes, the
+    tokenizer's vocabulary for text through one; None for token files (only reading them tells)."""
+    if cfg.kind == "bytes":
+        return ByteCorpus.vocab_size
+    if cfg.kind == "tokenized":
+        from swarm.train.tokenized_text import load_tokenizer
+
+        return load_tokenizer(cfg.tokenizer).get_vocab_size(with_added_tokens=True)
+    return None
+
+
 def shard_index_for_peer(peer_index: int, num_shards: int) -> int:
     return peer_index % num_shards
 

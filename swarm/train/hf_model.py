@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from swarm.config import ConfigError
+from swarm.config.model_sources import hf_config_dict
 from swarm.train.model import PortableNormals
 
 log = logging.getLogger(__name__)
@@ -29,25 +30,6 @@ def _transformers():
         raise ConfigError(HF_MISSING) from None
     transformers.logging.set_verbosity_error()  # its config warnings are not the user's mistakes here
     return transformers
-
-
-def hf_config_dict(spec: Any) -> dict[str, Any]:
-    """The config as a dict: ``spec`` is an inline table or the path of a config.json."""
-    if isinstance(spec, dict):
-        config = dict(spec)
-    else:
-        path = Path(spec)
-        if path.is_dir():
-            path = path / "config.json"
-        try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"[model] hf_config {str(spec)!r} does not exist; give a config.json path.") from None
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"[model] hf_config {str(spec)!r} is not a readable config.json ({e}).") from None
-    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
-        raise ConfigError("[model] hf_config needs a model_type (e.g. \"llama\", \"gpt2\"); add it to the config.")
-    return config
 
 
 def hf_auto_config(spec: Any):

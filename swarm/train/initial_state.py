@@ -26,11 +26,13 @@ class RunIdentity:
     model_fingerprint: str
     initial_hash: str
     param_count: int
+    vocab_size: int | None = None  # the token ids the model embeds (None: unknown)
 
 
 def run_identity(run: RunConfig) -> RunIdentity:
     """The fingerprint, θ0 hash and size of the model every peer of ``run`` builds."""
-    model = build_run_model(run.model, seed=run.seed).module
+    built = build_run_model(run.model, seed=run.seed)
+    model = built.module
     outer = OuterOptimizer(run.outer, [p.shape for p in model.parameters()])
     return RunIdentity(model_fingerprint=model_fingerprint(model), initial_hash=initial_state(model, outer).state_hash,
-                       param_count=sum(p.numel() for p in model.parameters()))
+                       param_count=sum(p.numel() for p in model.parameters()), vocab_size=built.vocab_size)

@@ -22,7 +22,7 @@ from torch import nn
 
 from swarm.config import ConfigError, ModelConfig
 from swarm.train import hf_model
-from swarm.train.model import GPT, build_model
+from swarm.train.model import GPT, VOCAB_SIZE, build_model
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
@@ -73,6 +73,20 @@ def _factory_model(cfg: ModelConfig, seed: int) -> RunModel:
     embedding = next((m for m in module.modules() if isinstance(m, nn.Embedding)), None)
     return RunModel(module=module.float(), loss=loss, context=None,
                     vocab_size=embedding.num_embeddings if embedding is not None else None)
+
+
+def checked_vocab_size(cfg: ModelConfig) -> int | None:
+    """The number of token ids the model ``cfg`` describes embeds, known without building it (None for a factory
+    model: only its build tells); ConfigError, in one sentence, when the build would fail on the config itself (an
+    hf_config transformers does not know, a factory or loss that cannot be imported). Quick next to a build."""
+    if cfg.kind == "hf":
+        return int(hf_model.hf_auto_config(cfg.hf_config).vocab_size)
+    if cfg.kind == "factory":
+        import_hook(cfg.factory, "factory")
+        if cfg.loss:
+            import_hook(cfg.loss, "loss")
+        return None
+    return cfg.vocab_size or VOCAB_SIZE
 
 
 def build_run_model(cfg: ModelConfig, *, seed: int) -> RunModel:
