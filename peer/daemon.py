@@ -27,6 +27,7 @@ import torch
 from peer import identity
 from peer.backlog import report_backlog
 from peer.coordinator_link import CoordinatorLink, Departed, PeerExit
+from peer.final_file import final_model_path, set_aside, warn_if_other_run
 from peer.heartbeat import HeartbeatThread
 from peer.options import PeerOptions
 from peer.parts import PeerParts
@@ -173,6 +174,7 @@ class PeerDaemon:
         self.run_id, self.run_config = joined.run_id, RunConfig.from_json(joined.run_spec_json)
         logger.info("%s joined run %s as peer index %d%s", self.tag(), joined.run_id, joined.peer_index,
                     f" (restarted: session {joined.session})" if joined.session > 1 else "")
+        warn_if_other_run(o.state_dir, self.run_id, self.run_config, self.tag())  # its final model is replaced
         # heartbeats start now: building the model and the transport takes longer than a short lease
         self.heartbeat = HeartbeatThread(self.client, self.peer_id, self.stats, self.stop,
                                          interval_s=joined.heartbeat_interval_s, faults=o.faults,
@@ -331,8 +333,11 @@ class PeerDaemon:
 
     def write_final(self) -> None:
         trainer = self.runner.trainer
-        path = self.options.state_dir / "final" / "model.safetensors"
-        write_final_model(path, trainer.model, trainer.state, run=trainer.run)
+        path = final_model_path(self.options.state_dir)
+        aside = set_aside(path, self.run_id, trainer.run)  # another run's final model is kept, not overwritten
+        if aside is not None:
+            logger.info("%s kept the earlier run's final model as %s", self.tag(), aside)
+        write_final_model(path, trainer.model, trainer.state, run=trainer.run, run_id=self.run_id)
         logger.info("%s run finished at round %d; wrote %s", self.tag(), trainer.round_no, path)
 
     def departed(self) -> int:

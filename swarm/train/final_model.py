@@ -2,8 +2,8 @@
 
 Tensor names are the module's own ``state_dict`` names (a Hugging Face model's are its own), parameters
 holding θg, so ``model.load_state_dict`` takes the file as it is; tied weights appear under each of their names.
-The metadata holds the round, the state hash, the run spec and, for a Hugging Face model, its config (what
-``swarm export`` needs). Helpers here read it back: a digest to compare peers, and its held-out eval loss.
+The metadata holds the round, the state hash, the run spec, the run id (a peer's) and, for a Hugging Face model,
+its config (what ``swarm export`` needs). Helpers here read it back: a digest to compare peers, and its held-out eval loss.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from swarm.core.state import GlobalState, write_safetensors
 
 HF_CONFIG_KEY = "hf_config"
 RUN_SPEC_KEY = "run_spec"
+RUN_ID_KEY = "run_id"  # the coordinator's id of the run (a peer's final model): another run's file is set aside
 
 
 def final_tensors(model: nn.Module, state: GlobalState) -> dict[str, torch.Tensor]:
@@ -30,13 +31,16 @@ def final_tensors(model: nn.Module, state: GlobalState) -> dict[str, torch.Tenso
             for name, value in model.state_dict(keep_vars=True).items()}
 
 
-def write_final_model(path: Path, model: nn.Module, state: GlobalState, *, run: RunConfig | None = None) -> None:
+def write_final_model(path: Path, model: nn.Module, state: GlobalState, *, run: RunConfig | None = None,
+                      run_id: str | None = None) -> None:
     """θg under the model's state_dict names (``model.load_state_dict`` takes it), written atomically, straight
     from the tensors' memory (``swarm.core.state.write_safetensors``: no copy of the model is made). The header
     lists the tensors and the metadata in a fixed order, so peers holding the same θg write the same bytes."""
     metadata = {"round_no": str(state.round_no), "state_hash": state.state_hash}
     if run is not None:
         metadata[RUN_SPEC_KEY] = run.to_json()
+    if run_id is not None:
+        metadata[RUN_ID_KEY] = run_id
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "to_json_string"):
         metadata[HF_CONFIG_KEY] = config.to_json_string(use_diff=False)

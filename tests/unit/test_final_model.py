@@ -32,3 +32,15 @@ def test_peers_holding_the_same_global_parameters_write_byte_identical_final_mod
         assert f.metadata()["round_no"] == "40" and RunConfig.from_json(f.metadata()["run_spec"]) == run
     loaded = load_into_model(paths[0], run)  # what `swarm export` and users load
     assert all(torch.equal(a, b) for a, b in zip(loaded.parameters(), state.params))
+
+
+def test_a_peers_final_model_names_its_run_and_nothing_else_changes(tmp_path: Path) -> None:
+    run = RunConfig.from_dict({"model": {"preset": "bench"}})
+    model = build_run_model(run.model, seed=0).module
+    state = GlobalState(3, [p.detach().clone() for p in model.parameters()], [])
+    write_final_model(tmp_path / "named.safetensors", model, state, run=run, run_id="run-0123456789ab")
+    write_final_model(tmp_path / "plain.safetensors", model, state, run=run)
+    with safe_open(str(tmp_path / "named.safetensors"), "pt") as named, \
+            safe_open(str(tmp_path / "plain.safetensors"), "pt") as plain:
+        assert named.metadata() == {**plain.metadata(), "run_id": "run-0123456789ab"}
+    assert tensors_digest(tmp_path / "named.safetensors") == tensors_digest(tmp_path / "plain.safetensors")

@@ -4,6 +4,7 @@ state, through a coordinator outage, a late join, a groupmate that leaves mid-ru
 end. The same scenarios with real processes and hivemind are in tests/integration."""
 
 import dataclasses
+import logging
 
 import pytest
 
@@ -142,6 +143,26 @@ def test_a_peer_still_behind_when_the_run_finishes_gets_the_final_state(tmp_path
     assert finish(a, b, late) == [0, 0, 0]
     assert len({p.trainer.state.state_hash for p in (a, b, late)}) == 1 and late.trainer.round_no == 3
     assert (tmp_path / "late" / "final" / "model.safetensors").exists()
+
+
+def test_a_peer_that_finishes_a_second_run_in_the_same_state_dir_keeps_the_first_runs_final_model(tmp_path, caplog):
+    """Run 1 ends with its final model in a/final; run 2 (another coordinator) with the same --state-dir warns at
+    join and moves run 1's file aside to model.<run 1's id>.safetensors when it writes its own."""
+    from swarm.train.final_model import tensors_digest
+
+    one = RUN.replace(rounds=RoundConfig(inner_steps=2, max_rounds=1, min_peers=1))
+    first, parts = swarm(one)
+    assert finish(start(parts, tmp_path, "a")) == [0]
+    final = tmp_path / "a" / "final" / "model.safetensors"
+    first_id, first_digest = first.engine.run.run_id, tensors_digest(final)
+    second, parts = swarm(one.replace(seed=1))
+    with caplog.at_level(logging.INFO, logger="peer"):
+        assert finish(start(parts, tmp_path, "a")) == [0]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and warned[0].endswith(f"] {final} holds run {first_id}'s final model; it will be replaced"
+                                                   " when this run finishes — use another --state-dir to keep it")
+    assert tensors_digest(final.with_name(f"model.{first_id}.safetensors")) == first_digest
+    assert tensors_digest(final) != first_digest and second.engine.run.run_id != first_id
 
 
 def _plan(spec: str):
