@@ -31,6 +31,7 @@ from peer.final_file import final_model_path, set_aside, warn_if_other_run
 from peer.heartbeat import HeartbeatThread
 from peer.options import PeerOptions
 from peer.parts import PeerParts
+from peer.progress import RoundProgress
 from peer.resume import checkpoint_dir
 from peer.round_hooks import PeerHooks
 from peer.round_log import RoundLog
@@ -187,7 +188,9 @@ class PeerDaemon:
                                                                         identity=libp2p, member=self.link.member))
         trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=o.device, ranks=self.ranks)
         trainer.throttle = o.faults.throttle(lambda: max(1, self.stats.metrics().round))  # slow@R (and its probe)
-        trainer.clock = lambda seconds: self.stats.add(inner_time_s=seconds)  # utilization to a step, not a round
+        # utilization to a step, not a round; and a progress line every 30 s in a round that trains for longer
+        self.progress = RoundProgress(trainer, tag=self.tag, inner=lambda seconds: self.stats.add(inner_time_s=seconds))
+        self.progress.watch(trainer)
         self.clock.mark("trainer")
         self.probe = StepProbe(trainer, report=self.stats.probed)  # a far slower device: a smaller round 1 budget
         self.probe.run()
@@ -224,7 +227,7 @@ class PeerDaemon:
                                   passed_over=lambda r: self.link.passed_over(r, self.heartbeat.heard,
                                                                               trainer.local_step_time_s or float("nan")),
                                   merge_when_ready=self.run_config.rounds.controller == "auto",
-                                  budget=lambda r: self.link.budget(r, self.runner.full_speed(r)))
+                                  budget=lambda r: self.progress.planned(r, self.link.budget(r, self.runner.full_speed(r))))
         self.stats.update(model_fingerprint=trainer.fingerprint, param_count=trainer.param_count,
                           dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs))
         self.clock.overlap(lambda: self.stats.update(rtt_ms=group.probe_rtt_ms()), name="swarm-rtt-probe")

@@ -5,6 +5,7 @@ end. The same scenarios with real processes and hivemind are in tests/integratio
 
 import dataclasses
 import logging
+import re
 
 import pytest
 
@@ -163,6 +164,19 @@ def test_a_peer_that_finishes_a_second_run_in_the_same_state_dir_keeps_the_first
                                                    " when this run finishes — use another --state-dir to keep it")
     assert tensors_digest(final.with_name(f"model.{first_id}.safetensors")) == first_digest
     assert tensors_digest(final) != first_digest and second.engine.run.run_id != first_id
+
+
+def test_a_peer_logs_its_progress_within_a_round_that_trains_longer_than_the_interval(tmp_path, caplog, monkeypatch):
+    """With the interval (30 s) at 0 every inner step is past it: the peer's round budget and its trainer's clock
+    reach the progress line, which names the round and counts its steps."""
+    import peer.progress
+
+    monkeypatch.setattr(peer.progress, "PROGRESS_EVERY_S", 0.0)
+    _, parts = swarm(RUN.replace(rounds=RoundConfig(inner_steps=4, max_rounds=1, min_peers=1)))
+    with caplog.at_level(logging.INFO, logger="peer.progress"):
+        assert finish(start(parts, tmp_path, "a")) == [0]
+    lines = [re.sub(r"^\[p-[0-9a-f]+ ", "[p ", r.getMessage()) for r in caplog.records if r.name == "peer.progress"]
+    assert [line.split(",")[0] for line in lines] == [f"[p r1] training: step {n} of 4" for n in (1, 2, 3, 4)]
 
 
 def _plan(spec: str):
