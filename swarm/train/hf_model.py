@@ -37,6 +37,9 @@ def hf_auto_config(spec: Any):
     transformers = _transformers()
     config = hf_config_dict(spec)
     kwargs = {k: v for k, v in config.items() if k != "model_type"}
+    if config["model_type"] not in transformers.CONFIG_MAPPING:  # its error lists every one of ~800 names
+        raise ConfigError(f"[model] hf_config model_type {config['model_type']!r} is not one transformers"
+                          f" {transformers.__version__} knows; check its spelling (e.g. \"llama\", \"gpt2\").")
     try:
         return transformers.AutoConfig.for_model(config["model_type"], **kwargs)
     except (ValueError, KeyError, TypeError) as e:

@@ -75,13 +75,13 @@ def _open(tmp_path: Path, run: RunConfig) -> RunConfig:
 
 
 @pytest.mark.parametrize("model, words", [
-    ({"hf_config": {"model_type": "gpt2x"}}, "[model] hf_config is not a config transformers knows"),
+    ({"hf_config": {"model_type": "gpt2x"}}, "[model] hf_config model_type 'gpt2x' is not one transformers"),
     ({"factory": "json:nothere"}, "[model] factory 'json:nothere': json has no function 'nothere'; check the name."),
 ])
 def test_what_only_the_import_tells_is_reported_before_the_data_is_read(tmp_path, data_unread, model, words):
     with pytest.raises(ConfigError) as refused:
         _open(tmp_path, RunConfig.from_dict({"model": model}))
-    assert words in str(refused.value)
+    assert str(refused.value).startswith(words) and len(str(refused.value)) < 200
 
 
 def _tokenizer(path: Path, size: int) -> str:
