@@ -57,6 +57,13 @@ def supervise(tmp_path: Path, ends: str, max_restarts: int) -> subprocess.Popen:
                             env=dict(os.environ, PYTHONPATH=str(ROOT)), stderr=subprocess.PIPE, text=True)
 
 
+def _ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def starts(tmp_path: Path) -> int:
     return len([p for p in (tmp_path / "starts").iterdir() if p.name.startswith("start-")])
 
@@ -97,6 +104,9 @@ def test_a_peer_process_that_keeps_dying_at_once_is_restarted_after_growing_wait
 def test_sigterm_during_a_wait_before_a_restart_ends_the_supervision_at_once(tmp_path: Path) -> None:
     proc = supervise(tmp_path, "kill", 10)  # waits 0, 1, then 2 s before the 2nd, 3rd and 4th start
     poll(lambda: starts(tmp_path) == 3, timeout_s=20, what="the third start")
+    third = int((tmp_path / "starts" / "start-2").read_text())
+    # the third process has ended (killed itself): the supervisor is now in its 2 s wait, not forwarding the signal
+    poll(lambda: _ended(third), timeout_s=20, what="the third start's end")
     signalled = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=30)
