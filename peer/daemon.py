@@ -43,7 +43,7 @@ from swarm.control.client import CoordinatorRejected, CoordinatorUnreachable
 from swarm.train.final_model import write_final_model
 from swarm.train.ranks import Ranks
 from swarm.train.round import Outcome, Pending, RoundResult, RoundRunner
-from swarm.train.step_probe import StepProbe
+from swarm.train.step_probe import SLOW_PASS_S, StepProbe
 from swarm.train.trainer import LocalTrainer
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -200,6 +200,8 @@ class PeerDaemon:
         self.clock.mark("DHT")
         self.store.install(trainer.state)
         self.initial_eval_due = joined.round.last_committed_round == 0  # a joiner of a run under way syncs first
+        if self.probe.best is not None and self.probe.best < SLOW_PASS_S:
+            self.evaluate_initial()  # a small model's takes a moment: at once, before its first round
         self.heartbeat.beat_now()
 
     def build_round(self, trainer: LocalTrainer, joined: pb.JoinResponse) -> None:
@@ -255,9 +257,9 @@ class PeerDaemon:
             self.evaluate_initial()  # the main thread only waits for the exchange here; θg is θ0 until it commits
 
     def evaluate_initial(self) -> None:
-        """θ0's evaluation, while the first round's exchange runs (the main thread only waits for it then)
-        rather than before the first step: at a real model size it takes seconds, and a peer evaluating when
-        its first round opens starts it late."""
+        """θ0's evaluation: at once for a small model (a step probed under ``SLOW_PASS_S``), else while the first
+        round's exchange runs (the main thread only waits for it then) rather than before the first step: at a
+        real model size it takes seconds, and a peer evaluating when its first round opens starts it late."""
         if not self.initial_eval_due:
             return
         self.initial_eval_due = False

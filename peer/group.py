@@ -9,12 +9,15 @@ import math
 import statistics
 from typing import Callable, Mapping, Optional
 
+import torch
+
 from peer.coordinator_link import GroupDecided
 from peer.faults import FaultPlan
 from swarm.config import RunConfig
 from swarm.config.run import CODEC_NAMES
 from swarm.core import credential
 from swarm.core.aggregation import Aggregation
+from swarm.core.codec import get_codec
 from swarm.core.wire_protocol import PROTOCOL
 from swarm.net.allreduce import Exchange, ExchangeFailed
 from swarm.net.dht_entries import guard
@@ -25,9 +28,12 @@ from swarm.net.transport import Transport
 from swarm.net.two_level import TwoLevelExchange, bytes_by_site
 from swarm.net.votes import Vote as DhtVote
 from swarm.net.votes import MAX_SENT_VOTES, collect_votes, group_decision, group_id, post_vote
+from swarm.train.host_memory import release_free_memory
 from swarm.train.round import Averaged, SyncFailed, Vote
 from swarm.train.trainer import Contribution
 from swarm.v1 import coordinator_pb2 as pb
+
+SENT = torch.empty(0)  # a contribution's Δ once the exchange sent it and nothing reads it again
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +113,12 @@ class DhtGroup:
         scale = participation_scale(group)
         average = result.average if scale == 1.0 else result.average.mul_(scale)  # in place: no second Δ̄
         in_site, cross_site = bytes_by_site(result, group, me)
+        if get_codec(codec).lossless and contribution.lowrank is None:
+            # nothing reads Δ again (a lossless codec leaves error feedback nothing to keep): a model's worth of
+            # memory freed before the outer step and the vote, with what the exchange let go of
+            contribution.delta = SENT
+            del delta
+        release_free_memory()
         logger.info("[%s r%d] averaged fragment %d with %d peers in %.2fs (%s, %d bytes sent: %d in-site, %d "
                     "cross-site)%s", self.peer_id, round_no, contribution.fragment, len(group), result.seconds, codec,
                     result.bytes_sent, in_site, cross_site,
