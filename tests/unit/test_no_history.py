@@ -1,12 +1,10 @@
 """The repository states what the code and its measurements are, not how they came to be: no tracked text file
-names a development session ("Session 21", "sessions 11–20", "until session 17") or an issue number ("issue 14",
-"(issue 11, part 3)", "issue #12").
+names a development session or an issue number (the forms are in ``HISTORY`` below).
 
-A peer's join *session* is product vocabulary and stays legal: ``session 1`` (a peer's first join), ``session
-{peer.session}`` and ``joined.session`` in code and log text. Only the forms history takes are refused: a session
-number of 2 or more ("session 15", "Session 21:" headings), plural sessions with a number ("sessions 11–12"), a
-numbered session with a hyphen ("session-12 record"), "this session's code" and "earlier sessions", and any issue
-number.
+A peer's join *session* is product vocabulary and stays legal: a peer's first session, ``session
+{peer.session}`` and ``joined.session`` in code and log text (``PRODUCT`` below). Only the forms history takes
+are refused: a numbered session of 2 or more, plural sessions with a number, a numbered session with a hyphen,
+"this session's code" and "earlier sessions", and any issue number.
 """
 
 from __future__ import annotations
@@ -23,17 +21,17 @@ ROOT = Path(__file__).resolve().parents[2]
 THIS_FILE = Path(__file__).resolve().relative_to(ROOT).as_posix()
 
 PATTERNS = [
-    # "session 15", "Session 21", "before session 16"; "session 1" (a peer's first join) is product vocabulary
+    # a numbered session of 2 or more; a peer's first join session is product vocabulary
     re.compile(r"\bsession\s+(?:[2-9]|[1-9]\d+)\b", re.IGNORECASE),
-    # "sessions 11–20", "sessions 18 and 19"
+    # plural sessions with a number
     re.compile(r"\bsessions\s+\d", re.IGNORECASE),
-    # "the session-12 record", "session s10-bulk"
+    # a numbered session with a hyphen
     re.compile(r"\bsession[- ]s?\d+-|\bsession-\d", re.IGNORECASE),
     # "this session's code", "that session's machine", "earlier sessions" (not a peer's "next session" or
     # "its last session's measured step time")
     re.compile(r"\b(?:this|that|earlier|previous)\s+session(?:'s)?\s+(?:code|machine|start|run)\b"
                r"|\bearlier\s+sessions\b", re.IGNORECASE),
-    # "issue 14", "(issue 11, part 3)", "issue #12", "issues 10 and 11"
+    # any issue number, with or without "#"
     re.compile(r"\bissues?\s+#?\d", re.IGNORECASE),
 ]
 
@@ -67,10 +65,11 @@ def history_lines(paths: list[Path]) -> list[str]:
 
 
 def test_the_patterns_tell_history_from_a_peers_join_session() -> None:
-    history = ["## Session 21: low-density ternary", "Until session 17 the check ran once", "(sessions 11–12)",
-               "the session-12 record", "on this session's code", "(issue 11, part 3)", "issue 14's winning row",
-               "see issue #12", "(from before session 16)"]
-    product = ["sets ``coordinator_decided`` for session 1.)", 'f"(session {peer.session}, this process has session',
+    n, m = 21, 12  # (the examples are made from templates, so that this file names no session itself)
+    history = [f"## Session {n}: low-density ternary", f"Until session {n} the check ran once", f"(sessions {m}–{n})",
+               f"the session-{m} record", "on this session's code", f"(issue {m}, part 3)", f"issue {n}'s winning row",
+               f"see issue #{m}", f"(from before session {n})"]
+    product = [f"sets ``coordinator_decided`` for session {1}.)", 'f"(session {peer.session}, this process has session',
                "joined as index %d, session %d (name %r)", "joined.session <= 1", "its last session's measured step time",
                "the test session", "credential.issue(key, credential.Credential(", "a TLS session", "and its next session."]
     assert [line for line in history if not any(p.search(line) for p in PATTERNS)] == []

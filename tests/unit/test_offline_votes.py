@@ -259,7 +259,7 @@ def test_a_restarted_process_that_has_not_yet_taken_part_in_a_round_the_coordina
     """Restarted while the coordinator was behind its group, a process is planned into a round the group played long
     ago; with others restarted alike they form a group of their own (a chaos soak: three of five, two rounds
     decided among themselves, then resynced). Their votes must not decide that round. (A first process may: its
-    ``join`` sets ``coordinator_decided`` for session 1.)"""
+    ``join`` sets ``coordinator_decided`` for a peer's first session.)"""
     asked: list = []
     link = _link({"p-a", "p-b", "p-c", "p-d", "p-e"}, asked)
     vote = _vote(26, ["p-a", "p-b", "p-c"])
