@@ -117,7 +117,6 @@ class DhtGroup:
             # nothing reads Δ again (a lossless codec leaves error feedback nothing to keep): a model's worth of
             # memory freed before the outer step and the vote, with what the exchange let go of
             contribution.delta = SENT
-            del delta
         release_free_memory()
         logger.info("[%s r%d] averaged fragment %d with %d peers in %.2fs (%s, %d bytes sent: %d in-site, %d "
                     "cross-site)%s", self.peer_id, round_no, contribution.fragment, len(group), result.seconds, codec,

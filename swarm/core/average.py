@@ -45,6 +45,19 @@ def pseudo_gradient(global_params: Sequence[torch.Tensor], local_params: Sequenc
     return out
 
 
+def flat_pseudo_gradient(global_params: Sequence[torch.Tensor], local_params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``flatten(pseudo_gradient(...))`` with the same one subtraction per element, written straight into the one
+    flat vector (no per-tensor copies beside it)."""
+    if len(global_params) != len(local_params):
+        raise ValueError(f"got {len(global_params)} global and {len(local_params)} local tensors.")
+    flat = torch.empty(sum(g.numel() for g in global_params), dtype=_F32)
+    for out, g, l in zip(unflatten(flat, global_params), global_params, local_params):
+        if g.shape != l.shape:
+            raise ValueError(f"global and local tensor shapes differ: {tuple(g.shape)} vs {tuple(l.shape)}.")
+        torch.sub(as_cpu_f32(g), as_cpu_f32(l), out=out)
+    return flat
+
+
 def check_contributions(contributions: Sequence[torch.Tensor], weights: Sequence[float]) -> None:
     """ValueError unless there is one positive finite weight per contribution and the contributions are
     fp32 tensors of one shape."""

@@ -260,13 +260,8 @@ class LocalTrainer:
 
     def pseudo_gradient(self, fragment: int | None = None) -> torch.Tensor:
         """Δ = θg − θl over ``fragment``'s spans (default: all), flattened to one fp32 CPU vector."""
-        global_parts = spans.gather(self.global_params, self._spans(fragment))
-        local_parts = self.local_params(fragment)
-        flat = torch.empty(sum(g.numel() for g in global_parts), dtype=torch.float32)
-        # average.pseudo_gradient's one subtraction per element, written straight into the flat vector
-        for out, g, l in zip(average.unflatten(flat, global_parts), global_parts, local_parts, strict=True):
-            torch.sub(g, l, out=out)
-        return flat
+        return average.flat_pseudo_gradient(spans.gather(self.global_params, self._spans(fragment)),
+                                            self.local_params(fragment))
 
     def take_contribution(self, fragment: int | None = None) -> Contribution:
         """At a sync point: Δ of ``fragment`` (None: the only one) plus its error-feedback residual, and
@@ -357,7 +352,6 @@ class LocalTrainer:
         keep_unsent = self.run.rounds.keep_unsent_locally and self.error_feedback is not None
         if self.mixing_alpha == 0.0 and not keep_unsent:  # plain replacement: θg's bits copied straight into θl
             spans.write(self._params, fragment_spans, spans.gather(self.global_params, fragment_spans))
-            release_free_memory()  # the round's buffers (Δ, the exchange's) are gone: their memory back too
             return
         merged = fragments.merge_fragment(self.local_params(fragment), spans.gather(self.global_params, fragment_spans),
                                           self.mixing_alpha)

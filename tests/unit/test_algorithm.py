@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swarm.config import outer_optimizer_names
-from swarm.core.average import butterfly_bytes_sent, butterfly_reference, flatten, part_bounds, pseudo_gradient, unflatten, weighted_average
+from swarm.core.average import butterfly_bytes_sent, butterfly_reference, flat_pseudo_gradient, flatten, part_bounds, pseudo_gradient, unflatten, weighted_average
 from swarm.core.outer import OuterOptimizer, outer_step
 from swarm.core.state import state_hash
 from swarm.core.codec import CODECS
@@ -63,6 +63,13 @@ def test_weighted_average_refuses_bad_weights(weights):
     cs = [torch.ones(3), torch.ones(3)]
     with pytest.raises(ValueError):
         weighted_average(cs, weights)
+
+
+def test_the_flat_pseudo_gradient_is_the_flattened_one_bit_for_bit():
+    gen = torch.Generator().manual_seed(0)
+    g = [torch.randn(3, 4, generator=gen), torch.randn(5, generator=gen)]
+    l = [torch.randn(3, 4, generator=gen), torch.randn(5, generator=gen)]
+    assert torch.equal(flat_pseudo_gradient(g, l), flatten(pseudo_gradient(g, l)))
 
 
 def test_pseudo_gradient_is_global_minus_local_in_new_tensors():
