@@ -396,24 +396,16 @@ class LocalTrainer:
         return None if not t else self.tokens_per_step / t
 
     def eval_loss(self) -> float:
-        """Held-out loss of θg (not θl); the model's local parameters are restored afterwards."""
+        """Held-out loss of θg (not θl): θg's tensors stand in for θl's while it evaluates (on the CPU θg's own
+        memory, no copy; on another device a copy there), then θl's are put back."""
         d = self.run.data
+        local = [p.data for p in self._params]
         with torch.no_grad():
-            if self.device.type == "cpu":  # θg's own tensors stand in for θl's while it evaluates: no copy
-                local = [p.data for p in self._params]
-                try:
-                    for p, g in zip(self._params, self.global_params):
-                        p.data = g
-                    return eval_loss(self.model, self.corpus, batch_size=d.batch_size,
-                                     seq_len=d.seq_len, num_batches=d.eval_batches, loss=self.loss_fn)
-                finally:
-                    for p, t in zip(self._params, local):
-                        p.data = t
-            saved = [p.detach().clone() for p in self._params]
-            self.load_global_into_model()
             try:
+                for p, g in zip(self._params, self.global_params):
+                    p.data = g.to(p.device)
                 return eval_loss(self.model, self.corpus, batch_size=d.batch_size,
                                  seq_len=d.seq_len, num_batches=d.eval_batches, loss=self.loss_fn)
             finally:
-                for p, s in zip(self._params, saved):
-                    p.copy_(s)
+                for p, t in zip(self._params, local):
+                    p.data = t
