@@ -207,113 +207,128 @@ def download_state(
 
 async def _fetch(transport: Transport, holders: Sequence[str], handler: str, round_no: int, expected_hash: str,
                  errors: list[str], *, credential: bytes, max_bytes: int) -> np.ndarray:
-    async def request(holder: str, offset: int, length: int, **bulk) -> exchange_pb2.StateChunk:
-        chunk = await transport.p2p.call_protobuf_handler(
-            PeerID.from_base58(holder), handler,
-            exchange_pb2.StateRequest(round=round_no, offset=offset, length=length, credential=credential, **bulk),
+    return await _Download(transport, handler, round_no, expected_hash, errors, credential=credential,
+                           max_bytes=max_bytes).run(holders)
+
+
+class _Download:
+    """One download of a state: ranges of it taken by ``WINDOW`` workers per holder, each landing in one buffer
+    (over the bulk channel when the holder can reach it, else in libp2p chunks). Runs on the transport's loop."""
+
+    def __init__(self, transport: Transport, handler: str, round_no: int, expected_hash: str, errors: list[str], *,
+                 credential: bytes, max_bytes: int) -> None:
+        self.transport, self.handler, self.round_no, self.expected_hash = transport, handler, round_no, expected_hash
+        self.errors, self.credential, self.max_bytes = errors, credential, max_bytes
+        self.key = f"state/{round_no}/{os.urandom(8).hex()}"  # this download's claims on the bulk channel
+        self.parts = itertools.count()
+        self.done = False  # set when ``run`` returns: no frame still on its way may write into the buffer after that
+        self.in_flight = 0
+        self.changed = asyncio.Condition()  # a range was taken, or handed back
+        self.todo: collections.deque = collections.deque()
+        self.total, self.channel, self.buffer = 0, None, None
+
+    async def request(self, holder: str, offset: int, length: int, **bulk) -> exchange_pb2.StateChunk:
+        chunk = await self.transport.p2p.call_protobuf_handler(
+            PeerID.from_base58(holder), self.handler,
+            exchange_pb2.StateRequest(round=self.round_no, offset=offset, length=length, credential=self.credential,
+                                      **bulk),
             exchange_pb2.StateChunk,
         )
         if chunk.error:
             raise RuntimeError(chunk.error)
-        if chunk.state_hash != expected_hash:
-            raise RuntimeError(f"served hash {chunk.state_hash}, committed is {expected_hash}")
+        if chunk.state_hash != self.expected_hash:
+            raise RuntimeError(f"served hash {chunk.state_hash}, committed is {self.expected_hash}")
         return chunk
 
-    # a zero-length probe: which holders serve this state, and its size (no chunk is fetched twice)
-    first = await asyncio.gather(*(request(h, 0, 0) for h in holders), return_exceptions=True)
-    serving = [(h, c) for h, c in zip(holders, first) if not isinstance(c, BaseException)]
-    errors.extend(f"{h[-8:]}: {c}" for h, c in zip(holders, first) if isinstance(c, BaseException))
-    if not serving:
-        raise RuntimeError("no holder answered")
-    total = serving[0][1].total_bytes
-    if not 0 < total <= max_bytes:  # before anything is allocated for it
-        raise RuntimeError(f"a holder announced a state of {total} bytes; this model's is at most {max_bytes}")
-    serving = [(h, c) for h, c in serving if c.total_bytes == total]
-    channel = await _bulk_channel(transport)
-    buffer = _allocate(total)
-    key = f"state/{round_no}/{os.urandom(8).hex()}"  # this download's claims on the bulk channel
-    parts = itertools.count()
-    done = False  # set when this returns: no frame still on its way may write into the buffer after that
-    frame = BULK_FRAME_BYTES if channel is not None else CHUNK_BYTES
-    todo = collections.deque((offset, min(frame, total - offset)) for offset in range(0, total, frame))
-    in_flight = 0
-    changed = asyncio.Condition()  # a range was taken, or handed back
+    async def run(self, holders: Sequence[str]) -> np.ndarray:
+        # a zero-length probe: which holders serve this state, and its size (no chunk is fetched twice)
+        first = await asyncio.gather(*(self.request(h, 0, 0) for h in holders), return_exceptions=True)
+        serving = [(h, c) for h, c in zip(holders, first) if not isinstance(c, BaseException)]
+        self.errors.extend(f"{h[-8:]}: {c}" for h, c in zip(holders, first) if isinstance(c, BaseException))
+        if not serving:
+            raise RuntimeError("no holder answered")
+        total = self.total = serving[0][1].total_bytes
+        if not 0 < total <= self.max_bytes:  # before anything is allocated for it
+            raise RuntimeError(f"a holder announced a state of {total} bytes; this model's is at most {self.max_bytes}")
+        serving = [(h, c) for h, c in serving if c.total_bytes == total]
+        self.channel = await _bulk_channel(self.transport)
+        self.buffer = _allocate(total)
+        frame = BULK_FRAME_BYTES if self.channel is not None else CHUNK_BYTES
+        self.todo.extend((offset, min(frame, total - offset)) for offset in range(0, total, frame))
+        workers = []
+        for holder, _ in serving:
+            failed: list[bool] = []  # shared by the holder's workers: one failure stops them all
+            bulk = [True] if self.channel is not None else []  # whether to ask it for frames over the bulk channel
+            workers += [self.worker(holder, failed, bulk) for _ in range(WINDOW)]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            self.done = True
+            if self.channel is not None:
+                self.channel.forget(self.key)
+        if self.todo:
+            raise RuntimeError("every holder failed before the download completed")
+        return self.buffer
 
-    async def fetch(holder: str, offset: int, length: int, bulk: bool) -> int:
+    async def fetch(self, holder: str, offset: int, length: int, bulk: bool) -> int:
         """Fetch bytes from ``offset`` (``length`` at most) into the buffer; returns how many came."""
+        channel, buffer = self.channel, self.buffer
         if bulk:
-            slot = (BULK_GROUP, exchange_pb2.PHASE_UNSPECIFIED, next(parts), 0, b"")
             mac_key, ticket = fresh_claim_secrets()
-            slot = slot[:4] + (ticket,)
+            slot = (BULK_GROUP, exchange_pb2.PHASE_UNSPECIFIED, next(self.parts), 0, ticket)
             landed: list[bool] = []
 
             async def deliver(payload: memoryview, _sizes: list[int], _arrivals: list[float]) -> bool:
-                if done or landed or payload.nbytes != length:
+                if self.done or landed or payload.nbytes != length:
                     return False
                 buffer[offset:offset + length] = np.frombuffer(payload, dtype=np.uint8)
                 landed.append(True)
                 return True
 
-            bulk = channel.claim(key, slot, length, mac_key, holder, deliver)
-        fields = dict(bulk_address=channel.address, bulk_key=key, bulk_part=slot[2], bulk_ticket=ticket,
+            bulk = channel.claim(self.key, slot, length, mac_key, holder, deliver)  # False: no slot (asked over libp2p)
+        fields = dict(bulk_address=channel.address, bulk_key=self.key, bulk_part=slot[2], bulk_ticket=ticket,
                       bulk_mac_key=mac_key) if bulk else {}
+        asked = length if bulk else min(length, CHUNK_BYTES)
         try:
-            chunk = await request(holder, offset, length if bulk else min(length, CHUNK_BYTES), **fields)
+            chunk = await self.request(holder, offset, asked, **fields)
         finally:
             if bulk:
-                channel.unclaim(key, slot)
-        if chunk.total_bytes != total:
+                channel.unclaim(self.key, slot)
+        if chunk.total_bytes != self.total:
             raise RuntimeError("its state changed during the download")
         if chunk.bulk:
             if not (bulk and landed and chunk.offset == offset):
                 raise RuntimeError(f"it said it sent {length} bytes at {chunk.offset} over the bulk channel, "
                                    "which took none")
             return length
-        asked = length if bulk else min(length, CHUNK_BYTES)
         got = len(chunk.data)
         if chunk.offset != offset or not min(asked, MIN_CHUNK_BYTES) <= got <= asked:
             raise RuntimeError(f"asked for {asked} bytes at {offset}, it sent {got} at {chunk.offset}")
         buffer[offset:offset + got] = np.frombuffer(chunk.data, dtype=np.uint8)
         return got
 
-    async def worker(holder: str, failed: list[bool], bulk: list[bool]) -> None:
-        nonlocal in_flight
+    async def worker(self, holder: str, failed: list[bool], bulk: list[bool]) -> None:
         while not failed:
-            async with changed:
-                await changed.wait_for(lambda: todo or not in_flight or failed)
-                if failed or not todo:
+            async with self.changed:
+                await self.changed.wait_for(lambda: self.todo or not self.in_flight or failed)
+                if failed or not self.todo:
                     return
-                offset, length = todo.popleft()
-                in_flight += 1
+                offset, length = self.todo.popleft()
+                self.in_flight += 1
             try:
-                got = await fetch(holder, offset, length, bool(bulk))
+                got = await self.fetch(holder, offset, length, bool(bulk))
             except Exception as e:
                 if not failed:
-                    errors.append(f"{holder[-8:]}: {e}")
+                    self.errors.append(f"{holder[-8:]}: {e}")
                 failed.append(True)
                 got = 0
             if got < length and bulk:
                 bulk.clear()  # the holder could not send over the bulk channel (not reachable?): libp2p from now on
-            async with changed:
+            async with self.changed:
                 if got < length:
-                    todo.appendleft((offset + got, length - got))  # the rest, by this holder or another one
-                in_flight -= 1
-                changed.notify_all()
-
-    workers = []
-    for holder, _ in serving:
-        failed: list[bool] = []  # shared by the holder's workers: one failure stops them all
-        bulk = [True] if channel is not None else []  # whether to ask it for frames over the bulk channel
-        workers += [worker(holder, failed, bulk) for _ in range(WINDOW)]
-    try:
-        await asyncio.gather(*workers)
-    finally:
-        done = True
-        if channel is not None:
-            channel.forget(key)
-    if todo:
-        raise RuntimeError("every holder failed before the download completed")
-    return buffer
+                    self.todo.appendleft((offset + got, length - got))  # the rest, by this holder or another one
+                self.in_flight -= 1
+                self.changed.notify_all()
 
 
 def _allocate(nbytes: int) -> np.ndarray:
