@@ -13,13 +13,13 @@ import socket
 from pathlib import Path
 from typing import Optional, Sequence
 
-import swarm.net  # noqa: F401  first: it keeps hivemind's import from loading scipy.optimize (swarm.net.deferred_imports)
 import hivemind
 from hivemind.dht.validation import RecordValidatorBase
 from hivemind.p2p import PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
-from coordinator.limits import parse_dht_maddr
+import swarm.net  # noqa: F401  first: it keeps hivemind's import from loading scipy.optimize (swarm.net.deferred_imports)
+from coordinator.api.limits import parse_dht_maddr
 from swarm.net.p2p_address import maddr
 from swarm.net.relay import Allowed, RelayNode
 from swarm.net.transport import exit_with_parent

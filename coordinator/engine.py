@@ -2,7 +2,7 @@
 
 Every public method takes one lock, reads the injected clock once, evicts expired peers, does its
 work with the pure functions of ``admission``, ``membership`` and ``rounds``, retries the round
-decision, and saves the result in one SQLite transaction.  Refusals are ``coordinator.errors.Rejection``s.
+decision, and saves the result in one SQLite transaction.  Refusals are ``coordinator.api.errors.Rejection``s.
 
 A heartbeat's cost does not grow with the number of peers: expiries come off a heap (``Roster``), the
 round is decided again only when something it depends on changed or its deadline passed (its reports'
@@ -20,18 +20,20 @@ import threading
 import time
 from typing import Callable, Iterator, Optional
 
-from coordinator import admission, membership, offline_votes, round_opening, rounds, tokens
-from coordinator.errors import BadRequest, PeerGone, Rejection, UnknownPeer
-from coordinator.history import history_page
-from coordinator.records import COMMITTED, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
-from coordinator.peer_writes import PeerWrites
+from coordinator import membership
+from coordinator.api import admission, tokens
+from coordinator.api.errors import BadRequest, PeerGone, Rejection, UnknownPeer
+from coordinator.api.views import RunPosition, round_info, status_response
 from coordinator.roster import Roster
-from coordinator.round_info_cache import RoundInfoCache
-from coordinator.round_reports import RoundReports, report_record
-from coordinator.run_log import open_run_log
-from coordinator.run_open import open_run
-from coordinator.store import Store
-from coordinator.views import RunPosition, round_info, status_response
+from coordinator.rounds import offline_votes, opening, outcome
+from coordinator.rounds.info_cache import RoundInfoCache
+from coordinator.rounds.reports import RoundReports, report_record
+from coordinator.store.database import Store
+from coordinator.store.history import history_page
+from coordinator.store.peer_writes import PeerWrites
+from coordinator.store.records import COMMITTED, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
+from coordinator.store.run_log import open_run_log
+from coordinator.store.run_open import open_run
 from swarm.config import RunConfig
 from swarm.control import signing
 from swarm.core import credential
@@ -293,7 +295,7 @@ class CoordinatorEngine:
         restart, so the round neither waits for a report that never comes nor is voided before it comes."""
         if self._open is not None and peer_id in self._open.participants:
             self._reports.add(ReportRecord(round=self._open.round, peer_id=peer_id, reported_at=now,
-                                           error=rounds.RESTARTED))
+                                           error=outcome.RESTARTED))
         self._settle(now)
 
     def _evict_expired(self, now: float) -> None:
@@ -321,14 +323,14 @@ class CoordinatorEngine:
             reports = self._reports.by_peer_id()
             alive = self._roster.alive_ids
             look_again = self._leave_out_late(now, reports)
-            decision = rounds.decide_round(
+            decision = outcome.decide_round(
                 now, self._open, alive, reports, self.config.rounds.round_timeout_s,
                 report_grace_s=self.config.rounds.report_grace_s, param_count=self._run.param_count,
                 claims=self._reports.claims,
             )
             if not decision.decided:
                 self._wait_until = min(decision.wait_until, look_again)
-                admitted = round_opening.admit_late(now, self._open, reports, ready=self._roster.ready_ids(),
+                admitted = opening.admit_late(now, self._open, reports, ready=self._roster.ready_ids(),
                                                     alive=alive, peers=self._peers, config=self.config)
                 if admitted is not self._open:
                     self._save_round(admitted)
@@ -337,7 +339,7 @@ class CoordinatorEngine:
         if self._run.finished:
             return
         number = (self._latest.round if self._latest is not None else 0) + 1
-        planned, wait_until = round_opening.open_next(
+        planned, wait_until = opening.open_next(
             now, number, ready=self._roster.ready_ids(), carried=self._carried(), config=self.config,
             peers=self._peers, param_count=self._run.param_count, previous=self._latest)
         if planned is not None:
@@ -345,13 +347,13 @@ class CoordinatorEngine:
             self._wait_until = wait_until
 
     def _leave_out_late(self, now: float, reports) -> float:
-        row, look_again = round_opening.leave_out_late(now, self._open, reports, peers=self._peers, config=self.config,
+        row, look_again = opening.leave_out_late(now, self._open, reports, peers=self._peers, config=self.config,
                                                        started_at=self.started_at)
         if row is not self._open:
             self._save_round(row)
         return look_again
 
-    def _apply(self, decision: rounds.Decision, now: float) -> None:
+    def _apply(self, decision: outcome.Decision, now: float) -> None:
         decided = decision.round
         self._save_round(decided)
         self._history.record_round(decided, self._reports.by_peer_id(), self._peers, self.config,
@@ -361,7 +363,7 @@ class CoordinatorEngine:
         run = dataclasses.replace(
             self._run, ddp_equivalent_bytes=self._run.ddp_equivalent_bytes + decision.ddp_equivalent_bytes
         )
-        if decided.outcome == COMMITTED and rounds.finishes_run(
+        if decided.outcome == COMMITTED and outcome.finishes_run(
             decided, self._store.count_rounds(COMMITTED), self.config.rounds.max_rounds
         ):
             run = dataclasses.replace(run, finished_at=now)

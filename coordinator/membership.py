@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
-from coordinator.errors import PeerGone, Rejection, StateMismatch, UnknownPeer
-from coordinator.limits import MAX_DHT_MADDRS
-from coordinator.records import (
+from coordinator.api.errors import PeerGone, Rejection, StateMismatch, UnknownPeer
+from coordinator.api.limits import MAX_DHT_MADDRS
+from coordinator.store.records import (
     EVICTED,
     GONE_STATES,
     HOLDING_STATES,
@@ -147,7 +147,7 @@ def apply_heartbeat(
     run: RunRecord, peer: PeerRecord, hb: pb.HeartbeatRequest, *, now: float, lease_s: float
 ) -> HeartbeatResult:
     """Record a live peer's heartbeat; evict it when its model or initial state differs from the run's (which
-    the coordinator derived from the config: see coordinator.run_identity)."""
+    the coordinator derived from the config: see coordinator.store.run_identity)."""
     peer = touch(peer, now, lease_s)
     reported = hb.metrics
     if reported.model_fingerprint and reported.model_fingerprint != run.model_fingerprint:

@@ -11,7 +11,7 @@ import heapq
 from typing import Iterable, Optional
 
 from coordinator import membership
-from coordinator.records import PeerRecord
+from coordinator.store.records import PeerRecord
 
 
 class Roster:

@@ -19,19 +19,19 @@ from typing import Callable, Optional
 
 import grpc
 
+from coordinator.api.limits import MAX_REQUEST_BYTES, tolerant
+from coordinator.api.rate_limit import JoinLimits
+from coordinator.api.servicer import CoordinatorServicer
 from coordinator.dht_node import DHTNode
-from swarm.net.dht_entries import EntryValidator
 from coordinator.engine import CoordinatorEngine
-from coordinator.http_server import DashboardServer, write_dashboard_url
-from coordinator.http_snapshot import snapshot
-from coordinator.limits import MAX_REQUEST_BYTES, tolerant
-from coordinator.rate_limit import JoinLimits
-from coordinator.servicer import CoordinatorServicer
-from coordinator.store import STORE_FILE, Store
-from swarm.control import tls
+from coordinator.http.server import DashboardServer, write_dashboard_url
+from coordinator.http.snapshot import snapshot
+from coordinator.store.database import STORE_FILE, Store
 from swarm.config import RunConfig
+from swarm.control import tls
 from swarm.control.joinstring import JoinString
 from swarm.core.credential import PeerKey
+from swarm.net.dht_entries import EntryValidator
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)

@@ -26,8 +26,8 @@ from swarm.net.link_stats import LinkEstimates
 from swarm.net.rendezvous import Member, group_key, participation_scale, rendezvous
 from swarm.net.transport import Transport
 from swarm.net.two_level import TwoLevelExchange, bytes_by_site
-from swarm.net.votes import Vote as DhtVote
 from swarm.net.votes import MAX_SENT_VOTES, collect_votes, group_decision, group_id, post_vote
+from swarm.net.votes import Vote as DhtVote
 from swarm.train.host_memory import release_free_memory
 from swarm.train.round import Averaged, SyncFailed, Vote
 from swarm.train.trainer import Contribution

@@ -13,8 +13,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from swarm.train.round import Outcome, RoundResult, Vote
 from swarm.config import RunConfig
+from swarm.train.round import Outcome, RoundResult, Vote
 from swarm.train.train_log import TrainLog, open_train_log
 from swarm.train.trainer import TrainStats
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from swarm.v1 import coordinator_pb2 as pb
 
+
 class PeerStats:
     """Thread-safe; ``_metrics`` is only touched under ``_lock``."""
 

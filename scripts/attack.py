@@ -46,8 +46,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import grpc  # noqa: E402
-
 from chaos import final_eval, kill_tree, spawn  # noqa: E402
+
 from swarm.app import token_admin  # noqa: E402
 from swarm.app.status import status_to_dict  # noqa: E402
 from swarm.control.client import CoordinatorClient, CoordinatorError, CoordinatorRejected  # noqa: E402

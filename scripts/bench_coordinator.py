@@ -52,7 +52,7 @@ UNLIMITED = 1_000_000  # joins per second and burst: no join of this benchmark w
 
 def serve(state_dir: Path) -> None:
     """Child process: run a coordinator until stdin closes; print its join string first."""
-    from coordinator.rate_limit import JoinLimits, Rate
+    from coordinator.api.rate_limit import JoinLimits, Rate
     from coordinator.server import CoordinatorServer
     from swarm.config import RoundConfig, RunConfig
 

@@ -32,17 +32,17 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import bench_quality_record as bench_record
 import torch
 from rich.console import Console
 
-import bench_quality_record as bench_record
 from swarm.app.run_progress import RunProgress
+from swarm.config import FRAGMENT_PATTERNS, MODEL_PRESETS, DataConfig, ModelConfig, RoundConfig, RunConfig
 from swarm.core import average
 from swarm.core.fragments import fragments as split_fragments
 from swarm.core.state import GlobalState, state_hash
 from swarm.train import model as swarm_model
 from swarm.train import sim as swarm_sim
-from swarm.config import FRAGMENT_PATTERNS, MODEL_PRESETS, DataConfig, ModelConfig, RoundConfig, RunConfig
 from swarm.train.data import eval_loss
 from swarm.train.final_model import load_into_model
 from swarm.train.trainer import LocalTrainer

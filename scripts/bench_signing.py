@@ -33,10 +33,10 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from coordinator.api.rate_limit import JoinLimits, Rate  # noqa: E402
+from coordinator.api.servicer import CoordinatorServicer  # noqa: E402
 from coordinator.engine import CoordinatorEngine  # noqa: E402
-from coordinator.rate_limit import JoinLimits, Rate  # noqa: E402
-from coordinator.servicer import CoordinatorServicer  # noqa: E402
-from coordinator.store import Store  # noqa: E402
+from coordinator.store.database import Store  # noqa: E402
 from swarm.config import RoundConfig, RunConfig  # noqa: E402
 from swarm.control import signing  # noqa: E402
 from swarm.core.credential import PeerKey  # noqa: E402

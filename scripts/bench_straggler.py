@@ -168,7 +168,7 @@ def loss_at(curve: list[tuple[int, float]], tokens: int) -> Optional[float]:
 
 def steps_per_round(state_dir: Path) -> list[dict[str, int]]:
     """Each round's reported inner steps by peer name, from the coordinator's store."""
-    from coordinator.store import STORE_FILE, Store
+    from coordinator.store.database import STORE_FILE, Store
 
     store = Store(state_dir / STORE_FILE, read_only=True)
     try:

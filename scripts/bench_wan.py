@@ -29,14 +29,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_wan_adapt import section_adaptation  # noqa: E402  (scripts/, beside this file)
+from bench_wan_runs import section_nat, section_utilization, section_utilization_controlled  # noqa: E402
+from bench_wan_sites import section_hierarchical  # noqa: E402
+
 from swarm.app.testbed import Testbed, make_topology, missing_privileges, teardown  # noqa: E402
 from swarm.core.codec import CODECS  # noqa: E402
 from swarm.net.tcp_congestion import CONGESTION_CONTROL, congestion_problem  # noqa: E402
 from swarm.train.network_model import Costs, butterfly, ideal_exchange_s, make_peers  # noqa: E402
-
-from bench_wan_adapt import section_adaptation  # noqa: E402  (scripts/, beside this file)
-from bench_wan_runs import section_nat, section_utilization, section_utilization_controlled  # noqa: E402
-from bench_wan_sites import section_hierarchical  # noqa: E402
 
 PREFIX = os.environ.get("SWARM_BENCH_PREFIX", "swb-")  # every namespace of this benchmark; teardown removes only these
 WORKER = ROOT / "scripts" / "bench_wan_worker.py"

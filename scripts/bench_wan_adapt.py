@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import time
 import tempfile
+import time
 from pathlib import Path
 
 from bench_wan_runs import PREFIX, _peer_times, history, run_swarm
+
 from swarm.app.testbed import Testbed, make_topology
 
 ADAPTATION_RUN = """

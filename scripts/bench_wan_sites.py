@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from bench_wan_runs import PREFIX, history, run_swarm
+
 from swarm.app.testbed import Testbed, make_topology
 from swarm.train.final_model import tensors_digest
 

@@ -30,13 +30,13 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from peer.restarts import peer_processes  # noqa: E402
-from swarm.control.client import CoordinatorClient, CoordinatorError  # noqa: E402
-from swarm.control.joinstring import JoinString  # noqa: E402
-from swarm.app.run_progress import RunProgress  # noqa: E402
-from swarm.app.status import format_bytes, status_to_dict  # noqa: E402
 from rich.console import Console  # noqa: E402
 
+from peer.restarts import peer_processes  # noqa: E402
+from swarm.app.run_progress import RunProgress  # noqa: E402
+from swarm.app.status import format_bytes, status_to_dict  # noqa: E402
+from swarm.control.client import CoordinatorClient, CoordinatorError  # noqa: E402
+from swarm.control.joinstring import JoinString  # noqa: E402
 
 SLOW = "slow@1:compute=3"
 

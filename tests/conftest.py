@@ -4,17 +4,16 @@ import gc
 import os
 import signal
 
+# hypothesis's pytest plugin imports hypothesis at the terminal summary when no test did; pytest then parses its
+# modules (assertion rewriting) while abandoned asyncio coroutines are finalized, which CPython 3.11 can break
+# ("AST constructor recursion depth mismatch", exit 1 after every test passed). Imported here, nothing is left late.
+import hypothesis  # noqa: E402,F401
 import psutil
 import pytest
 import torch
 
 import swarm.net  # noqa: F401  before any test imports hivemind: keeps scipy.optimize unloaded until used
 from peer.restarts import become_subreaper  # noqa: E402
-
-# hypothesis's pytest plugin imports hypothesis at the terminal summary when no test did; pytest then parses its
-# modules (assertion rewriting) while abandoned asyncio coroutines are finalized, which CPython 3.11 can break
-# ("AST constructor recursion depth mismatch", exit 1 after every test passed). Imported here, nothing is left late.
-import hypothesis  # noqa: E402,F401
 
 # Orphans re-parent to this process instead of init, so the reaper below still sees them: a test that SIGKILLs a
 # coordinator or peer would otherwise orphan its hivemind DHT process (a fork) and that process's p2pd, which then

@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from swarm.app.flag_validation import validate_args
 from swarm.config import ConfigError, RunConfig, load_run_config
 from swarm.config.model_sources import check_model_sources
 from swarm.config.rounds_config import simulator_only
-from swarm.app.flag_validation import validate_args
 from swarm.net.tcp_congestion import CONGESTION_CONTROL, SYSTEM
 
 
@@ -136,9 +136,9 @@ def _check_devices(args: argparse.Namespace) -> None:
 def cmd_status(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from swarm.app.status import fetch_all_pages, print_status, status_to_dict, watch
     from swarm.control.client import CoordinatorClient
     from swarm.control.joinstring import JoinString
-    from swarm.app.status import fetch_all_pages, print_status, status_to_dict, watch
 
     client = CoordinatorClient(JoinString.parse(args.join))
     try:

@@ -45,8 +45,8 @@ def fetch_history(get_page: Callable[[int], pb.GetHistoryResponse]) -> pb.GetHis
 
 def history_from_state_dir(state_dir: Path) -> pb.GetHistoryResponse:
     """The history kept in a coordinator's state dir, read without writing to it."""
-    from coordinator.history import history_page
-    from coordinator.store import STORE_FILE, Store
+    from coordinator.store.database import STORE_FILE, Store
+    from coordinator.store.history import history_page
 
     if not state_dir.is_dir():
         raise ConfigError(f"{state_dir} is neither a join string nor a directory; give a join string "
@@ -123,9 +123,9 @@ def serve_dashboard(state_dir: Path, *, host: str = "127.0.0.1", port: int = 0) 
     """`swarm dashboard STATE_DIR`: the run's page and /metrics from its store, read-only, until Ctrl-C."""
     import threading
 
-    from coordinator.http_server import DashboardServer
-    from coordinator.http_snapshot import snapshot
-    from coordinator.store import STORE_FILE, Store
+    from coordinator.http.server import DashboardServer
+    from coordinator.http.snapshot import snapshot
+    from coordinator.store.database import STORE_FILE, Store
 
     if not state_dir.is_dir():
         raise ConfigError(f"{state_dir} is not a directory; give the --state-dir of a coordinator that ran.")

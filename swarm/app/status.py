@@ -18,7 +18,6 @@ from swarm.app.tables import Column, fitted, is_piped, print_plain
 from swarm.core.sparse_codec import density_note
 from swarm.v1 import coordinator_pb2 as pb
 
-
 MAX_PAGES = 1000  # a coordinator that keeps answering with a next page is not followed forever
 DISPLAY_CHARS = 24  # a peer's name or site in the table (names are strangers' text: a long one is cut)
 ID_CHARS = 128  # ids, states and hashes are never cut (the coordinator bounds hashes at 128 characters)

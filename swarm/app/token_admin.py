@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from coordinator import tokens
-from coordinator.records import TokenRecord
+from coordinator.api import tokens
 from coordinator.server import JOIN_STRING_FILE
-from coordinator.store import STORE_FILE, Store
+from coordinator.store.database import STORE_FILE, Store
+from coordinator.store.records import TokenRecord
 from swarm.config import ConfigError
 from swarm.control import tls
 from swarm.control.joinstring import JoinString

@@ -1,23 +1,23 @@
 """The run's configuration: a leaf layer (imports nothing else from swarm)."""
 
 from swarm.config.run import (  # noqa: F401
-    ConfigError,
+    AGGREGATIONS,
     CODEC_NAMES,
     FRAGMENT_PATTERNS,
-    AGGREGATIONS,
     MODEL_PRESETS,
     NESTEROV,
-    outer_optimizer_names,
-    torch_optimizer_kwargs,
-    ModelConfig,
+    ConfigError,
     DataConfig,
     InnerOptConfig,
+    LoggingConfig,
+    ModelConfig,
     OuterOptConfig,
     RoundConfig,
     RunConfig,
-    LoggingConfig,
     WandbConfig,
     load_run_config,
+    outer_optimizer_names,
+    torch_optimizer_kwargs,
 )
 
 __all__ = [

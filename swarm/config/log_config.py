@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 from swarm.config.checks import ConfigError, check_dir
 
-
 WANDB_MODES = ("offline", "online")
 _WANDB_PROJECT = re.compile(r"[\w.-]{1,128}")
 

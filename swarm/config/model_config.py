@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from swarm.config.checks import ConfigError, check_range, MAX_BATCH, MAX_PEERS
-
+from swarm.config.checks import MAX_BATCH, MAX_PEERS, ConfigError, check_range
 
 # Built-in model shapes (swarm.train.model builds them).
 MODEL_PRESETS: dict[str, dict] = {

@@ -7,8 +7,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarm.config.checks import ConfigError, check_range, MAX_STEPS, MAX_BATCH, MAX_LR
-
+from swarm.config.checks import MAX_BATCH, MAX_LR, MAX_STEPS, ConfigError, check_range
 
 # [inner] precision and schedule values (swarm.train.precision and swarm.train.schedule implement them).
 PRECISIONS = ("fp32", "bf16", "fp16")

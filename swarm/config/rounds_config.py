@@ -7,8 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from swarm.config.checks import ConfigError, check_range, MAX_STEPS, MAX_ROUNDS, MAX_PEERS, MAX_TIMEOUT_S
-
+from swarm.config.checks import MAX_PEERS, MAX_ROUNDS, MAX_STEPS, MAX_TIMEOUT_S, ConfigError, check_range
 
 # Valid names, listed here so that the config stays a leaf: swarm.core.codec.CODECS and
 # swarm.core.fragments.PATTERNS implement exactly these (tests/unit/test_config.py checks they agree).
@@ -18,7 +17,7 @@ LOWRANK_VALUES = ("fp32", "fp16", "bf16", "int8", "int4")
 FRAGMENT_PATTERNS = ("strided", "contiguous", "balanced")
 # swarm.core.aggregation.RULES implements exactly these: how a slice's owner combines the group's slices.
 AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean")
-# coordinator.controller: "off" keeps [rounds] codec and equal slices; "auto" adapts them to measured links.
+# coordinator.rounds.controller: "off" keeps [rounds] codec and equal slices; "auto" adapts them to measured links.
 CONTROLLERS = ("off", "auto")
 
 
@@ -70,7 +69,7 @@ class RoundConfig:
     exchange_timeout_s: float = 60.0  # bound on moving the tensors once a group formed
     round_timeout_s: float = 900.0  # a round undecided this long after it opened is decided as is
     report_grace_s: float = 10.0  # once a hash has its group's quorum, how long the round waits for the rest
-    # A round is a time budget (coordinator.budgets): a peer finishing inner_steps at most this much after the
+    # A round is a time budget (coordinator.rounds.budgets): a peer finishing inner_steps at most this much after the
     # fastest does them all, a slower one what fits the fastest's time; one not ready to exchange this plus
     # report_grace_s after that time is left out of the round (the others go on; it resyncs).
     straggler_slack_s: float = 5.0
@@ -115,7 +114,7 @@ class RoundConfig:
     # one representative per sub-group takes the sub-group's average across sites; off: one flat group.
     hierarchical: bool = False
     group_size: int = 0
-    # The adaptive controller (coordinator.controller). "auto": as it opens each round the coordinator picks
+    # The adaptive controller (coordinator.rounds.controller). "auto": as it opens each round the coordinator picks
     # the least lossy of controller_codecs whose predicted exchange stays hidden behind computation (within
     # the overlap window, or without overlap within controller_exchange_fraction of the round), and each
     # member's share of the reduction in proportion to its measured uplink; every member applies the same

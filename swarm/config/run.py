@@ -18,16 +18,36 @@ from pathlib import Path
 from typing import Any, Optional
 
 from swarm.config.checks import (  # noqa: F401  (re-exported: the names this module has always had)
-    MAX_BATCH, MAX_LR, MAX_PATH_CHARS, MAX_PEERS, MAX_ROUNDS, MAX_STEPS, MAX_TIMEOUT_S, ConfigError, check_range,
+    MAX_BATCH,
+    MAX_LR,
+    MAX_PATH_CHARS,
+    MAX_PEERS,
+    MAX_ROUNDS,
+    MAX_STEPS,
+    MAX_TIMEOUT_S,
+    ConfigError,
+    check_range,
 )
 from swarm.config.log_config import WANDB_MODES, LoggingConfig, WandbConfig  # noqa: F401
 from swarm.config.model_config import MODEL_PRESETS, TOKEN_DTYPES, DataConfig, ModelConfig  # noqa: F401
 from swarm.config.optim_config import (  # noqa: F401
-    LR_SCHEDULES, NESTEROV, PRECISIONS, SHARDINGS, InnerOptConfig, OuterOptConfig, outer_optimizer_names,
+    LR_SCHEDULES,
+    NESTEROV,
+    PRECISIONS,
+    SHARDINGS,
+    InnerOptConfig,
+    OuterOptConfig,
+    outer_optimizer_names,
     torch_optimizer_kwargs,
 )
 from swarm.config.rounds_config import (  # noqa: F401
-    AGGREGATIONS, CODEC_NAMES, CONTROLLERS, FRAGMENT_PATTERNS, LOWRANK_VALUES, RoundConfig, check_codec_name,
+    AGGREGATIONS,
+    CODEC_NAMES,
+    CONTROLLERS,
+    FRAGMENT_PATTERNS,
+    LOWRANK_VALUES,
+    RoundConfig,
+    check_codec_name,
 )
 
 

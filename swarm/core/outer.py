@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 
 from swarm.config import NESTEROV, OuterOptConfig, torch_optimizer_kwargs
-from swarm.core.average import _f32, _F32, as_cpu_f32
+from swarm.core.average import _F32, _f32, as_cpu_f32
 
 
 def outer_step(

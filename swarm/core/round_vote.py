@@ -1,6 +1,6 @@
 """A member's vote for a round, as it posts it in the DHT (``swarm.net.votes``) and, when its group decided the
 round while the coordinator was unreachable, as the coordinator receives it with a report
-(``coordinator.offline_votes``). Plain Python: both sides read it."""
+(``coordinator.rounds.offline_votes``). Plain Python: both sides read it."""
 
 from __future__ import annotations
 

@@ -14,8 +14,16 @@ from typing import AsyncIterator, Callable, Optional
 
 from hivemind.p2p import PeerID
 
-from swarm.net.bulk_channel import (MAC_KEY_BYTES, MAX_CLAIMS_PER_SENDER, MIN_BULK_BYTES, TICKET_BYTES, BulkChannel,
-                                    fresh_claim_secrets, parse_bulk_address, tag)
+from swarm.net.bulk_channel import (
+    MAC_KEY_BYTES,
+    MAX_CLAIMS_PER_SENDER,
+    MIN_BULK_BYTES,
+    TICKET_BYTES,
+    BulkChannel,
+    fresh_claim_secrets,
+    parse_bulk_address,
+    tag,
+)
 from swarm.net.bulk_sender import Address
 from swarm.net.chunk_stream import SlicePayload, Turn
 from swarm.net.rendezvous import Member

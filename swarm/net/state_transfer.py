@@ -36,8 +36,15 @@ from hivemind.p2p import P2PContext, PeerID
 
 from swarm.core.credential import CredentialError, Member
 from swarm.core.state import EncodedState, GlobalState, decode_state, encoded_size_bound
-from swarm.net.bulk_channel import (MAC_KEY_BYTES, MIN_BULK_BYTES, TICKET_BYTES, BulkChannel, fresh_claim_secrets,
-                                    parse_bulk_address, tag)
+from swarm.net.bulk_channel import (
+    MAC_KEY_BYTES,
+    MIN_BULK_BYTES,
+    TICKET_BYTES,
+    BulkChannel,
+    fresh_claim_secrets,
+    parse_bulk_address,
+    tag,
+)
 from swarm.net.transport import Transport
 from swarm.v1 import exchange_pb2
 

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Optional, Sequence
 
 from swarm.net.bulk_channel import BulkChannel
 from swarm.net.bulk_sender import BulkSender
-from swarm.net.tcp_congestion import CONGESTION_CONTROL
 from swarm.net.p2p_address import free_port, maddr
+from swarm.net.tcp_congestion import CONGESTION_CONTROL
 
 if TYPE_CHECKING:
     import hivemind

@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Ballots:
     """A group's complete votes, by member, each with the signed DHT value it came in: a member passes those
-    on to the coordinator, which checks the signatures itself (``coordinator.offline_votes``)."""
+    on to the coordinator, which checks the signatures itself (``coordinator.rounds.offline_votes``)."""
 
     votes: dict[str, Vote]
     signed: dict[str, dict[str, Any]]

@@ -41,7 +41,6 @@ from swarm.core.state import GlobalState
 from swarm.train.trainer import Contribution, LocalTrainer, TrainStats
 
 
-
 class SyncFailed(RuntimeError):
     """This peer's exchange of a round failed (no group, a groupmate died, a timeout): it votes not-ok."""
 

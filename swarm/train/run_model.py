@@ -10,8 +10,8 @@ hashes θ0 from the same config, so a peer whose θ0 differs is refused.
 
 from __future__ import annotations
 
-import importlib
 import dataclasses
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable

@@ -1,6 +1,6 @@
 """Seconds per inner step before a peer has trained one, so that its first round has a time budget too.
 
-The coordinator budgets a round from the step times the peers report (``coordinator.budgets``); a peer
+The coordinator budgets a round from the step times the peers report (``coordinator.rounds.budgets``); a peer
 that has not trained yet has none, so it did its full H in its first round: a device 3× slower than the
 others took 3× the round, missed its group and was out of its first two rounds (docs/BENCHMARKS.md,
 "Stragglers"). At its start a peer now times a few forward and backward passes on its next batch (the

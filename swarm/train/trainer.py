@@ -22,24 +22,24 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
+from swarm.config import NESTEROV, RunConfig
 from swarm.core import average, fragments, spans
-from swarm.core.outer import OuterOptimizer
-from swarm.core.state import GlobalState
-from swarm.core.tentative import TentativeState
 from swarm.core.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
 from swarm.core.lowrank import LowRankState
+from swarm.core.outer import OuterOptimizer
 from swarm.core.owner_feedback import OwnerFeedback
-from swarm.config import NESTEROV, RunConfig
+from swarm.core.state import GlobalState
+from swarm.core.tentative import TentativeState
 from swarm.train import prefetch, schedule
+from swarm.train.contribution import Contribution, TrainStats
+from swarm.train.data import BatchSampler, check_vocab, eval_loss, load_corpus, shard_index_for_peer
 from swarm.train.eager_optimizer import inner_adamw
 from swarm.train.host_memory import release_free_memory
-from swarm.train.data import BatchSampler, check_vocab, eval_loss, load_corpus, shard_index_for_peer
-from swarm.train.contribution import Contribution, TrainStats
 from swarm.train.initial_state import initial_state
 from swarm.train.inner_step import InnerStep
 from swarm.train.model import model_fingerprint
 from swarm.train.rank_lockstep import RankLockstep
-from swarm.train.ranks import GatherOptimizer, RankSampler, Ranks, TrainOrder
+from swarm.train.ranks import GatherOptimizer, Ranks, RankSampler, TrainOrder
 from swarm.train.run_model import build_run_model
 
 if TYPE_CHECKING:

@@ -12,18 +12,16 @@ from typing import Callable, Optional
 import torch
 
 from swarm.config import RunConfig
+from swarm.core import commit_rule, lowrank
 from swarm.core.aggregation import Aggregation
 from swarm.core.all_gather import gather_bytes_by_site, gather_reference
 from swarm.core.average import butterfly_reference
 from swarm.core.codec import Codec, get_codec
-from swarm.core import lowrank
-from swarm.core import commit_rule
 from swarm.core.fragments import round_end_step
 from swarm.core.site_plan import butterfly_bytes_by_site, plan_sites, two_level_bytes_sent, two_level_reference
 from swarm.core.state import GlobalState
 from swarm.train.round import Averaged, Decision, Hooks, InlineExecutor, Outcome, RoundRunner, Vote
 from swarm.train.trainer import Contribution, LocalTrainer, TrainStats
-
 
 # (peer index, round, its honest contribution) -> what it sends: a Byzantine peer in a benchmark or test.
 Tamper = Callable[[int, int, Contribution], Contribution]

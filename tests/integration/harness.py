@@ -13,9 +13,9 @@ from typing import Callable, Optional
 
 import psutil
 
+from swarm.app.status import status_to_dict
 from swarm.control.client import CoordinatorClient, CoordinatorError
 from swarm.control.joinstring import JoinString
-from swarm.app.status import status_to_dict
 from tests.integration.cli_launcher import LaunchedCli, launch
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import TWO_PEER_RUN, ROOT, Swarm, poll
+from tests.integration.harness import ROOT, TWO_PEER_RUN, Swarm, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.records import COMMITTED
-from coordinator.store import STORE_FILE, Store
+from coordinator.store.database import STORE_FILE, Store
+from coordinator.store.records import COMMITTED
 from swarm.train.final_model import tensors_digest
 from tests.integration.harness import Swarm
 

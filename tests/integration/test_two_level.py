@@ -6,7 +6,6 @@ import re
 
 import pytest
 import torch
-
 from safetensors.torch import load_file
 
 from swarm.config import RunConfig, load_run_config

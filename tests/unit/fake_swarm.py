@@ -14,9 +14,9 @@ from typing import Callable, Optional
 
 import torch
 
+from coordinator.api.servicer import CoordinatorServicer
 from coordinator.engine import CoordinatorEngine
-from coordinator.servicer import CoordinatorServicer
-from coordinator.store import Store
+from coordinator.store.database import Store
 from peer.coordinator_link import GroupDecided
 from peer.daemon import PeerDaemon
 from peer.group import signed_votes
@@ -26,9 +26,9 @@ from swarm.config import RunConfig
 from swarm.control.client import CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
 from swarm.control.joinstring import JoinString
 from swarm.control.signing import CallSigner, signed_join
+from swarm.core import commit_rule
 from swarm.core.average import butterfly_reference
 from swarm.core.codec import get_codec
-from swarm.core import commit_rule
 from swarm.core.credential import PeerKey
 from swarm.core.state import GlobalState
 from swarm.net.dht_entries import sign_entry

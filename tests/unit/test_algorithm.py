@@ -7,12 +7,20 @@ import numpy as np
 import pytest
 import torch
 
-from swarm.config import outer_optimizer_names
-from swarm.core.average import butterfly_bytes_sent, butterfly_reference, flat_pseudo_gradient, flatten, part_bounds, pseudo_gradient, unflatten, weighted_average
+from swarm.config import ConfigError, OuterOptConfig, RunConfig, outer_optimizer_names
+from swarm.core.average import (
+    butterfly_bytes_sent,
+    butterfly_reference,
+    flat_pseudo_gradient,
+    flatten,
+    part_bounds,
+    pseudo_gradient,
+    unflatten,
+    weighted_average,
+)
+from swarm.core.codec import CODECS
 from swarm.core.outer import OuterOptimizer, outer_step
 from swarm.core.state import state_hash
-from swarm.core.codec import CODECS
-from swarm.config import ConfigError, OuterOptConfig, RunConfig
 
 pytestmark = pytest.mark.timeout(60)
 

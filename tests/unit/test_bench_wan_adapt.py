@@ -32,7 +32,7 @@ def polls_of(busy: list[float]) -> list:
 
 
 def test_rows_carry_the_choice_the_reason_and_the_compute_share() -> None:
-    log = "12:00:00 INFO coordinator.controller: round 2: int8: fp16 would take 3.1 s (shares p-a 0.25)\n"
+    log = "12:00:00 INFO coordinator.rounds.controller: round 2: int8: fp16 would take 3.1 s (shares p-a 0.25)\n"
     rows = rows_by_round(history_of(["fp32", "int8"], [0.99, 0.9]), {2: {"inner_steps": 80, "fragments": 1}}, log)
     assert [r["codec"] for r in rows] == ["fp32", "int8"]
     assert rows[1]["H"] == 80 and rows[1]["reason"] == "int8: fp16 would take 3.1 s"

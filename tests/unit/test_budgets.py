@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from coordinator import budgets, records, rounds
-from coordinator.records import COMMITTED, EXCHANGING, OPEN, TRAINING, ReportRecord, RoundRecord
+from coordinator.rounds import budgets, opening, outcome
+from coordinator.store import records
+from coordinator.store.records import COMMITTED, EXCHANGING, OPEN, TRAINING, ReportRecord, RoundRecord
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.test_rounds import FakeClock, make_engine, send
 
@@ -88,7 +89,7 @@ def report(peer: str, *, at: float = 7.0, group=("a", "b")) -> ReportRecord:
 def test_participants_not_ready_by_the_deadline_plus_grace_are_left_out(now, reported, exchanging, left_out,
                                                                        look_again) -> None:
     row = planned("a", "b")
-    after, when = rounds.leave_out(now, row, [report(p, group=(p,)) for p in reported], set(exchanging),
+    after, when = outcome.leave_out(now, row, [report(p, group=(p,)) for p in reported], set(exchanging),
                                    report_grace_s=2.0)
     assert after.left_out == left_out and when == look_again
     assert after.participants == tuple(p for p in row.participants if p not in left_out)
@@ -102,9 +103,9 @@ def test_when_most_participants_are_late_nobody_is_left_out() -> None:
     """A machine that slowed down makes most participants miss the deadline: the one ready first must not
     commit alone and throw the others' work away; a single late one among three is still left out."""
     row = planned("a", "b", "c", steps=(H, H, H), times=(0.5, 0.5, 0.5))
-    waiting, when = rounds.leave_out(9.0, row, [report("a", group=("a",))], set(), report_grace_s=2.0)
+    waiting, when = outcome.leave_out(9.0, row, [report("a", group=("a",))], set(), report_grace_s=2.0)
     assert (waiting.left_out, waiting.participants, when) == ((), row.participants, 10.0)
-    after, _ = rounds.leave_out(9.0, row, [report("a", group=("a",))], {"b"}, report_grace_s=2.0)
+    after, _ = outcome.leave_out(9.0, row, [report("a", group=("a",))], {"b"}, report_grace_s=2.0)
     assert after.left_out == ("c",)
 
 
@@ -113,14 +114,14 @@ def test_when_most_were_late_past_the_deadline_the_last_ones_get_the_grace_from_
     the first ones ready (a few seconds behind them) are not left out at once when more than half are ready: the
     grace (2 s) starts then, and only a peer still not ready after it is left out."""
     row = planned("a", "b", "c", steps=(H, H, H), times=(0.5, 0.5, 0.5))
-    waiting, when = rounds.leave_out(9.0, row, [], {"a"}, report_grace_s=2.0)
+    waiting, when = outcome.leave_out(9.0, row, [], {"a"}, report_grace_s=2.0)
     assert (waiting.left_out, when) == ((), 10.0)  # most are late: the round waits
-    assert rounds.leave_out(10.0, waiting, [], {"a"}, report_grace_s=2.0) == (waiting, 11.0)  # unchanged meanwhile
-    ready, when = rounds.leave_out(20.0, waiting, [report("a", group=("a",))], {"b"}, report_grace_s=2.0)
+    assert outcome.leave_out(10.0, waiting, [], {"a"}, report_grace_s=2.0) == (waiting, 11.0)  # unchanged meanwhile
+    ready, when = outcome.leave_out(20.0, waiting, [report("a", group=("a",))], {"b"}, report_grace_s=2.0)
     assert (ready.left_out, ready.grace_from, when) == ((), 20.0, 22.0)  # b ready at 20 s: c gets until 22 s
-    assert rounds.leave_out(21.9, ready, [report("a", group=("a",))], {"b"}, report_grace_s=2.0) == (ready, 22.0)
-    assert rounds.leave_out(21.0, ready, [report("a", group=("a",))], {"b", "c"}, report_grace_s=2.0)[0] is ready
-    after, when = rounds.leave_out(22.0, ready, [report("a", group=("a",))], {"b"}, report_grace_s=2.0)
+    assert outcome.leave_out(21.9, ready, [report("a", group=("a",))], {"b"}, report_grace_s=2.0) == (ready, 22.0)
+    assert outcome.leave_out(21.0, ready, [report("a", group=("a",))], {"b", "c"}, report_grace_s=2.0)[0] is ready
+    after, when = outcome.leave_out(22.0, ready, [report("a", group=("a",))], {"b"}, report_grace_s=2.0)
     assert (after.left_out, after.participants, when) == (("c",), ("a", "b"), math.inf)
     assert records.from_json(RoundRecord, records.to_json(waiting)).grace_from == math.inf  # kept across a restart
 
@@ -129,28 +130,28 @@ def test_a_participant_a_report_names_in_its_group_is_not_left_out() -> None:
     """A restarted coordinator hears a's report long after the deadline, while b (a's groupmate in that
     exchange) is still reporting its backlog: b took part, it is not a straggler."""
     row = planned("a", "b")
-    assert rounds.leave_out(100.0, row, [report("a", group=("a", "b"))], set(), report_grace_s=2.0) == (row, math.inf)
+    assert outcome.leave_out(100.0, row, [report("a", group=("a", "b"))], set(), report_grace_s=2.0) == (row, math.inf)
 
 
 def test_a_round_without_a_deadline_leaves_nobody_out() -> None:
     row = planned("a", "b", budget_s=0.0)
-    assert rounds.leave_out(1e9, row, [report("a")], set(), report_grace_s=2.0) == (row, math.inf)
+    assert outcome.leave_out(1e9, row, [report("a")], set(), report_grace_s=2.0) == (row, math.inf)
 
 
 def test_the_round_commits_without_the_left_out_peer_and_ignores_its_late_report() -> None:
-    row, _ = rounds.leave_out(8.0, planned("a", "b", "c", steps=(H, H, 4), times=(0.5, 0.5, 1.5)),
+    row, _ = outcome.leave_out(8.0, planned("a", "b", "c", steps=(H, H, 4), times=(0.5, 0.5, 1.5)),
                               [report("a", group=("a", "b"))], {"b"}, report_grace_s=2.0)
     assert row.participants == ("a", "b") and row.left_out == ("c",)
     late = ReportRecord(round=1, peer_id="c", reported_at=9.0, ok=True, state_hash="other", group=("a", "b", "c"))
     reports = [report("a", group=("a", "b")), report("b", group=("a", "b")), late]
-    d = rounds.decide_round(9.0, row, {"a", "b", "c"}, reports, 900.0, report_grace_s=2.0)
+    d = outcome.decide_round(9.0, row, {"a", "b", "c"}, reports, 900.0, report_grace_s=2.0)
     assert d.decided and d.round.outcome == COMMITTED and d.round.committed_hash == "h1"
     assert d.joined == ("a", "b") and d.missed == ("c",)
 
 
 def test_a_left_out_peer_is_not_admitted_back() -> None:
     row = RoundRecord(round=1, opened_at=0.0, participants=("a",), left_out=("c",))
-    assert rounds.admit_late(row, [], ["a", "b", "c"]).participants == ("a", "b")
+    assert opening.with_late_joiners(row, [], ["a", "b", "c"]).participants == ("a", "b")
 
 
 def test_a_late_joiner_gets_the_budget_of_the_time_left() -> None:
@@ -206,6 +207,6 @@ def test_a_restarted_coordinator_gives_an_old_round_its_deadline_anew() -> None:
     counts the deadline from its own start, so nobody is left out for the time it could not see."""
     row = planned("a", "b")  # opened at 0, deadline 6 s, grace 2 s
     reports = [report("a", group=("a",))]
-    assert rounds.leave_out(50.0, row, reports, set(), report_grace_s=2.0, not_before=45.0) == (row, 53.0)
-    after, _ = rounds.leave_out(53.0, row, reports, set(), report_grace_s=2.0, not_before=45.0)
+    assert outcome.leave_out(50.0, row, reports, set(), report_grace_s=2.0, not_before=45.0) == (row, 53.0)
+    after, _ = outcome.leave_out(53.0, row, reports, set(), report_grace_s=2.0, not_before=45.0)
     assert after.left_out == ("b",)

@@ -19,13 +19,25 @@ import torch
 from hivemind.p2p import PeerID
 
 from swarm.core.average import butterfly_reference, stripe_count
-from swarm.net.bulk_channel import (BAD_FRAME, MAGIC, MAX_CLAIMS_PER_SENDER, MISMATCH, NO_CLAIM, OK, OVER_CAP, PREFIX,
-                                   BulkChannel, fresh_claim_secrets, parse_bulk_address, tag)
+from swarm.net.bulk_channel import (
+    BAD_FRAME,
+    MAGIC,
+    MAX_CLAIMS_PER_SENDER,
+    MISMATCH,
+    NO_CLAIM,
+    OK,
+    OVER_CAP,
+    PREFIX,
+    BulkChannel,
+    fresh_claim_secrets,
+    parse_bulk_address,
+    tag,
+)
 from swarm.net.link_stats import throughput_mbit_s
 from swarm.net.rendezvous import Member, group_digest, group_key
 from swarm.net.tcp_congestion import CONGESTION_CONTROL, try_congestion
 from swarm.v1 import exchange_pb2
-from tests.unit.test_exchange import Peer, three_peers, concurrently, results_of
+from tests.unit.test_exchange import Peer, concurrently, results_of, three_peers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -9,11 +9,11 @@ import time
 import grpc
 import pytest
 
+from coordinator.api.errors import StateMismatch
+from coordinator.api.rate_limit import JoinLimits, Rate, RateLimiter, client_address
+from coordinator.api.servicer import CoordinatorServicer
 from coordinator.engine import CoordinatorEngine
-from coordinator.errors import StateMismatch
-from coordinator.rate_limit import JoinLimits, Rate, RateLimiter, client_address
-from coordinator.servicer import CoordinatorServicer
-from coordinator.store import Store
+from coordinator.store.database import Store
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.client import CoordinatorRejected
 from swarm.control.signing import CallSigner, signed_join

@@ -8,15 +8,15 @@ import random
 
 import pytest
 
-from coordinator import controller
-from coordinator.controller import Choice, PeerLink, choose
 from coordinator.engine import CoordinatorEngine
-from coordinator.store import Store
+from coordinator.rounds import controller
+from coordinator.rounds.controller import Choice, PeerLink, choose
+from coordinator.store.database import Store
 from swarm.app.status import status_tables, status_to_dict
 from swarm.config import RoundConfig, RunConfig
-from swarm.v1 import coordinator_pb2 as pb
 from swarm.core.average import part_bounds
 from swarm.net.slice_reduction import slice_bounds
+from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import engine_join
 from tests.unit.test_membership import ready_beat
 

@@ -15,11 +15,11 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from coordinator.run_identity import with_data_fingerprint
 from coordinator.server import JOIN_STRING_FILE, CoordinatorServer, serve
+from coordinator.store.run_identity import with_data_fingerprint
 from swarm.app.cli import main as cli_main
-from swarm.control import tls
 from swarm.config import RoundConfig, RunConfig
+from swarm.control import tls
 from swarm.control.client import CoordinatorClient, CoordinatorError, CoordinatorRejected, CoordinatorUnreachable
 from swarm.control.joinstring import JoinString
 from swarm.core.credential import PeerKey, verify_credential
@@ -277,7 +277,7 @@ def test_serve_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
 def test_a_started_coordinator_keeps_its_token_and_key_owner_only(server: CoordinatorServer) -> None:
     import stat
 
-    from coordinator.store import STORE_FILE
+    from coordinator.store.database import STORE_FILE
 
     modes = {name: stat.S_IMODE((server._state_dir / name).stat().st_mode)
              for name in (JOIN_STRING_FILE, STORE_FILE, tls.KEY_FILE)}

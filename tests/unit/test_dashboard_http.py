@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.http_server import DASHBOARD_URL_FILE, DashboardServer
-from coordinator.http_snapshot import snapshot
+from coordinator.http.server import DASHBOARD_URL_FILE, DashboardServer
+from coordinator.http.snapshot import snapshot
 from coordinator.server import CoordinatorServer
-from coordinator.store import STORE_FILE, Store
+from coordinator.store.database import STORE_FILE, Store
 from tests.unit.test_history import RUN, _run_two_rounds
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]

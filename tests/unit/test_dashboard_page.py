@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.http_charts import byte_size, percent, plain, run_charts, si
-from coordinator.http_server import DashboardServer
-from coordinator.http_snapshot import snapshot
+from coordinator.http.charts import byte_size, percent, plain, run_charts, si
+from coordinator.http.server import DashboardServer
+from coordinator.http.snapshot import snapshot
 from coordinator.server import CoordinatorServer
-from coordinator.store import STORE_FILE, Store
+from coordinator.store.database import STORE_FILE, Store
 from swarm.config import RunConfig
 from swarm.config.optim_config import InnerOptConfig
 from swarm.config.rounds_config import RoundConfig
@@ -107,7 +107,7 @@ def test_the_coordinator_derives_each_rounds_learning_rate_from_the_run_config(t
 
 
 def test_a_decaying_schedule_falls_to_its_floor_by_the_last_round() -> None:
-    from coordinator.http_snapshot import _round_lr
+    from coordinator.http.snapshot import _round_lr
     run = RunConfig(rounds=RoundConfig(max_rounds=10, inner_steps=4),
                     inner=InnerOptConfig(lr=1e-3, warmup_steps=4, schedule="cosine", min_lr_ratio=0.1))
     rate = _round_lr(run.to_json())

@@ -8,7 +8,15 @@ import pytest
 import torch
 
 from swarm.config import DataConfig, ModelConfig
-from swarm.train.data import BatchSampler, ByteCorpus, eval_loss, eval_windows, shard, shard_index_for_peer, stdlib_files
+from swarm.train.data import (
+    BatchSampler,
+    ByteCorpus,
+    eval_loss,
+    eval_windows,
+    shard,
+    shard_index_for_peer,
+    stdlib_files,
+)
 from swarm.train.model import build_model
 
 pytestmark = pytest.mark.timeout(60)

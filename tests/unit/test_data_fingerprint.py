@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.run_identity import with_data_fingerprint
+from coordinator.store.run_identity import with_data_fingerprint
 from swarm.config import ConfigError, RunConfig
 from swarm.train.byte_corpus import _load_cached
 from swarm.train.data import load_corpus

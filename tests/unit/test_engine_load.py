@@ -4,8 +4,8 @@ at once, yet every change of membership or state is durable immediately."""
 import pytest
 
 from coordinator.engine import CoordinatorEngine
-from coordinator.peer_writes import METRICS_PERSIST_S
-from coordinator.store import Store
+from coordinator.store.database import Store
+from coordinator.store.peer_writes import METRICS_PERSIST_S
 from swarm.config import RunConfig
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import engine_join

@@ -11,28 +11,27 @@ from typing import Any, Callable, Iterator, Optional
 
 import pytest
 import torch
-
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord
 from hivemind.p2p import PeerID
-from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.asyncio import as_aiter
+from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import get_dht_time
 
-from swarm.core import credential
 from swarm.core import average as average_module
+from swarm.core import credential
 from swarm.core.average import butterfly_bounds, butterfly_reference, part_bounds, stripe_count, weighted_average
-from swarm.core.owner_feedback import OwnerFeedback
-from swarm.core.signed_entry import entry_body
 from swarm.core.codec import CODECS, get_codec
 from swarm.core.credential import PeerKey
+from swarm.core.owner_feedback import OwnerFeedback
+from swarm.core.signed_entry import entry_body
 from swarm.core.wire_protocol import PROTOCOL
 from swarm.net import restarted_groupmates
 from swarm.net.allreduce import Exchange, ExchangeFailed, ExchangeResult
-from swarm.net.slice_inbox import MAX_OPEN_KEYS
 from swarm.net.dht_entries import EntryValidator, guard, read_entries, sign_entry, store_entry
 from swarm.net.link_stats import LinkEstimates
 from swarm.net.rendezvous import Member, group_digest, group_key, rendezvous
+from swarm.net.slice_inbox import MAX_OPEN_KEYS
 from swarm.net.slice_reduction import check_agreement
 from swarm.net.transport import Transport
 from swarm.net.votes import Vote, collect_votes, post_vote, vote_key

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from coordinator.engine import CoordinatorEngine
-from coordinator.store import Store
+from coordinator.store.database import Store
 from swarm.app.cli import main as cli_main
 from swarm.config import RunConfig
 from swarm.core.state import GlobalState
@@ -141,12 +141,12 @@ def test_a_run_on_bytes_exports_without_a_tokenizer_and_says_so(tmp_path: Path, 
 def test_the_coordinator_warns_at_start_of_special_token_ids_outside_the_vocabulary(tmp_path: Path, caplog) -> None:
     pytest.importorskip("transformers")
     run = _hf_run(tmp_path, GPT2, _tokenizer(tmp_path / "tok.json"))
-    with caplog.at_level(logging.WARNING, logger="coordinator.run_open"):
+    with caplog.at_level(logging.WARNING, logger="coordinator.store.run_open"):
         CoordinatorEngine(Store(":memory:"), config=run)
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "eos_token_id 50256" in warning and "outside its vocabulary of 100 ids" in warning
     caplog.clear()
     fitting = _hf_run(tmp_path, {**GPT2, "bos_token_id": 0, "eos_token_id": 0}, tmp_path / "tok.json")
-    with caplog.at_level(logging.WARNING, logger="coordinator.run_open"):
+    with caplog.at_level(logging.WARNING, logger="coordinator.store.run_open"):
         CoordinatorEngine(Store(":memory:"), config=fitting)
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from coordinator.server import CoordinatorServer
-from coordinator.store import SCHEMA_VERSION, STORE_FILE, Store
+from coordinator.store.database import SCHEMA_VERSION, STORE_FILE, Store
 from swarm.app.cli import main as cli_main
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.client import CoordinatorClient, CoordinatorRejected
@@ -121,8 +121,8 @@ def test_a_schema_3_store_gains_the_history_tables_and_keeps_its_run(tmp_path: P
 def test_a_round_the_controller_chose_for_records_its_codec_and_longest_budget():
     import json
 
-    from coordinator.history import round_history
-    from coordinator.records import COMMITTED, RoundRecord
+    from coordinator.store.history import round_history
+    from coordinator.store.records import COMMITTED, RoundRecord
 
     choice = json.dumps({"round": 3, "codec": "int4", "shares": {}, "inner_steps": 5, "fragments": 1,
                          "overlap_steps": 0, "reason": "int4: fp32 would not fit", "predicted_exchange_s": 1.0,
@@ -138,8 +138,8 @@ def test_a_round_the_controller_chose_for_records_its_codec_and_longest_budget()
 
 def test_a_rounds_tokens_are_those_in_the_committed_state() -> None:
     """A participant whose exchange failed resyncs and its work is lost; the history does not count it."""
-    from coordinator.history import round_history
-    from coordinator.records import COMMITTED, ReportRecord, RoundRecord
+    from coordinator.store.history import round_history
+    from coordinator.store.records import COMMITTED, ReportRecord, RoundRecord
 
     decided = RoundRecord(round=3, opened_at=1.0, participants=("a", "b", "c"), outcome=COMMITTED, decided_at=2.0,
                           committed_hash="h", holders=("a", "b"))

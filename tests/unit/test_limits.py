@@ -9,22 +9,22 @@ from typing import Any, Iterator
 
 import grpc
 import pytest
+from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from google.protobuf.descriptor import FieldDescriptor
 
-from coordinator import limits
+from coordinator.api import limits
+from coordinator.api.rate_limit import JoinLimits, Rate
+from coordinator.api.servicer import CoordinatorServicer
+from coordinator.api.views import MAX_PAGE_SIZE
 from coordinator.engine import CoordinatorEngine
-from coordinator.rate_limit import JoinLimits, Rate
 from coordinator.server import _add_servicer
-from coordinator.servicer import CoordinatorServicer
-from coordinator.store import Store
-from coordinator.views import MAX_PAGE_SIZE
+from coordinator.store.database import Store
 from swarm.app.status import fetch_all_pages
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.signing import CallSigner, signed_join
-from swarm.core.wire_protocol import PROTOCOL
 from swarm.core.credential import PeerKey
+from swarm.core.wire_protocol import PROTOCOL
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import pooled_identity
 

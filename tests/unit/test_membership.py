@@ -5,10 +5,10 @@ import math
 import pytest
 
 from coordinator import membership
+from coordinator.api.errors import BadToken, PeerGone, StateMismatch, UnknownPeer
 from coordinator.engine import CoordinatorEngine
-from coordinator.errors import BadToken, PeerGone, StateMismatch, UnknownPeer
-from coordinator.records import EVICTED, JOINING, LEFT, READY, PeerRecord, RunRecord
-from coordinator.store import Store
+from coordinator.store.database import Store
+from coordinator.store.records import EVICTED, JOINING, LEFT, READY, PeerRecord, RunRecord
 from swarm.config import RoundConfig, RunConfig
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import engine_join

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from swarm.core.state import state_hash
-from swarm.config import ModelConfig
 from swarm.config import MODEL_PRESETS as PRESETS
+from swarm.config import ModelConfig
+from swarm.core.state import state_hash
 from swarm.train.model import GPT, build_model, gpt_config, model_fingerprint
 
 pytestmark = pytest.mark.timeout(60)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import coordinator.run_identity
-from coordinator.run_open import open_run
-from coordinator.store import Store
+import coordinator.store.run_identity
+from coordinator.store.database import Store
+from coordinator.store.run_open import open_run
 from swarm.app.cli import main
 from swarm.config import ConfigError, RunConfig
 from tests.integration.harness import ROOT
@@ -63,7 +63,7 @@ def data_unread(monkeypatch):
     """The coordinator's reading of the data fails the test: a model mistake must be found before it."""
     def read(_data):
         raise AssertionError("the data was read before the model's config was checked")
-    monkeypatch.setattr(coordinator.run_identity, "data_fingerprint", read)
+    monkeypatch.setattr(coordinator.store.run_identity, "data_fingerprint", read)
 
 
 def _open(tmp_path: Path, run: RunConfig) -> RunConfig:

@@ -13,11 +13,11 @@ import dataclasses
 
 import pytest
 
+from coordinator.api.errors import BadRequest
 from coordinator.engine import CoordinatorEngine
-from coordinator.errors import BadRequest
-from coordinator.offline_votes import checked_votes
-from coordinator.records import READY
-from coordinator.store import Store
+from coordinator.rounds.offline_votes import checked_votes
+from coordinator.store.database import Store
+from coordinator.store.records import READY
 from peer.group import signed_votes
 from swarm.config import RoundConfig, RunConfig
 from swarm.core.credential import Member, PeerKey
@@ -192,7 +192,7 @@ def test_a_refused_report_changes_nothing_and_the_round_goes_on(clock) -> None:
 
 
 def test_a_report_with_more_votes_than_any_sent_group_is_refused_before_the_engine(clock) -> None:
-    from coordinator.limits import check_request
+    from coordinator.api.limits import check_request
     from swarm.core.round_vote import MAX_SENT_VOTES
 
     request = pb.ReportRoundRequest(peer_id="p-1", round=1, ok=True, state_hash="g")

@@ -6,8 +6,15 @@ import socket
 
 import pytest
 
-from swarm.net.p2p_address import (P2PAddress, choose_p2p_address, free_port, maddr, only_loopback,
-                                   route_source_address, unreachable_sentence)
+from swarm.net.p2p_address import (
+    P2PAddress,
+    choose_p2p_address,
+    free_port,
+    maddr,
+    only_loopback,
+    route_source_address,
+    unreachable_sentence,
+)
 from swarm.net.transport import Transport
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]

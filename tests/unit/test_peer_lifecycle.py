@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from coordinator import controller
+from coordinator.rounds import controller
 from peer.daemon import PeerState
 from swarm.config import DataConfig, ModelConfig, RoundConfig, RunConfig
 from tests.unit.fake_swarm import FakeCoordinator, FakeNet, FakeParts, PeerThread, engine_join, wait_until
@@ -74,7 +74,7 @@ def test_a_coordinator_outage_is_bridged_by_group_decisions_that_it_confirms_aft
     # the group goes on alone: rounds decided from the DHT votes pile up in each peer's backlog
     wait_until(lambda: all(p.daemon_.link.backlog and PeerState.OFFLINE_DECIDING in p.states for p in (a, b)),
                what="a round run and decided by the group alone")
-    # each report of such a round carries the group's signed votes (coordinator/offline_votes.py checks them)
+    # each report of such a round carries the group's signed votes (coordinator/rounds/offline_votes.py checks them)
     entry = a.daemon_.link.backlog[0]
     assert {v.peer_id for v in entry.request.group_votes} == {a.daemon_.peer_id, b.daemon_.peer_id}
     coordinator.down.clear()

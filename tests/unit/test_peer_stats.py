@@ -7,7 +7,7 @@ import pytest
 from rich.console import Console
 
 from coordinator.engine import CoordinatorEngine
-from coordinator.store import Store
+from coordinator.store.database import Store
 from peer.stats import PeerStats
 from swarm.app.status import status_tables, status_to_dict
 from swarm.config import RunConfig

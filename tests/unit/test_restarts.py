@@ -15,7 +15,6 @@ import psutil
 import pytest
 
 from peer.restarts import peer_processes
-
 from tests.integration.harness import poll
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]

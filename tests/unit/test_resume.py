@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from peer.resume import maybe_resume, prune_votes, resume_trainer, save_trainer, save_vote, vote_dir
-from swarm.core.state import GlobalState
 from swarm.config import DataConfig, RunConfig
+from swarm.core.state import GlobalState
 from swarm.train.trainer import LocalTrainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]

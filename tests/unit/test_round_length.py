@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from coordinator import budgets, controller
-from coordinator.records import RoundRecord
+from coordinator.rounds import budgets, controller
+from coordinator.store.records import RoundRecord
 from swarm.config import DataConfig, RoundConfig, RunConfig
 from swarm.core.aggregation import Aggregation
 from swarm.core.round_length import longest_inner_steps, longest_round_steps, longest_sync_steps
@@ -41,11 +41,11 @@ def _row(choice_h: int) -> RoundRecord:
 def test_the_time_budget_follows_the_controllers_h_and_slower_peers_get_their_share(monkeypatch):
     rounds = RoundConfig(inner_steps=4, controller="auto", controller_max_inner_steps=12, straggler_slack_s=0.0)
     monkeypatch.setattr(budgets, "step_times", lambda peers: {"a": 0.5, "b": 1.5})
-    planned = budgets.plan_round(_row(12), {}, rounds)
+    planned = budgets.budgeted(_row(12), {}, rounds)
     assert (planned.budget_s, planned.budgets) == (6.0, (12, 4))  # 12 steps of the fastest's 0.5 s
-    assert budgets.plan_round(_row(100), {}, rounds).budgets == (12, 4)  # a stored H over the cap is capped
+    assert budgets.budgeted(_row(100), {}, rounds).budgets == (12, 4)  # a stored H over the cap is capped
     off = dataclasses.replace(rounds, controller="off")
-    assert budgets.plan_round(_row(12), {}, off).budgets == (4, 1)  # a choice counts only with the controller on
+    assert budgets.budgeted(_row(12), {}, off).budgets == (4, 1)  # a choice counts only with the controller on
 
 
 def test_a_round_the_controller_lengthens_is_trained_by_every_peer_and_keeps_them_identical(tmp_path):

@@ -10,8 +10,7 @@ import torch
 
 from swarm.config import DataConfig, ModelConfig, RoundConfig, RunConfig
 from swarm.core.state import GlobalState
-from swarm.train.round import (Averaged, Decision, Hooks, InlineExecutor, Outcome, RoundRunner, SyncFailed,
-                               Vote)
+from swarm.train.round import Averaged, Decision, Hooks, InlineExecutor, Outcome, RoundRunner, SyncFailed, Vote
 from swarm.train.trainer import Contribution, LocalTrainer
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]

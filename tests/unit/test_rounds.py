@@ -2,11 +2,11 @@
 
 import pytest
 
-from coordinator import rounds
+from coordinator.api.errors import PeerGone
 from coordinator.engine import CoordinatorEngine
-from coordinator.errors import PeerGone
-from coordinator.records import COMMITTED, OPEN, READY, VOIDED, ReportRecord, RoundRecord
-from coordinator.store import Store
+from coordinator.rounds import opening, outcome
+from coordinator.store.database import Store
+from coordinator.store.records import COMMITTED, OPEN, READY, VOIDED, ReportRecord, RoundRecord
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.signing import CallProof, CallSigner
 from swarm.core.credential import PeerKey
@@ -30,8 +30,8 @@ def open_round(*participants: str) -> RoundRecord:
 
 
 def decide(participants: str, reports: list[ReportRecord], *, now: float = 1.0, alive: str | None = None,
-           grace_s: float = 10.0) -> rounds.Decision:
-    return rounds.decide_round(now, open_round(*participants), set(participants if alive is None else alive),
+           grace_s: float = 10.0) -> outcome.Decision:
+    return outcome.decide_round(now, open_round(*participants), set(participants if alive is None else alive),
                                reports, TIMEOUT_S, report_grace_s=grace_s)
 
 
@@ -162,28 +162,28 @@ def test_ddp_equivalent_bytes() -> None:
     # K = 3 holders: each inner step of data-parallel training sends 2(K-1)/K * 4 bytes per parameter.
     abc = ("a", "b", "c")
     holders = [report(p, inner_steps=steps, param_count=300, group=abc) for p, steps in (("a", 10), ("b", 20), ("c", 30))]
-    assert rounds.ddp_equivalent_bytes(holders) == round(60 * (4 / 3) * 4 * 300)
-    assert rounds.ddp_equivalent_bytes(holders[:1]) == 0  # one peer sends nothing
+    assert outcome.ddp_equivalent_bytes(holders) == round(60 * (4 / 3) * 4 * 300)
+    assert outcome.ddp_equivalent_bytes(holders[:1]) == 0  # one peer sends nothing
     without_count = [report("a", inner_steps=5), report("b", inner_steps=5)]
-    assert rounds.ddp_equivalent_bytes(without_count, param_count=1000) == 10 * 1 * 4 * 1000
+    assert outcome.ddp_equivalent_bytes(without_count, param_count=1000) == 10 * 1 * 4 * 1000
     d = decide("abc", holders)
     assert d.ddp_equivalent_bytes == round(60 * (4 / 3) * 4 * 300)
 
 
 def test_plan_needs_min_peers_for_round_one_only() -> None:
-    assert rounds.plan_round(now=0.0, round_number=1, ready=["a"], min_peers=2)[0] is None
-    planned, _ = rounds.plan_round(now=0.0, round_number=1, ready=["a", "b"], min_peers=2)
+    assert opening.new_round(now=0.0, round_number=1, ready=["a"], min_peers=2)[0] is None
+    planned, _ = opening.new_round(now=0.0, round_number=1, ready=["a", "b"], min_peers=2)
     assert planned.participants == ("a", "b") and planned.outcome == OPEN
-    later, _ = rounds.plan_round(now=0.0, round_number=5, ready=["b"], carried=["a", "b"], min_peers=2)
+    later, _ = opening.new_round(now=0.0, round_number=5, ready=["b"], carried=["a", "b"], min_peers=2)
     assert later.participants == ("a", "b")
-    assert rounds.plan_round(now=0.0, round_number=5, ready=[], min_peers=2)[0] is None
+    assert opening.new_round(now=0.0, round_number=5, ready=[], min_peers=2)[0] is None
 
 
 def test_late_admission_only_before_the_first_report() -> None:
     row = open_round("a")
-    assert rounds.admit_late(row, [], ["a", "b"]).participants == ("a", "b")
-    assert rounds.admit_late(row, [report("a")], ["a", "b"]).participants == ("a",)
-    assert rounds.admit_late(row, [], ["a", "b"], exchange_started=True).participants == ("a",)
+    assert opening.with_late_joiners(row, [], ["a", "b"]).participants == ("a", "b")
+    assert opening.with_late_joiners(row, [report("a")], ["a", "b"]).participants == ("a",)
+    assert opening.with_late_joiners(row, [], ["a", "b"], exchange_started=True).participants == ("a",)
 
 
 # --- through the engine ---------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.rate_limit import JoinLimits, Rate
+from coordinator.api.rate_limit import JoinLimits, Rate
 from coordinator.server import CoordinatorServer
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.client import CoordinatorBusy, CoordinatorClient

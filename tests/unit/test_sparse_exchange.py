@@ -17,7 +17,7 @@ from swarm.core.average import part_bounds
 from swarm.core.codec import ErrorFeedback, codec_round_trip, get_codec
 from swarm.net.rendezvous import group_key
 from swarm.train.sim import simulate
-from tests.unit.test_exchange import Peer, three_peers, concurrently, deltas, results_of
+from tests.unit.test_exchange import Peer, concurrently, deltas, results_of, three_peers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -139,7 +139,7 @@ def test_swarm_status_shows_the_topk_codec_with_its_density():
     from rich.console import Console
 
     from coordinator.engine import CoordinatorEngine
-    from coordinator.store import Store
+    from coordinator.store.database import Store
     from swarm.app.status import render_status, status_to_dict
 
     engine = CoordinatorEngine(Store(":memory:"), config=RunConfig.from_json('{"rounds": {"codec": "topk-int4@0.003"}}'))

@@ -15,8 +15,15 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from swarm.core.credential import Member, PeerKey
-from swarm.core.state import (EncodedState, GlobalState, decode_state, encode_state, encoded_size_bound, state_tensors,
-                              tensors_from_buffer)
+from swarm.core.state import (
+    EncodedState,
+    GlobalState,
+    decode_state,
+    encode_state,
+    encoded_size_bound,
+    state_tensors,
+    tensors_from_buffer,
+)
 from swarm.net import state_transfer
 from swarm.net.state_transfer import StateServer, StateUnavailable, download_state
 from swarm.net.transport import CHUNK_BYTES, Transport
@@ -60,6 +67,7 @@ def test_encode_then_decode_gives_the_same_tensors_and_hash() -> None:
 
 def test_the_hash_is_computed_from_the_data_never_taken_from_the_metadata() -> None:
     from safetensors.torch import save
+
     from swarm.core.state import state_tensors
     state = make_state(7, seed=1)
     lying = save(state_tensors(state), metadata={"round_no": "7", "state_hash": "0" * 16})

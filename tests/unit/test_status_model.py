@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from coordinator.engine import CoordinatorEngine
-from coordinator.store import Store
+from coordinator.store.database import Store
 from swarm.app.status import model_line, render_status, status_to_dict
 from swarm.config import RunConfig
 

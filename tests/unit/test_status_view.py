@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from coordinator.api.errors import BadRequest
+from coordinator.api.limits import check_request
 from coordinator.engine import CoordinatorEngine
-from coordinator.errors import BadRequest
-from coordinator.limits import check_request
 from coordinator.server import _private_dir, _private_files, _write_private
-from coordinator.store import STORE_FILE, Store
+from coordinator.store.database import STORE_FILE, Store
 from peer.stats import PeerStats
 from swarm.app.status import render_status, status_to_dict
 from swarm.config import RunConfig

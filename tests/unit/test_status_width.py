@@ -12,7 +12,7 @@ from rich.console import Console
 
 from coordinator.engine import CoordinatorEngine
 from coordinator.server import CoordinatorServer
-from coordinator.store import Store
+from coordinator.store.database import Store
 from peer.stats import PeerStats
 from swarm.app.cli import main as cli_main
 from swarm.app.history import TABLE_COLUMNS, history_to_dict, print_history

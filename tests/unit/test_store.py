@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from coordinator.engine import CoordinatorEngine
-from coordinator.run_identity import with_data_fingerprint
-from coordinator.records import COMMITTED, OPEN, READY, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
-from coordinator.store import SCHEMA_VERSION, STORE_FILE, Store
+from coordinator.store.database import SCHEMA_VERSION, STORE_FILE, Store
+from coordinator.store.records import COMMITTED, OPEN, READY, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
+from coordinator.store.run_identity import with_data_fingerprint
 from swarm.config import ConfigError, RoundConfig, RunConfig
 from swarm.core.credential import PeerKey
 from swarm.v1 import coordinator_pb2 as pb

@@ -10,7 +10,6 @@ import torch
 
 from swarm.config import FRAGMENT_PATTERNS as PATTERNS
 from swarm.config import ConfigError, ModelConfig, RoundConfig, RunConfig
-from swarm.train.model import GPT, gpt_config
 from swarm.core.fragments import (
     fragments,
     layer_units,
@@ -19,6 +18,7 @@ from swarm.core.fragments import (
     round_fragment,
     round_steps,
 )
+from swarm.train.model import GPT, gpt_config
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,9 +8,9 @@ import time
 import grpc
 import pytest
 
-from coordinator import tokens
+from coordinator.api import tokens
 from coordinator.server import JOIN_STRING_FILE
-from coordinator.store import Store
+from coordinator.store.database import Store
 from swarm.app.cli import main
 from swarm.config import RoundConfig, RunConfig
 from swarm.control import tls

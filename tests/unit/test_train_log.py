@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.history import History
-from coordinator.records import COMMITTED, VOIDED, RoundRecord
-from coordinator.run_log import RunLog
+from coordinator.store.history import History
+from coordinator.store.records import COMMITTED, VOIDED, RoundRecord
+from coordinator.store.run_log import RunLog
 from peer.round_log import RoundLog
 from swarm.config import ConfigError, LoggingConfig, RunConfig, WandbConfig, load_run_config
 from swarm.train.round import Averaged, Decision, Outcome, RoundResult, Vote

@@ -172,8 +172,8 @@ def _finished_run(tmp_path: Path, *, rounds: int):
     import dataclasses as dc
 
     from coordinator.engine import CoordinatorEngine
-    from coordinator.records import COMMITTED, RoundRecord
-    from coordinator.store import Store
+    from coordinator.store.database import Store
+    from coordinator.store.records import COMMITTED, RoundRecord
 
     config = RunConfig(rounds=RoundConfig(max_rounds=rounds))
     engine = CoordinatorEngine(Store.in_dir(tmp_path), config=config)
@@ -187,7 +187,7 @@ def _finished_run(tmp_path: Path, *, rounds: int):
 
 def _engine(tmp_path: Path, config, **kwargs):
     from coordinator.engine import CoordinatorEngine
-    from coordinator.store import Store
+    from coordinator.store.database import Store
 
     return CoordinatorEngine(Store.in_dir(tmp_path), config=config, **kwargs)
 
@@ -224,8 +224,8 @@ def test_a_restart_may_not_change_more_than_max_rounds_nor_go_below_the_committe
 
 def test_a_peer_evicted_for_another_model_is_told_to_use_the_run_s_model_code_not_to_restart() -> None:
     from coordinator import membership
-    from coordinator.errors import PeerGone, StateMismatch
-    from coordinator.records import PeerRecord, RunRecord
+    from coordinator.api.errors import PeerGone, StateMismatch
+    from coordinator.store.records import PeerRecord, RunRecord
 
     run = RunRecord(run_id="r", token="t", run_spec_json="{}", created_at=0.0, model_fingerprint="fp",
                     initial_hash="h0")

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from coordinator.api.errors import StateMismatch
 from coordinator.engine import CoordinatorEngine
-from coordinator.errors import StateMismatch
-from coordinator.store import Store
+from coordinator.store.database import Store
 from swarm.config import ConfigError, RunConfig
 from swarm.core.state import GlobalState
 from swarm.train.data import BatchSampler, load_corpus

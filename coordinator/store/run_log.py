@@ -12,9 +12,9 @@ import json
 import math
 from typing import Mapping, Sequence
 
-from coordinator.history import History, HistoryStore, round_history
-from coordinator.records import COMMITTED, VOIDED, PeerRecord, ReportRecord, RoundRecord
-from coordinator.store import Store
+from coordinator.store.database import Store
+from coordinator.store.history import History, HistoryStore, round_history
+from coordinator.store.records import COMMITTED, VOIDED, PeerRecord, ReportRecord, RoundRecord
 from swarm.config import RunConfig
 from swarm.train.train_log import COORDINATOR_NAME, TrainLog, open_train_log
 from swarm.v1 import coordinator_pb2 as pb

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Optional
 
-from coordinator.records import PeerRecord, RoundRecord
+from coordinator.api.views import RunPosition, round_info
 from coordinator.roster import Roster
-from coordinator.views import RunPosition, round_info
+from coordinator.store.records import PeerRecord, RoundRecord
 from swarm.v1 import coordinator_pb2 as pb
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from typing import Mapping, Optional, Protocol, Sequence
 
-from coordinator import controller
-from coordinator.errors import BadRequest
-from coordinator.records import COMMITTED, PeerRecord, ReportRecord, RoundRecord, finite
+from coordinator.api.errors import BadRequest
+from coordinator.rounds import controller
+from coordinator.store.records import COMMITTED, PeerRecord, ReportRecord, RoundRecord, finite
 from swarm.config import RunConfig
 from swarm.v1 import coordinator_pb2 as pb
 

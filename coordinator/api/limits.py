@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from coordinator.errors import BadRequest
+from coordinator.api.errors import BadRequest
 from swarm.core.round_vote import MAX_SENT_VOTES
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ together. A participant with no measurement yet does the full steps.  The round'
 
 Step times are what the peers say in their heartbeats; one peer claiming to be very fast would shrink
 everyone else's budget, so a claim under ``1 / MAX_SPEEDUP`` of the measured participants' lower median
-counts as that much (``coordinator.step_times``).
+counts as that much (``coordinator.rounds.step_times``).
 
 With the controller on (``[rounds] controller = "auto"``) the round's full steps are the H it chose for the
 round (its ``inner_steps``, at most ``swarm.core.round_length.longest_inner_steps``), so its compute budget
@@ -25,13 +25,12 @@ import math
 from dataclasses import dataclass
 from typing import AbstractSet, Mapping, Optional, Sequence
 
-from coordinator import controller
-from coordinator.records import EXCHANGING, PeerRecord, RoundRecord
-from coordinator.step_times import measured, reference_step_s
+from coordinator.rounds import controller
+from coordinator.rounds.step_times import measured, reference_step_s
+from coordinator.store.records import EXCHANGING, PeerRecord, RoundRecord
 from swarm.config import RoundConfig
 from swarm.core.fragments import round_steps
 from swarm.core.round_length import longest_inner_steps
-
 
 PROBED_SLOWDOWN = 5.0  # a start-up probe's step time counts only from this many times the reference (trusted_probe)
 
@@ -116,7 +115,7 @@ def late_budget(round_row: RoundRecord, step_time_s: float, *, now: float, full_
 
 def with_newcomers(before: RoundRecord, after: RoundRecord, step_times: Mapping[str, float], *, now: float,
                    full_steps: int) -> RoundRecord:
-    """``after`` (``before`` with peers appended by ``rounds.admit_late``) with a budget for each newcomer."""
+    """``after`` (``before`` with peers appended by ``opening.with_late_joiners``) with a budget for each newcomer."""
     if not before.budgets:
         return after
     newcomers = after.participants[len(before.participants):]
@@ -147,7 +146,7 @@ def budget_of(round_row: RoundRecord, peer_id: str) -> Optional[Budget]:
     return Budget(round_row.budgets[i], round_row.step_times_s[i])
 
 
-def plan_round(round_row: RoundRecord, peers: Mapping[str, PeerRecord], config: RoundConfig) -> RoundRecord:
+def budgeted(round_row: RoundRecord, peers: Mapping[str, PeerRecord], config: RoundConfig) -> RoundRecord:
     """The newly opened ``round_row`` (carrying the controller's choice, if any) with its participants'
     budgets from their latest heartbeats: the round's full steps × the reference step time."""
     times = step_times(peers)
@@ -159,7 +158,7 @@ def plan_round(round_row: RoundRecord, peers: Mapping[str, PeerRecord], config: 
     return planned_round(round_row, plan)
 
 
-def admit(before: RoundRecord, after: RoundRecord, peers: Mapping[str, PeerRecord], config: RoundConfig, *,
+def budget_newcomers(before: RoundRecord, after: RoundRecord, peers: Mapping[str, PeerRecord], config: RoundConfig, *,
           now: float) -> RoundRecord:
     """``with_newcomers`` from the peers' latest heartbeats."""
     return with_newcomers(before, after, step_times(peers), now=now, full_steps=round_full_steps(before, config))

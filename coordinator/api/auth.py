@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from coordinator.errors import BadJoinProof, BadRequest, NotAuthenticated
-from coordinator.records import PeerRecord
+from coordinator.api.errors import BadJoinProof, BadRequest, NotAuthenticated
+from coordinator.store.records import PeerRecord
 from swarm.control import signing
 from swarm.core.credential import PUBLIC_KEY_BYTES, peer_id_for, verify_signature
 from swarm.net import libp2p_identity

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Collection, Mapping, Optional, Sequence
 
-from coordinator import budgets
-from coordinator.records import COMMITTED, OPEN, VOIDED, ReportRecord, RoundRecord, finite
+from coordinator.rounds import budgets
+from coordinator.store.records import COMMITTED, OPEN, VOIDED, ReportRecord, RoundRecord, finite
 from swarm.core import commit_rule
 
 
@@ -36,7 +36,7 @@ def is_restart_placeholder(report: ReportRecord) -> bool:
 
 
 def is_stand_in(report: ReportRecord) -> bool:
-    """A report made from the signed DHT vote of a process that is gone (``coordinator.offline_votes``): it
+    """A report made from the signed DHT vote of a process that is gone (``coordinator.rounds.offline_votes``): it
     counts for the commit rule, but its peer does not hold what it voted for."""
     return report.error == BY_VOTE
 
@@ -196,37 +196,6 @@ def ddp_equivalent_bytes(holder_reports: Sequence[ReportRecord], *, param_count:
         return 0
     per_step_factor = 2 * (k - 1) / k * 4
     return int(round(sum(r.inner_steps * per_step_factor * (r.param_count or param_count) for r in holder_reports)))
-
-
-def plan_round(
-    *, now: float, round_number: int, ready: Sequence[str], carried: Sequence[str] = (), min_peers: int = 1
-) -> tuple[Optional[RoundRecord], str]:
-    """Open round ``round_number`` with the carried holders plus the ready peers, if there are enough.
-
-    ``min_peers`` applies to round 1 only; a later round needs one peer.
-    """
-    participants = tuple(dict.fromkeys([*carried, *ready]))
-    needed = min_peers if round_number == 1 else 1
-    if len(participants) < needed:
-        return None, f"round {round_number} waits for {needed} ready peers, has {len(participants)}"
-    round_row = RoundRecord(round=round_number, opened_at=now, participants=participants, outcome=OPEN)
-    return round_row, f"round {round_number} opened with {len(participants)} participants"
-
-
-def admit_late(
-    round_row: RoundRecord, reports: Sequence[ReportRecord], ready: Sequence[str], *, exchange_started: bool = False
-) -> RoundRecord:
-    """Append newly ready peers to an open round until its first report arrives or its exchange starts.
-
-    After that the participants may already be matching their groups by the plan, so it stays fixed.
-    """
-    if round_row.outcome != OPEN or reports or exchange_started:
-        return round_row
-    planned = set(round_row.participants) | set(round_row.left_out)  # the round went on without those
-    newcomers = tuple(p for p in ready if p not in planned)
-    if not newcomers:
-        return round_row
-    return dataclasses.replace(round_row, participants=round_row.participants + newcomers)
 
 
 def finishes_run(round_row: RoundRecord, committed_rounds: int, max_rounds: Optional[int]) -> bool:

@@ -228,7 +228,7 @@ LR_NOTE = "the schedule's rate at the round's last step, for a peer in from roun
 
 
 def run_charts(rounds: Sequence[dict]) -> dict[str, str]:
-    """The dashboard's charts over rounds, from ``coordinator.http_snapshot``'s round rows."""
+    """The dashboard's charts over rounds, from ``coordinator.http.snapshot``'s round rows."""
     def series(key: str, *, committed_only: bool = False) -> list[Point]:
         return [(r["round"], r.get(key)) for r in rounds if not committed_only or r["outcome"] == "committed"]
 

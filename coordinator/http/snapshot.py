@@ -12,10 +12,10 @@ import math
 import time
 from typing import Any, Optional
 
-from coordinator.history import history_page
-from coordinator.records import COMMITTED, EVICTED, VOIDED
-from coordinator.store import Store
-from coordinator.views import peer_status, totals
+from coordinator.api.views import peer_status, totals
+from coordinator.store.database import Store
+from coordinator.store.history import history_page
+from coordinator.store.records import COMMITTED, EVICTED, VOIDED
 from swarm.config import RunConfig
 from swarm.core.fragments import round_end_step
 from swarm.train.schedule import lr_at

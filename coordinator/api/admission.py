@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from coordinator import auth, membership, tokens
-from coordinator.errors import NotAuthenticated
-from coordinator.records import PeerRecord, RunRecord
+from coordinator import membership
+from coordinator.api import auth, tokens
+from coordinator.api.errors import NotAuthenticated
+from coordinator.store.records import PeerRecord, RunRecord
 from swarm.control import signing
 from swarm.core import credential
 from swarm.core.credential import peer_id_for

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from coordinator.records import PeerRecord
+from coordinator.store.records import PeerRecord
 
 METRICS_PERSIST_S = 5.0
 

@@ -1,7 +1,7 @@
 """The coordinator's durable state in SQLite, so a restarted coordinator carries on where it stopped.
 
 One file, ``<state_dir>/coordinator.sqlite3`` (WAL), one connection guarded by a lock.  Each table
-keys a record (see ``coordinator.records``) and keeps the rest of it as JSON, so adding a field
+keys a record (see ``coordinator.store.records``) and keeps the rest of it as JSON, so adding a field
 needs no migration; a peer's metrics are its serialized ``PeerMetrics`` in a column of their own, the run's
 history its serialized ``RoundHistory`` and ``PeerRoundHistory`` rows.  A file of schema 3 gains the history
 tables; one of another version is refused.  ``":memory:"`` gives a throwaway store for tests;
@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from coordinator.records import (
+from coordinator.store.records import (
     COMMITTED,
     PeerRecord,
     ReportRecord,

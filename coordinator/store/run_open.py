@@ -8,10 +8,10 @@ import logging
 import secrets
 from typing import Any, Optional
 
-from coordinator import tokens
-from coordinator.records import COMMITTED, RunRecord
-from coordinator.run_identity import check_model, check_vocab_fits, expected_identity, with_data_fingerprint
-from coordinator.store import Store
+from coordinator.api import tokens
+from coordinator.store.database import Store
+from coordinator.store.records import COMMITTED, RunRecord
+from coordinator.store.run_identity import check_model, check_vocab_fits, expected_identity, with_data_fingerprint
 from swarm.config import ConfigError, RunConfig
 
 logger = logging.getLogger(__name__)

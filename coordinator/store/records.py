@@ -39,7 +39,7 @@ class RunRecord:
     token: str
     run_spec_json: str
     created_at: float
-    model_fingerprint: str = ""  # derived from the config when the run starts (coordinator.run_identity)
+    model_fingerprint: str = ""  # derived from the config when the run starts (coordinator.store.run_identity)
     param_count: int = 0
     initial_hash: str = ""  # hash of round 0's state, derived likewise
     next_peer_index: int = 0
@@ -97,8 +97,8 @@ class RoundRecord:
     holders: tuple[str, ...] = ()  # peer ids that reported the committed hash
     mean_loss: float = NAN
     reason: str = ""  # why it was decided so, in words
-    choice: str = ""  # the controller's choice for it as JSON (coordinator.controller; "": controller off)
-    # The time budget (coordinator.budgets): each participant's inner steps and the step time they came
+    choice: str = ""  # the controller's choice for it as JSON (coordinator.rounds.controller; "": controller off)
+    # The time budget (coordinator.rounds.budgets): each participant's inner steps and the step time they came
     # from, aligned with ``participants`` (empty: every participant does the full steps).
     budget_s: float = 0.0  # the round's compute seconds (0: none measured)
     deadline_s: float = 0.0  # after opened_at: a participant not ready by it plus report_grace_s is left out (0: none)
@@ -106,7 +106,7 @@ class RoundRecord:
     step_times_s: tuple[float, ...] = ()
     left_out: tuple[str, ...] = ()  # participants the round went on without (too slow); no longer in participants
     # when the late participants' grace began, if not at the deadline (0): inf while most of them were late past the
-    # deadline (the round waits), then the moment more than half were ready (coordinator.rounds.leave_out)
+    # deadline (the round waits), then the moment more than half were ready (coordinator.rounds.outcome.leave_out)
     grace_from: float = 0.0
 
 
@@ -131,7 +131,7 @@ class ReportRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class TokenRecord:
-    """A join token (see coordinator.tokens); ``secret_hash`` is all the store keeps of its secret."""
+    """A join token (see coordinator.api.tokens); ``secret_hash`` is all the store keeps of its secret."""
 
     id: str
     secret_hash: str  # SHA-256 hex of the secret

@@ -6,7 +6,7 @@ exchange time on the slowest link of a butterfly all-reduce and takes the least 
 exchange stays hidden behind computation: within the overlap window (τ inner steps) when the run
 overlaps, else within ``controller_exchange_fraction`` of the round. When none does, it takes the most
 compact codec and a longer round: the H whose round keeps what the overlap does not hide within that
-fraction of the round, capped at ``controller_max_inner_steps``; ``coordinator.budgets`` turns that H into
+fraction of the round, capped at ``controller_max_inner_steps``; ``coordinator.rounds.budgets`` turns that H into
 the round's time budget (H × the fastest believable step time) and each participant's steps. Fragments and
 overlap stay the run's; with the controller on, a peer whose exchange outlasts the overlap window keeps
 training and merges when it ends (``RoundRunner.merge_when_ready``), so a short prediction costs staleness,
@@ -24,8 +24,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-from coordinator.records import PeerRecord, RoundRecord
-from coordinator.step_times import reference_step_s
+from coordinator.rounds.step_times import reference_step_s
+from coordinator.store.records import PeerRecord, RoundRecord
 from swarm.config import RunConfig
 from swarm.config.run import RoundConfig
 from swarm.core.codec import get_codec

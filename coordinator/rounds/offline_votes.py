@@ -18,9 +18,9 @@ import dataclasses
 import logging
 from typing import Mapping
 
-from coordinator import rounds
-from coordinator.errors import BadRequest
-from coordinator.records import OPEN, PeerRecord, ReportRecord, RoundRecord
+from coordinator.api.errors import BadRequest
+from coordinator.rounds import outcome
+from coordinator.store.records import OPEN, PeerRecord, ReportRecord, RoundRecord
 from swarm.core.round_vote import MAX_SENT_VOTES, Vote, group_id, vote_fragment
 from swarm.core.signed_entry import EntryRejected, verify_signed
 from swarm.v1 import coordinator_pb2 as pb
@@ -93,8 +93,8 @@ def adopt(round_row: RoundRecord, reports: Mapping[str, ReportRecord], votes: Ma
         if peer_id == reporter or (peer.alive and peer.dht_peer_id == vote.dht_peer_id):
             continue
         stand_in = ReportRecord(round=round_row.round, peer_id=peer_id, reported_at=now, ok=vote.ok,
-                                state_hash=vote.state_hash, group=group, error=rounds.BY_VOTE)
-        if earlier is None or rounds.supersedes(stand_in, earlier):  # none, its placeholder, its next process's failure
+                                state_hash=vote.state_hash, group=group, error=outcome.BY_VOTE)
+        if earlier is None or outcome.supersedes(stand_in, earlier):  # none, its placeholder, its next process's failure
             stand_ins.append(stand_in)
             logger.info("peer %s: round %d: its process is gone; its signed vote counts (%s)", peer_id,
                         round_row.round, f"hash {vote.state_hash[:12]}" if vote.ok else "failure")

@@ -1,8 +1,8 @@
 """The dashboard's HTTP server (aiohttp, on a thread and event loop of its own): the page, its JSON and /metrics.
 
-    GET /            the page (coordinator/dashboard/index.html), which polls /api/state every second
-    GET /api/state   the run, its rounds, its peers and the charts as SVG (coordinator.http_snapshot)
-    GET /metrics     Prometheus text format (coordinator.http_metrics)
+    GET /            the page (coordinator/http/dashboard/index.html), which polls /api/state every second
+    GET /api/state   the run, its rounds, its peers and the charts as SVG (coordinator.http.snapshot)
+    GET /metrics     Prometheus text format (coordinator.http.metrics)
 
 What it serves is read from the store (a read-only connection of its own), at most once per
 ``SNAPSHOT_TTL_S`` however many pages and scrapers ask, off the event loop.
@@ -20,8 +20,8 @@ from typing import Any, Callable, Optional
 
 from aiohttp import web
 
-from coordinator.http_charts import run_charts
-from coordinator.http_metrics import metrics_text
+from coordinator.http.charts import run_charts
+from coordinator.http.metrics import metrics_text
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ START_TIMEOUT_S = 10.0
 
 
 class DashboardServer:
-    """Serves ``snapshot()`` (a JSON-ready dict, see coordinator.http_snapshot) as the page, its data and /metrics."""
+    """Serves ``snapshot()`` (a JSON-ready dict, see coordinator.http.snapshot) as the page, its data and /metrics."""
 
     def __init__(self, snapshot: Callable[[], dict[str, Any]], *, host: str = "127.0.0.1", port: int = 0) -> None:
         self._snapshot = snapshot

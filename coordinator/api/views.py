@@ -10,13 +10,12 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from coordinator import controller
-from coordinator.errors import BadRequest
-from coordinator.limits import MAX_DHT_MADDRS, MAX_LABEL_BYTES
-from coordinator.records import COMMITTED, PeerRecord, RoundRecord, RunRecord
+from coordinator.api.errors import BadRequest
+from coordinator.api.limits import MAX_DHT_MADDRS, MAX_LABEL_BYTES
+from coordinator.rounds import controller
+from coordinator.store.records import COMMITTED, PeerRecord, RoundRecord, RunRecord
 from swarm.config import ConfigError, ModelConfig, RunConfig
 from swarm.v1 import coordinator_pb2 as pb
-
 
 GONE_LISTED_S = 600.0  # a peer that left or was evicted longer ago than this is counted, not listed
 DEFAULT_PAGE_SIZE = 100
@@ -79,7 +78,7 @@ def round_info(
 
 
 def round_plan(round_row: RoundRecord) -> pb.RoundPlan:
-    """The round's time budget as peers read it (``coordinator.budgets``)."""
+    """The round's time budget as peers read it (``coordinator.rounds.budgets``)."""
     plan = pb.RoundPlan(budget_s=round_row.budget_s, deadline_s=round_row.deadline_s, left_out=round_row.left_out)
     if len(round_row.budgets) == len(round_row.participants):
         plan.peers.extend(pb.PlannedPeer(peer_id=p, inner_steps=steps, step_time_s=t) for p, steps, t in

@@ -15,8 +15,8 @@ import hmac
 import secrets
 from typing import Optional, Protocol
 
-from coordinator.errors import BadToken, Rejection
-from coordinator.records import TokenRecord
+from coordinator.api.errors import BadToken, Rejection
+from coordinator.store.records import TokenRecord
 
 DEFAULT_ID = "default"
 ROLES = ("peer", "status")

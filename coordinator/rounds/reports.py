@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
-from coordinator import offline_votes, rounds
-from coordinator.records import PeerRecord, ReportRecord, RoundRecord
-from coordinator.store import Store
+from coordinator.rounds import offline_votes, outcome
+from coordinator.store.database import Store
+from coordinator.store.records import PeerRecord, ReportRecord, RoundRecord
 from swarm.core import commit_rule
 from swarm.core.round_vote import Vote
 from swarm.v1 import coordinator_pb2 as pb
@@ -30,9 +30,9 @@ class RoundReports:
     def add(self, report: ReportRecord) -> bool:
         """Keep ``report``, in the store too; False when this peer already reported (the first one stands),
         except that a peer's own report replaces a stand-in or placeholder, and a stand-in a failure of its next
-        process (``rounds.supersedes``)."""
+        process (``outcome.supersedes``)."""
         earlier = self._reports.get(report.peer_id)
-        if earlier is not None and rounds.supersedes(report, earlier):
+        if earlier is not None and outcome.supersedes(report, earlier):
             self._store.replace_report(report)
         elif not self._store.add_report(report):
             return False
@@ -41,7 +41,7 @@ class RoundReports:
 
     def _keep(self, report: ReportRecord) -> None:
         self._reports[report.peer_id] = report
-        self.claims[report.peer_id] = rounds.claim_of(report, self._groups)
+        self.claims[report.peer_id] = outcome.claim_of(report, self._groups)
         self.version += 1
 
     def __len__(self) -> int:
@@ -50,7 +50,7 @@ class RoundReports:
     def adopt(self, round_row: RoundRecord, votes: Mapping[str, Vote], *, reporter: str,
               peers: Mapping[str, PeerRecord], now: float) -> RoundRecord:
         """The open round as the group that decided it by ``votes`` had it, the votes of its members whose process
-        is gone kept as their reports (``coordinator.offline_votes``); ``round_row`` itself when nothing changed."""
+        is gone kept as their reports (``coordinator.rounds.offline_votes``); ``round_row`` itself when nothing changed."""
         if not votes:
             return round_row
         adopted, stand_ins = offline_votes.adopt(round_row, self._reports, votes, reporter=reporter, peers=peers,

@@ -12,13 +12,13 @@ from typing import Callable, Optional, Sequence, TypeVar
 
 import grpc
 
-from coordinator import auth, tokens
-from coordinator.challenges import Challenges
+from coordinator.api import auth, tokens
+from coordinator.api.challenges import Challenges
+from coordinator.api.errors import RateLimited, Rejection, StaleChallenge, WrongProtocol
+from coordinator.api.limits import check_request
+from coordinator.api.rate_limit import JoinLimits, RateLimiter, client_address
+from coordinator.api.views import status_page
 from coordinator.engine import CoordinatorEngine
-from coordinator.errors import RateLimited, Rejection, StaleChallenge, WrongProtocol
-from coordinator.limits import check_request
-from coordinator.rate_limit import JoinLimits, RateLimiter, client_address
-from coordinator.views import status_page
 from swarm.control import signing
 from swarm.core.wire_protocol import PROTOCOL, mismatch
 from swarm.v1 import coordinator_pb2 as pb
