@@ -1,10 +1,12 @@
 """A member's signed entry: what it posts in the DHT (group entries, votes), checkable by anyone who holds the
 run's coordinator key: the members, and the coordinator itself (a group's votes reach it with a report).
 
-An entry is ``{"key", "body", "credential", "signature"}``: ``body`` is the entry (a dataclass, as JSON),
-``credential`` the poster's membership credential from the coordinator, ``signature`` the poster's signature of
-the key and the body (an entry cannot be replayed under another round's key). Plain Python, no DHT:
-``swarm.net.dht_entries`` stores and reads them.
+An entry is ``{"key", "body", "credential", "signature"}``: ``body`` is the entry (a dataclass, as JSON) with
+the DHT expiration it was stored with (``expires_at``), ``credential`` the poster's membership credential from the
+coordinator, ``signature`` the poster's signature of the key and the body (an entry cannot be replayed under
+another round's key, nor stored again with another expiration: the DHT keeps a subkey's value with the latest
+expiration, so were it unsigned, anyone could put a member's older entry back over its newer one). Plain Python, no
+DHT: ``swarm.net.dht_entries`` stores and reads them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import fields
-from typing import Any, TypeVar
+from typing import Any, Optional, TypeVar
 
 from swarm.core.credential import CredentialError, Member, verify_credential, verify_signature
 
@@ -20,6 +22,8 @@ T = TypeVar("T")
 
 ENTRY_PURPOSE = "dht-entry"
 MAX_BODY_BYTES = 1024  # an entry's JSON is ~200 bytes; a larger one is refused unparsed
+EXPIRES_AT = "expires_at"  # the signed DHT expiration in a body; no entry dataclass has a field of that name
+_EXPIRES_AT_BYTES = 48  # what ``,"expires_at":<float>`` adds to a body, allowed beyond MAX_BODY_BYTES
 
 
 class EntryRejected(ValueError):
@@ -37,27 +41,34 @@ def _signed_message(key: str, body: bytes) -> bytes:
 OMITTED_AT_DEFAULT = ("closed", "protocol")
 
 
-def entry_body(entry: Any) -> bytes:
-    """The bytes ``sign_entry`` signs for ``entry`` (a reader refuses more than MAX_BODY_BYTES)."""
+def entry_body(entry: Any, *, expires_at: Optional[float] = None) -> bytes:
+    """The bytes ``sign_entry`` signs for ``entry`` (a reader refuses more than MAX_BODY_BYTES without the
+    expiration)."""
     body = {f.name: getattr(entry, f.name) for f in fields(entry)
             if not (f.name in OMITTED_AT_DEFAULT and getattr(entry, f.name) == f.default)}
+    if expires_at is not None:
+        body[EXPIRES_AT] = float(expires_at)
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-def sign_entry(member: Member, key: str, entry: Any) -> dict[str, Any]:
-    """The DHT value that stands for ``entry`` under ``key``, signed by ``member``. The key travels in
-    clear too: DHT nodes see only its hash, and their ``EntryValidator`` checks the signature with it."""
-    body = entry_body(entry)
+def sign_entry(member: Member, key: str, entry: Any, *, expires_at: Optional[float] = None) -> dict[str, Any]:
+    """The DHT value that stands for ``entry`` under ``key``, signed by ``member``, to be stored with the DHT
+    expiration ``expires_at`` (DHT readers and guarded nodes refuse it under any other; None: for a reader
+    outside the DHT only, such as the coordinator checking a vote). The key travels in clear too: DHT nodes
+    see only its hash, and their ``EntryValidator`` checks the signature with it."""
+    body = entry_body(entry, expires_at=expires_at)
     return {"key": key, "body": body, "credential": bytes(member.credential),
             "signature": member.key.sign(ENTRY_PURPOSE, _signed_message(key, body))}
 
 
 def verify_signed(value: Any, *, key: str, subkey: Any, cls: type[T], coordinator_public_key: bytes, run_id: str,
-                  now: float) -> T:
-    """The entry of type ``cls`` in a signed value posted under ``key`` and ``subkey``, if it checks out against the
-    run's coordinator key; EntryRejected with the reason otherwise."""
+                  now: float, expiration_time: Optional[float] = None) -> T:
+    """The entry of type ``cls`` in a signed value posted under ``key`` and ``subkey`` (and, when given, held in
+    the DHT until ``expiration_time``), if it checks out against the run's coordinator key; EntryRejected with
+    the reason otherwise."""
     signed = signed_fields(value, key=key, subkey=subkey, coordinator_public_key=coordinator_public_key,
-                           run_id=run_id, now=now)
+                           run_id=run_id, now=now, expiration_time=expiration_time)
+    signed.pop(EXPIRES_AT, None)
     try:
         return cls(**_typed_fields(signed, cls))
     except (ValueError, TypeError) as e:
@@ -65,14 +76,15 @@ def verify_signed(value: Any, *, key: str, subkey: Any, cls: type[T], coordinato
 
 
 def signed_fields(value: Any, *, key: str, subkey: Any, coordinator_public_key: bytes, run_id: str,
-                  now: float) -> dict[str, Any]:
+                  now: float, expiration_time: Optional[float] = None) -> dict[str, Any]:
     """The fields of a signed entry for ``key`` under ``subkey`` whose poster's credential is current and
-    names the same peer and libp2p id as the entry; EntryRejected with the reason otherwise."""
+    names the same peer and libp2p id as the entry, and, when ``expiration_time`` is given (the entry came from
+    the DHT), was signed with that very expiration; EntryRejected with the reason otherwise."""
     if not isinstance(value, dict) or not all(isinstance(value.get(f), bytes) for f in ("body", "credential", "signature")):
         raise EntryRejected("not a signed entry")
     body = value["body"]
-    if len(body) > MAX_BODY_BYTES:
-        raise EntryRejected(f"body of {len(body)} bytes, over {MAX_BODY_BYTES}")
+    if len(body) > MAX_BODY_BYTES + _EXPIRES_AT_BYTES:
+        raise EntryRejected(f"body of {len(body)} bytes, over {MAX_BODY_BYTES + _EXPIRES_AT_BYTES}")
     try:
         credential = verify_credential(value["credential"], coordinator_public_key, run_id=run_id, now=now)
     except CredentialError as e:
@@ -92,6 +104,11 @@ def signed_fields(value: Any, *, key: str, subkey: Any, coordinator_public_key: 
         raise EntryRejected(f"libp2p id {str(signed.get('dht_peer_id'))[:64]!r} is not the credential's")
     if "site" in signed and signed["site"] != credential.site:
         raise EntryRejected(f"site {str(signed['site'])[:64]!r} is not the credential's {credential.site[:64]!r}")
+    if expiration_time is not None and signed.get(EXPIRES_AT) != expiration_time:
+        # the DHT keeps the value of latest expiration: an entry stored again with a later one than its poster
+        # signed would pass for the poster's newest
+        raise EntryRejected(f"held until {expiration_time!r} in the DHT but signed for "
+                            f"{str(signed.get(EXPIRES_AT))[:32]}: a replay, not what its poster stored")
     return signed
 
 

@@ -2,9 +2,12 @@
 
 Any DHT node can store any value under any key and subkey, so an entry is believed only for what its
 signature proves (``swarm.core.signed_entry``: the body, the poster's credential, its signature of the key
-and the body). A reader keeps an entry only when the credential is the run's coordinator's and
-current, and names the same peer as the subkey and the entry, and the same libp2p id (and site, where the
-entry has one) as the entry.
+and the body, which holds the entry's DHT expiration). A reader keeps an entry only when the credential is the
+run's coordinator's and current, and names the same peer as the subkey and the entry, and the same libp2p id
+(and site, where the entry has one) as the entry, and the DHT holds it until the expiration its poster signed.
+The DHT keeps, per subkey, the value of latest expiration, and a member's expirations only grow (one ttl, later
+posts): so the newest entry a member posted is the one read, and an older one stored again by anyone (with its
+signed expiration, or refused) cannot take its place.
 A node guarded by ``guard`` (an ``EntryValidator``) applies the same checks before it stores a record or
 takes one from another node, so a forged entry cannot displace a member's entry on it either.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import time
 from typing import Any, TypeVar
 
@@ -38,20 +42,23 @@ def store_entry(dht: hivemind.DHT, key: str, entry: Any, *, member: Member, ttl_
     """Post ``entry`` (a dataclass whose ``peer_id`` is the member's) under ``key``, signed (``wait=False``: in
     the DHT's own process, without waiting for it)."""
     assert entry.peer_id == member.peer_id, "a member posts only its own entries"
-    dht.store(key, subkey=member.peer_id, value=sign_entry(member, key, entry),
-              expiration_time=get_dht_time() + ttl_s, return_future=not wait)
+    expires_at = get_dht_time() + ttl_s
+    dht.store(key, subkey=member.peer_id, value=sign_entry(member, key, entry, expires_at=expires_at),
+              expiration_time=expires_at, return_future=not wait)
 
 
-def verify_entry(value: Any, *, key: str, subkey: Any, cls: type[T], member: Member, now: float) -> T:
-    """The entry in a stored DHT value, if it checks out; EntryRejected with the reason otherwise."""
+def verify_entry(value: Any, *, key: str, subkey: Any, cls: type[T], member: Member, now: float,
+                 expiration_time: float) -> T:
+    """The entry in a DHT value held until ``expiration_time``, if it checks out; EntryRejected with the reason
+    otherwise."""
     return verify_signed(value, key=key, subkey=subkey, cls=cls, coordinator_public_key=member.coordinator_public_key,
-                         run_id=member.run_id, now=now)
+                         run_id=member.run_id, now=now, expiration_time=expiration_time)
 
 
 class EntryValidator(RecordValidatorBase):
     """Makes a DHT node refuse to store, or to take from another node, any record that is not a member's
-    signed entry for that very key (``hivemind.DHT.add_validators``): a forged entry then cannot even
-    displace a member's entry under its subkey. The DHT of a run holds nothing else. Runs inside the
+    signed entry for that very key and expiration (``hivemind.DHT.add_validators``): a forged or replayed
+    entry then cannot even displace a member's entry under its subkey. The DHT of a run holds nothing else. Runs inside the
     DHT's process, so it holds only the run's id and the coordinator's public key."""
 
     def __init__(self, *, coordinator_public_key: bytes, run_id: str) -> None:
@@ -65,7 +72,7 @@ class EntryValidator(RecordValidatorBase):
             if not isinstance(key, str) or DHTID.generate(source=key).to_bytes() != record.key:
                 return False
             signed_fields(value, key=key, subkey=subkey, coordinator_public_key=self.coordinator_public_key,
-                           run_id=self.run_id, now=time.time())
+                           run_id=self.run_id, now=time.time(), expiration_time=record.expiration_time)
         except Exception:  # noqa: BLE001 - whatever a stranger sent, the answer is "not stored"
             return False
         return True
@@ -103,7 +110,8 @@ def read_signed_entries(dht: hivemind.DHT, key: str, cls: type[T], *, member: Me
     for subkey, item in found.value.items():
         value = getattr(item, "value", None)
         try:
-            entries[subkey] = verify_entry(value, key=key, subkey=subkey, cls=cls, member=member, now=now), value
+            entries[subkey] = verify_entry(value, key=key, subkey=subkey, cls=cls, member=member, now=now,
+                                           expiration_time=getattr(item, "expiration_time", math.nan)), value
         except EntryRejected as e:
             _log_once(key, subkey, str(e), cls)
     return entries

@@ -425,11 +425,11 @@ def test_forged_group_entries_are_ignored_and_the_honest_group_still_forms(peers
     # no credential at all: the entry a bare DHT node could always store
     dht.store(key, subkey=stranger.peer_id, value=vars(entry(stranger.peer_id)), expiration_time=expires)
     # a well-signed entry, but under another coordinator's credential
-    dht.store(key, subkey=other_run.peer_id, value=sign_entry(other_run, key, entry(other_run.peer_id)),
-              expiration_time=expires)
+    dht.store(key, subkey=other_run.peer_id, expiration_time=expires,
+              value=sign_entry(other_run, key, entry(other_run.peer_id), expires_at=expires))
     # a member of this run (the attacker's own credential) speaking for someone else
-    dht.store(key, subkey=victim.peer_id, value=sign_entry(attacker.credential, key, entry(victim.peer_id)),
-              expiration_time=expires)
+    dht.store(key, subkey=victim.peer_id, expiration_time=expires,
+              value=sign_entry(attacker.credential, key, entry(victim.peer_id), expires_at=expires))
     planned = {a.name, b.name, victim.peer_id, stranger.peer_id, other_run.peer_id}
     weights = [2.0, 3.0]
     inputs = deltas(901, 2)
@@ -449,13 +449,13 @@ def test_an_entry_replayed_under_another_key_or_for_another_libp2p_id_is_ignored
     a, b, attacker = peers
     expires = get_dht_time() + 60
     earlier, later = group_key(RUN_ID, 902), group_key(RUN_ID, 903)
-    genuine = sign_entry(a.credential, earlier, a.member(weight=1.0))
+    genuine = sign_entry(a.credential, earlier, a.member(weight=1.0), expires_at=expires)
     attacker.transport.dht.store(earlier, subkey=a.name, value=genuine, expiration_time=expires)
     attacker.transport.dht.store(later, subkey=a.name, value=genuine, expiration_time=expires)  # replayed
     elsewhere = Member(peer_id=a.name, dht_peer_id=attacker.transport.peer_id, index=0, weight=1.0, numel=NUMEL,
                        codec="fp32")  # a's own signature, but its slices would go to the attacker's node
-    attacker.transport.dht.store(later, subkey=b.name, value=sign_entry(a.credential, later, elsewhere),
-                                 expiration_time=expires)
+    attacker.transport.dht.store(later, subkey=b.name, expiration_time=expires,
+                                 value=sign_entry(a.credential, later, elsewhere, expires_at=expires))
 
     assert set(read_entries(b.transport.dht, earlier, Member, member=b.credential)) == {a.name}
     assert read_entries(b.transport.dht, later, Member, member=b.credential) == {}
@@ -467,8 +467,9 @@ def test_votes_forged_for_another_peer_are_ignored(peers: list[Peer]) -> None:
     honest = Vote(peer_id=b.name, dht_peer_id=b.transport.peer_id, ok=True, state_hash="h-honest")
     post_vote(b.transport.dht, key, honest, member=b.credential, ttl_s=60)
     forged = Vote(peer_id=a.name, dht_peer_id=attacker.transport.peer_id, ok=True, state_hash="h-forged")
-    attacker.transport.dht.store(vote_key(key), subkey=a.name, value=sign_entry(attacker.credential, vote_key(key), forged),
-                                 expiration_time=get_dht_time() + 60)
+    expires = get_dht_time() + 60
+    attacker.transport.dht.store(vote_key(key), subkey=a.name, expiration_time=expires,
+                                 value=sign_entry(attacker.credential, vote_key(key), forged, expires_at=expires))
 
     assert collect_votes(a.transport.dht, key, [b.name], member=a.credential, timeout_s=5).votes == {b.name: honest}
     assert collect_votes(a.transport.dht, key, [a.name, b.name], member=a.credential, timeout_s=0.5) is None
@@ -588,10 +589,10 @@ def test_a_group_smaller_than_the_runs_live_peers_takes_a_proportionally_smaller
     assert group_digest([m(0, 4)]) != group_digest([m(0, 5)])  # a different view is caught, not merged
 
 
-def _record(key: str, subkey: str, value) -> DHTRecord:
+def _record(key: str, subkey: str, value, expiration_time: float) -> DHTRecord:
     """The record a DHT node validates when it is asked to store ``value`` (what hivemind builds)."""
     return DHTRecord(DHTID.generate(source=key).to_bytes(), MSGPackSerializer.dumps(subkey),
-                     MSGPackSerializer.dumps(value), get_dht_time() + 60)
+                     MSGPackSerializer.dumps(value), expiration_time)
 
 
 def test_a_guarded_dht_node_refuses_to_store_anything_but_a_members_signed_entry_for_that_key() -> None:
@@ -600,16 +601,19 @@ def test_a_guarded_dht_node_refuses_to_store_anything_but_a_members_signed_entry
     validator = EntryValidator(coordinator_public_key=COORDINATOR.public_key, run_id=RUN_ID)
     key, other_key = group_key(RUN_ID, 950), group_key(RUN_ID, 951)
     entry = Member(peer_id=member.peer_id, dht_peer_id="QmMember", index=0, weight=1.0, numel=10, codec="fp32")
-    signed = sign_entry(member, key, entry)
+    expires = get_dht_time() + 60
+    signed = sign_entry(member, key, entry, expires_at=expires)
 
-    assert validator.validate(_record(key, member.peer_id, signed))
-    assert not validator.validate(_record(key, member.peer_id, vars(entry)))  # unsigned
-    assert not validator.validate(_record(other_key, member.peer_id, signed))  # replayed under another key
-    assert not validator.validate(_record(other_key, member.peer_id, dict(signed, key=other_key)))  # key swapped
-    assert not validator.validate(_record(key, "p-0123456789abcdef", signed))  # under another peer's subkey
+    assert validator.validate(_record(key, member.peer_id, signed, expires))
+    assert not validator.validate(_record(key, member.peer_id, vars(entry), expires))  # unsigned
+    assert not validator.validate(_record(other_key, member.peer_id, signed, expires))  # replayed under another key
+    swapped = dict(signed, key=other_key)
+    assert not validator.validate(_record(other_key, member.peer_id, swapped, expires))  # key swapped
+    assert not validator.validate(_record(key, "p-0123456789abcdef", signed, expires))  # under another peer's subkey
     forged = Member(peer_id=other_coordinators.peer_id, dht_peer_id="QmOther", index=0, weight=1e30, numel=10,
                     codec="fp32")
-    assert not validator.validate(_record(key, forged.peer_id, sign_entry(other_coordinators, key, forged)))
+    forged_signed = sign_entry(other_coordinators, key, forged, expires_at=expires)
+    assert not validator.validate(_record(key, forged.peer_id, forged_signed, expires))
     assert not validator.validate(DHTRecord(DHTID.generate(source=key).to_bytes(), b"\xc1", b"\xc1", 0.0))
 
 
