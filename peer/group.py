@@ -66,7 +66,8 @@ class DhtGroup:
         self.plan_holds: Callable[[], bool] = lambda: False  # the last planned() answer is the coordinator's (the link)
         self.round_choice = round_choice or (lambda round_no: None)
         self.faults = faults
-        self.exchange = Exchange(transport, run_id=run_id, aggregation=Aggregation.for_run(run))
+        self.exchange = Exchange(transport, run_id=run_id, aggregation=Aggregation.for_run(run),
+                                 gather_all=run.rounds.all_gathered())  # a run that admits strangers: no slice owners
         self.exchange.read_entries_as(member)  # a groupmate's restarted process then fails its old one's exchange at once
         self.two_level = TwoLevelExchange(self.exchange, transport, run_id=run_id, group_size=run.rounds.group_size) \
             if run.rounds.hierarchical else None  # [rounds] hierarchical: by site, then across sites

@@ -19,6 +19,8 @@ FRAGMENT_PATTERNS = ("strided", "contiguous", "balanced")
 AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean")
 # coordinator.rounds.controller: "off" keeps [rounds] codec and equal slices; "auto" adapts them to measured links.
 CONTROLLERS = ("off", "auto")
+# How a group averages (swarm.net.allreduce): "auto" is "all_gather" when the run admits strangers, else "butterfly".
+EXCHANGES = ("auto", "butterfly", "all_gather")
 
 
 def check_codec_name(name: str) -> None:
@@ -125,6 +127,19 @@ class RoundConfig:
     controller_codecs: tuple[str, ...] = ("fp32", "fp16", "int8", "int4")
     controller_exchange_fraction: float = 0.1
     controller_max_inner_steps: Optional[int] = None  # cap on the H it recommends (None: 4 x inner_steps)
+    # Whether anyone the operator does not vouch for may hold a peer token (volunteers, a public join string).
+    # true: no member is trusted to average a slice for the others, so exchange "auto" is the all-gather.
+    admits_strangers: bool = False
+    # How a group averages a round's pseudo-gradients. "butterfly": each member owns one slice, averages it
+    # and sends it back (2 (K - 1) / K of the encoded vector sent per member; a malicious owner sets its
+    # slice's average). "all_gather": each member sends its whole encoded vector to every groupmate and
+    # averages all K itself ((K - 1) x the encoded vector sent per member; no member's average is trusted).
+    # "auto": "all_gather" when admits_strangers, else "butterfly". Sparse (topk) codecs are always all-gathered.
+    exchange: str = "auto"
+
+    def all_gathered(self) -> bool:
+        """Whether every codec's exchange is the all-gather (sparse codecs' always is)."""
+        return self.exchange == "all_gather" or (self.exchange == "auto" and self.admits_strangers)
 
     def validate(self) -> None:
         if self.inner_steps < 1:
@@ -178,6 +193,24 @@ class RoundConfig:
         self._validate_aggregation()
         self._validate_controller()
         self._validate_hierarchy()
+        self._validate_exchange()
+
+    def _validate_exchange(self) -> None:
+        if self.exchange not in EXCHANGES:
+            raise ConfigError(f"[rounds] exchange {self.exchange!r} is unknown; choose one of {list(EXCHANGES)}.")
+        if self.exchange == "butterfly" and self.codec.startswith("topk-"):
+            raise ConfigError(f"[rounds] codec {self.codec} is sparse and always all-gathered; set exchange = \"auto\""
+                              " or choose a dense codec.")
+        if not self.all_gathered():
+            return
+        why = "admits_strangers = true makes the exchange an all-gather" if self.exchange == "auto" \
+            else "exchange = \"all_gather\""
+        if self.hierarchical:
+            raise ConfigError(f"[rounds] {why}, which averages in one flat group; set hierarchical = false"
+                              " (or exchange = \"butterfly\", which trusts each slice's owner).")
+        if self.codec.startswith("lowrank"):
+            raise ConfigError(f"[rounds] {why}, which low-rank codecs do not support; choose a dense codec"
+                              " (or exchange = \"butterfly\", which trusts each slice's owner).")
 
     def _validate_controller(self) -> None:
         if self.controller not in CONTROLLERS:

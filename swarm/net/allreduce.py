@@ -12,8 +12,10 @@ a slice that does not arrive in time fails the exchange instead of being replace
 The owner reduces by the run's aggregation rule (``swarm.core.aggregation``): declared weights are capped
 at what a round allows, and robust rules limit what a groupmate's slice can do; a malicious owner can
 still replace its own slice of the average (the bound of a butterfly all-reduce).
-Sparse (top-k) codecs are exchanged by an all-gather instead (``swarm.net.sparse_gather``), over the
-same messages and sender checks.
+Sparse (top-k) codecs, and every codec of a run whose exchange is the all-gather (``[rounds] exchange``,
+the default of a run that admits strangers), are exchanged by an all-gather instead
+(``swarm.net.sparse_gather``), over the same messages and sender checks: every member averages all K
+contributions itself, so no member's average is trusted.
 A member whose exchange fails (a groupmate it cannot reach, a malformed slice, its own timeout) tells
 the others at once (an abort message), so a dead groupmate costs the group one failed send, not
 everyone's full timeout.
@@ -75,15 +77,19 @@ ABORT_TIMEOUT_S = 2.0  # how long a failing member spends telling its groupmates
 
 class Exchange:
     def __init__(self, transport: Transport, *, run_id: str, aggregation: Aggregation = Aggregation(),
-                 bulk: bool = True, send_in_turn: bool = False, pace_mbit_s: float = 0.0, uplink_mbit_s: float = 0.0):
+                 bulk: bool = True, send_in_turn: bool = False, pace_mbit_s: float = 0.0, uplink_mbit_s: float = 0.0,
+                 gather_all: bool = False):
         """``bulk``: slices go over the transport's bulk channel to members that announce one
         (``swarm.net.bulk_channel``), else over libp2p. ``send_in_turn``: each phase sends to one groupmate at
         a time, position p's i-th send to position p + i (so each link carries one flow at a time), instead of
         to all at once. ``pace_mbit_s``: each bulk connection sends at most this fast (0: unpaced); about the
         links' rate / (K − 1) keeps the K − 1 flows into a member from overrunning its downlink's queue.
         ``uplink_mbit_s``: this peer's uplink as its operator declared it (``swarm peer --uplink-mbit``); without
-        ``pace_mbit_s`` each bulk connection of a K-member exchange is paced at 0.95 × uplink / (K − 1)."""
+        ``pace_mbit_s`` each bulk connection of a K-member exchange is paced at 0.95 × uplink / (K − 1).
+        ``gather_all``: every codec goes by the all-gather (``RoundConfig.all_gathered``), not only sparse ones;
+        the run config gives every member the same value."""
         self.transport = transport
+        self.gather_all = gather_all  # the owning thread's between exchanges (read by the loop during one)
         self.aggregation = aggregation  # Aggregation.for_run(run): the rule and the weight cap of the run
         self.send_in_turn = send_in_turn
         self.pace_mbit_s = pace_mbit_s  # the owning thread's between exchanges (read by the loop during one)
@@ -221,12 +227,13 @@ class Exchange:
         weights = capped_weights(self.aggregation, group, key)
         if codec.lowrank:  # the coordinator refuses such runs; a hand-made spec must not average garbage
             raise ValueError(f"codec {codec.name} is exchanged only by the simulator so far; choose int4 or sign.")
+        gathered = codec.gathered or self.gather_all
         stripes = stripe_count(codec, me.numel, len(group))  # block-aligned slices: quantize like the whole
-        bounds = [] if codec.gathered else group_bounds(key, me.numel, len(group), codec.block, shares, stripes)
+        bounds = [] if gathered else group_bounds(key, me.numel, len(group), codec.block, shares, stripes)
         self.restarts.averaging(key, group)
         await self.inbox.expect(key, [m.dht_peer_id for m in group], group_digest(group), max(1, len(bounds)))
         flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
-        if codec.gathered:  # a sparse codec: all-gather (its one part), every member reduces the whole vector
+        if gathered:  # all-gather (its one part): every member reduces the whole vector
             return await self._gather(key, group, me, flat, codec, weights, on_phase, started)
         position, digest = [m.peer_id for m in group].index(me.peer_id), group_digest(group)
         reserved = {} if self._bulk_slices is None else self._bulk_slices.reserve_butterfly(  # claimed now
@@ -309,7 +316,7 @@ class Exchange:
 
     async def _gather(self, key: str, group: list[Member], me: Member, flat: torch.Tensor, codec, weights: list[float],
                       on_phase: Callable[[str], Optional[float]], started: float) -> ExchangeResult:
-        """A sparse codec's exchange (swarm.net.sparse_gather): this peer's whole vector to everyone."""
+        """The all-gather (swarm.net.sparse_gather): this peer's whole vector to everyone."""
         reduced, sent = await gather_average(self, key, group, me, flat, codec, weights,
                                              lambda phase: _pause(on_phase(phase)))
         position = [m.peer_id for m in group].index(me.peer_id)

@@ -1,11 +1,15 @@
-"""The exchange of sparse (top-k) pseudo-gradients: an all-gather over the butterfly's transport.
+"""The all-gather exchange over the butterfly's transport: of sparse (top-k) pseudo-gradients always, and of
+every codec in a run whose ``[rounds] exchange`` is the all-gather (the default of a run that admits strangers).
 
 The sum of K sparse vectors is up to K times denser than each, so the butterfly's re-encoded average
-would drop most of it (or, re-sparsified, leave the loss in owners' residuals). Here each member encodes
+would drop most of it (or, re-sparsified, leave the loss in owners' residuals). And a butterfly's slice
+owner averages its slice for everyone, so a malicious one sets that slice to anything; here no member
+averages for another. Each member encodes
 its whole vector once and sends the same bytes to every groupmate; every member decodes all K byte
 strings in group order and reduces them by the run's rule (``swarm.core.all_gather.gather_reference``
 is the same computation in one process). Each member sends (K − 1) × the encoded size; at density d
-and K peers that is below the butterfly's 2 (K − 1) / K × the dense size while d × K stays small.
+and K peers that is below the butterfly's 2 (K − 1) / K × the dense size while d × K stays small; a dense
+codec costs K / 2 × the butterfly's bytes (2× at K = 4, 4× at K = 8).
 
 Trust: the messages travel as the butterfly's (``Exchange._send``), and a contribution counts for group
 position s only when it came from the libp2p id the signed group entry lists for s, so no stranger can
@@ -13,7 +17,8 @@ replace or abort a member's part. The reduction runs on whole vectors, so ``[rou
 judges (rejects, clips, trims) every member on its whole vector, and every member reaches the same
 verdicts. What it does not bound: a member that sends different bytes to different groupmates makes
 their averages differ; their θg hashes then disagree, and the round's commit rule (swarm.core.commit_rule)
-decides which hash, if any, commits, as for a butterfly owner that sends different averages.
+decides which hash, if any, commits (without a majority of the group on one hash, none), as for a butterfly
+owner that sends different averages.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from swarm.core.codec import get_codec
 from swarm.core.fragments import round_fragment
 from swarm.core.state import GlobalState
 from swarm.train.trainer import LocalTrainer
-from swarm.train.virtual_peers import Tamper, VirtualPeer, run_peers
+from swarm.train.virtual_peers import OwnerTamper, Tamper, VirtualPeer, run_peers
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +190,7 @@ def simulate(
     initial_params: Sequence[torch.Tensor] | None = None,
     aggregation: str | None = None,
     tamper: Tamper | None = None,
+    owner_tamper: OwnerTamper | None = None,
     sites: Sequence[str] | None = None,
     hierarchical: bool | None = None,
     group_size: int | None = None,
@@ -202,7 +203,8 @@ def simulate(
     (1/3: a third of the steps). Rounds are time budgets: a slow peer does fewer steps and its
     pseudo-gradient weighs its samples. ``initial_params`` (in the model's parameter order) replace the
     seed's θ0 on every peer, with zero outer state: a warm start. ``aggregation`` overrides the run's
-    rule; ``tamper`` (benchmarks and tests only) replaces what peers send: Byzantine peers. ``sites[i]`` is
+    rule; ``tamper`` (benchmarks and tests only) replaces what peers send: Byzantine peers (``owner_tamper``: what
+    malicious butterfly slice owners send; a run whose exchange is the all-gather has none). ``sites[i]`` is
     peer i's site ("": none), as its credential would carry it: with ``[rounds] hierarchical`` the peers
     average in two levels by site (``swarm.core.site_plan``), and each round records its cross-site bytes.
     """
@@ -225,7 +227,7 @@ def simulate(
     )
     log.info("sim: %d peers, %d parameters, codec %s, %d fragments, overlap %d, initial eval loss %.4f",
              peers, result.param_count, wire.name, rc.fragments, rc.overlap_steps, result.initial_eval_loss)
-    virtual = run_peers(run, trainers, rates, rounds, tamper, sites=_sites(sites, peers))
+    virtual = run_peers(run, trainers, rates, rounds, tamper, sites=_sites(sites, peers), owner_tamper=owner_tamper)
     result.rounds = _records(virtual, run, rounds)
     _tally_bytes(result)
     result.final_params = trainers[0].global_params

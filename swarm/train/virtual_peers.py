@@ -15,7 +15,7 @@ from swarm.config import RunConfig
 from swarm.core import commit_rule, lowrank
 from swarm.core.aggregation import Aggregation
 from swarm.core.all_gather import gather_bytes_by_site, gather_reference
-from swarm.core.average import butterfly_reference
+from swarm.core.average import butterfly_bounds, butterfly_reference, stripe_count
 from swarm.core.codec import Codec, get_codec
 from swarm.core.fragments import round_end_step
 from swarm.core.site_plan import butterfly_bytes_by_site, plan_sites, two_level_bytes_sent, two_level_reference
@@ -25,6 +25,9 @@ from swarm.train.trainer import Contribution, LocalTrainer, TrainStats
 
 # (peer index, round, its honest contribution) -> what it sends: a Byzantine peer in a benchmark or test.
 Tamper = Callable[[int, int, Contribution], Contribution]
+# (owner index, round, the average of a butterfly slice it owns) -> the average it sends instead, or None to send the
+# honest one: a malicious slice owner in a benchmark or test (an all-gather has no owners).
+OwnerTamper = Callable[[int, int, torch.Tensor], Optional[torch.Tensor]]
 
 
 def steps_between(rate: Fraction, start: int, end: int) -> int:
@@ -41,8 +44,11 @@ class Board:
 
     def __init__(self, peers: int, rounds: int, wire: Codec, aggregation: Aggregation = Aggregation(), *,
                  sites: Optional[list[str]] = None, hierarchical: bool = False, group_size: int = 0,
-                 shapes: Optional[list[list[tuple[int, ...]]]] = None) -> None:
+                 shapes: Optional[list[list[tuple[int, ...]]]] = None, gather_all: bool = False,
+                 owner_tamper: Optional[OwnerTamper] = None) -> None:
         self.peers, self.rounds, self.wire = peers, rounds, wire
+        self.gathered = wire.gathered or gather_all  # every peer decodes all contributions (swarm.core.all_gather)
+        self.owner_tamper = owner_tamper
         # a lowrank codec: each fragment's layout of matrices and dense parts (swarm.core.lowrank)
         self.layouts = [lowrank.layout(f, wire.rank) for f in shapes or []] if wire.lowrank else []
         self.lowrank_rounds: dict[int, lowrank.LowRankRound] = {}
@@ -79,7 +85,7 @@ class Board:
                 qs = [c.lowrank.q_for(lay) if c.lowrank is not None else lowrank.initial_q(lay, 0) for c in ordered]
                 done = lowrank.lowrank_reference(deltas, weights, self.wire, lay, qs, reduce=reduce)
                 self.averages[round_no], self.lowrank_rounds[round_no] = done.average, done
-            elif self.wire.gathered:  # a sparse codec: every peer decodes all contributions (swarm.core.all_gather)
+            elif self.gathered:
                 self.averages[round_no] = gather_reference(deltas, weights, self.wire, reduce=reduce)
             else:
                 owners = [c.owner for c in ordered]  # peer i owns slice i
@@ -89,6 +95,8 @@ class Board:
                     if self.plan is None else two_level_reference(deltas, weights, self.plan, self.wire, reduce=reduce)
                 if pairs is not None:
                     self.pair_bytes[round_no] = pairs
+                if self.owner_tamper is not None and self.plan is None:
+                    self._tamper_owned(round_no, self.averages[round_no])
         if self.wire.lowrank and contribution.lowrank is not None:
             done = self.lowrank_rounds[round_no]
             contribution.lowrank.stage(done.q_next, done.delivered[index])
@@ -100,13 +108,23 @@ class Board:
         return Averaged(average=self.averages[round_no], group=[str(i) for i in range(self.peers)],
                         bytes_sent=in_site + cross_site)
 
+    def _tamper_owned(self, round_no: int, average: torch.Tensor) -> None:
+        """What malicious owners send instead of their slices' averages, encoded and decoded as every member would
+        decode it, written into ``average`` (every member decodes the owner's same bytes)."""
+        k, numel = self.peers, average.numel()
+        bounds = butterfly_bounds(numel, k, self.wire.block, stripe_count(self.wire, numel, k))
+        for part, (start, end) in enumerate(bounds):
+            sent = self.owner_tamper(part % k, round_no, average[start:end].clone())
+            if sent is not None:
+                average[start:end] = self.wire.decode(self.wire.encode(sent.to(torch.float32).contiguous()), end - start)
+
     def bytes_sent(self, numel: int, fragment: int = 0) -> list[tuple[int, int]]:
         """(in-site, cross-site) payload bytes each virtual peer sends in one exchange of ``numel`` elements."""
         if self.wire.lowrank:
             lay = self.layouts[fragment]
             both = [butterfly_bytes_by_site(n, self.sites, self.wire.values) for n in (lay.p_numel, lay.q_numel)]
             return [(a[0] + b[0], a[1] + b[1]) for a, b in zip(*both)]
-        if self.wire.gathered:
+        if self.gathered:
             return gather_bytes_by_site(numel, self.sites, self.wire)
         if self.plan is not None:
             return two_level_bytes_sent(numel, self.plan, self.wire)
@@ -195,12 +213,15 @@ def drive(runner: RoundRunner, peer: VirtualPeer, rounds: int) -> None:
 
 
 def run_peers(run: RunConfig, trainers: list[LocalTrainer], rates: list[Fraction], rounds: int,
-              tamper: Optional[Tamper] = None, sites: Optional[list[str]] = None) -> list[VirtualPeer]:
+              tamper: Optional[Tamper] = None, sites: Optional[list[str]] = None,
+              owner_tamper: Optional[OwnerTamper] = None) -> list[VirtualPeer]:
     """Every virtual peer runs its rounds through the round runner, on its own thread. ``tamper``
-    (benchmarks and tests) replaces what the peers send, see ``Tamper``; ``sites`` are the peers' sites."""
+    (benchmarks and tests) replaces what the peers send, see ``Tamper``, and ``owner_tamper`` what butterfly slice
+    owners send, see ``OwnerTamper``; ``sites`` are the peers' sites."""
     board = Board(len(trainers), rounds, get_codec(run.rounds.codec), Aggregation.for_run(run), sites=sites,
                   hierarchical=run.rounds.hierarchical, group_size=run.rounds.group_size,
-                  shapes=[trainers[0].fragment_shapes(f) for f in range(run.rounds.fragments)])
+                  shapes=[trainers[0].fragment_shapes(f) for f in range(run.rounds.fragments)],
+                  gather_all=run.rounds.all_gathered(), owner_tamper=owner_tamper)
     peers, threads, errors = [], [], []
     for i, (trainer, rate) in enumerate(zip(trainers, rates)):
         peer = VirtualPeer(i, board, tamper=tamper)

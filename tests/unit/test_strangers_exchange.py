@@ -1,0 +1,109 @@
+"""A run that admits strangers averages by all-gather: no member averages a slice for the others, so a malicious
+slice owner has nothing to set. The run config declares it, real hivemind peers end with the simulator's bits for a
+dense codec, a member that sends different bytes to different groupmates splits their averages (the round's hashes
+then disagree), and in the simulator a malicious owner moves a butterfly run but not an all-gather one."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+import pytest
+import torch
+
+from swarm.config import ConfigError, RoundConfig, RunConfig
+from swarm.core.all_gather import gather_reference
+from swarm.core.average import butterfly_bytes_sent
+from swarm.core.codec import get_codec
+from swarm.net.rendezvous import group_key
+from swarm.train.sim import simulate
+from tests.unit.test_exchange import NUMEL, Peer, concurrently, deltas, results_of, three_peers
+
+pytestmark = [pytest.mark.timeout(180)]
+
+RUN_ID = "run-test-strangers"
+
+
+def test_a_run_that_admits_strangers_all_gathers_every_codec_and_says_so_in_its_spec():
+    assert not RoundConfig().all_gathered()  # a run of trusted members keeps the butterfly
+    strangers = RunConfig.from_json('{"rounds": {"admits_strangers": true, "codec": "int4"}}')
+    assert strangers.rounds.all_gathered()
+    assert RunConfig.from_json(strangers.to_json()).rounds.all_gathered()  # what every peer receives
+    assert RoundConfig(exchange="all_gather").all_gathered()
+    assert not RoundConfig(admits_strangers=True, exchange="butterfly").all_gathered()  # the operator's explicit choice
+    for rounds, why in (
+        ({"exchange": "ring"}, "exchange 'ring' is unknown"),
+        ({"exchange": "butterfly", "codec": "topk-int4"}, "always all-gathered"),
+        ({"admits_strangers": True, "hierarchical": True}, "set hierarchical = false"),
+        ({"exchange": "all_gather", "codec": "lowrank4-fp16"}, "choose a dense codec"),
+    ):
+        with pytest.raises(ConfigError, match=why):
+            RunConfig.from_dict({"rounds": rounds})
+
+
+@pytest.fixture(scope="module")
+def peers() -> Iterator[list[Peer]]:
+    for group in three_peers(RUN_ID):
+        for p in group:
+            p.exchange.gather_all = True  # as peer.group sets it from RoundConfig.all_gathered()
+        yield group
+
+
+def _exchange(peers, key, codec, weights, inputs):
+    planned = {p.name for p in peers}
+    members = [p.member(weight=w, codec=codec) for p, w in zip(peers, weights)]
+    return [r for _, r in results_of(concurrently(
+        [lambda p=p, m=m, d=d: p.average(key, m, planned, d) for p, m, d in zip(peers, members, inputs)],
+        timeout_s=90))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("codec", ["int8", "sign"])
+def test_three_peers_all_gather_a_dense_codec_to_the_simulators_bits(peers, codec):
+    weights, inputs = [3.0, 1.0, 2.0], deltas(11, 3)
+    results = _exchange(peers, group_key(RUN_ID, 1 if codec == "int8" else 2), codec, weights, inputs)
+    expected = gather_reference(inputs, weights, codec)
+    size = get_codec(codec).encoded_size(NUMEL)
+    for result in results:
+        assert torch.equal(result.average, expected)
+        assert 2 * size <= result.bytes_sent <= 2 * size * 1.01, result.bytes_sent  # (K - 1) x the encoded vector
+    butterfly = sum(butterfly_bytes_sent(NUMEL, 3, codec)) / 3
+    assert 1.4 * butterfly < results[0].bytes_sent < 1.6 * butterfly  # K / 2 x the butterfly's bytes
+
+
+@pytest.mark.slow
+def test_a_member_that_sends_different_vectors_to_different_groupmates_splits_their_averages(peers, monkeypatch):
+    a, b, liar = peers
+    weights, inputs = [1.0, 1.0, 1.0], deltas(12, 3)
+    honest_send = liar.exchange._send
+
+    async def equivocate(member, key, digest, phase, part, sender, payload, **kwargs):
+        if member.peer_id == b.name:  # b gets the liar's vector negated, a its real one
+            payload = get_codec("fp32").encode(-inputs[2])
+        return await honest_send(member, key, digest, phase, part, sender, payload, **kwargs)
+
+    monkeypatch.setattr(liar.exchange, "_send", equivocate)
+    results = _exchange(peers, group_key(RUN_ID, 3), "fp32", weights, inputs)
+    assert torch.equal(results[0].average, gather_reference(inputs, weights, "fp32"))
+    assert torch.equal(results[1].average, gather_reference([inputs[0], inputs[1], -inputs[2]], weights, "fp32"))
+    # a's and b's outer steps, and so their θg hashes, differ: no hash has the group's majority unless the liar
+    # joins one side, and then that side holds what its honest member computed
+    assert not torch.equal(results[0].average, results[1].average)
+
+
+@pytest.mark.slow
+def test_a_malicious_slice_owner_moves_a_butterfly_run_and_not_an_all_gather_one():
+    from tests.unit.test_trainer_sim import RUN
+
+    def run(admits_strangers: bool, attacked: bool):
+        rounds = dataclasses.replace(RUN.rounds, inner_steps=2, codec="int8", admits_strangers=admits_strangers)
+        owner = (lambda o, r, s: -100 * s if o == 2 else None) if attacked else None  # peer 2 owns slice 2
+        return simulate(RUN.replace(rounds=rounds), peers=3, rounds=1, owner_tamper=owner)
+
+    honest, attacked = run(False, False), run(False, True)
+    moved = max(float((x - y).abs().max()) for x, y in zip(honest.final_params, attacked.final_params))
+    assert moved > 0.01 and attacked.consistent  # every member installs the owner's slice: nothing notices
+    honest, attacked = run(True, False), run(True, True)
+    assert honest.consistent and attacked.rounds[-1].state_hash == honest.rounds[-1].state_hash
+    numel = honest.param_count
+    assert honest.rounds[-1].bytes_sent == [2 * get_codec("int8").encoded_size(numel)] * 3
