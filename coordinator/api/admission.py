@@ -25,10 +25,12 @@ def admit(
     now: float, lease_s: float, dht_peer_id: str, name: str, site: str, device: str, swarm_version: str,
 ) -> tuple[RunRecord, PeerRecord]:
     """The holder of ``public_key`` (proven by the caller) admitted by ``token``, its use counted: a new
-    member, or ``previous`` (this key's record) restarted; BadToken or TokenRefused when it may not join."""
-    admitted = tokens.admit_joiner(store, token, now=now)
+    member, or ``previous`` (this key's record) restarted; BadToken or TokenRefused when it may not join (the
+    token's identities are all live, this key not among them)."""
+    peer_id = peer_id_for(public_key)
+    admitted = tokens.admit_joiner(store, token, now=now, peer_id=peer_id)
     return membership.new_peer(
-        run, peer_id=peer_id_for(public_key), now=now, lease_s=lease_s, name=name,
+        run, peer_id=peer_id, now=now, lease_s=lease_s, name=name,
         site=admitted.site or site,  # a site-pinned token decides where its peers are
         device=device, swarm_version=swarm_version, public_key=public_key, dht_peer_id=dht_peer_id,
         token_id=admitted.id, previous=previous,

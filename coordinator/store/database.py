@@ -20,6 +20,7 @@ from typing import Iterator, Optional, Sequence
 
 from coordinator.store.records import (
     COMMITTED,
+    GONE_STATES,
     PeerRecord,
     ReportRecord,
     RoundRecord,
@@ -211,6 +212,21 @@ class Store:
     def put_token(self, token: TokenRecord) -> None:
         self._write("INSERT OR REPLACE INTO tokens (id, data) VALUES (?, ?)", (token.id, to_json(token)))
         self._revoked = None  # this connection's own writes do not change PRAGMA data_version
+
+    def live_identities(self, token_id: Optional[str] = None) -> dict[str, frozenset[str]]:
+        """The live members (peer ids, not left or evicted) by the id of the token that admitted them; only
+        ``token_id``'s when given."""
+        query = ("SELECT json_extract(data, '$.token_id'), peer_id FROM peers "
+                 "WHERE json_extract(data, '$.state') NOT IN (?, ?)")
+        args: tuple = tuple(GONE_STATES)
+        if token_id is not None:
+            query, args = query + " AND json_extract(data, '$.token_id') = ?", args + (token_id,)
+        with self._lock:
+            rows = self._db.execute(query, args).fetchall()
+        live: dict[str, set[str]] = {}
+        for token, peer_id in rows:
+            live.setdefault(token, set()).add(peer_id)
+        return {token: frozenset(ids) for token, ids in live.items()}
 
     def revoked_token_ids(self) -> frozenset[str]:
         """The ids of the revoked tokens, read again only when the file changed: every member call asks, and

@@ -142,6 +142,9 @@ class TokenRecord:
     max_uses: Optional[int] = None
     uses: int = 0
     revoked: bool = False  # no join, and the members it admitted are evicted at their next call
+    # live identities (peer keys) it may hold at once; None: any number (the first join string's, and every
+    # token stored without the field)
+    max_identities: Optional[int] = None
 
 
 R = TypeVar("R")

@@ -188,11 +188,11 @@ def cmd_token(args: argparse.Namespace) -> int:
     state_dir = Path(args.state_dir)
     if args.action == "create":
         print(token_admin.create(state_dir, role=args.role, expires=args.expires, max_uses=args.max_uses,
-                                 site=args.site))
+                                 site=args.site, max_identities=args.max_identities))
     elif args.action == "list":
         now = time.time()
-        for record in token_admin.list_tokens(state_dir):
-            print(token_admin.describe(record, now=now))
+        for record, live in token_admin.list_tokens(state_dir):
+            print(token_admin.describe(record, now=now, live=live))
     else:
         record = token_admin.revoke(state_dir, args.id)
         print(f"revoked {record.id}: it admits nobody now, and its peers are evicted at their next call")
@@ -242,7 +242,10 @@ def _add_token_parser(sub) -> None:
     create.add_argument("--expires", help="refuse joins after this long, e.g. 30m, 24h, 7d (default: never)")
     create.add_argument("--max-uses", type=int, help="admit at most this many joins (default: no limit)")
     create.add_argument("--site", default="", help="pin the site of every peer that joins with it")
-    actions.add_parser("list", help="the run's tokens, their roles, uses and state")
+    create.add_argument("--max-identities", type=int, default=1, metavar="N",
+                        help="peer identities (keys) it may hold at once; a restarted peer keeps its own "
+                             "(default: 1, one machine's peer)")
+    actions.add_parser("list", help="the run's tokens, their roles, uses, live identities / limit and state")
     revoke = actions.add_parser("revoke", help="stop a token: no more joins, its peers are evicted")
     revoke.add_argument("id", help="the token's id (see swarm token list)")
     for action in (create, actions.choices["list"], revoke):

@@ -49,16 +49,23 @@ def _join_string(state_dir: Path, token: str) -> JoinString:
     return JoinString(host=current.host, port=current.port, token=token, fingerprint=tls.fingerprint(cert))
 
 
+MAX_IDENTITIES = 10**5  # the most --max-identities takes (a run's peers are far fewer)
+
+
 def create(state_dir: Path, *, role: str = "peer", expires: Optional[str] = None, max_uses: Optional[int] = None,
-           site: str = "") -> str:
-    """A new token, stored; returns the join string that carries it."""
+           site: str = "", max_identities: int = tokens.CREATED_MAX_IDENTITIES) -> str:
+    """A new token, stored; returns the join string that carries it. A peer token holds at most
+    ``max_identities`` live identities at once (one machine's peer each)."""
     if max_uses is not None and max_uses < 1:
         raise ConfigError(f"--max-uses {max_uses} would admit nobody; give 1 or more, or leave it out.")
+    if not 1 <= max_identities <= MAX_IDENTITIES:
+        raise ConfigError(f"--max-identities {max_identities} is not from 1 to {MAX_IDENTITIES}; give how many "
+                          "peers may hold the token at once (1 per machine you hand it to).")
     expires_in_s = parse_duration(expires) if expires else None
     store = _store(state_dir)
     try:
         record, text = tokens.new_token(now=time.time(), role=role, site=site, expires_in_s=expires_in_s,
-                                        max_uses=max_uses)
+                                        max_uses=max_uses, max_identities=max_identities if role == "peer" else None)
         join = _join_string(state_dir, text)
         store.put_token(record)
     finally:
@@ -66,10 +73,12 @@ def create(state_dir: Path, *, role: str = "peer", expires: Optional[str] = None
     return str(join)
 
 
-def list_tokens(state_dir: Path) -> list[TokenRecord]:
+def list_tokens(state_dir: Path) -> list[tuple[TokenRecord, int]]:
+    """The run's tokens, each with how many live identities (members not left or evicted) it admitted."""
     store = _store(state_dir)
     try:
-        return store.tokens()
+        live = store.live_identities()
+        return [(record, len(live.get(record.id, ()))) for record in store.tokens()]
     finally:
         store.close()
 
@@ -88,8 +97,8 @@ def revoke(state_dir: Path, token_id: str) -> TokenRecord:
         store.close()
 
 
-def describe(record: TokenRecord, *, now: float) -> str:
-    """One line per token for ``swarm token list``."""
+def describe(record: TokenRecord, *, now: float, live: int = 0) -> str:
+    """One line per token for ``swarm token list``; ``live``: its live identities."""
     if record.revoked:
         state = "revoked"
     elif record.expires_at is not None and now >= record.expires_at:
@@ -99,4 +108,8 @@ def describe(record: TokenRecord, *, now: float) -> str:
     else:
         state = "no expiry"
     uses = f"{record.uses}/{record.max_uses}" if record.max_uses is not None else str(record.uses)
-    return f"{record.id:<12} {record.role:<7} {record.site or '-':<12} uses {uses:<8} {state}"
+    if record.role != "peer":
+        held = "-"
+    else:
+        held = f"{live}/{record.max_identities if record.max_identities is not None else 'any'}"
+    return f"{record.id:<12} {record.role:<7} {record.site or '-':<12} uses {uses:<8} identities {held:<9} {state}"

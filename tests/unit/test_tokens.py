@@ -1,8 +1,9 @@
 """Join tokens end to end: `swarm token` (its main, in process) against a coordinator running on the same
-state dir; wrong, expired, used-up, revoked and status tokens; a site-pinned token."""
+state dir; wrong, expired, used-up, revoked and status tokens; a site-pinned token; live identities per token."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import grpc
@@ -11,6 +12,7 @@ import pytest
 from coordinator.api import tokens
 from coordinator.server import JOIN_STRING_FILE
 from coordinator.store.database import Store
+from coordinator.store.records import to_json
 from swarm.app.cli import main
 from swarm.config import RoundConfig, RunConfig
 from swarm.control import tls
@@ -116,3 +118,55 @@ def test_token_commands_say_what_is_wrong_in_one_sentence(running, tmp_path, cap
         f"swarm token: {tmp_path / 'elsewhere'} holds no coordinator state; give the --state-dir the coordinator "
         "was started with.",
     ]
+
+
+def test_a_created_token_holds_one_live_identity_and_the_same_key_rejoins(running, libp2p, capsys) -> None:
+    coordinator, state_dir = running
+    token = JoinString.parse(swarm_token(capsys, "create", "--state-dir", str(state_dir))).token
+    token_id = token.split(".")[0]
+    first_key = PeerKey.generate()
+    joined = FakeClient(coordinator, token=token).join(key=first_key, libp2p=libp2p)
+    second = refusal(lambda: join_with(coordinator, token, libp2p))
+    assert second.code == grpc.StatusCode.PERMISSION_DENIED
+    assert str(second) == (
+        f"token {token_id} holds at most 1 identity at once and 1 is live; stop one of its peers (or wait for one "
+        "to leave), or ask the operator for a join string whose token holds more (swarm token create "
+        "--max-identities N).")
+    assert f"{token_id:<12} peer" in (listed := swarm_token(capsys, "list", "--state-dir", str(state_dir)))
+    assert "identities 1/1" in listed
+
+    again = FakeClient(coordinator, token=token)
+    assert again.join(key=first_key, libp2p=libp2p).peer_id == joined.peer_id  # restarted: the same identity
+    again.leave(joined.peer_id, "done")
+    join_with(coordinator, token, libp2p)  # it left: its place is free
+    assert "identities 1/1" in swarm_token(capsys, "list", "--state-dir", str(state_dir))
+
+
+def test_max_identities_sets_a_tokens_limit_and_the_first_join_string_holds_any_number(running, libp2p,
+                                                                                       capsys) -> None:
+    coordinator, state_dir = running
+    token = JoinString.parse(swarm_token(capsys, "create", "--state-dir", str(state_dir),
+                                         "--max-identities", "2")).token
+    for _ in range(2):
+        join_with(coordinator, token, libp2p)
+    assert "at most 2 identities at once and 2 are live" in str(refusal(lambda: join_with(coordinator, token, libp2p)))
+    for _ in range(3):
+        join_with(coordinator, coordinator.engine.run.token, libp2p)
+    listed = swarm_token(capsys, "list", "--state-dir", str(state_dir)).splitlines()
+    assert [line.split()[6] for line in listed if line.startswith("default")] == ["3/any"]
+    assert main(["token", "create", "--state-dir", str(state_dir), "--max-identities", "0"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "swarm token: --max-identities 0 is not from 1 to 100000; give how many peers may hold the token at once "
+        "(1 per machine you hand it to).")
+
+
+def test_a_token_stored_without_an_identity_limit_holds_any_number(running, libp2p) -> None:
+    """A store written by a release without the limit keeps admitting as it did."""
+    coordinator, _ = running
+    record, text = tokens.new_token(now=time.time())
+    stored = json.loads(to_json(record))
+    del stored["max_identities"]
+    coordinator.engine._store._write("INSERT INTO tokens (id, data) VALUES (?, ?)", (record.id, json.dumps(stored)))
+    assert coordinator.engine._store.get_token(record.id).max_identities is None
+    for _ in range(3):
+        join_with(coordinator, text, libp2p)
