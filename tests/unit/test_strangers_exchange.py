@@ -107,3 +107,21 @@ def test_a_malicious_slice_owner_moves_a_butterfly_run_and_not_an_all_gather_one
     assert honest.consistent and attacked.rounds[-1].state_hash == honest.rounds[-1].state_hash
     numel = honest.param_count
     assert honest.rounds[-1].bytes_sent == [2 * get_codec("int8").encoded_size(numel)] * 3
+
+
+def test_the_benchmark_reports_the_all_gathers_bytes_and_attacks_only_the_attackers_slices():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import bench_byzantine
+
+    rows = {(r["codec"], r["workers"]): r for r in bench_byzantine.byte_rows(1_000_000)}
+    assert [rows["fp32", 4]["ratio"], rows["fp32", 8]["ratio"]] == [2.0, 4.0]  # K / 2
+    assert rows["int4", 8]["all_gather_bytes"] < rows["fp32", 8]["butterfly_bytes"]
+    attacker = bench_byzantine.Attacker("slice_owner", first=3, seed=0)
+    honest = torch.ones(4)
+    assert attacker.owned(2, 1, honest) is None and torch.equal(attacker.owned(3, 1, honest), -100 * honest)
+    jobs = bench_byzantine.plan(bench_byzantine.Grid(), slice_owner_only=True)
+    assert {(j.workers, j.attackers, j.exchange) for j in jobs if j.attack == "slice_owner"} == {
+        (4, 1, "butterfly"), (4, 1, "all_gather"), (8, 2, "butterfly"), (8, 2, "all_gather")}
