@@ -32,7 +32,7 @@ from peer.heartbeat import HeartbeatThread
 from peer.options import PeerOptions
 from peer.parts import PeerParts
 from peer.progress import RoundProgress
-from peer.resume import checkpoint_dir
+from peer.resume import checkpoint_dir, start_trainer
 from peer.round_hooks import PeerHooks
 from peer.round_log import RoundLog
 from peer.startup import StartupClock, result_or_none
@@ -186,19 +186,23 @@ class PeerDaemon:
         peers = list(joined.dht_initial_peers)
         self._network = self.clock.overlap(lambda: self.parts.transport(o, peers, stop=self.stop, tag=self.tag(),
                                                                         identity=libp2p, member=self.link.member))
-        trainer = LocalTrainer(self.run_config, peer_index=joined.peer_index, device=o.device, ranks=self.ranks)
+        # a restarted peer whose own checkpoint or vote is the committed state starts from it (no θ0 drawn)
+        started = start_trainer(self.run_config, o.state_dir, run_id=self.run_id, peer_index=joined.peer_index,
+                                round_no=joined.round.last_committed_round, state_hash=joined.round.last_committed_hash,
+                                device=o.device, ranks=self.ranks)
+        trainer = started.trainer
         trainer.throttle = o.faults.throttle(lambda: max(1, self.stats.metrics().round))  # slow@R (and its probe)
         # utilization to a step, not a round; and a progress line every 30 s in a round that trains for longer
         self.progress = RoundProgress(trainer, tag=self.tag, inner=lambda seconds: self.stats.add(inner_time_s=seconds))
         self.progress.watch(trainer)
         self.clock.mark("trainer")
         self.probe = StepProbe(trainer, report=self.stats.probed)  # a far slower device: a smaller round 1 budget
-        self.probe.run()
+        self.probe.reuse(started.known_step_time())  # a restart reuses the step time it measured before
         self.clock.mark("probe")
         self.transport = self._network.result()  # PeerExit when it could not start
         self.build_round(trainer, joined)
         self.clock.mark("DHT")
-        self.store.install(trainer.state)
+        self.store.start(resumed=started.resumed is not None)
         self.initial_eval_due = joined.round.last_committed_round == 0  # a joiner of a run under way syncs first
         if self.probe.best is not None and self.probe.best < SLOW_PASS_S:
             self.evaluate_initial()  # a small model's takes a moment: at once, before its first round

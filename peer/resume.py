@@ -19,6 +19,7 @@ import functools
 import logging
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -26,7 +27,9 @@ import torch
 
 from peer.checkpoint import CheckpointError, load_checkpoint, read_manifest, save_checkpoint
 from swarm.core.state import GlobalState, LazyTensor, state_from_tensors, state_tensors
+from swarm.config import RunConfig
 from swarm.core.tentative import TentativeState
+from swarm.train.ranks import Ranks
 from swarm.train.trainer import LocalTrainer
 
 logger = logging.getLogger(__name__)
@@ -52,8 +55,90 @@ def save_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str) -> None
         "samples_since_sync": list(trainer._samples_since_sync),
         "sampler": trainer.sampler.state_dict(),
         "inner_param_groups": _jsonable(inner["param_groups"]),
+        **step_time_record(trainer),
     }
     save_checkpoint(directory, tensors=tensors, manifest=manifest)
+
+
+def step_time_record(trainer: LocalTrainer) -> dict[str, Any]:
+    """The step time this peer measured, for a restart on the same device to reuse instead of probing again."""
+    step_s = trainer.local_step_time_s
+    return {"step_time_s": step_s, "device": str(trainer.device)} if step_s else {}
+
+
+@dataclass
+class OnDisk:
+    """The committed state found on a peer's own disk, hash-checked, with what goes with it."""
+
+    state: GlobalState
+    source: str  # "checkpoint" or "vote"
+    directory: Path
+    # the checkpoint whose local training state is restored with it: the state's own (source "checkpoint"), or
+    # an earlier one of the run whose AdamW state and data position go with a vote
+    local: Optional[tuple[dict[str, torch.Tensor], dict[str, Any]]]
+    step_time_s: Optional[float]  # measured before on ``device`` (None: not recorded)
+    device: str = ""
+
+
+def committed_on_disk(state_dir: Path, *, run_id: str, round_no: int, state_hash: str,
+                      like: Optional[GlobalState] = None) -> Optional[OnDisk]:
+    """The committed state of ``round_no`` from this peer's checkpoint, or else from its vote, when its tensors
+    hash to ``state_hash`` (checked against ``like``'s shapes when given); None (logged) otherwise."""
+    directory = checkpoint_dir(state_dir)
+    loaded = _load_if_committed(directory, run_id=run_id, round_no=round_no, state_hash=state_hash, what="checkpoint")
+    source = "checkpoint"
+    if loaded is None:
+        directory = vote_dir(state_dir, round_no)
+        loaded = _load_if_committed(directory, run_id=run_id, round_no=round_no, state_hash=state_hash, what="vote")
+        source = "vote"
+    if loaded is None:
+        return None
+    tensors, manifest = loaded
+    try:
+        state = state_from_tensors(tensors, round_no, like=like)
+    except ValueError as e:
+        logger.warning("the %s in %s does not fit this model (%s); downloading the state instead", source, directory, e)
+        return None
+    if state.state_hash != state_hash:
+        logger.warning("the %s in %s is corrupted (its tensors do not hash to its manifest's %s); downloading "
+                       "instead", source, directory, state_hash)
+        return None
+    local = loaded if source == "checkpoint" else _earlier_checkpoint(state_dir, run_id=run_id, round_no=round_no)
+    step_s = manifest.get("step_time_s")
+    return OnDisk(state, source, directory, local, float(step_s) if isinstance(step_s, (int, float)) else None,
+                  str(manifest.get("device", "")))
+
+
+def _earlier_checkpoint(state_dir: Path, *, run_id: str,
+                        round_no: int) -> Optional[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
+    try:
+        manifest = read_manifest(checkpoint_dir(state_dir))
+        if manifest and manifest.get("run_id") == run_id and int(manifest.get("round", -1)) < round_no:
+            return load_checkpoint(checkpoint_dir(state_dir))
+    except (CheckpointError, ValueError, TypeError) as e:
+        logger.info("no usable local checkpoint to go with the vote (%s); inner state starts fresh", e)
+    return None
+
+
+def install(trainer: LocalTrainer, found: OnDisk, *, committed: bool = False) -> bool:
+    """Make ``found`` the trainer's committed state and restore its local training state: all of it from its own
+    checkpoint; from an earlier checkpoint with a vote, the AdamW state and data position only (θl restarts from
+    θg, as after any full sync, and error feedback from zero: that checkpoint's residual was already sent).
+    ``committed``: the trainer was built from ``found.state`` already. False (logged) when the local state does
+    not fit, which leaves the trainer on ``found.state`` with its local state as it was."""
+    if not committed:
+        trainer.commit(found.state)
+    if found.local is None:
+        return True
+    tensors, manifest = found.local
+    own = found.source == "checkpoint"
+    try:
+        _restore_local(trainer, tensors, manifest, own=own)
+    except (KeyError, ValueError, RuntimeError, TypeError) as e:
+        logger.warning("the local training state of the checkpoint beside the %s in %s does not fit this model "
+                       "(%s); it starts fresh", found.source, found.directory, e)
+        return False
+    return True
 
 
 def resume_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str, round_no: int, state_hash: str) -> bool:
@@ -63,15 +148,15 @@ def resume_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str, round
         return False
     tensors, manifest = loaded
     try:
-        _restore(trainer, tensors, manifest)
-    except (KeyError, ValueError, RuntimeError) as e:
+        state = state_from_tensors(tensors, round_no, like=trainer.state)
+    except ValueError as e:
         logger.warning("checkpoint in %s does not fit this model (%s); downloading the state instead", directory, e)
         return False
-    if trainer.state.state_hash != state_hash:
+    if state.state_hash != state_hash:
         logger.warning("checkpoint in %s restored a state whose hash differs from its manifest; downloading instead",
                        directory)
         return False
-    return True
+    return install(trainer, OnDisk(state, "checkpoint", Path(directory), loaded, None))
 
 
 def _load_if_committed(directory: Path, *, run_id: str, round_no: int, state_hash: str,
@@ -92,11 +177,15 @@ def _load_if_committed(directory: Path, *, run_id: str, round_no: int, state_has
         return None
 
 
-def _restore(trainer: LocalTrainer, tensors: dict[str, torch.Tensor], manifest: dict[str, Any]) -> None:
-    trainer.commit(state_from_tensors(tensors, int(manifest["round"]), like=trainer.state))  # θl ← θg, then restored
-    with torch.no_grad():
-        for i, p in enumerate(trainer.model.parameters()):
-            p.copy_(tensors[f"local.{i:05d}"])
+def _restore_local(trainer: LocalTrainer, tensors: dict[str, torch.Tensor], manifest: dict[str, Any], *,
+                   own: bool) -> None:
+    """The checkpoint's AdamW state, step count and data position into ``trainer``; ``own`` (the checkpoint of the
+    committed state itself): θl and the error-feedback residuals too."""
+    if own:
+        with torch.no_grad():
+            for i, p in enumerate(trainer.model.parameters()):
+                p.copy_(tensors[f"local.{i:05d}"])
+        trainer.lockstep.params_changed = True
     state: dict[int, dict[str, torch.Tensor]] = {}
     for name, value in tensors.items():
         if name.startswith("inner."):
@@ -105,10 +194,13 @@ def _restore(trainer: LocalTrainer, tensors: dict[str, torch.Tensor], manifest: 
     trainer.load_optimizer_state_dict({"state": state, "param_groups": manifest["inner_param_groups"]})
     for f, feedback in enumerate(trainer.error_feedback or []):
         residual = tensors.get(f"feedback.{f:03d}")
-        if residual is not None:
+        if own and residual is not None:
             feedback.update(residual, torch.zeros_like(residual))  # residual = residual − 0
+        else:
+            feedback.reset()
     trainer.inner_steps_done = int(manifest["inner_steps_done"])
-    trainer._samples_since_sync = [int(n) for n in manifest["samples_since_sync"]]
+    if own:
+        trainer._samples_since_sync = [int(n) for n in manifest["samples_since_sync"]]
     if manifest.get("peer_index") == trainer.peer_index:
         trainer.sampler.load_state_dict(manifest["sampler"])  # same shard: continue where it stopped
 
@@ -131,14 +223,16 @@ def vote_dir(state_dir: Path, round_no: int) -> Path:
     return Path(state_dir) / "votes" / f"r{round_no:08d}"
 
 
-def save_vote(state_dir: Path, state: GlobalState | TentativeState, *, run_id: str) -> None:
+def save_vote(state_dir: Path, state: GlobalState | TentativeState, *, run_id: str,
+              step_time: Optional[dict[str, Any]] = None) -> None:
     """Persist the tentative state of its round before its hash is reported (atomic, verified). The file is
     written straight from the tensors; a ``TentativeState``'s stepped tensors are made one at a time as
-    they are written, so the vote never holds a second θg and outer state."""
+    they are written, so the vote never holds a second θg and outer state. ``step_time``: the peer's
+    ``step_time_record``, for a restart to reuse."""
     # no SHA-256 of the file: a vote is used only when its tensors hash to the committed state hash
     save_checkpoint(vote_dir(state_dir, state.round_no), tensors=vote_tensors(state),
                     manifest={"kind": "vote", "run_id": run_id, "round": state.round_no,
-                              "state_hash": state.state_hash}, file_digest=False)
+                              "state_hash": state.state_hash, **(step_time or {})}, file_digest=False)
 
 
 def vote_tensors(state: GlobalState | TentativeState) -> dict[str, torch.Tensor | LazyTensor]:
@@ -166,45 +260,57 @@ def prune_votes(state_dir: Path, *, below: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def resume_from_vote(state_dir: Path, trainer: LocalTrainer, *, run_id: str, round_no: int, state_hash: str) -> bool:
-    """Install the peer's vote for round_no as its committed state when the vote is what was committed.
-
-    The peer's local training state (θl, AdamW, data position) comes from its own checkpoint of an
-    earlier round of the run when there is one; error feedback restarts from zero, since the residual
-    in that checkpoint was already sent in round_no.
-    """
-    directory = vote_dir(state_dir, round_no)
-    loaded = _load_if_committed(directory, run_id=run_id, round_no=round_no, state_hash=state_hash, what="vote")
-    if loaded is None:
-        return False
-    try:
-        state = state_from_tensors(loaded[0], round_no, like=trainer.state)
-    except ValueError as e:
-        logger.warning("the vote in %s does not fit this model (%s); downloading the state instead", directory, e)
-        return False
-    if state.state_hash != state_hash:
-        logger.warning("the vote in %s is corrupted (its tensors do not hash to its manifest's %s); downloading "
-                       "instead", directory, state_hash)
-        return False
-    try:
-        local_manifest = read_manifest(checkpoint_dir(state_dir))
-        if local_manifest and local_manifest.get("run_id") == run_id and int(local_manifest.get("round", -1)) < round_no:
-            _restore(trainer, *load_checkpoint(checkpoint_dir(state_dir)))
-    except (CheckpointError, KeyError, ValueError, RuntimeError) as e:
-        logger.info("no usable local checkpoint to go with the vote (%s); inner state starts fresh", e)
-    trainer.commit(state)  # θl restarts from θg, as after any full sync
-    for feedback in trainer.error_feedback or []:
-        feedback.reset()
-    return True
-
-
 def maybe_resume(state_dir: Path, trainer: LocalTrainer, *, run_id: str, round_no: int, state_hash: str) -> Optional[int]:
     """Resume when the peer's own checkpoint, or else its last vote, is the committed state of round_no;
     returns the round resumed or None (the peer then downloads the state from peers)."""
-    if resume_trainer(checkpoint_dir(state_dir), trainer, run_id=run_id, round_no=round_no, state_hash=state_hash):
-        logger.info("resumed from own checkpoint at round %d (hash %s)", round_no, state_hash)
-        return round_no
-    if resume_from_vote(state_dir, trainer, run_id=run_id, round_no=round_no, state_hash=state_hash):
-        logger.info("resumed from own vote for round %d, which was committed (hash %s)", round_no, state_hash)
-        return round_no
-    return None
+    found = committed_on_disk(state_dir, run_id=run_id, round_no=round_no, state_hash=state_hash, like=trainer.state)
+    if found is None:
+        return None
+    install(trainer, found)
+    _log_resumed(found, state_hash)
+    return round_no
+
+
+def _log_resumed(found: OnDisk, state_hash: str) -> None:
+    if found.source == "checkpoint":
+        logger.info("resumed from own checkpoint at round %d (hash %s)", found.state.round_no, state_hash)
+    else:
+        logger.info("resumed from own vote for round %d, which was committed (hash %s)", found.state.round_no,
+                    state_hash)
+
+
+@dataclass
+class Started:
+    """A peer's trainer as its start built it: from its own disk (``resumed``) or from θ0."""
+
+    trainer: LocalTrainer
+    resumed: Optional[OnDisk]
+
+    def known_step_time(self) -> Optional[float]:
+        """The step time this peer measured before its restart on the same device (None: probe it)."""
+        found = self.resumed
+        if found is None or not found.step_time_s or found.device != str(self.trainer.device) \
+                or self.trainer.ranks is not None:
+            return None
+        return found.step_time_s
+
+
+def start_trainer(run: RunConfig, state_dir: Path, *, run_id: str, round_no: int, state_hash: str, peer_index: int,
+                  device: str, ranks: Optional[Ranks] = None) -> Started:
+    """The trainer of a peer's start. A restarted peer whose own checkpoint or vote is the committed state of
+    ``round_no`` builds its model from it (θ0 is neither drawn nor hashed) and restores its local training state;
+    any other starts from θ0 (and syncs later)."""
+    found = None
+    if round_no > 0:
+        found = committed_on_disk(state_dir, run_id=run_id, round_no=round_no, state_hash=state_hash)
+    if found is not None:
+        try:
+            trainer = LocalTrainer(run, peer_index=peer_index, device=device, ranks=ranks, initial=found.state)
+        except ValueError as e:
+            logger.warning("the %s in %s does not fit this model (%s); starting from θ0", found.source,
+                           found.directory, e)
+        else:
+            install(trainer, found, committed=True)
+            _log_resumed(found, state_hash)
+            return Started(trainer, found)
+    return Started(LocalTrainer(run, peer_index=peer_index, device=device, ranks=ranks), None)

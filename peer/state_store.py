@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from peer.faults import FaultPlan
-from peer.resume import checkpoint_dir, maybe_resume, prune_votes, save_trainer, save_vote
+from peer.resume import checkpoint_dir, maybe_resume, prune_votes, save_trainer, save_vote, step_time_record
 from peer.stats import PeerStats
 from swarm.core.state import GlobalState
 from swarm.train.trainer import LocalTrainer
@@ -40,7 +40,7 @@ class PeerStateStore:
         if self.every <= 0:
             return
         try:
-            save_vote(self.state_dir, state, run_id=self.run_id)
+            save_vote(self.state_dir, state, run_id=self.run_id, step_time=step_time_record(self.trainer))
         except OSError as e:  # the vote still counts; only this disk copy is missing
             logger.warning("%s could not write the vote to disk: %s", self.tag(state.round_no), e)
 
@@ -64,6 +64,16 @@ class PeerStateStore:
         prune_votes(self.state_dir, below=below)
 
     # ---- the peer's own ------------------------------------------------------------------------------
+    def start(self, *, resumed: bool) -> None:
+        """The peer's start: the trainer holds θ0, installed now, or (``resumed``) the committed state from this
+        peer's own disk, which it only announces (its disk was read for that round already)."""
+        if not resumed:
+            self.install(self.trainer.state)
+            return
+        self.disk_tried = self.trainer.round_no
+        self.provisional = False
+        self.publish()
+
     def install(self, state: GlobalState) -> None:
         """A state from outside a round (θ0, a download): θl restarts from it."""
         self.trainer.commit(state)

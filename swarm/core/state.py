@@ -61,19 +61,28 @@ def state_tensors(state: GlobalState) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def state_from_tensors(tensors: dict[str, torch.Tensor], round_no: int, *, like: GlobalState) -> GlobalState:
+def state_from_tensors(tensors: dict[str, torch.Tensor], round_no: int, *,
+                       like: Optional[GlobalState]) -> GlobalState:
     """The state held in ``tensors`` (other names are ignored), checked against ``like``: the same tensor
-    names, shapes and fp32, every value finite. Raises ValueError saying what does not fit."""
+    names, shapes and fp32, every value finite. Raises ValueError saying what does not fit. ``like=None``
+    (a model not built yet): every ``param.*`` and ``outer.*`` tensor, numbered from 0 without a gap, each fp32;
+    the caller checks the shapes against its model."""
+    if like is None:
+        counts = [sum(1 for name in tensors if name.startswith(prefix)) for prefix in ("param.", "outer.")]
+    else:
+        counts = [len(like.params), len(like.outer_state)]
     try:
-        params = [tensors[f"param.{i:05d}"] for i in range(len(like.params))]
-        outer = [tensors[f"outer.{i:05d}"] for i in range(len(like.outer_state))]
+        params = [tensors[f"param.{i:05d}"] for i in range(counts[0])]
+        outer = [tensors[f"outer.{i:05d}"] for i in range(counts[1])]
     except KeyError as e:
         raise ValueError(f"the state lacks tensor {e.args[0]}: it is of another model, or of an older Swarm "
                          "whose files this version does not read") from None
-    for t, ref in zip(params + outer, like.params + like.outer_state):
-        if t.shape != ref.shape or t.dtype != ref.dtype:
-            raise ValueError(f"a state tensor is {t.dtype} {tuple(t.shape)} where this model has {ref.dtype} "
-                             f"{tuple(ref.shape)}: the state is of another model")
+    refs = like.params + like.outer_state if like is not None else [None] * len(params + outer)
+    for t, ref in zip(params + outer, refs):
+        shape, dtype = (ref.shape, ref.dtype) if ref is not None else (t.shape, torch.float32)
+        if t.shape != shape or t.dtype != dtype:
+            raise ValueError(f"a state tensor is {t.dtype} {tuple(t.shape)} where this model has {dtype} "
+                             f"{tuple(shape)}: the state is of another model")
         if t.numel() and not torch.isfinite(torch.stack(torch.aminmax(t))).all():  # NaN, ±inf: one reduction
             raise ValueError("the state holds values that are not finite")
     return GlobalState(round_no, params, outer)

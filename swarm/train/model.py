@@ -122,13 +122,16 @@ def gpt_config(cfg: ModelConfig) -> GPTConfig:
     return GPTConfig(**shape, dropout=cfg.dropout, vocab_size=cfg.vocab_size or VOCAB_SIZE)
 
 
-def build_model(cfg: ModelConfig, *, seed: int) -> GPT:
-    """A GPT on the CPU whose parameters depend only on ``cfg`` and ``seed``, bit for bit."""
+def build_model(cfg: ModelConfig, *, seed: int, draw: bool = True) -> GPT:
+    """A GPT on the CPU whose parameters depend only on ``cfg`` and ``seed``, bit for bit (``draw=False``: not
+    drawn, for a caller that overwrites every parameter next)."""
     gcfg = gpt_config(cfg)
     # Module constructors draw from the global RNG; fork it so callers' random streams are untouched.
     # Every parameter is overwritten below anyway.
     with torch.random.fork_rng(devices=[]):
         model = GPT(gcfg)
+    if not draw:
+        return model
     gen = torch.Generator().manual_seed(seed)
     residual_std = 0.02 / math.sqrt(2 * gcfg.n_layer)  # GPT-2: scale residual projections by depth
     with torch.no_grad():

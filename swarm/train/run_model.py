@@ -89,18 +89,20 @@ def checked_vocab_size(cfg: ModelConfig) -> int | None:
     return cfg.vocab_size or VOCAB_SIZE
 
 
-def build_run_model(cfg: ModelConfig, *, seed: int) -> RunModel:
-    """The model ``cfg`` describes, on the CPU in fp32, with θ0 from ``seed`` or ``cfg.init_from``."""
+def build_run_model(cfg: ModelConfig, *, seed: int, draw: bool = True) -> RunModel:
+    """The model ``cfg`` describes, on the CPU in fp32, with θ0 from ``seed`` or ``cfg.init_from``. ``draw=False``:
+    its parameters are left undrawn (a preset's or an HF model's) and ``init_from`` is not read, for a caller
+    that overwrites every parameter next (a peer resuming its own checkpoint); a factory's own init still runs."""
     if cfg.kind == "factory":
         built = _factory_model(cfg, seed)
     elif cfg.kind == "hf":
-        module = hf_model.build_hf_model(cfg.hf_config, seed=seed)
+        module = hf_model.build_hf_model(cfg.hf_config, seed=seed, draw=draw)
         built = RunModel(module=module, loss=hf_model.hf_causal_loss, context=hf_model.hf_context(module),
                          vocab_size=int(module.config.vocab_size))
     else:
-        gpt: GPT = build_model(cfg, seed=seed)
+        gpt: GPT = build_model(cfg, seed=seed, draw=draw)
         built = RunModel(module=gpt, loss=gpt_loss, context=gpt.cfg.context, vocab_size=gpt.cfg.vocab_size)
-    if cfg.init_from:
+    if cfg.init_from and draw:
         load_weights(built.module, init_from_file(cfg.init_from))
     return built
 

@@ -106,6 +106,15 @@ class StepProbe:
             self.report(self.best)
         return self.best
 
+    def reuse(self, step_s: Optional[float]) -> Optional[float]:
+        """A restarted peer: the step time it measured by training on this device before (its vote or checkpoint
+        recorded it) stands in for a probe; without one (None), probe now."""
+        if step_s is None or not math.isfinite(step_s) or step_s <= 0:
+            return self.run()
+        self.best = step_s
+        self.report(step_s)
+        return step_s
+
     def again(self) -> Optional[float]:
         """While waiting for the first round: the fastest step time yet when a new probe was due and ran (None: not
         due, or done: the peer trained, or probed ``MAX_PROBES`` times)."""

@@ -51,9 +51,12 @@ log = logging.getLogger(__name__)
 class LocalTrainer:
     """θl (model + AdamW, never reset or averaged) and the committed θg, outer state and round."""
 
-    def __init__(self, run: RunConfig, *, peer_index: int, device: str = "cpu", ranks: Optional[Ranks] = None) -> None:
+    def __init__(self, run: RunConfig, *, peer_index: int, device: str = "cpu", ranks: Optional[Ranks] = None,
+                 initial: Optional[GlobalState] = None) -> None:
         """``ranks``: this process's place in a multi-GPU peer (``swarm.train.ranks``); every rank builds
-        its trainer at the same point, rank 0 first telling the others the run and the peer index."""
+        its trainer at the same point, rank 0 first telling the others the run and the peer index.
+        ``initial``: the committed state to start from (a peer's own checkpoint or vote) instead of θ0, which is
+        then neither drawn nor kept; θl starts from it. ValueError when it is not a state of this model."""
         self.run = run
         self.peer_index = peer_index
         self.ranks = ranks if ranks is not None and ranks.world_size > 1 else None
@@ -61,7 +64,7 @@ class LocalTrainer:
             self.ranks.send((run.to_json(), peer_index))
         self.device = self.ranks.device if self.ranks is not None else torch.device(device)
         data = run.data
-        built = build_run_model(run.model, seed=run.seed)  # same θ0 on every peer
+        built = build_run_model(run.model, seed=run.seed, draw=initial is None)  # same θ0 on every peer
         fsdp = self.ranks is not None and run.inner.sharding == "fsdp"
         self.model, self.loss_fn = built.module.to("cpu" if fsdp else self.device), built.loss
         self.sharded: Optional[ShardedModel] = None  # the shards the ranks train (FSDP)
@@ -89,7 +92,10 @@ class LocalTrainer:
         self.lockstep = RankLockstep(self.ranks, self.sharded, self._params, self.optimizer)
         shapes = [p.shape for p in self._params]
         self.outer = OuterOptimizer(run.outer, shapes)
-        self.state = initial_state(self.model, self.outer)  # the committed global state; round 0: θ0, zero outer state
+        if initial is None:
+            self.state = initial_state(self.model, self.outer)  # the committed global state; round 0: θ0, zero outer state
+        else:
+            self.state = _fitting(initial, shapes, self.outer)
         self._step_time_ema_s: float | None = None
         self.throttle: Optional[Callable[[float], None]] = None  # after each step, with its compute seconds
         self.clock: Callable[[float], None] = lambda seconds: None  # told inner seconds as they pass (live utilization)
@@ -110,6 +116,8 @@ class LocalTrainer:
         self.lowrank = ([LowRankState(run.seed * 1000 + f) for f in range(len(self.fragments))]
                         if get_codec(rounds.codec).lowrank else None)
         self._samples_since_sync = [0] * len(self.fragments)
+        if initial is not None:
+            self.commit(initial)  # θl ← θg, the outer state installed
 
     def _sampler(self) -> "BatchSampler | RankSampler":
         """This peer's batches; the ranks of a multi-GPU peer take turns drawing them (``RankSampler``)."""
@@ -409,3 +417,13 @@ class LocalTrainer:
             finally:
                 for p, t in zip(self._params, local):
                     p.data = t
+
+
+def _fitting(state: GlobalState, shapes: list[torch.Size], outer: OuterOptimizer) -> GlobalState:
+    """``state`` when it is one of a model of ``shapes`` with ``outer``'s state; ValueError saying what differs."""
+    if [t.shape for t in state.params] != list(shapes):
+        raise ValueError(f"the state holds {len(state.params)} parameters whose shapes are not this model's "
+                         f"{len(shapes)}; it is of another model.")
+    if [t.shape for t in state.outer_state] != outer.state_shapes():
+        raise ValueError(f"the state's outer optimizer state is not this run's {outer.name} state.")
+    return state

@@ -143,3 +143,53 @@ def test_a_tentative_states_vote_is_written_a_tensor_at_a_time_and_is_the_materi
     restarted = LocalTrainer(_run(), peer_index=0)
     assert maybe_resume(tmp_path / "lazy", restarted, run_id="run-x", round_no=1,
                         state_hash=materialised.state_hash) == 1
+
+
+def test_a_restarted_peer_builds_from_its_vote_without_drawing_theta0_and_trains_on_like_a_resumed_one(
+        tmp_path, monkeypatch):
+    from peer.resume import start_trainer, step_time_record
+    from swarm.train import model as model_module
+
+    original = LocalTrainer(_run(), peer_index=1)
+    _one_round(original, 1)
+    save_trainer(tmp_path / "checkpoint", original, run_id="run-x")
+    original.train(4)
+    tentative = original.apply(original.take_contribution(0).delta * 0.5, 0, 2)
+    voted = tentative.state_hash
+    save_vote(tmp_path, tentative, run_id="run-x", step_time=step_time_record(original))
+    resumed_old_way = LocalTrainer(_run(), peer_index=1)
+    assert maybe_resume(tmp_path, resumed_old_way, run_id="run-x", round_no=2, state_hash=voted) == 2
+
+    def no_draws(*args, **kwargs):
+        raise AssertionError("θ0 was drawn")
+
+    monkeypatch.setattr(model_module, "portable_normal", no_draws)
+    started = start_trainer(_run(), tmp_path, run_id="run-x", round_no=2, state_hash=voted, peer_index=1, device="cpu")
+    restarted = started.trainer
+    assert started.resumed is not None and started.resumed.source == "vote"
+    assert restarted.round_no == 2 and restarted.state.state_hash == voted
+    assert started.known_step_time() == original.local_step_time_s  # no probe: the step time it measured
+    assert restarted.optimizer.state_dict()["state"], "inner optimizer state was not restored"
+    a, b = resumed_old_way.train(2), restarted.train(2)
+    assert a.mean_loss == b.mean_loss
+    for p, q in zip(resumed_old_way.model.parameters(), restarted.model.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_a_peer_without_the_committed_state_on_its_disk_starts_from_theta0(tmp_path):
+    from peer.resume import start_trainer
+
+    trainer = LocalTrainer(_run(), peer_index=0)
+    _one_round(trainer, 1)
+    save_trainer(tmp_path / "checkpoint", trainer, run_id="run-x")
+    fresh = LocalTrainer(_run(), peer_index=0)
+    for run_id, round_no in (("run-y", 1), ("run-x", 2)):  # another run's, or an older round than the committed one
+        started = start_trainer(_run(), tmp_path, run_id=run_id, round_no=round_no, state_hash="0" * 16,
+                                peer_index=0, device="cpu")
+        assert started.resumed is None and started.known_step_time() is None
+        assert started.trainer.round_no == 0 and started.trainer.state.state_hash == fresh.state.state_hash
+    started = start_trainer(_run(), tmp_path, run_id="run-x", round_no=1, state_hash=trainer.state.state_hash,
+                            peer_index=0, device="cpu")  # its own checkpoint: θl and AdamW exactly as they were
+    assert started.resumed is not None and started.resumed.source == "checkpoint"
+    for p, q in zip(trainer.model.parameters(), started.trainer.model.parameters()):
+        assert torch.equal(p, q)

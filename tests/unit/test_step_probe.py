@@ -70,3 +70,14 @@ def test_a_peer_waiting_for_its_first_round_probes_again_and_keeps_the_fastest(m
     assert probe.again() < first  # the fastest yet
     trainer.train(1)
     assert probe.again() is None  # it trained: its rounds measure it from now on
+
+
+def test_a_restarted_peer_reuses_the_step_time_it_measured_instead_of_probing() -> None:
+    from swarm.train.step_probe import StepProbe
+
+    trainer = LocalTrainer(RUN, peer_index=0)
+    reported: list[float] = []
+    probe = StepProbe(trainer, report=reported.append)
+    assert probe.reuse(0.25) == 0.25 and probe.best == 0.25 and reported == [0.25]
+    assert probe.probes == 0  # no pass was timed
+    assert probe.reuse(None) is not None and probe.probes == 1  # nothing recorded: it probes
