@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import torch
 
+from swarm.core.codec import DroppedInPlace
 from swarm.net.bulk_slices import Reservation
 from swarm.net.chunk_stream import SlicePayload, Turn, settle
 from swarm.net.rendezvous import Member
@@ -36,7 +37,7 @@ async def send_contributions(exchange: Any, key: str, group: list[Member], diges
         try:
             payload = SlicePayload.lazy(codec, flat[start:end])
             if payload is None:  # off the event loop, which keeps serving the other peers' streams
-                payload = SlicePayload(await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key))
+                payload = SlicePayload(await asyncio.to_thread(_encode, codec, flat, start, end, key))
             if reservation is None:
                 return payload, None
             return payload, await asyncio.to_thread(reservation.tag, await payload.whole())
@@ -52,7 +53,7 @@ async def send_contributions(exchange: Any, key: str, group: list[Member], diges
             if own_slice is not None and own_slice.lossless_view() is not None:
                 data = own_slice.lossless_view()  # fp32: its bytes are the vector's; the reduction reads them there
             else:
-                data = await asyncio.to_thread(encode_slice, codec, flat[start:end].contiguous(), key)
+                data = await asyncio.to_thread(_encode, codec, flat, start, end, key)
         finally:
             encoding[i].done()
         await exchange.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, part, position, data)
@@ -72,3 +73,11 @@ async def send_contributions(exchange: Any, key: str, group: list[Member], diges
 
     # an encoding or a send that fails calls off the rest
     return sum(await settle(own(i) if to == position else send(i) for i, (_, to) in enumerate(order)))
+
+
+def _encode(codec, flat: torch.Tensor, start: int, end: int, key: str) -> bytes:
+    """``flat[start:end]``'s bytes; error feedback's residual of the slice is left in its place (``DroppedInPlace``:
+    the values are not read again)."""
+    data = encode_slice(codec, flat[start:end].contiguous(), key)
+    DroppedInPlace.encoded(flat, start, end, data, codec)
+    return data

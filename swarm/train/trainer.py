@@ -24,7 +24,7 @@ import torch
 
 from swarm.config import NESTEROV, RunConfig
 from swarm.core import average, fragments, spans
-from swarm.core.codec import Codec, ErrorFeedback, codec_round_trip, get_codec
+from swarm.core.codec import Codec, DroppedInPlace, ErrorFeedback, codec_round_trip, get_codec
 from swarm.core.lowrank import LowRankState
 from swarm.core.outer import OuterOptimizer
 from swarm.core.owner_feedback import OwnerFeedback
@@ -116,6 +116,7 @@ class LocalTrainer:
         self.lowrank = ([LowRankState(run.seed * 1000 + f) for f in range(len(self.fragments))]
                         if get_codec(rounds.codec).lowrank else None)
         self._samples_since_sync = [0] * len(self.fragments)
+        self._dropped: dict[int, DroppedInPlace] = {}  # per fragment in flight: its Δ, turned into its residual
         if initial is not None:
             self.commit(initial)  # θl ← θg, the outer state installed
 
@@ -280,6 +281,9 @@ class LocalTrainer:
             delta = self.error_feedback[f].compensate(delta)  # (kept locally, θl already holds it: Δ carries it)
         samples, self._samples_since_sync[f] = self._samples_since_sync[f], 0
         owner = self.owner_feedback[f] if self.owner_feedback is not None else None
+        if self.error_feedback is not None and self.lowrank is None:
+            # the exchange leaves what its codec drops of each slice in Δ's own memory as it encodes it
+            self._dropped[f] = DroppedInPlace.expect(delta)
         return Contribution(fragment=f, delta=delta, samples=samples, owner=owner,
                             lowrank=self.lowrank[f] if self.lowrank is not None else None)
 
@@ -289,6 +293,9 @@ class LocalTrainer:
         carries it again, weighted by all of its samples. (Error feedback was not updated either:
         ``record_sent`` is called when the round commits.)"""
         self._samples_since_sync[contribution.fragment] += contribution.samples
+        dropped = self._dropped.pop(contribution.fragment, None)
+        if dropped is not None:
+            dropped.forget()
         if contribution.owner is not None:
             contribution.owner.discard()
         if contribution.lowrank is not None:
@@ -307,10 +314,22 @@ class LocalTrainer:
             contribution.owner.commit()
         codec = get_codec(contribution.sent_as or codec)
         feedback = self.error_feedback[contribution.fragment]
+        dropped = self._dropped.pop(contribution.fragment, None)
+        if dropped is not None:
+            dropped.forget()
         if delivered is not None:  # a low-rank exchange: it delivered this peer's projection
             feedback.update(contribution.delta, delivered)
             return
         if codec.lossless:
+            feedback.reset()
+            return
+        residual = dropped.residual(codec) if dropped is not None else None
+        if residual is not None and residual is contribution.delta:  # the exchange made it from the bytes it sent
+            feedback.install(residual)
+            return
+        if dropped is not None and dropped.touched:  # cannot happen to a round that committed; Δ is not Δ any more
+            log.warning("error feedback: the sent vector of fragment %d was only partly turned into its residual;"
+                        " the residual restarts from zero", contribution.fragment)
             feedback.reset()
             return
         bounds = average.part_bounds(contribution.delta.numel(), parts or 1, codec.block)
