@@ -27,9 +27,9 @@ from coordinator.api.views import RunPosition, round_info, status_response
 from coordinator.roster import Roster
 from coordinator.rounds import offline_votes, opening, outcome
 from coordinator.rounds.info_cache import RoundInfoCache
-from coordinator.rounds.reports import RoundReports, report_record
+from coordinator.rounds.reports import ReportBounds, RoundReports, report_bounds, report_record
 from coordinator.store.database import Store
-from coordinator.store.history import history_page
+from coordinator.store.history import history_page, int64
 from coordinator.store.peer_writes import PeerWrites
 from coordinator.store.records import COMMITTED, OPEN, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
 from coordinator.store.run_log import open_run_log
@@ -74,6 +74,8 @@ class CoordinatorEngine:
                                              max_rounds=max_rounds)
         self.run_log = open_run_log(store, self.config)  # [logging]: the run's curves, as rounds are recorded
         self._load()
+        # the group that may have gone on while this coordinator was down: its votes may add them to a round
+        self._outage_group = offline_votes.outage_group(self._latest, self._peers)
         self.serving()  # peers kept training while the coordinator was down: a fresh lease to check in
 
     def _load(self) -> None:
@@ -196,8 +198,9 @@ class CoordinatorEngine:
             self._save_peer(membership.with_links(membership.touch(peer, now, self._lease_s), req))
             if self._open is None or req.round != self._open.round:
                 return self._info(req.round)  # late or early: nothing to decide, say how it stands
-            report = report_record(req, now)
-            adopted = self._reports.adopt(self._open, votes, reporter=req.peer_id, peers=self._peers, now=now)
+            report = report_record(req, now, self._report_bounds(req.peer_id, now))
+            adopted = self._reports.adopt(self._open, votes, reporter=req.peer_id, peers=self._peers, now=now,
+                                          outage=self._outage_group)
             if adopted is not self._open:  # the group decided this round during an outage, with other members
                 self._save_round(adopted)
             if self._reports.add(report):
@@ -207,6 +210,12 @@ class CoordinatorEngine:
                     f" ({req.error})" if req.error else "")
             self._settle(now)
             return self._current_info()
+
+    def _report_bounds(self, peer_id: str, now: float) -> ReportBounds:
+        """What the open round asked of ``peer_id``: its report's figures are cut to it."""
+        last_committed = self._last_committed.round if self._last_committed is not None else 0
+        return report_bounds(self._open, peer_id, self.config, now=now, param_count=self._run.param_count,
+                             rounds_covered=self._open.round - last_committed)
 
     def round_info(self, peer_id: str, number: int) -> pb.RoundInfo:
         with self._session():
@@ -360,8 +369,8 @@ class CoordinatorEngine:
                                    ddp_equivalent_bytes=decision.ddp_equivalent_bytes)
         for peer in membership.counted_rounds(self._peers, joined=decision.joined, missed=decision.missed):
             self._save_peer(peer)
-        run = dataclasses.replace(
-            self._run, ddp_equivalent_bytes=self._run.ddp_equivalent_bytes + decision.ddp_equivalent_bytes
+        run = dataclasses.replace(  # a sum that saturates: a status built from it stays within an int64
+            self._run, ddp_equivalent_bytes=int64(self._run.ddp_equivalent_bytes + decision.ddp_equivalent_bytes)
         )
         if decided.outcome == COMMITTED and outcome.finishes_run(
             decided, self._store.count_rounds(COMMITTED), self.config.rounds.max_rounds

@@ -138,12 +138,30 @@ def predict(links: Sequence[PeerLink], shares: Mapping[str, float], numel: int, 
     return worst
 
 
+def max_share(members: int) -> float:
+    """The largest share of the vector one member may own in a group of ``members``: 2/K, and 3/4 in a group of
+    two. The uplinks that size the shares are what the members say; the cap keeps one that says it is very fast
+    from owning (and so averaging alone) almost every coordinate."""
+    return min(2.0 / members, 0.75) if members > 1 else 1.0
+
+
 def upload_shares(links: Sequence[PeerLink]) -> dict[str, float]:
     """Each member's share of the reduction in proportion to its uplink (as hivemind balances load by
-    bandwidth), rounded to SHARE_DIGITS decimals and never 0."""
-    total = sum(link.upload_mbit_s for link in links)
+    bandwidth), none above ``max_share`` (what a capped member would own beyond it goes to the others in
+    proportion to theirs), rounded to SHARE_DIGITS decimals and never 0."""
+    cap = max_share(len(links))
+    capped: set[str] = set()
+    while True:
+        free = math.fsum(link.upload_mbit_s for link in links if link.peer_id not in capped)
+        room = 1.0 - cap * len(capped)
+        fractions = {link.peer_id: cap if link.peer_id in capped else room * link.upload_mbit_s / free
+                     for link in links}
+        over = {p for p, f in fractions.items() if f > cap and p not in capped}
+        if not over:
+            break
+        capped |= over
     floor = 10 ** -SHARE_DIGITS
-    return {link.peer_id: max(floor, round(link.upload_mbit_s / total, SHARE_DIGITS)) for link in links}
+    return {p: max(floor, round(f, SHARE_DIGITS)) for p, f in fractions.items()}
 
 
 def _filled(links: Sequence[PeerLink]) -> list[PeerLink]:

@@ -10,13 +10,18 @@ checks the signatures itself (``checked_votes``), adds the group's members to th
 vote of each member whose process is gone (restarted, or not alive) as that member's report
 (``adopt``). Such a stand-in report counts for the commit rule, but its peer is not a holder of the
 committed state: its process, if any, is another one.
+
+Votes count only for peers the coordinator planned with the group: a voter must be a participant of the open
+round, or one of the group that could have gone on without this coordinator (``outage_group``: the
+participants of the last round stored when this coordinator process started, alive then). A coordinator that
+never restarted therefore adds nobody by votes, and no report can bring in identities that had left.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Mapping
+from typing import AbstractSet, Mapping, Optional
 
 from coordinator.api.errors import BadRequest
 from coordinator.rounds import outcome
@@ -64,15 +69,30 @@ def checked_votes(req: pb.ReportRoundRequest, *, run_id: str, coordinator_public
     return votes
 
 
+def outage_group(latest: Optional[RoundRecord], peers: Mapping[str, PeerRecord]) -> frozenset[str]:
+    """The peers a group that went on without the coordinator can hold: the participants of ``latest``, the last
+    round stored when this coordinator process started, that were alive then (none for a new run)."""
+    if latest is None:
+        return frozenset()
+    return frozenset(p for p in latest.participants if p in peers and peers[p].alive)
+
+
 def adopt(round_row: RoundRecord, reports: Mapping[str, ReportRecord], votes: Mapping[str, Vote], *,
-          reporter: str, peers: Mapping[str, PeerRecord], now: float) -> tuple[RoundRecord, list[ReportRecord]]:
+          reporter: str, peers: Mapping[str, PeerRecord], now: float,
+          outage: AbstractSet[str] = frozenset()) -> tuple[RoundRecord, list[ReportRecord]]:
     """The open round with the voters as participants (the group decided the round with them), and a stand-in
     report for each voter whose process is gone (it is not alive, or it runs under another libp2p id now) and
     who has not reported itself, or whose next process reported a failure. Members alive in the same process
-    report themselves."""
+    report themselves. Only voters the coordinator planned count: participants of the round, or of ``outage``
+    (``outage_group``); the others' votes are ignored, and the round without them keeps its quorum."""
     if round_row.outcome != OPEN:
         return round_row, []
-    members = [p for p in sorted(votes) if p in peers]
+    planned = set(round_row.participants) | set(outage)
+    unplanned = sorted(p for p in votes if p not in planned)
+    if unplanned:
+        logger.warning("round %d: ignored the signed votes of %d peers this coordinator did not plan with the "
+                       "group: %s", round_row.round, len(unplanned), ", ".join(unplanned))
+    members = [p for p in sorted(votes) if p in peers and p in planned]
     added = tuple(p for p in members if p not in round_row.participants)
     if added:
         # the plan lists a budget per participant: they trained before the coordinator was back, so theirs is the

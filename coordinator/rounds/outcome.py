@@ -27,6 +27,7 @@ class Decision:
     wait_until: float = math.inf  # undecided: when it will be decided even if no report or peer changes
 
 
+DDP_BYTES_CAP = 2**62  # a round's figure at most: within an int64, as the run's saturating sum of them
 RESTARTED = "it restarted"  # the error of the placeholder report a restarted participant's old process leaves
 BY_VOTE = "its group's signed vote"  # the error of a stand-in report made from a gone process's DHT vote
 
@@ -85,7 +86,8 @@ def decide_round(
     if claims is None:
         claims = {r.peer_id: claim_of(r, {}) for r in counted}
     claims = [claims[r.peer_id] for r in counted]
-    quorum_at = _quorum_at(commit_rule.candidates(claims, members), counted)
+    standing = standing_participants(participants, participants_alive, counted)
+    quorum_at = _quorum_at(commit_rule.candidates(claims, members, standing), counted)
     deadline = round_row.opened_at + round_timeout_s
     if quorum_at is not None:
         deadline = min(deadline, quorum_at + report_grace_s)
@@ -97,7 +99,7 @@ def decide_round(
         )
     why = _why_now(len(participants), len(counted), len(pending),
                    f"{report_grace_s:.0f}s of a quorum" if quorum_at is not None else f"{round_timeout_s:.0f}s")
-    verdict = commit_rule.decide(claims, members)
+    verdict = commit_rule.decide(claims, members, standing)
     mean_loss = _mean([r.loss for r in counted if finite(r.loss) and r.loss > 0])
     if verdict.committed_hash is None:
         decided = dataclasses.replace(
@@ -156,6 +158,17 @@ def leave_out(now: float, round_row: RoundRecord, reports: Sequence[ReportRecord
     return budgets.without(round_row, late), math.inf
 
 
+def standing_participants(participants: Sequence[str], alive: Collection[str],
+                          reports: Sequence[ReportRecord]) -> frozenset[str]:
+    """The planned participants a quorum is a majority of: each one that reported (itself, or by its group's
+    signed vote), or is alive and has not restarted out of the round. Only a participant known to be gone
+    without a report is not counted, and only its own key can make that so (a restart) or its own silence (an
+    eviction): no report can shrink the planned group of others."""
+    reported = {r.peer_id for r in reports if not is_restart_placeholder(r)}
+    restarted = {r.peer_id for r in reports if is_restart_placeholder(r)}
+    return frozenset(p for p in participants if p in reported or (p in alive and p not in restarted))
+
+
 def _quorum_at(ranked: Sequence[commit_rule.Candidate], reports: Sequence[ReportRecord]) -> Optional[float]:
     """When the leading hash reached its quorum (by the coordinator's clock), or None if it has none."""
     if not ranked or not ranked[0].has_quorum:
@@ -195,7 +208,9 @@ def ddp_equivalent_bytes(holder_reports: Sequence[ReportRecord], *, param_count:
     if k <= 1:
         return 0
     per_step_factor = 2 * (k - 1) / k * 4
-    return int(round(sum(r.inner_steps * per_step_factor * (r.param_count or param_count) for r in holder_reports)))
+    total = math.fsum(max(r.inner_steps, 0) * per_step_factor * max(r.param_count or param_count, 0)
+                      for r in holder_reports)
+    return int(min(total, DDP_BYTES_CAP)) if math.isfinite(total) else DDP_BYTES_CAP
 
 
 def finishes_run(round_row: RoundRecord, committed_rounds: int, max_rounds: Optional[int]) -> bool:

@@ -27,27 +27,45 @@ class HistoryStore(Protocol):
     def add_eval(self, round_number: int, peer_id: str, loss: float) -> None: ...
 
 
+INT64_MAX = 2**63 - 1
+
+
+def int64(value: float) -> int:
+    """``value`` as a protobuf int64 takes it: negative and non-finite as 0, beyond the range as its largest. Every
+    count derived from stored figures goes through it, so no stored value can make building a record fail."""
+    if not finite(value) or value <= 0:
+        return 0
+    return int(min(value, INT64_MAX))
+
+
+def seconds(value: float) -> float:
+    """A stored duration or loss as a record shows it: non-finite as NaN (it means: unknown)."""
+    return float(value) if finite(value) else math.nan
+
+
 def round_history(
     decided: RoundRecord, reports: Sequence[ReportRecord], config: RunConfig, *, ddp_equivalent_bytes: int
 ) -> pb.RoundHistory:
-    """The history row of the round ``decided`` (committed or voided) from its participants' reports."""
+    """The history row of the round ``decided`` (committed or voided) from its participants' reports; total over
+    any stored values (``int64``)."""
     counted = [r for r in reports if r.peer_id in set(decided.participants)]
     choice = controller.from_json(decided.choice)  # the controller's codec, when it chose one for this round
-    inner = sum(r.inner_time_s for r in counted)
-    exchange = sum(r.exchange_time_s for r in counted)
+    inner = math.fsum(max(r.inner_time_s, 0.0) for r in counted if finite(r.inner_time_s))
+    exchange = math.fsum(max(r.exchange_time_s, 0.0) for r in counted if finite(r.exchange_time_s))
     return pb.RoundHistory(
-        round=decided.round, outcome=decided.outcome, opened_at=decided.opened_at,
-        decided_at=decided.decided_at or 0.0, participants=len(decided.participants), reported=len(counted),
+        round=int64(decided.round), outcome=decided.outcome, opened_at=seconds(decided.opened_at),
+        decided_at=seconds(decided.decided_at or 0.0), participants=len(decided.participants), reported=len(counted),
         holders=len(decided.holders), group_size=max((len(r.group) for r in counted), default=0),
         codec=choice.codec if choice is not None else config.rounds.codec,
-        inner_steps=max(decided.budgets, default=config.rounds.inner_steps), fragments=config.rounds.fragments,
-        bytes_sent=sum(r.bytes_sent for r in counted), bytes_received=sum(r.bytes_received for r in counted),
-        ddp_equivalent_bytes=ddp_equivalent_bytes,
-        exchange_s=max((r.exchange_time_s for r in counted), default=0.0),
-        inner_s=inner / len(counted) if counted else 0.0,
-        mean_loss=decided.mean_loss, eval_loss=math.nan,
-        tokens=sum(max(r.samples, 0) for r in _in_state(decided, counted)) * config.data.seq_len,
-        utilization=inner / (inner + exchange) if inner + exchange > 0 else 0.0,
+        inner_steps=int64(max(decided.budgets, default=config.rounds.inner_steps)), fragments=config.rounds.fragments,
+        bytes_sent=int64(sum(int64(r.bytes_sent) for r in counted)),
+        bytes_received=int64(sum(int64(r.bytes_received) for r in counted)),
+        ddp_equivalent_bytes=int64(ddp_equivalent_bytes),
+        exchange_s=seconds(max((r.exchange_time_s for r in counted if finite(r.exchange_time_s)), default=0.0)),
+        inner_s=seconds(inner / len(counted)) if counted else 0.0,
+        mean_loss=seconds(decided.mean_loss), eval_loss=math.nan,
+        tokens=int64(sum(int64(r.samples) for r in _in_state(decided, counted)) * config.data.seq_len),
+        utilization=seconds(inner / (inner + exchange)) if inner + exchange > 0 else 0.0,
         committed_hash=decided.committed_hash if decided.outcome == COMMITTED else "", reason=decided.reason,
     )
 
@@ -74,10 +92,10 @@ def peer_round_history(
         rows.append(pb.PeerRoundHistory(
             round=decided.round, peer_id=peer_id, site=peer.site if peer is not None else "",
             ok=bool(report and report.ok), holder=peer_id in holders,
-            loss=report.loss if report is not None else math.nan,
-            inner_s=report.inner_time_s if report is not None else 0.0,
-            exchange_s=report.exchange_time_s if report is not None else 0.0,
-            bytes_sent=report.bytes_sent if report is not None else 0,
+            loss=seconds(report.loss) if report is not None else math.nan,
+            inner_s=seconds(report.inner_time_s) if report is not None else 0.0,
+            exchange_s=seconds(report.exchange_time_s) if report is not None else 0.0,
+            bytes_sent=int64(report.bytes_sent) if report is not None else 0,
             tokens_per_s=metrics.tokens_per_s, step_time_s=metrics.step_time_s,
             upload_mbit_s=_measured(metrics.upload_mbit_s), download_mbit_s=_measured(metrics.download_mbit_s),
             rtt_ms=_measured(metrics.rtt_ms),

@@ -1,10 +1,13 @@
 """The commit rule, shared by the coordinator and by a group deciding a round without it.
 
-A report claims "I averaged with this group and hold this hash". A hash commits only with a quorum of
-the group that computed it: more than half of that group's members, and at least two of them when the
-group has two or more, reported that hash *with that same group*. A report naming a group it is not in,
-or members that were not planned into the round, counts for nothing; so a peer (or many) inventing a
-group of its own cannot outvote a real one, and only the agreeing members hold the committed state.
+A report claims "I averaged with this group and hold this hash". The group is judged against the plan, not
+against what reporters say: a round plans one group, its participants, and a hash commits only when more than
+half of the planned participants still in the round (``standing``: those not known to be gone without a report)
+— and more than half of the group the reports name, at least two unless it is alone — reported that hash *with
+that same group*. A report naming a group it is not in, or members that were not planned into the round,
+counts for nothing; so a peer (or many) naming a group of its own is one vote of the planned group, never a
+quorum of its own, an honest majority that reports later still wins, and only the agreeing members hold the
+committed state. Equal support for two hashes is a tie: the round is void, whatever the hashes.
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ class Candidate:
     state_hash: str
     group: tuple[str, ...]  # sorted
     supporters: tuple[str, ...]  # sorted
+    planned: int = 0  # how many planned participants stand in the round (its quorum is a majority of them)
 
     @property
     def needed(self) -> int:
-        return quorum(len(self.group))
+        return max(quorum(len(self.group)), quorum(self.planned))
 
     @property
     def has_quorum(self) -> bool:
@@ -48,7 +52,7 @@ class Verdict:
 
 
 def quorum(group_size: int) -> int:
-    """Reports a group of ``group_size`` needs to commit: a strict majority, and two unless it is alone."""
+    """Reports a group of ``group_size`` needs to commit: a strict majority, and two unless it is alone (0: none)."""
     return 1 if group_size <= 1 else max(2, group_size // 2 + 1)
 
 
@@ -68,20 +72,26 @@ def counted(claims: Iterable[Claim], participants: AbstractSet[str]) -> list[Cla
     return found
 
 
-def candidates(claims: Iterable[Claim], participants: AbstractSet[str]) -> list[Candidate]:
+def candidates(claims: Iterable[Claim], participants: AbstractSet[str],
+               standing: Optional[AbstractSet[str]] = None) -> list[Candidate]:
     """Every (hash, group) some counted claim names, best first: with a quorum, then by supporters, then
-    the smallest hash (and group), so that every reader of the same claims ranks them the same."""
+    the smallest hash (and group), so that every reader of the same claims ranks them the same (``decide``
+    voids a tie at the top, so the order among equals never picks a winner). ``standing``: the planned
+    participants the quorum is a majority of (default: all of ``participants``)."""
+    planned = len(participants if standing is None else standing)
     support: dict[tuple[str, frozenset[str]], set[str]] = {}
     for claim in counted(claims, participants):
         support.setdefault((claim.state_hash, claim.group), set()).add(claim.peer_id)
-    found = [Candidate(h, tuple(sorted(g)), tuple(sorted(s))) for (h, g), s in support.items()]
+    found = [Candidate(h, tuple(sorted(g)), tuple(sorted(s)), planned) for (h, g), s in support.items()]
     return sorted(found, key=lambda c: (not c.has_quorum, -len(c.supporters), c.state_hash, c.group))
 
 
-def decide(claims: Iterable[Claim], participants: AbstractSet[str]) -> Verdict:
-    """The round's verdict on ``claims`` from peers planned as ``participants``."""
+def decide(claims: Iterable[Claim], participants: AbstractSet[str],
+           standing: Optional[AbstractSet[str]] = None) -> Verdict:
+    """The round's verdict on ``claims`` from peers planned as ``participants``, of whom ``standing`` (default:
+    all) are still in the round: the quorum is a majority of those."""
     claims = list(claims)
-    ranked = candidates(claims, participants)
+    ranked = candidates(claims, participants, standing)
     ignored = sum(1 for c in claims if c.ok and c.state_hash) - len(counted(claims, participants))
     aside = f"; {ignored} reports ignored: their group lacked the reporter or named peers not in the round" \
         if ignored else ""
@@ -89,6 +99,12 @@ def decide(claims: Iterable[Claim], participants: AbstractSet[str]) -> Verdict:
         return Verdict(None, (), f"voided: no participant reported a successful exchange{aside}")
     best = ranked[0]
     of = f"{len(best.supporters)} of {len(best.group)} group members"
+    if best.planned > len(best.group):
+        of += f" ({best.planned} planned participants in the round)"
+    if len(ranked) > 1 and len(ranked[1].supporters) == len(best.supporters):
+        tied = [c for c in ranked if len(c.supporters) == len(best.supporters)]
+        return Verdict(None, (), f"voided: a tie: {len(tied)} hashes or groups reported by {len(best.supporters)} "
+                                 f"members each ({', '.join(_short(c.state_hash) for c in tied[:4])}){aside}")
     if not best.has_quorum:
         return Verdict(None, (), f"voided: hash {_short(best.state_hash)} reported by {of}, "
                                  f"no quorum (needs {best.needed}){aside}")

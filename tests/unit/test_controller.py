@@ -85,6 +85,21 @@ def test_a_slow_uplink_owns_a_smaller_slice() -> None:
     assert balanced < 0.8 * controller.predict(links(100, 100, 10), equal, PARAMS, "fp32").seconds
 
 
+@pytest.mark.parametrize("members", [2, 3, 4, 8])
+def test_a_member_claiming_a_huge_uplink_owns_at_most_two_in_k_of_the_vector(members) -> None:
+    """A member reporting upload_mbit_s = 1e10 (the cap of a request) against honest 10 Mbit/s uplinks: without
+    a cap its share would be ~1.0 and it would average almost every coordinate alone as their owner."""
+    claimed = links(1e10, *[10.0] * (members - 1))
+    shares = controller.upload_shares(claimed)
+    total = sum(shares.values())
+    assert shares["p0"] / total <= controller.max_share(members) + 1e-4
+    assert shares["p0"] / total <= 2 / members + 1e-4
+    honest = [shares[f"p{i}"] / total for i in range(1, members)]
+    assert max(honest) - min(honest) < 1e-4 and sum(honest) >= 1 - controller.max_share(members) - 1e-4
+    owned = slice_bounds(100_000, members, 64, [shares[f"p{i}"] for i in range(members)])[0]
+    assert owned[1] - owned[0] <= 2 / members * 100_000 + 64  # the coordinates it averages as their owner
+
+
 def run_rounds(uploads_by_round: list[list[float]], rounds: RoundConfig = OVERLAP) -> list[str]:
     codecs, previous = [], None
     for number, uploads in enumerate(uploads_by_round, start=1):
@@ -128,7 +143,8 @@ def test_the_engine_puts_its_choice_in_round_info_and_status() -> None:
     info = engine.heartbeat(ready_beat(b.peer_id, engine, upload_mbit_s=0.1, download_mbit_s=0.1, step_time_s=0.1))
     assert info.open_round == 1 and info.HasField("choice")
     assert info.choice.codec == "int4" and info.choice.round == 1 and "uplink" in info.choice.reason
-    assert info.choice.shares[a.peer_id] > 100 * info.choice.shares[b.peer_id]
+    # the faster uplink owns more, but in a group of two no more than 3/4 (controller.max_share)
+    assert (info.choice.shares[a.peer_id], info.choice.shares[b.peer_id]) == (0.75, 0.25)
     assert engine.round_info(a.peer_id, 1).choice == info.choice  # the same choice for every peer who asks
 
     status = status_to_dict(engine.status(engine.run.token))

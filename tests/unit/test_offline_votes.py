@@ -84,34 +84,73 @@ def make_engine(clock: FakeClock) -> CoordinatorEngine:
     return CoordinatorEngine(Store(":memory:"), config=config, lease_s=30.0, clock=clock)
 
 
-def test_the_groups_round_commits_with_the_votes_of_its_dead_members_and_only_the_living_hold_it(clock) -> None:
-    engine = make_engine(clock)
-    s1, r1 = join(engine, "s1"), join(engine, "r1-old")
-    assert set(engine.round_info(s1.peer_id, 1).participants) == {s1.peer_id, r1.peer_id}
-    # r1 died and its new process took part in the round the coordinator opened, alone: a group of 1 has its quorum
-    r1_new = join(engine, "r1-new", key=r1.key)
-    engine.report(pb.ReportRoundRequest(peer_id=r1_new.peer_id, round=1, ok=True, state_hash="lone",
-                                        group=[r1.peer_id], inner_steps=3))
-    s2, s3, r2 = join(engine, "s2"), join(engine, "s3"), join(engine, "r2-old")  # not in the round
-    group = [s1, s2, s3, r1, r2]
-    # the group's votes, as r1's and r2's old processes posted them in the DHT before they died
-    votes = {p.peer_id: vote(engine, p, 1, "g", group) for p in group}
-    join(engine, "r2-new", key=r2.key)
-    engine.report(group_report(engine, s1, 1, "g", group, votes))
-    info = engine.round_info(s1.peer_id, 1)
-    assert set(info.participants) == {p.peer_id for p in group}  # the round is the group's now
-    assert {p.peer_id for p in info.plan.peers} == set(info.participants)  # its plan still lists every participant
+def ids(peers: list[Peer]) -> set[str]:
+    return {p.peer_id for p in peers}
+
+
+def test_the_groups_round_commits_with_the_votes_of_its_dead_members_and_only_the_living_hold_it(clock, tmp_path) -> None:
+    """Five planned peers go on without the coordinator for two rounds; two die after voting. The restarted
+    coordinator decides the first round with their votes and opens the next with the three alive, and the
+    survivors' report of that round, carrying the five votes, takes the group back into it."""
+    config = RunConfig(rounds=RoundConfig(round_timeout_s=100.0, min_peers=2, report_grace_s=10.0))
+    signing_key = PeerKey.generate()
+    before = CoordinatorEngine(Store(tmp_path / "c.sqlite3"), config=config, lease_s=30.0, clock=clock,
+                               signing_key=signing_key)
+    s1, s2, s3, r1, r2 = group = [join(before, name) for name in ("s1", "s2", "s3", "r1", "r2")]
+    assert set(before.round_info(s1.peer_id, 1).participants) == ids(group)
+    votes = {n: {p.peer_id: vote(before, p, n, f"g{n}", group) for p in group} for n in (1, 2)}  # the DHT's
+    clock.now += 5
+    engine = CoordinatorEngine(Store(tmp_path / "c.sqlite3"), config=config, lease_s=30.0, clock=clock,
+                               signing_key=signing_key)  # back; r1's and r2's processes are gone meanwhile
+    for _ in range(9):
+        clock.now += 5
+        for survivor in (s1, s2, s3):
+            beat(engine, survivor)
+    for survivor in (s1, s2, s3):
+        engine.report(group_report(engine, survivor, 1, "g1", group, votes[1]))
+    first = engine.round_info(s1.peer_id, 1)
+    assert first.outcome == pb.ROUND_OUTCOME_COMMITTED and first.committed_hash == "g1"
+    assert set(first.holders) == {s1.dht_id, s2.dht_id, s3.dht_id}  # r1 and r2 voted; they hold nothing now
+    assert set(engine.round_info(s1.peer_id, 2).participants) == ids([s1, s2, s3])  # opened with those alive
+    engine.report(group_report(engine, s1, 2, "g2", group, votes[2]))
+    stored = engine._store.get_round(2)  # (a round's info lists its live participants only)
+    assert set(stored.participants) == ids(group) and len(stored.budgets) == 5  # the round is the group's now
+    info = engine.round_info(s1.peer_id, 2)
     assert info.outcome == pb.ROUND_OUTCOME_OPEN  # s2 and s3 are alive in the processes that voted: they report
     for survivor in (s2, s3):
-        engine.report(group_report(engine, survivor, 1, "g", group, votes))
-    decided = engine.round_info(s1.peer_id, 1)
-    assert decided.outcome == pb.ROUND_OUTCOME_COMMITTED and decided.committed_hash == "g"
-    # r2's vote counted (its process is gone); r1's own later report stands over its old vote; neither holds "g"
+        engine.report(group_report(engine, survivor, 2, "g2", group, votes[2]))
+    decided = engine.round_info(s1.peer_id, 2)
+    assert decided.outcome == pb.ROUND_OUTCOME_COMMITTED and decided.committed_hash == "g2"
     assert set(decided.holders) == {s1.dht_id, s2.dht_id, s3.dht_id}
 
 
-def test_without_the_votes_the_survivors_reports_are_ignored_and_the_lone_round_commits(clock) -> None:
-    """The behaviour the votes fix: the same reports, sent without the group's votes."""
+def test_votes_of_identities_the_coordinator_did_not_plan_count_for_nothing(clock) -> None:
+    """With the coordinator never down, one member's report carries the signed votes of two of its own identities
+    that had left before the round opened, all for an invented hash: they are not added to the round, the
+    report (whose group names them) supports nothing, and the honest pair commits."""
+    engine = make_engine(clock)
+    y, z = join(engine, "y"), join(engine, "z")
+    for gone in (y, z):  # their round 1 ends with them: void, nobody left to report
+        engine.leave(gone.peer_id, "done")
+    h1, h2, x = (join(engine, name) for name in ("h1", "h2", "x"))
+    fakes = [x, y, z]
+    number = engine.round_info(h1.peer_id, 0).open_round
+    assert number == 2 and set(engine.round_info(h1.peer_id, number).participants) == ids([h1, h2, x])
+    fake_votes = {p.peer_id: vote(engine, p, number, "f" * 64, fakes) for p in fakes}
+    engine.report(group_report(engine, x, number, "f" * 64, fakes, fake_votes))
+    assert set(engine._store.get_round(number).participants) == ids([h1, h2, x])  # nobody added by the votes
+    assert engine.round_info(h1.peer_id, number).outcome == pb.ROUND_OUTCOME_OPEN  # x's report supports nothing: no quorum, no grace
+    for honest in (h1, h2):
+        engine.report(pb.ReportRoundRequest(peer_id=honest.peer_id, round=number, ok=True, state_hash="a" * 64,
+                                            group=[h1.peer_id, h2.peer_id], inner_steps=10, loss=2.0))
+    decided = engine.round_info(h1.peer_id, number)
+    assert decided.outcome == pb.ROUND_OUTCOME_COMMITTED and decided.committed_hash == "a" * 64
+    assert set(decided.holders) == {h1.dht_id, h2.dht_id}
+
+
+def test_without_the_votes_neither_the_survivors_reports_nor_a_lone_round_commit(clock) -> None:
+    """The same reports sent without the group's votes: the survivors' group names peers outside the round, and
+    the restarted peer's lone report is one of the two planned participants, not a quorum: the round is void."""
     engine = make_engine(clock)
     s1, r1 = join(engine, "s1"), join(engine, "r1-old")
     r1_new = join(engine, "r1-new", key=r1.key)
@@ -123,10 +162,10 @@ def test_without_the_votes_the_survivors_reports_are_ignored_and_the_lone_round_
         bare = group_report(engine, survivor, 1, "g", group)
         del bare.group_votes[:]
         engine.report(bare)
-    clock.now += 11  # the grace after the lone quorum
+    clock.now += 101  # the round's timeout: no hash had a quorum, so no grace ran
     engine.tick()
-    decided = engine.round_info(s1.peer_id, 1)
-    assert decided.outcome == pb.ROUND_OUTCOME_COMMITTED and decided.committed_hash == "lone"
+    decided = engine._store.get_round(1)
+    assert decided.outcome == pb.ROUND_OUTCOME_VOIDED and "no quorum (needs 2)" in decided.reason
 
 
 def test_a_stand_in_vote_counts_until_the_peers_own_process_reports(clock) -> None:

@@ -54,7 +54,7 @@ def test_majority_hash_wins_and_dissenters_miss_the_round() -> None:
 def test_two_members_that_disagree_void_the_round() -> None:
     d = decide("ab", [report("a", "hz"), report("b", "ha")])
     assert d.round.outcome == VOIDED and d.missed == ("a", "b")
-    assert "reported by 1 of 2 group members, no quorum" in d.reason
+    assert "a tie: 2 hashes or groups reported by 1 members each" in d.reason
 
 
 def test_all_failed_voids_the_round() -> None:
@@ -76,21 +76,50 @@ def test_a_hash_commits_with_a_strict_majority_of_its_group_and_at_least_two(siz
 
 
 def test_fakes_reporting_groups_of_their_own_do_not_outvote_the_honest_group() -> None:
-    honest, fakes = ("a", "b"), ("x", "y", "z")
-    reports = [report("a"), report("b")] + [report(f, "ffff", group=(f,)) for f in fakes]
+    honest, fakes = ("a", "b", "c"), ("x", "y")
+    reports = [report(p, group=honest) for p in honest] + [report(f, "ffff", group=(f,)) for f in fakes]
     d = decide(honest + fakes, reports)
     assert (d.round.committed_hash, d.round.holders) == ("h1", honest)
     assert set(d.missed) == set(fakes)
+
+
+def test_a_minority_group_of_the_plan_does_not_commit_even_when_the_others_are_fakes() -> None:
+    """Three fakes in groups of their own and an honest two of the five planned: nobody has a majority of the
+    plan, so the round is void rather than committed for two."""
+    honest, fakes = ("a", "b"), ("x", "y", "z")
+    reports = [report("a"), report("b")] + [report(f, "ffff", group=(f,)) for f in fakes]
+    d = decide(honest + fakes, reports)
+    assert d.round.outcome == VOIDED and "no quorum (needs 3)" in d.reason
+
+
+def test_a_lone_fake_reporting_first_is_no_quorum_and_the_honest_majority_reporting_later_commits() -> None:
+    """One identity reports an invented hash with a group of itself as the round opens: a group of one when
+    others were planned with it is one vote of the plan, so no grace starts and the honest pair wins later."""
+    planned = ("a", "b", "x")
+    early = decide("abx", [report("x", "0000", group=("x",), at=0.0)], now=30.0)
+    assert not early.decided and early.wait_until == TIMEOUT_S  # no quorum: no grace is running
+    later = [report("x", "0000", group=("x",), at=0.0), report("a", at=40.0), report("b", at=41.0)]
+    d = decide(planned, later, now=41.0)
+    assert (d.round.outcome, d.round.committed_hash, d.round.holders) == (COMMITTED, "h1", ("a", "b"))
+
+
+def test_a_tie_voids_the_round_with_the_reason_whatever_the_hashes() -> None:
+    for fake in ("0000", "ffff"):
+        one = decide("ax", [report("a", group=("a", "x")), report("x", fake, group=("a", "x"))])
+        assert one.round.outcome == VOIDED and "a tie" in one.reason
+        two = decide("abxy", [report(p, group=tuple("abxy")) for p in "ab"]
+                     + [report(p, fake, group=tuple("abxy")) for p in "xy"])
+        assert two.round.outcome == VOIDED and "a tie" in two.reason and "reported by 2 members each" in two.reason
 
 
 def test_a_group_naming_peers_outside_the_round_does_not_count() -> None:
     honest = ("a", "b", "c")
     invented = ("x", "y", "z", "strangerA", "strangerB")
     reports = [report("a", group=honest), report("b", group=honest)]
-    reports += [report(f, "ffff", group=invented) for f in ("x", "y", "z")]  # 3 of 5: a quorum, were they real
-    d = decide(honest + ("x", "y", "z"), reports, now=20.0)  # c never reports: decided after the grace
-    assert (d.round.committed_hash, d.round.holders) == ("h1", ("a", "b"))
-    assert "3 reports ignored" in d.reason
+    reports += [report("x", "ffff", group=invented)]  # were its group real, it would count
+    d = decide(honest + ("x",), reports, now=20.0, alive="abx")  # c is gone: decided after the grace
+    assert (d.round.committed_hash, d.round.holders) == ("h1", ("a", "b"))  # 2 of the 3 standing
+    assert "1 reports ignored" in d.reason
 
 
 def test_a_report_whose_group_lacks_the_reporter_neither_votes_nor_holds() -> None:
@@ -303,7 +332,7 @@ def test_report_for_a_decided_round_returns_its_outcome(clock: FakeClock) -> Non
     assert (early.round, early.outcome, early.open_round) == (7, pb.ROUND_OUTCOME_UNSPECIFIED, 2)
 
 
-def test_timeout_decides_without_the_silent_participant(clock: FakeClock) -> None:
+def test_timeout_voids_a_lone_report_while_the_silent_participant_is_alive(clock: FakeClock) -> None:
     engine = make_engine(clock)
     a, b = join_ready(engine), join_ready(engine)
     send(engine, a, 1, group=[a])  # b never came to the exchange: a averaged alone
@@ -313,7 +342,8 @@ def test_timeout_decides_without_the_silent_participant(clock: FakeClock) -> Non
         beat(engine, b)
     engine.tick()
     info = engine.round_info(a, 1)
-    assert (info.outcome, list(info.holders)) == (COMMITTED, ["dht-" + a])
+    assert info.outcome == VOIDED  # a lone report where two were planned and both are alive is no quorum
+    assert "no quorum (needs 2)" in engine._store.get_round(1).reason
 
 
 def test_evicted_participant_is_not_waited_for(clock: FakeClock) -> None:
