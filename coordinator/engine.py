@@ -23,7 +23,9 @@ from typing import Callable, Iterator, Optional
 from coordinator import membership
 from coordinator.api import admission, tokens
 from coordinator.api.errors import BadRequest, PeerGone, Rejection, UnknownPeer
-from coordinator.api.views import RunPosition, round_info, status_response
+from coordinator.api.load import LoadMonitor
+from coordinator.api.views import RunPosition, holder_sample, round_info, status_response
+from coordinator.pace import Pace, PaceConfig, pace_for
 from coordinator.roster import Roster
 from coordinator.rounds import offline_votes, opening, outcome
 from coordinator.rounds.info_cache import RoundInfoCache
@@ -51,10 +53,12 @@ class CoordinatorEngine:
         config: Optional[RunConfig],
         check_config: bool = True,
         lease_s: float = 15.0,
+        heartbeat_interval_s: float = 2.0,
         clock: Callable[[], float] = time.time,
         signing_key: Optional[credential.PeerKey] = None,
         credential_ttl_s: float = admission.CREDENTIAL_TTL_S,
         max_rounds: Optional[int] = None,
+        load: Optional[LoadMonitor] = None,
     ) -> None:
         """Open the run kept in ``store``, or start a new one with ``config``.
 
@@ -62,9 +66,17 @@ class CoordinatorEngine:
         is False: the config is a default, not the user's choice, and the stored one wins), or when the
         store holds no run and no config is given. ``max_rounds`` (the command line's --max-rounds) sets a kept
         run's max_rounds even so: a larger one extends it (``run_open.open_run``).
+
+        ``heartbeat_interval_s`` and ``lease_s`` are a small swarm's; a larger one's stretch (``coordinator.pace``),
+        and so do they while ``load`` (the gRPC server's, if any) says the coordinator is saturated, which also
+        pauses evictions for missed leases.
         """
         self._store = store
-        self._lease_s = lease_s
+        self._pace_config = PaceConfig(heartbeat_interval_s=heartbeat_interval_s, lease_s=lease_s)
+        self._server_load = load
+        self._logged_interval_s = heartbeat_interval_s  # the interval last logged (a change of 25% is logged)
+        self._paused_since: Optional[float] = None  # evictions for missed leases paused: the server is saturated
+        self.eviction_pauses = 0  # how often, since the start
         self._clock = clock
         self._lock = threading.RLock()
         self._signing_key = signing_key or credential.PeerKey.generate()
@@ -100,7 +112,7 @@ class CoordinatorEngine:
         """Every live peer's lease runs from now (``membership.RESTART_GRACE_S`` more): call it as the server starts
         to answer, which after a restart is seconds after the store was loaded (the DHT node, TLS)."""
         with self._lock, self._store.transaction():
-            for peer in membership.restart_leases(self._peers.values(), now=self._clock(), lease_s=self._lease_s):
+            for peer in membership.restart_leases(self._peers.values(), now=self._clock(), lease_s=self.lease_s):
                 self._save_peer(peer)
 
     @property
@@ -109,7 +121,21 @@ class CoordinatorEngine:
 
     @property
     def lease_s(self) -> float:
-        return self._lease_s
+        """The lease a call renews now: the pace's for the live peers."""
+        return self.pace().lease_s
+
+    def pace(self) -> Pace:
+        """How often the peers are asked to heartbeat and poll now, and their lease (``coordinator.pace``)."""
+        with self._lock:
+            return self._paced()
+
+    def _paced(self) -> Pace:
+        pace = pace_for(self._pace_config, self._roster.live, self._server_load.slowdown() if self._server_load else 1.0)
+        if abs(pace.heartbeat_interval_s - self._logged_interval_s) >= 0.25 * self._logged_interval_s:
+            self._logged_interval_s = pace.heartbeat_interval_s
+            logger.info("pace for %d live peers: a heartbeat every %.1fs, a lease of %.0fs, polls at most every %.1fs",
+                        self._roster.live, pace.heartbeat_interval_s, pace.lease_s, pace.poll_interval_s)
+        return pace
 
     # --- requests -------------------------------------------------------------------------------
 
@@ -122,7 +148,7 @@ class CoordinatorEngine:
         with self._session() as now:
             previous = self._peers.get(peer_id_for(public_key))
             run, peer = admission.admit(
-                self._store, self._run, token, public_key=public_key, previous=previous, now=now, lease_s=self._lease_s,
+                self._store, self._run, token, public_key=public_key, previous=previous, now=now, lease_s=self.lease_s,
                 dht_peer_id=dht_peer_id, name=name, site=site, device=device, swarm_version=swarm_version,
             )
             self._save_run(run)
@@ -131,7 +157,7 @@ class CoordinatorEngine:
                         peer.peer_index, peer.session, peer.name, peer.site, peer.device)
             if previous is not None:
                 self._retire_from_open_round(peer.peer_id, now)
-            return peer, self._current_info()
+            return peer, self._current_info(peer.peer_id)
 
     def authenticate(self, proof: Optional[signing.CallProof], peer_id: str) -> None:
         """Raise unless ``proof`` is a fresh signature by the key of ``peer_id`` (the request's peer id) in
@@ -166,7 +192,7 @@ class CoordinatorEngine:
     def heartbeat(self, hb: pb.HeartbeatRequest) -> pb.RoundInfo:
         with self._session() as now:
             peer = membership.check_member(hb.peer_id, self._peers.get(hb.peer_id))
-            result = membership.apply_heartbeat(self._run, peer, hb, now=now, lease_s=self._lease_s)
+            result = membership.apply_heartbeat(self._run, peer, hb, now=now, lease_s=self.lease_s)
             self._save_run(result.run)
             self._save_peer(result.peer)
             if result.rejection is not None:
@@ -175,7 +201,7 @@ class CoordinatorEngine:
                 raise result.rejection
             self._history.record_eval(hb.peer_id, hb.metrics.eval_round, hb.metrics.eval_loss)
             self._settle(now)
-            return self._current_info()
+            return self._current_info(hb.peer_id)
 
     def leave(self, peer_id: str, reason: str = "") -> None:
         with self._session() as now:
@@ -195,9 +221,9 @@ class CoordinatorEngine:
             peer = membership.check_member(req.peer_id, self._peers.get(req.peer_id))
             if req.round < 1:
                 raise BadRequest(f"round {req.round} cannot be reported; rounds are numbered from 1.")
-            self._save_peer(membership.with_links(membership.touch(peer, now, self._lease_s), req))
+            self._save_peer(membership.with_links(membership.touch(peer, now, self.lease_s), req))
             if self._open is None or req.round != self._open.round:
-                return self._info(req.round)  # late or early: nothing to decide, say how it stands
+                return self._info(req.round, req.peer_id)  # late or early: nothing to decide, say how it stands
             report = report_record(req, now, self._report_bounds(req.peer_id, now))
             adopted = self._reports.adopt(self._open, votes, reporter=req.peer_id, peers=self._peers, now=now,
                                           outage=self._outage_group)
@@ -209,7 +235,7 @@ class CoordinatorEngine:
                     f"hash {report.state_hash[:12]}" if req.ok else "failure",
                     f" ({req.error})" if req.error else "")
             self._settle(now)
-            return self._current_info()
+            return self._current_info(req.peer_id)
 
     def _report_bounds(self, peer_id: str, now: float) -> ReportBounds:
         """What the open round asked of ``peer_id``: its report's figures are cut to it."""
@@ -222,7 +248,7 @@ class CoordinatorEngine:
             membership.check_member(peer_id, self._peers.get(peer_id))
             if number < 0:
                 raise BadRequest(f"round {number} does not exist; ask for round 0 (the current one) or later.")
-            return self._current_info() if number == 0 else self._info(number)
+            return self._current_info(peer_id) if number == 0 else self._info(number, peer_id)
 
     def status(self, token: str) -> pb.GetStatusResponse:
         with self._session() as now:
@@ -308,6 +334,21 @@ class CoordinatorEngine:
         self._settle(now)
 
     def _evict_expired(self, now: float) -> None:
+        """Evict the peers whose lease ran out, unless the server is saturated: their heartbeats may be among the
+        calls it queued or refused. Once it is not, every live peer has a full lease from then on."""
+        if self._server_load is not None and self._server_load.overloaded():
+            if self._paused_since is None:
+                self._paused_since = now
+                self.eviction_pauses += 1
+                logger.warning("coordinator saturated: no peer is evicted for a missed lease until it is not")
+            return
+        if self._paused_since is not None:
+            lease_s = self.lease_s
+            for peer in membership.renewed_leases(self._peers.values(), until=now + lease_s):
+                self._save_peer(peer)
+            logger.warning("coordinator no longer saturated after %.0fs: every live peer's lease runs %.0fs from now",
+                           now - self._paused_since, lease_s)
+            self._paused_since = None
         for peer in self._roster.expired(now):
             evicted = membership.evict(peer, f"no heartbeat for {now - peer.last_seen:.0f}s")
             self._save_peer(evicted)
@@ -401,14 +442,23 @@ class CoordinatorEngine:
             state_holders=tuple(dict.fromkeys(self._carried() + self._roster.ready_ids())),
         )
 
-    def _current_info(self) -> pb.RoundInfo:
-        """The open round, or the latest decided one when none is open (round 0 before any)."""
+    def _current_info(self, requester: str) -> pb.RoundInfo:
+        """The open round, or the latest decided one when none is open (round 0 before any), as ``requester`` (a
+        peer id) gets it: a bounded sample of the holders (``views.holder_sample``) and the pace of polls."""
         versions = self._versions()[:2]  # reports do not change it
-        return self._info_cache.current(versions, self._open or self._latest, self._position, self._peers)
+        info = self._info_cache.current(versions, self._open or self._latest, self._position, self._peers,
+                                        requester=requester)
+        info.poll_interval_s = self.pace().poll_interval_s
+        return info
 
-    def _info(self, number: int) -> pb.RoundInfo:
+    def _info(self, number: int, requester: str) -> pb.RoundInfo:
         row = self._store.get_round(number) if number > 0 else None
-        return self._info_cache.counted(round_info(number, row, self._position(), self._peers))
+        info = self._info_cache.counted(round_info(number, row, self._position(), self._peers))
+        sampled = holder_sample(tuple(info.holders), requester, round_no=number)
+        del info.holders[:]
+        info.holders.extend(sampled)
+        info.poll_interval_s = self.pace().poll_interval_s
+        return info
 
     def _save_run(self, run: RunRecord) -> None:
         if run is not self._run and to_json(run) != to_json(self._run):  # not ==: NaN fields never compare equal

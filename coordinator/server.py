@@ -13,13 +13,13 @@ import signal
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional
 
 import grpc
 
 from coordinator.api.limits import MAX_REQUEST_BYTES, tolerant
+from coordinator.api.load import MAX_IN_FLIGHT, CountingPool, LoadInterceptor, LoadMonitor
 from coordinator.api.rate_limit import JoinLimits
 from coordinator.api.servicer import CoordinatorServicer
 from coordinator.dht_node import DHTNode
@@ -43,7 +43,9 @@ SIGNING_KEY_FILE = "coordinator-signing-key.pem"  # Ed25519: signs the members' 
 FINISH_LINGER_S = 60.0
 _WILDCARDS = ("0.0.0.0", "::", "")
 RPC_THREADS = 16
-MAX_CONCURRENT_RPCS = 256  # beyond this many in flight (running or queued), callers get RESOURCE_EXHAUSTED
+# gRPC's own bound on the calls in flight, behind coordinator.api.load's shares of MAX_IN_FLIGHT (its refusals
+# take a thread for a moment too)
+MAX_CONCURRENT_RPCS = 2 * MAX_IN_FLIGHT
 SERVICE = "swarm.v1.Coordinator"
 
 
@@ -101,6 +103,7 @@ class CoordinatorServer:
         self._stopping = threading.Event()
         self._done = threading.Event()
         self.engine: Optional[CoordinatorEngine] = None
+        self.load = LoadMonitor()  # how saturated the gRPC server is: the peers' pace and the eviction pause
         self.join_string: Optional[JoinString] = None
 
     def start(self) -> JoinString:
@@ -111,7 +114,8 @@ class CoordinatorServer:
             signing_key = PeerKey.load_or_create(self._state_dir / SIGNING_KEY_FILE)
             self.engine = CoordinatorEngine(
                 self._store, config=self._run, check_config=self._config_given, lease_s=self._lease_s,
-                clock=self._clock, signing_key=signing_key, max_rounds=self._max_rounds,
+                heartbeat_interval_s=self._heartbeat_interval_s, clock=self._clock, signing_key=signing_key,
+                max_rounds=self._max_rounds, load=self.load,
             )
             cert_pem, key_pem = tls.ensure_certificate(self._state_dir)
             # A restart keeps the DHT port (the peers' address for this node) and dials the peers it knew.
@@ -124,8 +128,10 @@ class CoordinatorServer:
             )
             initial_peers = self._dht.start(bootstrap=self.engine.peer_dht_addresses())
             self._dht.start_relay(self.engine.is_live_member)  # for members behind NAT on both ends
+            pool = CountingPool(max_workers=RPC_THREADS, thread_name_prefix="coordinator-rpc")
             self._grpc = grpc.server(
-                ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="coordinator-rpc"),
+                pool,
+                interceptors=[LoadInterceptor(self.load, pool)],
                 options=[
                     ("grpc.so_reuseport", 0),  # a second coordinator on the same port must fail, not share
                     ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
@@ -133,8 +139,7 @@ class CoordinatorServer:
                 maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
             )
             servicer = CoordinatorServicer(
-                self.engine, dht_initial_peers=initial_peers, heartbeat_interval_s=self._heartbeat_interval_s,
-                join_limits=self._join_limits,
+                self.engine, dht_initial_peers=initial_peers, join_limits=self._join_limits,
             )
             _add_servicer(servicer, self._grpc)
             port = self._bind(self._grpc, tls.server_credentials(cert_pem, key_pem))
@@ -162,8 +167,11 @@ class CoordinatorServer:
     def _start_dashboard(self, host: str, port: int) -> None:
         # its own read-only connection: the page never waits for the engine's lock, nor the engine for it
         self._dashboard_store = Store(self._state_dir / STORE_FILE, read_only=True)
-        store = self._dashboard_store
-        self.dashboard = DashboardServer(lambda: snapshot(store), host=host, port=port)
+        store, engine, load = self._dashboard_store, self.engine, self.load
+        self.dashboard = DashboardServer(
+            lambda: dict(snapshot(store), load=dict(load.snapshot(), eviction_pauses=engine.eviction_pauses,
+                                                    pace=dataclasses.asdict(engine.pace()))),
+            host=host, port=port)
         try:
             url = self.dashboard.start()
         except BaseException:

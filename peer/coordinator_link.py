@@ -31,6 +31,7 @@ DECIDED = (pb.ROUND_OUTCOME_COMMITTED, pb.ROUND_OUTCOME_VOIDED)
 MAX_CHOICES_KEPT = 8  # rounds whose controller choice is remembered
 FALLBACK_AFTER_S = 2.0  # unreachable this long while awaiting a decision: the group's votes decide
 STOP_DECISION_WAIT_S = 3.0  # a peer asked to leave waits at most this long for the decision of a round it reported
+MAX_PACED_POLL_S = 60.0  # a paced poll interval beyond this (a coordinator's mistake) is taken as this
 FINISHED_RETRY_S = 5.0  # once the coordinator said the run finished, how long an unanswered call is retried
 
 
@@ -77,7 +78,8 @@ class CoordinatorLink:
                  leave_grace_s: float, tag: Callable[[Optional[int]], str],
                  give_up_after_s: Optional[float] = None) -> None:
         self.client, self.stop, self.faults = client, stop, faults
-        self.poll_s, self.tag = poll_s, tag
+        self.own_poll_s, self.tag = poll_s, tag
+        self.paced_poll_s = 0.0  # the coordinator's least time between polls (its pace; 0: none), either thread
         self.leave_grace_s = min(leave_grace_s, STOP_DECISION_WAIT_S)  # SIGTERM stops a peer within seconds
         # unreachable this long while this peer has nothing it can do without the coordinator: it exits (None: never)
         self.give_up_after_s = give_up_after_s
@@ -162,8 +164,15 @@ class CoordinatorLink:
             logger.info("%s waiting for %d more peer%s (min_peers = %d) before round %d opens", self.tag(None), missing,
                         "" if missing == 1 else "s", self.min_peers, next_round)
 
+    @property
+    def poll_s(self) -> float:
+        """How long a waiting peer waits between polls: its own interval, or the coordinator's pace if longer."""
+        return max(self.own_poll_s, self.paced_poll_s)
+
     def heard(self, info: pb.RoundInfo) -> None:
-        """A RoundInfo from the coordinator (a call, or a heartbeat's answer): remember whether the run finished."""
+        """A RoundInfo from the coordinator (a call, or a heartbeat's answer): remember whether the run finished,
+        and how often the coordinator lets a waiting peer poll it."""
+        self.paced_poll_s = min(MAX_PACED_POLL_S, max(0.0, info.poll_interval_s))
         if info.finished and info.last_committed_round > 0:
             self.final = (info.last_committed_round, info.last_committed_hash)
 

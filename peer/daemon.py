@@ -153,7 +153,7 @@ class PeerDaemon:
         else:
             self.enter(PeerState.READY)
             self.probe.again()  # before its first round: a better estimate meanwhile
-            self.stop.wait(self.options.poll_s)  # waiting to be planned into a round
+            self.stop.wait(self.link.poll_s)  # waiting to be planned into a round (at the coordinator's pace)
         return None
 
     def enter(self, state: PeerState) -> None:

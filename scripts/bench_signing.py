@@ -122,11 +122,11 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-signing-") as directory:
         engine = CoordinatorEngine(Store.in_dir(Path(directory)), config=RunConfig(rounds=RoundConfig(min_peers=1)),
-                                   lease_s=3600.0, signing_key=PeerKey.generate())
+                                   lease_s=3600.0, heartbeat_interval_s=1.0, signing_key=PeerKey.generate())
         many = Rate(per_s=1e6, burst=1_000_000)
         limits = JoinLimits(challenges_per_address=many, joins_per_address=many, joins_per_token=many)
-        checked = CoordinatorServicer(engine, dht_initial_peers=[], heartbeat_interval_s=1.0, join_limits=limits)
-        unchecked = UncheckedServicer(engine, dht_initial_peers=[], heartbeat_interval_s=1.0, join_limits=limits)
+        checked = CoordinatorServicer(engine, dht_initial_peers=[], join_limits=limits)
+        unchecked = UncheckedServicer(engine, dht_initial_peers=[], join_limits=limits)
         peers, initial_hash = joined_peers(checked, engine.run.token, args.peers,
                                            Libp2pIdentity.create(Path(directory) / "p2p-identity.key"))
         beat = lambda peer_id: pb.HeartbeatRequest(peer_id=peer_id, metrics=pb.PeerMetrics(  # noqa: E731

@@ -51,12 +51,11 @@ def _rpc(method: F) -> F:
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def __init__(
-        self, engine: CoordinatorEngine, *, dht_initial_peers: Sequence[str], heartbeat_interval_s: float,
+        self, engine: CoordinatorEngine, *, dht_initial_peers: Sequence[str],
         challenges: Optional[Challenges] = None, join_limits: JoinLimits = JoinLimits(),
     ) -> None:
         self._engine = engine
         self._dht_initial_peers = list(dht_initial_peers)
-        self._heartbeat_interval_s = heartbeat_interval_s
         self._challenges = challenges or Challenges()
         self._challenges_per_address = RateLimiter(join_limits.challenges_per_address)
         self._joins_per_address = RateLimiter(join_limits.joins_per_address)
@@ -91,13 +90,14 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             request.token, public_key=claim.public_key, dht_peer_id=claim.dht_peer_id, name=request.name,
             site=request.site, device=request.device, swarm_version=request.swarm_version,
         )
+        pace = self._engine.pace()
         return pb.JoinResponse(
             peer_id=peer.peer_id,
             run_id=self._engine.run.run_id,
             run_spec_json=self._engine.run.run_spec_json,
             dht_initial_peers=self._dht_initial_peers,
-            heartbeat_interval_s=self._heartbeat_interval_s,
-            lease_s=self._engine.lease_s,
+            heartbeat_interval_s=pace.heartbeat_interval_s,
+            lease_s=pace.lease_s,
             peer_index=peer.peer_index,
             round=info,
             session=peer.session,
@@ -110,7 +110,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
         self._authenticate("Heartbeat", request, context)
         info = self._engine.heartbeat(request)
-        return pb.HeartbeatResponse(round=info, lease_s=self._engine.lease_s,
+        pace = self._engine.pace()
+        return pb.HeartbeatResponse(round=info, lease_s=pace.lease_s, heartbeat_interval_s=pace.heartbeat_interval_s,
                                     credential=self._engine.issue_credential(request.peer_id, renew_only=True))
 
     @_rpc

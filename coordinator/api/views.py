@@ -6,6 +6,7 @@ Pure functions; the engine passes the records in.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
@@ -75,6 +76,20 @@ def round_info(
         info.committed_hash = position.last_committed_hash
     info.holders.extend(_dht_ids(position.state_holders, peers))
     return info
+
+
+HOLDERS_SENT = 16  # holders a RoundInfo names at most: enough to download from, a bounded answer in any swarm
+
+
+def holder_sample(holders: Sequence[str], requester: str, *, round_no: int, k: int = HOLDERS_SENT) -> list[str]:
+    """At most ``k`` of ``holders`` (DHT ids) for ``requester`` (a peer id): consecutive ones from a place the
+    requester and the round choose, so a requester gets the same ones each time it asks about a round, and
+    different requesters spread their downloads over all holders."""
+    if len(holders) <= k:
+        return list(holders)
+    digest = hashlib.sha256(f"{requester}/{round_no}".encode()).digest()
+    start = int.from_bytes(digest[:8], "big") % len(holders)
+    return [holders[(start + i) % len(holders)] for i in range(k)]
 
 
 def round_plan(round_row: RoundRecord) -> pb.RoundPlan:

@@ -1,11 +1,13 @@
 """The RoundInfo answer for the current round, kept between calls: every heartbeat asks for it, and it
-changes only when the round or the peers it lists change."""
+changes only when the round or the peers it lists change. Its holders are kept apart, so an answer copies
+the rest and names a bounded sample of them (``views.holder_sample``): its cost does not grow with the
+number of peers that hold the state."""
 
 from __future__ import annotations
 
 from typing import Callable, Mapping, Optional
 
-from coordinator.api.views import RunPosition, round_info
+from coordinator.api.views import RunPosition, holder_sample, round_info
 from coordinator.roster import Roster
 from coordinator.store.records import PeerRecord, RoundRecord
 from swarm.v1 import coordinator_pb2 as pb
@@ -16,18 +18,24 @@ class RoundInfoCache:
 
     def __init__(self, roster: Roster) -> None:
         self._roster = roster
-        self._cached: Optional[tuple[tuple[int, int], pb.RoundInfo]] = None
+        # (versions, the answer without holders, its holders)
+        self._cached: Optional[tuple[tuple[int, int], pb.RoundInfo, tuple[str, ...]]] = None
 
     def current(
         self, versions: tuple[int, int], row: Optional[RoundRecord], position: Callable[[], RunPosition],
-        peers: Mapping[str, PeerRecord],
+        peers: Mapping[str, PeerRecord], *, requester: str = "",
     ) -> pb.RoundInfo:
-        """A copy of the RoundInfo of ``row`` (round 0 when None), built again only when ``versions`` (of
-        the roster and the rounds) changed since it was last built."""
+        """A copy of the RoundInfo of ``row`` (round 0 when None) as ``requester`` (a peer id) gets it,
+        built again only when ``versions`` (of the roster and the rounds) changed since it was last built."""
         if self._cached is None or self._cached[0] != versions:
-            self._cached = versions, round_info(row.round if row else 0, row, position(), peers)
+            built = round_info(row.round if row else 0, row, position(), peers)
+            holders = tuple(built.holders)
+            del built.holders[:]
+            self._cached = versions, built, holders
+        _, cached, holders = self._cached
         info = pb.RoundInfo()
-        info.CopyFrom(self._cached[1])
+        info.CopyFrom(cached)
+        info.holders.extend(holder_sample(holders, requester, round_no=info.round))
         return self.counted(info)
 
     def counted(self, info: pb.RoundInfo) -> pb.RoundInfo:

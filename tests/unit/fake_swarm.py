@@ -62,8 +62,9 @@ class FakeCoordinator:
     """The real engine and servicer; ``down`` makes every call fail as if the coordinator were gone."""
 
     def __init__(self, run: RunConfig, store: Optional[Store] = None) -> None:
-        self.engine = CoordinatorEngine(store or Store(":memory:"), config=run, lease_s=30.0)
-        self.servicer = CoordinatorServicer(self.engine, dht_initial_peers=[], heartbeat_interval_s=0.2)
+        self.engine = CoordinatorEngine(store or Store(":memory:"), config=run, lease_s=30.0,
+                                         heartbeat_interval_s=0.2)
+        self.servicer = CoordinatorServicer(self.engine, dht_initial_peers=[])
         self.down = threading.Event()
 
     def call(self, method: str, request, metadata=None):

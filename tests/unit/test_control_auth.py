@@ -165,7 +165,7 @@ def test_the_coordinator_derives_the_run_model_and_the_first_heartbeat_decides_n
 
 def test_joins_are_rate_limited_per_address_and_per_token(libp2p) -> None:
     coordinator = FakeCoordinator(RUN)
-    coordinator.servicer = CoordinatorServicer(coordinator.engine, dht_initial_peers=[], heartbeat_interval_s=0.2,
+    coordinator.servicer = CoordinatorServicer(coordinator.engine, dht_initial_peers=[],
                                                join_limits=JoinLimits(joins_per_address=Rate(per_s=1e-3, burst=3)))
     for _ in range(3):
         joined(coordinator, libp2p)

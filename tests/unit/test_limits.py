@@ -67,7 +67,7 @@ class Coordinator:
         config = RunConfig(rounds=RoundConfig(min_peers=1, inner_steps=5))
         self.engine = CoordinatorEngine(Store(":memory:"), config=config, lease_s=30.0)
         many = Rate(per_s=1000.0, burst=100_000)  # these tests join hundreds of peers from one address
-        self.servicer = CoordinatorServicer(self.engine, dht_initial_peers=[GOOD_MADDR], heartbeat_interval_s=2.0,
+        self.servicer = CoordinatorServicer(self.engine, dht_initial_peers=[GOOD_MADDR],
                                             join_limits=JoinLimits(challenges_per_address=many,
                                                                    joins_per_address=many, joins_per_token=many))
         self.token = self.engine.run.token

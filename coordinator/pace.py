@@ -1,0 +1,47 @@
+"""How often the coordinator asks its peers to call it: the heartbeat interval, the lease and the least time
+between a waiting peer's polls, grown with the number of live peers so that its load stays within a budget.
+
+The operator's interval and lease hold for small swarms. Past ``heartbeats_per_s × heartbeat_interval_s``
+live peers (600 with the defaults) both stretch by ``live / (heartbeats_per_s × interval)``, so the peers'
+heartbeats add up to ``heartbeats_per_s`` whatever the swarm's size, and a lease stays the same number of
+intervals long. Polls (a peer waiting for a round or a decision asks GetRound) are bounded the same way. A
+saturated coordinator multiplies all three by its slow-down factor (``coordinator.api.load``) before it
+refuses anyone. Pure: the engine calls ``pace_for`` with its live count and the load monitor's factor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HEARTBEATS_PER_S = 300.0  # ~1.2 ms of CPU per signed call: ~0.36 of a core for every swarm's heartbeats
+POLLS_PER_S = 300.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PaceConfig:
+    heartbeat_interval_s: float = 2.0  # what a small swarm's peers do (the operator's --heartbeat-interval-s)
+    lease_s: float = 15.0  # a peer silent this long is evicted (in a small swarm; it stretches with the interval)
+    heartbeats_per_s: float = HEARTBEATS_PER_S  # the budget: all live peers' heartbeats together
+    polls_per_s: float = POLLS_PER_S  # the budget of waiting peers' GetRound polls, all together
+
+    def __post_init__(self) -> None:
+        if min(self.heartbeat_interval_s, self.lease_s, self.heartbeats_per_s, self.polls_per_s) <= 0:
+            raise ValueError("a pace needs a positive heartbeat interval, lease and budgets")
+
+
+@dataclass(frozen=True)
+class Pace:
+    heartbeat_interval_s: float
+    lease_s: float
+    poll_interval_s: float  # a waiting peer polls at most this often (below its own poll interval: no effect)
+
+
+def pace_for(config: PaceConfig, live_peers: int, slowdown: float = 1.0) -> Pace:
+    """The pace for ``live_peers`` peers, slowed ``slowdown`` times (≥ 1) while the coordinator is saturated."""
+    slowdown = max(1.0, slowdown)
+    stretch = max(1.0, live_peers / (config.heartbeats_per_s * config.heartbeat_interval_s)) * slowdown
+    return Pace(
+        heartbeat_interval_s=round(config.heartbeat_interval_s * stretch, 3),
+        lease_s=round(config.lease_s * stretch, 3),
+        poll_interval_s=round(max(0, live_peers) / config.polls_per_s * slowdown, 3),
+    )
