@@ -73,6 +73,7 @@ class DhtGroup:
             if run.rounds.hierarchical else None  # [rounds] hierarchical: by site, then across sites
         self.live_peers = 0  # the run's live peers as last heard from the coordinator (0: not yet)
         self.links = LinkEstimates()  # from every exchange's timings
+        self.plans: dict[int, set[str]] = {}  # round -> the plan its group was matched by (the last 8 rounds)
 
     def probe_rtt_ms(self) -> float:
         """A first RTT estimate before any exchange: the median over the run's peers this node is connected
@@ -101,7 +102,7 @@ class DhtGroup:
         key = self.key(round_no, contribution.fragment)
         try:
             group = rendezvous(
-                self.transport.dht, key=key, me=me, member=self.member, planned=lambda: self.planned(round_no),
+                self.transport.dht, key=key, me=me, member=self.member, planned=lambda: self._plan(round_no),
                 window_s=rounds.matchmaking_window_s, ttl_s=2 * rounds.matchmaking_window_s + rounds.exchange_timeout_s,
                 plan_holds=self.plan_holds, hold_s=rounds.round_timeout_s,
                 on_posted=lambda: self.faults.at(round_no, "matchmaking"), processes=self.processes,
@@ -143,6 +144,15 @@ class DhtGroup:
         return self.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=timeout_s,
                                      shares=group_shares(choice, group), on_phase=on_phase, owner=owner)
 
+    def _plan(self, round_no: int) -> Optional[set[str]]:
+        """``planned``, kept as the plan this peer matched its group by: a decision by the group's votes counts its
+        quorum over it (``swarm.core.commit_rule``), as the coordinator does."""
+        plan = self.planned(round_no)
+        if plan is not None:
+            self.plans = {r: p for r, p in self.plans.items() if r > round_no - 8}
+            self.plans[round_no] = set(plan)
+        return plan
+
     def post(self, vote: Vote) -> None:
         post_vote(self.transport.dht, self.key(vote.round_no, vote.fragment),
                   DhtVote(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, ok=vote.ok,
@@ -158,7 +168,7 @@ class DhtGroup:
                                 member=self.member, timeout_s=self.run.rounds.exchange_timeout_s)
         if ballots is None:
             return None
-        committed = group_decision(ballots.votes)
+        committed = group_decision(ballots.votes, self.plans.get(vote.round_no))
         holders = [v.dht_peer_id for v in ballots.votes.values() if v.ok and v.state_hash == committed] \
             if committed else []
         return GroupDecided(committed, holders, signed_votes(ballots.signed))

@@ -3,8 +3,9 @@
 Every member posts (ok, hash of its tentative state) under the round's key, signed like the group
 entries (``swarm.net.dht_entries``), so nobody votes for another peer. When the coordinator
 cannot be reached, a member that reads the votes of *every* groupmate applies the coordinator's own
-rule to them (``swarm.core.commit_rule``: a hash commits with a quorum of the group, else the round is
-void); the group is the set of voters, as every vote under one group key comes from that group. Members
+rule to them (``swarm.core.commit_rule``: a hash commits with a quorum of the group and of the plan it was
+matched by, else the round is void); the group is the set of voters, as every vote under one group key comes from
+that group. Members
 that saw the same complete set of votes therefore decide the same; a member that cannot see them all
 decides nothing and waits for the coordinator, which later receives the same reports and, by the
 same rule, confirms the decision (a peer whose local decision is contradicted resyncs).
@@ -58,11 +59,13 @@ def collect_votes(dht: hivemind.DHT, group_key: str, members: list[str], *, memb
         time.sleep(poll_s)  # polling the DHT: there is no change notification to await
 
 
-def group_decision(votes: dict[str, Vote]) -> Optional[str]:
+def group_decision(votes: dict[str, Vote], planned: Optional[set[str]] = None) -> Optional[str]:
     """The coordinator's rule on a complete set of a group's votes (keyed by member): the committed hash,
-    or None (void)."""
+    or None (void). ``planned``: the participants the group was matched by (None: the group), whose majority
+    the quorum is, so that a group that is a minority of its plan does not commit here either."""
     group = frozenset(votes)
+    standing = group | frozenset(planned or ())
     verdict = commit_rule.decide(
-        [commit_rule.Claim(peer_id, v.ok, v.state_hash, group) for peer_id, v in votes.items()], group)
+        [commit_rule.Claim(peer_id, v.ok, v.state_hash, group) for peer_id, v in votes.items()], standing, standing)
     logger.info("group of %d decided by its votes: %s", len(group), verdict.reason)
     return verdict.committed_hash

@@ -179,6 +179,10 @@ def test_the_offline_rule_is_the_coordinators_rule() -> None:
         votes = {p: Vote(peer_id=p, dht_peer_id="dht-" + p, ok=bool(h), state_hash=h) for p, h in hashes.items()}
         online = decide(group, [report(p, h, ok=bool(h), group=group) for p, h in hashes.items()])
         assert group_decision(votes) == (online.round.committed_hash or None), hashes
+        for extra in ("x", "xy"):  # planned with peers outside the group, alive and silent: the same quorum
+            planned = group + tuple(extra)
+            online = decide(planned, [report(p, h, ok=bool(h), group=group) for p, h in hashes.items()], now=1e9)
+            assert group_decision(votes, set(planned)) == (online.round.committed_hash or None), (hashes, extra)
 
 
 def test_mean_loss_of_the_round() -> None:
