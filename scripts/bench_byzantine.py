@@ -204,14 +204,15 @@ def targets(rows: list[dict]) -> list[tuple[str, Optional[bool], str]]:
         gap = _gap(loss.get("all_gather"), loss.get("butterfly"))
         out.append((f"honest {workers} workers: all_gather within 0.5% of butterfly ({SLICE_OWNER_RULE})",
                     None if gap is None else gap <= 0.005, "-" if gap is None else f"{gap:+.2%}"))
-    attacked = [r for r in rows if r["workers"] == 4 and r["attackers"] == 1 and r["aggregation"] == "clipped_mean"]
+    attacked = [r for r in rows if r["workers"] == 4 and r["attackers"] == 1 and r["aggregation"] == "clipped_mean"
+                and r["exchange"] == "auto"]
     for r in attacked:
         gap = _gap(r["eval_loss"], r["honest_eval_loss"])
         out.append((f"clipped_mean, 1 of 4 {r['attack']}: within 5% of honest", None if gap is None else gap <= 0.05,
                     "diverged" if gap is None else f"{gap:+.2%}"))
-    for workers in sorted({r["workers"] for r in rows}):
+    for workers in sorted({r["workers"] for r in rows if r["exchange"] == "auto"}):
         clipped = next((r for r in rows if r["workers"] == workers and r["attackers"] == 0
-                        and r["aggregation"] == "clipped_mean"), None)
+                        and r["aggregation"] == "clipped_mean" and r["exchange"] == "auto"), None)
         gap = _gap(clipped["eval_loss"], clipped["honest_eval_loss"]) if clipped else None
         out.append((f"honest {workers} workers: clipped_mean within 0.5% of mean", None if gap is None else abs(gap) <= 0.005,
                     "-" if gap is None else f"{gap:+.2%}"))
