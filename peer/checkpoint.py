@@ -19,7 +19,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, BinaryIO, Callable, Optional
 
 import torch
 
@@ -36,11 +36,14 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message says why and what happens instead."""
 
 
-def save_checkpoint(directory: Path, *, tensors: dict[str, torch.Tensor], manifest: dict[str, Any],
-                    file_digest: bool = True) -> None:
+def save_checkpoint(directory: Path, *, tensors: Optional[dict[str, torch.Tensor]] = None,
+                    manifest: dict[str, Any] | Callable[[], dict[str, Any]], file_digest: bool = True,
+                    write: Optional[Callable[[BinaryIO], int]] = None) -> None:
     """Replace the checkpoint in `directory` with these tensors and manifest, atomically. ``file_digest=False``:
     the manifest records no SHA-256 of the file, for tensors that the reader checks against a hash of its own
-    (a vote's state hash): one pass over the state fewer on every round."""
+    (a vote's state hash): one pass over the state fewer on every round. ``write`` (instead of ``tensors``, with
+    ``file_digest=False``): writes the tensor file itself and returns its size (a tentative state, stepped once as
+    it is written); a callable ``manifest`` is made once the tensors are written."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = directory.with_name(directory.name + ".tmp")
@@ -48,10 +51,16 @@ def save_checkpoint(directory: Path, *, tensors: dict[str, torch.Tensor], manife
         shutil.rmtree(staging)
     staging.mkdir()
     tensor_path = staging / TENSORS
-    with open(tensor_path, "wb", buffering=0) as f:
-        digest, size = write_safetensors(f, tensors, digest=file_digest)
+    with open(tensor_path, "w+b", buffering=0) as f:  # readable too: a writer may read back what it wrote
+        if write is not None:
+            if file_digest:
+                raise ValueError("a tensor file written by its own writer carries no digest of the file")
+            digest, size = None, write(f)
+        else:
+            digest, size = write_safetensors(f, tensors or {}, digest=file_digest)
         os.fsync(f.fileno())
-    record = dict(manifest, format_version=FORMAT_VERSION, tensors_sha256=digest, tensors_bytes=size)
+    made = manifest() if callable(manifest) else manifest
+    record = dict(made, format_version=FORMAT_VERSION, tensors_sha256=digest, tensors_bytes=size)
     with open(staging / MANIFEST, "w") as f:
         f.write(json.dumps(record, sort_keys=True, indent=1))
         f.flush()

@@ -226,13 +226,20 @@ def vote_dir(state_dir: Path, round_no: int) -> Path:
 def save_vote(state_dir: Path, state: GlobalState | TentativeState, *, run_id: str,
               step_time: Optional[dict[str, Any]] = None) -> None:
     """Persist the tentative state of its round before its hash is reported (atomic, verified). The file is
-    written straight from the tensors; a ``TentativeState``'s stepped tensors are made one at a time as
-    they are written, so the vote never holds a second θg and outer state. ``step_time``: the peer's
+    written straight from the tensors; a ``TentativeState`` is stepped once, a piece at a time, as it is written,
+    its hash made in the same pass, so the vote never holds a second θg and outer state. ``step_time``: the peer's
     ``step_time_record``, for a restart to reuse."""
     # no SHA-256 of the file: a vote is used only when its tensors hash to the committed state hash
-    save_checkpoint(vote_dir(state_dir, state.round_no), tensors=vote_tensors(state),
-                    manifest={"kind": "vote", "run_id": run_id, "round": state.round_no,
-                              "state_hash": state.state_hash, **(step_time or {})}, file_digest=False)
+    def manifest() -> dict[str, Any]:  # after the tensors: a tentative state's hash is made as it is written
+        return {"kind": "vote", "run_id": run_id, "round": state.round_no, "state_hash": state.state_hash,
+                **(step_time or {})}
+
+    if isinstance(state, TentativeState):
+        save_checkpoint(vote_dir(state_dir, state.round_no), write=state.write_safetensors, manifest=manifest,
+                        file_digest=False)
+        return
+    save_checkpoint(vote_dir(state_dir, state.round_no), tensors=vote_tensors(state), manifest=manifest,
+                    file_digest=False)
 
 
 def vote_tensors(state: GlobalState | TentativeState) -> dict[str, torch.Tensor | LazyTensor]:

@@ -205,6 +205,7 @@ class SafetensorsLayout:
         text += b" " * (-len(text) % 8)
         self.header = _HEADER_SIZE.pack(len(text)) + text
         self._tensors = [t for _, t in named]
+        self.names = [name for name, _ in named]  # in the order of their bytes
         # a CPU tensor's view is made once (a committed state is served from these for as long as it is published)
         self._views: list[Optional[memoryview]] = [memoryview(self.header)] + [
             None if isinstance(t, LazyTensor) or t.device.type != "cpu" else tensor_bytes(t.contiguous())

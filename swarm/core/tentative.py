@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import struct
-from typing import Iterator, Sequence
+from typing import BinaryIO, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ import torch
 from swarm.core.average import _f32, as_cpu_f32
 from swarm.core.outer import OuterOptimizer
 from swarm.core.spans import Span
-from swarm.core.state import GlobalState
+from swarm.core.state import IO_BLOCK, GlobalState, LazyTensor, SafetensorsLayout, tensor_bytes
 
 
 class TentativeState:
@@ -128,6 +129,68 @@ class TentativeState:
                     h.update(arr.view(np.uint8).data)
         return h.hexdigest()[:16]
 
+    def _both(self, i: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Tensor ``i``'s θg' and outer-state values together, as consecutive 1-D pieces of equal length: each
+        stepped piece is stepped once for both (the scratch is overwritten by the next piece)."""
+        p_flat = as_cpu_f32(self.base.params[i]).reshape(-1)
+        m_flat = self.base.outer_state[i].reshape(-1)
+        at = 0
+        for start, stop, d in self._by_param.get(i, []):
+            if at < start:
+                yield p_flat[at:start], m_flat[at:start]
+            for lo in range(start, stop, self.CHUNK):
+                hi = min(stop, lo + self.CHUNK)
+                out_p, out_m = self._buffer(hi - lo, 0), self._buffer(hi - lo, 1)
+                self._step_into(p_flat[lo:hi], d[lo - start:hi - start], m_flat[lo:hi], out_p, out_m)
+                yield out_p, out_m
+            at = stop
+        if at < p_flat.numel():
+            yield p_flat[at:], m_flat[at:]
+
+    def write_safetensors(self, f: BinaryIO, metadata: Optional[dict[str, str]] = None) -> int:
+        """The state in its one layout (``swarm.core.state.state_tensors``) written to the open binary file ``f``
+        as safetensors, in one stepping pass: each piece is stepped once and its θg' and outer-state bytes
+        written where they go in the file; the hash (``state_hash``), when not known yet, is made in the same
+        pass (the outer state's part read back from what was just written, in the order the hash takes it).
+        Returns the file's size. The same bytes as ``write_safetensors`` of the materialised state."""
+        n = len(self.base.params)
+        if len(self.base.outer_state) != n:
+            raise ValueError("a nesterov state holds one momentum tensor per parameter.")
+        lazy = {f"{prefix}.{i:05d}": LazyTensor(torch.float32, tuple(t.shape), lambda: None)
+                for prefix, group in (("param", self.base.params), ("outer", self.base.outer_state))
+                for i, t in enumerate(group)}
+        layout = SafetensorsLayout(lazy, metadata)
+        at = dict(zip(layout.names, layout.starts[1:]))
+        fd = f.fileno()
+        _pwrite_all(fd, memoryview(layout.header), 0)
+        h = None if "state_hash" in self.__dict__ or self.committed is not None else hashlib.sha256()
+        if h is not None:
+            h.update(struct.pack("<q", n))
+        for i, t in enumerate(self.base.params):
+            p_at, m_at = at[f"param.{i:05d}"], at[f"outer.{i:05d}"]
+            if h is not None:
+                h.update(struct.pack("<q", t.dim()) + struct.pack(f"<{t.dim()}q", *t.shape))
+            for p, m in self._both(i):
+                p_bytes, m_bytes = tensor_bytes(p), tensor_bytes(m)
+                if h is not None:
+                    h.update(p_bytes)
+                _pwrite_all(fd, p_bytes, p_at)
+                _pwrite_all(fd, m_bytes, m_at)
+                p_at, m_at = p_at + p_bytes.nbytes, m_at + m_bytes.nbytes
+        if h is not None:
+            h.update(struct.pack("<q", n))
+            buffer = bytearray(IO_BLOCK)
+            for i, t in enumerate(self.base.outer_state):
+                h.update(struct.pack("<q", t.dim()) + struct.pack(f"<{t.dim()}q", *t.shape))
+                start, stop = at[f"outer.{i:05d}"], at[f"outer.{i:05d}"] + 4 * t.numel()
+                for lo in range(start, stop, IO_BLOCK):
+                    got = os.preadv(fd, [memoryview(buffer)[:min(IO_BLOCK, stop - lo)]], lo)
+                    if got != min(IO_BLOCK, stop - lo):
+                        raise OSError(f"read back {got} of {min(IO_BLOCK, stop - lo)} bytes of the vote just written")
+                    h.update(memoryview(buffer)[:got])
+            self.__dict__["state_hash"] = h.hexdigest()[:16]  # cached_property's slot: the bits just written
+        return layout.size
+
     # ---- the whole state, when a caller needs it -----------------------------------------------------
     @property
     def params(self) -> list[torch.Tensor]:
@@ -160,3 +223,9 @@ class TentativeState:
         state.__dict__["state_hash"] = self.state_hash  # cached_property's slot: the bits it hashed are these
         self.committed = state
         return state
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data.nbytes:
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written

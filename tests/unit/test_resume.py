@@ -118,7 +118,7 @@ def test_a_checkpoint_of_an_older_format_is_refused_with_a_message(tmp_path, cap
     assert "written by another version of Swarm" in caplog.text and fresh.round_no == 0
 
 
-def test_a_tentative_states_vote_is_written_a_tensor_at_a_time_and_is_the_materialised_states(tmp_path):
+def test_a_tentative_states_vote_is_stepped_once_as_it_is_written_and_is_the_materialised_states(tmp_path):
     from peer.checkpoint import TENSORS
     from swarm.core.tentative import TentativeState
 
@@ -126,17 +126,18 @@ def test_a_tentative_states_vote_is_written_a_tensor_at_a_time_and_is_the_materi
     trainer.train(4)
     tentative = trainer.apply(trainer.take_contribution(0).delta, 0, 1)
     assert isinstance(tentative, TentativeState)
-    made: list[int] = []
-    real_tensor = tentative.tensor
-
-    def counting(group, i):
-        made.append(1)
-        return real_tensor(group, i)
-
-    tentative.tensor = counting  # made one at a time, once each, as the file is written
-    save_vote(tmp_path / "lazy", tentative, run_id="run-x")
-    assert len(made) == len(trainer.state.params) + len(trainer.state.outer_state)
     materialised = GlobalState(1, tentative.params, tentative.outer_state)
+    steps: list[int] = []
+    real_step = tentative._step_into
+
+    def counting(p, *args):
+        steps.append(p.numel())
+        return real_step(p, *args)
+
+    tentative._step_into = counting  # each piece stepped once, for θg' and the momentum together, hash included
+    save_vote(tmp_path / "lazy", tentative, run_id="run-x")
+    assert sum(steps) == sum(p.numel() for p in trainer.state.params)
+    assert "state_hash" in tentative.__dict__ and tentative.state_hash == materialised.state_hash
     save_vote(tmp_path / "whole", materialised, run_id="run-x")
     lazy, whole = (vote_dir(tmp_path / d, 1) / TENSORS for d in ("lazy", "whole"))
     assert lazy.read_bytes() == whole.read_bytes()
@@ -193,3 +194,19 @@ def test_a_peer_without_the_committed_state_on_its_disk_starts_from_theta0(tmp_p
     assert started.resumed is not None and started.resumed.source == "checkpoint"
     for p, q in zip(trainer.model.parameters(), started.trainer.model.parameters()):
         assert torch.equal(p, q)
+
+
+def test_a_streaming_fragments_vote_written_in_one_pass_is_the_materialised_states(tmp_path):
+    from peer.checkpoint import TENSORS
+
+    base = _run()
+    run = base.replace(rounds=dataclasses.replace(base.rounds, fragments=2, fragment_pattern="balanced"))
+    trainer = LocalTrainer(run, peer_index=0)
+    trainer.train(4)
+    tentative = trainer.apply(trainer.take_contribution(1).delta, 1, 1)  # spans that cut tensors in parts
+    materialised = GlobalState(1, tentative.params, tentative.outer_state)
+    save_vote(tmp_path / "lazy", tentative, run_id="run-x")
+    save_vote(tmp_path / "whole", materialised, run_id="run-x")
+    assert tentative.state_hash == materialised.state_hash
+    lazy, whole = (vote_dir(tmp_path / d, 1) / TENSORS for d in ("lazy", "whole"))
+    assert lazy.read_bytes() == whole.read_bytes()
