@@ -15,6 +15,9 @@ The attacks, each tried every few seconds for the whole run:
     forged_dht_entry     a DHT node that never talked to the coordinator stores, through the coordinator's
                          node, group entries for honest peers with weight 1e30 and votes for hash ffff...
     byzantine_peer       (a real peer process, --faults scale@1:delta=-100: every Δ it sends is -100×)
+    replayed_dht_entry   another DHT node with no token reads honest members' signed group entries and votes
+                         of the open round and stores them again to outlive their newer ones (a later expiry):
+                         a breach if any other node takes one
 with ``[rounds] aggregation = "clipped_mean"``. A call the coordinator answers as it should is "refused";
 one it accepts is a "breach". The fake report and the forged DHT entries are accepted on the wire by
 design (the coordinator stores the report, the attacker's own node stores its entries); they count as
@@ -136,6 +139,7 @@ class Attacker:
         self.malformed()
         if self.dht is not None and honest:
             self.forge_dht_entries(status, [p["id"] for p in honest])
+            self.replay_dht_entries(status)
 
     def impersonate(self, victim: str) -> None:
         client = CoordinatorClient(self.join, request_timeout_s=5)
@@ -197,10 +201,41 @@ class Attacker:
                 vote = {"peer_id": victim, "dht_peer_id": str(self.dht.peer_id), "ok": True, "state_hash": FAKE_HASH}
                 self.dht.store(f"{key}.votes", subkey=victim, value=vote, expiration_time=get_dht_time() + 60)
 
+    def replay_dht_entries(self, status: dict) -> None:
+        """From a node of its own (guarded like a member's, so it reads the members' entries, not the forgeries
+        above; a validator needs only the run's id and public key), store the open round's signed entries again
+        with a later expiry than their posters signed, never on itself: every node that answers must refuse."""
+        import hivemind
+        from hivemind.utils.timed_storage import get_dht_time
+
+        from swarm.net.dht_entries import EntryValidator
+        from swarm.net.rendezvous import group_key
+
+        if getattr(self, "replayer", None) is None:
+            joined = self.liar_joined
+            self.replayer = hivemind.DHT(
+                start=True, initial_peers=list(joined.dht_initial_peers), host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                record_validators=[EntryValidator(coordinator_public_key=joined.coordinator_public_key,
+                                                  run_id=joined.run_id)])
+        key = group_key(status["run"]["run_id"], status["run"]["open_round"], 0)
+        for posted_under in (key, f"{key}.votes"):
+            found = self.replayer.get(posted_under, latest=True) if status["run"]["open_round"] > 0 else None
+            for subkey, item in (found.value.items() if found is not None and isinstance(found.value, dict) else ()):
+                row = self.tally.rows["replayed_dht_entry"]
+                row["tries"] += 1
+                if self.replayer.store(posted_under, subkey=subkey, value=item.value, exclude_self=True,
+                                       expiration_time=max(item.expiration_time, get_dht_time()) + 600):
+                    self.tally.breach("replayed_dht_entry", f"a node stored {subkey}'s entry of {posted_under} "
+                                                            "again with a later expiry than it signed")
+                else:
+                    row["refused"] += 1
+
     def close(self) -> None:
         self.liar.close()
         if self.dht is not None:
             self.dht.shutdown()
+        if getattr(self, "replayer", None) is not None:
+            self.replayer.shutdown()
 
 
 def tensors_digest(path: Path) -> str:
