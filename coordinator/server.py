@@ -21,6 +21,7 @@ import grpc
 from coordinator.api.limits import MAX_REQUEST_BYTES, tolerant
 from coordinator.api.load import MAX_IN_FLIGHT, CountingPool, LoadInterceptor, LoadMonitor
 from coordinator.api.rate_limit import JoinLimits
+from coordinator.api.tokens import first_join_string_note
 from coordinator.api.servicer import CoordinatorServicer
 from coordinator.dht_node import DHTNode
 from coordinator.engine import CoordinatorEngine
@@ -333,6 +334,7 @@ def serve(
         print(f"join: {join}", flush=True)
         if server.dashboard is not None:
             print(f"dashboard: {server.dashboard.url}", flush=True)
+        logger.info(first_join_string_note(str(state_dir)))
         while not terminated.is_set():
             if server.wait(timeout=0.5):
                 if server.dashboard is not None and linger_s > 0:
