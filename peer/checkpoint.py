@@ -121,7 +121,7 @@ def load_checkpoint(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str,
         raise CheckpointError(f"checkpoint {tensor_path} is truncated "
                               f"({tensor_path.stat().st_size} of {manifest.get('tensors_bytes')} bytes)")
     try:
-        tensors, _, digest = map_safetensors(tensor_path)
+        tensors, _, digest = map_safetensors(tensor_path, digest=manifest.get("tensors_sha256") is not None)
     except OSError as e:
         raise CheckpointError(f"checkpoint {tensor_path} is unreadable ({e})") from None
     except ValueError as e:  # unreadable bytes: told apart from a damaged file by the hash

@@ -358,20 +358,21 @@ def write_safetensors(f: BinaryIO, tensors: dict[str, torch.Tensor | LazyTensor]
     return (hasher.hexdigest() if hasher is not None else None), layout.size
 
 
-def map_safetensors(path: Path | str) -> tuple[dict[str, torch.Tensor], dict[str, str], str]:
+def map_safetensors(path: Path | str, *, digest: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, str], str]:
     """(tensors, metadata, SHA-256 of the file) of a safetensors file, mapped rather than read: one pass over
     its bytes (the hash), and the tensors are views of a private copy-on-write mapping (writable; a write
     copies only the page it touches, never the file). ValueError for malformed bytes; the caller compares the
-    hash before it trusts the tensors."""
+    hash before it trusts the tensors. ``digest=False``: no pass and "" for the hash, for tensors the caller
+    checks by a hash of its own (a vote's state hash)."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size < _HEADER_SIZE.size:
             raise ValueError(f"{size} bytes are too few for a header")
         mapped = mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE,  # no MAP_POPULATE: it would copy every page
                            prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    digest = hashlib.sha256(mapped).hexdigest()  # releases the GIL: a vote written meanwhile is not held up
+    sha256 = hashlib.sha256(mapped).hexdigest() if digest else ""  # releases the GIL: a vote written meanwhile goes on
     tensors, metadata = tensors_from_buffer(mapped)  # each tensor keeps the mapping alive
-    return tensors, metadata, digest
+    return tensors, metadata, sha256
 
 
 def encoded_size_bound(like: GlobalState) -> int:
