@@ -130,7 +130,7 @@ def serve(args: argparse.Namespace) -> None:
     from swarm.core.credential import PeerKey
     from swarm.net.state_transfer import StateServer
     from swarm.net.transport import Transport
-    from tests.unit.run_members import make_member
+    from testbed.members import make_member
 
     coordinator = PeerKey.load_or_create(args.coordinator_key)
     state = make_state(gpt2_small_shapes(args.scale), args.seed)
@@ -172,7 +172,7 @@ def main() -> None:
     from swarm.net import state_transfer
     from swarm.net.state_transfer import download_state
     from swarm.net.transport import Transport
-    from tests.unit.run_members import make_member
+    from testbed.members import make_member
 
     if args.window is not None:
         state_transfer.WINDOW = args.window

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bench_wan_runs import PREFIX, _peer_times, history, run_swarm
 
-from swarm.app.testbed import Testbed, make_topology
+from testbed import Testbed, make_topology
 
 ADAPTATION_RUN = """
 [model]

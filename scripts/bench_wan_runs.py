@@ -16,8 +16,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from swarm.app.testbed import Testbed, make_topology  # noqa: E402
-from tests.integration.harness import TWO_PEER_RUN, kill_family, read_join_string  # noqa: E402
+from testbed import Testbed, make_topology  # noqa: E402
+from testbed.processes import kill_family, read_join_string  # noqa: E402
+
+# Two peers, two short rounds of the tiny model (min_peers follows the hosts in a run).
+TWO_PEER_RUN = """
+[model]
+preset = "tiny"
+
+[rounds]
+inner_steps = 5
+max_rounds = 2
+min_peers = 2
+matchmaking_window_s = 10.0
+exchange_timeout_s = 10.0
+round_timeout_s = 30.0
+"""
 
 PREFIX = os.environ.get("SWARM_BENCH_PREFIX", "swb-")  # bench_wan.py's: its teardown removes these
 P2P_PORT = 7100  # each host is a namespace of its own, so every peer can take the same port
@@ -172,7 +186,7 @@ def _proxies(bed: Testbed, hosts: list[str], one_way_ms: float) -> list[subproce
     """A delay proxy on each host's address in front of its peer's libp2p port on loopback."""
     procs = []
     for host in hosts:
-        proxy = bed.spawn(host, [sys.executable, "-m", "swarm.app.testbed.delay_proxy", "--listen",
+        proxy = bed.spawn(host, [sys.executable, "-m", "testbed.delay_proxy", "--listen",
                                  f"{bed.address(host)}:{P2P_PORT}", "--to", f"127.0.0.1:{P2P_PORT}",
                                  "--delay-ms", str(one_way_ms)], stdout=subprocess.PIPE, text=True, env=_env())
         proxy.stdout.readline()  # its port: listening

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bench_wan_runs import PREFIX, history, run_swarm
 
-from swarm.app.testbed import Testbed, make_topology
+from testbed import Testbed, make_topology
 from swarm.train.final_model import tensors_digest
 
 SITES = {"h1": "a", "h2": "a", "h3": "b", "h4": "b"}

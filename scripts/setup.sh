@@ -32,7 +32,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && [ ! -x /usr/bin/c
   apt_install chromium \
     || echo "setup: could not install chromium; the dashboard's browser test will skip" >&2
 fi
-# The WAN testbed (swarm/app/testbed, its tests) shapes links with iproute2 and builds its NAT host with
+# The WAN testbed (scripts/testbed, its tests) shapes links with iproute2 and builds its NAT host with
 # iptables. As root on a Debian machine without them, install them; elsewhere those tests skip and say why.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   missing=()

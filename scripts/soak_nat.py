@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_wan_runs import _coordinator, _env, _peer, kill_family
 
-from swarm.app.testbed import Testbed, make_topology
+from testbed import Testbed, make_topology
 from swarm.train.final_model import tensors_digest
 
 CONFIG = """[model]

@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from swarm.app.testbed import make_topology, missing_privileges, teardown  # noqa: E402
-from swarm.app.testbed.network import TestbedError, build, namespaces, shape_host  # noqa: E402
-from swarm.app.testbed.topology import PREFIX  # noqa: E402
+from testbed import make_topology, missing_privileges, teardown  # noqa: E402
+from testbed.network import TestbedError, build, namespaces, shape_host  # noqa: E402
+from testbed.topology import PREFIX  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,7 +113,7 @@ def proxy(args: argparse.Namespace) -> int:
     listen = f"{_address(args.prefix, args.host)}:{args.port}"
     os.chdir(ROOT)
     os.execvp("ip", ["ip", "netns", "exec", _namespace(args.prefix, args.host), sys.executable, "-m",
-                     "swarm.app.testbed.delay_proxy", "--listen", listen, "--to", f"{target_host}:{port}",
+                     "testbed.delay_proxy", "--listen", listen, "--to", f"{target_host}:{port}",
                      "--delay-ms", str(args.delay_ms)])
 
 

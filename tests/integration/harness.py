@@ -16,6 +16,7 @@ import psutil
 from swarm.app.status import status_to_dict
 from swarm.control.client import CoordinatorClient, CoordinatorError
 from swarm.control.joinstring import JoinString
+from testbed.processes import kill_family, read_join_string  # noqa: F401 (the tests import them from here)
 from tests.integration.cli_launcher import LaunchedCli, launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,33 +59,6 @@ matchmaking_window_s = 10.0
 exchange_timeout_s = 10.0
 round_timeout_s = 30.0
 """
-
-
-def read_join_string(coordinator: subprocess.Popen | LaunchedCli, *, timeout_s: float, log: Optional[Path] = None) -> str:
-    """The join string a coordinator started with stdout=PIPE prints; fails (with its log) if it prints none."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = coordinator.stdout.readline().decode()
-        if line.startswith("join: "):
-            return line.split(" ", 1)[1].strip()
-        if not line and coordinator.poll() is not None:
-            break
-    tail = log.read_text(errors="replace")[-3000:] if log is not None and log.exists() else ""
-    raise AssertionError(f"the coordinator printed no join string:\n{tail}")
-
-
-def kill_family(proc: subprocess.Popen | LaunchedCli) -> None:
-    """The process and its children (its DHT process and p2pd, which would otherwise outlive it)."""
-    try:
-        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for p in family:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(family, timeout=10)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.app.testbed import Testbed, make_topology, missing_privileges
+from testbed import Testbed, make_topology, missing_privileges
 from swarm.train.final_model import tensors_digest
 from tests.integration.harness import TWO_PEER_RUN, kill_family, read_join_string
 

@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from swarm.app.testbed import ROUTER_ADDRESS, Testbed, leftovers, make_topology, missing_privileges, teardown
+from testbed import ROUTER_ADDRESS, Testbed, leftovers, make_topology, missing_privileges, teardown
 
 PREFIX = "swt-test-"  # only this test's objects: teardown never touches another testbed's namespaces
 _reason = missing_privileges()
@@ -38,7 +38,7 @@ def start_server(bed: Testbed, host: str, module: str, *args: str) -> tuple[subp
 
 
 def probe(bed: Testbed, host: str, *args: str, nice: bool = False) -> dict:
-    argv = [PYTHON, "-m", "swarm.app.testbed.probe", *args]
+    argv = [PYTHON, "-m", "testbed.probe", *args]
     result = bed.run(host, ["nice", "-n", "-10", *argv] if nice else argv, capture_output=True, text=True,
                      timeout=20)
     assert result.returncode == 0, result.stderr
@@ -57,7 +57,7 @@ def test_it_comes_up_and_goes_away_leaving_nothing_behind() -> None:
 
 @pytest.mark.parametrize("testbed", [{"mbit": 20}], indirect=True)
 def test_throughput_between_two_hosts_matches_the_link_rate(testbed: Testbed) -> None:
-    sink, port = start_server(testbed, "h1", "swarm.app.testbed.probe", "sink", "--host", testbed.address("h1"))
+    sink, port = start_server(testbed, "h1", "testbed.probe", "sink", "--host", testbed.address("h1"))
     probe(testbed, "h0", "source", "--to", f"{testbed.address('h1')}:{port}", "--bytes", str(5_000_000))
     measured = json.loads(sink.communicate(timeout=10)[0])
     assert measured["bytes"] == 5_000_000
@@ -67,7 +67,7 @@ def test_throughput_between_two_hosts_matches_the_link_rate(testbed: Testbed) ->
 
 def send(bed: Testbed, source: str, sink_host: str, total_bytes: int) -> dict:
     """``total_bytes`` of raw TCP from ``source`` to ``sink_host``, as the sink measured them."""
-    sink, port = start_server(bed, sink_host, "swarm.app.testbed.probe", "sink", "--host", bed.address(sink_host))
+    sink, port = start_server(bed, sink_host, "testbed.probe", "sink", "--host", bed.address(sink_host))
     probe(bed, source, "source", "--to", f"{bed.address(sink_host)}:{port}", "--bytes", str(total_bytes))
     measured = json.loads(sink.communicate(timeout=15)[0])
     assert measured["bytes"] == total_bytes
@@ -99,10 +99,10 @@ def test_a_link_slowed_while_it_runs_takes_the_new_rate(testbed: Testbed) -> Non
 
 
 def test_the_delay_proxy_adds_its_one_way_latency(testbed: Testbed) -> None:
-    server, port = start_server(testbed, "h1", "swarm.app.testbed.probe", "echo", "--host", testbed.address("h1"))
+    server, port = start_server(testbed, "h1", "testbed.probe", "echo", "--host", testbed.address("h1"))
     try:
         base = probe(testbed, "h0", "rtt", "--to", f"{testbed.address('h1')}:{port}")["median_ms"]
-        proxy, proxy_port = start_server(testbed, "h0", "swarm.app.testbed.delay_proxy", "--listen",
+        proxy, proxy_port = start_server(testbed, "h0", "testbed.delay_proxy", "--listen",
                                          f"{testbed.address('h0')}:0", "--to", f"{testbed.address('h1')}:{port}",
                                          "--delay-ms", "25")
         # the RTT meter sleeps ~50 ms per message; raised like the proxy, so a busy machine's wake-up
@@ -118,8 +118,8 @@ def test_the_delay_proxy_adds_its_one_way_latency(testbed: Testbed) -> None:
 
 @pytest.mark.parametrize("testbed", [{"nat_host": True}], indirect=True)
 def test_the_nat_host_connects_out_but_cannot_be_connected_to(testbed: Testbed) -> None:
-    outside, port = start_server(testbed, "h0", "swarm.app.testbed.probe", "echo", "--host", testbed.address("h0"))
-    inside, inside_port = start_server(testbed, "nat", "swarm.app.testbed.probe", "echo", "--host", "0.0.0.0")
+    outside, port = start_server(testbed, "h0", "testbed.probe", "echo", "--host", testbed.address("h0"))
+    inside, inside_port = start_server(testbed, "nat", "testbed.probe", "echo", "--host", "0.0.0.0")
     try:
         assert probe(testbed, "nat", "connect", "--to", f"{testbed.address('h0')}:{port}")["connected"]
         for target in (testbed.address("nat"), ROUTER_ADDRESS):  # its own address, and its router's
@@ -132,8 +132,8 @@ def test_the_nat_host_connects_out_but_cannot_be_connected_to(testbed: Testbed) 
 
 @pytest.mark.parametrize("testbed", [{"mbit": 20}], indirect=True)
 def test_the_delay_proxy_keeps_the_link_rate(testbed: Testbed) -> None:
-    sink, port = start_server(testbed, "h1", "swarm.app.testbed.probe", "sink", "--host", testbed.address("h1"))
-    proxy, proxy_port = start_server(testbed, "h0", "swarm.app.testbed.delay_proxy", "--listen",
+    sink, port = start_server(testbed, "h1", "testbed.probe", "sink", "--host", testbed.address("h1"))
+    proxy, proxy_port = start_server(testbed, "h0", "testbed.delay_proxy", "--listen",
                                      f"{testbed.address('h0')}:0", "--to", f"{testbed.address('h1')}:{port}",
                                      "--delay-ms", "25")
     probe(testbed, "h0", "source", "--to", f"{testbed.address('h0')}:{proxy_port}", "--bytes", str(8_000_000))

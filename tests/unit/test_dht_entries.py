@@ -16,7 +16,7 @@ from swarm.core.signed_entry import verify_signed
 from swarm.net.dht_entries import EntryRejected, EntryValidator, sign_entry, verify_entry
 from swarm.net.rendezvous import Member
 from swarm.net.votes import Vote
-from tests.unit.run_members import make_member
+from testbed.members import make_member
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -36,7 +36,7 @@ from swarm.net.slice_reduction import check_agreement
 from swarm.net.transport import Transport
 from swarm.net.votes import Vote, collect_votes, post_vote, vote_key
 from swarm.v1 import exchange_pb2
-from tests.unit.run_members import make_member
+from testbed.members import make_member
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

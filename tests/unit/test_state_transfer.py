@@ -28,7 +28,7 @@ from swarm.net import state_transfer
 from swarm.net.state_transfer import StateServer, StateUnavailable, download_state
 from swarm.net.transport import CHUNK_BYTES, Transport
 from swarm.v1 import exchange_pb2
-from tests.unit.run_members import make_member
+from testbed.members import make_member
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from swarm.app.testbed import make_topology
-from swarm.app.testbed.network import teardown
+from testbed import make_topology
+from testbed.network import teardown
 
 pytestmark = pytest.mark.timeout(10)
 

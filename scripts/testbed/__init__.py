@@ -1,7 +1,7 @@
 """A WAN testbed on one Linux machine: emulated hosts in network namespaces on a shaped bridge, a NAT host,
 and a userspace delay proxy. Needs root (CAP_NET_ADMIN); ``scripts/wan_testbed.py`` is its command line."""
 
-from swarm.app.testbed.network import Testbed, leftovers, missing_privileges, teardown
-from swarm.app.testbed.topology import ROUTER_ADDRESS, HostSpec, Topology, make_topology
+from testbed.network import Testbed, leftovers, missing_privileges, teardown
+from testbed.topology import ROUTER_ADDRESS, HostSpec, Topology, make_topology
 
 __all__ = ["ROUTER_ADDRESS", "HostSpec", "Testbed", "Topology", "leftovers", "make_topology", "missing_privileges", "teardown"]

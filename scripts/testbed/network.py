@@ -19,11 +19,12 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from swarm.app.testbed.topology import SWITCH, HostSpec, Topology
+from testbed.topology import SWITCH, HostSpec, Topology
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO_ROOT / "scripts"  # where ``python -m testbed...`` is found
 _KILL_GRACE_S = 3.0
 _UNSHAPED_MBIT = 10_000  # an htb class needs a rate: in-site traffic of a host without one
 _IN_SITE, _CROSS_SITE = "1:10", "1:20"  # the htb classes of a site-aware link
@@ -281,8 +282,9 @@ class Testbed:
 
 
 def _with_repo_env(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Run from the repository root with it on PYTHONPATH, so ``python -m swarm...`` finds this checkout."""
+    """Run from the repository root with it and scripts/ on PYTHONPATH, so ``python -m swarm...`` finds this
+    checkout and ``python -m testbed...`` the testbed."""
     env = dict(kwargs.pop("env", None) or os.environ)
-    env.setdefault("PYTHONPATH", str(REPO_ROOT))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), str(SCRIPTS), env.get("PYTHONPATH", "")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return {"cwd": REPO_ROOT, "env": env, **kwargs}

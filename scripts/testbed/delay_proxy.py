@@ -2,7 +2,7 @@
 read is stamped and written once its delay has passed, while reading goes on (no ``netem`` needed).
 Run inside the client's host; it prints the port it bound, then forwards until killed.
 
-    python -m swarm.app.testbed.delay_proxy --listen 10.77.0.10:0 --to 10.77.0.11:7000 --delay-ms 25
+    python -m testbed.delay_proxy --listen 10.77.0.10:0 --to 10.77.0.11:7000 --delay-ms 25
 """
 
 from __future__ import annotations

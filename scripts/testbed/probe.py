@@ -2,8 +2,8 @@
 source, an echo server and an RTT meter, and a connect check. Each prints one JSON line (servers first
 print the port they bound).
 
-    python -m swarm.app.testbed.probe sink --host 10.77.0.11
-    python -m swarm.app.testbed.probe source --to 10.77.0.11:PORT --bytes 5000000
+    python -m testbed.probe sink --host 10.77.0.11
+    python -m testbed.probe source --to 10.77.0.11:PORT --bytes 5000000
 """
 
 from __future__ import annotations
