@@ -103,11 +103,13 @@ class RoundConfig:
     # of five, on its own data shard, otherwise moves θg as far as a round of all five.
     scale_by_participation: bool = True
     # How the owner of a slice combines the group's slices (swarm.core.aggregation): "mean" (the
-    # sample-weighted mean), "clipped_mean" (each slice clipped to clip_factor x the group's median slice
-    # norm first) or "trimmed_mean" (per coordinate, the trim_fraction largest and smallest values dropped,
-    # at least one of each in a group of 3 or more). Under every rule a slice whose norm exceeds
-    # reject_factor x the group's median slice norm is left out of that slice's average (0: never).
-    aggregation: str = "mean"
+    # sample-weighted mean), "clipped_mean" (in a group of 3 or more, each slice clipped to clip_factor x the
+    # group's median slice norm first) or "trimmed_mean" (per coordinate, the trim_fraction largest and
+    # smallest values dropped, at least one of each in a group of 3 or more). Under every rule a slice whose
+    # norm exceeds reject_factor x the group's median slice norm is left out of that slice's average (0:
+    # never). "auto": "clipped_mean" (bit for bit the mean while no slice is clipped, as in an honest run of
+    # peers alike), but "mean" for the lowrank codecs, which average their factors linearly.
+    aggregation: str = "auto"
     clip_factor: float = 2.0
     trim_fraction: float = 0.25
     reject_factor: float = 100.0
@@ -152,7 +154,7 @@ class RoundConfig:
         if self.hierarchical and self.codec.startswith("topk-"):
             raise ConfigError(f"[rounds] codec {self.codec} is exchanged by a flat all-gather; set hierarchical = false"
                               " or choose a dense codec.")
-        if self.codec.startswith("lowrank") and (self.hierarchical or self.aggregation != "mean"):
+        if self.codec.startswith("lowrank") and (self.hierarchical or self.aggregation_rule() != "mean"):
             raise ConfigError(f"[rounds] codec {self.codec} averages its factors linearly in one flat group; set"
                               " hierarchical = false and aggregation = \"mean\", or choose a dense codec.")
         if self.hierarchical and (self.codec == "sign" or self.codec.startswith("ternary")):
@@ -238,9 +240,16 @@ class RoundConfig:
             raise ConfigError(f"[rounds] group_size must be 0 (no cap) or a number of peers from 1 to {MAX_PEERS},"
                               f" got {self.group_size}.")
 
+    def aggregation_rule(self) -> str:
+        """The rule ``aggregation`` names, "auto" resolved: one of AGGREGATIONS."""
+        if self.aggregation != "auto":
+            return self.aggregation
+        return "mean" if self.codec.startswith("lowrank") else "clipped_mean"
+
     def _validate_aggregation(self) -> None:
-        if self.aggregation not in AGGREGATIONS:
-            raise ConfigError(f"[rounds] aggregation {self.aggregation!r} is unknown; choose one of {list(AGGREGATIONS)}.")
+        if self.aggregation not in ("auto", *AGGREGATIONS):
+            raise ConfigError(f"[rounds] aggregation {self.aggregation!r} is unknown; choose one of "
+                              f"{['auto', *AGGREGATIONS]}.")
         if not (math.isfinite(self.clip_factor) and self.clip_factor >= 1.0):
             raise ConfigError(f"[rounds] clip_factor must be a finite number of at least 1, got {self.clip_factor}.")
         if not 0.0 <= self.trim_fraction < 0.5:

@@ -14,8 +14,12 @@ The rules, applied to the decoded slices in group order, all deterministic funct
   to say which one is the outlier);
 - ``mean``: the sample-weighted mean (``weighted_average``), bit for bit what the swarm did before rules
   existed as long as nothing is left out;
-- ``clipped_mean``: each slice longer than ``clip_factor`` × the median slice norm is scaled down to that
-  norm, then the weighted mean;
+- ``clipped_mean``: in a group of 3 or more, each slice longer than ``clip_factor`` × the median slice norm
+  is scaled down to that norm, then the weighted mean (bit for bit ``mean`` while nothing is clipped or left
+  out: an honest group of peers alike). A group of 2 is not clipped: the lower median of two norms is the
+  shorter one's, so a peer that ran twice the steps of its one groupmate would be cut to it, and a
+  malicious half of a group is beyond any rule anyway. This is the run's rule by default (``[rounds]
+  aggregation = "auto"``);
 - ``trimmed_mean``: per coordinate, the b largest and b smallest values are dropped (b =
   ``trim_fraction`` × the group, at least 1 in a group of 3 or more, at most what leaves one value) and
   the rest averaged with their weights; a group of 1 or 2 falls back to the mean.
@@ -68,9 +72,9 @@ class Aggregation:
 
     @classmethod
     def for_run(cls, run: RunConfig) -> "Aggregation":
-        """The run's rule, with the weight cap every member derives from the run config alike."""
+        """The run's rule ("auto" resolved), with the weight cap every member derives from the run config alike."""
         rounds = run.rounds
-        return cls(rule=rounds.aggregation, clip_factor=rounds.clip_factor, trim_fraction=rounds.trim_fraction,
+        return cls(rule=rounds.aggregation_rule(), clip_factor=rounds.clip_factor, trim_fraction=rounds.trim_fraction,
                    reject_factor=rounds.reject_factor,
                    max_weight=float(run.data.batch_size * longest_sync_steps(rounds)))
 
@@ -91,7 +95,7 @@ class Aggregation:
         written, as ``weighted_average``'s)."""
         if len(slices) != len(weights) or not slices:
             raise ValueError(f"need one weight per slice, got {len(slices)} and {len(weights)}.")
-        needs_norms = self.rule == "clipped_mean" or (self.reject_factor > 0 and len(slices) >= 3)
+        needs_norms = len(slices) >= 3 and (self.rule == "clipped_mean" or self.reject_factor > 0)
         if not needs_norms:
             return self._combine(list(slices), list(weights), {}, out)
         norms = [slice_norm(s) for s in slices]

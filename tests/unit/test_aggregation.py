@@ -159,3 +159,27 @@ def test_the_simulator_with_clipped_mean_under_attack_is_deterministic_and_every
     assert first.final_hash == second.final_hash
     plain = simulate(SIM_RUN, peers=4, rounds=2, tamper=sign_flip_x100, aggregation="mean")
     assert plain.final_hash != first.final_hash
+
+
+def test_the_default_rule_is_clipped_mean_and_mean_stays_selectable():
+    assert Aggregation.for_run(RunConfig()).rule == "clipped_mean"
+    assert Aggregation.for_run(RunConfig.from_dict({"rounds": {"aggregation": "mean"}})).rule == "mean"
+    # the lowrank codecs average their factors linearly: "auto" is the mean there, a robust rule is refused
+    assert Aggregation.for_run(RunConfig.from_dict({"rounds": {"codec": "lowrank4-fp16"}})).rule == "mean"
+    with pytest.raises(ConfigError, match='aggregation = "mean"'):
+        RunConfig.from_dict({"rounds": {"codec": "lowrank4-fp16", "aggregation": "clipped_mean"}})
+
+
+def test_clipped_mean_is_the_mean_bit_for_bit_for_peers_alike_and_in_a_group_of_two():
+    rule = Aggregation.for_run(RunConfig())
+    slices, weights = honest(4), [80.0, 48.0, 16.0, 80.0]
+    reduced = rule.reduce(slices, weights)
+    assert torch.equal(reduced.average, weighted_average(slices, weights)) and reduced.clipped == {}
+    # a peer that ran far more steps than its one groupmate is not cut to the shorter one's length
+    pair = [torch.ones(NUMEL), torch.full((NUMEL,), 5.0)]
+    reduced = rule.reduce(pair, [8.0, 40.0])
+    assert torch.equal(reduced.average, weighted_average(pair, [8.0, 40.0])) and reduced.clipped == {}
+    # with a third member there is a median: the ×100 one is clipped
+    trio = honest(3)
+    trio[2] = -100.0 * trio[2]
+    assert list(rule.reduce(trio, [1.0] * 3).clipped) == [2]
