@@ -137,7 +137,7 @@ def status_response(
         overlap_steps=rounds.overlap_steps,
         outer_optimizer=config.outer.name,
         error_feedback=rounds.error_feedback,
-        aggregation=rounds.aggregation,
+        aggregation=rounds.aggregation_rule(),  # "auto" resolved: the rule the owners apply
         eval_loss=run.eval_loss if run.eval_round >= 0 else math.nan,
         eval_round=max(run.eval_round, 0),
         initial_eval_loss=run.initial_eval_loss,
