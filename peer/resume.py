@@ -45,7 +45,8 @@ def save_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str) -> None
         for key, value in state.items():
             tensors[f"inner.{int(index):05d}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
     for f, feedback in enumerate(trainer.error_feedback or []):
-        tensors[f"feedback.{f:03d}"] = feedback.residual
+        if not feedback.is_zero:  # a missing one resumes as zero
+            tensors[f"feedback.{f:03d}"] = feedback.residual
     manifest = {
         "run_id": run_id,
         "round": trainer.round_no,
@@ -95,7 +96,7 @@ def committed_on_disk(state_dir: Path, *, run_id: str, round_no: int, state_hash
         return None
     tensors, manifest = loaded
     try:
-        state = state_from_tensors(tensors, round_no, like=like)
+        state = state_from_tensors(tensors, round_no, like=like, finite=False)  # its hash is checked next
     except ValueError as e:
         logger.warning("the %s in %s does not fit this model (%s); downloading the state instead", source, directory, e)
         return None

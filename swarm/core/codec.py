@@ -434,14 +434,24 @@ class ErrorFeedback:
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"error feedback decay must be in (0, 1], got {decay}; 1 keeps every dropped value.")
         self.decay = decay
-        self.residual = torch.zeros(numel, dtype=torch.float32)
-        # While the residual is exactly zero, compensate returns Δ itself: adding +0.0 would turn -0.0
-        # into +0.0, and a lossless codec must leave the bits of a run without error feedback unchanged.
-        self._zero = True
+        self._numel = numel
+        # None while the residual is exactly zero (a lossless codec's, or before the first lossy round): no model-sized
+        # vector is held for it, and compensate returns Δ itself: adding +0.0 would turn -0.0 into +0.0, and a
+        # lossless codec must leave the bits of a run without error feedback unchanged.
+        self._residual: Optional[torch.Tensor] = None
+
+    @property
+    def residual(self) -> torch.Tensor:
+        """What the codec dropped so far (zeros made on request while it is zero: they are not kept)."""
+        return self._residual if self._residual is not None else torch.zeros(self._numel, dtype=torch.float32)
+
+    @property
+    def is_zero(self) -> bool:
+        return self._residual is None
 
     @property
     def numel(self) -> int:
-        return self.residual.numel()
+        return self._numel
 
     def _check(self, t: torch.Tensor, what: str) -> None:
         if t.dtype != torch.float32 or t.dim() != 1 or t.numel() != self.numel:
@@ -450,23 +460,21 @@ class ErrorFeedback:
     def compensate(self, delta: torch.Tensor) -> torch.Tensor:
         """Δ + β·residual (a new tensor, or Δ itself while the residual is zero)."""
         self._check(delta, "the pseudo-gradient")
-        if self._zero:
+        residual = self._residual
+        if residual is None:
             return delta
-        return delta + self.residual if self.decay == 1.0 else delta + self.decay * self.residual
+        return delta + residual if self.decay == 1.0 else delta + self.decay * residual
 
     def update(self, sent_input: torch.Tensor, decoded: torch.Tensor) -> None:
         """Remember what the codec lost: ``sent_input − decoded``."""
         self._check(sent_input, "the sent vector")
         self._check(decoded, "the decoded vector")
-        self.residual = sent_input - decoded
-        self._zero = not bool(self.residual.any())
+        self.install(sent_input - decoded)
 
     def install(self, residual: torch.Tensor) -> None:
         """``residual`` (what the codec dropped of the sent vector, ``DroppedInPlace``) is the residual now."""
         self._check(residual, "the residual")
-        self.residual = residual
-        self._zero = not bool(residual.any())
+        self._residual = residual if bool(residual.any()) else None
 
     def reset(self) -> None:
-        self.residual = torch.zeros(self.numel, dtype=torch.float32)
-        self._zero = True
+        self._residual = None

@@ -62,11 +62,12 @@ def state_tensors(state: GlobalState) -> dict[str, torch.Tensor]:
 
 
 def state_from_tensors(tensors: dict[str, torch.Tensor], round_no: int, *,
-                       like: Optional[GlobalState]) -> GlobalState:
+                       like: Optional[GlobalState], finite: bool = True) -> GlobalState:
     """The state held in ``tensors`` (other names are ignored), checked against ``like``: the same tensor
     names, shapes and fp32, every value finite. Raises ValueError saying what does not fit. ``like=None``
     (a model not built yet): every ``param.*`` and ``outer.*`` tensor, numbered from 0 without a gap, each fp32;
-    the caller checks the shapes against its model."""
+    the caller checks the shapes against its model. ``finite=False``: the values are not checked, for a caller that
+    compares the state's hash with a committed one next (a state the peers committed is the one they all hold)."""
     if like is None:
         counts = [sum(1 for name in tensors if name.startswith(prefix)) for prefix in ("param.", "outer.")]
     else:
@@ -83,7 +84,7 @@ def state_from_tensors(tensors: dict[str, torch.Tensor], round_no: int, *,
         if t.shape != shape or t.dtype != dtype:
             raise ValueError(f"a state tensor is {t.dtype} {tuple(t.shape)} where this model has {dtype} "
                              f"{tuple(shape)}: the state is of another model")
-        if t.numel() and not torch.isfinite(torch.stack(torch.aminmax(t))).all():  # NaN, ±inf: one reduction
+        if finite and t.numel() and not torch.isfinite(torch.stack(torch.aminmax(t))).all():  # NaN, ±inf: one pass
             raise ValueError("the state holds values that are not finite")
     return GlobalState(round_no, params, outer)
 
