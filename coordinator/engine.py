@@ -24,7 +24,14 @@ from coordinator import membership
 from coordinator.api import admission, tokens
 from coordinator.api.errors import BadRequest, PeerGone, Rejection, UnknownPeer
 from coordinator.api.load import LoadMonitor
-from coordinator.api.views import RunPosition, holder_sample, round_info, status_response
+from coordinator.api.views import (
+    GONE_LISTED_S,
+    RunPosition,
+    listed_in_status,
+    page_request,
+    round_info,
+    status_response,
+)
 from coordinator.pace import Pace, PaceConfig, pace_for
 from coordinator.roster import Roster
 from coordinator.rounds import offline_votes, opening, outcome
@@ -135,6 +142,7 @@ class CoordinatorEngine:
             self._logged_interval_s = pace.heartbeat_interval_s
             logger.info("pace for %d live peers: a heartbeat every %.1fs, a lease of %.0fs, polls at most every %.1fs",
                         self._roster.live, pace.heartbeat_interval_s, pace.lease_s, pace.poll_interval_s)
+        self.last_pace = pace  # read without the lock (the dashboard's /metrics)
         return pace
 
     # --- requests -------------------------------------------------------------------------------
@@ -250,15 +258,21 @@ class CoordinatorEngine:
                 raise BadRequest(f"round {number} does not exist; ask for round 0 (the current one) or later.")
             return self._current_info(peer_id) if number == 0 else self._info(number, peer_id)
 
-    def status(self, token: str) -> pb.GetStatusResponse:
+    def status(self, token: str, *, page_size: Optional[int] = None, page_token: str = "") -> pb.GetStatusResponse:
+        """The run's status with one page of its peers (``page_size`` of them from ``page_token``, as a GetStatus
+        request asks; None: every peer), at a cost that grows with the page, not with the swarm."""
+        from_index, size = page_request(page_size or 0, page_token) if page_size is not None else (0, len(self._peers))
         with self._session() as now:
             tokens.check_watcher(self._store, token, now=now)
+            page, next_index = self._roster.page(from_index, size, lambda p: listed_in_status(p, now))
             facts = dict(  # records are immutable: the answer is built after the lock is released
-                run=self._run, config=self.config, peers=list(self._peers.values()), position=self._position(),
+                run=self._run, config=self.config, peers=page, position=self._position(holders=False),
                 last_committed=self._last_committed,
                 rounds_committed=self._store.count_rounds(COMMITTED),
                 rounds_voided=self._store.count_rounds(pb.ROUND_OUTCOME_VOIDED),
-                now=now, started_at=self.started_at, latest=self._latest,
+                now=now, started_at=self.started_at, latest=self._latest, summed=dict(self._roster.sums),
+                peers_omitted=self._roster.gone_before(now - GONE_LISTED_S),
+                next_page_token=str(next_index) if next_index >= 0 else "",
             )
         return status_response(**facts)
 
@@ -432,14 +446,15 @@ class CoordinatorEngine:
             return []
         return [p for p in self._last_committed.holders if p in self._peers and self._peers[p].alive]
 
-    def _position(self) -> RunPosition:
+    def _position(self, *, holders: bool = True) -> RunPosition:
+        """Where the run stands; ``holders=False`` leaves out the state holders (status does not show them)."""
         last_round, last_hash = self._last_committed_state()
         return RunPosition(
             last_committed_round=last_round,
             last_committed_hash=last_hash,
             open_round=self._open.round if self._open is not None else 0,
             finished=self._run.finished,
-            state_holders=tuple(dict.fromkeys(self._carried() + self._roster.ready_ids())),
+            state_holders=tuple(dict.fromkeys(self._carried() + self._roster.ready_ids())) if holders else (),
         )
 
     def _current_info(self, requester: str) -> pb.RoundInfo:
@@ -452,11 +467,11 @@ class CoordinatorEngine:
         return info
 
     def _info(self, number: int, requester: str) -> pb.RoundInfo:
-        row = self._store.get_round(number) if number > 0 else None
-        info = self._info_cache.counted(round_info(number, row, self._position(), self._peers))
-        sampled = holder_sample(tuple(info.holders), requester, round_no=number)
-        del info.holders[:]
-        info.holders.extend(sampled)
+        def build() -> pb.RoundInfo:
+            row = self._store.get_round(number) if number > 0 else None
+            return round_info(number, row, self._position(), self._peers)
+
+        info = self._info_cache.of_round(self._versions()[:2], number, build, requester=requester)
         info.poll_interval_s = self.pace().poll_interval_s
         return info
 

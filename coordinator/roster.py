@@ -2,16 +2,22 @@
 
 Beside the records by id it keeps what every call would otherwise recount over all peers: the lease
 expiries in a heap (the next to expire on top), the set of ready peers, the live and behind counters,
-and a version that changes whenever something a round decision or a RoundInfo depends on changed.
+a version that changes whenever something a round decision or a RoundInfo depends on changed, and for
+status pages the peer indexes in order, the gone peers by when they were last seen, and the sums of the
+metrics that add up over peers.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from coordinator import membership
 from coordinator.store.records import PeerRecord
+
+SUMMED_METRICS = ("bytes_sent", "bytes_received", "tokens", "inner_steps", "inner_time_s", "wall_time_s",
+                  "contributions_rejected", "contributions_clipped", "foreign_messages_dropped")  # over every peer
 
 
 class Roster:
@@ -28,6 +34,10 @@ class Roster:
         self._leases: list[tuple[float, str]] = []  # (lease expiry, peer id); stale entries are skipped
         self._ready: dict[str, int] = {}  # ready peer id -> peer index
         self._ready_sorted: Optional[list[str]] = []
+        self._indexes: list[int] = []  # every peer's index, ascending
+        self._by_index: dict[int, str] = {}  # peer index -> peer id
+        self._gone: list[tuple[float, str]] = []  # (last seen, peer id) of the gone peers, ascending
+        self.sums: dict[str, float] = dict.fromkeys(SUMMED_METRICS, 0)  # the metrics of every peer, added up
         for peer in peers:
             self.put(peer)
 
@@ -38,6 +48,18 @@ class Roster:
     def put(self, peer: PeerRecord) -> None:
         old = self.peers.get(peer.peer_id)
         self.peers[peer.peer_id] = peer
+        if peer.peer_index not in self._by_index:
+            bisect.insort(self._indexes, peer.peer_index)
+        self._by_index[peer.peer_index] = peer.peer_id
+        if old is not None and not old.alive:
+            at = bisect.bisect_left(self._gone, (old.last_seen, old.peer_id))
+            if at < len(self._gone) and self._gone[at] == (old.last_seen, old.peer_id):
+                del self._gone[at]
+        if not peer.alive:
+            bisect.insort(self._gone, (peer.last_seen, peer.peer_id))
+        if old is None or old.metrics is not peer.metrics:
+            for name in SUMMED_METRICS:
+                self.sums[name] += getattr(peer.metrics, name) - (getattr(old.metrics, name) if old else 0)
         if peer.alive and (old is None or old.lease_expiry != peer.lease_expiry or not old.alive):
             heapq.heappush(self._leases, (peer.lease_expiry, peer.peer_id))
         self.live += _alive(peer) - _alive(old)
@@ -56,6 +78,23 @@ class Roster:
             self.version += 1
         elif old is None or old.alive != peer.alive or old.metrics.dht_peer_id != peer.metrics.dht_peer_id:
             self.version += 1
+
+    def gone_before(self, when: float) -> int:
+        """How many peers are gone and were last seen before ``when``."""
+        return bisect.bisect_left(self._gone, (when, ""))
+
+    def page(self, from_index: int, size: int, listed: Callable[[PeerRecord], bool]) -> tuple[list[PeerRecord], int]:
+        """Up to ``size`` peers for which ``listed`` holds, by index from ``from_index``; and the index to go on
+        from (-1: none left)."""
+        found: list[PeerRecord] = []
+        for position in range(bisect.bisect_left(self._indexes, from_index), len(self._indexes)):
+            index = self._indexes[position]
+            if len(found) == size:
+                return found, index
+            peer = self.peers[self._by_index[index]]
+            if listed(peer):
+                found.append(peer)
+        return found, -1
 
     def expired(self, now: float) -> list[PeerRecord]:
         """The live peers whose lease ran out before ``now`` (as they are; the caller evicts them)."""

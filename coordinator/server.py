@@ -171,7 +171,7 @@ class CoordinatorServer:
         store, engine, load = self._dashboard_store, self.engine, self.load
         self.dashboard = DashboardServer(
             lambda: dict(snapshot(store), load=dict(load.snapshot(), eviction_pauses=engine.eviction_pauses,
-                                                    pace=dataclasses.asdict(engine.pace()))),
+                                                    pace=dataclasses.asdict(engine.last_pace))),
             host=host, port=port)
         try:
             url = self.dashboard.start()

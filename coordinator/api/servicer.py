@@ -17,7 +17,6 @@ from coordinator.api.challenges import Challenges
 from coordinator.api.errors import RateLimited, Rejection, StaleChallenge, WrongProtocol
 from coordinator.api.limits import check_request
 from coordinator.api.rate_limit import JoinLimits, RateLimiter, client_address
-from coordinator.api.views import status_page
 from coordinator.engine import CoordinatorEngine
 from swarm.control import signing
 from swarm.core.wire_protocol import PROTOCOL, mismatch
@@ -132,8 +131,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @_rpc
     def GetStatus(self, request: pb.GetStatusRequest, context) -> pb.GetStatusResponse:
-        return status_page(self._engine.status(request.token), page_size=request.page_size,
-                           page_token=request.page_token)
+        return self._engine.status(request.token, page_size=request.page_size, page_token=request.page_token)
 
     @_rpc
     def GetHistory(self, request: pb.GetHistoryRequest, context) -> pb.GetHistoryResponse:

@@ -13,6 +13,7 @@ from typing import Mapping, Optional, Sequence
 
 from coordinator.api.errors import BadRequest
 from coordinator.api.limits import MAX_DHT_MADDRS, MAX_LABEL_BYTES
+from coordinator.roster import SUMMED_METRICS
 from coordinator.rounds import controller
 from coordinator.store.records import COMMITTED, PeerRecord, RoundRecord, RunRecord
 from swarm.config import ConfigError, ModelConfig, RunConfig
@@ -123,8 +124,12 @@ def status_response(
     now: float,
     started_at: float,
     latest: Optional[RoundRecord] = None,
+    summed: Mapping[str, float],
+    peers_omitted: int,
+    next_page_token: str = "",
 ) -> pb.GetStatusResponse:
-    """``latest``: the newest round, whose controller choice status shows."""
+    """The status with ``peers`` (a page of them, in index order) listed; ``summed``: every peer's metrics added
+    up (``Roster.sums``); ``latest``: the newest round, whose controller choice status shows."""
     rounds = config.rounds
     status = pb.RunStatus(
         run_id=run.run_id,
@@ -155,13 +160,26 @@ def status_response(
     choice = controller.message(latest.choice) if latest is not None else None
     if choice is not None:
         status.controller.CopyFrom(choice)
-    listed = [p for p in peers if p.alive or now - p.last_seen <= GONE_LISTED_S]
     return pb.GetStatusResponse(
         run=status,
-        peers=[peer_status(p, now) for p in sorted(listed, key=lambda p: p.peer_index)],
-        totals=totals(peers, ddp_equivalent_bytes=run.ddp_equivalent_bytes),
-        peers_omitted=len(peers) - len(listed),
+        peers=[peer_status(p, now) for p in peers],
+        totals=summed_totals(summed, ddp_equivalent_bytes=run.ddp_equivalent_bytes),
+        peers_omitted=peers_omitted,
+        next_page_token=next_page_token,
     )
+
+
+def listed_in_status(peer: PeerRecord, now: float) -> bool:
+    """Whether status lists ``peer``: alive, or gone for at most GONE_LISTED_S (older ones are only counted)."""
+    return peer.alive or now - peer.last_seen <= GONE_LISTED_S
+
+
+def page_request(page_size: int, page_token: str) -> tuple[int, int]:
+    """(the peer index a status page starts from, its size at most) for a GetStatus request."""
+    size = min(page_size, MAX_PAGE_SIZE) if page_size > 0 else DEFAULT_PAGE_SIZE
+    if page_token and not page_token.isdigit():
+        raise BadRequest("the status page_token is not one this coordinator gave; ask again without it.")
+    return (int(page_token) if page_token else 0), size
 
 
 MODEL_SOURCES = {"preset": "preset", "factory": "factory", "hf": "hf_config"}  # ModelConfig.kind -> status word
@@ -189,19 +207,6 @@ def _hf_model_type(path: str) -> str:
         return "unknown"
 
 
-def status_page(response: pb.GetStatusResponse, *, page_size: int, page_token: str) -> pb.GetStatusResponse:
-    """One page of ``response``'s peers (the run and totals on every page), with the token of the next."""
-    size = min(page_size, MAX_PAGE_SIZE) if page_size > 0 else DEFAULT_PAGE_SIZE
-    if page_token and not page_token.isdigit():
-        raise BadRequest("the status page_token is not one this coordinator gave; ask again without it.")
-    start = int(page_token) if page_token else 0
-    page = pb.GetStatusResponse(run=response.run, totals=response.totals, peers_omitted=response.peers_omitted)
-    page.peers.extend(response.peers[start:start + size])
-    if start + size < len(response.peers):
-        page.next_page_token = str(start + size)
-    return page
-
-
 def peer_status(peer: PeerRecord, now: float) -> pb.PeerStatus:
     metrics = pb.PeerMetrics()
     metrics.CopyFrom(peer.metrics)
@@ -226,17 +231,19 @@ def _bounded(label: str) -> str:
     return label.encode()[:MAX_LABEL_BYTES].decode(errors="ignore")
 
 
-# The cumulative metrics that add up over peers (every peer that ever joined, gone ones included).
-_SUMMED_METRICS = ("bytes_sent", "bytes_received", "tokens", "inner_steps", "inner_time_s", "wall_time_s",
-                   "contributions_rejected", "contributions_clipped", "foreign_messages_dropped")
-
-
 def totals(peers: Sequence[PeerRecord], *, ddp_equivalent_bytes: int) -> pb.Totals:
-    summed = {name: sum(getattr(p.metrics, name) for p in peers) for name in _SUMMED_METRICS}
+    """The cumulative metrics that add up over peers (every peer that ever joined, gone ones included)."""
+    summed = {name: sum(getattr(p.metrics, name) for p in peers) for name in SUMMED_METRICS}
+    return summed_totals(summed, ddp_equivalent_bytes=ddp_equivalent_bytes)
+
+
+def summed_totals(summed: Mapping[str, float], *, ddp_equivalent_bytes: int) -> pb.Totals:
+    counts = {name: int(value) if name not in ("inner_time_s", "wall_time_s") else value
+              for name, value in summed.items()}
     return pb.Totals(
         ddp_equivalent_bytes=ddp_equivalent_bytes,
         compute_utilization=_ratio(summed["inner_time_s"], summed["wall_time_s"]),
-        **summed,
+        **counts,
     )
 
 

@@ -18,6 +18,7 @@ class SnapshotCollector(Collector):
         self._state = state
 
     def collect(self) -> Iterator[Metric]:
+        yield from _load(self._state.get("load"))
         run = self._state.get("run")
         if run is None:
             return
@@ -69,6 +70,29 @@ class SnapshotCollector(Collector):
                 if value is not None:
                     family.add_metric([peer["id"], peer["site"]], float(value))
         yield from families.values()
+
+
+def _load(load: Any) -> Iterator[Metric]:
+    """The coordinator's own load (coordinator.api.load, coordinator.pace): absent from a finished run's page."""
+    if not load:
+        return
+    refused = CounterMetricFamily("swarm_coordinator_calls_refused", "Calls refused because the coordinator was "
+                                  "saturated, by method", labels=["method"])
+    for method, count in sorted(load["refused"].items()):
+        refused.add_metric([method], float(count))
+    yield refused
+    yield _counter("swarm_coordinator_slowdowns", "Times the peers were asked to slow down", load["slowdowns"])
+    yield _counter("swarm_coordinator_eviction_pauses", "Times evictions for missed leases were paused while the "
+                   "coordinator was saturated", load["eviction_pauses"])
+    yield _gauge("swarm_coordinator_slowdown_ratio", "How many times slower than its pace the peers are asked to call",
+                 load["slowdown"])
+    yield _gauge("swarm_coordinator_overloaded", "1 while the coordinator refuses calls or queues them for long",
+                 int(load["overloaded"]))
+    yield _gauge("swarm_coordinator_max_queue_wait_seconds", "The longest a call waited for a thread",
+                 load["max_wait_s"])
+    yield _gauge("swarm_coordinator_heartbeat_interval_seconds", "The heartbeat interval the peers are told",
+                 load["pace"]["heartbeat_interval_s"])
+    yield _gauge("swarm_coordinator_lease_seconds", "The lease a heartbeat renews", load["pace"]["lease_s"])
 
 
 def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:

@@ -22,6 +22,7 @@ from swarm.train.schedule import lr_at
 from swarm.v1 import coordinator_pb2 as pb
 
 HISTORY_ROUNDS = 5000  # the page plots at most this many latest rounds
+PEERS_SHOWN = 500  # the page and /metrics show at most this many peers (the live ones first, by index)
 
 
 def snapshot(store: Store, *, now: Optional[float] = None) -> dict[str, Any]:
@@ -48,6 +49,7 @@ def snapshot(store: Store, *, now: Optional[float] = None) -> dict[str, Any]:
             "rounds_committed": store.count_rounds(COMMITTED),
             "rounds_voided": store.count_rounds(VOIDED),
             "peers_alive": sum(p.alive for p in peers),
+            "peers_shown": min(len(peers), PEERS_SHOWN), "peers_total": len(peers),
             "peers_evicted": sum(p.state == EVICTED for p in peers),
             "tokens": summed.tokens,
             "bytes_sent": summed.bytes_sent,
@@ -58,8 +60,14 @@ def snapshot(store: Store, *, now: Optional[float] = None) -> dict[str, Any]:
             "initial_eval_loss": _number(run.initial_eval_loss),
         },
         "rounds": [dict(_round(r), lr=rate(r.round)) for r in history.rounds],
-        "peers": [_peer(peer_status(p, now), p.alive, committed_hash) for p in peers],
+        "peers": [_peer(peer_status(p, now), p.alive, committed_hash) for p in _shown(peers)],
     }
+
+
+def _shown(peers: list) -> list:
+    """At most PEERS_SHOWN peers, the live ones first, each group by index: a page a browser can render."""
+    alive = [p for p in peers if p.alive][:PEERS_SHOWN]
+    return alive + [p for p in peers if not p.alive][:PEERS_SHOWN - len(alive)]
 
 
 def _first_shown(latest) -> int:
