@@ -12,7 +12,7 @@ vote of each member whose process is gone (restarted, or not alive) as that memb
 committed state: its process, if any, is another one.
 
 Votes count only for peers the coordinator planned with the group: a voter must be a participant of the open
-round, or one of the group that could have gone on without this coordinator (``outage_group``: the
+round (or one it went on without), or one of the group that could have gone on without this coordinator (``outage_group``: the
 participants of the last round stored when this coordinator process started, alive then). A coordinator that
 never restarted therefore adds nobody by votes, and no report can bring in identities that had left.
 """
@@ -83,11 +83,12 @@ def adopt(round_row: RoundRecord, reports: Mapping[str, ReportRecord], votes: Ma
     """The open round with the voters as participants (the group decided the round with them), and a stand-in
     report for each voter whose process is gone (it is not alive, or it runs under another libp2p id now) and
     who has not reported itself, or whose next process reported a failure. Members alive in the same process
-    report themselves. Only voters the coordinator planned count: participants of the round, or of ``outage``
+    report themselves. Only voters the coordinator planned count: participants of the round (or left out of it), or
+of ``outage``
     (``outage_group``); the others' votes are ignored, and the round without them keeps its quorum."""
     if round_row.outcome != OPEN:
         return round_row, []
-    planned = set(round_row.participants) | set(outage)
+    planned = set(round_row.participants) | set(round_row.left_out) | set(outage)
     unplanned = sorted(p for p in votes if p not in planned)
     if unplanned:
         logger.warning("round %d: ignored the signed votes of %d peers this coordinator did not plan with the "

@@ -78,10 +78,14 @@ def decide_round(
     The round waits while a live participant has not reported, until ``round_timeout_s`` after it
     opened, or ``report_grace_s`` after some hash reached its quorum, whichever comes first.
     ``param_count`` is used for reports that do not carry their own.  ``claims`` (by peer id) are the
-    reports as ``claim_of`` makes them, when the caller keeps them made.
+    reports as ``claim_of`` makes them, when the caller keeps them made. A participant the round went on without
+    (``left_out``) that reported counts as planned: it was, and its report stands for it.
     """
-    participants = round_row.participants
+    spoke = {r.peer_id for r in reports if not is_restart_placeholder(r)}
+    participants = round_row.participants + tuple(
+        p for p in round_row.left_out if p in spoke and p not in round_row.participants)
     members = set(participants)
+    not_counted = tuple(p for p in round_row.left_out if p not in members)
     counted = [r for r in reports if r.peer_id in members]
     if claims is None:
         claims = {r.peer_id: claim_of(r, {}) for r in counted}
@@ -106,7 +110,7 @@ def decide_round(
             round_row, outcome=VOIDED, decided_at=now, mean_loss=mean_loss, reason=f"{verdict.reason} ({why})",
         )
         return Decision(round=decided, decided=True, reason=decided.reason,
-                        missed=tuple(participants) + round_row.left_out)
+                        missed=tuple(participants) + not_counted)
     by_peer = {r.peer_id: r for r in counted}
     holding = {p for p in verdict.holders if not is_stand_in(by_peer[p])}
     holders = tuple(p for p in participants if p in holding)
@@ -116,7 +120,7 @@ def decide_round(
     )
     return Decision(
         round=decided, decided=True, reason=decided.reason, joined=holders,
-        missed=tuple(p for p in participants if p not in holding) + round_row.left_out,
+        missed=tuple(p for p in participants if p not in holding) + not_counted,
         ddp_equivalent_bytes=ddp_equivalent_bytes([by_peer[p] for p in holders], param_count=param_count),
     )
 
@@ -156,6 +160,25 @@ def leave_out(now: float, round_row: RoundRecord, reports: Sequence[ReportRecord
     if now < round_row.grace_from + report_grace_s:
         return round_row, round_row.grace_from + report_grace_s
     return budgets.without(round_row, late), math.inf
+
+
+def without_lone_reporters(round_row: RoundRecord, reports: Sequence[ReportRecord],
+                           alive: Collection[str]) -> RoundRecord:
+    """``round_row`` with the participants that reported a round of their own (a group naming no other
+    participant) while others are still to report moved to ``left_out``: they will never post to the group the
+    others are matching, so the others must not wait for them (the plan they match by drops them). Their reports
+    still count as planned participants' (``decide_round``), so that a lone report wins only where it would
+    have: where nobody else stands in the round (``standing_participants``). The same object when there are
+    none."""
+    if round_row.outcome != OPEN:
+        return round_row
+    members = set(round_row.participants)
+    own = {r.peer_id: r for r in reports if r.peer_id in members and precedence(r) == 2}
+    lone = [p for p, r in own.items() if not (set(r.group) & members) - {p}]
+    waiting = [p for p in round_row.participants if p in alive and p not in own]
+    if not lone or not waiting:
+        return round_row
+    return budgets.without(round_row, lone)
 
 
 def standing_participants(participants: Sequence[str], alive: Collection[str],

@@ -138,7 +138,8 @@ def test_votes_of_identities_the_coordinator_did_not_plan_count_for_nothing(cloc
     assert number == 2 and set(engine.round_info(h1.peer_id, number).participants) == ids([h1, h2, x])
     fake_votes = {p.peer_id: vote(engine, p, number, "f" * 64, fakes) for p in fakes}
     engine.report(group_report(engine, x, number, "f" * 64, fakes, fake_votes))
-    assert set(engine._store.get_round(number).participants) == ids([h1, h2, x])  # nobody added by the votes
+    stored = engine._store.get_round(number)  # nobody added by the votes; x, a round of its own, out of the plan
+    assert set(stored.participants) == ids([h1, h2]) and stored.left_out == (x.peer_id,)
     assert engine.round_info(h1.peer_id, number).outcome == pb.ROUND_OUTCOME_OPEN  # x's report supports nothing: no quorum, no grace
     for honest in (h1, h2):
         engine.report(pb.ReportRoundRequest(peer_id=honest.peer_id, round=number, ok=True, state_hash="a" * 64,

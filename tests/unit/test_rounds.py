@@ -350,6 +350,21 @@ def test_timeout_voids_a_lone_report_while_the_silent_participant_is_alive(clock
     assert "no quorum (needs 2)" in engine._store.get_round(1).reason
 
 
+def test_a_participant_reporting_a_round_of_its_own_leaves_the_plan_the_others_match_by(clock: FakeClock) -> None:
+    """It will never post to their group: were it still planned, they would hold their matchmaking for it until
+    the round's timeout, which then voids the round. Its report stays counted, as one vote of the plan."""
+    engine = make_engine(clock)
+    a, b, x = join_ready(engine), join_ready(engine), join_ready(engine)
+    assert set(engine.round_info(a, 1).participants) == {a, b, x}
+    send(engine, x, 1, state_hash="0" * 64, group=[x])
+    assert set(engine.round_info(a, 1).participants) == {a, b}  # the plan a and b match by
+    send(engine, a, 1, group=[a, b])
+    send(engine, b, 1, group=[a, b])
+    info = engine.round_info(a, 1)
+    assert (info.outcome, info.committed_hash, sorted(info.holders)) == (COMMITTED, "h1", sorted(["dht-" + a, "dht-" + b]))
+    assert "2 of 2 group members (3 planned participants in the round)" in engine._store.get_round(1).reason
+
+
 def test_evicted_participant_is_not_waited_for(clock: FakeClock) -> None:
     engine = make_engine(clock, report_grace_s=TIMEOUT_S)
     a, _b = join_ready(engine), join_ready(engine)
