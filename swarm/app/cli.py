@@ -142,7 +142,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     client = CoordinatorClient(JoinString.parse(args.join))
     try:
-        fetch = lambda: status_to_dict(fetch_all_pages(lambda token: client.get_status(page_token=token)))  # noqa: E731
+        fetch = lambda: status_to_dict(fetch_all_pages(  # noqa: E731
+            lambda token: client.get_status(page_token=token), max_peers=args.max_peers or None))
         console = Console()
         if args.watch or args.count is not None:
             try:
@@ -369,6 +370,8 @@ def _add_watch_parsers(sub) -> None:
     s.add_argument("--interval", type=float, default=2.0, help="refresh period for --watch, seconds")
     s.add_argument("--count", type=int, help="with --watch: stop after this many snapshots (implies --watch; "
                    "default: until the run finishes or Ctrl-C)")
+    s.add_argument("--max-peers", type=int, default=200,
+                   help="list at most this many peers, by index (0: every peer; a large swarm's take many pages)")
     s.set_defaults(func=cmd_status)
 
     d = sub.add_parser("demo", help="a coordinator and peers on this machine, training the embedded default")

@@ -24,25 +24,32 @@ ID_CHARS = 128  # ids, states and hashes are never cut (the coordinator bounds h
 SHARES_SHOWN = 8  # the controller's shares listed in the table (--json has all)
 
 
-def fetch_all_pages(get_page: Callable[[str], pb.GetStatusResponse]) -> pb.GetStatusResponse:
-    """The whole status: ``get_page(page_token)`` answers one page; the peers of every page, in order."""
+def fetch_all_pages(get_page: Callable[[str], pb.GetStatusResponse], *,
+                    max_peers: Optional[int] = None) -> pb.GetStatusResponse:
+    """The status: ``get_page(page_token)`` answers one page; the peers of every page, in order, or of the pages
+    that hold the first ``max_peers`` (then ``next_page_token`` is left set when more peers follow)."""
     first = get_page("")
     token = first.next_page_token
     for _ in range(MAX_PAGES):
-        if not token:
+        if not token or (max_peers is not None and len(first.peers) >= max_peers):
             break
         page = get_page(token)
         first.peers.extend(page.peers)
         token = page.next_page_token
-    first.next_page_token = ""
+    if max_peers is not None and len(first.peers) > max_peers:
+        del first.peers[max_peers:]
+        token = token or "more"
+    first.next_page_token = token if max_peers is not None else ""
     return first
 
 
 def status_to_dict(response: pb.GetStatusResponse) -> dict[str, Any]:
     """The JSON shape of `swarm status --json`: {"run": {...}, "peers": [{..., "metrics": {...}}], "totals": {...},
-    "peers_omitted": N}; paging is the transport's business, not the answer's."""
+    "peers_omitted": N} (and "peers_more": true when only the first of the peers were fetched); paging is the
+    transport's business, not the answer's."""
     status = _plain(response)
-    status.pop("next_page_token", None)
+    if status.pop("next_page_token", None):  # fetched up to a number of peers, and more follow
+        status["peers_more"] = True
     if not response.run.HasField("controller"):
         status["run"]["controller"] = None  # [rounds] controller = "off"
     return status
@@ -133,6 +140,8 @@ def status_tables(status: dict[str, Any], *, width: Optional[int] = None) -> lis
         table.add_row("robust aggregation", ", ".join(f"{n:,} {words}" for n, words in refused if n))
     if status.get("peers_omitted"):
         table.add_row("peers not listed", f"{status['peers_omitted']} (left or evicted long ago)")
+    if status.get("peers_more"):
+        table.add_row("peers listed", f"the first {len(status['peers']):,} by index (--max-peers lists more)")
 
     rows = [_peer_row(p) for p in status["peers"]]
     return [table, fitted("peers", PEER_COLUMNS, rows, width=width)]

@@ -7,7 +7,7 @@ from coordinator.api.views import totals
 from coordinator.engine import CoordinatorEngine
 from coordinator.http.metrics import metrics_text
 from coordinator.store.database import Store
-from swarm.app.status import fetch_all_pages
+from swarm.app.status import fetch_all_pages, status_to_dict
 from swarm.config import RoundConfig, RunConfig
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import engine_join
@@ -40,6 +40,9 @@ def test_status_pages_walk_every_listed_peer_once_with_totals_kept_as_peers_chan
     whole = totals(list(engine._peers.values()), ddp_equivalent_bytes=0)
     assert everything.totals.tokens == whole.tokens == sum(1000 + i for i in range(250)) - 1005 + 5000
     assert everything.totals.bytes_sent == 250 * 7 and everything.totals.compute_utilization == pytest.approx(0.5)
+    first = status_to_dict(fetch_all_pages(get_page, max_peers=120))  # what `swarm status` lists by default
+    assert [p["id"] for p in first["peers"]] == peers[:120] and first["peers_more"]
+    assert "peers_more" not in status_to_dict(fetch_all_pages(get_page, max_peers=250))
     now[0] += 300.0
     newcomer = engine_join(engine)[0].peer_id
     now[0] += 301.0  # the others were last seen over ten minutes ago: counted, not listed
