@@ -100,7 +100,7 @@ def choose(links: Sequence[PeerLink], *, param_count: int, rounds: RoundConfig, 
     shares = upload_shares(links)
     numel = -(-param_count // max(1, rounds.fragments))  # one fragment syncs per round
     window_s, window = _window(rounds, step_s)
-    predicted = {c: predict(links, shares, numel, c) for c in allowed}
+    predicted = {c: predict(links, shares, numel, c, gathered=rounds.all_gathered()) for c in allowed}
     limit = {c: window_s * (UPGRADE_HEADROOM if LOSSINESS[c] < LOSSINESS[kept] else 1.0) for c in allowed}
     fitting = [c for c in allowed if predicted[c].seconds <= limit[c]]
     if fitting:
@@ -117,10 +117,12 @@ def choose(links: Sequence[PeerLink], *, param_count: int, rounds: RoundConfig, 
                   **base)
 
 
-def predict(links: Sequence[PeerLink], shares: Mapping[str, float], numel: int, codec: str) -> Prediction:
+def predict(links: Sequence[PeerLink], shares: Mapping[str, float], numel: int, codec: str, *,
+            gathered: bool = False) -> Prediction:
     """Seconds the butterfly all-reduce of ``numel`` elements takes in ``codec``, on its slowest link: the
     member owning share s of a group of K sends (1 − s) of its payload to the other owners and s × payload to
-    each of the K − 1 others, and receives the same amounts; each of the two phases costs an RTT more."""
+    each of the K − 1 others, and receives the same amounts; each of the two phases costs an RTT more.
+    ``gathered`` (a run whose exchange is the all-gather): each member sends and receives K − 1 payloads."""
     k = len(links)
     if k < 2:
         return Prediction(0.0, links[0].peer_id if links else "", "uplink", math.nan)
@@ -129,7 +131,7 @@ def predict(links: Sequence[PeerLink], shares: Mapping[str, float], numel: int, 
     worst = Prediction(-1.0, "", "uplink", math.nan)
     for link in links:
         s = shares[link.peer_id] / total
-        bits = payload_bits * ((1 - s) + (k - 1) * s)
+        bits = payload_bits * ((k - 1) if gathered else (1 - s) + (k - 1) * s)
         latency_s = 2 * link.rtt_ms / 1000 if math.isfinite(link.rtt_ms) else 0.0
         for direction, rate in (("uplink", link.upload_mbit_s), ("downlink", link.download_mbit_s)):
             seconds = bits / (rate * 1e6) + latency_s

@@ -125,3 +125,16 @@ def test_the_benchmark_reports_the_all_gathers_bytes_and_attacks_only_the_attack
     jobs = bench_byzantine.plan(bench_byzantine.Grid(), slice_owner_only=True)
     assert {(j.workers, j.attackers, j.exchange) for j in jobs if j.attack == "slice_owner"} == {
         (4, 1, "butterfly"), (4, 1, "all_gather"), (8, 2, "butterfly"), (8, 2, "all_gather")}
+
+
+def test_the_controller_picks_a_codec_for_the_all_gathers_bytes_in_a_run_that_admits_strangers():
+    from coordinator.rounds.controller import PeerLink, choose, predict
+
+    links = [PeerLink(f"p{i}", 100.0, 100.0, 1.0, 1.0) for i in range(8)]
+    shares = {link.peer_id: 1.0 for link in links}
+    butterfly, gathered = predict(links, shares, 10**8, "fp32"), predict(links, shares, 10**8, "fp32", gathered=True)
+    assert 3.9 < gathered.seconds / butterfly.seconds < 4.1  # K / 2 at K = 8
+    rounds = RoundConfig(inner_steps=100, controller="auto")  # a 100 s round, 10 s of it for the exchange
+    trusted = choose(links, param_count=10**7, rounds=rounds, round_no=2)
+    strangers = choose(links, param_count=10**7, rounds=dataclasses.replace(rounds, admits_strangers=True), round_no=2)
+    assert get_codec(strangers.codec).encoded_size(10**7) < get_codec(trusted.codec).encoded_size(10**7)
