@@ -153,8 +153,10 @@ def budgeted(round_row: RoundRecord, peers: Mapping[str, PeerRecord], config: Ro
     full = round_full_steps(round_row, config)
     reference = reference_step_s([times.get(p, 0.0) for p in round_row.participants])
     probed = {p for p in round_row.participants if p in peers and peers[p].metrics.step_time_probed}
+    # the step times are what the peers say: a round's budget is at most its timeout, whatever they claim
+    budget_s = min(full * reference, config.round_timeout_s) if reference is not None else None
     plan = plan_budgets(round_row.participants, times, full_steps=full, slack_s=config.straggler_slack_s,
-                        budget_s=full * reference if reference is not None else None, probed=probed)
+                        budget_s=budget_s, probed=probed)
     return planned_round(round_row, plan)
 
 

@@ -9,6 +9,7 @@ import pytest
 from coordinator.rounds import budgets, opening, outcome
 from coordinator.store import records
 from coordinator.store.records import COMMITTED, EXCHANGING, OPEN, TRAINING, ReportRecord, RoundRecord
+from swarm.config import RoundConfig
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.test_rounds import FakeClock, make_engine, send
 
@@ -210,3 +211,13 @@ def test_a_restarted_coordinator_gives_an_old_round_its_deadline_anew() -> None:
     assert outcome.leave_out(50.0, row, reports, set(), report_grace_s=2.0, not_before=45.0) == (row, 53.0)
     after, _ = outcome.leave_out(53.0, row, reports, set(), report_grace_s=2.0, not_before=45.0)
     assert after.left_out == ("b",)
+
+
+def test_a_claimed_step_time_at_the_cap_budgets_the_round_no_longer_than_its_timeout() -> None:
+    """Step times are what the peers say: one saying 1e10 s a step (the largest a heartbeat may carry), alone in
+    its round, would otherwise set a budget and a deadline of 1e11 s, and nobody late would ever be left out."""
+    config = RoundConfig(inner_steps=10, round_timeout_s=90.0)
+    liar = records.PeerRecord(peer_id="x", peer_index=0, joined_at=0.0, last_seen=0.0, lease_expiry=60.0,
+                              state=records.READY, metrics=pb.PeerMetrics(step_time_s=1e10))
+    planned = budgets.budgeted(RoundRecord(round=1, opened_at=0.0, participants=("x",)), {"x": liar}, config)
+    assert planned.budget_s == 90.0 and planned.deadline_s <= 90.0 + config.straggler_slack_s
