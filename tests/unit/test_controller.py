@@ -100,6 +100,23 @@ def test_a_member_claiming_a_huge_uplink_owns_at_most_two_in_k_of_the_vector(mem
     assert owned[1] - owned[0] <= 2 / members * 100_000 + 64  # the coordinates it averages as their owner
 
 
+def test_a_heartbeat_claiming_the_largest_uplink_a_request_may_carry_gets_no_more_than_two_in_k() -> None:
+    """The attack end to end through the engine: three honest members measured at 10 Mbit/s and one saying 1e10
+    (the cap of a request). The round's choice, which every member cuts its slices by, gives it 2/4."""
+    now = [1_000.0]
+    config = RunConfig(rounds=RoundConfig(inner_steps=10, min_peers=4, controller="auto"))
+    engine = CoordinatorEngine(Store(":memory:"), config=config, clock=lambda: now[0])
+    honest = [engine_join(engine)[0].peer_id for _ in range(3)]
+    liar = engine_join(engine)[0].peer_id
+    for peer in honest:
+        engine.heartbeat(ready_beat(peer, engine, upload_mbit_s=10.0, download_mbit_s=10.0, step_time_s=0.1))
+    info = engine.heartbeat(ready_beat(liar, engine, upload_mbit_s=1e10, download_mbit_s=1e10, step_time_s=0.1))
+    assert info.open_round == 1 and set(info.choice.shares) == {*honest, liar}
+    total = sum(info.choice.shares.values())
+    assert info.choice.shares[liar] / total == pytest.approx(0.5, abs=1e-3)  # not ~1.0
+    assert all(info.choice.shares[p] / total == pytest.approx(1 / 6, abs=1e-3) for p in honest)
+
+
 def run_rounds(uploads_by_round: list[list[float]], rounds: RoundConfig = OVERLAP) -> list[str]:
     codecs, previous = [], None
     for number, uploads in enumerate(uploads_by_round, start=1):
