@@ -209,7 +209,7 @@ class CoordinatorEngine:
                 raise result.rejection
             self._history.record_eval(hb.peer_id, hb.metrics.eval_round, hb.metrics.eval_loss)
             self._settle(now)
-            return self._current_info(hb.peer_id)
+            return self._current_info(hb.peer_id, own_only=True)
 
     def leave(self, peer_id: str, reason: str = "") -> None:
         with self._session() as now:
@@ -457,12 +457,13 @@ class CoordinatorEngine:
             state_holders=tuple(dict.fromkeys(self._carried() + self._roster.ready_ids())) if holders else (),
         )
 
-    def _current_info(self, requester: str) -> pb.RoundInfo:
+    def _current_info(self, requester: str, *, own_only: bool = False) -> pb.RoundInfo:
         """The open round, or the latest decided one when none is open (round 0 before any), as ``requester`` (a
-        peer id) gets it: a bounded sample of the holders (``views.holder_sample``) and the pace of polls."""
+        peer id) gets it: a bounded sample of the holders (``views.holder_sample``) and the pace of polls; a heartbeat's
+        answer (``own_only``) names only the requester of the participants (``RoundInfoCache``)."""
         versions = self._versions()[:2]  # reports do not change it
         info = self._info_cache.current(versions, self._open or self._latest, self._position, self._peers,
-                                        requester=requester)
+                                        requester=requester, own_only=own_only)
         info.poll_interval_s = self.pace().poll_interval_s
         return info
 

@@ -2,9 +2,11 @@
 
 The coordinator runs in a child process (so its CPU time is measured on its own); the peers are
 grpc.aio clients in this one process.  Each joins as a real peer does (a Challenge, then a Join signed
-by its own Ed25519 key and by a libp2p RSA key), then heartbeats every second and, with ``--rounds``,
-reports every round it is planned into, every call signed in its metadata (swarm.control.signing); a
-status poll runs once a second.  Latencies are measured after every peer joined.
+by its own Ed25519 key and by a libp2p RSA key), then heartbeats at the coordinator's pace (the interval of
+the Join's answer, then of each Heartbeat's: ``coordinator.pace``) and, with ``--rounds``, polls the current
+round at the pace's poll interval (a real peer waiting to be planned or for a decision does) and reports
+every round it is planned into; every member call is signed in its metadata (swarm.control.signing). A
+status poll (one page) runs once a second.  Latencies are measured after every peer joined.
 
 Two shortcuts, both outside what is measured: the peers share a small pool of libp2p identities
 (``--libp2p-identities``; making an RSA key takes a while, and the coordinator keys members by their
@@ -14,7 +16,9 @@ address take half an hour).  Run it as
 
     python scripts/bench_coordinator.py --peers 2000 --seconds 30 --json
 
-and the last stdout line is one JSON object (peers, rpc_p50_ms, rpc_p99_ms, errors, coordinator_cpu_s, ...).
+and the last stdout line is one JSON object (peers, calls_per_s, rpc_p50_ms, rpc_p99_ms, p50/p99 by method,
+errors, evictions, coordinator_cpu_s, coordinator CPU ms per peer-second, the pace the peers followed, the
+machine's load average, ...).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from swarm.v1 import coordinator_pb2 as pb  # noqa: E402
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 
 REQUEST_TIMEOUT_S = 10.0
+OWN_POLL_S = 0.2  # a real peer's own poll interval (peer.options), which the coordinator's pace may lengthen
 UNLIMITED = 1_000_000  # joins per second and burst: no join of this benchmark waits for a rate limit
 
 
@@ -97,6 +102,9 @@ class Load:
         self.sign_ms: list[float] = []  # the client's signing of each measured call, included in its latency
         self.by_method: dict[str, list[float]] = {}
         self.errors: dict[str, int] = {}
+        self.evicted: set[str] = set()  # peers told they were evicted (counted whenever it happens)
+        self.intervals_s: list[float] = []  # the heartbeat interval the coordinator set, as last heard by each peer
+        self.poll_s = OWN_POLL_S  # the poll interval the last RoundInfo set
         self.measuring = False
         self.stop = asyncio.Event()
         self.reports = 0
@@ -109,6 +117,8 @@ class Load:
             signed = time.perf_counter()
             response = await getattr(self.stub, method)(request, metadata=metadata, timeout=REQUEST_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
+            if "evicted" in (e.details() or "") and signer is not None:
+                self.evicted.add(getattr(request, "peer_id", ""))
             if self.measuring:
                 key = f"{method}: {e.code().name}"
                 self.errors[key] = self.errors.get(key, 0) + 1
@@ -146,28 +156,50 @@ class Load:
         # the run's initial state, as a peer that built the run's model holds it
         state_round, state_hash, reported = response.round.last_committed_round, response.round.last_committed_hash, 0
         planned_at: dict[int, float] = {}  # round -> when this peer first saw itself planned into it
-        await asyncio.sleep(random.random())  # spread the heartbeats over the second
-        while not self.stop.is_set():
-            metrics = pb.PeerMetrics(state=pb.PEER_STATE_READY if self.rounds else pb.PEER_STATE_JOINING,
-                                     state_round=state_round, state_hash=state_hash, param_count=1000,
-                                     dht_peer_id=libp2p_id)
-            beat = await self.timed("Heartbeat", pb.HeartbeatRequest(peer_id=peer_id, metrics=metrics), signer)
-            if beat is not None and self.rounds:
-                info = beat.round
-                if info.last_committed_round > state_round:
-                    state_round, state_hash = info.last_committed_round, info.last_committed_hash
-                planned = info.open_round > reported and info.round == info.open_round and peer_id in info.participants
-                if planned and planned_at.setdefault(info.open_round, time.monotonic()) + self.train_s <= time.monotonic():
-                    reported = info.open_round
-                    await self.timed("ReportRound", pb.ReportRoundRequest(
-                        peer_id=peer_id, round=reported, ok=True, state_hash=f"h{reported}",
-                        group=list(info.participants), inner_steps=10, samples=10, loss=2.0), signer)
-                    self.reports += 1
-            await asyncio.sleep(1.0)
+        interval_s, poll_s = response.heartbeat_interval_s, max(OWN_POLL_S, response.round.poll_interval_s)
+        slot = len(self.intervals_s)
+        self.intervals_s.append(interval_s)
+        loop = asyncio.get_running_loop()
+        next_beat = loop.time() + random.random() * interval_s  # spread over the interval, as joins are
+        next_poll = loop.time() + random.random() * poll_s
+        while not self.stop.is_set() and peer_id not in self.evicted:
+            now = loop.time()
+            if now < min(next_beat, next_poll if self.rounds else next_beat):
+                await asyncio.sleep(min(next_beat, next_poll if self.rounds else next_beat) - now)
+                continue
+            info = None
+            if now >= next_beat:
+                metrics = pb.PeerMetrics(state=pb.PEER_STATE_READY if self.rounds else pb.PEER_STATE_JOINING,
+                                         state_round=state_round, state_hash=state_hash, param_count=1000,
+                                         dht_peer_id=libp2p_id)
+                beat = await self.timed("Heartbeat", pb.HeartbeatRequest(peer_id=peer_id, metrics=metrics), signer)
+                if beat is not None:
+                    info = beat.round
+                    if beat.heartbeat_interval_s > 0:
+                        interval_s = self.intervals_s[slot] = beat.heartbeat_interval_s
+                next_beat = loop.time() + interval_s * random.uniform(0.9, 1.1)  # as peer.heartbeat does
+            elif now >= next_poll:
+                info = await self.timed("GetRound", pb.GetRoundRequest(peer_id=peer_id, round=0), signer)
+                next_poll = loop.time() + poll_s
+            if info is None:
+                continue
+            poll_s = max(OWN_POLL_S, info.poll_interval_s)
+            self.poll_s = poll_s
+            if not self.rounds:
+                continue
+            if info.last_committed_round > state_round:
+                state_round, state_hash = info.last_committed_round, info.last_committed_hash
+            planned = info.open_round > reported and info.round == info.open_round and peer_id in info.participants
+            if planned and planned_at.setdefault(info.open_round, time.monotonic()) + self.train_s <= time.monotonic():
+                reported = info.open_round
+                await self.timed("ReportRound", pb.ReportRoundRequest(
+                    peer_id=peer_id, round=reported, ok=True, state_hash=f"h{reported}",
+                    group=list(info.participants), inner_steps=10, samples=10, loss=2.0), signer)
+                self.reports += 1
 
     async def status(self) -> None:
         while not self.stop.is_set():
-            await self.timed("GetStatus", pb.GetStatusRequest(token=self.join.token))
+            await self.timed("GetStatus", pb.GetStatusRequest(token=self.join.token, page_size=100))
             await asyncio.sleep(1.0)
 
 
@@ -186,8 +218,9 @@ async def run_load(join: JoinString, *, peers: int, seconds: float, rounds: bool
         await joined.get()
     join_s = time.perf_counter() - join_started
     tasks.append(asyncio.create_task(load.status()))
-    await asyncio.sleep(2.0)  # let the heartbeats spread out
+    await asyncio.sleep(max(load.intervals_s) if load.intervals_s else 2.0)  # every peer heard the swarm's pace
     me = psutil.Process()
+    loadavg_before = os.getloadavg()[0]
     cpu_before, load_cpu_before = sum(child.cpu_times()[:2]), sum(me.cpu_times()[:2])
     load.measuring = True
     await asyncio.sleep(seconds)
@@ -196,21 +229,30 @@ async def run_load(join: JoinString, *, peers: int, seconds: float, rounds: bool
     load_cpu_s = sum(me.cpu_times()[:2]) - load_cpu_before
     load.stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
-    final = (await load.stub.GetStatus(pb.GetStatusRequest(token=join.token), timeout=REQUEST_TIMEOUT_S)).run
+    final = (await load.stub.GetStatus(pb.GetStatusRequest(token=join.token, page_size=1),
+                                       timeout=REQUEST_TIMEOUT_S)).run
     await channel.close()
     latencies, sign_ms = sorted(load.latencies_ms), sorted(load.sign_ms)
     return {
         "peers": peers, "seconds": seconds, "rounds": rounds, "rpcs": len(latencies),
+        "calls_per_s": round(len(latencies) / seconds, 1),
+        "heartbeat_interval_s": round(max(load.intervals_s), 2) if load.intervals_s else None,
+        "poll_interval_s": round(load.poll_s, 2),
         "rpc_p50_ms": round(_percentile(latencies, 50), 2), "rpc_p99_ms": round(_percentile(latencies, 99), 2),
         "rpc_max_ms": round(latencies[-1], 2) if latencies else 0.0,
+        "p50_ms_by_method": {m: round(_percentile(sorted(v), 50), 2) for m, v in load.by_method.items()},
         "p99_ms_by_method": {m: round(_percentile(sorted(v), 99), 2) for m, v in load.by_method.items()},
-        "errors": sum(load.errors.values()), "error_kinds": load.errors,
+        "calls_by_method": {m: len(v) for m, v in load.by_method.items()},
+        "errors": sum(load.errors.values()), "error_kinds": load.errors, "evictions": len(load.evicted),
         "coordinator_cpu_s": round(cpu_s, 2),
+        "coordinator_cpu_ms_per_peer_s": round(1000 * cpu_s / (peers * seconds), 4),
+        "coordinator_cores": round(cpu_s / seconds, 3),
         "coordinator_cpu_ms_per_rpc": round(1000 * cpu_s / max(1, len(latencies)), 3),
         "load_generator_cpu_s": round(load_cpu_s, 2), "join_s": round(join_s, 2), "reports": load.reports,
         "rounds_committed": final.rounds_committed, "rounds_voided": final.rounds_voided,
         "client_sign_ms_p50": round(_percentile(sign_ms, 50), 3), "libp2p_identities": len(libp2p),
-        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "loadavg_1m_before": round(loadavg_before, 2), "loadavg_1m": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
     }
 
 

@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 MAX_IN_FLIGHT = 256  # calls accepted and not yet answered; the last share (reports, polls) is refused past it
 # the share of MAX_IN_FLIGHT a method may fill before it is refused: work that can wait goes first
 SHARES = {"Challenge": 0.5, "Join": 0.5, "GetStatus": 0.5, "GetHistory": 0.5, "Heartbeat": 0.75}
-SLOW_DOWN_AT = 32  # calls in flight: the peers are asked to slow down
+SLOW_DOWN_AT = MAX_IN_FLIGHT // 2  # calls in flight: the peers are asked to slow down (as joins are refused)
 SLOW_WAIT_S = 0.25  # a call waited this long for a thread: the peers are asked to slow down
 MAX_SLOWDOWN = 8.0
 STEP_S = 1.0  # the factor doubles at most this often

@@ -1,7 +1,10 @@
 """The RoundInfo answers, kept between calls: every heartbeat asks for the current round's, a peer awaiting a
 decision polls for its round's, and they change only when the rounds or the peers they list change. Its holders are kept apart, so an answer copies
 the rest and names a bounded sample of them (``views.holder_sample``): its cost does not grow with the
-number of peers that hold the state."""
+number of peers that hold the state. A heartbeat's answer is slimmer still (``own_only``): of the round's
+participants, their libp2p ids and the plan's per-peer budgets it names only the caller's own, which is all a
+heartbeat's reader looks at (whether it was left out, whether the round went on without it), so it costs the same
+in a round of ten peers or ten thousand."""
 
 from __future__ import annotations
 
@@ -22,25 +25,51 @@ class RoundInfoCache:
         self._roster = roster
         # (versions, the answer without holders, its holders)
         self._cached: Optional[tuple[tuple[int, int], pb.RoundInfo, tuple[str, ...]]] = None
+        self._slim: Optional[pb.RoundInfo] = None  # the cached answer without its per-participant lists
+        self._places: dict[str, int] = {}  # participant -> its place in the cached answer's lists
         self._rounds: dict[int, tuple[pb.RoundInfo, tuple[str, ...]]] = {}  # round -> as _cached, of these versions:
         self._rounds_versions: Optional[tuple[int, int]] = None
 
     def current(
         self, versions: tuple[int, int], row: Optional[RoundRecord], position: Callable[[], RunPosition],
-        peers: Mapping[str, PeerRecord], *, requester: str = "",
+        peers: Mapping[str, PeerRecord], *, requester: str = "", own_only: bool = False,
     ) -> pb.RoundInfo:
         """A copy of the RoundInfo of ``row`` (round 0 when None) as ``requester`` (a peer id) gets it,
-        built again only when ``versions`` (of the roster and the rounds) changed since it was last built."""
+        built again only when ``versions`` (of the roster and the rounds) changed since it was last built;
+        ``own_only``: with the requester's own entries of the per-participant lists only."""
         if self._cached is None or self._cached[0] != versions:
             built = round_info(row.round if row else 0, row, position(), peers)
             holders = tuple(built.holders)
             del built.holders[:]
-            self._cached = versions, built, holders
+            self._cached, self._slim = (versions, built, holders), None
         _, cached, holders = self._cached
         info = pb.RoundInfo()
-        info.CopyFrom(cached)
+        info.CopyFrom(self._own_entries(requester) if own_only else cached)
         info.holders.extend(holder_sample(holders, requester, round_no=info.round))
         return self.counted(info)
+
+    def _own_entries(self, requester: str) -> pb.RoundInfo:
+        assert self._cached is not None
+        cached = self._cached[1]
+        if self._slim is None:
+            self._slim = pb.RoundInfo()
+            self._slim.CopyFrom(cached)
+            del self._slim.participants[:], self._slim.participant_dht_ids[:], self._slim.plan.peers[:]
+            if not cached.HasField("plan"):
+                self._slim.ClearField("plan")
+            self._places = {p: i for i, p in enumerate(cached.participants)}
+        place = self._places.get(requester)
+        if place is None:
+            return self._slim
+        own = pb.RoundInfo()
+        own.CopyFrom(self._slim)
+        own.participants.append(requester)
+        if place < len(cached.participant_dht_ids):
+            own.participant_dht_ids.append(cached.participant_dht_ids[place])
+        own.plan.peers.extend(p for p in cached.plan.peers if p.peer_id == requester)
+        if not cached.HasField("plan"):
+            own.ClearField("plan")
+        return own
 
     def of_round(self, versions: tuple[int, int], number: int, build: Callable[[], pb.RoundInfo], *,
                  requester: str = "") -> pb.RoundInfo:

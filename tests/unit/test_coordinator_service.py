@@ -132,7 +132,8 @@ def test_two_ready_peers_open_round_one_and_commit_it(client: CoordinatorClient,
     (ca, a), (cb, b) = members("a"), members("b")
     ready(ca, a.peer_id)
     info = ready(cb, b.peer_id).round
-    assert info.open_round == 1 and {a.peer_id, b.peer_id} <= set(info.participants)
+    assert info.open_round == 1 and list(info.participants) == [b.peer_id]  # a heartbeat's answer: its own entry
+    assert {a.peer_id, b.peer_id} <= set(cb.get_round(b.peer_id).participants)
     group = [a.peer_id, b.peer_id]  # a report names the group it averaged with
     ca.report_round(a.peer_id, 1, ok=True, state_hash="h1", inner_steps=5, loss=3.5, samples=40, group=group)
     cb.report_round(pb.ReportRoundRequest(  # a prebuilt request works too

@@ -177,3 +177,23 @@ def test_a_peer_heartbeats_at_the_coordinators_pace_and_backs_off_when_told_it_i
         stop.set()
         thread.beat_now()
         thread.join(timeout=5)
+
+
+def test_a_heartbeats_answer_names_only_its_own_place_in_the_round_however_many_take_part() -> None:
+    engine = CoordinatorEngine(Store(":memory:"), config=RunConfig(rounds=RoundConfig(min_peers=40)))
+    peers = [engine_join(engine)[0].peer_id for _ in range(40)]
+
+    def ready(peer_id: str) -> pb.RoundInfo:
+        return engine.heartbeat(pb.HeartbeatRequest(peer_id=peer_id, metrics=pb.PeerMetrics(
+            state=pb.PEER_STATE_READY, state_round=0, state_hash=engine.run.initial_hash, dht_peer_id="dht-" + peer_id)))
+
+    for p in peers:
+        ready(p)
+    full = engine.round_info(peers[0], 0)
+    assert full.open_round == 1 and sorted(full.participants) == sorted(peers)
+    mine = ready(peers[7])
+    assert mine.open_round == 1 and list(mine.participants) == [peers[7]]
+    place = list(full.participants).index(peers[7])
+    assert list(mine.participant_dht_ids) == [full.participant_dht_ids[place]]
+    assert [p.peer_id for p in mine.plan.peers] in ([], [peers[7]])
+    assert mine.ByteSize() < 1000 < full.ByteSize()  # 16 holders at most, and its own entries
