@@ -22,8 +22,11 @@ def gather_reference(
     weights: Sequence[float],
     codec: Codec | str,
     reduce: Callable[[list[torch.Tensor], list[float]], torch.Tensor] = weighted_average,
+    pair_bytes: list[list[int]] | None = None,
 ) -> torch.Tensor:
-    """Each contribution encoded whole and decoded, then ``reduce``d in the given (group) order."""
+    """Each contribution encoded whole and decoded, then ``reduce``d in the given (group) order. ``pair_bytes``
+    (K × K), when given, receives the payload bytes member i sends member j, counted from the real encodings (a
+    ``variable_size`` codec's depend on the values)."""
     codec = get_codec(codec)
     if not contributions:
         raise ValueError("gather_reference needs at least one contribution.")
@@ -31,7 +34,11 @@ def gather_reference(
     for c in contributions:
         if c.dim() != 1 or c.numel() != numel:
             raise ValueError(f"contributions must be 1-D with {numel} elements, got {tuple(c.shape)}.")
-    decoded = [codec.decode(codec.encode(as_cpu_f32(c).contiguous()), numel) for c in contributions]
+    encoded = [codec.encode(as_cpu_f32(c).contiguous()) for c in contributions]
+    if pair_bytes is not None:
+        for i, data in enumerate(encoded):
+            pair_bytes[i][:] = [0 if j == i else len(data) for j in range(len(encoded))]
+    decoded = [codec.decode(data, numel) for data in encoded]
     return reduce(decoded, list(weights))
 
 

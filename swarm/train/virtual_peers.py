@@ -86,7 +86,10 @@ class Board:
                 done = lowrank.lowrank_reference(deltas, weights, self.wire, lay, qs, reduce=reduce)
                 self.averages[round_no], self.lowrank_rounds[round_no] = done.average, done
             elif self.gathered:
-                self.averages[round_no] = gather_reference(deltas, weights, self.wire, reduce=reduce)
+                pairs = [[0] * self.peers for _ in range(self.peers)] if self.wire.variable_size else None
+                self.averages[round_no] = gather_reference(deltas, weights, self.wire, reduce=reduce, pair_bytes=pairs)
+                if pairs is not None:
+                    self.pair_bytes[round_no] = pairs
             else:
                 owners = [c.owner for c in ordered]  # peer i owns slice i
                 pairs = [[0] * self.peers for _ in range(self.peers)] if self.wire.variable_size else None

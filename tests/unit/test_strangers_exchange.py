@@ -138,3 +138,12 @@ def test_the_controller_picks_a_codec_for_the_all_gathers_bytes_in_a_run_that_ad
     trusted = choose(links, param_count=10**7, rounds=rounds, round_no=2)
     strangers = choose(links, param_count=10**7, rounds=dataclasses.replace(rounds, admits_strangers=True), round_no=2)
     assert get_codec(strangers.codec).encoded_size(10**7) < get_codec(trusted.codec).encoded_size(10**7)
+
+
+def test_the_simulator_counts_a_variable_size_codecs_all_gather_from_its_encodings():
+    inputs, codec = deltas(13, 3, 20_000), get_codec("ternary@0.1")
+    pairs = [[0] * 3 for _ in range(3)]
+    gather_reference(inputs, [1.0] * 3, codec, pair_bytes=pairs)
+    for i, row in enumerate(pairs):
+        assert row[i] == 0 and len(set(row[:i] + row[i + 1:])) == 1
+        assert row[(i + 1) % 3] == len(codec.encode(inputs[i])) < codec.encoded_size(20_000)
