@@ -15,7 +15,8 @@ import pytest
 from peer.coordinator_link import CoordinatorLink
 from peer.faults import FaultPlan
 from peer.retry import with_retry
-from swarm.app.cli import _run_config, build_parser, main
+from swarm.app.cli import _run_config, main
+from swarm.app.cli_parser import build_parser
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.client import CoordinatorClient, CoordinatorUnreachable
 from swarm.control.joinstring import JoinString
