@@ -10,7 +10,8 @@ The attacks, each tried every few seconds for the whole run:
     status_token         join with a read-only status token
     impersonation        Heartbeat / ReportRound / Leave for an honest peer's id, signed with another key
     fake_report          a member that joined properly but never trains: it claims to hold the committed
-                         state, gets planned, and reports the hash ffff... with a group of only itself
+                         state and, the moment it is planned, reports the smallest hash 00... with a group of
+                         only itself (a group of one was a quorum of one, and the smallest hash won ties)
     malformed            bytes that are not protobuf, and a 3 MiB peer name, to every method
     forged_dht_entry     a DHT node that never talked to the coordinator stores, through the coordinator's
                          node, group entries for honest peers with weight 1e30 and votes for hash ffff...
@@ -18,6 +19,17 @@ The attacks, each tried every few seconds for the whole run:
     replayed_dht_entry   another DHT node with no token reads honest members' signed group entries and votes
                          of the open round and stores them again to outlive their newer ones (a later expiry):
                          a breach if any other node takes one
+    unplanned_votes      a second identity (a token of its own), in the rounds it is planned into with an even
+                         number, reports 'ee...' with a group of itself and two identities of its own that
+                         joined, signed their votes and left: the votes must count for nothing (a breach if ee...
+                         commits)
+    extreme_values       the same identity heartbeats every figure at the largest value a request may carry
+                         (10**15 steps, samples and bytes, 1e10 seconds, a loss of 1.7e308) and reports them in
+                         its odd rounds: a breach if any call, GetHistory and GetStatus included, answers INTERNAL
+    share_grab           its heartbeats say its uplink is 1e10 Mbit/s; with --controller auto a breach if any
+                         member's share of the vector is above 2/K (3/4 of two)
+Two planned attacker identities against the honest peers and the Byzantine one: fewer than half of a round's
+participants, which is what the commit rule's guarantee needs.
 with ``[rounds] aggregation = "clipped_mean"``. A call the coordinator answers as it should is "refused";
 one it accepts is a "breach". The fake report and the forged DHT entries are accepted on the wire by
 design (the coordinator stores the report, the attacker's own node stores its entries); they count as
@@ -60,7 +72,16 @@ from swarm.core.credential import PeerKey  # noqa: E402
 from swarm.net.libp2p_identity import Libp2pIdentity  # noqa: E402
 from swarm.v1 import coordinator_pb2 as pb  # noqa: E402
 
-FAKE_HASH = "f" * 16
+FAKE_HASH = "0" * 16  # the smallest hash: ties were broken by it
+VOTES_HASH = "e" * 16
+EXTREME_HASH = "d" * 16
+ATTACKER_NAMES = {"liar", "sybil", "gone-0", "gone-1"}
+ATTACK_HASHES = {FAKE_HASH: "fake_report", VOTES_HASH: "unplanned_votes", EXTREME_HASH: "extreme_values"}
+MAX_COUNT, MAX_SECONDS, HUGE_LOSS = 10**15, 1e10, 1.7e308  # coordinator.api.limits: the largest valid values
+EXTREME_METRICS = dict(loss=HUGE_LOSS, step_time_s=MAX_SECONDS, tokens_per_s=MAX_SECONDS, inner_time_s=MAX_SECONDS,
+                       wall_time_s=MAX_SECONDS, inner_steps=MAX_COUNT, tokens=MAX_COUNT, bytes_sent=MAX_COUNT,
+                       bytes_received=MAX_COUNT, upload_mbit_s=MAX_SECONDS, download_mbit_s=MAX_SECONDS,
+                       rtt_ms=MAX_SECONDS)
 HONEST_REFUSALS = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
                    grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ABORTED}
@@ -101,6 +122,56 @@ class Tally:
         print(f"BREACH {attack}: {why}", file=sys.stderr, flush=True)
 
 
+class Identity:
+    """One identity of the attacker's, joined with a token of its own (a token holds a bounded number of them)."""
+
+    def __init__(self, state_dir: Path, workdir: Path, name: str) -> None:
+        self.join, self.name = JoinString.parse(token_admin.create(state_dir, role="peer")), name
+        self.client = CoordinatorClient(self.join, request_timeout_s=5)
+        self.libp2p = Libp2pIdentity.create(workdir / f"{name}-p2p.key")
+        self.rejoin()
+        self.reported: set[int] = set()
+
+    def rejoin(self) -> None:
+        """Join (again, as a new identity of the same token: a slow attack round can outlast a lease)."""
+        self.key = PeerKey.generate()
+        self.joined = self.client.join(key=self.key, libp2p=self.libp2p, name=self.name)
+        self.peer_id = self.joined.peer_id
+
+    def member(self):
+        from swarm.core.credential import Member
+
+        return Member(key=self.key, credential=self.joined.credential, run_id=self.joined.run_id,
+                      coordinator_public_key=self.joined.coordinator_public_key)
+
+    def planned_round(self, run: dict, **metrics) -> int:
+        """Claim to hold the committed state; the open round it is planned into and has not reported (0: none)."""
+        try:
+            info = self.client.heartbeat(self.peer_id, state=pb.PEER_STATE_READY, state_hash=run["committed_hash"],
+                                         state_round=run["committed_round"], **metrics).round
+        except CoordinatorRejected as e:
+            if "evicted" not in e.details and "left the run" not in e.details:
+                raise
+            self.rejoin()
+            return 0
+        number = info.open_round
+        if number and self.peer_id in info.participants and number not in self.reported:
+            self.reported.add(number)
+            return number
+        return 0
+
+    def vote(self, run_id: str, round_no: int, state_hash: str, group: list[str]) -> dict:
+        from swarm.core.round_vote import Vote, group_id, group_key, vote_key
+        from swarm.core.signed_entry import sign_entry
+
+        entry = Vote(peer_id=self.peer_id, dht_peer_id=self.libp2p.peer_id, ok=True, state_hash=state_hash,
+                     group=group_id(group))
+        return sign_entry(self.member(), vote_key(group_key(run_id, round_no, 0)), entry)
+
+    def close(self) -> None:
+        self.client.close()
+
+
 class Attacker:
     """Everything the attacker does, from one thread (hivemind's DHT forks: no gRPC call may be in flight)."""
 
@@ -113,11 +184,16 @@ class Attacker:
         self.wrong_join = JoinString(host=join.host, port=join.port, token="default.not-the-secret",
                                      fingerprint=join.fingerprint)
         self.libp2p = Libp2pIdentity.create(workdir / "attacker-p2p.key")
-        self.liar_key = PeerKey.generate()
-        self.liar = CoordinatorClient(join, request_timeout_s=5)
-        self.liar_joined = self.liar.join(key=self.liar_key, libp2p=self.libp2p, name="liar")
+        self.status_client = CoordinatorClient(self.status_join, request_timeout_s=5)
+        self.liar = Identity(state_dir, workdir, "liar")
+        self.liar_joined = self.liar.joined
         self.dht = None
-        self.fake_reports: set[int] = set()
+        self.sybil = Identity(state_dir, workdir, "sybil")
+        self.gone = [Identity(state_dir, workdir, f"gone-{i}") for i in range(2)]
+        for identity in self.gone:  # joined (a credential to sign with), then left before any round they vote in
+            identity.client.leave(identity.peer_id, "leaving")
+        self.identities = [self.liar, self.sybil, *self.gone]
+        self.names = ATTACKER_NAMES
 
     def start_stranger_dht(self) -> None:
         import hivemind
@@ -132,10 +208,10 @@ class Attacker:
             client = CoordinatorClient(join, request_timeout_s=5)
             t.expect_refusal(name, lambda: client.join(key=PeerKey.generate(), libp2p=self.libp2p, name=name))
             client.close()
-        honest = [p for p in status["peers"] if p["state"] not in ("left", "evicted") and p["name"] != "liar"]
+        honest = [p for p in status["peers"] if p["state"] not in ("left", "evicted") and p["name"] not in self.names]
         if honest:
             self.impersonate(honest[0]["id"])
-        self.lie(status)
+        self.reads()
         self.malformed()
         if self.dht is not None and honest:
             self.forge_dht_entries(status, [p["id"] for p in honest])
@@ -150,23 +226,77 @@ class Attacker:
         self.tally.expect_refusal("impersonation", lambda: client.leave(victim, "forged"))
         client.close()
 
-    def lie(self, status: dict) -> None:
-        """Claim to hold the committed state; once planned, report a hash nobody computed."""
+    def every_poll(self, status: dict) -> None:
+        """The attacks of planned identities, at each status poll: both heartbeat first (a lease runs out in seconds,
+        and a round admits late peers only until its first report), then each reports the moment it is planned,
+        before the honest peers' exchange."""
         run = status["run"]
-        me = self.liar_key.peer_id
+        planned = {}
+        for identity, metrics in ((self.liar, {}), (self.sybil, EXTREME_METRICS)):
+            planned[identity.name] = self.attempt(identity.name, lambda: identity.planned_round(run, **metrics))
+        if planned["liar"]:
+            self.attempt("fake_report", lambda: self.lie(planned["liar"]))
+        if planned["sybil"]:
+            self.attempt("sybil", lambda: self.sybil_attacks(run, planned["sybil"]))
+
+    def attempt(self, what: str, call: Callable[[], object]) -> object:
         try:
-            info = self.liar.heartbeat(me, state=pb.PEER_STATE_READY, state_hash=run["committed_hash"],
-                                       state_round=run["committed_round"]).round
+            return call()
+        except CoordinatorRejected as e:
+            if e.code not in HONEST_REFUSALS:
+                self.tally.breach(what, f"answered {e.code.name}: {e.details}")
+            elif len(self.tally.notes) < 50:
+                self.tally.notes.append(f"{what}: {e.details}")
         except CoordinatorError as e:
-            self.tally.notes.append(f"liar heartbeat: {e}")
+            if len(self.tally.notes) < 50:
+                self.tally.notes.append(f"{what}: {e}")
+        return 0
+
+    def lie(self, number: int) -> None:
+        """Report the smallest hash with a group of just itself."""
+        self.tally.rows["fake_report"]["tries"] += 1
+        self.liar.client.report_round(self.liar.peer_id, number, ok=True, state_hash=FAKE_HASH,
+                                      group=[self.liar.peer_id], samples=1)
+
+    def sybil_attacks(self, run: dict, number: int) -> None:
+        """In an even round, report with the signed votes of two identities that left before it (a group of three
+        for ee...); in an odd one, every figure at its largest (its heartbeats carry them all along, its uplink
+        too: share_grab)."""
+        from peer.group import signed_votes
+
+        me = self.sybil.peer_id
+        if number % 2 == 0:
+            self.tally.rows["unplanned_votes"]["tries"] += 1
+            group = [me, *(g.peer_id for g in self.gone)]
+            votes = {i.peer_id: i.vote(run["run_id"], number, VOTES_HASH, group) for i in (self.sybil, *self.gone)}
+            request = pb.ReportRoundRequest(peer_id=me, round=number, ok=True, state_hash=VOTES_HASH, group=group,
+                                            samples=1)
+            request.group_votes.extend(signed_votes(votes))
+            self.sybil.client.report_round(request)
             return
-        if info.open_round and me in info.participants and info.open_round not in self.fake_reports:
-            self.fake_reports.add(info.open_round)
-            self.tally.rows["fake_report"]["tries"] += 1
+        row = self.tally.rows["extreme_values"]
+        row["tries"] += 1
+        self.sybil.client.report_round(pb.ReportRoundRequest(
+            peer_id=me, round=number, ok=True, state_hash=EXTREME_HASH, group=[me], samples=MAX_COUNT,
+            inner_steps=MAX_COUNT, inner_time_s=MAX_SECONDS, exchange_time_s=MAX_SECONDS, bytes_sent=MAX_COUNT,
+            bytes_received=MAX_COUNT, loss=HUGE_LOSS, param_count=MAX_COUNT, upload_mbit_s=MAX_SECONDS,
+            download_mbit_s=MAX_SECONDS, rtt_ms=MAX_SECONDS))
+        row["refused"] += 1  # taken, its figures cut to the round: the decision and the reads after it must stand
+
+    def reads(self) -> None:
+        """extreme_values, read side: what the run's watchers and peers read must still be answered."""
+        row = self.tally.rows["extreme_values"]
+        for read in (lambda: self.status_client.get_history(), lambda: self.status_client.get_status(),
+                     lambda: self.sybil.client.get_round(self.sybil.peer_id, 0)):
+            row["tries"] += 1
             try:
-                self.liar.report_round(me, info.open_round, ok=True, state_hash=FAKE_HASH, group=[me], samples=1)
-            except CoordinatorError as e:
-                self.tally.notes.append(f"liar report: {e}")
+                read()
+                row["refused"] += 1  # answered as it should: nothing to refuse, the coordinator stood
+            except CoordinatorRejected as e:
+                if e.code in HONEST_REFUSALS:
+                    row["refused"] += 1
+                else:
+                    self.tally.breach("extreme_values", f"a read answered {e.code.name}: {e.details}")
 
     def malformed(self) -> None:
         from swarm.control import tls
@@ -231,7 +361,9 @@ class Attacker:
                     row["refused"] += 1
 
     def close(self) -> None:
-        self.liar.close()
+        self.status_client.close()
+        for identity in self.identities:
+            identity.close()
         if self.dht is not None:
             self.dht.shutdown()
         if getattr(self, "replayer", None) is not None:
@@ -258,10 +390,13 @@ class Run:
         self.config.write_text(
             f"[rounds]\ninner_steps = {args.inner_steps}\nmax_rounds = {args.rounds}\nmin_peers = {args.peers + 1}\n"
             'aggregation = "clipped_mean"\nmatchmaking_window_s = 5.0\nexchange_timeout_s = 10.0\n'
-            "round_timeout_s = 90.0\n"
+            "round_timeout_s = 90.0\n" + (f'controller = "{args.controller}"\n' if args.controller != "off" else "")
         )
         self.tally = Tally()
         self.committed: dict[int, str] = {}
+        self.breached_rounds: set[int] = set()
+        self.shares_seen: set = set()
+        self.largest_share = 0.0
         self.divergent = self.nonfinite = self.unanswered = 0
 
     def start_coordinator(self) -> tuple[subprocess.Popen, JoinString]:
@@ -285,10 +420,13 @@ class Run:
         run = status["run"]
         if run["committed_hash"]:
             self.committed.setdefault(run["committed_round"], run["committed_hash"])
-            if run["committed_hash"] == FAKE_HASH:
-                self.tally.breach("fake_report", f"round {run['committed_round']} committed the fake hash")
+            attack = ATTACK_HASHES.get(run["committed_hash"])
+            if attack is not None and run["committed_round"] not in self.breached_rounds:
+                self.breached_rounds.add(run["committed_round"])
+                self.tally.breach(attack, f"round {run['committed_round']} committed {run['committed_hash']}")
+        self.check_shares(run)
         for peer in status["peers"]:
-            if peer["state"] in ("left", "evicted") or peer["name"] == "liar":
+            if peer["state"] in ("left", "evicted") or peer["name"] in ATTACKER_NAMES:
                 continue
             m = peer["metrics"]
             expected = self.committed.get(m["state_round"])
@@ -297,6 +435,24 @@ class Run:
                 print(f"DIVERGENT: {peer['name']} holds {m['state_hash']}, committed {expected}", file=sys.stderr)
             if m["loss"] is not None and not math.isfinite(m["loss"]):
                 self.nonfinite += 1
+
+    def check_shares(self, run: dict) -> None:
+        """share_grab: no member owns more than 2/K of the vector (3/4 of two), whatever uplink it claims."""
+        choice = run.get("controller") or {}
+        shares = choice.get("shares") or {}
+        if not self.attacked or len(shares) < 2 or choice.get("round") in self.shares_seen:
+            return
+        self.shares_seen.add(choice.get("round"))
+        row = self.tally.rows["share_grab"]
+        row["tries"] += 1
+        total, k = sum(shares.values()), len(shares)
+        largest = max(shares.values()) / total
+        if largest > min(2 / k, 0.75) + 1e-3:
+            self.tally.breach("share_grab", f"round {choice.get('round')}: a member owns {largest:.4f} of the vector "
+                                            f"in a group of {k}")
+        else:
+            row["refused"] += 1
+        self.largest_share = max(self.largest_share, largest)
 
     def run(self) -> dict:
         started = time.monotonic()
@@ -323,6 +479,8 @@ class Run:
             self.check(status)
             if status["run"]["finished"]:
                 break
+            if attacker is not None:
+                attacker.every_poll(status)
             if attacker is not None and time.monotonic() >= next_attack:
                 attacker.round_of_attacks(status)
                 next_attack = time.monotonic() + self.args.attack_every_s
@@ -360,6 +518,8 @@ def main() -> int:
     parser.add_argument("--attack-every-s", type=float, default=3.0)
     parser.add_argument("--timeout-s", type=float, default=1500)
     parser.add_argument("--skip-calm", action="store_true")
+    parser.add_argument("--controller", choices=("off", "auto"), default="off",
+                        help="[rounds] controller of both runs; share_grab needs auto (shares from uplinks)")
     parser.add_argument("--workdir", help="keep logs here (default: a temporary directory)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -368,7 +528,7 @@ def main() -> int:
     attacked = Run(args, base / "attacked", attacked=True)
     result = attacked.run()
     calm = {} if args.skip_calm else Run(args, base / "calm", attacked=False).run()
-    for indirect in ("fake_report", "forged_dht_entry"):  # accepted on the wire; what counts is that they change nothing
+    for indirect in ("fake_report", "forged_dht_entry", "unplanned_votes"):  # accepted on the wire; what counts is that they change nothing
         row = attacked.tally.rows[indirect]
         row["refused"] = row["tries"] - row["breaches"]
     breaches = sum(row["breaches"] for row in attacked.tally.rows.values())
@@ -383,6 +543,8 @@ def main() -> int:
         "identical_final_models": result["identical_final_models"],
         "final_eval_loss": result["final_eval_loss"],
         "calm_eval_loss": calm.get("final_eval_loss"),
+        "largest_share": round(attacked.largest_share, 4),
+        "calm_rounds_committed": calm.get("rounds_committed"),
         "calm_rounds_voided": calm.get("rounds_voided"),
         "wall_s": result["wall_s"],
         "notes": attacked.tally.notes[:20],
