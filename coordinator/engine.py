@@ -252,11 +252,24 @@ class CoordinatorEngine:
                              rounds_covered=self._open.round - last_committed)
 
     def round_info(self, peer_id: str, number: int) -> pb.RoundInfo:
+        return pb.RoundInfo.FromString(self.round_info_encoded(peer_id, number))
+
+    def round_info_encoded(self, peer_id: str, number: int) -> bytes:
+        """Round ``number`` (0: the current one) as ``peer_id`` asks for it, encoded: most of it a cached
+        encoding, so the answer's cost hardly grows with the round's participants (``RoundInfoCache.encoded``)."""
         with self._session():
             membership.check_member(peer_id, self._peers.get(peer_id))
             if number < 0:
                 raise BadRequest(f"round {number} does not exist; ask for round 0 (the current one) or later.")
-            return self._current_info(peer_id) if number == 0 else self._info(number, peer_id)
+            row = self._open or self._latest if number == 0 else None
+
+            def build() -> pb.RoundInfo:
+                if number == 0:
+                    return round_info(row.round if row else 0, row, self._position(), self._peers)
+                return round_info(number, self._store.get_round(number), self._position(), self._peers)
+
+            return self._info_cache.encoded(self._versions()[:2], number, build, requester=peer_id,
+                                            poll_interval_s=self._paced().poll_interval_s)
 
     def status(self, token: str, *, page_size: Optional[int] = None, page_token: str = "") -> pb.GetStatusResponse:
         """The run's status with one page of its peers (``page_size`` of them from ``page_token``, as a GetStatus

@@ -130,6 +130,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return self._engine.round_info(request.peer_id, request.round)
 
     @_rpc
+    def GetRoundEncoded(self, request: pb.GetRoundRequest, context) -> bytes:
+        """GetRound's answer already encoded, which the server sends as it is (``coordinator.server``)."""
+        self._authenticate("GetRound", request, context)
+        return self._engine.round_info_encoded(request.peer_id, request.round)
+
+    @_rpc
     def GetStatus(self, request: pb.GetStatusRequest, context) -> pb.GetStatusResponse:
         return self._engine.status(request.token, page_size=request.page_size, page_token=request.page_token)
 
