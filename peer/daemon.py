@@ -189,7 +189,7 @@ class PeerDaemon:
         # a restarted peer whose own checkpoint or vote is the committed state starts from it (no θ0 drawn)
         started = start_trainer(self.run_config, o.state_dir, run_id=self.run_id, peer_index=joined.peer_index,
                                 round_no=joined.round.last_committed_round, state_hash=joined.round.last_committed_hash,
-                                device=o.device, ranks=self.ranks)
+                                device=o.device, ranks=self.ranks, build=LocalTrainer)
         trainer = started.trainer
         trainer.throttle = o.faults.throttle(lambda: max(1, self.stats.metrics().round))  # slow@R (and its probe)
         # utilization to a step, not a round; and a progress line every 30 s in a round that trains for longer

@@ -21,7 +21,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -304,16 +304,17 @@ class Started:
 
 
 def start_trainer(run: RunConfig, state_dir: Path, *, run_id: str, round_no: int, state_hash: str, peer_index: int,
-                  device: str, ranks: Optional[Ranks] = None) -> Started:
-    """The trainer of a peer's start. A restarted peer whose own checkpoint or vote is the committed state of
-    ``round_no`` builds its model from it (θ0 is neither drawn nor hashed) and restores its local training state;
-    any other starts from θ0 (and syncs later)."""
+                  device: str, ranks: Optional[Ranks] = None,
+                  build: Callable[..., LocalTrainer] = LocalTrainer) -> Started:
+    """The trainer of a peer's start (made by ``build``, ``LocalTrainer``'s signature). A restarted peer whose own
+    checkpoint or vote is the committed state of ``round_no`` builds its model from it (θ0 is neither drawn nor
+    hashed) and restores its local training state; any other starts from θ0 (and syncs later)."""
     found = None
     if round_no > 0:
         found = committed_on_disk(state_dir, run_id=run_id, round_no=round_no, state_hash=state_hash)
     if found is not None:
         try:
-            trainer = LocalTrainer(run, peer_index=peer_index, device=device, ranks=ranks, initial=found.state)
+            trainer = build(run, peer_index=peer_index, device=device, ranks=ranks, initial=found.state)
         except ValueError as e:
             logger.warning("the %s in %s does not fit this model (%s); starting from θ0", found.source,
                            found.directory, e)
@@ -321,4 +322,4 @@ def start_trainer(run: RunConfig, state_dir: Path, *, run_id: str, round_no: int
             install(trainer, found, committed=True)
             _log_resumed(found, state_hash)
             return Started(trainer, found)
-    return Started(LocalTrainer(run, peer_index=peer_index, device=device, ranks=ranks), None)
+    return Started(build(run, peer_index=peer_index, device=device, ranks=ranks), None)
