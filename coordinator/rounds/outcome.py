@@ -174,7 +174,8 @@ def without_lone_reporters(round_row: RoundRecord, reports: Sequence[ReportRecor
         return round_row
     members = set(round_row.participants)
     own = {r.peer_id: r for r in reports if r.peer_id in members and precedence(r) == 2}
-    lone = [p for p, r in own.items() if not (set(r.group) & members) - {p}]
+    # any() stops at a report's first other participant: an honest report's group is the round's, so this costs O(1)
+    lone = [p for p, r in own.items() if not any(q != p and q in members for q in r.group)]
     waiting = [p for p in round_row.participants if p in alive and p not in own]
     if not lone or not waiting:
         return round_row
@@ -231,9 +232,8 @@ def ddp_equivalent_bytes(holder_reports: Sequence[ReportRecord], *, param_count:
     if k <= 1:
         return 0
     per_step_factor = 2 * (k - 1) / k * 4
-    total = math.fsum(max(r.inner_steps, 0) * per_step_factor * max(r.param_count or param_count, 0)
-                      for r in holder_reports)
-    return int(min(total, DDP_BYTES_CAP)) if math.isfinite(total) else DDP_BYTES_CAP
+    total = sum(max(r.inner_steps, 0) * per_step_factor * max(r.param_count or param_count, 0) for r in holder_reports)
+    return int(round(min(total, DDP_BYTES_CAP))) if math.isfinite(total) else DDP_BYTES_CAP
 
 
 def finishes_run(round_row: RoundRecord, committed_rounds: int, max_rounds: Optional[int]) -> bool:

@@ -73,6 +73,7 @@ class RoundReports:
 
 MAX_LOSS = 1e6  # a loss above it is no measurement (a cross-entropy of a 1e6-token vocabulary is under 14)
 BYTES_PER_PARAMETER = 64  # per round, sent or received: a butterfly sends under 2 x 4 bytes a parameter
+MAX_RANKS = 64  # data-parallel ranks of one peer (swarm peer --nproc): each draws its own batch a step
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class ReportBounds:
     as the report arrives, so that no figure stored can overflow what is derived from it (history, totals)."""
 
     inner_steps: int  # its step budget (and the steps an overlapped exchange may add)
-    samples: int  # its budget x the batch, for each round its contribution covers (since the last commit)
+    samples: int  # its budget x the batch x MAX_RANKS x the fragments, for each round since the last commit
     seconds: float  # the round's length so far (at least its timeout)
     param_count: int  # the run's model (0: not known yet)
 
@@ -96,8 +97,10 @@ def report_bounds(round_row: RoundRecord, peer_id: str, config: RunConfig, *, no
     else:  # admitted by its group's votes, or a plan without budgets: the round's largest
         steps = max(budgets, default=0)
     steps = max(steps, config.rounds.inner_steps if not budgets else 1) + config.rounds.overlap_steps
+    # a fragment's contribution carries the samples since its own last sync: one sync every `fragments` rounds
+    per_round = steps * config.data.batch_size * MAX_RANKS * config.rounds.fragments
     return ReportBounds(
-        inner_steps=steps, samples=steps * config.data.batch_size * max(1, min(rounds_covered, MAX_ROUND)),
+        inner_steps=steps, samples=per_round * max(1, min(rounds_covered, MAX_ROUND)),
         seconds=max(now - round_row.opened_at, config.rounds.round_timeout_s, 0.0), param_count=max(param_count, 0))
 
 

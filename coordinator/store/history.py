@@ -50,8 +50,8 @@ def round_history(
     any stored values (``int64``)."""
     counted = [r for r in reports if r.peer_id in set(decided.participants)]
     choice = controller.from_json(decided.choice)  # the controller's codec, when it chose one for this round
-    inner = math.fsum(max(r.inner_time_s, 0.0) for r in counted if finite(r.inner_time_s))
-    exchange = math.fsum(max(r.exchange_time_s, 0.0) for r in counted if finite(r.exchange_time_s))
+    inner = sum(max(r.inner_time_s, 0.0) for r in counted if finite(r.inner_time_s))
+    exchange = sum(max(r.exchange_time_s, 0.0) for r in counted if finite(r.exchange_time_s))
     return pb.RoundHistory(
         round=int64(decided.round), outcome=decided.outcome, opened_at=seconds(decided.opened_at),
         decided_at=seconds(decided.decided_at or 0.0), participants=len(decided.participants), reported=len(counted),

@@ -125,7 +125,7 @@ def test_reports_at_the_caps_are_cut_to_the_round_and_every_rpc_answers_before_a
     for peer in (a, b):  # c stays pending: the round is decided by the grace after a and b's quorum
         coordinator.call("ReportRound", extreme_report(peer, 1, [a, b]))
     stored = {r.peer_id: r for r in coordinator.engine._store.reports(1)}
-    assert stored[a].inner_steps <= 5 and stored[a].samples <= 5 * coordinator.engine.config.data.batch_size
+    assert stored[a].inner_steps <= 5 and stored[a].samples <= 5 * coordinator.engine.config.data.batch_size * 64
     assert stored[a].bytes_sent <= BYTES_PER_PARAMETER * coordinator.engine.run.param_count
     assert stored[a].inner_time_s <= 60.0 and math.isnan(stored[a].loss)
     clock.now += 6
