@@ -11,7 +11,7 @@ The attacks, each tried every few seconds for the whole run:
     impersonation        Heartbeat / ReportRound / Leave for an honest peer's id, signed with another key
     fake_report          a member that joined properly but never trains: it claims to hold the committed
                          state and, the moment it is planned, reports the smallest hash 00... with a group of
-                         only itself (a group of one was a quorum of one, and the smallest hash won ties)
+                         only itself (it tries to be a quorum of one, and to win a tie broken by the hash)
     malformed            bytes that are not protobuf, and a 3 MiB peer name, to every method
     forged_dht_entry     a DHT node that never talked to the coordinator stores, through the coordinator's
                          node, group entries for honest peers with weight 1e30 and votes for hash ffff...
@@ -72,7 +72,7 @@ from swarm.core.credential import PeerKey  # noqa: E402
 from swarm.net.libp2p_identity import Libp2pIdentity  # noqa: E402
 from swarm.v1 import coordinator_pb2 as pb  # noqa: E402
 
-FAKE_HASH = "0" * 16  # the smallest hash: ties were broken by it
+FAKE_HASH = "0" * 16  # the smallest hash: it would win a tie broken by the hash
 VOTES_HASH = "e" * 16
 EXTREME_HASH = "d" * 16
 ATTACKER_NAMES = {"liar", "sybil", "gone-0", "gone-1"}
