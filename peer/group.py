@@ -108,16 +108,16 @@ class DhtGroup:
                 on_posted=lambda: self.faults.at(round_no, "matchmaking"), processes=self.processes,
             )
             dropped_before = self.exchange.rejected_chunks
-            result = self._reduce(round_no, key, group, me, delta, choice, contribution.owner)
+            # a lossless codec's Δ is read no more once sent (error feedback keeps nothing of it): Δ̄ takes its memory
+            into_delta = get_codec(codec).lossless and contribution.lowrank is None
+            result = self._reduce(round_no, key, group, me, delta, choice, contribution.owner, into_delta)
         except ExchangeFailed as e:
             raise SyncFailed(str(e)) from e
         self.links.observe(result.links)
         scale = participation_scale(group)
         average = result.average if scale == 1.0 else result.average.mul_(scale)  # in place: no second Δ̄
         in_site, cross_site = bytes_by_site(result, group, me)
-        if get_codec(codec).lossless and contribution.lowrank is None:
-            # nothing reads Δ again (a lossless codec leaves error feedback nothing to keep): a model's worth of
-            # memory freed before the outer step and the vote, with what the exchange let go of
+        if into_delta:  # Δ's memory is Δ̄'s now (or, in two levels, freed before the outer step and the vote)
             contribution.delta = SENT
         release_free_memory()
         logger.info("[%s r%d] averaged fragment %d with %d peers in %.2fs (%s, %d bytes sent: %d in-site, %d "
@@ -133,16 +133,17 @@ class DhtGroup:
                         rtt_ms=self.links.rtt_ms)
 
     def _reduce(self, round_no: int, key: str, group: list, me: Member, delta, choice: Optional[pb.RoundChoice],
-                owner=None):
+                owner=None, into_delta: bool = False):
         """The all-reduce: flat with the controller's shares, or in two levels (whose sub-groups cut equal slices:
-        the shares size a flat group's slices)."""
+        the shares size a flat group's slices). ``into_delta``: the flat one may write Δ̄ into Δ's memory."""
         on_phase = lambda phase: self.faults.fire(round_no, phase)  # noqa: E731
         timeout_s = self.run.rounds.exchange_timeout_s
         if self.two_level is not None:
             return self.two_level.average(key=key, group=group, me=me, delta=delta, timeout_s=timeout_s,
                                           on_phase=on_phase)
         return self.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=timeout_s,
-                                     shares=group_shares(choice, group), on_phase=on_phase, owner=owner)
+                                     shares=group_shares(choice, group), on_phase=on_phase, owner=owner,
+                                     into_delta=into_delta)
 
     def _plan(self, round_no: int) -> Optional[set[str]]:
         """``planned``, kept as the plan this peer matched its group by: a decision by the group's votes counts its

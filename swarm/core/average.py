@@ -87,7 +87,9 @@ def weighted_average(contributions: Sequence[torch.Tensor], weights: Sequence[fl
 
     Purely elementwise, so computing it on any slice gives exactly the slice of the full result: a
     peer that reduces one part of the vector agrees with one that reduces all of it. ``out``: a
-    contiguous fp32 tensor of the contributions' shape, none of them, to write the result into (None: a new one).
+    contiguous fp32 tensor of the contributions' shape to write the result into (None: a new one); it may be one
+    of them (an owner's own contribution, whose memory the result then takes: each chunk is computed beside it
+    and copied in, the same roundings).
     """
     check_contributions(contributions, weights)
     total = 0.0
@@ -102,17 +104,30 @@ def weighted_average(contributions: Sequence[torch.Tensor], weights: Sequence[fl
     # than the arithmetic).
     flat, parts = acc.view(-1), [c.reshape(-1) for c in contributions]
     scales, divisor = [_f32(w) for w in weights], _f32(total)
-    scratch = torch.empty(min(flat.numel(), AVERAGE_CHUNK), dtype=_F32) if len(parts) > 1 else None
+    size = min(flat.numel(), AVERAGE_CHUNK)
+    scratch = torch.empty(size, dtype=_F32) if len(parts) > 1 else None
+    # out is a contribution's memory: a later contribution's chunk must be read before the sum is written over it
+    beside = torch.empty(size, dtype=_F32) if len(parts) > 1 and any(_shares(flat, c) for c in parts[1:]) else None
     for start in range(0, flat.numel(), AVERAGE_CHUNK):
         end = min(flat.numel(), start + AVERAGE_CHUNK)
-        chunk = flat[start:end]
+        chunk = flat[start:end] if beside is None else beside[:end - start]
         torch.mul(parts[0][start:end], scales[0], out=chunk)
         for c, w in zip(parts[1:], scales[1:]):
             scaled = scratch[:end - start]
             torch.mul(c[start:end], w, out=scaled)
             chunk.add_(scaled)
         chunk.div_(divisor)
+        if beside is not None:
+            flat[start:end].copy_(chunk)
     return acc
+
+
+def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two fp32 CPU tensors' memory overlaps."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + 4 * b.numel() and b0 < a0 + 4 * a.numel()
 
 
 def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

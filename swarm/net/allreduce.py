@@ -40,10 +40,11 @@ from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import stripe_count
 from swarm.core.codec import get_codec
 from swarm.core.owner_feedback import OwnerFeedback
+from swarm.net.alone import average_alone
 from swarm.net.bulk_channel import BulkChannel
 from swarm.net.bulk_slices import BulkSlices, Reservation
 from swarm.net.chunk_stream import SlicePayload, Turn, cancel_all, settle
-from swarm.net.contributions import send_contributions
+from swarm.net.contributions import exchange_links, send_contributions, uplink_pace
 from swarm.net.exchange_result import ExchangeResult
 from swarm.net.libp2p_slices import Libp2pSlices
 from swarm.net.link_probe import LinkProbe
@@ -58,13 +59,11 @@ from swarm.net.slice_reduction import (
     ExchangeFailed,
     capped_weights,
     check_agreement,
-    decode_into,
-    decode_slice,
-    decodes_into,
     group_bounds,
     judged,
-    read_in_place,
-    reduce_decoded,
+    received_into,
+    received_slice,
+    reduce_owned,
 )
 from swarm.net.sparse_gather import gather_average
 from swarm.net.transport import Transport
@@ -149,7 +148,7 @@ class Exchange:
     def average(
         self, *, key: str, group: list[Member], me: Member, delta: torch.Tensor, timeout_s: float,
         on_phase: Optional[Callable[[str], Optional[float]]] = None, shares: Optional[Sequence[float]] = None,
-        owner: Optional[OwnerFeedback] = None,
+        owner: Optional[OwnerFeedback] = None, into_delta: bool = False,
     ) -> ExchangeResult:
         """Average delta with the group; raises ExchangeFailed unless every slice arrived intact.
 
@@ -160,12 +159,15 @@ class Exchange:
         on_phase("sending") and on_phase("reducing") are called as the exchange passes those points
         (fault injection uses them); a number they return is a delay the exchange awaits there. ``owner``:
         this peer's residual as its slice's owner (``swarm.core.owner_feedback``; ``average.owner_encode``).
+        ``into_delta``: the caller reads ``delta`` no more, so with a lossless codec the average is written into its
+        memory (each slice once it is sent: no model-sized result beside it); a group of one averages alone.
         """
         on_phase = on_phase or (lambda phase: None)
         failed, completed = "", False
         try:
             result = self.transport.run(self._average_or_abort(key, group, me, delta, on_phase, timeout_s, shares,
-                                                               owner), timeout_s=timeout_s + ABORT_TIMEOUT_S + 5)
+                                                               owner, into_delta),
+                                        timeout_s=timeout_s + ABORT_TIMEOUT_S + 5)
             completed = True
             return result
         except (asyncio.TimeoutError, TimeoutError):
@@ -180,11 +182,12 @@ class Exchange:
     async def _average_or_abort(self, key: str, group: list[Member], me: Member, delta: torch.Tensor,
                                 on_phase: Callable[[str], Optional[float]], timeout_s: float,
                                 shares: Optional[Sequence[float]] = None, owner: Optional[OwnerFeedback] = None,
-                                ) -> ExchangeResult:
+                                into_delta: bool = False) -> ExchangeResult:
         """_average within timeout_s; on failure tell every groupmate at once (PHASE_ABORT), so they fail
         now instead of waiting out their own timeout for slices that will never come."""
         try:
-            return await asyncio.wait_for(self._average(key, group, me, delta, on_phase, shares, owner), timeout_s)
+            return await asyncio.wait_for(self._average(key, group, me, delta, on_phase, shares, owner, into_delta),
+                                          timeout_s)
         except (ExchangeFailed, asyncio.TimeoutError, TimeoutError) as e:
             if not isinstance(e, ExchangeFailed) or not e.from_groupmate:
                 reason = str(e) if isinstance(e, ExchangeFailed) else f"no complete exchange within {timeout_s:.0f}s"
@@ -219,7 +222,7 @@ class Exchange:
 
     async def _average(
         self, key: str, group: list[Member], me: Member, delta: torch.Tensor, on_phase: Callable[[str], None],
-        shares: Optional[Sequence[float]] = None, owner: Optional[OwnerFeedback] = None,
+        shares: Optional[Sequence[float]] = None, owner: Optional[OwnerFeedback] = None, into_delta: bool = False,
     ) -> ExchangeResult:
         started = time.perf_counter()
         codec = get_codec(me.codec)
@@ -230,9 +233,16 @@ class Exchange:
         gathered = codec.gathered or self.gather_all
         stripes = stripe_count(codec, me.numel, len(group))  # block-aligned slices: quantize like the whole
         bounds = [] if gathered else group_bounds(key, me.numel, len(group), codec.block, shares, stripes)
+        flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
+        into_delta = into_delta and codec.lossless  # a lossy codec's Δ becomes error feedback's residual
+        if len(group) == 1:  # nobody to send to: the exchange's arithmetic alone
+            for phase in ("sending", "reducing"):
+                await _pause(on_phase(phase))
+            average, reduced = await asyncio.to_thread(average_alone, self.aggregation, codec, flat, weights, key,
+                                                       gathered=gathered, owner=owner, into_delta=into_delta)
+            return self._result(key, group, 0, average, 0, [reduced], started)
         self.restarts.averaging(key, group)
         await self.inbox.expect(key, [m.dht_peer_id for m in group], group_digest(group), max(1, len(bounds)))
-        flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
         if gathered:  # all-gather (its one part): every member reduces the whole vector
             return await self._gather(key, group, me, flat, codec, weights, on_phase, started)
         position, digest = [m.peer_id for m in group].index(me.peer_id), group_digest(group)
@@ -240,62 +250,65 @@ class Exchange:
             key, group, digest, position, bounds, codec)
         try:
             return await self._butterfly(key, group, position, digest, bounds, reserved, flat, codec, weights,
-                                         on_phase, owner, started)
+                                         on_phase, owner, started, into_delta)
         finally:
             await cancel_all([r.answer for r in reserved.values() if not r.answer.done()])
 
     async def _butterfly(self, key: str, group: list[Member], position: int, digest: str,
                          bounds: list[tuple[int, int]], reserved: dict[tuple[int, int, int], Reservation],
                          flat: torch.Tensor, codec, weights: list[float], on_phase: Callable[[str], Optional[float]],
-                         owner: Optional[OwnerFeedback], started: float) -> ExchangeResult:
+                         owner: Optional[OwnerFeedback], started: float, into_delta: bool) -> ExchangeResult:
         """Phase 1 sends every slice to its owner (``_contribute``). Each slice this peer owns (one per stripe) is
         reduced in the group's order once the group's contributions to it are here, and the same encoded bytes go
         to every member, while the later stripes' contributions still arrive: the phases overlap. Phase 2 decodes
-        every owner's averaged slices into the result as they arrive."""
+        every owner's averaged slices into the result as they arrive: with ``into_delta``, into ``flat``'s own memory,
+        each slice once this peer's contribution to it is sent (its own slices are reduced in place)."""
         k, stripes = len(group), len(bounds) // len(group)
         others = [(position + i) % k for i in range(1, k)]
         phases_s: dict[str, float] = {}
         reductions: dict[int, Reduced] = {}
         hook: list[asyncio.Future] = []  # on_phase("reducing"), called once, before the first reduction
-        links = self._links(others)
-        self._scratch.keep = 2 * k + 2  # a stripe's K contributions and its reduction, and the next stripe's
+        links = exchange_links(others, self.send_in_turn)
+        self._scratch.keep = 2 * k  # a stripe's K decoded contributions, and the next stripe's
 
         def passed(point: str) -> None:  # the last time the exchange passes each point
             phases_s[point] = time.perf_counter() - started
 
+        sent_parts = {part: asyncio.Event() for part in range(len(bounds)) if part % k != position}
+        average = flat if into_delta else self._results.take(bounds[-1][1])  # written once, by the reductions and decodes
+
         async def contributed() -> int:
-            sent = await send_contributions(self, key, group, digest, position, bounds, flat, codec, reserved, links)
+            sent = await send_contributions(self, key, group, digest, position, bounds, flat, codec, reserved, links,
+                                            sent_parts)
             passed("contributed")
             return sent
 
         async def reduced(stripe: int) -> int:
             part = stripe * k + position
             start, end = bounds[part]
-            decoded = await settle(self._decoded(key, group, codec, (digest, exchange_pb2.PHASE_CONTRIBUTION, part),
-                                                 sender, end - start) for sender in range(k))
+            decoded = await settle(received_slice(self.inbox, self._scratch, key, group, codec,
+                                                  (digest, exchange_pb2.PHASE_CONTRIBUTION, part, sender), end - start)
+                                   for sender in range(k))
             passed("contributions_here")
             if not hook:
                 hook.append(asyncio.ensure_future(_pause(on_phase("reducing"))))
             await hook[0]
-            averaged, reduction = await asyncio.to_thread(
-                reduce_decoded, self.aggregation, codec, decoded, weights, key, owner=owner, bounds=(start, end),
-                out=self._scratch.take(end - start))
-            reductions[stripe] = Reduced(_NOTHING, reduction.rejected, reduction.clipped)  # its memory back to the pool
+            payload, reduction = await asyncio.to_thread(
+                reduce_owned, self.aggregation, codec, decoded, weights, key, owner=owner, bounds=(start, end),
+                out=average[start:end])
+            reductions[stripe] = Reduced(_NOTHING, reduction.rejected, reduction.clipped)
             del decoded, reduction
-            await self.inbox.deliver(key, digest, exchange_pb2.PHASE_AVERAGED, part, position, averaged)
             passed("reduced")
-            payload = SlicePayload(averaged)
             sent = sum(await settle(self._send(
                 group[to], key, digest, exchange_pb2.PHASE_AVERAGED, part, position, payload, turn=Turn(link=links[to]),
                 reservation=reserved.get((exchange_pb2.PHASE_AVERAGED, part, to))) for to in others))
             passed("averaged_sent")
             return sent
 
-        average = self._results.take(bounds[-1][1])  # written once, by the decodes; reused once nothing holds it
-
         async def collected() -> int:
-            await settle(self._decoded_into(key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, part), part % k,
-                                            average[s:e]) for part, (s, e) in enumerate(bounds))
+            await settle(received_into(self.inbox, key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, part, part % k),
+                                       average[s:e], sent_parts[part] if into_delta else None)
+                         for part, (s, e) in enumerate(bounds) if part % k != position)
             passed("all_here")
             return 0
 
@@ -303,16 +316,6 @@ class Exchange:
         sent = sum(await settle([contributed(), collected(), *(reduced(stripe) for stripe in range(stripes))]))
         return self._result(key, group, position, average, sent, [reductions[s] for s in range(stripes)], started,
                             phases_s)
-
-    def _links(self, others: list[int]) -> dict[int, asyncio.Lock]:
-        """One exchange's links by group position sent to: the sends to one groupmate (both phases, every stripe)
-        take turns on one connection, in the order their bytes are ready, so the K − 1 flows of a member's
-        uplink stay K − 1 (which ``uplink_pace`` assumes) and a stripe its owner waits for is not slowed by a
-        later one; with ``send_in_turn`` all sends take turns on one link."""
-        if self.send_in_turn:
-            link = asyncio.Lock()
-            return {to: link for to in others}
-        return {to: asyncio.Lock() for to in others}
 
     async def _gather(self, key: str, group: list[Member], me: Member, flat: torch.Tensor, codec, weights: list[float],
                       on_phase: Callable[[str], Optional[float]], started: float) -> ExchangeResult:
@@ -335,21 +338,6 @@ class Exchange:
             links=self._transfers.timings(key, rtt_s=rtt_s, group=group),
             phases_s={name: round(seconds, 4) for name, seconds in (phases_s or {}).items()},
         )
-
-    async def _decoded(self, key: str, group: list[Member], codec, where: tuple, sender: int, numel: int) -> torch.Tensor:
-        """The slice (``where``: digest, phase, part) from position ``sender``, decoded once it is here."""
-        (data,) = await self.inbox.wait_for(key, [(*where, sender, group[sender].dht_peer_id)], group)
-        if read_in_place(codec, data, numel) or not decodes_into(codec):
-            return await asyncio.to_thread(decode_slice, codec, data, numel, key)
-        out = self._scratch.take(numel)  # memory the last stripe's or exchange's reduction let go: no page faults
-        await asyncio.to_thread(decode_into, codec, data, out, key)
-        return out
-
-    async def _decoded_into(self, key: str, group: list[Member], codec, where: tuple, sender: int,
-                            out: torch.Tensor) -> None:
-        """The slice (``where``: digest, phase, part) from position ``sender``, decoded into ``out``."""
-        (data,) = await self.inbox.wait_for(key, [(*where, sender, group[sender].dht_peer_id)], group)
-        await asyncio.to_thread(decode_into, codec, data, out, key)
 
     async def _send(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int,
                     payload: SlicePayload | bytes, *, reservation: Optional[Reservation] = None,
@@ -399,9 +387,3 @@ _NOTHING = torch.empty(0)  # a kept reduction's average: the bytes sent are what
 async def _pause(seconds: Optional[float]) -> None:
     if seconds:
         await asyncio.sleep(seconds)
-
-
-def uplink_pace(uplink_mbit_s: float, group_size: int) -> float:
-    """The pace of each of a K-member exchange's K − 1 concurrent bulk connections that keeps them together just
-    under the declared uplink (0: unpaced when there is nobody to send to)."""
-    return 0.95 * uplink_mbit_s / (group_size - 1) if uplink_mbit_s > 0 and group_size > 1 else 0.0

@@ -19,11 +19,14 @@ from swarm.v1 import exchange_pb2
 
 async def send_contributions(exchange: Any, key: str, group: list[Member], digest: str, position: int,
                              bounds: list[tuple[int, int]], flat: torch.Tensor, codec,
-                             reserved: dict[tuple[int, int, int], Reservation], links: dict[int, asyncio.Lock]) -> int:
+                             reserved: dict[tuple[int, int, int], Reservation], links: dict[int, asyncio.Lock],
+                             sent: Optional[dict[int, asyncio.Event]] = None) -> int:
     """``exchange`` (a ``swarm.net.allreduce.Exchange``) sends every slice to its owner, stripe by stripe, owners
     from the next position on. The slices are encoded (and tagged for their bulk slot) one after another in that
     order, each stripe's own slice last, each sent as soon as it is ready and its link (one of ``links``) is free:
-    encoding them all at once would delay the first send by the whole vector's encoding. The bytes sent."""
+    encoding them all at once would delay the first send by the whole vector's encoding. ``sent``: by slice, an
+    event set once that slice went to its owner (nothing reads its values after: the result may take their memory).
+    The bytes sent."""
     await asyncio.to_thread(check_sendable, codec, flat, key)
     k, stripes = len(group), len(bounds) // len(group)
     others = [(position + i) % k for i in range(1, k)]
@@ -37,7 +40,7 @@ async def send_contributions(exchange: Any, key: str, group: list[Member], diges
         try:
             payload = SlicePayload.lazy(codec, flat[start:end])
             if payload is None:  # off the event loop, which keeps serving the other peers' streams
-                payload = SlicePayload(await asyncio.to_thread(_encode, codec, flat, start, end, key))
+                payload = SlicePayload(await asyncio.to_thread(encode_own, codec, flat, start, end, key))
             if reservation is None:
                 return payload, None
             return payload, await asyncio.to_thread(reservation.tag, await payload.whole())
@@ -53,7 +56,7 @@ async def send_contributions(exchange: Any, key: str, group: list[Member], diges
             if own_slice is not None and own_slice.lossless_view() is not None:
                 data = own_slice.lossless_view()  # fp32: its bytes are the vector's; the reduction reads them there
             else:
-                data = await asyncio.to_thread(_encode, codec, flat, start, end, key)
+                data = await asyncio.to_thread(encode_own, codec, flat, start, end, key)
         finally:
             encoding[i].done()
         await exchange.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, part, position, data)
@@ -68,16 +71,36 @@ async def send_contributions(exchange: Any, key: str, group: list[Member], diges
         except BaseException:
             turn.done()  # the sends after it are called off too; none waits for this one meanwhile
             raise
-        return await exchange._send(group[to], key, digest, exchange_pb2.PHASE_CONTRIBUTION, part, position, payload,
-                                reservation=reservation, frame_tag=frame_tag, turn=turn)
+        size = await exchange._send(group[to], key, digest, exchange_pb2.PHASE_CONTRIBUTION, part, position, payload,
+                                    reservation=reservation, frame_tag=frame_tag, turn=turn)
+        if sent is not None and part in sent:
+            sent[part].set()
+        return size
 
     # an encoding or a send that fails calls off the rest
     return sum(await settle(own(i) if to == position else send(i) for i, (_, to) in enumerate(order)))
 
 
-def _encode(codec, flat: torch.Tensor, start: int, end: int, key: str) -> bytes:
+def encode_own(codec, flat: torch.Tensor, start: int, end: int, key: str) -> bytes:
     """``flat[start:end]``'s bytes; error feedback's residual of the slice is left in its place (``DroppedInPlace``:
     the values are not read again)."""
     data = encode_slice(codec, flat[start:end].contiguous(), key)
     DroppedInPlace.encoded(flat, start, end, data, codec)
     return data
+
+
+def exchange_links(others: list[int], send_in_turn: bool) -> dict[int, asyncio.Lock]:
+    """One exchange's links by group position sent to: the sends to one groupmate (both phases, every stripe)
+    take turns on one connection, in the order their bytes are ready, so the K − 1 flows of a member's
+    uplink stay K − 1 (which ``uplink_pace`` assumes) and a stripe its owner waits for is not slowed by a
+    later one; with ``send_in_turn`` all sends take turns on one link."""
+    if send_in_turn:
+        link = asyncio.Lock()
+        return {to: link for to in others}
+    return {to: asyncio.Lock() for to in others}
+
+
+def uplink_pace(uplink_mbit_s: float, group_size: int) -> float:
+    """The pace of each of a K-member exchange's K − 1 concurrent bulk connections that keeps them together just
+    under the declared uplink (0: unpaced when there is nobody to send to)."""
+    return 0.95 * uplink_mbit_s / (group_size - 1) if uplink_mbit_s > 0 and group_size > 1 else 0.0

@@ -5,9 +5,10 @@ group's order, and encode the result once, so every member receives identical by
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -16,6 +17,7 @@ from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import butterfly_bounds, owner_encode, part_bounds
 from swarm.core.codec_base import Codec, all_finite
 from swarm.core.owner_feedback import OwnerFeedback
+from swarm.net.chunk_stream import SlicePayload
 from swarm.net.exchange_failed import ExchangeFailed
 from swarm.net.rendezvous import Member
 
@@ -104,6 +106,32 @@ def reduce_decoded(aggregation: Aggregation, codec, decoded: list[torch.Tensor],
         raise ExchangeFailed(f"{key}: cannot encode this slice ({e})") from None
 
 
+def reduce_owned(aggregation: Aggregation, codec, decoded: list[torch.Tensor], weights: list[float], key: str, *,
+                 owner: Optional[OwnerFeedback], bounds: tuple[int, int], out: torch.Tensor) -> tuple[SlicePayload, Reduced]:
+    """An owner's slice ``bounds`` reduced (``reduce_decoded``) into ``out``, its place in the result (it may be
+    one of ``decoded``: this peer's own contribution, whose memory the result takes), which then holds what every
+    member decodes of it; and what the owner sends. fp32 without owner feedback sends ``out``'s own bytes (its
+    encoding is its values: the same bits, no encoded copy); any other codec sends the encoded mean, and ``out``
+    is then decoded from those bytes."""
+    if not (_raw_fp32(codec) and (owner is None or not codec.owner_feedback)):
+        data, reduced = reduce_decoded(aggregation, codec, decoded, weights, key, owner=owner, bounds=bounds, out=out)
+        decode_into(codec, data, out, key)
+        return SlicePayload(data), reduced
+    reduced = aggregation.reduce(decoded, weights, out=out)
+    if reduced.average is not out:  # a rule that makes its own tensor (the trimmed mean)
+        out.copy_(reduced.average)
+    check_sendable(codec, out, key)  # what the encoding would refuse: a mean that overflowed
+    return SlicePayload.lazy(codec, out), Reduced(_NO_AVERAGE, reduced.rejected, reduced.clipped)
+
+
+_NO_AVERAGE = torch.empty(0)  # a reduction whose average is in its ``out``
+
+
+def raw_fp32(codec) -> bool:
+    """Whether the codec's bytes are the fp32 values themselves (decode(encode(x)) is x, bit for bit)."""
+    return _raw_fp32(codec)
+
+
 def check_sendable(codec, flat: torch.Tensor, key: str) -> None:
     """ExchangeFailed, as ``encode_slice`` would raise it, unless every slice of ``flat`` can be encoded:
     checked once before any part is sent, so a vector that cannot go is never partly sent."""
@@ -178,3 +206,26 @@ def decodes_into(codec) -> bool:
 
 def _raw_fp32(codec) -> bool:
     return getattr(codec, "element_bytes", 0) == 4 and codec.lossless
+
+
+async def received_slice(inbox: Any, scratch: Any, key: str, group: list[Member], codec, slot: tuple,
+                         numel: int) -> torch.Tensor:
+    """The slice ``slot`` (digest, phase, part, sender position) once ``inbox`` (the exchange's ``SliceInbox``) has
+    it, decoded: read where it lies when it can be, else into memory from ``scratch`` (a ``ResultVectors``: what the
+    last stripe's decodes let go, no page faults)."""
+    (data,) = await inbox.wait_for(key, [(*slot, group[slot[3]].dht_peer_id)], group)
+    if read_in_place(codec, data, numel) or not decodes_into(codec):
+        return await asyncio.to_thread(decode_slice, codec, data, numel, key)
+    out = scratch.take(numel)
+    await asyncio.to_thread(decode_into, codec, data, out, key)
+    return out
+
+
+async def received_into(inbox: Any, key: str, group: list[Member], codec, slot: tuple, out: torch.Tensor,
+                        free: Optional[asyncio.Event] = None) -> None:
+    """The slice ``slot`` (digest, phase, part, sender position) decoded into ``out`` once ``inbox`` has it (and
+    ``free`` is set: nothing reads ``out``'s values any more)."""
+    (data,) = await inbox.wait_for(key, [(*slot, group[slot[3]].dht_peer_id)], group)
+    if free is not None:
+        await free.wait()
+    await asyncio.to_thread(decode_into, codec, data, out, key)

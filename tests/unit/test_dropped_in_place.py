@@ -9,7 +9,7 @@ import torch
 from swarm.config import DataConfig, RunConfig
 from swarm.core.average import butterfly_bounds
 from swarm.core.codec import get_codec
-from swarm.net.contributions import _encode
+from swarm.net.contributions import encode_own as _encode
 from swarm.train import trainer as trainer_module
 from swarm.train.trainer import LocalTrainer
 

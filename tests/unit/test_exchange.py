@@ -771,9 +771,9 @@ def test_an_exchange_reuses_its_result_vector_only_once_nothing_holds_it(peers: 
 
 def test_decoded_contributions_go_into_memory_the_last_exchange_let_go_and_every_average_stays_exact(
         peers: list[Peer]) -> None:
-    """An int4 butterfly decodes each contribution into, and reduces into, memory an earlier stripe or exchange used
-    (a first touch costs a page fault per page): the second exchange takes only such memory, and both averages are
-    the simulator's, bit for bit, on every member."""
+    """An int4 butterfly decodes each contribution into memory an earlier stripe or exchange used (a first touch
+    costs a page fault per page) and reduces straight into the result: the second exchange takes only such memory,
+    and both averages are the simulator's, bit for bit, on every member."""
     weights = [3.0, 1.0, 2.0]
     members = [p.member(weight=w, codec="int4") for p, w in zip(peers, weights)]
 
@@ -791,10 +791,36 @@ def test_decoded_contributions_go_into_memory_the_last_exchange_let_go_and_every
     gc.collect()  # a send that fell back from the bulk channel under load leaves a traceback cycle holding a frame
     taken = [p.exchange._scratch.reused for p in peers]
     exchange(932)
-    takes = (len(peers) + 1) * stripe_count("int4", NUMEL, len(peers))  # per stripe: 3 decodes and a reduction
+    takes = len(peers) * stripe_count("int4", NUMEL, len(peers))  # per stripe: 3 decodes (the reduction: the result)
     assert [p.exchange._scratch.reused - before for p, before in zip(peers, taken)] == [takes] * len(peers)
 
 
+
+
+def test_fp32_averages_into_each_members_own_delta_bit_identically(peers: list[Peer]) -> None:
+    """With ``into_delta`` every member's average is written into its own Δ's memory (no result vector beside it)
+    and is still the simulator's, bit for bit."""
+    key = group_key(RUN_ID, 940)
+    weights = [2.0, 5.0, 1.0]
+    inputs = deltas(940, 3)
+    expected = butterfly_reference([d.clone() for d in inputs], weights, "fp32")
+    members = [p.member(weight=w) for p, w in zip(peers, weights)]
+    results = results_of(concurrently(
+        [lambda p=p, me=me, d=d: p.exchange.average(key=key, group=p.group(key, me, {q.name for q in peers}), me=me,
+                                                    delta=d, timeout_s=30, into_delta=True)
+         for p, me, d in zip(peers, members, inputs)], timeout_s=60))
+    assert all(r.average.data_ptr() == d.data_ptr() for r, d in zip(results, inputs))
+    assert all(torch.equal(r.average, expected) for r in results)
+
+
+@pytest.mark.parametrize("codec", ["fp32", "int4"])
+def test_a_group_of_one_averages_alone_sending_nothing(peers: list[Peer], codec: str) -> None:
+    key = group_key(RUN_ID, 941 if codec == "fp32" else 942)
+    me = peers[0].member(weight=3.0, codec=codec)
+    mine = deltas(941, 1)[0]
+    expected = butterfly_reference([mine.clone()], [3.0], codec)
+    result = peers[0].exchange.average(key=key, group=[me], me=me, delta=mine, timeout_s=30, into_delta=True)
+    assert torch.equal(result.average, expected) and result.bytes_sent == result.bytes_received == 0
 
 
 def test_a_restarted_groupmate_that_the_abort_missed_is_told_the_exchange_already_failed(peers: list[Peer]) -> None:
