@@ -1,13 +1,9 @@
 """The peer daemon: join a run, train, average pseudo-gradients, commit only what all agree on.
 
 Run it with ``swarm peer --join 'swarm://...'``. The rounds themselves run in ``swarm.train.round``
-(the same runner the simulator uses); this module is the peer's lifecycle around them, an explicit
-state machine:
-
-    JOINING ─→ SYNCING ─→ READY ⇄ TRAINING ─→ EXCHANGING ─→ DECIDING ─→ READY (or SYNCING when behind)
-                            │         └─ (coordinator unreachable) OFFLINE_DECIDING: the group decides;
-                            │            the rounds it decided are reported once the coordinator is back
-                            └─→ FINISHING (the run is over: write the final model, serve it) ─→ LEAVING
+(the same runner the simulator uses); this module is the peer's lifecycle around them: each pass of its loop
+runs the one event ``peer.lifecycle.next_event`` picks, and every state change is a row of
+``peer.lifecycle.TRANSITIONS``.
 
 Threads: the main thread runs the lifecycle and owns every field here and the trainer; the heartbeat
 thread reads ``stats``; the round runner's executor runs one exchange and decision at a time.
@@ -16,7 +12,6 @@ thread reads ``stats``; the round runner's executor runs one exchange and decisi
 from __future__ import annotations
 
 import concurrent.futures
-import enum
 import logging
 import threading
 import time
@@ -29,6 +24,7 @@ from peer.backlog import report_backlog
 from peer.coordinator_link import CoordinatorLink, Departed, PeerExit
 from peer.final_file import final_model_path, set_aside, warn_if_other_run
 from peer.heartbeat import HeartbeatThread
+from peer.lifecycle import WIRE_STATES, Event, PeerState, View, after, next_event
 from peer.options import PeerOptions
 from peer.parts import PeerParts
 from peer.progress import RoundProgress
@@ -36,6 +32,7 @@ from peer.resume import checkpoint_dir, start_trainer
 from peer.round_hooks import PeerHooks
 from peer.round_log import RoundLog
 from peer.startup import StartupClock, result_or_none
+from peer.stoppable import unless_stopped
 from peer.state_store import PeerStateStore
 from peer.stats import PeerStats
 from swarm.config import RunConfig
@@ -52,24 +49,6 @@ T = TypeVar("T")
 
 STOP_CHECK_S = 0.1  # how often the main thread, waiting on a download, looks at the stop event
 LEAVE_ROUND_WAIT_S = 3.0  # a leaving peer waits this long at most for a round still in flight on the executor
-
-
-class PeerState(enum.Enum):
-    JOINING = "joining"
-    SYNCING = "syncing"
-    READY = "ready"
-    TRAINING = "training"
-    EXCHANGING = "exchanging"  # set by the round hooks; the exchange runs on the runner's executor
-    DECIDING = "deciding"
-    OFFLINE_DECIDING = "offline-deciding"
-    FINISHING = "finishing"
-    LEAVING = "leaving"
-
-
-# what the coordinator sees of a state (the deciding ones keep showing EXCHANGING)
-WIRE_STATES = {PeerState.JOINING: pb.PEER_STATE_JOINING, PeerState.SYNCING: pb.PEER_STATE_JOINING,
-               PeerState.READY: pb.PEER_STATE_READY, PeerState.TRAINING: pb.PEER_STATE_TRAINING,
-               PeerState.EXCHANGING: pb.PEER_STATE_EXCHANGING}
 
 
 class PeerDaemon:
@@ -117,44 +96,65 @@ class PeerDaemon:
             self.leave()
 
     def loop(self) -> int:
-        """Dispatch: each pass picks the one transition the coordinator's view of the run calls for."""
+        """Each pass runs the one event ``next_event`` picks from what the peer knows (``peer.lifecycle``)."""
+        waited: Optional[pb.RoundInfo] = None  # the answer a wait for the coordinator ended with
         while not self.stop.is_set():
-            if self.heartbeat.rejection:
-                logger.error("%s %s", self.tag(), self.heartbeat.rejection)
-                return 2
-            if self.carry is not None:
-                self.train_round(self.carry.round_no + 1, offline=self.offline)
-                continue
-            try:
-                info = self.link.get_round(0)
-            except CoordinatorUnreachable:
-                self.heard_by_heartbeat()
-                if self.link.final is None and self.offline_next is not None:
-                    self.train_round(self.offline_next, offline=True)
-                    continue
+            info: Optional[pb.RoundInfo] = None
+            if not self.heartbeat.rejection and self.carry is None:
+                info, waited = waited or self.ask(), None
+            event = next_event(View(rejected=bool(self.heartbeat.rejection), carrying=self.carry is not None, info=info,
+                                    final_known=self.link.final is not None, offline_next=self.offline_next,
+                                    backlog=bool(self.link.backlog), behind=self.behind,
+                                    held_round=self.runner.trainer.round_no, peer_id=self.peer_id))
+            if event is Event.COORDINATOR_DOWN:
                 # nothing to do without it: wait (with backoff, logged; Departed when the run is over, PeerExit(1)
                 # after --join-timeout-s)
-                info = self.link.round_info(0)
-            code = self.step(info)
+                waited = self.link.round_info(0)
+                continue
+            code = self.handle(event, info)
             if code is not None:
                 return code
         return 0
 
-    def step(self, info: pb.RoundInfo) -> Optional[int]:
-        if self.link.backlog:
+    def ask(self) -> Optional[pb.RoundInfo]:
+        """The current round as the coordinator says it, or None while it is unreachable (what the heartbeat last
+        heard counts then: a peer busy downloading learns that the run finished there)."""
+        try:
+            return self.link.get_round(0)
+        except CoordinatorUnreachable:
+            self.heard_by_heartbeat()
+            return None
+
+    def handle(self, event: Event, info: Optional[pb.RoundInfo]) -> Optional[int]:
+        """Run ``event``'s transition; an exit code ends the loop."""
+        if event is Event.REJECTED:
+            self.move(event)
+            logger.error("%s %s", self.tag(), self.heartbeat.rejection)
+            return 2
+        if event is Event.CARRIED:
+            self.train_round(self.carry.round_no + 1, event, offline=self.offline)
+        elif event is Event.GROUP_GOES_ON:
+            self.train_round(self.offline_next, event, offline=True)
+        elif event is Event.BACKLOG:
+            self.move(event)
             self.report_backlog()
-        elif self.behind or info.last_committed_round > self.runner.trainer.round_no:
+        elif event is Event.BEHIND:
             if not self.sync(info) and info.finished and not info.holders and not self.stop.is_set():
+                self.move(Event.SYNC_FAILED_AT_END)
                 return self.stranded(info.last_committed_round)  # the holders serve a while (--final-serve-s)
-        elif info.finished:
+        elif event is Event.FINISHED:
             return self.finish()
-        elif info.open_round and self.peer_id in info.participants and info.round == info.open_round:
-            self.train_round(info.open_round)
+        elif event is Event.PLANNED:
+            self.train_round(info.open_round, event)
         else:
-            self.enter(PeerState.READY)
+            self.move(Event.UNPLANNED)
             self.probe.again()  # before its first round: a better estimate meanwhile
             self.stop.wait(self.link.poll_s)  # waiting to be planned into a round (at the coordinator's pace)
         return None
+
+    def move(self, event: Event) -> None:
+        """The state ``event`` leads to from this one (``peer.lifecycle.TRANSITIONS``), shown to the coordinator."""
+        self.enter(after(self.state, event, offline=self.offline, strict=False))
 
     def enter(self, state: PeerState) -> None:
         self.state = state
@@ -238,12 +238,12 @@ class PeerDaemon:
                           dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs))
         self.clock.overlap(lambda: self.stats.update(rtt_ms=group.probe_rtt_ms()), name="swarm-rtt-probe")
 
-    def train_round(self, round_no: int, *, offline: bool = False) -> None:
+    def train_round(self, round_no: int, event: Event, *, offline: bool = False) -> None:
         """TRAINING → EXCHANGING → DECIDING (OFFLINE_DECIDING while the coordinator is unreachable): one
         round through the runner, which first finishes the carried one."""
         self.offline = offline
         self.clock.first_round(self.tag(round_no))
-        self.enter(PeerState.TRAINING)
+        self.move(event)
         self.stats.update(round=round_no)
         self.group.live_peers = self.link.live_peers
         carry, self.carry = self.carry, None
@@ -251,13 +251,12 @@ class PeerDaemon:
         if result.outcome is Outcome.IN_FLIGHT:
             self.carry = result.pending
         elif result.outcome is not Outcome.STOPPED:
-            self.enter(PeerState.READY)
+            self.move(Event.ROUND_ENDED)
 
     def round_state(self, name: str) -> None:
         """The round hooks' 'exchanging' and 'deciding' points (on the main thread)."""
-        state = PeerState(name)
-        self.enter(PeerState.OFFLINE_DECIDING if state is PeerState.DECIDING and self.offline else state)
-        if state is PeerState.DECIDING:
+        self.move(Event.EXCHANGE if name == "exchanging" else Event.DECIDE)
+        if name == "deciding":
             self.evaluate_initial()  # the main thread only waits for the exchange here; θg is θ0 until it commits
 
     def evaluate_initial(self) -> None:
@@ -292,7 +291,7 @@ class PeerDaemon:
     def sync(self, info: pb.RoundInfo) -> bool:
         """SYNCING: get the committed state (own disk first, else a holder). The download runs on a thread of its
         own, so that a stopped peer leaves at once instead of after it (``state_timeout_s`` at most)."""
-        self.enter(PeerState.SYNCING)
+        self.move(Event.BEHIND)
         if info.last_committed_round < 0:
             return False
         synced = self.unless_stopped(lambda: self.store.sync(info, holders=self.link.holders), "swarm-sync")
@@ -305,26 +304,11 @@ class PeerDaemon:
         return synced
 
     def unless_stopped(self, fn: Callable[[], T], name: str) -> Optional[T]:
-        """``fn()`` on a thread of its own, its result or its exception; None as soon as the peer is stopped (the
-        thread is left to end on its own: the transport's shutdown in ``leave`` cancels a download)."""
-        done: concurrent.futures.Future = concurrent.futures.Future()
-
-        def work() -> None:
-            try:
-                done.set_result(fn())
-            except BaseException as e:  # re-raised on the main thread
-                done.set_exception(e)
-
-        threading.Thread(target=work, name=name, daemon=True).start()
-        while not self.stop.is_set():
-            try:
-                return done.result(timeout=STOP_CHECK_S)
-            except concurrent.futures.TimeoutError:
-                continue
-        if done.done():
-            return done.result()
-        self._busy_thread = True  # it may yet install a state: leave writes no checkpoint meanwhile
-        return None
+        """``fn()`` on a thread of its own (``peer.stoppable``); None as soon as the peer is stopped."""
+        done, result = unless_stopped(fn, self.stop, name=name, check_s=STOP_CHECK_S)
+        if not done:
+            self._busy_thread = True  # it may yet install a state: leave writes no checkpoint meanwhile
+        return result
 
     def heard_by_heartbeat(self) -> None:
         """What the heartbeat last heard counts too: a peer busy downloading learns that the run finished there."""
@@ -334,7 +318,7 @@ class PeerDaemon:
 
     def finish(self) -> int:
         """FINISHING: write the final model, then stay a holder while live peers still download it."""
-        self.enter(PeerState.FINISHING)
+        self.move(Event.FINISHED)
         self.write_final()
         self.link.serve_final_state(self.options.final_serve_s,
                                     ready=lambda: self.stats.update(state=pb.PEER_STATE_READY))
@@ -357,7 +341,7 @@ class PeerDaemon:
         if trainer is None or self._busy_thread:
             return self.stranded(final_round)
         if trainer.round_no == final_round and trainer.state.state_hash == final_hash and not self.behind:
-            self.enter(PeerState.FINISHING)
+            self.move(Event.FINISHED)
             self.write_final()
             return 0
         return self.stranded(final_round)
@@ -382,7 +366,7 @@ class PeerDaemon:
 
     def leave(self) -> None:
         """LEAVING: checkpoint a committed state, a last heartbeat with the final numbers, then leave."""
-        self.state = PeerState.LEAVING
+        self.state = after(self.state, Event.STOP)  # not shown: the last heartbeat says it leaves
         self.stop.set()
         in_flight = False
         if self._executor is not None:
