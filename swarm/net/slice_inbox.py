@@ -210,6 +210,11 @@ class SliceInbox:
                                      from_groupmate=True)
             return [self._slots[key][w] for w in wanted]
 
+    def let_go(self, key: str, slot: Slot) -> None:
+        """The exchange has read ``slot``'s slice: its buffer goes now rather than at ``forget`` (a model's slices
+        would otherwise all be held to the end of the exchange)."""
+        self._slots.get(key, {}).pop(slot, None)
+
     def _disagreement(self, key: str, group: list[Member]) -> ExchangeFailed:
         """The error for a groupmate whose message named another group (its peer id when ``group`` has it)."""
         who = next((m.peer_id for m in group if m.dht_peer_id == self._disagreed[key]), self._disagreed[key])

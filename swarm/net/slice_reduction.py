@@ -213,7 +213,7 @@ async def received_slice(inbox: Any, scratch: Any, key: str, group: list[Member]
     """The slice ``slot`` (digest, phase, part, sender position) once ``inbox`` (the exchange's ``SliceInbox``) has
     it, decoded: read where it lies when it can be, else into memory from ``scratch`` (a ``ResultVectors``: what the
     last stripe's decodes let go, no page faults)."""
-    (data,) = await inbox.wait_for(key, [(*slot, group[slot[3]].dht_peer_id)], group)
+    (data,) = await _taken(inbox, key, group, slot)
     if read_in_place(codec, data, numel) or not decodes_into(codec):
         return await asyncio.to_thread(decode_slice, codec, data, numel, key)
     out = scratch.take(numel)
@@ -225,7 +225,15 @@ async def received_into(inbox: Any, key: str, group: list[Member], codec, slot: 
                         free: Optional[asyncio.Event] = None) -> None:
     """The slice ``slot`` (digest, phase, part, sender position) decoded into ``out`` once ``inbox`` has it (and
     ``free`` is set: nothing reads ``out``'s values any more)."""
-    (data,) = await inbox.wait_for(key, [(*slot, group[slot[3]].dht_peer_id)], group)
+    (data,) = await _taken(inbox, key, group, slot)
     if free is not None:
         await free.wait()
     await asyncio.to_thread(decode_into, codec, data, out, key)
+
+
+async def _taken(inbox: Any, key: str, group: list[Member], slot: tuple) -> list[bytes | memoryview]:
+    """The slice ``slot`` once it is here, no longer held by the inbox: its buffer goes once its reader lets go."""
+    wanted = (*slot, group[slot[3]].dht_peer_id)
+    found = await inbox.wait_for(key, [wanted], group)
+    inbox.let_go(key, wanted)
+    return found
