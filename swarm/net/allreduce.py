@@ -244,7 +244,7 @@ class Exchange:
         self.restarts.averaging(key, group)
         await self.inbox.expect(key, [m.dht_peer_id for m in group], group_digest(group), max(1, len(bounds)))
         if gathered:  # all-gather (its one part): every member reduces the whole vector
-            return await self._gather(key, group, me, flat, codec, weights, on_phase, started)
+            return await self._gather(key, group, me, flat, codec, weights, on_phase, started, into_delta)
         position, digest = [m.peer_id for m in group].index(me.peer_id), group_digest(group)
         reserved = {} if self._bulk_slices is None else self._bulk_slices.reserve_butterfly(  # claimed now
             key, group, digest, position, bounds, codec)
@@ -318,10 +318,10 @@ class Exchange:
                             phases_s)
 
     async def _gather(self, key: str, group: list[Member], me: Member, flat: torch.Tensor, codec, weights: list[float],
-                      on_phase: Callable[[str], Optional[float]], started: float) -> ExchangeResult:
+                      on_phase: Callable[[str], Optional[float]], started: float, into_delta: bool) -> ExchangeResult:
         """The all-gather (swarm.net.sparse_gather): this peer's whole vector to everyone."""
         reduced, sent = await gather_average(self, key, group, me, flat, codec, weights,
-                                             lambda phase: _pause(on_phase(phase)))
+                                             lambda phase: _pause(on_phase(phase)), into_delta=into_delta)
         position = [m.peer_id for m in group].index(me.peer_id)
         return self._result(key, group, position, reduced.average, sent, [reduced], started)
 

@@ -31,7 +31,8 @@ import torch
 from swarm.core.aggregation import Reduced
 from swarm.core.codec import Codec
 from swarm.net.rendezvous import Member, group_digest
-from swarm.net.slice_reduction import decode_slice, encode_slice
+from swarm.net.chunk_stream import SlicePayload
+from swarm.net.slice_reduction import check_sendable, decode_slice, encode_slice, raw_fp32
 from swarm.v1 import exchange_pb2
 
 _PART = 0  # the whole vector: every contribution is message part 0 of PHASE_CONTRIBUTION
@@ -39,15 +40,21 @@ _PART = 0  # the whole vector: every contribution is message part 0 of PHASE_CON
 
 async def gather_average(exchange: Any, key: str, group: list[Member], me: Member, flat: torch.Tensor,
                          codec: Codec, weights: list[float],
-                         pause: Callable[[str], Awaitable[None]]) -> tuple[Reduced, int]:
+                         pause: Callable[[str], Awaitable[None]], *, into_delta: bool = False) -> tuple[Reduced, int]:
     """Send this member's encoded ``flat`` to every groupmate, wait for all of theirs, and reduce them:
     the reduction and the bytes sent. ``exchange`` is the ``swarm.net.allreduce.Exchange`` whose
-    transport, inbox and sender checks carry the messages; ``pause(phase)`` is its fault-injection hook."""
+    transport, inbox and sender checks carry the messages; ``pause(phase)`` is its fault-injection hook.
+    fp32 goes as ``flat``'s own bytes (no encoded copy); ``into_delta``: the average is written into ``flat``'s
+    memory once every send is done (a lossless codec's Δ, which the caller reads no more)."""
     position = [m.peer_id for m in group].index(me.peer_id)
     digest = group_digest(group)
     await pause("sending")
-    payload = await asyncio.to_thread(encode_slice, codec, flat, key)
-    await exchange.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, position, payload)
+    if raw_fp32(codec):
+        await asyncio.to_thread(check_sendable, codec, flat, key)
+        payload, own = SlicePayload.lazy(codec, flat), SlicePayload.lazy(codec, flat).lossless_view()
+    else:
+        payload = own = await asyncio.to_thread(encode_slice, codec, flat, key)
+    await exchange.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, position, own or payload)
     sends = [exchange._send(m, key, digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, position, payload)
              for i, m in enumerate(group) if i != position]
     sent = sum(await asyncio.gather(*sends))
@@ -59,6 +66,6 @@ async def gather_average(exchange: Any, key: str, group: list[Member], me: Membe
 
     def reduce() -> Reduced:
         decoded = [decode_slice(codec, data, flat.numel(), key) for data in contributions]
-        return exchange.aggregation.reduce(decoded, weights)
+        return exchange.aggregation.reduce(decoded, weights, out=flat if into_delta and codec.lossless else None)
 
     return await asyncio.to_thread(reduce), sent

@@ -72,6 +72,20 @@ def test_three_peers_all_gather_a_dense_codec_to_the_simulators_bits(peers, code
 
 
 @pytest.mark.slow
+def test_fp32_all_gathers_into_each_members_own_delta_to_the_simulators_bits(peers):
+    weights, inputs = [2.0, 1.0, 4.0], deltas(13, 3)
+    expected = gather_reference([d.clone() for d in inputs], weights, "fp32")
+    key, planned = group_key(RUN_ID, 4), {p.name for p in peers}
+    members = [p.member(weight=w, codec="fp32") for p, w in zip(peers, weights)]
+    results = results_of(concurrently(
+        [lambda p=p, m=m, d=d: p.exchange.average(key=key, group=p.group(key, m, planned), me=m, delta=d, timeout_s=30,
+                                                  into_delta=True) for p, m, d in zip(peers, members, inputs)],
+        timeout_s=90))
+    assert all(r.average.data_ptr() == d.data_ptr() and torch.equal(r.average, expected)
+               for r, d in zip(results, inputs))
+
+
+@pytest.mark.slow
 def test_a_member_that_sends_different_vectors_to_different_groupmates_splits_their_averages(peers, monkeypatch):
     a, b, liar = peers
     weights, inputs = [1.0, 1.0, 1.0], deltas(12, 3)
