@@ -8,12 +8,12 @@ from typing import Iterator
 
 import pytest
 from hivemind.utils.timed_storage import get_dht_time
+from testbed.members import make_member
 
 from swarm.core.credential import PeerKey
 from swarm.net.dht_entries import guard, read_entries, store_entry
 from swarm.net.rendezvous import Member, group_key
 from swarm.net.transport import Transport
-from tests.unit.run_members import make_member
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
