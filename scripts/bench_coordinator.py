@@ -50,6 +50,7 @@ from swarm.v1 import coordinator_pb2 as pb  # noqa: E402
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 
 REQUEST_TIMEOUT_S = 10.0
+SETTLE_MAX_S = 30.0  # after the joins, the longest wait before measuring
 OWN_POLL_S = 0.2  # a real peer's own poll interval (peer.options), which the coordinator's pace may lengthen
 UNLIMITED = 1_000_000  # joins per second and burst: no join of this benchmark waits for a rate limit
 
@@ -168,7 +169,7 @@ class Load:
             if now < min(next_beat, next_poll if self.rounds else next_beat):
                 await asyncio.sleep(min(next_beat, next_poll if self.rounds else next_beat) - now)
                 continue
-            info = None
+            info, polled = None, False
             if now >= next_beat:
                 metrics = pb.PeerMetrics(state=pb.PEER_STATE_READY if self.rounds else pb.PEER_STATE_JOINING,
                                          state_round=state_round, state_hash=state_hash, param_count=1000,
@@ -181,7 +182,7 @@ class Load:
                 next_beat = loop.time() + interval_s * random.uniform(0.9, 1.1)  # as peer.heartbeat does
             elif now >= next_poll:
                 info = await self.timed("GetRound", pb.GetRoundRequest(peer_id=peer_id, round=0), signer)
-                next_poll = loop.time() + poll_s
+                next_poll, polled = loop.time() + poll_s, True
             if info is None:
                 continue
             poll_s = max(OWN_POLL_S, info.poll_interval_s)
@@ -190,6 +191,8 @@ class Load:
                 continue
             if info.last_committed_round > state_round:
                 state_round, state_hash = info.last_committed_round, info.last_committed_hash
+            if not polled:
+                continue  # a heartbeat's answer names only this peer of the participants: the group comes from a poll
             planned = info.open_round > reported and info.round == info.open_round and peer_id in info.participants
             if planned and planned_at.setdefault(info.open_round, time.monotonic()) + self.train_s <= time.monotonic():
                 reported = info.open_round
@@ -219,7 +222,8 @@ async def run_load(join: JoinString, *, peers: int, seconds: float, rounds: bool
         await joined.get()
     join_s = time.perf_counter() - join_started
     tasks.append(asyncio.create_task(load.status()))
-    await asyncio.sleep(max(load.intervals_s) if load.intervals_s else 2.0)  # every peer heard the swarm's pace
+    # most peers heard the swarm's pace (a join burst may have slowed them down for a while: not waited out)
+    await asyncio.sleep(min(SETTLE_MAX_S, max(load.intervals_s)) if load.intervals_s else 2.0)
     me = psutil.Process()
     loadavg_before = os.getloadavg()[0]
     cpu_before, load_cpu_before = sum(child.cpu_times()[:2]), sum(me.cpu_times()[:2])
