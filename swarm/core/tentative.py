@@ -201,10 +201,12 @@ class TentativeState:
         return [self.tensor(1, i) for i in range(len(self.base.outer_state))]
 
     @torch.no_grad()
-    def commit_in_place(self) -> GlobalState:
+    def commit_in_place(self, copy_into: Optional[Sequence[torch.Tensor]] = None) -> GlobalState:
         """Step ``base``'s tensors in place and return them as the state of this round (its hash is this
         one's: the same ops on the same inputs). ``base`` itself must not be used afterwards; this object's
-        tensors are then the committed ones."""
+        tensors are then the committed ones. ``copy_into`` (contiguous fp32 CPU tensors shaped as the parameters,
+        θl): each stepped piece is also copied there while it is in cache, for a commit that replaces θl's
+        spans of the round with θg's."""
         if self.committed is not None:
             return self.committed
         self.state_hash  # noqa: B018  both hashed before the base's bits change (the base's is cached already
@@ -217,6 +219,8 @@ class TentativeState:
                     hi = min(stop, lo + self.CHUNK)
                     p, m = p_flat[lo:hi], m_flat[lo:hi]
                     self._step_into(p, d[lo - start:hi - start], m, p, m)
+                    if copy_into is not None:
+                        copy_into[i].view(-1)[lo:hi].copy_(p)
         self._scratch = torch.empty(0, dtype=torch.float32)
         self._by_param = {}  # Δ̄ is applied: its model-sized memory goes back as soon as the exchange lets go of it
         state = GlobalState(self.round_no, params, outer)

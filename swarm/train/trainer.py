@@ -357,11 +357,17 @@ class LocalTrainer:
         fragment into θl: replaced by θg_f (plain DiLoCo: f is every parameter), or, with overlap,
         mixed as α·θl_f + (1 − α)·θg_f (``mixing_alpha``); the rest of θl keeps training.
         """
+        keep_unsent = self.run.rounds.keep_unsent_locally and self.error_feedback is not None
+        replaced = fragment is not None and self.mixing_alpha == 0.0 and not keep_unsent  # θl's spans ← θg's
+        copied = False
         if isinstance(state, TentativeState):
             if state.base is not self.state:
                 raise ValueError(f"round {state.round_no}'s tentative state was stepped from another state than the committed one.")
             self._spans(fragment)  # checks the fragment before anything changes
-            state = state.commit_in_place()
+            # θl's spans replaced: each stepped piece is copied into θl as it is stepped, not in a pass of its own
+            copied = replaced and all(p.device.type == "cpu" and p.dtype == torch.float32 and p.is_contiguous()
+                                      for p in self._params)
+            state = state.commit_in_place(copy_into=self._params if copied else None)
         if len(state.params) != len(self.global_params):
             raise ValueError("committed state has the wrong number of tensors.")
         for new, old in zip(state.params, self.global_params):
@@ -376,9 +382,9 @@ class LocalTrainer:
             self.load_global_into_model()
             self._samples_since_sync = [0] * len(self.fragments)
             return
-        keep_unsent = self.run.rounds.keep_unsent_locally and self.error_feedback is not None
-        if self.mixing_alpha == 0.0 and not keep_unsent:  # plain replacement: θg's bits copied straight into θl
-            spans.write(self._params, fragment_spans, spans.gather(self.global_params, fragment_spans))
+        if replaced:  # plain replacement: θg's bits copied straight into θl
+            if not copied:
+                spans.write(self._params, fragment_spans, spans.gather(self.global_params, fragment_spans))
             return
         merged = fragments.merge_fragment(self.local_params(fragment), spans.gather(self.global_params, fragment_spans),
                                           self.mixing_alpha)

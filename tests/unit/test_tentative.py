@@ -86,3 +86,31 @@ def test_plain_momentum_steps_the_same_bits():
     assert lazy.state_hash == expected.state_hash
     committed = lazy.commit_in_place()
     assert all(torch.equal(a, b) for a, b in zip(committed.params, expected.params))
+
+
+@pytest.mark.parametrize("fragments", [1, 2])
+def test_a_plain_commit_copies_each_stepped_piece_into_the_local_model_with_no_pass_of_its_own(fragments, monkeypatch):
+    from swarm.config import DataConfig
+    from swarm.train import trainer as trainer_module
+    from swarm.train.trainer import LocalTrainer
+
+    base = RunConfig(data=DataConfig(max_bytes=200_000, batch_size=2, seq_len=16))
+    run = base.replace(rounds=dataclasses.replace(base.rounds, inner_steps=2, fragments=fragments,
+                                                  fragment_pattern="balanced" if fragments > 1 else "strided"))
+    trainer = LocalTrainer(run, peer_index=0)
+    trainer.train(2)
+    fragment = fragments - 1
+    local_before = [p.detach().clone() for p in trainer.model.parameters()]
+    tentative = trainer.apply(trainer.take_contribution(fragment).delta * 0.5, fragment, 1)
+    stepped = GlobalState(1, tentative.params, tentative.outer_state)
+    with monkeypatch.context() as m:
+        m.setattr(trainer_module.spans, "write", lambda *a: pytest.fail("θl was written in a pass of its own"))
+        trainer.commit(tentative, fragment=fragment)
+    assert trainer.state.state_hash == stepped.state_hash
+    mask = [torch.zeros(p.numel(), dtype=torch.bool) for p in local_before]
+    for s in trainer.fragment_spans[fragment]:
+        mask[s.param][s.start:s.stop] = True
+    for p, g, before, inside in zip(trainer.model.parameters(), stepped.params, local_before, mask):
+        flat, g_flat, before_flat = p.detach().reshape(-1), g.reshape(-1), before.reshape(-1)
+        assert torch.equal(flat[inside], g_flat[inside])  # the round's spans: θg's bits
+        assert torch.equal(flat[~inside], before_flat[~inside])  # the rest of θl keeps training
