@@ -17,8 +17,9 @@ The attacks, each tried every few seconds for the whole run:
                          node, group entries for honest peers with weight 1e30 and votes for hash ffff...
     byzantine_peer       (a real peer process, --faults scale@1:delta=-100: every Δ it sends is -100×)
     replayed_dht_entry   another DHT node with no token reads honest members' signed group entries and votes
-                         of the open round and stores them again to outlive their newer ones (a later expiry):
-                         a breach if any other node takes one
+                         of the open round and stores them again to outlive their newer ones (a later expiry),
+                         asking each node it knows in turn: a breach if any node but the attacker's own two (the
+                         forger's stores anything) takes one
     unplanned_votes      a second identity (a token of its own), in the rounds it is planned into with an even
                          number, reports 'ee...' with a group of itself and two identities of its own that
                          joined, signed their votes and left: the votes must count for nothing (a breach if ee...
@@ -334,7 +335,10 @@ class Attacker:
     def replay_dht_entries(self, status: dict) -> None:
         """From a node of its own (guarded like a member's, so it reads the members' entries, not the forgeries
         above; a validator needs only the run's id and public key), store the open round's signed entries again
-        with a later expiry than their posters signed, never on itself: every node that answers must refuse."""
+        with a later expiry than their posters signed, at every node it knows but its own two: each must refuse.
+        The forger's node is left out: it is the attacker's, unguarded, and stores anything."""
+        import functools
+
         import hivemind
         from hivemind.utils.timed_storage import get_dht_time
 
@@ -347,16 +351,28 @@ class Attacker:
                 start=True, initial_peers=list(joined.dht_initial_peers), host_maddrs=["/ip4/127.0.0.1/tcp/0"],
                 record_validators=[EntryValidator(coordinator_public_key=joined.coordinator_public_key,
                                                   run_id=joined.run_id)])
+        if status["run"]["open_round"] <= 0:
+            return
+        own = [str(self.dht.peer_id)] if self.dht is not None else []
         key = group_key(status["run"]["run_id"], status["run"]["open_round"], 0)
+        row = self.tally.rows["replayed_dht_entry"]
         for posted_under in (key, f"{key}.votes"):
-            found = self.replayer.get(posted_under, latest=True) if status["run"]["open_round"] > 0 else None
+            found = self.replayer.get(posted_under, latest=True)
             for subkey, item in (found.value.items() if found is not None and isinstance(found.value, dict) else ()):
-                row = self.tally.rows["replayed_dht_entry"]
+                expiry = max(item.expiration_time, get_dht_time()) + 600
+                answers = self.replayer.run_coroutine(functools.partial(
+                    store_at_each_node, key=posted_under, subkey=subkey, value=item.value, expiration_time=expiry,
+                    skip=own))
+                took = sorted(node for node, stored in answers.items() if stored)
+                if not any(stored is not None for stored in answers.values()):
+                    if len(self.tally.notes) < 50:
+                        self.tally.notes.append(f"replayed_dht_entry: no node answered a store of {posted_under}")
+                    continue
                 row["tries"] += 1
-                if self.replayer.store(posted_under, subkey=subkey, value=item.value, exclude_self=True,
-                                       expiration_time=max(item.expiration_time, get_dht_time()) + 600):
-                    self.tally.breach("replayed_dht_entry", f"a node stored {subkey}'s entry of {posted_under} "
-                                                            "again with a later expiry than it signed")
+                if took:
+                    self.tally.breach("replayed_dht_entry", f"{len(took)} of {len(answers)} nodes ({', '.join(took)}) "
+                                                            f"stored {subkey}'s entry of {posted_under} again with a "
+                                                            "later expiry than it signed")
                 else:
                     row["refused"] += 1
 
@@ -368,6 +384,26 @@ class Attacker:
             self.dht.shutdown()
         if getattr(self, "replayer", None) is not None:
             self.replayer.shutdown()
+
+
+async def store_at_each_node(_dht, node, *, key: str, subkey: str, value: object, expiration_time: float,
+                             skip: list[str]) -> dict[str, Optional[bool]]:
+    """In a DHT's process (``DHT.run_coroutine``): ask every node this one knows (the key's nearest included),
+    but those in ``skip``, to store ``value`` under ``key`` and ``subkey`` until ``expiration_time``; each node's
+    answer by its libp2p id (None: it did not answer). ``DHT.store`` answers only one node's, whichever came last."""
+    import asyncio
+
+    from hivemind.dht.routing import DHTID
+
+    key_id = DHTID.generate(source=key)
+    nearest = await node.find_nearest_nodes([key_id], k_nearest=node.num_replicas, exclude_self=True)
+    peers = {**{p: None for p in node.protocol.routing_table.peer_id_to_uid}, **{p: None for p in nearest[key_id].values()}}
+    peers = [p for p in peers if str(p) not in skip]
+    value_bytes = node.protocol.serializer.dumps(value)
+    answers = await asyncio.gather(*(node.protocol.call_store(p, keys=[key_id], values=[value_bytes],
+                                                              expiration_time=[expiration_time], subkeys=[subkey])
+                                     for p in peers))
+    return {str(p): (answer[0] if answer else None) for p, answer in zip(peers, answers)}
 
 
 def tensors_digest(path: Path) -> str:

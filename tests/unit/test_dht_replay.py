@@ -1,9 +1,13 @@
 """A node with no token replays a member's older signed DHT entry with a later expiration: real hivemind nodes
-in this process; no member's node stores the replay, and the member's newer entry is the one every reader gets."""
+in this process; no member's node stores the replay (each is asked in turn, as scripts/attack.py asks them), and
+the member's newer entry is the one every reader gets."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import sys
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -14,6 +18,9 @@ from swarm.core.credential import PeerKey
 from swarm.net.dht_entries import guard, read_entries, store_entry
 from swarm.net.rendezvous import Member, group_key
 from swarm.net.transport import Transport
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from attack import store_at_each_node  # noqa: E402  the soak's replay, one node at a time
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -48,9 +55,18 @@ def test_a_replayed_older_entry_with_a_later_expiration_does_not_displace_the_ne
     assert read_entries(b.dht, key, Member, member=members[1]) == {newer.peer_id: newer}
 
     # the older entry, signature intact, stored again to outlive the newer one: no member's node takes it (its
-    # signed expiration is not the record's); stored again as it was signed, it is older than the newer one
+    # signed expiration is not the record's); stored again as it was signed, it is older than the newer one.
+    # Each node is asked on its own: DHT.store answers only whichever node answered last.
     for expiration_time in (get_dht_time() + 600, captured.expiration_time):
-        assert not stranger.dht.store(key, subkey=older.peer_id, value=captured.value, expiration_time=expiration_time)
+        answers = stranger.dht.run_coroutine(functools.partial(
+            store_at_each_node, key=key, subkey=older.peer_id, value=captured.value, expiration_time=expiration_time,
+            skip=[]))
+        assert answers == {str(a.peer_id): False, str(b.peer_id): False}
+    # the same replay, asked of every node but a member's own: the one node without a validator takes it
+    answers = a.dht.run_coroutine(functools.partial(
+        store_at_each_node, key=key, subkey=older.peer_id, value=captured.value, expiration_time=get_dht_time() + 600,
+        skip=[]))
+    assert answers == {str(b.peer_id): False, str(stranger.peer_id): True}
 
     for reader, member in ((b, members[1]), (a, members[0])):
         assert read_entries(reader.dht, key, Member, member=member) == {newer.peer_id: newer}
