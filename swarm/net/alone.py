@@ -19,7 +19,7 @@ from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import new_f32
 from swarm.core.owner_feedback import OwnerFeedback
 from swarm.net.contributions import encode_own
-from swarm.net.slice_reduction import check_sendable, decode_slice, encode_slice, raw_fp32, reduce_owned
+from swarm.net.slice_reduction import decode_slice, encode_slice, raw_fp32, reduce_owned
 
 
 def average_alone(aggregation: Aggregation, codec, flat: torch.Tensor, weights: list[float], key: str, *,
@@ -28,8 +28,7 @@ def average_alone(aggregation: Aggregation, codec, flat: torch.Tensor, weights: 
     ``gathered``: the run's exchange is the all-gather (the mean is not re-encoded); ``owner``: this peer's
     residual as its slice's owner; ``into_delta``: the result may take ``flat``'s memory (a lossless codec's Δ,
     which nothing reads again). ExchangeFailed, as the exchange would raise it, for a vector it cannot send."""
-    check_sendable(codec, flat, key)
-    numel = flat.numel()
+    numel = flat.numel()  # a vector that cannot be sent fails its encoding, or fp32's mean (reduce_owned), alike
     if raw_fp32(codec):
         decoded = flat  # its bytes are its values: decode(encode(Δ)) is Δ
     elif gathered:
