@@ -1,5 +1,5 @@
 """Top-k sparse wire formats: per chunk of the flat pseudo-gradient, only the k largest-magnitude values
-(with their chunk-local positions) go over the wire; error feedback (``swarm.core.codec.ErrorFeedback``)
+(with their chunk-local positions) go over the wire; error feedback (``swarm.core.error_feedback.ErrorFeedback``)
 keeps the rest for later rounds, as SparseLoCo does.
 
 A chunk holds ``CHUNK`` consecutive elements (the vector's last one may be shorter) and sends

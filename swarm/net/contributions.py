@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import torch
 
-from swarm.core.codec import DroppedInPlace
+from swarm.core.error_feedback import DroppedInPlace
 from swarm.net.bulk_slices import Reservation
 from swarm.net.chunk_stream import SlicePayload, Turn, settle
 from swarm.net.rendezvous import Member

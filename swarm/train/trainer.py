@@ -18,32 +18,31 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
 from swarm.config import NESTEROV, RunConfig
 from swarm.core import average, fragments, spans
-from swarm.core.codec import Codec, DroppedInPlace, ErrorFeedback, codec_round_trip, get_codec
+from swarm.core.codec import Codec
+from swarm.core.error_feedback import ErrorFeedback
 from swarm.core.lowrank import LowRankState
 from swarm.core.outer import OuterOptimizer
-from swarm.core.owner_feedback import OwnerFeedback
 from swarm.core.state import GlobalState
 from swarm.core.tentative import TentativeState
 from swarm.train import prefetch, schedule
 from swarm.train.contribution import Contribution, TrainStats
-from swarm.train.data import BatchSampler, check_vocab, eval_loss, load_corpus, shard_index_for_peer
+from swarm.train.data import BatchSampler, check_vocab, load_corpus, shard_index_for_peer
 from swarm.train.eager_optimizer import inner_adamw
+from swarm.train.global_eval import global_eval_loss
 from swarm.train.host_memory import release_free_memory
 from swarm.train.initial_state import initial_state
 from swarm.train.inner_step import InnerStep
 from swarm.train.model import model_fingerprint
+from swarm.train.peer_model import build_peer_model
 from swarm.train.rank_lockstep import RankLockstep
 from swarm.train.ranks import GatherOptimizer, Ranks, RankSampler, TrainOrder
-from swarm.train.run_model import build_run_model
-
-if TYPE_CHECKING:
-    from swarm.train.sharding import ShardedModel
+from swarm.train.sent_feedback import SentFeedback
 
 log = logging.getLogger(__name__)
 
@@ -63,23 +62,14 @@ class LocalTrainer:
         if self.ranks is not None and self.ranks.leader:
             self.ranks.send((run.to_json(), peer_index))
         self.device = self.ranks.device if self.ranks is not None else torch.device(device)
-        data = run.data
-        built = build_run_model(run.model, seed=run.seed, draw=initial is None)  # same θ0 on every peer
         fsdp = self.ranks is not None and run.inner.sharding == "fsdp"
-        self.model, self.loss_fn = built.module.to("cpu" if fsdp else self.device), built.loss
-        self.sharded: Optional[ShardedModel] = None  # the shards the ranks train (FSDP)
-        if fsdp:  # torch.distributed.fsdp costs every peer ~2 CPU-s of imports: only the FSDP ones pay it
-            from swarm.train import sharding
-            self.sharded = sharding.ShardedModel(self.model, self.device)
-        if built.context is not None and data.seq_len > built.context:
-            raise ValueError(
-                f"[data] seq_len {data.seq_len} exceeds the model context {built.context};"
-                " lower seq_len or set [model] context."
-            )
+        # the same θ0 on every peer; with FSDP the shards the ranks train in self.sharded (self.model: θl whole)
+        built, self.sharded = build_peer_model(run, self.device, fsdp=fsdp, draw=initial is None)
+        self.model, self.loss_fn = built.module, built.loss
         self._split_fragments(run)  # before loading the data: a pattern the run cannot use fails at once
-        self.corpus = load_corpus(data)
+        self.corpus = load_corpus(run.data)
         check_vocab(built.vocab_size, self.corpus)
-        self.shard_index = shard_index_for_peer(peer_index, data.num_shards)
+        self.shard_index = shard_index_for_peer(peer_index, run.data.num_shards)
         self.sampler = self._sampler()
         self._params = list(self.model.parameters())
         trained = self.sharded.params if fsdp else self._params  # with FSDP, self.model is θl whole, on the CPU
@@ -107,16 +97,9 @@ class LocalTrainer:
         # α only weighs the τ steps a peer trained while the exchange was in flight; without overlap the
         # local fragment is the one whose Δ was just sent, and keeping part of it would count it twice.
         self.mixing_alpha = rounds.mixing_alpha if rounds.overlap_steps > 0 else 0.0
-        self.error_feedback: list[ErrorFeedback] | None = (
-            [ErrorFeedback(self.fragment_numel(f), rounds.error_feedback_decay) for f in range(len(self.fragments))]
-            if rounds.error_feedback else None
-        )
-        self.owner_feedback = [OwnerFeedback() for _ in self.fragments] if rounds.error_feedback else None
-        # lowrank codecs: each fragment's warm-start Q (seeded alike on every peer: swarm.core.lowrank)
-        self.lowrank = ([LowRankState(run.seed * 1000 + f) for f in range(len(self.fragments))]
-                        if get_codec(rounds.codec).lowrank else None)
+        # error feedback, the slice owners' residuals and low-rank warm starts of each fragment
+        self.feedback = SentFeedback(rounds, run.seed, [self.fragment_numel(f) for f in range(len(self.fragments))])
         self._samples_since_sync = [0] * len(self.fragments)
-        self._dropped: dict[int, DroppedInPlace] = {}  # per fragment in flight: its Δ, turned into its residual
         if initial is not None:
             self.commit(initial)  # θl ← θg, the outer state installed
 
@@ -276,16 +259,9 @@ class LocalTrainer:
         """At a sync point: Δ of ``fragment`` (None: the only one) plus its error-feedback residual, and
         the samples behind it; the fragment's sample count restarts."""
         f = self._fragment_or_only(fragment)
-        delta = self.pseudo_gradient(f)
-        if self.error_feedback is not None and not self.run.rounds.keep_unsent_locally:
-            delta = self.error_feedback[f].compensate(delta)  # (kept locally, θl already holds it: Δ carries it)
+        delta = self.feedback.compensate(f, self.pseudo_gradient(f))
         samples, self._samples_since_sync[f] = self._samples_since_sync[f], 0
-        owner = self.owner_feedback[f] if self.owner_feedback is not None else None
-        if self.error_feedback is not None and self.lowrank is None:
-            # the exchange leaves what its codec drops of each slice in Δ's own memory as it encodes it
-            self._dropped[f] = DroppedInPlace.expect(delta)
-        return Contribution(fragment=f, delta=delta, samples=samples, owner=owner,
-                            lowrank=self.lowrank[f] if self.lowrank is not None else None)
+        return self.feedback.contribution(f, delta, samples)
 
     def return_contribution(self, contribution: Contribution) -> None:
         """The round ``contribution`` was taken for was voided: nothing of it was applied anywhere, and
@@ -293,47 +269,22 @@ class LocalTrainer:
         carries it again, weighted by all of its samples. (Error feedback was not updated either:
         ``record_sent`` is called when the round commits.)"""
         self._samples_since_sync[contribution.fragment] += contribution.samples
-        dropped = self._dropped.pop(contribution.fragment, None)
-        if dropped is not None:
-            dropped.forget()
-        if contribution.owner is not None:
-            contribution.owner.discard()
-        if contribution.lowrank is not None:
-            contribution.lowrank.discard()
+        self.feedback.returned(contribution)
 
     def record_sent(self, contribution: Contribution, codec: Codec | str, parts: int | None = None) -> None:
-        """Error feedback: remember what the codec drops from ``contribution.delta`` when it is sent as
-        ``parts`` block-aligned slices (any count and sizes give the same values; default 1).  The codec is
-        the one the exchange sent it with (``sent_as``, the round's controller choice) or else ``codec``
-        (the run's). The residual stays valid across codec changes: it is what the last sent values lacked,
-        whatever encoded them. Call it once the contribution went out; a no-op when error feedback is off."""
-        delivered = contribution.lowrank.commit() if contribution.lowrank is not None else None
-        if self.error_feedback is None:
-            return
-        if contribution.owner is not None:
-            contribution.owner.commit()
-        codec = get_codec(contribution.sent_as or codec)
-        feedback = self.error_feedback[contribution.fragment]
-        dropped = self._dropped.pop(contribution.fragment, None)
-        if dropped is not None:
-            dropped.forget()
-        if delivered is not None:  # a low-rank exchange: it delivered this peer's projection
-            feedback.update(contribution.delta, delivered)
-            return
-        if codec.lossless:
-            feedback.reset()
-            return
-        residual = dropped.residual(codec) if dropped is not None else None
-        if residual is not None and residual is contribution.delta:  # the exchange made it from the bytes it sent
-            feedback.install(residual)
-            return
-        if dropped is not None and dropped.touched:  # cannot happen to a round that committed; Δ is not Δ any more
-            log.warning("error feedback: the sent vector of fragment %d was only partly turned into its residual;"
-                        " the residual restarts from zero", contribution.fragment)
-            feedback.reset()
-            return
-        bounds = average.part_bounds(contribution.delta.numel(), parts or 1, codec.block)
-        feedback.update(contribution.delta, codec_round_trip(contribution.delta, codec, bounds))
+        """Error feedback: remember what the codec dropped from ``contribution`` once it went out
+        (``SentFeedback.record_sent``); a no-op when error feedback is off."""
+        self.feedback.record_sent(contribution, codec, parts)
+
+    @property
+    def error_feedback(self) -> list[ErrorFeedback] | None:
+        """Each fragment's error feedback (None: off)."""
+        return self.feedback.error_feedback
+
+    @property
+    def lowrank(self) -> list[LowRankState] | None:
+        """Each fragment's low-rank warm start (None: not a lowrank codec)."""
+        return self.feedback.lowrank
 
     def apply(self, avg_delta_flat: torch.Tensor, fragment: int | None,
               round_no: int) -> "GlobalState | TentativeState":
@@ -429,19 +380,8 @@ class LocalTrainer:
         return None if not t else self.tokens_per_step / t
 
     def eval_loss(self) -> float:
-        """Held-out loss of θg (not θl): θg's tensors stand in for θl's while it evaluates (on the CPU θg's own
-        memory, no copy; on another device a copy there), then θl's are put back."""
-        d = self.run.data
-        local = [p.data for p in self._params]
-        with torch.no_grad():
-            try:
-                for p, g in zip(self._params, self.global_params):
-                    p.data = g.to(p.device)
-                return eval_loss(self.model, self.corpus, batch_size=d.batch_size,
-                                 seq_len=d.seq_len, num_batches=d.eval_batches, loss=self.loss_fn)
-            finally:
-                for p, t in zip(self._params, local):
-                    p.data = t
+        """Held-out loss of θg (not θl), in θl's model (``swarm.train.global_eval``)."""
+        return global_eval_loss(self.model, self._params, self.global_params, self.corpus, self.run.data, self.loss_fn)
 
 
 def _fitting(state: GlobalState, shapes: list[torch.Size], outer: OuterOptimizer) -> GlobalState:

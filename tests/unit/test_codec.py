@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from swarm.core.average import part_bounds
-from swarm.core.codec import BLOCK, CHUNK, CODECS, ErrorFeedback, codec_round_trip, get_codec
+from swarm.core.codec import BLOCK, CHUNK, CODECS, codec_round_trip, get_codec
+from swarm.core.error_feedback import ErrorFeedback
 from swarm.core.codec_base import all_finite
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,7 +10,7 @@ from swarm.config import DataConfig, RunConfig
 from swarm.core.average import butterfly_bounds
 from swarm.core.codec import get_codec
 from swarm.net.contributions import encode_own as _encode
-from swarm.train import trainer as trainer_module
+from swarm.train import sent_feedback
 from swarm.train.trainer import LocalTrainer
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
@@ -39,7 +39,7 @@ def test_the_residual_the_exchange_leaves_is_the_one_a_second_encode_makes(codec
             _encode(get_codec(codec), flat, start, end, "key")  # each slice once, as the butterfly does
         recomputed.record_sent(again, codec, parts=k)
         with monkeypatch.context() as m:
-            m.setattr(trainer_module, "codec_round_trip", lambda *a: pytest.fail("the vector was encoded again"))
+            m.setattr(sent_feedback, "codec_round_trip", lambda *a: pytest.fail("the vector was encoded again"))
             exchanged.record_sent(sent, codec, parts=k)
         assert torch.equal(exchanged.error_feedback[0].residual, recomputed.error_feedback[0].residual)
         assert exchanged.error_feedback[0].residual.any()
@@ -66,7 +66,8 @@ def test_a_vector_the_exchange_did_not_encode_whole_is_encoded_again_at_the_comm
 @pytest.mark.slow
 def test_a_real_int4_butterfly_leaves_each_members_residual_in_its_sent_vector():
     from swarm.core.average import butterfly_reference, part_bounds
-    from swarm.core.codec import DroppedInPlace, codec_round_trip
+    from swarm.core.codec import codec_round_trip
+    from swarm.core.error_feedback import DroppedInPlace
     from swarm.net.rendezvous import group_key
     from tests.unit.test_exchange import RUN_ID, concurrently, deltas, results_of, three_peers
 

@@ -1,0 +1,94 @@
+"""What the wire dropped of one peer's contributions, per fragment: its error feedback (the residual added to
+the next Δ), its residual as a butterfly slice owner, and its low-rank warm start. The trainer takes a
+contribution through ``compensate`` and ``contribution``; a voided round hands it back (``returned``), a
+committed one records what its codec dropped (``record_sent``)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from swarm.config import RoundConfig
+from swarm.core import average
+from swarm.core.codec import Codec, codec_round_trip, get_codec
+from swarm.core.error_feedback import DroppedInPlace, ErrorFeedback
+from swarm.core.lowrank import LowRankState
+from swarm.core.owner_feedback import OwnerFeedback
+from swarm.train.contribution import Contribution
+
+log = logging.getLogger(__name__)
+
+
+class SentFeedback:
+    """One peer's feedback state of each fragment (``numels``: their sizes), as ``rounds`` asks for it."""
+
+    def __init__(self, rounds: RoundConfig, seed: int, numels: list[int]) -> None:
+        self.keep_unsent_locally = rounds.keep_unsent_locally
+        self.error_feedback: list[ErrorFeedback] | None = (
+            [ErrorFeedback(n, rounds.error_feedback_decay) for n in numels] if rounds.error_feedback else None
+        )
+        self.owner_feedback = [OwnerFeedback() for _ in numels] if rounds.error_feedback else None
+        # lowrank codecs: each fragment's warm-start Q (seeded alike on every peer: swarm.core.lowrank)
+        self.lowrank = ([LowRankState(seed * 1000 + f) for f in range(len(numels))]
+                        if get_codec(rounds.codec).lowrank else None)
+        self._dropped: dict[int, DroppedInPlace] = {}  # per fragment in flight: its Δ, turned into its residual
+
+    def compensate(self, fragment: int, delta: torch.Tensor) -> torch.Tensor:
+        """Δ plus the fragment's error-feedback residual (Δ itself when that is off, or kept locally: θl holds it)."""
+        if self.error_feedback is not None and not self.keep_unsent_locally:
+            return self.error_feedback[fragment].compensate(delta)
+        return delta
+
+    def contribution(self, fragment: int, delta: torch.Tensor, samples: int) -> Contribution:
+        """The fragment's contribution of ``delta`` (already compensated) and ``samples``, with its feedback."""
+        owner = self.owner_feedback[fragment] if self.owner_feedback is not None else None
+        if self.error_feedback is not None and self.lowrank is None:
+            # the exchange leaves what its codec drops of each slice in Δ's own memory as it encodes it
+            self._dropped[fragment] = DroppedInPlace.expect(delta)
+        return Contribution(fragment=fragment, delta=delta, samples=samples, owner=owner,
+                            lowrank=self.lowrank[fragment] if self.lowrank is not None else None)
+
+    def returned(self, contribution: Contribution) -> None:
+        """``contribution``'s round was voided: nothing it staged is kept, and its Δ is no longer expected."""
+        dropped = self._dropped.pop(contribution.fragment, None)
+        if dropped is not None:
+            dropped.forget()
+        if contribution.owner is not None:
+            contribution.owner.discard()
+        if contribution.lowrank is not None:
+            contribution.lowrank.discard()
+
+    def record_sent(self, contribution: Contribution, codec: Codec | str, parts: int | None = None) -> None:
+        """Error feedback: remember what the codec drops from ``contribution.delta`` when it is sent as
+        ``parts`` block-aligned slices (any count and sizes give the same values; default 1).  The codec is
+        the one the exchange sent it with (``sent_as``, the round's controller choice) or else ``codec``
+        (the run's). The residual stays valid across codec changes: it is what the last sent values lacked,
+        whatever encoded them. Call it once the contribution went out; a no-op when error feedback is off."""
+        delivered = contribution.lowrank.commit() if contribution.lowrank is not None else None
+        if self.error_feedback is None:
+            return
+        if contribution.owner is not None:
+            contribution.owner.commit()
+        codec = get_codec(contribution.sent_as or codec)
+        feedback = self.error_feedback[contribution.fragment]
+        dropped = self._dropped.pop(contribution.fragment, None)
+        if dropped is not None:
+            dropped.forget()
+        if delivered is not None:  # a low-rank exchange: it delivered this peer's projection
+            feedback.update(contribution.delta, delivered)
+            return
+        if codec.lossless:
+            feedback.reset()
+            return
+        residual = dropped.residual(codec) if dropped is not None else None
+        if residual is not None and residual is contribution.delta:  # the exchange made it from the bytes it sent
+            feedback.install(residual)
+            return
+        if dropped is not None and dropped.touched:  # cannot happen to a round that committed; Δ is not Δ any more
+            log.warning("error feedback: the sent vector of fragment %d was only partly turned into its residual;"
+                        " the residual restarts from zero", contribution.fragment)
+            feedback.reset()
+            return
+        bounds = average.part_bounds(contribution.delta.numel(), parts or 1, codec.block)
+        feedback.update(contribution.delta, codec_round_trip(contribution.delta, codec, bounds))
