@@ -36,7 +36,7 @@ def link(client, *, stop=None, give_up_after_s=None) -> CoordinatorLink:
 
 
 def test_a_coordinator_gone_after_it_said_the_run_finished_is_not_waited_for(monkeypatch):
-    monkeypatch.setattr("peer.coordinator_link.FINISHED_RETRY_S", 0.2)
+    monkeypatch.setattr("peer.coordinator_calls.FINISHED_RETRY_S", 0.2)
     finished = pb.RoundInfo(round=3, last_committed_round=3, last_committed_hash="ab" * 32, finished=True)
     c = link(GoneClient(finished))
     assert c.round_info(0).finished

@@ -158,7 +158,7 @@ def test_a_lone_peer_says_once_how_many_more_peers_round_1_waits_for(caplog) -> 
     options = SimpleNamespace(site="", device="cpu", name="n", join_timeout_s=5.0,
                               join=SimpleNamespace(address="127.0.0.1:1"))
     link.join(options, key=PeerKey.generate(), libp2p=None)
-    caplog.set_level(logging.INFO, logger="peer.coordinator_link")
+    caplog.set_level(logging.INFO, logger="peer.round_plans")
     for live in (1, 1, 1, 2, 2, 3):
         client.live = live
         link.get_round(0)
