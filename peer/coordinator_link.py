@@ -2,9 +2,9 @@
 on its own while the coordinator is unreachable (the backlog it reports once the coordinator is back).
 The round runner's Decider.
 
-``CoordinatorLink`` is the facade the daemon and the round runner use, composed of three parts: the retried calls
-(``peer.coordinator_calls``), the plan cache (``peer.round_plans``) and the offline decider with its backlog
-(``peer.offline_decider``)."""
+``CoordinatorLink`` is the facade the daemon and the round runner use, composed of four parts: the retried calls
+(``peer.coordinator_calls``), the plan cache (``peer.round_plans``), the report-and-wait decision of a round
+(``peer.round_decider``) and the offline decider with its backlog (``peer.offline_decider``)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from peer.coordinator_calls import Behind, CoordinatorCalls, Departed, PeerExit
 from peer.faults import FaultPlan
 from peer.offline_decider import Backlogged, GroupDecided, OfflineDecider
 from peer.retry import with_retry
+from peer.round_decider import RoundDecider
 from peer.round_plans import RoundPlans
 from swarm.control.client import CoordinatorClient, CoordinatorUnreachable
 from swarm.control.signing import Libp2pSigner
@@ -32,10 +33,6 @@ __all__ = ["Backlogged", "Behind", "CoordinatorLink", "Departed", "GroupDecided"
 
 logger = logging.getLogger(__name__)
 
-MAX_REPORTED_ERROR_BYTES = 1024  # the coordinator refuses a round report whose error is longer
-
-DECIDED = (pb.ROUND_OUTCOME_COMMITTED, pb.ROUND_OUTCOME_VOIDED)
-FALLBACK_AFTER_S = 2.0  # unreachable this long while awaiting a decision: the group's votes decide
 STOP_DECISION_WAIT_S = 3.0  # a peer asked to leave waits at most this long for the decision of a round it reported
 
 
@@ -57,6 +54,10 @@ class CoordinatorLink:
         self.offline = OfflineDecider(tag=tag)
         self.calls = CoordinatorCalls(client, stop=stop, tag=tag, finished=lambda: self.plans.final is not None,
                                       give_up_after_s=give_up_after_s)
+        self.decider = RoundDecider(calls=self.calls, plans=self.plans, offline=self.offline, get_round=self.get_round,
+                                    faults=faults, stop=stop, tag=tag, poll_s=lambda: self.poll_s,
+                                    leave_grace_s=self.leave_grace_s, peer_id=lambda: self.peer_id,
+                                    param_count=lambda: self.param_count)
         self.peer_id = ""
         self.member: Optional[Member] = None  # after join: this peer's key and credential (renewed by heartbeats)
         self.param_count = 0  # of this peer's model, carried by every report
@@ -257,93 +258,27 @@ class CoordinatorLink:
     def still_planned(self, round_no: int) -> bool:
         info = self.round_info(round_no)
         return info.outcome == pb.ROUND_OUTCOME_OPEN and self.peer_id in info.participants
-    # ---- decisions -----------------------------------------------------------------------------------
+
+    # ---- decisions (``peer.round_decider``) ----------------------------------------------------------
     def decide(self, vote: Vote) -> Decision:
         """Report ``vote`` and wait for the decision; should the coordinator be unreachable, the group's
         DHT votes decide when all are in (the round then joins the backlog)."""
-        round_no = vote.round_no
-        request = self.report_request(vote)
-        if self.faults.drops(round_no, "report"):
-            self.faults.at(round_no, "reported")
-            return self._decision(round_no, self.await_decision(round_no))
-        try:
-            self._counted(self.client.report_round(request), round_no)
-        except CoordinatorUnreachable as e:
-            if not (isinstance(e, Behind) and self.backlog and self._caught_up(request)):
-                decision = self.decide_by_group(vote, request, e)
-                if decision is not None:
-                    return decision
-                self.report_backlog_first()
-                self.call(lambda: self.client.report_round(request), f"report round {round_no}")
-        self.faults.at(round_no, "reported")
-        fallback = lambda error: self.decide_by_group(vote, request, error)  # noqa: E731
-        info = self.await_decision(round_no, fallback=fallback)
-        if isinstance(info, Decision):
-            return info
-        self.coordinator_decided = True
-        return self._decision(round_no, info)
-
-    @staticmethod
-    def _counted(response: pb.ReportRoundResponse, round_no: int) -> None:
-        """Behind when the coordinator is back but at an earlier round than this report's: it did not count it."""
-        if 0 < response.round.open_round < round_no:
-            raise Behind(f"the coordinator is at round {response.round.open_round}")
-
-    def _caught_up(self, request: pb.ReportRoundRequest) -> bool:
-        """Whether the coordinator, told the rounds the group decided without it, now counts this report. It catches
-        up from them, so a peer holding them reports them at once, before the group's votes: a chaos soak lost 8 s of
-        every peer to those votes when a groupmate had died before voting. False when it is still behind (e.g. it
-        voided the last of them): the votes decide after all."""
-        self.report_backlog_first()
-        try:
-            self._counted(self.call(lambda: self.client.report_round(request), f"report round {request.round}"),
-                          request.round)
-        except Behind:
-            return False
-        return True
+        return self.decider.decide(vote)
 
     def report_backlog_first(self) -> None:
-        """Before waiting for the coordinator's decision on this round, let it hear the rounds the group decided
-        without it: back but behind the group, it cannot reach this round until it has decided those, and a
-        member waiting here would otherwise hold them back until the coordinator gave up on the group's
-        reports (a chaos soak saw it commit a lone restarted peer's round instead, and the group resync).
-        The entries stay in the backlog: ``peer.backlog`` reports them again (a late report is ignored) and
-        checks every decision against the group's."""
-        for entry in self.offline.pending():
-            number = entry.request.round
-            self.call(lambda: self.client.report_round(entry.request), f"report round {number}")  # noqa: B023
-            self.await_decision(number)
+        """Let the coordinator hear the rounds the group decided without it (``RoundDecider.report_backlog_first``)."""
+        self.decider.report_backlog_first()
 
     def decide_by_group(self, vote: Vote, request: pb.ReportRoundRequest, error: Exception) -> Optional[Decision]:
         """The group's decision from its DHT votes (``OfflineDecider.decide``); None: wait for the coordinator."""
-        return self.offline.decide(vote, request, error, self.last_group)
+        return self.decider.decide_by_group(vote, request, error)
 
     def await_decision(self, round_no: int, fallback=None):
-        """The coordinator's RoundInfo once it decided ``round_no`` (or ``fallback``'s Decision, tried once
-        when it stays unreachable). A peer asked to leave still waits up to leave_grace_s, so that it
-        leaves holding the committed state."""
-        leave_by: Optional[float] = None
-        unreachable_since: Optional[float] = None
-        while True:
-            if self.stop.is_set():
-                leave_by = leave_by or time.monotonic() + self.leave_grace_s
-                if time.monotonic() > leave_by:
-                    raise PeerExit(0)
-            try:
-                info = self.get_round(round_no)
-                unreachable_since = None
-            except CoordinatorUnreachable as e:
-                logger.warning("%s waiting for the decision: %s", self.tag(round_no), e)
-                info = None
-                unreachable_since = unreachable_since or time.monotonic()
-                if fallback is not None and time.monotonic() - unreachable_since > FALLBACK_AFTER_S:
-                    decision, fallback = fallback(e), None
-                    if decision is not None:
-                        return decision
-                self.calls.give_up_if_gone(time.monotonic() - unreachable_since, f"waiting for the decision of round {round_no}")
-            if info is not None and info.outcome in DECIDED:
-                return info
-            time.sleep(self.poll_s if info is not None else 1.0)  # polled: there is no push
+        """The coordinator's RoundInfo once it decided ``round_no`` (``RoundDecider.await_decision``)."""
+        return self.decider.await_decision(round_no, fallback)
+
+    def report_request(self, vote: Vote) -> pb.ReportRoundRequest:
+        return self.decider.report_request(vote)
 
     def serve_final_state(self, serve_s: float, *, ready: Callable[[], None]) -> None:
         """After the run: stay a holder of the final state while live peers still hold an older one (a
@@ -366,26 +301,6 @@ class CoordinatorLink:
 
     def take_backlog(self) -> list[Backlogged]:
         return self.offline.take()
-
-    # ---- helpers -------------------------------------------------------------------------------------
-    def report_request(self, vote: Vote) -> pb.ReportRoundRequest:
-        averaged = vote.averaged
-        return pb.ReportRoundRequest(
-            peer_id=self.peer_id, round=vote.round_no, ok=vote.ok, state_hash=vote.state_hash, group=vote.group,
-            samples=vote.contribution.samples, inner_steps=vote.train.steps, inner_time_s=vote.train.inner_time_s,
-            exchange_time_s=averaged.seconds if averaged else 0.0,
-            bytes_sent=averaged.bytes_sent if averaged else 0,
-            bytes_received=averaged.bytes_received if averaged else 0, loss=vote.train.mean_loss,
-            error=vote.error.encode()[:MAX_REPORTED_ERROR_BYTES].decode(errors="ignore"), param_count=self.param_count,
-            upload_mbit_s=averaged.upload_mbit_s if averaged else math.nan,
-            download_mbit_s=averaged.download_mbit_s if averaged else math.nan,
-            rtt_ms=averaged.rtt_ms if averaged else math.nan,
-        )
-
-    @staticmethod
-    def _decision(round_no: int, info: pb.RoundInfo) -> Decision:
-        committed = info.committed_hash if info.outcome == pb.ROUND_OUTCOME_COMMITTED else None
-        return Decision(round_no, committed, finished=info.finished, holders=list(info.holders))
 
     def call(self, fn, what: str):
         """``fn()``, retrying while the coordinator is unreachable (``CoordinatorCalls.call``)."""
