@@ -1,12 +1,14 @@
 """Membership decisions: who joined, who is alive, who is ready, who is evicted and why.
 
 Pure functions over records with an explicit ``now``; they return new records (and, for a
-heartbeat, the rejection to send) and never touch the store or the clock.
+heartbeat, the rejection to send) and never touch the store or the clock. ``LeaseSweep`` remembers one fact
+besides: whether evictions for missed leases are paused while the server is saturated.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
@@ -30,6 +32,7 @@ _REPORTABLE_STATES = (JOINING,) + HOLDING_STATES  # what a heartbeat may set; le
 _OTHER_MODEL = "it builds a different model than the run"
 _OTHER_THETA0 = "it draws other initial weights than the run"
 # what a peer evicted for another model or θ0 must do: restarting it as it is would build the same model again
+logger = logging.getLogger(__name__)
 MISMATCH_REMEDY = ("use the run's [model] code (the same factory module, preset or hf_config) and the coordinator's "
                    "Swarm release, then start the peer again")
 
@@ -115,6 +118,37 @@ def restart_leases(peers: Iterable[PeerRecord], *, now: float, lease_s: float) -
 def renewed_leases(peers: Iterable[PeerRecord], *, until: float) -> list[PeerRecord]:
     """The live peers whose lease ends before ``until``, with it extended to ``until``."""
     return [dataclasses.replace(p, lease_expiry=until) for p in peers if p.alive and p.lease_expiry < until]
+
+
+class LeaseSweep:
+    """Which peers a sweep evicts for a missed lease, unless the server is saturated: their heartbeats may be among
+    the calls it queued or refused. Once it is not, every live peer has a full lease from then on."""
+
+    def __init__(self) -> None:
+        self.paused_since: Optional[float] = None  # evictions paused: the server is saturated
+        self.pauses = 0  # how often, since the start
+
+    def sweep(self, now: float, *, overloaded: bool, peers: Iterable[PeerRecord], expired: Iterable[PeerRecord],
+              lease_s: float) -> list[PeerRecord]:
+        """The records to save: the ``expired`` peers evicted, or the live ``peers`` renewed as a pause ends
+        (``expired`` is iterated only when nothing is paused)."""
+        if overloaded:
+            if self.paused_since is None:
+                self.paused_since = now
+                self.pauses += 1
+                logger.warning("coordinator saturated: no peer is evicted for a missed lease until it is not")
+            return []
+        changed: list[PeerRecord] = []
+        if self.paused_since is not None:
+            changed = renewed_leases(peers, until=now + lease_s)
+            logger.warning("coordinator no longer saturated after %.0fs: every live peer's lease runs %.0fs from now",
+                           now - self.paused_since, lease_s)
+            self.paused_since = None
+            return changed
+        for peer in expired:
+            changed.append(evict(peer, f"no heartbeat for {now - peer.last_seen:.0f}s"))
+            logger.warning("peer %s: evicted: %s", peer.peer_id, changed[-1].gone_reason)
+        return changed
 
 
 def with_links(peer: PeerRecord, report: pb.ReportRoundRequest) -> PeerRecord:

@@ -6,15 +6,19 @@ live peers (600 with the defaults) both stretch by ``live / (heartbeats_per_s ×
 heartbeats add up to ``heartbeats_per_s`` whatever the swarm's size, and a lease stays the same number of
 intervals long. Polls (a peer waiting for a round or a decision asks GetRound) are bounded the same way. A
 saturated coordinator multiplies all three by its slow-down factor (``coordinator.api.load``) before it
-refuses anyone. Pure: the engine calls ``pace_for`` with its live count and the load monitor's factor.
+refuses anyone. ``pace_for`` is pure; the engine calls it through a ``Pacer`` with its live count and the load
+monitor's factor, which logs the pace when its interval changed by a quarter.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 HEARTBEATS_PER_S = 300.0  # ~1.2 ms of CPU per signed call: ~0.36 of a core for every swarm's heartbeats
 POLLS_PER_S = 300.0
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,3 +49,22 @@ def pace_for(config: PaceConfig, live_peers: int, slowdown: float = 1.0) -> Pace
         lease_s=round(config.lease_s * stretch, 3),
         poll_interval_s=round(max(0, live_peers) / config.polls_per_s * slowdown, 3),
     )
+
+
+class Pacer:
+    """``pace_for`` with ``config``, and a log line whenever the heartbeat interval changed by a quarter or more
+    since it was last logged. ``last`` is the pace last asked for (read without a lock: /metrics)."""
+
+    def __init__(self, config: PaceConfig) -> None:
+        self._config = config
+        self._logged_interval_s = config.heartbeat_interval_s
+        self.last = pace_for(config, 0)
+
+    def pace(self, live_peers: int, slowdown: float = 1.0) -> Pace:
+        pace = pace_for(self._config, live_peers, slowdown)
+        if abs(pace.heartbeat_interval_s - self._logged_interval_s) >= 0.25 * self._logged_interval_s:
+            self._logged_interval_s = pace.heartbeat_interval_s
+            logger.info("pace for %d live peers: a heartbeat every %.1fs, a lease of %.0fs, polls at most every %.1fs",
+                        live_peers, pace.heartbeat_interval_s, pace.lease_s, pace.poll_interval_s)
+        self.last = pace
+        return pace

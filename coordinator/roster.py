@@ -83,6 +83,15 @@ class Roster:
         """How many peers are gone and were last seen before ``when``."""
         return bisect.bisect_left(self._gone, (when, ""))
 
+    def dht_addresses(self) -> list[str]:
+        """The DHT addresses of the peers not known to be gone: a restarted coordinator's DHT node dials
+        them, so the overlay the peers kept up meanwhile and the peers that join through it are one."""
+        return [m for p in self.peers.values() if p.alive for m in p.metrics.dht_maddrs]
+
+    def is_live_member(self, dht_peer_id: str) -> bool:
+        """Whether a libp2p id is a live member's (proven at its join)."""
+        return any(p.alive and p.dht_peer_id == dht_peer_id for p in self.peers.values())
+
     def page(self, from_index: int, size: int, listed: Callable[[PeerRecord], bool]) -> tuple[list[PeerRecord], int]:
         """Up to ``size`` peers for which ``listed`` holds, by index from ``from_index``; and the index to go on
         from (-1: none left)."""

@@ -65,6 +65,18 @@ def test_lease_expiry_evicts_only_after_the_lease() -> None:
     assert membership.expired([evicted], now=100.0) == []  # evicted once
 
 
+def test_a_lease_sweep_evicts_nobody_while_saturated_and_then_renews_every_live_lease() -> None:
+    peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=0.0, last_seen=0.0, lease_expiry=LEASE_S)
+    sweep = membership.LeaseSweep()
+    assert sweep.sweep(20.0, overloaded=True, peers=[peer], expired=[], lease_s=LEASE_S) == []
+    assert sweep.sweep(21.0, overloaded=True, peers=[peer], expired=[], lease_s=LEASE_S) == []
+    assert sweep.pauses == 1  # one pause, however many sweeps it lasts
+    (renewed,) = sweep.sweep(30.0, overloaded=False, peers=[peer], expired=[peer], lease_s=LEASE_S)
+    assert renewed.alive and renewed.lease_expiry == 30.0 + LEASE_S
+    (evicted,) = sweep.sweep(50.0, overloaded=False, peers=[renewed], expired=[renewed], lease_s=LEASE_S)
+    assert evicted.state == EVICTED and evicted.gone_reason == "no heartbeat for 50s"
+
+
 def test_heartbeat_records_stats_and_leaves_the_run_model_alone() -> None:
     run = run_record()
     peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=0.0, last_seen=0.0, lease_expiry=LEASE_S)

@@ -37,7 +37,7 @@ def test_status_pages_walk_every_listed_peer_once_with_totals_kept_as_peers_chan
 
     everything = fetch_all_pages(get_page)
     assert [p.id for p in everything.peers] == peers and sizes == [100, 100, 50]
-    whole = totals(list(engine._peers.values()), ddp_equivalent_bytes=0)
+    whole = totals(list(engine._state.peers.values()), ddp_equivalent_bytes=0)
     assert everything.totals.tokens == whole.tokens == sum(1000 + i for i in range(250)) - 1005 + 5000
     assert everything.totals.bytes_sent == 250 * 7 and everything.totals.compute_utilization == pytest.approx(0.5)
     first = status_to_dict(fetch_all_pages(get_page, max_peers=120))  # what `swarm status` lists by default
