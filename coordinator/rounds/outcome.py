@@ -81,11 +81,8 @@ def decide_round(
     reports as ``claim_of`` makes them, when the caller keeps them made. A participant the round went on without
     (``left_out``) that reported counts as planned: it was, and its report stands for it.
     """
-    spoke = {r.peer_id for r in reports if not is_restart_placeholder(r)}
-    participants = round_row.participants + tuple(
-        p for p in round_row.left_out if p in spoke and p not in round_row.participants)
+    participants, not_counted = _counted_participants(round_row, reports)
     members = set(participants)
-    not_counted = tuple(p for p in round_row.left_out if p not in members)
     counted = [r for r in reports if r.peer_id in members]
     if claims is None:
         claims = {r.peer_id: claim_of(r, {}) for r in counted}
@@ -123,6 +120,16 @@ def decide_round(
         missed=tuple(p for p in participants if p not in holding) + not_counted,
         ddp_equivalent_bytes=ddp_equivalent_bytes([by_peer[p] for p in holders], param_count=param_count),
     )
+
+
+def _counted_participants(round_row: RoundRecord, reports: Sequence[ReportRecord]) -> tuple[tuple[str, ...], ...]:
+    """The participants a decision counts (the planned ones and those left out that reported), and those left out
+    that it does not count (they did not report)."""
+    spoke = {r.peer_id for r in reports if not is_restart_placeholder(r)}
+    participants = round_row.participants + tuple(
+        p for p in round_row.left_out if p in spoke and p not in round_row.participants)
+    members = set(participants)
+    return participants, tuple(p for p in round_row.left_out if p not in members)
 
 
 def leave_out(now: float, round_row: RoundRecord, reports: Sequence[ReportRecord], ready: Collection[str],
