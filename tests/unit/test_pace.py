@@ -9,7 +9,7 @@ import pytest
 from coordinator.api.load import MAX_IN_FLIGHT, SLOW_DOWN_AT, LoadMonitor
 from coordinator.api.views import HOLDERS_SENT, holder_sample
 from coordinator.engine import CoordinatorEngine
-from coordinator.pace import HEARTBEATS_PER_S, PaceConfig, pace_for
+from coordinator.pace import HEARTBEATS_PER_S, PaceConfig, Pacer, pace_for
 from coordinator.store.database import Store
 from peer.heartbeat import HeartbeatThread
 from swarm.config import RoundConfig, RunConfig
@@ -39,6 +39,15 @@ def test_a_small_swarm_keeps_the_operators_interval_and_a_large_one_stays_within
     assert slowed.lease_s == pytest.approx(4 * pace_for(config, 10_000).lease_s, rel=1e-3)
     assert pace_for(config, 10_000).poll_interval_s == pytest.approx(10_000 / 300, rel=1e-3)
 
+
+
+def test_the_pace_is_logged_when_its_interval_changes_by_a_quarter(caplog: pytest.LogCaptureFixture) -> None:
+    pacer = Pacer(PaceConfig(heartbeat_interval_s=2.0, lease_s=15.0))
+    with caplog.at_level("INFO", logger="coordinator.pace"):
+        for live in (10, 600, 700, 900, 1000):  # intervals 2, 2, 2.33 (+17%), 3 (+50%), 3.33 (+11% of 3)
+            pacer.pace(live)
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["pace for 900 live peers"]
+    assert pacer.last == pace_for(PaceConfig(heartbeat_interval_s=2.0, lease_s=15.0), 1000)
 
 def test_the_engine_stretches_the_lease_of_a_large_swarm_so_slower_heartbeats_do_not_evict() -> None:
     now = [1_000.0]
