@@ -245,6 +245,7 @@ class CoordinatorLink:
 
     def planned(self, round_no: int) -> Optional[set[str]]:
         """Who the coordinator planned into ``round_no``; while it is down (or behind), the last group."""
+        self.plans.asking()
         try:
             info: Optional[pb.RoundInfo] = self.get_round(round_no)
         except Exception:

@@ -78,6 +78,12 @@ class RoundPlans:
         self._waiting_said = (next_round, missing)
         return next_round, missing
 
+    def asking(self) -> None:
+        """A ``planned`` question is on its way: until its answer says, the open round's plan and processes are
+        unknown."""
+        with self._lock:
+            self._processes, self._plan_open = {}, False
+
     def planned(self, round_no: int, info: Optional[pb.RoundInfo]) -> Optional[set[str]]:
         """Who the coordinator planned into ``round_no`` by ``info`` (None: it did not answer); while it is down (or
         behind), the last group."""
