@@ -39,8 +39,13 @@ def swarm(tmp_path):
     s.close()
 
 
-def test_two_peers_commit_identical_state_that_matches_the_simulator(swarm):
-    swarm.start_coordinator("--max-rounds", "3", "--min-peers", "2", "--inner-steps", "10", "--exit-grace-s", "0")
+def test_two_peers_commit_identical_state_that_matches_the_simulator(swarm, tmp_path):
+    # equal peers train every step: a start-up probe slowed by a busy machine must not cut a peer's first round
+    # (the simulator's peers run the full steps), so no time budget is tighter than the straggler slack allows
+    config = tmp_path / "run.toml"
+    config.write_text("[rounds]\nstraggler_slack_s = 600\n")
+    swarm.start_coordinator("--config", str(config), "--max-rounds", "3", "--min-peers", "2", "--inner-steps", "10",
+                            "--exit-grace-s", "0")
     swarm.start_peer("peer-0")
     swarm.start_peer("peer-1")
     codes = swarm.wait_peers(timeout_s=180)
@@ -51,7 +56,8 @@ def test_two_peers_commit_identical_state_that_matches_the_simulator(swarm):
     assert len(digests) == 1, "the peers ended with different global parameters"
 
     run = RunConfig()
-    run = run.replace(rounds=dataclasses.replace(run.rounds, inner_steps=10, max_rounds=3, min_peers=2))
+    run = run.replace(rounds=dataclasses.replace(run.rounds, inner_steps=10, max_rounds=3, min_peers=2,
+                                                 straggler_slack_s=600.0))
     assert_matches_simulator(swarm.final_model("peer-0"), run, peers=2, rounds=3)
 
 
