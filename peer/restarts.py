@@ -81,6 +81,8 @@ def supervise(run: Callable[[], int], *, max_restarts: int, preload: tuple[str, 
         code = _wait(pid)
         child.clear()
         _end_leftovers()
+        if stopping and code < 0 and -code != stopping[-1]:  # it died of something else as the signal came
+            return 128 + stopping[-1]
         if stopping or code in NOT_RESTARTED:
             return code if code >= 0 else 128 - code
         if restarts >= max_restarts:

@@ -17,6 +17,10 @@ from tests.integration.harness import Swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
+# Equal peers train every step: a start-up probe slowed by a busy machine must not cut a peer's first round (the
+# simulator's peers run the full steps), so no time budget is tighter than the straggler slack allows.
+EQUAL_BUDGETS = "straggler_slack_s = 600\n"
+
 
 def assert_matches_simulator(final_model, run: RunConfig, *, peers: int, rounds: int) -> None:
     """The real swarm's final θg equals the simulator's for the same config, bit for bit."""
@@ -40,10 +44,8 @@ def swarm(tmp_path):
 
 
 def test_two_peers_commit_identical_state_that_matches_the_simulator(swarm, tmp_path):
-    # equal peers train every step: a start-up probe slowed by a busy machine must not cut a peer's first round
-    # (the simulator's peers run the full steps), so no time budget is tighter than the straggler slack allows
     config = tmp_path / "run.toml"
-    config.write_text("[rounds]\nstraggler_slack_s = 600\n")
+    config.write_text("[rounds]\n" + EQUAL_BUDGETS)
     swarm.start_coordinator("--config", str(config), "--max-rounds", "3", "--min-peers", "2", "--inner-steps", "10",
                             "--exit-grace-s", "0")
     swarm.start_peer("peer-0")
@@ -153,7 +155,7 @@ def test_a_compressed_swarm_matches_the_simulator(swarm, tmp_path, config_text, 
     topk-int4 (the sparse all-gather), and the 1-bit sign and the ternary codecs, whose slice owners keep the
     residual of their re-encoded average across rounds (ternary with its peers' residual kept in θl)."""
     config = tmp_path / "run.toml"
-    config.write_text(config_text)
+    config.write_text(config_text + EQUAL_BUDGETS)  # every config's last section is [rounds]
     swarm.start_coordinator("--config", str(config), "--exit-grace-s", "0")
     swarm.start_peer("peer-0")
     swarm.start_peer("peer-1")
