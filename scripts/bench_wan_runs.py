@@ -17,21 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from testbed import Testbed, make_topology  # noqa: E402
-from testbed.processes import kill_family, read_join_string  # noqa: E402
+from testbed.processes import TWO_PEER_RUN, kill_family, read_join_string  # noqa: E402
 
-# Two peers, two short rounds of the tiny model (min_peers follows the hosts in a run).
-TWO_PEER_RUN = """
-[model]
-preset = "tiny"
-
-[rounds]
-inner_steps = 5
-max_rounds = 2
-min_peers = 2
-matchmaking_window_s = 10.0
-exchange_timeout_s = 10.0
-round_timeout_s = 30.0
-"""
 
 PREFIX = os.environ.get("SWARM_BENCH_PREFIX", "swb-")  # bench_wan.py's: its teardown removes these
 P2P_PORT = 7100  # each host is a namespace of its own, so every peer can take the same port

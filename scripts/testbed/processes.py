@@ -9,6 +9,21 @@ from typing import Any, Optional
 
 import psutil
 
+# Two peers, two short rounds of the tiny model: the runs across emulated hosts (min_peers set to the hosts' count
+# where more run).
+TWO_PEER_RUN = """
+[model]
+preset = "tiny"
+
+[rounds]
+inner_steps = 5
+max_rounds = 2
+min_peers = 2
+matchmaking_window_s = 10.0
+exchange_timeout_s = 10.0
+round_timeout_s = 30.0
+"""
+
 
 def read_join_string(coordinator: Any, *, timeout_s: float, log: Optional[Path] = None) -> str:
     """The join string a coordinator started with stdout=PIPE prints (``coordinator`` has ``stdout.readline()``

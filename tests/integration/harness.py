@@ -16,7 +16,7 @@ import psutil
 from swarm.app.status import status_to_dict
 from swarm.control.client import CoordinatorClient, CoordinatorError
 from swarm.control.joinstring import JoinString
-from testbed.processes import kill_family, read_join_string  # noqa: F401 (the tests import them from here)
+from testbed.processes import TWO_PEER_RUN, kill_family, read_join_string  # noqa: F401 (the tests import them from here)
 from tests.integration.cli_launcher import LaunchedCli, launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,19 +46,6 @@ def poll(predicate: Callable[[], object], *, timeout_s: float, what: str, interv
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
-# Two peers, two short rounds of the tiny model: the runs across emulated hosts (test_hosts, test_nat).
-TWO_PEER_RUN = """
-[model]
-preset = "tiny"
-
-[rounds]
-inner_steps = 5
-max_rounds = 2
-min_peers = 2
-matchmaking_window_s = 10.0
-exchange_timeout_s = 10.0
-round_timeout_s = 30.0
-"""
 
 
 @dataclass
