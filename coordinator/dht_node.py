@@ -20,9 +20,9 @@ from hivemind.utils.multiaddr import Multiaddr
 
 import swarm.net  # noqa: F401  first: it keeps hivemind's import from loading scipy.optimize (swarm.net.deferred_imports)
 from coordinator.api.limits import parse_dht_maddr
-from swarm.net.p2p_address import maddr
-from swarm.net.relay import Allowed, RelayNode
-from swarm.net.transport import exit_with_parent
+from swarm.net.link.p2p_address import maddr
+from swarm.net.link.relay import Allowed, RelayNode
+from swarm.net.bulk.transport import exit_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class DHTNode:
         logger.info("DHT node reconnected to %d of the %d peers it knew", reached, len(peers))
 
     def start_relay(self, allowed: Allowed) -> None:
-        """Forward streams between members that cannot dial each other (``swarm.net.relay``); ``allowed``
+        """Forward streams between members that cannot dial each other (``swarm.net.link.relay``); ``allowed``
         says whether a libp2p id is one of the run's live members."""
         assert self._dht is not None
         self.relay = RelayNode(self._dht, allowed)

@@ -18,7 +18,7 @@ from peer.faults import FaultPlan
 from peer.retry import clause, coordinator_back
 from peer.stats import PeerStats
 from swarm.control.client import CoordinatorBusy, CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
-from swarm.net.transport import FORK_LOCK
+from swarm.net.bulk.transport import FORK_LOCK
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from peer.coordinator_link import PeerExit
 from swarm.core.credential import KEY_FILE, CredentialError, PeerKey
-from swarm.net.libp2p_identity import IDENTITY_FILE, SPARE_FILE, Libp2pIdentity
+from swarm.net.link.libp2p_identity import IDENTITY_FILE, SPARE_FILE, Libp2pIdentity
 
 logger = logging.getLogger(__name__)
 

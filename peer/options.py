@@ -8,7 +8,7 @@ from typing import Optional
 
 from peer.faults import FaultPlan
 from swarm.control.joinstring import JoinString
-from swarm.net.tcp_congestion import CONGESTION_CONTROL
+from swarm.net.bulk.tcp_congestion import CONGESTION_CONTROL
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,7 +20,7 @@ class PeerOptions:
     site: str = ""
     name: str = ""
     threads: Optional[int] = None  # torch intra-op threads; None keeps torch's default
-    p2p_host: Optional[str] = None  # None: all interfaces, or loopback when the coordinator is (swarm.net.p2p_address)
+    p2p_host: Optional[str] = None  # None: all interfaces, or loopback when the coordinator is (swarm.net.link.p2p_address)
     p2p_port: int = 0
     announce_host: Optional[str] = None  # None: the address of the route to the coordinator
     uplink_mbit: float = 0.0  # the operator's word for this machine's uplink: paces the bulk sends (0: unpaced)

@@ -16,12 +16,12 @@ from swarm.config import RunConfig
 from swarm.control.client import CoordinatorClient
 from swarm.core import credential
 from swarm.core.state import GlobalState
-from swarm.net.libp2p_identity import Libp2pIdentity
-from swarm.net.p2p_address import choose_p2p_address, is_loopback, only_loopback, unreachable_sentence
+from swarm.net.link.libp2p_identity import Libp2pIdentity
+from swarm.net.link.p2p_address import choose_p2p_address, is_loopback, only_loopback, unreachable_sentence
 
 if TYPE_CHECKING:  # hivemind's modules: imported by the parts that use them, while the trainer builds
     from peer.group import DhtGroup
-    from swarm.net.transport import Transport
+    from swarm.net.bulk.transport import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class HivemindStateTransfer:
     showing ``member``'s credential."""
 
     def __init__(self, transport: Transport, *, run_id: str, timeout_s: float, member: credential.Member) -> None:
-        from swarm.net.state_transfer import StateServer
+        from swarm.net.bulk.state_transfer import StateServer
 
         self.transport, self.run_id, self.timeout_s, self.member = transport, run_id, timeout_s, member
         self.server = StateServer(transport, run_id=run_id, member=member)
@@ -48,7 +48,7 @@ class HivemindStateTransfer:
 
     def download(self, holders: list[str], *, round_no: int, expected_hash: str, like: GlobalState) -> tuple[GlobalState, int]:
         """The committed state of ``round_no`` (raises StateUnavailable); its hash is checked."""
-        from swarm.net.state_transfer import download_state
+        from swarm.net.bulk.state_transfer import download_state
 
         return download_state(self.transport, member=self.member, run_id=self.run_id, holders=holders, round_no=round_no,
                               expected_hash=expected_hash, like=like, timeout_s=self.timeout_s)
@@ -72,9 +72,9 @@ class PeerParts:
         It listens and announces as ``choose_p2p_address`` says, so that groupmates on other machines can
         reach it."""
         import peer.group  # noqa: F401  the group's and the state transfer's hivemind modules: imported in
-        import swarm.net.state_transfer  # noqa: F401  this (the DHT start's) thread, not the trainer build's
+        import swarm.net.bulk.state_transfer  # noqa: F401  this (the DHT start's) thread, not the trainer build's
         from swarm.net.dht_entries import validator_for
-        from swarm.net.transport import Transport, TransportStartFailed
+        from swarm.net.bulk.transport import Transport, TransportStartFailed
 
         address = choose_p2p_address(coordinator_host=options.join.host, p2p_host=options.p2p_host,
                                      announce_host=options.announce_host)
@@ -94,7 +94,7 @@ class PeerParts:
             logger.error("%s could not join the DHT through %s for %.0fs; check that the coordinator is running "
                          "and that this machine can reach its DHT port", tag, initial_peers, options.join_timeout_s)
             raise PeerExit(2)
-        from swarm.net.relay import use_relay
+        from swarm.net.link.relay import use_relay
 
         transport.relay = transport.run(use_relay(transport.p2p, initial_peers), timeout_s=30)
         visible = transport.visible_maddrs

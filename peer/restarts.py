@@ -45,7 +45,7 @@ PR_SET_PDEATHSIG = 1
 
 # What a peer imports on its way to training, imported once by the parent so that no child pays for it
 # (swarm.net first: it keeps hivemind's scipy import deferred, swarm/net/deferred_imports.py)
-PRELOAD = ("swarm.net", "torch", "hivemind", "swarm.net.transport", "swarm.net.allreduce", "peer.daemon",
+PRELOAD = ("swarm.net", "torch", "hivemind", "swarm.net.bulk.transport", "swarm.net.exchange.allreduce", "peer.daemon",
            "peer.run", "swarm.train.trainer", "swarm.train.eager_optimizer")
 
 

@@ -101,7 +101,7 @@ class PeerStateStore:
     def sync(self, info: pb.RoundInfo, holders: Callable[[int], list[str]]) -> bool:
         """Resume the newest committed state from this peer's own disk (a checkpoint or its vote), or else
         download it from a holder; either way its hash must be the committed one."""
-        from swarm.net.state_transfer import StateUnavailable  # hivemind: imported by the DHT start first
+        from swarm.net.bulk.state_transfer import StateUnavailable  # hivemind: imported by the DHT start first
 
         target = info.last_committed_round
         if self.disk_tried != target:

@@ -70,7 +70,7 @@ from swarm.control.client import CoordinatorClient, CoordinatorError, Coordinato
 from swarm.control.joinstring import JoinString  # noqa: E402
 from swarm.control.signing import CallSigner  # noqa: E402
 from swarm.core.credential import PeerKey  # noqa: E402
-from swarm.net.libp2p_identity import Libp2pIdentity  # noqa: E402
+from swarm.net.link.libp2p_identity import Libp2pIdentity  # noqa: E402
 from swarm.v1 import coordinator_pb2 as pb  # noqa: E402
 
 FAKE_HASH = "0" * 16  # the smallest hash: it would win a tie broken by the hash
@@ -317,7 +317,7 @@ class Attacker:
     def forge_dht_entries(self, status: dict, victims: list[str]) -> None:
         from hivemind.utils.timed_storage import get_dht_time
 
-        from swarm.net.rendezvous import group_key
+        from swarm.net.exchange.rendezvous import group_key
 
         run = status["run"]
         for round_no in (run["open_round"], run["open_round"] + 1):
@@ -343,7 +343,7 @@ class Attacker:
         from hivemind.utils.timed_storage import get_dht_time
 
         from swarm.net.dht_entries import EntryValidator
-        from swarm.net.rendezvous import group_key
+        from swarm.net.exchange.rendezvous import group_key
 
         if getattr(self, "replayer", None) is None:
             joined = self.liar_joined

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from swarm.core.aggregation import Aggregation  # noqa: E402
 from swarm.core.average import butterfly_bounds, stripe_count  # noqa: E402
 from swarm.core.codec import CODECS  # noqa: E402
-from swarm.net.result_vectors import ResultVectors  # noqa: E402
-from swarm.net.slice_reduction import check_sendable, decode_into, encode_slice, reduce_decoded  # noqa: E402
+from swarm.net.exchange.result_vectors import ResultVectors  # noqa: E402
+from swarm.net.exchange.slice_reduction import check_sendable, decode_into, encode_slice, reduce_decoded  # noqa: E402
 
 DENSE = ["fp32", "fp16", "bf16", "int8", "int4"]
 
@@ -47,7 +47,7 @@ def host_row(name: str, values: torch.Tensor, members: int, repeats: int) -> dic
     codec, numel = CODECS[name], values.numel()
     stripes = stripe_count(codec, numel, members)
     bounds = butterfly_bounds(numel, members, codec.block, stripes)
-    results, scratch = ResultVectors(), ResultVectors(keep=2 * members + 2)  # as swarm.net.allreduce.Exchange's
+    results, scratch = ResultVectors(), ResultVectors(keep=2 * members + 2)  # as swarm.net.exchange.allreduce.Exchange's
     weights = [float(i + 1) for i in range(members)]
     steps = dict.fromkeys(["check", "encode", "decode", "reduce", "decode_result"], 0.0)
     averaged = [encode_slice(codec, values[s:e], "bench") for s, e in bounds]  # what the owners send back

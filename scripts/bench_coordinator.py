@@ -80,7 +80,7 @@ def serve(state_dir: Path) -> None:
 
 def libp2p_pool(size: int, directory: Path) -> list[Any]:
     """``size`` libp2p identities for the simulated peers to share (each takes an RSA key generation)."""
-    from swarm.net.libp2p_identity import Libp2pIdentity  # hivemind: only the load generator needs it
+    from swarm.net.link.libp2p_identity import Libp2pIdentity  # hivemind: only the load generator needs it
 
     return [Libp2pIdentity.create(directory / f"p2p-{i}.key") for i in range(max(1, size))]
 

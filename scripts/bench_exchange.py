@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT))
 
 from swarm.core import credential  # noqa: E402
 from swarm.core.codec import CODECS  # noqa: E402
-from swarm.net.allreduce import Exchange  # noqa: E402
-from swarm.net.rendezvous import Member, group_key, rendezvous  # noqa: E402
-from swarm.net.transport import Transport  # noqa: E402
+from swarm.net.exchange.allreduce import Exchange  # noqa: E402
+from swarm.net.exchange.rendezvous import Member, group_key, rendezvous  # noqa: E402
+from swarm.net.bulk.transport import Transport  # noqa: E402
 
 
 def run_threads(fn, count: int, timeout_s: float) -> list:

@@ -128,8 +128,8 @@ def like_state(shapes):
 
 def serve(args: argparse.Namespace) -> None:
     from swarm.core.credential import PeerKey
-    from swarm.net.state_transfer import StateServer
-    from swarm.net.transport import Transport
+    from swarm.net.bulk.state_transfer import StateServer
+    from swarm.net.bulk.transport import Transport
     from testbed.members import make_member
 
     coordinator = PeerKey.load_or_create(args.coordinator_key)
@@ -169,9 +169,9 @@ def main() -> None:
     from peer.resume import save_vote, vote_dir
     from swarm.core.credential import PeerKey
     from swarm.core.state import state_from_tensors
-    from swarm.net import state_transfer
-    from swarm.net.state_transfer import download_state
-    from swarm.net.transport import Transport
+    from swarm.net.bulk import state_transfer
+    from swarm.net.bulk.state_transfer import download_state
+    from swarm.net.bulk.transport import Transport
     from testbed.members import make_member
 
     if args.window is not None:

@@ -35,7 +35,7 @@ from bench_wan_sites import section_hierarchical  # noqa: E402
 
 from testbed import Testbed, make_topology, missing_privileges, teardown  # noqa: E402
 from swarm.core.codec import CODECS  # noqa: E402
-from swarm.net.tcp_congestion import CONGESTION_CONTROL, congestion_problem  # noqa: E402
+from swarm.net.bulk.tcp_congestion import CONGESTION_CONTROL, congestion_problem  # noqa: E402
 from swarm.train.network_model import Costs, butterfly, ideal_exchange_s, make_peers  # noqa: E402
 
 PREFIX = os.environ.get("SWARM_BENCH_PREFIX", "swb-")  # every namespace of this benchmark; teardown removes only these
@@ -224,7 +224,7 @@ def codec_cpu_s_per_byte(codec: str, numel: int = 4_000_000, peers: int = 4) -> 
     import torch
 
     from swarm.core.aggregation import Aggregation
-    from swarm.net.slice_reduction import reduce_slice
+    from swarm.net.exchange.slice_reduction import reduce_slice
 
     torch.set_num_threads(1)
     c, flat = CODECS[codec], torch.randn(numel)

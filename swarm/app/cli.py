@@ -24,7 +24,7 @@ from swarm.app.flag_validation import validate_args
 from swarm.config import ConfigError, RunConfig, load_run_config
 from swarm.config.model_sources import check_model_sources
 from swarm.config.rounds_config import simulator_only
-from swarm.net.tcp_congestion import CONGESTION_CONTROL
+from swarm.net.bulk.tcp_congestion import CONGESTION_CONTROL
 
 
 def _setup_logging(verbose: bool) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from swarm.net.tcp_congestion import CONGESTION_CONTROL, SYSTEM
+from swarm.net.bulk.tcp_congestion import CONGESTION_CONTROL, SYSTEM
 
 
 def _add_history_parsers(sub) -> None:

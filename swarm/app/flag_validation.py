@@ -9,7 +9,7 @@ import os
 import re
 from typing import Optional
 
-from swarm.net.tcp_congestion import congestion_problem
+from swarm.net.bulk.tcp_congestion import congestion_problem
 
 # (flag, low, high) per command: the range of each number a user may give.
 _NUMBER_FLAGS: dict[str, tuple[tuple[str, float, float], ...]] = {

@@ -19,7 +19,7 @@ FRAGMENT_PATTERNS = ("strided", "contiguous", "balanced")
 AGGREGATIONS = ("mean", "clipped_mean", "trimmed_mean")
 # coordinator.rounds.controller: "off" keeps [rounds] codec and equal slices; "auto" adapts them to measured links.
 CONTROLLERS = ("off", "auto")
-# How a group averages (swarm.net.allreduce): "auto" is "all_gather" when the run admits strangers, else "butterfly".
+# How a group averages (swarm.net.exchange.allreduce): "auto" is "all_gather" when the run admits strangers, else "butterfly".
 EXCHANGES = ("auto", "butterfly", "all_gather")
 
 

@@ -97,7 +97,7 @@ class CallSigner:
 
 
 class Libp2pSigner(Protocol):
-    """The peer's libp2p identity as a join needs it (``swarm.net.libp2p_identity.Libp2pIdentity``)."""
+    """The peer's libp2p identity as a join needs it (``swarm.net.link.libp2p_identity.Libp2pIdentity``)."""
 
     peer_id: str
     public_key: bytes

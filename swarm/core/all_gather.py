@@ -1,4 +1,4 @@
-"""The average a sparse all-gather delivers (``swarm.net.sparse_gather``), computed in one process, and
+"""The average a sparse all-gather delivers (``swarm.net.exchange.sparse_gather``), computed in one process, and
 the bytes it moves.
 
 A sparse codec's sum of K contributions is denser than each, so re-encoding an average (the butterfly)

@@ -201,7 +201,7 @@ def butterfly_reference(
     owners: Sequence[OwnerFeedback | None] | None = None,
     pair_bytes: list[list[int]] | None = None,
 ) -> torch.Tensor:
-    """The average a butterfly all-reduce delivers to every member (``swarm.net.allreduce``), computed in one
+    """The average a butterfly all-reduce delivers to every member (``swarm.net.exchange.allreduce``), computed in one
     process: each contribution is cut into ``parts`` slices aligned to the codec's block (default: one per
     contributor in each of ``stripe_count`` stripes, slice i owned by contributor i % K, as the network
     cuts them: ``butterfly_bounds``); every slice goes over the wire encoded, so its owner reduces the decoded

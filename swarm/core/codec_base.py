@@ -38,7 +38,7 @@ class Codec(abc.ABC):
 
     name: str
     block: int = 1
-    gathered: bool = False  # True: exchanged by all-gather (swarm.net.sparse_gather), not by the butterfly
+    gathered: bool = False  # True: exchanged by all-gather (swarm.net.exchange.sparse_gather), not by the butterfly
     # True: a butterfly slice owner keeps what re-encoding its averaged slice lost and adds it next round
     # (swarm.core.owner_feedback), with error feedback on; for codecs too coarse to re-encode for free.
     owner_feedback: bool = False

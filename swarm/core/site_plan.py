@@ -1,6 +1,6 @@
 """Two-level averaging's plan and math (``[rounds] hierarchical``): which members of a round's group average
 together inside a site, who represents each of those sub-groups across sites, and the average that the
-two levels deliver (``two_level_reference``), which the exchange (``swarm.net.two_level``) and the
+two levels deliver (``two_level_reference``), which the exchange (``swarm.net.exchange.two_level``) and the
 simulator both compute, bit for bit.
 
 The plan is a pure function of the group's sites in group order (peer index order), and the sites come from

@@ -35,7 +35,7 @@ _FP16_MAX = float(np.finfo(np.float16).max)
 class TopKCodec(Codec):
     """The k largest-magnitude values of every chunk, in ``values`` (fp16, int8 or int4) format."""
 
-    gathered = True  # exchanged by all-gather (swarm.net.sparse_gather): sums of sparse vectors are not sparse
+    gathered = True  # exchanged by all-gather (swarm.net.exchange.sparse_gather): sums of sparse vectors are not sparse
 
     def __init__(self, values: str, density: float, *, chunk: int = CHUNK) -> None:
         if values not in VALUE_FORMATS:

@@ -2,7 +2,7 @@
 
 Two peers of different generations cannot average together, so a coordinator admits only peers of its
 own generation (``JoinRequest.protocol``), a peer leaves a coordinator of another (``JoinResponse.protocol``),
-and every member posts it with its rendezvous entry (``swarm.net.rendezvous.Member.protocol``). Raise it with
+and every member posts it with its rendezvous entry (``swarm.net.exchange.rendezvous.Member.protocol``). Raise it with
 any change that makes an exchange of the new code fail against the old.
 """
 

@@ -290,7 +290,7 @@ class RoundRunner:
             started = time.perf_counter()
             tentative = self.trainer.apply(averaged.average, contribution.fragment, round_no)
             # applied (the outer step keeps copies): the vote keeps the exchange's numbers, not its model-sized
-            # result, whose memory the next exchange may then reuse (swarm.net.result_vectors)
+            # result, whose memory the next exchange may then reuse (swarm.net.exchange.result_vectors)
             averaged = dataclasses.replace(averaged, average=RELEASED)
             self.store.save_vote(tentative)  # before the hash is reported: the round survives on disk
             tentative.state_hash  # noqa: B018  (computed once, here, when the vote did not already)

@@ -78,7 +78,7 @@ def test_bare_peers_on_two_other_hosts_commit_every_round_and_end_identical(host
 def test_peers_that_listen_on_loopback_are_told_the_fix_and_still_train_through_the_relay(hosts, tmp_path):
     """The old default (--p2p-host 127.0.0.1) on separate hosts: each peer warns at start that groupmates cannot
     reach it and what to pass; its groupmate's dial fails, and the round goes through the coordinator's relay
-    instead of failing (swarm/net/relay.py), so both commit every round and end on the same model."""
+    instead of failing (swarm/net/link/relay.py), so both commit every round and end on the same model."""
     config = tmp_path / "run.toml"
     config.write_text(TWO_PEER_RUN)
     procs: list[subprocess.Popen] = []

@@ -2,7 +2,7 @@
 admits nothing inbound) join with the bare `swarm peer --join STRING --device cpu` beside a public peer; all
 three commit every round and end on the same model. No port forwarding, no VPN: a NAT peer dials the public
 groupmate itself, and libp2p carries that groupmate's slices back over the connection; the two NAT peers can dial
-neither way, so their slices go through the coordinator's relay (swarm.net.relay)."""
+neither way, so their slices go through the coordinator's relay (swarm.net.link.relay)."""
 
 from __future__ import annotations
 

@@ -32,9 +32,9 @@ from swarm.core.codec import get_codec
 from swarm.core.credential import PeerKey
 from swarm.core.state import GlobalState
 from swarm.net.dht_entries import sign_entry
-from swarm.net.libp2p_identity import Libp2pIdentity
-from swarm.net.rendezvous import group_key
-from swarm.net.state_transfer import StateUnavailable
+from swarm.net.link.libp2p_identity import Libp2pIdentity
+from swarm.net.exchange.rendezvous import group_key
+from swarm.net.bulk.state_transfer import StateUnavailable
 from swarm.net.votes import Vote as DhtVote
 from swarm.net.votes import group_id, vote_key
 from swarm.train.round import Averaged, SyncFailed, Vote

@@ -13,8 +13,8 @@ from swarm.config import AGGREGATIONS, ConfigError, DataConfig, InnerOptConfig, 
 from swarm.core.aggregation import RULES, Aggregation, trim_count
 from swarm.core.average import butterfly_reference, weighted_average
 from swarm.core.codec import CODECS
-from swarm.net.allreduce import ExchangeFailed
-from swarm.net.slice_reduction import decode_slice, reduce_slice
+from swarm.net.exchange.allreduce import ExchangeFailed
+from swarm.net.exchange.slice_reduction import decode_slice, reduce_slice
 from swarm.train.sim import simulate
 from swarm.train.trainer import Contribution
 

@@ -198,7 +198,7 @@ def test_part_bounds_cover_the_vector_in_aligned_nearly_equal_slices(numel, part
 
 
 def _butterfly_by_hand(contributions, weights, codec, parts):
-    """What swarm.net.allreduce does, written out: slice, encode/decode each slice, reduce, encode/decode once more."""
+    """What swarm.net.exchange.allreduce does, written out: slice, encode/decode each slice, reduce, encode/decode once more."""
     n = contributions[0].numel()
     blocks = -(-n // codec.block)
     base, extra = divmod(blocks, parts)

@@ -1,4 +1,4 @@
-"""The bulk channel (swarm.net.bulk_channel) under the butterfly all-reduce, three real hivemind peers in one
+"""The bulk channel (swarm.net.bulk.bulk_channel) under the butterfly all-reduce, three real hivemind peers in one
 process: slices that go over it give every member the simulator's bits; bytes that an on-path attacker changes
 are refused while the exchange still completes; a member without a reachable bulk address still exchanges; bytes
 not yet verified stay under the channel's cap."""
@@ -19,7 +19,7 @@ import torch
 from hivemind.p2p import PeerID
 
 from swarm.core.average import butterfly_reference, stripe_count
-from swarm.net.bulk_channel import (
+from swarm.net.bulk.bulk_channel import (
     BAD_FRAME,
     MAGIC,
     MAX_CLAIMS_PER_SENDER,
@@ -33,9 +33,9 @@ from swarm.net.bulk_channel import (
     parse_bulk_address,
     tag,
 )
-from swarm.net.link_stats import throughput_mbit_s
-from swarm.net.rendezvous import Member, group_digest, group_key
-from swarm.net.tcp_congestion import CONGESTION_CONTROL, try_congestion
+from swarm.net.link.link_stats import throughput_mbit_s
+from swarm.net.exchange.rendezvous import Member, group_digest, group_key
+from swarm.net.bulk.tcp_congestion import CONGESTION_CONTROL, try_congestion
 from swarm.v1 import exchange_pb2
 from tests.unit.test_exchange import Peer, concurrently, results_of, three_peers
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from swarm.core.codec import CODECS
-from swarm.net.chunk_stream import SlicePayload, chunk_messages, settle
-from swarm.net.transport import CHUNK_BYTES
+from swarm.net.bulk.chunk_stream import SlicePayload, chunk_messages, settle
+from swarm.net.bulk.transport import CHUNK_BYTES
 
 pytestmark = pytest.mark.timeout(60)
 

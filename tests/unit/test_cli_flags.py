@@ -67,7 +67,7 @@ def test_a_congestion_control_this_process_may_not_pick_is_named_with_the_fix(mo
     (EPERM for the others, as for cubic on this machine when not root)."""
     import errno
 
-    import swarm.net.tcp_congestion as congestion
+    import swarm.net.bulk.tcp_congestion as congestion
     monkeypatch.setattr(congestion, "try_congestion", lambda name: PermissionError(errno.EPERM, "not permitted"))
     assert _refused(["peer", "--join", JOIN, "--tcp-congestion", "cubic"], capsys) == (
         "swarm: error: --tcp-congestion cubic: this system has it but lets this process use only the controls in "
@@ -79,8 +79,8 @@ def test_a_congestion_control_this_process_may_not_pick_is_named_with_the_fix(mo
 def test_a_connection_that_cannot_pick_its_control_keeps_the_default_and_says_so_once(caplog) -> None:
     import socket
 
-    import swarm.net.tcp_congestion as congestion
-    from swarm.net.tcp_congestion import set_congestion
+    import swarm.net.bulk.tcp_congestion as congestion
+    from swarm.net.bulk.tcp_congestion import set_congestion
     congestion._warned.discard("no-such-control")  # once per process: an earlier test may have warned
     default = [socket.socket() for _ in range(2)]
     try:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from swarm.core.credential import PeerKey
 from swarm.core.signed_entry import verify_signed
 from swarm.net.dht_entries import EntryRejected, EntryValidator, sign_entry, verify_entry
-from swarm.net.rendezvous import Member
+from swarm.net.exchange.rendezvous import Member
 from swarm.net.votes import Vote
 from testbed.members import make_member
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.dht_node import DHTNode
-from swarm.net.transport import Transport
+from swarm.net.bulk.transport import Transport
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,8 +16,8 @@ from testbed.members import make_member
 
 from swarm.core.credential import PeerKey
 from swarm.net.dht_entries import guard, read_entries, store_entry
-from swarm.net.rendezvous import Member, group_key
-from swarm.net.transport import Transport
+from swarm.net.exchange.rendezvous import Member, group_key
+from swarm.net.bulk.transport import Transport
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from attack import store_at_each_node  # noqa: E402  the soak's replay, one node at a time

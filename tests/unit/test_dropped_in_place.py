@@ -9,7 +9,7 @@ import torch
 from swarm.config import DataConfig, RunConfig
 from swarm.core.average import butterfly_bounds
 from swarm.core.codec import get_codec
-from swarm.net.contributions import encode_own as _encode
+from swarm.net.exchange.contributions import encode_own as _encode
 from swarm.train import sent_feedback
 from swarm.train.trainer import LocalTrainer
 
@@ -68,7 +68,7 @@ def test_a_real_int4_butterfly_leaves_each_members_residual_in_its_sent_vector()
     from swarm.core.average import butterfly_reference, part_bounds
     from swarm.core.codec import codec_round_trip
     from swarm.core.error_feedback import DroppedInPlace
-    from swarm.net.rendezvous import group_key
+    from swarm.net.exchange.rendezvous import group_key
     from tests.unit.test_exchange import RUN_ID, concurrently, deltas, results_of, three_peers
 
     for peers in three_peers():

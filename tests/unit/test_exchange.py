@@ -26,14 +26,14 @@ from swarm.core.credential import PeerKey
 from swarm.core.owner_feedback import OwnerFeedback
 from swarm.core.signed_entry import entry_body
 from swarm.core.wire_protocol import PROTOCOL
-from swarm.net import restarted_groupmates
-from swarm.net.allreduce import Exchange, ExchangeFailed, ExchangeResult
+from swarm.net.exchange import restarted_groupmates
+from swarm.net.exchange.allreduce import Exchange, ExchangeFailed, ExchangeResult
 from swarm.net.dht_entries import EntryValidator, guard, read_entries, sign_entry, store_entry
-from swarm.net.link_stats import LinkEstimates
-from swarm.net.rendezvous import Member, group_digest, group_key, rendezvous
-from swarm.net.slice_inbox import MAX_OPEN_KEYS
-from swarm.net.slice_reduction import check_agreement
-from swarm.net.transport import Transport
+from swarm.net.link.link_stats import LinkEstimates
+from swarm.net.exchange.rendezvous import Member, group_digest, group_key, rendezvous
+from swarm.net.exchange.slice_inbox import MAX_OPEN_KEYS
+from swarm.net.exchange.slice_reduction import check_agreement
+from swarm.net.bulk.transport import Transport
 from swarm.net.votes import Vote, collect_votes, post_vote, vote_key
 from swarm.v1 import exchange_pb2
 from testbed.members import make_member
@@ -576,7 +576,7 @@ def test_a_members_message_for_a_part_its_exchange_does_not_have_is_refused_and_
 
 
 def test_a_group_smaller_than_the_runs_live_peers_takes_a_proportionally_smaller_outer_step():
-    from swarm.net.rendezvous import participation_scale
+    from swarm.net.exchange.rendezvous import participation_scale
 
     def m(i: int, live: int) -> Member:
         return Member(peer_id=f"p{i}", dht_peer_id=f"d{i}", index=i, weight=8.0, numel=10, codec="fp32",

@@ -11,8 +11,8 @@ from swarm.core.average import butterfly_reference, weighted_average
 from swarm.core.codec import get_codec
 from swarm.core.error_feedback import DroppedInPlace
 from swarm.core.owner_feedback import OwnerFeedback
-from swarm.net.alone import average_alone
-from swarm.net.slice_reduction import ExchangeFailed
+from swarm.net.exchange.alone import average_alone
+from swarm.net.exchange.slice_reduction import ExchangeFailed
 
 pytestmark = [pytest.mark.timeout(60)]
 

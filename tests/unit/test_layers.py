@@ -190,13 +190,13 @@ def test_the_checker_catches_upward_and_lazy_imports_and_hivemind_below_net():
     graph = import_graph({
         "swarm": "",
         "swarm.core": "",
-        "swarm.core.math": "def f():\n    from swarm.net.transport import Transport\n",
+        "swarm.core.math": "def f():\n    from swarm.net.bulk.transport import Transport\n",
         "swarm.train": "",
         "swarm.train.model": "import hivemind\nfrom ..core import math\n",
         "swarm.net": "",
-        "swarm.net.transport": "from swarm.core.math import f\n",
+        "swarm.net.bulk.transport": "from swarm.core.math import f\n",
         "swarm.control": "",
-        "swarm.control.client": "from swarm.net import transport\n",
+        "swarm.control.client": "from swarm.net.bulk import transport\n",
         "peer": "",
         "peer.daemon": "from swarm.app import cli\n",
         "swarm.app": "",
@@ -206,12 +206,12 @@ def test_the_checker_catches_upward_and_lazy_imports_and_hivemind_below_net():
     assert graph["swarm.train.model"] == {"hivemind", "swarm.core.math"}  # relative import resolved
     assert violations(graph) == [
         "peer.daemon imports swarm.app.cli (peer may not import swarm.app)",
-        "swarm.control.client imports swarm.net.transport (swarm.control may not import swarm.net)",
-        "swarm.core.math imports swarm.net.transport (swarm.core may not import swarm.net)",
+        "swarm.control.client imports swarm.net.bulk.transport (swarm.control may not import swarm.net)",
+        "swarm.core.math imports swarm.net.bulk.transport (swarm.core may not import swarm.net)",
         "swarm.extra is in no layer; add swarm.extra to ALLOWED in tests/unit/test_layers.py",
         "swarm.train.model imports hivemind (swarm.train may not import hivemind)",
     ]
     assert sorted(cycles(graph)) == [
         ["peer.daemon", "swarm.app.cli", "peer.daemon"],
-        ["swarm.core.math", "swarm.net.transport", "swarm.core.math"],  # through a lazy import
+        ["swarm.core.math", "swarm.net.bulk.transport", "swarm.core.math"],  # through a lazy import
     ]

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from swarm.net.link_stats import EWMA_ALPHA, MIN_TRANSFER_BYTES, LinkEstimates, LinkTimings, Transfer, throughput_mbit_s
+from swarm.net.link.link_stats import EWMA_ALPHA, MIN_TRANSFER_BYTES, LinkEstimates, LinkTimings, Transfer, throughput_mbit_s
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -64,7 +64,7 @@ def test_non_finite_or_negative_samples_are_ignored() -> None:
 
 
 def test_a_link_ten_times_slower_is_taken_at_once_while_noise_is_smoothed():
-    from swarm.net.link_stats import Ewma
+    from swarm.net.link.link_stats import Ewma
 
     estimate = Ewma()
     for sample in (100.0, 120.0, 85.0, 110.0):

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from swarm.net.p2p_address import (
+from swarm.net.link.p2p_address import (
     P2PAddress,
     choose_p2p_address,
     free_port,
@@ -15,7 +15,7 @@ from swarm.net.p2p_address import (
     route_source_address,
     unreachable_sentence,
 )
-from swarm.net.transport import Transport
+from swarm.net.bulk.transport import Transport
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 

@@ -1,4 +1,4 @@
-"""The coordinator's relay (swarm.net.relay) with real libp2p daemons on loopback: a stream and a unary call reach a
+"""The coordinator's relay (swarm.net.link.relay) with real libp2p daemons on loopback: a stream and a unary call reach a
 groupmate through it as coming from their sender; a non-member is refused; only the coordinator may relay.
 (Loopback dials never fail, so the sender is told to go through the relay first; the fall-back on a failed dial is
 shown across NAT hosts in tests/integration/test_nat.py.)"""
@@ -10,7 +10,7 @@ import asyncio
 import pytest
 from hivemind.p2p import P2P, P2PContext
 
-from swarm.net.relay import RELAYED, RelayClient, RelayServer, _frame
+from swarm.net.link.relay import RELAYED, RelayClient, RelayServer, _frame
 from swarm.v1 import exchange_pb2
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from swarm.net.result_vectors import ResultVectors
+from swarm.net.exchange.result_vectors import ResultVectors
 
 pytestmark = pytest.mark.timeout(30)
 

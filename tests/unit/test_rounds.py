@@ -531,7 +531,7 @@ def test_an_open_round_names_each_participants_current_process_also_after_a_rest
     assert list(info.participants) == [a, b]
     assert list(info.participant_dht_ids) == ["dht-a", "dht-b-first"]  # the ids they joined with
     # b's process dies and its successor joins with the same key and a new libp2p id, mid-round: groupmates
-    # must not take an entry its old process left for its own (swarm/net/rendezvous.py)
+    # must not take an entry its old process left for its own (swarm/net/exchange/rendezvous.py)
     engine_join(engine, key=key, dht_peer_id="dht-b-second")
     info = engine.round_info(a, 1)
     assert dict(zip(info.participants, info.participant_dht_ids)) == {a: "dht-a", b: "dht-b-second"}

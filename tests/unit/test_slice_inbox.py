@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from swarm.net.exchange_failed import ExchangeFailed
-from swarm.net.slice_inbox import MAX_FAILED_KEYS, SliceInbox
+from swarm.net.exchange.exchange_failed import ExchangeFailed
+from swarm.net.exchange.slice_inbox import MAX_FAILED_KEYS, SliceInbox
 from swarm.v1 import exchange_pb2
 
 pytestmark = pytest.mark.timeout(30)
@@ -70,7 +70,7 @@ def test_only_the_latest_failed_keys_are_kept_and_a_new_exchange_of_one_takes_sl
 
 
 def test_a_member_whose_process_is_gone_fails_the_exchange_only_while_one_of_its_slices_is_missing() -> None:
-    """Its restarted process showed up (swarm.net.restarted_groupmates): slices its old process sent before it died
+    """Its restarted process showed up (swarm.net.exchange.restarted_groupmates): slices its old process sent before it died
     still count, and only a wait for one it never sent fails at once."""
     async def scenario() -> None:
         box = inbox()

@@ -16,7 +16,7 @@ from swarm.core.all_gather import gather_reference
 from swarm.core.average import part_bounds
 from swarm.core.codec import codec_round_trip, get_codec
 from swarm.core.error_feedback import ErrorFeedback
-from swarm.net.rendezvous import group_key
+from swarm.net.exchange.rendezvous import group_key
 from swarm.train.sim import simulate
 from tests.unit.test_exchange import Peer, concurrently, deltas, results_of, three_peers
 

@@ -13,7 +13,7 @@ import pytest
 
 from peer.identity import fresh_libp2p_identity, make_spare_libp2p_identity
 from peer.startup import StartupClock, seconds_since_launch
-from swarm.net.libp2p_identity import IDENTITY_FILE, SPARE_FILE, Libp2pIdentity
+from swarm.net.link.libp2p_identity import IDENTITY_FILE, SPARE_FILE, Libp2pIdentity
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(30)]
 
@@ -67,7 +67,7 @@ def test_an_identity_made_without_hivemind_is_one_hivemind_reads_and_names_the_s
 
 
 def test_a_key_file_that_is_not_a_libp2p_rsa_key_is_refused(tmp_path):
-    from swarm.net.libp2p_identity import KeyDecodeError, decode_key, encode_key
+    from swarm.net.link.libp2p_identity import KeyDecodeError, decode_key, encode_key
 
     assert decode_key(encode_key(0, b"x" * 300)) == (0, b"x" * 300)
     for damaged in (b"", b"\x08", b"\x08\x00\x12\x05abc", b"\x10\x00\x12\x01a", encode_key(0, b"ab") + b"!"):

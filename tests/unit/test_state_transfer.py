@@ -24,9 +24,9 @@ from swarm.core.state import (
     state_tensors,
     tensors_from_buffer,
 )
-from swarm.net import state_transfer
-from swarm.net.state_transfer import StateServer, StateUnavailable, download_state
-from swarm.net.transport import CHUNK_BYTES, Transport
+from swarm.net.bulk import state_transfer
+from swarm.net.bulk.state_transfer import StateServer, StateUnavailable, download_state
+from swarm.net.bulk.transport import CHUNK_BYTES, Transport
 from swarm.v1 import exchange_pb2
 from testbed.members import make_member
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.net.transport import Transport, TransportStartFailed
+from swarm.net.bulk.transport import Transport, TransportStartFailed
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +50,7 @@ def _running(pid: int) -> bool:
 
 def test_the_dht_process_and_its_p2pd_end_when_the_process_that_started_them_is_killed():
     """A kill -9 of a peer or coordinator must not leave its DHT node answering in the overlay."""
-    code = ("import time; from swarm.net.transport import Transport; t = Transport(initial_peers=[]); "
+    code = ("import time; from swarm.net.bulk.transport import Transport; t = Transport(initial_peers=[]); "
             "print(t.dht.pid, flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
@@ -73,7 +73,7 @@ def test_a_dht_process_that_never_hands_over_its_p2p_is_a_start_to_retry_and_the
     code = ("import asyncio, hivemind\n"
             "async def never(self): await asyncio.sleep(3600)\n"
             "hivemind.DHT.replicate_p2p = never\n"
-            "from swarm.net.transport import Transport, TransportStartFailed\n"
+            "from swarm.net.bulk.transport import Transport, TransportStartFailed\n"
             "try:\n"
             "    Transport(initial_peers=[], start_timeout_s=15)\n"
             "except TransportStartFailed as e:\n"
@@ -89,7 +89,7 @@ def test_a_dht_process_that_ignores_its_shutdown_is_killed_and_the_process_still
             "    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # runs in the DHT process, whose loop it then blocks\n"
             "    time.sleep(3600)\n"
             "hivemind.DHT._get_p2p_daemon_listen_maddr = staticmethod(stuck)\n"
-            "from swarm.net.transport import Transport, TransportStartFailed\n"
+            "from swarm.net.bulk.transport import Transport, TransportStartFailed\n"
             "try:\n"
             "    Transport(initial_peers=[], start_timeout_s=5)\n"
             "except TransportStartFailed as e:\n"

@@ -1,7 +1,7 @@
 """What the owner of a slice does with the slices it receives: cap the declared weights, decode each
 contribution (refusing malformed or non-finite ones), reduce them by the run's aggregation rule in the
 group's order, and encode the result once, so every member receives identical bytes
-(``swarm.net.allreduce`` moves the bytes). Any failure is an ``ExchangeFailed`` with one sentence."""
+(``swarm.net.exchange.allreduce`` moves the bytes). Any failure is an ``ExchangeFailed`` with one sentence."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import butterfly_bounds, owner_encode, part_bounds
 from swarm.core.codec_base import Codec, all_finite
 from swarm.core.owner_feedback import OwnerFeedback
-from swarm.net.chunk_stream import SlicePayload
-from swarm.net.exchange_failed import ExchangeFailed
-from swarm.net.rendezvous import Member
+from swarm.net.bulk.chunk_stream import SlicePayload
+from swarm.net.exchange.exchange_failed import ExchangeFailed
+from swarm.net.exchange.rendezvous import Member
 
-logger = logging.getLogger("swarm.net.allreduce")  # the exchange's log, where these lines always were
+logger = logging.getLogger("swarm.net.exchange.allreduce")  # the exchange's log, where these lines always were
 
 
 def slice_bounds(numel: int, parts: int, align: int, shares: Optional[Sequence[float]] = None,

@@ -30,9 +30,9 @@ import torch
 
 from swarm.core.aggregation import Reduced
 from swarm.core.codec import Codec
-from swarm.net.rendezvous import Member, group_digest
-from swarm.net.chunk_stream import SlicePayload
-from swarm.net.slice_reduction import check_sendable, decode_slice, encode_slice, raw_fp32
+from swarm.net.exchange.rendezvous import Member, group_digest
+from swarm.net.bulk.chunk_stream import SlicePayload
+from swarm.net.exchange.slice_reduction import check_sendable, decode_slice, encode_slice, raw_fp32
 from swarm.v1 import exchange_pb2
 
 _PART = 0  # the whole vector: every contribution is message part 0 of PHASE_CONTRIBUTION
@@ -42,7 +42,7 @@ async def gather_average(exchange: Any, key: str, group: list[Member], me: Membe
                          codec: Codec, weights: list[float],
                          pause: Callable[[str], Awaitable[None]], *, into_delta: bool = False) -> tuple[Reduced, int]:
     """Send this member's encoded ``flat`` to every groupmate, wait for all of theirs, and reduce them:
-    the reduction and the bytes sent. ``exchange`` is the ``swarm.net.allreduce.Exchange`` whose
+    the reduction and the bytes sent. ``exchange`` is the ``swarm.net.exchange.allreduce.Exchange`` whose
     transport, inbox and sender checks carry the messages; ``pause(phase)`` is its fault-injection hook.
     fp32 goes as ``flat``'s own bytes (no encoded copy); ``into_delta``: the average is written into ``flat``'s
     memory once every send is done (a lossless codec's Δ, which the caller reads no more)."""

@@ -1,4 +1,4 @@
-"""The last step of two-level averaging (``swarm.net.two_level``): a sub-group's representative hands the
+"""The last step of two-level averaging (``swarm.net.exchange.two_level``): a sub-group's representative hands the
 cross-site average to the other members of its sub-group, the same raw fp32 bytes to each, so every member
 applies exactly the representative's average.
 
@@ -19,9 +19,9 @@ import torch
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.utils.asyncio import as_aiter
 
-from swarm.net.exchange_failed import ExchangeFailed
-from swarm.net.rendezvous import Member
-from swarm.net.transport import CHUNK_BYTES, Transport
+from swarm.net.exchange.exchange_failed import ExchangeFailed
+from swarm.net.exchange.rendezvous import Member
+from swarm.net.bulk.transport import CHUNK_BYTES, Transport
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """An exchange's slices over hivemind's libp2p transport: a slice goes as a stream of ``TensorChunk`` messages
-(``swarm.net.chunk_stream``) to the member's handler, which checks that the chunks belong together and puts the
+(``swarm.net.bulk.chunk_stream``) to the member's handler, which checks that the chunks belong together and puts the
 slice in the inbox if its sender is that member (the libp2p id the secure channel authenticated, never a field
-of the message). The same handler takes the bulk channel's claims (``swarm.net.bulk_slices``). Used for the
+of the message). The same handler takes the bulk channel's claims (``swarm.net.bulk.bulk_slices``). Used for the
 members without a reachable bulk channel, and for aborts. Owned by the transport's event loop."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from typing import Callable, Optional
 
 from hivemind.p2p import P2PContext, PeerID
 
-from swarm.net.bulk_slices import BulkSlices, OnSent
-from swarm.net.chunk_stream import SlicePayload, chunk_messages
-from swarm.net.exchange_failed import ExchangeFailed
-from swarm.net.reachability import is_dial_failure, unreachable_groupmate
-from swarm.net.rendezvous import Member
-from swarm.net.slice_inbox import SliceInbox
-from swarm.net.transport import Transport
+from swarm.net.bulk.bulk_slices import BulkSlices, OnSent
+from swarm.net.bulk.chunk_stream import SlicePayload, chunk_messages
+from swarm.net.exchange.exchange_failed import ExchangeFailed
+from swarm.net.link.reachability import is_dial_failure, unreachable_groupmate
+from swarm.net.exchange.rendezvous import Member
+from swarm.net.exchange.slice_inbox import SliceInbox
+from swarm.net.bulk.transport import Transport
 from swarm.v1 import exchange_pb2
 
-logger = logging.getLogger("swarm.net.allreduce")  # the exchange's log
+logger = logging.getLogger("swarm.net.exchange.allreduce")  # the exchange's log
 
 # (key, libp2p id, chunk sizes, their arrival times, when the stream opened)
 OnChunksReceived = Callable[[str, str, list[int], list[float], Optional[float]], None]

@@ -12,7 +12,7 @@ imply: the total size, and each chunk's offset and length.
 A holder keeps no copy of the state: it serves the safetensors header it made at publish and views of the
 state's tensors (``swarm.core.state.EncodedState``). The downloader keeps ``WINDOW`` requests in flight per
 holder and writes every chunk straight into one buffer of the announced size, whose views become the state's
-tensors. Where it has a bulk channel (``swarm.net.bulk_channel``) it claims a slot there for each request, with a
+tensors. Where it has a bulk channel (``swarm.net.bulk.bulk_channel``) it claims a slot there for each request, with a
 fresh one-time Poly1305 key and ticket sent to the holder over this authenticated stream, and the holder sends
 the bytes as one frame over plain TCP (``BULK_FRAME_BYTES``), bypassing p2pd (~60 MB/s through it on a loaded
 2-core host, 300-430 MB/s over the channel: scripts/bench_state_transfer.py). A holder that cannot reach the
@@ -36,7 +36,7 @@ from hivemind.p2p import P2PContext, PeerID
 
 from swarm.core.credential import CredentialError, Member
 from swarm.core.state import EncodedState, GlobalState, decode_state, encoded_size_bound
-from swarm.net.bulk_channel import (
+from swarm.net.bulk.bulk_channel import (
     MAC_KEY_BYTES,
     MIN_BULK_BYTES,
     TICKET_BYTES,
@@ -45,7 +45,7 @@ from swarm.net.bulk_channel import (
     parse_bulk_address,
     tag,
 )
-from swarm.net.transport import Transport
+from swarm.net.bulk.transport import Transport
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)

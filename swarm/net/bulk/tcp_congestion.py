@@ -1,4 +1,4 @@
-"""The congestion control of the bulk connections (``swarm.net.bulk_sender``).
+"""The congestion control of the bulk connections (``swarm.net.bulk.bulk_sender``).
 
 Each connection uses ``CONGESTION_CONTROL`` (cubic, Linux's usual default) rather than the
 system's. In the butterfly K − 1 flows converge on every member's downlink at once; where the system default

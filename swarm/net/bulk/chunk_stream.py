@@ -13,7 +13,7 @@ from typing import AsyncIterator, Awaitable, Iterable, Optional
 
 import torch
 
-from swarm.net.transport import CHUNK_BYTES
+from swarm.net.bulk.transport import CHUNK_BYTES
 from swarm.v1 import exchange_pb2
 
 

@@ -1,5 +1,5 @@
-"""The one error an exchange ends with when it cannot complete: matchmaking (``swarm.net.rendezvous``) and the
-all-reduce (``swarm.net.allreduce``) raise it, the round runner turns it into a failed vote."""
+"""The one error an exchange ends with when it cannot complete: matchmaking (``swarm.net.exchange.rendezvous``) and the
+all-reduce (``swarm.net.exchange.allreduce``) raise it, the round runner turns it into a failed vote."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Phase 1 of the butterfly all-reduce (``swarm.net.allreduce``): a member's slices to their owners, stripe by
+"""Phase 1 of the butterfly all-reduce (``swarm.net.exchange.allreduce``): a member's slices to their owners, stripe by
 stripe, each encoded (and tagged for its bulk slot) in turn and sent the moment it is ready and its groupmate's link
 is free, its own slice of each stripe put straight into its inbox."""
 
@@ -10,10 +10,10 @@ from typing import Any, Optional
 import torch
 
 from swarm.core.error_feedback import DroppedInPlace
-from swarm.net.bulk_slices import Reservation
-from swarm.net.chunk_stream import SlicePayload, Turn, settle
-from swarm.net.rendezvous import Member
-from swarm.net.slice_reduction import check_sendable, encode_slice
+from swarm.net.bulk.bulk_slices import Reservation
+from swarm.net.bulk.chunk_stream import SlicePayload, Turn, settle
+from swarm.net.exchange.rendezvous import Member
+from swarm.net.exchange.slice_reduction import check_sendable, encode_slice
 from swarm.v1 import exchange_pb2
 
 
@@ -21,7 +21,7 @@ async def send_contributions(exchange: Any, key: str, group: list[Member], diges
                              bounds: list[tuple[int, int]], flat: torch.Tensor, codec,
                              reserved: dict[tuple[int, int, int], Reservation], links: dict[int, asyncio.Lock],
                              sent: Optional[dict[int, asyncio.Event]] = None) -> int:
-    """``exchange`` (a ``swarm.net.allreduce.Exchange``) sends every slice to its owner, stripe by stripe, owners
+    """``exchange`` (a ``swarm.net.exchange.allreduce.Exchange``) sends every slice to its owner, stripe by stripe, owners
     from the next position on. The slices are encoded (and tagged for their bulk slot) one after another in that
     order, each stripe's own slice last, each sent as soon as it is ready and its link (one of ``links``) is free:
     encoding them all at once would delay the first send by the whole vector's encoding. ``sent``: by slice, an

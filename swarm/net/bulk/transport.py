@@ -1,6 +1,6 @@
 """A peer's handle on hivemind's DHT and libp2p transport, with an asyncio loop of its own.
 
-The training loop is synchronous; the data plane (``swarm.net.allreduce``, ``swarm.net.state_transfer``) is
+The training loop is synchronous; the data plane (``swarm.net.exchange.allreduce``, ``swarm.net.bulk.state_transfer``) is
 asyncio on hivemind's ``P2P``. This object owns the DHT, a replica of its P2P daemon client, and one
 event-loop thread, and runs coroutines there with a bound on every wait.
 
@@ -19,10 +19,10 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, Awaitable, Optional, Sequence
 
-from swarm.net.bulk_channel import BulkChannel
-from swarm.net.bulk_sender import BulkSender
-from swarm.net.p2p_address import free_port, maddr
-from swarm.net.tcp_congestion import CONGESTION_CONTROL
+from swarm.net.bulk.bulk_channel import BulkChannel
+from swarm.net.bulk.bulk_sender import BulkSender
+from swarm.net.link.p2p_address import free_port, maddr
+from swarm.net.bulk.tcp_congestion import CONGESTION_CONTROL
 
 if TYPE_CHECKING:
     import hivemind
@@ -76,13 +76,13 @@ class Transport:
         initial_peers: Sequence[str],
         host: str = "127.0.0.1",
         port: int = 0,
-        announce_host: Optional[str] = None,  # what groupmates dial (``swarm.net.p2p_address``); None: host
+        announce_host: Optional[str] = None,  # what groupmates dial (``swarm.net.link.p2p_address``); None: host
         start_timeout_s: float = 60.0,
         identity_path: Optional[str] = None,
         record_validators: Sequence[Any] = (),
         tcp_congestion: str = CONGESTION_CONTROL,  # the bulk connections' (``swarm peer --tcp-congestion``)
     ):
-        """``identity_path``: the libp2p key (``swarm.net.libp2p_identity``) to run with; made fresh by the
+        """``identity_path``: the libp2p key (``swarm.net.link.libp2p_identity``) to run with; made fresh by the
         peer at each start, so it is never taken by another node and the check for that is skipped.
         ``record_validators`` (hivemind ``RecordValidatorBase``s) guard the node from its first moment: one
         added after the start lets entries stored meanwhile stay (``swarm.net.dht_entries.EntryValidator``)."""
@@ -123,7 +123,7 @@ class Transport:
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise self._failed_start(initial_peers, e) from e
         self.peer_id = str(self.p2p.peer_id)
-        self.relay: Any = None  # swarm.net.relay.RelayClient once the peer installs it
+        self.relay: Any = None  # swarm.net.link.relay.RelayClient once the peer installs it
 
     def _failed_start(self, initial_peers: Sequence[str], error: Exception) -> TransportStartFailed:
         """Stop the DHT process of a start that failed (left running, it would keep this process from exiting:
@@ -159,7 +159,7 @@ class Transport:
             raise TimeoutError(f"transport operation did not finish within {timeout_s:.1f}s") from None
 
     async def open_bulk(self) -> BulkChannel:
-        """This node's bulk channel (``swarm.net.bulk_channel``), listening beside its libp2p node; one per
+        """This node's bulk channel (``swarm.net.bulk.bulk_channel``), listening beside its libp2p node; one per
         transport, shared by its exchanges, since a member's entry announces one bulk address."""
         if self.bulk is None:
             channel = BulkChannel()

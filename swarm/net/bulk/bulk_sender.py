@@ -1,4 +1,4 @@
-"""The sending side of the bulk channel (``swarm.net.bulk_channel``): frames over a plain TCP connection to the
+"""The sending side of the bulk channel (``swarm.net.bulk.bulk_channel``): frames over a plain TCP connection to the
 groupmate's bulk address, from blocking sockets in threads of its own, so the kernel's copies run off the event
 loop and without the GIL, and an fp32 slice goes straight from the vector's memory.
 
@@ -22,8 +22,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
-from swarm.net.bulk_channel import MAGIC, OK, PREFIX, STATUS_WORDS
-from swarm.net.tcp_congestion import CONGESTION_CONTROL, set_congestion
+from swarm.net.bulk.bulk_channel import MAGIC, OK, PREFIX, STATUS_WORDS
+from swarm.net.bulk.tcp_congestion import CONGESTION_CONTROL, set_congestion
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)

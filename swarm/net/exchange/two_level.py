@@ -2,7 +2,7 @@
 ``swarm.core.site_plan``): each sub-group of a site runs the butterfly all-reduce among itself over its fast
 links, the sub-groups' representatives run it across sites with their sub-groups' averages weighted by the
 sub-groups' total samples, and each representative hands that result to its sub-group
-(``swarm.net.site_broadcast``). Every member ends with the representatives' cross-site average, the same
+(``swarm.net.exchange.site_broadcast``). Every member ends with the representatives' cross-site average, the same
 bytes everywhere.
 
 What holds at which level: in a sub-group and across sites, the butterfly's guarantees hold as in a flat
@@ -26,13 +26,13 @@ from typing import Callable, Optional
 import torch
 
 from swarm.core.site_plan import SitePlan, plan_sites, subgroup_weights
-from swarm.net.allreduce import Exchange, ExchangeResult
-from swarm.net.exchange_failed import ExchangeFailed
-from swarm.net.link_stats import LinkTimings
-from swarm.net.rendezvous import Member, group_digest
-from swarm.net.site_broadcast import SiteBroadcast
-from swarm.net.slice_reduction import capped_weights
-from swarm.net.transport import Transport
+from swarm.net.exchange.allreduce import Exchange, ExchangeResult
+from swarm.net.exchange.exchange_failed import ExchangeFailed
+from swarm.net.link.link_stats import LinkTimings
+from swarm.net.exchange.rendezvous import Member, group_digest
+from swarm.net.exchange.site_broadcast import SiteBroadcast
+from swarm.net.exchange.slice_reduction import capped_weights
+from swarm.net.bulk.transport import Transport
 
 logger = logging.getLogger(__name__)
 

@@ -24,11 +24,11 @@ from collections import OrderedDict
 from typing import Callable, Optional
 
 from swarm.core.average import MAX_STRIPES
-from swarm.net.exchange_failed import ExchangeFailed
-from swarm.net.rendezvous import Member
+from swarm.net.exchange.exchange_failed import ExchangeFailed
+from swarm.net.exchange.rendezvous import Member
 from swarm.v1 import exchange_pb2
 
-logger = logging.getLogger("swarm.net.allreduce")  # the exchange's log, where these lines always were
+logger = logging.getLogger("swarm.net.exchange.allreduce")  # the exchange's log, where these lines always were
 
 MAX_OPEN_KEYS = 4  # rounds whose early parts are buffered; older ones are dropped
 MAX_FAILED_KEYS = 8  # keys whose exchange failed here, remembered to refuse their late messages

@@ -14,7 +14,7 @@ at what a round allows, and robust rules limit what a groupmate's slice can do; 
 still replace its own slice of the average (the bound of a butterfly all-reduce).
 Sparse (top-k) codecs, and every codec of a run whose exchange is the all-gather (``[rounds] exchange``,
 the default of a run that admits strangers), are exchanged by an all-gather instead
-(``swarm.net.sparse_gather``), over the same messages and sender checks: every member averages all K
+(``swarm.net.exchange.sparse_gather``), over the same messages and sender checks: every member averages all K
 contributions itself, so no member's average is trusted.
 A member whose exchange fails (a groupmate it cannot reach, a malformed slice, its own timeout) tells
 the others at once (an abort message), so a dead groupmate costs the group one failed send, not
@@ -40,22 +40,22 @@ from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import stripe_count
 from swarm.core.codec import get_codec
 from swarm.core.owner_feedback import OwnerFeedback
-from swarm.net.alone import average_alone
-from swarm.net.bulk_channel import BulkChannel
-from swarm.net.bulk_slices import BulkSlices, Reservation
-from swarm.net.chunk_stream import SlicePayload, Turn, cancel_all, settle
-from swarm.net.contributions import exchange_links, send_contributions, uplink_pace
-from swarm.net.exchange_result import ExchangeResult
-from swarm.net.libp2p_slices import Libp2pSlices
-from swarm.net.link_probe import LinkProbe
-from swarm.net.link_stats import TransferLog
-from swarm.net.p2p_address import unreachable_sentence
-from swarm.net.reachability import shown_maddrs
-from swarm.net.rendezvous import Member, group_digest
-from swarm.net.restarted_groupmates import RestartedGroupmates
-from swarm.net.result_vectors import ResultVectors
-from swarm.net.slice_inbox import SliceInbox
-from swarm.net.slice_reduction import (
+from swarm.net.exchange.alone import average_alone
+from swarm.net.bulk.bulk_channel import BulkChannel
+from swarm.net.bulk.bulk_slices import BulkSlices, Reservation
+from swarm.net.bulk.chunk_stream import SlicePayload, Turn, cancel_all, settle
+from swarm.net.exchange.contributions import exchange_links, send_contributions, uplink_pace
+from swarm.net.exchange.exchange_result import ExchangeResult
+from swarm.net.bulk.libp2p_slices import Libp2pSlices
+from swarm.net.link.link_probe import LinkProbe
+from swarm.net.link.link_stats import TransferLog
+from swarm.net.link.p2p_address import unreachable_sentence
+from swarm.net.link.reachability import shown_maddrs
+from swarm.net.exchange.rendezvous import Member, group_digest
+from swarm.net.exchange.restarted_groupmates import RestartedGroupmates
+from swarm.net.exchange.result_vectors import ResultVectors
+from swarm.net.exchange.slice_inbox import SliceInbox
+from swarm.net.exchange.slice_reduction import (
     ExchangeFailed,
     capped_weights,
     check_agreement,
@@ -65,8 +65,8 @@ from swarm.net.slice_reduction import (
     received_slice,
     reduce_owned,
 )
-from swarm.net.sparse_gather import gather_average
-from swarm.net.transport import Transport
+from swarm.net.exchange.sparse_gather import gather_average
+from swarm.net.bulk.transport import Transport
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class Exchange:
                  bulk: bool = True, send_in_turn: bool = False, pace_mbit_s: float = 0.0, uplink_mbit_s: float = 0.0,
                  gather_all: bool = False):
         """``bulk``: slices go over the transport's bulk channel to members that announce one
-        (``swarm.net.bulk_channel``), else over libp2p. ``send_in_turn``: each phase sends to one groupmate at
+        (``swarm.net.bulk.bulk_channel``), else over libp2p. ``send_in_turn``: each phase sends to one groupmate at
         a time, position p's i-th send to position p + i (so each link carries one flow at a time), instead of
         to all at once. ``pace_mbit_s``: each bulk connection sends at most this fast (0: unpaced); about the
         links' rate / (K − 1) keeps the K − 1 flows into a member from overrunning its downlink's queue.
@@ -130,7 +130,7 @@ class Exchange:
         return self.inbox.rejected
 
     def read_entries_as(self, member: credential.Member) -> None:
-        """Check groupmates' round entries with ``member``'s credential (``swarm.net.restarted_groupmates``)."""
+        """Check groupmates' round entries with ``member``'s credential (``swarm.net.exchange.restarted_groupmates``)."""
         self.restarts.reader = member
 
     def _forgotten(self, key: str) -> None:
@@ -319,7 +319,7 @@ class Exchange:
 
     async def _gather(self, key: str, group: list[Member], me: Member, flat: torch.Tensor, codec, weights: list[float],
                       on_phase: Callable[[str], Optional[float]], started: float, into_delta: bool) -> ExchangeResult:
-        """The all-gather (swarm.net.sparse_gather): this peer's whole vector to everyone."""
+        """The all-gather (swarm.net.exchange.sparse_gather): this peer's whole vector to everyone."""
         reduced, sent = await gather_average(self, key, group, me, flat, codec, weights,
                                              lambda phase: _pause(on_phase(phase)), into_delta=into_delta)
         position = [m.peer_id for m in group].index(me.peer_id)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swarm.net.link_stats import LinkTimings
+from swarm.net.link.link_stats import LinkTimings
 
 
 @dataclass

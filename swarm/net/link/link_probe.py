@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 
 from hivemind.p2p import P2P, P2PContext, PeerID
 
-from swarm.net.rendezvous import Member
+from swarm.net.exchange.rendezvous import Member
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)

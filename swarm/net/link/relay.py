@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
-from swarm.net.reachability import is_dial_failure
+from swarm.net.link.reachability import is_dial_failure
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ import numpy as np
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from swarm.core.average import MAX_STRIPES
-from swarm.net.p2p_address import is_wildcard
+from swarm.net.link.p2p_address import is_wildcard
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""An exchange's slices over the bulk channel (``swarm.net.bulk_channel``): the sender claims the slot over
+"""An exchange's slices over the bulk channel (``swarm.net.bulk.bulk_channel``): the sender claims the slot over
 libp2p with a one-time Poly1305 key, a ticket and the most bytes the slice may take, as the exchange starts;
 once the slice is encoded it sends the bytes over the member's bulk connection in a frame that names the ticket
 and carries the bytes' tag under the key. The receiver takes a claim only from the member that the group lists
@@ -14,7 +14,7 @@ from typing import AsyncIterator, Callable, Optional
 
 from hivemind.p2p import PeerID
 
-from swarm.net.bulk_channel import (
+from swarm.net.bulk.bulk_channel import (
     MAC_KEY_BYTES,
     MAX_CLAIMS_PER_SENDER,
     MIN_BULK_BYTES,
@@ -24,14 +24,14 @@ from swarm.net.bulk_channel import (
     parse_bulk_address,
     tag,
 )
-from swarm.net.bulk_sender import Address
-from swarm.net.chunk_stream import SlicePayload, Turn
-from swarm.net.rendezvous import Member
-from swarm.net.slice_inbox import SliceInbox
-from swarm.net.transport import Transport
+from swarm.net.bulk.bulk_sender import Address
+from swarm.net.bulk.chunk_stream import SlicePayload, Turn
+from swarm.net.exchange.rendezvous import Member
+from swarm.net.exchange.slice_inbox import SliceInbox
+from swarm.net.bulk.transport import Transport
 from swarm.v1 import exchange_pb2
 
-logger = logging.getLogger("swarm.net.allreduce")  # the exchange's log
+logger = logging.getLogger("swarm.net.exchange.allreduce")  # the exchange's log
 
 # hivemind's stream sometimes closes without the handler's reply although the message arrived (about once in 30
 # calls, see Exchange._send_on_turn): a claim is tried again (a repeated claim replaces the first) before the

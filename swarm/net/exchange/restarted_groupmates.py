@@ -3,7 +3,7 @@
 A peer killed as a round's exchange begins leaves its groupmates waiting for slices its old process will never send,
 until their exchange timeout (a chaos soak: 8 s of three peers). Its restarted process, meanwhile, posts its signed
 entry for the same round and sends its own slices, which the groupmates refuse: they do not come from the libp2p id
-the group lists for that member (``swarm.net.slice_inbox``). Such a refused sender is looked up in the round's
+the group lists for that member (``swarm.net.exchange.slice_inbox``). Such a refused sender is looked up in the round's
 signed group entries; when a groupmate's entry now names it, that groupmate's old process is gone and the exchange
 fails at once (``SliceInbox.member_gone``). Only the holder of that member's key can post such an entry, and a
 member could abort the group anyway; a stranger can make a peer read the DHT at most once a second per sender
@@ -21,10 +21,10 @@ from typing import Optional
 
 from swarm.core import credential
 from swarm.net.dht_entries import read_entries
-from swarm.net.rendezvous import Member
-from swarm.net.slice_inbox import SliceInbox
+from swarm.net.exchange.rendezvous import Member
+from swarm.net.exchange.slice_inbox import SliceInbox
 
-logger = logging.getLogger("swarm.net.allreduce")
+logger = logging.getLogger("swarm.net.exchange.allreduce")
 
 RECHECK_S = 1.0  # a refused sender is looked up again after this (its entry may reach the DHT after its message)
 CHECKS_PER_MEMBER = 4  # look-ups per exchange, per member of its group

@@ -7,7 +7,7 @@ window closes. The group is the posted entries of planned participants, ordered 
 every member that sees the same entries derives the same group, parts and weights. Members compare
 a digest of the group in every message, so a peer that saw a different group is caught, not merged.
 An entry's ``site`` is its poster's coordinator-signed site (``swarm.net.dht_entries`` refuses any other),
-so two-level averaging (``swarm.net.two_level``) partitions the group by sites no member chose for itself.
+so two-level averaging (``swarm.net.exchange.two_level``) partitions the group by sites no member chose for itself.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from swarm.core import credential
 from swarm.core.round_vote import group_key  # noqa: F401  re-exported: peers, scripts and tests import it from here
 from swarm.core.signed_entry import MAX_BODY_BYTES, entry_body
 from swarm.net.dht_entries import read_entries, store_entry
-from swarm.net.exchange_failed import ExchangeFailed
+from swarm.net.exchange.exchange_failed import ExchangeFailed
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class Member:
     maddrs: str = ""  # the addresses its node announces (reachability.shown_maddrs): only shown in messages
     site: str = ""  # its credential's site (a reader refuses an entry whose site is not its credential's)
     plan: str = ""  # digest of the round's controller choice (codec and shares) it applies ("": controller off)
-    bulk: str = ""  # host:port of its bulk channel (swarm.net.bulk_channel; "": none, its slices go over libp2p)
+    bulk: str = ""  # host:port of its bulk channel (swarm.net.bulk.bulk_channel; "": none, its slices go over libp2p)
     # Posted again once its matchmaking has closed: the indexes of the group it formed ("0,2,3"), so a planned peer
     # that posts later and is not among them fails at once instead of waiting out the exchange ("": still open).
     closed: str = ""

@@ -1,0 +1,1 @@
+"""Reaching other peers: libp2p identity and addresses, reachability, relaying, link probes and link estimates."""
