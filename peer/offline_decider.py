@@ -9,19 +9,11 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from peer.retry import clause
+from swarm.net.group_decided import GroupDecided
 from swarm.train.round import Decision, Vote
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GroupDecided:
-    """A round decided by the group's DHT votes (the coordinator's commit rule on a complete set)."""
-
-    committed_hash: Optional[str]  # None: void
-    holders: list[str]  # the DHT ids of the members that hold the committed state
-    votes: list[pb.SignedVote]  # every member's vote as it signed it, for the coordinator to count
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from swarm.net.link.libp2p_identity import Libp2pIdentity
 from swarm.net.link.p2p_address import choose_p2p_address, is_loopback, only_loopback, unreachable_sentence
 
 if TYPE_CHECKING:  # hivemind's modules: imported by the parts that use them, while the trainer builds
-    from peer.group import DhtGroup
+    from swarm.net.exchange.group import DhtGroup
     from swarm.net.bulk.transport import Transport
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class PeerParts:
         it is unreachable (a coordinator restarting as this peer starts); gives up after join_timeout_s.
         It listens and announces as ``choose_p2p_address`` says, so that groupmates on other machines can
         reach it."""
-        import peer.group  # noqa: F401  the group's and the state transfer's hivemind modules: imported in
+        import swarm.net.exchange.group  # noqa: F401  the group's and the state transfer's hivemind modules: imported in
         import swarm.net.bulk.state_transfer  # noqa: F401  this (the DHT start's) thread, not the trainer build's
         from swarm.net.dht_entries import validator_for
         from swarm.net.bulk.transport import Transport, TransportStartFailed
@@ -111,7 +111,7 @@ class PeerParts:
         """``member``: the peer's key and credential after the join (``CoordinatorLink.member``);
         ``round_choice``: the controller's choice per round (``CoordinatorLink.round_choice``); ``processes``:
         the planned peers' current libp2p ids (``CoordinatorLink.current_processes``)."""
-        from peer.group import DhtGroup
+        from swarm.net.exchange.group import DhtGroup
 
         return DhtGroup(transport, run, run_id=run_id, peer_id=peer_id, peer_index=peer_index, planned=planned,
                         faults=faults, member=member, round_choice=round_choice, processes=processes)

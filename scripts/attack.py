@@ -263,7 +263,7 @@ class Attacker:
         """In an even round, report with the signed votes of two identities that left before it (a group of three
         for ee...); in an odd one, every figure at its largest (its heartbeats carry them all along, its uplink
         too: share_grab)."""
-        from peer.group import signed_votes
+        from swarm.net.exchange.group import signed_votes
 
         me = self.sybil.peer_id
         if number % 2 == 0:

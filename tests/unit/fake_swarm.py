@@ -19,7 +19,7 @@ from coordinator.engine import CoordinatorEngine
 from coordinator.store.database import Store
 from peer.coordinator_link import GroupDecided
 from peer.daemon import PeerDaemon
-from peer.group import signed_votes
+from swarm.net.exchange.group import signed_votes
 from peer.options import PeerOptions
 from peer.parts import PeerParts
 from swarm.config import RunConfig

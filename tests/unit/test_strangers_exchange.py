@@ -45,7 +45,7 @@ def test_a_run_that_admits_strangers_all_gathers_every_codec_and_says_so_in_its_
 def peers() -> Iterator[list[Peer]]:
     for group in three_peers(RUN_ID):
         for p in group:
-            p.exchange.gather_all = True  # as peer.group sets it from RoundConfig.all_gathered()
+            p.exchange.gather_all = True  # as swarm.net.exchange.group sets it from RoundConfig.all_gathered()
         yield group
 
 

@@ -7,12 +7,10 @@ import hashlib
 import logging
 import math
 import statistics
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Protocol
 
 import torch
 
-from peer.coordinator_link import GroupDecided
-from peer.faults import FaultPlan
 from swarm.config import RunConfig
 from swarm.config.run import CODEC_NAMES
 from swarm.core import credential
@@ -21,6 +19,7 @@ from swarm.core.codec import get_codec
 from swarm.core.wire_protocol import PROTOCOL
 from swarm.net.exchange.allreduce import Exchange, ExchangeFailed
 from swarm.net.dht_entries import guard
+from swarm.net.group_decided import GroupDecided
 from swarm.net.link.link_probe import PING_TIMEOUT_S
 from swarm.net.link.link_stats import LinkEstimates
 from swarm.net.exchange.rendezvous import Member, group_key, participation_scale, rendezvous
@@ -40,6 +39,16 @@ logger = logging.getLogger(__name__)
 VOTE_TTL_S = 600.0  # a vote outlives the longest outage the group decides through
 
 
+class RoundFaults(Protocol):
+    """The faults injected into a round's phases (the peer's fault plan: `--faults` or SWARM_FAULTS; empty by default)."""
+
+    def at(self, round_no: int, phase: str) -> None: ...
+
+    def fire(self, round_no: int, phase: str) -> float: ...
+
+    def scale(self, round_no: int, what: str) -> float: ...
+
+
 class DhtGroup:
     """Owned by the round runner's executor thread (``average``, ``post``, ``decide``); ``live_peers`` is
     written by the main thread from the coordinator's answers (a plain int: a stale read is harmless).
@@ -48,7 +57,7 @@ class DhtGroup:
     the run's codec and equal slices), read on the executor thread (``CoordinatorLink.round_choice``)."""
 
     def __init__(self, transport: Transport, run: RunConfig, *, run_id: str, peer_id: str, peer_index: int,
-                 planned: Callable[[int], Optional[set[str]]], faults: FaultPlan,
+                 planned: Callable[[int], Optional[set[str]]], faults: RoundFaults,
                  member: Optional[credential.Member],
                  round_choice: Optional[Callable[[int], Optional[pb.RoundChoice]]] = None,
                  processes: Callable[[], Mapping[str, str]] = dict) -> None:
