@@ -38,8 +38,8 @@ from coordinator.store.run_log import open_run_log
 from coordinator.store.run_open import open_run
 from swarm.config import RunConfig
 from swarm.control import signing
-from swarm.core import credential
-from swarm.core.credential import peer_id_for
+from swarm.core.trust import credential
+from swarm.core.trust.credential import peer_id_for
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)

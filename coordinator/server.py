@@ -31,7 +31,7 @@ from coordinator.store.database import STORE_FILE, Store
 from swarm.config import RunConfig
 from swarm.control import tls
 from swarm.control.joinstring import JoinString
-from swarm.core.credential import PeerKey
+from swarm.core.trust.credential import PeerKey
 from swarm.net.dht_entries import EntryValidator
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc
 

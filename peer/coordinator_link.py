@@ -24,7 +24,7 @@ from peer.round_decider import RoundDecider
 from peer.round_plans import RoundPlans
 from swarm.control.client import CoordinatorClient, CoordinatorUnreachable
 from swarm.control.signing import Libp2pSigner
-from swarm.core.credential import Member, PeerKey
+from swarm.core.trust.credential import Member, PeerKey
 from swarm.core.wire_protocol import ASK_THE_OPERATOR, PROTOCOL, mismatch, release
 from swarm.train.round import Decision, Vote
 from swarm.v1 import coordinator_pb2 as pb

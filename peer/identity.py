@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 
 from peer.coordinator_link import PeerExit
-from swarm.core.credential import KEY_FILE, CredentialError, PeerKey
+from swarm.core.trust.credential import KEY_FILE, CredentialError, PeerKey
 from swarm.net.link.libp2p_identity import IDENTITY_FILE, SPARE_FILE, Libp2pIdentity
 
 logger = logging.getLogger(__name__)

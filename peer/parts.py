@@ -14,7 +14,7 @@ from peer.faults import FaultPlan
 from peer.retry import with_retry
 from swarm.config import RunConfig
 from swarm.control.client import CoordinatorClient
-from swarm.core import credential
+from swarm.core.trust import credential
 from swarm.core.state import GlobalState
 from swarm.net.link.libp2p_identity import Libp2pIdentity
 from swarm.net.link.p2p_address import choose_p2p_address, is_loopback, only_loopback, unreachable_sentence

@@ -69,7 +69,7 @@ from swarm.app.status import status_to_dict  # noqa: E402
 from swarm.control.client import CoordinatorClient, CoordinatorError, CoordinatorRejected  # noqa: E402
 from swarm.control.joinstring import JoinString  # noqa: E402
 from swarm.control.signing import CallSigner  # noqa: E402
-from swarm.core.credential import PeerKey  # noqa: E402
+from swarm.core.trust.credential import PeerKey  # noqa: E402
 from swarm.net.link.libp2p_identity import Libp2pIdentity  # noqa: E402
 from swarm.v1 import coordinator_pb2 as pb  # noqa: E402
 
@@ -140,7 +140,7 @@ class Identity:
         self.peer_id = self.joined.peer_id
 
     def member(self):
-        from swarm.core.credential import Member
+        from swarm.core.trust.credential import Member
 
         return Member(key=self.key, credential=self.joined.credential, run_id=self.joined.run_id,
                       coordinator_public_key=self.joined.coordinator_public_key)
@@ -162,8 +162,8 @@ class Identity:
         return 0
 
     def vote(self, run_id: str, round_no: int, state_hash: str, group: list[str]) -> dict:
-        from swarm.core.round_vote import Vote, group_id, group_key, vote_key
-        from swarm.core.signed_entry import sign_entry
+        from swarm.core.trust.round_vote import Vote, group_id, group_key, vote_key
+        from swarm.core.trust.signed_entry import sign_entry
 
         entry = Vote(peer_id=self.peer_id, dht_peer_id=self.libp2p.peer_id, ok=True, state_hash=state_hash,
                      group=group_id(group))

@@ -45,7 +45,7 @@ import torch
 from swarm.config import AGGREGATIONS, DataConfig, InnerOptConfig, ModelConfig, RoundConfig, RunConfig
 from swarm.core.all_gather import gather_bytes_by_site
 from swarm.core.average import butterfly_bytes_sent
-from swarm.core.codec import get_codec
+from swarm.core.codecs.codec import get_codec
 from swarm.train.sim import simulate
 from swarm.train.trainer import Contribution
 

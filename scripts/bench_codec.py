@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from swarm.core.aggregation import Aggregation  # noqa: E402
 from swarm.core.average import butterfly_bounds, stripe_count  # noqa: E402
-from swarm.core.codec import CODECS  # noqa: E402
+from swarm.core.codecs.codec import CODECS  # noqa: E402
 from swarm.net.exchange.result_vectors import ResultVectors  # noqa: E402
 from swarm.net.exchange.slice_reduction import check_sendable, decode_into, encode_slice, reduce_decoded  # noqa: E402
 

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from swarm.control import signing, tls  # noqa: E402
 from swarm.control.joinstring import JoinString  # noqa: E402
-from swarm.core.credential import PeerKey  # noqa: E402
+from swarm.core.trust.credential import PeerKey  # noqa: E402
 from swarm.v1 import coordinator_pb2 as pb  # noqa: E402
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 

@@ -795,7 +795,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.quick:
         steps, warm_steps, grid = QUICK_STEPS, min(warm_steps, QUICK_STEPS), QUICK_GRID
     if args.codecs is not None:
-        from swarm.core.codec import get_codec
+        from swarm.core.codecs.codec import get_codec
 
         codecs = tuple(c.strip() for c in args.codecs.split(",") if c.strip() and c.strip() != "none")
         for codec in codecs:

@@ -39,7 +39,7 @@ from coordinator.engine import CoordinatorEngine  # noqa: E402
 from coordinator.store.database import Store  # noqa: E402
 from swarm.config import RoundConfig, RunConfig  # noqa: E402
 from swarm.control import signing  # noqa: E402
-from swarm.core.credential import PeerKey  # noqa: E402
+from swarm.core.trust.credential import PeerKey  # noqa: E402
 from swarm.net.link.libp2p_identity import Libp2pIdentity  # noqa: E402
 from swarm.v1 import coordinator_pb2 as pb  # noqa: E402
 

@@ -127,7 +127,7 @@ def like_state(shapes):
 
 
 def serve(args: argparse.Namespace) -> None:
-    from swarm.core.credential import PeerKey
+    from swarm.core.trust.credential import PeerKey
     from swarm.net.bulk.state_transfer import StateServer
     from swarm.net.bulk.transport import Transport
     from testbed.members import make_member
@@ -167,7 +167,7 @@ def main() -> None:
 
     from peer.checkpoint import load_checkpoint
     from peer.resume import save_vote, vote_dir
-    from swarm.core.credential import PeerKey
+    from swarm.core.trust.credential import PeerKey
     from swarm.core.state import state_from_tensors
     from swarm.net.bulk import state_transfer
     from swarm.net.bulk.state_transfer import download_state

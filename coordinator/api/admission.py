@@ -14,8 +14,8 @@ from coordinator.api import auth, tokens
 from coordinator.api.errors import NotAuthenticated
 from coordinator.store.records import PeerRecord, RunRecord
 from swarm.control import signing
-from swarm.core import credential
-from swarm.core.credential import peer_id_for
+from swarm.core.trust import credential
+from swarm.core.trust.credential import peer_id_for
 
 CREDENTIAL_TTL_S = 3600.0  # a member's credential lasts this long; heartbeats renew it at half its life
 

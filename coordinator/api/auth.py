@@ -9,7 +9,7 @@ from typing import Optional
 from coordinator.api.errors import BadJoinProof, BadRequest, NotAuthenticated
 from coordinator.store.records import PeerRecord
 from swarm.control import signing
-from swarm.core.credential import PUBLIC_KEY_BYTES, peer_id_for, verify_signature
+from swarm.core.trust.credential import PUBLIC_KEY_BYTES, peer_id_for, verify_signature
 from swarm.net.link import libp2p_identity
 from swarm.v1 import coordinator_pb2 as pb
 

@@ -22,7 +22,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from coordinator.api.errors import BadRequest
-from swarm.core.round_vote import MAX_SENT_VOTES
+from swarm.core.trust.round_vote import MAX_SENT_VOTES
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from coordinator.rounds.step_times import reference_step_s
 from coordinator.store.records import PeerRecord, RoundRecord
 from swarm.config import RunConfig
 from swarm.config.run import RoundConfig
-from swarm.core.codec import get_codec
+from swarm.core.codecs.codec import get_codec
 from swarm.core.round_length import longest_inner_steps
 from swarm.v1 import coordinator_pb2 as pb
 

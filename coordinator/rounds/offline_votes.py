@@ -26,8 +26,8 @@ from typing import AbstractSet, Mapping, Optional
 from coordinator.api.errors import BadRequest
 from coordinator.rounds import outcome
 from coordinator.store.records import OPEN, PeerRecord, ReportRecord, RoundRecord
-from swarm.core.round_vote import MAX_SENT_VOTES, Vote, group_id, vote_fragment
-from swarm.core.signed_entry import EntryRejected, verify_signed
+from swarm.core.trust.round_vote import MAX_SENT_VOTES, Vote, group_id, vote_fragment
+from swarm.core.trust.signed_entry import EntryRejected, verify_signed
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)

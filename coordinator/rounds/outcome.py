@@ -13,7 +13,7 @@ from typing import Collection, Mapping, Optional, Sequence
 
 from coordinator.rounds import budgets
 from coordinator.store.records import COMMITTED, OPEN, VOIDED, ReportRecord, RoundRecord, finite
-from swarm.core import commit_rule
+from swarm.core.trust import commit_rule
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def decide_round(
     param_count: int = 0,
     claims: Optional[Mapping[str, commit_rule.Claim]] = None,
 ) -> Decision:
-    """Commit the hash a quorum of its group reported (``swarm.core.commit_rule``), void the round when
+    """Commit the hash a quorum of its group reported (``swarm.core.trust.commit_rule``), void the round when
     no hash has one, or keep waiting.
 
     The round waits while a live participant has not reported, until ``round_timeout_s`` after it

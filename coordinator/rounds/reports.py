@@ -13,8 +13,8 @@ from coordinator.rounds import offline_votes, outcome
 from coordinator.store.database import Store
 from coordinator.store.records import PeerRecord, ReportRecord, RoundRecord, finite
 from swarm.config import RunConfig
-from swarm.core import commit_rule
-from swarm.core.round_vote import Vote
+from swarm.core.trust import commit_rule
+from swarm.core.trust.round_vote import Vote
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)

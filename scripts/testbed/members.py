@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from swarm.core.credential import Credential, Member, PeerKey, issue
+from swarm.core.trust.credential import Credential, Member, PeerKey, issue
 
 
 def make_member(coordinator: PeerKey, run_id: str, dht_peer_id: str, *, key: PeerKey | None = None,

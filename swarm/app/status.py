@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from swarm.app.tables import Column, fitted, is_piped, print_plain
-from swarm.core.sparse_codec import density_note
+from swarm.core.codecs.sparse_codec import density_note
 from swarm.v1 import coordinator_pb2 as pb
 
 MAX_PAGES = 1000  # a coordinator that keeps answering with a next page is not followed forever

@@ -9,10 +9,10 @@ from typing import Optional
 
 from swarm.config.checks import MAX_PEERS, MAX_ROUNDS, MAX_STEPS, MAX_TIMEOUT_S, ConfigError, check_range
 
-# Valid names, listed here so that the config stays a leaf: swarm.core.codec.CODECS and
+# Valid names, listed here so that the config stays a leaf: swarm.core.codecs.codec.CODECS and
 # swarm.core.fragments.PATTERNS implement exactly these (tests/unit/test_config.py checks they agree).
 CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "int4", "sign", "ternary", "topk-fp16", "topk-int8", "topk-int4")
-# lowrank<r>-<values> (swarm.core.lowrank): the codecs its two factors may go over the wire in
+# lowrank<r>-<values> (swarm.core.codecs.lowrank): the codecs its two factors may go over the wire in
 LOWRANK_VALUES = ("fp32", "fp16", "bf16", "int8", "int4")
 FRAGMENT_PATTERNS = ("strided", "contiguous", "balanced")
 # swarm.core.aggregation.RULES implements exactly these: how a slice's owner combines the group's slices.

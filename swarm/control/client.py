@@ -14,7 +14,7 @@ import grpc
 
 from swarm.control import signing, tls
 from swarm.control.joinstring import JoinString
-from swarm.core.credential import PeerKey
+from swarm.core.trust.credential import PeerKey
 from swarm.core.wire_protocol import PROTOCOL, release
 from swarm.v1 import coordinator_pb2 as pb
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc

@@ -16,7 +16,7 @@ from typing import Optional, Protocol, Sequence
 
 from google.protobuf.message import Message
 
-from swarm.core.credential import PeerKey, verify_signature
+from swarm.core.trust.credential import PeerKey, verify_signature
 from swarm.core.wire_protocol import PROTOCOL
 from swarm.v1 import coordinator_pb2 as pb
 

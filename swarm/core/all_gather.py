@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from swarm.core.average import as_cpu_f32, weighted_average
-from swarm.core.codec import Codec, get_codec
+from swarm.core.codecs.codec import Codec, get_codec
 
 
 def gather_reference(

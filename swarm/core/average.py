@@ -16,8 +16,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from swarm.core.codec import Codec, get_codec
-from swarm.core.owner_feedback import OwnerFeedback
+from swarm.core.codecs.codec import Codec, get_codec
+from swarm.core.codecs.owner_feedback import OwnerFeedback
 
 _F32 = torch.float32
 
@@ -209,7 +209,7 @@ def butterfly_reference(
     in the given (group) order; the owner encodes its averaged slice once and every member decodes those same
     bytes.  ``owners[k]`` (contributor k's, the owner of slices k, k + K, ..., when the codec asks for
     ``owner_feedback``; with ``parts``, one per slice) adds its residual to the average before that encoding
-    and stages the new one (``swarm.core.owner_feedback``).  ``pair_bytes`` (K × K, one row per member), when
+    and stages the new one (``swarm.core.codecs.owner_feedback``).  ``pair_bytes`` (K × K, one row per member), when
     given, receives the payload bytes member i sends member j, counted from the real encodings (a
     ``variable_size`` codec's depend on the values).  The simulator calls this, so a simulated round and a real
     one agree bit for bit."""

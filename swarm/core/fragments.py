@@ -20,7 +20,7 @@ embeddings are large next to a block: the fragment holding them is the biggest, 
 bytes of a sync.
 
 **Balanced** cuts the flat parameter vector (model order) instead: into F·m pieces of near-equal
-element counts, every cut on a multiple of the codec block (``swarm.core.codec_base.BLOCK``) when the
+element counts, every cut on a multiple of the codec block (``swarm.core.codecs.codec_base.BLOCK``) when the
 model has at least F·m blocks, and deals them strided (piece k → fragment k mod F). A piece may end
 inside a tensor, so a fragment is a list of element spans (``swarm.core.spans``), and a tensor may be
 split between two fragments; its elements are stepped and merged separately, which needs an elementwise
@@ -40,7 +40,7 @@ from typing import Sequence, Union
 import torch
 
 from swarm.core import spans as span_ops
-from swarm.core.codec_base import BLOCK
+from swarm.core.codecs.codec_base import BLOCK
 from swarm.core.spans import Span
 
 _BLOCK_INDEX = re.compile(r"\.(\d+)\.")

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from swarm.core.average import as_cpu_f32, butterfly_reference, owned_bytes, weighted_average
-from swarm.core.codec import Codec, get_codec
+from swarm.core.codecs.codec import Codec, get_codec
 
 Reduce = Callable[[list[torch.Tensor], list[float]], torch.Tensor]
 

@@ -13,7 +13,7 @@ import functools
 # 2: the butterfly in stripes (swarm.core.average.butterfly_bounds), one claim message per groupmate
 # 3: ternary@<density> below 1/32 in blocks of up to 8,192 elements (sparse_ternary_codec.block_for): its slices'
 #    bounds and payloads differ from 2's
-# 4: a DHT entry signs the expiration it is stored with (swarm.core.signed_entry.EXPIRES_AT): a peer of 3 refuses
+# 4: a DHT entry signs the expiration it is stored with (swarm.core.trust.signed_entry.EXPIRES_AT): a peer of 3 refuses
 #    every entry of 4 (an unknown field), and a peer of 4 every entry of 3 (no signed expiration)
 PROTOCOL = 4
 

@@ -1,7 +1,7 @@
 """Signed entries posted under one DHT key, one subkey per peer (group members, votes).
 
 Any DHT node can store any value under any key and subkey, so an entry is believed only for what its
-signature proves (``swarm.core.signed_entry``: the body, the poster's credential, its signature of the key
+signature proves (``swarm.core.trust.signed_entry``: the body, the poster's credential, its signature of the key
 and the body, which holds the entry's DHT expiration). A reader keeps an entry only when the credential is the
 run's coordinator's and current, and names the same peer as the subkey and the entry, and the same libp2p id
 (and site, where the entry has one) as the entry, and the DHT holds it until the expiration its poster signed.
@@ -26,8 +26,8 @@ from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import get_dht_time
 
-from swarm.core.credential import Member
-from swarm.core.signed_entry import EntryRejected, sign_entry, signed_fields, verify_signed
+from swarm.core.trust.credential import Member
+from swarm.core.trust.signed_entry import EntryRejected, sign_entry, signed_fields, verify_signed
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -3,7 +3,7 @@
 Every member posts (ok, hash of its tentative state) under the round's key, signed like the group
 entries (``swarm.net.dht_entries``), so nobody votes for another peer. When the coordinator
 cannot be reached, a member that reads the votes of *every* groupmate applies the coordinator's own
-rule to them (``swarm.core.commit_rule``: a hash commits with a quorum of the group and of the plan it was
+rule to them (``swarm.core.trust.commit_rule``: a hash commits with a quorum of the group and of the plan it was
 matched by, else the round is void); the group is the set of voters, as every vote under one group key comes from
 that group. Members
 that saw the same complete set of votes therefore decide the same; a member that cannot see them all
@@ -20,9 +20,9 @@ from typing import Any, Optional
 
 import hivemind
 
-from swarm.core import commit_rule
-from swarm.core.credential import Member
-from swarm.core.round_vote import MAX_SENT_VOTES, Vote, group_id, vote_key
+from swarm.core.trust import commit_rule
+from swarm.core.trust.credential import Member
+from swarm.core.trust.round_vote import MAX_SENT_VOTES, Vote, group_id, vote_key
 from swarm.net.dht_entries import read_signed_entries, store_entry
 
 __all__ = ["MAX_SENT_VOTES", "Ballots", "Vote", "collect_votes", "group_decision", "group_id", "post_vote",

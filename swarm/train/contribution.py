@@ -8,8 +8,8 @@ from typing import Optional
 
 import torch
 
-from swarm.core.lowrank import LowRankState
-from swarm.core.owner_feedback import OwnerFeedback
+from swarm.core.codecs.lowrank import LowRankState
+from swarm.core.codecs.owner_feedback import OwnerFeedback
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ import torch
 
 from swarm.config import RoundConfig
 from swarm.core import average
-from swarm.core.codec import Codec, codec_round_trip, get_codec
-from swarm.core.error_feedback import DroppedInPlace, ErrorFeedback
-from swarm.core.lowrank import LowRankState
-from swarm.core.owner_feedback import OwnerFeedback
+from swarm.core.codecs.codec import Codec, codec_round_trip, get_codec
+from swarm.core.codecs.error_feedback import DroppedInPlace, ErrorFeedback
+from swarm.core.codecs.lowrank import LowRankState
+from swarm.core.codecs.owner_feedback import OwnerFeedback
 from swarm.train.contribution import Contribution
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ class SentFeedback:
             [ErrorFeedback(n, rounds.error_feedback_decay) for n in numels] if rounds.error_feedback else None
         )
         self.owner_feedback = [OwnerFeedback() for _ in numels] if rounds.error_feedback else None
-        # lowrank codecs: each fragment's warm-start Q (seeded alike on every peer: swarm.core.lowrank)
+        # lowrank codecs: each fragment's warm-start Q (seeded alike on every peer: swarm.core.codecs.lowrank)
         self.lowrank = ([LowRankState(seed * 1000 + f) for f in range(len(numels))]
                         if get_codec(rounds.codec).lowrank else None)
         self._dropped: dict[int, DroppedInPlace] = {}  # per fragment in flight: its Δ, turned into its residual

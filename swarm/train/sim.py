@@ -23,7 +23,7 @@ import torch
 
 from swarm.config import RunConfig, load_run_config
 from swarm.core.average import butterfly_bytes_sent
-from swarm.core.codec import get_codec
+from swarm.core.codecs.codec import get_codec
 from swarm.core.fragments import round_fragment
 from swarm.core.state import GlobalState
 from swarm.train.trainer import LocalTrainer

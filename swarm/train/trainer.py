@@ -24,9 +24,9 @@ import torch
 
 from swarm.config import NESTEROV, RunConfig
 from swarm.core import average, fragments, spans
-from swarm.core.codec import Codec
-from swarm.core.error_feedback import ErrorFeedback
-from swarm.core.lowrank import LowRankState
+from swarm.core.codecs.codec import Codec
+from swarm.core.codecs.error_feedback import ErrorFeedback
+from swarm.core.codecs.lowrank import LowRankState
 from swarm.core.outer import OuterOptimizer
 from swarm.core.state import GlobalState
 from swarm.core.tentative import TentativeState

@@ -12,11 +12,12 @@ from typing import Callable, Optional
 import torch
 
 from swarm.config import RunConfig
-from swarm.core import commit_rule, lowrank
+from swarm.core.trust import commit_rule
+from swarm.core.codecs import lowrank
 from swarm.core.aggregation import Aggregation
 from swarm.core.all_gather import gather_bytes_by_site, gather_reference
 from swarm.core.average import butterfly_bounds, butterfly_reference, stripe_count
-from swarm.core.codec import Codec, get_codec
+from swarm.core.codecs.codec import Codec, get_codec
 from swarm.core.fragments import round_end_step
 from swarm.core.site_plan import butterfly_bytes_by_site, plan_sites, two_level_bytes_sent, two_level_reference
 from swarm.core.state import GlobalState
@@ -49,7 +50,7 @@ class Board:
         self.peers, self.rounds, self.wire = peers, rounds, wire
         self.gathered = wire.gathered or gather_all  # every peer decodes all contributions (swarm.core.all_gather)
         self.owner_tamper = owner_tamper
-        # a lowrank codec: each fragment's layout of matrices and dense parts (swarm.core.lowrank)
+        # a lowrank codec: each fragment's layout of matrices and dense parts (swarm.core.codecs.lowrank)
         self.layouts = [lowrank.layout(f, wire.rank) for f in shapes or []] if wire.lowrank else []
         self.lowrank_rounds: dict[int, lowrank.LowRankRound] = {}
         self.aggregation = aggregation
@@ -80,7 +81,7 @@ class Board:
             weights = self.aggregation.weights([float(c.samples) for c in ordered], [str(i) for i in range(self.peers)])
             reduce = lambda d, w: self.aggregation.reduce(d, w).average  # noqa: E731
             deltas = [c.delta for c in ordered]
-            if self.wire.lowrank:  # two butterflies of the factors (swarm.core.lowrank)
+            if self.wire.lowrank:  # two butterflies of the factors (swarm.core.codecs.lowrank)
                 lay = self.layouts[ordered[0].fragment]
                 qs = [c.lowrank.q_for(lay) if c.lowrank is not None else lowrank.initial_q(lay, 0) for c in ordered]
                 done = lowrank.lowrank_reference(deltas, weights, self.wire, lay, qs, reduce=reduce)

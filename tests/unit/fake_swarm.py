@@ -26,10 +26,10 @@ from swarm.config import RunConfig
 from swarm.control.client import CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
 from swarm.control.joinstring import JoinString
 from swarm.control.signing import CallSigner, signed_join
-from swarm.core import commit_rule
+from swarm.core.trust import commit_rule
 from swarm.core.average import butterfly_reference
-from swarm.core.codec import get_codec
-from swarm.core.credential import PeerKey
+from swarm.core.codecs.codec import get_codec
+from swarm.core.trust.credential import PeerKey
 from swarm.core.state import GlobalState
 from swarm.net.dht_entries import sign_entry
 from swarm.net.link.libp2p_identity import Libp2pIdentity

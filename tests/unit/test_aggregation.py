@@ -12,7 +12,7 @@ import torch
 from swarm.config import AGGREGATIONS, ConfigError, DataConfig, InnerOptConfig, ModelConfig, RoundConfig, RunConfig
 from swarm.core.aggregation import RULES, Aggregation, trim_count
 from swarm.core.average import butterfly_reference, weighted_average
-from swarm.core.codec import CODECS
+from swarm.core.codecs.codec import CODECS
 from swarm.net.exchange.allreduce import ExchangeFailed
 from swarm.net.exchange.slice_reduction import decode_slice, reduce_slice
 from swarm.train.sim import simulate

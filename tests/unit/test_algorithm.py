@@ -18,7 +18,7 @@ from swarm.core.average import (
     unflatten,
     weighted_average,
 )
-from swarm.core.codec import CODECS
+from swarm.core.codecs.codec import CODECS
 from swarm.core.outer import OuterOptimizer, outer_step
 from swarm.core.state import state_hash
 

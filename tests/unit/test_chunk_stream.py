@@ -5,7 +5,7 @@ import asyncio
 import pytest
 import torch
 
-from swarm.core.codec import CODECS
+from swarm.core.codecs.codec import CODECS
 from swarm.net.bulk.chunk_stream import SlicePayload, chunk_messages, settle
 from swarm.net.bulk.transport import CHUNK_BYTES
 

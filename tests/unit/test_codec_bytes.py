@@ -5,7 +5,7 @@ import hashlib
 import pytest
 import torch
 
-from swarm.core.codec import CODECS
+from swarm.core.codecs.codec import CODECS
 
 pytestmark = pytest.mark.timeout(60)
 

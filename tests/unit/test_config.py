@@ -228,7 +228,7 @@ def test_a_bad_json_run_spec_is_a_config_error() -> None:
 
 def test_the_valid_names_are_the_implemented_ones() -> None:
     # The config is a leaf and lists the names itself; swarm.core implements them.
-    from swarm.core.codec import CODECS
+    from swarm.core.codecs.codec import CODECS
     from swarm.core.fragments import PATTERNS, fragments
 
     assert len(set(CODEC_NAMES)) == len(CODEC_NAMES) and set(CODEC_NAMES) == set(CODECS)

@@ -17,7 +17,7 @@ from coordinator.store.database import Store
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.client import CoordinatorRejected
 from swarm.control.signing import CallSigner, signed_join
-from swarm.core.credential import PeerKey, verify_credential
+from swarm.core.trust.credential import PeerKey, verify_credential
 from swarm.train.trainer import LocalTrainer
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import FakeClient, FakeCoordinator, engine_join, libp2p_identity

@@ -22,7 +22,7 @@ from swarm.config import RoundConfig, RunConfig
 from swarm.control import tls
 from swarm.control.client import CoordinatorClient, CoordinatorError, CoordinatorRejected, CoordinatorUnreachable
 from swarm.control.joinstring import JoinString
-from swarm.core.credential import PeerKey, verify_credential
+from swarm.core.trust.credential import PeerKey, verify_credential
 from swarm.core.wire_protocol import PROTOCOL, release
 from swarm.train.initial_state import run_identity
 from swarm.v1 import coordinator_pb2 as pb

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from swarm.core.credential import (
+from swarm.core.trust.credential import (
     Credential,
     CredentialError,
     PeerKey,

@@ -11,8 +11,8 @@ from hivemind.utils.serializer import MSGPackSerializer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swarm.core.credential import PeerKey
-from swarm.core.signed_entry import verify_signed
+from swarm.core.trust.credential import PeerKey
+from swarm.core.trust.signed_entry import verify_signed
 from swarm.net.dht_entries import EntryRejected, EntryValidator, sign_entry, verify_entry
 from swarm.net.exchange.rendezvous import Member
 from swarm.net.votes import Vote

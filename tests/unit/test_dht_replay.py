@@ -14,7 +14,7 @@ import pytest
 from hivemind.utils.timed_storage import get_dht_time
 from testbed.members import make_member
 
-from swarm.core.credential import PeerKey
+from swarm.core.trust.credential import PeerKey
 from swarm.net.dht_entries import guard, read_entries, store_entry
 from swarm.net.exchange.rendezvous import Member, group_key
 from swarm.net.bulk.transport import Transport

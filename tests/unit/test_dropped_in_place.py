@@ -8,7 +8,7 @@ import torch
 
 from swarm.config import DataConfig, RunConfig
 from swarm.core.average import butterfly_bounds
-from swarm.core.codec import get_codec
+from swarm.core.codecs.codec import get_codec
 from swarm.net.exchange.contributions import encode_own as _encode
 from swarm.train import sent_feedback
 from swarm.train.trainer import LocalTrainer
@@ -66,8 +66,8 @@ def test_a_vector_the_exchange_did_not_encode_whole_is_encoded_again_at_the_comm
 @pytest.mark.slow
 def test_a_real_int4_butterfly_leaves_each_members_residual_in_its_sent_vector():
     from swarm.core.average import butterfly_reference, part_bounds
-    from swarm.core.codec import codec_round_trip
-    from swarm.core.error_feedback import DroppedInPlace
+    from swarm.core.codecs.codec import codec_round_trip
+    from swarm.core.codecs.error_feedback import DroppedInPlace
     from swarm.net.exchange.rendezvous import group_key
     from tests.unit.test_exchange import RUN_ID, concurrently, deltas, results_of, three_peers
 

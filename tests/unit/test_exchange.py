@@ -19,12 +19,12 @@ from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import get_dht_time
 
 from swarm.core import average as average_module
-from swarm.core import credential
+from swarm.core.trust import credential
 from swarm.core.average import butterfly_bounds, butterfly_reference, part_bounds, stripe_count, weighted_average
-from swarm.core.codec import CODECS, get_codec
-from swarm.core.credential import PeerKey
-from swarm.core.owner_feedback import OwnerFeedback
-from swarm.core.signed_entry import entry_body
+from swarm.core.codecs.codec import CODECS, get_codec
+from swarm.core.trust.credential import PeerKey
+from swarm.core.codecs.owner_feedback import OwnerFeedback
+from swarm.core.trust.signed_entry import entry_body
 from swarm.core.wire_protocol import PROTOCOL
 from swarm.net.exchange import restarted_groupmates
 from swarm.net.exchange.allreduce import Exchange, ExchangeFailed, ExchangeResult

@@ -8,9 +8,9 @@ import torch
 from swarm.core.aggregation import Aggregation
 from swarm.core.all_gather import gather_reference
 from swarm.core.average import butterfly_reference, weighted_average
-from swarm.core.codec import get_codec
-from swarm.core.error_feedback import DroppedInPlace
-from swarm.core.owner_feedback import OwnerFeedback
+from swarm.core.codecs.codec import get_codec
+from swarm.core.codecs.error_feedback import DroppedInPlace
+from swarm.core.codecs.owner_feedback import OwnerFeedback
 from swarm.net.exchange.alone import average_alone
 from swarm.net.exchange.slice_reduction import ExchangeFailed
 

@@ -28,7 +28,7 @@ from coordinator.store.database import Store
 from coordinator.store.records import OPEN, ReportRecord
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.signing import CallSigner, signed_join
-from swarm.core.credential import PeerKey
+from swarm.core.trust.credential import PeerKey
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import pooled_identity
 from tests.unit.test_limits import Aborted, FakeContext

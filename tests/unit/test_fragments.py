@@ -12,7 +12,7 @@ import torch
 from swarm.config import ModelConfig, OuterOptConfig, RoundConfig
 from swarm.core import spans
 from swarm.core.average import flatten
-from swarm.core.codec_base import BLOCK
+from swarm.core.codecs.codec_base import BLOCK
 from swarm.core.fragments import fragment_spans, fragments
 from swarm.core.outer import OuterOptimizer
 from swarm.train.model import GPT, gpt_config

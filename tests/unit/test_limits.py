@@ -23,7 +23,7 @@ from coordinator.store.database import Store
 from swarm.app.status import fetch_all_pages
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.signing import CallSigner, signed_join
-from swarm.core.credential import PeerKey
+from swarm.core.trust.credential import PeerKey
 from swarm.core.wire_protocol import PROTOCOL
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import pooled_identity

@@ -1,4 +1,4 @@
-"""Low-rank pseudo-gradients (``lowrank<r>-<values>``, swarm.core.lowrank): the name in the run config,
+"""Low-rank pseudo-gradients (``lowrank<r>-<values>``, swarm.core.codecs.lowrank): the name in the run config,
 the exchange's average (a projection of the weighted mean onto an orthonormal basis every peer computes
 alike), the error-feedback residual, and a simulated run whose peers end on the same θg bits as the
 same rounds done by hand."""
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from swarm.config import ConfigError, OuterOptConfig, RunConfig
-from swarm.core import lowrank
+from swarm.core.codecs import lowrank
 from swarm.core.average import butterfly_bytes_sent, butterfly_reference, weighted_average
-from swarm.core.codec import get_codec
+from swarm.core.codecs.codec import get_codec
 from swarm.train.sim import simulate
 from swarm.train.trainer import LocalTrainer
 from tests.unit.test_trainer_sim import RUN

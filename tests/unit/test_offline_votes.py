@@ -20,9 +20,9 @@ from coordinator.store.database import Store
 from coordinator.store.records import READY
 from swarm.net.exchange.group import signed_votes
 from swarm.config import RoundConfig, RunConfig
-from swarm.core.credential import Member, PeerKey
-from swarm.core.round_vote import Vote, group_id, group_key, vote_key
-from swarm.core.signed_entry import sign_entry
+from swarm.core.trust.credential import Member, PeerKey
+from swarm.core.trust.round_vote import Vote, group_id, group_key, vote_key
+from swarm.core.trust.signed_entry import sign_entry
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import engine_join
 from tests.unit.test_rounds import FakeClock
@@ -234,7 +234,7 @@ def test_a_refused_report_changes_nothing_and_the_round_goes_on(clock) -> None:
 
 def test_a_report_with_more_votes_than_any_sent_group_is_refused_before_the_engine(clock) -> None:
     from coordinator.api.limits import check_request
-    from swarm.core.round_vote import MAX_SENT_VOTES
+    from swarm.core.trust.round_vote import MAX_SENT_VOTES
 
     request = pb.ReportRoundRequest(peer_id="p-1", round=1, ok=True, state_hash="g")
     request.group_votes.extend(pb.SignedVote(peer_id="p-1", key="k") for _ in range(MAX_SENT_VOTES + 1))

@@ -9,7 +9,7 @@ from coordinator.store.database import Store
 from coordinator.store.records import COMMITTED, OPEN, READY, VOIDED, ReportRecord, RoundRecord
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.signing import CallProof, CallSigner
-from swarm.core.credential import PeerKey
+from swarm.core.trust.credential import PeerKey
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import engine_join
 

@@ -9,7 +9,7 @@ from coordinator.api.rate_limit import JoinLimits, Rate
 from coordinator.server import CoordinatorServer
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.client import CoordinatorBusy, CoordinatorClient
-from swarm.core.credential import PeerKey
+from swarm.core.trust.credential import PeerKey
 from tests.unit.fake_swarm import libp2p_identity
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]

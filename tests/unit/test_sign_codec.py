@@ -11,8 +11,8 @@ import torch
 
 from swarm.config import ConfigError, RunConfig
 from swarm.core.average import butterfly_bytes_sent, butterfly_reference, part_bounds, weighted_average
-from swarm.core.codec import get_codec
-from swarm.core.owner_feedback import OwnerFeedback
+from swarm.core.codecs.codec import get_codec
+from swarm.core.codecs.owner_feedback import OwnerFeedback
 from swarm.train.sim import simulate
 from tests.unit.test_trainer_sim import RUN
 
@@ -112,7 +112,7 @@ def test_a_sign_run_in_the_simulator_is_consistent_and_uses_the_owners_residual(
     assert sim.consistent and sim.error_feedback
     assert sim.rounds[0].bytes_sent == butterfly_bytes_sent(sim.param_count, 2, SIGN)
     # the owners' residual changes the bits from the second round on
-    import swarm.core.sign_codec as sign_codec
+    import swarm.core.codecs.sign_codec as sign_codec
     try:
         sign_codec.SignCodec.owner_feedback = False
         without = simulate(run, peers=2, rounds=2)

@@ -14,8 +14,8 @@ from swarm.config import ConfigError, RunConfig
 from swarm.core.aggregation import Aggregation
 from swarm.core.all_gather import gather_reference
 from swarm.core.average import part_bounds
-from swarm.core.codec import codec_round_trip, get_codec
-from swarm.core.error_feedback import ErrorFeedback
+from swarm.core.codecs.codec import codec_round_trip, get_codec
+from swarm.core.codecs.error_feedback import ErrorFeedback
 from swarm.net.exchange.rendezvous import group_key
 from swarm.train.sim import simulate
 from tests.unit.test_exchange import Peer, concurrently, deltas, results_of, three_peers

@@ -13,10 +13,10 @@ import torch
 
 from swarm.config import ConfigError, RunConfig
 from swarm.config.rounds_config import simulator_only
-from swarm.core import rice
+from swarm.core.codecs import rice
 from swarm.core.average import butterfly_bytes_sent, butterfly_reference, part_bounds
-from swarm.core.codec import get_codec
-from swarm.core.owner_feedback import OwnerFeedback
+from swarm.core.codecs.codec import get_codec
+from swarm.core.codecs.owner_feedback import OwnerFeedback
 from swarm.train.sim import simulate
 from tests.unit.test_trainer_sim import RUN
 

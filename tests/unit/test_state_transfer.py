@@ -14,7 +14,7 @@ from hivemind.p2p import PeerID
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from swarm.core.credential import Member, PeerKey
+from swarm.core.trust.credential import Member, PeerKey
 from swarm.core.state import (
     EncodedState,
     GlobalState,

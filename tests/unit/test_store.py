@@ -9,7 +9,7 @@ from coordinator.store.database import SCHEMA_VERSION, STORE_FILE, Store
 from coordinator.store.records import COMMITTED, OPEN, READY, PeerRecord, ReportRecord, RoundRecord, RunRecord, to_json
 from coordinator.store.run_identity import with_data_fingerprint
 from swarm.config import ConfigError, RoundConfig, RunConfig
-from swarm.core.credential import PeerKey
+from swarm.core.trust.credential import PeerKey
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import engine_join
 

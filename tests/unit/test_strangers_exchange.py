@@ -14,7 +14,7 @@ import torch
 from swarm.config import ConfigError, RoundConfig, RunConfig
 from swarm.core.all_gather import gather_reference
 from swarm.core.average import butterfly_bytes_sent
-from swarm.core.codec import get_codec
+from swarm.core.codecs.codec import get_codec
 from swarm.net.exchange.rendezvous import group_key
 from swarm.train.sim import simulate
 from tests.unit.test_exchange import NUMEL, Peer, concurrently, deltas, results_of, three_peers

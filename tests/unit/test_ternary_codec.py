@@ -12,7 +12,7 @@ import torch
 
 from swarm.config import ConfigError, RunConfig
 from swarm.core.average import butterfly_bytes_sent, part_bounds
-from swarm.core.codec import get_codec
+from swarm.core.codecs.codec import get_codec
 from swarm.train.sim import simulate
 from tests.unit.test_trainer_sim import RUN
 

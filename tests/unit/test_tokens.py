@@ -18,7 +18,7 @@ from swarm.config import RoundConfig, RunConfig
 from swarm.control import tls
 from swarm.control.client import CoordinatorRejected
 from swarm.control.joinstring import JoinString
-from swarm.core.credential import PeerKey
+from swarm.core.trust.credential import PeerKey
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import FakeClient, FakeCoordinator, libp2p_identity
 

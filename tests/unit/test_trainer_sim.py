@@ -9,7 +9,7 @@ import torch
 
 from swarm.config import DataConfig, InnerOptConfig, ModelConfig, OuterOptConfig, RoundConfig, RunConfig
 from swarm.core.average import weighted_average
-from swarm.core.codec import CODECS
+from swarm.core.codecs.codec import CODECS
 from swarm.core.state import GlobalState, state_hash
 from swarm.train.data import eval_loss
 from swarm.train.sim import main as sim_main

@@ -11,8 +11,8 @@ import torch
 
 from swarm.core.aggregation import Aggregation
 from swarm.core.average import weighted_average
-from swarm.core.credential import Credential, PeerKey, issue
-from swarm.core.credential import Member as Credentialed
+from swarm.core.trust.credential import Credential, PeerKey, issue
+from swarm.core.trust.credential import Member as Credentialed
 from swarm.core.site_plan import plan_sites, two_level_reference
 from swarm.net.exchange.allreduce import Exchange
 from swarm.net.dht_entries import read_entries, sign_entry

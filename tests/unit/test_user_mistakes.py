@@ -20,7 +20,7 @@ from swarm.app.cli_parser import build_parser
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.client import CoordinatorClient, CoordinatorUnreachable
 from swarm.control.joinstring import JoinString
-from swarm.core.credential import PeerKey
+from swarm.core.trust.credential import PeerKey
 from swarm.core.wire_protocol import PROTOCOL
 from swarm.v1 import coordinator_pb2 as pb
 

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from hivemind.p2p import P2PContext, PeerID
 
-from swarm.core.credential import CredentialError, Member
+from swarm.core.trust.credential import CredentialError, Member
 from swarm.core.state import EncodedState, GlobalState, decode_state, encoded_size_bound
 from swarm.net.bulk.bulk_channel import (
     MAC_KEY_BYTES,

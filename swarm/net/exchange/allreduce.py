@@ -35,11 +35,11 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from swarm.core import credential
+from swarm.core.trust import credential
 from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import stripe_count
-from swarm.core.codec import get_codec
-from swarm.core.owner_feedback import OwnerFeedback
+from swarm.core.codecs.codec import get_codec
+from swarm.core.codecs.owner_feedback import OwnerFeedback
 from swarm.net.exchange.alone import average_alone
 from swarm.net.bulk.bulk_channel import BulkChannel
 from swarm.net.bulk.bulk_slices import BulkSlices, Reservation
@@ -158,7 +158,7 @@ class Exchange:
 
         on_phase("sending") and on_phase("reducing") are called as the exchange passes those points
         (fault injection uses them); a number they return is a delay the exchange awaits there. ``owner``:
-        this peer's residual as its slice's owner (``swarm.core.owner_feedback``; ``average.owner_encode``).
+        this peer's residual as its slice's owner (``swarm.core.codecs.owner_feedback``; ``average.owner_encode``).
         ``into_delta``: the caller reads ``delta`` no more, so with a lossless codec the average is written into its
         memory (each slice once it is sent: no model-sized result beside it); a group of one averages alone.
         """

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import torch
 
-from swarm.core.error_feedback import DroppedInPlace
+from swarm.core.codecs.error_feedback import DroppedInPlace
 from swarm.net.bulk.bulk_slices import Reservation
 from swarm.net.bulk.chunk_stream import SlicePayload, Turn, settle
 from swarm.net.exchange.rendezvous import Member

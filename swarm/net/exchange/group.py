@@ -13,9 +13,9 @@ import torch
 
 from swarm.config import RunConfig
 from swarm.config.run import CODEC_NAMES
-from swarm.core import credential
+from swarm.core.trust import credential
 from swarm.core.aggregation import Aggregation
-from swarm.core.codec import get_codec
+from swarm.core.codecs.codec import get_codec
 from swarm.core.wire_protocol import PROTOCOL
 from swarm.net.exchange.allreduce import Exchange, ExchangeFailed
 from swarm.net.dht_entries import guard
@@ -156,7 +156,7 @@ class DhtGroup:
 
     def _plan(self, round_no: int) -> Optional[set[str]]:
         """``planned``, kept as the plan this peer matched its group by: a decision by the group's votes counts its
-        quorum over it (``swarm.core.commit_rule``), as the coordinator does."""
+        quorum over it (``swarm.core.trust.commit_rule``), as the coordinator does."""
         plan = self.planned(round_no)
         if plan is not None:
             self.plans = {r: p for r, p in self.plans.items() if r > round_no - 8}

@@ -20,9 +20,9 @@ from typing import Callable, Mapping, Optional
 
 import hivemind
 
-from swarm.core import credential
-from swarm.core.round_vote import group_key  # noqa: F401  re-exported: peers, scripts and tests import it from here
-from swarm.core.signed_entry import MAX_BODY_BYTES, entry_body
+from swarm.core.trust import credential
+from swarm.core.trust.round_vote import group_key  # noqa: F401  re-exported: peers, scripts and tests import it from here
+from swarm.core.trust.signed_entry import MAX_BODY_BYTES, entry_body
 from swarm.net.dht_entries import read_entries, store_entry
 from swarm.net.exchange.exchange_failed import ExchangeFailed
 

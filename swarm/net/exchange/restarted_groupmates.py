@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Optional
 
-from swarm.core import credential
+from swarm.core.trust import credential
 from swarm.net.dht_entries import read_entries
 from swarm.net.exchange.rendezvous import Member
 from swarm.net.exchange.slice_inbox import SliceInbox

@@ -15,8 +15,8 @@ import torch
 
 from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import butterfly_bounds, owner_encode, part_bounds
-from swarm.core.codec_base import Codec, all_finite
-from swarm.core.owner_feedback import OwnerFeedback
+from swarm.core.codecs.codec_base import Codec, all_finite
+from swarm.core.codecs.owner_feedback import OwnerFeedback
 from swarm.net.bulk.chunk_stream import SlicePayload
 from swarm.net.exchange.exchange_failed import ExchangeFailed
 from swarm.net.exchange.rendezvous import Member

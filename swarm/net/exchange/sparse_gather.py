@@ -16,7 +16,7 @@ position s only when it came from the libp2p id the signed group entry lists for
 replace or abort a member's part. The reduction runs on whole vectors, so ``[rounds] aggregation``
 judges (rejects, clips, trims) every member on its whole vector, and every member reaches the same
 verdicts. What it does not bound: a member that sends different bytes to different groupmates makes
-their averages differ; their θg hashes then disagree, and the round's commit rule (swarm.core.commit_rule)
+their averages differ; their θg hashes then disagree, and the round's commit rule (swarm.core.trust.commit_rule)
 decides which hash, if any, commits (without a majority of the group on one hash, none), as for a butterfly
 owner that sends different averages.
 """
@@ -29,7 +29,7 @@ from typing import Any, Awaitable, Callable
 import torch
 
 from swarm.core.aggregation import Reduced
-from swarm.core.codec import Codec
+from swarm.core.codecs.codec import Codec
 from swarm.net.exchange.rendezvous import Member, group_digest
 from swarm.net.bulk.chunk_stream import SlicePayload
 from swarm.net.exchange.slice_reduction import check_sendable, decode_slice, encode_slice, raw_fp32

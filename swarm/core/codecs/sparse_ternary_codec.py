@@ -1,7 +1,7 @@
 """A sparse ternary wire format with entropy-coded positions, ``ternary@<density>`` (e.g. ``ternary@0.1``):
 per block of ``block_for(density)`` elements (1,024 from density 1/32 up; up to 8,192 below), the ⌈density × length⌉ largest-magnitude elements as
 ±level and the rest as 0, the level being their mean |x| (the value that minimizes the L2 error for that
-choice). Positions are Rice codes of the gaps between sent elements (``swarm.core.rice``), one sign bit
+choice). Positions are Rice codes of the gaps between sent elements (``swarm.core.codecs.rice``), one sign bit
 each, so a payload costs about the entropy of the code, H(density) + density bits per element, plus a
 fp32 level per block (≤ 0.03 bits): e.g. 0.1 → ~0.6 bits, where ``ternary``'s fixed layout costs 1.725.
 
@@ -24,9 +24,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from swarm.core import rice
-from swarm.core.codec_base import Codec
-from swarm.core.ternary_codec import tree_sums
+from swarm.core.codecs import rice
+from swarm.core.codecs.codec_base import Codec
+from swarm.core.codecs.ternary_codec import tree_sums
 
 SPARSE_TERNARY_BLOCK = 1024  # elements per level from density 1/32 up: 32/1024 = 0.03 bits per element
 MAX_BLOCK = 8192

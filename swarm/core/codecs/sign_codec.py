@@ -9,7 +9,7 @@ then one multiplication), so a sender gets the same bytes on every machine; deco
 
 A butterfly slice owner re-encodes the averaged slice with this codec too, which loses about as much
 as the first encoding: ``Codec.owner_feedback`` asks it to keep that residual for its next round
-(``swarm.core.owner_feedback``). Run it with a plain outer step (lr 1, momentum 0): with the outer
+(``swarm.core.codecs.owner_feedback``). Run it with a plain outer step (lr 1, momentum 0): with the outer
 momentum the late re-sent residuals are repeated for many rounds (docs/BENCHMARKS.md, "Dense 1-bit with error feedback").
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from swarm.core.codec_base import BLOCK, Codec
+from swarm.core.codecs.codec_base import BLOCK, Codec
 
 _SHRINK = np.float32(1.0 / BLOCK)  # 2⁻⁶: the tree of 64 adds then cannot overflow
 

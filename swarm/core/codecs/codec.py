@@ -1,5 +1,5 @@
 """Wire formats for pseudo-gradients (a flat fp32 tensor in, raw little-endian bytes out, and back); the
-error feedback that carries what a lossy format dropped into the next round is ``swarm.core.error_feedback``.
+error feedback that carries what a lossy format dropped into the next round is ``swarm.core.codecs.error_feedback``.
 
 Every peer decodes the same bytes to the same fp32 values, on every machine: the codecs use only
 correctly rounded IEEE operations (one division or multiplication per element, round-to-nearest-even)
@@ -16,12 +16,12 @@ import warnings
 import numpy as np
 import torch
 
-from swarm.core.codec_base import BLOCK, Codec
-from swarm.core.lowrank_codec import parse_lowrank
-from swarm.core.sign_codec import SignCodec
-from swarm.core.sparse_codec import VALUE_FORMATS, parse_topk
-from swarm.core.sparse_ternary_codec import parse_sparse_ternary
-from swarm.core.ternary_codec import TernaryCodec
+from swarm.core.codecs.codec_base import BLOCK, Codec
+from swarm.core.codecs.lowrank_codec import parse_lowrank
+from swarm.core.codecs.sign_codec import SignCodec
+from swarm.core.codecs.sparse_codec import VALUE_FORMATS, parse_topk
+from swarm.core.codecs.sparse_ternary_codec import parse_sparse_ternary
+from swarm.core.codecs.ternary_codec import TernaryCodec
 
 
 class RawFloatCodec(Codec):
@@ -311,10 +311,10 @@ CODECS: dict[str, Codec] = {
     "bf16": BFloat16Codec(),
     "int8": BlockIntCodec("int8", 8),
     "int4": BlockIntCodec("int4", 4),
-    "sign": SignCodec(),  # 1 bit per element (swarm.core.sign_codec)
-    "ternary": TernaryCodec(),  # −level / 0 / +level, 1.725 bits per element (swarm.core.ternary_codec)
+    "sign": SignCodec(),  # 1 bit per element (swarm.core.codecs.sign_codec)
+    "ternary": TernaryCodec(),  # −level / 0 / +level, 1.725 bits per element (swarm.core.codecs.ternary_codec)
 }
-# The top-k family (swarm.core.sparse_codec), these names at the default density (1%);
+# The top-k family (swarm.core.codecs.sparse_codec), these names at the default density (1%);
 # ``topk-int4@0.003`` names another density.
 CODECS |= {f"topk-{values}": parse_topk(f"topk-{values}") for values in VALUE_FORMATS}
 

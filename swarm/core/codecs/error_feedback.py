@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from swarm.core.codec_base import Codec
+from swarm.core.codecs.codec_base import Codec
 
 
 class DroppedInPlace:

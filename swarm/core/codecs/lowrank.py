@@ -28,8 +28,8 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from swarm.core.average import as_cpu_f32, butterfly_reference, part_bounds, weighted_average
-from swarm.core.codec_base import Codec
-from swarm.core.lowrank_codec import LowRankCodec
+from swarm.core.codecs.codec_base import Codec
+from swarm.core.codecs.lowrank_codec import LowRankCodec
 
 
 @dataclass(frozen=True)

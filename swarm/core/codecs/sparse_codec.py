@@ -1,5 +1,5 @@
 """Top-k sparse wire formats: per chunk of the flat pseudo-gradient, only the k largest-magnitude values
-(with their chunk-local positions) go over the wire; error feedback (``swarm.core.error_feedback.ErrorFeedback``)
+(with their chunk-local positions) go over the wire; error feedback (``swarm.core.codecs.error_feedback.ErrorFeedback``)
 keeps the rest for later rounds, as SparseLoCo does.
 
 A chunk holds ``CHUNK`` consecutive elements (the vector's last one may be shorter) and sends
@@ -9,7 +9,7 @@ sections (the full chunks, then the short last one):
 - the positions: k uint16 offsets within the chunk, strictly increasing, or, where that is smaller
   (density above ~1/16), a bitmap of the chunk with exactly k bits set (LSB first);
 - the values, in position order: fp16 (clamped to ±65504), or int8 / int4 codes with one fp32 absmax
-  scale per 64 of the chunk's selected values (``swarm.core.codec.BlockIntCodec``'s rule: q = round half
+  scale per 64 of the chunk's selected values (``swarm.core.codecs.codec.BlockIntCodec``'s rule: q = round half
   even(x / scale), decoded as q × scale; int4 codes packed two per byte over the section, low nibble first).
 
 The encoded size depends only on the element count, so a peer knows what to expect. Which values a tie
@@ -25,7 +25,7 @@ import math
 import numpy as np
 import torch
 
-from swarm.core.codec_base import BLOCK, Codec
+from swarm.core.codecs.codec_base import BLOCK, Codec
 
 CHUNK = 4096  # elements per chunk: offsets fit uint16 (a chunk may hold up to 65,536)
 VALUE_FORMATS = {"fp16": 16, "int8": 8, "int4": 4}

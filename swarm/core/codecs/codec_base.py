@@ -1,4 +1,4 @@
-"""The wire-format interface every pseudo-gradient codec implements (``swarm.core.codec`` lists them)."""
+"""The wire-format interface every pseudo-gradient codec implements (``swarm.core.codecs.codec`` lists them)."""
 
 from __future__ import annotations
 
@@ -40,9 +40,9 @@ class Codec(abc.ABC):
     block: int = 1
     gathered: bool = False  # True: exchanged by all-gather (swarm.net.exchange.sparse_gather), not by the butterfly
     # True: a butterfly slice owner keeps what re-encoding its averaged slice lost and adds it next round
-    # (swarm.core.owner_feedback), with error feedback on; for codecs too coarse to re-encode for free.
+    # (swarm.core.codecs.owner_feedback), with error feedback on; for codecs too coarse to re-encode for free.
     owner_feedback: bool = False
-    # True: a low-rank projection exchanged as two butterflies of its factors (swarm.core.lowrank)
+    # True: a low-rank projection exchanged as two butterflies of its factors (swarm.core.codecs.lowrank)
     lowrank: bool = False
     # True: ``encode``'s size depends on the values (an entropy code), ``encoded_size`` is the most it returns,
     # and the bytes a round sends are counted from its payloads (the simulator's pair_bytes; the real exchange takes

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from swarm.core.codec_base import Codec
+from swarm.core.codecs.codec_base import Codec
 
 TERNARY_BLOCK = 256
 _SHRINK = np.float32(1.0 / TERNARY_BLOCK)  # 2⁻⁸: a tree of 256 adds then cannot overflow

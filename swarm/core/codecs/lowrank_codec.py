@@ -1,6 +1,6 @@
 """The ``lowrank{r}-{values}`` codec names (e.g. ``lowrank4-fp16``): a rank-r projection of every
 2-D parameter whose two thin factors go over the wire in ``values``. The exchange and its math are in
-``swarm.core.lowrank``; here only the name and the wire format of each of its two all-reduces."""
+``swarm.core.codecs.lowrank``; here only the name and the wire format of each of its two all-reduces."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from swarm.core.codec_base import Codec
+from swarm.core.codecs.codec_base import Codec
 
 _NAME = re.compile(r"lowrank(\d+)-(\w+)")
 MAX_RANK = 64

@@ -16,7 +16,7 @@ import math
 from dataclasses import fields
 from typing import Any, Optional, TypeVar
 
-from swarm.core.credential import CredentialError, Member, verify_credential, verify_signature
+from swarm.core.trust.credential import CredentialError, Member, verify_credential, verify_signature
 
 T = TypeVar("T")
 
