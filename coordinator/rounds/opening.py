@@ -56,10 +56,10 @@ def leave_out_late(now: float, open_round: RoundRecord, reports: Sequence[Report
     """``open_round`` without the participants not ready by its deadline (the same object when none is left
     out), and when to look again."""
     alive = [p for p in open_round.participants if p in peers and peers[p].alive]
-    row = outcome.without_lone_reporters(open_round, reports, alive)
+    row = outcome.without_reporters(open_round, reports, alive)
     if row is not open_round:
-        logger.warning("round %d: went on without %s (reported a round of their own while others were planned with "
-                       "them)", row.round, ", ".join(row.left_out[len(open_round.left_out):]))
+        logger.info("round %d: the others match without %s (reported while others were still to report)", row.round,
+                    ", ".join(row.left_out[len(open_round.left_out):]))
         open_round = row
     row, look_again = outcome.leave_out(now, open_round, reports, budgets.exchanging(open_round, peers),
                                        report_grace_s=config.rounds.report_grace_s, not_before=started_at)

@@ -102,9 +102,13 @@ def decide_round(
                    f"{report_grace_s:.0f}s of a quorum" if quorum_at is not None else f"{round_timeout_s:.0f}s")
     verdict = commit_rule.decide(claims, members, standing)
     mean_loss = _mean([r.loss for r in counted if finite(r.loss) and r.loss > 0])
+    # the decided row names every participant it counted: those the others matched without once they had reported
+    # (``without_reporters``) are participants of the round again, in its history too
+    planned = dict(participants=participants, left_out=not_counted) if participants != round_row.participants else {}
     if verdict.committed_hash is None:
         decided = dataclasses.replace(
             round_row, outcome=VOIDED, decided_at=now, mean_loss=mean_loss, reason=f"{verdict.reason} ({why})",
+            **planned,
         )
         return Decision(round=decided, decided=True, reason=decided.reason,
                         missed=tuple(participants) + not_counted)
@@ -113,7 +117,7 @@ def decide_round(
     holders = tuple(p for p in participants if p in holding)
     decided = dataclasses.replace(
         round_row, outcome=COMMITTED, decided_at=now, committed_hash=verdict.committed_hash, holders=holders,
-        mean_loss=mean_loss, reason=f"{verdict.reason} ({why})",
+        mean_loss=mean_loss, reason=f"{verdict.reason} ({why})", **planned,
     )
     return Decision(
         round=decided, decided=True, reason=decided.reason, joined=holders,
@@ -169,24 +173,24 @@ def leave_out(now: float, round_row: RoundRecord, reports: Sequence[ReportRecord
     return budgets.without(round_row, late), math.inf
 
 
-def without_lone_reporters(round_row: RoundRecord, reports: Sequence[ReportRecord],
-                           alive: Collection[str]) -> RoundRecord:
-    """``round_row`` with the participants that reported a round of their own (a group naming no other
-    participant) while others are still to report moved to ``left_out``: they will never post to the group the
-    others are matching, so the others must not wait for them (the plan they match by drops them). Their reports
-    still count as planned participants' (``decide_round``), so that a lone report wins only where it would
-    have: where nobody else stands in the round (``standing_participants``). The same object when there are
-    none."""
+def without_reporters(round_row: RoundRecord, reports: Sequence[ReportRecord], alive: Collection[str]) -> RoundRecord:
+    """``round_row`` with the participants that reported (themselves) while others are still to report moved to
+    ``left_out``, whatever group their report names: a peer posts its group entry before it exchanges and reports
+    after, so one that reported will never post to the group the others are matching, and they must not wait for it
+    (the plan they match by drops it). An honest reporter's groupmates lose nothing by it: they had sent it their
+    contributions, so they had closed their matchmaking before it could report. A liar reporting as the round opens,
+    with a group of its own or one naming the others, is dropped the same way, so it cannot hold their matchmaking
+    until the round's timeout, round after round. Its report still counts as a planned participant's
+    (``decide_round``), so that it wins only where it would have: where nobody else stands in the round
+    (``standing_participants``). The same object when there are none."""
     if round_row.outcome != OPEN:
         return round_row
     members = set(round_row.participants)
-    own = {r.peer_id: r for r in reports if r.peer_id in members and precedence(r) == 2}
-    # any() stops at a report's first other participant: an honest report's group is the round's, so this costs O(1)
-    lone = [p for p, r in own.items() if not any(q != p and q in members for q in r.group)]
-    waiting = [p for p in round_row.participants if p in alive and p not in own]
-    if not lone or not waiting:
+    reported = [p for p in dict.fromkeys(r.peer_id for r in reports if precedence(r) == 2) if p in members]
+    waiting = [p for p in round_row.participants if p in alive and p not in reported]
+    if not reported or not waiting:
         return round_row
-    return budgets.without(round_row, lone)
+    return budgets.without(round_row, reported)
 
 
 def standing_participants(participants: Sequence[str], alive: Collection[str],
