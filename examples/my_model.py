@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from swarm.train.model import portable_normal
+from swarm.train.model.model import portable_normal
 
 
 class TinyCausalLM(nn.Module):

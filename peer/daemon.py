@@ -37,8 +37,8 @@ from peer.state_store import PeerStateStore
 from peer.stats import PeerStats
 from swarm.config import RunConfig
 from swarm.control.client import CoordinatorRejected, CoordinatorUnreachable
-from swarm.train.final_model import write_final_model
-from swarm.train.ranks import Ranks
+from swarm.train.model.final_model import write_final_model
+from swarm.train.multi_gpu.ranks import Ranks
 from swarm.train.round import Outcome, Pending, RoundResult, RoundRunner
 from swarm.train.step_probe import SLOW_PASS_S, StepProbe
 from swarm.train.trainer import LocalTrainer

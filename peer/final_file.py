@@ -14,7 +14,7 @@ from typing import Optional
 from safetensors import safe_open
 
 from swarm.config import RunConfig
-from swarm.train.final_model import RUN_ID_KEY, RUN_SPEC_KEY
+from swarm.train.model.final_model import RUN_ID_KEY, RUN_SPEC_KEY
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 ``torchrun --nproc_per_node K -m swarm.app.cli peer ...``).
 
 Rank 0 is the peer daemon; ranks 1..K-1 are worker processes that build the same trainer and then only
-train in lockstep with it (``swarm.train.ranks``). They hold nothing of their own worth keeping: rank 0
+train in lockstep with it (``swarm.train.multi_gpu.ranks``). They hold nothing of their own worth keeping: rank 0
 ends them when it leaves, and a worker whose rank 0 is gone exits.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from swarm.config import RunConfig
-from swarm.train.ranks import Ranks, join_ranks
+from swarm.train.multi_gpu.ranks import Ranks, join_ranks
 from swarm.train.trainer import LocalTrainer
 
 log = logging.getLogger(__name__)

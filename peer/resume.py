@@ -29,7 +29,7 @@ from peer.checkpoint import CheckpointError, load_checkpoint, read_manifest, sav
 from swarm.core.state import GlobalState, LazyTensor, state_from_tensors, state_tensors
 from swarm.config import RunConfig
 from swarm.core.tentative import TentativeState
-from swarm.train.ranks import Ranks
+from swarm.train.multi_gpu.ranks import Ranks
 from swarm.train.trainer import LocalTrainer
 
 logger = logging.getLogger(__name__)

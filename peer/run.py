@@ -15,7 +15,7 @@ from typing import Optional
 from peer.daemon import PeerDaemon
 from peer.options import PeerOptions
 from peer.ranks import PeerRanks, follow, start_ranks, torchrun_rank
-from swarm.train.ranks import join_ranks
+from swarm.train.multi_gpu.ranks import join_ranks
 
 logger = logging.getLogger("peer.daemon")
 

@@ -7,7 +7,7 @@ slice owner (1 of 4, 2 of 8) against the butterfly and against the all-gather of
     .venv/bin/python scripts/bench_byzantine.py --slice-owner --json   # only the slice owner's rows
     .venv/bin/python scripts/bench_byzantine.py --bytes      # the all-gather's bytes per round, no training
 
-Rows run in the simulator (swarm.train.sim), which calls the peer daemon's functions; an attacker is a
+Rows run in the simulator (swarm.train.simulator.sim), which calls the peer daemon's functions; an attacker is a
 virtual peer whose contribution is replaced before the exchange (its own training stays honest). The
 attacks:
 
@@ -46,7 +46,7 @@ from swarm.config import AGGREGATIONS, DataConfig, InnerOptConfig, ModelConfig, 
 from swarm.core.all_gather import gather_bytes_by_site
 from swarm.core.average import butterfly_bytes_sent
 from swarm.core.codecs.codec import get_codec
-from swarm.train.sim import simulate
+from swarm.train.simulator.sim import simulate
 from swarm.train.trainer import Contribution
 
 log = logging.getLogger("bench_byzantine")

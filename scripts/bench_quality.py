@@ -9,7 +9,7 @@ heterogeneous peers and torchft's DiLoCo: same model, data, seeds and inner step
 
 As in the DiLoCo paper, every method continues from one checkpoint trained by a single worker
 (cached under .bench_cache/); with --full a second table repeats the fp32 rows from scratch. Swarm's
-rows run in its simulator (swarm.train.sim), which calls the peer daemon's functions.
+rows run in its simulator (swarm.train.simulator.sim), which calls the peer daemon's functions.
 docs/BENCHMARKS.md has the results and how to read them; docs/bench_quality.json pins them.
 """
 
@@ -41,10 +41,10 @@ from swarm.config import FRAGMENT_PATTERNS, MODEL_PRESETS, DataConfig, ModelConf
 from swarm.core import average
 from swarm.core.fragments import fragments as split_fragments
 from swarm.core.state import GlobalState, state_hash
-from swarm.train import model as swarm_model
-from swarm.train import sim as swarm_sim
-from swarm.train.data import eval_loss
-from swarm.train.final_model import load_into_model
+from swarm.train.model import model as swarm_model
+from swarm.train.simulator import sim as swarm_sim
+from swarm.train.data.data import eval_loss
+from swarm.train.model.final_model import load_into_model
 from swarm.train.trainer import LocalTrainer
 
 log = logging.getLogger("bench_quality")
@@ -295,7 +295,7 @@ def run_ddp(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
 
 
 def run_sim(bench: Bench, job: Job, ckpt: Optional[Path]) -> dict[str, Any]:
-    """DiLoCo, its codecs, Streaming DiLoCo and heterogeneous peers, all through swarm.train.sim."""
+    """DiLoCo, its codecs, Streaming DiLoCo and heterogeneous peers, all through swarm.train.simulator.sim."""
     base = bench.run_config()
     run = base.replace(rounds=dataclasses.replace(base.rounds, inner_steps=job.H)).validate()
     if job.outer:

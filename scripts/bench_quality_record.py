@@ -43,7 +43,7 @@ def code_digest(*, with_scripts: bool = True) -> str:
 def corpus_digest(data_cfg: Any) -> str:
     """A hash of the corpus bytes: ``stdlib`` is this Python build's standard library, and another
     build (another patch release, a distribution's package) reads other files."""
-    from swarm.train.data import ByteCorpus
+    from swarm.train.data.data import ByteCorpus
 
     corpus = ByteCorpus.load(data_cfg)
     digest = hashlib.sha256(corpus.train.numpy().tobytes())

@@ -7,7 +7,7 @@ plain, swarm, ...) so that drift in the machine's load hits both alike and neith
     .venv/bin/python scripts/bench_train.py --device cuda --json        # GPU: bf16, with MFU
 
 Cases: the built-in preset (``--preset``), a small Hugging Face Llama-style config (when transformers is
-installed), and a 2-rank peer (``swarm.train.ranks``, gloo on the CPU; NCCL with two GPUs) against a plain 2-rank
+installed), and a 2-rank peer (``swarm.train.multi_gpu.ranks``, gloo on the CPU; NCCL with two GPUs) against a plain 2-rank
 DDP loop. The last stdout line (with --json) is a JSON list of rows: model, device, precision, nproc,
 swarm_tokens_per_s, plain_tokens_per_s, ratio (swarm / plain; the target is >= 0.98), and on CUDA mfu (from
 6 × parameters + 12 × layers × width × seq_len FLOPs per token against ``--peak-tflops``).
@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from swarm.config import RunConfig  # noqa: E402
-from swarm.train.data import load_corpus  # noqa: E402
+from swarm.train.data.data import load_corpus  # noqa: E402
 from swarm.train.inner_step import AUTOCAST_DTYPES  # noqa: E402
-from swarm.train.run_model import build_run_model  # noqa: E402
+from swarm.train.model.run_model import build_run_model  # noqa: E402
 from swarm.train.trainer import LocalTrainer  # noqa: E402
 
 LLAMA = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 2,
@@ -126,7 +126,7 @@ class PlainLoop:
 
 def _plain_rank(rank: int, world_size: int, run_json: str, device: str, store_path: str, conn) -> None:
     """A rank of the plain DDP loop: trains as many steps as the pipe says; rank 0 answers with the seconds."""
-    from swarm.train.ranks import join_ranks
+    from swarm.train.multi_gpu.ranks import join_ranks
 
     torch.set_num_threads(1)
     ranks = join_ranks(rank=rank, world_size=world_size, device=device, store_path=store_path)

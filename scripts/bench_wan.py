@@ -36,7 +36,7 @@ from bench_wan_sites import section_hierarchical  # noqa: E402
 from testbed import Testbed, make_topology, missing_privileges, teardown  # noqa: E402
 from swarm.core.codecs.codec import CODECS  # noqa: E402
 from swarm.net.bulk.tcp_congestion import CONGESTION_CONTROL, congestion_problem  # noqa: E402
-from swarm.train.network_model import Costs, butterfly, ideal_exchange_s, make_peers  # noqa: E402
+from swarm.train.simulator.network_model import Costs, butterfly, ideal_exchange_s, make_peers  # noqa: E402
 
 PREFIX = os.environ.get("SWARM_BENCH_PREFIX", "swb-")  # every namespace of this benchmark; teardown removes only these
 WORKER = ROOT / "scripts" / "bench_wan_worker.py"

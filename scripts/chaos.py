@@ -290,7 +290,7 @@ def run_toml(rounds: dict[str, object], settings: list[str]) -> str:
 
 def final_eval(workdir: Path, peers: dict[str, subprocess.Popen]) -> Optional[float]:
     from swarm.config import RunConfig
-    from swarm.train.final_model import final_eval_loss
+    from swarm.train.model.final_model import final_eval_loss
 
     for name in sorted(peers):
         path = workdir / name / "final" / "model.safetensors"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How Swarm's round scales on a model of the network (swarm/train/network_model.py; no real traffic): 16 to
+"""How Swarm's round scales on a model of the network (swarm/train/simulator/network_model.py; no real traffic): 16 to
 1,024 peers in up to 16 sites, flat butterfly against two-level (site) averaging, each with the controller's
 rule (the least lossy codec whose exchange hides behind compute, else int4 and a larger H). Peers of a
 site share its uplink; with ``--sites 0`` every peer has a link of its own.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from swarm.train.network_model import Costs, controlled_round, make_peers  # noqa: E402
+from swarm.train.simulator.network_model import Costs, controlled_round, make_peers  # noqa: E402
 
 GB = 1e9
 

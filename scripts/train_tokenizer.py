@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from swarm.config import ConfigError
-from swarm.train.text_files import source_files
+from swarm.train.data.text_files import source_files
 
 
 def texts(source: str, max_bytes: int | None) -> Iterator[str]:

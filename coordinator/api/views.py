@@ -199,7 +199,7 @@ def model_name(model: ModelConfig) -> str:
 @functools.lru_cache(maxsize=8)
 def _hf_model_type(path: str) -> str:
     """The model_type of the config.json at ``path`` (read once: status is asked often)."""
-    from swarm.train.hf_model import hf_config_dict
+    from swarm.train.model.hf_model import hf_config_dict
 
     try:
         return str(hf_config_dict(path)["model_type"])

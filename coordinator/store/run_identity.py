@@ -1,6 +1,6 @@
 """What the run's model and data are, decided by the coordinator from the run config: the model fingerprint and
-θ0's hash, computed with the very functions a peer's trainer uses (``swarm.train.initial_state``), and the data
-fingerprint (``swarm.train.data_fingerprint``) pinned into the run spec every peer receives. A peer whose model
+θ0's hash, computed with the very functions a peer's trainer uses (``swarm.train.model.initial_state``), and the data
+fingerprint (``swarm.train.data.data_fingerprint``) pinned into the run spec every peer receives. A peer whose model
 or initial state differs is evicted at its first heartbeat; one whose data differs refuses to start with the
 spec's fingerprint. No peer's word sets them."""
 
@@ -11,10 +11,10 @@ import functools
 import logging
 
 from swarm.config import ConfigError, RunConfig
-from swarm.train.data import data_vocab_size
-from swarm.train.data_fingerprint import data_fingerprint
-from swarm.train.initial_state import RunIdentity, run_identity
-from swarm.train.run_model import checked_vocab_size
+from swarm.train.data.data import data_vocab_size
+from swarm.train.data.data_fingerprint import data_fingerprint
+from swarm.train.model.initial_state import RunIdentity, run_identity
+from swarm.train.model.run_model import checked_vocab_size
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def check_model(run: RunConfig) -> None:
 
 def check_vocab_fits(model_vocab: int | None, run: RunConfig) -> None:
     """ConfigError when the model embeds fewer token ids than the data is drawn from: each peer would refuse to
-    train it (``swarm.train.data.check_vocab``), so the coordinator refuses to serve it."""
+    train it (``swarm.train.data.data.check_vocab``), so the coordinator refuses to serve it."""
     data_vocab = data_vocab_size(run.data)
     if model_vocab is None or data_vocab is None or model_vocab >= data_vocab:
         return
@@ -63,7 +63,7 @@ def with_data_fingerprint(run: RunConfig) -> RunConfig:
                         e, run.data.fingerprint[:16])
             return run
         raise ConfigError(f"the coordinator cannot read the run's data ({e}); give it the files, or pin [data]"
-                          " fingerprint (python -m swarm.train.data_fingerprint RUN.toml prints it).") from None
+                          " fingerprint (python -m swarm.train.data.data_fingerprint RUN.toml prints it).") from None
     if run.data.fingerprint and run.data.fingerprint != mine:
         raise ConfigError(f"[data] fingerprint {run.data.fingerprint[:16]} does not match the coordinator's copy of"
                           f" the data ({mine[:16]}); fix the pinned value or the files.")

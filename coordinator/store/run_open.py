@@ -71,7 +71,7 @@ def _warn_special_tokens(run: RunConfig) -> None:
     say so at the start, when it is still cheap to fix."""
     if run.model.kind != "hf":
         return
-    from swarm.train.hf_model import hf_auto_config, special_ids_outside_vocab
+    from swarm.train.model.hf_model import hf_auto_config, special_ids_outside_vocab
 
     problem = special_ids_outside_vocab(hf_auto_config(run.model.hf_config))
     if problem:

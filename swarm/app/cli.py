@@ -55,7 +55,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     run = _run_config(args)  # config mistakes are reported before the slow imports
     check_model_sources(run.model)  # a misspelt hf_config path or factory module too (the rest: before the data)
     if simulator_only(run.rounds.codec):
-        raise ConfigError(f"[rounds] codec {run.rounds.codec} runs only in the simulator so far (python -m swarm.train.sim,"
+        raise ConfigError(f"[rounds] codec {run.rounds.codec} runs only in the simulator so far (python -m swarm.train.simulator.sim,"
                           " scripts/bench_quality.py); a real swarm cannot exchange it yet: choose int4 or sign.")
 
     from coordinator.server import serve

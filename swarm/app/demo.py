@@ -124,7 +124,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 def _summary(options: DemoOptions, workdir: Path, status: Optional[dict[str, Any]], codes: list[int], *,
              started: float) -> dict[str, Any]:
     finals = [workdir / f"peer-{i}" / "final" / "model.safetensors" for i in range(options.peers)]
-    from swarm.train.final_model import tensors_digest  # torch: imported only once the peers have finished
+    from swarm.train.model.final_model import tensors_digest  # torch: imported only once the peers have finished
 
     digests = [tensors_digest(f) if f.exists() else None for f in finals]
     consistent = all(d is not None for d in digests) and len(set(digests)) == 1
@@ -199,7 +199,7 @@ def _final_eval_loss(path: Path, options: DemoOptions) -> float:
     import dataclasses
 
     from swarm.config import RunConfig
-    from swarm.train.final_model import final_eval_loss
+    from swarm.train.model.final_model import final_eval_loss
 
     run = RunConfig()
     return final_eval_loss(path, run.replace(model=dataclasses.replace(run.model, preset=options.preset)))

@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from swarm.config import ConfigError
-from swarm.train.final_model import HF_CONFIG_KEY, RUN_SPEC_KEY
+from swarm.train.model.final_model import HF_CONFIG_KEY, RUN_SPEC_KEY
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def export(state_dir: Path, out_dir: Path, *, tokenizer: Optional[Path] = None) 
         target = out_dir / "model.safetensors"
         save_file(tensors, str(target), metadata={"format": "pt"})
     else:
-        from swarm.train.hf_model import model_from_config_json, save_pretrained
+        from swarm.train.model.hf_model import model_from_config_json, save_pretrained
 
         model = model_from_config_json(metadata[HF_CONFIG_KEY])
         missing, unexpected = model.load_state_dict(tensors, strict=False)
@@ -76,7 +76,7 @@ def export(state_dir: Path, out_dir: Path, *, tokenizer: Optional[Path] = None) 
         target = out_dir / "model.safetensors"
     result = Exported(weights=target)
     if hf_config is not None:
-        from swarm.train.hf_model import special_ids_outside_vocab
+        from swarm.train.model.hf_model import special_ids_outside_vocab
 
         problem = special_ids_outside_vocab(hf_config)
         if problem:

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from swarm.config.checks import MAX_BATCH, MAX_PEERS, ConfigError, check_range
 
-# Built-in model shapes (swarm.train.model builds them).
+# Built-in model shapes (swarm.train.model.model builds them).
 MODEL_PRESETS: dict[str, dict] = {
     # ~0.22M in 4 blocks of width 64: scripts/bench_quality.py (Streaming DiLoCo with F = 4 needs 4 blocks).
     "bench": dict(n_layer=4, n_head=4, d_model=64, context=128),
@@ -88,7 +88,7 @@ class DataConfig:
     # Text with a Hugging Face tokenizer: source is tokenized once and cached as a token file.
     tokenizer: str = ""  # a tokenizer.json; empty: text is bytes
     cache_dir: str = ""  # where tokenized text is cached (empty: ~/.cache/swarm/tokens)
-    # What every peer's data must hash to (swarm.train.data_fingerprint); the coordinator fills it in from its
+    # What every peer's data must hash to (swarm.train.data.data_fingerprint); the coordinator fills it in from its
     # own copy of the files when it has them.
     fingerprint: str = ""
 

@@ -34,7 +34,7 @@ def hf_config_dict(spec: Any) -> dict[str, Any]:
 
 def check_model_sources(cfg: ModelConfig) -> None:
     """ConfigError when the hf_config is not a readable config.json with a model_type, or the module of the factory
-    (or loss) cannot be found; ``swarm.train.run_model.checked_vocab_size`` checks the rest (a model_type
+    (or loss) cannot be found; ``swarm.train.model.run_model.checked_vocab_size`` checks the rest (a model_type
     transformers knows, the function in the module) with the slow imports."""
     if cfg.kind == "hf":
         hf_config_dict(cfg.hf_config)

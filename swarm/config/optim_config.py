@@ -12,7 +12,7 @@ from swarm.config.checks import MAX_BATCH, MAX_LR, MAX_STEPS, ConfigError, check
 # [inner] precision and schedule values (swarm.train.precision and swarm.train.schedule implement them).
 PRECISIONS = ("fp32", "bf16", "fp16")
 LR_SCHEDULES = ("constant", "cosine", "linear")
-# How a multi-GPU peer's ranks hold θl (swarm.train.ranks: "ddp"; swarm.train.sharding: "fsdp").
+# How a multi-GPU peer's ranks hold θl (swarm.train.multi_gpu.ranks: "ddp"; swarm.train.multi_gpu.sharding: "fsdp").
 SHARDINGS = ("ddp", "fsdp")
 
 NESTEROV = "nesterov"

@@ -30,7 +30,7 @@ class InnerStep:
     def __init__(self, model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer, cfg: InnerOptConfig, *,
                  device: torch.device, wrap: Optional[Callable[[nn.Module], nn.Module]] = None) -> None:
         self.model = model
-        self.loss_fn = loss_fn  # loss_fn(module, batch): the run model's loss (swarm.train.run_model)
+        self.loss_fn = loss_fn  # loss_fn(module, batch): the run model's loss (swarm.train.model.run_model)
         self.optimizer = optimizer
         self.cfg = cfg
         self.device = device

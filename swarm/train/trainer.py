@@ -30,18 +30,19 @@ from swarm.core.codecs.lowrank import LowRankState
 from swarm.core.outer import OuterOptimizer
 from swarm.core.state import GlobalState
 from swarm.core.tentative import TentativeState
-from swarm.train import prefetch, schedule
+from swarm.train.data import prefetch
+from swarm.train import schedule
 from swarm.train.contribution import Contribution, TrainStats
-from swarm.train.data import BatchSampler, check_vocab, load_corpus, shard_index_for_peer
+from swarm.train.data.data import BatchSampler, check_vocab, load_corpus, shard_index_for_peer
 from swarm.train.eager_optimizer import inner_adamw
-from swarm.train.global_eval import global_eval_loss
+from swarm.train.model.global_eval import global_eval_loss
 from swarm.train.host_memory import release_free_memory
-from swarm.train.initial_state import initial_state
+from swarm.train.model.initial_state import initial_state
 from swarm.train.inner_step import InnerStep
-from swarm.train.model import model_fingerprint
-from swarm.train.peer_model import build_peer_model
-from swarm.train.rank_lockstep import RankLockstep
-from swarm.train.ranks import GatherOptimizer, Ranks, RankSampler, TrainOrder
+from swarm.train.model.model import model_fingerprint
+from swarm.train.model.peer_model import build_peer_model
+from swarm.train.multi_gpu.rank_lockstep import RankLockstep
+from swarm.train.multi_gpu.ranks import GatherOptimizer, Ranks, RankSampler, TrainOrder
 from swarm.train.sent_feedback import SentFeedback
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class LocalTrainer:
 
     def __init__(self, run: RunConfig, *, peer_index: int, device: str = "cpu", ranks: Optional[Ranks] = None,
                  initial: Optional[GlobalState] = None) -> None:
-        """``ranks``: this process's place in a multi-GPU peer (``swarm.train.ranks``); every rank builds
+        """``ranks``: this process's place in a multi-GPU peer (``swarm.train.multi_gpu.ranks``); every rank builds
         its trainer at the same point, rank 0 first telling the others the run and the peer index.
         ``initial``: the committed state to start from (a peer's own checkpoint or vote) instead of θ0, which is
         then neither drawn nor kept; θl starts from it. ValueError when it is not a state of this model."""
@@ -380,7 +381,7 @@ class LocalTrainer:
         return None if not t else self.tokens_per_step / t
 
     def eval_loss(self) -> float:
-        """Held-out loss of θg (not θl), in θl's model (``swarm.train.global_eval``)."""
+        """Held-out loss of θg (not θl), in θl's model (``swarm.train.model.global_eval``)."""
         return global_eval_loss(self.model, self._params, self.global_params, self.corpus, self.run.data, self.loss_fn)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.train.final_model import tensors_digest
+from swarm.train.model.final_model import tensors_digest
 from tests.integration.harness import TWO_PEER_RUN, kill_family, read_join_string
 from tests.integration.netns_hosts import NetnsHosts, missing_privilege
 

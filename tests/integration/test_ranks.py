@@ -7,7 +7,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from swarm.train.final_model import tensors_digest
+from swarm.train.model.final_model import tensors_digest
 from tests.integration.harness import Swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]

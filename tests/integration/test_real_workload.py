@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from swarm.app.cli import main as cli_main
-from swarm.train.final_model import tensors_digest
-from swarm.train.hf_model import build_hf_model
+from swarm.train.model.final_model import tensors_digest
+from swarm.train.model.hf_model import build_hf_model
 from tests.integration.harness import ROOT, Swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]

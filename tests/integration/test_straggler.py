@@ -8,7 +8,7 @@ import pytest
 
 from coordinator.store.database import STORE_FILE, Store
 from coordinator.store.records import COMMITTED
-from swarm.train.final_model import tensors_digest
+from swarm.train.model.final_model import tensors_digest
 from tests.integration.harness import Swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(240)]

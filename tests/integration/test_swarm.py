@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from swarm.config import RunConfig, load_run_config
-from swarm.train.final_model import tensors_digest
-from swarm.train.model import build_model
-from swarm.train.sim import simulate
+from swarm.train.model.final_model import tensors_digest
+from swarm.train.model.model import build_model
+from swarm.train.simulator.sim import simulate
 from tests.integration.harness import Swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]

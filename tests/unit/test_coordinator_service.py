@@ -24,7 +24,7 @@ from swarm.control.client import CoordinatorClient, CoordinatorError, Coordinato
 from swarm.control.joinstring import JoinString
 from swarm.core.trust.credential import PeerKey, verify_credential
 from swarm.core.wire_protocol import PROTOCOL, release
-from swarm.train.initial_state import run_identity
+from swarm.train.model.initial_state import run_identity
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import libp2p_identity, member_client
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swarm.config import DataConfig, ModelConfig
-from swarm.train.data import (
+from swarm.train.data.data import (
     BatchSampler,
     ByteCorpus,
     eval_loss,
@@ -17,7 +17,7 @@ from swarm.train.data import (
     shard_index_for_peer,
     stdlib_files,
 )
-from swarm.train.model import build_model
+from swarm.train.model.model import build_model
 
 pytestmark = pytest.mark.timeout(60)
 

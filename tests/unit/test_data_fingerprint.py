@@ -11,8 +11,8 @@ import pytest
 
 from coordinator.store.run_identity import with_data_fingerprint
 from swarm.config import ConfigError, RunConfig
-from swarm.train.byte_corpus import _load_cached
-from swarm.train.data import load_corpus
+from swarm.train.data.byte_corpus import _load_cached
+from swarm.train.data.data import load_corpus
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,7 +40,7 @@ def test_another_pythons_standard_library_is_warned_not_refused(caplog: pytest.L
     spec = with_data_fingerprint(RunConfig.from_dict({"data": {"max_bytes": 200_000}}))
     assert len(spec.data.fingerprint) == 64 and with_data_fingerprint(spec) == spec  # pinned, and it agrees
     other_build = dataclasses.replace(spec.data, fingerprint="0" * 64)  # as a coordinator on another Python has it
-    with caplog.at_level(logging.WARNING, logger="swarm.train.data_fingerprint"):
+    with caplog.at_level(logging.WARNING, logger="swarm.train.data.data_fingerprint"):
         corpus = load_corpus(other_build)
     assert corpus.train.numel() > 0
     assert "built-in corpus (the standard library of Python" in caplog.text

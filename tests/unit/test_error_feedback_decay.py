@@ -13,7 +13,7 @@ from swarm.config import ConfigError, OuterOptConfig, RunConfig
 from swarm.core.all_gather import gather_reference
 from swarm.core.codecs.codec import get_codec
 from swarm.core.codecs.error_feedback import ErrorFeedback
-from swarm.train.sim import simulate
+from swarm.train.simulator.sim import simulate
 from swarm.train.trainer import LocalTrainer
 from tests.unit.test_trainer_sim import RUN
 

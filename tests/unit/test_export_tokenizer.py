@@ -16,8 +16,8 @@ from coordinator.store.database import Store
 from swarm.app.cli import main as cli_main
 from swarm.config import RunConfig
 from swarm.core.state import GlobalState
-from swarm.train.final_model import write_final_model
-from swarm.train.run_model import build_run_model
+from swarm.train.model.final_model import write_final_model
+from swarm.train.model.run_model import build_run_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 ROOT = Path(__file__).resolve().parents[2]

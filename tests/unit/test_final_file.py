@@ -13,8 +13,8 @@ from safetensors import safe_open
 from peer.final_file import final_model_path, other_run, set_aside, warn_if_other_run
 from swarm.config import RunConfig
 from swarm.core.state import GlobalState
-from swarm.train.final_model import tensors_digest, write_final_model
-from swarm.train.run_model import build_run_model
+from swarm.train.model.final_model import tensors_digest, write_final_model
+from swarm.train.model.run_model import build_run_model
 
 pytestmark = pytest.mark.timeout(60)
 

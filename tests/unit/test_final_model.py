@@ -10,8 +10,8 @@ from safetensors import safe_open
 
 from swarm.config import RunConfig
 from swarm.core.state import GlobalState
-from swarm.train.final_model import load_into_model, tensors_digest, write_final_model
-from swarm.train.run_model import build_run_model
+from swarm.train.model.final_model import load_into_model, tensors_digest, write_final_model
+from swarm.train.model.run_model import build_run_model
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,8 +15,8 @@ from swarm.core.average import flatten
 from swarm.core.codecs.codec_base import BLOCK
 from swarm.core.fragments import fragment_spans, fragments
 from swarm.core.outer import OuterOptimizer
-from swarm.train.model import GPT, gpt_config
-from swarm.train.sim import simulate
+from swarm.train.model.model import GPT, gpt_config
+from swarm.train.simulator.sim import simulate
 from swarm.train.trainer import LocalTrainer
 from tests.unit.test_trainer_sim import RUN
 

@@ -16,7 +16,7 @@ from coordinator.store.database import SCHEMA_VERSION, STORE_FILE, Store
 from swarm.app.cli import main as cli_main
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.client import CoordinatorClient, CoordinatorRejected
-from swarm.train.initial_state import run_identity
+from swarm.train.model.initial_state import run_identity
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import member_client
 

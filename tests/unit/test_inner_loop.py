@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from swarm.config import ConfigError, DataConfig, InnerOptConfig, ModelConfig, RoundConfig, RunConfig
-from swarm.train import inner_step, prefetch
+from swarm.train import inner_step
+from swarm.train.data import prefetch
 from swarm.train.schedule import lr_at
-from swarm.train.sim import simulate
+from swarm.train.simulator.sim import simulate
 from swarm.train.trainer import LocalTrainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]

@@ -11,7 +11,7 @@ import torch
 
 from swarm.config import ConfigError, RunConfig
 from swarm.core.average import butterfly_reference
-from swarm.train.sim import simulate
+from swarm.train.simulator.sim import simulate
 from swarm.train.trainer import LocalTrainer
 from tests.unit.test_trainer_sim import RUN
 

@@ -14,7 +14,7 @@ from swarm.config import ConfigError, OuterOptConfig, RunConfig
 from swarm.core.codecs import lowrank
 from swarm.core.average import butterfly_bytes_sent, butterfly_reference, weighted_average
 from swarm.core.codecs.codec import get_codec
-from swarm.train.sim import simulate
+from swarm.train.simulator.sim import simulate
 from swarm.train.trainer import LocalTrainer
 from tests.unit.test_trainer_sim import RUN
 

@@ -8,7 +8,7 @@ import torch
 from swarm.config import MODEL_PRESETS as PRESETS
 from swarm.config import ModelConfig
 from swarm.core.state import state_hash
-from swarm.train.model import GPT, build_model, gpt_config, model_fingerprint
+from swarm.train.model.model import GPT, build_model, gpt_config, model_fingerprint
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,7 +94,7 @@ def test_a_model_file_round_trips_and_one_from_another_model_is_refused_with_a_m
     from safetensors.torch import save_file
 
     from swarm.config import RunConfig
-    from swarm.train.final_model import load_into_model
+    from swarm.train.model.final_model import load_into_model
 
     run = RunConfig(model=TINY)
     model = build_model(TINY, seed=3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarm.train.network_model import (
+from swarm.train.simulator.network_model import (
     Costs,
     butterfly,
     controlled_round,

@@ -149,7 +149,7 @@ def test_a_peer_still_behind_when_the_run_finishes_gets_the_final_state(tmp_path
 def test_a_peer_that_finishes_a_second_run_in_the_same_state_dir_keeps_the_first_runs_final_model(tmp_path, caplog):
     """Run 1 ends with its final model in a/final; run 2 (another coordinator) with the same --state-dir warns at
     join and moves run 1's file aside to model.<run 1's id>.safetensors when it writes its own."""
-    from swarm.train.final_model import tensors_digest
+    from swarm.train.model.final_model import tensors_digest
 
     one = RUN.replace(rounds=RoundConfig(inner_steps=2, max_rounds=1, min_peers=1))
     first, parts = swarm(one)

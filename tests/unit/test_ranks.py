@@ -9,8 +9,8 @@ import torch
 from peer.ranks import start_ranks
 from peer.resume import resume_trainer, save_trainer
 from swarm.config import RunConfig
-from swarm.train.data import BatchSampler
-from swarm.train.ranks import RankSampler
+from swarm.train.data.data import BatchSampler
+from swarm.train.multi_gpu.ranks import RankSampler
 from swarm.train.trainer import LocalTrainer
 from tests.unit.test_inner_loop import RUN
 

@@ -149,7 +149,7 @@ def test_a_tentative_states_vote_is_stepped_once_as_it_is_written_and_is_the_mat
 def test_a_restarted_peer_builds_from_its_vote_without_drawing_theta0_and_trains_on_like_a_resumed_one(
         tmp_path, monkeypatch):
     from peer.resume import start_trainer, step_time_record
-    from swarm.train import model as model_module
+    from swarm.train.model import model as model_module
 
     original = LocalTrainer(_run(), peer_index=1)
     _one_round(original, 1)

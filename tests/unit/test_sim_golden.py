@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from swarm.config import DataConfig, InnerOptConfig, ModelConfig, OuterOptConfig, RoundConfig, RunConfig
-from swarm.train.sim import simulate
+from swarm.train.simulator.sim import simulate
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]
 

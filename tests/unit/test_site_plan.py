@@ -9,7 +9,7 @@ import torch
 from swarm.config import ConfigError, RunConfig
 from swarm.core.average import butterfly_bytes_sent, weighted_average
 from swarm.core.site_plan import butterfly_bytes_by_site, plan_sites, two_level_bytes_sent, two_level_reference
-from swarm.train.sim import simulate
+from swarm.train.simulator.sim import simulate
 
 pytestmark = pytest.mark.timeout(120)
 

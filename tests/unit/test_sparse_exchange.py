@@ -17,7 +17,7 @@ from swarm.core.average import part_bounds
 from swarm.core.codecs.codec import codec_round_trip, get_codec
 from swarm.core.codecs.error_feedback import ErrorFeedback
 from swarm.net.exchange.rendezvous import group_key
-from swarm.train.sim import simulate
+from swarm.train.simulator.sim import simulate
 from tests.unit.test_exchange import Peer, concurrently, deltas, results_of, three_peers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

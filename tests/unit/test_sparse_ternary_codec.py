@@ -17,7 +17,7 @@ from swarm.core.codecs import rice
 from swarm.core.average import butterfly_bytes_sent, butterfly_reference, part_bounds
 from swarm.core.codecs.codec import get_codec
 from swarm.core.codecs.owner_feedback import OwnerFeedback
-from swarm.train.sim import simulate
+from swarm.train.simulator.sim import simulate
 from tests.unit.test_trainer_sim import RUN
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]

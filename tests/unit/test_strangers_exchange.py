@@ -16,7 +16,7 @@ from swarm.core.all_gather import gather_reference
 from swarm.core.average import butterfly_bytes_sent
 from swarm.core.codecs.codec import get_codec
 from swarm.net.exchange.rendezvous import group_key
-from swarm.train.sim import simulate
+from swarm.train.simulator.sim import simulate
 from tests.unit.test_exchange import NUMEL, Peer, concurrently, deltas, results_of, three_peers
 
 pytestmark = [pytest.mark.timeout(180)]

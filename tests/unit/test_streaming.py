@@ -18,7 +18,7 @@ from swarm.core.fragments import (
     round_fragment,
     round_steps,
 )
-from swarm.train.model import GPT, gpt_config
+from swarm.train.model.model import GPT, gpt_config
 
 pytestmark = pytest.mark.timeout(60)
 

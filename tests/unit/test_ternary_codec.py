@@ -13,7 +13,7 @@ import torch
 from swarm.config import ConfigError, RunConfig
 from swarm.core.average import butterfly_bytes_sent, part_bounds
 from swarm.core.codecs.codec import get_codec
-from swarm.train.sim import simulate
+from swarm.train.simulator.sim import simulate
 from tests.unit.test_trainer_sim import RUN
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]

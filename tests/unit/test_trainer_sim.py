@@ -11,9 +11,9 @@ from swarm.config import DataConfig, InnerOptConfig, ModelConfig, OuterOptConfig
 from swarm.core.average import weighted_average
 from swarm.core.codecs.codec import CODECS
 from swarm.core.state import GlobalState, state_hash
-from swarm.train.data import eval_loss
-from swarm.train.sim import main as sim_main
-from swarm.train.sim import simulate
+from swarm.train.data.data import eval_loss
+from swarm.train.simulator.sim import main as sim_main
+from swarm.train.simulator.sim import simulate
 from swarm.train.trainer import LocalTrainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]

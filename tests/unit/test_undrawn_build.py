@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from swarm.config import ModelConfig
-from swarm.train.model import model_fingerprint
-from swarm.train.run_model import build_run_model
+from swarm.train.model.model import model_fingerprint
+from swarm.train.model.run_model import build_run_model
 
 pytestmark = [pytest.mark.timeout(60)]
 

@@ -16,10 +16,10 @@ from coordinator.engine import CoordinatorEngine
 from coordinator.store.database import Store
 from swarm.config import ConfigError, RunConfig
 from swarm.core.state import GlobalState
-from swarm.train.data import BatchSampler, load_corpus
-from swarm.train.final_model import write_final_model
-from swarm.train.run_model import build_run_model
-from swarm.train.sim import simulate
+from swarm.train.data.data import BatchSampler, load_corpus
+from swarm.train.model.final_model import write_final_model
+from swarm.train.model.run_model import build_run_model
+from swarm.train.simulator.sim import simulate
 from swarm.train.trainer import LocalTrainer
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import engine_join
@@ -139,7 +139,7 @@ def test_a_peer_with_another_model_or_other_data_is_refused_with_a_sentence(tmp_
         LocalTrainer(spec, peer_index=0)
 
     wider = build_run_model(dataclasses.replace(run.model, hf_config={**LLAMA, "hidden_size": 48}), seed=run.seed)
-    from swarm.train.model import model_fingerprint
+    from swarm.train.model.model import model_fingerprint
 
     with pytest.raises(StateMismatch, match=r"this peer's model \(fingerprint [^)]+\) does not match the run's"):
         engine.heartbeat(pb.HeartbeatRequest(peer_id=peer.peer_id, metrics=pb.PeerMetrics(

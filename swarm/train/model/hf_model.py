@@ -18,7 +18,7 @@ from torch import nn
 
 from swarm.config import ConfigError
 from swarm.config.model_sources import hf_config_dict
-from swarm.train.model import PortableNormals
+from swarm.train.model.model import PortableNormals
 
 log = logging.getLogger(__name__)
 

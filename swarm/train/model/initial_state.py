@@ -12,8 +12,8 @@ from swarm.config import RunConfig
 from swarm.core import average
 from swarm.core.outer import OuterOptimizer
 from swarm.core.state import GlobalState
-from swarm.train.model import model_fingerprint
-from swarm.train.run_model import build_run_model
+from swarm.train.model.model import model_fingerprint
+from swarm.train.model.run_model import build_run_model
 
 
 def initial_state(model: nn.Module, outer: OuterOptimizer) -> GlobalState:

@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from swarm.config import DataConfig
-from swarm.train.byte_corpus import ByteCorpus
-from swarm.train.data import eval_loss
-from swarm.train.run_model import LossFn
+from swarm.train.data.byte_corpus import ByteCorpus
+from swarm.train.data.data import eval_loss
+from swarm.train.model.run_model import LossFn
 
 if TYPE_CHECKING:
-    from swarm.train.data_tokens import TokenCorpus
+    from swarm.train.data.data_tokens import TokenCorpus
 
 
 def global_eval_loss(model: nn.Module, params: list[torch.Tensor], global_params: list[torch.Tensor],

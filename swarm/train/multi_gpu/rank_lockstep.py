@@ -1,9 +1,9 @@
-"""How rank 0 of a multi-GPU peer keeps its other ranks in step with it (``swarm.train.ranks``).
+"""How rank 0 of a multi-GPU peer keeps its other ranks in step with it (``swarm.train.multi_gpu.ranks``).
 
 Each ``train`` on rank 0 starts every rank on the same steps (``TrainOrder``), sending θl and the inner AdamW
 state along only when they changed since the ranks last trained together: θl after a commit or a load, the
 AdamW state after steps the ranks did not take with it (a resume). An FSDP peer's ranks hold shards instead
-(``swarm.train.sharding``), synced and gathered through it.
+(``swarm.train.multi_gpu.sharding``), synced and gathered through it.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from swarm.train.ranks import GatherOptimizer, Ranks, TrainOrder
+from swarm.train.multi_gpu.ranks import GatherOptimizer, Ranks, TrainOrder
 
 if TYPE_CHECKING:
-    from swarm.train.sharding import ShardedModel
+    from swarm.train.multi_gpu.sharding import ShardedModel
 
 
 class RankLockstep:

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from swarm.config import DataConfig
-from swarm.train.text_files import source_files
+from swarm.train.data.text_files import source_files
 
 log = logging.getLogger(__name__)
 

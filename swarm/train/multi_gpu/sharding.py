@@ -23,7 +23,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from swarm.train.ranks import Ranks, TrainOrder
+from swarm.train.multi_gpu.ranks import Ranks, TrainOrder
 
 # AdamW state by parameter index, as Optimizer.state_dict() numbers them (through its param groups, in order)
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ The built-in corpus (``source = "stdlib"``: the Python standard library's files)
 (3.11.7 and Debian's 3.11.2 hold different files), so a peer on another build is warned, not refused: it trains
 on Python source all the same, but its shards and eval split are not the run's.
 
-    python -m swarm.train.data_fingerprint RUN.toml    # print it (to pin it when the coordinator lacks the files)
+    python -m swarm.train.data.data_fingerprint RUN.toml    # print it (to pin it when the coordinator lacks the files)
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ def _file_digest(path: Path, digest: "hashlib._Hash") -> None:
 
 def data_fingerprint(cfg: DataConfig) -> str:
     """The fingerprint of ``cfg``'s data as this machine has it."""
-    from swarm.train.data_tokens import token_files
+    from swarm.train.data.data_tokens import token_files
 
     digest = hashlib.sha256(f"swarm-data-v1:{cfg.kind}\0".encode())
     if cfg.kind == "bytes":
-        from swarm.train.byte_corpus import ByteCorpus
+        from swarm.train.data.byte_corpus import ByteCorpus
 
         digest.update(ByteCorpus.load(cfg).digest.encode())
         return digest.hexdigest()
@@ -55,7 +55,7 @@ def data_fingerprint(cfg: DataConfig) -> str:
             for path in token_files(cfg.eval_tokens):
                 _file_digest(path, digest)
     else:
-        from swarm.train.tokenized_text import cache_key, load_tokenizer, text_chunks
+        from swarm.train.data.tokenized_text import cache_key, load_tokenizer, text_chunks
 
         load_tokenizer(cfg.tokenizer)  # a clear sentence when it is missing
         digest.update(cache_key(cfg, text_chunks(cfg)).encode())
@@ -83,7 +83,7 @@ def check_fingerprint(cfg: DataConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m swarm.train.data_fingerprint RUN.toml", file=sys.stderr)
+        print("usage: python -m swarm.train.data.data_fingerprint RUN.toml", file=sys.stderr)
         return 2
     try:
         print(data_fingerprint(load_run_config(args[0]).data))

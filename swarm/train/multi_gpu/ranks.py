@@ -6,7 +6,7 @@ and from which step counts, and when its θl or AdamW state changed outside trai
 resume) it broadcasts them first, so every rank starts each step from the same parameters. The ranks split
 the peer's stream of batches between them (``RankSampler``), so the peer's data position does not depend on
 how many ranks it has. The launcher that starts the ranks is ``peer.ranks``. With ``[inner] sharding = "fsdp"``
-the ranks hold shards of θl instead of copies (``swarm.train.sharding``).
+the ranks hold shards of θl instead of copies (``swarm.train.multi_gpu.sharding``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from swarm.train.data import BatchSampler
+from swarm.train.data.data import BatchSampler
 
 # A worker waits for rank 0 as long as rank 0 waits for its round: far longer than torch's default.
 WAIT_FOR_RANK0 = datetime.timedelta(days=7)

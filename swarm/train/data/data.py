@@ -12,24 +12,24 @@ import torch
 import torch.nn as nn
 
 from swarm.config import ConfigError, DataConfig
-from swarm.train.byte_corpus import ByteCorpus
-from swarm.train.text_files import stdlib_files  # noqa: F401  (callers' import)
+from swarm.train.data.byte_corpus import ByteCorpus
+from swarm.train.data.text_files import stdlib_files  # noqa: F401  (callers' import)
 
 if TYPE_CHECKING:
-    from swarm.train.data_tokens import TokenCorpus
+    from swarm.train.data.data_tokens import TokenCorpus
 
 
 def load_corpus(cfg: DataConfig) -> "ByteCorpus | TokenCorpus":
     """The run's corpus: text as bytes (the default), token files, or text through a tokenizer; checked against
     ``cfg.fingerprint`` when the run pins one."""
-    from swarm.train.data_fingerprint import check_fingerprint
-    from swarm.train.data_tokens import load_token_corpus
+    from swarm.train.data.data_fingerprint import check_fingerprint
+    from swarm.train.data.data_tokens import load_token_corpus
 
     check_fingerprint(cfg)
     if cfg.kind == "tokens":
         return load_token_corpus(cfg)
     if cfg.kind == "tokenized":
-        from swarm.train.tokenized_text import tokenized_file
+        from swarm.train.data.tokenized_text import tokenized_file
 
         path, dtype, vocab = tokenized_file(cfg)
         return load_token_corpus(dataclasses.replace(cfg, token_dtype=dtype, eval_tokens=""), tokens=str(path),
@@ -55,7 +55,7 @@ def data_vocab_size(cfg: DataConfig) -> int | None:
     if cfg.kind == "bytes":
         return ByteCorpus.vocab_size
     if cfg.kind == "tokenized":
-        from swarm.train.tokenized_text import load_tokenizer
+        from swarm.train.data.tokenized_text import load_tokenizer
 
         return load_tokenizer(cfg.tokenizer).get_vocab_size(with_added_tokens=True)
     return None

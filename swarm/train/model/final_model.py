@@ -65,7 +65,7 @@ def tensors_digest(path: Path) -> str:
 
 def load_into_model(path: Path, run: RunConfig) -> torch.nn.Module:
     """The run's model with the file's parameters (a final model, a warm start)."""
-    from swarm.train.run_model import build_run_model, load_weights
+    from swarm.train.model.run_model import build_run_model, load_weights
 
     model = build_run_model(run.model, seed=run.seed).module
     load_weights(model, path)
@@ -74,8 +74,8 @@ def load_into_model(path: Path, run: RunConfig) -> torch.nn.Module:
 
 def final_eval_loss(path: Path, run: RunConfig) -> float:
     """Held-out loss of a final model, computed exactly as the peers evaluate."""
-    from swarm.train.data import eval_loss, load_corpus
-    from swarm.train.run_model import build_run_model, load_weights
+    from swarm.train.data.data import eval_loss, load_corpus
+    from swarm.train.model.run_model import build_run_model, load_weights
 
     built = build_run_model(run.model, seed=run.seed)
     load_weights(built.module, path)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from swarm.config import ConfigError, DataConfig
-from swarm.train.text_files import source_files
+from swarm.train.data.text_files import source_files
 
 log = logging.getLogger(__name__)
 

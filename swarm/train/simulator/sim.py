@@ -2,9 +2,9 @@
 the outer optimizer, and ``average.butterfly_reference`` for the all-reduce), so given the same run
 it computes the same global parameters as a real swarm, bit for bit.
 
-    python -m swarm.train.sim --peers 2 --rounds 3 --json
-    python -m swarm.train.sim --peers 4 --rounds 12 --codec int4 --fragments 2 --overlap 2 --speeds 1,1,0.5,0.33
-    python -m swarm.train.sim --peers 4 --rounds 3 --sites a,a,b,b --hierarchical --group-size 2
+    python -m swarm.train.simulator.sim --peers 2 --rounds 3 --json
+    python -m swarm.train.simulator.sim --peers 4 --rounds 12 --codec int4 --fragments 2 --overlap 2 --speeds 1,1,0.5,0.33
+    python -m swarm.train.simulator.sim --peers 4 --rounds 3 --sites a,a,b,b --hierarchical --group-size 2
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from swarm.core.codecs.codec import get_codec
 from swarm.core.fragments import round_fragment
 from swarm.core.state import GlobalState
 from swarm.train.trainer import LocalTrainer
-from swarm.train.virtual_peers import OwnerTamper, Tamper, VirtualPeer, run_peers
+from swarm.train.simulator.virtual_peers import OwnerTamper, Tamper, VirtualPeer, run_peers
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ def simulate(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m swarm.train.sim", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m swarm.train.simulator.sim", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="run TOML file (default: the built-in defaults)")
     parser.add_argument("--peers", type=int, default=2, help="number of virtual peers")
     parser.add_argument("--rounds", type=int, default=3, help="number of outer rounds")

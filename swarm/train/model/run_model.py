@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from swarm.config import ConfigError, ModelConfig
-from swarm.train import hf_model
-from swarm.train.model import GPT, VOCAB_SIZE, build_model
+from swarm.train.model import hf_model
+from swarm.train.model.model import GPT, VOCAB_SIZE, build_model
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]

@@ -1,5 +1,5 @@
-"""The model one peer trains: the run's model (``swarm.train.run_model``) placed on the peer's device, or with
-FSDP kept whole on the CPU beside the shards its ranks train (``swarm.train.sharding``), and checked against the
+"""The model one peer trains: the run's model (``swarm.train.model.run_model``) placed on the peer's device, or with
+FSDP kept whole on the CPU beside the shards its ranks train (``swarm.train.multi_gpu.sharding``), and checked against the
 run's sequence length."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from swarm.config import RunConfig
-from swarm.train.run_model import RunModel, build_run_model
+from swarm.train.model.run_model import RunModel, build_run_model
 
 if TYPE_CHECKING:
-    from swarm.train.sharding import ShardedModel
+    from swarm.train.multi_gpu.sharding import ShardedModel
 
 
 def build_peer_model(run: RunConfig, device: torch.device, *, fsdp: bool,
@@ -25,7 +25,7 @@ def build_peer_model(run: RunConfig, device: torch.device, *, fsdp: bool,
     built = dataclasses.replace(built, module=built.module.to("cpu" if fsdp else device))
     sharded: Optional[ShardedModel] = None
     if fsdp:  # torch.distributed.fsdp costs every peer ~2 CPU-s of imports: only the FSDP ones pay it
-        from swarm.train import sharding
+        from swarm.train.multi_gpu import sharding
         sharded = sharding.ShardedModel(built.module, device)
     if built.context is not None and run.data.seq_len > built.context:
         raise ValueError(

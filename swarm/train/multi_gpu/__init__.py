@@ -1,0 +1,1 @@
+"""A multi-GPU peer: its ranks, how rank 0 keeps them in step, and FSDP sharding."""
