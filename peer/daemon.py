@@ -20,21 +20,21 @@ from typing import Callable, Optional, TypeVar
 import torch
 
 from peer import identity
-from peer.backlog import report_backlog
-from peer.coordinator_link import CoordinatorLink, Departed, PeerExit
-from peer.final_file import final_model_path, set_aside, warn_if_other_run
-from peer.heartbeat import HeartbeatThread
+from peer.link.backlog import report_backlog
+from peer.link.coordinator_link import CoordinatorLink, Departed, PeerExit
+from peer.state.final_file import final_model_path, set_aside, warn_if_other_run
+from peer.link.heartbeat import HeartbeatThread
 from peer.lifecycle import WIRE_STATES, Event, PeerState, View, after, next_event
 from peer.options import PeerOptions
 from peer.parts import PeerParts
-from peer.progress import RoundProgress
-from peer.resume import checkpoint_dir, start_trainer
+from peer.report.progress import RoundProgress
+from peer.state.resume import checkpoint_dir, start_trainer
 from peer.round_hooks import PeerHooks
-from peer.round_log import RoundLog
+from peer.report.round_log import RoundLog
 from peer.startup import StartupClock, result_or_none
 from peer.stoppable import unless_stopped
-from peer.state_store import PeerStateStore
-from peer.stats import PeerStats
+from peer.state.state_store import PeerStateStore
+from peer.report.stats import PeerStats
 from swarm.config import RunConfig
 from swarm.control.client import CoordinatorRejected, CoordinatorUnreachable
 from swarm.train.model.final_model import write_final_model
@@ -282,7 +282,7 @@ class PeerDaemon:
             self.link.last_group = set(result.group)
 
     def report_backlog(self) -> None:
-        """The coordinator is back: report the rounds the group decided without it (``peer.backlog``)."""
+        """The coordinator is back: report the rounds the group decided without it (``peer.link.backlog``)."""
         self.offline_next = None
         if not report_backlog(self.link, self.client, self.store, self.runner.trainer, tag=self.tag):
             self.behind, self.store.disk_tried = True, None  # its own vote may be the committed state

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from peer.coordinator_link import PeerExit
+from peer.link.coordinator_link import PeerExit
 from swarm.core.trust.credential import KEY_FILE, CredentialError, PeerKey
 from swarm.net.link.libp2p_identity import IDENTITY_FILE, SPARE_FILE, Libp2pIdentity
 

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from peer import identity
-from peer.coordinator_link import PeerExit
+from peer.link.coordinator_link import PeerExit
 from peer.faults import FaultPlan
-from peer.retry import with_retry
+from peer.link.retry import with_retry
 from swarm.config import RunConfig
 from swarm.control.client import CoordinatorClient
 from swarm.core.trust import credential

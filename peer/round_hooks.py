@@ -8,8 +8,8 @@ import math
 from typing import Callable, Optional
 
 from peer.faults import FaultPlan
-from peer.round_log import RoundLog
-from peer.stats import PeerStats
+from peer.report.round_log import RoundLog
+from peer.report.stats import PeerStats
 from swarm.train.round import Hooks, RoundResult, Vote
 from swarm.train.train_log import TrainLog
 from swarm.train.trainer import TrainStats

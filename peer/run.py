@@ -75,7 +75,7 @@ def _run_peer(options: PeerOptions, *, metrics_port: Optional[int]) -> int:
     try:
         daemon = PeerDaemon(options, ranks=peer_ranks.ranks if peer_ranks else None)
         if metrics_port is not None:
-            from peer.metrics_http import start_metrics_server
+            from peer.report.metrics_http import start_metrics_server
 
             url, _stop = start_metrics_server(daemon.stats.metrics, lambda: daemon.peer_id, port=metrics_port)
             logger.info("metrics at %s", url)  # a daemon thread: it ends with the process

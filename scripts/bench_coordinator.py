@@ -179,7 +179,7 @@ class Load:
                     info = beat.round
                     if beat.heartbeat_interval_s > 0:
                         interval_s = self.intervals_s[slot] = beat.heartbeat_interval_s
-                next_beat = loop.time() + interval_s * random.uniform(0.9, 1.1)  # as peer.heartbeat does
+                next_beat = loop.time() + interval_s * random.uniform(0.9, 1.1)  # as peer.link.heartbeat does
             elif now >= next_poll:
                 info = await self.timed("GetRound", pb.GetRoundRequest(peer_id=peer_id, round=0), signer)
                 next_poll, polled = loop.time() + poll_s, True

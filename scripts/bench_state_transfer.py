@@ -165,8 +165,8 @@ def main() -> None:
     if args.serve:
         return serve(args)
 
-    from peer.checkpoint import load_checkpoint
-    from peer.resume import save_vote, vote_dir
+    from peer.state.checkpoint import load_checkpoint
+    from peer.state.resume import save_vote, vote_dir
     from swarm.core.trust.credential import PeerKey
     from swarm.core.state import state_from_tensors
     from swarm.net.bulk import state_transfer

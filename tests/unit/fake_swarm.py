@@ -17,7 +17,7 @@ import torch
 from coordinator.api.servicer import CoordinatorServicer
 from coordinator.engine import CoordinatorEngine
 from coordinator.store.database import Store
-from peer.coordinator_link import GroupDecided
+from peer.link.coordinator_link import GroupDecided
 from peer.daemon import PeerDaemon
 from swarm.net.exchange.group import signed_votes
 from peer.options import PeerOptions

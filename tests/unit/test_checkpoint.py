@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from peer.checkpoint import MANIFEST, TENSORS, CheckpointError, load_checkpoint, save_checkpoint
+from peer.state.checkpoint import MANIFEST, TENSORS, CheckpointError, load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -117,7 +117,7 @@ def test_a_checkpoint_made_by_safetensors_itself_loads(tmp_path):
     (tmp_path / "ckpt").mkdir()
     path = tmp_path / "ckpt" / TENSORS
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
-    from peer.checkpoint import FORMAT_VERSION
+    from peer.state.checkpoint import FORMAT_VERSION
     (tmp_path / "ckpt" / MANIFEST).write_text(json.dumps({
         "round": 1, "format_version": FORMAT_VERSION, "tensors_bytes": path.stat().st_size,
         "tensors_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}))

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from peer.coordinator_link import CoordinatorLink, Departed, PeerExit
+from peer.link.coordinator_link import CoordinatorLink, Departed, PeerExit
 from peer.faults import FaultPlan
 from swarm.control.client import CoordinatorUnreachable
 from swarm.v1 import coordinator_pb2 as pb
@@ -36,7 +36,7 @@ def link(client, *, stop=None, give_up_after_s=None) -> CoordinatorLink:
 
 
 def test_a_coordinator_gone_after_it_said_the_run_finished_is_not_waited_for(monkeypatch):
-    monkeypatch.setattr("peer.coordinator_calls.FINISHED_RETRY_S", 0.2)
+    monkeypatch.setattr("peer.link.coordinator_calls.FINISHED_RETRY_S", 0.2)
     finished = pb.RoundInfo(round=3, last_committed_round=3, last_committed_hash="ab" * 32, finished=True)
     c = link(GoneClient(finished))
     assert c.round_info(0).finished
@@ -57,7 +57,7 @@ def test_a_peer_with_nothing_to_do_gives_up_on_an_unreachable_coordinator_in_one
 
 
 def test_a_stop_ends_the_wait_for_a_decision_within_the_leave_grace_cap(monkeypatch):
-    monkeypatch.setattr("peer.coordinator_link.STOP_DECISION_WAIT_S", 0.2)
+    monkeypatch.setattr("peer.link.coordinator_link.STOP_DECISION_WAIT_S", 0.2)
     stop = threading.Event()
     c = CoordinatorLink(GoneClient(), stop=stop, faults=FaultPlan(), poll_s=0.01, leave_grace_s=10.0,
                         tag=lambda r: "[p]")

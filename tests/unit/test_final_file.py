@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from peer.final_file import final_model_path, other_run, set_aside, warn_if_other_run
+from peer.state.final_file import final_model_path, other_run, set_aside, warn_if_other_run
 from swarm.config import RunConfig
 from swarm.core.state import GlobalState
 from swarm.train.model.final_model import tensors_digest, write_final_model
@@ -31,7 +31,7 @@ def _write(path: Path, *, run: RunConfig = RUN, run_id: str | None, seed: int = 
 def test_another_runs_final_model_is_named_at_join_and_kept_when_this_run_writes_its_own(tmp_path, caplog):
     path = final_model_path(tmp_path)
     old = _write(path, run_id="run-aaaaaaaaaaaa")
-    with caplog.at_level(logging.INFO, logger="peer.final_file"):
+    with caplog.at_level(logging.INFO, logger="peer.state.final_file"):
         warn_if_other_run(tmp_path, "run-bbbbbbbbbbbb", RUN, "[p-1]")
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (logging.WARNING, f"[p-1] {path} holds run run-aaaaaaaaaaaa's final model; it will be replaced when this run "
@@ -45,7 +45,7 @@ def test_another_runs_final_model_is_named_at_join_and_kept_when_this_run_writes
 
 def test_this_runs_own_final_model_or_none_is_not_warned_about_nor_moved(tmp_path, caplog):
     path = final_model_path(tmp_path)
-    with caplog.at_level(logging.INFO, logger="peer.final_file"):
+    with caplog.at_level(logging.INFO, logger="peer.state.final_file"):
         warn_if_other_run(tmp_path, "run-aaaaaaaaaaaa", RUN, "[p-1]")  # no final model yet
         assert set_aside(path, "run-aaaaaaaaaaaa", RUN) is None
         _write(path, run_id="run-aaaaaaaaaaaa")

@@ -256,7 +256,7 @@ def _link(last_group: set[str], asked: list):
     """A CoordinatorLink whose group decision records what it was asked (the coordinator unreachable)."""
     import threading
 
-    from peer.coordinator_link import CoordinatorLink
+    from peer.link.coordinator_link import CoordinatorLink
     from peer.faults import FaultPlan
 
     link = CoordinatorLink(client=None, stop=threading.Event(), faults=FaultPlan.parse(""), poll_s=0.01,
@@ -338,7 +338,7 @@ def test_a_coordinator_back_but_behind_hears_the_groups_rounds_at_once_instead_o
     averaged round 21; a groupmate died before voting on 21, so its votes cannot decide it. The peer reports round 20
     from its backlog at once and the coordinator decides 21, instead of the peer first waiting out the votes' timeout
     (a chaos soak: every peer 8 s)."""
-    from peer.coordinator_link import Backlogged, GroupDecided
+    from peer.link.coordinator_link import Backlogged, GroupDecided
 
     asked: list = []
     link = _link({"p-me", "p-b", "p-c", "p-d"}, asked)

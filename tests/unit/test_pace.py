@@ -11,7 +11,7 @@ from coordinator.api.views import HOLDERS_SENT, holder_sample
 from coordinator.engine import CoordinatorEngine
 from coordinator.pace import HEARTBEATS_PER_S, PaceConfig, Pacer, pace_for
 from coordinator.store.database import Store
-from peer.heartbeat import HeartbeatThread
+from peer.link.heartbeat import HeartbeatThread
 from swarm.config import RoundConfig, RunConfig
 from swarm.control.client import CoordinatorBusy
 from swarm.v1 import coordinator_pb2 as pb

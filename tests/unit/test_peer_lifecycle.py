@@ -169,13 +169,13 @@ def test_a_peer_that_finishes_a_second_run_in_the_same_state_dir_keeps_the_first
 def test_a_peer_logs_its_progress_within_a_round_that_trains_longer_than_the_interval(tmp_path, caplog, monkeypatch):
     """With the interval (30 s) at 0 every inner step is past it: the peer's round budget and its trainer's clock
     reach the progress line, which names the round and counts its steps."""
-    import peer.progress
+    import peer.report.progress
 
-    monkeypatch.setattr(peer.progress, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(peer.report.progress, "PROGRESS_EVERY_S", 0.0)
     _, parts = swarm(RUN.replace(rounds=RoundConfig(inner_steps=4, max_rounds=1, min_peers=1)))
-    with caplog.at_level(logging.INFO, logger="peer.progress"):
+    with caplog.at_level(logging.INFO, logger="peer.report.progress"):
         assert finish(start(parts, tmp_path, "a")) == [0]
-    lines = [re.sub(r"^\[p-[0-9a-f]+ ", "[p ", r.getMessage()) for r in caplog.records if r.name == "peer.progress"]
+    lines = [re.sub(r"^\[p-[0-9a-f]+ ", "[p ", r.getMessage()) for r in caplog.records if r.name == "peer.report.progress"]
     assert [line.split(",")[0] for line in lines] == [f"[p r1] training: step {n} of 4" for n in (1, 2, 3, 4)]
 
 
@@ -314,10 +314,10 @@ def test_a_peer_of_another_wire_protocol_than_its_coordinators_leaves_at_once_an
                                                                                            caplog):
     """A coordinator of another release admits the peer (an older one does not check); the peer cannot average
     with that run's peers, so it says so and leaves instead of voiding their rounds."""
-    import peer.coordinator_link
+    import peer.link.coordinator_link
 
     coordinator, parts = swarm()
-    monkeypatch.setattr(peer.coordinator_link, "PROTOCOL", peer.coordinator_link.PROTOCOL + 1)
+    monkeypatch.setattr(peer.link.coordinator_link, "PROTOCOL", peer.link.coordinator_link.PROTOCOL + 1)
     newer = start(parts, tmp_path, "newer")
     assert finish(newer) == [2]
     assert "ask the run's operator which Swarm release the coordinator runs, install it here" in caplog.text

@@ -5,8 +5,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from peer.metrics_http import start_metrics_server
-from peer.stats import PeerStats
+from peer.report.metrics_http import start_metrics_server
+from peer.report.stats import PeerStats
 from swarm.v1 import coordinator_pb2 as pb
 
 pytestmark = pytest.mark.timeout(30)

@@ -31,7 +31,7 @@ def test_a_restarted_peer_resumes_from_its_own_disk_without_a_probe_or_a_downloa
     b.join(60)
     assert not b.is_alive()
     caplog.clear()
-    caplog.set_level(logging.INFO, logger="peer.resume")
+    caplog.set_level(logging.INFO, logger="peer.state.resume")
     again = PeerThread(parts, tmp_path / "b", name="b")
     again.start()
     for peer in (a, again):

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from coordinator.engine import CoordinatorEngine
 from coordinator.store.database import Store
-from peer.stats import PeerStats
+from peer.report.stats import PeerStats
 from swarm.app.status import status_tables, status_to_dict
 from swarm.config import RunConfig
 from swarm.v1 import coordinator_pb2 as pb

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from peer.ranks import start_ranks
-from peer.resume import resume_trainer, save_trainer
+from peer.state.resume import resume_trainer, save_trainer
 from swarm.config import RunConfig
 from swarm.train.data.data import BatchSampler
 from swarm.train.multi_gpu.ranks import RankSampler

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from peer.resume import maybe_resume, prune_votes, resume_trainer, save_trainer, save_vote, vote_dir
+from peer.state.resume import maybe_resume, prune_votes, resume_trainer, save_trainer, save_vote, vote_dir
 from swarm.config import DataConfig, RunConfig
 from swarm.core.state import GlobalState
 from swarm.train.trainer import LocalTrainer
@@ -119,7 +119,7 @@ def test_a_checkpoint_of_an_older_format_is_refused_with_a_message(tmp_path, cap
 
 
 def test_a_tentative_states_vote_is_stepped_once_as_it_is_written_and_is_the_materialised_states(tmp_path):
-    from peer.checkpoint import TENSORS
+    from peer.state.checkpoint import TENSORS
     from swarm.core.tentative import TentativeState
 
     trainer = LocalTrainer(_run(), peer_index=0)
@@ -148,7 +148,7 @@ def test_a_tentative_states_vote_is_stepped_once_as_it_is_written_and_is_the_mat
 
 def test_a_restarted_peer_builds_from_its_vote_without_drawing_theta0_and_trains_on_like_a_resumed_one(
         tmp_path, monkeypatch):
-    from peer.resume import start_trainer, step_time_record
+    from peer.state.resume import start_trainer, step_time_record
     from swarm.train.model import model as model_module
 
     original = LocalTrainer(_run(), peer_index=1)
@@ -178,7 +178,7 @@ def test_a_restarted_peer_builds_from_its_vote_without_drawing_theta0_and_trains
 
 
 def test_a_peer_without_the_committed_state_on_its_disk_starts_from_theta0(tmp_path):
-    from peer.resume import start_trainer
+    from peer.state.resume import start_trainer
 
     trainer = LocalTrainer(_run(), peer_index=0)
     _one_round(trainer, 1)
@@ -197,7 +197,7 @@ def test_a_peer_without_the_committed_state_on_its_disk_starts_from_theta0(tmp_p
 
 
 def test_a_streaming_fragments_vote_written_in_one_pass_is_the_materialised_states(tmp_path):
-    from peer.checkpoint import TENSORS
+    from peer.state.checkpoint import TENSORS
 
     base = _run()
     run = base.replace(rounds=dataclasses.replace(base.rounds, fragments=2, fragment_pattern="balanced"))

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from peer.retry import coordinator_back, with_retry
+from peer.link.retry import coordinator_back, with_retry
 from swarm.control.client import CoordinatorUnreachable
 
 pytestmark = pytest.mark.timeout(30)

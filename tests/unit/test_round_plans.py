@@ -1,4 +1,4 @@
-"""The peer's plan cache (``peer.round_plans``): what the coordinator said about the rounds, kept consistent while
+"""The peer's plan cache (``peer.link.round_plans``): what the coordinator said about the rounds, kept consistent while
 the main thread and the round runner's executor both feed it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from peer.round_plans import MAX_CHOICES_KEPT, RoundPlans
+from peer.link.round_plans import MAX_CHOICES_KEPT, RoundPlans
 from swarm.v1 import coordinator_pb2 as pb
 
 pytestmark = [pytest.mark.timeout(30)]

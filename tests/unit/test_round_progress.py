@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from peer.progress import RoundProgress
+from peer.report.progress import RoundProgress
 from swarm.config import DataConfig, ModelConfig, RoundConfig, RunConfig
 
 pytestmark = pytest.mark.timeout(60)
@@ -41,14 +41,14 @@ def _round(progress: RoundProgress, trainer: FakeTrainer, round_no: int, steps: 
 
 
 def _lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "peer.progress"]
+    return [r.getMessage() for r in caplog.records if r.name == "peer.report.progress"]
 
 
 def test_a_long_round_logs_its_progress_every_30_s_and_the_utilization_clock_still_hears_every_step(caplog):
     trainer, told = FakeTrainer(step_s=3.1), []
     progress = RoundProgress(trainer, tag=lambda r: f"[p-1 r{r}]", inner=told.append, now=lambda: trainer.now)
     progress.watch(trainer)
-    with caplog.at_level(logging.INFO, logger="peer.progress"):
+    with caplog.at_level(logging.INFO, logger="peer.report.progress"):
         _round(progress, trainer, 1, 50)  # 155 s
     assert _lines(caplog) == [f"[p-1 r1] training: step {n} of 50, 3.1 s/step, loss 4.21" for n in (10, 20, 30, 40, 50)]
     assert sum(told) == pytest.approx(155.0) and len(told) == 50 + 17  # each step, and once after each of 17 parts
@@ -58,7 +58,7 @@ def test_rounds_shorter_than_30_s_stay_quiet_and_each_round_counts_from_its_star
     trainer = FakeTrainer(step_s=1.0)
     progress = RoundProgress(trainer, tag=lambda r: f"[p-1 r{r}]", now=lambda: trainer.now)
     progress.watch(trainer)
-    with caplog.at_level(logging.INFO, logger="peer.progress"):
+    with caplog.at_level(logging.INFO, logger="peer.report.progress"):
         for round_no in (1, 2, 3):
             _round(progress, trainer, round_no, 25)  # 25 s each, 75 s in all
             trainer.now += 20.0  # the exchange
@@ -76,7 +76,7 @@ def test_with_a_real_trainer_the_count_is_its_steps_not_its_clock_calls(caplog):
     ticks = iter(range(0, 1000, 10))  # the fake clock: 10 s later at each look
     progress = RoundProgress(trainer, tag=lambda r: f"[p-1 r{r}]", now=lambda: next(ticks))
     progress.watch(trainer)
-    with caplog.at_level(logging.INFO, logger="peer.progress"):
+    with caplog.at_level(logging.INFO, logger="peer.report.progress"):
         progress.planned(1, (0, 8))  # t = 0: the first line is due at 30
         trainer.train(4)  # looks at 10, 20, 30 (a line at step 3), 40, and 50 after the part
         trainer.train(4)  # 60 (a line at step 5, with the first part's loss), 70, 80, 90 (step 8), 100

@@ -81,7 +81,7 @@ def test_a_key_file_that_is_not_a_libp2p_rsa_key_is_refused(tmp_path):
 def test_a_peer_signs_its_join_before_hivemind_or_the_dht_modules_are_imported():
     # hivemind (and the scipy it imports) costs a restart ~0.5 s: the peer imports it while it builds its trainer;
     # sympy comes with torch.distributed.fsdp (~2 CPU-s), which only an FSDP peer needs
-    code = ("import sys, peer.run, peer.daemon, peer.identity, peer.heartbeat, peer.state_store, swarm.app.cli; "
+    code = ("import sys, peer.run, peer.daemon, peer.identity, peer.link.heartbeat, peer.state.state_store, swarm.app.cli; "
             "from swarm.net.deferred_imports import _Deferred; "
             "loaded = {m.split('.')[0] for m, mod in list(sys.modules.items()) if not isinstance(mod, _Deferred)}; "
             "print(sorted(loaded & {'hivemind', 'scipy', 'transformers', 'rich', 'sympy'}))")

@@ -15,7 +15,7 @@ from coordinator.api.limits import check_request
 from coordinator.engine import CoordinatorEngine
 from coordinator.server import _private_dir, _private_files, _write_private
 from coordinator.store.database import STORE_FILE, Store
-from peer.stats import PeerStats
+from peer.report.stats import PeerStats
 from swarm.app.status import render_status, status_to_dict
 from swarm.config import RunConfig
 from swarm.v1 import coordinator_pb2 as pb

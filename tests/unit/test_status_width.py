@@ -13,7 +13,7 @@ from rich.console import Console
 from coordinator.engine import CoordinatorEngine
 from coordinator.server import CoordinatorServer
 from coordinator.store.database import Store
-from peer.stats import PeerStats
+from peer.report.stats import PeerStats
 from swarm.app.cli import main as cli_main
 from swarm.app.history import TABLE_COLUMNS, history_to_dict, print_history
 from swarm.app.status import PEER_COLUMNS, render_status, status_to_dict

@@ -15,7 +15,7 @@ import pytest
 from coordinator.store.history import History
 from coordinator.store.records import COMMITTED, VOIDED, RoundRecord
 from coordinator.store.run_log import RunLog
-from peer.round_log import RoundLog
+from peer.report.round_log import RoundLog
 from swarm.config import ConfigError, LoggingConfig, RunConfig, WandbConfig, load_run_config
 from swarm.train.round import Averaged, Decision, Outcome, RoundResult, Vote
 from swarm.train.train_log import TrainLog, log_dir_name, open_train_log

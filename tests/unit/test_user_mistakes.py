@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from peer.coordinator_link import CoordinatorLink
+from peer.link.coordinator_link import CoordinatorLink
 from peer.faults import FaultPlan
-from peer.retry import with_retry
+from peer.link.retry import with_retry
 from swarm.app.cli import _run_config, main
 from swarm.app.cli_parser import build_parser
 from swarm.config import RoundConfig, RunConfig
@@ -39,13 +39,13 @@ def test_a_wrong_coordinator_port_retries_with_one_clean_sentence(caplog) -> Non
     """Not "...is running.; retrying": the client's sentence is a clause of the retry line."""
     port = _closed_port()
     client = CoordinatorClient(JoinString.parse(f"swarm://127.0.0.1:{port}?token=t&fp={FP}"), connect_timeout_s=5)
-    caplog.set_level(logging.INFO, logger="peer.retry")
+    caplog.set_level(logging.INFO, logger="peer.link.retry")
     try:  # two tries half a second apart, then it gives up: one retry line
         assert with_retry(lambda: client.get_round("p"), what="join", stop=threading.Event(),
                           give_up_after_s=0.1) is None
     finally:
         client.close()
-    lines = [r.getMessage() for r in caplog.records if r.name == "peer.retry"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "peer.link.retry"]
     assert lines == [f"join: cannot reach the coordinator at 127.0.0.1:{port} (connection refused); check the "
                      "address and that the coordinator is running; retrying in 0.5s"]
 
@@ -58,9 +58,9 @@ def test_a_stopped_peer_does_not_announce_a_retry(caplog) -> None:
         stop.set()  # the peer stops while this try runs
         raise CoordinatorUnreachable("cannot reach the coordinator (connection refused).")
 
-    caplog.set_level(logging.INFO, logger="peer.retry")
+    caplog.set_level(logging.INFO, logger="peer.link.retry")
     assert with_retry(call, what="DHT start", stop=stop) is None
-    assert [r.getMessage() for r in caplog.records if r.name == "peer.retry"] == []
+    assert [r.getMessage() for r in caplog.records if r.name == "peer.link.retry"] == []
 
 
 @pytest.mark.parametrize("device", ["gpu", "cuda0", "cuda:x", "CPU", "tpu:0"])
@@ -158,7 +158,7 @@ def test_a_lone_peer_says_once_how_many_more_peers_round_1_waits_for(caplog) -> 
     options = SimpleNamespace(site="", device="cpu", name="n", join_timeout_s=5.0,
                               join=SimpleNamespace(address="127.0.0.1:1"))
     link.join(options, key=PeerKey.generate(), libp2p=None)
-    caplog.set_level(logging.INFO, logger="peer.round_plans")
+    caplog.set_level(logging.INFO, logger="peer.link.round_plans")
     for live in (1, 1, 1, 2, 2, 3):
         client.live = live
         link.get_round(0)

@@ -1,6 +1,6 @@
 """Deciding a round the peer played: report its vote to the coordinator and wait for the coordinator's decision;
 while the coordinator is unreachable (or back but behind the group), the group's DHT votes decide
-(``peer.offline_decider``). The round runner's Decider, behind ``CoordinatorLink.decide``."""
+(``peer.link.offline_decider``). The round runner's Decider, behind ``CoordinatorLink.decide``."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import threading
 import time
 from typing import Callable, Optional
 
-from peer.coordinator_calls import Behind, CoordinatorCalls, PeerExit
+from peer.link.coordinator_calls import Behind, CoordinatorCalls, PeerExit
 from peer.faults import FaultPlan
-from peer.offline_decider import OfflineDecider
-from peer.round_plans import RoundPlans
+from peer.link.offline_decider import OfflineDecider
+from peer.link.round_plans import RoundPlans
 from swarm.control.client import CoordinatorUnreachable
 from swarm.train.round import Decision, Vote
 from swarm.v1 import coordinator_pb2 as pb
@@ -89,7 +89,7 @@ class RoundDecider:
         without it: back but behind the group, it cannot reach this round until it has decided those, and a
         member waiting here would otherwise hold them back until the coordinator gave up on the group's
         reports (a chaos soak saw it commit a lone restarted peer's round instead, and the group resync).
-        The entries stay in the backlog: ``peer.backlog`` reports them again (a late report is ignored) and
+        The entries stay in the backlog: ``peer.link.backlog`` reports them again (a late report is ignored) and
         checks every decision against the group's."""
         for entry in self.offline.pending():
             number = entry.request.round

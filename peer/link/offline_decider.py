@@ -1,5 +1,5 @@
 """Deciding a round from the group's DHT votes while the coordinator is unreachable, and the backlog of rounds so
-decided, to report once it is back (``peer.backlog``)."""
+decided, to report once it is back (``peer.link.backlog``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from peer.retry import clause
+from peer.link.retry import clause
 from swarm.net.group_decided import GroupDecided
 from swarm.train.round import Decision, Vote
 from swarm.v1 import coordinator_pb2 as pb

@@ -15,8 +15,8 @@ import threading
 from typing import Callable, Optional
 
 from peer.faults import FaultPlan
-from peer.retry import clause, coordinator_back
-from peer.stats import PeerStats
+from peer.link.retry import clause, coordinator_back
+from peer.report.stats import PeerStats
 from swarm.control.client import CoordinatorBusy, CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
 from swarm.net.bulk.transport import FORK_LOCK
 from swarm.v1 import coordinator_pb2 as pb

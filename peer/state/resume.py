@@ -1,5 +1,5 @@
 """What a peer checkpoints and how it resumes: θg and the outer state, its local model, its inner
-AdamW state, its error-feedback residuals and its data position (the state in the one layout of swarm.core.state; the files as peer/checkpoint.py writes them).
+AdamW state, its error-feedback residuals and its data position (the state in the one layout of swarm.core.state; the files as peer/state/checkpoint.py writes them).
 
 A restarted peer resumes from its own checkpoint only when it is current: the same run, and the
 round and hash the coordinator says were committed last. Otherwise it downloads the state from peers.
@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from peer.checkpoint import CheckpointError, load_checkpoint, read_manifest, save_checkpoint
+from peer.state.checkpoint import CheckpointError, load_checkpoint, read_manifest, save_checkpoint
 from swarm.core.state import GlobalState, LazyTensor, state_from_tensors, state_tensors
 from swarm.config import RunConfig
 from swarm.core.tentative import TentativeState

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Callable, Optional, TypeVar
 
-from peer.retry import with_retry
+from peer.link.retry import with_retry
 from swarm.control.client import CoordinatorClient, CoordinatorUnreachable
 
 logger = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Callable, Optional
 
-from peer.coordinator_link import CoordinatorLink
-from peer.state_store import PeerStateStore
+from peer.link.coordinator_link import CoordinatorLink
+from peer.state.state_store import PeerStateStore
 from swarm.control.client import CoordinatorClient
 from swarm.train.trainer import LocalTrainer
 from swarm.v1 import coordinator_pb2 as pb

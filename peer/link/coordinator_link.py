@@ -3,8 +3,8 @@ on its own while the coordinator is unreachable (the backlog it reports once the
 The round runner's Decider.
 
 ``CoordinatorLink`` is the facade the daemon and the round runner use, composed of four parts: the retried calls
-(``peer.coordinator_calls``), the plan cache (``peer.round_plans``), the report-and-wait decision of a round
-(``peer.round_decider``) and the offline decider with its backlog (``peer.offline_decider``)."""
+(``peer.link.coordinator_calls``), the plan cache (``peer.link.round_plans``), the report-and-wait decision of a round
+(``peer.link.round_decider``) and the offline decider with its backlog (``peer.link.offline_decider``)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ import threading
 import time
 from typing import Callable, Optional
 
-from peer.coordinator_calls import Behind, CoordinatorCalls, Departed, PeerExit
+from peer.link.coordinator_calls import Behind, CoordinatorCalls, Departed, PeerExit
 from peer.faults import FaultPlan
-from peer.offline_decider import Backlogged, GroupDecided, OfflineDecider
-from peer.retry import with_retry
-from peer.round_decider import RoundDecider
-from peer.round_plans import RoundPlans
+from peer.link.offline_decider import Backlogged, GroupDecided, OfflineDecider
+from peer.link.retry import with_retry
+from peer.link.round_decider import RoundDecider
+from peer.link.round_plans import RoundPlans
 from swarm.control.client import CoordinatorClient, CoordinatorUnreachable
 from swarm.control.signing import Libp2pSigner
 from swarm.core.trust.credential import Member, PeerKey
@@ -260,7 +260,7 @@ class CoordinatorLink:
         info = self.round_info(round_no)
         return info.outcome == pb.ROUND_OUTCOME_OPEN and self.peer_id in info.participants
 
-    # ---- decisions (``peer.round_decider``) ----------------------------------------------------------
+    # ---- decisions (``peer.link.round_decider``) ----------------------------------------------------------
     def decide(self, vote: Vote) -> Decision:
         """Report ``vote`` and wait for the decision; should the coordinator be unreachable, the group's
         DHT votes decide when all are in (the round then joins the backlog)."""

@@ -1,0 +1,1 @@
+"""What a peer tells: its stats, progress lines, round log and /metrics."""
