@@ -9,7 +9,9 @@ through it. A heartbeat's cost does not grow with the number of peers: expiries 
 round is decided again only when something it depends on changed or its deadline passed (its reports'
 claims kept made by ``RoundReports``), the RoundInfo answer is rebuilt only when the round or the peers
 it lists changed (``RoundInfoCache``), and a peer record whose only news is its lease and its counters
-is written only every few seconds (``PeerWrites``).
+is written only every few seconds (``PeerWrites``). In a round of more than ``LISTED_PARTICIPANTS`` participants, where
+reports and the peers' states change many times a second, the round is decided again at most every ``SETTLE_EVERY_S``
+on their account (at once when the round itself changed), so a report's cost does not grow with the reports before it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from coordinator.api.load import LoadMonitor
 from coordinator.api.views import listed_in_status, page_request, status_response
 from coordinator.pace import Pace, PaceConfig, Pacer
 from coordinator.rounds import offline_votes, opening, outcome
-from coordinator.rounds.info_cache import RoundInfoCache
+from coordinator.rounds.info_cache import LISTED_PARTICIPANTS, RoundInfoCache
 from coordinator.rounds.reports import report_record
 from coordinator.rounds.run_state import RunState
 from coordinator.store.database import Store
@@ -43,6 +45,8 @@ from swarm.core.trust.credential import peer_id_for
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
+
+SETTLE_EVERY_S = 1.0  # a large open round is decided again on new reports and peer states at most this often
 
 
 class CoordinatorEngine:
@@ -91,6 +95,7 @@ class CoordinatorEngine:
     def _load(self) -> None:
         self._state = RunState(self._store)
         self._settled: Optional[tuple[int, int, int]] = None  # roster, rounds and reports versions last settled
+        self._settled_at = -float("inf")  # when
         self._wait_until = float("inf")  # when the open round is decided even if nothing else happens
         self._info_cache = RoundInfoCache(self._state.roster)
         self._history = self.run_log.history(self._store)
@@ -150,7 +155,7 @@ class CoordinatorEngine:
                         peer.peer_index, peer.session, peer.name, peer.site, peer.device)
             if previous is not None:
                 self._retire_from_open_round(peer.peer_id, now)
-            return peer, self._current_info(peer.peer_id)
+            return peer, self._current_info(peer.peer_id, now)
 
     def authenticate(self, proof: Optional[signing.CallProof], peer_id: str) -> None:
         """Raise unless ``proof`` is a fresh signature by the key of ``peer_id`` (the request's peer id) in
@@ -194,7 +199,7 @@ class CoordinatorEngine:
                 raise result.rejection
             self._history.record_eval(hb.peer_id, hb.metrics.eval_round, hb.metrics.eval_loss)
             self._settle(now)
-            return self._current_info(hb.peer_id, own_only=True)
+            return self._current_info(hb.peer_id, now, own_only=True)
 
     def leave(self, peer_id: str, reason: str = "") -> None:
         with self._session() as now:
@@ -216,7 +221,7 @@ class CoordinatorEngine:
                 raise BadRequest(f"round {req.round} cannot be reported; rounds are numbered from 1.")
             self._state.save_peer(membership.with_links(membership.touch(peer, now, self.lease_s), req))
             if self._state.open is None or req.round != self._state.open.round:
-                return self._info(req.round, req.peer_id)  # late or early: nothing to decide, say how it stands
+                return self._info(req.round, req.peer_id, now)  # late or early: nothing to decide, say how it stands
             report = report_record(req, now, self._state.report_bounds(req.peer_id, self.config, now=now))
             adopted = self._state.reports.adopt(self._state.open, votes, reporter=req.peer_id, peers=self._state.peers,
                                                 now=now, outage=self._outage_group)
@@ -228,21 +233,21 @@ class CoordinatorEngine:
                     f"hash {report.state_hash[:12]}" if req.ok else "failure",
                     f" ({req.error})" if req.error else "")
             self._settle(now)
-            return self._current_info(req.peer_id)
+            return self._current_info(req.peer_id, now)
 
     def round_info(self, peer_id: str, number: int) -> pb.RoundInfo:
         return pb.RoundInfo.FromString(self.round_info_encoded(peer_id, number))
 
     def round_info_encoded(self, peer_id: str, number: int) -> bytes:
         """Round ``number`` (0: the current one) as ``peer_id`` asks for it, encoded: most of it a cached
-        encoding, so the answer's cost hardly grows with the round's participants (``RoundInfoCache.encoded``)."""
-        with self._session():
+        encoding, so the answer's cost does not grow with the swarm (``RoundInfoCache.encoded``)."""
+        with self._session() as now:
             membership.check_member(peer_id, self._state.peers.get(peer_id))
             if number < 0:
                 raise BadRequest(f"round {number} does not exist; ask for round 0 (the current one) or later.")
             return self._info_cache.encoded(self._state.versions()[:2], number, lambda: self._state.round_info(number),
-                                            requester=peer_id,
-                                            poll_interval_s=self._paced().poll_interval_s)
+                                            requester=peer_id, poll_interval_s=self._paced().poll_interval_s,
+                                            now=now, facts=self._facts())
 
     def status(self, token: str, *, page_size: Optional[int] = None, page_token: str = "") -> pb.GetStatusResponse:
         """The run's status with one page of its peers (``page_size`` of them from ``page_token``, as a GetStatus
@@ -329,10 +334,17 @@ class CoordinatorEngine:
 
         Does nothing when nothing it depends on changed since the last time and no deadline passed.
         """
-        if self._settled == self._state.versions() and now < self._wait_until:
+        versions = self._state.versions()
+        if self._settled == versions and now < self._wait_until:
             return
+        if self._settled is not None and self._settled[1] == versions[1] and now < self._wait_until \
+                and self._state.open is not None and len(self._state.open.participants) > LISTED_PARTICIPANTS:
+            # only reports or peer states changed, in a large round: look again once SETTLE_EVERY_S passed
+            self._wait_until = min(self._wait_until, self._settled_at + SETTLE_EVERY_S)
+            if now < self._wait_until:
+                return
         self._settle_now(now)
-        self._settled = self._state.versions()
+        self._settled, self._settled_at = self._state.versions(), now
 
     def _settle_now(self, now: float) -> None:
         self._wait_until = float("inf")
@@ -376,20 +388,28 @@ class CoordinatorEngine:
         self._state.save_run(self._state.run_after(decision, now=now, max_rounds=self.config.rounds.max_rounds))
         logger.info("round %d: %s", decided.round, decided.reason)
 
-    def _current_info(self, requester: str, *, own_only: bool = False) -> pb.RoundInfo:
+    def _current_info(self, requester: str, now: float, *, own_only: bool = False) -> pb.RoundInfo:
         """The open round, or the latest decided one when none is open (round 0 before any), as ``requester`` (a
         peer id) gets it: a bounded sample of the holders (``views.holder_sample``) and the pace of polls; a heartbeat's
-        answer (``own_only``) names only the requester of the participants (``RoundInfoCache``)."""
+        answer (``own_only``), or any answer about a large round, names only the requester of the participants
+        (``RoundInfoCache``)."""
         versions = self._state.versions()[:2]  # reports do not change it
         row = self._state.open or self._state.latest
         info = self._info_cache.current(versions, row, self._state.position, self._state.peers,
-                                        requester=requester, own_only=own_only)
+                                        requester=requester, own_only=own_only, now=now, facts=self._facts())
         info.poll_interval_s = self.pace().poll_interval_s
         return info
 
-    def _info(self, number: int, requester: str) -> pb.RoundInfo:
+    def _info(self, number: int, requester: str, now: float) -> pb.RoundInfo:
         """Round ``number`` (from 1) as ``requester`` gets it."""
         info = self._info_cache.of_round(self._state.versions()[:2], number, lambda: self._state.round_info(number),
-                                         requester=requester)
+                                         requester=requester, now=now, facts=self._facts())
         info.poll_interval_s = self.pace().poll_interval_s
         return info
+
+    def _facts(self) -> tuple:
+        """What a peer acts on as soon as it changes: a cached RoundInfo is built again at once when it did, however
+        large the swarm (``RoundInfoCache``): the latest round and its outcome, the last commit, the run's end."""
+        latest = self._state.latest
+        return (latest.round, latest.outcome) if latest is not None else None, \
+            self._state.last_committed_state()[0], self._state.run.finished

@@ -55,7 +55,7 @@ def leave_out_late(now: float, open_round: RoundRecord, reports: Sequence[Report
                    peers: Mapping[str, PeerRecord], config: RunConfig, started_at: float = 0.0) -> tuple[RoundRecord, float]:
     """``open_round`` without the participants not ready by its deadline (the same object when none is left
     out), and when to look again."""
-    alive = [p for p in open_round.participants if p in peers and peers[p].alive]
+    alive = {p for p in open_round.participants if p in peers and peers[p].alive}
     row = outcome.without_reporters(open_round, reports, alive)
     if row is not open_round:
         logger.info("round %d: the others match without %s (reported while others were still to report)", row.round,

@@ -187,7 +187,8 @@ def without_reporters(round_row: RoundRecord, reports: Sequence[ReportRecord], a
         return round_row
     members = set(round_row.participants)
     reported = [p for p in dict.fromkeys(r.peer_id for r in reports if precedence(r) == 2) if p in members]
-    waiting = [p for p in round_row.participants if p in alive and p not in reported]
+    done = set(reported)  # membership tests in sets: a round of thousands with thousands of reports stays linear
+    waiting = [p for p in round_row.participants if p in alive and p not in done]
     if not reported or not waiting:
         return round_row
     return budgets.without(round_row, reported)

@@ -15,7 +15,9 @@ import functools
 #    bounds and payloads differ from 2's
 # 4: a DHT entry signs the expiration it is stored with (swarm.core.trust.signed_entry.EXPIRES_AT): a peer of 3 refuses
 #    every entry of 4 (an unknown field), and a peer of 4 every entry of 3 (no signed expiration)
-PROTOCOL = 4
+# 5: a RoundInfo about a round of more than 256 participants names only the requester's own entries of its lists
+#    (RoundInfo.participant_count says how many there are): a peer of 4 would take them for the whole plan
+PROTOCOL = 5
 
 
 @functools.cache

@@ -104,7 +104,7 @@ class JoinResponse(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., run_id: _Optional[str] = ..., run_spec_json: _Optional[str] = ..., dht_initial_peers: _Optional[_Iterable[str]] = ..., heartbeat_interval_s: _Optional[float] = ..., lease_s: _Optional[float] = ..., peer_index: _Optional[int] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ..., session: _Optional[int] = ..., credential: _Optional[bytes] = ..., coordinator_public_key: _Optional[bytes] = ..., protocol: _Optional[int] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
-    __slots__ = ("round", "outcome", "participants", "committed_hash", "holders", "last_committed_round", "last_committed_hash", "finished", "open_round", "live_peers", "behind_peers", "choice", "plan", "participant_dht_ids", "poll_interval_s")
+    __slots__ = ("round", "outcome", "participants", "committed_hash", "holders", "last_committed_round", "last_committed_hash", "finished", "open_round", "live_peers", "behind_peers", "choice", "plan", "participant_dht_ids", "participant_count", "poll_interval_s")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,7 @@ class RoundInfo(_message.Message):
     CHOICE_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANT_DHT_IDS_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANT_COUNT_FIELD_NUMBER: _ClassVar[int]
     POLL_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     round: int
     outcome: RoundOutcome
@@ -134,8 +135,9 @@ class RoundInfo(_message.Message):
     choice: RoundChoice
     plan: RoundPlan
     participant_dht_ids: _containers.RepeatedScalarFieldContainer[str]
+    participant_count: int
     poll_interval_s: float
-    def __init__(self, round: _Optional[int] = ..., outcome: _Optional[_Union[RoundOutcome, str]] = ..., participants: _Optional[_Iterable[str]] = ..., committed_hash: _Optional[str] = ..., holders: _Optional[_Iterable[str]] = ..., last_committed_round: _Optional[int] = ..., last_committed_hash: _Optional[str] = ..., finished: _Optional[bool] = ..., open_round: _Optional[int] = ..., live_peers: _Optional[int] = ..., behind_peers: _Optional[int] = ..., choice: _Optional[_Union[RoundChoice, _Mapping]] = ..., plan: _Optional[_Union[RoundPlan, _Mapping]] = ..., participant_dht_ids: _Optional[_Iterable[str]] = ..., poll_interval_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, round: _Optional[int] = ..., outcome: _Optional[_Union[RoundOutcome, str]] = ..., participants: _Optional[_Iterable[str]] = ..., committed_hash: _Optional[str] = ..., holders: _Optional[_Iterable[str]] = ..., last_committed_round: _Optional[int] = ..., last_committed_hash: _Optional[str] = ..., finished: _Optional[bool] = ..., open_round: _Optional[int] = ..., live_peers: _Optional[int] = ..., behind_peers: _Optional[int] = ..., choice: _Optional[_Union[RoundChoice, _Mapping]] = ..., plan: _Optional[_Union[RoundPlan, _Mapping]] = ..., participant_dht_ids: _Optional[_Iterable[str]] = ..., participant_count: _Optional[int] = ..., poll_interval_s: _Optional[float] = ...) -> None: ...
 
 class RoundChoice(_message.Message):
     __slots__ = ("codec", "shares", "inner_steps", "fragments", "overlap_steps", "reason", "predicted_exchange_s", "window_s", "round")
