@@ -8,6 +8,11 @@ round at the pace's poll interval (a real peer waiting to be planned or for a de
 every round it is planned into; every member call is signed in its metadata (swarm.control.signing). A
 status poll (one page) runs once a second.  Latencies are measured after every peer joined.
 
+A report names the group its peer "averaged" with, as matchmaking forms one: the peers that saw themselves
+planned before the round's first report went out (at most MAX_GROUP, the coordinator's cap on a reported group;
+a planned peer that saw it later was left behind and reports a failure). A round of more than 256 participants
+names only the requester in its answer (``coordinator.rounds.info_cache``), so the group is gathered here.
+
 Two shortcuts, both outside what is measured: the peers share a small pool of libp2p identities
 (``--libp2p-identities``; making an RSA key takes a while, and the coordinator keys members by their
 Ed25519 key, not by their libp2p id), and the coordinator started here takes joins from this one
@@ -53,6 +58,7 @@ REQUEST_TIMEOUT_S = 10.0
 SETTLE_MAX_S = 30.0  # after the joins, the longest wait before measuring
 OWN_POLL_S = 0.2  # a real peer's own poll interval (peer.options), which the coordinator's pace may lengthen
 UNLIMITED = 1_000_000  # joins per second and burst: no join of this benchmark waits for a rate limit
+MAX_GROUP = 1024  # peer ids in a reported group (coordinator.api.limits)
 
 
 # --- the coordinator, in a child process --------------------------------------------------------------
@@ -110,6 +116,8 @@ class Load:
         self.measuring = False
         self.stop = asyncio.Event()
         self.reports = 0
+        self.posted: dict[int, list[str]] = {}  # round -> the peers that saw themselves planned, in that order
+        self.groups: dict[int, tuple[list[str], frozenset[str]]] = {}  # round -> the group its reports name
 
     async def timed(self, method: str, request: Any, signer: Optional[signing.CallSigner] = None) -> Any:
         """One RPC, signed by ``signer`` when given, timed from before the signing to the response."""
@@ -194,12 +202,25 @@ class Load:
             if not polled:
                 continue  # a heartbeat's answer names only this peer of the participants: the group comes from a poll
             planned = info.open_round > reported and info.round == info.open_round and peer_id in info.participants
-            if planned and planned_at.setdefault(info.open_round, time.monotonic()) + self.train_s <= time.monotonic():
+            if planned and info.open_round not in planned_at:
+                planned_at[info.open_round] = time.monotonic()
+                self.posted.setdefault(info.open_round, []).append(peer_id)  # its group entry, as it were
+            if planned and planned_at[info.open_round] + self.train_s <= time.monotonic():
                 reported = info.open_round
+                group = self.group(reported)
+                ok = peer_id in group[1]
                 await self.timed("ReportRound", pb.ReportRoundRequest(
-                    peer_id=peer_id, round=reported, ok=True, state_hash=f"h{reported}",
-                    group=list(info.participants), inner_steps=10, samples=10, loss=2.0), signer)
+                    peer_id=peer_id, round=reported, ok=ok, state_hash=f"h{reported}" if ok else "",
+                    error="" if ok else "the group averaged without this peer", group=group[0] if ok else [],
+                    inner_steps=10, samples=10, loss=2.0), signer)
                 self.reports += 1
+
+    def group(self, round_no: int) -> tuple[list[str], frozenset[str]]:
+        """The group of ``round_no``: closed as its first report goes out (matchmaking is over then)."""
+        if round_no not in self.groups:
+            members = self.posted.get(round_no, [])[:MAX_GROUP]
+            self.groups[round_no] = members, frozenset(members)
+        return self.groups[round_no]
 
     async def status(self) -> None:
         while not self.stop.is_set():

@@ -86,11 +86,16 @@ class RoundPlans:
 
     def planned(self, round_no: int, info: Optional[pb.RoundInfo]) -> Optional[set[str]]:
         """Who the coordinator planned into ``round_no`` by ``info`` (None: it did not answer); while it is down (or
-        behind), the last group."""
+        behind), the last group. A round too large for its answer to list (``participant_count`` above the list's
+        length: the coordinator names only this peer's own entries) has no plan to match by: None, and the group is
+        whoever posts within the matchmaking window (``swarm.net.exchange.rendezvous``)."""
         with self._lock:
             self._processes, self._plan_open = {}, False  # unknown unless this answer says
             if info is None or info.round != round_no or info.outcome != pb.ROUND_OUTCOME_OPEN:
                 return self._last_group
+            if info.participant_count > len(info.participants):
+                self._last_group = None
+                return None
             self._last_group, self._plan_open = set(info.participants), True
             if len(info.participant_dht_ids) == len(info.participants):
                 self._processes = dict(zip(info.participants, info.participant_dht_ids))

@@ -1,12 +1,14 @@
 """A round's answer costs the same in a swarm of hundreds or thousands: a peer polling a large round gets its own
 entries and the round's size, not every participant; a small round's peers still get the whole plan they match
-their group by; and a large round is decided again on new reports at most every SETTLE_EVERY_S."""
+their group by (and a large round's match by who posts); and a large round is decided again on new reports at most
+every SETTLE_EVERY_S."""
 
 import pytest
 
 from coordinator.engine import SETTLE_EVERY_S, CoordinatorEngine
 from coordinator.rounds.info_cache import LISTED_PARTICIPANTS
 from coordinator.store.database import Store
+from peer.link.round_plans import RoundPlans
 from swarm.config import RoundConfig, RunConfig
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import engine_join
@@ -102,3 +104,15 @@ def test_a_large_swarms_answer_is_built_again_at_most_every_refresh_while_only_i
             dht_peer_id=f"dht-{p}-{i}")))
         assert p in polled(engine, p)[0].participants
     assert len(builds) <= 2  # 0.5 s of calls: one build, and one more at most
+
+
+def test_a_peer_matches_its_group_by_a_small_rounds_plan_and_by_who_posts_in_a_large_one() -> None:
+    plans = RoundPlans(tag=lambda round_no=None: "[p]")
+    engine, ids = swarm(12)
+    info, _ = polled(engine, ids[4])
+    assert plans.planned(1, info) == set(ids) and plans.plan_open
+    assert plans.processes() == {p: f"dht-{i}" for i, p in enumerate(ids)}
+    engine, ids = swarm(LISTED_PARTICIPANTS + 5)
+    info, _ = polled(engine, ids[4])
+    assert ids[4] in info.participants  # still planned, as the peer checks before and after its steps
+    assert plans.planned(1, info) is None and not plans.plan_open and plans.processes() == {}
