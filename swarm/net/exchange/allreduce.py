@@ -57,11 +57,11 @@ from swarm.net.exchange.result_vectors import ResultVectors
 from swarm.net.exchange.slice_inbox import SliceInbox
 from swarm.net.exchange.slice_reduction import (
     ExchangeFailed,
+    averaged_into,
     capped_weights,
     check_agreement,
     group_bounds,
     judged,
-    received_into,
     received_slice,
     reduce_owned,
 )
@@ -299,16 +299,13 @@ class Exchange:
             reductions[stripe] = Reduced(_NOTHING, reduction.rejected, reduction.clipped)
             del decoded, reduction
             passed("reduced")
-            sent = sum(await settle(self._send(
-                group[to], key, digest, exchange_pb2.PHASE_AVERAGED, part, position, payload, turn=Turn(link=links[to]),
-                reservation=reserved.get((exchange_pb2.PHASE_AVERAGED, part, to))) for to in others))
+            sent = sum(await self._send_averaged(key, group, digest, part, position, payload, others, links, reserved))
             passed("averaged_sent")
             return sent
 
         async def collected() -> int:
-            await settle(received_into(self.inbox, key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, part, part % k),
-                                       average[s:e], sent_parts[part] if into_delta else None)
-                         for part, (s, e) in enumerate(bounds) if part % k != position)
+            await averaged_into(self.inbox, average, key, group, codec, digest, bounds, position,
+                                sent_parts if into_delta else None)
             passed("all_here")
             return 0
 
@@ -316,6 +313,14 @@ class Exchange:
         sent = sum(await settle([contributed(), collected(), *(reduced(stripe) for stripe in range(stripes))]))
         return self._result(key, group, position, average, sent, [reductions[s] for s in range(stripes)], started,
                             phases_s)
+
+    async def _send_averaged(self, key: str, group: list[Member], digest: str, part: int, position: int, payload,
+                             others: list[int], links: dict[int, asyncio.Lock],
+                             reserved: dict[tuple[int, int, int], Reservation]) -> list[int]:
+        """The reduced slice ``part``, the same encoded bytes to every other member: the bytes sent to each."""
+        return await settle(self._send(
+            group[to], key, digest, exchange_pb2.PHASE_AVERAGED, part, position, payload, turn=Turn(link=links[to]),
+            reservation=reserved.get((exchange_pb2.PHASE_AVERAGED, part, to))) for to in others)
 
     async def _gather(self, key: str, group: list[Member], me: Member, flat: torch.Tensor, codec, weights: list[float],
                       on_phase: Callable[[str], Optional[float]], started: float, into_delta: bool) -> ExchangeResult:

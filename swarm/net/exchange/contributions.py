@@ -38,12 +38,7 @@ async def send_contributions(exchange: Any, key: str, group: list[Member], diges
         start, end = bounds[order[i][0] * k + order[i][1]]
         await encoding[i].wait()
         try:
-            payload = SlicePayload.lazy(codec, flat[start:end])
-            if payload is None:  # off the event loop, which keeps serving the other peers' streams
-                payload = SlicePayload(await asyncio.to_thread(encode_own, codec, flat, start, end, key))
-            if reservation is None:
-                return payload, None
-            return payload, await asyncio.to_thread(reservation.tag, await payload.whole())
+            return await tagged_slice(codec, flat, start, end, key, reservation)
         finally:
             encoding[i].done()
 
@@ -52,11 +47,7 @@ async def send_contributions(exchange: Any, key: str, group: list[Member], diges
         start, end = bounds[part]
         await encoding[i].wait()
         try:
-            own_slice = SlicePayload.lazy(codec, flat[start:end])
-            if own_slice is not None and own_slice.lossless_view() is not None:
-                data = own_slice.lossless_view()  # fp32: its bytes are the vector's; the reduction reads them there
-            else:
-                data = await asyncio.to_thread(encode_own, codec, flat, start, end, key)
+            data = await own_slice_bytes(codec, flat, start, end, key)
         finally:
             encoding[i].done()
         await exchange.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, part, position, data)
@@ -79,6 +70,25 @@ async def send_contributions(exchange: Any, key: str, group: list[Member], diges
 
     # an encoding or a send that fails calls off the rest
     return sum(await settle(own(i) if to == position else send(i) for i, (_, to) in enumerate(order)))
+
+
+async def tagged_slice(codec, flat: torch.Tensor, start: int, end: int, key: str,
+                       reservation: Optional[Reservation]) -> tuple[SlicePayload, Optional[bytes]]:
+    """The slice ``flat[start:end]`` to send, and its tag for ``reservation`` (its bulk slot, if any)."""
+    payload = SlicePayload.lazy(codec, flat[start:end])
+    if payload is None:  # off the event loop, which keeps serving the other peers' streams
+        payload = SlicePayload(await asyncio.to_thread(encode_own, codec, flat, start, end, key))
+    if reservation is None:
+        return payload, None
+    return payload, await asyncio.to_thread(reservation.tag, await payload.whole())
+
+
+async def own_slice_bytes(codec, flat: torch.Tensor, start: int, end: int, key: str):
+    """This peer's own slice ``flat[start:end]`` as the reduction reads it."""
+    own_slice = SlicePayload.lazy(codec, flat[start:end])
+    if own_slice is not None and own_slice.lossless_view() is not None:
+        return own_slice.lossless_view()  # fp32: its bytes are the vector's; the reduction reads them there
+    return await asyncio.to_thread(encode_own, codec, flat, start, end, key)
 
 
 def encode_own(codec, flat: torch.Tensor, start: int, end: int, key: str) -> bytes:

@@ -17,9 +17,10 @@ from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import butterfly_bounds, owner_encode, part_bounds
 from swarm.core.codecs.codec_base import Codec, all_finite
 from swarm.core.codecs.owner_feedback import OwnerFeedback
-from swarm.net.bulk.chunk_stream import SlicePayload
+from swarm.net.bulk.chunk_stream import SlicePayload, settle
 from swarm.net.exchange.exchange_failed import ExchangeFailed
 from swarm.net.exchange.rendezvous import Member
+from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger("swarm.net.exchange.allreduce")  # the exchange's log, where these lines always were
 
@@ -229,6 +230,17 @@ async def received_into(inbox: Any, key: str, group: list[Member], codec, slot: 
     if free is not None:
         await free.wait()
     await asyncio.to_thread(decode_into, codec, data, out, key)
+
+
+async def averaged_into(inbox: Any, average: torch.Tensor, key: str, group: list[Member], codec, digest: str,
+                        bounds: list[tuple[int, int]], position: int,
+                        sent_parts: Optional[dict[int, asyncio.Event]]) -> None:
+    """Every other owner's averaged slice of a butterfly exchange, decoded into its place in ``average`` as it
+    arrives; with ``sent_parts``, each once that slice's event is set (this peer's contribution to it is sent)."""
+    k = len(group)
+    await settle(received_into(inbox, key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, part, part % k),
+                               average[s:e], sent_parts[part] if sent_parts is not None else None)
+                 for part, (s, e) in enumerate(bounds) if part % k != position)
 
 
 async def _taken(inbox: Any, key: str, group: list[Member], slot: tuple) -> list[bytes | memoryview]:
