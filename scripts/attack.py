@@ -1,10 +1,24 @@
 #!/usr/bin/env python3
-"""Attack soak: a real swarm on loopback (coordinator, honest peers and one Byzantine peer, all started
-with the normal CLI) trained while an attacker tries, again and again, each attack below:
+"""Attacks on a real swarm on loopback (a coordinator and peers started with the normal CLI), judged by what a
+user sees: status, history, the final models. Each scenario starts its own runs:
 
-    .venv/bin/python scripts/attack.py --rounds 12 --json
+    .venv/bin/python scripts/attack.py --rounds 8 --peers 3 --json                   # every scenario
+    .venv/bin/python scripts/attack.py --scenario tie --rounds 8 --peers 3 --json    # one of them
 
-The attacks, each tried every few seconds for the whole run:
+    soak          honest peers and one Byzantine peer trained while an attacker tries every attack listed below
+    tie           as many attacker identities as honest peers report one hash of theirs with a group of all of them:
+                  the same support as the honest hash. A breach if it commits; the round must void as "a tie", and
+                  once the attackers leave the honest result commits and the run finishes (scripts/attacks/tie.py)
+    named_liar    a member reports, in every round, a hash of its own with a group naming every honest participant,
+                  and never posts to their group: a breach if the run stalls or the lie commits
+                  (scripts/attacks/named_liar.py)
+    slice_owner   a peer running modified software (scripts/attacks/malicious_owner_peer.py: `swarm peer` with its
+                  reduction replaced in-process) sets every average it computes to -100 x the honest one, in a run
+                  with admits_strangers = true (a breach if the honest peers' models differ, or differ from the
+                  simulator's untampered run) and in a butterfly run (the documented hole: reported, not a breach)
+                  (scripts/attacks/slice_owner.py)
+
+The soak's attacks, each tried every few seconds for the whole run:
     wrong_token          join with a token the run never issued
     revoked_token        join with a peer token the operator revoked (`swarm token revoke`)
     status_token         join with a read-only status token
@@ -36,17 +50,18 @@ one it accepts is a "breach". The fake report and the forged DHT entries are acc
 design (the coordinator stores the report, the attacker's own node stores its entries); they count as
 refused unless the fake hash gets committed or the swarm's state diverges. Then a calm run of the same length with honest peers only.
 
-With --json the last stdout line is one JSON object: attacks (per attack: tries, refused, breaches),
-breaches (must be 0), rounds_committed, rounds_voided, divergent_commits (must be 0), nonfinite_seen,
-coordinator_unanswered (status polls the coordinator did not answer), identical_final_models (every
-peer's final model, bit for bit), final_eval_loss, calm_eval_loss, wall_s. Exit 0 only when nothing
-breached, nothing diverged and the final models are identical and finite.
+With --json the last stdout line is one JSON object: a scenario's result, or with every scenario {"scenarios":
+{name: result}, "breaches": N, "ok": ...}. Each result has "breaches" (must be none) and "ok". The soak's: attacks
+(per attack: tries, refused, breaches), breaches, rounds_committed, rounds_voided, divergent_commits (must be 0),
+nonfinite_seen, coordinator_unanswered (status polls the coordinator did not answer), identical_final_models
+(every peer's final model, bit for bit), final_eval_loss, calm_eval_loss, wall_s. Exit 0 only when every scenario
+is ok: nothing breached, nothing diverged, the final models identical and finite, the run finished.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import importlib
 import json
 import math
 import subprocess
@@ -62,6 +77,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import grpc  # noqa: E402
+from attacks.harness import tensors_digest  # noqa: E402
+from attacks.identities import Identity  # noqa: E402
 from chaos import final_eval, kill_tree, spawn  # noqa: E402
 
 from swarm.app import token_admin  # noqa: E402
@@ -121,56 +138,6 @@ class Tally:
         if len(self.notes) < 50:
             self.notes.append(f"BREACH {attack}: {why}")
         print(f"BREACH {attack}: {why}", file=sys.stderr, flush=True)
-
-
-class Identity:
-    """One identity of the attacker's, joined with a token of its own (a token holds a bounded number of them)."""
-
-    def __init__(self, state_dir: Path, workdir: Path, name: str) -> None:
-        self.join, self.name = JoinString.parse(token_admin.create(state_dir, role="peer")), name
-        self.client = CoordinatorClient(self.join, request_timeout_s=5)
-        self.libp2p = Libp2pIdentity.create(workdir / f"{name}-p2p.key")
-        self.rejoin()
-        self.reported: set[int] = set()
-
-    def rejoin(self) -> None:
-        """Join (again, as a new identity of the same token: a slow attack round can outlast a lease)."""
-        self.key = PeerKey.generate()
-        self.joined = self.client.join(key=self.key, libp2p=self.libp2p, name=self.name)
-        self.peer_id = self.joined.peer_id
-
-    def member(self):
-        from swarm.core.trust.credential import Member
-
-        return Member(key=self.key, credential=self.joined.credential, run_id=self.joined.run_id,
-                      coordinator_public_key=self.joined.coordinator_public_key)
-
-    def planned_round(self, run: dict, **metrics) -> int:
-        """Claim to hold the committed state; the open round it is planned into and has not reported (0: none)."""
-        try:
-            info = self.client.heartbeat(self.peer_id, state=pb.PEER_STATE_READY, state_hash=run["committed_hash"],
-                                         state_round=run["committed_round"], **metrics).round
-        except CoordinatorRejected as e:
-            if "evicted" not in e.details and "left the run" not in e.details:
-                raise
-            self.rejoin()
-            return 0
-        number = info.open_round
-        if number and self.peer_id in info.participants and number not in self.reported:
-            self.reported.add(number)
-            return number
-        return 0
-
-    def vote(self, run_id: str, round_no: int, state_hash: str, group: list[str]) -> dict:
-        from swarm.core.trust.round_vote import Vote, group_id, group_key, vote_key
-        from swarm.core.trust.signed_entry import sign_entry
-
-        entry = Vote(peer_id=self.peer_id, dht_peer_id=self.libp2p.peer_id, ok=True, state_hash=state_hash,
-                     group=group_id(group))
-        return sign_entry(self.member(), vote_key(group_key(run_id, round_no, 0)), entry)
-
-    def close(self) -> None:
-        self.client.close()
 
 
 class Attacker:
@@ -406,18 +373,6 @@ async def store_at_each_node(_dht, node, *, key: str, subkey: str, value: object
     return {str(p): (answer[0] if answer else None) for p, answer in zip(peers, answers)}
 
 
-def tensors_digest(path: Path) -> str:
-    """A digest of the final model's tensors, by name (the file's bytes also hold safetensors' metadata,
-    whose order varies from process to process)."""
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(path))
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        digest.update(name.encode() + b"\0" + tensors[name].contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
 class Run:
     def __init__(self, args: argparse.Namespace, workdir: Path, *, attacked: bool) -> None:
         self.args, self.workdir, self.attacked = args, workdir, attacked
@@ -546,21 +501,11 @@ class Run:
         }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--peers", type=int, default=3, help="honest peers (plus one Byzantine peer)")
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--inner-steps", type=int, default=10)
-    parser.add_argument("--attack-every-s", type=float, default=3.0)
-    parser.add_argument("--timeout-s", type=float, default=1500)
-    parser.add_argument("--skip-calm", action="store_true")
-    parser.add_argument("--controller", choices=("off", "auto"), default="off",
-                        help="[rounds] controller of both runs; share_grab needs auto (shares from uplinks)")
-    parser.add_argument("--workdir", help="keep logs here (default: a temporary directory)")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+SCENARIOS = ("soak", "tie", "named_liar", "slice_owner")
 
-    base = Path(args.workdir or tempfile.mkdtemp(prefix="swarm-attack-"))
+
+def soak(args: argparse.Namespace, base: Path) -> dict:
+    """The soak scenario: the attacked run, then (unless --skip-calm) a calm one."""
     attacked = Run(args, base / "attacked", attacked=True)
     result = attacked.run()
     calm = {} if args.skip_calm else Run(args, base / "calm", attacked=False).run()
@@ -568,7 +513,8 @@ def main() -> int:
         row = attacked.tally.rows[indirect]
         row["refused"] = row["tries"] - row["breaches"]
     breaches = sum(row["breaches"] for row in attacked.tally.rows.values())
-    summary = {
+    final = result["final_eval_loss"]
+    return {
         "attacks": {name: dict(row) for name, row in sorted(attacked.tally.rows.items())},
         "breaches": breaches,
         "rounds_committed": result["rounds_committed"],
@@ -577,20 +523,60 @@ def main() -> int:
         "nonfinite_seen": attacked.nonfinite,
         "coordinator_unanswered": attacked.unanswered,
         "identical_final_models": result["identical_final_models"],
-        "final_eval_loss": result["final_eval_loss"],
+        "final_eval_loss": final,
         "calm_eval_loss": calm.get("final_eval_loss"),
         "largest_share": round(attacked.largest_share, 4),
         "calm_rounds_committed": calm.get("rounds_committed"),
         "calm_rounds_voided": calm.get("rounds_voided"),
         "wall_s": result["wall_s"],
         "notes": attacked.tally.notes[:20],
-        "workdir": str(base),
+        "ok": (breaches == 0 and attacked.divergent == 0 and attacked.nonfinite == 0
+               and result["identical_final_models"] and final is not None and math.isfinite(final)),
     }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", choices=(*SCENARIOS, "all"), default="all",
+                        help="which scenario to run (default: all of them, one after the other)")
+    parser.add_argument("--peers", type=int, default=3, help="honest peers of each run")
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--inner-steps", type=int, default=10)
+    parser.add_argument("--attack-every-s", type=float, default=3.0, help="soak: the period of the attacks' tries")
+    parser.add_argument("--timeout-s", type=float, default=1500, help="each run's limit: a run still going then stalled")
+    parser.add_argument("--skip-calm", action="store_true", help="soak: without the calm run")
+    parser.add_argument("--controller", choices=("off", "auto"), default="off",
+                        help="soak: [rounds] controller of both runs; share_grab needs auto (shares from uplinks)")
+    parser.add_argument("--tie-rounds", type=int, default=2, help="tie: rounds the attackers tie before they leave")
+    parser.add_argument("--liar-round-timeout-s", type=float, default=60.0,
+                        help="named_liar: [rounds] round_timeout_s (a round held for the liar would take this long)")
+    parser.add_argument("--workdir", help="keep logs here (default: a temporary directory)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    for name in ("peers", "rounds", "inner_steps", "tie_rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+
+    base = Path(args.workdir or tempfile.mkdtemp(prefix="swarm-attack-"))
+    chosen = SCENARIOS if args.scenario == "all" else (args.scenario,)
+    results = {}
+    for name in chosen:
+        results[name] = soak(args, base) if name == "soak" else \
+            importlib.import_module(f"attacks.{name}").run(args, base / name)
+        print(f"scenario {name}: {'ok' if results[name]['ok'] else 'NOT OK'}", file=sys.stderr, flush=True)
+    if len(chosen) == 1:
+        summary = results[chosen[0]]
+    else:
+        summary = {"scenarios": results, "breaches": sum(breach_count(r) for r in results.values()),
+                   "ok": all(r["ok"] for r in results.values())}
+    summary["workdir"] = str(base)
     print(json.dumps(summary) if args.json else json.dumps(summary, indent=1), flush=True)
-    final = result["final_eval_loss"]
-    clean = (breaches == 0 and attacked.divergent == 0 and attacked.nonfinite == 0 and result["identical_final_models"]
-             and final is not None and math.isfinite(final))
-    return 0 if clean else 1
+    return 0 if summary["ok"] else 1
+
+
+def breach_count(result: dict) -> int:
+    breaches = result["breaches"]
+    return breaches if isinstance(breaches, int) else len(breaches)
 
 
 if __name__ == "__main__":
