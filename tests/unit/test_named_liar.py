@@ -71,3 +71,31 @@ def test_a_liar_naming_the_honest_members_every_round_never_stalls_the_run(clock
     run = engine.status(engine.run.token).run
     assert (run.rounds_committed, run.rounds_voided, run.finished) == (6, 0, True)
     assert clock.now < 1_000.0 + TIMEOUT_S
+
+
+def test_attackers_tying_the_honest_group_void_the_round_as_a_tie_and_the_honest_result_commits_once_they_leave(
+        clock: FakeClock) -> None:
+    """Two identities report the smallest hash with a group of both, as the round opens: the same support as the
+    honest pair's hash. The honest pair matches without them (they reported), the round voids as a tie, and once the
+    attackers leave the next round commits the honest result."""
+    engine = make_engine(clock, max_rounds=2)
+    a, b, x, y = (join_ready(engine) for _ in range(4))
+    for attacker in (x, y):
+        send(engine, attacker, 1, state_hash=LIE, group=[x, y])
+    assert set(engine.round_info(a, 1).participants) == {a, b}
+    for peer in (a, b):
+        send(engine, peer, 1, group=[a, b])
+    info = engine.round_info(a, 1)
+    assert info.outcome != COMMITTED and not info.committed_hash
+    assert engine._store.get_round(1).reason.startswith("voided: a tie: 2 hashes or groups reported by 2 members each")
+    for attacker in (x, y):
+        engine.leave(attacker, "the attack is over")
+    for peer in (a, b):
+        beat(engine, peer)
+    engine.tick()
+    assert set(engine.round_info(a, 2).participants) == {a, b}
+    for peer in (a, b):
+        send(engine, peer, 2, state_hash="h2", group=[a, b])
+    info = engine.round_info(a, 2)
+    assert (info.outcome, info.committed_hash) == (COMMITTED, "h2")
+    assert clock.now < 1_000.0 + TIMEOUT_S
