@@ -383,8 +383,7 @@ class CoordinatorEngine:
         self._state.save_round(decided)
         self._history.record_round(decided, self._state.reports.by_peer_id(), self._state.peers, self.config,
                                    ddp_equivalent_bytes=decision.ddp_equivalent_bytes)
-        for peer in membership.counted_rounds(self._state.peers, joined=decision.joined, missed=decision.missed):
-            self._state.save_peer(peer)
+        self._state.count_rounds(joined=decision.joined, missed=decision.missed)
         self._state.save_run(self._state.run_after(decision, now=now, max_rounds=self.config.rounds.max_rounds))
         logger.info("round %d: %s", decided.round, decided.reason)
 

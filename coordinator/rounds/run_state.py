@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Optional
+from typing import Optional, Sequence
 
+from coordinator import membership
 from coordinator.api.views import GONE_LISTED_S, RunPosition, round_info
 from coordinator.roster import Roster
 from coordinator.rounds import outcome
@@ -142,6 +143,14 @@ class RunState:
         if self._writes.due(self.peers.get(peer.peer_id), peer):
             self._store.put_peer(peer)
         self.roster.put(peer)
+
+    def count_rounds(self, *, joined: Sequence[str], missed: Sequence[str]) -> None:
+        """A decided round counted for its participants (``membership.counted_rounds``), written in one go: a
+        decision in a swarm of thousands holds the engine's lock for one statement, not a write per participant."""
+        counted = membership.counted_rounds(self.peers, joined=joined, missed=missed)
+        self._store.count_rounds_of([p for p in joined if p in self.peers], [p for p in missed if p in self.peers])
+        for peer in counted:
+            self.roster.put(peer)
 
     def save_round(self, row: RoundRecord) -> None:
         self._store.put_round(row)

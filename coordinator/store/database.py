@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import sqlite3
 import threading
@@ -155,6 +156,17 @@ class Store:
             "INSERT OR REPLACE INTO peers (peer_id, peer_index, data, metrics) VALUES (?, ?, ?, ?)",
             (peer.peer_id, peer.peer_index, to_json(peer), peer.metrics.SerializeToString()),
         )
+
+    def count_rounds_of(self, joined: Sequence[str], missed: Sequence[str]) -> None:
+        """Add a round to the ``rounds_joined`` of the peers ``joined`` and the ``rounds_missed`` of ``missed``, in
+        the stored records as they are: two statements, however many took part (a decision in a swarm of
+        thousands)."""
+        with self.transaction():
+            for name, ids in (("rounds_joined", joined), ("rounds_missed", missed)):
+                if ids:
+                    self._db.execute(
+                        f"UPDATE peers SET data = json_set(data, '$.{name}', coalesce(json_extract(data, '$.{name}'), 0)"
+                        " + 1) WHERE peer_id IN (SELECT value FROM json_each(?))", (json.dumps(list(ids)),))
 
     # rounds
     def get_round(self, round_number: int) -> Optional[RoundRecord]:

@@ -48,7 +48,7 @@ def test_a_large_rounds_answer_names_the_requesters_own_entries_and_does_not_gro
             state=pb.PEER_STATE_READY, state_round=0, state_hash=engine.run.initial_hash, dht_peer_id="dht-" + me)))
         assert list(beat.participants) == [me] and beat.participant_count == peers
         sizes.append(size)
-    assert sizes[0] < 2000 and abs(sizes[1] - sizes[0]) <= 8  # twice the swarm: the same answer, but for its counts
+    assert max(sizes) < 2000 and abs(sizes[1] - sizes[0]) < 64  # twice the swarm: the same answer (a list would be 20 KB)
 
 
 def test_a_small_rounds_answer_lists_every_participant_the_group_is_matched_by() -> None:
