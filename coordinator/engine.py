@@ -160,27 +160,33 @@ class CoordinatorEngine:
     def authenticate(self, proof: Optional[signing.CallProof], peer_id: str) -> None:
         """Raise unless ``proof`` is a fresh signature by the key of ``peer_id`` (the request's peer id) in
         its current session."""
-        with self._lock:
-            peer = admission.check_caller(proof, peer_id, self._state.peers.get(peer_id), now=self._clock())
-            reason = admission.revocation(self._store, peer)
-            if reason is not None:
-                with self._session() as now:
-                    self._state.save_peer(membership.evict(peer, reason))
-                    logger.warning("peer %s: evicted: %s", peer_id, reason)
-                    self._settle(now)
-                raise PeerGone(f"peer {peer_id} was evicted: {reason}; ask the operator for a new join string.")
+        with self._session() as now:
+            self._check_caller(proof, peer_id, now)
+
+    def _check_caller(self, proof: Optional[signing.CallProof], peer_id: str, now: float) -> None:
+        """``authenticate`` within a session; a member whose token was revoked is evicted (saved with the session)."""
+        peer = admission.check_caller(proof, peer_id, self._state.peers.get(peer_id), now=now)
+        reason = admission.revocation(self._store, peer)
+        if reason is not None:
+            self._state.save_peer(membership.evict(peer, reason))
+            logger.warning("peer %s: evicted: %s", peer_id, reason)
+            self._settle(now)
+            raise PeerGone(f"peer {peer_id} was evicted: {reason}; ask the operator for a new join string.")
 
     def issue_credential(self, peer_id: str, *, renew_only: bool = False) -> bytes:
         """A credential for the live member ``peer_id``; with ``renew_only``, b"" unless less than half of
         its current one's life is left."""
         with self._session() as now:
-            peer = self._state.peers.get(peer_id)
-            if not admission.credential_due(peer, now, ttl_s=self._credential_ttl_s, renew_only=renew_only):
-                return b""
-            peer, signed = admission.issue_credential(self._signing_key, self._state.run.run_id, peer, now=now,
-                                                      ttl_s=self._credential_ttl_s)
-            self._state.save_peer(peer)
-            return signed
+            return self._credential(peer_id, now, renew_only=renew_only)
+
+    def _credential(self, peer_id: str, now: float, *, renew_only: bool) -> bytes:
+        peer = self._state.peers.get(peer_id)
+        if not admission.credential_due(peer, now, ttl_s=self._credential_ttl_s, renew_only=renew_only):
+            return b""
+        peer, signed = admission.issue_credential(self._signing_key, self._state.run.run_id, peer, now=now,
+                                                  ttl_s=self._credential_ttl_s)
+        self._state.save_peer(peer)
+        return signed
 
     @property
     def public_key(self) -> bytes:
@@ -189,17 +195,31 @@ class CoordinatorEngine:
 
     def heartbeat(self, hb: pb.HeartbeatRequest) -> pb.RoundInfo:
         with self._session() as now:
-            peer = membership.check_member(hb.peer_id, self._state.peers.get(hb.peer_id))
-            result = membership.apply_heartbeat(self._state.run, peer, hb, now=now, lease_s=self.lease_s)
-            self._state.save_run(result.run)
-            self._state.save_peer(result.peer)
-            if result.rejection is not None:
-                logger.warning("peer %s: evicted: %s", hb.peer_id, result.rejection)
-                self._settle(now)
-                raise result.rejection
-            self._history.record_eval(hb.peer_id, hb.metrics.eval_round, hb.metrics.eval_loss)
+            return self._heartbeat(hb, now)
+
+    def signed_heartbeat(self, hb: pb.HeartbeatRequest, proof: Optional[signing.CallProof]) -> pb.HeartbeatResponse:
+        """A member's Heartbeat call whole, in one session (one lock, one clock reading, one transaction): its
+        signature checked (``authenticate``), the heartbeat applied, the answer with the pace and, when due, a renewed
+        credential."""
+        with self._session() as now:
+            self._check_caller(proof, hb.peer_id, now)
+            info = self._heartbeat(hb, now)
+            pace = self._paced()
+            return pb.HeartbeatResponse(round=info, lease_s=pace.lease_s, heartbeat_interval_s=pace.heartbeat_interval_s,
+                                        credential=self._credential(hb.peer_id, now, renew_only=True))
+
+    def _heartbeat(self, hb: pb.HeartbeatRequest, now: float) -> pb.RoundInfo:
+        peer = membership.check_member(hb.peer_id, self._state.peers.get(hb.peer_id))
+        result = membership.apply_heartbeat(self._state.run, peer, hb, now=now, lease_s=self.lease_s)
+        self._state.save_run(result.run)
+        self._state.save_peer(result.peer)
+        if result.rejection is not None:
+            logger.warning("peer %s: evicted: %s", hb.peer_id, result.rejection)
             self._settle(now)
-            return self._current_info(hb.peer_id, now, own_only=True)
+            raise result.rejection
+        self._history.record_eval(hb.peer_id, hb.metrics.eval_round, hb.metrics.eval_loss)
+        self._settle(now)
+        return self._current_info(hb.peer_id, now, own_only=True)
 
     def leave(self, peer_id: str, reason: str = "") -> None:
         with self._session() as now:
@@ -238,10 +258,14 @@ class CoordinatorEngine:
     def round_info(self, peer_id: str, number: int) -> pb.RoundInfo:
         return pb.RoundInfo.FromString(self.round_info_encoded(peer_id, number))
 
-    def round_info_encoded(self, peer_id: str, number: int) -> bytes:
+    def round_info_encoded(self, peer_id: str, number: int, proof: Optional[signing.CallProof] = None, *,
+                           signed: bool = False) -> bytes:
         """Round ``number`` (0: the current one) as ``peer_id`` asks for it, encoded: most of it a cached
-        encoding, so the answer's cost does not grow with the swarm (``RoundInfoCache.encoded``)."""
+        encoding, so the answer's cost does not grow with the swarm (``RoundInfoCache.encoded``). ``signed``: a
+        member's call, whose ``proof`` is checked in the same session (``authenticate``)."""
         with self._session() as now:
+            if signed:
+                self._check_caller(proof, peer_id, now)
             membership.check_member(peer_id, self._state.peers.get(peer_id))
             if number < 0:
                 raise BadRequest(f"round {number} does not exist; ask for round 0 (the current one) or later.")

@@ -62,8 +62,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     def _authenticate(self, method: str, request, context) -> None:
         """Refuse the call unless it is signed by the key of the peer it names (see swarm.control.signing)."""
-        proof = signing.CallProof.from_metadata(method, context.invocation_metadata(), request)
-        self._engine.authenticate(proof, request.peer_id)
+        self._engine.authenticate(self._proof(method, request, context), request.peer_id)
+
+    @staticmethod
+    def _proof(method: str, request, context) -> Optional[signing.CallProof]:
+        """The call's signature as its metadata carries it (None: none), for the engine to check."""
+        return signing.CallProof.from_metadata(method, context.invocation_metadata(), request)
 
     @_rpc
     def Challenge(self, request: pb.ChallengeRequest, context) -> pb.ChallengeResponse:
@@ -107,11 +111,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @_rpc
     def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
-        self._authenticate("Heartbeat", request, context)
-        info = self._engine.heartbeat(request)
-        pace = self._engine.pace()
-        return pb.HeartbeatResponse(round=info, lease_s=pace.lease_s, heartbeat_interval_s=pace.heartbeat_interval_s,
-                                    credential=self._engine.issue_credential(request.peer_id, renew_only=True))
+        return self._engine.signed_heartbeat(request, self._proof("Heartbeat", request, context))
 
     @_rpc
     def Leave(self, request: pb.LeaveRequest, context) -> pb.LeaveResponse:
@@ -132,8 +132,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     @_rpc
     def GetRoundEncoded(self, request: pb.GetRoundRequest, context) -> bytes:
         """GetRound's answer already encoded, which the server sends as it is (``coordinator.server``)."""
-        self._authenticate("GetRound", request, context)
-        return self._engine.round_info_encoded(request.peer_id, request.round)
+        return self._engine.round_info_encoded(request.peer_id, request.round,
+                                               self._proof("GetRound", request, context), signed=True)
 
     @_rpc
     def GetStatus(self, request: pb.GetStatusRequest, context) -> pb.GetStatusResponse:
