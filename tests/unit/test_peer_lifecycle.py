@@ -237,10 +237,13 @@ def _reported_steps(coordinator, round_no: int) -> dict[str, int]:
 
 
 def test_a_slow_peer_gets_a_smaller_time_budget_and_every_peer_ends_identical(tmp_path, monkeypatch):
-    """A peer 10x slower than the others trains what fits in their time: no round waits for it or is voided."""
+    """A peer 10x slower than the others trains what fits in their time: no round waits for it or is voided.
+
+    The slack (0.8 s) is below what the slow peer's 4 steps sleep beyond the others' (1.2 s), so it is always cut,
+    and above what a busy machine adds to a fast peer's 4 measured steps, so those are never cut."""
     monkeypatch.setattr("peer.daemon.LocalTrainer", _SlowTrainer)
     run = RUN.replace(rounds=RoundConfig(inner_steps=4, max_rounds=4, min_peers=3, eval_every_rounds=100,
-                                         straggler_slack_s=0.2, report_grace_s=5.0))
+                                         straggler_slack_s=0.8, report_grace_s=10.0))
     coordinator, parts = swarm(run)
     a, b, c = (start(parts, tmp_path, name) for name in ("a", "b", "c"))
     assert finish(a, b, c) == [0, 0, 0]
@@ -249,8 +252,10 @@ def test_a_slow_peer_gets_a_smaller_time_budget_and_every_peer_ends_identical(tm
     assert (status.run.rounds_committed, status.run.rounds_voided) == (4, 0)
     slow = next(p.daemon_.options.name for p in (a, b, c) if p.trainer.peer_index == 2)
     fast = next(p.daemon_.options.name for p in (a, b, c) if p.trainer.peer_index != 2)
-    # its start's step-time probe does not see this fake's slowness (only train() sleeps): the full steps
-    assert _reported_steps(coordinator, 1) == {"a": 4, "b": 4, "c": 4}
+    # round 1 counts every peer: the start-up probes do not see this fake's slowness (only train() sleeps), so
+    # each peer does the full steps, or fewer where a busy machine made its probe read 5x slower than another's
+    first = _reported_steps(coordinator, 1)
+    assert set(first) == {"a", "b", "c"}, first
     later = [_reported_steps(coordinator, r) for r in (2, 3, 4)]
     # 1 step at these speeds; 2 when a loaded machine made a fast peer's measured step time 2x longer
     assert all(steps[fast] == 4 and steps.get(slow, 1) <= 2 for steps in later), later
