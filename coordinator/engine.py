@@ -361,8 +361,9 @@ class CoordinatorEngine:
         versions = self._state.versions()
         if self._settled == versions and now < self._wait_until:
             return
+        open_round = self._state.open
         if self._settled is not None and self._settled[1] == versions[1] and now < self._wait_until \
-                and self._state.open is not None and len(self._state.open.participants) > LISTED_PARTICIPANTS:
+                and open_round is not None and len(open_round.participants) + len(open_round.left_out) > LISTED_PARTICIPANTS:
             # only reports or peer states changed, in a large round: look again once SETTLE_EVERY_S passed
             self._wait_until = min(self._wait_until, self._settled_at + SETTLE_EVERY_S)
             if now < self._wait_until:

@@ -130,8 +130,8 @@ def _counted_participants(round_row: RoundRecord, reports: Sequence[ReportRecord
     """The participants a decision counts (the planned ones and those left out that reported), and those left out
     that it does not count (they did not report)."""
     spoke = {r.peer_id for r in reports if not is_restart_placeholder(r)}
-    participants = round_row.participants + tuple(
-        p for p in round_row.left_out if p in spoke and p not in round_row.participants)
+    planned = set(round_row.participants)
+    participants = round_row.participants + tuple(p for p in round_row.left_out if p in spoke and p not in planned)
     members = set(participants)
     return participants, tuple(p for p in round_row.left_out if p not in members)
 
