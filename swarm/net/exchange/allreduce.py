@@ -72,6 +72,7 @@ from swarm.v1 import exchange_pb2
 logger = logging.getLogger(__name__)
 
 ABORT_TIMEOUT_S = 2.0  # how long a failing member spends telling its groupmates
+FORGET_WAIT_S = 5.0  # how long an exchange's end waits for the loop to clear its buffers (a busy loop does it later)
 
 
 class Exchange:
@@ -101,6 +102,7 @@ class Exchange:
         self.probe = LinkProbe(transport.p2p, run_id=run_id)  # answers this run's pings; times groupmates'
         self._key_prefix = f"{run_id}."  # every key of this run's exchanges (rendezvous.group_key)
         self.inbox: Optional[SliceInbox] = None  # made on the loop
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # the transport's, where the inbox lives
         self._received_bytes: dict[str, int] = {}
         self._transfers = TransferLog()  # per key, the timed sends and receives
         self.own_maddrs = shown_maddrs(transport.visible_maddrs)  # what groupmates are told to dial
@@ -111,6 +113,7 @@ class Exchange:
         transport.run(self._start(), timeout_s=30)
 
     async def _start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self.inbox = SliceInbox(key_prefix=self._key_prefix, own_id=self.transport.peer_id, on_forget=self._forgotten)
         self.restarts.inbox = self.inbox
         self.inbox.on_stranger = self.restarts.stranger
@@ -177,7 +180,19 @@ class Exchange:
             failed = str(e).removeprefix(f"{key}: ")
             raise
         finally:
-            self.transport.run(self.inbox.forget(key, failed=failed, completed=completed), timeout_s=5)
+            self._forget(key, failed=failed, completed=completed)
+
+    def _forget(self, key: str, *, failed: str, completed: bool) -> None:
+        """The inbox forgets ``key``'s exchange, on the loop. A loop that a saturated machine keeps from getting to
+        it within FORGET_WAIT_S does it when it gets there (before anything asked of it later), and the exchange
+        ends with its own outcome, its result or its ExchangeFailed, not with a timeout of this bookkeeping."""
+        forgotten = asyncio.run_coroutine_threadsafe(self.inbox.forget(key, failed=failed, completed=completed),
+                                                     self._loop)
+        try:
+            forgotten.result(timeout=FORGET_WAIT_S)
+        except TimeoutError:
+            logger.warning("%s: this peer's transport loop was busy for %.0fs; it clears the exchange's buffers when it"
+                           " gets to it", key, FORGET_WAIT_S)
 
     async def _average_or_abort(self, key: str, group: list[Member], me: Member, delta: torch.Tensor,
                                 on_phase: Callable[[str], Optional[float]], timeout_s: float,
