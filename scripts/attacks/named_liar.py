@@ -1,12 +1,14 @@
-"""named_liar: a member that never trains reports, the moment it is planned into a round, a hash of its own with a
-group of itself and every other participant of the round (honest members it never averaged with), in EVERY round.
-It never posts to the round's group. The honest members must not wait for it (it leaves the plan they match by once
+"""named_liar: a member that never trains reports a hash of its own with a group of itself and every other participant
+of the round (honest members it never averaged with), in EVERY round: in odd rounds the moment it is planned, in even
+ones once an honest member is exchanging (matching by a plan that still lists the liar). It never posts to the
+round's group. The honest members must not wait for it (it leaves the plan they match by once
 it has reported), so each round commits the honest result and the run finishes: one stranger does not stall it.
 Judged from ``swarm history`` (outcomes, reasons, how long each attacked round took) and the final models."""
 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from attacks.harness import Swarm, rounds_config, verdicts
@@ -24,15 +26,14 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     names = [f"peer-{i}" for i in range(honest)]
     liar = None
     lied: dict[int, list[str]] = {}  # round -> the group the liar named
+    late: dict[int, float] = {}  # even rounds: the liar reports once an honest member is exchanging (or by then)
+    while_matching: set[int] = set()  # the rounds it lied in while an honest member was exchanging
     try:
         for name in names:
             swarm.peer(name)
         liar = Identity(swarm.state_dir, workdir, "named-liar")
 
-        def attack(status: dict) -> None:
-            number = swarm.answered("Heartbeat", lambda: liar.planned_round(status["run"]))
-            if not number:
-                return
+        def lie(number: int) -> None:
             plan = swarm.answered("GetRound", lambda: liar.client.get_round(liar.peer_id, number))
             if plan is None:  # (a heartbeat's answer names only the asker of the participants)
                 return
@@ -40,6 +41,24 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             swarm.answered("ReportRound", lambda: liar.client.report_round(
                 liar.peer_id, number, ok=True, state_hash=LIAR_HASH, group=group, samples=1))
             lied[number] = group
+
+        def attack(status: dict) -> None:
+            """Odd rounds: the lie goes out as the round opens, before the honest members match. Even rounds: once
+            one of them is exchanging (matching, holding its matchmaking for the planned liar, which never posts),
+            so the honest members must drop it from the plan they are already matching by."""
+            number = swarm.answered("Heartbeat", lambda: liar.planned_round(status["run"]))
+            if number and number % 2:
+                lie(number)
+            elif number:
+                late[number] = time.monotonic() + 30.0
+            for n, until in list(late.items()):
+                matching = any(p["state"] == "exchanging" and p["metrics"]["round"] == n
+                               for p in status["peers"] if p["name"] in names)
+                if matching or time.monotonic() > until:
+                    del late[n]
+                    lie(n)
+                    if matching:
+                        while_matching.add(n)
 
         finished = swarm.watch(args.timeout_s, attack)
     finally:
@@ -68,6 +87,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     result = {
         "honest_peers": honest,
         "rounds_lied_in": attacked,
+        "lied_while_the_honest_matched": sorted(while_matching),
         "committed_despite_the_liar": committed,
         "first_reason": history[attacked[0]]["reason"] if attacked else None,
         "voided_reasons": {n: history[n]["reason"] for n in attacked if history[n]["outcome"] != "committed"},
