@@ -20,14 +20,9 @@ import math
 import time
 from typing import Any, TypeVar
 
-import hivemind
-from hivemind.dht.routing import DHTID
-from hivemind.dht.validation import DHTRecord, RecordValidatorBase
-from hivemind.utils.serializer import MSGPackSerializer
-from hivemind.utils.timed_storage import get_dht_time
-
 from swarm.core.trust.credential import Member
 from swarm.core.trust.signed_entry import EntryRejected, sign_entry, signed_fields, verify_signed
+from swarm.net.hivemind_api import DHT, DHTID, DHTRecord, MSGPackSerializer, RecordValidatorBase, get_dht_time
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -38,7 +33,7 @@ _LOGGED_MAX = 1024  # rejections remembered so each (key, subkey, reason) is log
 _logged: collections.OrderedDict[tuple[str, str, str], None] = collections.OrderedDict()
 
 
-def store_entry(dht: hivemind.DHT, key: str, entry: Any, *, member: Member, ttl_s: float, wait: bool = True) -> None:
+def store_entry(dht: DHT, key: str, entry: Any, *, member: Member, ttl_s: float, wait: bool = True) -> None:
     """Post ``entry`` (a dataclass whose ``peer_id`` is the member's) under ``key``, signed (``wait=False``: in
     the DHT's own process, without waiting for it)."""
     assert entry.peer_id == member.peer_id, "a member posts only its own entries"
@@ -89,18 +84,18 @@ def validator_for(member: Member) -> EntryValidator:
     return EntryValidator(coordinator_public_key=member.coordinator_public_key, run_id=member.run_id)
 
 
-def guard(dht: hivemind.DHT, member: Member) -> None:
+def guard(dht: DHT, member: Member) -> None:
     """Guard an already started DHT node like ``validator_for`` does; entries it stored before stay."""
     dht.add_validators([validator_for(member)])
 
 
-def read_entries(dht: hivemind.DHT, key: str, cls: type[T], *, member: Member) -> dict[str, T]:
+def read_entries(dht: DHT, key: str, cls: type[T], *, member: Member) -> dict[str, T]:
     """The entries under ``key`` by subkey that verify against ``member``'s coordinator; the others are
     left out (and logged once each)."""
     return {subkey: entry for subkey, (entry, _) in read_signed_entries(dht, key, cls, member=member).items()}
 
 
-def read_signed_entries(dht: hivemind.DHT, key: str, cls: type[T], *, member: Member) -> dict[str, tuple[T, dict]]:
+def read_signed_entries(dht: DHT, key: str, cls: type[T], *, member: Member) -> dict[str, tuple[T, dict]]:
     """``read_entries``, each entry with the signed value it came in (to pass on to a reader who checks it)."""
     found = dht.get(key, latest=True)
     entries: dict[str, tuple[T, dict]] = {}

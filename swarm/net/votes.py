@@ -18,12 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import hivemind
-
 from swarm.core.trust import commit_rule
 from swarm.core.trust.credential import Member
 from swarm.core.trust.round_vote import MAX_SENT_VOTES, Vote, group_id, vote_key
 from swarm.net.dht_entries import read_signed_entries, store_entry
+from swarm.net.hivemind_api import DHT
 
 __all__ = ["MAX_SENT_VOTES", "Ballots", "Vote", "collect_votes", "group_decision", "group_id", "post_vote",
            "vote_key"]
@@ -40,11 +39,11 @@ class Ballots:
     signed: dict[str, dict[str, Any]]
 
 
-def post_vote(dht: hivemind.DHT, group_key: str, vote: Vote, *, member: Member, ttl_s: float) -> None:
+def post_vote(dht: DHT, group_key: str, vote: Vote, *, member: Member, ttl_s: float) -> None:
     store_entry(dht, vote_key(group_key), vote, member=member, ttl_s=ttl_s)
 
 
-def collect_votes(dht: hivemind.DHT, group_key: str, members: list[str], *, member: Member, timeout_s: float,
+def collect_votes(dht: DHT, group_key: str, members: list[str], *, member: Member, timeout_s: float,
                   poll_s: float = 0.2) -> Optional[Ballots]:
     """Every member's vote (signed by that member), or None when some are still missing after timeout_s."""
     deadline = time.monotonic() + timeout_s

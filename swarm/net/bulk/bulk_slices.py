@@ -12,8 +12,6 @@ import logging
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Optional
 
-from hivemind.p2p import PeerID
-
 from swarm.net.bulk.bulk_channel import (
     MAC_KEY_BYTES,
     MAX_CLAIMS_PER_SENDER,
@@ -29,6 +27,7 @@ from swarm.net.bulk.chunk_stream import SlicePayload, Turn
 from swarm.net.exchange.rendezvous import Member
 from swarm.net.exchange.slice_inbox import SliceInbox
 from swarm.net.bulk.transport import Transport
+from swarm.net.hivemind_api import PeerID
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger("swarm.net.exchange.allreduce")  # the exchange's log

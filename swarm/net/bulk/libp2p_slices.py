@@ -10,11 +10,10 @@ import logging
 import time
 from typing import Callable, Optional
 
-from hivemind.p2p import P2PContext, PeerID
-
 from swarm.net.bulk.bulk_slices import BulkSlices, OnSent
 from swarm.net.bulk.chunk_stream import SlicePayload, chunk_messages
 from swarm.net.exchange.exchange_failed import ExchangeFailed
+from swarm.net.hivemind_api import P2PContext, PeerID
 from swarm.net.link.reachability import is_dial_failure, unreachable_groupmate
 from swarm.net.exchange.rendezvous import Member
 from swarm.net.exchange.slice_inbox import SliceInbox

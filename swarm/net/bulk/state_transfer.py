@@ -32,7 +32,6 @@ from typing import Optional, Sequence
 
 import numpy as np
 import torch
-from hivemind.p2p import P2PContext, PeerID
 
 from swarm.core.trust.credential import CredentialError, Member
 from swarm.core.state import EncodedState, GlobalState, decode_state, encoded_size_bound
@@ -46,6 +45,7 @@ from swarm.net.bulk.bulk_channel import (
     tag,
 )
 from swarm.net.bulk.transport import Transport
+from swarm.net.hivemind_api import P2PContext, PeerID
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)

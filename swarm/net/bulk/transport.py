@@ -4,9 +4,9 @@ The training loop is synchronous; the data plane (``swarm.net.exchange.allreduce
 asyncio on hivemind's ``P2P``. This object owns the DHT, a replica of its P2P daemon client, and one
 event-loop thread, and runs coroutines there with a bound on every wait.
 
-hivemind is imported when a Transport is made, not with this module: a peer signs its join and builds its
-trainer before it needs the DHT, and ``FORK_LOCK`` (which its heartbeat thread holds) must not cost a
-restart hivemind's import.
+hivemind (``swarm.net.hivemind_api``) is imported when a Transport is made, not with this module: a peer signs
+its join and builds its trainer before it needs the DHT, and ``FORK_LOCK`` (which its heartbeat thread holds)
+must not cost a restart hivemind's import.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from swarm.net.link.p2p_address import free_port, maddr
 from swarm.net.bulk.tcp_congestion import CONGESTION_CONTROL
 
 if TYPE_CHECKING:
-    import hivemind
+    from swarm.net.hivemind_api import DHT
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ async def _exit_with_parent(parent_pid: int, _dht: Any, node: Any) -> None:
         os._exit(0)
 
 
-def exit_with_parent(dht: hivemind.DHT) -> Any:
+def exit_with_parent(dht: DHT) -> Any:
     """Make a started DHT's process end when this process does; returns the watch's future."""
     return dht.run_coroutine(functools.partial(_exit_with_parent, os.getpid()), return_future=True)
 
@@ -86,14 +86,14 @@ class Transport:
         peer at each start, so it is never taken by another node and the check for that is skipped.
         ``record_validators`` (hivemind ``RecordValidatorBase``s) guard the node from its first moment: one
         added after the start lets entries stored meanwhile stay (``swarm.net.dht_entries.EntryValidator``)."""
-        import hivemind
+        from swarm.net.hivemind_api import DHT
 
         if announce_host and not port:
             port = free_port(host)  # hivemind refuses port 0 in announced addresses
         host_maddrs = [maddr(host, port)]
         announce = [maddr(announce_host, port)] if announce_host else None
         identity = {"identity_path": identity_path, "check_if_identity_free": False} if identity_path else {}
-        self.dht = hivemind.DHT(
+        self.dht = DHT(
             start=False,
             initial_peers=list(initial_peers),
             host_maddrs=host_maddrs,

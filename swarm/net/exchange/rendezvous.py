@@ -18,13 +18,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Optional
 
-import hivemind
-
 from swarm.core.trust import credential
 from swarm.core.trust.round_vote import group_key  # noqa: F401  re-exported: peers, scripts and tests import it from here
 from swarm.core.trust.signed_entry import MAX_BODY_BYTES, entry_body
 from swarm.net.dht_entries import read_entries, store_entry
 from swarm.net.exchange.exchange_failed import ExchangeFailed
+from swarm.net.hivemind_api import DHT
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ def group_digest(members: list[Member]) -> str:
 
 
 def rendezvous(
-    dht: hivemind.DHT,
+    dht: DHT,
     *,
     key: str,
     me: Member,
@@ -120,7 +119,7 @@ def rendezvous(
     return members
 
 
-def _posted(dht: hivemind.DHT, key: str, me: Member, member: credential.Member,
+def _posted(dht: DHT, key: str, me: Member, member: credential.Member,
             current: Mapping[str, str]) -> dict[str, Member]:
     """The entries under ``key`` by peer id, this peer's own included; an entry under a libp2p id other than the
     one the coordinator gave for its peer's current process (``current``) was left by a replaced process."""
@@ -130,7 +129,7 @@ def _posted(dht: hivemind.DHT, key: str, me: Member, member: credential.Member,
     return posted
 
 
-def _mark_closed(dht: hivemind.DHT, key: str, me: Member, members: list[Member], *, member: credential.Member,
+def _mark_closed(dht: DHT, key: str, me: Member, members: list[Member], *, member: credential.Member,
                  ttl_s: float) -> None:
     """Post this peer's entry again with its formed group's indexes (``Member.closed``), without waiting (a dead DHT
     node must not delay the exchange); a larger group (~150) is not marked, and a late peer then times out."""

@@ -16,12 +16,11 @@ import logging
 from typing import Optional
 
 import torch
-from hivemind.p2p import P2PContext, PeerID
-from hivemind.utils.asyncio import as_aiter
 
 from swarm.net.exchange.exchange_failed import ExchangeFailed
 from swarm.net.exchange.rendezvous import Member
 from swarm.net.bulk.transport import CHUNK_BYTES, Transport
+from swarm.net.hivemind_api import P2PContext, PeerID, as_aiter
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)

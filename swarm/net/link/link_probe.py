@@ -8,9 +8,8 @@ import logging
 import time
 from typing import Optional, Sequence
 
-from hivemind.p2p import P2P, P2PContext, PeerID
-
 from swarm.net.exchange.rendezvous import Member
+from swarm.net.hivemind_api import P2P, P2PContext, PeerID
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)

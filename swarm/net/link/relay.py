@@ -28,9 +28,7 @@ import struct
 import threading
 from typing import Any, Callable, Optional
 
-from hivemind.p2p import P2P, PeerID
-from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
-
+from swarm.net.hivemind_api import P2P, PeerID, StreamInfo
 from swarm.net.link.reachability import is_dial_failure
 
 logger = logging.getLogger(__name__)
