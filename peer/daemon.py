@@ -213,7 +213,7 @@ class PeerDaemon:
         group = self.group = self.parts.group(self.transport, self.run_config, run_id=self.run_id,
                                               peer_id=self.peer_id, peer_index=joined.peer_index,
                                               planned=self.link.planned, faults=o.faults, member=self.link.member,
-                                              round_choice=self.link.round_choice, processes=self.link.current_processes)
+                                              processes=self.link.current_processes)
         self.link.group_decision, group.plan_holds = group.group_decision, lambda: self.link.plan_open
         if o.uplink_mbit > 0:
             group.exchange.uplink_mbit_s = o.uplink_mbit  # --uplink-mbit: the bulk sends are paced under it

@@ -107,14 +107,13 @@ class PeerParts:
 
     def group(self, transport: Transport, run: RunConfig, *, run_id: str, peer_id: str, peer_index: int,
               planned: Callable[[int], Optional[set[str]]], faults: FaultPlan,
-              member: Optional[credential.Member] = None, round_choice=None, processes=dict) -> DhtGroup:
-        """``member``: the peer's key and credential after the join (``CoordinatorLink.member``);
-        ``round_choice``: the controller's choice per round (``CoordinatorLink.round_choice``); ``processes``:
+              member: Optional[credential.Member] = None, processes=dict) -> DhtGroup:
+        """``member``: the peer's key and credential after the join (``CoordinatorLink.member``); ``processes``:
         the planned peers' current libp2p ids (``CoordinatorLink.current_processes``)."""
         from swarm.net.exchange.group import DhtGroup
 
         return DhtGroup(transport, run, run_id=run_id, peer_id=peer_id, peer_index=peer_index, planned=planned,
-                        faults=faults, member=member, round_choice=round_choice, processes=processes)
+                        faults=faults, member=member, processes=processes)
 
     def state_transfer(self, transport: Transport, *, run_id: str, timeout_s: float,
                        member: Optional[credential.Member] = None) -> HivemindStateTransfer:

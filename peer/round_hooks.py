@@ -28,7 +28,7 @@ class PeerHooks(Hooks):
         """``lr``: the inner lr last used; ``log``: the round's line and training-log scalars."""
         self.stats, self.faults, self.beat_now = stats, faults, beat_now
         self.on_state, self.on_decided, self.tag, self.lr = on_state, on_decided, tag, lr
-        self.log = log or RoundLog(TrainLog([]), tag=tag, codec="")
+        self.log = log or RoundLog(TrainLog([]), tag=tag)
 
     def at(self, round_no: int, phase: str) -> None:
         self.faults.at(round_no, phase)

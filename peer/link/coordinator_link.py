@@ -37,8 +37,9 @@ STOP_DECISION_WAIT_S = 3.0  # a peer asked to leave waits at most this long for 
 
 
 class CoordinatorLink:
-    """Threads: ``decide`` runs on the round runner's executor, as do the exchange's ``planned``, ``round_choice``
-    and ``current_processes``; ``renew`` on the heartbeat thread; everything else on the main thread. The fields
+    """Threads: ``decide`` runs on the round runner's executor, as do the exchange's ``planned`` and
+    ``current_processes``; ``renew`` on the heartbeat thread; everything else on the main thread (``round_choice``:
+    the round runner's, as it makes a round's plan). The fields
     both threads touch live in the plan cache and the offline decider, under their locks. ``peer_id``,
     ``min_peers`` and ``member`` are set by ``join`` on the main thread before any other thread starts, and
     ``param_count`` once before the first round; the heartbeat thread renews ``member.credential`` (one attribute
@@ -186,8 +187,9 @@ class CoordinatorLink:
         self.plans.heard(info)
 
     def round_choice(self, round_no: int) -> Optional[pb.RoundChoice]:
-        """The controller's choice for ``round_no`` (None: the controller is off, or the coordinator is
-        unreachable and never said: the group then runs a round it did not open, with the run's codec)."""
+        """The controller's choice for ``round_no``, which the round runner makes the round's plan from
+        (``swarm.train.round_plan.plan_round``); None: the coordinator is unreachable and never said, and the group
+        then runs a round it did not open by the run's config."""
         if not self.plans.knows_choice(round_no):
             try:
                 self.get_round(round_no)

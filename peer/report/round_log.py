@@ -34,8 +34,8 @@ class _Round:
 class RoundLog:
     """Thread-safe: ``_rounds`` is touched only under ``_lock``."""
 
-    def __init__(self, train_log: TrainLog, *, tag: Callable[[Optional[int]], str], codec: str) -> None:
-        self.train_log, self.tag, self.codec = train_log, tag, codec
+    def __init__(self, train_log: TrainLog, *, tag: Callable[[Optional[int]], str]) -> None:
+        self.train_log, self.tag = train_log, tag
         self._lock = threading.Lock()
         self._rounds: dict[int, _Round] = {}
 
@@ -43,7 +43,7 @@ class RoundLog:
     def for_run(cls, run: RunConfig, *, name: str, run_id: str, tag: Callable[[Optional[int]], str]) -> "RoundLog":
         """The log of a peer called ``name`` (its --name, or its id) in run ``run_id``, writing what [logging] asks."""
         train_log = open_train_log(run.logging, name=name, group=run_id, run_config=run.to_dict())
-        return cls(train_log, tag=tag, codec=run.rounds.codec)
+        return cls(train_log, tag=tag)
 
     def trained(self, round_no: int, stats: TrainStats, *, lr: float) -> None:
         with self._lock:
@@ -63,7 +63,7 @@ class RoundLog:
         waited = f"; training waited {result.waited_s:.2f} s for it" if result.waited_s >= 0.05 else ""
         local = f"; local work {result.overhead_s:.2f} s" if result.overhead_s >= 0.05 else ""  # Δ, step, vote, commit
         logger.log(level, "%s %s: %s%s%s%s", self.tag(result.round_no), outcome_words(result),
-                   figures(train, entry.vote, codec=self.codec), waited, local, evaluated)
+                   figures(train, entry.vote), waited, local, evaluated)
         self.train_log.log(result.round_no, round_scalars(result, train, entry.lr, entry.vote))
 
     def evaluated(self, round_no: int, loss: float) -> None:
@@ -97,8 +97,8 @@ def outcome_words(result: RoundResult) -> str:
     return result.outcome.name.lower().replace("_", " ")
 
 
-def figures(train: Optional[TrainStats], vote: Optional[Vote], *, codec: str) -> str:
-    """steps, loss, tokens/s, bytes, exchange seconds and codec, as a person reads them."""
+def figures(train: Optional[TrainStats], vote: Optional[Vote]) -> str:
+    """steps, loss, tokens/s, bytes, exchange seconds and the round plan's codec, as a person reads them."""
     parts = []
     if train is not None:
         parts.append(f"{train.steps} steps, loss {train.mean_loss:.4f}, "
@@ -108,7 +108,8 @@ def figures(train: Optional[TrainStats], vote: Optional[Vote], *, codec: str) ->
         parts.append(f"sent {_bytes(averaged.bytes_sent)}, received {_bytes(averaged.bytes_received)}, "
                      f"exchange {averaged.seconds:.2f} s")
     if vote is not None:
-        parts.append(f"codec {vote.contribution.sent_as or codec}")
+        if vote.contribution.plan is not None:
+            parts.append(f"codec {vote.contribution.plan.codec}")
         if not vote.ok:
             parts.append(f"exchange failed: {vote.error}")
     return "; ".join(parts) or "no figures (the round ended before this peer trained)"

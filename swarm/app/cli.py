@@ -23,7 +23,6 @@ from swarm.app.cli_parser import build_parser
 from swarm.app.flag_validation import validate_args
 from swarm.config import ConfigError, RunConfig, load_run_config
 from swarm.config.model_sources import check_model_sources
-from swarm.config.rounds_config import simulator_only
 from swarm.net.bulk.tcp_congestion import CONGESTION_CONTROL
 
 
@@ -54,9 +53,7 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
 def cmd_coordinator(args: argparse.Namespace) -> int:
     run = _run_config(args)  # config mistakes are reported before the slow imports
     check_model_sources(run.model)  # a misspelt hf_config path or factory module too (the rest: before the data)
-    if simulator_only(run.rounds.codec):
-        raise ConfigError(f"[rounds] codec {run.rounds.codec} runs only in the simulator so far (python -m swarm.train.simulator.sim,"
-                          " scripts/bench_quality.py); a real swarm cannot exchange it yet: choose int4 or sign.")
+    run.rounds.check_real_swarm()
 
     from coordinator.server import serve
     return serve(

@@ -45,12 +45,6 @@ def check_codec_name(name: str) -> None:
                           f" e.g. {base}@0.01.")
 
 
-def simulator_only(name: str) -> bool:
-    """Whether a real swarm cannot exchange codec ``name`` yet (the simulator can): the low-rank codecs
-    (a two-phase exchange)."""
-    return name.startswith("lowrank")
-
-
 def _check_lowrank_name(name: str) -> None:
     """ConfigError unless ``name`` is ``lowrank{r}-{values}``: rank r in 1..64, values a dense
     butterfly codec (``lowrank4-fp16``, ``lowrank8-int8``)."""
@@ -138,6 +132,15 @@ class RoundConfig:
     # averages all K itself ((K - 1) x the encoded vector sent per member; no member's average is trusted).
     # "auto": "all_gather" when admits_strangers, else "butterfly". Sparse (topk) codecs are always all-gathered.
     exchange: str = "auto"
+
+    def check_real_swarm(self) -> None:
+        """ConfigError unless a real swarm (a coordinator and peers over the network) can run these rounds; the
+        simulator runs every valid config. The one place that decides it: the coordinator checks its config with
+        it before it starts, and a peer's exchange the run it joined (a hand-made spec)."""
+        if self.codec.startswith("lowrank"):  # a two-phase exchange, not built in swarm.net
+            raise ConfigError(f"[rounds] codec {self.codec} runs only in the simulator so far (python -m"
+                              " swarm.train.simulator.sim, scripts/bench_quality.py); a real swarm cannot exchange it"
+                              " yet: choose int4 or sign.")
 
     def all_gathered(self) -> bool:
         """Whether every codec's exchange is the all-gather (sparse codecs' always is)."""

@@ -10,6 +10,7 @@ import torch
 
 from swarm.core.codecs.lowrank import LowRankState
 from swarm.core.codecs.owner_feedback import OwnerFeedback
+from swarm.train.round_plan import RoundPlan
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,10 @@ class Contribution:
     fragment: int
     delta: torch.Tensor  # Δ_f = θg_f − θl_f, plus the error-feedback residual when that is on
     samples: int  # sequences this peer processed since the fragment's previous sync: the weight
-    # The codec the exchange sent it with, set by the exchange (the round's controller choice); "": the
-    # run's codec. Written on the exchange's thread before ``record_sent`` reads it after the round's future.
-    sent_as: str = ""
+    # The round's plan (swarm.train.round_plan): its codec, shares and digest, which the exchange sends it by and
+    # error feedback records it with. Set by the round runner as it takes the contribution, before the exchange
+    # sees it; None: taken outside a round (by hand).
+    plan: Optional[RoundPlan] = None
     # This peer's residual as a butterfly slice owner for the fragment (never sent): the exchange adds it
     # to its averaged slice and stages the new one when the codec asks for owner feedback; ``record_sent``
     # commits it.

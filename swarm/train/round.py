@@ -13,9 +13,11 @@ inner steps of round r + 1 train; ``run_round(r + 1, carry=<round r in flight>)`
 The runner's collaborators are small interfaces, so the daemon passes the real ones (hivemind, the
 gRPC coordinator, the disk) and the simulator in-process ones:
 
-- ``GroupExchange.average``: find the round's group and average the contributions (raises SyncFailed);
+- ``GroupExchange.average``: find the round's group and average the contributions, as the contribution's round
+  plan says (its codec and shares: ``swarm.train.round_plan``, made here once per round; raises SyncFailed);
 - ``VoteBoard``: durable votes, and the group's own decision when the coordinator cannot be reached;
-- ``Decider.decide``: the coordinator's decision on a round (it may fall back to the vote board);
+- ``Decider.decide``: the coordinator's decision on a round (it may fall back to the vote board), and
+  ``Decider.round_choice``: the coordinator's controller choice the round's plan is made from;
 - ``StateStore``: where tentative and committed states go (vote files, checkpoints, the state server).
 
 Threads: ``run_round`` and ``finish`` run on the caller's thread and own the trainer; the exchange and
@@ -36,8 +38,8 @@ from typing import Callable, Optional, Protocol
 import torch
 
 from swarm.config import RunConfig
-from swarm.core.fragments import round_fragment, round_steps
 from swarm.core.state import GlobalState
+from swarm.train.round_plan import ControllerChoice, PlanRefused, RoundPlan, plan_round
 from swarm.train.trainer import Contribution, LocalTrainer, TrainStats
 
 
@@ -111,6 +113,10 @@ class Decider(Protocol):
     def decide(self, vote: Vote) -> Decision: ...
 
     def still_planned(self, round_no: int) -> bool: ...
+
+    def round_choice(self, round_no: int) -> Optional[ControllerChoice]:
+        """The coordinator's controller choice for a round (None: none, the run's config); asked only in a run whose
+        controller is on, as the round's contribution is taken."""
 
 
 class StateStore(Protocol):
@@ -207,9 +213,18 @@ class RoundRunner:
 
     def full_speed(self, round_no: int) -> tuple[int, int]:
         """(inner steps before a carried exchange is merged, inner steps in the round) for round_no."""
+        plan = plan_round(self.run.rounds, round_no)
+        return plan.overlap_steps, plan.steps
+
+    def plan(self, round_no: int) -> tuple[RoundPlan, str]:
+        """Round ``round_no``'s plan (``plan_round``: the controller's choice, if the run has a controller, else the
+        run's config), and "" or why the coordinator's choice cannot be run: the round's exchange then fails."""
         rounds = self.run.rounds
-        steps = round_steps(round_no, rounds.inner_steps, rounds.fragments)
-        return min(rounds.overlap_steps, steps), steps
+        choice = self.decider.round_choice(round_no) if rounds.controller != "off" else None
+        try:
+            return plan_round(rounds, round_no, choice), ""
+        except PlanRefused as e:
+            return plan_round(rounds, round_no), str(e)
 
     def run_round(self, round_no: int, carry: Optional[Pending] = None) -> RoundResult:
         """Train round ``round_no`` and exchange it. ``carry`` is the previous round, still in flight:
@@ -272,18 +287,22 @@ class RoundRunner:
         return parts
 
     def start(self, round_no: int, train: TrainStats) -> Pending:
-        fragment = round_fragment(round_no, self.run.rounds.fragments)
+        plan, refused = self.plan(round_no)
         started = time.perf_counter()
-        contribution = self.trainer.take_contribution(fragment)
+        contribution = self.trainer.take_contribution(plan.fragment)
+        contribution.plan = plan  # before the exchange sees it: it travels with the contribution from here
         contribution_s = time.perf_counter() - started
         self.hooks.exchanging(round_no)
-        future = self.executor.submit(self._exchange_and_decide, round_no, contribution, train)
-        return Pending(round_no, fragment, contribution, train, future, contribution_s=contribution_s)
+        future = self.executor.submit(self._exchange_and_decide, round_no, contribution, train, refused)
+        return Pending(round_no, plan.fragment, contribution, train, future, contribution_s=contribution_s)
 
-    def _exchange_and_decide(self, round_no: int, contribution: Contribution, train: TrainStats):
-        """On the executor: average, tentative outer step, durable vote, decision."""
+    def _exchange_and_decide(self, round_no: int, contribution: Contribution, train: TrainStats, refused: str = ""):
+        """On the executor: average, tentative outer step, durable vote, decision. ``refused``: why the round's plan
+        cannot be run (its exchange fails)."""
         tentative, averaged, error, vote_s = None, None, "", 0.0
         try:
+            if refused:
+                raise SyncFailed(refused)
             if contribution.samples <= 0:
                 raise SyncFailed(f"round {round_no}: no inner steps since fragment {contribution.fragment} last synced")
             averaged = self.exchange.average(round_no, contribution)
@@ -328,8 +347,7 @@ class RoundRunner:
                 pending.contribution.owner.discard()
             return RoundResult(round_no, Outcome.BEHIND, decision, group=vote.group)
         started = time.perf_counter()
-        self.trainer.record_sent(pending.contribution, self.run.rounds.codec,
-                                 parts=len(vote.group) if vote.group else None)
+        self.trainer.record_sent(pending.contribution, parts=len(vote.group) if vote.group else None)
         self.trainer.commit(tentative, fragment=pending.fragment)
         self.store.committed(tentative, provisional=decision.by_group)
         evaluated = time.perf_counter()

@@ -59,18 +59,19 @@ class SentFeedback:
         if contribution.lowrank is not None:
             contribution.lowrank.discard()
 
-    def record_sent(self, contribution: Contribution, codec: Codec | str, parts: int | None = None) -> None:
+    def record_sent(self, contribution: Contribution, codec: Codec | str | None = None,
+                    parts: int | None = None) -> None:
         """Error feedback: remember what the codec drops from ``contribution.delta`` when it is sent as
         ``parts`` block-aligned slices (any count and sizes give the same values; default 1).  The codec is
-        the one the exchange sent it with (``sent_as``, the round's controller choice) or else ``codec``
-        (the run's). The residual stays valid across codec changes: it is what the last sent values lacked,
-        whatever encoded them. Call it once the contribution went out; a no-op when error feedback is off."""
+        the round plan's (``contribution.plan``); ``codec`` names it for a contribution taken outside a round,
+        which has no plan. The residual stays valid across codec changes: it is what the last sent values
+        lacked, whatever encoded them. Call it once the contribution went out; a no-op when error feedback is off."""
+        codec = sent_codec(contribution, codec)
         delivered = contribution.lowrank.commit() if contribution.lowrank is not None else None
         if self.error_feedback is None:
             return
         if contribution.owner is not None:
             contribution.owner.commit()
-        codec = get_codec(contribution.sent_as or codec)
         feedback = self.error_feedback[contribution.fragment]
         dropped = self._dropped.pop(contribution.fragment, None)
         if dropped is not None:
@@ -92,3 +93,17 @@ class SentFeedback:
             return
         bounds = average.part_bounds(contribution.delta.numel(), parts or 1, codec.block)
         feedback.update(contribution.delta, codec_round_trip(contribution.delta, codec, bounds))
+
+
+def sent_codec(contribution: Contribution, codec: Codec | str | None) -> Codec:
+    """The codec ``contribution`` went out with: its round plan's, else (taken by hand) ``codec``."""
+    if contribution.plan is not None:
+        planned = get_codec(contribution.plan.codec)
+        if codec is not None and get_codec(codec).name != planned.name:
+            raise ValueError(f"fragment {contribution.fragment} was sent with its round's codec {planned.name}, not"
+                             f" {get_codec(codec).name}; record it without naming a codec.")
+        return planned
+    if codec is None:
+        raise ValueError(f"fragment {contribution.fragment}'s contribution has no round plan; name the codec it was"
+                         " sent with.")
+    return get_codec(codec)

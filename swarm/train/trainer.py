@@ -8,7 +8,7 @@ the simulator alike:
     avg = <butterfly all-reduce of c.delta, weight c.samples>   (background while overlapping)
     trainer.train(τ)                             # overlap: keep training while it is in flight
     tentative = trainer.apply(avg, f, r)         # a GlobalState, hashed and voted on
-    trainer.record_sent(c, codec)                # on commit: what the round's codec dropped, for the next
+    trainer.record_sent(c)                       # on commit: what the round plan's codec dropped, for the next
     trainer.commit(tentative, fragment=f)        # install θg; merge the local fragment
 
 With F = 1 and no overlap (plain DiLoCo) every round starts from θg: the commit replaces all of θl.
@@ -272,9 +272,10 @@ class LocalTrainer:
         self._samples_since_sync[contribution.fragment] += contribution.samples
         self.feedback.returned(contribution)
 
-    def record_sent(self, contribution: Contribution, codec: Codec | str, parts: int | None = None) -> None:
-        """Error feedback: remember what the codec dropped from ``contribution`` once it went out
-        (``SentFeedback.record_sent``); a no-op when error feedback is off."""
+    def record_sent(self, contribution: Contribution, codec: Codec | str | None = None,
+                    parts: int | None = None) -> None:
+        """Error feedback: remember what the round plan's codec (``codec`` for a contribution taken by hand) dropped
+        from ``contribution`` once it went out (``SentFeedback.record_sent``); a no-op when error feedback is off."""
         self.feedback.record_sent(contribution, codec, parts)
 
     @property

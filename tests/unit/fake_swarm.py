@@ -147,9 +147,8 @@ class FakeNet:
 
     def average(self, key: tuple, peer_id: str, index: int, contribution: Contribution,
                 planned: Callable[[], Optional[set[str]]], codec: Optional[str] = None) -> Averaged:
-        """``codec``: the round's (the controller's choice), else the run's; members that disagree fail."""
+        """``codec``: the round plan's (the controller's choice), else the run's; members that disagree fail."""
         codec = codec or self.run.rounds.codec
-        contribution.sent_as = codec
         with self.cond:
             if key in self.groups:
                 raise SyncFailed(f"{key}: the group already formed without this peer")
@@ -204,16 +203,14 @@ class FakeNet:
 
 class FakeGroup:
     def __init__(self, net: FakeNet, transport: FakeTransport, *, peer_id: str, peer_index: int, planned,
-                 round_choice=None, member=None, run_id: str = "") -> None:
+                 member=None, run_id: str = "") -> None:
         self.net, self.transport, self.peer_id, self.peer_index, self.planned = net, transport, peer_id, peer_index, planned
-        self.round_choice = round_choice or (lambda round_no: None)
         self.member, self.run_id = member, run_id  # with a member, votes are signed as in the DHT
         self.live_peers = 0
 
     def average(self, round_no: int, contribution: Contribution) -> Averaged:
-        choice = self.round_choice(round_no)
         return self.net.average((round_no, contribution.fragment), self.peer_id, self.peer_index, contribution,
-                                lambda: self.planned(round_no), codec=choice.codec if choice is not None else None)
+                                lambda: self.planned(round_no), codec=contribution.plan.codec)
 
     def post(self, vote: Vote) -> None:
         signed = None
@@ -280,9 +277,9 @@ class FakeParts(PeerParts):
         return self.net.transport(identity.peer_id)
 
     def group(self, transport, run, *, run_id, peer_id, peer_index, planned, faults, member=None,
-              round_choice=None, processes=dict) -> FakeGroup:  # the fake DHT keeps no entry of a dead process
+              processes=dict) -> FakeGroup:  # the fake DHT keeps no entry of a dead process
         return FakeGroup(self.net, transport, peer_id=peer_id, peer_index=peer_index, planned=planned,
-                         round_choice=round_choice, member=member, run_id=run_id)
+                         member=member, run_id=run_id)
 
     def state_transfer(self, transport, *, run_id, timeout_s, member=None) -> FakeTransfer:
         return FakeTransfer(self.net, transport)

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from swarm.config import ConfigError, RunConfig
-from swarm.config.rounds_config import simulator_only
 from swarm.core.codecs import rice
 from swarm.core.average import butterfly_bytes_sent, butterfly_reference, part_bounds
 from swarm.core.codecs.codec import get_codec
@@ -146,7 +145,8 @@ def test_the_butterfly_counts_each_payload_it_moves():
 def test_a_run_names_it_and_the_simulator_counts_the_bytes_it_sent():
     run = RunConfig.from_json('{"rounds": {"codec": "ternary@0.1", "keep_unsent_locally": true}}')
     # a real swarm runs it too (tests/integration/test_swarm.py, tests/unit/test_bulk_channel.py)
-    assert get_codec(run.rounds.codec).density == 0.1 and not simulator_only("ternary@0.1")
+    assert get_codec(run.rounds.codec).density == 0.1
+    run.rounds.check_real_swarm()
     for bad in ("ternary@0", "ternary@1.5", "ternary@x", "sign@0.1"):
         with pytest.raises(ConfigError, match="unknown|density after '@'"):
             RunConfig.from_json(f'{{"rounds": {{"codec": "{bad}"}}}}')

@@ -16,10 +16,12 @@ from coordinator.store.history import History
 from coordinator.store.records import COMMITTED, VOIDED, RoundRecord
 from coordinator.store.run_log import RunLog
 from peer.report.round_log import RoundLog
-from swarm.config import ConfigError, LoggingConfig, RunConfig, WandbConfig, load_run_config
+from swarm.config import ConfigError, LoggingConfig, RoundConfig, RunConfig, WandbConfig, load_run_config
 from swarm.train.round import Averaged, Decision, Outcome, RoundResult, Vote
+from swarm.train.round_plan import RoundPlan, plan_round
 from swarm.train.train_log import TrainLog, log_dir_name, open_train_log
 from swarm.train.trainer import Contribution, TrainStats
+from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.test_peer_lifecycle import RUN, finish, start, swarm
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
@@ -132,19 +134,23 @@ def test_wandb_offline_writes_its_run_files(tmp_path: Path, monkeypatch) -> None
 # ---- the peer's round line and scalars ----------------------------------------------------------------------
 
 
+def _int8_chosen(round_no: int) -> RoundPlan:
+    """The plan of a round of an fp32 run whose controller chose int8: the log names the codec it was sent with."""
+    return plan_round(RoundConfig(codec="fp32", controller="auto"), round_no, pb.RoundChoice(codec="int8"))
+
+
 def _vote(round_no: int, *, ok: bool = True) -> Vote:
     train = TrainStats(steps=50, samples=400, tokens=51_200, mean_loss=2.3456, inner_time_s=4.0)
     averaged = Averaged(average=None, group=["a", "b"], bytes_sent=1_500_000, bytes_received=1_400_000,
                         seconds=0.84, upload_mbit_s=90.0, download_mbit_s=math.nan, rtt_ms=12.0) if ok else None
     return Vote(round_no=round_no, fragment=0, ok=ok, state_hash="ab12" if ok else "", group=["a", "b"],
-                contribution=Contribution(fragment=0, delta=None, samples=400, sent_as="int8"), train=train,
+                contribution=Contribution(fragment=0, delta=None, samples=400, plan=_int8_chosen(round_no)), train=train,
                 averaged=averaged, error="" if ok else "round 3: the group did not form")
 
 
 def test_a_peer_logs_one_readable_line_per_round_and_its_scalars(caplog) -> None:
     recorder = Recorder()
-    log = RoundLog(TrainLog([recorder]), tag=lambda r: f"[peer-a r{r}]" if r is not None else "[peer-a]",
-                   codec="fp32")
+    log = RoundLog(TrainLog([recorder]), tag=lambda r: f"[peer-a r{r}]" if r is not None else "[peer-a]")
     with caplog.at_level(logging.INFO, logger="peer.round_hooks"):
         for round_no, ok in ((2, True), (3, False)):
             vote = _vote(round_no, ok=ok)

@@ -243,8 +243,6 @@ class Exchange:
         codec = get_codec(me.codec)
         check_agreement(key, group, me)
         weights = capped_weights(self.aggregation, group, key)
-        if codec.lowrank:  # the coordinator refuses such runs; a hand-made spec must not average garbage
-            raise ValueError(f"codec {codec.name} is exchanged only by the simulator so far; choose int4 or sign.")
         gathered = codec.gathered or self.gather_all
         stripes = stripe_count(codec, me.numel, len(group))  # block-aligned slices: quantize like the whole
         bounds = [] if gathered else group_bounds(key, me.numel, len(group), codec.block, shares, stripes)

@@ -3,7 +3,6 @@ group decides by while the coordinator is unreachable. The round runner's GroupE
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import statistics
@@ -12,7 +11,6 @@ from typing import Callable, Mapping, Optional, Protocol
 import torch
 
 from swarm.config import RunConfig
-from swarm.config.run import CODEC_NAMES
 from swarm.core.trust import credential
 from swarm.core.aggregation import Aggregation
 from swarm.core.codecs.codec import get_codec
@@ -29,6 +27,7 @@ from swarm.net.votes import MAX_SENT_VOTES, collect_votes, group_decision, group
 from swarm.net.votes import Vote as DhtVote
 from swarm.train.host_memory import release_free_memory
 from swarm.train.round import Averaged, SyncFailed, Vote
+from swarm.train.round_plan import RoundPlan
 from swarm.train.trainer import Contribution
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -53,19 +52,19 @@ class DhtGroup:
     """Owned by the round runner's executor thread (``average``, ``post``, ``decide``); ``live_peers`` is
     written by the main thread from the coordinator's answers (a plain int: a stale read is harmless).
     ``member`` (the peer's key and credential, ``CoordinatorLink.member``) signs this peer's DHT entries and
-    checks its groupmates'. ``round_choice`` gives the coordinator's controller choice for a round (None: none,
-    the run's codec and equal slices), read on the executor thread (``CoordinatorLink.round_choice``)."""
+    checks its groupmates'. A contribution's round plan (``swarm.train.round_plan``, made by the round runner) says
+    the codec it is sent with, the shares of the reduction and the digest its group entry carries. It refuses a run
+    a real swarm cannot exchange (``RoundConfig.check_real_swarm``)."""
 
     def __init__(self, transport: Transport, run: RunConfig, *, run_id: str, peer_id: str, peer_index: int,
                  planned: Callable[[int], Optional[set[str]]], faults: RoundFaults,
-                 member: Optional[credential.Member],
-                 round_choice: Optional[Callable[[int], Optional[pb.RoundChoice]]] = None,
-                 processes: Callable[[], Mapping[str, str]] = dict) -> None:
+                 member: Optional[credential.Member], processes: Callable[[], Mapping[str, str]] = dict) -> None:
         if member is None:
             raise ValueError("the round's group needs this peer's credential (CoordinatorLink.member after the join) "
                              "to sign its entries and check its groupmates'.")
         if member.peer_id != peer_id:
             raise ValueError(f"the credential is for {member.peer_id}, not this peer ({peer_id}); rejoin to get one.")
+        run.rounds.check_real_swarm()
         self.transport, self.run, self.run_id, self.member = transport, run, run_id, member
         self.peer_id, self.peer_index = peer_id, peer_index
         if not getattr(transport, "validates_entries", False):  # normally guarded from its start (PeerParts.transport)
@@ -73,7 +72,6 @@ class DhtGroup:
         self.planned = planned  # the coordinator's plan for a round, or the last known group while it is down
         self.processes = processes  # the planned peers' current libp2p ids, as of the last planned() answer
         self.plan_holds: Callable[[], bool] = lambda: False  # the last planned() answer is the coordinator's (the link)
-        self.round_choice = round_choice or (lambda round_no: None)
         self.faults = faults
         self.exchange = Exchange(transport, run_id=run_id, aggregation=Aggregation.for_run(run),
                                  gather_all=run.rounds.all_gathered())  # a run that admits strangers: no slice owners
@@ -97,14 +95,16 @@ class DhtGroup:
     def average(self, round_no: int, contribution: Contribution) -> Averaged:
         rounds = self.run.rounds
         delta, weight = contribution.delta, float(contribution.samples)
-        choice = self.round_choice(round_no)
-        codec = round_codec(choice, rounds.codec)
-        contribution.sent_as = codec  # error feedback then keeps what this codec drops
+        plan = contribution.plan
+        if plan is None or plan.round_no != round_no:
+            raise ValueError(f"round {round_no}: the contribution carries no plan of the round; the round runner"
+                             " makes it (RoundRunner.start).")
+        codec = plan.codec
         if self.faults.scale(round_no, "delta") != 1.0 or self.faults.scale(round_no, "weight") != 1.0:
             delta = delta * self.faults.scale(round_no, "delta")  # a Byzantine peer (attack soaks only)
             weight *= self.faults.scale(round_no, "weight")
         me = Member(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, index=self.peer_index,
-                    weight=weight, numel=contribution.delta.numel(), codec=codec, plan=plan_digest(choice),
+                    weight=weight, numel=contribution.delta.numel(), codec=codec, plan=plan.digest,
                     live_peers=self.live_peers if rounds.scale_by_participation else 0,
                     maddrs=self.exchange.own_maddrs, site=self.member.site, bulk=self.exchange.bulk_address,
                     protocol=PROTOCOL)
@@ -119,7 +119,7 @@ class DhtGroup:
             dropped_before = self.exchange.rejected_chunks
             # a lossless codec's Δ is read no more once sent (error feedback keeps nothing of it): Δ̄ takes its memory
             into_delta = get_codec(codec).lossless and contribution.lowrank is None
-            result = self._reduce(round_no, key, group, me, delta, choice, contribution.owner, into_delta)
+            result = self._reduce(round_no, key, group, me, delta, plan, contribution.owner, into_delta)
         except ExchangeFailed as e:
             raise SyncFailed(str(e)) from e
         self.links.observe(result.links)
@@ -141,9 +141,9 @@ class DhtGroup:
                         upload_mbit_s=self.links.upload_mbit_s, download_mbit_s=self.links.download_mbit_s,
                         rtt_ms=self.links.rtt_ms)
 
-    def _reduce(self, round_no: int, key: str, group: list, me: Member, delta, choice: Optional[pb.RoundChoice],
+    def _reduce(self, round_no: int, key: str, group: list, me: Member, delta, plan: RoundPlan,
                 owner=None, into_delta: bool = False):
-        """The all-reduce: flat with the controller's shares, or in two levels (whose sub-groups cut equal slices:
+        """The all-reduce: flat with the plan's shares (the controller's), or in two levels (whose sub-groups cut equal slices:
         the shares size a flat group's slices). ``into_delta``: the flat one may write Δ̄ into Δ's memory."""
         on_phase = lambda phase: self.faults.fire(round_no, phase)  # noqa: E731
         timeout_s = self.run.rounds.exchange_timeout_s
@@ -151,7 +151,7 @@ class DhtGroup:
             return self.two_level.average(key=key, group=group, me=me, delta=delta, timeout_s=timeout_s,
                                           on_phase=on_phase)
         return self.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=timeout_s,
-                                     shares=group_shares(choice, group), on_phase=on_phase, owner=owner,
+                                     shares=plan.shares_of([m.peer_id for m in group]), on_phase=on_phase, owner=owner,
                                      into_delta=into_delta)
 
     def _plan(self, round_no: int) -> Optional[set[str]]:
@@ -182,37 +182,6 @@ class DhtGroup:
         holders = [v.dht_peer_id for v in ballots.votes.values() if v.ok and v.state_hash == committed] \
             if committed else []
         return GroupDecided(committed, holders, signed_votes(ballots.signed))
-
-
-def round_codec(choice: Optional[pb.RoundChoice], run_codec: str) -> str:
-    """The codec of a round: the controller's choice, else the run's."""
-    if choice is None or not choice.codec:
-        return run_codec
-    if choice.codec not in CODEC_NAMES:
-        raise SyncFailed(f"the coordinator chose codec {choice.codec!r}, which this peer does not know; "
-                         "run the same swarm version as the coordinator.")
-    return choice.codec
-
-
-def plan_digest(choice: Optional[pb.RoundChoice]) -> str:
-    """What the group entry carries of the round's choice: members whose digests differ do not exchange."""
-    if choice is None:
-        return ""
-    text = choice.codec + "|" + ",".join(f"{p}={s!r}" for p, s in sorted(choice.shares.items()))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def group_shares(choice: Optional[pb.RoundChoice], group: list) -> Optional[list[float]]:
-    """Each group position's share of the reduction (None: equal slices). A member the choice does not list
-    (admitted late) gets the mean of the listed members' shares."""
-    if choice is None or not choice.shares:
-        return None
-    listed = [choice.shares[m.peer_id] for m in group if m.peer_id in choice.shares]
-    default = math.fsum(listed) / len(listed) if listed else 1.0
-    shares = [choice.shares.get(m.peer_id, default) for m in group]
-    if not all(math.isfinite(s) and s > 0 for s in shares):
-        raise SyncFailed(f"the coordinator's shares {shares} are not all positive; the round cannot be reduced.")
-    return shares
 
 
 def signed_votes(signed: Mapping[str, dict]) -> list[pb.SignedVote]:

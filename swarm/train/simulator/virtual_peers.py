@@ -182,6 +182,9 @@ class VirtualPeer(Hooks):
     def still_planned(self, round_no: int) -> bool:
         return True
 
+    def round_choice(self, round_no: int) -> None:
+        return None  # no controller: every round's plan is the run's config (swarm.train.round_plan)
+
     def save_vote(self, state: GlobalState) -> None:
         pass
 
