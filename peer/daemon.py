@@ -14,41 +14,35 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-import time
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Optional
 
 import torch
 
 from peer import identity
 from peer.link.backlog import report_backlog
 from peer.link.coordinator_link import CoordinatorLink, Departed, PeerExit
-from peer.state.final_file import final_model_path, set_aside, warn_if_other_run
+from peer.state.final_file import warn_if_other_run
 from peer.link.heartbeat import HeartbeatThread
+from peer.link.offline_decider import next_offline_round
 from peer.lifecycle import WIRE_STATES, Event, PeerState, View, after, next_event
 from peer.options import PeerOptions
 from peer.parts import PeerParts
-from peer.report.progress import RoundProgress
-from peer.state.resume import checkpoint_dir, start_trainer
-from peer.round_hooks import PeerHooks
-from peer.report.round_log import RoundLog
+from peer.round_parts import build_round, build_trainer, drain
+from peer.state.run_end import holds_final, stranded, write_final
 from peer.startup import StartupClock, result_or_none
 from peer.stoppable import unless_stopped
 from peer.state.state_store import PeerStateStore
 from peer.report.stats import PeerStats
 from swarm.config import RunConfig
 from swarm.control.client import CoordinatorRejected, CoordinatorUnreachable
-from swarm.train.model.final_model import write_final_model
 from swarm.train.multi_gpu.ranks import Ranks
 from swarm.train.round import Outcome, Pending, RoundResult, RoundRunner
-from swarm.train.step_probe import SLOW_PASS_S, StepProbe
-from swarm.train.trainer import LocalTrainer
+from swarm.train.step_probe import SLOW_PASS_S
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 STOP_CHECK_S = 0.1  # how often the main thread, waiting on a download, looks at the stop event
-LEAVE_ROUND_WAIT_S = 3.0  # a leaving peer waits this long at most for a round still in flight on the executor
 
 
 class PeerDaemon:
@@ -73,7 +67,7 @@ class PeerDaemon:
         self.offline_next: Optional[int] = None  # the round the group runs next should the coordinator be down
         self.behind = False  # the coordinator contradicted a group decision: resync before anything else
         self.offline = False  # the current round runs while the coordinator is unreachable
-        self.initial_eval_due = False  # θ0 is evaluated once, during the first round's exchange
+        self.evaluate_initial: Callable[[], None] = lambda: None  # θ0's, once (``peer.round_parts.InitialEvaluation``)
         self.clock = StartupClock()  # where a (re)start's seconds go, logged at its first round
         self._network: Optional[concurrent.futures.Future] = None  # the DHT start, overlapping the trainer build
         self._busy_thread = False  # a download left running on its thread when the peer stopped: no checkpoint
@@ -122,7 +116,8 @@ class PeerDaemon:
         try:
             return self.link.get_round(0)
         except CoordinatorUnreachable:
-            self.heard_by_heartbeat()
+            if self.heartbeat is not None and self.heartbeat.heard is not None:
+                self.link.heard(self.heartbeat.heard)
             return None
 
     def handle(self, event: Event, info: Optional[pb.RoundInfo]) -> Optional[int]:
@@ -186,57 +181,21 @@ class PeerDaemon:
         peers = list(joined.dht_initial_peers)
         self._network = self.clock.overlap(lambda: self.parts.transport(o, peers, stop=self.stop, tag=self.tag(),
                                                                         identity=libp2p, member=self.link.member))
-        # a restarted peer whose own checkpoint or vote is the committed state starts from it (no θ0 drawn)
-        started = start_trainer(self.run_config, o.state_dir, run_id=self.run_id, peer_index=joined.peer_index,
-                                round_no=joined.round.last_committed_round, state_hash=joined.round.last_committed_hash,
-                                device=o.device, ranks=self.ranks, build=LocalTrainer)
-        trainer = started.trainer
-        trainer.throttle = o.faults.throttle(lambda: max(1, self.stats.metrics().round))  # slow@R (and its probe)
-        # utilization to a step, not a round; and a progress line every 30 s in a round that trains for longer
-        self.progress = RoundProgress(trainer, tag=self.tag, inner=lambda seconds: self.stats.add(inner_time_s=seconds))
-        self.progress.watch(trainer)
-        self.clock.mark("trainer")
-        self.probe = StepProbe(trainer, report=self.stats.probed)  # a far slower device: a smaller round 1 budget
-        self.probe.reuse(started.known_step_time())  # a restart reuses the step time it measured before
-        self.clock.mark("probe")
+        built = build_trainer(self.run_config, o, joined, ranks=self.ranks, stats=self.stats, clock=self.clock,
+                              tag=self.tag)
+        self.progress, self.probe = built.progress, built.probe
         self.transport = self._network.result()  # PeerExit when it could not start
-        self.build_round(trainer, joined)
+        r = build_round(self.parts, self.transport, built, run=self.run_config, joined=joined, options=o,
+                        link=self.link, stats=self.stats, heartbeat=self.heartbeat, stop_requested=self.stop.is_set,
+                        on_state=self.round_state, on_decided=self.on_decided, tag=self.tag)
+        self.group, self.store, self.hooks, self._executor, self.runner = r.group, r.store, r.hooks, r.executor, r.runner
+        self.evaluate_initial = r.evaluate_initial  # due unless a joiner of a run under way: it syncs first
+        self.clock.overlap(lambda: self.stats.update(rtt_ms=r.group.probe_rtt_ms()), name="swarm-rtt-probe")
         self.clock.mark("DHT")
-        self.store.start(resumed=started.resumed is not None)
-        self.initial_eval_due = joined.round.last_committed_round == 0  # a joiner of a run under way syncs first
+        self.store.start(resumed=built.resumed)
         if self.probe.best is not None and self.probe.best < SLOW_PASS_S:
             self.evaluate_initial()  # a small model's takes a moment: at once, before its first round
         self.heartbeat.beat_now()
-
-    def build_round(self, trainer: LocalTrainer, joined: pb.JoinResponse) -> None:
-        o = self.options
-        group = self.group = self.parts.group(self.transport, self.run_config, run_id=self.run_id,
-                                              peer_id=self.peer_id, peer_index=joined.peer_index,
-                                              planned=self.link.planned, faults=o.faults, member=self.link.member,
-                                              processes=self.link.current_processes)
-        self.link.group_decision, group.plan_holds = group.group_decision, lambda: self.link.plan_open
-        if o.uplink_mbit > 0:
-            group.exchange.uplink_mbit_s = o.uplink_mbit  # --uplink-mbit: the bulk sends are paced under it
-        self.link.param_count = trainer.param_count
-        transfer = self.parts.state_transfer(self.transport, run_id=self.run_id, timeout_s=o.state_timeout_s,
-                                             member=self.link.member)
-        self.store = PeerStateStore(trainer, transfer, run_id=self.run_id, state_dir=o.state_dir,
-                                    checkpoint_every_rounds=o.checkpoint_every_rounds, stats=self.stats,
-                                    faults=o.faults, announce=self.heartbeat.beat_now, tag=self.tag)
-        self.hooks = PeerHooks(self.stats, o.faults, beat_now=self.heartbeat.beat_now, on_state=self.round_state,
-                               on_decided=self.on_decided, tag=self.tag, lr=lambda: trainer.optimizer.param_groups[0]["lr"],
-                               log=RoundLog.for_run(self.run_config, name=o.name or self.peer_id, run_id=self.run_id, tag=self.tag))
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="swarm-exchange")
-        self.runner = RoundRunner(trainer, self.run_config, exchange=group, votes=group, decider=self.link,
-                                  store=self.store, executor=self._executor, hooks=self.hooks, stopping=self.stop.is_set,
-                                  left_out=lambda r: self.link.left_out(r, self.stats.metrics().step_time_s),
-                                  passed_over=lambda r: self.link.passed_over(r, self.heartbeat.heard,
-                                                                              trainer.local_step_time_s or float("nan")),
-                                  merge_when_ready=self.run_config.rounds.controller == "auto",
-                                  budget=lambda r: self.progress.planned(r, self.link.budget(r, self.runner.full_speed(r))))
-        self.stats.update(model_fingerprint=trainer.fingerprint, param_count=trainer.param_count,
-                          dht_peer_id=self.transport.peer_id, dht_maddrs=tuple(self.transport.visible_maddrs))
-        self.clock.overlap(lambda: self.stats.update(rtt_ms=group.probe_rtt_ms()), name="swarm-rtt-probe")
 
     def train_round(self, round_no: int, event: Event, *, offline: bool = False) -> None:
         """TRAINING → EXCHANGING → DECIDING (OFFLINE_DECIDING while the coordinator is unreachable): one
@@ -259,25 +218,9 @@ class PeerDaemon:
         if name == "deciding":
             self.evaluate_initial()  # the main thread only waits for the exchange here; θg is θ0 until it commits
 
-    def evaluate_initial(self) -> None:
-        """θ0's evaluation: at once for a small model (a step probed under ``SLOW_PASS_S``), else while the first
-        round's exchange runs (the main thread only waits for it then) rather than before the first step: at a
-        real model size it takes seconds, and a peer evaluating when its first round opens starts it late."""
-        if not self.initial_eval_due:
-            return
-        self.initial_eval_due = False
-        trainer = self.runner.trainer
-        if trainer.round_no == 0:
-            self.hooks.evaluated(0, trainer.eval_loss())
-            self.heartbeat.beat_now()  # the coordinator records it before the first round's own evaluation
-
     def on_decided(self, result: RoundResult) -> None:
-        """A round was decided: should the coordinator be unreachable for the next one, the group goes on
-        without it, from the state this peer holds (not when it is behind, nor after the last round)."""
-        max_rounds = self.run_config.rounds.max_rounds
-        holds = result.outcome in (Outcome.COMMITTED, Outcome.VOIDED)
-        more = max_rounds is None or result.round_no < max_rounds
-        self.offline_next = result.round_no + 1 if holds and more else None
+        """A round was decided: the round the group goes on with should the coordinator be unreachable for it."""
+        self.offline_next = next_offline_round(result, self.run_config.rounds.max_rounds)
         if result.group:
             self.link.last_group = set(result.group)
 
@@ -285,8 +228,7 @@ class PeerDaemon:
         """The coordinator is back: report the rounds the group decided without it (``peer.link.backlog``)."""
         self.offline_next = None
         if not report_backlog(self.link, self.client, self.store, self.runner.trainer, tag=self.tag):
-            self.behind, self.store.disk_tried = True, None  # its own vote may be the committed state
-            self.stats.update(state_round=-1)  # holds no committed state until it resyncs
+            self.behind = True  # resync from the committed state
 
     def sync(self, info: pb.RoundInfo) -> bool:
         """SYNCING: get the committed state (own disk first, else a holder). The download runs on a thread of its
@@ -294,8 +236,10 @@ class PeerDaemon:
         self.move(Event.BEHIND)
         if info.last_committed_round < 0:
             return False
-        synced = self.unless_stopped(lambda: self.store.sync(info, holders=self.link.holders), "swarm-sync")
-        if synced is None:
+        done, synced = unless_stopped(lambda: self.store.sync(info, holders=self.link.holders), self.stop,
+                                      name="swarm-sync", check_s=STOP_CHECK_S)
+        if not done:
+            self._busy_thread = True  # it may yet install a state: leave writes no checkpoint meanwhile
             return False
         if synced:
             self.behind, self.offline_next = False, None  # the group this peer was in moved on without it
@@ -303,80 +247,37 @@ class PeerDaemon:
             self.stop.wait(1.0)  # back off before asking the coordinator for holders again
         return synced
 
-    def unless_stopped(self, fn: Callable[[], T], name: str) -> Optional[T]:
-        """``fn()`` on a thread of its own (``peer.stoppable``); None as soon as the peer is stopped."""
-        done, result = unless_stopped(fn, self.stop, name=name, check_s=STOP_CHECK_S)
-        if not done:
-            self._busy_thread = True  # it may yet install a state: leave writes no checkpoint meanwhile
-        return result
-
-    def heard_by_heartbeat(self) -> None:
-        """What the heartbeat last heard counts too: a peer busy downloading learns that the run finished there."""
-        heard = self.heartbeat.heard if self.heartbeat is not None else None
-        if heard is not None:
-            self.link.heard(heard)
-
     def finish(self) -> int:
         """FINISHING: write the final model, then stay a holder while live peers still download it."""
         self.move(Event.FINISHED)
-        self.write_final()
+        write_final(self.options.state_dir, self.runner.trainer, run_id=self.run_id, tag=self.tag)
         self.link.serve_final_state(self.options.final_serve_s,
                                     ready=lambda: self.stats.update(state=pb.PEER_STATE_READY))
         return 0
 
-    def write_final(self) -> None:
-        trainer = self.runner.trainer
-        path = final_model_path(self.options.state_dir)
-        aside = set_aside(path, self.run_id, trainer.run)  # another run's final model is kept, not overwritten
-        if aside is not None:
-            logger.info("%s kept the earlier run's final model as %s", self.tag(), aside)
-        write_final_model(path, trainer.model, trainer.state, run=trainer.run, run_id=self.run_id)
-        logger.info("%s run finished at round %d; wrote %s", self.tag(), trainer.round_no, path)
-
     def departed(self) -> int:
         """The coordinator said the run finished and is gone since: a peer holding the final state writes the final
         model (there is nobody left to serve it to); one that does not cannot get it any more."""
-        final_round, final_hash = self.link.final
         trainer = self.runner.trainer if self.runner is not None else None
-        if trainer is None or self._busy_thread:
-            return self.stranded(final_round)
-        if trainer.round_no == final_round and trainer.state.state_hash == final_hash and not self.behind:
-            self.move(Event.FINISHED)
-            self.write_final()
-            return 0
-        return self.stranded(final_round)
+        if self._busy_thread or self.behind or not holds_final(trainer, self.link.final):
+            return self.stranded(self.link.final[0])
+        self.move(Event.FINISHED)
+        write_final(self.options.state_dir, trainer, run_id=self.run_id, tag=self.tag)
+        return 0
 
     def stranded(self, final_round: int) -> int:
-        """The run finished and no holder of its final state is left: say in one sentence what this peer holds and
-        where, then exit 1."""
-        trainer = self.runner.trainer if self.runner is not None else None
-        if trainer is None or trainer.round_no <= 0 or self._busy_thread:
-            where = "it wrote no state (it holds no committed round)" if trainer is None or trainer.round_no <= 0 \
-                else "its download was still running"
-            held = "no round" if trainer is None else f"round {trainer.round_no}"
-        else:
-            if not self._checkpointed and not self.store.provisional:
-                self.store.checkpoint()
-                self._checkpointed = True
-            held = f"round {trainer.round_no} (hash {trainer.state.state_hash[:16]})"
-            where = f"its state is in {checkpoint_dir(self.options.state_dir)}"
-        logger.error("%s the run finished at round %d while this peer held %s; %s; no holder is left to download "
-                     "round %d from, so it wrote no final model", self.tag(), final_round, held, where, final_round)
+        """The run finished and no holder of its final state is left: say what this peer holds and where
+        (``peer.state.run_end.stranded``), then exit 1."""
+        self._checkpointed = stranded(final_round, self.runner.trainer if self.runner is not None else None, self.store,
+                                      self.options.state_dir, download_running=self._busy_thread,
+                                      checkpointed=self._checkpointed, tag=self.tag)
         return 1
 
     def leave(self) -> None:
         """LEAVING: checkpoint a committed state, a last heartbeat with the final numbers, then leave."""
         self.state = after(self.state, Event.STOP)  # not shown: the last heartbeat says it leaves
         self.stop.set()
-        in_flight = False
-        if self._executor is not None:
-            # a round still exchanging or awaiting its decision gets a moment to end (its vote is on disk either way);
-            # after that the peer leaves without it and writes no checkpoint (the round may be changing the trainer)
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            until = time.monotonic() + LEAVE_ROUND_WAIT_S
-            for thread in list(getattr(self._executor, "_threads", ())):
-                thread.join(timeout=max(0.0, until - time.monotonic()))
-                in_flight = in_flight or thread.is_alive()
+        in_flight = drain(self._executor)  # a round still in flight gets a moment to end; after that, no checkpoint
         trainer = self.runner.trainer if self.runner is not None else None
         if trainer is not None and trainer.round_no > 0 and not self.store.provisional and not self.behind \
                 and not (in_flight or self._busy_thread or self._checkpointed):

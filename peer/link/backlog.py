@@ -17,7 +17,8 @@ logger = logging.getLogger(__name__)
 def report_backlog(link: CoordinatorLink, client: CoordinatorClient, store: PeerStateStore, trainer: LocalTrainer,
                    *, tag: Callable[[Optional[int]], str]) -> bool:
     """Report the group's rounds in order and check that the coordinator confirms each decision. False on a
-    contradiction: this peer must resync from the committed state (the rest of the backlog is dropped)."""
+    contradiction: this peer must resync from the committed state (the rest of the backlog is dropped); until then
+    it shows no committed state, and its disk is looked at again (its own vote may be the committed state)."""
     backlog = link.take_backlog()
     for entry in backlog:
         round_no = entry.request.round
@@ -27,6 +28,8 @@ def report_backlog(link: CoordinatorLink, client: CoordinatorClient, store: Peer
         if confirmed != entry.committed_hash:
             logger.error("%s the coordinator decided %s where the group decided %s; resyncing",
                          tag(round_no), confirmed or "void", entry.committed_hash or "void")
+            store.disk_tried = None
+            store.stats.update(state_round=-1)
             return False
         logger.info("%s the coordinator confirmed the group's decision", tag(round_no))
         store.prune(below=min(round_no, trainer.round_no))

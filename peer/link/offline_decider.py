@@ -10,10 +10,18 @@ from typing import Callable, Optional
 
 from peer.link.retry import clause
 from swarm.net.group_decided import GroupDecided
-from swarm.train.round import Decision, Vote
+from swarm.train.round import Decision, Outcome, RoundResult, Vote
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
+
+
+def next_offline_round(decided: RoundResult, max_rounds: Optional[int]) -> Optional[int]:
+    """The round the group goes on with, from the state this peer holds, should the coordinator be unreachable for
+    it after ``decided``: None when this peer holds no decided state (it is behind), or after the run's last round."""
+    holds = decided.outcome in (Outcome.COMMITTED, Outcome.VOIDED)
+    more = max_rounds is None or decided.round_no < max_rounds
+    return decided.round_no + 1 if holds and more else None
 
 
 @dataclass(frozen=True)

@@ -241,7 +241,7 @@ def test_a_slow_peer_gets_a_smaller_time_budget_and_every_peer_ends_identical(tm
 
     The slack (0.8 s) is below what the slow peer's 4 steps sleep beyond the others' (1.2 s), so it is always cut,
     and above what a busy machine adds to a fast peer's 4 measured steps, so those are never cut."""
-    monkeypatch.setattr("peer.daemon.LocalTrainer", _SlowTrainer)
+    monkeypatch.setattr("peer.round_parts.LocalTrainer", _SlowTrainer)
     run = RUN.replace(rounds=RoundConfig(inner_steps=4, max_rounds=4, min_peers=3, eval_every_rounds=100,
                                          straggler_slack_s=0.8, report_grace_s=10.0))
     coordinator, parts = swarm(run)
@@ -266,7 +266,7 @@ def test_a_peer_left_out_while_it_trains_stops_training_that_round(tmp_path, mon
     at the deadline plus the grace (or cut to a budget first, under load); its heartbeat hears so and it stops
     training that round after a part of its steps (it used to train all 16, ~5 s here, for a round already lost),
     resyncs and ends identical."""
-    monkeypatch.setattr("peer.daemon.LocalTrainer", _SlowTrainer)
+    monkeypatch.setattr("peer.round_parts.LocalTrainer", _SlowTrainer)
     run = RUN.replace(rounds=RoundConfig(inner_steps=16, max_rounds=2, min_peers=3, eval_every_rounds=100,
                                          straggler_slack_s=0.2, report_grace_s=1.0))
     coordinator, parts = swarm(run)
