@@ -71,6 +71,17 @@ def test_a_real_swarm_refuses_a_simulator_only_codec_in_one_sentence_and_the_sim
         RoundConfig(codec=codec).check_real_swarm()
 
 
+def test_the_coordinator_refuses_a_simulator_only_codec_before_it_starts(tmp_path, capsys) -> None:
+    from swarm.app.cli import main
+
+    config = tmp_path / "run.toml"
+    config.write_text('[rounds]\ncodec = "lowrank4-fp16"\n')
+    assert main(["coordinator", "--config", str(config), "--state-dir", str(tmp_path / "state")]) == 2
+    said = capsys.readouterr().err.strip()
+    assert said.startswith("swarm coordinator: [rounds] codec lowrank4-fp16 runs only in the simulator so far")
+    assert "\n" not in said and not (tmp_path / "state").exists()
+
+
 class OneMemberGroup:
     """A group of this peer alone that decides its rounds by its vote (the coordinator's side too: ``choice`` gives
     the controller's choice of a round, and ``asked`` the rounds it was asked for); it keeps the plans it saw."""
