@@ -139,9 +139,10 @@ def test_peers_keep_averaging_while_the_coordinator_is_down_and_it_confirms_thei
 def test_a_peer_joining_after_a_coordinator_restart_reaches_the_peers_that_kept_training(swarm, tmp_path):
     """The restarted coordinator's DHT node is the bootstrap of every later joiner; the peers that
     outlived the old one must be reachable through it (soak: a new port split the overlay in two and
-    the joiners never found a holder to download from)."""
+    the joiners never found a holder to download from). The joiner starts after the restart and takes part from
+    about round 4 on a busy machine, round 8 on an idle one (whose rounds take ~2 s): 12 rounds leave it room."""
     config = tmp_path / "run.toml"
-    config.write_text(FAST_FAILURE_CONFIG.replace("min_peers = 4", "min_peers = 2").replace("max_rounds = 6", "max_rounds = 16"))
+    config.write_text(FAST_FAILURE_CONFIG.replace("min_peers = 4", "min_peers = 2").replace("max_rounds = 6", "max_rounds = 12"))
     swarm.start_coordinator("--config", str(config), "--lease-s", "6", "--exit-grace-s", "30")
     join = swarm.join
     swarm.start_peer("peer-0")
@@ -154,7 +155,7 @@ def test_a_peer_joining_after_a_coordinator_restart_reaches_the_peers_that_kept_
     codes = swarm.wait_peers(timeout_s=180)
     assert codes == {"peer-0": 0, "peer-1": 0, "late": 0}, swarm.log("late")[-3000:]
     status = swarm.status()
-    assert status["run"]["rounds_committed"] == 16
+    assert status["run"]["rounds_committed"] == 12
     late = next(p for p in status["peers"] if p["name"] == "late")
     assert late["rounds_joined"] >= 1, late
     digests = {tensors_digest(swarm.final_model(n)) for n in ("peer-0", "peer-1", "late")}
