@@ -7,13 +7,21 @@ coordinator is killed and restarted, while every committed round is checked on e
 Then it runs a fault-free swarm of the same length for comparison. With --json the last stdout line
 is one JSON object: faults_injected, coordinator_restarts, rounds_committed, rounds_voided,
 divergent_commits (must be 0), lost_committed_rounds (must be 0), nonfinite_seen (must be 0),
-final_eval_loss, fault_free_eval_loss, mean_rejoin_s, unexpected_exits. Exit status 0 only when there
-was no divergence, no lost committed round, nothing non-finite and no peer ended on its own.
+final_eval_loss, fault_free_eval_loss, mean_rejoin_s, unexpected_exits, and per run (soak and fault-free) the
+rounds committed once every peer had joined one, each round's contributors, the largest sub-group,
+the distinct final models, the peak memory of the swarm's processes and the load average. Exit status 0
+only when there was no divergence, no lost committed round, nothing non-finite and no peer ended on its own.
+
+A larger swarm on a busy machine (two-level averaging in sub-groups of at most 8, one site):
+
+    .venv/bin/python scripts/chaos.py --peers 24 --rounds 10 --mtbf-s 10 --group-size 8 --lease-s 30 \\
+        --set rounds.matchmaking_window_s=30 --set rounds.exchange_timeout_s=60 --json
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -30,6 +38,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import psutil  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from peer.restarts import peer_processes  # noqa: E402
@@ -37,6 +46,7 @@ from swarm.app.run_progress import RunProgress  # noqa: E402
 from swarm.app.status import format_bytes, status_to_dict  # noqa: E402
 from swarm.control.client import CoordinatorClient, CoordinatorError  # noqa: E402
 from swarm.control.joinstring import JoinString  # noqa: E402
+from swarm.core.site_plan import plan_sites  # noqa: E402
 
 SLOW = "slow@1:compute=3"
 
@@ -67,6 +77,8 @@ class Soak:
         rounds = {"inner_steps": args.inner_steps, "max_rounds": args.rounds, "min_peers": args.peers,
                   "matchmaking_window_s": 5.0, "exchange_timeout_s": 8.0, "round_timeout_s": 60.0,
                   "overlap_steps": args.overlap_steps, "controller": f'"{args.controller}"', "codec": f'"{args.codec}"'}
+        if args.group_size:  # two-level averaging: every peer on one site, cut into sub-groups of at most N
+            rounds.update(hierarchical="true", group_size=args.group_size)
         self.config.write_text(run_toml(rounds, args.set))
         from swarm.config import ConfigError
         from swarm.config.run import load_run_config
@@ -86,10 +98,14 @@ class Soak:
         self.lost = 0
         self.committed: dict[int, str] = {}
         self.unexpected_exits: list[str] = []  # peers that ended before the run did without being killed
+        self.peak_pss = 0  # bytes: the coordinator's and the peers' process trees together, at the worst sample
+        self.peak_used = 0  # bytes: the machine's memory in use (every process on it), at the worst sample
+        self.load: list[float] = []  # the 1-minute load average at each sample
+        self.next_sample = 0.0
 
     def start_coordinator(self) -> None:
         self.coordinator = spawn(["coordinator", "--config", str(self.config), "--state-dir", str(self.workdir / "coordinator"),
-                                  "--lease-s", "4", "--exit-grace-s", "30"], self.workdir / "coordinator.log",
+                                  "--lease-s", str(self.args.lease_s), "--exit-grace-s", "30"], self.workdir / "coordinator.log",
                                  stdout=subprocess.PIPE)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -105,6 +121,8 @@ class Soak:
         supervised = ["--max-restarts", "1000000"] if self.args.supervised else []
         if int(name.rsplit("-", 1)[1]) < self.args.slow_peers:
             supervised += ["--faults", SLOW]  # a 3x slower device, in every process of this peer
+        if self.args.group_size:
+            supervised += ["--site", "loopback"]  # a peer without a site is a sub-group of its own
         self.peers[name] = spawn(["peer", "--join", self.join, "--state-dir", str(self.workdir / name),
                                   "--threads", "1", "--name", name, "--join-timeout-s", "300", "--checkpoint-every", "1",
                                   *supervised], self.workdir / f"{name}.log")
@@ -121,6 +139,42 @@ class Soak:
     @staticmethod
     def rounds_joined(status: Optional[dict], name: str) -> int:
         return max((p["rounds_joined"] for p in (status or {}).get("peers", []) if p["name"] == name), default=0)
+
+    def sample_resources(self) -> None:
+        """Every 10 s: the swarm's memory (the proportional set size of every process the soak started and of
+        their children: shared pages counted once), the machine's memory in use and the load average."""
+        now = time.monotonic()
+        if now < self.next_sample:
+            return
+        self.next_sample = now + 10.0
+        total = 0
+        for proc in [self.coordinator, *self.peers.values()]:
+            try:
+                root = psutil.Process(proc.pid)
+                for p in [root, *root.children(recursive=True)]:
+                    total += p.memory_full_info().pss
+            except (psutil.Error, AttributeError):
+                continue  # it ended meanwhile
+        self.peak_pss = max(self.peak_pss, total)
+        memory = psutil.virtual_memory()
+        self.peak_used = max(self.peak_used, memory.total - memory.available)
+        self.load.append(os.getloadavg()[0])
+
+    def history(self, client: CoordinatorClient) -> list[dict]:
+        """The decided rounds: number, outcome, contributors (participants) and the matched group's size."""
+        rows, after = [], 0
+        for _ in range(100):
+            try:
+                page = client.get_history(after_round=after)
+            except CoordinatorError:
+                time.sleep(1)
+                continue
+            rows += [{"round": r.round, "committed": bool(r.committed_hash), "participants": r.participants,
+                      "group": r.group_size} for r in page.rounds]
+            if not page.more or not page.rounds:
+                break
+            after = page.rounds[-1].round
+        return rows
 
     def status(self, client: CoordinatorClient) -> Optional[dict]:
         try:
@@ -186,6 +240,7 @@ class Soak:
         progress = RunProgress(self.args.rounds, what=f"{self.workdir.name}: rounds committed",
                                console=Console(stderr=True)).start()  # stdout keeps only the summary
         while time.monotonic() < deadline:
+            self.sample_resources()
             status = self.status(client) or status
             if status:
                 self.check(status)
@@ -237,6 +292,7 @@ class Soak:
             except subprocess.TimeoutExpired:
                 kill_tree(proc)
         final = self.status(client) or status or {"run": {}}
+        history = self.history(client)
         client.close()
         kill_tree(self.coordinator, signal.SIGTERM)
         run = final["run"]
@@ -244,15 +300,34 @@ class Soak:
         gaps = run.get("committed_round", 0) - run.get("rounds_committed", 0) - run.get("rounds_voided", 0)
         self.lost += max(0, gaps)
         joined = sum(peer.get("rounds_joined", 0) for peer in final.get("peers", []))
+        # From the first round every peer contributed to on: the rounds a full swarm committed or voided.
+        full = next((i for i, r in enumerate(history) if r["participants"] >= self.args.peers), len(history))
+        after_full = history[full:]
+        largest_subgroup = max((max(len(s.positions) for s in plan_sites(["loopback"] * r["participants"],
+                                                                         self.args.group_size).subgroups)
+                                for r in history if r["participants"]), default=0) if self.args.group_size else None
         return {
             "mean_contributors": round(joined / max(1, run.get("rounds_committed", 0)), 2),
             "rounds_committed": final["run"].get("rounds_committed", 0),
             "rounds_voided": final["run"].get("rounds_voided", 0),
             "final_eval_loss": final_eval(self.workdir, self.peers),
             "wall_s": round(time.monotonic() - started, 1),
+            "first_full_round": after_full[0]["round"] if after_full else None,
+            "rounds_after_full": len(after_full),
+            "committed_after_full": sum(r["committed"] for r in after_full),
+            "contributors": [r["participants"] for r in history],  # per decided round, in order
+            "outcomes": "".join("c" if r["committed"] else "v" for r in history),
+            "largest_group": max((r["group"] for r in history), default=0),
+            "largest_subgroup": largest_subgroup,
+            "final_models": final_models(self.workdir, self.peers),
+            "peak_pss_gb": round(self.peak_pss / 2**30, 2),
+            "peak_machine_used_gb": round(self.peak_used / 2**30, 2),
+            "load_1m": [round(min(self.load), 1), round(max(self.load), 1)] if self.load else None,
         }
 
 
+RUN_FIGURES = ("first_full_round", "rounds_after_full", "committed_after_full", "contributors", "outcomes",
+               "largest_group", "largest_subgroup", "final_models", "peak_pss_gb", "peak_machine_used_gb", "load_1m", "wall_s")
 FIRST_ROUND = re.compile(r"first round: training ([\d.]+)s after launch")
 
 
@@ -288,6 +363,18 @@ def run_toml(rounds: dict[str, object], settings: list[str]) -> str:
                    for section, keys in sections.items())
 
 
+def final_models(workdir: Path, peers: dict[str, subprocess.Popen]) -> dict[str, int]:
+    """How many peers wrote each final model (first 12 hex digits of the file's SHA-256): one key when every
+    peer ended on the same θg."""
+    counts: dict[str, int] = {}
+    for name in sorted(peers):
+        path = workdir / name / "final" / "model.safetensors"
+        if path.exists():
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+            counts[digest] = counts.get(digest, 0) + 1
+    return counts
+
+
 def final_eval(workdir: Path, peers: dict[str, subprocess.Popen]) -> Optional[float]:
     from swarm.config import RunConfig
     from swarm.train.model.final_model import final_eval_loss
@@ -319,6 +406,11 @@ def main() -> int:
                         help="one more key of the run config, a TOML value (repeatable), e.g. --set outer.momentum=0.0")
     parser.add_argument("--slow-peers", type=int, default=0,
                         help=f"the first N peers run with --faults {SLOW} (each inner step takes 3x its compute)")
+    parser.add_argument("--group-size", type=int, default=0,
+                        help="two-level averaging ([rounds] hierarchical) in sub-groups of at most N peers, every "
+                             "peer on one site (default 0: one flat group)")
+    parser.add_argument("--lease-s", type=float, default=4.0,
+                        help="the coordinator's --lease-s: a peer silent this long is evicted (longer on a busy machine)")
     parser.add_argument("--workdir", help="keep logs here (default: a temporary directory)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -355,6 +447,8 @@ def main() -> int:
         "restarts_measured": len(starts),
         "unexpected_exits": len(soak.unexpected_exits),
         "wall_s": result["wall_s"],
+        "soak": {k: result[k] for k in RUN_FIGURES},
+        "fault_free": {k: calm[k] for k in RUN_FIGURES} if calm else None,
         "supervised": args.supervised,
         "workdir": str(base),
     }
