@@ -6,8 +6,9 @@ alike) and the plan travels with the contribution (``Contribution.plan``): the e
 cuts the reduction by its shares, the DHT group entry carries its codec and digest (members whose plans differ
 do not exchange), error feedback keeps what its codec dropped, and the round's log line names its codec.
 
-``plan_round`` is the one place that decides a round's codec, fragment, H and shares: the controller's choice
-wins, the run's config otherwise. What a real swarm may run at all is the config's
+``plan_round`` is the one place that decides a round's codec, fragment, nominal H and shares: the controller's
+choice wins, the run's config otherwise (how many of those steps a slower peer trains is its time budget, the
+coordinator's: ``peer.link.round_plans``). What a real swarm may run at all is the config's
 (``RoundConfig.check_real_swarm``: e.g. the low-rank codecs run in the simulator only).
 """
 
