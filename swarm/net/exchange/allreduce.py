@@ -1,29 +1,20 @@
 """Butterfly all-reduce of pseudo-gradients over hivemind's libp2p transport, bit-identical on every peer.
 
-Why not ``hivemind.averaging.DecentralizedAverager.step``: it hands every peer ``local + (average −
-local)`` with the delta compressed per peer, so peers end with different bits (and with 8-bit codecs
-under numpy 2, or a lost part, with a silently partial average: see docs/ARCHITECTURE.md). Here the
-flat vector is cut into one slice per group member (a large vector in stripes, each cut so: an owner
-sends back its slice of one stripe while the next stripe's contributions arrive); each member reduces its
-slices from everyone's encoded contribution in the group's canonical order, encodes the average once, and
-sends those same bytes to every member. Every member decodes identical bytes, so every member holds the
-same average;
-a slice that does not arrive in time fails the exchange instead of being replaced by local values.
-The owner reduces by the run's aggregation rule (``swarm.core.aggregation``): declared weights are capped
-at what a round allows, and robust rules limit what a groupmate's slice can do; a malicious owner can
-still replace its own slice of the average (the bound of a butterfly all-reduce).
-Sparse (top-k) codecs, and every codec of a run whose exchange is the all-gather (``[rounds] exchange``,
-the default of a run that admits strangers), are exchanged by an all-gather instead
-(``swarm.net.exchange.sparse_gather``), over the same messages and sender checks: every member averages all K
-contributions itself, so no member's average is trusted.
-A member whose exchange fails (a groupmate it cannot reach, a malformed slice, its own timeout) tells
-the others at once (an abort message), so a dead groupmate costs the group one failed send, not
-everyone's full timeout.
+Not ``hivemind.averaging.DecentralizedAverager.step``: it hands every peer ``local + (average − local)`` with
+the delta compressed per peer, so peers end with different bits (docs/ARCHITECTURE.md). Here the flat vector is
+cut into one slice per group member (a large vector in stripes, so an owner sends back one stripe's average
+while the next stripe's contributions arrive); each owner reduces its slices of everyone's encoded
+contribution in the group's canonical order by the run's aggregation rule (``swarm.core.aggregation``),
+encodes the average once and sends those same bytes to every member, so every member holds the same average.
+A slice that does not arrive in time fails the exchange; a failing member tells the others at once (an abort
+message), so a dead groupmate costs one failed send, not everyone's timeout. A malicious owner can still
+replace its own slice of the average (the bound of a butterfly all-reduce): sparse codecs, and every codec of a
+run whose ``[rounds] exchange`` is the all-gather (the default of a run that admits strangers), are exchanged by
+an all-gather instead (``swarm.net.exchange.sparse_gather``): every member averages all K contributions itself.
 
-A slice counts for group position s only when it came from the libp2p id the (signed) group entry of s
-lists: the sender's id is the one libp2p's secure channel authenticated, never a field of the message.
-Slices and aborts from anyone else are dropped and counted, so a stranger can neither replace a member's
-slice nor abort the honest group.
+A slice counts for group position s only when it came from the libp2p id the signed group entry of s lists
+(the id libp2p's secure channel authenticated, never a field of the message); slices and aborts from anyone
+else are dropped and counted, so a stranger can neither replace a member's slice nor abort the honest group.
 """
 
 from __future__ import annotations
