@@ -9,9 +9,8 @@ through it. A heartbeat's cost does not grow with the number of peers: expiries 
 round is decided again only when something it depends on changed or its deadline passed (its reports'
 claims kept made by ``RoundReports``), the RoundInfo answer is rebuilt only when the round or the peers
 it lists changed (``RoundInfoCache``), and a peer record whose only news is its lease and its counters
-is written only every few seconds (``PeerWrites``). In a round of more than ``LISTED_PARTICIPANTS`` participants, where
-reports and the peers' states change many times a second, the round is decided again at most every ``SETTLE_EVERY_S``
-on their account (at once when the round itself changed), so a report's cost does not grow with the reports before it.
+is written only every few seconds (``PeerWrites``). ``RoundSettler`` decides and opens the rounds; in a large round it
+decides again at most once a second on account of reports, so a report's cost does not grow with the reports before it.
 """
 
 from __future__ import annotations
@@ -29,10 +28,11 @@ from coordinator.api.errors import BadRequest, PeerGone, Rejection, UnknownPeer
 from coordinator.api.load import LoadMonitor
 from coordinator.api.views import listed_in_status, page_request, status_response
 from coordinator.pace import Pace, PaceConfig, Pacer
-from coordinator.rounds import offline_votes, opening, outcome
-from coordinator.rounds.info_cache import LISTED_PARTICIPANTS, RoundInfoCache
+from coordinator.rounds import offline_votes
+from coordinator.rounds.info_cache import RoundInfoCache
 from coordinator.rounds.reports import report_record
 from coordinator.rounds.run_state import RunState
+from coordinator.rounds.settling import RoundSettler
 from coordinator.store.database import Store
 from coordinator.store.history import history_page
 from coordinator.store.records import PeerRecord, RunRecord
@@ -45,9 +45,6 @@ from swarm.core.trust.credential import peer_id_for
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
-
-SETTLE_EVERY_S = 1.0  # a large open round is decided again on new reports and peer states at most this often
-
 
 class CoordinatorEngine:
     def __init__(
@@ -94,11 +91,9 @@ class CoordinatorEngine:
 
     def _load(self) -> None:
         self._state = RunState(self._store)
-        self._settled: Optional[tuple[int, int, int]] = None  # roster, rounds and reports versions last settled
-        self._settled_at = -float("inf")  # when
-        self._wait_until = float("inf")  # when the open round is decided even if nothing else happens
         self._info_cache = RoundInfoCache(self._state.roster)
         self._history = self.run_log.history(self._store)
+        self._settler = RoundSettler(self._state, self.config, self._history, started_at=self.started_at)
 
     def serving(self) -> None:
         """Every live peer's lease runs from now (``membership.RESTART_GRACE_S`` more): call it as the server starts
@@ -170,7 +165,7 @@ class CoordinatorEngine:
         if reason is not None:
             self._state.save_peer(membership.evict(peer, reason))
             logger.warning("peer %s: evicted: %s", peer_id, reason)
-            self._settle(now)
+            self._settler.settle(now)
             raise PeerGone(f"peer {peer_id} was evicted: {reason}; ask the operator for a new join string.")
 
     def issue_credential(self, peer_id: str, *, renew_only: bool = False) -> bytes:
@@ -215,10 +210,10 @@ class CoordinatorEngine:
         self._state.save_peer(result.peer)
         if result.rejection is not None:
             logger.warning("peer %s: evicted: %s", hb.peer_id, result.rejection)
-            self._settle(now)
+            self._settler.settle(now)
             raise result.rejection
         self._history.record_eval(hb.peer_id, hb.metrics.eval_round, hb.metrics.eval_loss)
-        self._settle(now)
+        self._settler.settle(now)
         return self._current_info(hb.peer_id, now, own_only=True)
 
     def leave(self, peer_id: str, reason: str = "") -> None:
@@ -230,7 +225,7 @@ class CoordinatorEngine:
                 return  # leaving twice is fine
             self._state.save_peer(membership.leave(peer, reason))
             logger.info("peer %s: left (%s)", peer_id, reason or "no reason given")
-            self._settle(now)
+            self._settler.settle(now)
 
     def report(self, req: pb.ReportRoundRequest) -> pb.RoundInfo:
         votes = offline_votes.checked_votes(req, run_id=self._state.run.run_id, coordinator_public_key=self.public_key,
@@ -252,7 +247,7 @@ class CoordinatorEngine:
                 log("peer %s: round %d: reported %s%s", req.peer_id, req.round,
                     f"hash {report.state_hash[:12]}" if req.ok else "failure",
                     f" ({req.error})" if req.error else "")
-            self._settle(now)
+            self._settler.settle(now)
             return self._current_info(req.peer_id, now)
 
     def round_info(self, peer_id: str, number: int) -> pb.RoundInfo:
@@ -327,7 +322,7 @@ class CoordinatorEngine:
             try:
                 with self._store.transaction():
                     self._evict_expired(now)
-                    self._settle(now)
+                    self._settler.settle(now)
                     try:
                         yield now
                     except Rejection as e:
@@ -343,7 +338,7 @@ class CoordinatorEngine:
         failure stands for it, which its own report replaces, and which counts only ``report_grace_s`` after the
         restart, so the round neither waits for a report that never comes nor is voided before it comes."""
         self._state.retire_from_open_round(peer_id, now=now)
-        self._settle(now)
+        self._settler.settle(now)
 
     def _evict_expired(self, now: float) -> None:
         """Evict the peers whose lease ran out, unless the server is saturated (``membership.LeaseSweep``)."""
@@ -352,65 +347,6 @@ class CoordinatorEngine:
                                   expired=() if overloaded else self._state.roster.expired(now), lease_s=self.lease_s)
         for peer in swept:
             self._state.save_peer(peer)
-
-    def _settle(self, now: float) -> None:
-        """Decide the open round if it can be, admit late peers, open the next round when possible.
-
-        Does nothing when nothing it depends on changed since the last time and no deadline passed.
-        """
-        versions = self._state.versions()
-        if self._settled == versions and now < self._wait_until:
-            return
-        open_round = self._state.open
-        if self._settled is not None and self._settled[1] == versions[1] and now < self._wait_until \
-                and open_round is not None and len(open_round.participants) + len(open_round.left_out) > LISTED_PARTICIPANTS:
-            # only reports or peer states changed, in a large round: look again once SETTLE_EVERY_S passed
-            self._wait_until = min(self._wait_until, self._settled_at + SETTLE_EVERY_S)
-            if now < self._wait_until:
-                return
-        self._settle_now(now)
-        self._settled, self._settled_at = self._state.versions(), now
-
-    def _settle_now(self, now: float) -> None:
-        self._wait_until = float("inf")
-        if self._state.open is not None:
-            reports = self._state.reports.by_peer_id()
-            alive = self._state.roster.alive_ids
-            row, look_again = opening.leave_out_late(now, self._state.open, reports, peers=self._state.peers,
-                                                     config=self.config, started_at=self.started_at)
-            if row is not self._state.open:
-                self._state.save_round(row)
-            decision = outcome.decide_round(
-                now, self._state.open, alive, reports, self.config.rounds.round_timeout_s,
-                report_grace_s=self.config.rounds.report_grace_s, param_count=self._state.run.param_count,
-                claims=self._state.reports.claims,
-            )
-            if not decision.decided:
-                self._wait_until = min(decision.wait_until, look_again)
-                admitted = opening.admit_late(now, self._state.open, reports, ready=self._state.roster.ready_ids(),
-                                                    alive=alive, peers=self._state.peers, config=self.config)
-                if admitted is not self._state.open:
-                    self._state.save_round(admitted)
-                return
-            self._apply(decision, now)
-        if self._state.run.finished:
-            return
-        number = (self._state.latest.round if self._state.latest is not None else 0) + 1
-        planned, wait_until = opening.open_next(
-            now, number, ready=self._state.roster.ready_ids(), carried=self._state.carried(), config=self.config,
-            peers=self._state.peers, param_count=self._state.run.param_count, previous=self._state.latest)
-        if planned is not None:
-            self._state.save_round(planned)
-            self._wait_until = wait_until
-
-    def _apply(self, decision: outcome.Decision, now: float) -> None:
-        decided = decision.round
-        self._state.save_round(decided)
-        self._history.record_round(decided, self._state.reports.by_peer_id(), self._state.peers, self.config,
-                                   ddp_equivalent_bytes=decision.ddp_equivalent_bytes)
-        self._state.count_rounds(joined=decision.joined, missed=decision.missed)
-        self._state.save_run(self._state.run_after(decision, now=now, max_rounds=self.config.rounds.max_rounds))
-        logger.info("round %d: %s", decided.round, decided.reason)
 
     def _current_info(self, requester: str, now: float, *, own_only: bool = False) -> pb.RoundInfo:
         """The open round, or the latest decided one when none is open (round 0 before any), as ``requester`` (a

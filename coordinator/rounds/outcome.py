@@ -101,13 +101,20 @@ def decide_round(
     why = _why_now(len(participants), len(counted), len(pending),
                    f"{report_grace_s:.0f}s of a quorum" if quorum_at is not None else f"{round_timeout_s:.0f}s")
     verdict = commit_rule.decide(claims, members, standing)
+    return _decision(now, round_row, verdict, participants, not_counted, counted, f"{verdict.reason} ({why})",
+                     param_count)
+
+
+def _decision(now: float, round_row: RoundRecord, verdict: commit_rule.Verdict, participants: tuple[str, ...],
+              not_counted: tuple[str, ...], counted: Sequence[ReportRecord], reason: str, param_count: int) -> Decision:
+    """The decided round: voided, or committed with the holders of the committed hash."""
     mean_loss = _mean([r.loss for r in counted if finite(r.loss) and r.loss > 0])
     # the decided row names every participant it counted: those the others matched without once they had reported
     # (``without_reporters``) are participants of the round again, in its history too
     planned = dict(participants=participants, left_out=not_counted) if participants != round_row.participants else {}
     if verdict.committed_hash is None:
         decided = dataclasses.replace(
-            round_row, outcome=VOIDED, decided_at=now, mean_loss=mean_loss, reason=f"{verdict.reason} ({why})",
+            round_row, outcome=VOIDED, decided_at=now, mean_loss=mean_loss, reason=reason,
             **planned,
         )
         return Decision(round=decided, decided=True, reason=decided.reason,
@@ -117,7 +124,7 @@ def decide_round(
     holders = tuple(p for p in participants if p in holding)
     decided = dataclasses.replace(
         round_row, outcome=COMMITTED, decided_at=now, committed_hash=verdict.committed_hash, holders=holders,
-        mean_loss=mean_loss, reason=f"{verdict.reason} ({why})", **planned,
+        mean_loss=mean_loss, reason=reason, **planned,
     )
     return Decision(
         round=decided, decided=True, reason=decided.reason, joined=holders,

@@ -5,7 +5,8 @@ every SETTLE_EVERY_S."""
 
 import pytest
 
-from coordinator.engine import SETTLE_EVERY_S, CoordinatorEngine
+from coordinator.engine import CoordinatorEngine
+from coordinator.rounds.settling import SETTLE_EVERY_S
 from coordinator.rounds.info_cache import LISTED_PARTICIPANTS
 from coordinator.store.database import Store
 from peer.link.round_plans import RoundPlans
