@@ -286,9 +286,12 @@ class Soak:
                     self.restarted_at[name] = (time.monotonic(), self.rounds_joined(status, name))
             time.sleep(0.3)  # the soak's sampling period
         progress.stop()
+        # A finished run's peers leave on their own within 120 s all together; a run cut short by --timeout-s
+        # does not finish, so its peers are stopped at once.
+        leave_by = time.monotonic() + (120 if status and status["run"]["finished"] else 0)
         for proc in self.peers.values():
             try:
-                proc.wait(timeout=120)
+                proc.wait(timeout=max(0.0, leave_by - time.monotonic()))
             except subprocess.TimeoutExpired:
                 kill_tree(proc)
         final = self.status(client) or status or {"run": {}}
