@@ -20,9 +20,9 @@ from hivemind.utils.multiaddr import Multiaddr
 
 import swarm.net  # noqa: F401  first: it keeps hivemind's import from loading scipy.optimize (swarm.net.deferred_imports)
 from coordinator.api.limits import parse_dht_maddr
+from swarm.net.bulk.transport import exit_with_parent
 from swarm.net.link.p2p_address import maddr
 from swarm.net.link.relay import Allowed, RelayNode
-from swarm.net.bulk.transport import exit_with_parent
 
 logger = logging.getLogger(__name__)
 

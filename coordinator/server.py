@@ -21,8 +21,8 @@ import grpc
 from coordinator.api.limits import MAX_REQUEST_BYTES, tolerant
 from coordinator.api.load import MAX_IN_FLIGHT, CountingPool, LoadInterceptor, LoadMonitor
 from coordinator.api.rate_limit import JoinLimits
-from coordinator.api.tokens import first_join_string_note
 from coordinator.api.servicer import CoordinatorServicer
+from coordinator.api.tokens import first_join_string_note
 from coordinator.dht_node import DHTNode
 from coordinator.engine import CoordinatorEngine
 from coordinator.http.server import DashboardServer, write_dashboard_url

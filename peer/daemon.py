@@ -19,20 +19,20 @@ from typing import Callable, Optional
 import torch
 
 from peer import identity
+from peer.lifecycle import WIRE_STATES, Event, PeerState, View, after, next_event
 from peer.link.backlog import report_backlog
 from peer.link.coordinator_link import CoordinatorLink, Departed, PeerExit
-from peer.state.final_file import warn_if_other_run
 from peer.link.heartbeat import HeartbeatThread
 from peer.link.offline_decider import next_offline_round
-from peer.lifecycle import WIRE_STATES, Event, PeerState, View, after, next_event
 from peer.options import PeerOptions
 from peer.parts import PeerParts
-from peer.round_parts import build_round, build_trainer, drain
-from peer.state.run_end import holds_final, stranded, write_final
-from peer.startup import StartupClock, result_or_none
-from peer.stoppable import unless_stopped
-from peer.state.state_store import PeerStateStore
 from peer.report.stats import PeerStats
+from peer.round_parts import build_round, build_trainer, drain
+from peer.startup import StartupClock, result_or_none
+from peer.state.final_file import warn_if_other_run
+from peer.state.run_end import holds_final, stranded, write_final
+from peer.state.state_store import PeerStateStore
+from peer.stoppable import unless_stopped
 from swarm.config import RunConfig
 from swarm.control.client import CoordinatorRejected, CoordinatorUnreachable
 from swarm.train.multi_gpu.ranks import Ranks

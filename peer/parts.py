@@ -9,19 +9,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from peer import identity
-from peer.link.coordinator_link import PeerExit
 from peer.faults import FaultPlan
+from peer.link.coordinator_link import PeerExit
 from peer.link.retry import with_retry
 from swarm.config import RunConfig
 from swarm.control.client import CoordinatorClient
-from swarm.core.trust import credential
 from swarm.core.state import GlobalState
+from swarm.core.trust import credential
 from swarm.net.link.libp2p_identity import Libp2pIdentity
 from swarm.net.link.p2p_address import choose_p2p_address, is_loopback, only_loopback, unreachable_sentence
 
 if TYPE_CHECKING:  # hivemind's modules: imported by the parts that use them, while the trainer builds
-    from swarm.net.exchange.group import DhtGroup
     from swarm.net.bulk.transport import Transport
+    from swarm.net.exchange.group import DhtGroup
 
 logger = logging.getLogger(__name__)
 
@@ -71,10 +71,12 @@ class PeerParts:
         it is unreachable (a coordinator restarting as this peer starts); gives up after join_timeout_s.
         It listens and announces as ``choose_p2p_address`` says, so that groupmates on other machines can
         reach it."""
-        import swarm.net.exchange.group  # noqa: F401  the group's and the state transfer's hivemind modules: imported in
-        import swarm.net.bulk.state_transfer  # noqa: F401  this (the DHT start's) thread, not the trainer build's
-        from swarm.net.dht_entries import validator_for
+        # the group's and the state transfer's hivemind modules: imported in this (the DHT start's) thread, not the
+        # trainer build's
+        import swarm.net.bulk.state_transfer  # noqa: F401
+        import swarm.net.exchange.group  # noqa: F401
         from swarm.net.bulk.transport import Transport, TransportStartFailed
+        from swarm.net.dht_entries import validator_for
 
         address = choose_p2p_address(coordinator_host=options.join.host, p2p_host=options.p2p_host,
                                      announce_host=options.announce_host)

@@ -25,11 +25,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from swarm.core.trust import credential  # noqa: E402
 from swarm.core.codecs.codec import CODECS  # noqa: E402
+from swarm.core.trust import credential  # noqa: E402
+from swarm.net.bulk.transport import Transport  # noqa: E402
 from swarm.net.exchange.allreduce import Exchange  # noqa: E402
 from swarm.net.exchange.rendezvous import Member, group_key, rendezvous  # noqa: E402
-from swarm.net.bulk.transport import Transport  # noqa: E402
 
 
 def run_threads(fn, count: int, timeout_s: float) -> list:

@@ -41,10 +41,10 @@ from swarm.config import FRAGMENT_PATTERNS, MODEL_PRESETS, DataConfig, ModelConf
 from swarm.core import average
 from swarm.core.fragments import fragments as split_fragments
 from swarm.core.state import GlobalState, state_hash
-from swarm.train.model import model as swarm_model
-from swarm.train.simulator import sim as swarm_sim
 from swarm.train.data.data import eval_loss
+from swarm.train.model import model as swarm_model
 from swarm.train.model.final_model import load_into_model
+from swarm.train.simulator import sim as swarm_sim
 from swarm.train.trainer import LocalTrainer
 
 log = logging.getLogger("bench_quality")

@@ -127,10 +127,11 @@ def like_state(shapes):
 
 
 def serve(args: argparse.Namespace) -> None:
+    from testbed.members import make_member
+
     from swarm.core.trust.credential import PeerKey
     from swarm.net.bulk.state_transfer import StateServer
     from swarm.net.bulk.transport import Transport
-    from testbed.members import make_member
 
     coordinator = PeerKey.load_or_create(args.coordinator_key)
     state = make_state(gpt2_small_shapes(args.scale), args.seed)
@@ -165,14 +166,15 @@ def main() -> None:
     if args.serve:
         return serve(args)
 
+    from testbed.members import make_member
+
     from peer.state.checkpoint import load_checkpoint
     from peer.state.resume import save_vote, vote_dir
-    from swarm.core.trust.credential import PeerKey
     from swarm.core.state import state_from_tensors
+    from swarm.core.trust.credential import PeerKey
     from swarm.net.bulk import state_transfer
     from swarm.net.bulk.state_transfer import download_state
     from swarm.net.bulk.transport import Transport
-    from testbed.members import make_member
 
     if args.window is not None:
         state_transfer.WINDOW = args.window

@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 from bench_wan_adapt import section_adaptation  # noqa: E402  (scripts/, beside this file)
 from bench_wan_runs import section_nat, section_utilization, section_utilization_controlled  # noqa: E402
 from bench_wan_sites import section_hierarchical  # noqa: E402
-
 from testbed import Testbed, make_topology, missing_privileges, teardown  # noqa: E402
+
 from swarm.core.codecs.codec import CODECS  # noqa: E402
 from swarm.net.bulk.tcp_congestion import CONGESTION_CONTROL, congestion_problem  # noqa: E402
 from swarm.train.simulator.network_model import Costs, butterfly, ideal_exchange_s, make_peers  # noqa: E402

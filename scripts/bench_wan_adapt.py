@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 from bench_wan_runs import PREFIX, _peer_times, history, run_swarm
-
 from testbed import Testbed, make_topology
 
 ADAPTATION_RUN = """

@@ -19,7 +19,6 @@ sys.path.insert(0, str(ROOT))
 from testbed import Testbed, make_topology  # noqa: E402
 from testbed.processes import TWO_PEER_RUN, kill_family, read_join_string  # noqa: E402
 
-
 PREFIX = os.environ.get("SWARM_BENCH_PREFIX", "swb-")  # bench_wan.py's: its teardown removes these
 P2P_PORT = 7100  # each host is a namespace of its own, so every peer can take the same port
 

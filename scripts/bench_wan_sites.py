@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 
 from bench_wan_runs import PREFIX, history, run_swarm
-
 from testbed import Testbed, make_topology
+
 from swarm.train.model.final_model import tensors_digest
 
 SITES = {"h1": "a", "h2": "a", "h3": "b", "h4": "b"}

@@ -25,10 +25,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from swarm.net.exchange.allreduce import Exchange  # noqa: E402
-from swarm.net.exchange.rendezvous import Member  # noqa: E402
 from swarm.net.bulk.tcp_congestion import CONGESTION_CONTROL, set_congestion  # noqa: E402
 from swarm.net.bulk.transport import Transport  # noqa: E402
+from swarm.net.exchange.allreduce import Exchange  # noqa: E402
+from swarm.net.exchange.rendezvous import Member  # noqa: E402
 
 CONGESTION = os.environ.get("SWARM_BENCH_TCP_CONGESTION", CONGESTION_CONTROL)  # bench_wan.py --tcp-congestion
 

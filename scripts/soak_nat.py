@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_wan_runs import _coordinator, _env, _peer, kill_family
-
 from testbed import Testbed, make_topology
+
 from swarm.train.model.final_model import tensors_digest
 
 CONFIG = """[model]

@@ -16,8 +16,8 @@ from coordinator.roster import Roster
 from coordinator.rounds import outcome
 from coordinator.rounds.reports import ReportBounds, RoundReports, report_bounds
 from coordinator.store.database import Store
-from coordinator.store.peer_writes import PeerWrites
 from coordinator.store.history import int64
+from coordinator.store.peer_writes import PeerWrites
 from coordinator.store.records import (
     COMMITTED,
     OPEN,

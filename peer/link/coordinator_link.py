@@ -16,8 +16,8 @@ import threading
 import time
 from typing import Callable, Optional
 
-from peer.link.coordinator_calls import Behind, CoordinatorCalls, Departed, PeerExit
 from peer.faults import FaultPlan
+from peer.link.coordinator_calls import Behind, CoordinatorCalls, Departed, PeerExit
 from peer.link.offline_decider import Backlogged, GroupDecided, OfflineDecider
 from peer.link.retry import with_retry
 from peer.link.round_decider import RoundDecider

@@ -10,8 +10,8 @@ import threading
 import time
 from typing import Callable, Optional
 
-from peer.link.coordinator_calls import Behind, CoordinatorCalls, PeerExit
 from peer.faults import FaultPlan
+from peer.link.coordinator_calls import Behind, CoordinatorCalls, PeerExit
 from peer.link.offline_decider import OfflineDecider
 from peer.link.round_plans import RoundPlans
 from swarm.control.client import CoordinatorUnreachable

@@ -26,8 +26,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from peer.state.checkpoint import CheckpointError, load_checkpoint, read_manifest, save_checkpoint
-from swarm.core.state import GlobalState, LazyTensor, state_from_tensors, state_tensors
 from swarm.config import RunConfig
+from swarm.core.state import GlobalState, LazyTensor, state_from_tensors, state_tensors
 from swarm.core.tentative import TentativeState
 from swarm.train.multi_gpu.ranks import Ranks
 from swarm.train.trainer import LocalTrainer

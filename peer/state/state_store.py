@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from peer.faults import FaultPlan
-from peer.state.resume import checkpoint_dir, maybe_resume, prune_votes, save_trainer, save_vote, step_time_record
 from peer.report.stats import PeerStats
+from peer.state.resume import checkpoint_dir, maybe_resume, prune_votes, save_trainer, save_vote, step_time_record
 from swarm.core.state import GlobalState
 from swarm.train.trainer import LocalTrainer
 from swarm.v1 import coordinator_pb2 as pb

@@ -30,15 +30,15 @@ from swarm.core.codecs.lowrank import LowRankState
 from swarm.core.outer import OuterOptimizer
 from swarm.core.state import GlobalState
 from swarm.core.tentative import TentativeState
-from swarm.train.data import prefetch
 from swarm.train import schedule
 from swarm.train.contribution import Contribution, TrainStats
+from swarm.train.data import prefetch
 from swarm.train.data.data import BatchSampler, check_vocab, load_corpus, shard_index_for_peer
 from swarm.train.eager_optimizer import inner_adamw
-from swarm.train.model.global_eval import global_eval_loss
 from swarm.train.host_memory import release_free_memory
-from swarm.train.model.initial_state import initial_state
 from swarm.train.inner_step import InnerStep
+from swarm.train.model.global_eval import global_eval_loss
+from swarm.train.model.initial_state import initial_state
 from swarm.train.model.model import model_fingerprint
 from swarm.train.model.peer_model import build_peer_model
 from swarm.train.multi_gpu.rank_lockstep import RankLockstep

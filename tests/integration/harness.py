@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import psutil
+from testbed.processes import TWO_PEER_RUN, kill_family, read_join_string  # noqa: F401 (the tests import them from here)
 
 from swarm.app.status import status_to_dict
 from swarm.control.client import CoordinatorClient, CoordinatorError
 from swarm.control.joinstring import JoinString
-from testbed.processes import TWO_PEER_RUN, kill_family, read_join_string  # noqa: F401 (the tests import them from here)
 from tests.integration.cli_launcher import LaunchedCli, launch
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from testbed import Testbed, make_topology, missing_privileges
+
 from swarm.train.model.final_model import tensors_digest
 from tests.integration.harness import TWO_PEER_RUN, kill_family, read_join_string
 

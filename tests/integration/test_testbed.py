@@ -10,7 +10,6 @@ import sys
 from typing import Iterator
 
 import pytest
-
 from testbed import ROUTER_ADDRESS, Testbed, leftovers, make_topology, missing_privileges, teardown
 
 PREFIX = "swt-test-"  # only this test's objects: teardown never touches another testbed's namespaces

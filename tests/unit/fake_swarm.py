@@ -17,24 +17,24 @@ import torch
 from coordinator.api.servicer import CoordinatorServicer
 from coordinator.engine import CoordinatorEngine
 from coordinator.store.database import Store
-from peer.link.coordinator_link import GroupDecided
 from peer.daemon import PeerDaemon
-from swarm.net.exchange.group import signed_votes
+from peer.link.coordinator_link import GroupDecided
 from peer.options import PeerOptions
 from peer.parts import PeerParts
 from swarm.config import RunConfig
 from swarm.control.client import CoordinatorClient, CoordinatorRejected, CoordinatorUnreachable
 from swarm.control.joinstring import JoinString
 from swarm.control.signing import CallSigner, signed_join
-from swarm.core.trust import commit_rule
 from swarm.core.average import butterfly_reference
 from swarm.core.codecs.codec import get_codec
-from swarm.core.trust.credential import PeerKey
 from swarm.core.state import GlobalState
-from swarm.net.dht_entries import sign_entry
-from swarm.net.link.libp2p_identity import Libp2pIdentity
-from swarm.net.exchange.rendezvous import group_key
+from swarm.core.trust import commit_rule
+from swarm.core.trust.credential import PeerKey
 from swarm.net.bulk.state_transfer import StateUnavailable
+from swarm.net.dht_entries import sign_entry
+from swarm.net.exchange.group import signed_votes
+from swarm.net.exchange.rendezvous import group_key
+from swarm.net.link.libp2p_identity import Libp2pIdentity
 from swarm.net.votes import Vote as DhtVote
 from swarm.net.votes import group_id, vote_key
 from swarm.train.round import Averaged, SyncFailed, Vote

@@ -33,9 +33,9 @@ from swarm.net.bulk.bulk_channel import (
     parse_bulk_address,
     tag,
 )
-from swarm.net.link.link_stats import throughput_mbit_s
-from swarm.net.exchange.rendezvous import Member, group_digest, group_key
 from swarm.net.bulk.tcp_congestion import CONGESTION_CONTROL, try_congestion
+from swarm.net.exchange.rendezvous import Member, group_digest, group_key
+from swarm.net.link.link_stats import throughput_mbit_s
 from swarm.v1 import exchange_pb2
 from tests.unit.test_exchange import Peer, concurrently, results_of, three_peers
 

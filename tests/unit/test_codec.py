@@ -9,8 +9,8 @@ import torch
 
 from swarm.core.average import part_bounds
 from swarm.core.codecs.codec import BLOCK, CHUNK, CODECS, codec_round_trip, get_codec
-from swarm.core.codecs.error_feedback import ErrorFeedback
 from swarm.core.codecs.codec_base import all_finite
+from swarm.core.codecs.error_feedback import ErrorFeedback
 
 pytestmark = pytest.mark.timeout(60)
 

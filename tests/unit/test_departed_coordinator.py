@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from peer.link.coordinator_link import CoordinatorLink, Departed, PeerExit
 from peer.faults import FaultPlan
+from peer.link.coordinator_link import CoordinatorLink, Departed, PeerExit
 from swarm.control.client import CoordinatorUnreachable
 from swarm.v1 import coordinator_pb2 as pb
 

@@ -10,13 +10,13 @@ from hivemind.dht.validation import DHTRecord
 from hivemind.utils.serializer import MSGPackSerializer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from testbed.members import make_member
 
 from swarm.core.trust.credential import PeerKey
 from swarm.core.trust.signed_entry import verify_signed
 from swarm.net.dht_entries import EntryRejected, EntryValidator, sign_entry, verify_entry
 from swarm.net.exchange.rendezvous import Member
 from swarm.net.votes import Vote
-from testbed.members import make_member
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,9 +15,9 @@ from hivemind.utils.timed_storage import get_dht_time
 from testbed.members import make_member
 
 from swarm.core.trust.credential import PeerKey
+from swarm.net.bulk.transport import Transport
 from swarm.net.dht_entries import guard, read_entries, store_entry
 from swarm.net.exchange.rendezvous import Member, group_key
-from swarm.net.bulk.transport import Transport
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from attack import store_at_each_node  # noqa: E402  the soak's replay, one node at a time

@@ -17,26 +17,26 @@ from hivemind.p2p import PeerID
 from hivemind.utils.asyncio import as_aiter
 from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import get_dht_time
+from testbed.members import make_member
 
 from swarm.core import average as average_module
-from swarm.core.trust import credential
 from swarm.core.average import butterfly_bounds, butterfly_reference, part_bounds, stripe_count, weighted_average
 from swarm.core.codecs.codec import CODECS, get_codec
-from swarm.core.trust.credential import PeerKey
 from swarm.core.codecs.owner_feedback import OwnerFeedback
+from swarm.core.trust import credential
+from swarm.core.trust.credential import PeerKey
 from swarm.core.trust.signed_entry import entry_body
 from swarm.core.wire_protocol import PROTOCOL
+from swarm.net.bulk.transport import Transport
+from swarm.net.dht_entries import EntryValidator, guard, read_entries, sign_entry, store_entry
 from swarm.net.exchange import restarted_groupmates
 from swarm.net.exchange.allreduce import Exchange, ExchangeFailed, ExchangeResult
-from swarm.net.dht_entries import EntryValidator, guard, read_entries, sign_entry, store_entry
-from swarm.net.link.link_stats import LinkEstimates
 from swarm.net.exchange.rendezvous import Member, group_digest, group_key, rendezvous
 from swarm.net.exchange.slice_inbox import MAX_OPEN_KEYS
 from swarm.net.exchange.slice_reduction import check_agreement
-from swarm.net.bulk.transport import Transport
+from swarm.net.link.link_stats import LinkEstimates
 from swarm.net.votes import Vote, collect_votes, post_vote, vote_key
 from swarm.v1 import exchange_pb2
-from testbed.members import make_member
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

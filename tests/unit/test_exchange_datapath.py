@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from swarm.core.average import butterfly_reference
+from swarm.net.bulk.transport import Transport
 from swarm.net.exchange.allreduce import Exchange, ExchangeFailed
 from swarm.net.exchange.rendezvous import group_key
-from swarm.net.bulk.transport import Transport
 from tests.unit.test_exchange import Peer, concurrently, results_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

@@ -7,7 +7,14 @@ import math
 
 import pytest
 
-from swarm.net.link.link_stats import EWMA_ALPHA, MIN_TRANSFER_BYTES, LinkEstimates, LinkTimings, Transfer, throughput_mbit_s
+from swarm.net.link.link_stats import (
+    EWMA_ALPHA,
+    MIN_TRANSFER_BYTES,
+    LinkEstimates,
+    LinkTimings,
+    Transfer,
+    throughput_mbit_s,
+)
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from swarm.config import ConfigError, OuterOptConfig, RunConfig
-from swarm.core.codecs import lowrank
 from swarm.core.average import butterfly_bytes_sent, butterfly_reference, weighted_average
+from swarm.core.codecs import lowrank
 from swarm.core.codecs.codec import get_codec
 from swarm.train.simulator.sim import simulate
 from swarm.train.trainer import LocalTrainer

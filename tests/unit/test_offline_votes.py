@@ -18,11 +18,11 @@ from coordinator.engine import CoordinatorEngine
 from coordinator.rounds.offline_votes import checked_votes
 from coordinator.store.database import Store
 from coordinator.store.records import READY
-from swarm.net.exchange.group import signed_votes
 from swarm.config import RoundConfig, RunConfig
 from swarm.core.trust.credential import Member, PeerKey
 from swarm.core.trust.round_vote import Vote, group_id, group_key, vote_key
 from swarm.core.trust.signed_entry import sign_entry
+from swarm.net.exchange.group import signed_votes
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import engine_join
 from tests.unit.test_rounds import FakeClock
@@ -256,8 +256,8 @@ def _link(last_group: set[str], asked: list):
     """A CoordinatorLink whose group decision records what it was asked (the coordinator unreachable)."""
     import threading
 
-    from peer.link.coordinator_link import CoordinatorLink
     from peer.faults import FaultPlan
+    from peer.link.coordinator_link import CoordinatorLink
 
     link = CoordinatorLink(client=None, stop=threading.Event(), faults=FaultPlan.parse(""), poll_s=0.01,
                            leave_grace_s=0.0, tag=lambda r: f"[r{r}]")

@@ -6,6 +6,7 @@ import socket
 
 import pytest
 
+from swarm.net.bulk.transport import Transport
 from swarm.net.link.p2p_address import (
     P2PAddress,
     choose_p2p_address,
@@ -15,7 +16,6 @@ from swarm.net.link.p2p_address import (
     route_source_address,
     unreachable_sentence,
 )
-from swarm.net.bulk.transport import Transport
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 

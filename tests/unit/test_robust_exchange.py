@@ -11,9 +11,9 @@ import torch
 
 from swarm.core.aggregation import Aggregation
 from swarm.core.average import butterfly_reference
+from swarm.net.bulk.transport import Transport
 from swarm.net.exchange.allreduce import Exchange, ExchangeFailed
 from swarm.net.exchange.rendezvous import Member, group_key
-from swarm.net.bulk.transport import Transport
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

@@ -6,8 +6,8 @@ every SETTLE_EVERY_S."""
 import pytest
 
 from coordinator.engine import CoordinatorEngine
-from coordinator.rounds.settling import SETTLE_EVERY_S
 from coordinator.rounds.info_cache import LISTED_PARTICIPANTS
+from coordinator.rounds.settling import SETTLE_EVERY_S
 from coordinator.store.database import Store
 from peer.link.round_plans import RoundPlans
 from swarm.config import RoundConfig, RunConfig

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from swarm.config import ConfigError, RunConfig
-from swarm.core.codecs import rice
 from swarm.core.average import butterfly_bytes_sent, butterfly_reference, part_bounds
+from swarm.core.codecs import rice
 from swarm.core.codecs.codec import get_codec
 from swarm.core.codecs.owner_feedback import OwnerFeedback
 from swarm.train.simulator.sim import simulate

@@ -13,8 +13,8 @@ import torch
 from hivemind.p2p import PeerID
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
+from testbed.members import make_member
 
-from swarm.core.trust.credential import Member, PeerKey
 from swarm.core.state import (
     EncodedState,
     GlobalState,
@@ -24,11 +24,11 @@ from swarm.core.state import (
     state_tensors,
     tensors_from_buffer,
 )
+from swarm.core.trust.credential import Member, PeerKey
 from swarm.net.bulk import state_transfer
 from swarm.net.bulk.state_transfer import StateServer, StateUnavailable, download_state
 from swarm.net.bulk.transport import CHUNK_BYTES, Transport
 from swarm.v1 import exchange_pb2
-from testbed.members import make_member
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

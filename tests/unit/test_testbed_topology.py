@@ -4,7 +4,6 @@ a bad request gets."""
 from __future__ import annotations
 
 import pytest
-
 from testbed import make_topology
 from testbed.network import teardown
 

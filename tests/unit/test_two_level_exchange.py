@@ -11,14 +11,14 @@ import torch
 
 from swarm.core.aggregation import Aggregation
 from swarm.core.average import weighted_average
+from swarm.core.site_plan import plan_sites, two_level_reference
 from swarm.core.trust.credential import Credential, PeerKey, issue
 from swarm.core.trust.credential import Member as Credentialed
-from swarm.core.site_plan import plan_sites, two_level_reference
-from swarm.net.exchange.allreduce import Exchange
+from swarm.net.bulk.transport import Transport
 from swarm.net.dht_entries import read_entries, sign_entry
+from swarm.net.exchange.allreduce import Exchange
 from swarm.net.exchange.rendezvous import Member, group_key, rendezvous
 from swarm.net.exchange.slice_reduction import ExchangeFailed
-from swarm.net.bulk.transport import Transport
 from swarm.net.exchange.two_level import TwoLevelExchange
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]

@@ -8,10 +8,10 @@ from typing import Iterator
 import pytest
 import torch
 
-from swarm.net.exchange.allreduce import Exchange, ExchangeFailed
-from swarm.net.link.reachability import is_dial_failure, shown_maddrs, unreachable_groupmate
-from swarm.net.exchange.rendezvous import Member, group_key
 from swarm.net.bulk.transport import Transport
+from swarm.net.exchange.allreduce import Exchange, ExchangeFailed
+from swarm.net.exchange.rendezvous import Member, group_key
+from swarm.net.link.reachability import is_dial_failure, shown_maddrs, unreachable_groupmate
 from tests.unit.test_exchange import concurrently
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]

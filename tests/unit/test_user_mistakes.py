@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from peer.link.coordinator_link import CoordinatorLink
 from peer.faults import FaultPlan
+from peer.link.coordinator_link import CoordinatorLink
 from peer.link.retry import with_retry
 from swarm.app.cli import _run_config, main
 from swarm.app.cli_parser import build_parser

@@ -24,9 +24,9 @@ from swarm.net.bulk.bulk_channel import (
 )
 from swarm.net.bulk.bulk_sender import Address
 from swarm.net.bulk.chunk_stream import SlicePayload, Turn
+from swarm.net.bulk.transport import Transport
 from swarm.net.exchange.rendezvous import Member
 from swarm.net.exchange.slice_inbox import SliceInbox
-from swarm.net.bulk.transport import Transport
 from swarm.net.hivemind_api import PeerID
 from swarm.v1 import exchange_pb2
 

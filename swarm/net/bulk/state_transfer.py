@@ -33,8 +33,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from swarm.core.trust.credential import CredentialError, Member
 from swarm.core.state import EncodedState, GlobalState, decode_state, encoded_size_bound
+from swarm.core.trust.credential import CredentialError, Member
 from swarm.net.bulk.bulk_channel import (
     MAC_KEY_BYTES,
     MIN_BULK_BYTES,

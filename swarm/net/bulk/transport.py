@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Optional, Sequence
 
 from swarm.net.bulk.bulk_channel import BulkChannel
 from swarm.net.bulk.bulk_sender import BulkSender
-from swarm.net.link.p2p_address import free_port, maddr
 from swarm.net.bulk.tcp_congestion import CONGESTION_CONTROL
+from swarm.net.link.p2p_address import free_port, maddr
 
 if TYPE_CHECKING:
     from swarm.net.hivemind_api import DHT

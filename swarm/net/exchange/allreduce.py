@@ -26,22 +26,19 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from swarm.core.trust import credential
 from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import stripe_count
 from swarm.core.codecs.codec import get_codec
 from swarm.core.codecs.owner_feedback import OwnerFeedback
-from swarm.net.exchange.alone import average_alone
+from swarm.core.trust import credential
 from swarm.net.bulk.bulk_channel import BulkChannel
 from swarm.net.bulk.bulk_slices import BulkSlices, Reservation
 from swarm.net.bulk.chunk_stream import SlicePayload, Turn, cancel_all, settle
+from swarm.net.bulk.libp2p_slices import Libp2pSlices
+from swarm.net.bulk.transport import Transport
+from swarm.net.exchange.alone import average_alone
 from swarm.net.exchange.contributions import exchange_links, send_contributions, uplink_pace
 from swarm.net.exchange.exchange_result import ExchangeResult
-from swarm.net.bulk.libp2p_slices import Libp2pSlices
-from swarm.net.link.link_probe import LinkProbe
-from swarm.net.link.link_stats import TransferLog
-from swarm.net.link.p2p_address import unreachable_sentence
-from swarm.net.link.reachability import shown_maddrs
 from swarm.net.exchange.rendezvous import Member, group_digest
 from swarm.net.exchange.restarted_groupmates import RestartedGroupmates
 from swarm.net.exchange.result_vectors import ResultVectors
@@ -57,7 +54,10 @@ from swarm.net.exchange.slice_reduction import (
     reduce_owned,
 )
 from swarm.net.exchange.sparse_gather import gather_average
-from swarm.net.bulk.transport import Transport
+from swarm.net.link.link_probe import LinkProbe
+from swarm.net.link.link_stats import TransferLog
+from swarm.net.link.p2p_address import unreachable_sentence
+from swarm.net.link.reachability import shown_maddrs
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger(__name__)

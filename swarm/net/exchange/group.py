@@ -11,18 +11,18 @@ from typing import Callable, Mapping, Optional, Protocol
 import torch
 
 from swarm.config import RunConfig
-from swarm.core.trust import credential
 from swarm.core.aggregation import Aggregation
 from swarm.core.codecs.codec import get_codec
+from swarm.core.trust import credential
 from swarm.core.wire_protocol import PROTOCOL
-from swarm.net.exchange.allreduce import Exchange, ExchangeFailed
+from swarm.net.bulk.transport import Transport
 from swarm.net.dht_entries import guard
+from swarm.net.exchange.allreduce import Exchange, ExchangeFailed
+from swarm.net.exchange.rendezvous import Member, group_key, participation_scale, rendezvous
+from swarm.net.exchange.two_level import TwoLevelExchange, bytes_by_site
 from swarm.net.group_decided import GroupDecided
 from swarm.net.link.link_probe import PING_TIMEOUT_S
 from swarm.net.link.link_stats import LinkEstimates
-from swarm.net.exchange.rendezvous import Member, group_key, participation_scale, rendezvous
-from swarm.net.bulk.transport import Transport
-from swarm.net.exchange.two_level import TwoLevelExchange, bytes_by_site
 from swarm.net.votes import MAX_SENT_VOTES, collect_votes, group_decision, group_id, post_vote
 from swarm.net.votes import Vote as DhtVote
 from swarm.train.host_memory import release_free_memory

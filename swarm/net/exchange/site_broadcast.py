@@ -17,9 +17,9 @@ from typing import Optional
 
 import torch
 
+from swarm.net.bulk.transport import CHUNK_BYTES, Transport
 from swarm.net.exchange.exchange_failed import ExchangeFailed
 from swarm.net.exchange.rendezvous import Member
-from swarm.net.bulk.transport import CHUNK_BYTES, Transport
 from swarm.net.hivemind_api import P2PContext, PeerID, as_aiter
 from swarm.v1 import exchange_pb2
 

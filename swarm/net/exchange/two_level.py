@@ -26,13 +26,13 @@ from typing import Callable, Optional
 import torch
 
 from swarm.core.site_plan import SitePlan, plan_sites, subgroup_weights
+from swarm.net.bulk.transport import Transport
 from swarm.net.exchange.allreduce import Exchange, ExchangeResult
 from swarm.net.exchange.exchange_failed import ExchangeFailed
-from swarm.net.link.link_stats import LinkTimings
 from swarm.net.exchange.rendezvous import Member, group_digest
 from swarm.net.exchange.site_broadcast import SiteBroadcast
 from swarm.net.exchange.slice_reduction import capped_weights
-from swarm.net.bulk.transport import Transport
+from swarm.net.link.link_stats import LinkTimings
 
 logger = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from swarm.core.average import butterfly_bytes_sent
 from swarm.core.codecs.codec import get_codec
 from swarm.core.fragments import round_fragment
 from swarm.core.state import GlobalState
-from swarm.train.trainer import LocalTrainer
 from swarm.train.simulator.virtual_peers import OwnerTamper, Tamper, VirtualPeer, run_peers
+from swarm.train.trainer import LocalTrainer
 
 log = logging.getLogger(__name__)
 

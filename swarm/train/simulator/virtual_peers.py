@@ -12,15 +12,15 @@ from typing import Callable, Optional
 import torch
 
 from swarm.config import RunConfig
-from swarm.core.trust import commit_rule
-from swarm.core.codecs import lowrank
 from swarm.core.aggregation import Aggregation
 from swarm.core.all_gather import gather_bytes_by_site, gather_reference
 from swarm.core.average import butterfly_bounds, butterfly_reference, stripe_count
+from swarm.core.codecs import lowrank
 from swarm.core.codecs.codec import Codec, get_codec
 from swarm.core.fragments import round_end_step
 from swarm.core.site_plan import butterfly_bytes_by_site, plan_sites, two_level_bytes_sent, two_level_reference
 from swarm.core.state import GlobalState
+from swarm.core.trust import commit_rule
 from swarm.train.round import Averaged, Decision, Hooks, InlineExecutor, Outcome, RoundRunner, Vote
 from swarm.train.trainer import Contribution, LocalTrainer, TrainStats
 
