@@ -197,7 +197,7 @@ class Exchange:
         except (ExchangeFailed, asyncio.TimeoutError, TimeoutError) as e:
             if not isinstance(e, ExchangeFailed) or not e.from_groupmate:
                 reason = str(e) if isinstance(e, ExchangeFailed) else f"no complete exchange within {timeout_s:.0f}s"
-                await self._abort(key, group, me, reason)
+                await self.abort(key, group, me, reason)
             if isinstance(e, ExchangeFailed) and e.unreachable and not self._received_bytes.get(key):
                 raise ExchangeFailed(f"{e}; and no groupmate reached this peer: {self._unreachable_self(key)}") from e
             raise
@@ -210,7 +210,8 @@ class Exchange:
             logger.warning("%s: %s", key, sentence)
         return sentence
 
-    async def _abort(self, key: str, group: list[Member], me: Member, reason: str) -> None:
+    async def abort(self, key: str, group: list[Member], me: Member, reason: str) -> None:
+        """Tell every other member of ``group`` that this peer's exchange of ``key`` failed (best effort, at once)."""
         position = [m.peer_id for m in group].index(me.peer_id)
         digest = group_digest(group)
 

@@ -27,7 +27,7 @@ import torch
 
 from swarm.core.site_plan import SitePlan, plan_sites, subgroup_weights
 from swarm.net.bulk.transport import Transport
-from swarm.net.exchange.allreduce import Exchange, ExchangeResult
+from swarm.net.exchange.allreduce import ABORT_TIMEOUT_S, Exchange, ExchangeResult
 from swarm.net.exchange.exchange_failed import ExchangeFailed
 from swarm.net.exchange.rendezvous import Member, group_digest
 from swarm.net.exchange.site_broadcast import SiteBroadcast
@@ -83,8 +83,13 @@ class TwoLevelExchange:
         try:
             partial = flat_f32(delta)
             if len(members) > 1:
-                results.append(self.in_site.average(key=tag, group=members, me=me, delta=delta,
-                                                    timeout_s=timeout_s, on_phase=on_phase))
+                try:
+                    results.append(self.in_site.average(key=tag, group=members, me=me, delta=delta,
+                                                        timeout_s=timeout_s, on_phase=on_phase))
+                except ExchangeFailed as e:
+                    if represents:  # the other representatives would wait for this one until their timeout
+                        self._tell_representatives(key, group, plan, digest, members[0], str(e))
+                    raise
                 partial = results[-1].average
             if represents:
                 results.append(self._across_sites(key, group, plan, digest, tag, members, partial, timeout_s))
@@ -116,14 +121,31 @@ class TwoLevelExchange:
         """This representative's sub-group average exchanged with the other representatives; on failure its
         sub-group is told at once."""
         try:
-            weights = subgroup_weights(plan, capped_weights(self.in_site.aggregation, group, key))
-            reps = [dataclasses.replace(group[r], weight=w) for r, w in zip(plan.representatives, weights)]
-            me = next(r for r in reps if r.peer_id == members[0].peer_id)
-            cross_key = f"{self.run_id}.{CROSS_SITE}.{key[len(self.run_id) + 1:]}.plan{digest}"
+            cross_key, reps, me = self._level_two(key, group, plan, digest, members[0])
             return self.cross_site.average(key=cross_key, group=reps, me=me, delta=partial, timeout_s=timeout_s)
         except ExchangeFailed as e:
             self.broadcast.abort(tag, digest=digest, members=members[1:], reason=str(e))
             raise
+
+    def _level_two(self, key: str, group: list[Member], plan: SitePlan, digest: str,
+                   representative: Member) -> tuple[str, list[Member], Member]:
+        """The cross-site exchange's key, its group (the representatives, each weighted by its sub-group's summed
+        capped weights, derived from the signed entries) and ``representative``'s entry in it."""
+        weights = subgroup_weights(plan, capped_weights(self.in_site.aggregation, group, key))
+        reps = [dataclasses.replace(group[r], weight=w) for r, w in zip(plan.representatives, weights)]
+        me = next(r for r in reps if r.peer_id == representative.peer_id)
+        return f"{self.run_id}.{CROSS_SITE}.{key[len(self.run_id) + 1:]}.plan{digest}", reps, me
+
+    def _tell_representatives(self, key: str, group: list[Member], plan: SitePlan, digest: str,
+                              representative: Member, reason: str) -> None:
+        """This representative's sub-group failed: the other representatives are told at once (the cross-site
+        exchange's abort), so they fail now instead of waiting for its sub-group average until their timeout."""
+        try:
+            cross_key, reps, me = self._level_two(key, group, plan, digest, representative)
+        except ExchangeFailed:
+            return  # weights no member accepts: every representative's level 2 fails on them at once
+        self.cross_site.transport.run(self.cross_site.abort(cross_key, reps, me, f"its sub-group failed: {reason}"),
+                                      timeout_s=ABORT_TIMEOUT_S + 5)
 
 
 def flat_f32(delta: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,117 @@
+"""Two-level averaging when a sub-group fails: six members in three sites over real hivemind transports, in one
+process. Site a is positions 0 and 3, site b 1 and 4, site c 2 and 5; the lower position represents its site."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Iterator, Optional
+
+import pytest
+import torch
+
+from swarm.net.bulk.transport import Transport
+from swarm.net.exchange.allreduce import Exchange
+from swarm.net.exchange.rendezvous import Member, group_key
+from swarm.net.exchange.slice_reduction import ExchangeFailed
+from swarm.net.exchange.two_level import TwoLevelExchange
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+RUN_ID = "run-test-two-level-faults"
+NUMEL = 30_001
+SITES = ["a", "b", "c", "a", "b", "c"]
+TIMEOUT_S = 30.0  # each exchange's; a failure must be known well before it
+
+
+class Peer:
+    def __init__(self, transport: Transport, index: int) -> None:
+        self.transport, self.index = transport, index
+        self.two_level = TwoLevelExchange(Exchange(transport, run_id=RUN_ID), transport, run_id=RUN_ID, group_size=0)
+
+    def member(self, weight: float) -> Member:
+        return member_at(self.transport, self.index, weight)
+
+
+def member_at(transport: Transport, index: int, weight: float) -> Member:
+    return Member(peer_id=f"peer{index}", dht_peer_id=transport.peer_id, index=index, weight=weight, numel=NUMEL,
+                  codec="fp32", site=SITES[index])
+
+
+@pytest.fixture(scope="module")
+def peers() -> Iterator[list[Peer]]:
+    transports: list[Transport] = []
+    try:
+        transports.append(Transport(initial_peers=[]))
+        for _ in range(len(SITES) - 1):
+            transports.append(Transport(initial_peers=transports[0].visible_maddrs))
+        yield [Peer(t, i) for i, t in enumerate(transports)]
+    finally:
+        for t in reversed(transports):
+            t.shutdown()
+
+
+def concurrently(calls: list[Callable[[], Any]], *, timeout_s: float) -> list[Any]:
+    outcomes: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            outcomes[i] = calls[i]()
+        except BaseException as e:  # handed back to the test, which asserts on it
+            outcomes[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), f"peers still running after {timeout_s:.0f}s"
+    return outcomes
+
+
+def failing_at(phase: str) -> Callable[[str], Optional[float]]:
+    """An ``on_phase`` hook whose member fails its exchange when it reaches ``phase``."""
+    def hook(reached: str) -> Optional[float]:
+        if reached == phase:
+            raise ExchangeFailed(f"fault injected at {phase}")
+        return None
+    return hook
+
+
+def test_a_member_failing_mid_exchange_fails_every_subgroup_well_before_the_timeout(peers) -> None:
+    """Site c's member fails while sending: site c's representative tells the other representatives at once."""
+    weights = [30.0, 10.0, 20.0, 40.0, 5.0, 15.0]
+    group = [p.member(w) for p, w in zip(peers, weights)]
+    key = group_key(RUN_ID, 1)
+    generator = torch.Generator().manual_seed(3)
+    deltas = [torch.randn(NUMEL, generator=generator) for _ in peers]
+    hooks = [None, None, None, None, None, failing_at("sending")]
+    started = time.monotonic()
+    outcomes = concurrently([
+        lambda p=p, m=m, d=d, h=h: p.two_level.average(key=key, group=group, me=m, delta=d, timeout_s=TIMEOUT_S,
+                                                       on_phase=h)
+        for p, m, d, h in zip(peers, group, deltas, hooks)], timeout_s=3 * TIMEOUT_S)
+    elapsed = time.monotonic() - started
+    assert all(isinstance(o, ExchangeFailed) for o in outcomes), outcomes
+    assert elapsed < TIMEOUT_S / 2, f"the failure took {elapsed:.1f}s to reach every member"
+
+
+def test_a_representative_dead_at_level_two_costs_one_failed_send(peers) -> None:
+    """Site c's representative's process is gone: its member and the other representatives fail at once, and the
+    other representatives tell their members."""
+    dead = Transport(initial_peers=peers[0].transport.visible_maddrs)
+    dead_member = member_at(dead, 2, 1.0)
+    dead.shutdown()
+    group = [p.member(1.0) for p in peers]
+    group[2] = dead_member
+    live = [p for p in peers if p.index != 2]
+    key = group_key(RUN_ID, 2)
+    started = time.monotonic()
+    outcomes = concurrently([
+        lambda p=p: p.two_level.average(key=key, group=group, me=group[p.index], delta=torch.ones(NUMEL),
+                                        timeout_s=TIMEOUT_S)
+        for p in live], timeout_s=3 * TIMEOUT_S)
+    elapsed = time.monotonic() - started
+    assert all(isinstance(o, ExchangeFailed) for o in outcomes), outcomes
+    assert elapsed < TIMEOUT_S / 2, f"the failure took {elapsed:.1f}s to reach every member"
