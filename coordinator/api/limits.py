@@ -32,6 +32,9 @@ MAX_ERROR_BYTES = 1024
 MAX_ID_CHARS = 128  # peer ids, DHT peer ids, tokens
 MAX_HASH_CHARS = 128  # state hashes and model fingerprints (hex in practice)
 MAX_GROUP = 1024  # peer ids in a reported group
+# A RoundInfo about a round of more participants names only the requester's own entries (and the controller gives
+# such a round equal slices: its members could not all see each other's shares).
+LISTED_PARTICIPANTS = 256
 MAX_DHT_MADDRS = 8  # kept per peer (membership keeps the first ones) and dialled at a restart
 MAX_DHT_MADDRS_SENT = 64  # a multi-homed peer may list more than it keeps; beyond this it is refused
 MAX_MADDR_CHARS = 256

@@ -10,7 +10,9 @@ fraction of the round, capped at ``controller_max_inner_steps``; ``coordinator.r
 the round's time budget (H × the fastest believable step time) and each participant's steps. Fragments and
 overlap stay the run's; with the controller on, a peer whose exchange outlasts the overlap window keeps
 training and merges when it ends (``RoundRunner.merge_when_ready``), so a short prediction costs staleness,
-not idle time. Shares follow each member's uplink, so a slow uplink owns a smaller slice.
+not idle time. Shares follow each member's uplink, so a slow uplink owns a smaller slice; a round planned with
+more than ``LISTED_PARTICIPANTS`` participants gets equal slices (its RoundInfo names only the requester's own
+entries, and the shares would be as large as the round).
 ``for_round`` is the engine's one call; ``message`` puts a choice into RoundInfo.
 """
 
@@ -24,6 +26,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
+from coordinator.api.limits import LISTED_PARTICIPANTS
 from coordinator.rounds.step_times import reference_step_s
 from coordinator.store.records import PeerRecord, RoundRecord
 from swarm.config import RunConfig
@@ -97,10 +100,11 @@ def choose(links: Sequence[PeerLink], *, param_count: int, rounds: RoundConfig, 
         return Choice(codec=kept, reason=f"{kept}: {missing}; it decides once the first exchange is timed",
                       **base)
     links = _filled(links)
-    shares = upload_shares(links)
+    shares = upload_shares(links) if len(links) <= LISTED_PARTICIPANTS else {}
+    sized = shares or {link.peer_id: 1.0 for link in links}  # {}: equal slices
     numel = -(-param_count // max(1, rounds.fragments))  # one fragment syncs per round
     window_s, window = _window(rounds, step_s)
-    predicted = {c: predict(links, shares, numel, c, gathered=rounds.all_gathered()) for c in allowed}
+    predicted = {c: predict(links, sized, numel, c, gathered=rounds.all_gathered()) for c in allowed}
     limit = {c: window_s * (UPGRADE_HEADROOM if LOSSINESS[c] < LOSSINESS[kept] else 1.0) for c in allowed}
     fitting = [c for c in allowed if predicted[c].seconds <= limit[c]]
     if fitting:

@@ -5,8 +5,10 @@ An answer's cost and size do not grow with the swarm:
 
 - its holders are kept apart, and an answer names a bounded sample of them (``views.holder_sample``);
 - a round of more than ``LISTED_PARTICIPANTS`` participants is answered with the requester's own entries of its
-  per-participant lists (participants, their libp2p ids, the plan's budgets and left-out peers, the controller's
-  shares) and ``participant_count``; a smaller round lists them all, except in a heartbeat's answer (``own_only``),
+  per-participant lists (participants, their libp2p ids, the plan's budgets and left-out peers) and
+  ``participant_count``; the controller's shares go whole to everyone (a round planned with more participants
+  has none: ``coordinator.rounds.controller``; late admissions are not in them), so every member derives the same
+  slices and choice digest; a smaller round lists them all, except in a heartbeat's answer (``own_only``),
   whose reader looks only at its own (whether it was planned or left out);
 - the rest of an answer is encoded once per build: a GetRound answer over gRPC is that cached encoding followed by
   the encoding of what differs per call (its own entries, holders, counters, the poll pace), which protobuf
@@ -21,13 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Mapping, Optional
 
+from coordinator.api.limits import LISTED_PARTICIPANTS
 from coordinator.api.views import RunPosition, holder_sample, round_info
 from coordinator.roster import Roster
 from coordinator.store.records import PeerRecord, RoundRecord
 from swarm.v1 import coordinator_pb2 as pb
 
 MAX_ROUNDS_KEPT = 4  # answers of other rounds than the current one kept (peers poll the round they reported)
-LISTED_PARTICIPANTS = 256  # a round with more participants names only the requester's own entries
 REFRESH_S = 1.0  # in a swarm of more live peers than LISTED_PARTICIPANTS: the longest an answer is kept
 
 
@@ -45,7 +47,6 @@ class _Built:
     dht_ids: list[str] = field(default_factory=list)
     plan_peers: dict[str, pb.PlannedPeer] = field(default_factory=dict)
     left_out: frozenset[str] = frozenset()  # a large round's (a small one's stay in info)
-    shares: dict[str, float] = field(default_factory=dict)  # a large round's
     _slim: Optional[pb.RoundInfo] = None
     _encoding: Optional[bytes] = None
 
@@ -59,8 +60,8 @@ class _Built:
                     places={p: i for i, p in enumerate(built.participants)}, dht_ids=list(built.participant_dht_ids),
                     plan_peers={p.peer_id: p for p in built.plan.peers})
         if entry.large:
-            entry.left_out, entry.shares = frozenset(built.plan.left_out), dict(built.choice.shares)
-            entry.info = _without_lists(built, left_out_and_shares=True)
+            entry.left_out = frozenset(built.plan.left_out)
+            entry.info = _without_lists(built, left_out=True)
         return entry
 
     def slim(self) -> pb.RoundInfo:
@@ -68,7 +69,7 @@ class _Built:
         if self.large:
             return self.info
         if self._slim is None:
-            self._slim = _without_lists(self.info, left_out_and_shares=False)
+            self._slim = _without_lists(self.info, left_out=False)
         return self._slim
 
     def encoding(self) -> bytes:
@@ -87,20 +88,16 @@ class _Built:
                 into.plan.peers.append(self.plan_peers[requester])
         if requester in self.left_out:
             into.plan.left_out.append(requester)
-        if requester in self.shares:
-            into.choice.shares[requester] = self.shares[requester]
 
 
-def _without_lists(info: pb.RoundInfo, *, left_out_and_shares: bool) -> pb.RoundInfo:
+def _without_lists(info: pb.RoundInfo, *, left_out: bool) -> pb.RoundInfo:
     slim = pb.RoundInfo()
     slim.CopyFrom(info)
     del slim.participants[:], slim.participant_dht_ids[:]
     if info.HasField("plan"):
         del slim.plan.peers[:]
-        if left_out_and_shares:
+        if left_out:
             del slim.plan.left_out[:]
-    if left_out_and_shares and info.HasField("choice"):
-        slim.choice.shares.clear()
     return slim
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
+from coordinator.api.limits import LISTED_PARTICIPANTS
 from coordinator.rounds import opening, outcome
-from coordinator.rounds.info_cache import LISTED_PARTICIPANTS
 from coordinator.rounds.run_state import RunState
 from swarm.config import RunConfig
 

@@ -5,26 +5,29 @@ every SETTLE_EVERY_S."""
 
 import pytest
 
+from coordinator.api.limits import LISTED_PARTICIPANTS
 from coordinator.engine import CoordinatorEngine
-from coordinator.rounds.info_cache import LISTED_PARTICIPANTS
 from coordinator.rounds.settling import SETTLE_EVERY_S
 from coordinator.store.database import Store
 from peer.link.round_plans import RoundPlans
 from swarm.config import RoundConfig, RunConfig
+from swarm.train.round_plan import plan_round
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import engine_join
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def swarm(peers: int, clock=None) -> tuple[CoordinatorEngine, list[str]]:
-    """An engine whose round 1 opens with ``peers`` ready peers, all of them planned."""
-    engine = CoordinatorEngine(Store(":memory:"), config=RunConfig(rounds=RoundConfig(min_peers=peers)),
-                               **({"clock": clock} if clock else {}))
+def swarm(peers: int, clock=None, controller: str = "off") -> tuple[CoordinatorEngine, list[str]]:
+    """An engine whose round 1 opens with ``peers`` ready peers, all of them planned; their measured uplinks differ
+    (10 to 100 Mbit/s), so an adaptive controller gives them different shares."""
+    rounds = RoundConfig(min_peers=peers, controller=controller)
+    engine = CoordinatorEngine(Store(":memory:"), config=RunConfig(rounds=rounds), **({"clock": clock} if clock else {}))
     ids = [engine_join(engine, dht_peer_id=f"dht-{i}")[0].peer_id for i in range(peers)]
-    for p in ids:
+    for i, p in enumerate(ids):
         engine.heartbeat(pb.HeartbeatRequest(peer_id=p, metrics=pb.PeerMetrics(
-            state=pb.PEER_STATE_READY, state_round=0, state_hash=engine.run.initial_hash, dht_peer_id="dht-" + p)))
+            state=pb.PEER_STATE_READY, state_round=0, state_hash=engine.run.initial_hash, dht_peer_id="dht-" + p,
+            upload_mbit_s=10.0 + 90.0 * i / peers, download_mbit_s=100.0, rtt_ms=20.0, step_time_s=0.5)))
     return engine, ids
 
 
@@ -117,3 +120,20 @@ def test_a_peer_matches_its_group_by_a_small_rounds_plan_and_by_who_posts_in_a_l
     info, _ = polled(engine, ids[4])
     assert ids[4] in info.participants  # still planned, as the peer checks before and after its steps
     assert plans.planned(1, info) is None and not plans.plan_open and plans.processes() == {}
+
+
+@pytest.mark.parametrize("peers", [30, LISTED_PARTICIPANTS + 40])
+def test_every_member_of_a_controlled_round_plans_the_same_slices_whatever_the_rounds_size(peers: int) -> None:
+    """Members whose plans differ do not exchange: every member must derive the same codec, shares and digest
+    from its own answer, in a round its answer lists whole and in one it names only the requester in."""
+    engine, ids = swarm(peers, controller="auto")
+    rounds = engine.config.rounds
+    plans = {p: plan_round(rounds, 1, polled(engine, p)[0].choice) for p in ids[::7]}
+    assert all(polled(engine, p)[0].HasField("choice") for p in ids[:3])
+    assert len({(plan.codec, plan.shares, plan.digest) for plan in plans.values()}) == 1
+    plan = next(iter(plans.values()))
+    assert plan.chosen
+    if peers <= LISTED_PARTICIPANTS:  # uplinks differ: so do the slices, and every member has every share
+        assert len(plan.shares) == peers and len({s for _, s in plan.shares}) > 1
+    else:  # too many to list: equal slices
+        assert plan.shares == () and plan.shares_of(ids[:8]) is None
