@@ -56,6 +56,16 @@ def test_two_level_sends_less_across_sites_than_flat(count, sites):
     assert tiered.cross_site_bytes == pytest.approx(flat.cross_site_bytes * sites / count)
 
 
+def test_sub_groups_of_a_site_fate_share_through_their_representatives_only():
+    peers = make_peers(1000, sites=4, up_mbit=100)
+    by_site, capped = two_level(1e8, peers, NO_OVERHEAD), two_level(1e8, peers, NO_OVERHEAD, group_size=64)
+    assert (by_site.must_complete, by_site.largest_subgroup) == (4, 250)
+    assert (capped.must_complete, capped.largest_subgroup) == (16, 63)  # each site of 250 in 4 sub-groups of 62-63
+    assert capped.cross_site_bytes > by_site.cross_site_bytes  # a site's sub-groups average across its uplink too
+    flat = butterfly(1e8, peers, NO_OVERHEAD)
+    assert (flat.must_complete, flat.largest_subgroup) == (1000, 1000)
+
+
 def test_one_site_sends_nothing_across_sites():
     peers = make_peers(8, sites=1, up_mbit=100)
     assert butterfly(1e8, peers, NO_OVERHEAD).cross_site_bytes == 0

@@ -5,8 +5,11 @@ butterfly all-reduce and for two-level (site) averaging. ``scripts/sim_wan.py`` 
 
 The butterfly: each of K members owns 1/K of the vector. Phase 1 sends every slice to its owner, phase 2
 sends every owner's averaged slice to everyone, so each member sends and receives 2(K−1)/K of the payload.
-Two-level: a site's members do that among themselves first (fast links), one representative per site does
-it across sites with the site's partial sum, then each representative sends the result to its site.
+Two-level: the sub-groups of ``swarm.core.site_plan.plan_sites`` (a site's members, cut into sub-groups of at
+most ``group_size``; a peer on a link of its own is a sub-group of one) do that among themselves first, one
+representative per sub-group does it across sub-groups with the sub-group's partial sum, then each representative
+sends the result to its sub-group. A sub-group whose member fails is left out of level 2, so only the
+representatives must all complete the round.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class Exchange:
     seconds: float
     bytes_per_peer: float  # the most any one peer sends (its upload)
     cross_site_bytes: float  # the sum over all peers of what they send to another site
+    must_complete: int = 0  # peers one failure of which voids the round: all (flat), the representatives (two-level)
+    largest_subgroup: int = 0  # the most contributions one failure leaves out (flat: every one)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,47 +106,61 @@ def butterfly(payload_bytes: float, peers: list[Peer], costs: Costs) -> Exchange
     """The flat butterfly all-reduce of ``payload_bytes`` (encoded) among ``peers``."""
     k = len(peers)
     if k < 2:
-        return Exchange(seconds=0.0, bytes_per_peer=0.0, cross_site_bytes=0.0)
+        return Exchange(seconds=0.0, bytes_per_peer=0.0, cross_site_bytes=0.0, must_complete=k, largest_subgroup=k)
     slice_bytes = payload_bytes / k
     seconds = 2 * _phase_s(slice_bytes, peers, costs) + costs.codec_s_per_byte * payload_bytes
     per_site = Counter(p.site for p in peers)
     cross = sum(2 * (k - per_site[p.site]) * slice_bytes for p in peers)
-    return Exchange(seconds=seconds, bytes_per_peer=2 * (k - 1) * slice_bytes, cross_site_bytes=cross)
+    return Exchange(seconds=seconds, bytes_per_peer=2 * (k - 1) * slice_bytes, cross_site_bytes=cross,
+                    must_complete=k, largest_subgroup=k)
 
 
-def two_level(payload_bytes: float, peers: list[Peer], costs: Costs) -> Exchange:
-    """Butterfly inside each site (LAN), butterfly of one representative per site (WAN), then each
-    representative shares the result with its site (scatter, then all-gather: the cost of a butterfly)."""
-    sites: dict[int, list[Peer]] = {}
-    for p in peers:
-        sites.setdefault(p.site, []).append(p)
-    inside = [butterfly(payload_bytes, members, costs) for members in sites.values()]
-    representatives = [members[0] for members in sites.values()]
+def two_level(payload_bytes: float, peers: list[Peer], costs: Costs, group_size: int = 0) -> Exchange:
+    """Butterfly inside each sub-group (a site's LAN), butterfly of one representative per sub-group, then each
+    representative shares the result with its sub-group (scatter, then all-gather: the cost of a butterfly).
+    The sub-groups are the exchange's own plan (``plan_sites``) of sub-groups of at most ``group_size``."""
+    subgroups = _subgroups(peers, group_size)
+    inside = [butterfly(payload_bytes, members, costs) for members in subgroups]
+    representatives = [members[0] for members in subgroups]
     across = butterfly(payload_bytes, representatives, costs)
-    # sharing the result: the representative scatters it over its site, which all-gathers it (two LAN phases)
-    share = [butterfly(payload_bytes, members, replace(costs, codec_s_per_byte=0.0)) for members in sites.values()]
+    # sharing the result: the representative scatters it over its sub-group, which all-gathers it (two LAN phases)
+    share = [butterfly(payload_bytes, members, replace(costs, codec_s_per_byte=0.0)) for members in subgroups]
     seconds = max(e.seconds for e in inside) + across.seconds + max(e.seconds for e in share)
     rep_bytes = max(e.bytes_per_peer for e in inside) + across.bytes_per_peer + max(e.bytes_per_peer for e in share)
-    return Exchange(seconds=seconds, bytes_per_peer=rep_bytes, cross_site_bytes=across.cross_site_bytes)
+    return Exchange(seconds=seconds, bytes_per_peer=rep_bytes, cross_site_bytes=across.cross_site_bytes,
+                    must_complete=len(subgroups), largest_subgroup=max(len(m) for m in subgroups))
 
 
-def exchange(mode: str, payload_bytes: float, peers: list[Peer], costs: Costs) -> Exchange:
+def _subgroups(peers: list[Peer], group_size: int) -> list[list[Peer]]:
+    """One sub-group per site, or the exchange's own cut of each site into sub-groups of at most ``group_size``
+    (imported only then: it brings torch, which the model does not otherwise need)."""
+    if not group_size:
+        sites: dict[int, list[Peer]] = {}
+        for p in peers:
+            sites.setdefault(p.site, []).append(p)
+        return list(sites.values())
+    from swarm.core.site_plan import plan_sites
+
+    return [[peers[i] for i in s.positions] for s in plan_sites([str(p.site) for p in peers], group_size).subgroups]
+
+
+def exchange(mode: str, payload_bytes: float, peers: list[Peer], costs: Costs, group_size: int = 0) -> Exchange:
     if mode == "flat":
         return butterfly(payload_bytes, peers, costs)
     if mode == "two_level":
-        return two_level(payload_bytes, peers, costs)
+        return two_level(payload_bytes, peers, costs, group_size)
     raise ValueError(f"mode must be 'flat' or 'two_level', got {mode!r}")
 
 
 def round_time(mode: str, *, params: int, codec: str, inner_steps: int, peers: list[Peer], costs: Costs,
-               overlap: bool = True, budgeted: bool = True, reason: str = "") -> Round:
+               overlap: bool = True, budgeted: bool = True, reason: str = "", group_size: int = 0) -> Round:
     """One round: ``inner_steps`` at the slowest peer's pace make the time budget (``budgeted``: every peer
     trains until then, as time-budgeted rounds do; otherwise each does ``inner_steps`` and waits). With
     ``overlap`` the exchange runs behind the next round's compute, so a round takes the longer of the two."""
     if not peers:
         raise ValueError("a round needs at least one peer")
     compute_s = inner_steps * max(p.step_s for p in peers)
-    ex = exchange(mode, params * BYTES_PER_PARAM[codec], peers, costs)
+    ex = exchange(mode, params * BYTES_PER_PARAM[codec], peers, costs, group_size)
     round_s = max(compute_s, ex.seconds) if overlap else compute_s + ex.seconds
     busy = [compute_s if budgeted else inner_steps * p.step_s for p in peers]
     utilization = sum(busy) / (len(peers) * round_s) if round_s > 0 else 1.0
@@ -150,7 +169,7 @@ def round_time(mode: str, *, params: int, codec: str, inner_steps: int, peers: l
 
 
 def controlled_round(mode: str, *, params: int, inner_steps: int, peers: list[Peer], costs: Costs,
-                     codecs: tuple[str, ...] = ("fp32", "fp16", "int8", "int4")) -> Round:
+                     codecs: tuple[str, ...] = ("fp32", "fp16", "int8", "int4"), group_size: int = 0) -> Round:
     """The controller's rule: the least lossy codec whose exchange hides behind the round's compute; when none
     does, the smallest codec and enough more inner steps that it does."""
     ordered = [c for c in LOSSLESS_FIRST if c in codecs]
@@ -158,14 +177,17 @@ def controlled_round(mode: str, *, params: int, inner_steps: int, peers: list[Pe
         raise ValueError(f"codecs must name some of {LOSSLESS_FIRST}, got {codecs}")
     compute_s = inner_steps * max(p.step_s for p in peers)
     for codec in ordered:
-        r = round_time(mode, params=params, codec=codec, inner_steps=inner_steps, peers=peers, costs=costs)
+        r = round_time(mode, params=params, codec=codec, inner_steps=inner_steps, peers=peers, costs=costs,
+                       group_size=group_size)
         if r.exchange.seconds <= compute_s:
             return replace(r, reason=f"{codec}: exchange {r.exchange.seconds:.1f}s hides behind {compute_s:.1f}s "
                                      f"of compute")
     smallest = ordered[-1]
-    slow = round_time(mode, params=params, codec=smallest, inner_steps=inner_steps, peers=peers, costs=costs)
+    slow = round_time(mode, params=params, codec=smallest, inner_steps=inner_steps, peers=peers, costs=costs,
+                      group_size=group_size)
     steps = math.ceil(slow.exchange.seconds / max(p.step_s for p in peers))
-    r = round_time(mode, params=params, codec=smallest, inner_steps=steps, peers=peers, costs=costs)
+    r = round_time(mode, params=params, codec=smallest, inner_steps=steps, peers=peers, costs=costs,
+                   group_size=group_size)
     return replace(r, reason=f"{smallest} takes {slow.exchange.seconds:.1f}s > {compute_s:.1f}s of compute: "
                              f"H raised from {inner_steps} to {steps}")
 
