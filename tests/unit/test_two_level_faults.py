@@ -10,6 +10,8 @@ from typing import Any, Callable, Iterator, Optional
 import pytest
 import torch
 
+from swarm.core.aggregation import Aggregation
+from swarm.core.average import butterfly_reference
 from swarm.net.bulk.transport import Transport
 from swarm.net.exchange.allreduce import Exchange
 from swarm.net.exchange.rendezvous import Member, group_key
@@ -79,8 +81,9 @@ def failing_at(phase: str) -> Callable[[str], Optional[float]]:
     return hook
 
 
-def test_a_member_failing_mid_exchange_fails_every_subgroup_well_before_the_timeout(peers) -> None:
-    """Site c's member fails while sending: site c's representative tells the other representatives at once."""
+def test_a_member_failing_mid_exchange_leaves_the_other_subgroups_one_average_well_before_the_timeout(peers) -> None:
+    """Site c's member fails while sending: site c's exchange fails, its representative withdraws it from level 2,
+    and every peer, site c's two included, ends with the same bytes: sites a and b's average, as computed directly."""
     weights = [30.0, 10.0, 20.0, 40.0, 5.0, 15.0]
     group = [p.member(w) for p, w in zip(peers, weights)]
     key = group_key(RUN_ID, 1)
@@ -93,8 +96,51 @@ def test_a_member_failing_mid_exchange_fails_every_subgroup_well_before_the_time
                                                        on_phase=h)
         for p, m, d, h in zip(peers, group, deltas, hooks)], timeout_s=3 * TIMEOUT_S)
     elapsed = time.monotonic() - started
-    assert all(isinstance(o, ExchangeFailed) for o in outcomes), outcomes
-    assert elapsed < TIMEOUT_S / 2, f"the failure took {elapsed:.1f}s to reach every member"
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    assert not failed, failed
+    assert elapsed < TIMEOUT_S / 2, f"the exchange took {elapsed:.1f}s"
+    first = outcomes[0].average
+    assert all(torch.equal(o.average, first) for o in outcomes), "peers ended with different averages"
+    capped = Aggregation().weights(weights, [m.peer_id for m in group])
+    site_a = butterfly_reference([deltas[0], deltas[3]], [capped[0], capped[3]], "fp32")
+    site_b = butterfly_reference([deltas[1], deltas[4]], [capped[1], capped[4]], "fp32")
+    expected = butterfly_reference([site_a, site_b], [capped[0] + capped[3], capped[1] + capped[4]], "fp32")
+    assert torch.equal(first, expected), "the average is not sites a and b's"
+    assert [o.withdrawn for o in outcomes] == [False, False, True, False, False, True]
+
+
+@pytest.mark.parametrize("gather", [False, True], ids=["butterfly", "all-gather"])
+def test_a_withdrawn_member_of_a_flat_exchange_leaves_the_others_average(peers, gather: bool) -> None:
+    """In one group, a member that withdraws still takes part (a butterfly owner reduces and sends its slices): every
+    member ends with the others' weighted average."""
+    members = peers[:3]
+    weights = [2.0, 3.0, 5.0]
+    group = [p.member(w) for p, w in zip(members, weights)]
+    key = group_key(RUN_ID, 10 + gather)
+    for p in members:
+        p.two_level.in_site.gather_all = gather  # between exchanges, as the run's config sets it
+    generator = torch.Generator().manual_seed(4)
+    deltas: list[Optional[torch.Tensor]] = [torch.randn(NUMEL, generator=generator) for _ in members]
+    deltas[1] = None
+    outcomes = concurrently([
+        lambda p=p, m=m, d=d: p.two_level.in_site.average(key=key, group=group, me=m, delta=d, timeout_s=TIMEOUT_S)
+        for p, m, d in zip(members, group, deltas)], timeout_s=3 * TIMEOUT_S)
+    for p in members:
+        p.two_level.in_site.gather_all = False
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    assert not failed, failed
+    assert all(torch.equal(o.average, outcomes[0].average) for o in outcomes), "members ended with different averages"
+    assert torch.equal(outcomes[0].average, butterfly_reference([deltas[0], deltas[2]], [2.0, 5.0], "fp32"))
+
+
+def test_a_group_whose_every_member_withdraws_fails(peers) -> None:
+    members = peers[:2]
+    group = [p.member(1.0) for p in members]
+    key = group_key(RUN_ID, 4)
+    outcomes = concurrently([
+        lambda p=p, m=m: p.two_level.in_site.average(key=key, group=group, me=m, delta=None, timeout_s=TIMEOUT_S)
+        for p, m in zip(members, group)], timeout_s=3 * TIMEOUT_S)
+    assert all(isinstance(o, ExchangeFailed) and "withdrew" in str(o) for o in outcomes), outcomes
 
 
 def test_a_representative_dead_at_level_two_costs_one_failed_send(peers) -> None:

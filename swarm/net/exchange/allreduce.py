@@ -7,8 +7,9 @@ while the next stripe's contributions arrive); each owner reduces its slices of 
 contribution in the group's canonical order by the run's aggregation rule (``swarm.core.aggregation``),
 encodes the average once and sends those same bytes to every member, so every member holds the same average.
 A slice that does not arrive in time fails the exchange; a failing member tells the others at once (an abort
-message), so a dead groupmate costs one failed send, not everyone's timeout. A malicious owner can still
-replace its own slice of the average (the bound of a butterfly all-reduce): sparse codecs, and every codec of a
+message), so a dead groupmate costs one failed send, not everyone's timeout. A member may withdraw instead of
+contributing (``swarm.net.exchange.withdrawal``): the others' average, without its weight. A malicious owner can
+still replace its own slice of the average (the bound of a butterfly all-reduce): sparse codecs, and every codec of a
 run whose ``[rounds] exchange`` is the all-gather (the default of a run that admits strangers), are exchanged by
 an all-gather instead (``swarm.net.exchange.sparse_gather``): every member averages all K contributions itself.
 
@@ -54,6 +55,7 @@ from swarm.net.exchange.slice_reduction import (
     reduce_owned,
 )
 from swarm.net.exchange.sparse_gather import gather_average
+from swarm.net.exchange.withdrawal import present, send_withdrawal
 from swarm.net.link.link_probe import LinkProbe
 from swarm.net.link.link_stats import TransferLog
 from swarm.net.link.p2p_address import unreachable_sentence
@@ -140,7 +142,7 @@ class Exchange:
         return self.bulk.address if self.bulk is not None else ""
 
     def average(
-        self, *, key: str, group: list[Member], me: Member, delta: torch.Tensor, timeout_s: float,
+        self, *, key: str, group: list[Member], me: Member, delta: Optional[torch.Tensor], timeout_s: float,
         on_phase: Optional[Callable[[str], Optional[float]]] = None, shares: Optional[Sequence[float]] = None,
         owner: Optional[OwnerFeedback] = None, into_delta: bool = False,
     ) -> ExchangeResult:
@@ -155,6 +157,7 @@ class Exchange:
         this peer's residual as its slice's owner (``swarm.core.codecs.owner_feedback``; ``average.owner_encode``).
         ``into_delta``: the caller reads ``delta`` no more, so with a lossless codec the average is written into its
         memory (each slice once it is sent: no model-sized result beside it); a group of one averages alone.
+        ``delta`` None: this member withdraws, the average is the other members' (``swarm.net.exchange.withdrawal``).
         """
         on_phase = on_phase or (lambda phase: None)
         failed, completed = "", False
@@ -197,7 +200,7 @@ class Exchange:
         except (ExchangeFailed, asyncio.TimeoutError, TimeoutError) as e:
             if not isinstance(e, ExchangeFailed) or not e.from_groupmate:
                 reason = str(e) if isinstance(e, ExchangeFailed) else f"no complete exchange within {timeout_s:.0f}s"
-                await self.abort(key, group, me, reason)
+                await self._abort(key, group, me, reason)
             if isinstance(e, ExchangeFailed) and e.unreachable and not self._received_bytes.get(key):
                 raise ExchangeFailed(f"{e}; and no groupmate reached this peer: {self._unreachable_self(key)}") from e
             raise
@@ -210,8 +213,7 @@ class Exchange:
             logger.warning("%s: %s", key, sentence)
         return sentence
 
-    async def abort(self, key: str, group: list[Member], me: Member, reason: str) -> None:
-        """Tell every other member of ``group`` that this peer's exchange of ``key`` failed (best effort, at once)."""
+    async def _abort(self, key: str, group: list[Member], me: Member, reason: str) -> None:
         position = [m.peer_id for m in group].index(me.peer_id)
         digest = group_digest(group)
 
@@ -238,9 +240,10 @@ class Exchange:
         gathered = codec.gathered or self.gather_all
         stripes = stripe_count(codec, me.numel, len(group))  # block-aligned slices: quantize like the whole
         bounds = [] if gathered else group_bounds(key, me.numel, len(group), codec.block, shares, stripes)
-        flat = delta.detach().reshape(-1).to(torch.float32).contiguous()
-        into_delta = into_delta and codec.lossless  # a lossy codec's Δ becomes error feedback's residual
+        flat = None if delta is None else delta.detach().reshape(-1).to(torch.float32).contiguous()
+        into_delta = into_delta and codec.lossless and flat is not None  # a lossy codec's Δ: error feedback's residual
         if len(group) == 1:  # nobody to send to: the exchange's arithmetic alone
+            present(key, [flat])  # a withdrawal alone: nothing to average
             for phase in ("sending", "reducing"):
                 await _pause(on_phase(phase))
             average, reduced = await asyncio.to_thread(average_alone, self.aggregation, codec, flat, weights, key,
@@ -248,9 +251,11 @@ class Exchange:
             return self._result(key, group, 0, average, 0, [reduced], started)
         self.restarts.averaging(key, group)
         await self.inbox.expect(key, [m.dht_peer_id for m in group], group_digest(group), max(1, len(bounds)))
-        if gathered:  # all-gather (its one part): every member reduces the whole vector
-            return await self._gather(key, group, me, flat, codec, weights, on_phase, started, into_delta)
         position, digest = [m.peer_id for m in group].index(me.peer_id), group_digest(group)
+        if gathered:  # all-gather (its one part): every member reduces the whole vector (swarm.net.exchange.sparse_gather)
+            reduced, sent = await gather_average(self, key, group, me, flat, codec, weights,
+                                                 lambda phase: _pause(on_phase(phase)), into_delta=into_delta)
+            return self._result(key, group, position, reduced.average, sent, [reduced], started)
         reserved = {} if self._bulk_slices is None else self._bulk_slices.reserve_butterfly(  # claimed now
             key, group, digest, position, bounds, codec)
         try:
@@ -283,8 +288,9 @@ class Exchange:
         average = flat if into_delta else self._results.take(bounds[-1][1])  # written once, by the reductions and decodes
 
         async def contributed() -> int:
-            sent = await send_contributions(self, key, group, digest, position, bounds, flat, codec, reserved, links,
-                                            sent_parts)
+            sent = await (send_withdrawal(self, key, group, digest, position, len(bounds), links, reserved)
+                          if flat is None else send_contributions(self, key, group, digest, position, bounds, flat,
+                                                                  codec, reserved, links, sent_parts))
             passed("contributed")
             return sent
 
@@ -326,14 +332,6 @@ class Exchange:
         return await settle(self._send(
             group[to], key, digest, exchange_pb2.PHASE_AVERAGED, part, position, payload, turn=Turn(link=links[to]),
             reservation=reserved.get((exchange_pb2.PHASE_AVERAGED, part, to))) for to in others)
-
-    async def _gather(self, key: str, group: list[Member], me: Member, flat: torch.Tensor, codec, weights: list[float],
-                      on_phase: Callable[[str], Optional[float]], started: float, into_delta: bool) -> ExchangeResult:
-        """The all-gather (swarm.net.exchange.sparse_gather): this peer's whole vector to everyone."""
-        reduced, sent = await gather_average(self, key, group, me, flat, codec, weights,
-                                             lambda phase: _pause(on_phase(phase)), into_delta=into_delta)
-        position = [m.peer_id for m in group].index(me.peer_id)
-        return self._result(key, group, position, reduced.average, sent, [reduced], started)
 
     def _result(self, key: str, group: list[Member], position: int, average: torch.Tensor, sent: int,
                 reductions: list[Reduced], started: float,

@@ -20,6 +20,7 @@ from swarm.core.codecs.owner_feedback import OwnerFeedback
 from swarm.net.bulk.chunk_stream import SlicePayload, settle
 from swarm.net.exchange.exchange_failed import ExchangeFailed
 from swarm.net.exchange.rendezvous import Member
+from swarm.net.exchange.withdrawal import present, renumbered, withdrawn
 from swarm.v1 import exchange_pb2
 
 logger = logging.getLogger("swarm.net.exchange.allreduce")  # the exchange's log, where these lines always were
@@ -107,13 +108,20 @@ def reduce_decoded(aggregation: Aggregation, codec, decoded: list[torch.Tensor],
         raise ExchangeFailed(f"{key}: cannot encode this slice ({e})") from None
 
 
-def reduce_owned(aggregation: Aggregation, codec, decoded: list[torch.Tensor], weights: list[float], key: str, *,
-                 owner: Optional[OwnerFeedback], bounds: tuple[int, int], out: torch.Tensor) -> tuple[SlicePayload, Reduced]:
+def reduce_owned(aggregation: Aggregation, codec, decoded: list[Optional[torch.Tensor]], weights: list[float], key: str,
+                 *, owner: Optional[OwnerFeedback], bounds: tuple[int, int],
+                 out: torch.Tensor) -> tuple[SlicePayload, Reduced]:
     """An owner's slice ``bounds`` reduced (``reduce_decoded``) into ``out``, its place in the result (it may be
     one of ``decoded``: this peer's own contribution, whose memory the result takes), which then holds what every
     member decodes of it; and what the owner sends. fp32 without owner feedback sends ``out``'s own bytes (its
     encoding is its values: the same bits, no encoded copy); any other codec sends the encoded mean, and ``out``
-    is then decoded from those bytes."""
+    is then decoded from those bytes. A None in ``decoded`` is a withdrawn member's (``swarm.net.exchange.withdrawal``):
+    the reduction is over the others, with their weights."""
+    kept = present(key, decoded)
+    if len(kept) < len(decoded):
+        payload, reduced = reduce_owned(aggregation, codec, [decoded[i] for i in kept], [weights[i] for i in kept],
+                                        key, owner=owner, bounds=bounds, out=out)
+        return payload, renumbered(reduced, kept)
     if not (_raw_fp32(codec) and (owner is None or not codec.owner_feedback)):
         data, reduced = reduce_decoded(aggregation, codec, decoded, weights, key, owner=owner, bounds=bounds, out=out)
         decode_into(codec, data, out, key)
@@ -210,11 +218,13 @@ def _raw_fp32(codec) -> bool:
 
 
 async def received_slice(inbox: Any, scratch: Any, key: str, group: list[Member], codec, slot: tuple,
-                         numel: int) -> torch.Tensor:
+                         numel: int) -> Optional[torch.Tensor]:
     """The slice ``slot`` (digest, phase, part, sender position) once ``inbox`` (the exchange's ``SliceInbox``) has
     it, decoded: read where it lies when it can be, else into memory from ``scratch`` (a ``ResultVectors``: what the
-    last stripe's decodes let go, no page faults)."""
+    last stripe's decodes let go, no page faults); None when its sender withdrew (``swarm.net.exchange.withdrawal``)."""
     (data,) = await _taken(inbox, key, group, slot)
+    if withdrawn(data):
+        return None
     if read_in_place(codec, data, numel) or not decodes_into(codec):
         return await asyncio.to_thread(decode_slice, codec, data, numel, key)
     out = scratch.take(numel)

@@ -24,7 +24,7 @@ owner that sends different averages.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Optional
 
 import torch
 
@@ -33,23 +33,27 @@ from swarm.core.codecs.codec import Codec
 from swarm.net.bulk.chunk_stream import SlicePayload
 from swarm.net.exchange.rendezvous import Member, group_digest
 from swarm.net.exchange.slice_reduction import check_sendable, decode_slice, encode_slice, raw_fp32
+from swarm.net.exchange.withdrawal import WITHDRAWN, present, renumbered, withdrawn
 from swarm.v1 import exchange_pb2
 
 _PART = 0  # the whole vector: every contribution is message part 0 of PHASE_CONTRIBUTION
 
 
-async def gather_average(exchange: Any, key: str, group: list[Member], me: Member, flat: torch.Tensor,
+async def gather_average(exchange: Any, key: str, group: list[Member], me: Member, flat: Optional[torch.Tensor],
                          codec: Codec, weights: list[float],
                          pause: Callable[[str], Awaitable[None]], *, into_delta: bool = False) -> tuple[Reduced, int]:
     """Send this member's encoded ``flat`` to every groupmate, wait for all of theirs, and reduce them:
     the reduction and the bytes sent. ``exchange`` is the ``swarm.net.exchange.allreduce.Exchange`` whose
     transport, inbox and sender checks carry the messages; ``pause(phase)`` is its fault-injection hook.
     fp32 goes as ``flat``'s own bytes (no encoded copy); ``into_delta``: the average is written into ``flat``'s
-    memory once every send is done (a lossless codec's Δ, which the caller reads no more)."""
+    memory once every send is done (a lossless codec's Δ, which the caller reads no more). ``flat`` None: this member
+    withdraws (``swarm.net.exchange.withdrawal``), the average is the others'."""
     position = [m.peer_id for m in group].index(me.peer_id)
     digest = group_digest(group)
     await pause("sending")
-    if raw_fp32(codec):
+    if flat is None:
+        payload = own = WITHDRAWN
+    elif raw_fp32(codec):
         await asyncio.to_thread(check_sendable, codec, flat, key)
         payload, own = SlicePayload.lazy(codec, flat), SlicePayload.lazy(codec, flat).lossless_view()
     else:
@@ -65,7 +69,10 @@ async def gather_average(exchange: Any, key: str, group: list[Member], me: Membe
     await pause("reducing")
 
     def reduce() -> Reduced:
-        decoded = [decode_slice(codec, data, flat.numel(), key) for data in contributions]
-        return exchange.aggregation.reduce(decoded, weights, out=flat if into_delta and codec.lossless else None)
+        decoded = [None if withdrawn(data) else decode_slice(codec, data, me.numel, key) for data in contributions]
+        kept = present(key, decoded)
+        reduced = exchange.aggregation.reduce([decoded[i] for i in kept], [weights[i] for i in kept],
+                                              out=flat if into_delta and codec.lossless else None)
+        return renumbered(reduced, kept)
 
     return await asyncio.to_thread(reduce), sent

@@ -5,11 +5,21 @@ sub-groups' total samples, and each representative hands that result to its sub-
 (``swarm.net.exchange.site_broadcast``). Every member ends with the representatives' cross-site average, the same
 bytes everywhere.
 
+A sub-group whose own exchange fails (e.g. a member killed mid-exchange, whose abort or failed send reaches the
+sub-group at once) does not fail the others: its representative still takes part across sites but withdraws it
+(``swarm.net.exchange.withdrawal``: no contribution, its weight out of every slice's reduction; it still reduces
+and sends the slices it owns), so the cross-site average is the surviving sub-groups' and comes without waiting
+for any timeout. The representative hands that average to its sub-group as usual, so its live members end with
+the same θg as everyone; a member whose representative does not answer a ping fails at once (nobody would hand it
+an average). A representative that dies costs the cross-site exchange one failed send, as in a flat group: every
+sub-group then fails at once; so does a cross-site exchange whose every sub-group withdrew.
+
 What holds at which level: in a sub-group and across sites, the butterfly's guarantees hold as in a flat
 group (slices only from the libp2p id of the signed entry's member, declared weights capped, the run's
-aggregation rule on every slice, an abort fails the level at once); across sites the weights are the
-sub-groups' summed capped weights, which every representative derives from the signed entries, and the
-rule compares sub-group averages, so a robust rule needs three or more sub-groups to see an outlier. A
+aggregation rule on every slice, an abort fails the level at once, a withdrawal counts only from the member it
+withdraws and only takes a weight out); across sites the weights are the sub-groups' summed capped weights,
+which every representative derives from the signed entries, and the rule compares sub-group averages, so a
+robust rule needs three or more sub-groups to see an outlier. A
 member cannot check its representative's cross-site average: a dishonest representative can give its
 sub-group any finite vector (the bound is the commit vote: those members then hold another θg than the
 rest). Sites come from coordinator-signed credentials; the plan digest is in every key and message.
@@ -27,16 +37,18 @@ import torch
 
 from swarm.core.site_plan import SitePlan, plan_sites, subgroup_weights
 from swarm.net.bulk.transport import Transport
-from swarm.net.exchange.allreduce import ABORT_TIMEOUT_S, Exchange, ExchangeResult
+from swarm.net.exchange.allreduce import Exchange, ExchangeResult
 from swarm.net.exchange.exchange_failed import ExchangeFailed
 from swarm.net.exchange.rendezvous import Member, group_digest
 from swarm.net.exchange.site_broadcast import SiteBroadcast
 from swarm.net.exchange.slice_reduction import capped_weights
+from swarm.net.link.link_probe import PING_TIMEOUT_S
 from swarm.net.link.link_stats import LinkTimings
 
 logger = logging.getLogger(__name__)
 
 CROSS_SITE = "cross"  # the cross-site exchange's run-id suffix: its own handler and keys
+PING_TRIES = 3  # a member whose sub-group failed pings its representative this often before it gives up
 
 
 @dataclass
@@ -45,6 +57,7 @@ class TwoLevelResult(ExchangeResult):
     cross_site_bytes_sent: int = 0  # to groupmates at other sites (or without a site)
     representative: bool = False  # this peer took part in the cross-site exchange
     subgroups: int = 1
+    withdrawn: bool = False  # this peer's sub-group failed: the average is the other sub-groups', without this peer's
 
 
 class TwoLevelExchange:
@@ -81,16 +94,9 @@ class TwoLevelExchange:
         results: list[ExchangeResult] = []
         handed_bytes = 0
         try:
-            partial = flat_f32(delta)
+            partial: Optional[torch.Tensor] = flat_f32(delta)
             if len(members) > 1:
-                try:
-                    results.append(self.in_site.average(key=tag, group=members, me=me, delta=delta,
-                                                        timeout_s=timeout_s, on_phase=on_phase))
-                except ExchangeFailed as e:
-                    if represents:  # the other representatives would wait for this one until their timeout
-                        self._tell_representatives(key, group, plan, digest, members[0], str(e))
-                    raise
-                partial = results[-1].average
+                partial = self._in_site(tag, members, me, delta, timeout_s, on_phase, results, cross, represents)
             if represents:
                 results.append(self._across_sites(key, group, plan, digest, tag, members, partial, timeout_s))
                 average = results[-1].average
@@ -113,13 +119,38 @@ class TwoLevelExchange:
             rejected={k: v for r in results for k, v in r.rejected.items()},
             clipped={k: v for r in results for k, v in r.clipped.items()},
             links=links, in_site_bytes_sent=sent - to_other_sites, cross_site_bytes_sent=to_other_sites,
-            representative=represents, subgroups=len(plan.subgroups),
+            representative=represents, subgroups=len(plan.subgroups), withdrawn=partial is None,
         )
 
+    def _in_site(self, tag: str, members: list[Member], me: Member, delta: torch.Tensor, timeout_s: float,
+                 on_phase: Optional[Callable[[str], Optional[float]]], results: list[ExchangeResult], cross: bool,
+                 represents: bool) -> Optional[torch.Tensor]:
+        """The sub-group's average (its result appended to ``results``). None when the sub-group's exchange failed
+        and the other sub-groups go on without it: its representative withdraws it from level 2, and a member whose
+        representative answers waits for the level-2 average as usual (one whose representative is gone fails now:
+        nobody would hand it one)."""
+        try:
+            results.append(self.in_site.average(key=tag, group=members, me=me, delta=delta, timeout_s=timeout_s,
+                                                on_phase=on_phase))
+            return results[-1].average
+        except ExchangeFailed as e:
+            if not cross or not (represents or self._answers(members[0])):
+                raise
+            logger.warning("%s: this sub-group's exchange failed (%s); it is withdrawn from the cross-site average, "
+                           "which this peer still takes", tag, e)
+            return None
+
+    def _answers(self, representative: Member) -> bool:
+        """Whether ``representative`` answers a ping (a few tries, each of at most PING_TIMEOUT_S)."""
+        for _ in range(PING_TRIES):
+            if self.in_site.transport.run(self.in_site.probe.rtt_s([representative]), timeout_s=PING_TIMEOUT_S + 5):
+                return True
+        return False
+
     def _across_sites(self, key: str, group: list[Member], plan: SitePlan, digest: str, tag: str,
-                      members: list[Member], partial: torch.Tensor, timeout_s: float) -> ExchangeResult:
-        """This representative's sub-group average exchanged with the other representatives; on failure its
-        sub-group is told at once."""
+                      members: list[Member], partial: Optional[torch.Tensor], timeout_s: float) -> ExchangeResult:
+        """This representative's sub-group average exchanged with the other representatives (``partial`` None: its
+        sub-group failed and is withdrawn, ``swarm.net.exchange.withdrawal``); on failure its sub-group is told at once."""
         try:
             cross_key, reps, me = self._level_two(key, group, plan, digest, members[0])
             return self.cross_site.average(key=cross_key, group=reps, me=me, delta=partial, timeout_s=timeout_s)
@@ -135,17 +166,6 @@ class TwoLevelExchange:
         reps = [dataclasses.replace(group[r], weight=w) for r, w in zip(plan.representatives, weights)]
         me = next(r for r in reps if r.peer_id == representative.peer_id)
         return f"{self.run_id}.{CROSS_SITE}.{key[len(self.run_id) + 1:]}.plan{digest}", reps, me
-
-    def _tell_representatives(self, key: str, group: list[Member], plan: SitePlan, digest: str,
-                              representative: Member, reason: str) -> None:
-        """This representative's sub-group failed: the other representatives are told at once (the cross-site
-        exchange's abort), so they fail now instead of waiting for its sub-group average until their timeout."""
-        try:
-            cross_key, reps, me = self._level_two(key, group, plan, digest, representative)
-        except ExchangeFailed:
-            return  # weights no member accepts: every representative's level 2 fails on them at once
-        self.cross_site.transport.run(self.cross_site.abort(cross_key, reps, me, f"its sub-group failed: {reason}"),
-                                      timeout_s=ABORT_TIMEOUT_S + 5)
 
 
 def flat_f32(delta: torch.Tensor) -> torch.Tensor:
