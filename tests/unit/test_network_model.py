@@ -72,10 +72,18 @@ def test_one_site_sends_nothing_across_sites():
     assert two_level(1e8, peers, NO_OVERHEAD).cross_site_bytes == 0
 
 
-def test_per_stream_cost_makes_a_large_flat_group_slower_than_two_level():
+def test_per_stream_cost_makes_a_large_flat_group_slower_than_two_level_in_small_sub_groups():
     costs = Costs(per_stream_s=0.005)
     peers = make_peers(1024, sites=16, up_mbit=1000, one_way_ms=30)
-    assert two_level(1e8, peers, costs).seconds < butterfly(1e8, peers, costs).seconds
+    assert two_level(1e8, peers, costs, group_size=8).seconds < butterfly(1e8, peers, costs).seconds
+
+
+def test_a_representative_hands_the_fp32_result_to_each_member_of_its_sub_group():
+    peers = make_peers(64, sites=4, up_mbit=100)
+    small, whole = two_level(1e8, peers, NO_OVERHEAD, group_size=4), two_level(1e8, peers, NO_OVERHEAD)
+    assert whole.bytes_per_peer - small.bytes_per_peer > 11 * 1e8  # 15 hand-offs against 3
+    int4 = two_level(1e8 / 8, peers, NO_OVERHEAD, result_bytes=1e8)  # an int4 payload, the fp32 result
+    assert int4.bytes_per_peer > 15 * 1e8
 
 
 def test_a_shared_site_uplink_makes_flat_slower_than_two_level():

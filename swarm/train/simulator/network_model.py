@@ -8,7 +8,7 @@ sends every owner's averaged slice to everyone, so each member sends and receive
 Two-level: the sub-groups of ``swarm.core.site_plan.plan_sites`` (a site's members, cut into sub-groups of at
 most ``group_size``; a peer on a link of its own is a sub-group of one) do that among themselves first, one
 representative per sub-group does it across sub-groups with the sub-group's partial sum, then each representative
-sends the result to its sub-group. A sub-group whose member fails is left out of level 2, so only the
+sends the result, in fp32, to each other member of its sub-group (``swarm.net.exchange.site_broadcast``). A sub-group whose member fails is left out of level 2, so only the
 representatives must all complete the round.
 """
 
@@ -115,18 +115,21 @@ def butterfly(payload_bytes: float, peers: list[Peer], costs: Costs) -> Exchange
                     must_complete=k, largest_subgroup=k)
 
 
-def two_level(payload_bytes: float, peers: list[Peer], costs: Costs, group_size: int = 0) -> Exchange:
+def two_level(payload_bytes: float, peers: list[Peer], costs: Costs, group_size: int = 0,
+              result_bytes: float | None = None) -> Exchange:
     """Butterfly inside each sub-group (a site's LAN), butterfly of one representative per sub-group, then each
-    representative shares the result with its sub-group (scatter, then all-gather: the cost of a butterfly).
-    The sub-groups are the exchange's own plan (``plan_sites``) of sub-groups of at most ``group_size``."""
+    representative sends the result (``result_bytes``: the fp32 vector; default ``payload_bytes``) to each other
+    member of its sub-group over the LAN. The sub-groups are the exchange's own plan (``plan_sites``) of
+    sub-groups of at most ``group_size``."""
     subgroups = _subgroups(peers, group_size)
     inside = [butterfly(payload_bytes, members, costs) for members in subgroups]
     representatives = [members[0] for members in subgroups]
     across = butterfly(payload_bytes, representatives, costs)
-    # sharing the result: the representative scatters it over its sub-group, which all-gathers it (two LAN phases)
-    share = [butterfly(payload_bytes, members, replace(costs, codec_s_per_byte=0.0)) for members in subgroups]
-    seconds = max(e.seconds for e in inside) + across.seconds + max(e.seconds for e in share)
-    rep_bytes = max(e.bytes_per_peer for e in inside) + across.bytes_per_peer + max(e.bytes_per_peer for e in share)
+    handed = (payload_bytes if result_bytes is None else result_bytes) * (max(len(m) for m in subgroups) - 1)
+    share_s = max(handed / _rate(costs.lan_mbit, costs), handed * costs.transport_s_per_byte) + (
+        2 * costs.lan_one_way_ms / 1000 if handed else 0.0)
+    seconds = max(e.seconds for e in inside) + across.seconds + share_s
+    rep_bytes = max(e.bytes_per_peer for e in inside) + across.bytes_per_peer + handed
     return Exchange(seconds=seconds, bytes_per_peer=rep_bytes, cross_site_bytes=across.cross_site_bytes,
                     must_complete=len(subgroups), largest_subgroup=max(len(m) for m in subgroups))
 
@@ -144,11 +147,12 @@ def _subgroups(peers: list[Peer], group_size: int) -> list[list[Peer]]:
     return [[peers[i] for i in s.positions] for s in plan_sites([str(p.site) for p in peers], group_size).subgroups]
 
 
-def exchange(mode: str, payload_bytes: float, peers: list[Peer], costs: Costs, group_size: int = 0) -> Exchange:
+def exchange(mode: str, payload_bytes: float, peers: list[Peer], costs: Costs, group_size: int = 0,
+             result_bytes: float | None = None) -> Exchange:
     if mode == "flat":
         return butterfly(payload_bytes, peers, costs)
     if mode == "two_level":
-        return two_level(payload_bytes, peers, costs, group_size)
+        return two_level(payload_bytes, peers, costs, group_size, result_bytes)
     raise ValueError(f"mode must be 'flat' or 'two_level', got {mode!r}")
 
 
@@ -160,7 +164,7 @@ def round_time(mode: str, *, params: int, codec: str, inner_steps: int, peers: l
     if not peers:
         raise ValueError("a round needs at least one peer")
     compute_s = inner_steps * max(p.step_s for p in peers)
-    ex = exchange(mode, params * BYTES_PER_PARAM[codec], peers, costs, group_size)
+    ex = exchange(mode, params * BYTES_PER_PARAM[codec], peers, costs, group_size, params * BYTES_PER_PARAM["fp32"])
     round_s = max(compute_s, ex.seconds) if overlap else compute_s + ex.seconds
     busy = [compute_s if budgeted else inner_steps * p.step_s for p in peers]
     utilization = sum(busy) / (len(peers) * round_s) if round_s > 0 else 1.0
