@@ -14,9 +14,11 @@ from swarm.core.aggregation import Aggregation
 from swarm.core.average import butterfly_reference
 from swarm.net.bulk.transport import Transport
 from swarm.net.exchange.allreduce import Exchange
-from swarm.net.exchange.rendezvous import Member, group_key
+from swarm.net.exchange.rendezvous import Member, group_digest, group_key
 from swarm.net.exchange.slice_reduction import ExchangeFailed
 from swarm.net.exchange.two_level import TwoLevelExchange
+from swarm.net.exchange.withdrawal import WITHDRAWN
+from swarm.v1 import exchange_pb2
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -161,3 +163,24 @@ def test_a_representative_dead_at_level_two_costs_one_failed_send(peers) -> None
     elapsed = time.monotonic() - started
     assert all(isinstance(o, ExchangeFailed) for o in outcomes), outcomes
     assert elapsed < TIMEOUT_S / 2, f"the failure took {elapsed:.1f}s to reach every member"
+
+
+def test_a_strangers_withdrawal_of_a_member_is_not_believed(peers) -> None:
+    """A peer outside the group sends owner 0 a withdrawal in member 1's name before the exchange: the owner drops it
+    (it is not member 1's libp2p id), and member 1's contribution is in everyone's average."""
+    members, stranger = peers[:3], peers[3].two_level.in_site
+    weights = [2.0, 3.0, 5.0]
+    group = [p.member(w) for p, w in zip(members, weights)]
+    key = group_key(RUN_ID, 5)
+    dropped = members[0].two_level.in_site.rejected_chunks
+    stranger.transport.run(stranger._send(group[0], key, group_digest(group), exchange_pb2.PHASE_CONTRIBUTION, 0, 1,
+                                          WITHDRAWN), timeout_s=30)
+    generator = torch.Generator().manual_seed(6)
+    deltas = [torch.randn(NUMEL, generator=generator) for _ in members]
+    outcomes = concurrently([
+        lambda p=p, m=m, d=d: p.two_level.in_site.average(key=key, group=group, me=m, delta=d, timeout_s=TIMEOUT_S)
+        for p, m, d in zip(members, group, deltas)], timeout_s=3 * TIMEOUT_S)
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    assert not failed, failed
+    assert all(torch.equal(o.average, butterfly_reference(deltas, weights, "fp32")) for o in outcomes)
+    assert members[0].two_level.in_site.rejected_chunks > dropped  # it did arrive, and was dropped
