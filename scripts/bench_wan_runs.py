@@ -40,12 +40,13 @@ def _env() -> dict:
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
 
 
-def _coordinator(bed: Testbed, work: Path, config: str, log: Path, grace_s: float) -> tuple[subprocess.Popen, str]:
+def _coordinator(bed: Testbed, work: Path, config: str, log: Path, grace_s: float,
+                 extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     (work / "run.toml").write_text(config)
     with open(log, "wb") as err:
         proc = bed.spawn("h0", [sys.executable, "-m", "swarm.app.cli", "coordinator", "--config", str(work / "run.toml"),
                                 "--host", "0.0.0.0", "--announce-host", bed.address("h0"), "--state-dir",
-                                str(work / "coordinator"), "--exit-grace-s", str(grace_s)],
+                                str(work / "coordinator"), "--exit-grace-s", str(grace_s), *extra],
                          cwd=work, env=_env(), stdout=subprocess.PIPE, stderr=err)
     return proc, read_join_string(proc, timeout_s=60, log=log)
 
@@ -106,12 +107,16 @@ def _status(bed: Testbed, join: str) -> dict | None:
 
 
 def run_swarm(bed: Testbed, work: Path, config: str, hosts: list[str], *, peer_args=lambda host: [],
-              on_status=None, timeout_s: float = 600, poll_s: float = 2.0) -> None:
-    """A coordinator on h0 and a peer on each of ``hosts`` until the peers exit (max_rounds) or ``timeout_s``;
-    ``on_status(status)`` sees each `swarm status --json` meanwhile. Everything started is ended on return."""
+              on_status=None, timeout_s: float = 600, poll_s: float = 2.0,
+              coordinator_args: tuple[str, ...] = ()) -> bool:
+    """A coordinator on h0 (with ``coordinator_args``, e.g. ``("--lease-s", "60")``) and a peer on each of
+    ``hosts`` until the peers exit (max_rounds) or ``timeout_s``; ``on_status(status)`` sees each
+    `swarm status --json` meanwhile. Everything started is ended on return. True when every peer exited on its
+    own before ``timeout_s``."""
     procs: list[subprocess.Popen] = []
     try:
-        coordinator, join = _coordinator(bed, work, config, work / "coordinator.log", grace_s=60)
+        coordinator, join = _coordinator(bed, work, config, work / "coordinator.log", grace_s=60,
+                                         extra=coordinator_args)
         procs.append(coordinator)
         peers = [_peer(bed, host, work, join, peer_args(host)) for host in hosts]
         procs += peers
@@ -121,6 +126,7 @@ def run_swarm(bed: Testbed, work: Path, config: str, hosts: list[str], *, peer_a
             if status and on_status is not None:
                 on_status(status)
             time.sleep(poll_s)  # status is a poll of the coordinator; there is nothing to await
+        return all(p.poll() is not None for p in peers)
     finally:
         for proc in procs:
             kill_family(proc)

@@ -112,9 +112,19 @@ def shape_host(topology: Topology, host: HostSpec, up_mbit: float | None, down_m
 
 def cross_site_bytes_sent(topology: Topology, host: str) -> int:
     """Bytes (IP packets, headers included) ``host`` has sent to other sites' hosts since its link was shaped."""
+    return _class_bytes_sent(topology, host, _CROSS_SITE)
+
+
+def in_site_bytes_sent(topology: Topology, host: str) -> int:
+    """Bytes (IP packets, headers included) ``host`` has sent to every host not of another site (its own site's,
+    and hosts without a site) since its link was shaped; 0 when its link has no per-site classes."""
+    return _class_bytes_sent(topology, host, _IN_SITE)
+
+
+def _class_bytes_sent(topology: Topology, host: str, classid: str) -> int:
     if not topology.other_sites(host):
         return 0
-    out = _sh("tc", "-n", topology.namespace(host), "-s", "class", "show", "dev", "eth0", "classid", _CROSS_SITE)
+    out = _sh("tc", "-n", topology.namespace(host), "-s", "class", "show", "dev", "eth0", "classid", classid)
     found = re.search(r"Sent (\d+) bytes", out)
     return int(found.group(1)) if found else 0
 
@@ -269,6 +279,9 @@ class Testbed:
 
     def cross_site_bytes_sent(self, host: str) -> int:
         return cross_site_bytes_sent(self.topology, host)
+
+    def in_site_bytes_sent(self, host: str) -> int:
+        return in_site_bytes_sent(self.topology, host)
 
     def exec_argv(self, host: str, argv: Sequence[str]) -> list[str]:
         """``argv`` as a command that runs inside ``host``'s namespace."""
