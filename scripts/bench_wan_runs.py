@@ -98,8 +98,12 @@ def section_nat(args: argparse.Namespace) -> dict:
 
 
 def _status(bed: Testbed, join: str) -> dict | None:
-    out = bed.run("h0", [sys.executable, "-m", "swarm.app.cli", "status", join, "--json"], capture_output=True,
-                  text=True, timeout=60, env=_env())
+    """`swarm status --json` from h0, or None when it gave no answer within 60 s (a loaded machine)."""
+    try:
+        out = bed.run("h0", [sys.executable, "-m", "swarm.app.cli", "status", join, "--json"], capture_output=True,
+                      text=True, timeout=60, env=_env())
+    except subprocess.TimeoutExpired:
+        return None
     try:
         return json.loads(out.stdout.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
@@ -111,8 +115,8 @@ def run_swarm(bed: Testbed, work: Path, config: str, hosts: list[str], *, peer_a
               coordinator_args: tuple[str, ...] = ()) -> bool:
     """A coordinator on h0 (with ``coordinator_args``, e.g. ``("--lease-s", "60")``) and a peer on each of
     ``hosts`` until the peers exit (max_rounds) or ``timeout_s``; ``on_status(status)`` sees each
-    `swarm status --json` meanwhile. Everything started is ended on return. True when every peer exited on its
-    own before ``timeout_s``."""
+    `swarm status --json` meanwhile (not asked without ``on_status``). Everything started is ended on return.
+    True when every peer exited on its own before ``timeout_s``."""
     procs: list[subprocess.Popen] = []
     try:
         coordinator, join = _coordinator(bed, work, config, work / "coordinator.log", grace_s=60,
@@ -122,8 +126,8 @@ def run_swarm(bed: Testbed, work: Path, config: str, hosts: list[str], *, peer_a
         procs += peers
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and any(p.poll() is None for p in peers):
-            status = _status(bed, join)
-            if status and on_status is not None:
+            status = _status(bed, join) if on_status is not None else None
+            if status:
                 on_status(status)
             time.sleep(poll_s)  # status is a poll of the coordinator; there is nothing to await
         return all(p.poll() is not None for p in peers)

@@ -243,7 +243,7 @@ def measure(args: argparse.Namespace, work: Path, config: str, say) -> dict:
         sampler.start()
         try:
             say(f"testbed up: {len(hosts)} peers at {args.sites} sites; logs in {work}")
-            finished = run_swarm(bed, work, config, hosts, timeout_s=args.timeout_s, poll_s=15.0,
+            finished = run_swarm(bed, work, config, hosts, timeout_s=args.timeout_s, poll_s=5.0,
                                  peer_args=lambda host: ["--site", sites[host], "--name", host, "--threads", "1",
                                                          "--join-timeout-s", "600"],
                                  coordinator_args=("--lease-s", str(args.lease_s)))
