@@ -13,7 +13,9 @@ Level 1 averages each sub-group (a butterfly all-reduce weighted by samples); le
 representatives' sub-group averages, each weighted by its sub-group's total samples (derived by every
 representative from the signed entries, never declared by the representative); the representative then
 hands the level-2 result, as raw fp32 bytes, to its sub-group. A sub-group of one skips level 1 (its
-average is its member's Δ), and a plan of one sub-group skips level 2 (its level-1 average is final).
+average is its member's Δ), and a plan of one sub-group skips level 2 (its level-1 average is final). A
+sub-group whose level 1 fails is withdrawn from level 2, its weight with it (``swarm.net.exchange.withdrawal``):
+the result is then level 2 over the other sub-groups' averages, which its live members receive too.
 Mathematically the result is the flat sample-weighted mean; in floats it differs from it by rounding.
 """
 

@@ -26,7 +26,8 @@ from swarm.net.exchange.exchange_failed import ExchangeFailed
 from swarm.net.exchange.rendezvous import Member
 from swarm.v1 import exchange_pb2
 
-WITHDRAWN = b"\x00swarm exchange: this member withdraws its contribution\x00"  # no codec's slice reads so
+# in place of a contribution (an honest encoding that were these bytes would only withdraw its own sender)
+WITHDRAWN = b"\x00swarm exchange: this member withdraws its contribution\x00"
 
 
 def withdrawn(data: bytes | memoryview) -> bool:
