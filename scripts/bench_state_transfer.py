@@ -1,12 +1,15 @@
 """Download rate and memory of a state transfer at a real model size, and the time to write and read a vote.
 
-Two real hivemind transports over loopback, in two processes: this one downloads, a child it starts serves.
+Two real hivemind transports over loopback, in two processes: this one downloads, a child it starts serves. With
+``--testbed-mbit M`` (root) the two run on two hosts of the WAN testbed (``scripts/testbed``) whose links are shaped to
+M Mbit/s each way, and ``link_share`` says what share of the link's rate the download got.
 The state is GPT-2 small's (124M parameters, as ``transformers.GPT2Config(n_layer=12, n_embd=768, n_head=12,
 vocab_size=50257)`` makes them) plus a Nesterov momentum of the same shapes: ~1 GB of fp32. No model is built:
 the tensors are random, and the downloader's ``like`` state is made of zero-strided views that take no memory.
 
     .venv/bin/python scripts/bench_state_transfer.py --json
     .venv/bin/python scripts/bench_state_transfer.py --scale 0.1      # a tenth of the elements per tensor
+    .venv/bin/python scripts/bench_state_transfer.py --testbed-mbit 1000 --json   # across testbed hosts at 1 Gbit/s
 
 Memory is each process's peak RSS (VmHWM, reset before the measured part) minus its RSS before it: the serving
 side from publish to the end of the download, the downloading side during the download (the state it returns
@@ -32,6 +35,7 @@ import torch  # noqa: E402
 
 RUN_ID = "bench-state"
 ROUND = 3
+TESTBED_PREFIX = "swst-"  # the namespaces this benchmark's testbed creates (and removes)
 
 
 def gpt2_small_shapes(scale: float = 1.0) -> list[tuple[int, ...]]:
@@ -136,7 +140,7 @@ def serve(args: argparse.Namespace) -> None:
     coordinator = PeerKey.load_or_create(args.coordinator_key)
     state = make_state(gpt2_small_shapes(args.scale), args.seed)
     state.state_hash  # computed once, before the measurement
-    transport = Transport(initial_peers=[])
+    transport = Transport(initial_peers=[], host=args.p2p_host)
     server = StateServer(transport, run_id=RUN_ID, member=make_member(coordinator, RUN_ID, transport.peer_id))
     peak = PeakRSS()
     server.publish(state)
@@ -160,11 +164,18 @@ def main() -> None:
     parser.add_argument("--frame-mib", type=float, default=None,
                         help="bytes per request over the bulk channel, MiB (default: the module's)")
     parser.add_argument("--no-bulk", action="store_true", help="every byte over libp2p (no bulk channel)")
+    parser.add_argument("--testbed-mbit", type=float, default=None,
+                        help="run the two sides on two WAN-testbed hosts with links of this rate (root)")
+    parser.add_argument("--serve-prefix", default="[]", help=argparse.SUPPRESS)  # JSON argv the serving side runs under
+    parser.add_argument("--serve-host", default=None, help=argparse.SUPPRESS)  # the serving side's listening address
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--p2p-host", default="127.0.0.1", help=argparse.SUPPRESS)  # each side's listening address
     parser.add_argument("--coordinator-key", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         return serve(args)
+    if args.testbed_mbit is not None:
+        return across_testbed(args)
 
     from testbed.members import make_member
 
@@ -187,13 +198,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         key_path = Path(tmp) / "coordinator.pem"
         coordinator = PeerKey.load_or_create(key_path)
-        child = subprocess.Popen([sys.executable, __file__, "--serve", "--coordinator-key", str(key_path),
-                                  "--scale", str(args.scale), "--seed", str(args.seed)],
+        child = subprocess.Popen([*json.loads(args.serve_prefix), sys.executable, __file__, "--serve", "--coordinator-key", str(key_path),
+                                  "--scale", str(args.scale), "--seed", str(args.seed), "--p2p-host", args.serve_host or args.p2p_host],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         transport = None
         try:
             hello = json.loads(child.stdout.readline())
-            transport = Transport(initial_peers=hello["maddrs"])
+            transport = Transport(initial_peers=hello["maddrs"], host=args.p2p_host)
             member = make_member(coordinator, RUN_ID, transport.peer_id)
             shapes = gpt2_small_shapes(args.scale)
             like = like_state(shapes)
@@ -232,6 +243,37 @@ def main() -> None:
               "download_p2pd_rss_added": download_p2pd_rss, "download_cpu_s": download_cpu, "checkpoint_write_s": round(write_s, 3),
               "checkpoint_read_s": round(read_s, 3), "checkpoint_write_rss_added": write_rss,
               "checkpoint_read_rss_added": read_rss, "loadavg": os.getloadavg()[0]}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k}: {v}")
+
+
+def across_testbed(args: argparse.Namespace) -> None:
+    """This benchmark with its downloading side on testbed host h0 and its serving side on h1, both links shaped to
+    ``--testbed-mbit``; prints what the download printed, with the link's rate and the share of it the download got."""
+    from testbed import Testbed, make_topology, missing_privileges
+
+    if args.testbed_mbit <= 0:
+        sys.exit(f"--testbed-mbit must be a positive rate in Mbit/s, got {args.testbed_mbit}.")
+    missing = missing_privileges(nat=False)
+    if missing:
+        sys.exit(f"--testbed-mbit needs the WAN testbed: {missing}")
+    argv, value_next = [], False  # this run's arguments without --testbed-mbit (and its value)
+    for arg in sys.argv[1:]:
+        if not value_next and not arg.startswith("--testbed-mbit"):
+            argv.append(arg)
+        value_next = arg == "--testbed-mbit"
+    with Testbed(make_topology(hosts=2, mbit=args.testbed_mbit, prefix=TESTBED_PREFIX)) as bed:
+        out = bed.run("h0", [sys.executable, __file__, *argv, "--json", "--p2p-host", bed.address("h0"),
+                             "--serve-prefix", json.dumps(bed.exec_argv("h1", [])), "--serve-host", bed.address("h1")],
+                      capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        sys.exit(f"the download across the testbed failed (exit {out.returncode}): {out.stderr.strip()[-2000:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["link_mbit_s"] = args.testbed_mbit
+    result["link_share"] = round(result["MB_per_s"] * 8 / args.testbed_mbit, 3)
     if args.json:
         print(json.dumps(result))
     else:
