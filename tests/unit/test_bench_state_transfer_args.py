@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]  # each case starts the script (torch imported)
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_state_transfer.py"
 
