@@ -11,8 +11,10 @@ sub-group at once) does not fail the others: its representative still takes part
 and sends the slices it owns), so the cross-site average is the surviving sub-groups' and comes without waiting
 for any timeout. The representative hands that average to its sub-group as usual, so its live members end with
 the same θg as everyone; a member whose representative does not answer a ping fails at once (nobody would hand it
-an average). A representative that dies costs the cross-site exchange one failed send, as in a flat group: every
-sub-group then fails at once; so does a cross-site exchange whose every sub-group withdrew.
+an average). A representative that dies costs the cross-site exchange one failed send, as in a flat group; the
+representatives that answer a ping then run it once more among themselves (under a key that names them, so
+representatives that disagree on who is gone are never merged) and their sub-groups end with their average; the
+dead one's members fail at once. A cross-site exchange whose every sub-group withdrew fails.
 
 What holds at which level: in a sub-group and across sites, the butterfly's guarantees hold as in a flat
 group (slices only from the libp2p id of the signed entry's member, declared weights capped, the run's
@@ -134,18 +136,21 @@ class TwoLevelExchange:
                                                 on_phase=on_phase))
             return results[-1].average
         except ExchangeFailed as e:
-            if not cross or not (represents or self._answers(members[0])):
+            if not cross or not (represents or self._answering(members[:1])):
                 raise
             logger.warning("%s: this sub-group's exchange failed (%s); it is withdrawn from the cross-site average, "
                            "which this peer still takes", tag, e)
             return None
 
-    def _answers(self, representative: Member) -> bool:
-        """Whether ``representative`` answers a ping (a few tries, each of at most PING_TIMEOUT_S)."""
+    def _answering(self, peers: list[Member]) -> set[str]:
+        """The peer ids of ``peers`` that answer a ping (a few tries each, each of at most PING_TIMEOUT_S)."""
+        answered: set[str] = set()
         for _ in range(PING_TRIES):
-            if self.in_site.transport.run(self.in_site.probe.rtt_s([representative]), timeout_s=PING_TIMEOUT_S + 5):
-                return True
-        return False
+            missing = [m for m in peers if m.peer_id not in answered]
+            if not missing:
+                break
+            answered |= set(self.in_site.transport.run(self.in_site.probe.rtt_s(missing), timeout_s=PING_TIMEOUT_S + 5))
+        return answered
 
     def _across_sites(self, key: str, group: list[Member], plan: SitePlan, digest: str, tag: str,
                       members: list[Member], partial: Optional[torch.Tensor], timeout_s: float) -> ExchangeResult:
@@ -153,10 +158,28 @@ class TwoLevelExchange:
         sub-group failed and is withdrawn, ``swarm.net.exchange.withdrawal``); on failure its sub-group is told at once."""
         try:
             cross_key, reps, me = self._level_two(key, group, plan, digest, members[0])
-            return self.cross_site.average(key=cross_key, group=reps, me=me, delta=partial, timeout_s=timeout_s)
+            try:
+                return self.cross_site.average(key=cross_key, group=reps, me=me, delta=partial, timeout_s=timeout_s)
+            except ExchangeFailed as e:
+                return self._without_the_gone(cross_key, reps, me, partial, timeout_s, e)
         except ExchangeFailed as e:
             self.broadcast.abort(tag, digest=digest, members=members[1:], reason=str(e))
             raise
+
+    def _without_the_gone(self, cross_key: str, reps: list[Member], me: Member, partial: Optional[torch.Tensor],
+                          timeout_s: float, failure: ExchangeFailed) -> ExchangeResult:
+        """The cross-site exchange once more, among the representatives that answer a ping, when some do not (their
+        process is gone, so is their sub-group's average): under its own key, which names them, so representatives
+        that disagree on who is gone are never merged. ``failure`` is raised when every representative answers (the
+        exchange failed otherwise) or only this one does."""
+        live = [r for r in reps if r.peer_id == me.peer_id or r.peer_id in self._answering(
+            [r for r in reps if r.peer_id != me.peer_id])]
+        if len(live) == len(reps) or len(live) < 2:
+            raise failure
+        logger.warning("%s: %s; going on with the %d of %d representatives that answer", cross_key, failure,
+                       len(live), len(reps))
+        return self.cross_site.average(key=f"{cross_key}.among{group_digest(live)}", group=live, me=me,
+                                       delta=partial, timeout_s=timeout_s)
 
     def _level_two(self, key: str, group: list[Member], plan: SitePlan, digest: str,
                    representative: Member) -> tuple[str, list[Member], Member]:
