@@ -319,7 +319,15 @@ def start_trainer(run: RunConfig, state_dir: Path, *, run_id: str, round_no: int
             logger.warning("the %s in %s does not fit this model (%s); starting from θ0", found.source,
                            found.directory, e)
         else:
+            trainer.feedback.spill_to(residual_dir(state_dir))
             install(trainer, found, committed=True)
             _log_resumed(found, state_hash)
             return Started(trainer, found)
-    return Started(build(run, peer_index=peer_index, device=device, ranks=ranks), None)
+    trainer = build(run, peer_index=peer_index, device=device, ranks=ranks)
+    trainer.feedback.spill_to(residual_dir(state_dir))
+    return Started(trainer, None)
+
+
+def residual_dir(state_dir: Path) -> Path:
+    """Where a peer keeps error feedback's residuals (``SentFeedback.spill_to``): files of this process only."""
+    return Path(state_dir) / "residuals"

@@ -30,6 +30,7 @@ import torch
 from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import stripe_count
 from swarm.core.codecs.codec import get_codec
+from swarm.core.codecs.error_feedback import DroppedInPlace
 from swarm.core.codecs.owner_feedback import OwnerFeedback
 from swarm.core.trust import credential
 from swarm.net.bulk.bulk_channel import BulkChannel
@@ -241,7 +242,8 @@ class Exchange:
         stripes = stripe_count(codec, me.numel, len(group))  # block-aligned slices: quantize like the whole
         bounds = [] if gathered else group_bounds(key, me.numel, len(group), codec.block, shares, stripes)
         flat = None if delta is None else delta.detach().reshape(-1).to(torch.float32).contiguous()
-        into_delta = into_delta and codec.lossless and flat is not None  # a lossy codec's Δ: error feedback's residual
+        # a lossy codec's Δ becomes error feedback's residual, unless that goes to a file as each slice is encoded
+        into_delta = into_delta and flat is not None and (codec.lossless or DroppedInPlace.spills(flat, codec))
         if len(group) == 1:  # nobody to send to: the exchange's arithmetic alone
             present(key, [flat])  # a withdrawal alone: nothing to average
             for phase in ("sending", "reducing"):

@@ -13,6 +13,7 @@ import torch
 from swarm.config import RunConfig
 from swarm.core.aggregation import Aggregation
 from swarm.core.codecs.codec import get_codec
+from swarm.core.codecs.error_feedback import DroppedInPlace
 from swarm.core.trust import credential
 from swarm.core.wire_protocol import PROTOCOL
 from swarm.net.bulk.transport import Transport
@@ -118,7 +119,9 @@ class DhtGroup:
             )
             dropped_before = self.exchange.rejected_chunks
             # a lossless codec's Δ is read no more once sent (error feedback keeps nothing of it): Δ̄ takes its memory
-            into_delta = get_codec(codec).lossless and contribution.lowrank is None
+            # (a lossy codec's too when error feedback keeps its residual in a file, swarm.train.sent_feedback)
+            lossless = get_codec(codec).lossless
+            into_delta = (lossless or DroppedInPlace.spills(delta, get_codec(codec))) and contribution.lowrank is None
             result = self._reduce(round_no, key, group, me, delta, plan, contribution.owner, into_delta)
         except ExchangeFailed as e:
             raise SyncFailed(str(e)) from e
@@ -126,7 +129,7 @@ class DhtGroup:
         scale = participation_scale(group)
         average = result.average if scale == 1.0 else result.average.mul_(scale)  # in place: no second Δ̄
         in_site, cross_site = bytes_by_site(result, group, me)
-        if into_delta:  # Δ's memory is Δ̄'s now (or, in two levels, freed before the outer step and the vote)
+        if into_delta and lossless:  # Δ's memory is Δ̄'s now (or, in two levels, freed before the outer step and the vote)
             contribution.delta = SENT
         release_free_memory()
         logger.info("[%s r%d] averaged fragment %d with %d peers in %.2fs (%s, %d bytes sent: %d in-site, %d "
