@@ -9,8 +9,9 @@ every round it is planned into; every member call is signed in its metadata (swa
 status poll (one page) runs once a second.  Latencies are measured after every peer joined.
 
 A report names the group its peer "averaged" with, as matchmaking forms one: the peers that saw themselves
-planned before the round's first report went out (at most MAX_GROUP, the coordinator's cap on a reported group;
-a planned peer that saw it later was left behind and reports a failure). A round of more than 256 participants
+planned before the round's first report went out (a planned peer that saw it later was left behind and reports a
+failure); a group of more than MAX_GROUP (the most a report names) goes as its digest and size, as a real peer
+reports it. A round of more than 256 participants
 names only the requester in its answer (``coordinator.rounds.info_cache``), so the group is gathered here.
 
 Two shortcuts, both outside what is measured: the peers share a small pool of libp2p identities
@@ -50,7 +51,9 @@ sys.path.insert(0, str(ROOT))
 
 from swarm.control import signing, tls  # noqa: E402
 from swarm.control.joinstring import JoinString  # noqa: E402
+from swarm.core.trust import commit_rule  # noqa: E402
 from swarm.core.trust.credential import PeerKey  # noqa: E402
+from swarm.core.trust.round_vote import group_id  # noqa: E402
 from swarm.v1 import coordinator_pb2 as pb  # noqa: E402
 from swarm.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -58,7 +61,7 @@ REQUEST_TIMEOUT_S = 10.0
 SETTLE_MAX_S = 30.0  # after the joins, the longest wait before measuring
 OWN_POLL_S = 0.2  # a real peer's own poll interval (peer.options), which the coordinator's pace may lengthen
 UNLIMITED = 1_000_000  # joins per second and burst: no join of this benchmark waits for a rate limit
-MAX_GROUP = 1024  # peer ids in a reported group (coordinator.api.limits)
+MAX_GROUP = commit_rule.NAMED_GROUP_MAX  # peer ids a report names; a larger group: its digest and size
 
 
 # --- the coordinator, in a child process --------------------------------------------------------------
@@ -209,16 +212,18 @@ class Load:
                 reported = info.open_round
                 group = self.group(reported)
                 ok = peer_id in group[1]
+                named = len(group[0]) <= MAX_GROUP
                 await self.timed("ReportRound", pb.ReportRoundRequest(
                     peer_id=peer_id, round=reported, ok=ok, state_hash=f"h{reported}" if ok else "",
-                    error="" if ok else "the group averaged without this peer", group=group[0] if ok else [],
-                    inner_steps=10, samples=10, loss=2.0), signer)
+                    error="" if ok else "the group averaged without this peer",
+                    group=group[0] if ok and named else [], group_digest=group_id(group[0]) if ok and not named else "",
+                    group_size=len(group[0]) if ok and not named else 0, inner_steps=10, samples=10, loss=2.0), signer)
                 self.reports += 1
 
     def group(self, round_no: int) -> tuple[list[str], frozenset[str]]:
         """The group of ``round_no``: closed as its first report goes out (matchmaking is over then)."""
         if round_no not in self.groups:
-            members = self.posted.get(round_no, [])[:MAX_GROUP]
+            members = list(self.posted.get(round_no, []))
             self.groups[round_no] = members, frozenset(members)
         return self.groups[round_no]
 

@@ -22,6 +22,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from coordinator.api.errors import BadRequest
+from swarm.core.trust import commit_rule
 from swarm.core.trust.round_vote import MAX_SENT_VOTES
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ MAX_LABEL_BYTES = 256  # names, sites, devices, versions, reasons
 MAX_ERROR_BYTES = 1024
 MAX_ID_CHARS = 128  # peer ids, DHT peer ids, tokens
 MAX_HASH_CHARS = 128  # state hashes and model fingerprints (hex in practice)
-MAX_GROUP = 1024  # peer ids in a reported group
+MAX_GROUP = commit_rule.NAMED_GROUP_MAX  # peer ids in a reported group (a larger one: its digest and size)
 # A RoundInfo about a round of more participants names only the requester's own entries (and the controller gives
 # such a round equal slices: its members could not all see each other's shares).
 LISTED_PARTICIPANTS = 256

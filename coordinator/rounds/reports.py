@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import AbstractSet, Mapping, Optional
 
-from coordinator.api.limits import MAX_COUNT, MAX_ROUND
+from coordinator.api.errors import BadRequest
+from coordinator.api.limits import MAX_COUNT, MAX_GROUP, MAX_ROUND
 from coordinator.rounds import offline_votes, outcome
 from coordinator.store.database import Store
 from coordinator.store.records import PeerRecord, ReportRecord, RoundRecord, finite
@@ -109,11 +110,27 @@ def report_record(req: pb.ReportRoundRequest, now: float, bounds: Optional[Repor
     record = ReportRecord(
         round=req.round, peer_id=req.peer_id, reported_at=now, ok=req.ok,
         state_hash=req.state_hash,
-        group=tuple(req.group), samples=req.samples, inner_steps=req.inner_steps,
+        group=reported_group(req), samples=req.samples, inner_steps=req.inner_steps,
         inner_time_s=req.inner_time_s, exchange_time_s=req.exchange_time_s, bytes_sent=req.bytes_sent,
         bytes_received=req.bytes_received, loss=req.loss, error=req.error, param_count=req.param_count,
     )
     return record if bounds is None else bounded(record, bounds)
+
+
+MAX_SIZED_GROUP = 10**7  # members a group reported by its digest may say it has
+
+
+def reported_group(req: pb.ReportRoundRequest) -> tuple[str, ...]:
+    """The group ``req`` names, or (a group too large to name) its digest and size as ``commit_rule.sized_group``.
+    BadRequest (one sentence) for a sized group that could have been named or is not one."""
+    if not req.group_digest and not req.group_size:
+        return tuple(req.group)
+    if req.group or req.group_votes or not MAX_GROUP < req.group_size <= MAX_SIZED_GROUP \
+            or len(req.group_digest) != 16 or any(c not in "0123456789abcdef" for c in req.group_digest):
+        raise BadRequest(f"round {req.round}: a group reported by its digest needs 16 lowercase hex digits, more than "
+                         f"{MAX_GROUP} and at most {MAX_SIZED_GROUP} members, and no named members or votes; name a "
+                         f"group of up to {MAX_GROUP} members in `group` instead.")
+    return tuple(commit_rule.sized_group(req.group_digest, req.group_size))
 
 
 def bounded(report: ReportRecord, bounds: ReportBounds) -> ReportRecord:

@@ -15,6 +15,7 @@ from coordinator.api.errors import BadRequest
 from coordinator.rounds import controller
 from coordinator.store.records import COMMITTED, PeerRecord, ReportRecord, RoundRecord, finite
 from swarm.config import RunConfig
+from swarm.core.trust import commit_rule
 from swarm.v1 import coordinator_pb2 as pb
 
 DEFAULT_HISTORY_ROUNDS = 1000  # rounds per GetHistory answer when the caller does not say
@@ -55,7 +56,7 @@ def round_history(
     return pb.RoundHistory(
         round=int64(decided.round), outcome=decided.outcome, opened_at=seconds(decided.opened_at),
         decided_at=seconds(decided.decided_at or 0.0), participants=len(decided.participants), reported=len(counted),
-        holders=len(decided.holders), group_size=max((len(r.group) for r in counted), default=0),
+        holders=len(decided.holders), group_size=max((commit_rule.group_size(r.group) for r in counted), default=0),
         codec=choice.codec if choice is not None else config.rounds.codec,
         inner_steps=int64(max(decided.budgets, default=config.rounds.inner_steps)), fragments=config.rounds.fragments,
         bytes_sent=int64(sum(int64(r.bytes_sent) for r in counted)),

@@ -83,6 +83,10 @@ class OfflineDecider:
             logger.warning("%s %s; this restarted process has not yet taken part in a round the coordinator decided: "
                            "waiting for the coordinator", self.tag(vote.round_no), clause(error))
             return None
+        if request.group_digest:  # a group too large to name carries no votes: only the coordinator decides it
+            logger.warning("%s %s; a group of %d members is decided by the coordinator only: waiting for it",
+                           self.tag(vote.round_no), clause(error), request.group_size)
+            return None
         if len(vote.group) <= 1 and len(last_group or ()) > 1:
             # alone where others were planned: its groupmates are in another round (a process restarted into the
             # round the coordinator last had open, while they went on without it), so a decision of its own would

@@ -15,6 +15,8 @@ from peer.link.coordinator_calls import Behind, CoordinatorCalls, PeerExit
 from peer.link.offline_decider import OfflineDecider
 from peer.link.round_plans import RoundPlans
 from swarm.control.client import CoordinatorUnreachable
+from swarm.core.trust import commit_rule
+from swarm.core.trust.round_vote import group_id
 from swarm.train.round import Decision, Vote
 from swarm.v1 import coordinator_pb2 as pb
 
@@ -129,8 +131,12 @@ class RoundDecider:
 
     def report_request(self, vote: Vote) -> pb.ReportRoundRequest:
         averaged = vote.averaged
+        # a group too large to name goes as its digest and size (swarm.core.trust.commit_rule)
+        named = len(vote.group) <= commit_rule.NAMED_GROUP_MAX
         return pb.ReportRoundRequest(
-            peer_id=self.peer_id(), round=vote.round_no, ok=vote.ok, state_hash=vote.state_hash, group=vote.group,
+            peer_id=self.peer_id(), round=vote.round_no, ok=vote.ok, state_hash=vote.state_hash,
+            group=vote.group if named else [], group_digest="" if named else group_id(list(vote.group)),
+            group_size=0 if named else len(vote.group),
             samples=vote.contribution.samples, inner_steps=vote.train.steps, inner_time_s=vote.train.inner_time_s,
             exchange_time_s=averaged.seconds if averaged else 0.0,
             bytes_sent=averaged.bytes_sent if averaged else 0,

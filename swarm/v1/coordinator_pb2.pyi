@@ -279,7 +279,7 @@ class LeaveResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ReportRoundRequest(_message.Message):
-    __slots__ = ("peer_id", "round", "ok", "state_hash", "group", "samples", "inner_steps", "inner_time_s", "exchange_time_s", "bytes_sent", "bytes_received", "loss", "error", "param_count", "upload_mbit_s", "download_mbit_s", "rtt_ms", "group_votes")
+    __slots__ = ("peer_id", "round", "ok", "state_hash", "group", "samples", "inner_steps", "inner_time_s", "exchange_time_s", "bytes_sent", "bytes_received", "loss", "error", "param_count", "upload_mbit_s", "download_mbit_s", "rtt_ms", "group_votes", "group_digest", "group_size")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
@@ -298,6 +298,8 @@ class ReportRoundRequest(_message.Message):
     DOWNLOAD_MBIT_S_FIELD_NUMBER: _ClassVar[int]
     RTT_MS_FIELD_NUMBER: _ClassVar[int]
     GROUP_VOTES_FIELD_NUMBER: _ClassVar[int]
+    GROUP_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     round: int
     ok: bool
@@ -316,7 +318,9 @@ class ReportRoundRequest(_message.Message):
     download_mbit_s: float
     rtt_ms: float
     group_votes: _containers.RepeatedCompositeFieldContainer[SignedVote]
-    def __init__(self, peer_id: _Optional[str] = ..., round: _Optional[int] = ..., ok: _Optional[bool] = ..., state_hash: _Optional[str] = ..., group: _Optional[_Iterable[str]] = ..., samples: _Optional[int] = ..., inner_steps: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., exchange_time_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., param_count: _Optional[int] = ..., upload_mbit_s: _Optional[float] = ..., download_mbit_s: _Optional[float] = ..., rtt_ms: _Optional[float] = ..., group_votes: _Optional[_Iterable[_Union[SignedVote, _Mapping]]] = ...) -> None: ...
+    group_digest: str
+    group_size: int
+    def __init__(self, peer_id: _Optional[str] = ..., round: _Optional[int] = ..., ok: _Optional[bool] = ..., state_hash: _Optional[str] = ..., group: _Optional[_Iterable[str]] = ..., samples: _Optional[int] = ..., inner_steps: _Optional[int] = ..., inner_time_s: _Optional[float] = ..., exchange_time_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., param_count: _Optional[int] = ..., upload_mbit_s: _Optional[float] = ..., download_mbit_s: _Optional[float] = ..., rtt_ms: _Optional[float] = ..., group_votes: _Optional[_Iterable[_Union[SignedVote, _Mapping]]] = ..., group_digest: _Optional[str] = ..., group_size: _Optional[int] = ...) -> None: ...
 
 class SignedVote(_message.Message):
     __slots__ = ("peer_id", "key", "body", "credential", "signature")

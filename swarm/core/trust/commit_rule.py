@@ -8,12 +8,38 @@ that same group*. A report naming a group it is not in, or members that were not
 counts for nothing; so a peer (or many) naming a group of its own is one vote of the planned group, never a
 quorum of its own, an honest majority that reports later still wins, and only the agreeing members hold the
 committed state. Equal support for two hashes is a tie: the round is void, whatever the hashes.
+
+A group of more than ``NAMED_GROUP_MAX`` members is reported by its digest and size (``sized_group``): who is in it
+cannot be checked then, but nothing rests on that check — each supporter is still a planned participant that reported
+itself, and the quorum is still a majority of the planned participants standing, so a liar's digest or size is one
+vote and never lowers the quorum.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AbstractSet, Iterable, Optional
+from typing import AbstractSet, Collection, Iterable, Optional
+
+NAMED_GROUP_MAX = 1024  # members a report names; a larger group is reported by its digest and size
+_SIZED = "#"  # a sized group's one element starts with it (peer ids never do): "#<digest>:<size>"
+
+
+def sized_group(digest: str, size: int) -> frozenset[str]:
+    """A group too large to name, as the rule reads it: its digest (``round_vote.group_id``) and its size."""
+    return frozenset({f"{_SIZED}{digest}:{size}"})
+
+
+def group_size(group: Collection[str]) -> int:
+    """Members of ``group``: a named group's count, or a sized group's size."""
+    if len(group) == 1:
+        (only,) = group
+        if only.startswith(_SIZED):
+            return int(only.rsplit(":", 1)[1])
+    return len(group)
+
+
+def is_sized(group: Collection[str]) -> bool:
+    return len(group) == 1 and next(iter(group)).startswith(_SIZED)
 
 
 @dataclass(frozen=True)
@@ -37,7 +63,7 @@ class Candidate:
 
     @property
     def needed(self) -> int:
-        return max(quorum(len(self.group)), quorum(self.planned))
+        return max(quorum(group_size(self.group)), quorum(self.planned))
 
     @property
     def has_quorum(self) -> bool:
@@ -57,16 +83,19 @@ def quorum(group_size: int) -> int:
 
 
 def counted(claims: Iterable[Claim], participants: AbstractSet[str]) -> list[Claim]:
-    """The successful claims whose group contains their reporter and only planned ``participants``.
+    """The successful claims whose group contains their reporter and only planned ``participants`` (a sized group:
+    any, from a planned reporter).
 
     Each distinct group is checked against ``participants`` once: claims sharing one group cost O(1) each."""
     planned: dict[frozenset[str], bool] = {}
     found = []
     for claim in claims:
-        if not (claim.ok and claim.state_hash and claim.peer_id in claim.group and claim.peer_id in participants):
+        sized = is_sized(claim.group)
+        if not (claim.ok and claim.state_hash and (sized or claim.peer_id in claim.group)
+                and claim.peer_id in participants):
             continue
         if claim.group not in planned:
-            planned[claim.group] = claim.group <= participants
+            planned[claim.group] = sized or claim.group <= participants
         if planned[claim.group]:
             found.append(claim)
     return found
@@ -98,8 +127,8 @@ def decide(claims: Iterable[Claim], participants: AbstractSet[str],
     if not ranked:
         return Verdict(None, (), f"voided: no participant reported a successful exchange{aside}")
     best = ranked[0]
-    of = f"{len(best.supporters)} of {len(best.group)} group members"
-    if best.planned > len(best.group):
+    of = f"{len(best.supporters)} of {group_size(best.group)} group members"
+    if best.planned > group_size(best.group):
         of += f" ({best.planned} planned participants in the round)"
     if len(ranked) > 1 and len(ranked[1].supporters) == len(best.supporters):
         tied = [c for c in ranked if len(c.supporters) == len(best.supporters)]
