@@ -176,8 +176,8 @@ class TwoLevelExchange:
             [r for r in reps if r.peer_id != me.peer_id])]
         if len(live) == len(reps) or len(live) < 2:
             raise failure
-        logger.warning("%s: %s; going on with the %d of %d representatives that answer", cross_key, failure,
-                       len(live), len(reps))
+        logger.warning("%s: %s; going on with the %d of %d representatives that answer a ping", cross_key,
+                       str(failure).removeprefix(f"{cross_key}: "), len(live), len(reps))
         return self.cross_site.average(key=f"{cross_key}.among{group_digest(live)}", group=live, me=me,
                                        delta=partial, timeout_s=timeout_s)
 
