@@ -156,6 +156,7 @@ class TwoLevelExchange:
                       members: list[Member], partial: Optional[torch.Tensor], timeout_s: float) -> ExchangeResult:
         """This representative's sub-group average exchanged with the other representatives (``partial`` None: its
         sub-group failed and is withdrawn, ``swarm.net.exchange.withdrawal``); on failure its sub-group is told at once."""
+        self.cross_site.gather_all = self.in_site.gather_all  # a run that admits strangers: no slice owners here either
         try:
             cross_key, reps, me = self._level_two(key, group, plan, digest, members[0])
             try:
