@@ -83,6 +83,7 @@ def test_links_between_sites_run_at_the_cross_site_rate_and_are_counted(testbed:
     assert 18.0 <= upload <= 22.0 and 18.0 <= download <= 22.0, (upload, download)
     assert testbed.cross_site_bytes_sent("h1") < 1_000_000  # only the ACKs of what h2 sent it
     assert 3_000_000 <= testbed.cross_site_bytes_sent("h0") <= 3_400_000  # the payload and its headers
+    assert 5_000_000 <= testbed.in_site_bytes_sent("h0") <= 5_600_000  # what it sent h1, and its headers
 
 
 @pytest.mark.parametrize("testbed", [{"mbit": 100}], indirect=True)
