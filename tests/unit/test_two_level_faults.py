@@ -3,9 +3,8 @@ process. Site a is positions 0 and 3, site b 1 and 4, site c 2 and 5; the lower 
 
 from __future__ import annotations
 
-import threading
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from swarm.net.exchange.slice_reduction import ExchangeFailed
 from swarm.net.exchange.two_level import TwoLevelExchange
 from swarm.net.exchange.withdrawal import WITHDRAWN
 from swarm.v1 import exchange_pb2
+from tests.unit.test_two_level_exchange import concurrently
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -53,25 +53,6 @@ def peers() -> Iterator[list[Peer]]:
     finally:
         for t in reversed(transports):
             t.shutdown()
-
-
-def concurrently(calls: list[Callable[[], Any]], *, timeout_s: float) -> list[Any]:
-    outcomes: list[Any] = [None] * len(calls)
-
-    def run(i: int) -> None:
-        try:
-            outcomes[i] = calls[i]()
-        except BaseException as e:  # handed back to the test, which asserts on it
-            outcomes[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout_s
-    for t in threads:
-        t.join(timeout=max(0.0, deadline - time.monotonic()))
-    assert not any(t.is_alive() for t in threads), f"peers still running after {timeout_s:.0f}s"
-    return outcomes
 
 
 def failing_at(phase: str) -> Callable[[str], Optional[float]]:

@@ -156,8 +156,9 @@ class Exchange:
         on_phase("sending") and on_phase("reducing") are called as the exchange passes those points
         (fault injection uses them); a number they return is a delay the exchange awaits there. ``owner``:
         this peer's residual as its slice's owner (``swarm.core.codecs.owner_feedback``; ``average.owner_encode``).
-        ``into_delta``: the caller reads ``delta`` no more, so with a lossless codec the average is written into its
-        memory (each slice once it is sent: no model-sized result beside it); a group of one averages alone.
+        ``into_delta``: the caller reads ``delta`` no more, so with a lossless codec (or a lossy one whose residual goes
+        to a file, ``DroppedInPlace.spills``) the average is written into its memory (each slice once it is sent: no
+        model-sized result beside it); a group of one averages alone.
         ``delta`` None: this member withdraws, the average is the other members' (``swarm.net.exchange.withdrawal``).
         """
         on_phase = on_phase or (lambda phase: None)

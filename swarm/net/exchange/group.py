@@ -13,7 +13,6 @@ import torch
 from swarm.config import RunConfig
 from swarm.core.aggregation import Aggregation
 from swarm.core.codecs.codec import get_codec
-from swarm.core.codecs.error_feedback import DroppedInPlace
 from swarm.core.trust import credential
 from swarm.core.wire_protocol import PROTOCOL
 from swarm.net.bulk.transport import Transport
@@ -118,10 +117,10 @@ class DhtGroup:
                 on_posted=lambda: self.faults.at(round_no, "matchmaking"), processes=self.processes,
             )
             dropped_before = self.exchange.rejected_chunks
-            # a lossless codec's Δ is read no more once sent (error feedback keeps nothing of it): Δ̄ takes its memory
-            # (a lossy codec's too when error feedback keeps its residual in a file, swarm.train.sent_feedback)
+            # this peer reads Δ no more once sent: the exchange writes Δ̄ into its memory where the codec lets it (a
+            # lossless one, or a lossy one whose residual goes to a file, swarm.train.sent_feedback)
             lossless = get_codec(codec).lossless
-            into_delta = (lossless or DroppedInPlace.spills(delta, get_codec(codec))) and contribution.lowrank is None
+            into_delta = contribution.lowrank is None
             result = self._reduce(round_no, key, group, me, delta, plan, contribution.owner, into_delta)
         except ExchangeFailed as e:
             raise SyncFailed(str(e)) from e

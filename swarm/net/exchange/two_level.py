@@ -173,8 +173,8 @@ class TwoLevelExchange:
         process is gone, so is their sub-group's average): under its own key, which names them, so representatives
         that disagree on who is gone are never merged. ``failure`` is raised when every representative answers (the
         exchange failed otherwise) or only this one does."""
-        live = [r for r in reps if r.peer_id == me.peer_id or r.peer_id in self._answering(
-            [r for r in reps if r.peer_id != me.peer_id])]
+        answering = self._answering([r for r in reps if r.peer_id != me.peer_id])  # pinged once, not once per member
+        live = [r for r in reps if r.peer_id == me.peer_id or r.peer_id in answering]
         if len(live) == len(reps) or len(live) < 2:
             raise failure
         logger.warning("%s: %s; going on with the %d of %d representatives that answer a ping", cross_key,
