@@ -46,6 +46,7 @@ from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
+
 class CoordinatorEngine:
     def __init__(
         self,

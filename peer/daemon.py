@@ -296,4 +296,3 @@ class PeerDaemon:
 
     def tag(self, round_no: Optional[int] = None) -> str:
         return f"[{self.peer_id or 'peer'}{'' if round_no is None else f' r{round_no}'}]"
-

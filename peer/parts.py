@@ -121,4 +121,3 @@ class PeerParts:
                        member: Optional[credential.Member] = None) -> HivemindStateTransfer:
         """``member``: the peer's key and credential after the join (``CoordinatorLink.member``)."""
         return HivemindStateTransfer(transport, run_id=run_id, timeout_s=timeout_s, member=member)
-

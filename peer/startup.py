@@ -22,7 +22,6 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-
 # time.monotonic() at which this peer was launched, when that is not this process's start: a supervised peer's
 # first child counts from its parent's launch, which did the imports (peer/restarts.py)
 launched_at: Optional[float] = None

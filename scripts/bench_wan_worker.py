@@ -33,7 +33,6 @@ from swarm.net.exchange.rendezvous import Member  # noqa: E402
 CONGESTION = os.environ.get("SWARM_BENCH_TCP_CONGESTION", CONGESTION_CONTROL)  # bench_wan.py --tcp-congestion
 
 
-
 def _wait_until(at: float) -> float:
     """Sleep until ``at``; returns how late this host was ready (0: on time)."""
     late_s = max(0.0, time.time() - at)

@@ -31,8 +31,10 @@ work = Path(sys.argv[1])
 work.mkdir(parents=True, exist_ok=True)
 hosts = ("h1", "nat", "nat1")
 
+
 def committed() -> int:
     return len(re.findall(r"round \d+: committed", (work / "coordinator.log").read_text(errors="replace")))
+
 
 def restart(bed, host, join):
     log = work / f"{host}.log"
@@ -40,11 +42,13 @@ def restart(bed, host, join):
         return bed.spawn(host, [sys.executable, "-m", "swarm.app.cli", "peer", "--join", join, "--device", "cpu"],
                          cwd=work / host, env=_env(), stdout=out, stderr=subprocess.STDOUT)
 
+
 def wait_for(n, timeout=240):
     deadline = time.monotonic() + timeout
     while committed() < n and time.monotonic() < deadline:
         time.sleep(0.5)
     return committed()
+
 
 with Testbed(make_topology(hosts=2, nat_hosts=2, prefix="swd-")) as bed:
     coord, join = _coordinator(bed, work, CONFIG, work / "coordinator.log", grace_s=30)

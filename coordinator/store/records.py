@@ -169,4 +169,3 @@ def from_json(cls: type[R], text: str) -> R:
 
 def finite(value: float) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
-

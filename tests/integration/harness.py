@@ -46,8 +46,6 @@ def poll(predicate: Callable[[], object], *, timeout_s: float, what: str, interv
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
-
-
 @dataclass
 class Swarm:
     """A coordinator plus peers started by a test, with their logs in one directory."""

@@ -20,7 +20,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(90)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-
 def _start(hosts: NetnsHosts, host: int, args: list[str], *, cwd: Path, log: Path) -> subprocess.Popen:
     cwd.mkdir(parents=True, exist_ok=True)
     # one torch thread per peer: two peers share this machine's cores (the CLI stays the bare command)

@@ -23,7 +23,6 @@ PEERS = ("h1", "nat", "nat1")
 PREFIX = "swnat-"  # every namespace of this test; teardown removes only these
 
 
-
 def _nat_holds(bed: Testbed, source: str, target: str) -> bool:
     """``source`` cannot reach ``target`` at all (a refused connection would mean it can, on a closed port)."""
     probe = (f"import socket\ns = socket.socket(); s.settimeout(2)\n"

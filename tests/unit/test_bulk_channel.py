@@ -282,7 +282,6 @@ def test_only_addresses_to_dial_are_taken_from_an_entry() -> None:
         assert parse_bulk_address(text) is None, text
 
 
-
 def test_bytes_beyond_the_unverified_cap_are_refused_and_counted() -> None:
     """A channel alone (no hivemind): claims for two slots, a cap that holds one of them at a time; a frame
     that names a claimed slot's ticket with more bytes than the claim allows, or another ticket, is refused."""

@@ -16,7 +16,6 @@ from tests.unit.test_history import RUN, _run_two_rounds
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 
-
 def _get(url: str) -> tuple[str, str]:
     with urllib.request.urlopen(url, timeout=10) as response:
         return response.headers.get("Content-Type", ""), response.read().decode()

@@ -544,6 +544,7 @@ def test_slices_and_aborts_from_a_non_member_are_dropped_and_the_average_is_bit_
     assert acks and not any(acks), f"a slice from a non-member was acknowledged: {acks}"
     assert a.exchange.rejected_chunks - rejected_before >= 6  # three buffered before the group, three during
 
+
 def test_a_members_message_for_a_part_its_exchange_does_not_have_is_refused_and_the_average_still_completes(
         peers: list[Peer]) -> None:
     """A member may name only the exchange's own parts and phases: each other (phase, part) would take memory until
@@ -793,8 +794,6 @@ def test_decoded_contributions_go_into_memory_the_last_exchange_let_go_and_every
     exchange(932)
     takes = len(peers) * stripe_count("int4", NUMEL, len(peers))  # per stripe: 3 decodes (the reduction: the result)
     assert [p.exchange._scratch.reused - before for p, before in zip(peers, taken)] == [takes] * len(peers)
-
-
 
 
 def test_fp32_averages_into_each_members_own_delta_bit_identically(peers: list[Peer]) -> None:

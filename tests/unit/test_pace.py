@@ -40,7 +40,6 @@ def test_a_small_swarm_keeps_the_operators_interval_and_a_large_one_stays_within
     assert pace_for(config, 10_000).poll_interval_s == pytest.approx(10_000 / 300, rel=1e-3)
 
 
-
 def test_the_pace_is_logged_when_its_interval_changes_by_a_quarter(caplog: pytest.LogCaptureFixture) -> None:
     pacer = Pacer(PaceConfig(heartbeat_interval_s=2.0, lease_s=15.0))
     with caplog.at_level("INFO", logger="coordinator.pace"):
@@ -48,6 +47,7 @@ def test_the_pace_is_logged_when_its_interval_changes_by_a_quarter(caplog: pytes
             pacer.pace(live)
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["pace for 900 live peers"]
     assert pacer.last == pace_for(PaceConfig(heartbeat_interval_s=2.0, lease_s=15.0), 1000)
+
 
 def test_the_engine_stretches_the_lease_of_a_large_swarm_so_slower_heartbeats_do_not_evict() -> None:
     now = [1_000.0]

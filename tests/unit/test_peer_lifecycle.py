@@ -188,7 +188,6 @@ def _delay_sync(round_no: int, *, seconds: float):
     return _plan(f"delay@{round_no}:syncing={seconds}")
 
 
-
 def test_with_the_controller_on_a_codec_change_mid_run_keeps_the_peers_identical(tmp_path):
     """Links measured fast, then a thousand times slower from round 3: the coordinator's choice moves from
     fp32 to int4 mid-run, both peers send with it (and keep what it drops as error feedback), every round

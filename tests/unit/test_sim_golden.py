@@ -47,8 +47,6 @@ SCENARIOS = {
 }
 
 
-
-
 def _environment() -> dict:
     return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 

@@ -67,4 +67,3 @@ def test_a_preset_run_keeps_its_preset_name(tmp_path: Path) -> None:
 def test_a_coordinator_before_the_model_field_is_shown_by_its_preset() -> None:
     old = {"model_preset": "tiny", "param_count": 443008, "model": "", "model_source": ""}
     assert model_line(old) == "tiny (443,008 parameters)"
-

@@ -19,8 +19,6 @@ from swarm.train.trainer import LocalTrainer
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]
 
 
-
-
 RUN = RunConfig(
     seed=0,
     model=ModelConfig(preset="tiny"),

@@ -208,7 +208,6 @@ def lowrank_reference(
     return LowRankRound(average, delivered, q_avg)
 
 
-
 class LowRankState:
     """One peer's low-rank state for one fragment: the Q it warm-starts from, and what the round in
     flight staged (the next Q, and what its contribution delivered, for error feedback).

@@ -157,4 +157,3 @@ def participation_scale(group: list[Member]) -> float:
     all apply the same factor; 1.0 when the group is the whole run (or no member knew the count)."""
     live = max((m.live_peers for m in group), default=0)
     return min(1.0, len(group) / live) if live > 0 else 1.0
-

@@ -166,4 +166,3 @@ def verified_peer_id(encoded_public_key: bytes, signature: bytes, message: bytes
     except (ValueError, UnsupportedAlgorithm, InvalidSignature, TypeError):  # KeyDecodeError is a ValueError
         return None
     return peer_id_of(encoded_public_key)
-
