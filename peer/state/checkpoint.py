@@ -1,7 +1,7 @@
 """A peer's checkpoint on disk: safetensors for tensors, a small JSON manifest for everything else.
 
 Written atomically (a temporary directory, fsync, then one rename), so a crash leaves either the
-previous checkpoint or the new one, never half of one. The manifest records the SHA-256 of the
+previous checkpoint or the new one, never half of one (a vote is not fsynced: ``save_checkpoint``'s ``durable``). The manifest records the SHA-256 of the
 tensor file, so a truncated or corrupted checkpoint is detected and refused with a clear message
 instead of being loaded half. Nothing is pickled.
 
@@ -38,12 +38,19 @@ class CheckpointError(ValueError):
 
 def save_checkpoint(directory: Path, *, tensors: Optional[dict[str, torch.Tensor]] = None,
                     manifest: dict[str, Any] | Callable[[], dict[str, Any]], file_digest: bool = True,
-                    write: Optional[Callable[[BinaryIO], int]] = None) -> None:
+                    write: Optional[Callable[[BinaryIO], int]] = None, durable: bool = True,
+                    reuse: Optional[Path] = None) -> None:
     """Replace the checkpoint in `directory` with these tensors and manifest, atomically. ``file_digest=False``:
     the manifest records no SHA-256 of the file, for tensors that the reader checks against a hash of its own
     (a vote's state hash): one pass over the state fewer on every round. ``write`` (instead of ``tensors``, with
     ``file_digest=False``): writes the tensor file itself and returns its size (a tentative state, stepped once as
-    it is written); a callable ``manifest`` is made once the tensors are written."""
+    it is written); a callable ``manifest`` is made once the tensors are written.
+
+    ``durable=False``: nothing is fsynced. The checkpoint is still replaced atomically for a killed process (its
+    bytes are in the page cache, which outlives it); only a crash of the machine may leave it torn or missing, for
+    a reader that checks the tensors' hash to refuse (a vote). ``reuse``: a file of no use any more (an older
+    vote's) that becomes the tensor file and is written over: its pages are in the page cache and its blocks on
+    disk, where a new file of a GB costs seconds on some machines to have them made."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = directory.with_name(directory.name + ".tmp")
@@ -51,28 +58,40 @@ def save_checkpoint(directory: Path, *, tensors: Optional[dict[str, torch.Tensor
         shutil.rmtree(staging)
     staging.mkdir()
     tensor_path = staging / TENSORS
-    with open(tensor_path, "w+b", buffering=0) as f:  # readable too: a writer may read back what it wrote
+    reused = False
+    if reuse is not None:
+        try:
+            os.replace(reuse, tensor_path)
+            reused = True
+        except FileNotFoundError:
+            pass
+    with open(tensor_path, "r+b" if reused else "w+b", buffering=0) as f:  # readable: a writer may read back
         if write is not None:
             if file_digest:
                 raise ValueError("a tensor file written by its own writer carries no digest of the file")
             digest, size = None, write(f)
         else:
             digest, size = write_safetensors(f, tensors or {}, digest=file_digest)
-        os.fsync(f.fileno())
+        f.truncate(size)  # a file written over may have been longer
+        if durable:
+            os.fsync(f.fileno())
     made = manifest() if callable(manifest) else manifest
     record = dict(made, format_version=FORMAT_VERSION, tensors_sha256=digest, tensors_bytes=size)
     with open(staging / MANIFEST, "w") as f:
         f.write(json.dumps(record, sort_keys=True, indent=1))
         f.flush()
-        os.fsync(f.fileno())
-    _fsync_directory(staging)
+        if durable:
+            os.fsync(f.fileno())
+    if durable:
+        _fsync_directory(staging)
     previous = directory.with_name(directory.name + ".old")
     if previous.exists():
         shutil.rmtree(previous)
     if directory.exists():
         directory.rename(previous)
     staging.rename(directory)
-    _fsync_directory(directory.parent)  # the rename itself survives a power loss
+    if durable:
+        _fsync_directory(directory.parent)  # the rename itself survives a power loss
     if previous.exists():
         shutil.rmtree(previous)
 

@@ -11,11 +11,12 @@ Only the Nesterov outer optimizer is stepped this way; the trainer materialises 
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import hashlib
 import os
 import struct
-from typing import BinaryIO, Iterator, Optional, Sequence
+from typing import BinaryIO, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -50,12 +51,15 @@ class TentativeState:
         for parts in self._by_param.values():
             parts.sort(key=lambda part: part[0])
         self._scratch = torch.empty(0, dtype=torch.float32)
+        self._pending: list[Optional[concurrent.futures.Future]] = [None, None]  # each slot's hash being made
+        self._slot = 1  # the scratch pair of outputs ``_both`` stepped into last (0: buffers 0, 1; 1: buffers 3, 4)
 
     # ---- one piece at a time ----------------------------------------------------------------------------
     def _buffer(self, n: int, which: int) -> torch.Tensor:
-        """The first ``n`` elements of reused scratch buffer ``which`` (0, 1 or 2)."""
-        if self._scratch.numel() < 3 * self.CHUNK:
-            self._scratch = torch.empty(3 * self.CHUNK, dtype=torch.float32)
+        """The first ``n`` elements of reused scratch buffer ``which`` (0, 1, 2; 3 and 4: a second pair of outputs,
+        for a writer whose hash of the previous piece is still running)."""
+        if self._scratch.numel() < max(3, which + 1) * self.CHUNK:
+            self._scratch = torch.empty(max(3, which + 1) * self.CHUNK, dtype=torch.float32)
         return self._scratch[which * self.CHUNK:which * self.CHUNK + n]
 
     def _step_into(self, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, out_p: torch.Tensor,
@@ -129,30 +133,37 @@ class TentativeState:
                     h.update(arr.view(np.uint8).data)
         return h.hexdigest()[:16]
 
-    def _both(self, i: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Tensor ``i``'s θg' and outer-state values together, as consecutive 1-D pieces of equal length: each
-        stepped piece is stepped once for both (the scratch is overwritten by the next piece)."""
+    def _both(self, i: int, before_step: Callable[[int], None] = lambda slot: None
+              ) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+        """Tensor ``i``'s θg' and outer-state values together, as consecutive 1-D pieces of equal length, each with
+        its scratch slot (-1: the committed tensors' own memory): each stepped piece is stepped once for both, into
+        slot 0 and 1 in turn, which the next piece but one overwrites (``before_step(slot)`` is called first)."""
         p_flat = as_cpu_f32(self.base.params[i]).reshape(-1)
         m_flat = self.base.outer_state[i].reshape(-1)
         at = 0
         for start, stop, d in self._by_param.get(i, []):
             if at < start:
-                yield p_flat[at:start], m_flat[at:start]
+                yield p_flat[at:start], m_flat[at:start], -1
             for lo in range(start, stop, self.CHUNK):
                 hi = min(stop, lo + self.CHUNK)
-                out_p, out_m = self._buffer(hi - lo, 0), self._buffer(hi - lo, 1)
+                self._slot ^= 1
+                before_step(self._slot)
+                out_p, out_m = self._buffer(hi - lo, 3 * self._slot), self._buffer(hi - lo, 3 * self._slot + 1)
                 self._step_into(p_flat[lo:hi], d[lo - start:hi - start], m_flat[lo:hi], out_p, out_m)
-                yield out_p, out_m
+                yield out_p, out_m, self._slot
             at = stop
         if at < p_flat.numel():
-            yield p_flat[at:], m_flat[at:]
+            yield p_flat[at:], m_flat[at:], -1
 
     def write_safetensors(self, f: BinaryIO, metadata: Optional[dict[str, str]] = None) -> int:
         """The state in its one layout (``swarm.core.state.state_tensors``) written to the open binary file ``f``
-        as safetensors, in one stepping pass: each piece is stepped once and its θg' and outer-state bytes
-        written where they go in the file; the hash (``state_hash``), when not known yet, is made in the same
-        pass (the outer state's part read back from what was just written, in the order the hash takes it).
-        Returns the file's size. The same bytes as ``write_safetensors`` of the materialised state."""
+        (readable too) as safetensors, in one stepping pass: each piece is stepped once and its θg' and outer-state
+        bytes written where they go in the file. The hash (``state_hash``), when not known yet, is made meanwhile on
+        a thread of its own, in the order it takes the bytes: θg' from the pieces as they are stepped (a scratch
+        slot is stepped into again only once its hash is made), then the outer state read back from what was
+        written. SHA-256 is one sequential stream, the slowest part: the stepping and writing run beside it on the
+        other core. Returns the file's size (the file is cut there). The same bytes as ``write_safetensors`` of
+        the materialised state."""
         n = len(self.base.params)
         if len(self.base.outer_state) != n:
             raise ValueError("a nesterov state holds one momentum tensor per parameter.")
@@ -163,33 +174,50 @@ class TentativeState:
         at = dict(zip(layout.names, layout.starts[1:]))
         fd = f.fileno()
         _pwrite_all(fd, memoryview(layout.header), 0)
-        h = None if "state_hash" in self.__dict__ or self.committed is not None else hashlib.sha256()
-        if h is not None:
-            h.update(struct.pack("<q", n))
-        for i, t in enumerate(self.base.params):
-            p_at, m_at = at[f"param.{i:05d}"], at[f"outer.{i:05d}"]
-            if h is not None:
-                h.update(struct.pack("<q", t.dim()) + struct.pack(f"<{t.dim()}q", *t.shape))
-            for p, m in self._both(i):
-                p_bytes, m_bytes = tensor_bytes(p), tensor_bytes(m)
-                if h is not None:
-                    h.update(p_bytes)
-                _pwrite_all(fd, p_bytes, p_at)
-                _pwrite_all(fd, m_bytes, m_at)
-                p_at, m_at = p_at + p_bytes.nbytes, m_at + m_bytes.nbytes
-        if h is not None:
-            h.update(struct.pack("<q", n))
-            buffer = bytearray(IO_BLOCK)
-            for i, t in enumerate(self.base.outer_state):
-                h.update(struct.pack("<q", t.dim()) + struct.pack(f"<{t.dim()}q", *t.shape))
-                start, stop = at[f"outer.{i:05d}"], at[f"outer.{i:05d}"] + 4 * t.numel()
-                for lo in range(start, stop, IO_BLOCK):
-                    got = os.preadv(fd, [memoryview(buffer)[:min(IO_BLOCK, stop - lo)]], lo)
-                    if got != min(IO_BLOCK, stop - lo):
-                        raise OSError(f"read back {got} of {min(IO_BLOCK, stop - lo)} bytes of the vote just written")
-                    h.update(memoryview(buffer)[:got])
-            self.__dict__["state_hash"] = h.hexdigest()[:16]  # cached_property's slot: the bits just written
+        if "state_hash" in self.__dict__ or self.committed is not None:
+            for i in range(n):
+                self._write_pieces(fd, i, at[f"param.{i:05d}"], at[f"outer.{i:05d}"], None)
+            os.ftruncate(fd, layout.size)
+            return layout.size
+        h = hashlib.sha256()
+        self._buffer(0, 4)  # both pairs of outputs at once: no buffer is replaced while its hash is pending
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vote-hash") as hashing:
+            def hashed(data: bytes | memoryview) -> concurrent.futures.Future:  # in the order submitted
+                return hashing.submit(h.update, data)
+
+            try:
+                hashed(struct.pack("<q", n))
+                for i, t in enumerate(self.base.params):
+                    hashed(struct.pack("<q", t.dim()) + struct.pack(f"<{t.dim()}q", *t.shape))
+                    self._write_pieces(fd, i, at[f"param.{i:05d}"], at[f"outer.{i:05d}"], hashed)
+                hashed(struct.pack("<q", n))
+                outer = [(t, at[f"outer.{i:05d}"]) for i, t in enumerate(self.base.outer_state)]
+                hashing.submit(_hash_read_back, h, fd, outer).result()
+            finally:
+                self._pending = [None, None]
+        os.ftruncate(fd, layout.size)  # a file written over (a vote's recycled file) may have been longer
+        self.__dict__["state_hash"] = h.hexdigest()[:16]  # cached_property's slot: the bits just written
         return layout.size
+
+    def _write_pieces(self, fd: int, i: int, p_at: int, m_at: int,
+                      hashed: Optional[Callable[[memoryview], concurrent.futures.Future]]) -> None:
+        """Tensor ``i``'s θg' and outer-state pieces written at ``p_at`` and ``m_at``; θg''s bytes handed to
+        ``hashed`` (None: not hashed), a slot's pending hash waited for before the slot is stepped into again."""
+        def free(slot: int) -> None:
+            pending = self._pending[slot]
+            if pending is not None:
+                pending.result()
+                self._pending[slot] = None
+
+        for p, m, slot in self._both(i, free):
+            p_bytes, m_bytes = tensor_bytes(p), tensor_bytes(m)
+            if hashed is not None:
+                future = hashed(p_bytes)
+                if slot >= 0:
+                    self._pending[slot] = future
+            _pwrite_all(fd, p_bytes, p_at)
+            _pwrite_all(fd, m_bytes, m_at)
+            p_at, m_at = p_at + p_bytes.nbytes, m_at + m_bytes.nbytes
 
     # ---- the whole state, when a caller needs it -----------------------------------------------------
     @property
@@ -227,6 +255,20 @@ class TentativeState:
         state.__dict__["state_hash"] = self.state_hash  # cached_property's slot: the bits it hashed are these
         self.committed = state
         return state
+
+
+def _hash_read_back(h: "hashlib._Hash", fd: int, tensors: Sequence[tuple[torch.Tensor, int]]) -> None:
+    """The hash of each tensor's shape and bytes, the bytes read back from ``fd`` at its offset."""
+    buffer = bytearray(IO_BLOCK)
+    for t, start in tensors:
+        h.update(struct.pack("<q", t.dim()) + struct.pack(f"<{t.dim()}q", *t.shape))
+        stop = start + 4 * t.numel()
+        for lo in range(start, stop, IO_BLOCK):
+            want = min(IO_BLOCK, stop - lo)
+            got = os.preadv(fd, [memoryview(buffer)[:want]], lo)
+            if got != want:
+                raise OSError(f"read back {got} of {want} bytes of the vote just written")
+            h.update(memoryview(buffer)[:got])
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
