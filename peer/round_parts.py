@@ -54,9 +54,11 @@ def build_trainer(run: RunConfig, options: PeerOptions, joined: pb.JoinResponse,
     progress = RoundProgress(trainer, tag=tag, inner=lambda seconds: stats.add(inner_time_s=seconds))
     progress.watch(trainer)
     clock.mark("trainer")
-    probe = StepProbe(trainer, report=stats.probed)  # a far slower device: a smaller round 1 budget
+    # a far slower device: a smaller round 1 budget; a peer that trains from θ0 keeps the passes for its first step
+    probe = StepProbe(trainer, report=stats.probed, keep=joined.round.last_committed_round == 0)
     probe.reuse(started.known_step_time())  # a restart reuses the step time it measured before
     clock.mark("probe")
+    clock.first_passes = trainer.holds_first_passes
     return PeerTrainer(trainer, started.resumed is not None, progress, probe)
 
 

@@ -3,7 +3,9 @@ imports the trainer build needs, done in a background thread while the peer wait
 the DHT start, in another thread while the trainer builds.
 
 ``StartupClock`` marks each step of a start (join, trainer build, DHT start, sync) and logs one line
-when the peer starts training its first round, so that a restart's cost is visible in every peer log.
+when the peer starts training its first round, so that a restart's cost is visible in every peer log. When the
+start-up probe's passes are the first step's own (``swarm.train.step_probe``), the peer's training began with
+them: the line counts from launch to the probe then, and says when the round opened.
 
 Forking (the DHT process) while another thread imports is safe here: ``os.fork`` holds the interpreter's
 import lock, and the DHT process runs only hivemind code its starting thread imported before it forked.
@@ -64,6 +66,8 @@ class StartupClock:
         self._last = self._t0
         self.reported = False
         self._warming: list[threading.Thread] = []
+        # whether the first step will use the passes the "probe" step made ahead (then training began with them)
+        self.first_passes: Optional[Callable[[], bool]] = None
 
     def warm(self, *tasks: Callable[[], None]) -> None:
         """Start ``tasks`` in daemon threads (nobody waits for them)."""
@@ -107,5 +111,13 @@ class StartupClock:
     def summary(self) -> str:
         parts = [f"imports {self.before:.1f}s"] if self.before is not None else []
         parts += [f"{step} {seconds:.1f}s" for step, seconds in self.steps]
+        since = self.since_launch()
+        began = since
+        opened = ""
+        names = [step for step, _ in self.steps]
+        if "probe" in names and self.first_passes is not None and self.first_passes():
+            began = (self.before or 0.0) + sum(seconds for _, seconds in self.steps[:names.index("probe")])
+            parts[names.index("probe") + len(parts) - len(names)] += " (the first step's passes)"
+            opened = f"; the round opened {since:.1f}s after launch"
         # the CPU seconds of this process (all its threads): a loaded machine shows as wall ≫ CPU
-        return f"{self.since_launch():.1f}s after launch ({', '.join(parts)}; {time.process_time():.1f} CPU-s)"
+        return f"{began:.1f}s after launch ({', '.join(parts)}{opened}; {time.process_time():.1f} CPU-s)"

@@ -48,6 +48,11 @@ class InnerStep:
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> torch.Tensor:
         loss = self._gradients(x, y)
+        self.update(lr)
+        return loss
+
+    def update(self, lr: float) -> None:
+        """The step's update from the gradients the parameters hold (clipped, unscaled as the step's own)."""
         if self.scaler is not None and self.cfg.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
         if self.cfg.grad_clip > 0:
@@ -59,14 +64,16 @@ class InnerStep:
             self.scaler.update()
         else:
             self.optimizer_step()
-        return loss
 
-    def passes(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """A step's forward and backward passes, without the update: the gradients are dropped after
-        (``swarm.train.step_probe``). Not on a multi-GPU peer: DDP would wait for the other ranks."""
+    def passes(self, x: torch.Tensor, y: torch.Tensor, *, keep: bool = False) -> torch.Tensor:
+        """A step's forward and backward passes, without the update (``swarm.train.step_probe``); their mean loss.
+        The gradients are dropped after, or with ``keep`` left in the parameters' ``.grad``. Not on a multi-GPU
+        peer: DDP would wait for the other ranks."""
         assert self.ddp is None, "a probe runs on one process"
-        self._gradients(x, y)
-        self.optimizer.zero_grad(set_to_none=True)
+        loss = self._gradients(x, y)
+        if not keep:
+            self.optimizer.zero_grad(set_to_none=True)
+        return loss
 
     def _gradients(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The batch's gradients, fresh (the micro-batches' accumulated); its mean loss, detached."""

@@ -9,6 +9,13 @@ first pass warms up, the fastest of the others counts), and the optimizer's upda
 them: the update is elementwise), throttled like its steps. Nothing of it reaches the model, the optimizer
 state, the data order or the random streams: a run trains the same bits with or without it. The measured
 step time replaces it after the peer's first round.
+
+The first probe of a peer that has not trained (``StepProbe(keep=True)``) keeps its last pass's gradients, made from
+the random state the peer's first step will start from, for that step (``trainer.FirstPasses``): a large model's
+probe is then its first step's forward and backward passes rather than a pass made in addition to the round's
+(at 350M parameters on a CPU, one pass is most of a step). The step uses them only when θl, its batch and the
+random state are still the ones they were made with (a peer that syncs a state first makes its own); the bits are
+the same either way.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Callable, Optional
 import torch
 
 from swarm.train.eager_optimizer import eager_step
+from swarm.train.trainer import FirstPasses, rng_states, set_rng_states
 
 PROBE_PASSES = 3  # after the warm-up pass
 PROBE_EVERY_S = 1.0  # while a peer waits for its first round, it probes again this often
@@ -30,29 +38,44 @@ SLOW_PASS_S = 0.5
 UPDATE_SAMPLE = 1 << 22  # elements of the parameters whose update is timed (64 MB of copies and state in fp32)
 
 
-def probe_step_time(trainer, passes: int = PROBE_PASSES) -> Optional[float]:
+def probe_step_time(trainer, passes: int = PROBE_PASSES, *, keep: bool = False) -> Optional[float]:
     """``trainer``'s seconds per inner step as its forward and backward passes take them (None on a
-    multi-GPU peer, whose ranks only step together)."""
+    multi-GPU peer, whose ranks only step together). ``keep``: the last pass's gradients are kept for the
+    trainer's next step (``LocalTrainer.keep_passes``)."""
     if trainer.ranks is not None or passes < 1:
         return None
+    batches_drawn = trainer.sampler.batches_drawn
     x, y = trainer.sampler.peek_batch()
     x, y = x.to(trainer.device), y.to(trainer.device)
     cuda = trainer.device.type == "cuda"
     trainer.model.train()
     times = []
+    kept: Optional[FirstPasses] = None
     with torch.random.fork_rng(devices=[trainer.device.index or 0] if cuda else []):  # dropout draws are given back
+        before = rng_states(trainer.device)
         update_s = _update_seconds(trainer.optimizer, cuda=cuda)
-        for _ in range(passes + 1):
+        for i in range(passes + 1):
+            set_rng_states(trainer.device, before)  # each pass draws what the next step would
+            versions = trainer._versions()
             start = time.perf_counter()
-            trainer.inner_step.passes(x, y)
+            loss = trainer.inner_step.passes(x, y, keep=keep)
             if cuda:
                 torch.cuda.synchronize(trainer.device)
-            compute_s = time.perf_counter() - start + update_s
+            pass_s = time.perf_counter() - start
+            compute_s = pass_s + update_s
+            last = i == passes or pass_s >= SLOW_PASS_S
+            if keep and last:
+                kept = FirstPasses([p.grad for p in trainer._params], loss, pass_s, versions, batches_drawn, before,
+                                   rng_states(trainer.device))
+            if keep:
+                trainer.optimizer.zero_grad(set_to_none=True)
             if trainer.throttle is not None:  # a slow device (fault injection) is slow here too
                 trainer.throttle(compute_s)
             times.append(time.perf_counter() - start + update_s)
-            if compute_s - update_s >= SLOW_PASS_S:
+            if last:
                 break
+    if kept is not None:
+        trainer.keep_passes(kept)
     return min(times[1:] or times)
 
 
@@ -90,15 +113,19 @@ class StepProbe:
     round (``again``), keeping the fastest — a start on a busy machine (other peers importing, its own DHT
     starting) measured up to 4× the step time in the demo, a probe while waiting much less."""
 
-    def __init__(self, trainer, report: Callable[[float], None] = lambda step_s: None) -> None:
+    def __init__(self, trainer, report: Callable[[float], None] = lambda step_s: None, *, keep: bool = False) -> None:
+        """``keep``: the first probe's passes are kept for the trainer's first step (a peer that trains from the
+        state it holds now: not one that syncs another first, which would hold them in memory for nothing)."""
         self.trainer, self.report = trainer, report  # told each new fastest step time
+        self.keep = keep
         self.best: Optional[float] = None
         self.probes = 0
         self._next = 0.0
 
     def run(self) -> Optional[float]:
         """Probe now; the fastest step time yet (None: this peer cannot be probed)."""
-        step_s = probe_step_time(self.trainer)
+        keep = self.keep and not self.probes and not self.trainer.inner_steps_done
+        step_s = probe_step_time(self.trainer, keep=keep)
         self.probes += 1
         self._next = time.monotonic() + PROBE_EVERY_S
         if step_s is not None:

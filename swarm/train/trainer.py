@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -46,6 +47,35 @@ from swarm.train.multi_gpu.ranks import GatherOptimizer, Ranks, RankSampler, Tra
 from swarm.train.sent_feedback import SentFeedback
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class FirstPasses:
+    """A step's forward and backward passes made ahead (by the start-up probe, ``swarm.train.step_probe``), for the
+    trainer's next step to use instead of making them again: the same gradients, from the same θl, batch and random
+    draws (dropout), so the same bits. Good only while all of those are still what they were."""
+
+    grads: list[Optional[torch.Tensor]]
+    loss: torch.Tensor
+    seconds: float  # what the passes took
+    versions: tuple[int, ...]  # θl's tensors' version counters: any in-place write changes them
+    batches_drawn: int  # the sampler's position: the batch they were made on is the next one
+    rng_before: list[torch.Tensor]  # the random state they started from (CPU, and the CUDA device's)
+    rng_after: list[torch.Tensor]  # and the one they left
+
+
+def rng_states(device: torch.device) -> list[torch.Tensor]:
+    """The global random state a step on ``device`` draws from (dropout)."""
+    states = [torch.get_rng_state()]
+    if device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(device))
+    return states
+
+
+def set_rng_states(device: torch.device, states: list[torch.Tensor]) -> None:
+    torch.set_rng_state(states[0])
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(states[1], device)
 
 
 class LocalTrainer:
@@ -88,6 +118,8 @@ class LocalTrainer:
         else:
             self.state = _fitting(initial, shapes, self.outer)
         self._step_time_ema_s: float | None = None
+        self.first_passes: Optional[FirstPasses] = None  # the next step's passes, made ahead (``keep_passes``)
+        self._global_versions: Optional[tuple[int, ...]] = None  # θl's versions while it holds θg's bits
         self.throttle: Optional[Callable[[float], None]] = None  # after each step, with its compute seconds
         self.clock: Callable[[float], None] = lambda seconds: None  # told inner seconds as they pass (live utilization)
 
@@ -103,6 +135,8 @@ class LocalTrainer:
         self._samples_since_sync = [0] * len(self.fragments)
         if initial is not None:
             self.commit(initial)  # θl ← θg, the outer state installed
+        else:
+            self._global_versions = self._versions()  # θg was cloned from θl
 
     def _sampler(self) -> "BatchSampler | RankSampler":
         """This peer's batches; the ranks of a multi-GPU peer take turns drawing them (``RankSampler``)."""
@@ -152,11 +186,12 @@ class LocalTrainer:
         if self.ranks is not None and steps:
             self.lockstep.lead(steps, peer_step=self.inner_steps_done, run_step=self.run_step,
                                batches_drawn=self.sampler.batches_drawn)
-        mean_loss, clocked = self._train_steps(steps, self.run_step)
+        passes = self._usable_passes() if steps else None
+        mean_loss, clocked = self._train_steps(steps, self.run_step, passes)
         elapsed = time.perf_counter() - start
         self.clock(elapsed - clocked)
         if steps:
-            per_step = elapsed / steps
+            per_step = (elapsed + (passes.seconds if passes is not None else 0.0)) / steps  # the passes made ahead too
             ema = self._step_time_ema_s
             self._step_time_ema_s = per_step if ema is None else 0.7 * ema + 0.3 * per_step
         samples = steps * self.run.data.batch_size * self.world_size
@@ -166,8 +201,8 @@ class LocalTrainer:
         return TrainStats(steps=steps, samples=samples, tokens=samples * self.run.data.seq_len,
                           mean_loss=mean_loss, inner_time_s=elapsed)
 
-    def _train_steps(self, steps: int, run_step: int) -> tuple[float, float]:
-        """(mean loss, the seconds already told to ``clock``)."""
+    def _train_steps(self, steps: int, run_step: int, passes: Optional[FirstPasses] = None) -> tuple[float, float]:
+        """(mean loss, the seconds already told to ``clock``). ``passes``: the first step's, made ahead."""
         self.model.train()
         loss_sum = torch.zeros((), device=self.device)
         draw = prefetch.batches(self.sampler.next_batch, steps, self.device, prefetch=self.run.inner.prefetch)
@@ -175,7 +210,14 @@ class LocalTrainer:
         clocked = 0.0
         for i, (x, y) in enumerate(draw):
             lr = self.lr_at(self.inner_steps_done, run_step + i)
-            loss_sum += self.inner_step.step(x, y, lr)  # no per-step .item(): it would stall a GPU every step
+            if i == 0 and passes is not None:  # the passes this step would make, made ahead on the same batch
+                for p, g in zip(self._params, passes.grads):
+                    p.grad = g
+                set_rng_states(self.device, passes.rng_after)  # as if its dropout had drawn now
+                self.inner_step.update(lr)
+                loss_sum += passes.loss
+            else:
+                loss_sum += self.inner_step.step(x, y, lr)  # no per-step .item(): it would stall a GPU every step
             self.inner_steps_done += 1
             if self.throttle is not None:  # a slow device (fault injection): the measured step time includes the wait
                 self.throttle(time.perf_counter() - step_start)
@@ -189,6 +231,30 @@ class LocalTrainer:
         if self.sharded is not None and steps:
             self.sharded.gather(self._params if self.ranks.leader else None)  # rank 0's θl is whole again
         return (loss_sum.item() / steps if steps else float("nan")), clocked
+
+    def _versions(self) -> tuple[int, ...]:
+        return tuple(p._version for p in self._params)
+
+    def keep_passes(self, passes: FirstPasses) -> None:
+        """Keep a step's passes made ahead on the next batch (``FirstPasses``) for the next step."""
+        self.first_passes = passes
+
+    def _usable_passes(self) -> Optional[FirstPasses]:
+        """The kept passes when the next step would make the very same ones (then given up: used once); else None,
+        and they are dropped."""
+        passes, self.first_passes = self.first_passes, None
+        if passes is None or not self.holds_first_passes(passes):
+            return None
+        return passes
+
+    def holds_first_passes(self, passes: Optional[FirstPasses] = None) -> bool:
+        """Whether the next step can use the kept passes (``passes``: these): θl, the next batch and the random
+        state are the ones they were made with."""
+        passes = passes if passes is not None else self.first_passes
+        if passes is None or self.ranks is not None or passes.versions != self._versions() \
+                or passes.batches_drawn != self.sampler.batches_drawn:
+            return False
+        return all(torch.equal(now, then) for now, then in zip(rng_states(self.device), passes.rng_before))
 
     def follow(self, order: "TrainOrder | GatherOptimizer") -> None:
         """The other ranks: train in lockstep with rank 0 as ``order`` says (or give it their AdamW shards)."""
@@ -211,6 +277,7 @@ class LocalTrainer:
         for p, g in zip(self._params, self.global_params):
             p.copy_(g)
         self.lockstep.params_changed = True
+        self._global_versions = self._versions()
 
     # ---- fragments ------------------------------------------------------------------------------
 
@@ -310,6 +377,9 @@ class LocalTrainer:
         fragment into θl: replaced by θg_f (plain DiLoCo: f is every parameter), or, with overlap,
         mixed as α·θl_f + (1 − α)·θg_f (``mixing_alpha``); the rest of θl keeps training.
         """
+        same = state is self.state  # installed again (θ0 at a peer's start): θl may hold its bits already
+        if not same:
+            self.first_passes = None  # θl changes: passes made ahead on it are of no use (and their memory goes)
         keep_unsent = self.run.rounds.keep_unsent_locally and self.error_feedback is not None
         replaced = fragment is not None and self.mixing_alpha == 0.0 and not keep_unsent  # θl's spans ← θg's
         copied = False
@@ -332,7 +402,10 @@ class LocalTrainer:
         self._steps_since_commit = 0
         self.lockstep.params_changed = True
         if fragment is None:
-            self.load_global_into_model()
+            if not same or self._global_versions != self._versions() or self.ranks is not None:
+                self.load_global_into_model()  # (θl still holding the committed state's bits is not copied again)
+            else:
+                self.lockstep.params_changed = True
             self._samples_since_sync = [0] * len(self.fragments)
             return
         if replaced:  # plain replacement: θg's bits copied straight into θl

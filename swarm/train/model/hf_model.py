@@ -71,16 +71,22 @@ def special_ids_outside_vocab(hf_config: Any) -> str | None:
 
 
 def build_hf_model(spec: Any, *, seed: int, draw: bool = True) -> nn.Module:
-    """``AutoModelForCausalLM.from_config`` in fp32 on the CPU, then every parameter that its own init drew at
-    random redrawn with the portable normal (``model.PortableNormals``, std ``initializer_range``), seeded by ``seed``; constant ones
-    (norm gains, biases) stay as the library set them. So θ0 depends only on the config and the seed.
+    """``AutoModelForCausalLM.from_config`` in fp32 on the CPU, with every parameter that its own init draws at
+    random drawn with the portable normal instead (``model.PortableNormals``, std ``initializer_range``), seeded by
+    ``seed``; constant ones (norm gains, biases) stay as the library set them. So θ0 depends only on the config and
+    the seed.
+
+    The library's random init of a parameter is not run (it would be overwritten: at 350M parameters it costs as
+    much as the portable draw): it marks the parameter with a pattern that is not constant instead, and a parameter
+    that is not constant once the library is done is drawn — what the library set to a constant afterwards stays.
+    Buffers are initialized by the library as always.
 
     ``draw=False``: the parameters are about to be overwritten (a peer resuming its own checkpoint), so neither
     the library's random init nor the portable one runs; their values are whatever the memory held. The module's
     structure (tied weights) and its buffers are built as always."""
     transformers = _transformers()
     hf_config = hf_auto_config(spec)
-    with torch.random.fork_rng(devices=[]), (contextlib.nullcontext() if draw else _no_random_init(transformers)):
+    with torch.random.fork_rng(devices=[]), _random_init_replaced(transformers, mark=draw):
         torch.manual_seed(seed)
         try:
             model = transformers.AutoModelForCausalLM.from_config(hf_config, torch_dtype=torch.float32)
@@ -91,12 +97,20 @@ def build_hf_model(spec: Any, *, seed: int, draw: bool = True) -> nn.Module:
         normals = PortableNormals(seed)
         with torch.no_grad():
             for p in model.parameters():
-                flat = p.detach().reshape(-1)
-                if flat.numel() > 1 and bool((flat == flat[0]).all()):
+                if not _varies(p.detach().reshape(-1)):
                     continue  # a constant init (ones, zeros) is already the same everywhere
                 normals.fill(p.data, std=std)
     model.train()
     return model
+
+
+def _varies(flat: torch.Tensor) -> bool:
+    """Whether ``flat`` holds more than one value (a NaN counts as a value of its own)."""
+    if flat.numel() <= 1:
+        return False
+    if bool(flat[0] != flat[1]):
+        return True  # a marked or drawn parameter: no pass over it
+    return not bool((flat == flat[0]).all())
 
 
 # torch.nn.init's functions that draw random numbers (the constant and copying ones still run: buffers use them)
@@ -105,23 +119,32 @@ RANDOM_INITS = ("uniform_", "normal_", "trunc_normal_", "xavier_uniform_", "xavi
 
 
 @contextlib.contextmanager
-def _no_random_init(transformers):
+def _random_init_replaced(transformers, *, mark: bool):
     """While it lasts, torch's random init functions (called by module constructors) and the ones transformers'
-    ``_init_weights`` calls (through ``transformers.initialization``) leave their tensor as it is. A build that
-    draws nothing takes ~0.1 s at 124M instead of seconds."""
-    def keep(tensor, *args, **kwargs):
-        return tensor
-
+    ``_init_weights`` calls (through ``transformers.initialization``) draw nothing into a parameter: ``mark``
+    writes a pattern that is not constant into it (``build_hf_model`` draws it next), else it is left as it is (a
+    build that draws nothing takes ~0.1 s at 124M instead of seconds). Other tensors (buffers) are drawn as usual."""
     try:
         table = importlib.import_module("transformers.initialization").TORCH_INIT_FUNCTIONS
     except (ImportError, AttributeError):  # a transformers whose inits call torch.nn.init's own
         table = {}
     saved_table = {name: table[name] for name in RANDOM_INITS if name in table}
     saved_torch = {name: getattr(torch.nn.init, name) for name in RANDOM_INITS if hasattr(torch.nn.init, name)}
+
+    def replaced(original):
+        def init(tensor, *args, **kwargs):
+            if not isinstance(tensor, nn.Parameter):
+                return original(tensor, *args, **kwargs)
+            if mark:
+                with torch.no_grad():
+                    torch.arange(tensor.numel(), dtype=tensor.dtype, out=tensor.view(-1))
+            return tensor
+        return init
+
     try:
-        table.update({name: keep for name in saved_table})
-        for name in saved_torch:
-            setattr(torch.nn.init, name, keep)
+        table.update({name: replaced(fn) for name, fn in saved_table.items()})
+        for name, fn in saved_torch.items():
+            setattr(torch.nn.init, name, replaced(fn))
         yield
     finally:
         table.update(saved_table)

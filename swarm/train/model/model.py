@@ -165,11 +165,11 @@ def portable_normal(shape: torch.Size, *, std: float, generator: torch.Generator
 class PortableNormals:
     """``portable_normal``'s distribution (the sum of four uniform 16-bit integers, scaled once) from one
     stream of PCG64's raw 64-bit outputs, each split into its four 16-bit fields: exact integer work and one
-    correctly rounded multiply, so bit-identical on every CPU, and about 10x faster than four ``randint``
-    draws per element (a 124M-parameter model: ~1 s instead of ~6 s). The stream continues across ``fill``
+    correctly rounded multiply, so bit-identical on every CPU, and about 30x faster than four ``randint``
+    draws per element (a 350M-parameter model: ~4 s on one core). The stream continues across ``fill``
     calls, so a model's tensors drawn in order get the same bits however the stream is cut into chunks."""
 
-    CHUNK = 1 << 20
+    CHUNK = 1 << 18  # 2 MB of raw draws and 1 MB of sums: they stay in a core's cache
 
     def __init__(self, seed: int) -> None:
         self._bits = np.random.PCG64(seed)  # its raw output is fixed by the algorithm (not by numpy's version)
@@ -179,14 +179,20 @@ class PortableNormals:
         """Overwrite the fp32 CPU tensor ``out`` (contiguous) with draws of standard deviation ``std``."""
         n = 1 << 16
         unit_std = 4.0 * math.sqrt((n * n - 1) / 12.0)
-        scale = torch.tensor(std / unit_std, dtype=torch.float32)
-        flat = out.view(-1)
-        for start in range(0, flat.numel(), self.CHUNK):
-            k = min(self.CHUNK, flat.numel() - start)
-            raw = torch.from_numpy(self._bits.random_raw(k).view(np.int64))
-            fields = (raw & 0xFFFF) + ((raw >> 16) & 0xFFFF) + ((raw >> 32) & 0xFFFF) + ((raw >> 48) & 0xFFFF)
-            centred = 2 * fields - 4 * (n - 1)  # mean 0, |x| < 2**18: exact in fp32
-            torch.mul(centred.to(torch.float32), scale, out=flat[start:start + k])
+        # 2·(sum − 2(n − 1)) · scale, computed as (sum − 2(n − 1)) · (2·scale): the same real product (a
+        # power of two moves across), so the same correctly rounded fp32 bits
+        twice_scale = np.float32(2 * float(torch.tensor(std / unit_std, dtype=torch.float32)))
+        flat = out.detach().view(-1).numpy()
+        sums = np.empty(min(self.CHUNK, flat.size), dtype=np.int32)
+        for start in range(0, flat.size, self.CHUNK):
+            k = min(self.CHUNK, flat.size - start)
+            fields = self._bits.random_raw(k).view(np.uint16).reshape(k, 4)  # each output's four 16-bit fields
+            s = sums[:k]
+            np.add(fields[:, 0], fields[:, 1], out=s, dtype=np.int32)
+            np.add(s, fields[:, 2], out=s)
+            np.add(s, fields[:, 3], out=s)
+            s -= 2 * (n - 1)  # |s| < 2**17: exact in fp32
+            np.multiply(s, twice_scale, out=flat[start:start + k], dtype=np.float32, casting="unsafe")
 
 
 def model_fingerprint(model: nn.Module) -> str:
