@@ -13,7 +13,8 @@ Per model (a Hugging Face GPT-2 config built with ``from_config``: no download),
 - **swarm**: ``swarm coordinator`` and ``--peers`` ``swarm peer`` processes (the commands a user types) run
   ``--rounds`` rounds of ``--inner-steps`` steps. Per peer: the high-water mark of its main process (exact) and of
   its whole process tree (its DHT process and p2pd added: an upper bound, their peaks need not coincide); the
-  seconds from launch to its first training step and their breakdown (its own start-up line); and per committed
+  seconds from launch to its first training step (the start of its first step's passes: the start-up probe's, when
+  the step used them) and to its first round, with their breakdown (its own start-up line); and per committed
   round its *local work*: everything in the round that is neither inner steps nor the exchange (Δ, the outer
   step, the state's hash, the vote on disk, the commit), from its round lines.
 - **late joiner** (``--late-joiner``): one more peer started once round 1 committed; how long its download of
@@ -49,6 +50,7 @@ MODELS = {  # GPT-2 small and medium: 124M and 355M parameters (the head is tied
     "gpt2-tiny": {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 512},
 }
 FIRST_ROUND = re.compile(r"first round: training ([\d.]+)s after launch \((.*)\)")
+ROUND_OPENED = re.compile(r"the round opened ([\d.]+)s after launch")  # when the probe made the first step's passes
 COMMITTED = re.compile(r"\[p-[0-9a-f]+ r(\d+)\] committed, hash [0-9a-f]+: ")
 EXCHANGE = re.compile(r"exchange ([\d.]+) s")
 LOCAL_WORK = re.compile(r"local work ([\d.]+) s")
@@ -237,6 +239,8 @@ def _peer_row(label: str, proc: subprocess.Popen, watch: TreeWatch, log: Path) -
     if first:
         row["launch_to_first_step_s"] = float(first[1])
         row["first_step_breakdown"] = first[2]
+        opened = ROUND_OPENED.search(first[2])
+        row["launch_to_first_round_s"] = float(opened[1]) if opened else float(first[1])
     rounds = []
     for line in text.splitlines():
         m = COMMITTED.search(line)

@@ -187,6 +187,8 @@ class LocalTrainer:
             self.lockstep.lead(steps, peer_step=self.inner_steps_done, run_step=self.run_step,
                                batches_drawn=self.sampler.batches_drawn)
         passes = self._usable_passes() if steps else None
+        if passes is not None:
+            log.debug("peer %d: the first step uses the passes made ahead (%.2fs)", self.peer_index, passes.seconds)
         mean_loss, clocked = self._train_steps(steps, self.run_step, passes)
         elapsed = time.perf_counter() - start
         self.clock(elapsed - clocked)
