@@ -7,6 +7,7 @@ finishes or it is interrupted.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import signal
@@ -19,9 +20,10 @@ from typing import Callable, Optional
 import grpc
 
 from coordinator.api.limits import MAX_REQUEST_BYTES, tolerant
-from coordinator.api.load import MAX_IN_FLIGHT, CountingPool, LoadInterceptor, LoadMonitor
+from coordinator.api.load import MAX_IN_FLIGHT, LoadMonitor
 from coordinator.api.rate_limit import JoinLimits
 from coordinator.api.servicer import CoordinatorServicer
+from coordinator.api.serving import LoopServer
 from coordinator.api.tokens import first_join_string_note
 from coordinator.dht_node import DHTNode
 from coordinator.engine import CoordinatorEngine
@@ -43,9 +45,7 @@ SIGNING_KEY_FILE = "coordinator-signing-key.pem"  # Ed25519: signs the members' 
 # serve its state for up to 30 s (a peer's --final-serve-s) while peers behind download it, and those then leave
 FINISH_LINGER_S = 60.0
 _WILDCARDS = ("0.0.0.0", "::", "")
-RPC_THREADS = 16
-# gRPC's own bound on the calls in flight, behind coordinator.api.load's shares of MAX_IN_FLIGHT (its refusals
-# take a thread for a moment too)
+# gRPC's own bound on the calls in flight, behind coordinator.api.load's shares of MAX_IN_FLIGHT
 MAX_CONCURRENT_RPCS = 2 * MAX_IN_FLIGHT
 SERVICE = "swarm.v1.Coordinator"
 
@@ -99,7 +99,7 @@ class CoordinatorServer:
         self._dashboard_store: Optional[Store] = None
         self._store: Optional[Store] = None
         self._dht: Optional[DHTNode] = None
-        self._grpc: Optional[grpc.Server] = None
+        self._grpc: Optional[LoopServer] = None
         self._ticker: Optional[threading.Thread] = None
         self._stopping = threading.Event()
         self._done = threading.Event()
@@ -129,20 +129,14 @@ class CoordinatorServer:
             )
             initial_peers = self._dht.start(bootstrap=self.engine.peer_dht_addresses())
             self._dht.start_relay(self.engine.is_live_member)  # for members behind NAT on both ends
-            pool = CountingPool(max_workers=RPC_THREADS, thread_name_prefix="coordinator-rpc")
-            self._grpc = grpc.server(
-                pool,
-                interceptors=[LoadInterceptor(self.load, pool)],
-                options=[
-                    ("grpc.so_reuseport", 0),  # a second coordinator on the same port must fail, not share
-                    ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
-                ],
-                maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
-            )
             servicer = CoordinatorServicer(
                 self.engine, dht_initial_peers=initial_peers, join_limits=self._join_limits,
             )
-            _add_servicer(servicer, self._grpc)
+            self._grpc = LoopServer(self.load, options=[
+                ("grpc.so_reuseport", 0),  # a second coordinator on the same port must fail, not share
+                ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+            ], maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
+            self._grpc.add_handlers(SERVICE, servicer_handlers(servicer))
             port = self._bind(self._grpc, tls.server_credentials(cert_pem, key_pem))
             self.engine.serving()  # the leases run from now: starting the DHT node took seconds
             self._grpc.start()
@@ -159,6 +153,7 @@ class CoordinatorServer:
         if self._http is not None:
             self._start_dashboard(*self._http)
         logger.info("run %s: coordinator listening on %s:%d", self.engine.run.run_id, self._host, port)
+        _freeze_the_heap()
         return self.join_string
 
     def wait(self, timeout: Optional[float] = None) -> bool:
@@ -193,7 +188,7 @@ class CoordinatorServer:
             self._ticker.join()
             self._ticker = None
         if self._grpc is not None:
-            self._grpc.stop(grace=1.0).wait()
+            self._grpc.stop(grace_s=1.0)
             self._grpc = None
         if self._dht is not None:
             self._dht.stop()
@@ -202,7 +197,7 @@ class CoordinatorServer:
             self._store.close()
             self._store = None
 
-    def _bind(self, server: grpc.Server, credentials: grpc.ServerCredentials) -> int:
+    def _bind(self, server: LoopServer, credentials: grpc.ServerCredentials) -> int:
         host = f"[{self._host}]" if ":" in self._host else self._host
         previous = self.engine.run.grpc_port if self.engine is not None else 0
         if self._port == 0 and previous:
@@ -242,9 +237,17 @@ class CoordinatorServer:
                 logger.exception("coordinator tick failed")
 
 
-def _add_servicer(servicer: CoordinatorServicer, server: grpc.Server) -> None:
-    """Register the servicer as the generated code does, but with deserializers that hand a request that
-    is not valid protobuf to the servicer (which refuses it in one sentence) instead of failing it with
+def _freeze_the_heap() -> None:
+    """Leave what was made while starting (torch and hivemind are imported: ~200,000 objects) out of the cyclic
+    garbage collector's full passes, which otherwise stop every thread for 100–200 ms each time the peers' records
+    have changed enough (``gc.freeze``). Garbage made later is collected as before."""
+    gc.collect()
+    gc.freeze()
+
+
+def servicer_handlers(servicer: CoordinatorServicer) -> dict[str, grpc.RpcMethodHandler]:
+    """The servicer's handlers as the generated code registers them, but with deserializers that hand a request
+    that is not valid protobuf to the servicer (which refuses it in one sentence) instead of failing it with
     INTERNAL and a traceback in the log, and GetRound answered from its encoding."""
 
     class _Capture:
@@ -265,8 +268,7 @@ def _add_servicer(servicer: CoordinatorServicer, server: grpc.Server) -> None:
     # the most frequent answer, as large as the round: sent from its cached encoding, not copied and encoded again
     handlers["GetRound"] = handlers["GetRound"]._replace(unary_unary=servicer.GetRoundEncoded,
                                                          response_serializer=bytes)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    server.add_registered_method_handlers(SERVICE, handlers)
+    return handlers
 
 
 def _private_dir(path: Path) -> None:

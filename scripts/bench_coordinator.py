@@ -4,8 +4,8 @@ The coordinator runs in a child process (so its CPU time is measured on its own)
 grpc.aio clients in this one process.  Each joins as a real peer does (a Challenge, then a Join signed
 by its own Ed25519 key and by a libp2p RSA key), then heartbeats at the coordinator's pace (the interval of
 the Join's answer, then of each Heartbeat's: ``coordinator.pace``) and, with ``--rounds``, polls the current
-round at the pace's poll interval (a real peer waiting to be planned or for a decision does) and reports
-every round it is planned into; every member call is signed in its metadata (swarm.control.signing). A
+round at the pace's poll interval while it waits to be planned or for a decision (not while it trains, as a real
+peer does not) and reports every round it is planned into once ``--train-s`` passed; every member call is signed in its metadata (swarm.control.signing). A
 status poll (one page) runs once a second.  Latencies are measured after every peer joined.
 
 A report names the group its peer "averaged" with, as matchmaking forms one: the peers that saw themselves
@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
+import math
 import os
 import random
 import statistics
@@ -59,6 +61,9 @@ from swarm.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 
 REQUEST_TIMEOUT_S = 10.0
 SETTLE_MAX_S = 30.0  # after the joins, the longest wait before measuring
+# a real peer has a connection of its own; one connection carrying thousands of peers' calls holds calls back in
+# its HTTP/2 streams whenever many are in flight at once, which no coordinator sees
+PEERS_PER_CONNECTION = 100
 OWN_POLL_S = 0.2  # a real peer's own poll interval (peer.options), which the coordinator's pace may lengthen
 UNLIMITED = 1_000_000  # joins per second and burst: no join of this benchmark waits for a rate limit
 MAX_GROUP = commit_rule.NAMED_GROUP_MAX  # peer ids a report names; a larger group: its digest and size
@@ -100,15 +105,16 @@ def aio_channel(join: JoinString) -> grpc.aio.Channel:
         raise SystemExit("the coordinator presented a certificate the join string does not pin")
     credentials = grpc.ssl_channel_credentials(root_certificates=cert_pem)
     return grpc.aio.secure_channel(join.address, credentials,
-                                   options=[("grpc.ssl_target_name_override", tls.SERVER_NAME)])
+                                   options=[("grpc.ssl_target_name_override", tls.SERVER_NAME),
+                                            ("grpc.use_local_subchannel_pool", 1)])  # a connection of its own
 
 
 # --- the load ------------------------------------------------------------------------------------------
 
 class Load:
-    def __init__(self, stub: pb_grpc.CoordinatorStub, join: JoinString, libp2p: list[Any], *, rounds: bool,
+    def __init__(self, stubs: list[pb_grpc.CoordinatorStub], join: JoinString, libp2p: list[Any], *, rounds: bool,
                  train_s: float) -> None:
-        self.stub, self.join, self.libp2p, self.rounds, self.train_s = stub, join, libp2p, rounds, train_s
+        self.stubs, self.join, self.libp2p, self.rounds, self.train_s = stubs, join, libp2p, rounds, train_s
         self.latencies_ms: list[float] = []
         self.sign_ms: list[float] = []  # the client's signing of each measured call, included in its latency
         self.by_method: dict[str, list[float]] = {}
@@ -122,13 +128,16 @@ class Load:
         self.posted: dict[int, list[str]] = {}  # round -> the peers that saw themselves planned, in that order
         self.groups: dict[int, tuple[list[str], frozenset[str]]] = {}  # round -> the group its reports name
 
-    async def timed(self, method: str, request: Any, signer: Optional[signing.CallSigner] = None) -> Any:
-        """One RPC, signed by ``signer`` when given, timed from before the signing to the response."""
+    async def timed(self, method: str, request: Any, signer: Optional[signing.CallSigner] = None, *,
+                    peer: int = 0) -> Any:
+        """One RPC of simulated peer ``peer`` (on its connection), signed by ``signer`` when given, timed from
+        before the signing to the response."""
         started = time.perf_counter()
         try:
             metadata = signer.metadata(method, request) if signer is not None else None
             signed = time.perf_counter()
-            response = await getattr(self.stub, method)(request, metadata=metadata, timeout=REQUEST_TIMEOUT_S)
+            stub = self.stubs[peer % len(self.stubs)]
+            response = await getattr(stub, method)(request, metadata=metadata, timeout=REQUEST_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
             if "evicted" in (e.details() or "") and signer is not None:
                 self.evicted.add(getattr(request, "peer_id", ""))
@@ -147,13 +156,13 @@ class Load:
         """Join as a new peer (retrying until it is in or the load stops): the answer and its call signer."""
         key, libp2p = PeerKey.generate(), self.libp2p[index % len(self.libp2p)]
         while not self.stop.is_set():
-            challenge = await self.timed("Challenge", pb.ChallengeRequest())
+            challenge = await self.timed("Challenge", pb.ChallengeRequest(), peer=index)
             if challenge is None:
                 await asyncio.sleep(0.1)  # refused (the coordinator is busy): ask again in a moment
                 continue
             request = signing.signed_join(token=self.join.token, nonce=challenge.nonce, key=key, libp2p=libp2p,
                                           name=f"bench-{index}")
-            response = await self.timed("Join", request)
+            response = await self.timed("Join", request, peer=index)
             if response is not None:
                 return response, signing.CallSigner(key, response.session)
             await asyncio.sleep(0.1)
@@ -168,7 +177,7 @@ class Load:
         await joined.put(peer_id)
         # the run's initial state, as a peer that built the run's model holds it
         state_round, state_hash, reported = response.round.last_committed_round, response.round.last_committed_hash, 0
-        planned_at: dict[int, float] = {}  # round -> when this peer first saw itself planned into it
+        training: Optional[tuple[int, float]] = None  # (round, when its steps are done): planned, not yet reported
         interval_s, poll_s = response.heartbeat_interval_s, max(OWN_POLL_S, response.round.poll_interval_s)
         slot = len(self.intervals_s)
         self.intervals_s.append(interval_s)
@@ -177,22 +186,40 @@ class Load:
         next_poll = loop.time() + random.random() * poll_s
         while not self.stop.is_set() and peer_id not in self.evicted:
             now = loop.time()
-            if now < min(next_beat, next_poll if self.rounds else next_beat):
-                await asyncio.sleep(min(next_beat, next_poll if self.rounds else next_beat) - now)
+            # a real peer polls while it waits for a round or a decision, not while it trains (its heartbeats' answers
+            # say whether the round went on without it); it reports once its steps are done
+            next_call = min(next_beat, training[1] if training else next_poll) if self.rounds else next_beat
+            if now < next_call:
+                await asyncio.sleep(next_call - now)
+                continue
+            if training is not None and now >= training[1]:
+                reported, training = training[0], None
+                group = self.group(reported)
+                ok = peer_id in group[1]
+                named = len(group[0]) <= MAX_GROUP
+                await self.timed("ReportRound", pb.ReportRoundRequest(
+                    peer_id=peer_id, round=reported, ok=ok, state_hash=f"h{reported}" if ok else "",
+                    error="" if ok else "the group averaged without this peer",
+                    group=group[0] if ok and named else [], group_digest=group_id(group[0]) if ok and not named else "",
+                    group_size=len(group[0]) if ok and not named else 0, inner_steps=10, samples=10, loss=2.0), signer,
+                    peer=index)
+                self.reports += 1
+                next_poll = loop.time() + poll_s  # then it waits for the decision
                 continue
             info, polled = None, False
             if now >= next_beat:
                 metrics = pb.PeerMetrics(state=pb.PEER_STATE_READY if self.rounds else pb.PEER_STATE_JOINING,
                                          state_round=state_round, state_hash=state_hash, param_count=1000,
                                          dht_peer_id=libp2p_id)
-                beat = await self.timed("Heartbeat", pb.HeartbeatRequest(peer_id=peer_id, metrics=metrics), signer)
+                beat = await self.timed("Heartbeat", pb.HeartbeatRequest(peer_id=peer_id, metrics=metrics), signer,
+                                        peer=index)
                 if beat is not None:
                     info = beat.round
                     if beat.heartbeat_interval_s > 0:
                         interval_s = self.intervals_s[slot] = beat.heartbeat_interval_s
                 next_beat = loop.time() + interval_s * random.uniform(0.9, 1.1)  # as peer.link.heartbeat does
-            elif now >= next_poll:
-                info = await self.timed("GetRound", pb.GetRoundRequest(peer_id=peer_id, round=0), signer)
+            else:
+                info = await self.timed("GetRound", pb.GetRoundRequest(peer_id=peer_id, round=0), signer, peer=index)
                 next_poll, polled = loop.time() + poll_s, True
             if info is None:
                 continue
@@ -204,21 +231,10 @@ class Load:
                 state_round, state_hash = info.last_committed_round, info.last_committed_hash
             if not polled:
                 continue  # a heartbeat's answer names only this peer of the participants: the group comes from a poll
-            planned = info.open_round > reported and info.round == info.open_round and peer_id in info.participants
-            if planned and info.open_round not in planned_at:
-                planned_at[info.open_round] = time.monotonic()
+            if info.open_round > reported and info.round == info.open_round and peer_id in info.participants \
+                    and training is None:
+                training = info.open_round, loop.time() + self.train_s
                 self.posted.setdefault(info.open_round, []).append(peer_id)  # its group entry, as it were
-            if planned and planned_at[info.open_round] + self.train_s <= time.monotonic():
-                reported = info.open_round
-                group = self.group(reported)
-                ok = peer_id in group[1]
-                named = len(group[0]) <= MAX_GROUP
-                await self.timed("ReportRound", pb.ReportRoundRequest(
-                    peer_id=peer_id, round=reported, ok=ok, state_hash=f"h{reported}" if ok else "",
-                    error="" if ok else "the group averaged without this peer",
-                    group=group[0] if ok and named else [], group_digest=group_id(group[0]) if ok and not named else "",
-                    group_size=len(group[0]) if ok and not named else 0, inner_steps=10, samples=10, loss=2.0), signer)
-                self.reports += 1
 
     def group(self, round_no: int) -> tuple[list[str], frozenset[str]]:
         """The group of ``round_no``: closed as its first report goes out (matchmaking is over then)."""
@@ -235,8 +251,10 @@ class Load:
 
 async def run_load(join: JoinString, *, peers: int, seconds: float, rounds: bool, train_s: float,
                    child: psutil.Process, libp2p: list[Any]) -> dict:
-    channel = aio_channel(join)
-    load = Load(pb_grpc.CoordinatorStub(channel), join, libp2p, rounds=rounds, train_s=train_s)
+    gc.collect()
+    gc.freeze()  # the imports' objects (torch, hivemind) out of the collector's full passes: not the coordinator's time
+    channels = [aio_channel(join) for _ in range(max(1, math.ceil(peers / PEERS_PER_CONNECTION)))]
+    load = Load([pb_grpc.CoordinatorStub(c) for c in channels], join, libp2p, rounds=rounds, train_s=train_s)
     joined: asyncio.Queue = asyncio.Queue()
     tasks = []
     join_started = time.perf_counter()
@@ -248,6 +266,7 @@ async def run_load(join: JoinString, *, peers: int, seconds: float, rounds: bool
         await joined.get()
     join_s = time.perf_counter() - join_started
     tasks.append(asyncio.create_task(load.status()))
+
     # most peers heard the swarm's pace (a join burst may have slowed them down for a while: not waited out)
     await asyncio.sleep(min(SETTLE_MAX_S, max(load.intervals_s)) if load.intervals_s else 2.0)
     me = psutil.Process()
@@ -260,9 +279,10 @@ async def run_load(join: JoinString, *, peers: int, seconds: float, rounds: bool
     load_cpu_s = sum(me.cpu_times()[:2]) - load_cpu_before
     load.stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
-    final = (await load.stub.GetStatus(pb.GetStatusRequest(token=join.token, page_size=1),
+    final = (await load.stubs[0].GetStatus(pb.GetStatusRequest(token=join.token, page_size=1),
                                        timeout=REQUEST_TIMEOUT_S)).run
-    await channel.close()
+    for channel in channels:
+        await channel.close()
     latencies, sign_ms = sorted(load.latencies_ms), sorted(load.sign_ms)
     return {
         "peers": peers, "seconds": seconds, "rounds": rounds, "rpcs": len(latencies),

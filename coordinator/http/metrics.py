@@ -88,8 +88,8 @@ def _load(load: Any) -> Iterator[Metric]:
                  load["slowdown"])
     yield _gauge("swarm_coordinator_overloaded", "1 while the coordinator refuses calls or queues them for long",
                  int(load["overloaded"]))
-    yield _gauge("swarm_coordinator_max_queue_wait_seconds", "The longest a call waited for a thread",
-                 load["max_wait_s"])
+    yield _gauge("swarm_coordinator_max_queue_wait_seconds",
+                 "The longest the server's event loop ran behind (a call's wait for it)", load["max_wait_s"])
     yield _gauge("swarm_coordinator_heartbeat_interval_seconds", "The heartbeat interval the peers are told",
                  load["pace"]["heartbeat_interval_s"])
     yield _gauge("swarm_coordinator_lease_seconds", "The lease a heartbeat renews", load["pace"]["lease_s"])

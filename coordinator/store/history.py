@@ -49,7 +49,8 @@ def round_history(
 ) -> pb.RoundHistory:
     """The history row of the round ``decided`` (committed or voided) from its participants' reports; total over
     any stored values (``int64``)."""
-    counted = [r for r in reports if r.peer_id in set(decided.participants)]
+    participants = set(decided.participants)
+    counted = [r for r in reports if r.peer_id in participants]
     choice = controller.from_json(decided.choice)  # the controller's codec, when it chose one for this round
     inner = sum(max(r.inner_time_s, 0.0) for r in counted if finite(r.inner_time_s))
     exchange = sum(max(r.exchange_time_s, 0.0) for r in counted if finite(r.exchange_time_s))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
 import grpc
@@ -14,11 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coordinator.api import limits
+from coordinator.api.load import LoadMonitor
 from coordinator.api.rate_limit import JoinLimits, Rate
 from coordinator.api.servicer import CoordinatorServicer
+from coordinator.api.serving import LoopServer
 from coordinator.api.views import MAX_PAGE_SIZE
 from coordinator.engine import CoordinatorEngine
-from coordinator.server import _add_servicer
+from coordinator.server import SERVICE, servicer_handlers
 from coordinator.store.database import Store
 from swarm.app.status import fetch_all_pages
 from swarm.config import RoundConfig, RunConfig
@@ -225,15 +226,15 @@ def test_peers_gone_long_ago_are_counted_not_listed(coordinator: Coordinator) ->
 
 @pytest.fixture
 def grpc_server(coordinator: Coordinator) -> Iterator[tuple[Coordinator, grpc.Channel]]:
-    server = grpc.server(ThreadPoolExecutor(max_workers=2),
-                         options=[("grpc.max_receive_message_length", limits.MAX_REQUEST_BYTES)])
-    _add_servicer(coordinator.servicer, server)
+    server = LoopServer(LoadMonitor(), options=[("grpc.max_receive_message_length", limits.MAX_REQUEST_BYTES)],
+                        maximum_concurrent_rpcs=16)  # the coordinator's serving path, without TLS
+    server.add_handlers(SERVICE, servicer_handlers(coordinator.servicer))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     yield coordinator, channel
     channel.close()
-    server.stop(grace=None)
+    server.stop(grace_s=None)
 
 
 def test_bytes_that_are_not_protobuf_are_refused_in_one_sentence(

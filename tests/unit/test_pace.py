@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from coordinator.api.load import MAX_IN_FLIGHT, SLOW_DOWN_AT, LoadMonitor
+from coordinator.api.load import MAX_IN_FLIGHT, REFUSE_WAIT_S, SLOW_DOWN_AT, LoadMonitor
 from coordinator.api.views import HOLDERS_SENT, holder_sample
 from coordinator.engine import CoordinatorEngine
 from coordinator.pace import HEARTBEATS_PER_S, PaceConfig, Pacer, pace_for
@@ -117,6 +117,21 @@ def test_the_load_monitor_slows_peers_down_before_it_sheds_calls_and_sheds_what_
     assert monitor.slowdown() == 2.0 and not monitor.overloaded()
     now[0] += 30.0
     assert monitor.slowdown() == 1.0
+
+
+def test_calls_that_wait_long_for_the_loop_are_shed_by_priority_and_admitted_again_once_it_catches_up() -> None:
+    now = [0.0]
+    monitor = LoadMonitor(clock=lambda: now[0])
+    monitor.waited(REFUSE_WAIT_S * 0.6)  # the loop was stalled: what can wait is refused, a round's calls are not
+    assert not monitor.admit("Join", 0) and monitor.admit("Heartbeat", 0) and monitor.admit("ReportRound", 0)
+    assert monitor.overloaded() and monitor.slowdown() == 2.0
+    monitor.waited(REFUSE_WAIT_S)
+    assert not monitor.admit("Heartbeat", 0) and not monitor.admit("ReportRound", 0)
+    monitor.waited(0.001)  # caught up
+    assert monitor.admit("Join", 0) and monitor.admit("ReportRound", 0)
+    monitor.waited(REFUSE_WAIT_S)
+    now[0] += 2.0  # a wait measured long ago refuses nothing
+    assert monitor.admit("Join", 0)
 
 
 def test_a_round_info_names_a_bounded_sample_of_holders_stable_per_requester_and_spread_over_all() -> None:
