@@ -32,7 +32,7 @@ class TentativeState:
     shaped as ``spans.gather`` gives them). ``base``'s tensors must not change until this is committed or
     dropped; nothing here changes them before ``commit_in_place``."""
 
-    CHUNK = 1 << 22  # elements stepped at a time: every op in reused, cache-sized buffers, none on fresh pages
+    CHUNK = 1 << 20  # elements stepped at a time: every op in reused buffers of 4 MB, none on fresh pages
 
     def __init__(self, round_no: int, base: GlobalState, outer: OuterOptimizer, deltas: Sequence[torch.Tensor],
                  spans: Sequence[Span]) -> None:
