@@ -94,12 +94,9 @@ def build_hf_model(spec: Any, *, seed: int, draw: bool = True) -> nn.Module:
             raise ConfigError(f"[model] hf_config does not describe a causal LM transformers can build ({e}).") from None
     if draw:
         std = float(getattr(hf_config, "initializer_range", 0.02))
-        normals = PortableNormals(seed)
-        with torch.no_grad():
-            for p in model.parameters():
-                if not _varies(p.detach().reshape(-1)):
-                    continue  # a constant init (ones, zeros) is already the same everywhere
-                normals.fill(p.data, std=std)
+        with torch.no_grad():  # a constant init (ones, zeros) is already the same everywhere
+            drawn = [p.data for p in model.parameters() if _varies(p.detach().reshape(-1))]
+        PortableNormals(seed).fill_all(drawn, std=std, threads=torch.get_num_threads())
     model.train()
     return model
 

@@ -6,6 +6,7 @@ all peers of a run start from the same global parameters without transferring th
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import logging
 import math
@@ -177,16 +178,55 @@ class PortableNormals:
     @torch.no_grad()
     def fill(self, out: torch.Tensor, *, std: float) -> None:
         """Overwrite the fp32 CPU tensor ``out`` (contiguous) with draws of standard deviation ``std``."""
+        self._fill(self._bits, out.detach().view(-1).numpy(), std)
+
+    @torch.no_grad()
+    def fill_all(self, tensors: list[torch.Tensor], *, std: float, threads: int = 1) -> None:
+        """``fill`` each of ``tensors`` in order, the stream cut into ``threads`` stretches drawn at once (PCG64 jumps
+        ahead exactly: the same bits as one thread)."""
+        flats = [t.detach().view(-1).numpy() for t in tensors]
+        total = sum(f.size for f in flats)
+        threads = max(1, min(threads, total // self.CHUNK))
+        if threads == 1:
+            for flat in flats:
+                self._fill(self._bits, flat, std)
+            return
+        bounds = [total * i // threads for i in range(threads + 1)]
+        stretches: list[list[np.ndarray]] = [[] for _ in range(threads)]
+        offset = 0
+        for flat in flats:  # each tensor's elements, cut where a stretch ends
+            for i in range(threads):
+                lo, hi = max(bounds[i], offset), min(bounds[i + 1], offset + flat.size)
+                if lo < hi:
+                    stretches[i].append(flat[lo - offset:hi - offset])
+            offset += flat.size
+        streams = []
+        for i in range(threads):
+            bits = np.random.PCG64()
+            bits.state = self._bits.state
+            streams.append(bits.advance(bounds[i]))
+        with concurrent.futures.ThreadPoolExecutor(threads - 1, thread_name_prefix="swarm-theta0") as pool:
+            # numpy leaves the GIL while it draws and adds
+            drawn = [pool.submit(self._fill_each, streams[i], stretches[i], std) for i in range(1, threads)]
+            self._fill_each(streams[0], stretches[0], std)
+            for future in drawn:
+                future.result()
+        self._bits.advance(total)
+
+    def _fill_each(self, bits: np.random.PCG64, flats: list[np.ndarray], std: float) -> None:
+        for flat in flats:
+            self._fill(bits, flat, std)
+
+    def _fill(self, bits: np.random.PCG64, flat: np.ndarray, std: float) -> None:
         n = 1 << 16
         unit_std = 4.0 * math.sqrt((n * n - 1) / 12.0)
         # 2·(sum − 2(n − 1)) · scale, computed as (sum − 2(n − 1)) · (2·scale): the same real product (a
         # power of two moves across), so the same correctly rounded fp32 bits
         twice_scale = np.float32(2 * float(torch.tensor(std / unit_std, dtype=torch.float32)))
-        flat = out.detach().view(-1).numpy()
         sums = np.empty(min(self.CHUNK, flat.size), dtype=np.int32)
         for start in range(0, flat.size, self.CHUNK):
             k = min(self.CHUNK, flat.size - start)
-            fields = self._bits.random_raw(k).view(np.uint16).reshape(k, 4)  # each output's four 16-bit fields
+            fields = bits.random_raw(k).view(np.uint16).reshape(k, 4)  # each output's four 16-bit fields
             s = sums[:k]
             np.add(fields[:, 0], fields[:, 1], out=s, dtype=np.int32)
             np.add(s, fields[:, 2], out=s)
