@@ -11,7 +11,7 @@ state, the data order or the random streams: a run trains the same bits with or 
 step time replaces it after the peer's first round.
 
 The first probe of a peer that has not trained (``StepProbe(keep=True)``) keeps its last pass's gradients, made from
-the random state the peer's first step will start from, for that step (``trainer.FirstPasses``): a large model's
+the random state the peer's first step will start from, for that step (``first_passes.FirstPasses``): a large model's
 probe is then its first step's forward and backward passes rather than a pass made in addition to the round's
 (at 350M parameters on a CPU, one pass is most of a step). The step uses them only when θl, its batch and the
 random state are still the ones they were made with (a peer that syncs a state first makes its own); the bits are
@@ -27,7 +27,7 @@ from typing import Callable, Optional
 import torch
 
 from swarm.train.eager_optimizer import eager_step
-from swarm.train.trainer import FirstPasses, rng_states, set_rng_states
+from swarm.train.first_passes import FirstPasses, rng_states, set_rng_states
 
 PROBE_PASSES = 3  # after the warm-up pass
 PROBE_EVERY_S = 1.0  # while a peer waits for its first round, it probes again this often

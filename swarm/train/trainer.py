@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -34,8 +33,10 @@ from swarm.core.tentative import TentativeState
 from swarm.train import schedule
 from swarm.train.contribution import Contribution, TrainStats
 from swarm.train.data import prefetch
-from swarm.train.data.data import BatchSampler, check_vocab, load_corpus, shard_index_for_peer
+from swarm.train.data.data import check_vocab, load_corpus, shard_index_for_peer
 from swarm.train.eager_optimizer import inner_adamw
+from swarm.train.first_passes import FirstPasses, check_same_shapes, fitting, set_rng_states
+from swarm.train.fragment_layout import FragmentLayout
 from swarm.train.host_memory import release_free_memory
 from swarm.train.inner_step import InnerStep
 from swarm.train.model.global_eval import global_eval_loss
@@ -43,39 +44,10 @@ from swarm.train.model.initial_state import initial_state
 from swarm.train.model.model import model_fingerprint
 from swarm.train.model.peer_model import build_peer_model
 from swarm.train.multi_gpu.rank_lockstep import RankLockstep
-from swarm.train.multi_gpu.ranks import GatherOptimizer, Ranks, RankSampler, TrainOrder
+from swarm.train.multi_gpu.ranks import GatherOptimizer, Ranks, TrainOrder, peer_sampler
 from swarm.train.sent_feedback import SentFeedback
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class FirstPasses:
-    """A step's forward and backward passes made ahead (by the start-up probe, ``swarm.train.step_probe``), for the
-    trainer's next step to use instead of making them again: the same gradients, from the same θl, batch and random
-    draws (dropout), so the same bits. Good only while all of those are still what they were."""
-
-    grads: list[Optional[torch.Tensor]]
-    loss: torch.Tensor
-    seconds: float  # what the passes took
-    versions: tuple[int, ...]  # θl's tensors' version counters: any in-place write changes them
-    batches_drawn: int  # the sampler's position: the batch they were made on is the next one
-    rng_before: list[torch.Tensor]  # the random state they started from (CPU, and the CUDA device's)
-    rng_after: list[torch.Tensor]  # and the one they left
-
-
-def rng_states(device: torch.device) -> list[torch.Tensor]:
-    """The global random state a step on ``device`` draws from (dropout)."""
-    states = [torch.get_rng_state()]
-    if device.type == "cuda":
-        states.append(torch.cuda.get_rng_state(device))
-    return states
-
-
-def set_rng_states(device: torch.device, states: list[torch.Tensor]) -> None:
-    torch.set_rng_state(states[0])
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(states[1], device)
 
 
 class LocalTrainer:
@@ -101,7 +73,7 @@ class LocalTrainer:
         self.corpus = load_corpus(run.data)
         check_vocab(built.vocab_size, self.corpus)
         self.shard_index = shard_index_for_peer(peer_index, run.data.num_shards)
-        self.sampler = self._sampler()
+        self.sampler = peer_sampler(self.corpus.train, run.data, self.shard_index, run.seed, self.ranks)
         self._params = list(self.model.parameters())
         trained = self.sharded.params if fsdp else self._params  # with FSDP, self.model is θl whole, on the CPU
         self.optimizer = inner_adamw(trained, run.inner)
@@ -116,7 +88,7 @@ class LocalTrainer:
         if initial is None:
             self.state = initial_state(self.model, self.outer)  # the committed global state; round 0: θ0, zero outer state
         else:
-            self.state = _fitting(initial, shapes, self.outer)
+            self.state = fitting(initial, shapes, self.outer)
         self._step_time_ema_s: float | None = None
         self.first_passes: Optional[FirstPasses] = None  # the next step's passes, made ahead (``keep_passes``)
         self._global_versions: Optional[tuple[int, ...]] = None  # θl's versions while it holds θg's bits
@@ -138,25 +110,11 @@ class LocalTrainer:
         else:
             self._global_versions = self._versions()  # θg was cloned from θl
 
-    def _sampler(self) -> "BatchSampler | RankSampler":
-        """This peer's batches; the ranks of a multi-GPU peer take turns drawing them (``RankSampler``)."""
-        data = self.run.data
-        sampler = BatchSampler(self.corpus.train, shard_index=self.shard_index, num_shards=data.num_shards,
-                               batch_size=data.batch_size, seq_len=data.seq_len, seed=self.run.seed)
-        if self.ranks is None:
-            return sampler
-        return RankSampler(sampler, rank=self.ranks.rank, world_size=self.ranks.world_size)
-
     def _split_fragments(self, run: RunConfig) -> None:
-        """What each fragment syncs: element spans of the parameters (whole tensors except with
-        "balanced"), and the parameters it holds elements of."""
         rounds = run.rounds
-        shapes = [p.shape for p in self.model.parameters()]
-        self.fragment_spans: list[list[spans.Span]] = fragments.fragment_spans(
-            [(name, p.shape) for name, p in self.model.named_parameters()], rounds.fragments, rounds.fragment_pattern)
-        self.fragments: list[list[int]] = [sorted({s.param for s in group}) for group in self.fragment_spans]
-        spans.check_outer(run.outer.name, rounds.fragment_pattern, self.fragment_spans, shapes)
-        self._all_spans = spans.whole(shapes, range(len(shapes)))
+        self.layout = FragmentLayout([(name, p.shape) for name, p in self.model.named_parameters()], rounds.fragments,
+                                     rounds.fragment_pattern, run.outer.name)
+        self.fragment_spans, self.fragments = self.layout.spans, self.layout.params
 
     # ---- inner loop ---------------------------------------------------------------------------
 
@@ -253,10 +211,8 @@ class LocalTrainer:
         """Whether the next step can use the kept passes (``passes``: these): θl, the next batch and the random
         state are the ones they were made with."""
         passes = passes if passes is not None else self.first_passes
-        if passes is None or self.ranks is not None or passes.versions != self._versions() \
-                or passes.batches_drawn != self.sampler.batches_drawn:
-            return False
-        return all(torch.equal(now, then) for now, then in zip(rng_states(self.device), passes.rng_before))
+        return passes is not None and self.ranks is None and passes.usable(self._versions(), self.sampler.batches_drawn,
+                                                                           self.device)
 
     def follow(self, order: "TrainOrder | GatherOptimizer") -> None:
         """The other ranks: train in lockstep with rank 0 as ``order`` says (or give it their AdamW shards)."""
@@ -287,48 +243,33 @@ class LocalTrainer:
     def num_fragments(self) -> int:
         return len(self.fragments)
 
-    def _spans(self, fragment: int | None) -> list[spans.Span]:
-        if fragment is None:
-            return self._all_spans
-        if not 0 <= fragment < len(self.fragments):
-            raise ValueError(f"fragment {fragment} does not exist; this run has {len(self.fragments)}.")
-        return self.fragment_spans[fragment]
-
-    def _fragment_or_only(self, fragment: int | None) -> int:
-        if fragment is None:
-            if len(self.fragments) != 1:
-                raise ValueError(f"this run has {len(self.fragments)} fragments; name the one to sync.")
-            return 0
-        self._spans(fragment)
-        return fragment
-
     def fragment_shapes(self, fragment: int | None = None) -> list[tuple[int, ...]]:
         """The shapes of ``fragment``'s flat vector in order: a whole tensor's shape, or (n,) for part of one."""
         return [tuple(self._params[s.param].shape) if spans.is_whole(s, self._params[s.param]) else (s.numel,)
-                for s in self._spans(fragment)]
+                for s in self.layout.of(fragment)]
 
     def fragment_numel(self, fragment: int | None = None) -> int:
-        return sum(s.numel for s in self._spans(fragment))
+        return sum(s.numel for s in self.layout.of(fragment))
 
     def samples_since_sync(self, fragment: int | None = None) -> int:
         """Sequences processed since ``fragment`` last contributed (or since θl was last reset)."""
-        return self._samples_since_sync[self._fragment_or_only(fragment)]
+        return self._samples_since_sync[self.layout.index(fragment)]
 
     # ---- outer step ---------------------------------------------------------------------------
 
     def local_params(self, fragment: int | None = None) -> list[torch.Tensor]:
         """θl over ``fragment``'s spans (default: every parameter), fp32 CPU: whole tensors, or 1-D parts."""
-        return spans.gather(self._params, self._spans(fragment))
+        return spans.gather(self._params, self.layout.of(fragment))
 
     def pseudo_gradient(self, fragment: int | None = None) -> torch.Tensor:
         """Δ = θg − θl over ``fragment``'s spans (default: all), flattened to one fp32 CPU vector."""
-        return average.flat_pseudo_gradient(spans.gather(self.global_params, self._spans(fragment)),
+        return average.flat_pseudo_gradient(spans.gather(self.global_params, self.layout.of(fragment)),
                                             self.local_params(fragment))
 
     def take_contribution(self, fragment: int | None = None) -> Contribution:
         """At a sync point: Δ of ``fragment`` (None: the only one) plus its error-feedback residual, and
         the samples behind it; the fragment's sample count restarts."""
-        f = self._fragment_or_only(fragment)
+        f = self.layout.index(fragment)
         delta = self.feedback.compensate(f, self.pseudo_gradient(f))
         samples, self._samples_since_sync[f] = self._samples_since_sync[f], 0
         return self.feedback.contribution(f, delta, samples)
@@ -363,7 +304,7 @@ class LocalTrainer:
         parameter) with the averaged Δ̄ over it. The trainer is not changed, so a round that is not
         committed leaves no trace. With the Nesterov outer optimizer it is a ``TentativeState``: the step
         is made a tensor at a time (hash, vote) and in place at the commit, never as a second θg."""
-        fragment_spans = self._spans(fragment)
+        fragment_spans = self.layout.of(fragment)
         deltas = average.unflatten(avg_delta_flat, spans.gather(self.global_params, fragment_spans))
         if self.outer.name == NESTEROV:  # stepped a tensor at a time when hashed, written or committed
             return TentativeState(round_no, self.state, self.outer, deltas, fragment_spans)
@@ -388,17 +329,13 @@ class LocalTrainer:
         if isinstance(state, TentativeState):
             if state.base is not self.state:
                 raise ValueError(f"round {state.round_no}'s tentative state was stepped from another state than the committed one.")
-            self._spans(fragment)  # checks the fragment before anything changes
+            self.layout.of(fragment)  # checks the fragment before anything changes
             # θl's spans replaced: each stepped piece is copied into θl as it is stepped, not in a pass of its own
             copied = replaced and all(p.device.type == "cpu" and p.dtype == torch.float32 and p.is_contiguous()
                                       for p in self._params)
             state = state.commit_in_place(copy_into=self._params if copied else None)
-        if len(state.params) != len(self.global_params):
-            raise ValueError("committed state has the wrong number of tensors.")
-        for new, old in zip(state.params, self.global_params):
-            if new.shape != old.shape:
-                raise ValueError(f"committed tensor shape {tuple(new.shape)} does not match {tuple(old.shape)}.")
-        fragment_spans = self._spans(fragment)  # checks the fragment before anything changes
+        check_same_shapes(state.params, self.global_params)
+        fragment_spans = self.layout.of(fragment)  # checks the fragment before anything changes
         self.outer.load_state_tensors(state.outer_state)
         self.state = state
         self._steps_since_commit = 0
@@ -418,7 +355,7 @@ class LocalTrainer:
                                           self.mixing_alpha)
         if keep_unsent:
             # θl ← θg − residual: the next Δ = θg − θl starts with what the wire has not delivered yet
-            residual = average.unflatten(self.error_feedback[self._fragment_or_only(fragment)].residual, merged)
+            residual = average.unflatten(self.error_feedback[self.layout.index(fragment)].residual, merged)
             merged = [m - r for m, r in zip(merged, residual)]
         spans.write(self._params, fragment_spans, merged)
 
@@ -459,13 +396,3 @@ class LocalTrainer:
     def eval_loss(self) -> float:
         """Held-out loss of θg (not θl), in θl's model (``swarm.train.model.global_eval``)."""
         return global_eval_loss(self.model, self._params, self.global_params, self.corpus, self.run.data, self.loss_fn)
-
-
-def _fitting(state: GlobalState, shapes: list[torch.Size], outer: OuterOptimizer) -> GlobalState:
-    """``state`` when it is one of a model of ``shapes`` with ``outer``'s state; ValueError saying what differs."""
-    if [t.shape for t in state.params] != list(shapes):
-        raise ValueError(f"the state holds {len(state.params)} parameters whose shapes are not this model's "
-                         f"{len(shapes)}; it is of another model.")
-    if [t.shape for t in state.outer_state] != outer.state_shapes():
-        raise ValueError(f"the state's outer optimizer state is not this run's {outer.name} state.")
-    return state

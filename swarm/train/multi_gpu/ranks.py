@@ -145,3 +145,11 @@ def join_ranks(*, rank: int, world_size: int, device: str, store_path: Optional[
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=WAIT_FOR_RANK0,
                             **({} if store is not None else {"init_method": "env://"}))
     return Ranks(rank=rank, world_size=world_size, device=rank_device)
+
+
+def peer_sampler(split: torch.Tensor, data: Any, shard_index: int, seed: int,
+                 ranks: Optional["Ranks"]) -> "BatchSampler | RankSampler":
+    """A peer's batches (``data``: the run's DataConfig); the ranks of a multi-GPU peer take turns drawing them."""
+    sampler = BatchSampler(split, shard_index=shard_index, num_shards=data.num_shards, batch_size=data.batch_size,
+                           seq_len=data.seq_len, seed=seed)
+    return sampler if ranks is None else RankSampler(sampler, rank=ranks.rank, world_size=ranks.world_size)
