@@ -97,7 +97,8 @@ def test_bad_token_is_rejected_and_the_server_keeps_serving(server: CoordinatorS
     assert response.run_spec_json == with_data_fingerprint(RUN).to_json()  # the spec with the data pinned
     assert response.dht_initial_peers and response.dht_initial_peers[0].startswith("/ip4/127.0.0.1/tcp/")
     assert "/p2p/" in response.dht_initial_peers[0]
-    assert (response.lease_s, response.heartbeat_interval_s) == (15.0, 2.0)
+    slowed = response.lease_s / 15.0  # the operator's pace, slowed only while the coordinator's loop runs behind
+    assert slowed in (1.0, 2.0, 4.0, 8.0) and response.heartbeat_interval_s == 2.0 * slowed
 
 
 @pytest.mark.parametrize("protocol", [PROTOCOL - 1, 0], ids=["another-protocol", "a-release-before-the-field"])
