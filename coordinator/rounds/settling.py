@@ -9,31 +9,16 @@ participants, whose reports and peer states change many times a second, it decid
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Optional
 
 from coordinator.api.limits import LISTED_PARTICIPANTS
 from coordinator.rounds import opening, outcome
 from coordinator.rounds.run_state import RunState
-from coordinator.store.records import ReportRecord, RoundRecord
 from swarm.config import RunConfig
 
 logger = logging.getLogger("coordinator.engine")
 
 SETTLE_EVERY_S = 1.0  # a large open round is decided again on new reports and peer states at most this often
-BOOKKEEPING_CHUNK = 500  # a large decided round's participants counted and written per session
-
-
-@dataclass
-class _Bookkeeping:
-    """What is left to count and write of a decided round of more than ``LISTED_PARTICIPANTS``."""
-
-    round: RoundRecord
-    reports: dict[str, ReportRecord]
-    holders: set[str]
-    participants: list[str]
-    joined: list[str]
-    missed: list[str]
 
 
 class RoundSettler:
@@ -44,15 +29,12 @@ class RoundSettler:
         self._settled: Optional[tuple[int, int, int]] = None  # roster, rounds and reports versions last settled
         self._settled_at = -float("inf")  # when
         self._wait_until = float("inf")  # when the open round is decided even if nothing else happens
-        self._bookkeeping: list[_Bookkeeping] = []  # decided large rounds whose participants are still to count
 
     def settle(self, now: float) -> None:
         """Decide the open round if it can be, admit late peers, open the next round when possible.
 
-        Does nothing when nothing it depends on changed since the last time and no deadline passed (but a chunk of a
-        large round's bookkeeping, ``_book_a_chunk``).
+        Does nothing when nothing it depends on changed since the last time and no deadline passed.
         """
-        self._book_a_chunk()
         versions = self._state.versions()
         if self._settled == versions and now < self._wait_until:
             return
@@ -101,33 +83,8 @@ class RoundSettler:
     def _apply(self, decision: outcome.Decision, now: float) -> None:
         decided = decision.round
         self._state.save_round(decided)
-        reports = self._state.reports.by_peer_id()
-        if len(decided.participants) <= LISTED_PARTICIPANTS:
-            self._history.record_round(decided, reports, self._state.peers, self._config,
-                                       ddp_equivalent_bytes=decision.ddp_equivalent_bytes)
-            self._state.count_rounds(joined=decision.joined, missed=decision.missed)
-        else:  # its row now; its participants counted and their rows written a chunk per session from now on
-            self._history.record_round_row(decided, reports, self._config,
-                                           ddp_equivalent_bytes=decision.ddp_equivalent_bytes)
-            self._bookkeeping.append(_Bookkeeping(decided, {r.peer_id: r for r in reports}, set(decided.holders),
-                                                  list(decided.participants), list(decision.joined),
-                                                  list(decision.missed)))
+        self._history.record_round(decided, self._state.reports.by_peer_id(), self._state.peers, self._config,
+                                   ddp_equivalent_bytes=decision.ddp_equivalent_bytes)
+        self._state.count_rounds(joined=decision.joined, missed=decision.missed)
         self._state.save_run(self._state.run_after(decision, now=now, max_rounds=self._config.rounds.max_rounds))
         logger.info("round %d: %s", decided.round, decided.reason)
-
-    def _book_a_chunk(self) -> None:
-        """A decided large round's next ``BOOKKEEPING_CHUNK`` participants counted (joined or missed) and given their
-        history rows: a decision in a swarm of thousands holds the engine's lock for its own work, and the rest
-        rides on the sessions that follow, a few milliseconds each, instead of stopping every call for most of a
-        second. A restart (or a session rolled back by a bug) drops what was left: counts and rows that only the
-        status, the dashboard and the history show; no decision reads them."""
-        if not self._bookkeeping:
-            return
-        book, n = self._bookkeeping[0], BOOKKEEPING_CHUNK
-        chunk, book.participants = book.participants[:n], book.participants[n:]
-        joined, book.joined = book.joined[:n], book.joined[n:]
-        missed, book.missed = book.missed[:n], book.missed[n:]
-        self._state.count_rounds(joined=joined, missed=missed)
-        self._history.record_peer_rows(book.round, book.reports, self._state.peers, chunk, book.holders)
-        if not (book.participants or book.joined or book.missed):
-            self._bookkeeping.pop(0)

@@ -255,10 +255,6 @@ class Store:
         with self.transaction():
             self._db.execute("INSERT OR REPLACE INTO history (round, data) VALUES (?, ?)",
                              (row.round, row.SerializeToString()))
-            self.put_peer_history(peer_rows)
-
-    def put_peer_history(self, peer_rows: Sequence[pb.PeerRoundHistory]) -> None:
-        with self.transaction():
             self._db.executemany(
                 "INSERT OR REPLACE INTO peer_history (round, peer_id, data) VALUES (?, ?, ?)",
                 [(p.round, p.peer_id, p.SerializeToString()) for p in peer_rows],

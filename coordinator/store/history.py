@@ -25,8 +25,6 @@ MAX_HISTORY_ROUNDS = 5000  # a round and its participants' rows are small; a pag
 class HistoryStore(Protocol):
     def put_history(self, row: pb.RoundHistory, peer_rows: Sequence[pb.PeerRoundHistory]) -> None: ...
 
-    def put_peer_history(self, peer_rows: Sequence[pb.PeerRoundHistory]) -> None: ...
-
     def add_eval(self, round_number: int, peer_id: str, loss: float) -> None: ...
 
 
@@ -83,15 +81,13 @@ def _in_state(decided: RoundRecord, reports: Sequence[ReportRecord]) -> list[Rep
 
 
 def peer_round_history(
-    decided: RoundRecord, reports: Sequence[ReportRecord] | Mapping[str, ReportRecord], peers: Mapping[str, PeerRecord],
-    participants: Optional[Sequence[str]] = None, holders: Optional[set[str]] = None,
+    decided: RoundRecord, reports: Sequence[ReportRecord], peers: Mapping[str, PeerRecord]
 ) -> list[pb.PeerRoundHistory]:
-    """One row per participant of ``decided`` (or of ``participants``, some of them): its report (if any, ``reports``
-    as a list or by peer id) and its latest heartbeat's figures."""
-    by_peer = reports if isinstance(reports, Mapping) else {r.peer_id: r for r in reports}
-    holders = holders if holders is not None else set(decided.holders)
+    """One row per participant of ``decided``: its report (if any) and its latest heartbeat's figures."""
+    by_peer = {r.peer_id: r for r in reports}
+    holders = set(decided.holders)
     rows = []
-    for peer_id in decided.participants if participants is None else participants:
+    for peer_id in decided.participants:
         report: Optional[ReportRecord] = by_peer.get(peer_id)
         peer = peers.get(peer_id)
         metrics = peer.metrics if peer is not None else pb.PeerMetrics()
@@ -127,15 +123,6 @@ class History:
             round_history(decided, reports, config, ddp_equivalent_bytes=ddp_equivalent_bytes),
             peer_round_history(decided, reports, peers),
         )
-
-    def record_round_row(self, decided: RoundRecord, reports: Sequence[ReportRecord], config: RunConfig, *,
-                         ddp_equivalent_bytes: int) -> None:
-        """The round's own row; its participants' rows follow (``record_peer_rows``)."""
-        self._store.put_history(round_history(decided, reports, config, ddp_equivalent_bytes=ddp_equivalent_bytes), [])
-
-    def record_peer_rows(self, decided: RoundRecord, by_peer: Mapping[str, ReportRecord],
-                         peers: Mapping[str, PeerRecord], participants: Sequence[str], holders: set[str]) -> None:
-        self._store.put_peer_history(peer_round_history(decided, by_peer, peers, participants, holders))
 
     def record_eval(self, peer_id: str, eval_round: int, loss: float) -> None:
         """Keep ``peer_id``'s evaluation of round ``eval_round``'s state (round 0: the initial state)."""
