@@ -6,9 +6,9 @@ no convoy of a dozen threads contending for the GIL, which under a burst of repo
 the interpreter longer than for the engine (``scripts/bench_coordinator.py``: docs/BENCHMARKS.md). gRPC's core
 reads, decrypts and writes on its own threads.
 
-Load shedding (``coordinator.api.load``) sees every call twice: when it arrives (``LoadMonitor.admit``, against
-the calls accepted and not yet answered, by its method's share) and when its handler starts (``waited``: how long
-it sat behind the others on the loop).
+Load shedding (``coordinator.api.load``) sees every call as it arrives (``LoadMonitor.admit``, against the calls
+accepted and not yet answered, by its method's share) and hears from a probe how far behind the loop runs
+(``waited``: what a call arriving now waits for its handler).
 """
 
 from __future__ import annotations
@@ -50,13 +50,6 @@ class SyncContext:
         return self._context.invocation_metadata()
 
 
-class InFlight:
-    """Calls accepted and not yet answered (only the loop's thread changes it)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-
 def on_the_loop(behavior: Callable) -> Callable:
     """An asyncio handler that runs the synchronous ``behavior(request, context)`` on the loop."""
 
@@ -70,32 +63,27 @@ def on_the_loop(behavior: Callable) -> Callable:
 
 
 class AdmitInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses a call beyond its method's share of the calls in flight; times the others' wait for the loop."""
+    """Refuses a call beyond its method's share of the calls in flight (accepted, not yet answered; counted on the
+    loop's thread only)."""
 
-    def __init__(self, monitor: LoadMonitor, in_flight: InFlight, clock: Callable[[], float] = time.monotonic) -> None:
-        self._monitor, self._in_flight, self._clock = monitor, in_flight, clock
+    def __init__(self, monitor: LoadMonitor) -> None:
+        self._monitor = monitor
+        self.in_flight = 0
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:
             return handler
-        method = handler_call_details.method.rpartition("/")[2]
-        if not self._monitor.admit(method, self._in_flight.count):
+        if not self._monitor.admit(handler_call_details.method.rpartition("/")[2], self.in_flight):
             return handler._replace(unary_unary=_refuse)
-        self._in_flight.count += 1
+        self.in_flight += 1
         task = asyncio.current_task()  # the call's: done however it ends (answered, aborted, cancelled)
         if task is not None:
             task.add_done_callback(self._answered)
-        arrived, behavior = self._clock(), handler.unary_unary
-
-        async def timed(request, context):
-            self._monitor.waited(self._clock() - arrived)
-            return await behavior(request, context)
-
-        return handler._replace(unary_unary=timed)
+        return handler
 
     def _answered(self, _task: asyncio.Task) -> None:
-        self._in_flight.count -= 1
+        self.in_flight -= 1
 
 
 async def _refuse(request, context: grpc.aio.ServicerContext):
@@ -107,11 +95,12 @@ class LoopServer:
 
     def __init__(self, monitor: LoadMonitor, *, options: list[tuple[str, Any]], maximum_concurrent_rpcs: int) -> None:
         self.monitor = monitor
-        self.in_flight = InFlight()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="coordinator-grpc", daemon=True)
         self._thread.start()
-        self._server: grpc.aio.Server = self._run(self._make(options, maximum_concurrent_rpcs))
+        self._server: grpc.aio.Server = self._on_loop(
+            grpc.aio.server, interceptors=[AdmitInterceptor(monitor)], options=options,
+            maximum_concurrent_rpcs=maximum_concurrent_rpcs)
         self._lag_probe = asyncio.run_coroutine_threadsafe(self._probe_lag(), self._loop)
 
     async def _probe_lag(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -127,35 +116,27 @@ class LoopServer:
             self.monitor.waited(min(lag, previous))
             previous = lag
 
-    async def _make(self, options: list[tuple[str, Any]], maximum_concurrent_rpcs: int) -> grpc.aio.Server:
-        return grpc.aio.server(interceptors=[AdmitInterceptor(self.monitor, self.in_flight)], options=options,
-                               maximum_concurrent_rpcs=maximum_concurrent_rpcs)
-
     def _run(self, coroutine: Any, timeout_s: Optional[float] = None) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
 
+    def _on_loop(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` called on the loop's thread (the aio server is the loop's), its result here."""
+        async def call() -> Any:
+            return fn(*args, **kwargs)
+
+        return self._run(call())
+
     def add_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
         """``handlers`` of the synchronous servicer, run on the loop."""
-        on_loop = {name: h._replace(unary_unary=on_the_loop(h.unary_unary))
-                   for name, h in handlers.items()}
-
-        async def add() -> None:
-            self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, on_loop),))
-            self._server.add_registered_method_handlers(service, on_loop)
-
-        self._run(add())
+        on_loop = {name: h._replace(unary_unary=on_the_loop(h.unary_unary)) for name, h in handlers.items()}
+        self._on_loop(self._server.add_generic_rpc_handlers, (grpc.method_handlers_generic_handler(service, on_loop),))
+        self._on_loop(self._server.add_registered_method_handlers, service, on_loop)
 
     def add_secure_port(self, address: str, credentials: grpc.ServerCredentials) -> int:
-        async def add() -> int:
-            return self._server.add_secure_port(address, credentials)
-
-        return self._run(add())
+        return self._on_loop(self._server.add_secure_port, address, credentials)
 
     def add_insecure_port(self, address: str) -> int:
-        async def add() -> int:
-            return self._server.add_insecure_port(address)
-
-        return self._run(add())
+        return self._on_loop(self._server.add_insecure_port, address)
 
     def start(self) -> None:
         self._run(self._server.start())
