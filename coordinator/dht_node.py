@@ -69,8 +69,16 @@ async def _dial(maddrs: list[str], timeout_s: float, _dht, node) -> int:
 class DHTNode:
     """Start with ``start()``; ``initial_peers`` are the multiaddrs peers should bootstrap from."""
 
-    def __init__(self, *, state_dir: Path, host: str, port: int = 0, announce_host: Optional[str] = None,
-                 previous_port: int = 0, record_validators: Sequence[RecordValidatorBase] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        state_dir: Path,
+        host: str,
+        port: int = 0,
+        announce_host: Optional[str] = None,
+        previous_port: int = 0,
+        record_validators: Sequence[RecordValidatorBase] = (),
+    ) -> None:
         self._state_dir = Path(state_dir)
         self._record_validators = list(record_validators)  # e.g. members' signed entries only
         # A wildcard address is not one a peer can dial; without an announced address, stay on loopback.
@@ -122,8 +130,10 @@ class DHTNode:
         assert self._dht is not None
         valid = [m for m in bootstrap if parse_dht_maddr(m) is not None]
         if len(valid) < len(bootstrap):
-            logger.warning("DHT node: dropped %d stored peer addresses that are not multiaddrs ending in "
-                           "/p2p/<id>", len(bootstrap) - len(valid))
+            logger.warning(
+                "DHT node: dropped %d stored peer addresses that are not multiaddrs ending in /p2p/<id>",
+                len(bootstrap) - len(valid),
+            )
         peers = list(dict.fromkeys(_peer_of(m) for m in valid))[:MAX_DIALLED_PEERS]
         valid = [m for m in valid if _peer_of(m) in peers]
         if not valid:
@@ -133,8 +143,9 @@ class DHTNode:
             reached = future.result(timeout=DIAL_TIMEOUT_S + 5.0)
         except Exception as e:  # a timeout or a failure inside the DHT process: the peers will call in
             future.cancel()
-            logger.warning("DHT node: reconnecting to the peers it knew failed (%s); they reconnect themselves",
-                           type(e).__name__)
+            logger.warning(
+                "DHT node: reconnecting to the peers it knew failed (%s); they reconnect themselves", type(e).__name__
+            )
             return
         logger.info("DHT node reconnected to %d of the %d peers it knew", reached, len(peers))
 

@@ -82,8 +82,9 @@ class CoordinatorEngine:
         self._signing_key = signing_key or credential.PeerKey.generate()
         self._credential_ttl_s = credential_ttl_s
         self.started_at = clock()
-        self.config: RunConfig = open_run(store, config, check_config=check_config, now=self.started_at,
-                                             max_rounds=max_rounds)
+        self.config: RunConfig = open_run(
+            store, config, check_config=check_config, now=self.started_at, max_rounds=max_rounds
+        )
         self.run_log = open_run_log(store, self.config)  # [logging]: the run's curves, as rounds are recorded
         self._load()
         # the group that may have gone on while this coordinator was down: its votes may add them to a round
@@ -133,22 +134,45 @@ class CoordinatorEngine:
     # --- requests -------------------------------------------------------------------------------
 
     def join(
-        self, token: str, *, public_key: bytes, dht_peer_id: str = "", name: str = "", site: str = "",
-        device: str = "", swarm_version: str = "",
+        self,
+        token: str,
+        *,
+        public_key: bytes,
+        dht_peer_id: str = "",
+        name: str = "",
+        site: str = "",
+        device: str = "",
+        swarm_version: str = "",
     ) -> tuple[PeerRecord, pb.RoundInfo]:
         """Admit the holder of ``public_key`` (proven by the caller). A key seen before is the same peer
         restarted: it keeps its id and index and starts a new session, which retires the old process."""
         with self._session() as now:
             previous = self._state.peers.get(peer_id_for(public_key))
             run, peer = admission.admit(
-                self._store, self._state.run, token, public_key=public_key, previous=previous, now=now,
-                lease_s=self.lease_s, dht_peer_id=dht_peer_id, name=name, site=site, device=device,
+                self._store,
+                self._state.run,
+                token,
+                public_key=public_key,
+                previous=previous,
+                now=now,
+                lease_s=self.lease_s,
+                dht_peer_id=dht_peer_id,
+                name=name,
+                site=site,
+                device=device,
                 swarm_version=swarm_version,
             )
             self._state.save_run(run)
             self._state.save_peer(peer)
-            logger.info("peer %s: joined as index %d, session %d (name %r, site %r, device %r)", peer.peer_id,
-                        peer.peer_index, peer.session, peer.name, peer.site, peer.device)
+            logger.info(
+                "peer %s: joined as index %d, session %d (name %r, site %r, device %r)",
+                peer.peer_id,
+                peer.peer_index,
+                peer.session,
+                peer.name,
+                peer.site,
+                peer.device,
+            )
             if previous is not None:
                 self._retire_from_open_round(peer.peer_id, now)
             return peer, self._current_info(peer.peer_id, now)
@@ -179,8 +203,9 @@ class CoordinatorEngine:
         peer = self._state.peers.get(peer_id)
         if not admission.credential_due(peer, now, ttl_s=self._credential_ttl_s, renew_only=renew_only):
             return b""
-        peer, signed = admission.issue_credential(self._signing_key, self._state.run.run_id, peer, now=now,
-                                                  ttl_s=self._credential_ttl_s)
+        peer, signed = admission.issue_credential(
+            self._signing_key, self._state.run.run_id, peer, now=now, ttl_s=self._credential_ttl_s
+        )
         self._state.save_peer(peer)
         return signed
 
@@ -201,8 +226,12 @@ class CoordinatorEngine:
             self._check_caller(proof, hb.peer_id, now)
             info = self._heartbeat(hb, now)
             pace = self._paced()
-            return pb.HeartbeatResponse(round=info, lease_s=pace.lease_s, heartbeat_interval_s=pace.heartbeat_interval_s,
-                                        credential=self._credential(hb.peer_id, now, renew_only=True))
+            return pb.HeartbeatResponse(
+                round=info,
+                lease_s=pace.lease_s,
+                heartbeat_interval_s=pace.heartbeat_interval_s,
+                credential=self._credential(hb.peer_id, now, renew_only=True),
+            )
 
     def _heartbeat(self, hb: pb.HeartbeatRequest, now: float) -> pb.RoundInfo:
         peer = membership.check_member(hb.peer_id, self._state.peers.get(hb.peer_id))
@@ -229,8 +258,13 @@ class CoordinatorEngine:
             self._settler.settle(now)
 
     def report(self, req: pb.ReportRoundRequest) -> pb.RoundInfo:
-        votes = offline_votes.checked_votes(req, run_id=self._state.run.run_id, coordinator_public_key=self.public_key,
-                                            now=self._clock()) if req.group_votes else {}  # outside the lock
+        votes = (
+            offline_votes.checked_votes(
+                req, run_id=self._state.run.run_id, coordinator_public_key=self.public_key, now=self._clock()
+            )
+            if req.group_votes
+            else {}
+        )  # outside the lock
         with self._session() as now:
             peer = membership.check_member(req.peer_id, self._state.peers.get(req.peer_id))
             if req.round < 1:
@@ -239,23 +273,34 @@ class CoordinatorEngine:
             if self._state.open is None or req.round != self._state.open.round:
                 return self._info(req.round, req.peer_id, now)  # late or early: nothing to decide, say how it stands
             report = report_record(req, now, self._state.report_bounds(req.peer_id, self.config, now=now))
-            adopted = self._state.reports.adopt(self._state.open, votes, reporter=req.peer_id, peers=self._state.peers,
-                                                now=now, outage=self._outage_group)
+            adopted = self._state.reports.adopt(
+                self._state.open,
+                votes,
+                reporter=req.peer_id,
+                peers=self._state.peers,
+                now=now,
+                outage=self._outage_group,
+            )
             if adopted is not self._state.open:  # the group decided this round during an outage, with other members
                 self._state.save_round(adopted)
             if self._state.reports.add(report):
                 log = logger.info if req.ok else logger.warning
-                log("peer %s: round %d: reported %s%s", req.peer_id, req.round,
+                log(
+                    "peer %s: round %d: reported %s%s",
+                    req.peer_id,
+                    req.round,
                     f"hash {report.state_hash[:12]}" if req.ok else "failure",
-                    f" ({req.error})" if req.error else "")
+                    f" ({req.error})" if req.error else "",
+                )
             self._settler.settle(now)
             return self._current_info(req.peer_id, now)
 
     def round_info(self, peer_id: str, number: int) -> pb.RoundInfo:
         return pb.RoundInfo.FromString(self.round_info_encoded(peer_id, number))
 
-    def round_info_encoded(self, peer_id: str, number: int, proof: Optional[signing.CallProof] = None, *,
-                           signed: bool = False) -> bytes:
+    def round_info_encoded(
+        self, peer_id: str, number: int, proof: Optional[signing.CallProof] = None, *, signed: bool = False
+    ) -> bytes:
         """Round ``number`` (0: the current one) as ``peer_id`` asks for it, encoded: most of it a cached
         encoding, so the answer's cost does not grow with the swarm (``RoundInfoCache.encoded``). ``signed``: a
         member's call, whose ``proof`` is checked in the same session (``authenticate``)."""
@@ -265,9 +310,15 @@ class CoordinatorEngine:
             membership.check_member(peer_id, self._state.peers.get(peer_id))
             if number < 0:
                 raise BadRequest(f"round {number} does not exist; ask for round 0 (the current one) or later.")
-            return self._info_cache.encoded(self._state.versions()[:2], number, lambda: self._state.round_info(number),
-                                            requester=peer_id, poll_interval_s=self._paced().poll_interval_s,
-                                            now=now, facts=self._facts())
+            return self._info_cache.encoded(
+                self._state.versions()[:2],
+                number,
+                lambda: self._state.round_info(number),
+                requester=peer_id,
+                poll_interval_s=self._paced().poll_interval_s,
+                now=now,
+                facts=self._facts(),
+            )
 
     def status(self, token: str, *, page_size: Optional[int] = None, page_token: str = "") -> pb.GetStatusResponse:
         """The run's status with one page of its peers (``page_size`` of them from ``page_token``, as a GetStatus
@@ -344,8 +395,13 @@ class CoordinatorEngine:
     def _evict_expired(self, now: float) -> None:
         """Evict the peers whose lease ran out, unless the server is saturated (``membership.LeaseSweep``)."""
         overloaded = self._server_load is not None and self._server_load.overloaded()
-        swept = self._sweep.sweep(now, overloaded=overloaded, peers=self._state.peers.values(),
-                                  expired=() if overloaded else self._state.roster.expired(now), lease_s=self.lease_s)
+        swept = self._sweep.sweep(
+            now,
+            overloaded=overloaded,
+            peers=self._state.peers.values(),
+            expired=() if overloaded else self._state.roster.expired(now),
+            lease_s=self.lease_s,
+        )
         for peer in swept:
             self._state.save_peer(peer)
 
@@ -356,15 +412,29 @@ class CoordinatorEngine:
         (``RoundInfoCache``)."""
         versions = self._state.versions()[:2]  # reports do not change it
         row = self._state.open or self._state.latest
-        info = self._info_cache.current(versions, row, self._state.position, self._state.peers,
-                                        requester=requester, own_only=own_only, now=now, facts=self._facts())
+        info = self._info_cache.current(
+            versions,
+            row,
+            self._state.position,
+            self._state.peers,
+            requester=requester,
+            own_only=own_only,
+            now=now,
+            facts=self._facts(),
+        )
         info.poll_interval_s = self.pace().poll_interval_s
         return info
 
     def _info(self, number: int, requester: str, now: float) -> pb.RoundInfo:
         """Round ``number`` (from 1) as ``requester`` gets it."""
-        info = self._info_cache.of_round(self._state.versions()[:2], number, lambda: self._state.round_info(number),
-                                         requester=requester, now=now, facts=self._facts())
+        info = self._info_cache.of_round(
+            self._state.versions()[:2],
+            number,
+            lambda: self._state.round_info(number),
+            requester=requester,
+            now=now,
+            facts=self._facts(),
+        )
         info.poll_interval_s = self.pace().poll_interval_s
         return info
 
@@ -372,5 +442,8 @@ class CoordinatorEngine:
         """What a peer acts on as soon as it changes: a cached RoundInfo is built again at once when it did, however
         large the swarm (``RoundInfoCache``): the latest round and its outcome, the last commit, the run's end."""
         latest = self._state.latest
-        return (latest.round, latest.outcome) if latest is not None else None, \
-            self._state.last_committed_state()[0], self._state.run.finished
+        return (
+            (latest.round, latest.outcome) if latest is not None else None,
+            self._state.last_committed_state()[0],
+            self._state.run.finished,
+        )

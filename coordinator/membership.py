@@ -33,23 +33,45 @@ _OTHER_MODEL = "it builds a different model than the run"
 _OTHER_THETA0 = "it draws other initial weights than the run"
 # what a peer evicted for another model or θ0 must do: restarting it as it is would build the same model again
 logger = logging.getLogger(__name__)
-MISMATCH_REMEDY = ("use the run's [model] code (the same factory module, preset or hf_config) and the coordinator's "
-                   "Swarm release, then start the peer again")
+MISMATCH_REMEDY = (
+    "use the run's [model] code (the same factory module, preset or hf_config) and the coordinator's "
+    "Swarm release, then start the peer again"
+)
 
 
 def new_peer(
-    run: RunRecord, *, peer_id: str, now: float, lease_s: float, name: str = "", site: str = "",
-    device: str = "", swarm_version: str = "", public_key: bytes = b"", dht_peer_id: str = "", token_id: str = "",
+    run: RunRecord,
+    *,
+    peer_id: str,
+    now: float,
+    lease_s: float,
+    name: str = "",
+    site: str = "",
+    device: str = "",
+    swarm_version: str = "",
+    public_key: bytes = b"",
+    dht_peer_id: str = "",
+    token_id: str = "",
     previous: Optional[PeerRecord] = None,
 ) -> tuple[RunRecord, PeerRecord]:
     """A new member in state JOINING with the next unused peer index, or with the index of ``previous``
     (the record this key had before its peer restarted: same index, same data shard) and its next session."""
     index = previous.peer_index if previous is not None else run.next_peer_index
     peer = PeerRecord(
-        peer_id=peer_id, peer_index=index, joined_at=now, last_seen=now,
-        lease_expiry=now + lease_s, state=JOINING, name=name, site=site, device=device,
-        swarm_version=swarm_version, public_key=bytes(public_key).hex(), dht_peer_id=dht_peer_id,
-        token_id=token_id, session=previous.session + 1 if previous is not None else 1,
+        peer_id=peer_id,
+        peer_index=index,
+        joined_at=now,
+        last_seen=now,
+        lease_expiry=now + lease_s,
+        state=JOINING,
+        name=name,
+        site=site,
+        device=device,
+        swarm_version=swarm_version,
+        public_key=bytes(public_key).hex(),
+        dht_peer_id=dht_peer_id,
+        token_id=token_id,
+        session=previous.session + 1 if previous is not None else 1,
         rounds_joined=previous.rounds_joined if previous is not None else 0,
         rounds_missed=previous.rounds_missed if previous is not None else 0,
     )
@@ -63,9 +85,13 @@ def check_member(peer_id: str, peer: Optional[PeerRecord]) -> PeerRecord:
     if peer is None:
         raise UnknownPeer(peer_id)
     if peer.state == EVICTED:
-        remedy = ("ask the operator for a new join string" if "revoked" in peer.gone_reason
-                  else MISMATCH_REMEDY if peer.gone_reason.startswith((_OTHER_MODEL, _OTHER_THETA0))
-                  else "restart the peer to join again")
+        remedy = (
+            "ask the operator for a new join string"
+            if "revoked" in peer.gone_reason
+            else MISMATCH_REMEDY
+            if peer.gone_reason.startswith((_OTHER_MODEL, _OTHER_THETA0))
+            else "restart the peer to join again"
+        )
         raise PeerGone(f"peer {peer_id} was evicted ({peer.gone_reason}); {remedy}.")
     if peer.state == LEFT:
         raise PeerGone(f"peer {peer_id} left the run ({peer.gone_reason}); restart the peer to join again.")
@@ -75,9 +101,11 @@ def check_member(peer_id: str, peer: Optional[PeerRecord]) -> PeerRecord:
 def check_session(peer: PeerRecord, session: int) -> None:
     """A call of an older session than the peer's latest join comes from a process that was replaced."""
     if session < peer.session:
-        raise PeerGone(f"peer {peer.peer_id} was replaced: another process joined with its state dir "
-                       f"(session {peer.session}, this process has session {session}); "
-                       "give every peer its own --state-dir.")
+        raise PeerGone(
+            f"peer {peer.peer_id} was replaced: another process joined with its state dir "
+            f"(session {peer.session}, this process has session {session}); "
+            "give every peer its own --state-dir."
+        )
 
 
 def expired(peers: Iterable[PeerRecord], now: float) -> list[PeerRecord]:
@@ -97,11 +125,14 @@ def leave(peer: PeerRecord, reason: str) -> PeerRecord:
     return dataclasses.replace(peer, state=LEFT, gone_reason=reason or "it said goodbye")
 
 
-def counted_rounds(peers: Mapping[str, PeerRecord], *, joined: Iterable[str], missed: Iterable[str]) -> list[PeerRecord]:
+def counted_rounds(
+    peers: Mapping[str, PeerRecord], *, joined: Iterable[str], missed: Iterable[str]
+) -> list[PeerRecord]:
     """The decided round's participants with it counted: joined (they hold its state) or missed."""
     counted = [dataclasses.replace(peers[p], rounds_joined=peers[p].rounds_joined + 1) for p in joined if p in peers]
-    return counted + [dataclasses.replace(peers[p], rounds_missed=peers[p].rounds_missed + 1)
-                      for p in missed if p in peers]
+    return counted + [
+        dataclasses.replace(peers[p], rounds_missed=peers[p].rounds_missed + 1) for p in missed if p in peers
+    ]
 
 
 # After a coordinator restart every live peer gets a lease plus this long to check in: the peers could not heartbeat
@@ -128,8 +159,15 @@ class LeaseSweep:
         self.paused_since: Optional[float] = None  # evictions paused: the server is saturated
         self.pauses = 0  # how often, since the start
 
-    def sweep(self, now: float, *, overloaded: bool, peers: Iterable[PeerRecord], expired: Iterable[PeerRecord],
-              lease_s: float) -> list[PeerRecord]:
+    def sweep(
+        self,
+        now: float,
+        *,
+        overloaded: bool,
+        peers: Iterable[PeerRecord],
+        expired: Iterable[PeerRecord],
+        lease_s: float,
+    ) -> list[PeerRecord]:
         """The records to save: the ``expired`` peers evicted, or the live ``peers`` renewed as a pause ends
         (``expired`` is iterated only when nothing is paused)."""
         if overloaded:
@@ -141,8 +179,11 @@ class LeaseSweep:
         changed: list[PeerRecord] = []
         if self.paused_since is not None:
             changed = renewed_leases(peers, until=now + lease_s)
-            logger.warning("coordinator no longer saturated after %.0fs: every live peer's lease runs %.0fs from now",
-                           now - self.paused_since, lease_s)
+            logger.warning(
+                "coordinator no longer saturated after %.0fs: every live peer's lease runs %.0fs from now",
+                now - self.paused_since,
+                lease_s,
+            )
             self.paused_since = None
             return changed
         for peer in expired:
@@ -154,8 +195,11 @@ class LeaseSweep:
 def with_links(peer: PeerRecord, report: pb.ReportRoundRequest) -> PeerRecord:
     """``peer`` with the link estimates its round report carries (the ones it measured are finite and > 0):
     the controller plans the next round from them, not from a heartbeat that may come after the decision."""
-    measured = {name: getattr(report, name) for name in ("upload_mbit_s", "download_mbit_s", "rtt_ms")
-                if math.isfinite(getattr(report, name)) and getattr(report, name) > 0}
+    measured = {
+        name: getattr(report, name)
+        for name in ("upload_mbit_s", "download_mbit_s", "rtt_ms")
+        if math.isfinite(getattr(report, name)) and getattr(report, name) > 0
+    }
     if not measured:
         return peer
     metrics = pb.PeerMetrics()
@@ -186,9 +230,12 @@ def apply_heartbeat(
     reported = hb.metrics
     if reported.model_fingerprint and reported.model_fingerprint != run.model_fingerprint:
         return _mismatch(
-            run, peer,
-            reason=(f"{_OTHER_MODEL}: model fingerprint {_short(reported.model_fingerprint)}, the run's "
-                    f"{_short(run.model_fingerprint)}"),
+            run,
+            peer,
+            reason=(
+                f"{_OTHER_MODEL}: model fingerprint {_short(reported.model_fingerprint)}, the run's "
+                f"{_short(run.model_fingerprint)}"
+            ),
             sentence=(
                 f"this peer's model (fingerprint {_short(reported.model_fingerprint)}) does not match the run's "
                 f"({_short(run.model_fingerprint)}): this peer {_OTHER_MODEL[3:]}; {MISMATCH_REMEDY}."
@@ -196,7 +243,8 @@ def apply_heartbeat(
         )
     if reported.state_round == 0 and reported.state_hash and reported.state_hash != run.initial_hash:
         return _mismatch(
-            run, peer,
+            run,
+            peer,
             reason=f"{_OTHER_THETA0}: initial state {_short(reported.state_hash)}, the run's {_short(run.initial_hash)}",
             sentence=(
                 f"this peer's initial model state (hash {_short(reported.state_hash)}) differs from the run's "

@@ -64,7 +64,12 @@ class Pacer:
         pace = pace_for(self._config, live_peers, slowdown)
         if abs(pace.heartbeat_interval_s - self._logged_interval_s) >= 0.25 * self._logged_interval_s:
             self._logged_interval_s = pace.heartbeat_interval_s
-            logger.info("pace for %d live peers: a heartbeat every %.1fs, a lease of %.0fs, polls at most every %.1fs",
-                        live_peers, pace.heartbeat_interval_s, pace.lease_s, pace.poll_interval_s)
+            logger.info(
+                "pace for %d live peers: a heartbeat every %.1fs, a lease of %.0fs, polls at most every %.1fs",
+                live_peers,
+                pace.heartbeat_interval_s,
+                pace.lease_s,
+                pace.poll_interval_s,
+            )
         self.last = pace
         return pace

@@ -16,8 +16,17 @@ from typing import Callable, Iterable, Optional
 from coordinator import membership
 from coordinator.store.records import PeerRecord
 
-SUMMED_METRICS = ("bytes_sent", "bytes_received", "tokens", "inner_steps", "inner_time_s", "wall_time_s",
-                  "contributions_rejected", "contributions_clipped", "foreign_messages_dropped")  # over every peer
+SUMMED_METRICS = (
+    "bytes_sent",
+    "bytes_received",
+    "tokens",
+    "inner_steps",
+    "inner_time_s",
+    "wall_time_s",
+    "contributions_rejected",
+    "contributions_clipped",
+    "foreign_messages_dropped",
+)  # over every peer
 
 
 class Roster:

@@ -114,28 +114,44 @@ class CoordinatorServer:
             self._store = Store.in_dir(self._state_dir)
             signing_key = PeerKey.load_or_create(self._state_dir / SIGNING_KEY_FILE)
             self.engine = CoordinatorEngine(
-                self._store, config=self._run, check_config=self._config_given, lease_s=self._lease_s,
-                heartbeat_interval_s=self._heartbeat_interval_s, clock=self._clock, signing_key=signing_key,
-                max_rounds=self._max_rounds, load=self.load,
+                self._store,
+                config=self._run,
+                check_config=self._config_given,
+                lease_s=self._lease_s,
+                heartbeat_interval_s=self._heartbeat_interval_s,
+                clock=self._clock,
+                signing_key=signing_key,
+                max_rounds=self._max_rounds,
+                load=self.load,
             )
             cert_pem, key_pem = tls.ensure_certificate(self._state_dir)
             # A restart keeps the DHT port (the peers' address for this node) and dials the peers it knew.
             self._dht = DHTNode(
-                state_dir=self._state_dir, host=self._host, port=self._dht_port, announce_host=self._announce_host,
+                state_dir=self._state_dir,
+                host=self._host,
+                port=self._dht_port,
+                announce_host=self._announce_host,
                 previous_port=self.engine.run.dht_port,
                 # the run's DHT holds members' signed entries only: a stranger cannot store through this node
-                record_validators=[EntryValidator(coordinator_public_key=signing_key.public_key,
-                                                  run_id=self.engine.run.run_id)],
+                record_validators=[
+                    EntryValidator(coordinator_public_key=signing_key.public_key, run_id=self.engine.run.run_id)
+                ],
             )
             initial_peers = self._dht.start(bootstrap=self.engine.peer_dht_addresses())
             self._dht.start_relay(self.engine.is_live_member)  # for members behind NAT on both ends
             servicer = CoordinatorServicer(
-                self.engine, dht_initial_peers=initial_peers, join_limits=self._join_limits,
+                self.engine,
+                dht_initial_peers=initial_peers,
+                join_limits=self._join_limits,
             )
-            self._grpc = LoopServer(self.load, options=[
-                ("grpc.so_reuseport", 0),  # a second coordinator on the same port must fail, not share
-                ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
-            ], maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
+            self._grpc = LoopServer(
+                self.load,
+                options=[
+                    ("grpc.so_reuseport", 0),  # a second coordinator on the same port must fail, not share
+                    ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                ],
+                maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
+            )
             self._grpc.add_handlers(SERVICE, servicer_handlers(servicer))
             port = self._bind(self._grpc, tls.server_credentials(cert_pem, key_pem))
             self.engine.serving()  # the leases run from now: starting the DHT node took seconds
@@ -165,9 +181,15 @@ class CoordinatorServer:
         self._dashboard_store = Store(self._state_dir / STORE_FILE, read_only=True)
         store, engine, load = self._dashboard_store, self.engine, self.load
         self.dashboard = DashboardServer(
-            lambda: dict(snapshot(store), load=dict(load.snapshot(), eviction_pauses=engine.eviction_pauses,
-                                                    pace=dataclasses.asdict(engine.last_pace))),
-            host=host, port=port)
+            lambda: dict(
+                snapshot(store),
+                load=dict(
+                    load.snapshot(), eviction_pauses=engine.eviction_pauses, pace=dataclasses.asdict(engine.last_pace)
+                ),
+            ),
+            host=host,
+            port=port,
+        )
         try:
             url = self.dashboard.start()
         except BaseException:
@@ -210,15 +232,19 @@ class CoordinatorServer:
         except RuntimeError:
             bound = 0
         if not bound:
-            raise OSError(f"cannot listen on {host}:{self._port} (in use or not a local address); choose another --port.")
+            raise OSError(
+                f"cannot listen on {host}:{self._port} (in use or not a local address); choose another --port."
+            )
         return bound
 
     def _public_host(self) -> str:
         if self._announce_host:
             return self._announce_host
         if self._host in _WILDCARDS:
-            logger.warning("listening on all interfaces but the join string names 127.0.0.1; "
-                           "give an announce host so peers on other machines can reach the coordinator")
+            logger.warning(
+                "listening on all interfaces but the join string names 127.0.0.1; "
+                "give an announce host so peers on other machines can reach the coordinator"
+            )
             return "127.0.0.1"
         return self._host
 
@@ -266,8 +292,9 @@ def servicer_handlers(servicer: CoordinatorServicer) -> dict[str, grpc.RpcMethod
         for name, handler in capture.handlers.items()
     }
     # the most frequent answer, as large as the round: sent from its cached encoding, not copied and encoded again
-    handlers["GetRound"] = handlers["GetRound"]._replace(unary_unary=servicer.GetRoundEncoded,
-                                                         response_serializer=bytes)
+    handlers["GetRound"] = handlers["GetRound"]._replace(
+        unary_unary=servicer.GetRoundEncoded, response_serializer=bytes
+    )
     return handlers
 
 
@@ -284,8 +311,13 @@ def _private_files(state_dir: Path) -> None:
     database file's mode) and tighten files an older version left readable."""
     database = state_dir / STORE_FILE
     os.close(os.open(database, os.O_WRONLY | os.O_CREAT, 0o600))
-    for path in (database, state_dir / f"{STORE_FILE}-wal", state_dir / f"{STORE_FILE}-shm",
-                 state_dir / JOIN_STRING_FILE, state_dir / tls.KEY_FILE):
+    for path in (
+        database,
+        state_dir / f"{STORE_FILE}-wal",
+        state_dir / f"{STORE_FILE}-shm",
+        state_dir / JOIN_STRING_FILE,
+        state_dir / tls.KEY_FILE,
+    ):
         if path.exists():
             os.chmod(path, 0o600)
 
@@ -325,9 +357,18 @@ def serve(
     if max_rounds is not None and run is not None:
         run = run.replace(rounds=dataclasses.replace(run.rounds, max_rounds=max_rounds))
     server = CoordinatorServer(
-        run=run, state_dir=Path(state_dir), host=host, port=port, dht_port=dht_port,
-        announce_host=announce_host, lease_s=lease_s, heartbeat_interval_s=heartbeat_interval_s,
-        config_given=config_given, exit_grace_s=exit_grace_s, http_port=http_port, http_host=http_host,
+        run=run,
+        state_dir=Path(state_dir),
+        host=host,
+        port=port,
+        dht_port=dht_port,
+        announce_host=announce_host,
+        lease_s=lease_s,
+        heartbeat_interval_s=heartbeat_interval_s,
+        config_given=config_given,
+        exit_grace_s=exit_grace_s,
+        http_port=http_port,
+        http_host=http_host,
         max_rounds=max_rounds,
     )
     join = server.start()

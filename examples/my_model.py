@@ -1,9 +1,9 @@
 """An example ``[model] factory``: a small causal Transformer any run can train (docs/TRAINING.md).
 
-    [model]
-    factory = "examples.my_model:build"      # importable from the peer's and the coordinator's PYTHONPATH
-    loss = "examples.my_model:loss"          # optional: without it, model(x) must return logits
-    options = { vocab_size = 256, width = 32, layers = 2, heads = 4, context = 128 }
+[model]
+factory = "examples.my_model:build"      # importable from the peer's and the coordinator's PYTHONPATH
+loss = "examples.my_model:loss"          # optional: without it, model(x) must return logits
+options = { vocab_size = 256, width = 32, layers = 2, heads = 4, context = 128 }
 """
 
 from __future__ import annotations
@@ -36,8 +36,13 @@ def build(model_table: dict) -> nn.Module:
     the run's seed before calling it; drawing the weights with ``portable_normal`` (from an integer taken off that
     generator: integers are exact everywhere) makes θ0 bit-identical on every CPU, not only on alike ones."""
     o = model_table["options"]
-    model = TinyCausalLM(vocab_size=o.get("vocab_size", 256), width=o.get("width", 32), layers=o.get("layers", 2),
-                         heads=o.get("heads", 4), context=o.get("context", 128))
+    model = TinyCausalLM(
+        vocab_size=o.get("vocab_size", 256),
+        width=o.get("width", 32),
+        layers=o.get("layers", 2),
+        heads=o.get("heads", 4),
+        context=o.get("context", 128),
+    )
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,))))
     with torch.no_grad():
         for p in model.parameters():

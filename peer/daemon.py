@@ -55,9 +55,15 @@ class PeerDaemon:
         self.state = PeerState.JOINING
         self.client = self.parts.client(options.join)
         # unreachable for --join-timeout-s while it has nothing to do without the coordinator, the peer exits
-        self.link = CoordinatorLink(self.client, stop=self.stop, faults=options.faults, poll_s=options.poll_s,
-                                    leave_grace_s=options.leave_grace_s, tag=self.tag,
-                                    give_up_after_s=options.join_timeout_s)
+        self.link = CoordinatorLink(
+            self.client,
+            stop=self.stop,
+            faults=options.faults,
+            poll_s=options.poll_s,
+            leave_grace_s=options.leave_grace_s,
+            tag=self.tag,
+            give_up_after_s=options.join_timeout_s,
+        )
         self.peer_id, self.transport = "", None
         self.heartbeat: Optional[HeartbeatThread] = None
         self.runner: Optional[RoundRunner] = None
@@ -96,10 +102,19 @@ class PeerDaemon:
             info: Optional[pb.RoundInfo] = None
             if not self.heartbeat.rejection and self.carry is None:
                 info, waited = waited or self.ask(), None
-            event = next_event(View(rejected=bool(self.heartbeat.rejection), carrying=self.carry is not None, info=info,
-                                    final_known=self.link.final is not None, offline_next=self.offline_next,
-                                    backlog=bool(self.link.backlog), behind=self.behind,
-                                    held_round=self.runner.trainer.round_no, peer_id=self.peer_id))
+            event = next_event(
+                View(
+                    rejected=bool(self.heartbeat.rejection),
+                    carrying=self.carry is not None,
+                    info=info,
+                    final_known=self.link.final is not None,
+                    offline_next=self.offline_next,
+                    backlog=bool(self.link.backlog),
+                    behind=self.behind,
+                    held_round=self.runner.trainer.round_no,
+                    peer_id=self.peer_id,
+                )
+            )
             if event is Event.COORDINATOR_DOWN:
                 # nothing to do without it: wait (with backoff, logged; Departed when the run is over, PeerExit(1)
                 # after --join-timeout-s)
@@ -168,27 +183,60 @@ class PeerDaemon:
         joined = self.link.join(o, key=identity.peer_key(o.state_dir), libp2p=libp2p)
         self.peer_id = joined.peer_id
         self.run_id, self.run_config = joined.run_id, RunConfig.from_json(joined.run_spec_json)
-        logger.info("%s joined run %s as peer index %d%s", self.tag(), joined.run_id, joined.peer_index,
-                    f" (restarted: session {joined.session})" if joined.session > 1 else "")
+        logger.info(
+            "%s joined run %s as peer index %d%s",
+            self.tag(),
+            joined.run_id,
+            joined.peer_index,
+            f" (restarted: session {joined.session})" if joined.session > 1 else "",
+        )
         warn_if_other_run(o.state_dir, self.run_id, self.run_config, self.tag())  # its final model is replaced
         # heartbeats start now: building the model and the transport takes longer than a short lease
-        self.heartbeat = HeartbeatThread(self.client, self.peer_id, self.stats, self.stop,
-                                         interval_s=joined.heartbeat_interval_s, faults=o.faults,
-                                         renewed=self.link.renew)
+        self.heartbeat = HeartbeatThread(
+            self.client,
+            self.peer_id,
+            self.stats,
+            self.stop,
+            interval_s=joined.heartbeat_interval_s,
+            faults=o.faults,
+            renewed=self.link.renew,
+        )
         self.heartbeat.start()
         self.clock.mark("join")
         # the DHT starts (hivemind's import, its process, p2pd) as the trainer builds: no gRPC call here meanwhile
         peers = list(joined.dht_initial_peers)
-        self._network = self.clock.overlap(lambda: self.parts.transport(o, peers, stop=self.stop, tag=self.tag(),
-                                                                        identity=libp2p, member=self.link.member))
-        built = build_trainer(self.run_config, o, joined, ranks=self.ranks, stats=self.stats, clock=self.clock,
-                              tag=self.tag)
+        self._network = self.clock.overlap(
+            lambda: self.parts.transport(
+                o, peers, stop=self.stop, tag=self.tag(), identity=libp2p, member=self.link.member
+            )
+        )
+        built = build_trainer(
+            self.run_config, o, joined, ranks=self.ranks, stats=self.stats, clock=self.clock, tag=self.tag
+        )
         self.progress, self.probe = built.progress, built.probe
         self.transport = self._network.result()  # PeerExit when it could not start
-        r = build_round(self.parts, self.transport, built, run=self.run_config, joined=joined, options=o,
-                        link=self.link, stats=self.stats, heartbeat=self.heartbeat, stop_requested=self.stop.is_set,
-                        on_state=self.round_state, on_decided=self.on_decided, tag=self.tag)
-        self.group, self.store, self.hooks, self._executor, self.runner = r.group, r.store, r.hooks, r.executor, r.runner
+        r = build_round(
+            self.parts,
+            self.transport,
+            built,
+            run=self.run_config,
+            joined=joined,
+            options=o,
+            link=self.link,
+            stats=self.stats,
+            heartbeat=self.heartbeat,
+            stop_requested=self.stop.is_set,
+            on_state=self.round_state,
+            on_decided=self.on_decided,
+            tag=self.tag,
+        )
+        self.group, self.store, self.hooks, self._executor, self.runner = (
+            r.group,
+            r.store,
+            r.hooks,
+            r.executor,
+            r.runner,
+        )
         self.evaluate_initial = r.evaluate_initial  # due unless a joiner of a run under way: it syncs first
         self.clock.overlap(lambda: self.stats.update(rtt_ms=r.group.probe_rtt_ms()), name="swarm-rtt-probe")
         self.clock.mark("DHT")
@@ -236,8 +284,9 @@ class PeerDaemon:
         self.move(Event.BEHIND)
         if info.last_committed_round < 0:
             return False
-        done, synced = unless_stopped(lambda: self.store.sync(info, holders=self.link.holders), self.stop,
-                                      name="swarm-sync", check_s=STOP_CHECK_S)
+        done, synced = unless_stopped(
+            lambda: self.store.sync(info, holders=self.link.holders), self.stop, name="swarm-sync", check_s=STOP_CHECK_S
+        )
         if not done:
             self._busy_thread = True  # it may yet install a state: leave writes no checkpoint meanwhile
             return False
@@ -251,8 +300,9 @@ class PeerDaemon:
         """FINISHING: write the final model, then stay a holder while live peers still download it."""
         self.move(Event.FINISHED)
         write_final(self.options.state_dir, self.runner.trainer, run_id=self.run_id, tag=self.tag)
-        self.link.serve_final_state(self.options.final_serve_s,
-                                    ready=lambda: self.stats.update(state=pb.PEER_STATE_READY))
+        self.link.serve_final_state(
+            self.options.final_serve_s, ready=lambda: self.stats.update(state=pb.PEER_STATE_READY)
+        )
         return 0
 
     def departed(self) -> int:
@@ -268,9 +318,15 @@ class PeerDaemon:
     def stranded(self, final_round: int) -> int:
         """The run finished and no holder of its final state is left: say what this peer holds and where
         (``peer.state.run_end.stranded``), then exit 1."""
-        self._checkpointed = stranded(final_round, self.runner.trainer if self.runner is not None else None, self.store,
-                                      self.options.state_dir, download_running=self._busy_thread,
-                                      checkpointed=self._checkpointed, tag=self.tag)
+        self._checkpointed = stranded(
+            final_round,
+            self.runner.trainer if self.runner is not None else None,
+            self.store,
+            self.options.state_dir,
+            download_running=self._busy_thread,
+            checkpointed=self._checkpointed,
+            tag=self.tag,
+        )
         return 1
 
     def leave(self) -> None:
@@ -279,8 +335,13 @@ class PeerDaemon:
         self.stop.set()
         in_flight = drain(self._executor)  # a round still in flight gets a moment to end; after that, no checkpoint
         trainer = self.runner.trainer if self.runner is not None else None
-        if trainer is not None and trainer.round_no > 0 and not self.store.provisional and not self.behind \
-                and not (in_flight or self._busy_thread or self._checkpointed):
+        if (
+            trainer is not None
+            and trainer.round_no > 0
+            and not self.store.provisional
+            and not self.behind
+            and not (in_flight or self._busy_thread or self._checkpointed)
+        ):
             self.store.checkpoint()  # a restarted peer resumes here if the run has not moved on
         if self.runner is not None:
             self.hooks.close()  # the training logs' last round

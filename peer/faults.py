@@ -73,8 +73,10 @@ class FaultPlan:
             if phase not in valid:
                 raise FaultSpecError(f"fault {raw!r}: {phase!r} is not one of {', '.join(valid)}")
             if action in ("delay", "scale", "slow") and value is None:
-                raise FaultSpecError(f"fault {raw!r}: a {action} needs a number: a delay needs seconds (delay@2:reported=5), "
-                                      "a scale a factor (scale@2:delta=-100), a slow a factor (slow@1:compute=4)")
+                raise FaultSpecError(
+                    f"fault {raw!r}: a {action} needs a number: a delay needs seconds (delay@2:reported=5), "
+                    "a scale a factor (scale@2:delta=-100), a slow a factor (slow@1:compute=4)"
+                )
             try:
                 number = float(value or 0.0)
             except ValueError:
@@ -82,8 +84,10 @@ class FaultPlan:
             if not math.isfinite(number) or (action == "delay" and number < 0):
                 raise FaultSpecError(f"fault {raw!r}: {value!r} must be a finite number (a delay: not negative)")
             if action == "slow" and not 1 <= number <= MAX_SLOWDOWN:
-                raise FaultSpecError(f"fault {raw!r}: a slowdown must be between 1 and {MAX_SLOWDOWN:g}x its compute"
-                                     " time, e.g. slow@1:compute=4")
+                raise FaultSpecError(
+                    f"fault {raw!r}: a slowdown must be between 1 and {MAX_SLOWDOWN:g}x its compute"
+                    " time, e.g. slow@1:compute=4"
+                )
             faults.append(Fault(action, int(round_no), phase, number))
         return cls(faults)
 

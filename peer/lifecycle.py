@@ -38,9 +38,13 @@ class PeerState(enum.Enum):
 
 
 # what the coordinator sees of a state (the deciding ones keep showing EXCHANGING)
-WIRE_STATES = {PeerState.JOINING: pb.PEER_STATE_JOINING, PeerState.SYNCING: pb.PEER_STATE_JOINING,
-               PeerState.READY: pb.PEER_STATE_READY, PeerState.TRAINING: pb.PEER_STATE_TRAINING,
-               PeerState.EXCHANGING: pb.PEER_STATE_EXCHANGING}
+WIRE_STATES = {
+    PeerState.JOINING: pb.PEER_STATE_JOINING,
+    PeerState.SYNCING: pb.PEER_STATE_JOINING,
+    PeerState.READY: pb.PEER_STATE_READY,
+    PeerState.TRAINING: pb.PEER_STATE_TRAINING,
+    PeerState.EXCHANGING: pb.PEER_STATE_EXCHANGING,
+}
 
 
 class Event(enum.Enum):
@@ -136,8 +140,7 @@ def next_event(view: View) -> Event:
         return Event.CARRIED
     info = view.info
     if info is None:
-        return Event.GROUP_GOES_ON if not view.final_known and view.offline_next is not None \
-            else Event.COORDINATOR_DOWN
+        return Event.GROUP_GOES_ON if not view.final_known and view.offline_next is not None else Event.COORDINATOR_DOWN
     if view.backlog:
         return Event.BACKLOG
     if view.behind or info.last_committed_round > view.held_round:

@@ -29,8 +29,9 @@ logger = logging.getLogger(__name__)
 class StateTransfer(Protocol):
     def publish(self, state: GlobalState) -> None: ...
 
-    def download(self, holders: list[str], *, round_no: int, expected_hash: str,
-                 like: GlobalState) -> tuple[GlobalState, int]: ...
+    def download(
+        self, holders: list[str], *, round_no: int, expected_hash: str, like: GlobalState
+    ) -> tuple[GlobalState, int]: ...
 
 
 class HivemindStateTransfer:
@@ -46,12 +47,22 @@ class HivemindStateTransfer:
     def publish(self, state: GlobalState) -> None:
         self.server.publish(state)
 
-    def download(self, holders: list[str], *, round_no: int, expected_hash: str, like: GlobalState) -> tuple[GlobalState, int]:
+    def download(
+        self, holders: list[str], *, round_no: int, expected_hash: str, like: GlobalState
+    ) -> tuple[GlobalState, int]:
         """The committed state of ``round_no`` (raises StateUnavailable); its hash is checked."""
         from swarm.net.bulk.state_transfer import download_state
 
-        return download_state(self.transport, member=self.member, run_id=self.run_id, holders=holders, round_no=round_no,
-                              expected_hash=expected_hash, like=like, timeout_s=self.timeout_s)
+        return download_state(
+            self.transport,
+            member=self.member,
+            run_id=self.run_id,
+            holders=holders,
+            round_no=round_no,
+            expected_hash=expected_hash,
+            like=like,
+            timeout_s=self.timeout_s,
+        )
 
 
 class PeerParts:
@@ -65,8 +76,16 @@ class PeerParts:
         """Make the next start's libp2p identity now (a background thread during this start)."""
         identity.make_spare_libp2p_identity(state_dir)
 
-    def transport(self, options, initial_peers: list[str], *, stop: threading.Event, tag: str,
-                  identity: Libp2pIdentity, member: credential.Member) -> Transport:
+    def transport(
+        self,
+        options,
+        initial_peers: list[str],
+        *,
+        stop: threading.Event,
+        tag: str,
+        identity: Libp2pIdentity,
+        member: credential.Member,
+    ) -> Transport:
         """Join the DHT through the coordinator's node with the libp2p identity proven at join, retrying while
         it is unreachable (a coordinator restarting as this peer starts); gives up after join_timeout_s.
         It listens and announces as ``choose_p2p_address`` says, so that groupmates on other machines can
@@ -78,23 +97,38 @@ class PeerParts:
         from swarm.net.bulk.transport import Transport, TransportStartFailed
         from swarm.net.dht_entries import validator_for
 
-        address = choose_p2p_address(coordinator_host=options.join.host, p2p_host=options.p2p_host,
-                                     announce_host=options.announce_host)
+        address = choose_p2p_address(
+            coordinator_host=options.join.host, p2p_host=options.p2p_host, announce_host=options.announce_host
+        )
         transport = with_retry(
-            lambda: Transport(initial_peers=initial_peers, host=address.listen_host, port=options.p2p_port,
-                              announce_host=address.announce_host, identity_path=str(identity.path),
-                              # from its first moment the node stores and passes on members' signed entries only
-                              record_validators=[validator_for(member)], tcp_congestion=options.tcp_congestion),
-            what=f"{tag} DHT start", stop=stop, give_up_after_s=options.join_timeout_s,
-            first_backoff_s=1.0, retry_on=TransportStartFailed,
+            lambda: Transport(
+                initial_peers=initial_peers,
+                host=address.listen_host,
+                port=options.p2p_port,
+                announce_host=address.announce_host,
+                identity_path=str(identity.path),
+                # from its first moment the node stores and passes on members' signed entries only
+                record_validators=[validator_for(member)],
+                tcp_congestion=options.tcp_congestion,
+            ),
+            what=f"{tag} DHT start",
+            stop=stop,
+            give_up_after_s=options.join_timeout_s,
+            first_backoff_s=1.0,
+            retry_on=TransportStartFailed,
         )
         if transport is None and stop.is_set():
             # the peer is stopping: a signal, or its start failed for another reason (its data, its device) and
             # ``leave`` stopped this thread; that reason is what the peer reports, not the DHT
             raise PeerExit(0)
         if transport is None:
-            logger.error("%s could not join the DHT through %s for %.0fs; check that the coordinator is running "
-                         "and that this machine can reach its DHT port", tag, initial_peers, options.join_timeout_s)
+            logger.error(
+                "%s could not join the DHT through %s for %.0fs; check that the coordinator is running "
+                "and that this machine can reach its DHT port",
+                tag,
+                initial_peers,
+                options.join_timeout_s,
+            )
             raise PeerExit(2)
         from swarm.net.link.relay import use_relay
 
@@ -102,22 +136,47 @@ class PeerParts:
         visible = transport.visible_maddrs
         logger.info("%s listening on %s, reachable for groupmates at %s", tag, address.listen_host, ", ".join(visible))
         if only_loopback(visible) and not is_loopback(options.join.host):
-            logger.warning("%s %s%s", tag, unreachable_sentence(visible),
-                           f", and listen there (--p2p-host {address.listen_host} listens on this machine only)"
-                           if is_loopback(address.listen_host) else "")
+            logger.warning(
+                "%s %s%s",
+                tag,
+                unreachable_sentence(visible),
+                f", and listen there (--p2p-host {address.listen_host} listens on this machine only)"
+                if is_loopback(address.listen_host)
+                else "",
+            )
         return transport
 
-    def group(self, transport: Transport, run: RunConfig, *, run_id: str, peer_id: str, peer_index: int,
-              planned: Callable[[int], Optional[set[str]]], faults: FaultPlan,
-              member: Optional[credential.Member] = None, processes=dict) -> DhtGroup:
+    def group(
+        self,
+        transport: Transport,
+        run: RunConfig,
+        *,
+        run_id: str,
+        peer_id: str,
+        peer_index: int,
+        planned: Callable[[int], Optional[set[str]]],
+        faults: FaultPlan,
+        member: Optional[credential.Member] = None,
+        processes=dict,
+    ) -> DhtGroup:
         """``member``: the peer's key and credential after the join (``CoordinatorLink.member``); ``processes``:
         the planned peers' current libp2p ids (``CoordinatorLink.current_processes``)."""
         from swarm.net.exchange.group import DhtGroup
 
-        return DhtGroup(transport, run, run_id=run_id, peer_id=peer_id, peer_index=peer_index, planned=planned,
-                        faults=faults, member=member, processes=processes)
+        return DhtGroup(
+            transport,
+            run,
+            run_id=run_id,
+            peer_id=peer_id,
+            peer_index=peer_index,
+            planned=planned,
+            faults=faults,
+            member=member,
+            processes=processes,
+        )
 
-    def state_transfer(self, transport: Transport, *, run_id: str, timeout_s: float,
-                       member: Optional[credential.Member] = None) -> HivemindStateTransfer:
+    def state_transfer(
+        self, transport: Transport, *, run_id: str, timeout_s: float, member: Optional[credential.Member] = None
+    ) -> HivemindStateTransfer:
         """``member``: the peer's key and credential after the join (``CoordinatorLink.member``)."""
         return HivemindStateTransfer(transport, run_id=run_id, timeout_s=timeout_s, member=member)

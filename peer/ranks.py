@@ -60,17 +60,26 @@ def start_ranks(nproc: int, *, device: str, threads: Optional[int]) -> PeerRanks
     store_dir = tempfile.mkdtemp(prefix="swarm-ranks-")
     store_path = os.path.join(store_dir, "store")
     context = multiprocessing.get_context("spawn")  # no fork: this process may already run threads
-    workers = [context.Process(target=worker_main, name=f"swarm-rank-{rank}",
-                               args=(rank, nproc, device, store_path, threads, os.getpid()))
-               for rank in range(1, nproc)]
+    workers = [
+        context.Process(
+            target=worker_main, name=f"swarm-rank-{rank}", args=(rank, nproc, device, store_path, threads, os.getpid())
+        )
+        for rank in range(1, nproc)
+    ]
     for worker in workers:
         worker.start()
     log.info("started %d worker ranks for a %d-rank peer on %s", nproc - 1, nproc, device)
     return PeerRanks(join_ranks(rank=0, world_size=nproc, device=device, store_path=store_path), workers, store_dir)
 
 
-def worker_main(rank: int, world_size: int, device: str, store_path: Optional[str], threads: Optional[int],
-                parent_pid: Optional[int]) -> None:
+def worker_main(
+    rank: int,
+    world_size: int,
+    device: str,
+    store_path: Optional[str],
+    threads: Optional[int],
+    parent_pid: Optional[int],
+) -> None:
     """A worker rank's process: join the group, build the trainer rank 0 describes, follow its orders."""
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the whole group; rank 0 decides

@@ -45,8 +45,17 @@ PR_SET_PDEATHSIG = 1
 
 # What a peer imports on its way to training, imported once by the parent so that no child pays for it
 # (swarm.net first: it keeps hivemind's scipy import deferred, swarm/net/deferred_imports.py)
-PRELOAD = ("swarm.net", "torch", "hivemind", "swarm.net.bulk.transport", "swarm.net.exchange.allreduce", "peer.daemon",
-           "peer.run", "swarm.train.trainer", "swarm.train.eager_optimizer")
+PRELOAD = (
+    "swarm.net",
+    "torch",
+    "hivemind",
+    "swarm.net.bulk.transport",
+    "swarm.net.exchange.allreduce",
+    "peer.daemon",
+    "peer.run",
+    "swarm.train.trainer",
+    "swarm.train.eager_optimizer",
+)
 
 
 def supervise(run: Callable[[], int], *, max_restarts: int, preload: tuple[str, ...] = PRELOAD) -> int:
@@ -86,15 +95,22 @@ def supervise(run: Callable[[], int], *, max_restarts: int, preload: tuple[str, 
         if stopping or code in NOT_RESTARTED:
             return code if code >= 0 else 128 - code
         if restarts >= max_restarts:
-            logger.error("the peer process %s; it was restarted %d times (--max-restarts), giving up",
-                         _ended(code), restarts)
+            logger.error(
+                "the peer process %s; it was restarted %d times (--max-restarts), giving up", _ended(code), restarts
+            )
             return code if code > 0 else 1
         restarts += 1
         lived = time.monotonic() - started
         quick_deaths = 0 if _trained(trained_r) else quick_deaths + 1
         delay = backoff_s(quick_deaths)
-        logger.warning("the peer process %s after %.1fs; starting it again %s from its state dir (restart %d of %d)",
-                       _ended(code), lived, f"in {delay:.0f}s" if delay else "at once", restarts, max_restarts)
+        logger.warning(
+            "the peer process %s after %.1fs; starting it again %s from its state dir (restart %d of %d)",
+            _ended(code),
+            lived,
+            f"in {delay:.0f}s" if delay else "at once",
+            restarts,
+            max_restarts,
+        )
         if woken.wait(delay):
             return 128 + stopping[-1]
 
@@ -210,6 +226,7 @@ def children(parent: int) -> list[int]:
 def peer_processes(supervisor: int) -> list[int]:
     """The running peer process of the `swarm peer --max-restarts` whose pid is ``supervisor`` (a fork: a child
     with its command line; [] between two), for soaks and benchmarks that kill it as a crash would."""
+
     def cmdline(pid: int) -> bytes:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:

@@ -21,10 +21,18 @@ class PeerHooks(Hooks):
     """Called on the main thread, except ``voted`` and ``at(.., 'averaged' | 'reported')`` (the executor),
     which touch only the thread-safe stats, round log and fault plan."""
 
-    def __init__(self, stats: PeerStats, faults: FaultPlan, *, beat_now: Callable[[], None],
-                 on_state: Callable[[str], None], on_decided: Callable[[RoundResult], None],
-                 tag: Callable[[Optional[int]], str], lr: Callable[[], float] = lambda: math.nan,
-                 log: Optional[RoundLog] = None) -> None:
+    def __init__(
+        self,
+        stats: PeerStats,
+        faults: FaultPlan,
+        *,
+        beat_now: Callable[[], None],
+        on_state: Callable[[str], None],
+        on_decided: Callable[[RoundResult], None],
+        tag: Callable[[Optional[int]], str],
+        lr: Callable[[], float] = lambda: math.nan,
+        log: Optional[RoundLog] = None,
+    ) -> None:
         """``lr``: the inner lr last used; ``log``: the round's line and training-log scalars."""
         self.stats, self.faults, self.beat_now = stats, faults, beat_now
         self.on_state, self.on_decided, self.tag, self.lr = on_state, on_decided, tag, lr
@@ -36,8 +44,12 @@ class PeerHooks(Hooks):
     def trained(self, round_no: int, stats: TrainStats) -> None:
         tokens_per_s = stats.tokens / max(1e-9, stats.inner_time_s)
         self.stats.add(inner_steps=stats.steps, tokens=stats.tokens)  # inner_time_s: live, from the trainer's clock
-        self.stats.update(loss=stats.mean_loss, step_time_s=stats.inner_time_s / max(1, stats.steps),
-                          step_time_probed=False, tokens_per_s=tokens_per_s)
+        self.stats.update(
+            loss=stats.mean_loss,
+            step_time_s=stats.inner_time_s / max(1, stats.steps),
+            step_time_probed=False,
+            tokens_per_s=tokens_per_s,
+        )
         self.log.trained(round_no, stats, lr=self.lr())
 
     def exchanging(self, round_no: int) -> None:
@@ -49,14 +61,17 @@ class PeerHooks(Hooks):
 
     def voted(self, vote: Vote) -> None:
         averaged = vote.averaged
-        self.stats.add(bytes_sent=averaged.bytes_sent if averaged else 0,
-                       bytes_received=averaged.bytes_received if averaged else 0,
-                       contributions_rejected=averaged.contributions_rejected if averaged else 0,
-                       contributions_clipped=averaged.contributions_clipped if averaged else 0,
-                       foreign_messages_dropped=averaged.foreign_messages_dropped if averaged else 0)
+        self.stats.add(
+            bytes_sent=averaged.bytes_sent if averaged else 0,
+            bytes_received=averaged.bytes_received if averaged else 0,
+            contributions_rejected=averaged.contributions_rejected if averaged else 0,
+            contributions_clipped=averaged.contributions_clipped if averaged else 0,
+            foreign_messages_dropped=averaged.foreign_messages_dropped if averaged else 0,
+        )
         if averaged:
-            self.stats.update(upload_mbit_s=averaged.upload_mbit_s, download_mbit_s=averaged.download_mbit_s,
-                              rtt_ms=averaged.rtt_ms)
+            self.stats.update(
+                upload_mbit_s=averaged.upload_mbit_s, download_mbit_s=averaged.download_mbit_s, rtt_ms=averaged.rtt_ms
+            )
         logger.debug("%s tentative hash %s", self.tag(vote.round_no), vote.state_hash or "none")
         self.log.voted(vote)
 

@@ -41,13 +41,29 @@ class PeerTrainer:
     probe: StepProbe
 
 
-def build_trainer(run: RunConfig, options: PeerOptions, joined: pb.JoinResponse, *, ranks: Optional[Ranks],
-                  stats: PeerStats, clock: StartupClock, tag: Tag) -> PeerTrainer:
+def build_trainer(
+    run: RunConfig,
+    options: PeerOptions,
+    joined: pb.JoinResponse,
+    *,
+    ranks: Optional[Ranks],
+    stats: PeerStats,
+    clock: StartupClock,
+    tag: Tag,
+) -> PeerTrainer:
     """The trainer of this start: a restarted peer whose own checkpoint or vote is the committed state starts from it
     (no θ0 drawn). Its step time is probed (or, restarted, the one it measured before is reused)."""
-    started = start_trainer(run, options.state_dir, run_id=joined.run_id, peer_index=joined.peer_index,
-                            round_no=joined.round.last_committed_round, state_hash=joined.round.last_committed_hash,
-                            device=options.device, ranks=ranks, build=LocalTrainer)
+    started = start_trainer(
+        run,
+        options.state_dir,
+        run_id=joined.run_id,
+        peer_index=joined.peer_index,
+        round_no=joined.round.last_committed_round,
+        state_hash=joined.round.last_committed_hash,
+        device=options.device,
+        ranks=ranks,
+        build=LocalTrainer,
+    )
     trainer = started.trainer
     trainer.throttle = options.faults.throttle(lambda: max(1, stats.metrics().round))  # slow@R (and its probe)
     # utilization to a step, not a round; and a progress line every 30 s in a round that trains for longer
@@ -89,38 +105,87 @@ class RoundParts:
     evaluate_initial: InitialEvaluation  # due unless the peer joined a run under way (it syncs first)
 
 
-def build_round(parts: PeerParts, transport: Any, built: PeerTrainer, *, run: RunConfig, joined: pb.JoinResponse,
-                options: PeerOptions, link: CoordinatorLink, stats: PeerStats, heartbeat: HeartbeatThread,
-                stop_requested: Callable[[], bool], on_state: Callable[[str], None],
-                on_decided: Callable[[RoundResult], None], tag: Tag) -> RoundParts:
+def build_round(
+    parts: PeerParts,
+    transport: Any,
+    built: PeerTrainer,
+    *,
+    run: RunConfig,
+    joined: pb.JoinResponse,
+    options: PeerOptions,
+    link: CoordinatorLink,
+    stats: PeerStats,
+    heartbeat: HeartbeatThread,
+    stop_requested: Callable[[], bool],
+    on_state: Callable[[str], None],
+    on_decided: Callable[[RoundResult], None],
+    tag: Tag,
+) -> RoundParts:
     """The round runner and what it runs rounds with, wired to the coordinator link: the link decides with the
     group's votes, and plans each round's budget and who is left out or passed over."""
     o, trainer, run_id = options, built.trainer, joined.run_id
-    group = parts.group(transport, run, run_id=run_id, peer_id=joined.peer_id, peer_index=joined.peer_index,
-                        planned=link.planned, faults=o.faults, member=link.member, processes=link.current_processes)
+    group = parts.group(
+        transport,
+        run,
+        run_id=run_id,
+        peer_id=joined.peer_id,
+        peer_index=joined.peer_index,
+        planned=link.planned,
+        faults=o.faults,
+        member=link.member,
+        processes=link.current_processes,
+    )
     link.group_decision, group.plan_holds = group.group_decision, lambda: link.plan_open
     if o.uplink_mbit > 0:
         group.exchange.uplink_mbit_s = o.uplink_mbit  # --uplink-mbit: the bulk sends are paced under it
     link.param_count = trainer.param_count
     transfer = parts.state_transfer(transport, run_id=run_id, timeout_s=o.state_timeout_s, member=link.member)
-    store = PeerStateStore(trainer, transfer, run_id=run_id, state_dir=o.state_dir,
-                           checkpoint_every_rounds=o.checkpoint_every_rounds, stats=stats,
-                           faults=o.faults, announce=heartbeat.beat_now, tag=tag)
-    hooks = PeerHooks(stats, o.faults, beat_now=heartbeat.beat_now, on_state=on_state, on_decided=on_decided, tag=tag,
-                      lr=lambda: trainer.optimizer.param_groups[0]["lr"],
-                      log=RoundLog.for_run(run, name=o.name or joined.peer_id, run_id=run_id, tag=tag))
+    store = PeerStateStore(
+        trainer,
+        transfer,
+        run_id=run_id,
+        state_dir=o.state_dir,
+        checkpoint_every_rounds=o.checkpoint_every_rounds,
+        stats=stats,
+        faults=o.faults,
+        announce=heartbeat.beat_now,
+        tag=tag,
+    )
+    hooks = PeerHooks(
+        stats,
+        o.faults,
+        beat_now=heartbeat.beat_now,
+        on_state=on_state,
+        on_decided=on_decided,
+        tag=tag,
+        lr=lambda: trainer.optimizer.param_groups[0]["lr"],
+        log=RoundLog.for_run(run, name=o.name or joined.peer_id, run_id=run_id, tag=tag),
+    )
     executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="swarm-exchange")
-    runner = RoundRunner(trainer, run, exchange=group, votes=group, decider=link, store=store, executor=executor,
-                         hooks=hooks, stopping=stop_requested,
-                         left_out=lambda r: link.left_out(r, stats.metrics().step_time_s),
-                         passed_over=lambda r: link.passed_over(r, heartbeat.heard,
-                                                                trainer.local_step_time_s or float("nan")),
-                         merge_when_ready=run.rounds.controller == "auto",
-                         budget=lambda r: built.progress.planned(r, link.budget(r, runner.full_speed(r))))
-    stats.update(model_fingerprint=trainer.fingerprint, param_count=trainer.param_count,
-                 dht_peer_id=transport.peer_id, dht_maddrs=tuple(transport.visible_maddrs))
-    evaluate_initial = InitialEvaluation(trainer, hooks, due=joined.round.last_committed_round == 0,
-                                         beat_now=heartbeat.beat_now)
+    runner = RoundRunner(
+        trainer,
+        run,
+        exchange=group,
+        votes=group,
+        decider=link,
+        store=store,
+        executor=executor,
+        hooks=hooks,
+        stopping=stop_requested,
+        left_out=lambda r: link.left_out(r, stats.metrics().step_time_s),
+        passed_over=lambda r: link.passed_over(r, heartbeat.heard, trainer.local_step_time_s or float("nan")),
+        merge_when_ready=run.rounds.controller == "auto",
+        budget=lambda r: built.progress.planned(r, link.budget(r, runner.full_speed(r))),
+    )
+    stats.update(
+        model_fingerprint=trainer.fingerprint,
+        param_count=trainer.param_count,
+        dht_peer_id=transport.peer_id,
+        dht_maddrs=tuple(transport.visible_maddrs),
+    )
+    evaluate_initial = InitialEvaluation(
+        trainer, hooks, due=joined.round.last_committed_round == 0, beat_now=heartbeat.beat_now
+    )
     return RoundParts(group, store, hooks, executor, runner, evaluate_initial)
 
 

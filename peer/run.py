@@ -47,6 +47,7 @@ def exit_within(seconds: float, code: int) -> None:
     exit (joining threads, atexit handlers). Should that hang — a finished peer of the suite's crash test once
     did not exit in 180 s, cause not found — log every thread's stack, so the next one shows where, and exit
     with ``code`` anyway instead of holding the machine."""
+
     def fire() -> None:
         logger.warning("the peer is done but its process has not exited %.0fs later; its threads:", seconds)
         faulthandler.dump_traceback(all_threads=True)
@@ -87,14 +88,20 @@ def _run_peer(options: PeerOptions, *, metrics_port: Optional[int]) -> int:
 
 def _run_daemon(daemon: PeerDaemon) -> int:
     if threading.current_thread() is threading.main_thread():
+
         def leave_on_signal(signum, frame):
             name = signal.Signals(signum).name
             if _signalled.is_set():
                 logger.warning("%s %s again: exiting now (%s)", daemon.tag(), name, daemon.state.value)
                 _exit_now(0)
             _signalled.set()
-            logger.info("%s %s while %s: leaving the run (at most %.0fs)", daemon.tag(), name, daemon.state.value,
-                        STOP_DEADLINE_S)
+            logger.info(
+                "%s %s while %s: leaving the run (at most %.0fs)",
+                daemon.tag(),
+                name,
+                daemon.state.value,
+                STOP_DEADLINE_S,
+            )
             daemon.stop.set()
             _deadline(STOP_DEADLINE_S, daemon)
 
@@ -114,9 +121,14 @@ def _deadline(seconds: float, daemon: PeerDaemon) -> None:
     """Whatever the peer was doing when the signal came (an exchange that only its timeout ends, a coordinator that
     does not answer its last calls), the process ends ``seconds`` later: a vote and a checkpoint are written
     atomically, so what is on disk stays whole; the coordinator's lease for this peer ends it there."""
+
     def fire() -> None:
-        logger.warning("%s still %s %.0fs after the signal; exiting without the rest of its leave", daemon.tag(),
-                       daemon.state.value, seconds)
+        logger.warning(
+            "%s still %s %.0fs after the signal; exiting without the rest of its leave",
+            daemon.tag(),
+            daemon.state.value,
+            seconds,
+        )
         _exit_now(0)
 
     timer = threading.Timer(seconds, fire)

@@ -116,7 +116,7 @@ class StartupClock:
         opened = ""
         names = [step for step, _ in self.steps]
         if "probe" in names and self.first_passes is not None and self.first_passes():
-            began = (self.before or 0.0) + sum(seconds for _, seconds in self.steps[:names.index("probe")])
+            began = (self.before or 0.0) + sum(seconds for _, seconds in self.steps[: names.index("probe")])
             parts[names.index("probe") + len(parts) - len(names)] += " (the first step's passes)"
             opened = f"; the round opened {since:.1f}s after launch"
         # the CPU seconds of this process (all its threads): a loaded machine shows as wall ≫ CPU

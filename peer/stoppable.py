@@ -10,8 +10,9 @@ from typing import Callable, Optional, TypeVar
 T = TypeVar("T")
 
 
-def unless_stopped(fn: Callable[[], T], stop: threading.Event, *, name: str,
-                   check_s: float = 0.1) -> tuple[bool, Optional[T]]:
+def unless_stopped(
+    fn: Callable[[], T], stop: threading.Event, *, name: str, check_s: float = 0.1
+) -> tuple[bool, Optional[T]]:
     """``(True, fn())`` run on a thread named ``name`` (its exception re-raised here), or ``(False, None)`` as soon
     as ``stop`` is set while it still runs: the thread is left to end on its own (the transport's shutdown cancels
     a download). ``check_s``: how often ``stop`` is looked at."""

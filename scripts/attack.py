@@ -96,13 +96,29 @@ EXTREME_HASH = "d" * 16
 ATTACKER_NAMES = {"liar", "sybil", "gone-0", "gone-1"}
 ATTACK_HASHES = {FAKE_HASH: "fake_report", VOTES_HASH: "unplanned_votes", EXTREME_HASH: "extreme_values"}
 MAX_COUNT, MAX_SECONDS, HUGE_LOSS = 10**15, 1e10, 1.7e308  # coordinator.api.limits: the largest valid values
-EXTREME_METRICS = dict(loss=HUGE_LOSS, step_time_s=MAX_SECONDS, tokens_per_s=MAX_SECONDS, inner_time_s=MAX_SECONDS,
-                       wall_time_s=MAX_SECONDS, inner_steps=MAX_COUNT, tokens=MAX_COUNT, bytes_sent=MAX_COUNT,
-                       bytes_received=MAX_COUNT, upload_mbit_s=MAX_SECONDS, download_mbit_s=MAX_SECONDS,
-                       rtt_ms=MAX_SECONDS)
-HONEST_REFUSALS = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
-                   grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
-                   grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ABORTED}
+EXTREME_METRICS = dict(
+    loss=HUGE_LOSS,
+    step_time_s=MAX_SECONDS,
+    tokens_per_s=MAX_SECONDS,
+    inner_time_s=MAX_SECONDS,
+    wall_time_s=MAX_SECONDS,
+    inner_steps=MAX_COUNT,
+    tokens=MAX_COUNT,
+    bytes_sent=MAX_COUNT,
+    bytes_received=MAX_COUNT,
+    upload_mbit_s=MAX_SECONDS,
+    download_mbit_s=MAX_SECONDS,
+    rtt_ms=MAX_SECONDS,
+)
+HONEST_REFUSALS = {
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.ABORTED,
+}
 
 
 class Tally:
@@ -149,8 +165,9 @@ class Attacker:
         revoked = token_admin.create(state_dir, role="peer")
         token_admin.revoke(state_dir, revoked.split("token=")[1].split(".")[0])
         self.revoked_join = JoinString.parse(revoked)
-        self.wrong_join = JoinString(host=join.host, port=join.port, token="default.not-the-secret",
-                                     fingerprint=join.fingerprint)
+        self.wrong_join = JoinString(
+            host=join.host, port=join.port, token="default.not-the-secret", fingerprint=join.fingerprint
+        )
         self.libp2p = Libp2pIdentity.create(workdir / "attacker-p2p.key")
         self.status_client = CoordinatorClient(self.status_join, request_timeout_s=5)
         self.liar = Identity(state_dir, workdir, "liar")
@@ -166,13 +183,17 @@ class Attacker:
     def start_stranger_dht(self) -> None:
         import hivemind
 
-        self.dht = hivemind.DHT(start=True, initial_peers=list(self.liar_joined.dht_initial_peers),
-                                host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+        self.dht = hivemind.DHT(
+            start=True, initial_peers=list(self.liar_joined.dht_initial_peers), host_maddrs=["/ip4/127.0.0.1/tcp/0"]
+        )
 
     def round_of_attacks(self, status: dict) -> None:
         t = self.tally
-        for name, join in (("wrong_token", self.wrong_join), ("revoked_token", self.revoked_join),
-                           ("status_token", self.status_join)):
+        for name, join in (
+            ("wrong_token", self.wrong_join),
+            ("revoked_token", self.revoked_join),
+            ("status_token", self.status_join),
+        ):
             client = CoordinatorClient(join, request_timeout_s=5)
             t.expect_refusal(name, lambda: client.join(key=PeerKey.generate(), libp2p=self.libp2p, name=name))
             client.close()
@@ -189,8 +210,9 @@ class Attacker:
         client = CoordinatorClient(self.join, request_timeout_s=5)
         client.signer = CallSigner(PeerKey.generate(), 1)  # signs as someone, but not with the victim's key
         self.tally.expect_refusal("impersonation", lambda: client.heartbeat(victim, state=pb.PEER_STATE_READY))
-        self.tally.expect_refusal("impersonation", lambda: client.report_round(victim, 1, ok=True,
-                                                                               state_hash=FAKE_HASH, group=[victim]))
+        self.tally.expect_refusal(
+            "impersonation", lambda: client.report_round(victim, 1, ok=True, state_hash=FAKE_HASH, group=[victim])
+        )
         self.tally.expect_refusal("impersonation", lambda: client.leave(victim, "forged"))
         client.close()
 
@@ -223,8 +245,9 @@ class Attacker:
     def lie(self, number: int) -> None:
         """Report the smallest hash with a group of just itself."""
         self.tally.rows["fake_report"]["tries"] += 1
-        self.liar.client.report_round(self.liar.peer_id, number, ok=True, state_hash=FAKE_HASH,
-                                      group=[self.liar.peer_id], samples=1)
+        self.liar.client.report_round(
+            self.liar.peer_id, number, ok=True, state_hash=FAKE_HASH, group=[self.liar.peer_id], samples=1
+        )
 
     def sybil_attacks(self, run: dict, number: int) -> None:
         """In an even round, report with the signed votes of two identities that left before it (a group of three
@@ -237,25 +260,44 @@ class Attacker:
             self.tally.rows["unplanned_votes"]["tries"] += 1
             group = [me, *(g.peer_id for g in self.gone)]
             votes = {i.peer_id: i.vote(run["run_id"], number, VOTES_HASH, group) for i in (self.sybil, *self.gone)}
-            request = pb.ReportRoundRequest(peer_id=me, round=number, ok=True, state_hash=VOTES_HASH, group=group,
-                                            samples=1)
+            request = pb.ReportRoundRequest(
+                peer_id=me, round=number, ok=True, state_hash=VOTES_HASH, group=group, samples=1
+            )
             request.group_votes.extend(signed_votes(votes))
             self.sybil.client.report_round(request)
             return
         row = self.tally.rows["extreme_values"]
         row["tries"] += 1
-        self.sybil.client.report_round(pb.ReportRoundRequest(
-            peer_id=me, round=number, ok=True, state_hash=EXTREME_HASH, group=[me], samples=MAX_COUNT,
-            inner_steps=MAX_COUNT, inner_time_s=MAX_SECONDS, exchange_time_s=MAX_SECONDS, bytes_sent=MAX_COUNT,
-            bytes_received=MAX_COUNT, loss=HUGE_LOSS, param_count=MAX_COUNT, upload_mbit_s=MAX_SECONDS,
-            download_mbit_s=MAX_SECONDS, rtt_ms=MAX_SECONDS))
+        self.sybil.client.report_round(
+            pb.ReportRoundRequest(
+                peer_id=me,
+                round=number,
+                ok=True,
+                state_hash=EXTREME_HASH,
+                group=[me],
+                samples=MAX_COUNT,
+                inner_steps=MAX_COUNT,
+                inner_time_s=MAX_SECONDS,
+                exchange_time_s=MAX_SECONDS,
+                bytes_sent=MAX_COUNT,
+                bytes_received=MAX_COUNT,
+                loss=HUGE_LOSS,
+                param_count=MAX_COUNT,
+                upload_mbit_s=MAX_SECONDS,
+                download_mbit_s=MAX_SECONDS,
+                rtt_ms=MAX_SECONDS,
+            )
+        )
         row["refused"] += 1  # taken, its figures cut to the round: the decision and the reads after it must stand
 
     def reads(self) -> None:
         """extreme_values, read side: what the run's watchers and peers read must still be answered."""
         row = self.tally.rows["extreme_values"]
-        for read in (lambda: self.status_client.get_history(), lambda: self.status_client.get_status(),
-                     lambda: self.sybil.client.get_round(self.sybil.peer_id, 0)):
+        for read in (
+            lambda: self.status_client.get_history(),
+            lambda: self.status_client.get_status(),
+            lambda: self.sybil.client.get_round(self.sybil.peer_id, 0),
+        ):
             row["tries"] += 1
             try:
                 read()
@@ -275,8 +317,9 @@ class Attacker:
                 call = channel.unary_unary(f"/swarm.v1.Coordinator/{method}")
                 self.tally.expect_refusal("malformed", lambda: call(b"\xff\x00 not protobuf \x12\xff", timeout=5))
             client = CoordinatorClient(self.join, request_timeout_s=5)
-            self.tally.expect_refusal("malformed", lambda: client.join(key=PeerKey.generate(), libp2p=self.libp2p,
-                                                                      name="x" * (3 << 20)))
+            self.tally.expect_refusal(
+                "malformed", lambda: client.join(key=PeerKey.generate(), libp2p=self.libp2p, name="x" * (3 << 20))
+            )
             client.close()
         finally:
             channel.close()
@@ -292,8 +335,15 @@ class Attacker:
                 continue
             key = group_key(run["run_id"], round_no, 0)
             for victim in victims:
-                forged = {"peer_id": victim, "dht_peer_id": str(self.dht.peer_id), "index": 0, "weight": 1e30,
-                          "numel": 1, "codec": "fp32", "live_peers": 0}
+                forged = {
+                    "peer_id": victim,
+                    "dht_peer_id": str(self.dht.peer_id),
+                    "index": 0,
+                    "weight": 1e30,
+                    "numel": 1,
+                    "codec": "fp32",
+                    "live_peers": 0,
+                }
                 self.tally.rows["forged_dht_entry"]["tries"] += 1
                 self.dht.store(key, subkey=victim, value=forged, expiration_time=get_dht_time() + 60)
                 vote = {"peer_id": victim, "dht_peer_id": str(self.dht.peer_id), "ok": True, "state_hash": FAKE_HASH}
@@ -315,9 +365,13 @@ class Attacker:
         if getattr(self, "replayer", None) is None:
             joined = self.liar_joined
             self.replayer = hivemind.DHT(
-                start=True, initial_peers=list(joined.dht_initial_peers), host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-                record_validators=[EntryValidator(coordinator_public_key=joined.coordinator_public_key,
-                                                  run_id=joined.run_id)])
+                start=True,
+                initial_peers=list(joined.dht_initial_peers),
+                host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                record_validators=[
+                    EntryValidator(coordinator_public_key=joined.coordinator_public_key, run_id=joined.run_id)
+                ],
+            )
         if status["run"]["open_round"] <= 0:
             return
         own = [str(self.dht.peer_id)] if self.dht is not None else []
@@ -325,11 +379,18 @@ class Attacker:
         row = self.tally.rows["replayed_dht_entry"]
         for posted_under in (key, f"{key}.votes"):
             found = self.replayer.get(posted_under, latest=True)
-            for subkey, item in (found.value.items() if found is not None and isinstance(found.value, dict) else ()):
+            for subkey, item in found.value.items() if found is not None and isinstance(found.value, dict) else ():
                 expiry = max(item.expiration_time, get_dht_time()) + 600
-                answers = self.replayer.run_coroutine(functools.partial(
-                    store_at_each_node, key=posted_under, subkey=subkey, value=item.value, expiration_time=expiry,
-                    skip=own))
+                answers = self.replayer.run_coroutine(
+                    functools.partial(
+                        store_at_each_node,
+                        key=posted_under,
+                        subkey=subkey,
+                        value=item.value,
+                        expiration_time=expiry,
+                        skip=own,
+                    )
+                )
                 took = sorted(node for node, stored in answers.items() if stored)
                 if not any(stored is not None for stored in answers.values()):
                     if len(self.tally.notes) < 50:
@@ -337,9 +398,12 @@ class Attacker:
                     continue
                 row["tries"] += 1
                 if took:
-                    self.tally.breach("replayed_dht_entry", f"{len(took)} of {len(answers)} nodes ({', '.join(took)}) "
-                                                            f"stored {subkey}'s entry of {posted_under} again with a "
-                                                            "later expiry than it signed")
+                    self.tally.breach(
+                        "replayed_dht_entry",
+                        f"{len(took)} of {len(answers)} nodes ({', '.join(took)}) "
+                        f"stored {subkey}'s entry of {posted_under} again with a "
+                        "later expiry than it signed",
+                    )
                 else:
                     row["refused"] += 1
 
@@ -353,8 +417,9 @@ class Attacker:
             self.replayer.shutdown()
 
 
-async def store_at_each_node(_dht, node, *, key: str, subkey: str, value: object, expiration_time: float,
-                             skip: list[str]) -> dict[str, Optional[bool]]:
+async def store_at_each_node(
+    _dht, node, *, key: str, subkey: str, value: object, expiration_time: float, skip: list[str]
+) -> dict[str, Optional[bool]]:
     """In a DHT's process (``DHT.run_coroutine``): ask every node this one knows (the key's nearest included),
     but those in ``skip``, to store ``value`` under ``key`` and ``subkey`` until ``expiration_time``; each node's
     answer by its libp2p id (None: it did not answer). ``DHT.store`` answers only one node's, whichever came last."""
@@ -364,12 +429,20 @@ async def store_at_each_node(_dht, node, *, key: str, subkey: str, value: object
 
     key_id = DHTID.generate(source=key)
     nearest = await node.find_nearest_nodes([key_id], k_nearest=node.num_replicas, exclude_self=True)
-    peers = {**{p: None for p in node.protocol.routing_table.peer_id_to_uid}, **{p: None for p in nearest[key_id].values()}}
+    peers = {
+        **{p: None for p in node.protocol.routing_table.peer_id_to_uid},
+        **{p: None for p in nearest[key_id].values()},
+    }
     peers = [p for p in peers if str(p) not in skip]
     value_bytes = node.protocol.serializer.dumps(value)
-    answers = await asyncio.gather(*(node.protocol.call_store(p, keys=[key_id], values=[value_bytes],
-                                                              expiration_time=[expiration_time], subkeys=[subkey])
-                                     for p in peers))
+    answers = await asyncio.gather(
+        *(
+            node.protocol.call_store(
+                p, keys=[key_id], values=[value_bytes], expiration_time=[expiration_time], subkeys=[subkey]
+            )
+            for p in peers
+        )
+    )
     return {str(p): (answer[0] if answer else None) for p, answer in zip(peers, answers)}
 
 
@@ -391,8 +464,21 @@ class Run:
         self.divergent = self.nonfinite = self.unanswered = 0
 
     def start_coordinator(self) -> tuple[subprocess.Popen, JoinString]:
-        proc = spawn(["coordinator", "--config", str(self.config), "--state-dir", str(self.workdir / "coordinator"),
-                      "--lease-s", "6", "--exit-grace-s", "30"], self.workdir / "coordinator.log", stdout=subprocess.PIPE)
+        proc = spawn(
+            [
+                "coordinator",
+                "--config",
+                str(self.config),
+                "--state-dir",
+                str(self.workdir / "coordinator"),
+                "--lease-s",
+                "6",
+                "--exit-grace-s",
+                "30",
+            ],
+            self.workdir / "coordinator.log",
+            stdout=subprocess.PIPE,
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             line = proc.stdout.readline().decode()
@@ -404,8 +490,23 @@ class Run:
 
     def start_peer(self, join: JoinString, name: str, faults: str = "") -> subprocess.Popen:
         extra = ["--faults", faults] if faults else []
-        return spawn(["peer", "--join", str(join), "--state-dir", str(self.workdir / name), "--threads", "1",
-                      "--name", name, "--join-timeout-s", "300", *extra], self.workdir / f"{name}.log")
+        return spawn(
+            [
+                "peer",
+                "--join",
+                str(join),
+                "--state-dir",
+                str(self.workdir / name),
+                "--threads",
+                "1",
+                "--name",
+                name,
+                "--join-timeout-s",
+                "300",
+                *extra,
+            ],
+            self.workdir / f"{name}.log",
+        )
 
     def check(self, status: dict) -> None:
         run = status["run"]
@@ -439,8 +540,10 @@ class Run:
         total, k = sum(shares.values()), len(shares)
         largest = max(shares.values()) / total
         if largest > min(2 / k, 0.75) + 1e-3:
-            self.tally.breach("share_grab", f"round {choice.get('round')}: a member owns {largest:.4f} of the vector "
-                                            f"in a group of {k}")
+            self.tally.breach(
+                "share_grab",
+                f"round {choice.get('round')}: a member owns {largest:.4f} of the vector in a group of {k}",
+            )
         else:
             row["refused"] += 1
         self.largest_share = max(self.largest_share, largest)
@@ -509,7 +612,11 @@ def soak(args: argparse.Namespace, base: Path) -> dict:
     attacked = Run(args, base / "attacked", attacked=True)
     result = attacked.run()
     calm = {} if args.skip_calm else Run(args, base / "calm", attacked=False).run()
-    for indirect in ("fake_report", "forged_dht_entry", "unplanned_votes"):  # accepted on the wire; what counts is that they change nothing
+    for indirect in (
+        "fake_report",
+        "forged_dht_entry",
+        "unplanned_votes",
+    ):  # accepted on the wire; what counts is that they change nothing
         row = attacked.tally.rows[indirect]
         row["refused"] = row["tries"] - row["breaches"]
     breaches = sum(row["breaches"] for row in attacked.tally.rows.values())
@@ -530,26 +637,46 @@ def soak(args: argparse.Namespace, base: Path) -> dict:
         "calm_rounds_voided": calm.get("rounds_voided"),
         "wall_s": result["wall_s"],
         "notes": attacked.tally.notes[:20],
-        "ok": (breaches == 0 and attacked.divergent == 0 and attacked.nonfinite == 0
-               and result["identical_final_models"] and final is not None and math.isfinite(final)),
+        "ok": (
+            breaches == 0
+            and attacked.divergent == 0
+            and attacked.nonfinite == 0
+            and result["identical_final_models"]
+            and final is not None
+            and math.isfinite(final)
+        ),
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenario", choices=(*SCENARIOS, "all"), default="all",
-                        help="which scenario to run (default: all of them, one after the other)")
+    parser.add_argument(
+        "--scenario",
+        choices=(*SCENARIOS, "all"),
+        default="all",
+        help="which scenario to run (default: all of them, one after the other)",
+    )
     parser.add_argument("--peers", type=int, default=3, help="honest peers of each run")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--inner-steps", type=int, default=10)
     parser.add_argument("--attack-every-s", type=float, default=3.0, help="soak: the period of the attacks' tries")
-    parser.add_argument("--timeout-s", type=float, default=1500, help="each run's limit: a run still going then stalled")
+    parser.add_argument(
+        "--timeout-s", type=float, default=1500, help="each run's limit: a run still going then stalled"
+    )
     parser.add_argument("--skip-calm", action="store_true", help="soak: without the calm run")
-    parser.add_argument("--controller", choices=("off", "auto"), default="off",
-                        help="soak: [rounds] controller of both runs; share_grab needs auto (shares from uplinks)")
+    parser.add_argument(
+        "--controller",
+        choices=("off", "auto"),
+        default="off",
+        help="soak: [rounds] controller of both runs; share_grab needs auto (shares from uplinks)",
+    )
     parser.add_argument("--tie-rounds", type=int, default=2, help="tie: rounds the attackers tie before they leave")
-    parser.add_argument("--liar-round-timeout-s", type=float, default=60.0,
-                        help="named_liar: [rounds] round_timeout_s (a round held for the liar would take this long)")
+    parser.add_argument(
+        "--liar-round-timeout-s",
+        type=float,
+        default=60.0,
+        help="named_liar: [rounds] round_timeout_s (a round held for the liar would take this long)",
+    )
     parser.add_argument("--workdir", help="keep logs here (default: a temporary directory)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -561,14 +688,18 @@ def main() -> int:
     chosen = SCENARIOS if args.scenario == "all" else (args.scenario,)
     results = {}
     for name in chosen:
-        results[name] = soak(args, base) if name == "soak" else \
-            importlib.import_module(f"attacks.{name}").run(args, base / name)
+        results[name] = (
+            soak(args, base) if name == "soak" else importlib.import_module(f"attacks.{name}").run(args, base / name)
+        )
         print(f"scenario {name}: {'ok' if results[name]['ok'] else 'NOT OK'}", file=sys.stderr, flush=True)
     if len(chosen) == 1:
         summary = results[chosen[0]]
     else:
-        summary = {"scenarios": results, "breaches": sum(breach_count(r) for r in results.values()),
-                   "ok": all(r["ok"] for r in results.values())}
+        summary = {
+            "scenarios": results,
+            "breaches": sum(breach_count(r) for r in results.values()),
+            "ok": all(r["ok"] for r in results.values()),
+        }
     summary["workdir"] = str(base)
     print(json.dumps(summary) if args.json else json.dumps(summary, indent=1), flush=True)
     return 0 if summary["ok"] else 1

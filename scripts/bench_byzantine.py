@@ -84,12 +84,14 @@ def run_config(grid: Grid, workers: int, aggregation: str, seed: int, exchange: 
     return RunConfig(
         seed=seed,
         model=ModelConfig(preset="bench"),
-        data=DataConfig(max_bytes=2_000_000, num_shards=max(8, workers), batch_size=8, seq_len=64,
-                        eval_batches=grid.eval_batches),
+        data=DataConfig(
+            max_bytes=2_000_000, num_shards=max(8, workers), batch_size=8, seq_len=64, eval_batches=grid.eval_batches
+        ),
         inner=InnerOptConfig(warmup_steps=5),
         # One evaluation, at the end: simulate() evaluates the last round.
-        rounds=RoundConfig(inner_steps=grid.inner_steps, eval_every_rounds=10**9, aggregation=aggregation,
-                           exchange=exchange),
+        rounds=RoundConfig(
+            inner_steps=grid.inner_steps, eval_every_rounds=10**9, aggregation=aggregation, exchange=exchange
+        ),
     ).validate()
 
 
@@ -112,8 +114,9 @@ class Attacker:
         if self.attack == "inflated_weight":
             return dataclasses.replace(contribution, delta=-delta, samples=10**30)
         if self.attack == "noise":
-            direction = torch.randn(delta.numel(), generator=torch.Generator().manual_seed(
-                self.seed * 1_000_003 + round_no * 101 + index))
+            direction = torch.randn(
+                delta.numel(), generator=torch.Generator().manual_seed(self.seed * 1_000_003 + round_no * 101 + index)
+            )
         elif self.attack == "constant":
             direction = torch.randn(delta.numel(), generator=torch.Generator().manual_seed(self.seed + 7))
         else:
@@ -126,11 +129,21 @@ def run_job(grid: Grid, job: Job, seed: int) -> dict:
     started = time.perf_counter()
     run = run_config(grid, job.workers, job.aggregation, seed, job.exchange)
     tamper = None if job.attackers == 0 else Attacker(job.attack, job.workers - job.attackers, seed)
-    row = {"workers": job.workers, "attackers": job.attackers, "attack": job.attack, "aggregation": job.aggregation,
-           "exchange": job.exchange}
+    row = {
+        "workers": job.workers,
+        "attackers": job.attackers,
+        "attack": job.attack,
+        "aggregation": job.aggregation,
+        "exchange": job.exchange,
+    }
     try:
-        result = simulate(run, peers=job.workers, rounds=grid.rounds, tamper=tamper,
-                          owner_tamper=tamper.owned if tamper is not None else None)
+        result = simulate(
+            run,
+            peers=job.workers,
+            rounds=grid.rounds,
+            tamper=tamper,
+            owner_tamper=tamper.owned if tamper is not None else None,
+        )
         loss = result.final_eval_loss
         row["eval_loss"] = loss if math.isfinite(loss) else None
         row["note"] = "" if result.consistent else "peers disagree"
@@ -170,16 +183,26 @@ def run_all(grid: Grid, jobs: list[Job], seed: int, parallel: int) -> list[dict]
         rows = []
         for job, future in zip(jobs, futures):
             row = future.result()
-            log.warning("%d workers, %d x %s, %s, exchange %s: eval loss %s (%.0f s)", job.workers, job.attackers,
-                        job.attack, job.aggregation, job.exchange,
-                        "-" if row["eval_loss"] is None else f"{row['eval_loss']:.4f}", row["wall_s"])
+            log.warning(
+                "%d workers, %d x %s, %s, exchange %s: eval loss %s (%.0f s)",
+                job.workers,
+                job.attackers,
+                job.attack,
+                job.aggregation,
+                job.exchange,
+                "-" if row["eval_loss"] is None else f"{row['eval_loss']:.4f}",
+                row["wall_s"],
+            )
             rows.append(row)
     honest = {r["workers"]: r["eval_loss"] for r in rows if r["attackers"] == 0 and r["aggregation"] == "mean"}
     same = {(r["workers"], r["exchange"]): r.get("params") for r in rows if r["attackers"] == 0 and "params" in r}
     honest_same = {(r["workers"], r["exchange"]): r["eval_loss"] for r in rows if r["attackers"] == 0}
     for row in rows:
-        row["honest_eval_loss"] = honest.get(row["workers"]) if row["exchange"] == "auto" \
+        row["honest_eval_loss"] = (
+            honest.get(row["workers"])
+            if row["exchange"] == "auto"
             else honest_same.get((row["workers"], row["exchange"]))
+        )
         reference = same.get((row["workers"], row["exchange"]))
         if row.get("params") is not None and reference is not None:
             row["max_shift"] = float((row["params"] - reference).abs().max())
@@ -196,44 +219,84 @@ def targets(rows: list[dict]) -> list[tuple[str, Optional[bool], str]]:
     for r in rows:
         if r["attack"] == "slice_owner" and r["exchange"] == "all_gather":
             shift = r.get("max_shift")
-            out.append((f"slice_owner, {r['attackers']} of {r['workers']}, all_gather: θg the honest run's",
-                        None if shift is None else shift == 0.0, "-" if shift is None else f"max shift {shift:.3g}"))
+            out.append(
+                (
+                    f"slice_owner, {r['attackers']} of {r['workers']}, all_gather: θg the honest run's",
+                    None if shift is None else shift == 0.0,
+                    "-" if shift is None else f"max shift {shift:.3g}",
+                )
+            )
     for workers in sorted({r["workers"] for r in rows if r["exchange"] == "all_gather"}):
-        loss = {r["exchange"]: r["eval_loss"] for r in rows if r["workers"] == workers and r["attackers"] == 0
-                and r["exchange"] != "auto"}
+        loss = {
+            r["exchange"]: r["eval_loss"]
+            for r in rows
+            if r["workers"] == workers and r["attackers"] == 0 and r["exchange"] != "auto"
+        }
         gap = _gap(loss.get("all_gather"), loss.get("butterfly"))
-        out.append((f"honest {workers} workers: all_gather within 0.5% of butterfly ({SLICE_OWNER_RULE})",
-                    None if gap is None else gap <= 0.005, "-" if gap is None else f"{gap:+.2%}"))
-    attacked = [r for r in rows if r["workers"] == 4 and r["attackers"] == 1 and r["aggregation"] == "clipped_mean"
-                and r["exchange"] == "auto"]
+        out.append(
+            (
+                f"honest {workers} workers: all_gather within 0.5% of butterfly ({SLICE_OWNER_RULE})",
+                None if gap is None else gap <= 0.005,
+                "-" if gap is None else f"{gap:+.2%}",
+            )
+        )
+    attacked = [
+        r
+        for r in rows
+        if r["workers"] == 4 and r["attackers"] == 1 and r["aggregation"] == "clipped_mean" and r["exchange"] == "auto"
+    ]
     for r in attacked:
         gap = _gap(r["eval_loss"], r["honest_eval_loss"])
-        out.append((f"clipped_mean, 1 of 4 {r['attack']}: within 5% of honest", None if gap is None else gap <= 0.05,
-                    "diverged" if gap is None else f"{gap:+.2%}"))
+        out.append(
+            (
+                f"clipped_mean, 1 of 4 {r['attack']}: within 5% of honest",
+                None if gap is None else gap <= 0.05,
+                "diverged" if gap is None else f"{gap:+.2%}",
+            )
+        )
     for workers in sorted({r["workers"] for r in rows if r["exchange"] == "auto"}):
-        clipped = next((r for r in rows if r["workers"] == workers and r["attackers"] == 0
-                        and r["aggregation"] == "clipped_mean" and r["exchange"] == "auto"), None)
+        clipped = next(
+            (
+                r
+                for r in rows
+                if r["workers"] == workers
+                and r["attackers"] == 0
+                and r["aggregation"] == "clipped_mean"
+                and r["exchange"] == "auto"
+            ),
+            None,
+        )
         gap = _gap(clipped["eval_loss"], clipped["honest_eval_loss"]) if clipped else None
-        out.append((f"honest {workers} workers: clipped_mean within 0.5% of mean", None if gap is None else abs(gap) <= 0.005,
-                    "-" if gap is None else f"{gap:+.2%}"))
+        out.append(
+            (
+                f"honest {workers} workers: clipped_mean within 0.5% of mean",
+                None if gap is None else abs(gap) <= 0.005,
+                "-" if gap is None else f"{gap:+.2%}",
+            )
+        )
     return out
 
 
 def print_table(rows: list[dict], goals: list[tuple[str, Optional[bool], str]], out) -> None:
-    out.write(f"{'workers':>7} {'attackers':>9} {'attack':<16} {'aggregation':<13} {'exchange':<10} {'eval loss':>9}"
-              f" {'vs honest':>9} {'max shift':>9}\n")
+    out.write(
+        f"{'workers':>7} {'attackers':>9} {'attack':<16} {'aggregation':<13} {'exchange':<10} {'eval loss':>9}"
+        f" {'vs honest':>9} {'max shift':>9}\n"
+    )
     for r in rows:
         gap = _gap(r["eval_loss"], r["honest_eval_loss"])
         shift = r.get("max_shift")
-        out.write(f"{r['workers']:>7} {r['attackers']:>9} {r['attack']:<16} {r['aggregation']:<13} {r['exchange']:<10} "
-                  f"{'-' if r['eval_loss'] is None else format(r['eval_loss'], '.4f'):>9} "
-                  f"{'-' if gap is None else format(gap, '+.2%'):>9} {'-' if shift is None else format(shift, '.3g'):>9}\n")
+        out.write(
+            f"{r['workers']:>7} {r['attackers']:>9} {r['attack']:<16} {r['aggregation']:<13} {r['exchange']:<10} "
+            f"{'-' if r['eval_loss'] is None else format(r['eval_loss'], '.4f'):>9} "
+            f"{'-' if gap is None else format(gap, '+.2%'):>9} {'-' if shift is None else format(shift, '.3g'):>9}\n"
+        )
     for name, met, measured in goals:
         out.write(f"{ {True: 'yes', False: 'NO', None: 'n/a'}[met]:>3}  {name}: {measured}\n")
 
 
-def byte_rows(numel: int, codecs: Sequence[str] = ("fp32", "int8", "int4"),
-              group_sizes: Sequence[int] = (4, 8)) -> list[dict]:
+def byte_rows(
+    numel: int, codecs: Sequence[str] = ("fp32", "int8", "int4"), group_sizes: Sequence[int] = (4, 8)
+) -> list[dict]:
     """Payload bytes each member sends per round (one exchange of ``numel`` elements), butterfly against all-gather:
     the counts the simulator records, which the real exchange's tests match within 1%."""
     rows = []
@@ -241,30 +304,52 @@ def byte_rows(numel: int, codecs: Sequence[str] = ("fp32", "int8", "int4"),
         for k in group_sizes:
             butterfly = sum(butterfly_bytes_sent(numel, k, codec)) / k
             gather = sum(sum(pair) for pair in gather_bytes_by_site(numel, [""] * k, codec)) / k
-            rows.append({"codec": codec, "workers": k, "numel": numel, "encoded_bytes": get_codec(codec).encoded_size(numel),
-                         "butterfly_bytes": round(butterfly), "all_gather_bytes": round(gather),
-                         "ratio": round(gather / butterfly, 3)})
+            rows.append(
+                {
+                    "codec": codec,
+                    "workers": k,
+                    "numel": numel,
+                    "encoded_bytes": get_codec(codec).encoded_size(numel),
+                    "butterfly_bytes": round(butterfly),
+                    "all_gather_bytes": round(gather),
+                    "ratio": round(gather / butterfly, 3),
+                }
+            )
     return rows
 
 
 def print_bytes(rows: list[dict], out) -> None:
-    out.write(f"{'codec':<6} {'workers':>7} {'encoded MB':>10} {'butterfly MB':>12} {'all-gather MB':>13} {'ratio':>6}\n")
+    out.write(
+        f"{'codec':<6} {'workers':>7} {'encoded MB':>10} {'butterfly MB':>12} {'all-gather MB':>13} {'ratio':>6}\n"
+    )
     for r in rows:
-        out.write(f"{r['codec']:<6} {r['workers']:>7} {r['encoded_bytes'] / 1e6:>10.2f} {r['butterfly_bytes'] / 1e6:>12.2f} "
-                  f"{r['all_gather_bytes'] / 1e6:>13.2f} {r['ratio']:>6.2f}\n")
+        out.write(
+            f"{r['codec']:<6} {r['workers']:>7} {r['encoded_bytes'] / 1e6:>10.2f} {r['butterfly_bytes'] / 1e6:>12.2f} "
+            f"{r['all_gather_bytes'] / 1e6:>13.2f} {r['ratio']:>6.2f}\n"
+        )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("--quick", action="store_true", help="4 workers, 1 attacker, few steps: a smoke run")
     parser.add_argument("--jobs", type=int, default=2, help="rows run at once, one process each (default 2)")
     parser.add_argument("--seed", type=int, default=0, help="run seed: initial weights, data order, attack noise")
-    parser.add_argument("--slice-owner", action="store_true",
-                        help="only the malicious slice owner's rows (butterfly against all-gather)")
-    parser.add_argument("--bytes", type=int, nargs="?", const=100_000_000, metavar="PARAMS",
-                        help="print the bytes per member and round of both exchanges for a model of PARAMS parameters"
-                             " (default 100,000,000) and exit")
+    parser.add_argument(
+        "--slice-owner",
+        action="store_true",
+        help="only the malicious slice owner's rows (butterfly against all-gather)",
+    )
+    parser.add_argument(
+        "--bytes",
+        type=int,
+        nargs="?",
+        const=100_000_000,
+        metavar="PARAMS",
+        help="print the bytes per member and round of both exchanges for a model of PARAMS parameters"
+        " (default 100,000,000) and exit",
+    )
     parser.add_argument("--json", action="store_true", help="last stdout line: the rows as JSON")
     args = parser.parse_args(argv)
     if args.jobs < 1:

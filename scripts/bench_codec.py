@@ -47,7 +47,10 @@ def host_row(name: str, values: torch.Tensor, members: int, repeats: int) -> dic
     codec, numel = CODECS[name], values.numel()
     stripes = stripe_count(codec, numel, members)
     bounds = butterfly_bounds(numel, members, codec.block, stripes)
-    results, scratch = ResultVectors(), ResultVectors(keep=2 * members + 2)  # as swarm.net.exchange.allreduce.Exchange's
+    results, scratch = (
+        ResultVectors(),
+        ResultVectors(keep=2 * members + 2),
+    )  # as swarm.net.exchange.allreduce.Exchange's
     weights = [float(i + 1) for i in range(members)]
     steps = dict.fromkeys(["check", "encode", "decode", "reduce", "decode_result"], 0.0)
     averaged = [encode_slice(codec, values[s:e], "bench") for s, e in bounds]  # what the owners send back
@@ -58,7 +61,9 @@ def host_row(name: str, values: torch.Tensor, members: int, repeats: int) -> dic
         spent["check"] += time.perf_counter() - start
         for stripe in range(stripes):
             start = time.perf_counter()
-            encoded = [encode_slice(codec, values[s:e], "bench") for s, e in bounds[stripe * members:(stripe + 1) * members]]
+            encoded = [
+                encode_slice(codec, values[s:e], "bench") for s, e in bounds[stripe * members : (stripe + 1) * members]
+            ]
             spent["encode"] += time.perf_counter() - start
             s, e = bounds[stripe * members]
             start = time.perf_counter()
@@ -80,8 +85,14 @@ def host_row(name: str, values: torch.Tensor, members: int, repeats: int) -> dic
         if repeat >= 2:
             steps = {k: steps[k] + spent[k] for k in steps}
     ms = {f"{k}_ms": round(v / repeats * 1e3, 1) for k, v in steps.items()}
-    return {"codec": name, "numel": numel, "members": members, "stripes": stripes, **ms,
-            "host_ms": round(sum(steps.values()) / repeats * 1e3, 1)}
+    return {
+        "codec": name,
+        "numel": numel,
+        "members": members,
+        "stripes": stripes,
+        **ms,
+        "host_ms": round(sum(steps.values()) / repeats * 1e3, 1),
+    }
 
 
 def main() -> int:
@@ -89,8 +100,13 @@ def main() -> int:
     parser.add_argument("--numel", type=int, default=4_000_000)
     parser.add_argument("--codecs", nargs="+", default=DENSE)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--host", type=int, default=0, metavar="K",
-                        help="one member of a K-member butterfly all-reduce instead: its CPU outside the network")
+    parser.add_argument(
+        "--host",
+        type=int,
+        default=0,
+        metavar="K",
+        help="one member of a K-member butterfly all-reduce instead: its CPU outside the network",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -105,12 +121,20 @@ def main() -> int:
         data = codec.encode(values)
         encode_s = best_of(lambda: codec.encode(values), args.repeats)
         decode_s = best_of(lambda: codec.decode(data, args.numel), args.repeats)
-        row = {"codec": name, "numel": args.numel, "encoded_bytes": len(data), "encode_s": round(encode_s, 5),
-               "decode_s": round(decode_s, 5), "encode_ns_per_byte": round(encode_s / (4 * args.numel) * 1e9, 3),
-               "decode_ns_per_byte": round(decode_s / (4 * args.numel) * 1e9, 3)}
+        row = {
+            "codec": name,
+            "numel": args.numel,
+            "encoded_bytes": len(data),
+            "encode_s": round(encode_s, 5),
+            "decode_s": round(decode_s, 5),
+            "encode_ns_per_byte": round(encode_s / (4 * args.numel) * 1e9, 3),
+            "decode_ns_per_byte": round(decode_s / (4 * args.numel) * 1e9, 3),
+        }
         rows.append(row)
-        print(f"{name:5s} encode {row['encode_ns_per_byte']:7.3f} ns/B  decode {row['decode_ns_per_byte']:7.3f} ns/B",
-              file=sys.stderr)
+        print(
+            f"{name:5s} encode {row['encode_ns_per_byte']:7.3f} ns/B  decode {row['decode_ns_per_byte']:7.3f} ns/B",
+            file=sys.stderr,
+        )
     print(json.dumps(rows) if args.json else json.dumps(rows, indent=1))
     return 0
 

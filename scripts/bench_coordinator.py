@@ -71,6 +71,7 @@ MAX_GROUP = commit_rule.NAMED_GROUP_MAX  # peer ids a report names; a larger gro
 
 # --- the coordinator, in a child process --------------------------------------------------------------
 
+
 def serve(state_dir: Path) -> None:
     """Child process: run a coordinator until stdin closes; print its join string first."""
     from coordinator.api.rate_limit import JoinLimits, Rate
@@ -79,10 +80,12 @@ def serve(state_dir: Path) -> None:
 
     logging.basicConfig(level=logging.WARNING)
     many = Rate(per_s=UNLIMITED, burst=UNLIMITED)  # all the simulated peers join from this one address
-    server = CoordinatorServer(run=RunConfig(rounds=RoundConfig(min_peers=1)), state_dir=state_dir,
-                               heartbeat_interval_s=1.0,
-                               join_limits=JoinLimits(challenges_per_address=many, joins_per_address=many,
-                                                      joins_per_token=many))
+    server = CoordinatorServer(
+        run=RunConfig(rounds=RoundConfig(min_peers=1)),
+        state_dir=state_dir,
+        heartbeat_interval_s=1.0,
+        join_limits=JoinLimits(challenges_per_address=many, joins_per_address=many, joins_per_token=many),
+    )
     print(f"join: {server.start()}", flush=True)
     try:
         sys.stdin.read()
@@ -91,6 +94,7 @@ def serve(state_dir: Path) -> None:
 
 
 # --- the per-call client -------------------------------------------------------------------------------
+
 
 def libp2p_pool(size: int, directory: Path) -> list[Any]:
     """``size`` libp2p identities for the simulated peers to share (each takes an RSA key generation)."""
@@ -104,16 +108,20 @@ def aio_channel(join: JoinString) -> grpc.aio.Channel:
     if tls.fingerprint(cert_pem) != join.fingerprint:
         raise SystemExit("the coordinator presented a certificate the join string does not pin")
     credentials = grpc.ssl_channel_credentials(root_certificates=cert_pem)
-    return grpc.aio.secure_channel(join.address, credentials,
-                                   options=[("grpc.ssl_target_name_override", tls.SERVER_NAME),
-                                            ("grpc.use_local_subchannel_pool", 1)])  # a connection of its own
+    return grpc.aio.secure_channel(
+        join.address,
+        credentials,
+        options=[("grpc.ssl_target_name_override", tls.SERVER_NAME), ("grpc.use_local_subchannel_pool", 1)],
+    )  # a connection of its own
 
 
 # --- the load ------------------------------------------------------------------------------------------
 
+
 class Load:
-    def __init__(self, stubs: list[pb_grpc.CoordinatorStub], join: JoinString, libp2p: list[Any], *, rounds: bool,
-                 train_s: float) -> None:
+    def __init__(
+        self, stubs: list[pb_grpc.CoordinatorStub], join: JoinString, libp2p: list[Any], *, rounds: bool, train_s: float
+    ) -> None:
         self.stubs, self.join, self.libp2p, self.rounds, self.train_s = stubs, join, libp2p, rounds, train_s
         self.latencies_ms: list[float] = []
         self.sign_ms: list[float] = []  # the client's signing of each measured call, included in its latency
@@ -128,8 +136,9 @@ class Load:
         self.posted: dict[int, list[str]] = {}  # round -> the peers that saw themselves planned, in that order
         self.groups: dict[int, tuple[list[str], frozenset[str]]] = {}  # round -> the group its reports name
 
-    async def timed(self, method: str, request: Any, signer: Optional[signing.CallSigner] = None, *,
-                    peer: int = 0) -> Any:
+    async def timed(
+        self, method: str, request: Any, signer: Optional[signing.CallSigner] = None, *, peer: int = 0
+    ) -> Any:
         """One RPC of simulated peer ``peer`` (on its connection), signed by ``signer`` when given, timed from
         before the signing to the response."""
         started = time.perf_counter()
@@ -160,8 +169,9 @@ class Load:
             if challenge is None:
                 await asyncio.sleep(0.1)  # refused (the coordinator is busy): ask again in a moment
                 continue
-            request = signing.signed_join(token=self.join.token, nonce=challenge.nonce, key=key, libp2p=libp2p,
-                                          name=f"bench-{index}")
+            request = signing.signed_join(
+                token=self.join.token, nonce=challenge.nonce, key=key, libp2p=libp2p, name=f"bench-{index}"
+            )
             response = await self.timed("Join", request, peer=index)
             if response is not None:
                 return response, signing.CallSigner(key, response.session)
@@ -197,22 +207,39 @@ class Load:
                 group = self.group(reported)
                 ok = peer_id in group[1]
                 named = len(group[0]) <= MAX_GROUP
-                await self.timed("ReportRound", pb.ReportRoundRequest(
-                    peer_id=peer_id, round=reported, ok=ok, state_hash=f"h{reported}" if ok else "",
-                    error="" if ok else "the group averaged without this peer",
-                    group=group[0] if ok and named else [], group_digest=group_id(group[0]) if ok and not named else "",
-                    group_size=len(group[0]) if ok and not named else 0, inner_steps=10, samples=10, loss=2.0), signer,
-                    peer=index)
+                await self.timed(
+                    "ReportRound",
+                    pb.ReportRoundRequest(
+                        peer_id=peer_id,
+                        round=reported,
+                        ok=ok,
+                        state_hash=f"h{reported}" if ok else "",
+                        error="" if ok else "the group averaged without this peer",
+                        group=group[0] if ok and named else [],
+                        group_digest=group_id(group[0]) if ok and not named else "",
+                        group_size=len(group[0]) if ok and not named else 0,
+                        inner_steps=10,
+                        samples=10,
+                        loss=2.0,
+                    ),
+                    signer,
+                    peer=index,
+                )
                 self.reports += 1
                 next_poll = loop.time() + poll_s  # then it waits for the decision
                 continue
             info, polled = None, False
             if now >= next_beat:
-                metrics = pb.PeerMetrics(state=pb.PEER_STATE_READY if self.rounds else pb.PEER_STATE_JOINING,
-                                         state_round=state_round, state_hash=state_hash, param_count=1000,
-                                         dht_peer_id=libp2p_id)
-                beat = await self.timed("Heartbeat", pb.HeartbeatRequest(peer_id=peer_id, metrics=metrics), signer,
-                                        peer=index)
+                metrics = pb.PeerMetrics(
+                    state=pb.PEER_STATE_READY if self.rounds else pb.PEER_STATE_JOINING,
+                    state_round=state_round,
+                    state_hash=state_hash,
+                    param_count=1000,
+                    dht_peer_id=libp2p_id,
+                )
+                beat = await self.timed(
+                    "Heartbeat", pb.HeartbeatRequest(peer_id=peer_id, metrics=metrics), signer, peer=index
+                )
                 if beat is not None:
                     info = beat.round
                     if beat.heartbeat_interval_s > 0:
@@ -231,8 +258,12 @@ class Load:
                 state_round, state_hash = info.last_committed_round, info.last_committed_hash
             if not polled:
                 continue  # a heartbeat's answer names only this peer of the participants: the group comes from a poll
-            if info.open_round > reported and info.round == info.open_round and peer_id in info.participants \
-                    and training is None:
+            if (
+                info.open_round > reported
+                and info.round == info.open_round
+                and peer_id in info.participants
+                and training is None
+            ):
                 training = info.open_round, loop.time() + self.train_s
                 self.posted.setdefault(info.open_round, []).append(peer_id)  # its group entry, as it were
 
@@ -249,8 +280,16 @@ class Load:
             await asyncio.sleep(1.0)
 
 
-async def run_load(join: JoinString, *, peers: int, seconds: float, rounds: bool, train_s: float,
-                   child: psutil.Process, libp2p: list[Any]) -> dict:
+async def run_load(
+    join: JoinString,
+    *,
+    peers: int,
+    seconds: float,
+    rounds: bool,
+    train_s: float,
+    child: psutil.Process,
+    libp2p: list[Any],
+) -> dict:
     gc.collect()
     gc.freeze()  # the imports' objects (torch, hivemind) out of the collector's full passes: not the coordinator's time
     channels = [aio_channel(join) for _ in range(max(1, math.ceil(peers / PEERS_PER_CONNECTION)))]
@@ -279,31 +318,43 @@ async def run_load(join: JoinString, *, peers: int, seconds: float, rounds: bool
     load_cpu_s = sum(me.cpu_times()[:2]) - load_cpu_before
     load.stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
-    final = (await load.stubs[0].GetStatus(pb.GetStatusRequest(token=join.token, page_size=1),
-                                       timeout=REQUEST_TIMEOUT_S)).run
+    final = (
+        await load.stubs[0].GetStatus(pb.GetStatusRequest(token=join.token, page_size=1), timeout=REQUEST_TIMEOUT_S)
+    ).run
     for channel in channels:
         await channel.close()
     latencies, sign_ms = sorted(load.latencies_ms), sorted(load.sign_ms)
     return {
-        "peers": peers, "seconds": seconds, "rounds": rounds, "rpcs": len(latencies),
+        "peers": peers,
+        "seconds": seconds,
+        "rounds": rounds,
+        "rpcs": len(latencies),
         "calls_per_s": round(len(latencies) / seconds, 1),
         "heartbeat_interval_s": round(statistics.median(load.intervals_s), 2) if load.intervals_s else None,
         "heartbeat_interval_max_s": round(max(load.intervals_s), 2) if load.intervals_s else None,
         "poll_interval_s": round(load.poll_s, 2),
-        "rpc_p50_ms": round(_percentile(latencies, 50), 2), "rpc_p99_ms": round(_percentile(latencies, 99), 2),
+        "rpc_p50_ms": round(_percentile(latencies, 50), 2),
+        "rpc_p99_ms": round(_percentile(latencies, 99), 2),
         "rpc_max_ms": round(latencies[-1], 2) if latencies else 0.0,
         "p50_ms_by_method": {m: round(_percentile(sorted(v), 50), 2) for m, v in load.by_method.items()},
         "p99_ms_by_method": {m: round(_percentile(sorted(v), 99), 2) for m, v in load.by_method.items()},
         "calls_by_method": {m: len(v) for m, v in load.by_method.items()},
-        "errors": sum(load.errors.values()), "error_kinds": load.errors, "evictions": len(load.evicted),
+        "errors": sum(load.errors.values()),
+        "error_kinds": load.errors,
+        "evictions": len(load.evicted),
         "coordinator_cpu_s": round(cpu_s, 2),
         "coordinator_cpu_ms_per_peer_s": round(1000 * cpu_s / (peers * seconds), 4),
         "coordinator_cores": round(cpu_s / seconds, 3),
         "coordinator_cpu_ms_per_rpc": round(1000 * cpu_s / max(1, len(latencies)), 3),
-        "load_generator_cpu_s": round(load_cpu_s, 2), "join_s": round(join_s, 2), "reports": load.reports,
-        "rounds_committed": final.rounds_committed, "rounds_voided": final.rounds_voided,
-        "client_sign_ms_p50": round(_percentile(sign_ms, 50), 3), "libp2p_identities": len(libp2p),
-        "loadavg_1m_before": round(loadavg_before, 2), "loadavg_1m": round(os.getloadavg()[0], 2),
+        "load_generator_cpu_s": round(load_cpu_s, 2),
+        "join_s": round(join_s, 2),
+        "reports": load.reports,
+        "rounds_committed": final.rounds_committed,
+        "rounds_voided": final.rounds_voided,
+        "client_sign_ms_p50": round(_percentile(sign_ms, 50), 3),
+        "libp2p_identities": len(libp2p),
+        "loadavg_1m_before": round(loadavg_before, 2),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),
     }
 
@@ -318,30 +369,57 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=int, default=500, help="simulated peers")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long to measure once all joined")
-    parser.add_argument("--rounds", action="store_true",
-                        help="peers are ready and report every round they are planned into (default: they stay joining)")
-    parser.add_argument("--train-s", type=float, default=5.0,
-                        help="with --rounds: how long a peer 'trains' after it sees itself planned, before it reports")
-    parser.add_argument("--libp2p-identities", type=int, default=4,
-                        help="libp2p identities the simulated peers share (each is an RSA key to generate)")
+    parser.add_argument(
+        "--rounds",
+        action="store_true",
+        help="peers are ready and report every round they are planned into (default: they stay joining)",
+    )
+    parser.add_argument(
+        "--train-s",
+        type=float,
+        default=5.0,
+        help="with --rounds: how long a peer 'trains' after it sees itself planned, before it reports",
+    )
+    parser.add_argument(
+        "--libp2p-identities",
+        type=int,
+        default=4,
+        help="libp2p identities the simulated peers share (each is an RSA key to generate)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line last")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the child process's mode
     args = parser.parse_args()
     if args.serve is not None:
         serve(args.serve)
         return
-    with tempfile.TemporaryDirectory(prefix="bench-coordinator-") as state_dir, \
-            tempfile.TemporaryDirectory(prefix="bench-p2p-") as p2p_dir:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-coordinator-") as state_dir,
+        tempfile.TemporaryDirectory(prefix="bench-p2p-") as p2p_dir,
+    ):
         libp2p = libp2p_pool(args.libp2p_identities, Path(p2p_dir))
-        child = subprocess.Popen([sys.executable, __file__, "--serve", state_dir], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--serve", state_dir],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
         try:
             line = child.stdout.readline()
             if not line.startswith("join: "):
                 raise SystemExit(f"the coordinator did not start (it printed {line!r})")
             join = JoinString.parse(line.removeprefix("join: "))
-            result = asyncio.run(run_load(join, peers=args.peers, seconds=args.seconds, rounds=args.rounds,
-                                          train_s=args.train_s, child=psutil.Process(child.pid), libp2p=libp2p))
+            result = asyncio.run(
+                run_load(
+                    join,
+                    peers=args.peers,
+                    seconds=args.seconds,
+                    rounds=args.rounds,
+                    train_s=args.train_s,
+                    child=psutil.Process(child.pid),
+                    libp2p=libp2p,
+                )
+            )
         finally:
             child.stdin.close()
             try:

@@ -35,8 +35,15 @@ from swarm.app.history import history_from_state_dir  # noqa: E402
 from swarm.v1 import coordinator_pb2 as pb  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
-BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+BROWSER_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 RUN_TOML = """
 [model]
 preset = "tiny"
@@ -53,8 +60,14 @@ round_timeout_s = 30.0
 
 def spawn(args: list[str], log: Path, stdout=None) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "swarm.app.cli", *args], stdout=stdout or open(log, "ab"),
-                            stderr=open(log, "ab"), env=env, cwd=ROOT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "swarm.app.cli", *args],
+        stdout=stdout or open(log, "ab"),
+        stderr=open(log, "ab"),
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
 
 
 def read_line(proc: subprocess.Popen, prefix: str, timeout_s: float = 120) -> str:
@@ -62,7 +75,7 @@ def read_line(proc: subprocess.Popen, prefix: str, timeout_s: float = 120) -> st
     while time.monotonic() < deadline:
         line = proc.stdout.readline().decode()
         if line.startswith(prefix):
-            return line[len(prefix):].strip()
+            return line[len(prefix) :].strip()
         if not line and proc.poll() is not None:
             break
     raise RuntimeError(f"the coordinator printed no {prefix!r} line; see its log")
@@ -110,8 +123,9 @@ class Browser(threading.Thread):
 
         try:
             with sync_playwright() as p:
-                browser = p.chromium.launch_persistent_context(str(self.profile), executable_path=CHROMIUM,
-                                                               headless=True, args=BROWSER_FLAGS)
+                browser = p.chromium.launch_persistent_context(
+                    str(self.profile), executable_path=CHROMIUM, headless=True, args=BROWSER_FLAGS
+                )
                 try:
                     page = browser.new_page()
                     page.goto(self.url, wait_until="load", timeout=60_000)
@@ -130,8 +144,20 @@ def run_once(workdir: Path, *, watched: bool, rounds: int, inner_steps: int) -> 
     config = workdir / "run.toml"
     config.write_text(RUN_TOML.format(rounds=rounds, inner_steps=inner_steps))
     http = ["--http-port", "0"] if watched else []
-    coordinator = spawn(["coordinator", "--state-dir", str(workdir / "coordinator"), "--config", str(config),
-                         "--exit-grace-s", "1", *http], workdir / "coordinator.log", stdout=subprocess.PIPE)
+    coordinator = spawn(
+        [
+            "coordinator",
+            "--state-dir",
+            str(workdir / "coordinator"),
+            "--config",
+            str(config),
+            "--exit-grace-s",
+            "1",
+            *http,
+        ],
+        workdir / "coordinator.log",
+        stdout=subprocess.PIPE,
+    )
     stop, observers, peers = threading.Event(), [], []
     try:
         join = read_line(coordinator, "join: ")
@@ -142,8 +168,23 @@ def run_once(workdir: Path, *, watched: bool, rounds: int, inner_steps: int) -> 
             browser.loaded.wait(120)
         for name in ("a", "b"):
             metrics = ["--metrics-port", "0"] if watched else []
-            peers.append(spawn(["peer", "--join", join, "--state-dir", str(workdir / name), "--threads", "1",
-                                "--name", name, *metrics], workdir / f"{name}.log"))
+            peers.append(
+                spawn(
+                    [
+                        "peer",
+                        "--join",
+                        join,
+                        "--state-dir",
+                        str(workdir / name),
+                        "--threads",
+                        "1",
+                        "--name",
+                        name,
+                        *metrics,
+                    ],
+                    workdir / f"{name}.log",
+                )
+            )
         if watched:
             urls = [browser.url + "metrics"] + [peer_metrics_url(workdir / f"{n}.log") for n in ("a", "b")]
             observers.append(Scraper(urls, stop))
@@ -163,8 +204,12 @@ def run_once(workdir: Path, *, watched: bool, rounds: int, inner_steps: int) -> 
     history = history_from_state_dir(workdir / "coordinator")
     committed = [r for r in history.rounds if r.outcome == pb.ROUND_OUTCOME_COMMITTED]
     span_s = committed[-1].decided_at - committed[0].decided_at if len(committed) > 1 else float("nan")
-    result = {"watched": watched, "rounds_committed": len(committed), "peer_exit_codes": codes,
-              "rounds_per_s": round((len(committed) - 1) / span_s, 4) if span_s > 0 else None}
+    result = {
+        "watched": watched,
+        "rounds_committed": len(committed),
+        "peer_exit_codes": codes,
+        "rounds_per_s": round((len(committed) - 1) / span_s, 4) if span_s > 0 else None,
+    }
     if watched:
         browser, scraper = observers
         result |= {"browser_error": browser.error, "scrapes": scraper.scrapes, "scrape_failures": scraper.failures}

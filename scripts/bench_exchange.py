@@ -57,11 +57,22 @@ def run_members(transports) -> list[credential.Member]:
     members = []
     for t in transports:
         key = credential.PeerKey.generate()
-        signed = credential.issue(coordinator, credential.Credential(
-            run_id="bench", peer_id=key.peer_id, public_key=key.public_key, dht_peer_id=t.peer_id, role="peer",
-            token_id="bench", issued_at=now, expires_at=now + 86400))
-        members.append(credential.Member(key=key, credential=signed, coordinator_public_key=coordinator.public_key,
-                                         run_id="bench"))
+        signed = credential.issue(
+            coordinator,
+            credential.Credential(
+                run_id="bench",
+                peer_id=key.peer_id,
+                public_key=key.public_key,
+                dht_peer_id=t.peer_id,
+                role="peer",
+                token_id="bench",
+                issued_at=now,
+                expires_at=now + 86400,
+            ),
+        )
+        members.append(
+            credential.Member(key=key, credential=signed, coordinator_public_key=coordinator.public_key, run_id="bench")
+        )
     return members
 
 
@@ -74,9 +85,18 @@ def bench_swarm(transports, exchanges, vectors, codec: str, repeats: int, round0
         key = group_key("bench", round0 + rep)
 
         def one(i: int):
-            me = Member(peer_id=members[i].peer_id, dht_peer_id=transports[i].peer_id, index=i, weight=1.0,
-                        numel=vectors[i].numel(), codec=codec, bulk=exchanges[i].bulk_address)
-            group = rendezvous(transports[i].dht, key=key, me=me, member=members[i], planned=lambda: planned, window_s=30, ttl_s=120)
+            me = Member(
+                peer_id=members[i].peer_id,
+                dht_peer_id=transports[i].peer_id,
+                index=i,
+                weight=1.0,
+                numel=vectors[i].numel(),
+                codec=codec,
+                bulk=exchanges[i].bulk_address,
+            )
+            group = rendezvous(
+                transports[i].dht, key=key, me=me, member=members[i], planned=lambda: planned, window_s=30, ttl_s=120
+            )
             start = time.perf_counter()
             result = exchanges[i].average(key=key, group=group, me=me, delta=vectors[i], timeout_s=120)
             return time.perf_counter() - start, result
@@ -85,8 +105,11 @@ def bench_swarm(transports, exchanges, vectors, codec: str, repeats: int, round0
         times.append(max(t for t, _ in out))
         sent.append(statistics.mean(r.bytes_sent for _, r in out))
         identical &= all(torch.equal(r.average, out[0][1].average) for _, r in out)
-    return {"median_s": statistics.median(times), "bytes_sent_per_peer": int(statistics.mean(sent)),
-            "identical_across_peers": identical}
+    return {
+        "median_s": statistics.median(times),
+        "bytes_sent_per_peer": int(statistics.mean(sent)),
+        "identical_across_peers": identical,
+    }
 
 
 def bench_hivemind(transports, vectors, codec: str, repeats: int, prefix: str) -> dict:
@@ -95,13 +118,26 @@ def bench_hivemind(transports, vectors, codec: str, repeats: int, prefix: str) -
 
     compression = {"fp32": NoCompression(), "fp16": Float16Compression()}.get(codec)
     if compression is None:
-        note = ("hivemind's 8-bit codecs fail under numpy 2 (they average only the local part)" if codec == "int8"
-                else f"hivemind has no {codec} codec")
+        note = (
+            "hivemind's 8-bit codecs fail under numpy 2 (they average only the local part)"
+            if codec == "int8"
+            else f"hivemind has no {codec} codec"
+        )
         return {"median_s": None, "bytes_sent_per_peer": None, "identical_across_peers": None, "note": note}
     k = len(transports)
-    averagers = [DecentralizedAverager([vectors[i].clone()], transports[i].dht, prefix=prefix, start=True,
-                                       target_group_size=k, min_matchmaking_time=2.0, request_timeout=1.0,
-                                       compression=compression) for i in range(k)]
+    averagers = [
+        DecentralizedAverager(
+            [vectors[i].clone()],
+            transports[i].dht,
+            prefix=prefix,
+            start=True,
+            target_group_size=k,
+            min_matchmaking_time=2.0,
+            request_timeout=1.0,
+            compression=compression,
+        )
+        for i in range(k)
+    ]
     times, identical = [], True
     try:
         for _ in range(repeats):
@@ -128,8 +164,11 @@ def bench_hivemind(transports, vectors, codec: str, repeats: int, prefix: str) -
         for a in averagers:
             a.shutdown()
     payload = CODECS[codec].encoded_size(vectors[0].numel())
-    return {"median_s": statistics.median(times) if times else None,
-            "bytes_sent_per_peer": int(2 * (k - 1) / k * payload), "identical_across_peers": identical}
+    return {
+        "median_s": statistics.median(times) if times else None,
+        "bytes_sent_per_peer": int(2 * (k - 1) / k * payload),
+        "identical_across_peers": identical,
+    }
 
 
 def main() -> int:
@@ -156,9 +195,11 @@ def main() -> int:
                 hm_row = bench_hivemind(transports, vectors, codec, args.repeats, prefix=f"hm{numel}{codec}")
                 for impl, row in (("swarm", swarm_row), ("hivemind", hm_row)):
                     rows.append({"impl": impl, "peers": args.peers, "numel": numel, "codec": codec, **row})
-                    print(f"{impl:9s} K={args.peers} n={numel:>9,} {codec:5s} median {row['median_s']} s, "
-                          f"{row['bytes_sent_per_peer']} B/peer, identical={row['identical_across_peers']}",
-                          file=sys.stderr)
+                    print(
+                        f"{impl:9s} K={args.peers} n={numel:>9,} {codec:5s} median {row['median_s']} s, "
+                        f"{row['bytes_sent_per_peer']} B/peer, identical={row['identical_across_peers']}",
+                        file=sys.stderr,
+                    )
     finally:
         for t in transports:
             t.shutdown()

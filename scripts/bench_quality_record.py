@@ -53,16 +53,23 @@ def corpus_digest(data_cfg: Any) -> str:
 
 def environment(data_cfg: Any, threads: int, *, with_scripts: bool = True) -> dict[str, Any]:
     """What a row's bits depend on besides its settings: code, corpus, CPU kernels and threads."""
-    return {"code": code_digest(with_scripts=with_scripts), "corpus": corpus_digest(data_cfg),
-            "python": platform.python_version(),
-            "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "threads": threads}
+    return {
+        "code": code_digest(with_scripts=with_scripts),
+        "corpus": corpus_digest(data_cfg),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": threads,
+    }
 
 
 def bits_differ(recorded: dict[str, Any], here: dict[str, Any]) -> list[str]:
     """The environment keys (other than the code) that differ: rows cannot be compared bit for bit."""
-    return [f"{k} {recorded.get(k)!r} here {here.get(k)!r}" for k in ("corpus", "torch", "cpu_capability", "threads")
-            if recorded.get(k) != here.get(k)]
+    return [
+        f"{k} {recorded.get(k)!r} here {here.get(k)!r}"
+        for k in ("corpus", "torch", "cpu_capability", "threads")
+        if recorded.get(k) != here.get(k)
+    ]
 
 
 def load(path: Path = RECORD_PATH) -> dict[str, Any]:
@@ -85,8 +92,10 @@ def compare(documented: list[dict], measured: list[dict]) -> tuple[list[str], li
             unchecked.append(doc["label"] + ("" if row is None else f" ({row.get('note') or doc.get('note')})"))
             continue
         if row["eval_loss"] != doc["eval_loss"] or row["bytes_per_worker"] != doc["bytes_per_worker"]:
-            bad.append(f"{doc['label']}: eval loss {row['eval_loss']!r} (documented {doc['eval_loss']!r}), "
-                       f"bytes/worker {row['bytes_per_worker']:.0f} (documented {doc['bytes_per_worker']:.0f})")
+            bad.append(
+                f"{doc['label']}: eval loss {row['eval_loss']!r} (documented {doc['eval_loss']!r}), "
+                f"bytes/worker {row['bytes_per_worker']:.0f} (documented {doc['bytes_per_worker']:.0f})"
+            )
     return bad, unchecked
 
 
@@ -128,19 +137,35 @@ def render_table(record: dict[str, Any]) -> str:
     """The warm-start table in Markdown, from the recorded rows."""
     rows = record["rows"]
     ddp = next((r for r in rows if r["method"] == "ddp" and r["eval_loss"] is not None), None)
-    lines = ["| method | codec | H | F | τ | eval loss | vs DDP | bytes/worker | reduction vs DDP "
-             "| peak bytes/sync | CPU s | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | codec | H | F | τ | eval loss | vs DDP | bytes/worker | reduction vs DDP "
+        "| peak bytes/sync | CPU s | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         loss = r["eval_loss"]
         codec = r["codec"] + ("+EF" if r["error_feedback"] else "")
         gap = "—" if loss is None or ddp is None else f"{(loss - ddp['eval_loss']) / ddp['eval_loss']:+.2%}"
         reduction = "—" if r["reduction_vs_ddp"] is None else f"{r['reduction_vs_ddp']:,.0f}×"
         cpu = "—" if r.get("cpu_s") is None else f"{r['cpu_s']:.0f}"
-        lines.append(" | ".join([
-            f"| {r['method']}", codec, str(r["H"] or "—"), str(r["fragments"]), str(r["overlap"]),
-            "—" if loss is None else f"{loss:.4f}", gap, _bytes(r["bytes_per_worker"]), reduction,
-            _bytes(r["peak_bytes_per_sync"]), cpu, (r.get("note") or "") + " |"]))
+        lines.append(
+            " | ".join(
+                [
+                    f"| {r['method']}",
+                    codec,
+                    str(r["H"] or "—"),
+                    str(r["fragments"]),
+                    str(r["overlap"]),
+                    "—" if loss is None else f"{loss:.4f}",
+                    gap,
+                    _bytes(r["bytes_per_worker"]),
+                    reduction,
+                    _bytes(r["peak_bytes_per_sync"]),
+                    cpu,
+                    (r.get("note") or "") + " |",
+                ]
+            )
+        )
     return "\n".join(lines)
 
 
@@ -160,4 +185,4 @@ def docs_table(doc_path: Path = DOCS_PATH) -> Optional[str]:
     start, end = text.find(TABLE_BEGIN), text.find(TABLE_END)
     if start < 0 or end < start:
         return None
-    return text[start + len(TABLE_BEGIN): end].strip()
+    return text[start + len(TABLE_BEGIN) : end].strip()

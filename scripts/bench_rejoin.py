@@ -47,8 +47,14 @@ RESTARTED = "peer-1"
 
 def spawn(args: list[str], log: Path, stdout=None) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "swarm.app.cli", *args], stdout=stdout or open(log, "ab"),
-                            stderr=open(log, "ab"), env=env, cwd=ROOT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "swarm.app.cli", *args],
+        stdout=stdout or open(log, "ab"),
+        stderr=open(log, "ab"),
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -60,7 +66,7 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 def decided(text: str, round_no: int) -> Optional[str]:
-    """"mine" once the peer's log says round ``round_no`` committed its hash, "not mine" when it committed
+    """ "mine" once the peer's log says round ``round_no`` committed its hash, "not mine" when it committed
     without it or was voided, None while undecided."""
     if re.search(rf" r{round_no}\] committed, hash", text):
         return "mine"
@@ -87,16 +93,27 @@ class Bench:
         self.config = workdir / "run.toml"
         self.config.write_text(
             f'[model]\npreset = "tiny"\n\n[rounds]\ninner_steps = {args.inner_steps}\nmax_rounds = 100000\n'
-            "min_peers = 2\nmatchmaking_window_s = 5.0\nexchange_timeout_s = 8.0\nround_timeout_s = 60.0\n")
+            "min_peers = 2\nmatchmaking_window_s = 5.0\nexchange_timeout_s = 8.0\nround_timeout_s = 60.0\n"
+        )
         self.coordinator: Optional[subprocess.Popen] = None
         self.peers: dict[str, subprocess.Popen] = {}
         self.client: Optional[CoordinatorClient] = None
         self.join = ""
 
     def start(self) -> None:
-        self.coordinator = spawn(["coordinator", "--config", str(self.config), "--state-dir",
-                                  str(self.workdir / "coordinator"), "--lease-s", "4"],
-                                 self.workdir / "coordinator.log", stdout=subprocess.PIPE)
+        self.coordinator = spawn(
+            [
+                "coordinator",
+                "--config",
+                str(self.config),
+                "--state-dir",
+                str(self.workdir / "coordinator"),
+                "--lease-s",
+                "4",
+            ],
+            self.workdir / "coordinator.log",
+            stdout=subprocess.PIPE,
+        )
         self.join = poll(self._join_line, timeout_s=120, what="the join string")
         self.client = CoordinatorClient(JoinString.parse(self.join), request_timeout_s=3)
         for name in ("peer-0", "peer-1"):
@@ -108,9 +125,23 @@ class Bench:
 
     def start_peer(self, name: str) -> None:
         supervised = ["--max-restarts", "1000000"] if self.args.supervised and name == RESTARTED else []
-        self.peers[name] = spawn(["peer", "--join", self.join, "--state-dir", str(self.workdir / name),
-                                  "--threads", "1", "--name", name, "--checkpoint-every", "1", *supervised],
-                                 self.workdir / f"{name}.log")
+        self.peers[name] = spawn(
+            [
+                "peer",
+                "--join",
+                self.join,
+                "--state-dir",
+                str(self.workdir / name),
+                "--threads",
+                "1",
+                "--name",
+                name,
+                "--checkpoint-every",
+                "1",
+                *supervised,
+            ],
+            self.workdir / f"{name}.log",
+        )
 
     def status(self) -> Optional[dict]:
         try:
@@ -133,21 +164,35 @@ class Bench:
             restarted = time.monotonic()
             self.start_peer(name)
         since = lambda: log.read_bytes()[offset:].decode(errors="replace")  # noqa: E731  this process's lines
-        match = poll(lambda: (FIRST_ROUND.findall(since()) or [None])[0],
-                     timeout_s=120, what=f"{name} to train again", alive=self.alive)
+        match = poll(
+            lambda: (FIRST_ROUND.findall(since()) or [None])[0],
+            timeout_s=120,
+            what=f"{name} to train again",
+            alive=self.alive,
+        )
         round_no, to_training, breakdown = int(match[0]), float(match[1]) + respawn, match[2]
-        row = poll(lambda: (lambda r: r if r and r["rounds_joined"] > before else None)(self.peer_row(name)),
-                   timeout_s=120, what=f"a committed round holding {name}'s update", alive=self.alive)
+        row = poll(
+            lambda: (lambda r: r if r and r["rounds_joined"] > before else None)(self.peer_row(name)),
+            timeout_s=120,
+            what=f"a committed round holding {name}'s update",
+            alive=self.alive,
+        )
         to_committed = time.monotonic() - restarted
-        contributed = poll(lambda: decided(since(), round_no), timeout_s=60, what=f"{name}'s round {round_no}",
-                           alive=self.alive)
+        contributed = poll(
+            lambda: decided(since(), round_no), timeout_s=60, what=f"{name}'s round {round_no}", alive=self.alive
+        )
         contributed = contributed == "mine"
         cpu = CPU_S.search(breakdown)
-        return {"round": round_no, "to_training_s": round(to_training, 2), "respawn_s": round(respawn, 3),
-                "breakdown": breakdown,
-                "cpu_s": float(cpu.group(1)) if cpu else None,
-                "contributed": contributed, "to_committed_s": round(to_committed, 2),
-                "rounds_joined": row["rounds_joined"] - before}
+        return {
+            "round": round_no,
+            "to_training_s": round(to_training, 2),
+            "respawn_s": round(respawn, 3),
+            "breakdown": breakdown,
+            "cpu_s": float(cpu.group(1)) if cpu else None,
+            "contributed": contributed,
+            "to_committed_s": round(to_committed, 2),
+            "rounds_joined": row["rounds_joined"] - before,
+        }
 
     def kill_supervised_child(self, name: str) -> float:
         """kill -9 the peer process under ``name``'s supervisor; seconds from the kill to its successor's start."""
@@ -155,8 +200,12 @@ class Bench:
         (child,) = peer_processes(supervisor)
         killed = time.time()
         os.kill(child, signal.SIGKILL)
-        successor = poll(lambda: [p for p in peer_processes(supervisor) if p != child], timeout_s=30,
-                         what=f"{name}'s supervisor to start it again", alive=self.alive)[0]
+        successor = poll(
+            lambda: [p for p in peer_processes(supervisor) if p != child],
+            timeout_s=30,
+            what=f"{name}'s supervisor to start it again",
+            alive=self.alive,
+        )[0]
         return max(0.0, psutil.Process(successor).create_time() - killed)  # the kernel's, to a clock tick
 
     def alive(self) -> bool:
@@ -183,8 +232,11 @@ def main() -> int:
     parser.add_argument("--warm-rounds", type=int, default=2, help="committed rounds before the first kill")
     parser.add_argument("--settle-rounds", type=int, default=1, help="committed rounds between restarts")
     parser.add_argument("--workdir", help="keep logs here (default: a temporary directory)")
-    parser.add_argument("--supervised", action="store_true",
-                        help="run the restarted peer under --max-restarts and kill only its peer process")
+    parser.add_argument(
+        "--supervised",
+        action="store_true",
+        help="run the restarted peer under --max-restarts and kill only its peer process",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="swarm-rejoin-"))
@@ -193,22 +245,34 @@ def main() -> int:
     rows = []
     try:
         bench.start()
-        poll(lambda: (bench.status() or {"run": {}})["run"].get("rounds_committed", 0) >= args.warm_rounds,
-             timeout_s=300, what="the first rounds", alive=bench.alive)
+        poll(
+            lambda: (bench.status() or {"run": {}})["run"].get("rounds_committed", 0) >= args.warm_rounds,
+            timeout_s=300,
+            what="the first rounds",
+            alive=bench.alive,
+        )
         for _ in range(args.restarts):
             rows.append(bench.restart(RESTARTED))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
             target = bench.status()["run"]["rounds_committed"] + args.settle_rounds
-            poll(lambda: bench.status()["run"]["rounds_committed"] >= target, timeout_s=120, what="a settle round",
-                 alive=bench.alive)
+            poll(
+                lambda: bench.status()["run"]["rounds_committed"] >= target,
+                timeout_s=120,
+                what="a settle round",
+                alive=bench.alive,
+            )
     finally:
         bench.close()
     mean = lambda key: round(sum(r[key] for r in rows) / len(rows), 2) if rows else None  # noqa: E731
-    summary = {"restarts": rows, "mean_to_training_s": mean("to_training_s"),
-               "mean_cpu_s": mean("cpu_s") if all(r["cpu_s"] is not None for r in rows) else None,
-               "mean_to_committed_s": mean("to_committed_s"),
-               "contributed_to_first_round": sum(r["contributed"] for r in rows), "supervised": args.supervised,
-               "workdir": str(workdir)}
+    summary = {
+        "restarts": rows,
+        "mean_to_training_s": mean("to_training_s"),
+        "mean_cpu_s": mean("cpu_s") if all(r["cpu_s"] is not None for r in rows) else None,
+        "mean_to_committed_s": mean("to_committed_s"),
+        "contributed_to_first_round": sum(r["contributed"] for r in rows),
+        "supervised": args.supervised,
+        "workdir": str(workdir),
+    }
     print(json.dumps(summary) if args.json else json.dumps(summary, indent=1), flush=True)
     return 0
 

@@ -66,7 +66,9 @@ def baseline(config: dict, *, seq_len: int, batch_size: int, steps: int) -> dict
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
-    hf = transformers.AutoConfig.for_model(config["model_type"], **{k: v for k, v in config.items() if k != "model_type"})
+    hf = transformers.AutoConfig.for_model(
+        config["model_type"], **{k: v for k, v in config.items() if k != "model_type"}
+    )
     start = time.perf_counter()
     model = transformers.AutoModelForCausalLM.from_config(hf)
     from_config_s = time.perf_counter() - start
@@ -83,8 +85,12 @@ def baseline(config: dict, *, seq_len: int, batch_size: int, steps: int) -> dict
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step_s.append(time.perf_counter() - start)
-    return {"from_config_s": from_config_s, "peak_rss_bytes": _hwm(os.getpid()),
-            "params": sum(p.numel() for p in model.parameters()), "step_s": min(step_s)}
+    return {
+        "from_config_s": from_config_s,
+        "peak_rss_bytes": _hwm(os.getpid()),
+        "params": sum(p.numel() for p in model.parameters()),
+        "step_s": min(step_s),
+    }
 
 
 def _hwm(pid: int) -> int:
@@ -126,22 +132,35 @@ class TreeWatch:
         self.tree_rss_max = max(self.tree_rss_max, rss)
         try:
             now = time.time()
-            self.timeline.append((time.strftime("%H:%M:%S", time.localtime(now)) + f"{now % 1:.1f}"[1:],
-                                  round(root.memory_info().rss / 1e9, 3)))
+            self.timeline.append(
+                (
+                    time.strftime("%H:%M:%S", time.localtime(now)) + f"{now % 1:.1f}"[1:],
+                    round(root.memory_info().rss / 1e9, 3),
+                )
+            )
         except psutil.Error:
             pass
 
     def result(self) -> dict:
-        return {"main_peak_rss_bytes": self.hwm.get(self.pid, 0), "tree_peak_rss_bytes": sum(self.hwm.values()),
-                "tree_rss_max_sampled_bytes": self.tree_rss_max}
+        return {
+            "main_peak_rss_bytes": self.hwm.get(self.pid, 0),
+            "tree_peak_rss_bytes": sum(self.hwm.values()),
+            "tree_rss_max_sampled_bytes": self.tree_rss_max,
+        }
 
 
 # ---- the swarm ---------------------------------------------------------------------------------------------
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
     out = open(log, "ab")
-    return subprocess.Popen([sys.executable, "-m", "swarm.app.cli", *args], stdout=out, stderr=out, env=env,
-                            cwd=ROOT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "swarm.app.cli", *args],
+        stdout=out,
+        stderr=out,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -170,18 +189,34 @@ def swarm_run(name: str, config: dict, args: argparse.Namespace, work: Path) -> 
     inline = ", ".join(f"{k} = {json.dumps(v)}" for k, v in config.items())
     (work / "run.toml").write_text(
         f"seed = 0\n[model]\nhf_config = {{ {inline} }}\n"
-        f"[data]\ntokens = \"{tokens}\"\nseq_len = {args.seq_len}\nbatch_size = {args.batch_size}\neval_batches = 2\n"
+        f'[data]\ntokens = "{tokens}"\nseq_len = {args.seq_len}\nbatch_size = {args.batch_size}\neval_batches = 2\n'
         f"[rounds]\ninner_steps = {args.inner_steps}\nmax_rounds = {args.rounds}\nmin_peers = {args.peers}\n"
-        f"codec = \"{args.codec}\"\nfragments = {args.fragments}\n"
-        + ("fragment_pattern = \"balanced\"\n" if args.fragments > 1 else ""))
+        f'codec = "{args.codec}"\nfragments = {args.fragments}\n'
+        + ('fragment_pattern = "balanced"\n' if args.fragments > 1 else "")
+    )
     coord_log = work / "coordinator.log"
-    coordinator = _spawn(["coordinator", "--config", str(work / "run.toml"), "--state-dir", str(work / "coord"),
-                          "--port", "0", "--exit-grace-s", "5"], coord_log)
+    coordinator = _spawn(
+        [
+            "coordinator",
+            "--config",
+            str(work / "run.toml"),
+            "--state-dir",
+            str(work / "coord"),
+            "--port",
+            "0",
+            "--exit-grace-s",
+            "5",
+        ],
+        coord_log,
+    )
     procs = [coordinator]
     try:
+
         def join_string():
             if coordinator.poll() is not None:
-                raise SystemExit(f"bench_scale: the coordinator exited: {coord_log.read_text(errors='replace').strip()[-300:]}")
+                raise SystemExit(
+                    f"bench_scale: the coordinator exited: {coord_log.read_text(errors='replace').strip()[-300:]}"
+                )
             return re.search(r"swarm://\S+", coord_log.read_text(errors="replace"))
 
         join = _wait_for(join_string, 120, "join string")[0]
@@ -189,8 +224,20 @@ def swarm_run(name: str, config: dict, args: argparse.Namespace, work: Path) -> 
 
         def start_peer(label: str, state_dir: Optional[str] = None) -> None:
             log = work / f"{label}.log"
-            proc = _spawn(["peer", "--join", join, "--state-dir", str(work / (state_dir or label)), "--device",
-                           args.device, "--name", state_dir or label], log)
+            proc = _spawn(
+                [
+                    "peer",
+                    "--join",
+                    join,
+                    "--state-dir",
+                    str(work / (state_dir or label)),
+                    "--device",
+                    args.device,
+                    "--name",
+                    state_dir or label,
+                ],
+                log,
+            )
             procs.append(proc)
             peers.append((label, proc, TreeWatch(proc.pid), log))
 
@@ -213,8 +260,11 @@ def swarm_run(name: str, config: dict, args: argparse.Namespace, work: Path) -> 
             time.sleep(0.2)
         timed_out = any(p.poll() is None for _, p, _, _ in peers)
         rows = [_peer_row(label, proc, watch, log) for label, proc, watch, log in peers]
-        return {"peers": rows, "timed_out": timed_out,
-                "coordinator_committed": len(re.findall(r"round \d+: committed", coord_log.read_text(errors="replace")))}
+        return {
+            "peers": rows,
+            "timed_out": timed_out,
+            "coordinator_committed": len(re.findall(r"round \d+: committed", coord_log.read_text(errors="replace"))),
+        }
     finally:
         for proc in procs:
             _stop(proc)
@@ -246,8 +296,13 @@ def _peer_row(label: str, proc: subprocess.Popen, watch: TreeWatch, log: Path) -
         m = COMMITTED.search(line)
         if m:
             exchange, local = EXCHANGE.search(line), LOCAL_WORK.search(line)
-            rounds.append({"round": int(m[1]), "exchange_s": float(exchange[1]) if exchange else None,
-                           "local_work_s": float(local[1]) if local else 0.0})
+            rounds.append(
+                {
+                    "round": int(m[1]),
+                    "exchange_s": float(exchange[1]) if exchange else None,
+                    "local_work_s": float(local[1]) if local else 0.0,
+                }
+            )
     row["rounds"] = rounds
     row["final_model"] = "wrote" in text and "final/model.safetensors" in text
     down = DOWNLOADED.search(text)
@@ -255,8 +310,12 @@ def _peer_row(label: str, proc: subprocess.Popen, watch: TreeWatch, log: Path) -
         lines = text.splitlines()
         start = next((_seconds(x) for x in lines if "downloading from" in x), None)
         end = next((_seconds(x) for x in lines if DOWNLOADED.search(x)), None)
-        row["download"] = {"round": int(down[1]), "bytes": int(down[2]), "holders": int(down[3]),
-                           "seconds_1s_resolution": (end - start) if start is not None and end is not None else None}
+        row["download"] = {
+            "round": int(down[1]),
+            "bytes": int(down[2]),
+            "holders": int(down[3]),
+            "seconds_1s_resolution": (end - start) if start is not None and end is not None else None,
+        }
         synced = [r["round"] for r in rounds if r["round"] > int(down[1])]
         row["contributed_next_round"] = bool(synced) and min(synced) == int(down[1]) + 1
     return row
@@ -264,10 +323,28 @@ def _peer_row(label: str, proc: subprocess.Popen, watch: TreeWatch, log: Path) -
 
 def measure(name: str, args: argparse.Namespace) -> dict:
     config = MODELS[name]
-    base = json.loads(subprocess.run(
-        [sys.executable, __file__, "--baseline-of", name, "--seq-len", str(args.seq_len),
-         "--batch-size", str(args.batch_size), "--baseline-steps", str(args.baseline_steps)],
-        capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip().splitlines()[-1])
+    base = json.loads(
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--baseline-of",
+                name,
+                "--seq-len",
+                str(args.seq_len),
+                "--batch-size",
+                str(args.batch_size),
+                "--baseline-steps",
+                str(args.baseline_steps),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     if args.work_dir:  # kept: the logs of every process
         work = Path(args.work_dir) / name
         work.mkdir(parents=True, exist_ok=True)
@@ -280,19 +357,31 @@ def measure(name: str, args: argparse.Namespace) -> dict:
     peers = swarm["peers"]
     local = [r["local_work_s"] for p in peers for r in p["rounds"][1:]]  # round 1 pays first-touch page faults
     per_gb = (max(local) / (model_bytes / 1e9)) if local else None
-    first = [p["launch_to_first_step_s"] for p in peers
-             if "launch_to_first_step_s" in p and p["label"] not in ("late", "peer-0-restarted")]
+    first = [
+        p["launch_to_first_step_s"]
+        for p in peers
+        if "launch_to_first_step_s" in p and p["label"] not in ("late", "peer-0-restarted")
+    ]
     restarted = [p.get("launch_to_first_step_s") for p in peers if p["label"] == "peer-0-restarted"]
     return {
-        "model": name, "params": base["params"], "fp32_bytes": model_bytes, "codec": args.codec,
-        "fragments": args.fragments, "peers": args.peers, "baseline": base, **swarm,
-        "peak_over_baseline_in_model_bytes": [round((p["main_peak_rss_bytes"] - base["peak_rss_bytes"]) / model_bytes, 2)
-                                              for p in peers],
+        "model": name,
+        "params": base["params"],
+        "fp32_bytes": model_bytes,
+        "codec": args.codec,
+        "fragments": args.fragments,
+        "peers": args.peers,
+        "baseline": base,
+        **swarm,
+        "peak_over_baseline_in_model_bytes": [
+            round((p["main_peak_rss_bytes"] - base["peak_rss_bytes"]) / model_bytes, 2) for p in peers
+        ],
         "peak_target_bytes": target,
         "peak_met": all(p["main_peak_rss_bytes"] <= target for p in peers if p["label"] != "late"),
-        "first_step_target_s": base["from_config_s"] + 10, "first_step_s": first,
+        "first_step_target_s": base["from_config_s"] + 10,
+        "first_step_s": first,
         "first_step_met": bool(first) and max(first) <= base["from_config_s"] + 10,
-        "local_work_s_per_gb_max": per_gb, "local_work_met": per_gb is not None and per_gb <= 1.0,
+        "local_work_s_per_gb_max": per_gb,
+        "local_work_met": per_gb is not None and per_gb <= 1.0,
         "restart_first_step_s": restarted[0] if restarted else None,
         "restart_met": bool(restarted) and restarted[0] is not None and restarted[0] <= 10,
     }
@@ -310,8 +399,11 @@ def main() -> int:
     parser.add_argument("--codec", default="fp32")
     parser.add_argument("--fragments", type=int, default=1)
     parser.add_argument("--late-joiner", action="store_true", help="start one more peer once round 1 committed")
-    parser.add_argument("--restart", action="store_true",
-                        help="once round 1 committed, kill -9 peer-0 and start it again on its state dir")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="once round 1 committed, kill -9 peer-0 and start it again on its state dir",
+    )
     parser.add_argument("--baseline-steps", type=int, default=3)
     parser.add_argument("--timeout-s", type=float, default=1200)
     parser.add_argument("--rss-timeline", action="store_true", help="add each peer's resident memory every 0.2 s")
@@ -320,8 +412,16 @@ def main() -> int:
     parser.add_argument("--baseline-of", help=argparse.SUPPRESS)  # the baseline's own process
     args = parser.parse_args()
     if args.baseline_of:
-        print(json.dumps(baseline(MODELS[args.baseline_of], seq_len=args.seq_len, batch_size=args.batch_size,
-                                  steps=args.baseline_steps)))
+        print(
+            json.dumps(
+                baseline(
+                    MODELS[args.baseline_of],
+                    seq_len=args.seq_len,
+                    batch_size=args.batch_size,
+                    steps=args.baseline_steps,
+                )
+            )
+        )
         return 0
     global TIMELINE
     TIMELINE = args.rss_timeline
@@ -330,19 +430,29 @@ def main() -> int:
     if unknown:
         print(f"bench_scale: unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}.", file=sys.stderr)
         return 2
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
     rows = []
     for name in names:
         row = measure(name, args)
         rows.append(row)
         gb = 1e9
-        print(f"{name}: {row['params'] / 1e6:.0f}M params; baseline peak {row['baseline']['peak_rss_bytes'] / gb:.2f} GB,"
-              f" from_config {row['baseline']['from_config_s']:.1f} s; peers' peak "
-              f"{[round(p['main_peak_rss_bytes'] / gb, 2) for p in row['peers']]} GB (target "
-              f"{row['peak_target_bytes'] / gb:.2f}); first step {row['first_step_s']} s (target "
-              f"{row['first_step_target_s']:.1f}); local work {row['local_work_s_per_gb_max']} s/GB", file=sys.stderr)
-    out = {"benchmark": "scale", "commit": commit, "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-           "load_average": os.getloadavg(), "rows": rows}
+        print(
+            f"{name}: {row['params'] / 1e6:.0f}M params; baseline peak {row['baseline']['peak_rss_bytes'] / gb:.2f} GB,"
+            f" from_config {row['baseline']['from_config_s']:.1f} s; peers' peak "
+            f"{[round(p['main_peak_rss_bytes'] / gb, 2) for p in row['peers']]} GB (target "
+            f"{row['peak_target_bytes'] / gb:.2f}); first step {row['first_step_s']} s (target "
+            f"{row['first_step_target_s']:.1f}); local work {row['local_work_s_per_gb_max']} s/GB",
+            file=sys.stderr,
+        )
+    out = {
+        "benchmark": "scale",
+        "commit": commit,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "load_average": os.getloadavg(),
+        "rows": rows,
+    }
     print(json.dumps(out) if args.json else json.dumps(out, indent=1))
     return 0
 

@@ -67,28 +67,37 @@ class UncheckedServicer(CoordinatorServicer):
         pass
 
 
-def joined_peers(servicer: CoordinatorServicer, token: str, count: int,
-                 libp2p: Libp2pIdentity) -> tuple[list[tuple[str, signing.CallSigner]], str]:
+def joined_peers(
+    servicer: CoordinatorServicer, token: str, count: int, libp2p: Libp2pIdentity
+) -> tuple[list[tuple[str, signing.CallSigner]], str]:
     """``count`` peers joined as real peers join (sharing one libp2p identity): ids and signers, and the
     run's initial state hash."""
     peers, initial_hash = [], ""
     for i in range(count):
         key = PeerKey.generate()
         nonce = servicer.Challenge(pb.ChallengeRequest(), Context()).nonce
-        joined = servicer.Join(signing.signed_join(token=token, nonce=nonce, key=key, libp2p=libp2p, name=f"p{i}"),
-                               Context())
+        joined = servicer.Join(
+            signing.signed_join(token=token, nonce=nonce, key=key, libp2p=libp2p, name=f"p{i}"), Context()
+        )
         peers.append((joined.peer_id, signing.CallSigner(key, joined.session)))
         initial_hash = joined.round.last_committed_hash
     return peers, initial_hash
 
 
-def measure(method: str, make: Callable[[str], Any], peers: list, calls: int, checked: CoordinatorServicer,
-            unchecked: CoordinatorServicer, engine: CoordinatorEngine) -> dict:
+def measure(
+    method: str,
+    make: Callable[[str], Any],
+    peers: list,
+    calls: int,
+    checked: CoordinatorServicer,
+    unchecked: CoordinatorServicer,
+    engine: CoordinatorEngine,
+) -> dict:
     signed, unsigned, sign, check, verify = [], [], [], [], []
     for i in range(calls):
         peer_id, signer = peers[i % len(peers)]
         request = make(peer_id)
-        for which in ((0, 1) if i % 2 == 0 else (1, 0)):
+        for which in (0, 1) if i % 2 == 0 else (1, 0):
             started = time.perf_counter()
             if which == 0:
                 metadata = signer.metadata(method, request)
@@ -106,12 +115,24 @@ def measure(method: str, make: Callable[[str], Any], peers: list, calls: int, ch
             else:
                 getattr(unchecked, method)(request, Context())
                 unsigned.append(time.perf_counter() - started)
-    p50 = {name: statistics.median(values) * 1000 for name, values in
-           (("signed", signed), ("unsigned", unsigned), ("sign", sign), ("check", check), ("verify", verify))}
-    return {"signed_p50_ms": round(p50["signed"], 4), "unsigned_p50_ms": round(p50["unsigned"], 4),
-            "ratio_p50": round(p50["signed"] / p50["unsigned"], 3),
-            "client_sign_p50_ms": round(p50["sign"], 4), "coordinator_check_p50_ms": round(p50["check"], 4),
-            "of_which_verify_p50_ms": round(p50["verify"], 4)}
+    p50 = {
+        name: statistics.median(values) * 1000
+        for name, values in (
+            ("signed", signed),
+            ("unsigned", unsigned),
+            ("sign", sign),
+            ("check", check),
+            ("verify", verify),
+        )
+    }
+    return {
+        "signed_p50_ms": round(p50["signed"], 4),
+        "unsigned_p50_ms": round(p50["unsigned"], 4),
+        "ratio_p50": round(p50["signed"] / p50["unsigned"], 3),
+        "client_sign_p50_ms": round(p50["sign"], 4),
+        "coordinator_check_p50_ms": round(p50["check"], 4),
+        "of_which_verify_p50_ms": round(p50["verify"], 4),
+    }
 
 
 def main() -> None:
@@ -121,16 +142,25 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line last")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-signing-") as directory:
-        engine = CoordinatorEngine(Store.in_dir(Path(directory)), config=RunConfig(rounds=RoundConfig(min_peers=1)),
-                                   lease_s=3600.0, heartbeat_interval_s=1.0, signing_key=PeerKey.generate())
+        engine = CoordinatorEngine(
+            Store.in_dir(Path(directory)),
+            config=RunConfig(rounds=RoundConfig(min_peers=1)),
+            lease_s=3600.0,
+            heartbeat_interval_s=1.0,
+            signing_key=PeerKey.generate(),
+        )
         many = Rate(per_s=1e6, burst=1_000_000)
         limits = JoinLimits(challenges_per_address=many, joins_per_address=many, joins_per_token=many)
         checked = CoordinatorServicer(engine, dht_initial_peers=[], join_limits=limits)
         unchecked = UncheckedServicer(engine, dht_initial_peers=[], join_limits=limits)
-        peers, initial_hash = joined_peers(checked, engine.run.token, args.peers,
-                                           Libp2pIdentity.create(Path(directory) / "p2p-identity.key"))
-        beat = lambda peer_id: pb.HeartbeatRequest(peer_id=peer_id, metrics=pb.PeerMetrics(  # noqa: E731
-            state=pb.PEER_STATE_JOINING, state_hash=initial_hash, param_count=1000))
+        peers, initial_hash = joined_peers(
+            checked, engine.run.token, args.peers, Libp2pIdentity.create(Path(directory) / "p2p-identity.key")
+        )
+
+        def beat(peer_id):
+            metrics = pb.PeerMetrics(state=pb.PEER_STATE_JOINING, state_hash=initial_hash, param_count=1000)
+            return pb.HeartbeatRequest(peer_id=peer_id, metrics=metrics)
+
         result = {"peers": args.peers, "calls": args.calls}
         for method, make in (("Heartbeat", beat), ("GetRound", lambda peer_id: pb.GetRoundRequest(peer_id=peer_id))):
             result[method] = measure(method, make, peers, args.calls, checked, unchecked, engine)

@@ -48,8 +48,20 @@ def gpt2_small_shapes(scale: float = 1.0) -> list[tuple[int, ...]]:
 
     shapes: list[tuple[int, ...]] = [(rows(vocab), n_embd), (rows(n_pos), n_embd)]
     for _ in range(n_layer):
-        shapes += [(n_embd,), (n_embd,), (rows(n_embd), 3 * n_embd), (3 * n_embd,), (rows(n_embd), n_embd), (n_embd,),
-                   (n_embd,), (n_embd,), (rows(n_embd), 4 * n_embd), (4 * n_embd,), (rows(4 * n_embd), n_embd), (n_embd,)]
+        shapes += [
+            (n_embd,),
+            (n_embd,),
+            (rows(n_embd), 3 * n_embd),
+            (3 * n_embd,),
+            (rows(n_embd), n_embd),
+            (n_embd,),
+            (n_embd,),
+            (n_embd,),
+            (rows(n_embd), 4 * n_embd),
+            (4 * n_embd,),
+            (rows(4 * n_embd), n_embd),
+            (n_embd,),
+        ]
     return shapes + [(n_embd,), (n_embd,)]
 
 
@@ -144,12 +156,15 @@ def serve(args: argparse.Namespace) -> None:
     server = StateServer(transport, run_id=RUN_ID, member=make_member(coordinator, RUN_ID, transport.peer_id))
     peak = PeakRSS()
     server.publish(state)
-    print(json.dumps({"peer_id": transport.peer_id, "maddrs": transport.visible_maddrs,
-                      "state_hash": state.state_hash}), flush=True)
+    print(
+        json.dumps({"peer_id": transport.peer_id, "maddrs": transport.visible_maddrs, "state_hash": state.state_hash}),
+        flush=True,
+    )
     sys.stdin.readline()  # the download is over
     own, children = peak.added()
-    print(json.dumps({"serve_rss_added": own, "serve_p2pd_rss_added": children, "serve_cpu_s": peak.cpu_s()}),
-          flush=True)
+    print(
+        json.dumps({"serve_rss_added": own, "serve_p2pd_rss_added": children, "serve_cpu_s": peak.cpu_s()}), flush=True
+    )
     transport.shutdown()
 
 
@@ -159,13 +174,23 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="shrink each matrix's rows by this factor")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--dir", default=None, help="where the vote is written (default: a temporary directory)")
-    parser.add_argument("--window", type=int, default=None, help="requests in flight per holder (default: the module's)")
+    parser.add_argument(
+        "--window", type=int, default=None, help="requests in flight per holder (default: the module's)"
+    )
     parser.add_argument("--chunk-mib", type=float, default=None, help="bytes per request, MiB (default: the module's)")
-    parser.add_argument("--frame-mib", type=float, default=None,
-                        help="bytes per request over the bulk channel, MiB (default: the module's)")
+    parser.add_argument(
+        "--frame-mib",
+        type=float,
+        default=None,
+        help="bytes per request over the bulk channel, MiB (default: the module's)",
+    )
     parser.add_argument("--no-bulk", action="store_true", help="every byte over libp2p (no bulk channel)")
-    parser.add_argument("--testbed-mbit", type=float, default=None,
-                        help="run the two sides on two WAN-testbed hosts with links of this rate (root)")
+    parser.add_argument(
+        "--testbed-mbit",
+        type=float,
+        default=None,
+        help="run the two sides on two WAN-testbed hosts with links of this rate (root)",
+    )
     parser.add_argument("--serve-prefix", default="[]", help=argparse.SUPPRESS)  # JSON argv the serving side runs under
     parser.add_argument("--serve-host", default=None, help=argparse.SUPPRESS)  # the serving side's listening address
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -198,9 +223,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         key_path = Path(tmp) / "coordinator.pem"
         coordinator = PeerKey.load_or_create(key_path)
-        child = subprocess.Popen([*json.loads(args.serve_prefix), sys.executable, __file__, "--serve", "--coordinator-key", str(key_path),
-                                  "--scale", str(args.scale), "--seed", str(args.seed), "--p2p-host", args.serve_host or args.p2p_host],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [
+                *json.loads(args.serve_prefix),
+                sys.executable,
+                __file__,
+                "--serve",
+                "--coordinator-key",
+                str(key_path),
+                "--scale",
+                str(args.scale),
+                "--seed",
+                str(args.seed),
+                "--p2p-host",
+                args.serve_host or args.p2p_host,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         transport = None
         try:
             hello = json.loads(child.stdout.readline())
@@ -210,8 +251,16 @@ def main() -> None:
             like = like_state(shapes)
             peak = PeakRSS()
             start = time.perf_counter()
-            state, nbytes = download_state(transport, member=member, run_id=RUN_ID, holders=[hello["peer_id"]],
-                                           round_no=ROUND, expected_hash=hello["state_hash"], like=like, timeout_s=600)
+            state, nbytes = download_state(
+                transport,
+                member=member,
+                run_id=RUN_ID,
+                holders=[hello["peer_id"]],
+                round_no=ROUND,
+                expected_hash=hello["state_hash"],
+                like=like,
+                timeout_s=600,
+            )
             seconds = time.perf_counter() - start
             download_rss, download_p2pd_rss = peak.added()
             download_cpu = peak.cpu_s()
@@ -238,11 +287,21 @@ def main() -> None:
             child.stdin.close()
             child.wait(timeout=60)
 
-    result = {"params": sum(torch.Size(s).numel() for s in shapes), "bytes": nbytes, "seconds": round(seconds, 3),
-              "MB_per_s": round(nbytes / seconds / 1e6, 1), **served, "download_rss_added": download_rss,
-              "download_p2pd_rss_added": download_p2pd_rss, "download_cpu_s": download_cpu, "checkpoint_write_s": round(write_s, 3),
-              "checkpoint_read_s": round(read_s, 3), "checkpoint_write_rss_added": write_rss,
-              "checkpoint_read_rss_added": read_rss, "loadavg": os.getloadavg()[0]}
+    result = {
+        "params": sum(torch.Size(s).numel() for s in shapes),
+        "bytes": nbytes,
+        "seconds": round(seconds, 3),
+        "MB_per_s": round(nbytes / seconds / 1e6, 1),
+        **served,
+        "download_rss_added": download_rss,
+        "download_p2pd_rss_added": download_p2pd_rss,
+        "download_cpu_s": download_cpu,
+        "checkpoint_write_s": round(write_s, 3),
+        "checkpoint_read_s": round(read_s, 3),
+        "checkpoint_write_rss_added": write_rss,
+        "checkpoint_read_rss_added": read_rss,
+        "loadavg": os.getloadavg()[0],
+    }
     if args.json:
         print(json.dumps(result))
     else:
@@ -266,9 +325,24 @@ def across_testbed(args: argparse.Namespace) -> None:
             argv.append(arg)
         value_next = arg == "--testbed-mbit"
     with Testbed(make_topology(hosts=2, mbit=args.testbed_mbit, prefix=TESTBED_PREFIX)) as bed:
-        out = bed.run("h0", [sys.executable, __file__, *argv, "--json", "--p2p-host", bed.address("h0"),
-                             "--serve-prefix", json.dumps(bed.exec_argv("h1", [])), "--serve-host", bed.address("h1")],
-                      capture_output=True, text=True, timeout=900)
+        out = bed.run(
+            "h0",
+            [
+                sys.executable,
+                __file__,
+                *argv,
+                "--json",
+                "--p2p-host",
+                bed.address("h0"),
+                "--serve-prefix",
+                json.dumps(bed.exec_argv("h1", [])),
+                "--serve-host",
+                bed.address("h1"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     if out.returncode != 0:
         sys.exit(f"the download across the testbed failed (exit {out.returncode}): {out.stderr.strip()[-2000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])

@@ -74,18 +74,48 @@ def run_swarm(workdir: Path, config: str, faults: dict[str, str], timeout_s: flo
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
     cli = [sys.executable, "-m", "swarm.app.cli"]
     coordinator = subprocess.Popen(
-        [*cli, "coordinator", "--config", str(workdir / "run.toml"), "--state-dir", str(workdir / "coordinator"),
-         "--exit-grace-s", "5"],
-        stdout=subprocess.PIPE, stderr=open(workdir / "coordinator.log", "ab"), env=env, cwd=ROOT)
+        [
+            *cli,
+            "coordinator",
+            "--config",
+            str(workdir / "run.toml"),
+            "--state-dir",
+            str(workdir / "coordinator"),
+            "--exit-grace-s",
+            "5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=open(workdir / "coordinator.log", "ab"),
+        env=env,
+        cwd=ROOT,
+    )
     procs = [coordinator]
     try:
         join = _join_string(coordinator)
         for i in range(PEERS):
             name = f"peer-{i}"
             extra = ["--faults", faults[name]] if name in faults else []
-            procs.append(subprocess.Popen(
-                [*cli, "peer", "--join", join, "--state-dir", str(workdir / name), "--threads", "1", "--name", name,
-                 *extra], stdout=subprocess.DEVNULL, stderr=open(workdir / f"{name}.log", "ab"), env=env, cwd=ROOT))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        *cli,
+                        "peer",
+                        "--join",
+                        join,
+                        "--state-dir",
+                        str(workdir / name),
+                        "--threads",
+                        "1",
+                        "--name",
+                        name,
+                        *extra,
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=open(workdir / f"{name}.log", "ab"),
+                    env=env,
+                    cwd=ROOT,
+                )
+            )
         deadline = time.monotonic() + timeout_s
         for proc in procs[1:]:
             code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -133,9 +163,14 @@ def throughput(history: dict, *, last_round: bool = True) -> dict:
         if first <= p["round"] <= steady[-1]["round"] and p["tokens_per_s"]:
             speeds.setdefault(p["peer_id"], []).append(p["tokens_per_s"])
     standalone = {peer: statistics.median(v) for peer, v in speeds.items()}
-    return {"swarm_tokens_per_s": swarm_tps, "standalone_tokens_per_s": sorted(standalone.values()),
-            "standalone_sum_tokens_per_s": sum(standalone.values()), "steady_wall_s": wall_s,
-            "steady_rounds": [r["round"] for r in steady], "ratio": swarm_tps / sum(standalone.values())}
+    return {
+        "swarm_tokens_per_s": swarm_tps,
+        "standalone_tokens_per_s": sorted(standalone.values()),
+        "standalone_sum_tokens_per_s": sum(standalone.values()),
+        "steady_wall_s": wall_s,
+        "steady_rounds": [r["round"] for r in steady],
+        "ratio": swarm_tps / sum(standalone.values()),
+    }
 
 
 def _ratio_without_last_round(history: dict) -> Optional[float]:
@@ -188,16 +223,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short smoke run (numbers not meaningful)")
     parser.add_argument("--inner-steps", type=int, default=400, help="H of both runs")
     parser.add_argument("--rounds", type=int, default=6, help="rounds of both runs")
-    parser.add_argument("--overlap-steps", type=int, default=0,
-                        help="[rounds] overlap_steps of both runs (0: a peer waits for its exchange)")
-    parser.add_argument("--controller", choices=("off", "auto"), default="off",
-                        help="[rounds] controller of both runs (auto: with overlap, a peer merges when its exchange"
-                             " ends and trains on meanwhile)")
+    parser.add_argument(
+        "--overlap-steps",
+        type=int,
+        default=0,
+        help="[rounds] overlap_steps of both runs (0: a peer waits for its exchange)",
+    )
+    parser.add_argument(
+        "--controller",
+        choices=("off", "auto"),
+        default="off",
+        help="[rounds] controller of both runs (auto: with overlap, a peer merges when its exchange"
+        " ends and trains on meanwhile)",
+    )
     parser.add_argument("--keep", help="keep both runs' state dirs and logs under this directory")
     args = parser.parse_args(argv)
     inner_steps, rounds = (40, 3) if args.quick else (args.inner_steps, args.rounds)
-    config = CONFIG.format(inner_steps=inner_steps, rounds=rounds, peers=PEERS, eval_batches=4 if args.quick else 16,
-                           overlap_steps=args.overlap_steps, controller=args.controller)
+    config = CONFIG.format(
+        inner_steps=inner_steps,
+        rounds=rounds,
+        peers=PEERS,
+        eval_batches=4 if args.quick else 16,
+        overlap_steps=args.overlap_steps,
+        controller=args.controller,
+    )
     timeout_s = 60 + rounds * inner_steps * 0.5
     with tempfile.TemporaryDirectory(prefix="bench_straggler_") as scratch:
         tmp = args.keep or scratch
@@ -216,18 +265,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "equal_throughput_ratio": throughput(equal)["ratio"],
         "straggler_throughput_ratio_without_last_round": _ratio_without_last_round(straggler),
         "equal_throughput_ratio_without_last_round": _ratio_without_last_round(equal),
-        "eval_tokens": tokens, "straggler_eval_loss": loss, "equal_eval_loss_at_tokens": equal_loss,
+        "eval_tokens": tokens,
+        "straggler_eval_loss": loss,
+        "equal_eval_loss_at_tokens": equal_loss,
         "straggler_rounds": [(r["round"], r["outcome"], r["tokens"]) for r in straggler["rounds"]],
         "equal_rounds": [(r["round"], r["outcome"], r["tokens"]) for r in equal["rounds"]],
-        "straggler_steps": straggler["steps"], "equal_steps": equal["steps"],
-        "config": {"peers": PEERS, "slow": SLOW, "inner_steps": inner_steps, "rounds": rounds, "model": "tiny",
-                   "batch_size": 4, "seq_len": 32, "overlap_steps": args.overlap_steps, "controller": args.controller},
+        "straggler_steps": straggler["steps"],
+        "equal_steps": equal["steps"],
+        "config": {
+            "peers": PEERS,
+            "slow": SLOW,
+            "inner_steps": inner_steps,
+            "rounds": rounds,
+            "model": "tiny",
+            "batch_size": 4,
+            "seq_len": 32,
+            "overlap_steps": args.overlap_steps,
+            "controller": args.controller,
+        },
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         "elapsed_s": elapsed_s,
     }
-    for key in ("straggler_throughput_ratio", "straggler_eval_loss_ratio", "swarm_tokens_per_s",
-                "standalone_sum_tokens_per_s", "equal_throughput_ratio",
-                "straggler_throughput_ratio_without_last_round", "equal_throughput_ratio_without_last_round"):
+    for key in (
+        "straggler_throughput_ratio",
+        "straggler_eval_loss_ratio",
+        "swarm_tokens_per_s",
+        "standalone_sum_tokens_per_s",
+        "equal_throughput_ratio",
+        "straggler_throughput_ratio_without_last_round",
+        "equal_throughput_ratio_without_last_round",
+    ):
         value = result[key]
         print(f"{key:32s} {value:.4g}" if isinstance(value, float) else f"{key:32s} {value}")
     if args.json:

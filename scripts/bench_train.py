@@ -38,8 +38,16 @@ from swarm.train.inner_step import AUTOCAST_DTYPES  # noqa: E402
 from swarm.train.model.run_model import build_run_model  # noqa: E402
 from swarm.train.trainer import LocalTrainer  # noqa: E402
 
-LLAMA = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 1024}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 344,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 1024,
+}
 # Dense bf16 peak of the GPUs people use, TFLOP/s (their data sheets); --peak-tflops for others.
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.0}
 
@@ -57,11 +65,13 @@ class Case:
 
 
 def run_config(case: Case, args: argparse.Namespace) -> RunConfig:
-    return RunConfig.from_dict({
-        "model": case.model,
-        "data": {"seq_len": args.seq_len, "batch_size": args.batch_size, "max_bytes": 2_000_000, "num_shards": 1},
-        "inner": {"precision": args.precision, "micro_batches": 1, "prefetch": True, "compile": args.compile},
-    })
+    return RunConfig.from_dict(
+        {
+            "model": case.model,
+            "data": {"seq_len": args.seq_len, "batch_size": args.batch_size, "max_bytes": 2_000_000, "num_shards": 1},
+            "inner": {"precision": args.precision, "micro_batches": 1, "prefetch": True, "compile": args.compile},
+        }
+    )
 
 
 # ---- the plain loop ---------------------------------------------------------------------------------------
@@ -79,9 +89,13 @@ class PlainLoop:
         params = list(self.model.parameters())
         inner = run.inner
         self.optimizer = torch.optim.AdamW(
-            [{"params": [p for p in params if p.dim() >= 2], "weight_decay": inner.weight_decay},
-             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-            lr=inner.lr, betas=(inner.beta1, inner.beta2))
+            [
+                {"params": [p for p in params if p.dim() >= 2], "weight_decay": inner.weight_decay},
+                {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+            ],
+            lr=inner.lr,
+            betas=(inner.beta1, inner.beta2),
+        )
         self.params, self.run, self.device = params, run, device
         self.data = load_corpus(run.data).train
         dtype = AUTOCAST_DTYPES.get(inner.precision)
@@ -149,8 +163,10 @@ class PlainDDP:
         self.pipes, self.procs = [], []
         for rank in range(nproc):
             mine, theirs = context.Pipe()
-            proc = context.Process(target=_plain_rank, args=(rank, nproc, run.to_json(), device,
-                                                             os.path.join(self.store_dir, "store"), theirs))
+            proc = context.Process(
+                target=_plain_rank,
+                args=(rank, nproc, run.to_json(), device, os.path.join(self.store_dir, "store"), theirs),
+            )
             proc.start()
             self.pipes.append(mine)
             self.procs.append(proc)
@@ -237,15 +253,25 @@ def measure(case: Case, args: argparse.Namespace) -> dict:
         if plain_ddp is not None:
             plain_ddp.close()
     tokens = args.reps * args.steps * args.batch_size * args.seq_len * case.nproc
-    row = {"model": case.name, "device": str(device.type), "precision": args.precision, "nproc": case.nproc,
-           "params": trainer.param_count, "swarm_tokens_per_s": round(tokens / swarm_s, 1),
-           "plain_tokens_per_s": round(tokens / plain_s, 1), "ratio": round(plain_s / swarm_s, 4)}
+    row = {
+        "model": case.name,
+        "device": str(device.type),
+        "precision": args.precision,
+        "nproc": case.nproc,
+        "params": trainer.param_count,
+        "swarm_tokens_per_s": round(tokens / swarm_s, 1),
+        "plain_tokens_per_s": round(tokens / plain_s, 1),
+        "ratio": round(plain_s / swarm_s, 4),
+    }
     peak = peak_flops(device, args.peak_tflops)
     if peak is not None:
         per_gpu = tokens / swarm_s / case.nproc
         row["mfu"] = round(per_gpu * flops_per_token(trainer.model, args.seq_len) / peak, 4)
-    print(f"{case.name:>8} {row['device']} {args.precision} nproc={case.nproc}: swarm {row['swarm_tokens_per_s']:,.0f}"
-          f" tok/s, plain {row['plain_tokens_per_s']:,.0f} tok/s, ratio {row['ratio']:.3f}", flush=True)
+    print(
+        f"{case.name:>8} {row['device']} {args.precision} nproc={case.nproc}: swarm {row['swarm_tokens_per_s']:,.0f}"
+        f" tok/s, plain {row['plain_tokens_per_s']:,.0f} tok/s, ratio {row['ratio']:.3f}",
+        flush=True,
+    )
     return row
 
 
@@ -276,7 +302,9 @@ def main() -> int:
     parser.add_argument("--compile", action="store_true", help="torch.compile both loops")
     parser.add_argument("--threads", type=int, default=1, help="torch threads in this process (CPU)")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak for MFU (default: known GPUs' bf16)")
-    parser.add_argument("--only", help="comma-separated rows: the preset (tiny), llama, the preset's 2-rank row (tiny-ranks)")
+    parser.add_argument(
+        "--only", help="comma-separated rows: the preset (tiny), llama, the preset's 2-rank row (tiny-ranks)"
+    )
     parser.add_argument("--json", action="store_true", help="end with one JSON line: the rows")
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
@@ -287,8 +315,11 @@ def main() -> int:
     args.steps = args.steps or (50 if cuda else 20)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"machine: {platform.machine()} {platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
-          + (f", {torch.cuda.get_device_name(0)}" if cuda else ""), flush=True)
+    print(
+        f"machine: {platform.machine()} {platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
+        + (f", {torch.cuda.get_device_name(0)}" if cuda else ""),
+        flush=True,
+    )
     rows = [measure(case, args) for case in cases(args)]
     if args.json:
         print(json.dumps(rows))

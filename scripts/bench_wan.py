@@ -56,8 +56,14 @@ class Hosts:
         env = dict(os.environ, OMP_NUM_THREADS="1")
         for i, name in enumerate(names):
             boot = self.hello[0]["maddrs"] if self.hello else []
-            proc = bed.spawn(name, [sys.executable, str(WORKER), "--host", bed.address(name), "--index", str(i),
-                                    "--bootstrap", *boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            proc = bed.spawn(
+                name,
+                [sys.executable, str(WORKER), "--host", bed.address(name), "--index", str(i), "--bootstrap", *boot],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
             self.procs.append(proc)
             self.hello.append(self._read(proc))
 
@@ -90,14 +96,15 @@ class Hosts:
         """CPU seconds used so far in the hosts' namespaces, split into p2pd (libp2p) and the rest (Python)."""
         split = {"p2pd": 0.0, "python": 0.0}
         for name in self.names:
-            pids = subprocess.run(["ip", "netns", "pids", self.bed.topology.namespace(name)], capture_output=True,
-                                  text=True).stdout.split()
+            pids = subprocess.run(
+                ["ip", "netns", "pids", self.bed.topology.namespace(name)], capture_output=True, text=True
+            ).stdout.split()
             for pid in pids:
                 try:
                     stat = Path(f"/proc/{pid}/stat").read_text()
                 except OSError:
                     continue
-                comm, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+                comm, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
                 split["p2pd" if "p2pd" in comm else "python"] += (int(fields[11]) + int(fields[12])) / CLK_TCK
         return split
 
@@ -113,24 +120,43 @@ class Hosts:
 def _row(system: str, peers: int, mbit: float, codec: str, payload: int, times: list[float], **extra) -> dict:
     ideal = ideal_exchange_s(payload, peers, mbit) if mbit else None  # unshaped: no link rate to compare with
     measured = statistics.median(times) if times else None
-    return {"system": system, "peers": peers, "mbit": mbit, "codec": codec, "payload_bytes": payload,
-            "ideal_s": round(ideal, 3) if ideal else None, "measured_s": round(measured, 3) if measured else None,
-            "ratio_to_ideal": round(measured / ideal, 2) if measured and ideal else None, "repeats": len(times),
-            **extra}
+    return {
+        "system": system,
+        "peers": peers,
+        "mbit": mbit,
+        "codec": codec,
+        "payload_bytes": payload,
+        "ideal_s": round(ideal, 3) if ideal else None,
+        "measured_s": round(measured, 3) if measured else None,
+        "ratio_to_ideal": round(measured / ideal, 2) if measured and ideal else None,
+        "repeats": len(times),
+        **extra,
+    }
 
 
 # Swarm's exchange as each system name runs it: over the bulk channel or libp2p only, sending all at once or in turn.
-SWARM_SYSTEMS = {"swarm": {"bulk": True, "in_turn": False}, "swarm-libp2p": {"bulk": False, "in_turn": False},
-                 "swarm-in-turn": {"bulk": True, "in_turn": True}, "swarm-paced": {"bulk": True, "in_turn": False}}
+SWARM_SYSTEMS = {
+    "swarm": {"bulk": True, "in_turn": False},
+    "swarm-libp2p": {"bulk": False, "in_turn": False},
+    "swarm-in-turn": {"bulk": True, "in_turn": True},
+    "swarm-paced": {"bulk": True, "in_turn": False},
+}
 
 
-def _swarm_rows(hosts: Hosts, peers: int, mbit: float, codec: str, numel: int, repeats: int, tag: str,
-                system: str = "swarm") -> dict:
+def _swarm_rows(
+    hosts: Hosts, peers: int, mbit: float, codec: str, numel: int, repeats: int, tag: str, system: str = "swarm"
+) -> dict:
     options = SWARM_SYSTEMS[system]
-    cmd = {"cmd": "swarm", "group": [h["dht_peer_id"] for h in hosts.hello], "numel": numel, "codec": codec,
-           "bulk": [h["bulk"] if options["bulk"] else "" for h in hosts.hello], "in_turn": options["in_turn"],
-           # swarm-paced: each bulk connection at most its share of the link (K−1 flows leave each host)
-           "pace_mbit": 0.95 * mbit / (peers - 1) if system == "swarm-paced" and mbit and peers > 1 else 0}
+    cmd = {
+        "cmd": "swarm",
+        "group": [h["dht_peer_id"] for h in hosts.hello],
+        "numel": numel,
+        "codec": codec,
+        "bulk": [h["bulk"] if options["bulk"] else "" for h in hosts.hello],
+        "in_turn": options["in_turn"],
+        # swarm-paced: each bulk connection at most its share of the link (K−1 flows leave each host)
+        "pace_mbit": 0.95 * mbit / (peers - 1) if system == "swarm-paced" and mbit and peers > 1 else 0,
+    }
     tag = f"{tag}.{system}"
     # untimed: each host makes its vector and the hosts' connections open, as in a running swarm
     hosts.timed(dict(cmd, key=f"bench.{tag}.{codec}.warm"))
@@ -149,16 +175,29 @@ def _swarm_rows(hosts: Hosts, peers: int, mbit: float, codec: str, numel: int, r
         inside.append(max(r["inside_s"] for r in replies))
         phases.append({name: max(r["phases_s"].get(name, 0.0) for r in replies) for name in replies[0]["phases_s"]})
     cpu = {k: round(v / max(1, len(times)), 2) for k, v in used.items()}
-    return _row(system, peers, mbit, codec, CODECS[codec].encoded_size(numel), times, identical=identical,
-                cpu_s_per_exchange=cpu, exchange_own_s=round(statistics.median(inside), 3) if inside else None,
-                # the slowest host's passing of each point of the exchange, median over repeats
-                phases_s={name: round(statistics.median(p[name] for p in phases), 3) for name in phases[0]} if phases else {},
-                late_s=round(max(late), 3))
+    return _row(
+        system,
+        peers,
+        mbit,
+        codec,
+        CODECS[codec].encoded_size(numel),
+        times,
+        identical=identical,
+        cpu_s_per_exchange=cpu,
+        exchange_own_s=round(statistics.median(inside), 3) if inside else None,
+        # the slowest host's passing of each point of the exchange, median over repeats
+        phases_s={name: round(statistics.median(p[name] for p in phases), 3) for name in phases[0]} if phases else {},
+        late_s=round(max(late), 3),
+    )
 
 
-def _tcp_row(hosts: Hosts, peers: int, mbit: float, codec: str, numel: int, repeats: int, in_turn: bool = False) -> dict:
+def _tcp_row(
+    hosts: Hosts, peers: int, mbit: float, codec: str, numel: int, repeats: int, in_turn: bool = False
+) -> dict:
     payload = CODECS[codec].encoded_size(numel)
-    times = [hosts.timed({"cmd": "tcp", "slice_bytes": payload // peers, "in_turn": in_turn})[0] for _ in range(repeats)]
+    times = [
+        hosts.timed({"cmd": "tcp", "slice_bytes": payload // peers, "in_turn": in_turn})[0] for _ in range(repeats)
+    ]
     return _row("tcp-in-turn" if in_turn else "tcp", peers, mbit, codec, payload, [t for t in times if t is not None])
 
 
@@ -184,23 +223,38 @@ def _hivemind_row(hosts: Hosts, peers: int, mbit: float, codec: str, numel: int,
     return _row("hivemind", peers, mbit, codec, payload, times, identical=identical)
 
 
-def measure_exchange(mbit: float | None, peers: int, codecs: list[str], systems: list[str], repeats: int,
-                     numel: int) -> list[dict]:
+def measure_exchange(
+    mbit: float | None, peers: int, codecs: list[str], systems: list[str], repeats: int, numel: int
+) -> list[dict]:
     rows = []
     with Testbed(make_topology(hosts=peers, mbit=mbit, prefix=PREFIX)) as bed:
         hosts = Hosts(bed, [f"h{i}" for i in range(peers)])
         try:
-            hosts.ask([{"cmd": "tcp_connect", "peers": [[bed.address(n), h["tcp_port"]] for n, h in
-                                                        zip(hosts.names, hosts.hello)]}] * peers)
+            hosts.ask(
+                [
+                    {
+                        "cmd": "tcp_connect",
+                        "peers": [[bed.address(n), h["tcp_port"]] for n, h in zip(hosts.names, hosts.hello)],
+                    }
+                ]
+                * peers
+            )
             for codec in codecs:
                 tag = f"{mbit}.{peers}"
                 for system in systems:
-                    row = {**{name: lambda name=name: _swarm_rows(hosts, peers, mbit or 0, codec, numel, repeats, tag,
-                                                                  name) for name in SWARM_SYSTEMS},
-                           "tcp": lambda: _tcp_row(hosts, peers, mbit or 0, codec, numel, repeats),
-                           "tcp-in-turn": lambda: _tcp_row(hosts, peers, mbit or 0, codec, numel, repeats, True),
-                           "hivemind": lambda: _hivemind_row(hosts, peers, mbit or 0, codec, numel, repeats,
-                                                             f"{tag}{codec}".replace(".", "_"))}[system]()
+                    row = {
+                        **{
+                            name: lambda name=name: _swarm_rows(
+                                hosts, peers, mbit or 0, codec, numel, repeats, tag, name
+                            )
+                            for name in SWARM_SYSTEMS
+                        },
+                        "tcp": lambda: _tcp_row(hosts, peers, mbit or 0, codec, numel, repeats),
+                        "tcp-in-turn": lambda: _tcp_row(hosts, peers, mbit or 0, codec, numel, repeats, True),
+                        "hivemind": lambda: _hivemind_row(
+                            hosts, peers, mbit or 0, codec, numel, repeats, f"{tag}{codec}".replace(".", "_")
+                        ),
+                    }[system]()
                     log(f"  {row}")
                     rows.append(row)
         finally:
@@ -213,8 +267,9 @@ def section_exchange(args: argparse.Namespace) -> list[dict]:
     for mbit in args.mbit:
         for peers in args.peers:
             log(f"exchange: {peers} peers at {mbit} Mbit/s")
-            rows += measure_exchange(mbit, peers, args.codecs, args.systems, args.repeats,
-                                     args.numel or NUMEL.get(int(mbit), 6_250_000))
+            rows += measure_exchange(
+                mbit, peers, args.codecs, args.systems, args.repeats, args.numel or NUMEL.get(int(mbit), 6_250_000)
+            )
     return rows
 
 
@@ -255,15 +310,29 @@ def section_calibration(args: argparse.Namespace) -> dict:
     log("sim_wan_calibration: 4 peers at 100 Mbit/s, swarm and raw TCP")
     rows = {r["system"]: r for r in measure_exchange(mbit, peers, [codec], ["swarm", "tcp"], args.repeats, numel)}
     measured, efficiency = rows["swarm"]["measured_s"], rows["tcp"]["ideal_s"] / rows["tcp"]["measured_s"]
-    costs = Costs(codec_s_per_byte=codec_cpu * contention, transport_s_per_byte=transport_cpu * contention,
-                  link_efficiency=efficiency)
+    costs = Costs(
+        codec_s_per_byte=codec_cpu * contention,
+        transport_s_per_byte=transport_cpu * contention,
+        link_efficiency=efficiency,
+    )
     predicted = butterfly(payload, make_peers(peers, up_mbit=mbit), costs).seconds
-    return {"peers": peers, "mbit": mbit, "codec": codec, "payload_bytes": payload,
-            "codec_cpu_s_per_byte": codec_cpu, "transport_cpu_s_per_byte": transport_cpu, "contention": contention,
-            "unshaped_s": unshaped["measured_s"], "unshaped_cpu_s": cpu_s, "link_efficiency": round(efficiency, 3),
-            "tcp_s": rows["tcp"]["measured_s"], "swarm_cpu_s": rows["swarm"]["cpu_s_per_exchange"],
-            "predicted_s": round(predicted, 3), "measured_s": measured,
-            "error": round(predicted / measured - 1, 3) if measured else None}
+    return {
+        "peers": peers,
+        "mbit": mbit,
+        "codec": codec,
+        "payload_bytes": payload,
+        "codec_cpu_s_per_byte": codec_cpu,
+        "transport_cpu_s_per_byte": transport_cpu,
+        "contention": contention,
+        "unshaped_s": unshaped["measured_s"],
+        "unshaped_cpu_s": cpu_s,
+        "link_efficiency": round(efficiency, 3),
+        "tcp_s": rows["tcp"]["measured_s"],
+        "swarm_cpu_s": rows["swarm"]["cpu_s_per_exchange"],
+        "predicted_s": round(predicted, 3),
+        "measured_s": measured,
+        "error": round(predicted / measured - 1, 3) if measured else None,
+    }
 
 
 STRAGGLER = ROOT / "scripts" / "bench_straggler.py"
@@ -276,8 +345,9 @@ def section_straggler(args: argparse.Namespace) -> dict:
         if not STRAGGLER.exists():
             _cache["straggler"] = {"skipped": "scripts/bench_straggler.py is not in this checkout yet"}
         else:
-            out = subprocess.run([sys.executable, str(STRAGGLER), "--json"], capture_output=True, text=True,
-                                 cwd=ROOT, timeout=3600)
+            out = subprocess.run(
+                [sys.executable, str(STRAGGLER), "--json"], capture_output=True, text=True, cwd=ROOT, timeout=3600
+            )
             lines = out.stdout.strip().splitlines()
             try:
                 _cache["straggler"] = json.loads(lines[-1])
@@ -290,6 +360,7 @@ def straggler_key(key: str):
     def section(args: argparse.Namespace):
         result = section_straggler(args)
         return result.get(key, result) if isinstance(result, dict) else result
+
     return section
 
 
@@ -326,23 +397,36 @@ def _interrupt(signum, frame):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", default="exchange,sim_wan_calibration,nat",
-                        help=f"comma-separated, from {', '.join(SECTIONS)}")
+    parser.add_argument(
+        "--sections", default="exchange,sim_wan_calibration,nat", help=f"comma-separated, from {', '.join(SECTIONS)}"
+    )
     parser.add_argument("--mbit", type=float, nargs="+", default=[20, 100, 1000])
     parser.add_argument("--peers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--codecs", nargs="+", default=["fp32", "int4"], choices=sorted(CODECS))
-    parser.add_argument("--systems", nargs="+", default=["swarm", "hivemind", "tcp"], choices=[*SWARM_SYSTEMS, "hivemind", "tcp", "tcp-in-turn"],
-                        help="swarm: over the bulk channel, every slice of a phase sent at once; swarm-libp2p: libp2p "
-                             "only; swarm-in-turn: bulk, one groupmate at a time; swarm-paced: bulk, each connection paced at "
-                             "0.95/(K-1) of the link; tcp: the butterfly's bytes on "
-                             "raw sockets, all at once; tcp-in-turn: the same, one groupmate at a time")
+    parser.add_argument(
+        "--systems",
+        nargs="+",
+        default=["swarm", "hivemind", "tcp"],
+        choices=[*SWARM_SYSTEMS, "hivemind", "tcp", "tcp-in-turn"],
+        help="swarm: over the bulk channel, every slice of a phase sent at once; swarm-libp2p: libp2p "
+        "only; swarm-in-turn: bulk, one groupmate at a time; swarm-paced: bulk, each connection paced at "
+        "0.95/(K-1) of the link; tcp: the butterfly's bytes on "
+        "raw sockets, all at once; tcp-in-turn: the same, one groupmate at a time",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--numel", type=int, help="parameters per exchange (default: sized to the link rate)")
-    parser.add_argument("--util-mbit", type=float, default=4,
-                        help="utilization_under_wan's link rate: one fp32 exchange of `tiny` ~20%% of a round")
-    parser.add_argument("--tcp-congestion", default=CONGESTION_CONTROL,
-                        help="congestion control of Swarm's bulk connections and of the raw TCP rows (default: "
-                             "Swarm's; 'system': the machine's default)")
+    parser.add_argument(
+        "--util-mbit",
+        type=float,
+        default=4,
+        help="utilization_under_wan's link rate: one fp32 exchange of `tiny` ~20%% of a round",
+    )
+    parser.add_argument(
+        "--tcp-congestion",
+        default=CONGESTION_CONTROL,
+        help="congestion control of Swarm's bulk connections and of the raw TCP rows (default: "
+        "Swarm's; 'system': the machine's default)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args()
     problem = congestion_problem(args.tcp_congestion)

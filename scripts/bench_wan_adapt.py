@@ -50,6 +50,7 @@ def _timeline(cut_after: int, restore_after: int):
         elif state["cut_at"] is not None and state["restore_at"] is None and committed >= restore_after:
             bed.set_rate(host, up_mbit=mbit, down_mbit=mbit)
             state["restore_at"] = time.time()
+
     return state, on_status
 
 
@@ -85,20 +86,27 @@ def rows_by_round(hist: dict, choices: dict[int, dict], log: str, polls: list = 
         n = int(r["round"])
         choice = choices.get(n, {})
         period = rounds[i + 1]["opened_at"] - r["opened_at"] if i + 1 < len(rounds) else None
-        rows.append({"round": n, "outcome": r.get("outcome"), "codec": r.get("codec"),
-                     "fragments": choice.get("fragments", r.get("fragments")),
-                     "H": choice.get("inner_steps", r.get("inner_steps")),
-                     "busy": busy_share(list(polls), r["opened_at"], rounds[i + 1]["opened_at"]) if period else None,
-                     "utilization": round(r.get("utilization") or 0.0, 3),
-                     "compute_share": round(r["inner_s"] / period, 3) if period else None,
-                     "exchange_s": round(r.get("exchange_s") or 0.0, 2),
-                     "predicted_exchange_s": choice.get("predicted_exchange_s"),
-                     "reason": reasons.get(n, choice.get("reason", ""))})
+        rows.append(
+            {
+                "round": n,
+                "outcome": r.get("outcome"),
+                "codec": r.get("codec"),
+                "fragments": choice.get("fragments", r.get("fragments")),
+                "H": choice.get("inner_steps", r.get("inner_steps")),
+                "busy": busy_share(list(polls), r["opened_at"], rounds[i + 1]["opened_at"]) if period else None,
+                "utilization": round(r.get("utilization") or 0.0, 3),
+                "compute_share": round(r["inner_s"] / period, 3) if period else None,
+                "exchange_s": round(r.get("exchange_s") or 0.0, 2),
+                "predicted_exchange_s": choice.get("predicted_exchange_s"),
+                "reason": reasons.get(n, choice.get("reason", "")),
+            }
+        )
     return rows
 
 
 def summary(rows: list[dict], cut_round: int | None, restore_round: int | None) -> dict:
     """Rounds from each link change to the first round with another codec, and to a busy share ≥ 0.95 again."""
+
     def after(start: int | None, before_codec: str | None, key: str) -> dict:
         if start is None:
             return {"changed_after_rounds": None, "recovered_after_rounds": None}
@@ -111,23 +119,48 @@ def summary(rows: list[dict], cut_round: int | None, restore_round: int | None) 
         before = [r for r in rows if start is not None and r["round"] < start]
         return before[-1]["codec"] if before else None
 
-    return {"cut": after(cut_round, codec_before(cut_round), "busy"),
-            "restore": after(restore_round, codec_before(restore_round), "busy")}
+    return {
+        "cut": after(cut_round, codec_before(cut_round), "busy"),
+        "restore": after(restore_round, codec_before(restore_round), "busy"),
+    }
 
 
-def section_adaptation(args: argparse.Namespace, *, mbit: float = 100, rounds: int = 12, inner_steps: int = 40,
-                       overlap: int = 4, cut_after: int = 3, restore_after: int = 7) -> dict:
+def section_adaptation(
+    args: argparse.Namespace,
+    *,
+    mbit: float = 100,
+    rounds: int = 12,
+    inner_steps: int = 40,
+    overlap: int = 4,
+    cut_after: int = 3,
+    restore_after: int = 7,
+) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-adapt-"))
     hosts, slow = ["h1", "h2", "h3", "h4"], "h2"
     state, on_status = _timeline(cut_after, restore_after)
     with Testbed(make_topology(hosts=5, mbit=mbit, prefix=PREFIX)) as bed:
-        run_swarm(bed, work, ADAPTATION_RUN.format(inner_steps=inner_steps, rounds=rounds, overlap=overlap), hosts,
-                  peer_args=lambda host: ["--threads", "1"], on_status=lambda s: on_status(bed, slow, mbit, s),
-                  timeout_s=900)
+        run_swarm(
+            bed,
+            work,
+            ADAPTATION_RUN.format(inner_steps=inner_steps, rounds=rounds, overlap=overlap),
+            hosts,
+            peer_args=lambda host: ["--threads", "1"],
+            on_status=lambda s: on_status(bed, slow, mbit, s),
+            timeout_s=900,
+        )
     hist = history(work)
     rows = rows_by_round(hist, state["choices"], (work / "coordinator.log").read_text(errors="replace"), state["polls"])
     cut_round, restore_round = first_round_after(hist, state["cut_at"]), first_round_after(hist, state["restore_at"])
-    return {"peers": len(hosts), "mbit": mbit, "slow_host": slow, "cut_to_mbit": mbit / 10,
-            "cut_from_round": cut_round, "restored_from_round": restore_round,
-            "inner_steps": inner_steps, "overlap_steps": overlap, "rows": rows,
-            **summary(rows, cut_round, restore_round), "logs": str(work)}
+    return {
+        "peers": len(hosts),
+        "mbit": mbit,
+        "slow_host": slow,
+        "cut_to_mbit": mbit / 10,
+        "cut_from_round": cut_round,
+        "restored_from_round": restore_round,
+        "inner_steps": inner_steps,
+        "overlap_steps": overlap,
+        "rows": rows,
+        **summary(rows, cut_round, restore_round),
+        "logs": str(work),
+    }

@@ -40,22 +40,49 @@ def _env() -> dict:
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
 
 
-def _coordinator(bed: Testbed, work: Path, config: str, log: Path, grace_s: float,
-                 extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+def _coordinator(
+    bed: Testbed, work: Path, config: str, log: Path, grace_s: float, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, str]:
     (work / "run.toml").write_text(config)
     with open(log, "wb") as err:
-        proc = bed.spawn("h0", [sys.executable, "-m", "swarm.app.cli", "coordinator", "--config", str(work / "run.toml"),
-                                "--host", "0.0.0.0", "--announce-host", bed.address("h0"), "--state-dir",
-                                str(work / "coordinator"), "--exit-grace-s", str(grace_s), *extra],
-                         cwd=work, env=_env(), stdout=subprocess.PIPE, stderr=err)
+        proc = bed.spawn(
+            "h0",
+            [
+                sys.executable,
+                "-m",
+                "swarm.app.cli",
+                "coordinator",
+                "--config",
+                str(work / "run.toml"),
+                "--host",
+                "0.0.0.0",
+                "--announce-host",
+                bed.address("h0"),
+                "--state-dir",
+                str(work / "coordinator"),
+                "--exit-grace-s",
+                str(grace_s),
+                *extra,
+            ],
+            cwd=work,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=err,
+        )
     return proc, read_join_string(proc, timeout_s=60, log=log)
 
 
 def _peer(bed: Testbed, host: str, work: Path, join: str, extra: list[str]) -> subprocess.Popen:
     (work / host).mkdir()
     with open(work / f"{host}.log", "wb") as out:
-        return bed.spawn(host, [sys.executable, "-m", "swarm.app.cli", "peer", "--join", join, "--device", "cpu",
-                                *extra], cwd=work / host, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+        return bed.spawn(
+            host,
+            [sys.executable, "-m", "swarm.app.cli", "peer", "--join", join, "--device", "cpu", *extra],
+            cwd=work / host,
+            env=_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def _wait_all(procs: list[subprocess.Popen], timeout_s: float) -> None:
@@ -83,8 +110,10 @@ def section_nat(args: argparse.Namespace) -> dict:
         finally:
             for proc in procs:
                 kill_family(proc)
-    decided = re.findall(r"round (\d+): committed: \d+ of \d+ group members agree on ([0-9a-f]+)",
-                         (work / "coordinator.log").read_text(errors="replace"))
+    decided = re.findall(
+        r"round (\d+): committed: \d+ of \d+ group members agree on ([0-9a-f]+)",
+        (work / "coordinator.log").read_text(errors="replace"),
+    )
     last = max(decided, key=lambda d: int(d[0])) if decided else None
     out: dict = {"rounds_committed": len(decided), "logs": str(work)}
     for host in ("nat", "nat1"):
@@ -100,8 +129,14 @@ def section_nat(args: argparse.Namespace) -> dict:
 def _status(bed: Testbed, join: str) -> dict | None:
     """`swarm status --json` from h0, or None when it gave no answer within 60 s (a loaded machine)."""
     try:
-        out = bed.run("h0", [sys.executable, "-m", "swarm.app.cli", "status", join, "--json"], capture_output=True,
-                      text=True, timeout=60, env=_env())
+        out = bed.run(
+            "h0",
+            [sys.executable, "-m", "swarm.app.cli", "status", join, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_env(),
+        )
     except subprocess.TimeoutExpired:
         return None
     try:
@@ -110,17 +145,27 @@ def _status(bed: Testbed, join: str) -> dict | None:
         return None
 
 
-def run_swarm(bed: Testbed, work: Path, config: str, hosts: list[str], *, peer_args=lambda host: [],
-              on_status=None, timeout_s: float = 600, poll_s: float = 2.0,
-              coordinator_args: tuple[str, ...] = ()) -> bool:
+def run_swarm(
+    bed: Testbed,
+    work: Path,
+    config: str,
+    hosts: list[str],
+    *,
+    peer_args=lambda host: [],
+    on_status=None,
+    timeout_s: float = 600,
+    poll_s: float = 2.0,
+    coordinator_args: tuple[str, ...] = (),
+) -> bool:
     """A coordinator on h0 (with ``coordinator_args``, e.g. ``("--lease-s", "60")``) and a peer on each of
     ``hosts`` until the peers exit (max_rounds) or ``timeout_s``; ``on_status(status)`` sees each
     `swarm status --json` meanwhile (not asked without ``on_status``). Everything started is ended on return.
     True when every peer exited on its own before ``timeout_s``."""
     procs: list[subprocess.Popen] = []
     try:
-        coordinator, join = _coordinator(bed, work, config, work / "coordinator.log", grace_s=60,
-                                         extra=coordinator_args)
+        coordinator, join = _coordinator(
+            bed, work, config, work / "coordinator.log", grace_s=60, extra=coordinator_args
+        )
         procs.append(coordinator)
         peers = [_peer(bed, host, work, join, peer_args(host)) for host in hosts]
         procs += peers
@@ -138,8 +183,14 @@ def run_swarm(bed: Testbed, work: Path, config: str, hosts: list[str], *, peer_a
 
 def history(work: Path) -> dict:
     """`swarm history STATE_DIR --json` of a finished run: {"rounds": [...], "peer_rounds": [...]}."""
-    out = subprocess.run([sys.executable, "-m", "swarm.app.cli", "history", str(work / "coordinator"), "--json"],
-                         capture_output=True, text=True, timeout=120, env=_env(), cwd=work)
+    out = subprocess.run(
+        [sys.executable, "-m", "swarm.app.cli", "history", str(work / "coordinator"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+        cwd=work,
+    )
     try:
         return json.loads(out.stdout.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
@@ -169,29 +220,54 @@ def _shares(first: dict, last: dict) -> list[float]:
     the share is exact to a step: the window is from round 2's opening to the last round's (``steady_end``) or
     to the end."""
     start, end = _peer_times(first), _peer_times(last)
-    return [(end[p][0] - start[p][0]) / (end[p][1] - start[p][1]) for p in start
-            if p in end and end[p][1] > start[p][1]]
+    return [
+        (end[p][0] - start[p][0]) / (end[p][1] - start[p][1]) for p in start if p in end and end[p][1] > start[p][1]
+    ]
 
 
 def _peer_times(status: dict) -> dict[str, tuple[float, float]]:
-    return {p["id"]: (p.get("metrics", {}).get("inner_time_s", 0.0), p.get("metrics", {}).get("wall_time_s", 0.0))
-            for p in status.get("peers", [])}
+    return {
+        p["id"]: (p.get("metrics", {}).get("inner_time_s", 0.0), p.get("metrics", {}).get("wall_time_s", 0.0))
+        for p in status.get("peers", [])
+    }
 
 
 def _proxies(bed: Testbed, hosts: list[str], one_way_ms: float) -> list[subprocess.Popen]:
     """A delay proxy on each host's address in front of its peer's libp2p port on loopback."""
     procs = []
     for host in hosts:
-        proxy = bed.spawn(host, [sys.executable, "-m", "testbed.delay_proxy", "--listen",
-                                 f"{bed.address(host)}:{P2P_PORT}", "--to", f"127.0.0.1:{P2P_PORT}",
-                                 "--delay-ms", str(one_way_ms)], stdout=subprocess.PIPE, text=True, env=_env())
+        proxy = bed.spawn(
+            host,
+            [
+                sys.executable,
+                "-m",
+                "testbed.delay_proxy",
+                "--listen",
+                f"{bed.address(host)}:{P2P_PORT}",
+                "--to",
+                f"127.0.0.1:{P2P_PORT}",
+                "--delay-ms",
+                str(one_way_ms),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=_env(),
+        )
         proxy.stdout.readline()  # its port: listening
         procs.append(proxy)
     return procs
 
 
-def section_utilization(args: argparse.Namespace, *, peers: int = 4, mbit: float = 100, one_way_ms: float = 50,
-                        rounds: int = 5, inner_steps: int = 60, extra_rounds: str = "") -> dict:
+def section_utilization(
+    args: argparse.Namespace,
+    *,
+    peers: int = 4,
+    mbit: float = 100,
+    one_way_ms: float = 50,
+    rounds: int = 5,
+    inner_steps: int = 60,
+    extra_rounds: str = "",
+) -> dict:
     """4 peers at ``mbit`` whose libp2p traffic all passes a 50 ms delay proxy: each peer listens on
     loopback and announces its host's address, where a delay proxy forwards to it. Utilization is the share of
     wall time the peers spent in inner steps between the first committed round and the end, from
@@ -211,10 +287,23 @@ def section_utilization(args: argparse.Namespace, *, peers: int = 4, mbit: float
     with Testbed(make_topology(hosts=peers + 1, mbit=mbit, prefix=PREFIX)) as bed:
         proxies = _proxies(bed, hosts, one_way_ms)
         try:
-            run_swarm(bed, work, UTILIZATION_RUN.format(inner_steps=inner_steps, rounds=rounds) + extra_rounds, hosts,
-                      peer_args=lambda host: ["--p2p-host", "127.0.0.1", "--p2p-port", str(P2P_PORT),
-                                              "--announce-host", bed.address(host), "--threads", "1"],
-                      on_status=on_status)
+            run_swarm(
+                bed,
+                work,
+                UTILIZATION_RUN.format(inner_steps=inner_steps, rounds=rounds) + extra_rounds,
+                hosts,
+                peer_args=lambda host: [
+                    "--p2p-host",
+                    "127.0.0.1",
+                    "--p2p-port",
+                    str(P2P_PORT),
+                    "--announce-host",
+                    bed.address(host),
+                    "--threads",
+                    "1",
+                ],
+                on_status=on_status,
+            )
         finally:
             for proxy in proxies:
                 kill_family(proxy)
@@ -226,14 +315,19 @@ def section_utilization(args: argparse.Namespace, *, peers: int = 4, mbit: float
     whole = _shares(first, last)
     record = history(work)
     rows = record["rounds"]
-    return dict(result, utilization=round(sum(steady) / len(steady), 3) if steady else None,
-                utilization_to_end=round(sum(whole) / len(whole), 3) if whole else None,
-                history_share=compute_share(record),
-                rounds_committed=last["run"].get("rounds_committed"), rounds_voided=last["run"].get("rounds_voided"),
-                per_peer=[round(s, 3) for s in steady],
-                status_utilization=last.get("totals", {}).get("compute_utilization"),
-                codecs=[r.get("codec") for r in rows], exchange_s=[round(r.get("exchange_s") or 0, 2) for r in rows],
-                controller=(last["run"].get("controller") or {}).get("reason"))
+    return dict(
+        result,
+        utilization=round(sum(steady) / len(steady), 3) if steady else None,
+        utilization_to_end=round(sum(whole) / len(whole), 3) if whole else None,
+        history_share=compute_share(record),
+        rounds_committed=last["run"].get("rounds_committed"),
+        rounds_voided=last["run"].get("rounds_voided"),
+        per_peer=[round(s, 3) for s in steady],
+        status_utilization=last.get("totals", {}).get("compute_utilization"),
+        codecs=[r.get("codec") for r in rows],
+        exchange_s=[round(r.get("exchange_s") or 0, 2) for r in rows],
+        controller=(last["run"].get("controller") or {}).get("reason"),
+    )
 
 
 CONTROLLED = """controller = "auto"
@@ -249,5 +343,7 @@ def section_utilization_controlled(args: argparse.Namespace) -> dict:
     evaluation only after the last round, so the share measured is training against exchanging."""
     rounds, inner_steps = 6, 60
     extra = CONTROLLED.format(fragments=1, overlap=20, rounds=rounds)
-    return dict(section_utilization(args, mbit=args.util_mbit, rounds=rounds, inner_steps=inner_steps,
-                                    extra_rounds=extra), controller_config=extra.strip().splitlines())
+    return dict(
+        section_utilization(args, mbit=args.util_mbit, rounds=rounds, inner_steps=inner_steps, extra_rounds=extra),
+        controller_config=extra.strip().splitlines(),
+    )

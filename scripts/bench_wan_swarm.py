@@ -48,39 +48,57 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sites", type=int, default=2, help="sites (2 to 26)")
     parser.add_argument("--peers-per-site", type=int, default=3, help="peers (hosts) at each site")
-    parser.add_argument("--group-size", type=int, default=2,
-                        help="[rounds] group_size: a site's peers average in sub-groups of at most this many")
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        default=2,
+        help="[rounds] group_size: a site's peers average in sub-groups of at most this many",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="[rounds] max_rounds")
     parser.add_argument("--inner-steps", type=int, default=10, help="[rounds] inner_steps")
     parser.add_argument("--in-site-mbit", type=float, default=1000.0, help="each host's link inside its site")
-    parser.add_argument("--cross-site-mbit", type=float, default=50.0,
-                        help="each host's rate to and from hosts of other sites, each way")
+    parser.add_argument(
+        "--cross-site-mbit",
+        type=float,
+        default=50.0,
+        help="each host's rate to and from hosts of other sites, each way",
+    )
     parser.add_argument("--flat", action="store_true", help="one flat group instead of two levels (for comparison)")
-    parser.add_argument("--lease-s", type=float, default=60.0,
-                        help="the coordinator's --lease-s (a loaded machine delays heartbeats)")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="one more key of the run config, a TOML value (repeatable); wins over the defaults, "
-                             "e.g. --set rounds.exchange_timeout_s=300")
+    parser.add_argument(
+        "--lease-s", type=float, default=60.0, help="the coordinator's --lease-s (a loaded machine delays heartbeats)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="one more key of the run config, a TOML value (repeatable); wins over the defaults, "
+        "e.g. --set rounds.exchange_timeout_s=300",
+    )
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="stop the swarm after this long")
-    parser.add_argument("--need-gb", type=float, default=None,
-                        help="memory available before starting (default 0.45 GB per peer + 1 GB)")
-    parser.add_argument("--wait-memory-s", type=float, default=1200.0,
-                        help="how long to wait for that memory, checking every 30 s")
+    parser.add_argument(
+        "--need-gb", type=float, default=None, help="memory available before starting (default 0.45 GB per peer + 1 GB)"
+    )
+    parser.add_argument(
+        "--wait-memory-s", type=float, default=1200.0, help="how long to wait for that memory, checking every 30 s"
+    )
     parser.add_argument("--workdir", help="an empty or new directory for the logs (default: a temporary one)")
     parser.add_argument("--json", action="store_true", help="only the summary, one JSON line, on stdout")
     args = parser.parse_args(argv)
     peers = args.sites * args.peers_per_site
-    checks = ((2 <= args.sites <= len(string.ascii_lowercase), f"--sites must be between 2 and 26, got {args.sites}"),
-              (args.peers_per_site >= 1, f"--peers-per-site must be at least 1, got {args.peers_per_site}"),
-              (peers <= 199, f"--sites x --peers-per-site must be at most 199 hosts, got {peers}"),
-              (args.group_size >= 1, f"--group-size must be at least 1, got {args.group_size}"),
-              (args.rounds >= 1, f"--rounds must be at least 1, got {args.rounds}"),
-              (args.inner_steps >= 1, f"--inner-steps must be at least 1, got {args.inner_steps}"),
-              (_positive(args.in_site_mbit), f"--in-site-mbit must be a positive rate, got {args.in_site_mbit}"),
-              (_positive(args.cross_site_mbit), f"--cross-site-mbit must be a positive rate, got {args.cross_site_mbit}"),
-              (_positive(args.lease_s), f"--lease-s must be a positive number of seconds, got {args.lease_s}"),
-              (_positive(args.timeout_s), f"--timeout-s must be a positive number of seconds, got {args.timeout_s}"),
-              (args.need_gb is None or args.need_gb >= 0, f"--need-gb must not be negative, got {args.need_gb}"))
+    checks = (
+        (2 <= args.sites <= len(string.ascii_lowercase), f"--sites must be between 2 and 26, got {args.sites}"),
+        (args.peers_per_site >= 1, f"--peers-per-site must be at least 1, got {args.peers_per_site}"),
+        (peers <= 199, f"--sites x --peers-per-site must be at most 199 hosts, got {peers}"),
+        (args.group_size >= 1, f"--group-size must be at least 1, got {args.group_size}"),
+        (args.rounds >= 1, f"--rounds must be at least 1, got {args.rounds}"),
+        (args.inner_steps >= 1, f"--inner-steps must be at least 1, got {args.inner_steps}"),
+        (_positive(args.in_site_mbit), f"--in-site-mbit must be a positive rate, got {args.in_site_mbit}"),
+        (_positive(args.cross_site_mbit), f"--cross-site-mbit must be a positive rate, got {args.cross_site_mbit}"),
+        (_positive(args.lease_s), f"--lease-s must be a positive number of seconds, got {args.lease_s}"),
+        (_positive(args.timeout_s), f"--timeout-s must be a positive number of seconds, got {args.timeout_s}"),
+        (args.need_gb is None or args.need_gb >= 0, f"--need-gb must not be negative, got {args.need_gb}"),
+    )
     for ok, message in checks:
         if not ok:
             parser.error(message)
@@ -102,10 +120,16 @@ def run_config(args: argparse.Namespace) -> str:
     """The run's TOML: the tiny model, every peer in round 1, timeouts for many peers on two shared cores, the
     evaluation only after the last round; then ``--set`` keys, which win."""
     rounds: dict[str, object] = {
-        "inner_steps": args.inner_steps, "max_rounds": args.rounds, "min_peers": args.sites * args.peers_per_site,
-        "matchmaking_window_s": 30.0, "exchange_timeout_s": 120.0, "round_timeout_s": 400.0,
-        "straggler_slack_s": 30.0, "eval_every_rounds": args.rounds,
-        "hierarchical": "false" if args.flat else "true"}
+        "inner_steps": args.inner_steps,
+        "max_rounds": args.rounds,
+        "min_peers": args.sites * args.peers_per_site,
+        "matchmaking_window_s": 30.0,
+        "exchange_timeout_s": 120.0,
+        "round_timeout_s": 400.0,
+        "straggler_slack_s": 30.0,
+        "eval_every_rounds": args.rounds,
+        "hierarchical": "false" if args.flat else "true",
+    }
     if not args.flat:
         rounds["group_size"] = args.group_size
     return '[model]\npreset = "tiny"\n\n' + run_toml(rounds, args.set)
@@ -186,11 +210,20 @@ def _netns_inode(namespace: str) -> int:
 
 def _process_netns(pid: int) -> int | None:
     link = os.readlink(f"/proc/{pid}/ns/net")  # "net:[4026532301]"
-    return int(link[link.index("[") + 1:-1]) if "[" in link else None
+    return int(link[link.index("[") + 1 : -1]) if "[" in link else None
 
 
-def summarize(*, record: dict, logs: dict[str, str], digests: dict[str, str | None], wire: dict[str, int],
-              peaks: dict[str, int], load: list[float], wall_s: float, finished: bool) -> dict:
+def summarize(
+    *,
+    record: dict,
+    logs: dict[str, str],
+    digests: dict[str, str | None],
+    wire: dict[str, int],
+    peaks: dict[str, int],
+    load: list[float],
+    wall_s: float,
+    finished: bool,
+) -> dict:
     """The report from a finished run: the coordinator's history (``record``: `swarm history --json`), each
     peer's log and final model's tensors digest (None: none written), the testbed's bytes, the sampled memory
     and load."""
@@ -209,9 +242,13 @@ def summarize(*, record: dict, logs: dict[str, str], digests: dict[str, str | No
         "rounds_voided": len(voided),
         "outcomes": "".join("c" if r.get("outcome") == "committed" else "v" for r in rounds),
         "contributors": [r.get("participants", 0) for r in committed],  # per committed round, in order
-        "mean_contributors": round(statistics.mean(r.get("participants", 0) for r in committed), 2) if committed else None,
+        "mean_contributors": round(statistics.mean(r.get("participants", 0) for r in committed), 2)
+        if committed
+        else None,
         "largest_group": max((r.get("group_size", 0) for r in rounds), default=0),
-        "round_s": round(statistics.median(r["decided_at"] - r["opened_at"] for r in committed), 2) if committed else None,
+        "round_s": round(statistics.median(r["decided_at"] - r["opened_at"] for r in committed), 2)
+        if committed
+        else None,
         "exchange_s": round(statistics.median(r["exchange_s"] for r in committed), 2) if committed else None,
         "rounds_averaged": len(averaged),
         "in_site_bytes_per_round": sum(a for _, a, _ in exchanges) // max(1, len(averaged)),
@@ -235,33 +272,72 @@ def summarize(*, record: dict, logs: dict[str, str], digests: dict[str, str | No
 def measure(args: argparse.Namespace, work: Path, config: str, say) -> dict:
     sites = site_of_hosts(args.sites, args.peers_per_site)
     hosts = list(sites)
-    topology = make_topology(hosts=len(hosts) + 1, mbit=args.in_site_mbit, sites=["", *sites.values()],
-                             cross_site_mbit=args.cross_site_mbit, prefix=PREFIX)
+    topology = make_topology(
+        hosts=len(hosts) + 1,
+        mbit=args.in_site_mbit,
+        sites=["", *sites.values()],
+        cross_site_mbit=args.cross_site_mbit,
+        prefix=PREFIX,
+    )
     started = time.monotonic()
     with Testbed(topology) as bed:
         sampler = Sampler({h: topology.namespace(h) for h in hosts}, topology.namespace("h0"))
         sampler.start()
         try:
             say(f"testbed up: {len(hosts)} peers at {args.sites} sites; logs in {work}")
-            finished = run_swarm(bed, work, config, hosts, timeout_s=args.timeout_s, poll_s=5.0,
-                                 peer_args=lambda host: ["--site", sites[host], "--name", host, "--threads", "1",
-                                                         "--join-timeout-s", "600"],
-                                 coordinator_args=("--lease-s", str(args.lease_s)))
+            finished = run_swarm(
+                bed,
+                work,
+                config,
+                hosts,
+                timeout_s=args.timeout_s,
+                poll_s=5.0,
+                peer_args=lambda host: [
+                    "--site",
+                    sites[host],
+                    "--name",
+                    host,
+                    "--threads",
+                    "1",
+                    "--join-timeout-s",
+                    "600",
+                ],
+                coordinator_args=("--lease-s", str(args.lease_s)),
+            )
         finally:
             sampler.stop.set()
             sampler.join(timeout=60)
-        wire = {"in_site": sum(bed.in_site_bytes_sent(h) for h in hosts),
-                "cross_site": sum(bed.cross_site_bytes_sent(h) for h in hosts)}
+        wire = {
+            "in_site": sum(bed.in_site_bytes_sent(h) for h in hosts),
+            "cross_site": sum(bed.cross_site_bytes_sent(h) for h in hosts),
+        }
     wall_s = time.monotonic() - started
     logs = {h: (work / f"{h}.log").read_text(errors="replace") for h in hosts}
     digests = {h: _final_digest(work, h) for h in hosts}
-    report = summarize(record=history(work), logs=logs, digests=digests, wire=wire, peaks=sampler.peak,
-                       load=sampler.load, wall_s=wall_s, finished=finished)
-    return {"sites": args.sites, "peers_per_site": args.peers_per_site, "peers": len(hosts),
-            "group_size": None if args.flat else args.group_size, "hierarchical": not args.flat,
-            "rounds": args.rounds, "inner_steps": args.inner_steps, "in_site_mbit": args.in_site_mbit,
-            "cross_site_mbit": args.cross_site_mbit, **report,
-            "final_digest": {h: d or "missing" for h, d in digests.items()}, "logs": str(work)}
+    report = summarize(
+        record=history(work),
+        logs=logs,
+        digests=digests,
+        wire=wire,
+        peaks=sampler.peak,
+        load=sampler.load,
+        wall_s=wall_s,
+        finished=finished,
+    )
+    return {
+        "sites": args.sites,
+        "peers_per_site": args.peers_per_site,
+        "peers": len(hosts),
+        "group_size": None if args.flat else args.group_size,
+        "hierarchical": not args.flat,
+        "rounds": args.rounds,
+        "inner_steps": args.inner_steps,
+        "in_site_mbit": args.in_site_mbit,
+        "cross_site_mbit": args.cross_site_mbit,
+        **report,
+        "final_digest": {h: d or "missing" for h, d in digests.items()},
+        "logs": str(work),
+    }
 
 
 def _interrupted(signum: int, frame: object) -> None:
@@ -285,8 +361,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     work.mkdir(parents=True, exist_ok=True)
     if not wait_for_memory(args.need_gb, args.wait_memory_s, say):
-        print(f"bench_wan_swarm: {args.need_gb:.1f} GB of memory did not become available within "
-              f"{args.wait_memory_s:.0f} s; try again when the machine is less busy", file=sys.stderr)
+        print(
+            f"bench_wan_swarm: {args.need_gb:.1f} GB of memory did not become available within "
+            f"{args.wait_memory_s:.0f} s; try again when the machine is less busy",
+            file=sys.stderr,
+        )
         return 3
     signal.signal(signal.SIGTERM, _interrupted)
     try:
@@ -303,8 +382,11 @@ def main(argv: list[str] | None = None) -> int:
         teardown(PREFIX)  # idempotent: what Testbed's exit did not get to
     print(json.dumps(result) if args.json else json.dumps(result, indent=1), flush=True)
     if not result["identical"]:
-        print(f"bench_wan_swarm: the final models differ or are missing: {result['final_models']}, "
-              f"missing on {result['missing_final_models'] or 'none'}; see {work}", file=sys.stderr)
+        print(
+            f"bench_wan_swarm: the final models differ or are missing: {result['final_models']}, "
+            f"missing on {result['missing_final_models'] or 'none'}; see {work}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -105,8 +105,7 @@ class TcpFloor:
         for _ in range(2):  # phase 1: contributions to owners; phase 2: averaged slices to everyone
             senders = [threading.Thread(target=s.sendall, args=(payload,)) for s in self.out.values()]
             buffers = {j: bytearray(slice_bytes) for j in self.inbound}
-            receivers = [threading.Thread(target=_recv_into, args=(c, buffers[j]))
-                         for j, c in self.inbound.items()]
+            receivers = [threading.Thread(target=_recv_into, args=(c, buffers[j])) for j, c in self.inbound.items()]
             for t in senders + receivers:
                 t.start()
             for t in senders + receivers:
@@ -132,8 +131,12 @@ class Worker:
         return self._vectors[numel]
 
     def hello(self) -> dict:
-        return {"maddrs": self.transport.visible_maddrs, "dht_peer_id": self.transport.peer_id, "tcp_port": self.tcp.port,
-                "bulk": self.exchange.bulk_address}
+        return {
+            "maddrs": self.transport.visible_maddrs,
+            "dht_peer_id": self.transport.peer_id,
+            "tcp_port": self.tcp.port,
+            "bulk": self.exchange.bulk_address,
+        }
 
     def handle(self, cmd: dict) -> dict:
         name = cmd["cmd"]
@@ -158,6 +161,7 @@ class Worker:
         if name == "hm_arm":
             self.control = self.averager.step(wait=False, require_trigger=True, timeout=cmd.get("timeout_s", 300))
             from hivemind.averaging.control import AveragingStage
+
             deadline = time.time() + cmd.get("timeout_s", 300)
             while self.control.stage != AveragingStage.AWAITING_TRIGGER and time.time() < deadline:
                 if self.control.done():
@@ -181,23 +185,37 @@ class Worker:
 
     def _swarm(self, cmd: dict) -> dict:
         bulk = cmd.get("bulk") or [""] * len(cmd["group"])  # "": that member's slices come over libp2p
-        group = [Member(peer_id=f"p{i}", dht_peer_id=d, index=i, weight=1.0, numel=cmd["numel"], codec=cmd["codec"],
-                        bulk=b) for i, (d, b) in enumerate(zip(cmd["group"], bulk))]
+        group = [
+            Member(peer_id=f"p{i}", dht_peer_id=d, index=i, weight=1.0, numel=cmd["numel"], codec=cmd["codec"], bulk=b)
+            for i, (d, b) in enumerate(zip(cmd["group"], bulk))
+        ]
         self.exchange.send_in_turn = cmd.get("in_turn", False)
         self.exchange.pace_mbit_s = cmd.get("pace_mbit", 0.0)
         delta = self.vector(cmd["numel"])
         late_s = _wait_until(cmd["at"])
-        result = self.exchange.average(key=cmd["key"], group=group, me=group[self.index], delta=delta,
-                                       timeout_s=cmd.get("timeout_s", 300))
+        result = self.exchange.average(
+            key=cmd["key"], group=group, me=group[self.index], delta=delta, timeout_s=cmd.get("timeout_s", 300)
+        )
         seconds = time.time() - cmd["at"]
         self._last = result.average
-        return {"seconds": seconds, "bytes_sent": result.bytes_sent, "late_s": late_s, "inside_s": result.seconds, "phases_s": result.phases_s}
+        return {
+            "seconds": seconds,
+            "bytes_sent": result.bytes_sent,
+            "late_s": late_s,
+            "inside_s": result.seconds,
+            "phases_s": result.phases_s,
+        }
 
     def _hm_open(self, cmd: dict) -> dict:
         from hivemind.averaging import DecentralizedAverager
 
-        self.averager = DecentralizedAverager([self.vector(cmd["numel"]).clone()], self.transport.dht,
-                                              prefix=cmd["prefix"], start=True, target_group_size=cmd["peers"])
+        self.averager = DecentralizedAverager(
+            [self.vector(cmd["numel"]).clone()],
+            self.transport.dht,
+            prefix=cmd["prefix"],
+            start=True,
+            target_group_size=cmd["peers"],
+        )
         return {"ok": True}
 
 

@@ -54,8 +54,14 @@ SLOW = "slow@1:compute=3"
 def spawn(args: list[str], log: Path, stdout=None) -> subprocess.Popen:
     # faulthandler: a process that dies of a signal of its own (SIGSEGV, SIGABRT) leaves a traceback
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "swarm.app.cli", *args], stdout=stdout or open(log, "ab"),
-                            stderr=open(log, "ab"), env=env, cwd=ROOT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "swarm.app.cli", *args],
+        stdout=stdout or open(log, "ab"),
+        stderr=open(log, "ab"),
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
 
 
 def kill_tree(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
@@ -74,14 +80,23 @@ class Soak:
         self.args, self.workdir, self.faults = args, workdir, faults
         self.rng = random.Random(args.seed)
         self.config = workdir / "run.toml"
-        rounds = {"inner_steps": args.inner_steps, "max_rounds": args.rounds, "min_peers": args.peers,
-                  "matchmaking_window_s": 5.0, "exchange_timeout_s": 8.0, "round_timeout_s": 60.0,
-                  "overlap_steps": args.overlap_steps, "controller": f'"{args.controller}"', "codec": f'"{args.codec}"'}
+        rounds = {
+            "inner_steps": args.inner_steps,
+            "max_rounds": args.rounds,
+            "min_peers": args.peers,
+            "matchmaking_window_s": 5.0,
+            "exchange_timeout_s": 8.0,
+            "round_timeout_s": 60.0,
+            "overlap_steps": args.overlap_steps,
+            "controller": f'"{args.controller}"',
+            "codec": f'"{args.codec}"',
+        }
         if args.group_size:  # two-level averaging: every peer on one site, cut into sub-groups of at most N
             rounds.update(hierarchical="true", group_size=args.group_size)
         self.config.write_text(run_toml(rounds, args.set))
         from swarm.config import ConfigError
         from swarm.config.run import load_run_config
+
         try:
             load_run_config(self.config)
         except ConfigError as e:
@@ -104,9 +119,21 @@ class Soak:
         self.next_sample = 0.0
 
     def start_coordinator(self) -> None:
-        self.coordinator = spawn(["coordinator", "--config", str(self.config), "--state-dir", str(self.workdir / "coordinator"),
-                                  "--lease-s", str(self.args.lease_s), "--exit-grace-s", "30"], self.workdir / "coordinator.log",
-                                 stdout=subprocess.PIPE)
+        self.coordinator = spawn(
+            [
+                "coordinator",
+                "--config",
+                str(self.config),
+                "--state-dir",
+                str(self.workdir / "coordinator"),
+                "--lease-s",
+                str(self.args.lease_s),
+                "--exit-grace-s",
+                "30",
+            ],
+            self.workdir / "coordinator.log",
+            stdout=subprocess.PIPE,
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             line = self.coordinator.stdout.readline().decode()
@@ -123,9 +150,25 @@ class Soak:
             supervised += ["--faults", SLOW]  # a 3x slower device, in every process of this peer
         if self.args.group_size:
             supervised += ["--site", "loopback"]  # a peer without a site is a sub-group of its own
-        self.peers[name] = spawn(["peer", "--join", self.join, "--state-dir", str(self.workdir / name),
-                                  "--threads", "1", "--name", name, "--join-timeout-s", "300", "--checkpoint-every", "1",
-                                  *supervised], self.workdir / f"{name}.log")
+        self.peers[name] = spawn(
+            [
+                "peer",
+                "--join",
+                self.join,
+                "--state-dir",
+                str(self.workdir / name),
+                "--threads",
+                "1",
+                "--name",
+                name,
+                "--join-timeout-s",
+                "300",
+                "--checkpoint-every",
+                "1",
+                *supervised,
+            ],
+            self.workdir / f"{name}.log",
+        )
 
     def kill_peer_process(self, name: str) -> None:
         """--supervised: kill -9 the peer process under ``name``'s supervisor (a fork: the supervisor's command
@@ -169,8 +212,15 @@ class Soak:
             except CoordinatorError:
                 time.sleep(1)
                 continue
-            rows += [{"round": r.round, "committed": bool(r.committed_hash), "participants": r.participants,
-                      "group": r.group_size} for r in page.rounds]
+            rows += [
+                {
+                    "round": r.round,
+                    "committed": bool(r.committed_hash),
+                    "participants": r.participants,
+                    "group": r.group_size,
+                }
+                for r in page.rounds
+            ]
             if not page.more or not page.rounds:
                 break
             after = page.rounds[-1].round
@@ -197,8 +247,10 @@ class Soak:
             seen = self.committed.setdefault(run["committed_round"], run["committed_hash"])
             if seen != run["committed_hash"]:  # a committed round replaced: it was lost
                 self.lost += 1
-                print(f"LOST: round {run['committed_round']} was committed as {seen}, now {run['committed_hash']}",
-                      file=sys.stderr)
+                print(
+                    f"LOST: round {run['committed_round']} was committed as {seen}, now {run['committed_hash']}",
+                    file=sys.stderr,
+                )
                 self.committed[run["committed_round"]] = run["committed_hash"]
         for peer in status["peers"]:
             if peer["state"] in ("left", "evicted"):
@@ -207,8 +259,11 @@ class Soak:
             expected = self.committed.get(metrics["state_round"])
             if expected and metrics["state_hash"] and metrics["state_hash"] != expected:
                 self.divergent += 1
-                print(f"DIVERGENT: {peer['name']} holds {metrics['state_hash']} for round {metrics['state_round']}, "
-                      f"committed {expected}", file=sys.stderr)
+                print(
+                    f"DIVERGENT: {peer['name']} holds {metrics['state_hash']} for round {metrics['state_round']}, "
+                    f"committed {expected}",
+                    file=sys.stderr,
+                )
             if metrics["loss"] is not None and not math.isfinite(metrics["loss"]):
                 self.nonfinite += 1
             name = peer["name"]
@@ -222,9 +277,14 @@ class Soak:
     def show(self, progress: RunProgress, status: dict) -> None:
         run = status["run"]
         eval_loss = "—" if run["eval_loss"] is None else f"{run['eval_loss']:.3f}"
-        progress.update(run["rounds_committed"], voided=str(run["rounds_voided"]), eval=eval_loss,
-                        sent=format_bytes(status["totals"]["bytes_sent"]), faults=str(self.faults_injected),
-                        divergent=str(self.divergent))
+        progress.update(
+            run["rounds_committed"],
+            voided=str(run["rounds_voided"]),
+            eval=eval_loss,
+            sent=format_bytes(status["totals"]["bytes_sent"]),
+            faults=str(self.faults_injected),
+            divergent=str(self.divergent),
+        )
 
     def run(self) -> dict:
         started = time.monotonic()
@@ -233,12 +293,15 @@ class Soak:
             self.start_peer(f"peer-{i}")
         client = CoordinatorClient(JoinString.parse(self.join), request_timeout_s=3)
         next_fault = time.monotonic() + self.rng.expovariate(1 / self.args.mtbf_s) + 10
-        kill_coordinator_at = sorted(self.rng.uniform(0.3, 0.7) * self.args.rounds for _ in range(self.args.coordinator_kills))
+        kill_coordinator_at = sorted(
+            self.rng.uniform(0.3, 0.7) * self.args.rounds for _ in range(self.args.coordinator_kills)
+        )
         pending_restarts: list[tuple[float, str]] = []
         status: Optional[dict] = None
         deadline = started + self.args.timeout_s
-        progress = RunProgress(self.args.rounds, what=f"{self.workdir.name}: rounds committed",
-                               console=Console(stderr=True)).start()  # stdout keeps only the summary
+        progress = RunProgress(
+            self.args.rounds, what=f"{self.workdir.name}: rounds committed", console=Console(stderr=True)
+        ).start()  # stdout keeps only the summary
         while time.monotonic() < deadline:
             self.sample_resources()
             status = self.status(client) or status
@@ -275,8 +338,9 @@ class Soak:
                 if name not in restarting and proc.poll() is not None:
                     if proc.returncode == 0 and self.finished(client):
                         continue  # the run just finished: the peer left as it should
-                    print(f"UNEXPECTED EXIT: {name} exited with status {proc.returncode}; see {name}.log",
-                          file=sys.stderr)
+                    print(
+                        f"UNEXPECTED EXIT: {name} exited with status {proc.returncode}; see {name}.log", file=sys.stderr
+                    )
                     self.unexpected_exits.append(name)
                     self.start_peer(name)  # the soak goes on with the full swarm; the exit is reported
             for when, name in list(pending_restarts):
@@ -306,9 +370,21 @@ class Soak:
         # From the first round every peer contributed to on: the rounds a full swarm committed or voided.
         full = next((i for i, r in enumerate(history) if r["participants"] >= self.args.peers), len(history))
         after_full = history[full:]
-        largest_subgroup = max((max(len(s.positions) for s in plan_sites(["loopback"] * r["participants"],
-                                                                         self.args.group_size).subgroups)
-                                for r in history if r["participants"]), default=0) if self.args.group_size else None
+        largest_subgroup = (
+            max(
+                (
+                    max(
+                        len(s.positions)
+                        for s in plan_sites(["loopback"] * r["participants"], self.args.group_size).subgroups
+                    )
+                    for r in history
+                    if r["participants"]
+                ),
+                default=0,
+            )
+            if self.args.group_size
+            else None
+        )
         return {
             "mean_contributors": round(joined / max(1, run.get("rounds_committed", 0)), 2),
             "rounds_committed": final["run"].get("rounds_committed", 0),
@@ -329,8 +405,20 @@ class Soak:
         }
 
 
-RUN_FIGURES = ("first_full_round", "rounds_after_full", "committed_after_full", "contributors", "outcomes",
-               "largest_group", "largest_subgroup", "final_models", "peak_pss_gb", "peak_machine_used_gb", "load_1m", "wall_s")
+RUN_FIGURES = (
+    "first_full_round",
+    "rounds_after_full",
+    "committed_after_full",
+    "contributors",
+    "outcomes",
+    "largest_group",
+    "largest_subgroup",
+    "final_models",
+    "peak_pss_gb",
+    "peak_machine_used_gb",
+    "load_1m",
+    "wall_s",
+)
 FIRST_ROUND = re.compile(r"first round: training ([\d.]+)s after launch")
 
 
@@ -362,8 +450,9 @@ def run_toml(rounds: dict[str, object], settings: list[str]) -> str:
         except tomllib.TOMLDecodeError:
             value = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
         sections.setdefault(section, {})[name] = value
-    return "".join(f"[{section}]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items())
-                   for section, keys in sections.items())
+    return "".join(
+        f"[{section}]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items()) for section, keys in sections.items()
+    )
 
 
 def final_models(workdir: Path, peers: dict[str, subprocess.Popen]) -> dict[str, int]:
@@ -399,21 +488,41 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-s", type=float, default=1800)
     parser.add_argument("--skip-fault-free", action="store_true")
-    parser.add_argument("--supervised", action="store_true",
-                        help="peers run under --max-restarts; a fault kills only the peer process, which its "
-                             "supervisor starts again at once (the rejoin counts from the kill)")
+    parser.add_argument(
+        "--supervised",
+        action="store_true",
+        help="peers run under --max-restarts; a fault kills only the peer process, which its "
+        "supervisor starts again at once (the rejoin counts from the kill)",
+    )
     parser.add_argument("--overlap-steps", type=int, default=0, help="[rounds] overlap_steps of the run")
     parser.add_argument("--controller", choices=("off", "auto"), default="off", help="[rounds] controller of the run")
     parser.add_argument("--codec", default="fp32", help="[rounds] codec of the run (e.g. int4)")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="one more key of the run config, a TOML value (repeatable), e.g. --set outer.momentum=0.0")
-    parser.add_argument("--slow-peers", type=int, default=0,
-                        help=f"the first N peers run with --faults {SLOW} (each inner step takes 3x its compute)")
-    parser.add_argument("--group-size", type=int, default=0,
-                        help="two-level averaging ([rounds] hierarchical) in sub-groups of at most N peers, every "
-                             "peer on one site (default 0: one flat group)")
-    parser.add_argument("--lease-s", type=float, default=4.0,
-                        help="the coordinator's --lease-s: a peer silent this long is evicted (longer on a busy machine)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="one more key of the run config, a TOML value (repeatable), e.g. --set outer.momentum=0.0",
+    )
+    parser.add_argument(
+        "--slow-peers",
+        type=int,
+        default=0,
+        help=f"the first N peers run with --faults {SLOW} (each inner step takes 3x its compute)",
+    )
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        default=0,
+        help="two-level averaging ([rounds] hierarchical) in sub-groups of at most N peers, every "
+        "peer on one site (default 0: one flat group)",
+    )
+    parser.add_argument(
+        "--lease-s",
+        type=float,
+        default=4.0,
+        help="the coordinator's --lease-s: a peer silent this long is evicted (longer on a busy machine)",
+    )
     parser.add_argument("--workdir", help="keep logs here (default: a temporary directory)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

@@ -2,6 +2,7 @@
 
 NAT relay under faults: a public peer and two NAT peers; each NAT peer is SIGKILLed once mid-run and restarted
 on its state dir; the coordinator is killed once and restarted. The run must commit every round, end identical."""
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,14 @@ def committed() -> int:
 def restart(bed, host, join):
     log = work / f"{host}.log"
     with open(log, "ab") as out:
-        return bed.spawn(host, [sys.executable, "-m", "swarm.app.cli", "peer", "--join", join, "--device", "cpu"],
-                         cwd=work / host, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+        return bed.spawn(
+            host,
+            [sys.executable, "-m", "swarm.app.cli", "peer", "--join", join, "--device", "cpu"],
+            cwd=work / host,
+            env=_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def wait_for(n, timeout=240):
@@ -67,10 +74,29 @@ with Testbed(make_topology(hosts=2, nat_hosts=2, prefix="swd-")) as bed:
         events.append(f"kill coordinator after {committed()}")
         time.sleep(2.0)
         with open(work / "coordinator.log", "ab") as err:
-            coord = bed.spawn("h0", [sys.executable, "-m", "swarm.app.cli", "coordinator", "--config", str(work / "run.toml"),
-                                     "--host", "0.0.0.0", "--announce-host", bed.address("h0"), "--state-dir",
-                                     str(work / "coordinator"), "--exit-grace-s", "30"],
-                              cwd=work, env=_env(), stdout=subprocess.PIPE, stderr=err)
+            coord = bed.spawn(
+                "h0",
+                [
+                    sys.executable,
+                    "-m",
+                    "swarm.app.cli",
+                    "coordinator",
+                    "--config",
+                    str(work / "run.toml"),
+                    "--host",
+                    "0.0.0.0",
+                    "--announce-host",
+                    bed.address("h0"),
+                    "--state-dir",
+                    str(work / "coordinator"),
+                    "--exit-grace-s",
+                    "30",
+                ],
+                cwd=work,
+                env=_env(),
+                stdout=subprocess.PIPE,
+                stderr=err,
+            )
         events.append("restart coordinator")
         codes = {}
         for h, p in procs.items():
@@ -84,7 +110,19 @@ with Testbed(make_topology(hosts=2, nat_hosts=2, prefix="swd-")) as bed:
 log = (work / "coordinator.log").read_text(errors="replace")
 finals = {h: work / h / "swarm-peer" / "final" / "model.safetensors" for h in hosts}
 digests = {h: tensors_digest(f) if f.exists() else None for h, f in finals.items()}
-print(json.dumps({"events": events, "codes": codes, "committed_lines": committed(),
-                  "voided": len(re.findall(r"round \d+: voided", log)),
-                  "relayed": {h: (work / f"{h}.log").read_text(errors="replace").count("through the coordinator's relay") for h in hosts},
-                  "digests": digests, "identical": len(set(digests.values())) == 1 and None not in digests.values()}))
+print(
+    json.dumps(
+        {
+            "events": events,
+            "codes": codes,
+            "committed_lines": committed(),
+            "voided": len(re.findall(r"round \d+: voided", log)),
+            "relayed": {
+                h: (work / f"{h}.log").read_text(errors="replace").count("through the coordinator's relay")
+                for h in hosts
+            },
+            "digests": digests,
+            "identical": len(set(digests.values())) == 1 and None not in digests.values(),
+        }
+    )
+)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set everything up (idempotent) and run the whole test suite. Extra arguments go to pytest (one plain run).
-#   ./scripts/test.sh --lint [ARGS]   ruff check . (lint only; the rules are in pyproject.toml): non-zero on findings
+#   ./scripts/test.sh --lint          ruff check . and ruff format --check . (rules in pyproject.toml): non-zero on findings
 #   ./scripts/test.sh --fast [ARGS]   the tests not marked slow or serial, on two workers (about a minute on 2 cores)
 #
 # The whole suite runs on three pytest workers (pytest-xdist), also on 2 cores: much of its time is real peer
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 PYTEST=(.venv/bin/python -m pytest -p no:cacheprovider)
 case "${1:-}" in
-  --lint) shift; exec .venv/bin/ruff check . "$@" ;;
+  --lint) .venv/bin/ruff check . && exec .venv/bin/ruff format --check . ;;
   --fast) shift; exec "${PYTEST[@]}" -n "${SWARM_TEST_WORKERS:-2}" -m "not slow and not serial" "$@" ;;
 esac
 if [ $# -gt 0 ]; then

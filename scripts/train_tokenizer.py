@@ -40,8 +40,9 @@ def train(source: str, *, vocab_size: int, out: str, max_bytes: int | None = Non
     # All 256 byte symbols when the vocabulary has room, so any text encodes; a smaller (test) vocabulary keeps
     # only the symbols its text uses.
     alphabet = pre_tokenizers.ByteLevel.alphabet() if vocab_size > 256 else []
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=alphabet, limit_alphabet=vocab_size,
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=alphabet, limit_alphabet=vocab_size, show_progress=False
+    )
     tokenizer.train_from_iterator(texts(source, max_bytes), trainer=trainer)
     tokenizer.save(out)
     return tokenizer.get_vocab_size()
@@ -50,7 +51,9 @@ def train(source: str, *, vocab_size: int, out: str, max_bytes: int | None = Non
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", required=True, help="a text file, a directory of text files, or 'stdlib'")
-    parser.add_argument("--vocab-size", type=int, default=4096, help="tokens in the vocabulary (over 256: every byte encodes)")
+    parser.add_argument(
+        "--vocab-size", type=int, default=4096, help="tokens in the vocabulary (over 256: every byte encodes)"
+    )
     parser.add_argument("--max-bytes", type=int, help="read at most this many bytes of text")
     parser.add_argument("--out", default="tokenizer.json", help="the tokenizer.json to write")
     args = parser.parse_args(argv)

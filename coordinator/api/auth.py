@@ -29,16 +29,22 @@ class JoinClaim:
 def verify_join(request: pb.JoinRequest) -> JoinClaim:
     """The identities a join request proves; raises BadRequest or BadJoinProof with the reason."""
     if len(request.public_key) != PUBLIC_KEY_BYTES:
-        raise BadRequest(f"a join must carry a {PUBLIC_KEY_BYTES}-byte Ed25519 public key, got "
-                         f"{len(request.public_key)} bytes; update swarm on this peer.")
+        raise BadRequest(
+            f"a join must carry a {PUBLIC_KEY_BYTES}-byte Ed25519 public key, got "
+            f"{len(request.public_key)} bytes; update swarm on this peer."
+        )
     message = signing.join_message(request)
     if not verify_signature(request.public_key, request.signature, signing.JOIN_PURPOSE, message):
-        raise BadJoinProof("the join request is not signed by the key it presents; the peer's key or its "
-                           "software is broken: move its peer-key.pem away or update swarm.")
+        raise BadJoinProof(
+            "the join request is not signed by the key it presents; the peer's key or its "
+            "software is broken: move its peer-key.pem away or update swarm."
+        )
     dht_peer_id = libp2p_identity.verified_peer_id(request.dht_public_key, request.dht_signature, message)
     if dht_peer_id is None or dht_peer_id != request.dht_peer_id:
-        raise BadJoinProof("the join request does not prove its libp2p id (no valid signature by the libp2p key "
-                           "it names); update swarm on this peer.")
+        raise BadJoinProof(
+            "the join request does not prove its libp2p id (no valid signature by the libp2p key "
+            "it names); update swarm on this peer."
+        )
     return JoinClaim(public_key=bytes(request.public_key), dht_peer_id=dht_peer_id)
 
 

@@ -52,8 +52,9 @@ class NotAuthenticated(Rejection):
     code = "UNAUTHENTICATED"
 
     def __init__(self) -> None:
-        super().__init__("this call is not signed by a member of this run; "
-                         "restart `swarm peer --join ...` to join again.")
+        super().__init__(
+            "this call is not signed by a member of this run; restart `swarm peer --join ...` to join again."
+        )
 
 
 class BadJoinProof(Rejection):

@@ -60,7 +60,11 @@ _ROUNDS = {"round", "state_round", "eval_round"}  # may be -1 ("none") or, for t
 _LINKS = {"upload_mbit_s", "download_mbit_s", "rtt_ms"}  # NaN until measured, else in [0, MAX_SECONDS]
 _DURATIONS = {"step_time_s", "tokens_per_s", "inner_time_s", "wall_time_s", "exchange_time_s"} | _LINKS
 _MAYBE_NAN = {"loss", "eval_loss"} | _LINKS  # NaN: not measured yet
-_LIST_CAPS = {"dht_maddrs": MAX_DHT_MADDRS_SENT, "group": MAX_GROUP, "group_votes": MAX_SENT_VOTES}  # else MAX_OTHER_LIST
+_LIST_CAPS = {
+    "dht_maddrs": MAX_DHT_MADDRS_SENT,
+    "group": MAX_GROUP,
+    "group_votes": MAX_SENT_VOTES,
+}  # else MAX_OTHER_LIST
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,9 @@ def _scalar_problem(field: FieldDescriptor, value: Any, where: str) -> Optional[
         known = field.enum_type.values_by_number
         return None if value in known else f"{where} is {value}, not a known {field.enum_type.name}"
     if isinstance(value, int):
-        low, high = (-1, MAX_ROUND) if name in _ROUNDS else (0, MAX_COUNT) if name in _COUNTS else (-MAX_COUNT, MAX_COUNT)
+        low, high = (
+            (-1, MAX_ROUND) if name in _ROUNDS else (0, MAX_COUNT) if name in _COUNTS else (-MAX_COUNT, MAX_COUNT)
+        )
         if name == "round":
             low = -MAX_ROUND  # the engine says why a negative round is wrong
         return None if low <= value <= high else f"{where} is {value}, outside [{low}, {high}]"
@@ -180,8 +186,10 @@ def _text_problem(name: str, value: str, where: str) -> Optional[str]:
     size = len(value.encode("utf-8", "surrogatepass"))
     if name in _IDS or name in _HASHES or name == "page_token":
         pattern, cap, what = (
-            (_ID, MAX_ID_CHARS, "letters, digits and _-.~") if name in _IDS
-            else (_DIGITS, MAX_PAGE_TOKEN_CHARS, "digits") if name == "page_token"
+            (_ID, MAX_ID_CHARS, "letters, digits and _-.~")
+            if name in _IDS
+            else (_DIGITS, MAX_PAGE_TOKEN_CHARS, "digits")
+            if name == "page_token"
             else (_HASH, MAX_HASH_CHARS, "letters and digits")
         )
         if size > cap:
@@ -219,8 +227,12 @@ class WarningLimiter:
                 return
             self._last[method_name] = now
             suppressed = self._suppressed.pop(method_name, 0)
-        logger.warning("%s: refused a malformed request: %s%s", method_name, problem,
-                       f" (and {suppressed} more since the last such line)" if suppressed else "")
+        logger.warning(
+            "%s: refused a malformed request: %s%s",
+            method_name,
+            problem,
+            f" (and {suppressed} more since the last such line)" if suppressed else "",
+        )
 
 
 _WARNINGS = WarningLimiter()

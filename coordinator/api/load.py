@@ -36,8 +36,14 @@ REFUSE_WAIT_S = 2.0  # while calls wait this long (times their method's share), 
 class LoadMonitor:
     """Thread-safe: its fields are written under ``_lock`` (the server's loop, the engine's readers)."""
 
-    def __init__(self, *, max_in_flight: int = MAX_IN_FLIGHT, slow_down_at: int = SLOW_DOWN_AT,
-                 slow_wait_s: float = SLOW_WAIT_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        slow_down_at: int = SLOW_DOWN_AT,
+        slow_wait_s: float = SLOW_WAIT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.max_in_flight, self.slow_down_at, self.slow_wait_s = max_in_flight, slow_down_at, slow_wait_s
         self._clock = clock
         self._lock = threading.Lock()
@@ -90,8 +96,13 @@ class LoadMonitor:
     def snapshot(self) -> dict[str, Any]:
         """What /metrics exports."""
         with self._lock:
-            return {"slowdown": self._factor, "slowdowns": self.slowdowns, "refused": dict(self.refused),
-                    "max_wait_s": self.max_wait_s, "overloaded": self.overloaded()}
+            return {
+                "slowdown": self._factor,
+                "slowdowns": self.slowdowns,
+                "refused": dict(self.refused),
+                "max_wait_s": self.max_wait_s,
+                "overloaded": self.overloaded(),
+            }
 
     def _step(self, now: float) -> None:
         if now - self._stepped_at < STEP_S:

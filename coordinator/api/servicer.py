@@ -50,8 +50,12 @@ def _rpc(method: F) -> F:
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def __init__(
-        self, engine: CoordinatorEngine, *, dht_initial_peers: Sequence[str],
-        challenges: Optional[Challenges] = None, join_limits: JoinLimits = JoinLimits(),
+        self,
+        engine: CoordinatorEngine,
+        *,
+        dht_initial_peers: Sequence[str],
+        challenges: Optional[Challenges] = None,
+        join_limits: JoinLimits = JoinLimits(),
     ) -> None:
         self._engine = engine
         self._dht_initial_peers = list(dht_initial_peers)
@@ -74,8 +78,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         address = client_address(context.peer())
         if not self._challenges_per_address.allow(address):
             raise RateLimited(f"too many joins from {address}; wait a few seconds and join again.")
-        return pb.ChallengeResponse(nonce=self._challenges.issue(time.monotonic()),
-                                    expires_in_s=self._challenges.ttl_s)
+        return pb.ChallengeResponse(nonce=self._challenges.issue(time.monotonic()), expires_in_s=self._challenges.ttl_s)
 
     @_rpc
     def Join(self, request: pb.JoinRequest, context) -> pb.JoinResponse:
@@ -90,8 +93,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise StaleChallenge()
         claim = auth.verify_join(request)
         peer, info = self._engine.join(
-            request.token, public_key=claim.public_key, dht_peer_id=claim.dht_peer_id, name=request.name,
-            site=request.site, device=request.device, swarm_version=request.swarm_version,
+            request.token,
+            public_key=claim.public_key,
+            dht_peer_id=claim.dht_peer_id,
+            name=request.name,
+            site=request.site,
+            device=request.device,
+            swarm_version=request.swarm_version,
         )
         pace = self._engine.pace()
         return pb.JoinResponse(
@@ -132,8 +140,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     @_rpc
     def GetRoundEncoded(self, request: pb.GetRoundRequest, context) -> bytes:
         """GetRound's answer already encoded, which the server sends as it is (``coordinator.server``)."""
-        return self._engine.round_info_encoded(request.peer_id, request.round,
-                                               self._proof("GetRound", request, context), signed=True)
+        return self._engine.round_info_encoded(
+            request.peer_id, request.round, self._proof("GetRound", request, context), signed=True
+        )
 
     @_rpc
     def GetStatus(self, request: pb.GetStatusRequest, context) -> pb.GetStatusResponse:

@@ -99,8 +99,11 @@ class LoopServer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="coordinator-grpc", daemon=True)
         self._thread.start()
         self._server: grpc.aio.Server = self._on_loop(
-            grpc.aio.server, interceptors=[AdmitInterceptor(monitor)], options=options,
-            maximum_concurrent_rpcs=maximum_concurrent_rpcs)
+            grpc.aio.server,
+            interceptors=[AdmitInterceptor(monitor)],
+            options=options,
+            maximum_concurrent_rpcs=maximum_concurrent_rpcs,
+        )
         self._lag_probe = asyncio.run_coroutine_threadsafe(self._probe_lag(), self._loop)
 
     async def _probe_lag(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -121,6 +124,7 @@ class LoopServer:
 
     def _on_loop(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` called on the loop's thread (the aio server is the loop's), its result here."""
+
         async def call() -> Any:
             return fn(*args, **kwargs)
 

@@ -44,16 +44,29 @@ def split(token: str) -> tuple[str, str]:
     return (token_id, secret) if dot else (DEFAULT_ID, token)
 
 
-def new_token(*, now: float, role: str = "peer", site: str = "", expires_in_s: Optional[float] = None,
-              max_uses: Optional[int] = None,
-              max_identities: Optional[int] = CREATED_MAX_IDENTITIES) -> tuple[TokenRecord, str]:
+def new_token(
+    *,
+    now: float,
+    role: str = "peer",
+    site: str = "",
+    expires_in_s: Optional[float] = None,
+    max_uses: Optional[int] = None,
+    max_identities: Optional[int] = CREATED_MAX_IDENTITIES,
+) -> tuple[TokenRecord, str]:
     """A new token and its text for a join string (the only time the secret is seen)."""
     if role not in ROLES:
         raise ValueError(f"a token's role is one of {', '.join(ROLES)}, not {role!r}.")
     token_id, secret = "t-" + secrets.token_hex(4), secrets.token_urlsafe(24)
-    record = TokenRecord(id=token_id, secret_hash=hash_secret(secret), role=role, site=site, created_at=now,
-                         expires_at=None if expires_in_s is None else now + expires_in_s, max_uses=max_uses,
-                         max_identities=max_identities)
+    record = TokenRecord(
+        id=token_id,
+        secret_hash=hash_secret(secret),
+        role=role,
+        site=site,
+        created_at=now,
+        expires_at=None if expires_in_s is None else now + expires_in_s,
+        max_uses=max_uses,
+        max_identities=max_identities,
+    )
     return record, f"{token_id}.{secret}"
 
 
@@ -64,9 +77,11 @@ def default_token(secret: str, *, now: float) -> TokenRecord:
 
 def first_join_string_note(state_dir: str) -> str:
     """What ``swarm coordinator`` says of the join string it prints (its token holds any number of peers)."""
-    return (f"this join string holds {identities(None)} (token {DEFAULT_ID}): give it only to machines you run; "
-            f"for anyone else, `swarm token create --state-dir {state_dir}` prints a join string for "
-            f"{identities(CREATED_MAX_IDENTITIES)} (--max-identities N for more).")
+    return (
+        f"this join string holds {identities(None)} (token {DEFAULT_ID}): give it only to machines you run; "
+        f"for anyone else, `swarm token create --state-dir {state_dir}` prints a join string for "
+        f"{identities(CREATED_MAX_IDENTITIES)} (--max-identities N for more)."
+    )
 
 
 def matching(record: Optional[TokenRecord], secret: str) -> TokenRecord:
@@ -81,17 +96,22 @@ def admit(record: TokenRecord, *, now: float, peer_id: str = "", live: Collectio
     """The token with one more use, if it may admit the identity ``peer_id`` now, ``live`` being the live
     identities it admitted; TokenRefused with the reason otherwise."""
     if record.role != "peer":
-        raise TokenRefused(f"token {record.id} is a {record.role} token: it can watch this run but not join it; "
-                           "ask the operator for a peer join string.")
+        raise TokenRefused(
+            f"token {record.id} is a {record.role} token: it can watch this run but not join it; "
+            "ask the operator for a peer join string."
+        )
     usable(record, now=now)
     if record.max_uses is not None and record.uses >= record.max_uses:
-        raise TokenRefused(f"token {record.id} was already used {record.uses} times, its limit; "
-                           "ask the operator for a new join string.")
+        raise TokenRefused(
+            f"token {record.id} was already used {record.uses} times, its limit; "
+            "ask the operator for a new join string."
+        )
     if record.max_identities is not None and peer_id not in live and len(live) >= record.max_identities:
         raise TokenRefused(
             f"token {record.id} holds at most {identities(record.max_identities)} at once and {len(live)} "
             f"{'is' if len(live) == 1 else 'are'} live; stop one of its peers (or wait for one to leave), or ask "
-            "the operator for a join string whose token holds more (swarm token create --max-identities N).")
+            "the operator for a join string whose token holds more (swarm token create --max-identities N)."
+        )
     return dataclasses.replace(record, uses=record.uses + 1)
 
 
@@ -105,8 +125,9 @@ def usable(record: TokenRecord, *, now: float) -> None:
     if record.revoked:
         raise TokenRefused(f"token {record.id} was revoked; ask the operator for a new join string.")
     if record.expires_at is not None and now >= record.expires_at:
-        raise TokenRefused(f"token {record.id} expired {now - record.expires_at:.0f}s ago; "
-                           "ask the operator for a new join string.")
+        raise TokenRefused(
+            f"token {record.id} expired {now - record.expires_at:.0f}s ago; ask the operator for a new join string."
+        )
 
 
 class TokenStore(Protocol):

@@ -97,8 +97,10 @@ def round_plan(round_row: RoundRecord) -> pb.RoundPlan:
     """The round's time budget as peers read it (``coordinator.rounds.budgets``)."""
     plan = pb.RoundPlan(budget_s=round_row.budget_s, deadline_s=round_row.deadline_s, left_out=round_row.left_out)
     if len(round_row.budgets) == len(round_row.participants):
-        plan.peers.extend(pb.PlannedPeer(peer_id=p, inner_steps=steps, step_time_s=t) for p, steps, t in
-                          zip(round_row.participants, round_row.budgets, round_row.step_times_s))
+        plan.peers.extend(
+            pb.PlannedPeer(peer_id=p, inner_steps=steps, step_time_s=t)
+            for p, steps, t in zip(round_row.participants, round_row.budgets, round_row.step_times_s)
+        )
     return plan
 
 
@@ -215,10 +217,16 @@ def peer_status(peer: PeerRecord, now: float) -> pb.PeerStatus:
         if getattr(metrics, name) == 0:  # never measured: no heartbeat yet, or a peer that predates them
             setattr(metrics, name, math.nan)
     return pb.PeerStatus(
-        id=peer.peer_id, name=_bounded(peer.name), site=_bounded(peer.site), state=state_word(peer.state),
-        device=_bounded(peer.device), rounds_joined=peer.rounds_joined, rounds_missed=peer.rounds_missed,
+        id=peer.peer_id,
+        name=_bounded(peer.name),
+        site=_bounded(peer.site),
+        state=state_word(peer.state),
+        device=_bounded(peer.device),
+        rounds_joined=peer.rounds_joined,
+        rounds_missed=peer.rounds_missed,
         last_seen_s=max(0.0, now - peer.last_seen),
-        compute_utilization=_ratio(peer.metrics.inner_time_s, peer.metrics.wall_time_s), metrics=metrics,
+        compute_utilization=_ratio(peer.metrics.inner_time_s, peer.metrics.wall_time_s),
+        metrics=metrics,
         restarts=max(0, peer.session - 1),
     )
 
@@ -238,8 +246,9 @@ def totals(peers: Sequence[PeerRecord], *, ddp_equivalent_bytes: int) -> pb.Tota
 
 
 def summed_totals(summed: Mapping[str, float], *, ddp_equivalent_bytes: int) -> pb.Totals:
-    counts = {name: int(value) if name not in ("inner_time_s", "wall_time_s") else value
-              for name, value in summed.items()}
+    counts = {
+        name: int(value) if name not in ("inner_time_s", "wall_time_s") else value for name, value in summed.items()
+    }
     return pb.Totals(
         ddp_equivalent_bytes=ddp_equivalent_bytes,
         compute_utilization=_ratio(summed["inner_time_s"], summed["wall_time_s"]),

@@ -25,6 +25,7 @@ Point = tuple[float, Optional[float]]  # (x, y); y None: no value there
 
 # ---- numbers as people read them ---------------------------------------------------------------------
 
+
 def plain(value: float, digits: int = 3) -> str:
     """``digits`` significant digits as a plain decimal, trailing zeros dropped: 14.5, 0.0006, 1200."""
     if value == 0 or not math.isfinite(value):
@@ -64,6 +65,7 @@ def seconds(value: float) -> str:
 @dataclass(frozen=True)
 class Axis:
     """A y axis: its label (with the unit), how its ticks read, and where its range starts."""
+
     label: str
     tick: Callable[[float], str]
     floor: str = "zero"  # "zero": from 0; "fraction": 0 to 1; "padded": from a padded minimum (not below 0)
@@ -81,8 +83,10 @@ RATE = Axis("learning rate", plain)
 
 # ---- the chart -----------------------------------------------------------------------------------------
 
-def line_chart(chart_id: str, title: str, series: dict[str, Sequence[Point]], axis: Axis = Axis("value", plain),
-               *, note: str = "") -> str:
+
+def line_chart(
+    chart_id: str, title: str, series: dict[str, Sequence[Point]], axis: Axis = Axis("value", plain), *, note: str = ""
+) -> str:
     """An SVG line chart of ``series`` (name -> points) with a point marker per value (class ``pt``), an x
     label "round" with integer ticks, ``axis``'s y label and ticks, and ``note`` (what the figure is) under
     the title and as the chart's tooltip. ``data-y-min`` / ``data-y-max`` give the y range drawn."""
@@ -99,11 +103,13 @@ def line_chart(chart_id: str, title: str, series: dict[str, Sequence[Point]], ax
     def sy(y: float) -> float:
         return top + plot_h - (y - y0) / (y1 - y0) * plot_h
 
-    parts = [f'<svg id="{html.escape(chart_id)}" class="chart" xmlns="http://www.w3.org/2000/svg" '
-             f'viewBox="0 0 {WIDTH} {HEIGHT}" preserveAspectRatio="xMidYMid meet" role="img" '
-             f'data-y-min="{y0:.12g}" data-y-max="{y1:.12g}">',
-             f'<title>{html.escape(title + (": " + note if note else ""))}</title>',
-             f'<text x="{LEFT}" y="{TITLE_Y}" class="title">{html.escape(title)}</text>']
+    parts = [
+        f'<svg id="{html.escape(chart_id)}" class="chart" xmlns="http://www.w3.org/2000/svg" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" preserveAspectRatio="xMidYMid meet" role="img" '
+        f'data-y-min="{y0:.12g}" data-y-max="{y1:.12g}">',
+        f"<title>{html.escape(title + (': ' + note if note else ''))}</title>",
+        f'<text x="{LEFT}" y="{TITLE_Y}" class="title">{html.escape(title)}</text>',
+    ]
     line = TITLE_Y + 6
     if note:
         line += LINE_H
@@ -112,20 +118,27 @@ def line_chart(chart_id: str, title: str, series: dict[str, Sequence[Point]], ax
     parts.append(f'<rect x="{LEFT}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>')
     for value in y_ticks:
         y = sy(value)
-        parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
-                     f'<text x="{LEFT - 4}" y="{y + 3.5:.1f}" text-anchor="end" class="tick ytick">'
-                     f'{html.escape(axis.tick(value))}</text>')
-    for value in (_x_ticks(x0, x1) if points else []):
-        parts.append(f'<text x="{sx(value):.1f}" y="{top + plot_h + 13}" text-anchor="middle" class="tick xtick">'
-                     f'{value}</text>')
-    parts.append(f'<text x="{LEFT + plot_w / 2:.1f}" y="{HEIGHT - 5}" text-anchor="middle" class="axis xlabel">'
-                 'round</text>')
+        parts.append(
+            f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
+            f'<text x="{LEFT - 4}" y="{y + 3.5:.1f}" text-anchor="end" class="tick ytick">'
+            f"{html.escape(axis.tick(value))}</text>"
+        )
+    for value in _x_ticks(x0, x1) if points else []:
+        parts.append(
+            f'<text x="{sx(value):.1f}" y="{top + plot_h + 13}" text-anchor="middle" class="tick xtick">{value}</text>'
+        )
+    parts.append(
+        f'<text x="{LEFT + plot_w / 2:.1f}" y="{HEIGHT - 5}" text-anchor="middle" class="axis xlabel">round</text>'
+    )
     mid = top + plot_h / 2
-    parts.append(f'<text x="{-mid:.1f}" y="12" transform="rotate(-90)" text-anchor="middle" class="axis ylabel">'
-                 f'{html.escape(axis.label)}</text>')
+    parts.append(
+        f'<text x="{-mid:.1f}" y="12" transform="rotate(-90)" text-anchor="middle" class="axis ylabel">'
+        f"{html.escape(axis.label)}</text>"
+    )
     if not points:
-        parts.append(f'<text x="{LEFT + plot_w / 2:.1f}" y="{mid:.1f}" text-anchor="middle" class="empty">'
-                     'no data yet</text>')
+        parts.append(
+            f'<text x="{LEFT + plot_w / 2:.1f}" y="{mid:.1f}" text-anchor="middle" class="empty">no data yet</text>'
+        )
         return "".join(parts) + "</svg>"
     for i, (name, values) in enumerate(series.items()):
         color = COLORS[i % len(COLORS)]
@@ -134,8 +147,11 @@ def line_chart(chart_id: str, title: str, series: dict[str, Sequence[Point]], ax
             path = " ".join(f"{x:.1f},{y:.1f}" for x, y in shown)
             parts.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="1.5"/>')
         radius = 2.5 if len(shown) <= 60 else 1.2
-        parts.extend(f'<circle class="pt" data-series="{html.escape(name)}" cx="{x:.1f}" cy="{y:.1f}" '
-                     f'r="{radius}" fill="{color}"/>' for x, y in shown)
+        parts.extend(
+            f'<circle class="pt" data-series="{html.escape(name)}" cx="{x:.1f}" cy="{y:.1f}" '
+            f'r="{radius}" fill="{color}"/>'
+            for x, y in shown
+        )
     return "".join(parts) + "</svg>"
 
 
@@ -150,10 +166,15 @@ def _legend(names: list[str]) -> tuple[list[tuple[int, str]], int]:
         if x + width > WIDTH - RIGHT and x > LEFT:
             row, x = row + 1, float(LEFT)
         color = COLORS[i % len(COLORS)]
-        out.append((row, f'<g class="legend" data-legend="{html.escape(name)}">'
-                         f'<rect x="{x:.1f}" y="{{Y}}" width="10" height="3" fill="{color}" '
-                         f'transform="translate(0,-4)"/>'
-                         f'<text x="{x + 14:.1f}" y="{{Y}}" fill="{color}">{html.escape(name)}</text></g>'))
+        out.append(
+            (
+                row,
+                f'<g class="legend" data-legend="{html.escape(name)}">'
+                f'<rect x="{x:.1f}" y="{{Y}}" width="10" height="3" fill="{color}" '
+                f'transform="translate(0,-4)"/>'
+                f'<text x="{x + 14:.1f}" y="{{Y}}" fill="{color}">{html.escape(name)}</text></g>',
+            )
+        )
         x += width
     return out, row + 1
 
@@ -172,8 +193,9 @@ def _x_ticks(low: float, high: float) -> list[int]:
     step = 1
     while True:
         for multiple in (1, 2, 5):
-            ticks = list(range(math.ceil(low / (step * multiple)) * step * multiple, math.floor(high) + 1,
-                               step * multiple))
+            ticks = list(
+                range(math.ceil(low / (step * multiple)) * step * multiple, math.floor(high) + 1, step * multiple)
+            )
             if len(ticks) <= MAX_X_TICKS:
                 return ticks
         step *= 10
@@ -229,24 +251,40 @@ LR_NOTE = "the schedule's rate at the round's last step, for a peer in from roun
 
 def run_charts(rounds: Sequence[dict]) -> dict[str, str]:
     """The dashboard's charts over rounds, from ``coordinator.http.snapshot``'s round rows."""
+
     def series(key: str, *, committed_only: bool = False) -> list[Point]:
         return [(r["round"], r.get(key)) for r in rounds if not committed_only or r["outcome"] == "committed"]
 
     return {  # the train loss of committed rounds only: a voided round's training was thrown away
-        "loss": line_chart("chart-loss", "loss", {"train": series("mean_loss", committed_only=True),
-                                                  "eval": series("eval_loss")}, LOSS),
-        "tokens_per_s": line_chart("chart-tokens", "tokens/s per round", {"tokens/s": series("tokens_per_s")},
-                                   TOKENS),
-        "utilization": line_chart("chart-utilization", "compute utilization per round",
-                                  {"utilization": series("utilization")}, FRACTION, note=UTILIZATION_NOTE),
-        "bytes": line_chart("chart-bytes", "bytes per round", {"sent": series("bytes_sent"),
-                                                                 "data-parallel equivalent": series("ddp_equivalent_bytes")},
-                            BYTES),
-        "participants": line_chart("chart-participants", "participants", {"participants": series("participants")},
-                                   PEERS),
+        "loss": line_chart(
+            "chart-loss", "loss", {"train": series("mean_loss", committed_only=True), "eval": series("eval_loss")}, LOSS
+        ),
+        "tokens_per_s": line_chart("chart-tokens", "tokens/s per round", {"tokens/s": series("tokens_per_s")}, TOKENS),
+        "utilization": line_chart(
+            "chart-utilization",
+            "compute utilization per round",
+            {"utilization": series("utilization")},
+            FRACTION,
+            note=UTILIZATION_NOTE,
+        ),
+        "bytes": line_chart(
+            "chart-bytes",
+            "bytes per round",
+            {"sent": series("bytes_sent"), "data-parallel equivalent": series("ddp_equivalent_bytes")},
+            BYTES,
+        ),
+        "participants": line_chart(
+            "chart-participants", "participants", {"participants": series("participants")}, PEERS
+        ),
         "lr": line_chart("chart-lr", "inner learning rate", {"lr": series("lr")}, RATE, note=LR_NOTE),
-        "choices": line_chart("chart-choices", "round settings (the controller's, when on)",
-                              {"H": series("inner_steps"), "codec bits": [(r["round"], codec_bits(r["codec"]))
-                                                                         for r in rounds],
-                               "fragments": series("fragments")}, SETTINGS),
+        "choices": line_chart(
+            "chart-choices",
+            "round settings (the controller's, when on)",
+            {
+                "H": series("inner_steps"),
+                "codec bits": [(r["round"], codec_bits(r["codec"])) for r in rounds],
+                "fragments": series("fragments"),
+            },
+            SETTINGS,
+        ),
     }

@@ -69,8 +69,9 @@ class DashboardServer:
         if not started.wait(START_TIMEOUT_S):
             raise OSError("the dashboard's HTTP server did not start; see the log.")
         if failure:
-            raise OSError(f"cannot serve the dashboard on {self._host}:{self._port} ({failure[0]}); "
-                          "choose another --http-port.")
+            raise OSError(
+                f"cannot serve the dashboard on {self._host}:{self._port} ({failure[0]}); choose another --http-port."
+            )
         return self.url  # type: ignore[return-value]
 
     async def _listen(self) -> None:
@@ -105,18 +106,21 @@ class DashboardServer:
         return state
 
     async def _page(self, _request: web.Request) -> web.Response:
-        return web.Response(body=PAGE.read_bytes(), content_type="text/html", charset="utf-8",
-                            headers={"Cache-Control": "no-store"})
+        return web.Response(
+            body=PAGE.read_bytes(), content_type="text/html", charset="utf-8", headers={"Cache-Control": "no-store"}
+        )
 
     async def _state(self, _request: web.Request) -> web.Response:
         try:
             state = await self._current()
         except Exception as e:
             logger.exception("the dashboard could not read the run")
-            return web.json_response({"error": f"cannot read the run ({type(e).__name__}); see the log."},
-                                     status=503)
-        return web.Response(text=json.dumps(state, allow_nan=False), content_type="application/json",
-                            headers={"Cache-Control": "no-store"})
+            return web.json_response({"error": f"cannot read the run ({type(e).__name__}); see the log."}, status=503)
+        return web.Response(
+            text=json.dumps(state, allow_nan=False),
+            content_type="application/json",
+            headers={"Cache-Control": "no-store"},
+        )
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         try:

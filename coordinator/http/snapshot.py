@@ -41,22 +41,25 @@ def snapshot(store: Store, *, now: Optional[float] = None) -> dict[str, Any]:
         "run": {
             "run_id": run.run_id,
             "round": latest.round if latest is not None else 0,
-            "state": "finished" if run.finished else ("open" if latest is not None and latest.outcome not in
-                                                      (COMMITTED, VOIDED) else "waiting for peers"),
+            "state": "finished"
+            if run.finished
+            else ("open" if latest is not None and latest.outcome not in (COMMITTED, VOIDED) else "waiting for peers"),
             "finished": run.finished,
             "committed_round": committed.round if committed is not None else 0,
             "committed_hash": committed_hash,
             "rounds_committed": store.count_rounds(COMMITTED),
             "rounds_voided": store.count_rounds(VOIDED),
             "peers_alive": sum(p.alive for p in peers),
-            "peers_shown": min(len(peers), PEERS_SHOWN), "peers_total": len(peers),
+            "peers_shown": min(len(peers), PEERS_SHOWN),
+            "peers_total": len(peers),
             "peers_evicted": sum(p.state == EVICTED for p in peers),
             "tokens": summed.tokens,
             "bytes_sent": summed.bytes_sent,
             "ddp_equivalent_bytes": summed.ddp_equivalent_bytes,
             "utilization": summed.compute_utilization,
             "contributions_rejected": summed.contributions_rejected,
-            "eval_loss": _number(run.eval_loss), "eval_round": run.eval_round,
+            "eval_loss": _number(run.eval_loss),
+            "eval_round": run.eval_round,
             "initial_eval_loss": _number(run.initial_eval_loss),
         },
         "rounds": [dict(_round(r), lr=rate(r.round)) for r in history.rounds],
@@ -67,7 +70,7 @@ def snapshot(store: Store, *, now: Optional[float] = None) -> dict[str, Any]:
 def _shown(peers: list) -> list:
     """At most PEERS_SHOWN peers, the live ones first, each group by index: a page a browser can render."""
     alive = [p for p in peers if p.alive][:PEERS_SHOWN]
-    return alive + [p for p in peers if not p.alive][:PEERS_SHOWN - len(alive)]
+    return alive + [p for p in peers if not p.alive][: PEERS_SHOWN - len(alive)]
 
 
 def _first_shown(latest) -> int:
@@ -77,12 +80,23 @@ def _first_shown(latest) -> int:
 def _round(row: pb.RoundHistory) -> dict[str, Any]:
     seconds = row.decided_at - row.opened_at
     return {
-        "round": row.round, "outcome": pb.RoundOutcome.Name(row.outcome).removeprefix("ROUND_OUTCOME_").lower(),
-        "participants": row.participants, "holders": row.holders, "codec": row.codec, "inner_steps": row.inner_steps,
-        "fragments": row.fragments, "bytes_sent": row.bytes_sent, "ddp_equivalent_bytes": row.ddp_equivalent_bytes,
-        "exchange_s": row.exchange_s, "inner_s": row.inner_s, "mean_loss": _number(row.mean_loss),
-        "eval_loss": _number(row.eval_loss), "tokens": row.tokens, "utilization": row.utilization,
-        "tokens_per_s": row.tokens / seconds if seconds > 0 else None, "reason": row.reason,
+        "round": row.round,
+        "outcome": pb.RoundOutcome.Name(row.outcome).removeprefix("ROUND_OUTCOME_").lower(),
+        "participants": row.participants,
+        "holders": row.holders,
+        "codec": row.codec,
+        "inner_steps": row.inner_steps,
+        "fragments": row.fragments,
+        "bytes_sent": row.bytes_sent,
+        "ddp_equivalent_bytes": row.ddp_equivalent_bytes,
+        "exchange_s": row.exchange_s,
+        "inner_s": row.inner_s,
+        "mean_loss": _number(row.mean_loss),
+        "eval_loss": _number(row.eval_loss),
+        "tokens": row.tokens,
+        "utilization": row.utilization,
+        "tokens_per_s": row.tokens / seconds if seconds > 0 else None,
+        "reason": row.reason,
     }
 
 
@@ -98,20 +112,32 @@ def _round_lr(run_spec_json: str):
     def rate(round_no: int) -> Optional[float]:
         step = round_end_step(round_no, rc.inner_steps, rc.fragments) - 1
         return None if step < 0 else lr_at(run.inner, peer_step=step, run_step=step, run_steps=run_steps)
+
     return rate
 
 
 def _peer(status: pb.PeerStatus, alive: bool, committed_hash: str) -> dict[str, Any]:
     m = status.metrics
     return {
-        "id": status.id, "name": status.name, "site": status.site, "state": status.state, "alive": alive,
-        "tokens_per_s": m.tokens_per_s, "step_time_s": m.step_time_s,
-        "upload_mbit_s": _number(m.upload_mbit_s), "download_mbit_s": _number(m.download_mbit_s),
-        "rtt_ms": _number(m.rtt_ms), "rounds_joined": status.rounds_joined, "rounds_missed": status.rounds_missed,
-        "state_hash": m.state_hash, "state_round": m.state_round,
+        "id": status.id,
+        "name": status.name,
+        "site": status.site,
+        "state": status.state,
+        "alive": alive,
+        "tokens_per_s": m.tokens_per_s,
+        "step_time_s": m.step_time_s,
+        "upload_mbit_s": _number(m.upload_mbit_s),
+        "download_mbit_s": _number(m.download_mbit_s),
+        "rtt_ms": _number(m.rtt_ms),
+        "rounds_joined": status.rounds_joined,
+        "rounds_missed": status.rounds_missed,
+        "state_hash": m.state_hash,
+        "state_round": m.state_round,
         "hash_matches": bool(m.state_hash) and m.state_hash == committed_hash,
-        "last_seen_s": status.last_seen_s, "utilization": status.compute_utilization,
-        "bytes_sent": m.bytes_sent, "loss": _number(m.loss),
+        "last_seen_s": status.last_seen_s,
+        "utilization": status.compute_utilization,
+        "bytes_sent": m.bytes_sent,
+        "loss": _number(m.loss),
     }
 
 

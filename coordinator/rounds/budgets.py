@@ -48,8 +48,15 @@ class Plan:
     budgets: dict[str, Budget]
 
 
-def plan_budgets(participants: Sequence[str], step_times: Mapping[str, float], *, full_steps: int,
-                 slack_s: float, budget_s: Optional[float] = None, probed: AbstractSet[str] = frozenset()) -> Plan:
+def plan_budgets(
+    participants: Sequence[str],
+    step_times: Mapping[str, float],
+    *,
+    full_steps: int,
+    slack_s: float,
+    budget_s: Optional[float] = None,
+    probed: AbstractSet[str] = frozenset(),
+) -> Plan:
     """Each participant's inner steps for a round of at most ``full_steps`` steps.
 
     ``budget_s`` is the round's compute seconds (default: ``full_steps`` × the reference step time); a
@@ -61,10 +68,17 @@ def plan_budgets(participants: Sequence[str], step_times: Mapping[str, float], *
         return Plan(0.0, 0.0, {p: Budget(full_steps, 0.0) for p in participants})
     if budget_s is None:
         budget_s = full_steps * reference
-    times = {p: step_times.get(p, 0.0) if p not in probed or trusted_probe(step_times.get(p, 0.0), reference) else 0.0
-             for p in participants}
-    budgets = {p: Budget(steps_for(times[p], reference, full_steps=full_steps, budget_s=budget_s, slack_s=slack_s),
-                         _believed(times[p], reference)) for p in participants}
+    times = {
+        p: step_times.get(p, 0.0) if p not in probed or trusted_probe(step_times.get(p, 0.0), reference) else 0.0
+        for p in participants
+    }
+    budgets = {
+        p: Budget(
+            steps_for(times[p], reference, full_steps=full_steps, budget_s=budget_s, slack_s=slack_s),
+            _believed(times[p], reference),
+        )
+        for p in participants
+    }
     return Plan(budget_s, budget_s + slack_s, budgets)
 
 
@@ -95,7 +109,9 @@ def _believed(step_time_s: float, reference_s: float) -> float:
 def planned_round(round_row: RoundRecord, plan: Plan) -> RoundRecord:
     """``round_row`` carrying ``plan`` for its participants."""
     return dataclasses.replace(
-        round_row, budget_s=plan.budget_s, deadline_s=plan.deadline_s,
+        round_row,
+        budget_s=plan.budget_s,
+        deadline_s=plan.deadline_s,
         budgets=tuple(plan.budgets[p].inner_steps for p in round_row.participants),
         step_times_s=tuple(plan.budgets[p].step_time_s for p in round_row.participants),
     )
@@ -113,15 +129,19 @@ def late_budget(round_row: RoundRecord, step_time_s: float, *, now: float, full_
     return Budget(steps, own)
 
 
-def with_newcomers(before: RoundRecord, after: RoundRecord, step_times: Mapping[str, float], *, now: float,
-                   full_steps: int) -> RoundRecord:
+def with_newcomers(
+    before: RoundRecord, after: RoundRecord, step_times: Mapping[str, float], *, now: float, full_steps: int
+) -> RoundRecord:
     """``after`` (``before`` with peers appended by ``opening.with_late_joiners``) with a budget for each newcomer."""
     if not before.budgets:
         return after
-    newcomers = after.participants[len(before.participants):]
+    newcomers = after.participants[len(before.participants) :]
     late = [late_budget(before, step_times.get(p, 0.0), now=now, full_steps=full_steps) for p in newcomers]
-    return dataclasses.replace(after, budgets=before.budgets + tuple(b.inner_steps for b in late),
-                               step_times_s=before.step_times_s + tuple(b.step_time_s for b in late))
+    return dataclasses.replace(
+        after,
+        budgets=before.budgets + tuple(b.inner_steps for b in late),
+        step_times_s=before.step_times_s + tuple(b.step_time_s for b in late),
+    )
 
 
 def without(round_row: RoundRecord, left_out: Sequence[str]) -> RoundRecord:
@@ -155,13 +175,20 @@ def budgeted(round_row: RoundRecord, peers: Mapping[str, PeerRecord], config: Ro
     probed = {p for p in round_row.participants if p in peers and peers[p].metrics.step_time_probed}
     # the step times are what the peers say: a round's budget is at most its timeout, whatever they claim
     budget_s = min(full * reference, config.round_timeout_s) if reference is not None else None
-    plan = plan_budgets(round_row.participants, times, full_steps=full, slack_s=config.straggler_slack_s,
-                        budget_s=budget_s, probed=probed)
+    plan = plan_budgets(
+        round_row.participants,
+        times,
+        full_steps=full,
+        slack_s=config.straggler_slack_s,
+        budget_s=budget_s,
+        probed=probed,
+    )
     return planned_round(round_row, plan)
 
 
-def budget_newcomers(before: RoundRecord, after: RoundRecord, peers: Mapping[str, PeerRecord], config: RoundConfig, *,
-          now: float) -> RoundRecord:
+def budget_newcomers(
+    before: RoundRecord, after: RoundRecord, peers: Mapping[str, PeerRecord], config: RoundConfig, *, now: float
+) -> RoundRecord:
     """``with_newcomers`` from the peers' latest heartbeats."""
     return with_newcomers(before, after, step_times(peers), now=now, full_steps=round_full_steps(before, config))
 
@@ -171,9 +198,15 @@ def exchanging(round_row: RoundRecord, peers: Mapping[str, PeerRecord]) -> set[s
     one (with overlap a peer trains the next round while this one's exchange waits for its group): ready, not
     left out. Counting only the first, a group held in matchmaking for a straggler (while the plan lists it) looked
     late as a whole, so the straggler would never be left out and the round would wait for it (seen on the WAN testbed)."""
-    return {p for p in round_row.participants if p in peers and (
-        peers[p].metrics.round > round_row.round
-        or (peers[p].state == EXCHANGING and peers[p].metrics.round == round_row.round))}
+    return {
+        p
+        for p in round_row.participants
+        if p in peers
+        and (
+            peers[p].metrics.round > round_row.round
+            or (peers[p].state == EXCHANGING and peers[p].metrics.round == round_row.round)
+        )
+    }
 
 
 def step_times(peers: Mapping[str, PeerRecord]) -> dict[str, float]:

@@ -59,8 +59,9 @@ class PeerLink:
     @classmethod
     def of(cls, peer: PeerRecord) -> "PeerLink":
         m = peer.metrics
-        return cls(peer.peer_id, _known(m.upload_mbit_s), _known(m.download_mbit_s), _known(m.rtt_ms),
-                   _known(m.step_time_s))
+        return cls(
+            peer.peer_id, _known(m.upload_mbit_s), _known(m.download_mbit_s), _known(m.rtt_ms), _known(m.step_time_s)
+        )
 
 
 @dataclass(frozen=True)
@@ -84,21 +85,30 @@ class Prediction:
     mbit_s: float
 
 
-def choose(links: Sequence[PeerLink], *, param_count: int, rounds: RoundConfig, round_no: int,
-           previous: Optional[Choice] = None) -> Choice:
+def choose(
+    links: Sequence[PeerLink],
+    *,
+    param_count: int,
+    rounds: RoundConfig,
+    round_no: int,
+    previous: Optional[Choice] = None,
+) -> Choice:
     """The codec, shares and H for round ``round_no`` of the participants ``links``."""
     allowed = sorted(dict.fromkeys(rounds.controller_codecs), key=lambda c: LOSSINESS[c])
-    base = dict(round=round_no, inner_steps=rounds.inner_steps, fragments=rounds.fragments,
-                overlap_steps=rounds.overlap_steps)
-    kept = previous.codec if previous is not None and previous.codec in allowed else (
-        rounds.codec if rounds.codec in allowed else allowed[0])
+    base = dict(
+        round=round_no, inner_steps=rounds.inner_steps, fragments=rounds.fragments, overlap_steps=rounds.overlap_steps
+    )
+    kept = (
+        previous.codec
+        if previous is not None and previous.codec in allowed
+        else (rounds.codec if rounds.codec in allowed else allowed[0])
+    )
     measured = [link for link in links if _positive(link.upload_mbit_s) or _positive(link.download_mbit_s)]
     # the round lasts H steps of its fastest believable participant (the slower ones get fewer steps)
     step_s = reference_step_s([link.step_time_s for link in links]) or math.nan
     if not measured or not _positive(step_s) or param_count <= 0:
         missing = "no link measured yet" if not measured else "no inner step timed yet"
-        return Choice(codec=kept, reason=f"{kept}: {missing}; it decides once the first exchange is timed",
-                      **base)
+        return Choice(codec=kept, reason=f"{kept}: {missing}; it decides once the first exchange is timed", **base)
     links = _filled(links)
     shares = upload_shares(links) if len(links) <= LISTED_PARTICIPANTS else {}
     sized = shares or {link.peer_id: 1.0 for link in links}  # {}: equal slices
@@ -110,19 +120,29 @@ def choose(links: Sequence[PeerLink], *, param_count: int, rounds: RoundConfig, 
     if fitting:
         codec = fitting[0]
         reason = _fit_reason(codec, allowed, predicted, window_s, window, limit)
-        return Choice(codec=codec, shares=shares, reason=reason, predicted_exchange_s=predicted[codec].seconds,
-                      window_s=window_s, **base)
+        return Choice(
+            codec=codec,
+            shares=shares,
+            reason=reason,
+            predicted_exchange_s=predicted[codec].seconds,
+            window_s=window_s,
+            **base,
+        )
     compact = min(allowed, key=lambda c: (get_codec(c).encoded_size(numel), -LOSSINESS[c]))
     p = predicted[compact]
     base["inner_steps"], advice = _longer_round(rounds, p.seconds, step_s)
-    reason = (f"{compact}: even {compact} would take {_s(p.seconds)} s on {_where(p)}, longer than the "
-              f"{_s(window_s)} s {window}; {advice}")
-    return Choice(codec=compact, shares=shares, reason=reason, predicted_exchange_s=p.seconds, window_s=window_s,
-                  **base)
+    reason = (
+        f"{compact}: even {compact} would take {_s(p.seconds)} s on {_where(p)}, longer than the "
+        f"{_s(window_s)} s {window}; {advice}"
+    )
+    return Choice(
+        codec=compact, shares=shares, reason=reason, predicted_exchange_s=p.seconds, window_s=window_s, **base
+    )
 
 
-def predict(links: Sequence[PeerLink], shares: Mapping[str, float], numel: int, codec: str, *,
-            gathered: bool = False) -> Prediction:
+def predict(
+    links: Sequence[PeerLink], shares: Mapping[str, float], numel: int, codec: str, *, gathered: bool = False
+) -> Prediction:
     """Seconds the butterfly all-reduce of ``numel`` elements takes in ``codec``, on its slowest link: the
     member owning share s of a group of K sends (1 − s) of its payload to the other owners and s × payload to
     each of the K − 1 others, and receives the same amounts; each of the two phases costs an RTT more.
@@ -160,35 +180,44 @@ def upload_shares(links: Sequence[PeerLink]) -> dict[str, float]:
     while True:
         free = math.fsum(link.upload_mbit_s for link in links if link.peer_id not in capped)
         room = 1.0 - cap * len(capped)
-        fractions = {link.peer_id: cap if link.peer_id in capped else room * link.upload_mbit_s / free
-                     for link in links}
+        fractions = {
+            link.peer_id: cap if link.peer_id in capped else room * link.upload_mbit_s / free for link in links
+        }
         over = {p for p, f in fractions.items() if f > cap and p not in capped}
         if not over:
             break
         capped |= over
-    floor = 10 ** -SHARE_DIGITS
+    floor = 10**-SHARE_DIGITS
     return {p: max(floor, round(f, SHARE_DIGITS)) for p, f in fractions.items()}
 
 
 def _filled(links: Sequence[PeerLink]) -> list[PeerLink]:
     """Missing rates replaced by the median of the measured ones (a newcomer is assumed typical)."""
+
     def median(name: str) -> float:
         known = [getattr(link, name) for link in links if _positive(getattr(link, name))]
         return statistics.median(known) if known else math.nan
 
     up, down = median("upload_mbit_s"), median("download_mbit_s")
     up, down = (up if _positive(up) else down), (down if _positive(down) else up)
-    return [dataclasses.replace(link, upload_mbit_s=link.upload_mbit_s if _positive(link.upload_mbit_s) else up,
-                                download_mbit_s=link.download_mbit_s if _positive(link.download_mbit_s) else down)
-            for link in links]
+    return [
+        dataclasses.replace(
+            link,
+            upload_mbit_s=link.upload_mbit_s if _positive(link.upload_mbit_s) else up,
+            download_mbit_s=link.download_mbit_s if _positive(link.download_mbit_s) else down,
+        )
+        for link in links
+    ]
 
 
 def _window(rounds: RoundConfig, step_s: float) -> tuple[float, str]:
     """The computation an exchange should hide behind, in seconds and in words."""
     if rounds.overlap_steps > 0:
         return rounds.overlap_steps * step_s, "overlap window"
-    return (rounds.controller_exchange_fraction * rounds.inner_steps * step_s,
-            f"{rounds.controller_exchange_fraction:.0%} of the round")
+    return (
+        rounds.controller_exchange_fraction * rounds.inner_steps * step_s,
+        f"{rounds.controller_exchange_fraction:.0%} of the round",
+    )
 
 
 def _longer_round(rounds: RoundConfig, exchange_s: float, step_s: float) -> tuple[int, str]:
@@ -198,15 +227,25 @@ def _longer_round(rounds: RoundConfig, exchange_s: float, step_s: float) -> tupl
     needed = math.ceil(exposed_s / (rounds.controller_exchange_fraction * step_s))
     cap = longest_inner_steps(rounds)
     steps = max(rounds.inner_steps, min(cap, needed))
-    hides = (f"would keep what the {rounds.overlap_steps}-step overlap does not hide within "
-             f"{rounds.controller_exchange_fraction:.0%} of it" if rounds.overlap_steps else "would hide it")
+    hides = (
+        f"would keep what the {rounds.overlap_steps}-step overlap does not hide within "
+        f"{rounds.controller_exchange_fraction:.0%} of it"
+        if rounds.overlap_steps
+        else "would hide it"
+    )
     if needed <= cap:
         return steps, f"a round of {steps} inner steps {hides}"
     return steps, f"a round of {steps} inner steps (controller_max_inner_steps) comes closest"
 
 
-def _fit_reason(codec: str, allowed: list[str], predicted: Mapping[str, Prediction], window_s: float, window: str,
-                limit: Mapping[str, float]) -> str:
+def _fit_reason(
+    codec: str,
+    allowed: list[str],
+    predicted: Mapping[str, Prediction],
+    window_s: float,
+    window: str,
+    limit: Mapping[str, float],
+) -> str:
     p = predicted[codec]
     if not math.isfinite(p.mbit_s):
         return f"{codec}: a group of one peer exchanges nothing"
@@ -217,8 +256,10 @@ def _fit_reason(codec: str, allowed: list[str], predicted: Mapping[str, Predicti
     b = better[-1]
     q = predicted[b]
     if q.seconds <= window_s:  # held back by hysteresis
-        return (f"{codec}, kept: {b} would take {_s(q.seconds)} s on {_where(q)}, within the {_s(window_s)} s "
-                f"{window} but not within {_s(limit[b])} s, the headroom it needs to come back")
+        return (
+            f"{codec}, kept: {b} would take {_s(q.seconds)} s on {_where(q)}, within the {_s(window_s)} s "
+            f"{window} but not within {_s(limit[b])} s, the headroom it needs to come back"
+        )
     return f"{codec}: {b} would take {_s(q.seconds)} s on {_where(q)}, longer than the {_s(window_s)} s {window}"
 
 
@@ -243,15 +284,25 @@ def _known(x: float) -> float:
 # --- the engine's call, and the wire ----------------------------------------------------------------
 
 
-def for_round(config: RunConfig, planned: RoundRecord, peers: Mapping[str, PeerRecord], param_count: int,
-              previous: Optional[RoundRecord]) -> RoundRecord:
+def for_round(
+    config: RunConfig,
+    planned: RoundRecord,
+    peers: Mapping[str, PeerRecord],
+    param_count: int,
+    previous: Optional[RoundRecord],
+) -> RoundRecord:
     """``planned`` with the controller's choice for it (unchanged when the controller is off), logged;
     ``previous``: the round before it, whose choice the hysteresis starts from."""
     if config.rounds.controller != "auto":
         return planned
     links = [PeerLink.of(peers[p]) if p in peers else PeerLink(p) for p in planned.participants]
-    choice = choose(links, param_count=param_count, rounds=config.rounds, round_no=planned.round,
-                    previous=from_json(previous.choice) if previous is not None else None)
+    choice = choose(
+        links,
+        param_count=param_count,
+        rounds=config.rounds,
+        round_no=planned.round,
+        previous=from_json(previous.choice) if previous is not None else None,
+    )
     shares = ", ".join(f"{p} {s:.2f}" for p, s in choice.shares.items()) or "equal"
     logger.info("round %d: %s (shares %s)", planned.round, choice.reason, shares)
     return dataclasses.replace(planned, choice=to_json(choice))
@@ -277,7 +328,14 @@ def message(text: str) -> Optional[pb.RoundChoice]:
     choice = from_json(text)
     if choice is None:
         return None
-    return pb.RoundChoice(round=choice.round, codec=choice.codec, shares=choice.shares,
-                          inner_steps=choice.inner_steps, fragments=choice.fragments,
-                          overlap_steps=choice.overlap_steps, reason=choice.reason,
-                          predicted_exchange_s=choice.predicted_exchange_s, window_s=choice.window_s)
+    return pb.RoundChoice(
+        round=choice.round,
+        codec=choice.codec,
+        shares=choice.shares,
+        inner_steps=choice.inner_steps,
+        fragments=choice.fragments,
+        overlap_steps=choice.overlap_steps,
+        reason=choice.reason,
+        predicted_exchange_s=choice.predicted_exchange_s,
+        window_s=choice.window_s,
+    )

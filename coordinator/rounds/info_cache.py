@@ -56,9 +56,17 @@ class _Built:
         del built.holders[:]
         count = len(built.participants)
         built.participant_count = count
-        entry = cls(key=key, facts=facts, built_at=now, info=built, holders=holders, large=count > LISTED_PARTICIPANTS,
-                    places={p: i for i, p in enumerate(built.participants)}, dht_ids=list(built.participant_dht_ids),
-                    plan_peers={p.peer_id: p for p in built.plan.peers})
+        entry = cls(
+            key=key,
+            facts=facts,
+            built_at=now,
+            info=built,
+            holders=holders,
+            large=count > LISTED_PARTICIPANTS,
+            places={p: i for i, p in enumerate(built.participants)},
+            dht_ids=list(built.participant_dht_ids),
+            plan_peers={p.peer_id: p for p in built.plan.peers},
+        )
         if entry.large:
             entry.left_out = frozenset(built.plan.left_out)
             entry.info = _without_lists(built, left_out=True)
@@ -110,34 +118,60 @@ class RoundInfoCache:
         self._rounds: dict[int, _Built] = {}  # round -> its answer, for the last few rounds asked about
 
     def current(
-        self, versions: tuple[int, int], row: Optional[RoundRecord], position: Callable[[], RunPosition],
-        peers: Mapping[str, PeerRecord], *, requester: str = "", own_only: bool = False, now: float = 0.0,
+        self,
+        versions: tuple[int, int],
+        row: Optional[RoundRecord],
+        position: Callable[[], RunPosition],
+        peers: Mapping[str, PeerRecord],
+        *,
+        requester: str = "",
+        own_only: bool = False,
+        now: float = 0.0,
         facts: Hashable = None,
     ) -> pb.RoundInfo:
         """A copy of the RoundInfo of ``row`` (round 0 when None) as ``requester`` (a peer id) gets it, built again
         only when it is stale (``versions`` of the roster and the rounds changed; in a large swarm ``facts`` changed
         or ``REFRESH_S`` passed since ``now`` of its build); ``own_only``: with the requester's own entries of the
         per-participant lists only."""
-        built = self._current_base(versions, lambda: round_info(row.round if row else 0, row, position(), peers),
-                                   now=now, facts=facts)
+        built = self._current_base(
+            versions, lambda: round_info(row.round if row else 0, row, position(), peers), now=now, facts=facts
+        )
         return self._answer(built, requester, own_only=own_only)
 
-    def encoded(self, versions: tuple[int, int], number: int, build: Callable[[], pb.RoundInfo], *,
-                requester: str, poll_interval_s: float, now: float = 0.0, facts: Hashable = None) -> bytes:
+    def encoded(
+        self,
+        versions: tuple[int, int],
+        number: int,
+        build: Callable[[], pb.RoundInfo],
+        *,
+        requester: str,
+        poll_interval_s: float,
+        now: float = 0.0,
+        facts: Hashable = None,
+    ) -> bytes:
         """The encoding of round ``number``'s RoundInfo (0: the current one, which ``build`` then makes) as
         ``requester`` gets it, with ``poll_interval_s``: what ``current`` and ``of_round`` answer, encoded."""
         if number == 0:
             built = self._current_base(versions, build, now=now, facts=facts)
         else:
             built = self._round_base(versions, number, build, now=now, facts=facts)
-        per_call = pb.RoundInfo(holders=holder_sample(built.holders, requester, round_no=built.info.round),
-                                poll_interval_s=poll_interval_s)
+        per_call = pb.RoundInfo(
+            holders=holder_sample(built.holders, requester, round_no=built.info.round), poll_interval_s=poll_interval_s
+        )
         if built.large:
             built.own_entries(requester, per_call)
         return built.encoding() + self.counted(per_call).SerializeToString()
 
-    def of_round(self, versions: tuple[int, int], number: int, build: Callable[[], pb.RoundInfo], *,
-                 requester: str = "", now: float = 0.0, facts: Hashable = None) -> pb.RoundInfo:
+    def of_round(
+        self,
+        versions: tuple[int, int],
+        number: int,
+        build: Callable[[], pb.RoundInfo],
+        *,
+        requester: str = "",
+        now: float = 0.0,
+        facts: Hashable = None,
+    ) -> pb.RoundInfo:
         """A copy of round ``number``'s RoundInfo (``build()`` makes it) as ``requester`` gets it; the answers of
         the last few rounds asked for are kept while they are fresh (as ``current``'s)."""
         return self._answer(self._round_base(versions, number, build, now=now, facts=facts), requester)
@@ -164,16 +198,20 @@ class RoundInfoCache:
             return False
         if built.key == key:
             return True
-        return self._roster.live > LISTED_PARTICIPANTS and built.facts == facts and 0 <= now - built.built_at < REFRESH_S
+        return (
+            self._roster.live > LISTED_PARTICIPANTS and built.facts == facts and 0 <= now - built.built_at < REFRESH_S
+        )
 
-    def _current_base(self, versions: tuple[int, int], build: Callable[[], pb.RoundInfo], *, now: float,
-                      facts: Hashable) -> _Built:
+    def _current_base(
+        self, versions: tuple[int, int], build: Callable[[], pb.RoundInfo], *, now: float, facts: Hashable
+    ) -> _Built:
         if not self._fresh(self._current, versions, facts, now):
             self._current = _Built.of(build(), versions, facts, now)
         return self._current
 
-    def _round_base(self, versions: tuple[int, int], number: int, build: Callable[[], pb.RoundInfo], *, now: float,
-                    facts: Hashable) -> _Built:
+    def _round_base(
+        self, versions: tuple[int, int], number: int, build: Callable[[], pb.RoundInfo], *, now: float, facts: Hashable
+    ) -> _Built:
         built = self._rounds.get(number)
         if not self._fresh(built, versions, facts, now):
             self._rounds.pop(number, None)

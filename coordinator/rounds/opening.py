@@ -15,14 +15,23 @@ from swarm.config import RunConfig
 logger = logging.getLogger(__name__)
 
 
-def open_next(now: float, number: int, *, ready: Sequence[str], carried: Sequence[str], config: RunConfig,
-              peers: Mapping[str, PeerRecord], param_count: int,
-              previous: Optional[RoundRecord]) -> tuple[Optional[RoundRecord], float]:
+def open_next(
+    now: float,
+    number: int,
+    *,
+    ready: Sequence[str],
+    carried: Sequence[str],
+    config: RunConfig,
+    peers: Mapping[str, PeerRecord],
+    param_count: int,
+    previous: Optional[RoundRecord],
+) -> tuple[Optional[RoundRecord], float]:
     """Round ``number`` planned (None: not enough ready peers yet), and when the engine must look at it again
     even if nothing changes: its timeout should no one report, or its deadline, after which who is not
     ready is left out."""
-    planned, _why_not = new_round(now=now, round_number=number, ready=ready, carried=carried,
-                                          min_peers=config.rounds.min_peers)
+    planned, _why_not = new_round(
+        now=now, round_number=number, ready=ready, carried=carried, min_peers=config.rounds.min_peers
+    )
     if planned is None:
         return None, math.inf
     planned = controller.for_round(config, planned, peers, param_count, previous)
@@ -30,13 +39,26 @@ def open_next(now: float, number: int, *, ready: Sequence[str], carried: Sequenc
     wait_until = planned.opened_at + config.rounds.round_timeout_s
     if planned.deadline_s > 0:
         wait_until = min(wait_until, planned.opened_at + planned.deadline_s + config.rounds.report_grace_s)
-    logger.info("round %d: opened with %s (inner steps %s, time budget %.3gs)", number,
-                ", ".join(planned.participants), ", ".join(map(str, planned.budgets)), planned.budget_s)
+    logger.info(
+        "round %d: opened with %s (inner steps %s, time budget %.3gs)",
+        number,
+        ", ".join(planned.participants),
+        ", ".join(map(str, planned.budgets)),
+        planned.budget_s,
+    )
     return planned, wait_until
 
 
-def admit_late(now: float, open_round: RoundRecord, reports: Sequence[ReportRecord], *, ready: Sequence[str],
-               alive: Collection[str], peers: Mapping[str, PeerRecord], config: RunConfig) -> RoundRecord:
+def admit_late(
+    now: float,
+    open_round: RoundRecord,
+    reports: Sequence[ReportRecord],
+    *,
+    ready: Sequence[str],
+    alive: Collection[str],
+    peers: Mapping[str, PeerRecord],
+    config: RunConfig,
+) -> RoundRecord:
     """``open_round`` with the newly ready peers admitted and budgeted (the same object when none is):
     until its first report, or until a participant is seen exchanging it."""
     exchanging = not reports and any(  # admission closes at the first report anyway
@@ -47,26 +69,49 @@ def admit_late(now: float, open_round: RoundRecord, reports: Sequence[ReportReco
     if admitted is open_round:
         return open_round
     admitted = budgets.budget_newcomers(open_round, admitted, peers, config.rounds, now=now)
-    logger.info("round %d: admitted late %s", admitted.round, ", ".join(admitted.participants[len(open_round.participants):]))
+    logger.info(
+        "round %d: admitted late %s", admitted.round, ", ".join(admitted.participants[len(open_round.participants) :])
+    )
     return admitted
 
 
-def leave_out_late(now: float, open_round: RoundRecord, reports: Sequence[ReportRecord], *,
-                   peers: Mapping[str, PeerRecord], config: RunConfig, started_at: float = 0.0) -> tuple[RoundRecord, float]:
+def leave_out_late(
+    now: float,
+    open_round: RoundRecord,
+    reports: Sequence[ReportRecord],
+    *,
+    peers: Mapping[str, PeerRecord],
+    config: RunConfig,
+    started_at: float = 0.0,
+) -> tuple[RoundRecord, float]:
     """``open_round`` without the participants not ready by its deadline (the same object when none is left
     out), and when to look again."""
     alive = {p for p in open_round.participants if p in peers and peers[p].alive}
     row = outcome.without_reporters(open_round, reports, alive)
     if row is not open_round:
-        logger.info("round %d: the others match without %s (reported while others were still to report)", row.round,
-                    ", ".join(row.left_out[len(open_round.left_out):]))
+        logger.info(
+            "round %d: the others match without %s (reported while others were still to report)",
+            row.round,
+            ", ".join(row.left_out[len(open_round.left_out) :]),
+        )
         open_round = row
-    row, look_again = outcome.leave_out(now, open_round, reports, budgets.exchanging(open_round, peers),
-                                       report_grace_s=config.rounds.report_grace_s, not_before=started_at)
+    row, look_again = outcome.leave_out(
+        now,
+        open_round,
+        reports,
+        budgets.exchanging(open_round, peers),
+        report_grace_s=config.rounds.report_grace_s,
+        not_before=started_at,
+    )
     if len(row.left_out) > len(open_round.left_out):
         late_by = f"its {row.deadline_s:.3g}s deadline" if not open_round.grace_from else "more than half were ready"
-        logger.warning("round %d: went on without %s (not ready %.0fs after %s)", row.round,
-                       ", ".join(row.left_out[len(open_round.left_out):]), config.rounds.report_grace_s, late_by)
+        logger.warning(
+            "round %d: went on without %s (not ready %.0fs after %s)",
+            row.round,
+            ", ".join(row.left_out[len(open_round.left_out) :]),
+            config.rounds.report_grace_s,
+            late_by,
+        )
     return row, look_again
 
 

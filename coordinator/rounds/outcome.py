@@ -95,18 +95,33 @@ def decide_round(
     pending, until = _pending(now, participants, participants_alive, counted, deadline, report_grace_s)
     if pending and now < until:
         return Decision(
-            round=round_row, decided=False, wait_until=until,
+            round=round_row,
+            decided=False,
+            wait_until=until,
             reason=f"waiting for {len(pending)} of {len(participants)} participants until {until - now:.0f}s from now",
         )
-    why = _why_now(len(participants), len(counted), len(pending),
-                   f"{report_grace_s:.0f}s of a quorum" if quorum_at is not None else f"{round_timeout_s:.0f}s")
+    why = _why_now(
+        len(participants),
+        len(counted),
+        len(pending),
+        f"{report_grace_s:.0f}s of a quorum" if quorum_at is not None else f"{round_timeout_s:.0f}s",
+    )
     verdict = commit_rule.decide(claims, members, standing)
-    return _decision(now, round_row, verdict, participants, not_counted, counted, f"{verdict.reason} ({why})",
-                     param_count)
+    return _decision(
+        now, round_row, verdict, participants, not_counted, counted, f"{verdict.reason} ({why})", param_count
+    )
 
 
-def _decision(now: float, round_row: RoundRecord, verdict: commit_rule.Verdict, participants: tuple[str, ...],
-              not_counted: tuple[str, ...], counted: Sequence[ReportRecord], reason: str, param_count: int) -> Decision:
+def _decision(
+    now: float,
+    round_row: RoundRecord,
+    verdict: commit_rule.Verdict,
+    participants: tuple[str, ...],
+    not_counted: tuple[str, ...],
+    counted: Sequence[ReportRecord],
+    reason: str,
+    param_count: int,
+) -> Decision:
     """The decided round: voided, or committed with the holders of the committed hash."""
     mean_loss = _mean([r.loss for r in counted if finite(r.loss) and r.loss > 0])
     # the decided row names every participant it counted: those the others matched without once they had reported
@@ -114,20 +129,32 @@ def _decision(now: float, round_row: RoundRecord, verdict: commit_rule.Verdict, 
     planned = dict(participants=participants, left_out=not_counted) if participants != round_row.participants else {}
     if verdict.committed_hash is None:
         decided = dataclasses.replace(
-            round_row, outcome=VOIDED, decided_at=now, mean_loss=mean_loss, reason=reason,
+            round_row,
+            outcome=VOIDED,
+            decided_at=now,
+            mean_loss=mean_loss,
+            reason=reason,
             **planned,
         )
-        return Decision(round=decided, decided=True, reason=decided.reason,
-                        missed=tuple(participants) + not_counted)
+        return Decision(round=decided, decided=True, reason=decided.reason, missed=tuple(participants) + not_counted)
     by_peer = {r.peer_id: r for r in counted}
     holding = {p for p in verdict.holders if not is_stand_in(by_peer[p])}
     holders = tuple(p for p in participants if p in holding)
     decided = dataclasses.replace(
-        round_row, outcome=COMMITTED, decided_at=now, committed_hash=verdict.committed_hash, holders=holders,
-        mean_loss=mean_loss, reason=reason, **planned,
+        round_row,
+        outcome=COMMITTED,
+        decided_at=now,
+        committed_hash=verdict.committed_hash,
+        holders=holders,
+        mean_loss=mean_loss,
+        reason=reason,
+        **planned,
     )
     return Decision(
-        round=decided, decided=True, reason=decided.reason, joined=holders,
+        round=decided,
+        decided=True,
+        reason=decided.reason,
+        joined=holders,
         missed=tuple(p for p in participants if p not in holding) + not_counted,
         ddp_equivalent_bytes=ddp_equivalent_bytes([by_peer[p] for p in holders], param_count=param_count),
     )
@@ -143,8 +170,15 @@ def _counted_participants(round_row: RoundRecord, reports: Sequence[ReportRecord
     return participants, tuple(p for p in round_row.left_out if p not in members)
 
 
-def leave_out(now: float, round_row: RoundRecord, reports: Sequence[ReportRecord], ready: Collection[str],
-              *, report_grace_s: float, not_before: float = 0.0) -> tuple[RoundRecord, float]:
+def leave_out(
+    now: float,
+    round_row: RoundRecord,
+    reports: Sequence[ReportRecord],
+    ready: Collection[str],
+    *,
+    report_grace_s: float,
+    not_before: float = 0.0,
+) -> tuple[RoundRecord, float]:
     """Past the round's deadline plus ``report_grace_s``, take the participants that have neither reported
     nor started their exchange (``ready``: the participants exchanging this round) out of the round, so the
     others stop waiting for them. Returns the round (the same object when nobody was left out) and when
@@ -201,8 +235,9 @@ def without_reporters(round_row: RoundRecord, reports: Sequence[ReportRecord], a
     return budgets.without(round_row, reported)
 
 
-def standing_participants(participants: Sequence[str], alive: Collection[str],
-                          reports: Sequence[ReportRecord]) -> frozenset[str]:
+def standing_participants(
+    participants: Sequence[str], alive: Collection[str], reports: Sequence[ReportRecord]
+) -> frozenset[str]:
     """The planned participants a quorum is a majority of: each one that reported (itself, or by its group's
     signed vote), or is alive and has not restarted out of the round. Only a participant known to be gone
     without a report is not counted, and only its own key can make that so (a restart) or its own silence (an
@@ -229,12 +264,21 @@ def claim_of(report: ReportRecord, groups: dict[frozenset[str], frozenset[str]])
     return commit_rule.Claim(report.peer_id, report.ok, report.state_hash, groups.setdefault(group, group))
 
 
-def _pending(now: float, participants: Sequence[str], alive: Collection[str], counted: Sequence[ReportRecord],
-             deadline: float, report_grace_s: float) -> tuple[list[str], float]:
+def _pending(
+    now: float,
+    participants: Sequence[str],
+    alive: Collection[str],
+    counted: Sequence[ReportRecord],
+    deadline: float,
+    report_grace_s: float,
+) -> tuple[list[str], float]:
     """The live participants the round still waits for, and until when. A restart's placeholder stands for
     its peer only ``report_grace_s`` after the restart: its new process may still report."""
-    restarting = {r.peer_id: r.reported_at + report_grace_s for r in counted
-                  if is_restart_placeholder(r) and now < r.reported_at + report_grace_s}
+    restarting = {
+        r.peer_id: r.reported_at + report_grace_s
+        for r in counted
+        if is_restart_placeholder(r) and now < r.reported_at + report_grace_s
+    }
     reported = {r.peer_id for r in counted} - set(restarting)
     pending = [p for p in participants if p in alive and p not in reported]
     if any(p not in restarting for p in pending):

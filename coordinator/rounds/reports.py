@@ -56,14 +56,23 @@ class RoundReports:
     def __len__(self) -> int:
         return len(self._reports)
 
-    def adopt(self, round_row: RoundRecord, votes: Mapping[str, Vote], *, reporter: str,
-              peers: Mapping[str, PeerRecord], now: float, outage: AbstractSet[str] = frozenset()) -> RoundRecord:
+    def adopt(
+        self,
+        round_row: RoundRecord,
+        votes: Mapping[str, Vote],
+        *,
+        reporter: str,
+        peers: Mapping[str, PeerRecord],
+        now: float,
+        outage: AbstractSet[str] = frozenset(),
+    ) -> RoundRecord:
         """The open round as the group that decided it by ``votes`` had it, the votes of its members whose process
         is gone kept as their reports (``coordinator.rounds.offline_votes``); ``round_row`` itself when nothing changed."""
         if not votes:
             return round_row
-        adopted, stand_ins = offline_votes.adopt(round_row, self._reports, votes, reporter=reporter, peers=peers,
-                                                 now=now, outage=outage)
+        adopted, stand_ins = offline_votes.adopt(
+            round_row, self._reports, votes, reporter=reporter, peers=peers, now=now, outage=outage
+        )
         for stand_in in stand_ins:
             self.add(stand_in)
         return adopted
@@ -88,8 +97,9 @@ class ReportBounds:
     param_count: int  # the run's model (0: not known yet)
 
 
-def report_bounds(round_row: RoundRecord, peer_id: str, config: RunConfig, *, now: float, param_count: int,
-                  rounds_covered: int) -> ReportBounds:
+def report_bounds(
+    round_row: RoundRecord, peer_id: str, config: RunConfig, *, now: float, param_count: int, rounds_covered: int
+) -> ReportBounds:
     """The bounds of ``peer_id``'s report of ``round_row``: ``rounds_covered`` is how many rounds its
     contribution may carry (a voided round's work goes into the next one)."""
     budgets = round_row.budgets
@@ -101,18 +111,31 @@ def report_bounds(round_row: RoundRecord, peer_id: str, config: RunConfig, *, no
     # a fragment's contribution carries the samples since its own last sync: one sync every `fragments` rounds
     per_round = steps * config.data.batch_size * MAX_RANKS * config.rounds.fragments
     return ReportBounds(
-        inner_steps=steps, samples=per_round * max(1, min(rounds_covered, MAX_ROUND)),
-        seconds=max(now - round_row.opened_at, config.rounds.round_timeout_s, 0.0), param_count=max(param_count, 0))
+        inner_steps=steps,
+        samples=per_round * max(1, min(rounds_covered, MAX_ROUND)),
+        seconds=max(now - round_row.opened_at, config.rounds.round_timeout_s, 0.0),
+        param_count=max(param_count, 0),
+    )
 
 
 def report_record(req: pb.ReportRoundRequest, now: float, bounds: Optional[ReportBounds] = None) -> ReportRecord:
     """The report ``req`` makes, as received at ``now``, its figures within ``bounds`` (None: as sent)."""
     record = ReportRecord(
-        round=req.round, peer_id=req.peer_id, reported_at=now, ok=req.ok,
+        round=req.round,
+        peer_id=req.peer_id,
+        reported_at=now,
+        ok=req.ok,
         state_hash=req.state_hash,
-        group=reported_group(req), samples=req.samples, inner_steps=req.inner_steps,
-        inner_time_s=req.inner_time_s, exchange_time_s=req.exchange_time_s, bytes_sent=req.bytes_sent,
-        bytes_received=req.bytes_received, loss=req.loss, error=req.error, param_count=req.param_count,
+        group=reported_group(req),
+        samples=req.samples,
+        inner_steps=req.inner_steps,
+        inner_time_s=req.inner_time_s,
+        exchange_time_s=req.exchange_time_s,
+        bytes_sent=req.bytes_sent,
+        bytes_received=req.bytes_received,
+        loss=req.loss,
+        error=req.error,
+        param_count=req.param_count,
     )
     return record if bounds is None else bounded(record, bounds)
 
@@ -125,11 +148,18 @@ def reported_group(req: pb.ReportRoundRequest) -> tuple[str, ...]:
     BadRequest (one sentence) for a sized group that could have been named or is not one."""
     if not req.group_digest and not req.group_size:
         return tuple(req.group)
-    if req.group or req.group_votes or not MAX_GROUP < req.group_size <= MAX_SIZED_GROUP \
-            or len(req.group_digest) != 16 or any(c not in "0123456789abcdef" for c in req.group_digest):
-        raise BadRequest(f"round {req.round}: a group reported by its digest needs 16 lowercase hex digits, more than "
-                         f"{MAX_GROUP} and at most {MAX_SIZED_GROUP} members, and no named members or votes; name a "
-                         f"group of up to {MAX_GROUP} members in `group` instead.")
+    if (
+        req.group
+        or req.group_votes
+        or not MAX_GROUP < req.group_size <= MAX_SIZED_GROUP
+        or len(req.group_digest) != 16
+        or any(c not in "0123456789abcdef" for c in req.group_digest)
+    ):
+        raise BadRequest(
+            f"round {req.round}: a group reported by its digest needs 16 lowercase hex digits, more than "
+            f"{MAX_GROUP} and at most {MAX_SIZED_GROUP} members, and no named members or votes; name a "
+            f"group of up to {MAX_GROUP} members in `group` instead."
+        )
     return tuple(commit_rule.sized_group(req.group_digest, req.group_size))
 
 
@@ -143,21 +173,36 @@ def bounded(report: ReportRecord, bounds: ReportBounds) -> ReportRecord:
         samples=_within(report.samples, bounds.samples),
         inner_time_s=_seconds(report.inner_time_s, bounds.seconds),
         exchange_time_s=_seconds(report.exchange_time_s, bounds.seconds),
-        bytes_sent=_within(report.bytes_sent, max_bytes), bytes_received=_within(report.bytes_received, max_bytes),
+        bytes_sent=_within(report.bytes_sent, max_bytes),
+        bytes_received=_within(report.bytes_received, max_bytes),
         loss=report.loss if finite(report.loss) and 0 <= report.loss <= MAX_LOSS else math.nan,
         param_count=bounds.param_count or _within(report.param_count, MAX_COUNT),
     )
     if _figures(fixed) != _figures(report):
-        logger.warning("peer %s: round %d: report figures beyond what the round asked were cut to it (steps %d, "
-                       "samples %d, %.0fs, %d bytes)", report.peer_id, report.round, bounds.inner_steps,
-                       bounds.samples, bounds.seconds, max_bytes)
+        logger.warning(
+            "peer %s: round %d: report figures beyond what the round asked were cut to it (steps %d, "
+            "samples %d, %.0fs, %d bytes)",
+            report.peer_id,
+            report.round,
+            bounds.inner_steps,
+            bounds.samples,
+            bounds.seconds,
+            max_bytes,
+        )
     return fixed
 
 
 def _figures(report: ReportRecord) -> tuple:
     """What ``bounded`` may cut, to tell whether it did (NaN losses compare equal here)."""
-    return (report.inner_steps, report.samples, report.inner_time_s, report.exchange_time_s, report.bytes_sent,
-            report.bytes_received, report.loss if finite(report.loss) else None)
+    return (
+        report.inner_steps,
+        report.samples,
+        report.inner_time_s,
+        report.exchange_time_s,
+        report.bytes_sent,
+        report.bytes_received,
+        report.loss if finite(report.loss) else None,
+    )
 
 
 def _within(value: int, bound: int) -> int:

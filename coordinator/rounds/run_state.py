@@ -42,8 +42,9 @@ class RunState:
         latest_open = self.latest is not None and self.latest.outcome == OPEN
         self.open: Optional[RoundRecord] = self.latest if latest_open else None
         self.last_committed: Optional[RoundRecord] = store.latest_committed_round()
-        self.roster = Roster(store.peers(), committed_round=self.last_committed_state()[0],
-                             committed_hash=self.last_committed_state()[1])
+        self.roster = Roster(
+            store.peers(), committed_round=self.last_committed_state()[0], committed_hash=self.last_committed_state()[1]
+        )
         self.peers: dict[str, PeerRecord] = self.roster.peers  # read here; written through save_peer only
         self._writes = PeerWrites()
         self.reports = RoundReports(store, self.open.round if self.open is not None else None)
@@ -86,16 +87,28 @@ class RunState:
     def report_bounds(self, peer_id: str, config: RunConfig, *, now: float) -> ReportBounds:
         """What the open round asked of ``peer_id``: its report's figures are cut to it."""
         last_committed = self.last_committed.round if self.last_committed is not None else 0
-        return report_bounds(self.open, peer_id, config, now=now, param_count=self.run.param_count,
-                             rounds_covered=self.open.round - last_committed)
+        return report_bounds(
+            self.open,
+            peer_id,
+            config,
+            now=now,
+            param_count=self.run.param_count,
+            rounds_covered=self.open.round - last_committed,
+        )
 
     def status_facts(self, page: list[PeerRecord], next_index: int, *, now: float) -> dict:
         """What a status page shows besides the run's config and start (``views.status_response``'s arguments):
         records are immutable, so the answer can be built after the engine's lock is released."""
         return dict(
-            run=self.run, peers=page, position=self.position(holders=False), last_committed=self.last_committed,
-            rounds_committed=self._store.count_rounds(COMMITTED), rounds_voided=self._store.count_rounds(VOIDED),
-            now=now, latest=self.latest, summed=dict(self.roster.sums),
+            run=self.run,
+            peers=page,
+            position=self.position(holders=False),
+            last_committed=self.last_committed,
+            rounds_committed=self._store.count_rounds(COMMITTED),
+            rounds_voided=self._store.count_rounds(VOIDED),
+            now=now,
+            latest=self.latest,
+            summed=dict(self.roster.sums),
             peers_omitted=self.roster.gone_before(now - GONE_LISTED_S),
             next_page_token=str(next_index) if next_index >= 0 else "",
         )
@@ -107,8 +120,9 @@ class RunState:
         added = int64(self.run.ddp_equivalent_bytes + decision.ddp_equivalent_bytes)
         run = dataclasses.replace(self.run, ddp_equivalent_bytes=added)
         decided = decision.round
-        if decided.outcome == COMMITTED and outcome.finishes_run(decided, self._store.count_rounds(COMMITTED),
-                                                                 max_rounds):
+        if decided.outcome == COMMITTED and outcome.finishes_run(
+            decided, self._store.count_rounds(COMMITTED), max_rounds
+        ):
             run = dataclasses.replace(run, finished_at=now)
             logger.info("run %s: finished after round %d", run.run_id, decided.round)
         return run
@@ -116,8 +130,9 @@ class RunState:
     def retire_from_open_round(self, peer_id: str, *, now: float) -> None:
         """A placeholder failure for ``peer_id``, restarted at ``now``, if it takes part in the open round."""
         if self.open is not None and peer_id in self.open.participants:
-            self.reports.add(ReportRecord(round=self.open.round, peer_id=peer_id, reported_at=now,
-                                          error=outcome.RESTARTED))
+            self.reports.add(
+                ReportRecord(round=self.open.round, peer_id=peer_id, reported_at=now, error=outcome.RESTARTED)
+            )
 
     def done(self, *, now: float, linger_s: float) -> bool:
         """The run finished, the final round's participants left and no live peer is still behind; or

@@ -39,8 +39,13 @@ class RoundSettler:
         if self._settled == versions and now < self._wait_until:
             return
         open_round = self._state.open
-        if self._settled is not None and self._settled[1] == versions[1] and now < self._wait_until \
-                and open_round is not None and len(open_round.participants) + len(open_round.left_out) > LISTED_PARTICIPANTS:
+        if (
+            self._settled is not None
+            and self._settled[1] == versions[1]
+            and now < self._wait_until
+            and open_round is not None
+            and len(open_round.participants) + len(open_round.left_out) > LISTED_PARTICIPANTS
+        ):
             # only reports or peer states changed, in a large round: look again once SETTLE_EVERY_S passed
             self._wait_until = min(self._wait_until, self._settled_at + SETTLE_EVERY_S)
             if now < self._wait_until:
@@ -53,19 +58,37 @@ class RoundSettler:
         if self._state.open is not None:
             reports = self._state.reports.by_peer_id()
             alive = self._state.roster.alive_ids
-            row, look_again = opening.leave_out_late(now, self._state.open, reports, peers=self._state.peers,
-                                                     config=self._config, started_at=self._started_at)
+            row, look_again = opening.leave_out_late(
+                now,
+                self._state.open,
+                reports,
+                peers=self._state.peers,
+                config=self._config,
+                started_at=self._started_at,
+            )
             if row is not self._state.open:
                 self._state.save_round(row)
             decision = outcome.decide_round(
-                now, self._state.open, alive, reports, self._config.rounds.round_timeout_s,
-                report_grace_s=self._config.rounds.report_grace_s, param_count=self._state.run.param_count,
+                now,
+                self._state.open,
+                alive,
+                reports,
+                self._config.rounds.round_timeout_s,
+                report_grace_s=self._config.rounds.report_grace_s,
+                param_count=self._state.run.param_count,
                 claims=self._state.reports.claims,
             )
             if not decision.decided:
                 self._wait_until = min(decision.wait_until, look_again)
-                admitted = opening.admit_late(now, self._state.open, reports, ready=self._state.roster.ready_ids(),
-                                                    alive=alive, peers=self._state.peers, config=self._config)
+                admitted = opening.admit_late(
+                    now,
+                    self._state.open,
+                    reports,
+                    ready=self._state.roster.ready_ids(),
+                    alive=alive,
+                    peers=self._state.peers,
+                    config=self._config,
+                )
                 if admitted is not self._state.open:
                     self._state.save_round(admitted)
                 return
@@ -74,8 +97,15 @@ class RoundSettler:
             return
         number = (self._state.latest.round if self._state.latest is not None else 0) + 1
         planned, wait_until = opening.open_next(
-            now, number, ready=self._state.roster.ready_ids(), carried=self._state.carried(), config=self._config,
-            peers=self._state.peers, param_count=self._state.run.param_count, previous=self._state.latest)
+            now,
+            number,
+            ready=self._state.roster.ready_ids(),
+            carried=self._state.carried(),
+            config=self._config,
+            peers=self._state.peers,
+            param_count=self._state.run.param_count,
+            previous=self._state.latest,
+        )
         if planned is not None:
             self._state.save_round(planned)
             self._wait_until = wait_until
@@ -83,8 +113,13 @@ class RoundSettler:
     def _apply(self, decision: outcome.Decision, now: float) -> None:
         decided = decision.round
         self._state.save_round(decided)
-        self._history.record_round(decided, self._state.reports.by_peer_id(), self._state.peers, self._config,
-                                   ddp_equivalent_bytes=decision.ddp_equivalent_bytes)
+        self._history.record_round(
+            decided,
+            self._state.reports.by_peer_id(),
+            self._state.peers,
+            self._config,
+            ddp_equivalent_bytes=decision.ddp_equivalent_bytes,
+        )
         self._state.count_rounds(joined=decision.joined, missed=decision.missed)
         self._state.save_run(self._state.run_after(decision, now=now, max_rounds=self._config.rounds.max_rounds))
         logger.info("round %d: %s", decided.round, decided.reason)

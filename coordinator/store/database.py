@@ -67,8 +67,9 @@ class Store:
         if read_only:
             if not Path(self.path).is_file():
                 raise ConfigError(f"{self.path} does not exist; give the --state-dir of a coordinator that ran.")
-            self._db = sqlite3.connect(f"{Path(self.path).resolve().as_uri()}?mode=ro", uri=True,
-                                       check_same_thread=False, isolation_level=None)
+            self._db = sqlite3.connect(
+                f"{Path(self.path).resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False, isolation_level=None
+            )
             self._check_version(readable=(*MIGRATABLE, SCHEMA_VERSION))
             return
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -166,7 +167,9 @@ class Store:
                 if ids:
                     self._db.execute(
                         f"UPDATE peers SET data = json_set(data, '$.{name}', coalesce(json_extract(data, '$.{name}'), 0)"
-                        " + 1) WHERE peer_id IN (SELECT value FROM json_each(?))", (json.dumps(list(ids)),))
+                        " + 1) WHERE peer_id IN (SELECT value FROM json_each(?))",
+                        (json.dumps(list(ids)),),
+                    )
 
     # rounds
     def get_round(self, round_number: int) -> Optional[RoundRecord]:
@@ -228,8 +231,10 @@ class Store:
     def live_identities(self, token_id: Optional[str] = None) -> dict[str, frozenset[str]]:
         """The live members (peer ids, not left or evicted) by the id of the token that admitted them; only
         ``token_id``'s when given."""
-        query = ("SELECT json_extract(data, '$.token_id'), peer_id FROM peers "
-                 "WHERE json_extract(data, '$.state') NOT IN (?, ?)")
+        query = (
+            "SELECT json_extract(data, '$.token_id'), peer_id FROM peers "
+            "WHERE json_extract(data, '$.state') NOT IN (?, ?)"
+        )
         args: tuple = tuple(GONE_STATES)
         if token_id is not None:
             query, args = query + " AND json_extract(data, '$.token_id') = ?", args + (token_id,)
@@ -253,16 +258,18 @@ class Store:
     # history: one row per decided round, one per participant and round, evaluations per peer and round
     def put_history(self, row: pb.RoundHistory, peer_rows: Sequence[pb.PeerRoundHistory]) -> None:
         with self.transaction():
-            self._db.execute("INSERT OR REPLACE INTO history (round, data) VALUES (?, ?)",
-                             (row.round, row.SerializeToString()))
+            self._db.execute(
+                "INSERT OR REPLACE INTO history (round, data) VALUES (?, ?)", (row.round, row.SerializeToString())
+            )
             self._db.executemany(
                 "INSERT OR REPLACE INTO peer_history (round, peer_id, data) VALUES (?, ?, ?)",
                 [(p.round, p.peer_id, p.SerializeToString()) for p in peer_rows],
             )
 
     def add_eval(self, round_number: int, peer_id: str, loss: float) -> None:
-        self._write("INSERT OR REPLACE INTO evals (round, peer_id, loss) VALUES (?, ?, ?)",
-                    (round_number, peer_id, loss))
+        self._write(
+            "INSERT OR REPLACE INTO evals (round, peer_id, loss) VALUES (?, ?, ?)", (round_number, peer_id, loss)
+        )
 
     def history(self, *, after_round: int = 0, limit: int = -1) -> list[pb.RoundHistory]:
         """Decided rounds after ``after_round``, oldest first, each with the mean of its evaluations."""
@@ -271,7 +278,8 @@ class Store:
         with self._lock:
             rows = self._db.execute(
                 "SELECT h.data, (SELECT AVG(loss) FROM evals e WHERE e.round = h.round) FROM history h "
-                "WHERE h.round > ? ORDER BY h.round LIMIT ?", (after_round, limit),
+                "WHERE h.round > ? ORDER BY h.round LIMIT ?",
+                (after_round, limit),
             ).fetchall()
         out = []
         for data, eval_loss in rows:

@@ -55,20 +55,28 @@ def round_history(
     inner = sum(max(r.inner_time_s, 0.0) for r in counted if finite(r.inner_time_s))
     exchange = sum(max(r.exchange_time_s, 0.0) for r in counted if finite(r.exchange_time_s))
     return pb.RoundHistory(
-        round=int64(decided.round), outcome=decided.outcome, opened_at=seconds(decided.opened_at),
-        decided_at=seconds(decided.decided_at or 0.0), participants=len(decided.participants), reported=len(counted),
-        holders=len(decided.holders), group_size=max((commit_rule.group_size(r.group) for r in counted), default=0),
+        round=int64(decided.round),
+        outcome=decided.outcome,
+        opened_at=seconds(decided.opened_at),
+        decided_at=seconds(decided.decided_at or 0.0),
+        participants=len(decided.participants),
+        reported=len(counted),
+        holders=len(decided.holders),
+        group_size=max((commit_rule.group_size(r.group) for r in counted), default=0),
         codec=choice.codec if choice is not None else config.rounds.codec,
-        inner_steps=int64(max(decided.budgets, default=config.rounds.inner_steps)), fragments=config.rounds.fragments,
+        inner_steps=int64(max(decided.budgets, default=config.rounds.inner_steps)),
+        fragments=config.rounds.fragments,
         bytes_sent=int64(sum(int64(r.bytes_sent) for r in counted)),
         bytes_received=int64(sum(int64(r.bytes_received) for r in counted)),
         ddp_equivalent_bytes=int64(ddp_equivalent_bytes),
         exchange_s=seconds(max((r.exchange_time_s for r in counted if finite(r.exchange_time_s)), default=0.0)),
         inner_s=seconds(inner / len(counted)) if counted else 0.0,
-        mean_loss=seconds(decided.mean_loss), eval_loss=math.nan,
+        mean_loss=seconds(decided.mean_loss),
+        eval_loss=math.nan,
         tokens=int64(sum(int64(r.samples) for r in _in_state(decided, counted)) * config.data.seq_len),
         utilization=seconds(inner / (inner + exchange)) if inner + exchange > 0 else 0.0,
-        committed_hash=decided.committed_hash if decided.outcome == COMMITTED else "", reason=decided.reason,
+        committed_hash=decided.committed_hash if decided.outcome == COMMITTED else "",
+        reason=decided.reason,
     )
 
 
@@ -91,17 +99,24 @@ def peer_round_history(
         report: Optional[ReportRecord] = by_peer.get(peer_id)
         peer = peers.get(peer_id)
         metrics = peer.metrics if peer is not None else pb.PeerMetrics()
-        rows.append(pb.PeerRoundHistory(
-            round=decided.round, peer_id=peer_id, site=peer.site if peer is not None else "",
-            ok=bool(report and report.ok), holder=peer_id in holders,
-            loss=seconds(report.loss) if report is not None else math.nan,
-            inner_s=seconds(report.inner_time_s) if report is not None else 0.0,
-            exchange_s=seconds(report.exchange_time_s) if report is not None else 0.0,
-            bytes_sent=int64(report.bytes_sent) if report is not None else 0,
-            tokens_per_s=metrics.tokens_per_s, step_time_s=metrics.step_time_s,
-            upload_mbit_s=_measured(metrics.upload_mbit_s), download_mbit_s=_measured(metrics.download_mbit_s),
-            rtt_ms=_measured(metrics.rtt_ms),
-        ))
+        rows.append(
+            pb.PeerRoundHistory(
+                round=decided.round,
+                peer_id=peer_id,
+                site=peer.site if peer is not None else "",
+                ok=bool(report and report.ok),
+                holder=peer_id in holders,
+                loss=seconds(report.loss) if report is not None else math.nan,
+                inner_s=seconds(report.inner_time_s) if report is not None else 0.0,
+                exchange_s=seconds(report.exchange_time_s) if report is not None else 0.0,
+                bytes_sent=int64(report.bytes_sent) if report is not None else 0,
+                tokens_per_s=metrics.tokens_per_s,
+                step_time_s=metrics.step_time_s,
+                upload_mbit_s=_measured(metrics.upload_mbit_s),
+                download_mbit_s=_measured(metrics.download_mbit_s),
+                rtt_ms=_measured(metrics.rtt_ms),
+            )
+        )
     return rows
 
 
@@ -117,8 +132,15 @@ class History:
         self._store = store
         self._last_eval: dict[str, int] = {}  # peer id -> the round of the evaluation last kept
 
-    def record_round(self, decided: RoundRecord, reports: Sequence[ReportRecord], peers: Mapping[str, PeerRecord],
-                     config: RunConfig, *, ddp_equivalent_bytes: int) -> None:
+    def record_round(
+        self,
+        decided: RoundRecord,
+        reports: Sequence[ReportRecord],
+        peers: Mapping[str, PeerRecord],
+        config: RunConfig,
+        *,
+        ddp_equivalent_bytes: int,
+    ) -> None:
         self._store.put_history(
             round_history(decided, reports, config, ddp_equivalent_bytes=ddp_equivalent_bytes),
             peer_round_history(decided, reports, peers),

@@ -13,8 +13,16 @@ from coordinator.store.records import PeerRecord
 METRICS_PERSIST_S = 5.0
 
 # The metrics the coordinator decides by (readiness, rounds, identity); a change to one is written at once.
-_DURABLE_METRICS = ("state", "round", "state_round", "state_hash", "model_fingerprint", "param_count",
-                    "dht_peer_id", "dht_maddrs")
+_DURABLE_METRICS = (
+    "state",
+    "round",
+    "state_round",
+    "state_hash",
+    "model_fingerprint",
+    "param_count",
+    "dht_peer_id",
+    "dht_maddrs",
+)
 
 
 class PeerWrites:

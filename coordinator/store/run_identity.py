@@ -23,8 +23,12 @@ logger = logging.getLogger(__name__)
 def expected_identity(run_spec_json: str) -> RunIdentity:
     """The identity of the run with this config (built once per config: a model build takes a while)."""
     identity = run_identity(RunConfig.from_json(run_spec_json))
-    logger.info("run model: fingerprint %s, initial state %s, %d parameters", identity.model_fingerprint[:16],
-                identity.initial_hash, identity.param_count)
+    logger.info(
+        "run model: fingerprint %s, initial state %s, %d parameters",
+        identity.model_fingerprint[:16],
+        identity.initial_hash,
+        identity.param_count,
+    )
     return identity
 
 
@@ -41,15 +45,22 @@ def check_vocab_fits(model_vocab: int | None, run: RunConfig) -> None:
     data_vocab = data_vocab_size(run.data)
     if model_vocab is None or data_vocab is None or model_vocab >= data_vocab:
         return
-    change = {"hf": "the hf_config's vocab_size", "factory": "the factory model's embedding size",
-              "preset": "[model] vocab_size"}[run.model.kind]
+    change = {
+        "hf": "the hf_config's vocab_size",
+        "factory": "the factory model's embedding size",
+        "preset": "[model] vocab_size",
+    }[run.model.kind]
     if run.data.kind == "tokenized":
-        raise ConfigError(f"the model's vocabulary ({model_vocab} ids) is smaller than the tokenizer's ({data_vocab}"
-                          f" ids, [data] tokenizer {run.data.tokenizer}), so no peer could train it; set {change} to at"
-                          f" least {data_vocab}, or use a tokenizer of at most {model_vocab} ids.")
-    raise ConfigError(f"the model's vocabulary ({model_vocab} ids) is smaller than the {data_vocab} byte values the"
-                      f" data is read as, so no peer could train it; set {change} to at least {data_vocab}, or give"
-                      f" [data] a tokenizer of at most {model_vocab} ids.")
+        raise ConfigError(
+            f"the model's vocabulary ({model_vocab} ids) is smaller than the tokenizer's ({data_vocab}"
+            f" ids, [data] tokenizer {run.data.tokenizer}), so no peer could train it; set {change} to at"
+            f" least {data_vocab}, or use a tokenizer of at most {model_vocab} ids."
+        )
+    raise ConfigError(
+        f"the model's vocabulary ({model_vocab} ids) is smaller than the {data_vocab} byte values the"
+        f" data is read as, so no peer could train it; set {change} to at least {data_vocab}, or give"
+        f" [data] a tokenizer of at most {model_vocab} ids."
+    )
 
 
 def with_data_fingerprint(run: RunConfig) -> RunConfig:
@@ -59,13 +70,20 @@ def with_data_fingerprint(run: RunConfig) -> RunConfig:
         mine = data_fingerprint(run.data)
     except (ConfigError, OSError, ValueError) as e:  # ValueError: text files that are gone or empty
         if run.data.fingerprint:
-            logger.info("data: the coordinator cannot read it (%s); peers must match the pinned fingerprint %s",
-                        e, run.data.fingerprint[:16])
+            logger.info(
+                "data: the coordinator cannot read it (%s); peers must match the pinned fingerprint %s",
+                e,
+                run.data.fingerprint[:16],
+            )
             return run
-        raise ConfigError(f"the coordinator cannot read the run's data ({e}); give it the files, or pin [data]"
-                          " fingerprint (python -m swarm.train.data.data_fingerprint RUN.toml prints it).") from None
+        raise ConfigError(
+            f"the coordinator cannot read the run's data ({e}); give it the files, or pin [data]"
+            " fingerprint (python -m swarm.train.data.data_fingerprint RUN.toml prints it)."
+        ) from None
     if run.data.fingerprint and run.data.fingerprint != mine:
-        raise ConfigError(f"[data] fingerprint {run.data.fingerprint[:16]} does not match the coordinator's copy of"
-                          f" the data ({mine[:16]}); fix the pinned value or the files.")
+        raise ConfigError(
+            f"[data] fingerprint {run.data.fingerprint[:16]} does not match the coordinator's copy of"
+            f" the data ({mine[:16]}); fix the pinned value or the files."
+        )
     logger.info("data fingerprint %s", mine[:16])
     return run.replace(data=dataclasses.replace(run.data, fingerprint=mine))

@@ -40,8 +40,9 @@ class RunLog:
         committed = decided.outcome == COMMITTED
         self._committed += committed
         self._voided += not committed
-        self.train_log.log(decided.round, round_scalars(row, self._committed, self._voided,
-                                                        controller_codec(decided.choice)))
+        self.train_log.log(
+            decided.round, round_scalars(row, self._committed, self._voided, controller_codec(decided.choice))
+        )
         for round_no in [r for r in self._evals if r < decided.round]:
             self._write_eval(round_no)  # its other peers moved on without evaluating it
         if committed:
@@ -66,8 +67,9 @@ class RunLog:
 def open_run_log(store: Store, config: RunConfig) -> RunLog:
     """The log [logging] asks for, for the run kept in ``store`` (its id groups the run's W&B runs)."""
     run = store.get_run()
-    train_log = open_train_log(config.logging, name=COORDINATOR_NAME, group=run.run_id if run else "",
-                               run_config=config.to_dict())
+    train_log = open_train_log(
+        config.logging, name=COORDINATOR_NAME, group=run.run_id if run else "", run_config=config.to_dict()
+    )
     if not train_log.on:
         return RunLog(train_log)
     return RunLog(train_log, committed=store.count_rounds(COMMITTED), voided=store.count_rounds(VOIDED))
@@ -80,10 +82,19 @@ class LoggedHistory(History):
         super().__init__(store)
         self.run_log = run_log
 
-    def record_round(self, decided: RoundRecord, reports: Sequence[ReportRecord], peers: Mapping[str, PeerRecord],
-                     config: RunConfig, *, ddp_equivalent_bytes: int) -> None:
+    def record_round(
+        self,
+        decided: RoundRecord,
+        reports: Sequence[ReportRecord],
+        peers: Mapping[str, PeerRecord],
+        config: RunConfig,
+        *,
+        ddp_equivalent_bytes: int,
+    ) -> None:
         super().record_round(decided, reports, peers, config, ddp_equivalent_bytes=ddp_equivalent_bytes)
-        self.run_log.decided(decided, round_history(decided, reports, config, ddp_equivalent_bytes=ddp_equivalent_bytes))
+        self.run_log.decided(
+            decided, round_history(decided, reports, config, ddp_equivalent_bytes=ddp_equivalent_bytes)
+        )
 
     def record_eval(self, peer_id: str, eval_round: int, loss: float) -> None:
         before = self._last_eval.get(peer_id)
@@ -105,12 +116,18 @@ def controller_codec(choice_json: str) -> str:
 
 def round_scalars(row: pb.RoundHistory, committed: int, voided: int, codec: str) -> dict[str, float]:
     scalars = {
-        "rounds/committed_total": float(committed), "rounds/voided_total": float(voided),
+        "rounds/committed_total": float(committed),
+        "rounds/voided_total": float(voided),
         "round/committed": 1.0 if row.outcome == pb.ROUND_OUTCOME_COMMITTED else 0.0,
-        "round/participants": float(row.participants), "round/group_size": float(row.group_size),
-        "train/loss": row.mean_loss, "run/utilization": row.utilization, "run/tokens": float(row.tokens),
-        "exchange/bytes_sent": float(row.bytes_sent), "exchange/ddp_equivalent_bytes": float(row.ddp_equivalent_bytes),
-        "exchange/seconds": row.exchange_s, "train/inner_seconds": row.inner_s,
+        "round/participants": float(row.participants),
+        "round/group_size": float(row.group_size),
+        "train/loss": row.mean_loss,
+        "run/utilization": row.utilization,
+        "run/tokens": float(row.tokens),
+        "exchange/bytes_sent": float(row.bytes_sent),
+        "exchange/ddp_equivalent_bytes": float(row.ddp_equivalent_bytes),
+        "exchange/seconds": row.exchange_s,
+        "train/inner_seconds": row.inner_s,
     }
     if codec:
         scalars["controller/codec_bits"] = float(CODEC_BITS[codec])

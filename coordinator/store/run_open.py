@@ -17,8 +17,9 @@ from swarm.config import ConfigError, RunConfig
 logger = logging.getLogger(__name__)
 
 
-def open_run(store: Store, given: Optional[RunConfig], *, check_config: bool, now: float,
-             max_rounds: Optional[int] = None) -> RunConfig:
+def open_run(
+    store: Store, given: Optional[RunConfig], *, check_config: bool, now: float, max_rounds: Optional[int] = None
+) -> RunConfig:
     """Start a run with ``given`` when ``store`` holds none; else check ``given`` against the kept run's
     config and return the kept one (the run's config never changes, but for where it logs: ``[logging]``, and
     how long it runs: ``[rounds] max_rounds``, which a restart may raise to extend a run, finished or not).
@@ -34,9 +35,15 @@ def open_run(store: Store, given: Optional[RunConfig], *, check_config: bool, no
             raise ConfigError("this state directory holds no run yet; give --config to start one.")
         identity = expected_identity(given.to_json())
         check_vocab_fits(identity.vocab_size, given)  # a factory model's, known once it is built
-        run = RunRecord(run_id="run-" + secrets.token_hex(6), token=secrets.token_urlsafe(24),
-                        run_spec_json=given.to_json(), created_at=now, model_fingerprint=identity.model_fingerprint,
-                        initial_hash=identity.initial_hash, param_count=identity.param_count)
+        run = RunRecord(
+            run_id="run-" + secrets.token_hex(6),
+            token=secrets.token_urlsafe(24),
+            run_spec_json=given.to_json(),
+            created_at=now,
+            model_fingerprint=identity.model_fingerprint,
+            initial_hash=identity.initial_hash,
+            param_count=identity.param_count,
+        )
         store.put_run(run)
         store.put_token(tokens.default_token(run.token, now=now))  # the first join string's
         logger.info("run %s: started a new run", run.run_id)
@@ -78,8 +85,9 @@ def _warn_special_tokens(run: RunConfig) -> None:
         logger.warning("[model] hf_config: %s", problem)
 
 
-def _with_max_rounds(store: Store, kept: RunConfig, wanted: Optional[int], *, now: float,
-                     only_change: bool) -> RunConfig:
+def _with_max_rounds(
+    store: Store, kept: RunConfig, wanted: Optional[int], *, now: float, only_change: bool
+) -> RunConfig:
     """``kept`` with ``[rounds] max_rounds`` set to ``wanted`` (None: no end), stored; a finished run that may now
     commit more rounds is open again, and continues from its last committed round. Not when it is not the only
     change (``only_change`` False: the caller refuses the config), nor below the rounds already committed."""
@@ -88,16 +96,22 @@ def _with_max_rounds(store: Store, kept: RunConfig, wanted: Optional[int], *, no
     run = store.get_run()
     committed = store.count_rounds(COMMITTED)
     if wanted is not None and wanted < committed:
-        raise ConfigError(f"run {run.run_id} has committed {committed} rounds already, more than max_rounds {wanted};"
-                          f" give --max-rounds {committed} or more (more extends the run).")
+        raise ConfigError(
+            f"run {run.run_id} has committed {committed} rounds already, more than max_rounds {wanted};"
+            f" give --max-rounds {committed} or more (more extends the run)."
+        )
     extended = _with_rounds(kept, wanted).validate()
     more = wanted is None or wanted > committed
     finished_at = None if more else run.finished_at if run.finished_at is not None else now
     store.put_run(dataclasses.replace(run, run_spec_json=extended.to_json(), finished_at=finished_at))
     was = kept.rounds.max_rounds
-    logger.info("run %s: max_rounds %s -> %s; %s", run.run_id, "none" if was is None else was,
-                "none" if wanted is None else wanted,
-                f"rounds continue after the {committed} committed" if more else "the run is finished")
+    logger.info(
+        "run %s: max_rounds %s -> %s; %s",
+        run.run_id,
+        "none" if was is None else was,
+        "none" if wanted is None else wanted,
+        f"rounds continue after the {committed} committed" if more else "the run is finished",
+    )
     return extended
 
 

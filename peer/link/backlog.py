@@ -14,8 +14,14 @@ from swarm.v1 import coordinator_pb2 as pb
 logger = logging.getLogger(__name__)
 
 
-def report_backlog(link: CoordinatorLink, client: CoordinatorClient, store: PeerStateStore, trainer: LocalTrainer,
-                   *, tag: Callable[[Optional[int]], str]) -> bool:
+def report_backlog(
+    link: CoordinatorLink,
+    client: CoordinatorClient,
+    store: PeerStateStore,
+    trainer: LocalTrainer,
+    *,
+    tag: Callable[[Optional[int]], str],
+) -> bool:
     """Report the group's rounds in order and check that the coordinator confirms each decision. False on a
     contradiction: this peer must resync from the committed state (the rest of the backlog is dropped); until then
     it shows no committed state, and its disk is looked at again (its own vote may be the committed state)."""
@@ -26,8 +32,12 @@ def report_backlog(link: CoordinatorLink, client: CoordinatorClient, store: Peer
         decision = link.await_decision(round_no)
         confirmed = decision.committed_hash if decision.outcome == pb.ROUND_OUTCOME_COMMITTED else None
         if confirmed != entry.committed_hash:
-            logger.error("%s the coordinator decided %s where the group decided %s; resyncing",
-                         tag(round_no), confirmed or "void", entry.committed_hash or "void")
+            logger.error(
+                "%s the coordinator decided %s where the group decided %s; resyncing",
+                tag(round_no),
+                confirmed or "void",
+                entry.committed_hash or "void",
+            )
             store.disk_tried = None
             store.stats.update(state_round=-1)
             return False

@@ -38,8 +38,15 @@ class CoordinatorCalls:
     """Retried calls. Threads: any (the main thread and the round runner's executor); it holds no state a call
     changes: ``client`` is set once (a test may swap it), ``finished`` is asked of the plan cache at each call."""
 
-    def __init__(self, client: CoordinatorClient, *, stop: threading.Event, tag: Callable[[Optional[int]], str],
-                 finished: Callable[[], bool], give_up_after_s: Optional[float] = None) -> None:
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        *,
+        stop: threading.Event,
+        tag: Callable[[Optional[int]], str],
+        finished: Callable[[], bool],
+        give_up_after_s: Optional[float] = None,
+    ) -> None:
         self.client, self.stop, self.tag = client, stop, tag
         self.finished = finished  # whether the coordinator said the run finished (the plan cache's ``final``)
         # unreachable this long while this peer has nothing it can do without the coordinator: it exits (None: never)
@@ -69,9 +76,14 @@ class CoordinatorCalls:
             raise Departed()
         if self.give_up_after_s is None or unreachable_s < self.give_up_after_s:
             return
-        logger.error("%s the coordinator at %s has not answered for %.0fs (%s) and this peer has no round it can run "
-                     "without it; exiting (start it again with the same --state-dir once the coordinator is back)",
-                     self.tag(None), _address(self.client), unreachable_s, waiting_for)
+        logger.error(
+            "%s the coordinator at %s has not answered for %.0fs (%s) and this peer has no round it can run "
+            "without it; exiting (start it again with the same --state-dir once the coordinator is back)",
+            self.tag(None),
+            _address(self.client),
+            unreachable_s,
+            waiting_for,
+        )
         raise PeerExit(1)
 
     def leave(self, peer_id: str, last_heartbeat, reason: str) -> None:

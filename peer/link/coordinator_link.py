@@ -45,20 +45,38 @@ class CoordinatorLink:
     ``param_count`` once before the first round; the heartbeat thread renews ``member.credential`` (one attribute
     store)."""
 
-    def __init__(self, client: CoordinatorClient, *, stop: threading.Event, faults: FaultPlan, poll_s: float,
-                 leave_grace_s: float, tag: Callable[[Optional[int]], str],
-                 give_up_after_s: Optional[float] = None) -> None:
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        *,
+        stop: threading.Event,
+        faults: FaultPlan,
+        poll_s: float,
+        leave_grace_s: float,
+        tag: Callable[[Optional[int]], str],
+        give_up_after_s: Optional[float] = None,
+    ) -> None:
         self.stop, self.faults = stop, faults
         self.own_poll_s, self.tag = poll_s, tag
         self.leave_grace_s = min(leave_grace_s, STOP_DECISION_WAIT_S)  # SIGTERM stops a peer within seconds
         self.plans = RoundPlans(tag=tag)
         self.offline = OfflineDecider(tag=tag)
-        self.calls = CoordinatorCalls(client, stop=stop, tag=tag, finished=lambda: self.plans.final is not None,
-                                      give_up_after_s=give_up_after_s)
-        self.decider = RoundDecider(calls=self.calls, plans=self.plans, offline=self.offline, get_round=self.get_round,
-                                    faults=faults, stop=stop, tag=tag, poll_s=lambda: self.poll_s,
-                                    leave_grace_s=self.leave_grace_s, peer_id=lambda: self.peer_id,
-                                    param_count=lambda: self.param_count)
+        self.calls = CoordinatorCalls(
+            client, stop=stop, tag=tag, finished=lambda: self.plans.final is not None, give_up_after_s=give_up_after_s
+        )
+        self.decider = RoundDecider(
+            calls=self.calls,
+            plans=self.plans,
+            offline=self.offline,
+            get_round=self.get_round,
+            faults=faults,
+            stop=stop,
+            tag=tag,
+            poll_s=lambda: self.poll_s,
+            leave_grace_s=self.leave_grace_s,
+            peer_id=lambda: self.peer_id,
+            param_count=lambda: self.param_count,
+        )
         self.peer_id = ""
         self.member: Optional[Member] = None  # after join: this peer's key and credential (renewed by heartbeats)
         self.param_count = 0  # of this peer's model, carried by every report
@@ -128,15 +146,26 @@ class CoordinatorLink:
         """Join the run, retrying while the coordinator is unreachable; gives up after join_timeout_s.
         Sets ``peer_id`` and ``member``."""
         joined = with_retry(
-            lambda: self.client.join(key=key, libp2p=libp2p, site=options.site, device=options.device,
-                                     name=options.name or socket.gethostname()),
-            what="join", stop=self.stop, give_up_after_s=options.join_timeout_s,
+            lambda: self.client.join(
+                key=key,
+                libp2p=libp2p,
+                site=options.site,
+                device=options.device,
+                name=options.name or socket.gethostname(),
+            ),
+            what="join",
+            stop=self.stop,
+            give_up_after_s=options.join_timeout_s,
         )
         if joined is None and self.stop.is_set():
             raise PeerExit(0)  # stopped while the coordinator did not answer: nothing to leave yet
         if joined is None:
-            logger.error("could not reach the coordinator at %s for %.0fs; check the join string's address "
-                         "and that the coordinator is running", options.join.address, options.join_timeout_s)
+            logger.error(
+                "could not reach the coordinator at %s for %.0fs; check the join string's address "
+                "and that the coordinator is running",
+                options.join.address,
+                options.join_timeout_s,
+            )
             raise PeerExit(2)
         self.peer_id = joined.peer_id
         try:
@@ -144,15 +173,22 @@ class CoordinatorLink:
         except (ValueError, KeyError, TypeError):  # an older coordinator's spec: nothing to say while waiting
             self.plans.min_peers = 1
         if joined.protocol != PROTOCOL:  # an older coordinator admits any peer; this one could not average
-            logger.error("%s %s", self.tag(None), mismatch(PROTOCOL, joined.protocol, peer_version=release(),
-                                                         fix=ASK_THE_OPERATOR))
+            logger.error(
+                "%s %s",
+                self.tag(None),
+                mismatch(PROTOCOL, joined.protocol, peer_version=release(), fix=ASK_THE_OPERATOR),
+            )
             self.leave(None, reason="another wire protocol")
             raise PeerExit(2)
         # a first process may decide by its group's votes at once; a restarted one only once it took part in a round
         # the coordinator decided: until then it does not know where its group is (``decide_by_group``)
         self.coordinator_decided = joined.session <= 1
-        self.member = Member(key=key, credential=joined.credential,
-                             coordinator_public_key=joined.coordinator_public_key, run_id=joined.run_id)
+        self.member = Member(
+            key=key,
+            credential=joined.credential,
+            coordinator_public_key=joined.coordinator_public_key,
+            run_id=joined.run_id,
+        )
         return joined
 
     def renew(self, credential: bytes) -> None:
@@ -228,14 +264,21 @@ class CoordinatorLink:
             return True  # leaving: the rest of the round's steps would not be sent (no log: the signal said it)
         if heard is None:
             return False
-        out = heard.last_committed_round >= round_no or (heard.round == round_no and self.peer_id in heard.plan.left_out)
+        out = heard.last_committed_round >= round_no or (
+            heard.round == round_no and self.peer_id in heard.plan.left_out
+        )
         if out:
             self._went_on_without(round_no, step_time_s, "it stops training that round and resyncs")
         return out
 
     def _went_on_without(self, round_no: int, step_time_s: float, then: str) -> None:
-        logger.warning("%s round %d went on without this peer (too slow: %.3g s per step); %s", self.tag(round_no),
-                       round_no, step_time_s, then)
+        logger.warning(
+            "%s round %d went on without this peer (too slow: %.3g s per step); %s",
+            self.tag(round_no),
+            round_no,
+            step_time_s,
+            then,
+        )
 
     def round_info(self, round_no: int) -> pb.RoundInfo:
         """Round ``round_no``, retrying while the coordinator is unreachable (``call``: bounded)."""

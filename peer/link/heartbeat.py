@@ -30,9 +30,17 @@ JITTER = 0.1
 
 
 class HeartbeatThread(threading.Thread):
-    def __init__(self, client: CoordinatorClient, peer_id: str, stats: PeerStats, stop: threading.Event,
-                 *, interval_s: float, faults: Optional[FaultPlan] = None,
-                 renewed: Callable[[bytes], None] = lambda credential: None):
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        peer_id: str,
+        stats: PeerStats,
+        stop: threading.Event,
+        *,
+        interval_s: float,
+        faults: Optional[FaultPlan] = None,
+        renewed: Callable[[bytes], None] = lambda credential: None,
+    ):
         super().__init__(name="swarm-heartbeat", daemon=True)
         self.client, self.peer_id, self.stats, self.stop = client, peer_id, stats, stop
         self.interval_s = _bounded(interval_s)  # the coordinator's pace; this thread's only

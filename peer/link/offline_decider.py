@@ -71,8 +71,9 @@ class OfflineDecider:
         with self._lock:
             self._coordinator_decided = decided
 
-    def decide(self, vote: Vote, request: pb.ReportRoundRequest, error: Exception,
-               last_group: Optional[set[str]]) -> Optional[Decision]:
+    def decide(
+        self, vote: Vote, request: pb.ReportRoundRequest, error: Exception, last_group: Optional[set[str]]
+    ) -> Optional[Decision]:
         """The group's decision of ``vote``'s round from its DHT votes, added to the backlog with them; None when
         this peer must wait for the coordinator (``error``: why it did not answer)."""
         if not self.coordinator_decided:
@@ -80,31 +81,49 @@ class OfflineDecider:
             # its group is: restarted while the coordinator was behind the group (it had not heard the group's rounds
             # yet), it was planned into a round the group had played long ago (a chaos soak saw three restarted
             # processes decide two such rounds among themselves and resync)
-            logger.warning("%s %s; this restarted process has not yet taken part in a round the coordinator decided: "
-                           "waiting for the coordinator", self.tag(vote.round_no), clause(error))
+            logger.warning(
+                "%s %s; this restarted process has not yet taken part in a round the coordinator decided: "
+                "waiting for the coordinator",
+                self.tag(vote.round_no),
+                clause(error),
+            )
             return None
         if request.group_digest:  # a group too large to name carries no votes: only the coordinator decides it
-            logger.warning("%s %s; a group of %d members is decided by the coordinator only: waiting for it",
-                           self.tag(vote.round_no), clause(error), request.group_size)
+            logger.warning(
+                "%s %s; a group of %d members is decided by the coordinator only: waiting for it",
+                self.tag(vote.round_no),
+                clause(error),
+                request.group_size,
+            )
             return None
         if len(vote.group) <= 1 and len(last_group or ()) > 1:
             # alone where others were planned: its groupmates are in another round (a process restarted into the
             # round the coordinator last had open, while they went on without it), so a decision of its own would
             # only split it off from them (a chaos soak saw one go on alone for six rounds, then resync)
-            logger.warning("%s %s; this peer averaged alone where %d peers were planned: waiting for the coordinator",
-                           self.tag(vote.round_no), clause(error), len(last_group))
+            logger.warning(
+                "%s %s; this peer averaged alone where %d peers were planned: waiting for the coordinator",
+                self.tag(vote.round_no),
+                clause(error),
+                len(last_group),
+            )
             return None
         decided = self.group_decision(vote)
         if decided is None:
             if vote.group:
-                logger.warning("%s %s; not every groupmate's vote arrived, waiting for the coordinator",
-                               self.tag(vote.round_no), clause(error))
+                logger.warning(
+                    "%s %s; not every groupmate's vote arrived, waiting for the coordinator",
+                    self.tag(vote.round_no),
+                    clause(error),
+                )
             return None
         committed = decided.committed_hash
         # the votes go with the report: a member whose process dies before it can report still counts
         request.group_votes.extend(decided.votes)
         with self._lock:
             self._backlog.append(Backlogged(request, committed))
-        logger.warning("%s coordinator unreachable; round decided by the group's votes: %s", self.tag(vote.round_no),
-                       f"committed {committed}" if committed else "voided")
+        logger.warning(
+            "%s coordinator unreachable; round decided by the group's votes: %s",
+            self.tag(vote.round_no),
+            f"committed {committed}" if committed else "voided",
+        )
         return Decision(vote.round_no, committed, by_group=True, holders=decided.holders)

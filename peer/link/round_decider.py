@@ -34,10 +34,21 @@ class RoundDecider:
     ``get_round``) and to the offline decider, both locked; ``peer_id`` and ``param_count`` are asked of the link
     (set before the first round)."""
 
-    def __init__(self, *, calls: CoordinatorCalls, plans: RoundPlans, offline: OfflineDecider,
-                 get_round: Callable[[int], pb.RoundInfo], faults: FaultPlan, stop: threading.Event,
-                 tag: Callable[[Optional[int]], str], poll_s: Callable[[], float], leave_grace_s: float,
-                 peer_id: Callable[[], str], param_count: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        *,
+        calls: CoordinatorCalls,
+        plans: RoundPlans,
+        offline: OfflineDecider,
+        get_round: Callable[[int], pb.RoundInfo],
+        faults: FaultPlan,
+        stop: threading.Event,
+        tag: Callable[[Optional[int]], str],
+        poll_s: Callable[[], float],
+        leave_grace_s: float,
+        peer_id: Callable[[], str],
+        param_count: Callable[[], int],
+    ) -> None:
         self.calls, self.plans, self.offline, self.get_round = calls, plans, offline, get_round
         self.faults, self.stop, self.tag, self.poll_s = faults, stop, tag, poll_s
         self.leave_grace_s, self.peer_id, self.param_count = leave_grace_s, peer_id, param_count
@@ -80,8 +91,10 @@ class RoundDecider:
         voided the last of them): the votes decide after all."""
         self.report_backlog_first()
         try:
-            self._counted(self.calls.call(lambda: self.calls.client.report_round(request), f"report round {request.round}"),
-                          request.round)
+            self._counted(
+                self.calls.call(lambda: self.calls.client.report_round(request), f"report round {request.round}"),
+                request.round,
+            )
         except Behind:
             return False
         return True
@@ -124,7 +137,9 @@ class RoundDecider:
                     decision, fallback = fallback(e), None
                     if decision is not None:
                         return decision
-                self.calls.give_up_if_gone(time.monotonic() - unreachable_since, f"waiting for the decision of round {round_no}")
+                self.calls.give_up_if_gone(
+                    time.monotonic() - unreachable_since, f"waiting for the decision of round {round_no}"
+                )
             if info is not None and info.outcome in DECIDED:
                 return info
             time.sleep(self.poll_s() if info is not None else 1.0)  # polled: there is no push
@@ -134,14 +149,22 @@ class RoundDecider:
         # a group too large to name goes as its digest and size (swarm.core.trust.commit_rule)
         named = len(vote.group) <= commit_rule.NAMED_GROUP_MAX
         return pb.ReportRoundRequest(
-            peer_id=self.peer_id(), round=vote.round_no, ok=vote.ok, state_hash=vote.state_hash,
-            group=vote.group if named else [], group_digest="" if named else group_id(list(vote.group)),
+            peer_id=self.peer_id(),
+            round=vote.round_no,
+            ok=vote.ok,
+            state_hash=vote.state_hash,
+            group=vote.group if named else [],
+            group_digest="" if named else group_id(list(vote.group)),
             group_size=0 if named else len(vote.group),
-            samples=vote.contribution.samples, inner_steps=vote.train.steps, inner_time_s=vote.train.inner_time_s,
+            samples=vote.contribution.samples,
+            inner_steps=vote.train.steps,
+            inner_time_s=vote.train.inner_time_s,
             exchange_time_s=averaged.seconds if averaged else 0.0,
             bytes_sent=averaged.bytes_sent if averaged else 0,
-            bytes_received=averaged.bytes_received if averaged else 0, loss=vote.train.mean_loss,
-            error=vote.error.encode()[:MAX_REPORTED_ERROR_BYTES].decode(errors="ignore"), param_count=self.param_count(),
+            bytes_received=averaged.bytes_received if averaged else 0,
+            loss=vote.train.mean_loss,
+            error=vote.error.encode()[:MAX_REPORTED_ERROR_BYTES].decode(errors="ignore"),
+            param_count=self.param_count(),
             upload_mbit_s=averaged.upload_mbit_s if averaged else math.nan,
             download_mbit_s=averaged.download_mbit_s if averaged else math.nan,
             rtt_ms=averaged.rtt_ms if averaged else math.nan,

@@ -62,8 +62,14 @@ class RoundPlans:
             say = round_no == 0 and self._waiting_for_peers(info)
         if say:
             next_round, missing = say
-            logger.info("%s waiting for %d more peer%s (min_peers = %d) before round %d opens", self.tag(None), missing,
-                        "" if missing == 1 else "s", self.min_peers, next_round)
+            logger.info(
+                "%s waiting for %d more peer%s (min_peers = %d) before round %d opens",
+                self.tag(None),
+                missing,
+                "" if missing == 1 else "s",
+                self.min_peers,
+                next_round,
+            )
 
     def _waiting_for_peers(self, info: pb.RoundInfo) -> Optional[tuple[int, int]]:
         """(next round, peers missing) to say when no round is open and the run has fewer peers than ``min_peers``,

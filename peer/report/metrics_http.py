@@ -59,14 +59,16 @@ class PeerMetricsCollector(Collector):
                 family.add_metric(list(labels.values()), value)
                 yield family
         utilization = m.inner_time_s / m.wall_time_s if m.wall_time_s > 0 else 0.0
-        family = GaugeMetricFamily("swarm_compute_utilization_ratio", "Inner-step time over wall time",
-                                   labels=list(labels))
+        family = GaugeMetricFamily(
+            "swarm_compute_utilization_ratio", "Inner-step time over wall time", labels=list(labels)
+        )
         family.add_metric(list(labels.values()), utilization)
         yield family
 
 
-def start_metrics_server(metrics: Callable[[], pb.PeerMetrics], peer_id: Callable[[], str], *, port: int,
-                         host: str = "127.0.0.1") -> tuple[str, Callable[[], None]]:
+def start_metrics_server(
+    metrics: Callable[[], pb.PeerMetrics], peer_id: Callable[[], str], *, port: int, host: str = "127.0.0.1"
+) -> tuple[str, Callable[[], None]]:
     """Serve /metrics on ``host:port`` (0: any free port); returns its URL and a function that stops it."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PeerMetricsCollector(metrics, peer_id))

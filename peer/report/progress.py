@@ -20,8 +20,15 @@ PROGRESS_EVERY_S = 30.0
 
 
 class RoundProgress:
-    def __init__(self, trainer, *, tag: Callable[[int], str], inner: Callable[[float], None] = lambda seconds: None,
-                 every_s: Optional[float] = None, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        trainer,
+        *,
+        tag: Callable[[int], str],
+        inner: Callable[[float], None] = lambda seconds: None,
+        every_s: Optional[float] = None,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
         """``trainer``: its ``inner_steps_done`` counts the steps; ``inner``: what its clock told before (the peer's
         live utilization); ``tag(round_no)``: the line's prefix; ``every_s``: PROGRESS_EVERY_S unless given."""
         self._trainer, self._tag, self._inner, self._now = trainer, tag, inner, now
@@ -72,4 +79,6 @@ class RoundProgress:
         per_step = self._seconds / done
         pace = f"{per_step:.1f} s/step" if per_step >= 1 else f"{per_step * 1000:.0f} ms/step"
         loss = "" if math.isnan(self._loss) else f", loss {self._loss:.2f}"
-        logger.info("%s training: step %d of %d, %s%s", self._tag(self._round), done, max(done, self._steps), pace, loss)
+        logger.info(
+            "%s training: step %d of %d, %s%s", self._tag(self._round), done, max(done, self._steps), pace, loss
+        )

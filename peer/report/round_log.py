@@ -62,8 +62,16 @@ class RoundLog:
         evaluated = "" if entry.eval_loss is None else f"; eval loss {entry.eval_loss:.4f}"
         waited = f"; training waited {result.waited_s:.2f} s for it" if result.waited_s >= 0.05 else ""
         local = f"; local work {result.overhead_s:.2f} s" if result.overhead_s >= 0.05 else ""  # Δ, step, vote, commit
-        logger.log(level, "%s %s: %s%s%s%s", self.tag(result.round_no), outcome_words(result),
-                   figures(train, entry.vote), waited, local, evaluated)
+        logger.log(
+            level,
+            "%s %s: %s%s%s%s",
+            self.tag(result.round_no),
+            outcome_words(result),
+            figures(train, entry.vote),
+            waited,
+            local,
+            evaluated,
+        )
         self.train_log.log(result.round_no, round_scalars(result, train, entry.lr, entry.vote))
 
     def evaluated(self, round_no: int, loss: float) -> None:
@@ -101,12 +109,16 @@ def figures(train: Optional[TrainStats], vote: Optional[Vote]) -> str:
     """steps, loss, tokens/s, bytes, exchange seconds and the round plan's codec, as a person reads them."""
     parts = []
     if train is not None:
-        parts.append(f"{train.steps} steps, loss {train.mean_loss:.4f}, "
-                     f"{train.tokens / max(1e-9, train.inner_time_s):,.0f} tokens/s")
+        parts.append(
+            f"{train.steps} steps, loss {train.mean_loss:.4f}, "
+            f"{train.tokens / max(1e-9, train.inner_time_s):,.0f} tokens/s"
+        )
     averaged = vote.averaged if vote is not None else None
     if averaged is not None:
-        parts.append(f"sent {_bytes(averaged.bytes_sent)}, received {_bytes(averaged.bytes_received)}, "
-                     f"exchange {averaged.seconds:.2f} s")
+        parts.append(
+            f"sent {_bytes(averaged.bytes_sent)}, received {_bytes(averaged.bytes_received)}, "
+            f"exchange {averaged.seconds:.2f} s"
+        )
     if vote is not None:
         if vote.contribution.plan is not None:
             parts.append(f"codec {vote.contribution.plan.codec}")
@@ -115,8 +127,9 @@ def figures(train: Optional[TrainStats], vote: Optional[Vote]) -> str:
     return "; ".join(parts) or "no figures (the round ended before this peer trained)"
 
 
-def round_scalars(result: RoundResult, train: Optional[TrainStats], lr: float,
-                  vote: Optional[Vote]) -> dict[str, Optional[float]]:
+def round_scalars(
+    result: RoundResult, train: Optional[TrainStats], lr: float, vote: Optional[Vote]
+) -> dict[str, Optional[float]]:
     scalars: dict[str, Optional[float]] = {
         "round/committed": 1.0 if result.outcome is Outcome.COMMITTED else 0.0,
         "train/lr": lr,
@@ -125,15 +138,22 @@ def round_scalars(result: RoundResult, train: Optional[TrainStats], lr: float,
     if result.outcome is Outcome.COMMITTED:
         scalars |= {"round/overhead_s": result.overhead_s, "round/eval_s": result.eval_s}
     if train is not None:
-        scalars |= {"train/loss": train.mean_loss, "train/steps": float(train.steps),
-                    "train/tokens_per_s": train.tokens / max(1e-9, train.inner_time_s),
-                    "train/step_time_s": train.inner_time_s / max(1, train.steps)}
+        scalars |= {
+            "train/loss": train.mean_loss,
+            "train/steps": float(train.steps),
+            "train/tokens_per_s": train.tokens / max(1e-9, train.inner_time_s),
+            "train/step_time_s": train.inner_time_s / max(1, train.steps),
+        }
     averaged = vote.averaged if vote is not None else None
     if averaged is not None:
-        scalars |= {"exchange/bytes_sent": float(averaged.bytes_sent),
-                    "exchange/bytes_received": float(averaged.bytes_received),
-                    "exchange/seconds": averaged.seconds, "link/upload_mbit_s": averaged.upload_mbit_s,
-                    "link/download_mbit_s": averaged.download_mbit_s, "link/rtt_ms": averaged.rtt_ms}
+        scalars |= {
+            "exchange/bytes_sent": float(averaged.bytes_sent),
+            "exchange/bytes_received": float(averaged.bytes_received),
+            "exchange/seconds": averaged.seconds,
+            "link/upload_mbit_s": averaged.upload_mbit_s,
+            "link/download_mbit_s": averaged.download_mbit_s,
+            "link/rtt_ms": averaged.rtt_ms,
+        }
     return scalars
 
 

@@ -21,8 +21,14 @@ class PeerStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._started = time.monotonic()
-        self._metrics = pb.PeerMetrics(state=pb.PEER_STATE_JOINING, loss=math.nan, eval_loss=math.nan,  # NaN: none yet
-                                       upload_mbit_s=math.nan, download_mbit_s=math.nan, rtt_ms=math.nan)
+        self._metrics = pb.PeerMetrics(
+            state=pb.PEER_STATE_JOINING,
+            loss=math.nan,
+            eval_loss=math.nan,  # NaN: none yet
+            upload_mbit_s=math.nan,
+            download_mbit_s=math.nan,
+            rtt_ms=math.nan,
+        )
 
     def update(self, **fields: Any) -> None:
         """Set metrics, e.g. ``update(state=pb.PEER_STATE_READY, state_round=3)``."""

@@ -36,10 +36,16 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message says why and what happens instead."""
 
 
-def save_checkpoint(directory: Path, *, tensors: Optional[dict[str, torch.Tensor]] = None,
-                    manifest: dict[str, Any] | Callable[[], dict[str, Any]], file_digest: bool = True,
-                    write: Optional[Callable[[BinaryIO], int]] = None, durable: bool = True,
-                    reuse: Optional[Path] = None) -> None:
+def save_checkpoint(
+    directory: Path,
+    *,
+    tensors: Optional[dict[str, torch.Tensor]] = None,
+    manifest: dict[str, Any] | Callable[[], dict[str, Any]],
+    file_digest: bool = True,
+    write: Optional[Callable[[BinaryIO], int]] = None,
+    durable: bool = True,
+    reuse: Optional[Path] = None,
+) -> None:
     """Replace the checkpoint in `directory` with these tensors and manifest, atomically. ``file_digest=False``:
     the manifest records no SHA-256 of the file, for tensors that the reader checks against a hash of its own
     (a vote's state hash): one pass over the state fewer on every round. ``write`` (instead of ``tensors``, with
@@ -123,9 +129,11 @@ def read_manifest(directory: Path) -> Optional[dict[str, Any]]:
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint manifest {manifest_path} is unreadable ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {directory} was written by another version of Swarm (format "
-                              f"{manifest.get('format_version') if isinstance(manifest, dict) else '?'}, this one reads "
-                              f"{FORMAT_VERSION}); it is not used")
+        raise CheckpointError(
+            f"checkpoint {directory} was written by another version of Swarm (format "
+            f"{manifest.get('format_version') if isinstance(manifest, dict) else '?'}, this one reads "
+            f"{FORMAT_VERSION}); it is not used"
+        )
     return manifest
 
 
@@ -137,15 +145,19 @@ def load_checkpoint(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str,
     if manifest is None or not tensor_path.exists():
         raise CheckpointError(f"no complete checkpoint in {directory}")
     if tensor_path.stat().st_size != manifest.get("tensors_bytes"):
-        raise CheckpointError(f"checkpoint {tensor_path} is truncated "
-                              f"({tensor_path.stat().st_size} of {manifest.get('tensors_bytes')} bytes)")
+        raise CheckpointError(
+            f"checkpoint {tensor_path} is truncated "
+            f"({tensor_path.stat().st_size} of {manifest.get('tensors_bytes')} bytes)"
+        )
     try:
         tensors, _, digest = map_safetensors(tensor_path, digest=manifest.get("tensors_sha256") is not None)
     except OSError as e:
         raise CheckpointError(f"checkpoint {tensor_path} is unreadable ({e})") from None
     except ValueError as e:  # unreadable bytes: told apart from a damaged file by the hash
         if manifest.get("tensors_sha256") is not None and _sha256(tensor_path) != manifest["tensors_sha256"]:
-            raise CheckpointError(f"checkpoint {tensor_path} is corrupted (its SHA-256 does not match the manifest)") from None
+            raise CheckpointError(
+                f"checkpoint {tensor_path} is corrupted (its SHA-256 does not match the manifest)"
+            ) from None
         raise CheckpointError(f"checkpoint {tensor_path} is not valid safetensors ({e})") from None
     if manifest.get("tensors_sha256") is not None and digest != manifest["tensors_sha256"]:
         raise CheckpointError(f"checkpoint {tensor_path} is corrupted (its SHA-256 does not match the manifest)")

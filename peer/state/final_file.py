@@ -62,8 +62,13 @@ def warn_if_other_run(state_dir: Path, run_id: str, run: RunConfig, tag: str) ->
     path = final_model_path(state_dir)
     other = other_run(path, run_id, run)
     if other is not None:
-        logger.warning("%s %s holds run %s's final model; it will be replaced when this run finishes — use another "
-                       "--state-dir to keep it", tag, path, other)
+        logger.warning(
+            "%s %s holds run %s's final model; it will be replaced when this run finishes — use another "
+            "--state-dir to keep it",
+            tag,
+            path,
+            other,
+        )
 
 
 def set_aside(path: Path, run_id: str, run: RunConfig) -> Optional[Path]:

@@ -81,8 +81,9 @@ class OnDisk:
     device: str = ""
 
 
-def committed_on_disk(state_dir: Path, *, run_id: str, round_no: int, state_hash: str,
-                      like: Optional[GlobalState] = None) -> Optional[OnDisk]:
+def committed_on_disk(
+    state_dir: Path, *, run_id: str, round_no: int, state_hash: str, like: Optional[GlobalState] = None
+) -> Optional[OnDisk]:
     """The committed state of ``round_no`` from this peer's checkpoint, or else from its vote, when its tensors
     hash to ``state_hash`` (checked against ``like``'s shapes when given); None (logged) otherwise."""
     directory = checkpoint_dir(state_dir)
@@ -101,17 +102,28 @@ def committed_on_disk(state_dir: Path, *, run_id: str, round_no: int, state_hash
         logger.warning("the %s in %s does not fit this model (%s); downloading the state instead", source, directory, e)
         return None
     if state.state_hash != state_hash:
-        logger.warning("the %s in %s is corrupted (its tensors do not hash to its manifest's %s); downloading "
-                       "instead", source, directory, state_hash)
+        logger.warning(
+            "the %s in %s is corrupted (its tensors do not hash to its manifest's %s); downloading instead",
+            source,
+            directory,
+            state_hash,
+        )
         return None
     local = loaded if source == "checkpoint" else _earlier_checkpoint(state_dir, run_id=run_id, round_no=round_no)
     step_s = manifest.get("step_time_s")
-    return OnDisk(state, source, directory, local, float(step_s) if isinstance(step_s, (int, float)) else None,
-                  str(manifest.get("device", "")))
+    return OnDisk(
+        state,
+        source,
+        directory,
+        local,
+        float(step_s) if isinstance(step_s, (int, float)) else None,
+        str(manifest.get("device", "")),
+    )
 
 
-def _earlier_checkpoint(state_dir: Path, *, run_id: str,
-                        round_no: int) -> Optional[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
+def _earlier_checkpoint(
+    state_dir: Path, *, run_id: str, round_no: int
+) -> Optional[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
     try:
         manifest = read_manifest(checkpoint_dir(state_dir))
         if manifest and manifest.get("run_id") == run_id and int(manifest.get("round", -1)) < round_no:
@@ -136,8 +148,13 @@ def install(trainer: LocalTrainer, found: OnDisk, *, committed: bool = False) ->
     try:
         _restore_local(trainer, tensors, manifest, own=own)
     except (KeyError, ValueError, RuntimeError, TypeError) as e:
-        logger.warning("the local training state of the checkpoint beside the %s in %s does not fit this model "
-                       "(%s); it starts fresh", found.source, found.directory, e)
+        logger.warning(
+            "the local training state of the checkpoint beside the %s in %s does not fit this model "
+            "(%s); it starts fresh",
+            found.source,
+            found.directory,
+            e,
+        )
         return False
     return True
 
@@ -154,23 +171,35 @@ def resume_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str, round
         logger.warning("checkpoint in %s does not fit this model (%s); downloading the state instead", directory, e)
         return False
     if state.state_hash != state_hash:
-        logger.warning("checkpoint in %s restored a state whose hash differs from its manifest; downloading instead",
-                       directory)
+        logger.warning(
+            "checkpoint in %s restored a state whose hash differs from its manifest; downloading instead", directory
+        )
         return False
     return install(trainer, OnDisk(state, "checkpoint", Path(directory), loaded, None))
 
 
-def _load_if_committed(directory: Path, *, run_id: str, round_no: int, state_hash: str,
-                       what: str) -> Optional[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
+def _load_if_committed(
+    directory: Path, *, run_id: str, round_no: int, state_hash: str, what: str
+) -> Optional[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
     """(tensors, manifest) of the checkpoint or vote in directory if it holds exactly the committed
     (run_id, round_no, state_hash); None (logged) when it is missing, damaged or another state."""
     try:
         manifest = read_manifest(directory)  # first the manifest: a stale one is skipped without reading tensors
         if manifest is None:
             return None
-        if (manifest.get("run_id"), manifest.get("round"), manifest.get("state_hash")) != (run_id, round_no, state_hash):
-            logger.info("%s in %s holds round %s of run %s, not the committed round %d", what, directory,
-                        manifest.get("round"), manifest.get("run_id"), round_no)
+        if (manifest.get("run_id"), manifest.get("round"), manifest.get("state_hash")) != (
+            run_id,
+            round_no,
+            state_hash,
+        ):
+            logger.info(
+                "%s in %s holds round %s of run %s, not the committed round %d",
+                what,
+                directory,
+                manifest.get("round"),
+                manifest.get("run_id"),
+                round_no,
+            )
             return None
         return load_checkpoint(directory)
     except CheckpointError as e:
@@ -178,8 +207,9 @@ def _load_if_committed(directory: Path, *, run_id: str, round_no: int, state_has
         return None
 
 
-def _restore_local(trainer: LocalTrainer, tensors: dict[str, torch.Tensor], manifest: dict[str, Any], *,
-                   own: bool) -> None:
+def _restore_local(
+    trainer: LocalTrainer, tensors: dict[str, torch.Tensor], manifest: dict[str, Any], *, own: bool
+) -> None:
     """The checkpoint's AdamW state, step count and data position into ``trainer``; ``own`` (the checkpoint of the
     committed state itself): θl and the error-feedback residuals too."""
     if own:
@@ -224,8 +254,9 @@ def vote_dir(state_dir: Path, round_no: int) -> Path:
     return Path(state_dir) / "votes" / f"r{round_no:08d}"
 
 
-def save_vote(state_dir: Path, state: GlobalState | TentativeState, *, run_id: str,
-              step_time: Optional[dict[str, Any]] = None) -> None:
+def save_vote(
+    state_dir: Path, state: GlobalState | TentativeState, *, run_id: str, step_time: Optional[dict[str, Any]] = None
+) -> None:
     """Persist the tentative state of its round before its hash is reported (atomic, verified). The file is
     written straight from the tensors; a ``TentativeState`` is stepped once, a piece at a time, as it is written,
     its hash made in the same pass, so the vote never holds a second θg and outer state. ``step_time``: the peer's
@@ -235,18 +266,36 @@ def save_vote(state_dir: Path, state: GlobalState | TentativeState, *, run_id: s
     crash left torn or missing is refused on resume (its tensors must hash to the committed state hash, its file
     must have its manifest's size), so that peer downloads the state instead. The file written over is a
     pruned vote's (``prune_votes`` keeps one as ``spare_vote``), not a new one."""
+
     # no SHA-256 of the file: a vote is used only when its tensors hash to the committed state hash
     def manifest() -> dict[str, Any]:  # after the tensors: a tentative state's hash is made as it is written
-        return {"kind": "vote", "run_id": run_id, "round": state.round_no, "state_hash": state.state_hash,
-                **(step_time or {})}
+        return {
+            "kind": "vote",
+            "run_id": run_id,
+            "round": state.round_no,
+            "state_hash": state.state_hash,
+            **(step_time or {}),
+        }
 
     spare = spare_vote(state_dir)
     if isinstance(state, TentativeState):
-        save_checkpoint(vote_dir(state_dir, state.round_no), write=state.write_safetensors, manifest=manifest,
-                        file_digest=False, durable=False, reuse=spare)
+        save_checkpoint(
+            vote_dir(state_dir, state.round_no),
+            write=state.write_safetensors,
+            manifest=manifest,
+            file_digest=False,
+            durable=False,
+            reuse=spare,
+        )
         return
-    save_checkpoint(vote_dir(state_dir, state.round_no), tensors=vote_tensors(state), manifest=manifest,
-                    file_digest=False, durable=False, reuse=spare)
+    save_checkpoint(
+        vote_dir(state_dir, state.round_no),
+        tensors=vote_tensors(state),
+        manifest=manifest,
+        file_digest=False,
+        durable=False,
+        reuse=spare,
+    )
 
 
 def spare_vote(state_dir: Path) -> Path:
@@ -261,8 +310,9 @@ def vote_tensors(state: GlobalState | TentativeState) -> dict[str, torch.Tensor 
     tensors: dict[str, torch.Tensor | LazyTensor] = {}
     for group, (prefix, base) in enumerate((("param", state.base.params), ("outer", state.base.outer_state))):
         for i, t in enumerate(base):
-            tensors[f"{prefix}.{i:05d}"] = LazyTensor(torch.float32, tuple(t.shape),
-                                                      functools.partial(state.tensor, group, i))
+            tensors[f"{prefix}.{i:05d}"] = LazyTensor(
+                torch.float32, tuple(t.shape), functools.partial(state.tensor, group, i)
+            )
     return tensors
 
 
@@ -286,7 +336,9 @@ def prune_votes(state_dir: Path, *, below: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def maybe_resume(state_dir: Path, trainer: LocalTrainer, *, run_id: str, round_no: int, state_hash: str) -> Optional[int]:
+def maybe_resume(
+    state_dir: Path, trainer: LocalTrainer, *, run_id: str, round_no: int, state_hash: str
+) -> Optional[int]:
     """Resume when the peer's own checkpoint, or else its last vote, is the committed state of round_no;
     returns the round resumed or None (the peer then downloads the state from peers)."""
     found = committed_on_disk(state_dir, run_id=run_id, round_no=round_no, state_hash=state_hash, like=trainer.state)
@@ -301,8 +353,9 @@ def _log_resumed(found: OnDisk, state_hash: str) -> None:
     if found.source == "checkpoint":
         logger.info("resumed from own checkpoint at round %d (hash %s)", found.state.round_no, state_hash)
     else:
-        logger.info("resumed from own vote for round %d, which was committed (hash %s)", found.state.round_no,
-                    state_hash)
+        logger.info(
+            "resumed from own vote for round %d, which was committed (hash %s)", found.state.round_no, state_hash
+        )
 
 
 @dataclass
@@ -315,15 +368,28 @@ class Started:
     def known_step_time(self) -> Optional[float]:
         """The step time this peer measured before its restart on the same device (None: probe it)."""
         found = self.resumed
-        if found is None or not found.step_time_s or found.device != str(self.trainer.device) \
-                or self.trainer.ranks is not None:
+        if (
+            found is None
+            or not found.step_time_s
+            or found.device != str(self.trainer.device)
+            or self.trainer.ranks is not None
+        ):
             return None
         return found.step_time_s
 
 
-def start_trainer(run: RunConfig, state_dir: Path, *, run_id: str, round_no: int, state_hash: str, peer_index: int,
-                  device: str, ranks: Optional[Ranks] = None,
-                  build: Callable[..., LocalTrainer] = LocalTrainer) -> Started:
+def start_trainer(
+    run: RunConfig,
+    state_dir: Path,
+    *,
+    run_id: str,
+    round_no: int,
+    state_hash: str,
+    peer_index: int,
+    device: str,
+    ranks: Optional[Ranks] = None,
+    build: Callable[..., LocalTrainer] = LocalTrainer,
+) -> Started:
     """The trainer of a peer's start (made by ``build``, ``LocalTrainer``'s signature). A restarted peer whose own
     checkpoint or vote is the committed state of ``round_no`` builds its model from it (θ0 is neither drawn nor
     hashed) and restores its local training state; any other starts from θ0 (and syncs later)."""
@@ -334,8 +400,9 @@ def start_trainer(run: RunConfig, state_dir: Path, *, run_id: str, round_no: int
         try:
             trainer = build(run, peer_index=peer_index, device=device, ranks=ranks, initial=found.state)
         except ValueError as e:
-            logger.warning("the %s in %s does not fit this model (%s); starting from θ0", found.source,
-                           found.directory, e)
+            logger.warning(
+                "the %s in %s does not fit this model (%s); starting from θ0", found.source, found.directory, e
+            )
         else:
             trainer.feedback.spill_to(residual_dir(state_dir))
             install(trainer, found, committed=True)

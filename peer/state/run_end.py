@@ -34,15 +34,26 @@ def write_final(state_dir: Path, trainer: LocalTrainer, *, run_id: str, tag: Tag
     logger.info("%s run finished at round %d; wrote %s", tag(None), trainer.round_no, path)
 
 
-def stranded(final_round: int, trainer: Optional[LocalTrainer], store: Optional[PeerStateStore], state_dir: Path, *,
-             download_running: bool, checkpointed: bool, tag: Tag) -> bool:
+def stranded(
+    final_round: int,
+    trainer: Optional[LocalTrainer],
+    store: Optional[PeerStateStore],
+    state_dir: Path,
+    *,
+    download_running: bool,
+    checkpointed: bool,
+    tag: Tag,
+) -> bool:
     """The run finished at ``final_round`` and no holder of its final state is left: one ERROR saying what this peer
     holds and where. A committed state it holds is checkpointed first (unless ``checkpointed`` already, or it is
     provisional); nothing is written while a download may still install a state. True once its checkpoint is
     written."""
     if trainer is None or trainer.round_no <= 0 or download_running:
-        where = "it wrote no state (it holds no committed round)" if trainer is None or trainer.round_no <= 0 \
+        where = (
+            "it wrote no state (it holds no committed round)"
+            if trainer is None or trainer.round_no <= 0
             else "its download was still running"
+        )
         held = "no round" if trainer is None else f"round {trainer.round_no}"
     else:
         if not checkpointed and not store.provisional:
@@ -50,6 +61,13 @@ def stranded(final_round: int, trainer: Optional[LocalTrainer], store: Optional[
             checkpointed = True
         held = f"round {trainer.round_no} (hash {trainer.state.state_hash[:16]})"
         where = f"its state is in {checkpoint_dir(state_dir)}"
-    logger.error("%s the run finished at round %d while this peer held %s; %s; no holder is left to download "
-                 "round %d from, so it wrote no final model", tag(None), final_round, held, where, final_round)
+    logger.error(
+        "%s the run finished at round %d while this peer held %s; %s; no holder is left to download "
+        "round %d from, so it wrote no final model",
+        tag(None),
+        final_round,
+        held,
+        where,
+        final_round,
+    )
     return checkpointed

@@ -22,9 +22,19 @@ class PeerStateStore:
     """Owned by the main thread, except ``save_vote``, which the round runner's executor calls (it only
     writes a vote directory of its own round)."""
 
-    def __init__(self, trainer: LocalTrainer, transfer, *, run_id: str, state_dir: Path,
-                 checkpoint_every_rounds: int, stats: PeerStats, faults: FaultPlan,
-                 announce: Callable[[], None], tag: Callable[[Optional[int]], str]) -> None:
+    def __init__(
+        self,
+        trainer: LocalTrainer,
+        transfer,
+        *,
+        run_id: str,
+        state_dir: Path,
+        checkpoint_every_rounds: int,
+        stats: PeerStats,
+        faults: FaultPlan,
+        announce: Callable[[], None],
+        tag: Callable[[Optional[int]], str],
+    ) -> None:
         self.trainer, self.transfer, self.run_id = trainer, transfer, run_id  # transfer: parts.StateTransfer
         self.state_dir, self.every = state_dir, checkpoint_every_rounds
         self.stats, self.faults = stats, faults
@@ -106,19 +116,33 @@ class PeerStateStore:
         target = info.last_committed_round
         if self.disk_tried != target:
             self.disk_tried = target
-            if maybe_resume(self.state_dir, self.trainer, run_id=self.run_id, round_no=target,
-                            state_hash=info.last_committed_hash) is not None:
+            if (
+                maybe_resume(
+                    self.state_dir,
+                    self.trainer,
+                    run_id=self.run_id,
+                    round_no=target,
+                    state_hash=info.last_committed_hash,
+                )
+                is not None
+            ):
                 self.provisional = False  # the coordinator committed this round
                 self.publish()
                 return True
         self.stats.update(state=pb.PEER_STATE_JOINING)
         self.faults.at(target, "syncing")
         sources = holders(target)
-        logger.info("%s behind (holds round %d, committed is %d): downloading from %d holders",
-                    self.tag(None), self.trainer.round_no, target, len(sources))
+        logger.info(
+            "%s behind (holds round %d, committed is %d): downloading from %d holders",
+            self.tag(None),
+            self.trainer.round_no,
+            target,
+            len(sources),
+        )
         try:
-            state, nbytes = self.transfer.download(sources, round_no=target, expected_hash=info.last_committed_hash,
-                                                   like=self.trainer.state)
+            state, nbytes = self.transfer.download(
+                sources, round_no=target, expected_hash=info.last_committed_hash, like=self.trainer.state
+            )
         except StateUnavailable as e:
             logger.warning("%s %s; will retry", self.tag(None), e)
             return False

@@ -47,16 +47,29 @@ class Swarm:
         self.started = time.monotonic()
 
     def start(self) -> JoinString:
-        self.coordinator = spawn(["coordinator", "--config", str(self.config), "--state-dir", str(self.state_dir),
-                                  "--lease-s", "6", "--exit-grace-s", "30"], self.workdir / "coordinator.log",
-                                 stdout=subprocess.PIPE)
+        self.coordinator = spawn(
+            [
+                "coordinator",
+                "--config",
+                str(self.config),
+                "--state-dir",
+                str(self.state_dir),
+                "--lease-s",
+                "6",
+                "--exit-grace-s",
+                "30",
+            ],
+            self.workdir / "coordinator.log",
+            stdout=subprocess.PIPE,
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             line = self.coordinator.stdout.readline().decode()
             if line.startswith("join: "):
                 self.join = JoinString.parse(line.split(" ", 1)[1].strip())
-                self.watcher = CoordinatorClient(JoinString.parse(token_admin.create(self.state_dir, role="status")),
-                                                 request_timeout_s=5)
+                self.watcher = CoordinatorClient(
+                    JoinString.parse(token_admin.create(self.state_dir, role="status")), request_timeout_s=5
+                )
                 return self.join
             if not line and self.coordinator.poll() is not None:
                 break
@@ -65,16 +78,34 @@ class Swarm:
     def peer(self, name: str, *, program: Optional[Path] = None, env: Optional[dict[str, str]] = None) -> None:
         """Start peer ``name`` with ``swarm peer``, or with ``program`` (an attacker's modified peer: a Python file
         that takes the same arguments as ``swarm``)."""
-        args = ["peer", "--join", str(self.join), "--state-dir", str(self.workdir / name), "--threads", "1",
-                "--name", name, "--join-timeout-s", "300"]
+        args = [
+            "peer",
+            "--join",
+            str(self.join),
+            "--state-dir",
+            str(self.workdir / name),
+            "--threads",
+            "1",
+            "--name",
+            name,
+            "--join-timeout-s",
+            "300",
+        ]
         log = self.workdir / f"{name}.log"
         if program is None:
             self.peers[name] = spawn(args, log)
             return
-        environment = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", PYTHONPATH=str(ROOT),
-                           **(env or {}))
-        self.peers[name] = subprocess.Popen([sys.executable, str(program), *args], stdout=open(log, "ab"),
-                                            stderr=open(log, "ab"), env=environment, cwd=ROOT, start_new_session=True)
+        environment = dict(
+            os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", PYTHONPATH=str(ROOT), **(env or {})
+        )
+        self.peers[name] = subprocess.Popen(
+            [sys.executable, str(program), *args],
+            stdout=open(log, "ab"),
+            stderr=open(log, "ab"),
+            env=environment,
+            cwd=ROOT,
+            start_new_session=True,
+        )
 
     def answered(self, what: str, call: Callable[[], object]) -> object:
         """``call()``'s answer; None when it was refused or not answered; an INTERNAL answer is recorded."""
@@ -102,14 +133,16 @@ class Swarm:
         (``swarm history --state-dir``) once it has ended."""
         response = None
         if self.coordinator is not None and self.coordinator.poll() is None:
-            response = self.answered("GetHistory", lambda: fetch_history(
-                lambda after: self.watcher.get_history(after_round=after)))
+            response = self.answered(
+                "GetHistory", lambda: fetch_history(lambda after: self.watcher.get_history(after_round=after))
+            )
         if response is None:
             response = history_from_state_dir(self.state_dir)
         return history_to_dict(response)
 
-    def watch(self, timeout_s: float, on_poll: Callable[[dict], None] = lambda status: None,
-              period_s: float = 0.5) -> bool:
+    def watch(
+        self, timeout_s: float, on_poll: Callable[[dict], None] = lambda status: None, period_s: float = 0.5
+    ) -> bool:
         """Poll until the run finishes (True) or ``timeout_s`` passes or the coordinator exits (False), calling
         ``on_poll`` with each status."""
         deadline = time.monotonic() + timeout_s
@@ -165,11 +198,14 @@ def tensors_digest(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def rounds_config(*, inner_steps: int, rounds: int, min_peers: int, round_timeout_s: float = 60.0,
-                  extra: str = "") -> str:
+def rounds_config(
+    *, inner_steps: int, rounds: int, min_peers: int, round_timeout_s: float = 60.0, extra: str = ""
+) -> str:
     """A run's TOML: the tiny model, ``rounds`` rounds of ``inner_steps``, and the short windows of a loopback run."""
-    return (f"[rounds]\ninner_steps = {inner_steps}\nmax_rounds = {rounds}\nmin_peers = {min_peers}\n"
-            f"matchmaking_window_s = 5.0\nexchange_timeout_s = 10.0\nround_timeout_s = {round_timeout_s}\n{extra}")
+    return (
+        f"[rounds]\ninner_steps = {inner_steps}\nmax_rounds = {rounds}\nmin_peers = {min_peers}\n"
+        f"matchmaking_window_s = 5.0\nexchange_timeout_s = 10.0\nround_timeout_s = {round_timeout_s}\n{extra}"
+    )
 
 
 def verdicts(history: dict) -> dict[int, dict]:

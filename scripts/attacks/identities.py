@@ -34,15 +34,23 @@ class Identity:
     def member(self):
         from swarm.core.trust.credential import Member
 
-        return Member(key=self.key, credential=self.joined.credential, run_id=self.joined.run_id,
-                      coordinator_public_key=self.joined.coordinator_public_key)
+        return Member(
+            key=self.key,
+            credential=self.joined.credential,
+            run_id=self.joined.run_id,
+            coordinator_public_key=self.joined.coordinator_public_key,
+        )
 
     def planned_round(self, run: dict, **metrics) -> int:
         """Claim to hold the committed state; the open round it is planned into and has not reported (0: none)."""
         try:
-            self.info = self.client.heartbeat(self.peer_id, state=pb.PEER_STATE_READY,
-                                              state_hash=run["committed_hash"], state_round=run["committed_round"],
-                                              **metrics).round
+            self.info = self.client.heartbeat(
+                self.peer_id,
+                state=pb.PEER_STATE_READY,
+                state_hash=run["committed_hash"],
+                state_round=run["committed_round"],
+                **metrics,
+            ).round
         except CoordinatorRejected as e:
             if "evicted" not in e.details and "left the run" not in e.details:
                 raise
@@ -58,8 +66,9 @@ class Identity:
         from swarm.core.trust.round_vote import Vote, group_id, group_key, vote_key
         from swarm.core.trust.signed_entry import sign_entry
 
-        entry = Vote(peer_id=self.peer_id, dht_peer_id=self.libp2p.peer_id, ok=True, state_hash=state_hash,
-                     group=group_id(group))
+        entry = Vote(
+            peer_id=self.peer_id, dht_peer_id=self.libp2p.peer_id, ok=True, state_hash=state_hash, group=group_id(group)
+        )
         return sign_entry(self.member(), vote_key(group_key(run_id, round_no, 0)), entry)
 
     def close(self) -> None:

@@ -42,8 +42,12 @@ def tampered_reduce(self, slices, weights, *, out=None):
     if _state["round"] >= FROM_ROUND:
         reduced.average.mul_(FACTOR)  # in place: where the caller reads (and, as owner, sends) the result
         _state["tampered"] += 1
-        print(f"malicious owner: reduction {_state['tampered']} (round {_state['round']}) of "
-              f"{reduced.average.numel()} values set to {FACTOR:g} x the average", file=sys.stderr, flush=True)
+        print(
+            f"malicious owner: reduction {_state['tampered']} (round {_state['round']}) of "
+            f"{reduced.average.numel()} values set to {FACTOR:g} x the average",
+            file=sys.stderr,
+            flush=True,
+        )
     return reduced
 
 

@@ -20,8 +20,12 @@ LIAR_HASH = "1" * 16
 def run(args: argparse.Namespace, workdir: Path) -> dict:
     honest = max(2, args.peers)  # a majority of the plan needs two honest members against one liar
     timeout_s = args.liar_round_timeout_s
-    swarm = Swarm(workdir, rounds_config(inner_steps=args.inner_steps, rounds=args.rounds, min_peers=honest + 1,
-                                         round_timeout_s=timeout_s))
+    swarm = Swarm(
+        workdir,
+        rounds_config(
+            inner_steps=args.inner_steps, rounds=args.rounds, min_peers=honest + 1, round_timeout_s=timeout_s
+        ),
+    )
     swarm.start()
     names = [f"peer-{i}" for i in range(honest)]
     liar = None
@@ -38,8 +42,12 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             if plan is None:  # (a heartbeat's answer names only the asker of the participants)
                 return
             group = [liar.peer_id, *(p for p in plan.participants if p != liar.peer_id)]
-            swarm.answered("ReportRound", lambda: liar.client.report_round(
-                liar.peer_id, number, ok=True, state_hash=LIAR_HASH, group=group, samples=1))
+            swarm.answered(
+                "ReportRound",
+                lambda: liar.client.report_round(
+                    liar.peer_id, number, ok=True, state_hash=LIAR_HASH, group=group, samples=1
+                ),
+            )
             lied[number] = group
 
         def attack(status: dict) -> None:
@@ -52,8 +60,11 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             elif number:
                 late[number] = time.monotonic() + 30.0
             for n, until in list(late.items()):
-                matching = any(p["state"] == "exchanging" and p["metrics"]["round"] == n
-                               for p in status["peers"] if p["name"] in names)
+                matching = any(
+                    p["state"] == "exchanging" and p["metrics"]["round"] == n
+                    for p in status["peers"]
+                    if p["name"] in names
+                )
                 if matching or time.monotonic() > until:
                     del late[n]
                     lie(n)
@@ -75,14 +86,21 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     committed = [n for n in attacked if history[n]["outcome"] == "committed"]
     seconds = [history[n]["decided_at"] - history[n]["opened_at"] for n in attacked]
     liar_id = liar.peer_id if liar is not None else ""
-    breaches = [f"round {n} committed the liar's hash" for n, r in history.items()
-                if r.get("committed_hash") == LIAR_HASH] + \
-        [f"round {n}: the liar holds the committed state" for n in committed if liar_id in holders_by_round.get(n, ())] + \
-        [f"INTERNAL: {why}" for why in swarm.internal]
+    breaches = (
+        [f"round {n} committed the liar's hash" for n, r in history.items() if r.get("committed_hash") == LIAR_HASH]
+        + [
+            f"round {n}: the liar holds the committed state"
+            for n in committed
+            if liar_id in holders_by_round.get(n, ())
+        ]
+        + [f"INTERNAL: {why}" for why in swarm.internal]
+    )
     if not finished:
-        breaches.append(f"the run stalled: it did not finish within {args.timeout_s:.0f}s (rounds committed: "
-                        f"{(swarm.status or {}).get('run', {}).get('rounds_committed')}, voided: "
-                        f"{(swarm.status or {}).get('run', {}).get('rounds_voided')})")
+        breaches.append(
+            f"the run stalled: it did not finish within {args.timeout_s:.0f}s (rounds committed: "
+            f"{(swarm.status or {}).get('run', {}).get('rounds_committed')}, voided: "
+            f"{(swarm.status or {}).get('run', {}).get('rounds_voided')})"
+        )
     models = swarm.final_models(names)
     result = {
         "honest_peers": honest,
@@ -92,7 +110,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         "first_reason": history[attacked[0]]["reason"] if attacked else None,
         "voided_reasons": {n: history[n]["reason"] for n in attacked if history[n]["outcome"] != "committed"},
         "attacked_round_s": {"max": round(max(seconds), 1), "mean": round(sum(seconds) / len(seconds), 1)}
-        if seconds else None,
+        if seconds
+        else None,
         "round_timeout_s": timeout_s,
         "rounds_committed": sum(r["outcome"] == "committed" for r in history.values()),
         "rounds_voided": sum(r["outcome"] == "voided" for r in history.values()),
@@ -103,6 +122,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         "breaches": breaches,
         "wall_s": swarm.elapsed_s(),
     }
-    result["ok"] = not breaches and bool(attacked) and len(committed) == len(attacked) and \
-        result["identical_final_models"]
+    result["ok"] = (
+        not breaches and bool(attacked) and len(committed) == len(attacked) and result["identical_final_models"]
+    )
     return result

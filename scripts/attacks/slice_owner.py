@@ -28,24 +28,36 @@ ATTACKER = "owner"
 
 
 def run(args: argparse.Namespace, workdir: Path) -> dict:
-    runs = {"all_gather": one_run(args, workdir / "all_gather", admits_strangers=True, compare=False),
-            "all_gather_last_round": one_run(args, workdir / "all_gather_last_round", admits_strangers=True,
-                                             from_round=args.rounds),
-            "butterfly": one_run(args, workdir / "butterfly", admits_strangers=False)}
+    runs = {
+        "all_gather": one_run(args, workdir / "all_gather", admits_strangers=True, compare=False),
+        "all_gather_last_round": one_run(
+            args, workdir / "all_gather_last_round", admits_strangers=True, from_round=args.rounds
+        ),
+        "butterfly": one_run(args, workdir / "butterfly", admits_strangers=False),
+    }
     breaches = [f"{name}: {why}" for name, r in runs.items() for why in r["breaches"]]
     result = {**runs, "breaches": breaches, "wall_s": round(sum(r["wall_s"] for r in runs.values()), 1)}
-    result["ok"] = not breaches and all(runs[n]["finished"] and runs[n]["identical_final_models"]
-                                        for n in ("all_gather", "all_gather_last_round")) \
+    result["ok"] = (
+        not breaches
+        and all(
+            runs[n]["finished"] and runs[n]["identical_final_models"] for n in ("all_gather", "all_gather_last_round")
+        )
         and runs["all_gather_last_round"]["equal_to_untampered_run"] is True
+    )
     return result
 
 
-def one_run(args: argparse.Namespace, workdir: Path, *, admits_strangers: bool, from_round: int = 1,
-            compare: bool = True) -> dict:
+def one_run(
+    args: argparse.Namespace, workdir: Path, *, admits_strangers: bool, from_round: int = 1, compare: bool = True
+) -> dict:
     honest = max(2, args.peers)  # the attacker is under half of the group
     extra = "straggler_slack_s = 600.0\n" + ("admits_strangers = true\n" if admits_strangers else "")
-    swarm = Swarm(workdir, rounds_config(inner_steps=args.inner_steps, rounds=args.rounds, min_peers=honest + 1,
-                                         round_timeout_s=90.0, extra=extra))
+    swarm = Swarm(
+        workdir,
+        rounds_config(
+            inner_steps=args.inner_steps, rounds=args.rounds, min_peers=honest + 1, round_timeout_s=90.0, extra=extra
+        ),
+    )
     swarm.start()
     names = [f"peer-{i}" for i in range(honest)]
     try:
@@ -64,21 +76,26 @@ def one_run(args: argparse.Namespace, workdir: Path, *, admits_strangers: bool, 
         rows.setdefault(int(row["round"]), {})[row["peer_id"]] = row
     committed = sorted(n for n, r in rounds.items() if r["outcome"] == "committed")
     attacker_held = [n for n in committed if rows.get(n, {}).get(attacker_id, {}).get("holder")]
-    no_honest_holder = [n for n in committed if not any(row["holder"] for pid, row in rows.get(n, {}).items()
-                                                         if pid != attacker_id)]
-    contributed_every_round = bool(committed) and all(rows.get(n, {}).get(attacker_id, {}).get("ok")
-                                                      for n in committed)
+    no_honest_holder = [
+        n for n in committed if not any(row["holder"] for pid, row in rows.get(n, {}).items() if pid != attacker_id)
+    ]
+    contributed_every_round = bool(committed) and all(rows.get(n, {}).get(attacker_id, {}).get("ok") for n in committed)
     models = swarm.final_models(names)
     identical = len(models) == honest and len(set(models.values())) == 1
-    untampered = compare_with_simulator(swarm, names[0], peers=honest + 1, rounds=len(committed)) \
-        if identical and finished and compare else None
+    untampered = (
+        compare_with_simulator(swarm, names[0], peers=honest + 1, rounds=len(committed))
+        if identical and finished and compare
+        else None
+    )
     log = workdir / f"{ATTACKER}.log"
     result = {
         "admits_strangers": admits_strangers,
         "exchange": "all_gather" if admits_strangers else "butterfly",
         "tampering_from_round": from_round,
         "honest_peers": honest,
-        "tampered_reductions": log.read_text(errors="replace").count("malicious owner: reduction") if log.exists() else 0,
+        "tampered_reductions": log.read_text(errors="replace").count("malicious owner: reduction")
+        if log.exists()
+        else 0,
         "rounds_committed": len(committed),
         "rounds_voided": sum(r["outcome"] == "voided" for r in rounds.values()),
         "rounds_the_attacker_holds": attacker_held,
@@ -96,16 +113,21 @@ def one_run(args: argparse.Namespace, workdir: Path, *, admits_strangers: bool, 
         if not identical:
             breaches.append(f"the honest peers' final models differ: {models}")
         breaches += [f"round {n} committed a state no honest peer holds" for n in no_honest_holder]
-        breaches += [f"round {n}: the attacker holds the committed state its tampered reduction made"
-                     for n in attacker_held if n >= from_round]
+        breaches += [
+            f"round {n}: the attacker holds the committed state its tampered reduction made"
+            for n in attacker_held
+            if n >= from_round
+        ]
         if untampered is not None and contributed_every_round and not untampered["equal"]:
             breaches.append("the honest final model is not the untampered run's (the simulator's, same config)")
         if not finished:
             breaches.append(f"the run did not finish within {args.timeout_s:.0f}s")
     else:
-        result["hole"] = ("documented, not covered: the attacker's tampered slices are in every committed state"
-                          if untampered is not None and not untampered["equal"] else
-                          "the tampering did not show in the final model")
+        result["hole"] = (
+            "documented, not covered: the attacker's tampered slices are in every committed state"
+            if untampered is not None and not untampered["equal"]
+            else "the tampering did not show in the final model"
+        )
     result["breaches"] = breaches
     return result
 

@@ -43,8 +43,12 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             group = sorted(a.peer_id for a in attackers if a.peer_id in plan.participants)
             for a in attackers:
                 if a.peer_id in group:
-                    swarm.answered("ReportRound", lambda a=a: a.client.report_round(
-                        a.peer_id, number, ok=True, state_hash=TIE_HASH, group=group, samples=1))
+                    swarm.answered(
+                        "ReportRound",
+                        lambda a=a: a.client.report_round(
+                            a.peer_id, number, ok=True, state_hash=TIE_HASH, group=group, samples=1
+                        ),
+                    )
             attacked[number] = group
             if len(attacked) >= args.tie_rounds:  # the attacker stops: its identities leave the run
                 for a in attackers:
@@ -57,16 +61,20 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             a.close()
         swarm.stop()
     history = verdicts(swarm.history())
-    ties = sorted(n for n in attacked if history.get(n, {}).get("outcome") == "voided"
-                  and "a tie" in history[n].get("reason", ""))
+    ties = sorted(
+        n for n in attacked if history.get(n, {}).get("outcome") == "voided" and "a tie" in history[n].get("reason", "")
+    )
     committed_tie = sorted(n for n, r in history.items() if r.get("committed_hash") == TIE_HASH)
     committed_after = sorted(n for n, r in history.items() if r["outcome"] == "committed" and n > left_after[0])
     models = swarm.final_models(names)
-    breaches = [f"round {n} committed the attackers' hash" for n in committed_tie] + \
-        [f"INTERNAL: {why}" for why in swarm.internal]
+    breaches = [f"round {n} committed the attackers' hash" for n in committed_tie] + [
+        f"INTERNAL: {why}" for why in swarm.internal
+    ]
     if not finished:
-        breaches.append(f"the run did not finish within {args.timeout_s:.0f}s (rounds committed: "
-                        f"{(swarm.status or {}).get('run', {}).get('rounds_committed')})")
+        breaches.append(
+            f"the run did not finish within {args.timeout_s:.0f}s (rounds committed: "
+            f"{(swarm.status or {}).get('run', {}).get('rounds_committed')})"
+        )
     result = {
         "honest_peers": honest,
         "attacker_identities": honest,
@@ -83,6 +91,11 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         "breaches": breaches,
         "wall_s": swarm.elapsed_s(),
     }
-    result["ok"] = (not breaches and bool(ties) and ties == sorted(attacked) and bool(committed_after)
-                    and result["identical_final_models"])
+    result["ok"] = (
+        not breaches
+        and bool(ties)
+        and ties == sorted(attacked)
+        and bool(committed_after)
+        and result["identical_final_models"]
+    )
     return result

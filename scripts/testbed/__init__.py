@@ -4,4 +4,13 @@ and a userspace delay proxy. Needs root (CAP_NET_ADMIN); ``scripts/wan_testbed.p
 from testbed.network import Testbed, leftovers, missing_privileges, teardown
 from testbed.topology import ROUTER_ADDRESS, HostSpec, Topology, make_topology
 
-__all__ = ["ROUTER_ADDRESS", "HostSpec", "Testbed", "Topology", "leftovers", "make_topology", "missing_privileges", "teardown"]
+__all__ = [
+    "ROUTER_ADDRESS",
+    "HostSpec",
+    "Testbed",
+    "Topology",
+    "leftovers",
+    "make_topology",
+    "missing_privileges",
+    "teardown",
+]

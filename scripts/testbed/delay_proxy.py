@@ -72,8 +72,7 @@ async def serve(listen_host: str, listen_port: int, target_host: str, target_por
             return
         _no_delay(client_writer)
         _no_delay(target_writer)
-        await asyncio.gather(_pump(client_reader, target_writer, delay_s),
-                             _pump(target_reader, client_writer, delay_s))
+        await asyncio.gather(_pump(client_reader, target_writer, delay_s), _pump(target_reader, client_writer, delay_s))
         client_writer.close()
         target_writer.close()
 

@@ -69,25 +69,77 @@ def _shape(namespace: str, device: str, mbit: float | None) -> None:
     modest WAN router."""
     if mbit is None:
         return
-    _sh("tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", "tbf",
-        "rate", f"{mbit}mbit", "burst", str(_burst(mbit)), "latency", "50ms")
+    _sh(
+        "tc",
+        "-n",
+        namespace,
+        "qdisc",
+        "replace",
+        "dev",
+        device,
+        "root",
+        "tbf",
+        "rate",
+        f"{mbit}mbit",
+        "burst",
+        str(_burst(mbit)),
+        "latency",
+        "50ms",
+    )
 
 
-def _shape_by_site(namespace: str, device: str, mbit: float | None, cross_mbit: float, others: list[str],
-                   match: str) -> None:
+def _shape_by_site(
+    namespace: str, device: str, mbit: float | None, cross_mbit: float, others: list[str], match: str
+) -> None:
     """Egress of ``device`` in two htb classes: traffic whose ``match`` ("dst" or "src") address is one of
     ``others`` (hosts of other sites) at ``cross_mbit``, the rest at ``mbit``. Each class queues ~50 ms."""
     tc = ("tc", "-n", namespace)
     _sh(*tc, "qdisc", "replace", "dev", device, "root", "handle", "1:", "htb", "default", _IN_SITE.split(":")[1])
     for classid, rate in ((_IN_SITE, mbit or _UNSHAPED_MBIT), (_CROSS_SITE, cross_mbit)):
         burst = str(_burst(rate))
-        _sh(*tc, "class", "add", "dev", device, "parent", "1:", "classid", classid, "htb", "rate", f"{rate}mbit",
-            "burst", burst, "cburst", burst, "quantum", "1514")
+        _sh(
+            *tc,
+            "class",
+            "add",
+            "dev",
+            device,
+            "parent",
+            "1:",
+            "classid",
+            classid,
+            "htb",
+            "rate",
+            f"{rate}mbit",
+            "burst",
+            burst,
+            "cburst",
+            burst,
+            "quantum",
+            "1514",
+        )
         limit = str(max(64 * 1024, int(rate * 1e6 / 8 * 0.05)))
         _sh(*tc, "qdisc", "add", "dev", device, "parent", classid, "bfifo", "limit", limit)
     for address in others:
-        _sh(*tc, "filter", "add", "dev", device, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-            "match", "ip", match, f"{address}/32", "flowid", _CROSS_SITE)
+        _sh(
+            *tc,
+            "filter",
+            "add",
+            "dev",
+            device,
+            "parent",
+            "1:",
+            "protocol",
+            "ip",
+            "prio",
+            "1",
+            "u32",
+            "match",
+            "ip",
+            match,
+            f"{address}/32",
+            "flowid",
+            _CROSS_SITE,
+        )
 
 
 def _upstream(topology: Topology, host: HostSpec) -> tuple[str, str]:
@@ -169,18 +221,33 @@ def _build_router(topology: Topology, host: HostSpec) -> None:
     tag = ("-m", "comment", "--comment", topology.prefix + "nat")
     _in(router, "iptables", "-P", "FORWARD", "DROP")
     _in(router, "iptables", "-A", "FORWARD", "-i", "lan0", "-o", "eth0", "-j", "ACCEPT", *tag)
-    _in(router, "iptables", "-A", "FORWARD", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED",
-        "-j", "ACCEPT", *tag)
+    _in(
+        router, "iptables", "-A", "FORWARD", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT", *tag
+    )
     lan = host.gateway.rsplit(".", 1)[0]
-    _in(router, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", f"{lan}.0/24", "-o", "eth0",
-        "-j", "MASQUERADE", *tag)
+    _in(
+        router,
+        "iptables",
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "-s",
+        f"{lan}.0/24",
+        "-o",
+        "eth0",
+        "-j",
+        "MASQUERADE",
+        *tag,
+    )
 
 
 def build(topology: Topology) -> None:
     """Create every namespace, link, qdisc and rule of ``topology``; on failure, remove what was made."""
     if namespaces(topology.prefix):
-        raise TestbedError(f"a testbed with prefix {topology.prefix!r} is already up; "
-                           f"take it down first (scripts/wan_testbed.py down)")
+        raise TestbedError(
+            f"a testbed with prefix {topology.prefix!r} is already up; take it down first (scripts/wan_testbed.py down)"
+        )
     try:
         switch = topology.namespace(SWITCH)
         _new_namespace(switch)

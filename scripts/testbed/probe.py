@@ -110,9 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "echo":
         echo(args.host)
         return 0
-    result = {"sink": lambda: sink(args.host), "source": lambda: source(args.to, args.bytes),
-              "rtt": lambda: rtt(args.to, args.count, args.size),
-              "connect": lambda: connect(args.to, args.timeout_s)}[args.command]()
+    result = {
+        "sink": lambda: sink(args.host),
+        "source": lambda: source(args.to, args.bytes),
+        "rtt": lambda: rtt(args.to, args.count, args.size),
+        "connect": lambda: connect(args.to, args.timeout_s),
+    }[args.command]()
     print(json.dumps(result), flush=True)
     return 0
 

@@ -36,9 +36,16 @@ def nat_host_spec(index: int, up_mbit: float | None, down_mbit: float | None) ->
     """NAT host ``index``: ``nat`` behind ``gw`` for 0 (as before there were several), ``nat<i>`` behind ``gw<i>``."""
     suffix = str(index) if index else ""
     lan = f"10.77.{1 + index}"
-    return HostSpec(name=NAT_HOST + suffix, address=f"{lan}.2", up_mbit=up_mbit, down_mbit=down_mbit,
-                    behind_nat=True, router=ROUTER + suffix, router_address=f"{WAN_SUBNET}.{254 - index}",
-                    gateway=f"{lan}.1")
+    return HostSpec(
+        name=NAT_HOST + suffix,
+        address=f"{lan}.2",
+        up_mbit=up_mbit,
+        down_mbit=down_mbit,
+        behind_nat=True,
+        router=ROUTER + suffix,
+        router_address=f"{WAN_SUBNET}.{254 - index}",
+        gateway=f"{lan}.1",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,9 +80,18 @@ def host_names(count: int) -> list[str]:
     return [f"h{i}" for i in range(count)]
 
 
-def make_topology(*, hosts: int, mbit: float | None = None, up_mbit: float | None = None,
-                  down_mbit: float | None = None, nat_host: bool = False, nat_hosts: int = 0, prefix: str = PREFIX,
-                  sites: Optional[Sequence[str]] = None, cross_site_mbit: float | None = None) -> Topology:
+def make_topology(
+    *,
+    hosts: int,
+    mbit: float | None = None,
+    up_mbit: float | None = None,
+    down_mbit: float | None = None,
+    nat_host: bool = False,
+    nat_hosts: int = 0,
+    prefix: str = PREFIX,
+    sites: Optional[Sequence[str]] = None,
+    cross_site_mbit: float | None = None,
+) -> Topology:
     """``hosts`` hosts h0, h1, ... on one bridge (plus ``nat`` behind a router when ``nat_host``, or ``nat_hosts``
     of them, each behind a router of its own: nat, nat1, ...), each with
     the same upload and download rate (``up_mbit``/``down_mbit`` override ``mbit`` per direction).
@@ -83,8 +99,12 @@ def make_topology(*, hosts: int, mbit: float | None = None, up_mbit: float | Non
     hosts of another site runs at that rate each way, and the rest at its own."""
     if not 1 <= hosts <= 200:
         raise ValueError(f"--hosts must be between 1 and 200, got {hosts}")
-    for label, rate in (("mbit", mbit), ("up_mbit", up_mbit), ("down_mbit", down_mbit),
-                        ("cross_site_mbit", cross_site_mbit)):
+    for label, rate in (
+        ("mbit", mbit),
+        ("up_mbit", up_mbit),
+        ("down_mbit", down_mbit),
+        ("cross_site_mbit", cross_site_mbit),
+    ):
         if rate is not None and rate <= 0:
             raise ValueError(f"{label} must be a positive rate in Mbit/s, got {rate}")
     labels = list(sites) if sites is not None else [""] * hosts
@@ -94,8 +114,10 @@ def make_topology(*, hosts: int, mbit: float | None = None, up_mbit: float | Non
         raise ValueError("a cross-site rate needs hosts in at least two sites; give --sites, e.g. a,a,b,b")
     up = up_mbit if up_mbit is not None else mbit
     down = down_mbit if down_mbit is not None else mbit
-    specs = [HostSpec(name=name, address=f"{WAN_SUBNET}.{10 + i}", up_mbit=up, down_mbit=down, site=site)
-             for i, (name, site) in enumerate(zip(host_names(hosts), labels))]
+    specs = [
+        HostSpec(name=name, address=f"{WAN_SUBNET}.{10 + i}", up_mbit=up, down_mbit=down, site=site)
+        for i, (name, site) in enumerate(zip(host_names(hosts), labels))
+    ]
     nats = max(nat_hosts, 1 if nat_host else 0)
     if not 0 <= nats <= MAX_NAT_HOSTS:
         raise ValueError(f"--nat-hosts must be between 0 and {MAX_NAT_HOSTS}, got {nats}")

@@ -1,11 +1,11 @@
 """The `swarm` command: coordinator, peer, status and demo (its parser: swarm.app.cli_parser).
 
-    swarm coordinator [--config run.toml] [--host 0.0.0.0] [--port 0] [--state-dir DIR] [--max-rounds N]
-    swarm peer --join 'swarm://...' [--device cpu|cuda] [--state-dir DIR] [--site LABEL]
-    swarm status 'swarm://...' [--json] [--watch [--interval S] [--count N]]
-    swarm history 'swarm://...'|STATE_DIR [--csv|--json]
-    swarm token create|list|revoke --state-dir DIR [...]
-    swarm demo [--peers 3] [--rounds N] [--json]
+swarm coordinator [--config run.toml] [--host 0.0.0.0] [--port 0] [--state-dir DIR] [--max-rounds N]
+swarm peer --join 'swarm://...' [--device cpu|cuda] [--state-dir DIR] [--site LABEL]
+swarm status 'swarm://...' [--json] [--watch [--interval S] [--count N]]
+swarm history 'swarm://...'|STATE_DIR [--csv|--json]
+swarm token create|list|revoke --state-dir DIR [...]
+swarm demo [--peers 3] [--rounds N] [--json]
 """
 
 from __future__ import annotations
@@ -28,8 +28,12 @@ from swarm.net.bulk.tcp_congestion import CONGESTION_CONTROL
 
 def _setup_logging(verbose: bool) -> None:
     """Logs on stderr, and every thread's stack there on SIGUSR1 (`kill -USR1 PID`: where a hung process is)."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
     for noisy in ("hivemind", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
@@ -42,8 +46,9 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
     """The run TOML (or the embedded default) with the command line's overrides, checked as a whole."""
     from swarm.config.run import with_overrides
 
-    rounds = {key: getattr(args, key) for key in ("max_rounds", "min_peers", "inner_steps")
-              if getattr(args, key) is not None}
+    rounds = {
+        key: getattr(args, key) for key in ("max_rounds", "min_peers", "inner_steps") if getattr(args, key) is not None
+    }
     overrides = {"rounds": rounds, **({"model": {"preset": args.preset}} if args.preset is not None else {})}
     if args.config:
         return load_run_config(args.config, overrides=overrides)
@@ -56,15 +61,21 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     run.rounds.check_real_swarm()
 
     from coordinator.server import serve
+
     return serve(
         run=run,
         state_dir=Path(args.state_dir),
-        host=args.host, port=args.port, dht_port=args.dht_port,
+        host=args.host,
+        port=args.port,
+        dht_port=args.dht_port,
         announce_host=args.announce_host,
         lease_s=args.lease_s,
-        config_given=args.config is not None, max_rounds=args.max_rounds,
+        config_given=args.config is not None,
+        max_rounds=args.max_rounds,
         exit_grace_s=args.exit_grace_s,
-        http_port=args.http_port, http_host=args.http_host, linger_s=args.linger_s,
+        http_port=args.http_port,
+        http_host=args.http_host,
+        linger_s=args.linger_s,
     )
 
 
@@ -77,6 +88,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
     faults = FaultPlan.parse(args.faults or os.environ.get("SWARM_FAULTS", ""))
 
     from peer.options import PeerOptions
+
     options = PeerOptions(
         join=join,
         device=args.device,
@@ -106,6 +118,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         return run()
     from peer.ranks import torchrun_rank
     from peer.restarts import supervise
+
     if torchrun_rank() is not None:
         raise ConfigError("--max-restarts restarts a peer swarm started; under torchrun, use torchrun's own instead.")
     return supervise(lambda: _reported(args, run), max_restarts=args.max_restarts)
@@ -119,7 +132,9 @@ def _check_devices(args: argparse.Namespace) -> None:
 
         backend = torch.backends.mps if kind == "mps" else getattr(torch, "xpu", None)
         if backend is None or not backend.is_available():
-            raise ConfigError(f"--device {args.device} was asked for but torch sees no {kind} device; use --device cpu.")
+            raise ConfigError(
+                f"--device {args.device} was asked for but torch sees no {kind} device; use --device cpu."
+            )
     if args.device.startswith("cuda"):
         import torch
 
@@ -127,8 +142,10 @@ def _check_devices(args: argparse.Namespace) -> None:
             raise ConfigError(f"--device {args.device} was asked for but torch sees no CUDA device; use --device cpu.")
         first = torch.device(args.device).index or 0
         if first + args.nproc > torch.cuda.device_count():
-            raise ConfigError(f"--nproc {args.nproc} from --device {args.device} needs GPUs up to cuda:"
-                              f"{first + args.nproc - 1}, but torch sees {torch.cuda.device_count()}; lower --nproc.")
+            raise ConfigError(
+                f"--nproc {args.nproc} from --device {args.device} needs GPUs up to cuda:"
+                f"{first + args.nproc - 1}, but torch sees {torch.cuda.device_count()}; lower --nproc."
+            )
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -140,8 +157,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     client = CoordinatorClient(JoinString.parse(args.join))
     try:
-        fetch = lambda: status_to_dict(fetch_all_pages(  # noqa: E731
-            lambda token: client.get_status(page_token=token), max_peers=args.max_peers or None))
+
+        def fetch():
+            pages = fetch_all_pages(lambda token: client.get_status(page_token=token), max_peers=args.max_peers or None)
+            return status_to_dict(pages)
+
         console = Console()
         if args.watch or args.count is not None:
             try:
@@ -168,8 +188,9 @@ def cmd_history(args: argparse.Namespace) -> int:
             history = fetch_history(lambda after: client.get_history(after_round=after))
     else:
         history = history_from_state_dir(Path(args.source))
-    print_history(history_to_dict(history), fmt="csv" if args.csv else "json" if args.json else "table",
-                  console=Console())
+    print_history(
+        history_to_dict(history), fmt="csv" if args.csv else "json" if args.json else "table", console=Console()
+    )
     return 0
 
 
@@ -186,8 +207,16 @@ def cmd_token(args: argparse.Namespace) -> int:
 
     state_dir = Path(args.state_dir)
     if args.action == "create":
-        print(token_admin.create(state_dir, role=args.role, expires=args.expires, max_uses=args.max_uses,
-                                 site=args.site, max_identities=args.max_identities))
+        print(
+            token_admin.create(
+                state_dir,
+                role=args.role,
+                expires=args.expires,
+                max_uses=args.max_uses,
+                site=args.site,
+                max_identities=args.max_identities,
+            )
+        )
     elif args.action == "list":
         now = time.time()
         for record, live in token_admin.list_tokens(state_dir):
@@ -201,24 +230,41 @@ def cmd_token(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from swarm.app.demo import DemoOptions, run_demo
 
-    return run_demo(DemoOptions(
-        peers=args.peers, rounds=args.rounds, inner_steps=args.inner_steps, preset=args.preset,
-        as_json=args.json, workdir=Path(args.state_dir) if args.state_dir else None, timeout_s=args.timeout,
-    ))
+    return run_demo(
+        DemoOptions(
+            peers=args.peers,
+            rounds=args.rounds,
+            inner_steps=args.inner_steps,
+            preset=args.preset,
+            as_json=args.json,
+            workdir=Path(args.state_dir) if args.state_dir else None,
+            timeout_s=args.timeout,
+        )
+    )
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from swarm.app.export import export
 
-    result = export(Path(args.state_dir), Path(args.out_dir), tokenizer=Path(args.tokenizer) if args.tokenizer else None)
+    result = export(
+        Path(args.state_dir), Path(args.out_dir), tokenizer=Path(args.tokenizer) if args.tokenizer else None
+    )
     for note in result.notes:
         print(f"swarm export: {note}", file=sys.stderr)
     print(f"exported {result.weights}" + (f" and {result.tokenizer}" if result.tokenizer else ""))
     return 0
 
 
-COMMANDS = {"coordinator": cmd_coordinator, "peer": cmd_peer, "status": cmd_status, "history": cmd_history,
-            "dashboard": cmd_dashboard, "token": cmd_token, "demo": cmd_demo, "export": cmd_export}
+COMMANDS = {
+    "coordinator": cmd_coordinator,
+    "peer": cmd_peer,
+    "status": cmd_status,
+    "history": cmd_history,
+    "dashboard": cmd_dashboard,
+    "token": cmd_token,
+    "demo": cmd_demo,
+    "export": cmd_export,
+}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -65,14 +65,29 @@ def run_demo(options: DemoOptions) -> int:
     workdir = options.workdir or Path(tempfile.mkdtemp(prefix="swarm-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    console.print(f"[bold]swarm demo[/bold]: coordinator + {options.peers} peers on loopback, "
-                  f"{options.rounds} rounds of H={options.inner_steps}, model preset {options.preset}; files in {workdir}")
+    console.print(
+        f"[bold]swarm demo[/bold]: coordinator + {options.peers} peers on loopback, "
+        f"{options.rounds} rounds of H={options.inner_steps}, model preset {options.preset}; files in {workdir}"
+    )
 
     coordinator = _spawn(
-        ["coordinator", "--state-dir", str(workdir / "coordinator"), "--max-rounds", str(options.rounds),
-         "--min-peers", str(options.peers), "--inner-steps", str(options.inner_steps), "--preset", options.preset,
-         "--exit-grace-s", "10"],
-        workdir / "coordinator.log", stdout=subprocess.PIPE,
+        [
+            "coordinator",
+            "--state-dir",
+            str(workdir / "coordinator"),
+            "--max-rounds",
+            str(options.rounds),
+            "--min-peers",
+            str(options.peers),
+            "--inner-steps",
+            str(options.inner_steps),
+            "--preset",
+            options.preset,
+            "--exit-grace-s",
+            "10",
+        ],
+        workdir / "coordinator.log",
+        stdout=subprocess.PIPE,
     )
     peers: list[subprocess.Popen] = []  # _train adds each peer as it starts it, so the cleanup sees them all
     try:
@@ -91,18 +106,38 @@ def run_demo(options: DemoOptions) -> int:
     return 0 if ok else 1
 
 
-def _train(coordinator: subprocess.Popen, peers: list[subprocess.Popen], options: DemoOptions, workdir: Path,
-           console: Console, *, deadline: float) -> tuple[Optional[dict[str, Any]], list[int]]:
+def _train(
+    coordinator: subprocess.Popen,
+    peers: list[subprocess.Popen],
+    options: DemoOptions,
+    workdir: Path,
+    console: Console,
+    *,
+    deadline: float,
+) -> tuple[Optional[dict[str, Any]], list[int]]:
     """Start the peers, follow the run to its end and stop the coordinator: the last status and the
     peers' exit codes."""
     join = _read_join_string(coordinator, timeout_s=120)
     console.print(f"join string: {join}")
     for i in range(options.peers):
-        peers.append(_spawn(
-            ["peer", "--join", join, "--state-dir", str(workdir / f"peer-{i}"), "--threads", "1",
-             "--name", f"demo-peer-{i}", "--site", "loopback"],
-            workdir / f"peer-{i}.log",
-        ))
+        peers.append(
+            _spawn(
+                [
+                    "peer",
+                    "--join",
+                    join,
+                    "--state-dir",
+                    str(workdir / f"peer-{i}"),
+                    "--threads",
+                    "1",
+                    "--name",
+                    f"demo-peer-{i}",
+                    "--site",
+                    "loopback",
+                ],
+                workdir / f"peer-{i}.log",
+            )
+        )
     status = _follow(join, peers, console, rounds=options.rounds, deadline=deadline)
     codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in peers]
     status = _final_status(join) or status  # after the peers' last heartbeats
@@ -121,8 +156,9 @@ def _stop(procs: list[subprocess.Popen]) -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _summary(options: DemoOptions, workdir: Path, status: Optional[dict[str, Any]], codes: list[int], *,
-             started: float) -> dict[str, Any]:
+def _summary(
+    options: DemoOptions, workdir: Path, status: Optional[dict[str, Any]], codes: list[int], *, started: float
+) -> dict[str, Any]:
     finals = [workdir / f"peer-{i}" / "final" / "model.safetensors" for i in range(options.peers)]
     from swarm.train.model.final_model import tensors_digest  # torch: imported only once the peers have finished
 
@@ -146,8 +182,9 @@ def _summary(options: DemoOptions, workdir: Path, status: Optional[dict[str, Any
     }
 
 
-def _follow(join: str, procs: list[subprocess.Popen], console: Console, *, rounds: int,
-            deadline: float) -> Optional[dict[str, Any]]:
+def _follow(
+    join: str, procs: list[subprocess.Popen], console: Console, *, rounds: int, deadline: float
+) -> Optional[dict[str, Any]]:
     """Show the run's progress (a bar on a terminal, else a line per committed round) until it finishes;
     return the last status seen."""
     from swarm.control.client import CoordinatorClient, CoordinatorError
@@ -167,9 +204,14 @@ def _follow(join: str, procs: list[subprocess.Popen], console: Console, *, round
                     continue
                 run, totals = last["run"], last["totals"]
                 live = sum(1 for p in last["peers"] if p["state"] not in ("left", "evicted"))
-                progress.update(run["rounds_committed"], eval=_loss(run["eval_loss"]), train=_loss(run["loss"]),
-                                peers=str(live), sent=format_bytes(totals["bytes_sent"]),
-                                θg=run["committed_hash"] or "—")
+                progress.update(
+                    run["rounds_committed"],
+                    eval=_loss(run["eval_loss"]),
+                    train=_loss(run["loss"]),
+                    peers=str(live),
+                    sent=format_bytes(totals["bytes_sent"]),
+                    θg=run["committed_hash"] or "—",
+                )
                 if run["finished"] or all(p.poll() is not None for p in procs):
                     return last
                 time.sleep(1.0)  # a progress display's refresh period

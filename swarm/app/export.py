@@ -66,12 +66,16 @@ def export(state_dir: Path, out_dir: Path, *, tokenizer: Optional[Path] = None) 
         model = model_from_config_json(metadata[HF_CONFIG_KEY])
         missing, unexpected = model.load_state_dict(tensors, strict=False)
         if unexpected or set(missing) - set(dict(model.named_buffers())):
-            raise ConfigError(f"{source} does not fit the model its config describes ({(unexpected or missing)[0]!r});"
-                              " it was not written by swarm for this model.")
+            raise ConfigError(
+                f"{source} does not fit the model its config describes ({(unexpected or missing)[0]!r});"
+                " it was not written by swarm for this model."
+            )
         hf_config = model.config
         if tokens is not None and len(tokens["vocab"]) > hf_config.vocab_size:
-            raise ConfigError(f"{tokenizer_json} has {len(tokens['vocab'])} tokens, more than the model's vocabulary of"
-                              f" {hf_config.vocab_size}: it is not the run's tokenizer; give that one with --tokenizer.")
+            raise ConfigError(
+                f"{tokenizer_json} has {len(tokens['vocab'])} tokens, more than the model's vocabulary of"
+                f" {hf_config.vocab_size}: it is not the run's tokenizer; give that one with --tokenizer."
+            )
         save_pretrained(model, out_dir)
         target = out_dir / "model.safetensors"
     result = Exported(weights=target)
@@ -120,11 +124,15 @@ def _read_tokenizer(path: Path) -> dict[str, Any]:
 
         tokenizer = Tokenizer.from_file(str(path))
     except ImportError:
-        raise ConfigError("exporting the run's tokenizer needs Hugging Face tokenizers; install it with: "
-                          "pip install 'swarm-train[hf]'.") from None
+        raise ConfigError(
+            "exporting the run's tokenizer needs Hugging Face tokenizers; install it with: "
+            "pip install 'swarm-train[hf]'."
+        ) from None
     except Exception as e:  # the Rust library raises plain Exception for a malformed file
-        raise ConfigError(f"{path} is not a tokenizer.json Hugging Face tokenizers reads ({e}); give the run's "
-                          "tokenizer with --tokenizer.") from None
+        raise ConfigError(
+            f"{path} is not a tokenizer.json Hugging Face tokenizers reads ({e}); give the run's "
+            "tokenizer with --tokenizer."
+        ) from None
     raw = json.loads(path.read_text(encoding="utf-8"))
     special = {t["id"]: t["content"] for t in raw.get("added_tokens") or [] if t.get("special")}
     unk = (raw.get("model") or {}).get("unk_token")
@@ -162,14 +170,22 @@ def _context(hf_config: Any) -> Optional[int]:
 def _no_tokenizer_note(data: Optional[dict[str, Any]]) -> str:
     """Why the export has no tokenizer, and how to add one, in one sentence."""
     if data is None:
-        return ("The final model does not record its run's data, so the export has no tokenizer: add the one the run"
-                " used with --tokenizer PATH/tokenizer.json.")
+        return (
+            "The final model does not record its run's data, so the export has no tokenizer: add the one the run"
+            " used with --tokenizer PATH/tokenizer.json."
+        )
     if data.get("tokenizer"):
-        return (f"The run's tokenizer {str(data['tokenizer'])!r} is not on this machine (looked as named and beside"
-                " the state dir), so the export has no tokenizer: give it with --tokenizer PATH/tokenizer.json.")
+        return (
+            f"The run's tokenizer {str(data['tokenizer'])!r} is not on this machine (looked as named and beside"
+            " the state dir), so the export has no tokenizer: give it with --tokenizer PATH/tokenizer.json."
+        )
     if data.get("tokens"):
-        return ("The run trained on token files, which do not say what made them, so the export has no tokenizer: add"
-                " the one that made them with --tokenizer PATH/tokenizer.json.")
-    return ("The run read its text as bytes (no [data] tokenizer), so the export has no tokenizer: its token ids are"
-            " the text's UTF-8 bytes (list(text.encode())); for a tokenizer, train the run with [data] tokenizer"
-            " (scripts/train_tokenizer.py makes one).")
+        return (
+            "The run trained on token files, which do not say what made them, so the export has no tokenizer: add"
+            " the one that made them with --tokenizer PATH/tokenizer.json."
+        )
+    return (
+        "The run read its text as bytes (no [data] tokenizer), so the export has no tokenizer: its token ids are"
+        " the text's UTF-8 bytes (list(text.encode())); for a tokenizer, train the run with [data] tokenizer"
+        " (scripts/train_tokenizer.py makes one)."
+    )

@@ -13,11 +13,25 @@ from swarm.net.bulk.tcp_congestion import congestion_problem
 
 # (flag, low, high) per command: the range of each number a user may give.
 _NUMBER_FLAGS: dict[str, tuple[tuple[str, float, float], ...]] = {
-    "coordinator": (("port", 0, 65535), ("dht_port", 0, 65535), ("max_rounds", 1, 10**9), ("min_peers", 1, 10**5),
-                    ("inner_steps", 1, 10**7), ("lease_s", 0.1, 86400), ("exit_grace_s", 0, 86400)),
-    "peer": (("p2p_port", 0, 65535), ("threads", 1, 4096), ("nproc", 1, 1024), ("join_timeout_s", 0.1, 7 * 86400),
-             ("checkpoint_every", 0, 10**9), ("final_serve_s", 0, 86400), ("uplink_mbit", 0, 10**6),
-             ("max_restarts", 0, 10**6)),
+    "coordinator": (
+        ("port", 0, 65535),
+        ("dht_port", 0, 65535),
+        ("max_rounds", 1, 10**9),
+        ("min_peers", 1, 10**5),
+        ("inner_steps", 1, 10**7),
+        ("lease_s", 0.1, 86400),
+        ("exit_grace_s", 0, 86400),
+    ),
+    "peer": (
+        ("p2p_port", 0, 65535),
+        ("threads", 1, 4096),
+        ("nproc", 1, 1024),
+        ("join_timeout_s", 0.1, 7 * 86400),
+        ("checkpoint_every", 0, 10**9),
+        ("final_serve_s", 0, 86400),
+        ("uplink_mbit", 0, 10**6),
+        ("max_restarts", 0, 10**6),
+    ),
     "status": (("interval", 0.1, 3600), ("count", 1, 10**9)),
     "demo": (("peers", 1, 64), ("rounds", 1, 10**6), ("inner_steps", 1, 10**7), ("timeout", 1, 7 * 86400)),
     "token": (("max_uses", 1, 10**9),),

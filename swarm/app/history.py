@@ -24,9 +24,24 @@ from swarm.v1 import coordinator_pb2 as pb
 
 MAX_PAGES = 10_000  # a coordinator that keeps saying "more" is not followed forever
 # The columns of the table and the CSV, in order (the JSON has every field).
-COLUMNS = ("round", "outcome", "participants", "holders", "group_size", "codec", "inner_steps", "fragments",
-           "bytes_sent", "ddp_equivalent_bytes", "exchange_s", "inner_s", "mean_loss", "eval_loss", "tokens",
-           "utilization")
+COLUMNS = (
+    "round",
+    "outcome",
+    "participants",
+    "holders",
+    "group_size",
+    "codec",
+    "inner_steps",
+    "fragments",
+    "bytes_sent",
+    "ddp_equivalent_bytes",
+    "exchange_s",
+    "inner_s",
+    "mean_loss",
+    "eval_loss",
+    "tokens",
+    "utilization",
+)
 
 
 def fetch_history(get_page: Callable[[int], pb.GetHistoryResponse]) -> pb.GetHistoryResponse:
@@ -49,8 +64,10 @@ def history_from_state_dir(state_dir: Path) -> pb.GetHistoryResponse:
     from coordinator.store.history import history_page
 
     if not state_dir.is_dir():
-        raise ConfigError(f"{state_dir} is neither a join string nor a directory; give a join string "
-                          "(swarm://...) or a coordinator's --state-dir.")
+        raise ConfigError(
+            f"{state_dir} is neither a join string nor a directory; give a join string "
+            "(swarm://...) or a coordinator's --state-dir."
+        )
     store = Store(state_dir / STORE_FILE, read_only=True)
     try:
         return fetch_history(lambda after: history_page(store, after_round=after))
@@ -93,8 +110,10 @@ def print_history(history: dict[str, Any], *, fmt: str, console: Console) -> Non
         console.file.write(to_csv(history))
         return
     title = f"{len(history['rounds'])} decided rounds"
-    rows = [[_cell(row.get(c) or None) if c == "committed_hash" else _cell(row[c]) for c in TABLE_FIELDS]
-            for row in history["rounds"]]
+    rows = [
+        [_cell(row.get(c) or None) if c == "committed_hash" else _cell(row[c]) for c in TABLE_FIELDS]
+        for row in history["rounds"]
+    ]
     if is_piped(console):
         print_plain(console, [fitted(title, TABLE_COLUMNS, rows, width=None)])
     else:
@@ -104,11 +123,33 @@ def print_history(history: dict[str, Any], *, fmt: str, console: Console) -> Non
 # The table: COLUMNS and the committed hash; a terminal too narrow for all of them drops the highest ranks first
 # (0: always shown).
 TABLE_FIELDS = ("round", "outcome", "committed_hash", *COLUMNS[2:])
-_RANKS = {"round": 0, "outcome": 0, "committed_hash": 0, "mean_loss": 1, "eval_loss": 2, "participants": 3, "tokens": 4, "exchange_s": 5,
-          "bytes_sent": 6, "utilization": 7, "codec": 8, "inner_s": 9, "holders": 10, "inner_steps": 11,
-          "ddp_equivalent_bytes": 12, "group_size": 13, "fragments": 14}
-TABLE_COLUMNS = tuple(Column("θg hash" if c == "committed_hash" else c.replace("_", " "), _RANKS[c],
-                             "left" if c in ("outcome", "codec", "committed_hash") else "right") for c in TABLE_FIELDS)
+_RANKS = {
+    "round": 0,
+    "outcome": 0,
+    "committed_hash": 0,
+    "mean_loss": 1,
+    "eval_loss": 2,
+    "participants": 3,
+    "tokens": 4,
+    "exchange_s": 5,
+    "bytes_sent": 6,
+    "utilization": 7,
+    "codec": 8,
+    "inner_s": 9,
+    "holders": 10,
+    "inner_steps": 11,
+    "ddp_equivalent_bytes": 12,
+    "group_size": 13,
+    "fragments": 14,
+}
+TABLE_COLUMNS = tuple(
+    Column(
+        "θg hash" if c == "committed_hash" else c.replace("_", " "),
+        _RANKS[c],
+        "left" if c in ("outcome", "codec", "committed_hash") else "right",
+    )
+    for c in TABLE_FIELDS
+)
 
 
 def _cell(value: Any) -> str:

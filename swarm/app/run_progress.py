@@ -29,8 +29,14 @@ class RunProgress:
 
     def start(self) -> "RunProgress":
         if self.live and self._bar is None:
-            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("{task.fields[figures]}"), console=self.console)
+            self._bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[figures]}"),
+                console=self.console,
+            )
             self._bar.start()
             self._task = self._bar.add_task(self.what, total=self.total, figures="")
         return self

@@ -24,8 +24,9 @@ ID_CHARS = 128  # ids, states and hashes are never cut (the coordinator bounds h
 SHARES_SHOWN = 8  # the controller's shares listed in the table (--json has all)
 
 
-def fetch_all_pages(get_page: Callable[[str], pb.GetStatusResponse], *,
-                    max_peers: Optional[int] = None) -> pb.GetStatusResponse:
+def fetch_all_pages(
+    get_page: Callable[[str], pb.GetStatusResponse], *, max_peers: Optional[int] = None
+) -> pb.GetStatusResponse:
     """The status: ``get_page(page_token)`` answers one page; the peers of every page, in order, or of the pages
     that hold the first ``max_peers`` (then ``next_page_token`` is left set when more peers follow)."""
     first = get_page("")
@@ -100,16 +101,26 @@ def status_tables(status: dict[str, Any], *, width: Optional[int] = None) -> lis
     """The run's table and the peers' table (or blocks) for a terminal ``width`` columns wide; None: piped, every
     column in full."""
     run, totals = status["run"], status["totals"]
-    state = "finished" if run["finished"] else (f"round {run['open_round']} open" if run["open_round"] else "waiting for peers")
-    table = Table(title=f"run {_shown(run['run_id'], 64)} — {state}", show_header=False,
-                  box=box.SQUARE if width is not None else None, pad_edge=width is not None,
-                  title_justify="center" if width is not None else "left")
+    state = (
+        "finished"
+        if run["finished"]
+        else (f"round {run['open_round']} open" if run["open_round"] else "waiting for peers")
+    )
+    table = Table(
+        title=f"run {_shown(run['run_id'], 64)} — {state}",
+        show_header=False,
+        box=box.SQUARE if width is not None else None,
+        pad_edge=width is not None,
+        title_justify="center" if width is not None else "left",
+    )
     table.add_column("what", style="bold")
     table.add_column("value")
     max_rounds = run["max_rounds"] or "∞"
     table.add_row("rounds committed", f"{run['rounds_committed']} / {max_rounds} ({run['rounds_voided']} voided)")
     table.add_row("committed θg hash", _shown(run["committed_hash"], 64) or "—")
-    table.add_row("eval loss", f"{_num(run['eval_loss'])} at round {run['eval_round']} (initial {_num(run['initial_eval_loss'])})")
+    table.add_row(
+        "eval loss", f"{_num(run['eval_loss'])} at round {run['eval_round']} (initial {_num(run['initial_eval_loss'])})"
+    )
     table.add_row("train loss", _num(run["loss"]))
     table.add_row("model", model_line(run))
     fragments = run.get("fragments") or 1
@@ -132,10 +143,14 @@ def status_tables(status: dict[str, Any], *, width: Optional[int] = None) -> lis
     table.add_row("bytes sent", f"{format_bytes(sent)} vs {format_bytes(ddp)} for data-parallel{ratio}")
     table.add_row("compute utilization", f"{100 * totals['compute_utilization']:.1f}% (inner-step time / wall time)")
     table.add_row("tokens", f"{totals['tokens']:,}")
-    refused = [(totals.get(k) or 0, words) for k, words in (
-        ("contributions_rejected", "contributions left out (norm far above the group's median)"),
-        ("contributions_clipped", "contributions clipped"),
-        ("foreign_messages_dropped", "slices from non-members dropped"))]
+    refused = [
+        (totals.get(k) or 0, words)
+        for k, words in (
+            ("contributions_rejected", "contributions left out (norm far above the group's median)"),
+            ("contributions_clipped", "contributions clipped"),
+            ("foreign_messages_dropped", "slices from non-members dropped"),
+        )
+    ]
     if any(n for n, _ in refused):
         table.add_row("robust aggregation", ", ".join(f"{n:,} {words}" for n, words in refused if n))
     if status.get("peers_omitted"):
@@ -148,21 +163,50 @@ def status_tables(status: dict[str, Any], *, width: Optional[int] = None) -> lis
 
 
 # The peers table's columns; a terminal too narrow for all of them drops the highest ranks first (0: always shown).
-PEER_COLUMNS = tuple(Column(h, rank) for h, rank in (
-    ("id", 0), ("name", 1), ("site", 6), ("state", 0), ("θg hash", 0), ("round", 0), ("joined", 7), ("missed", 5),
-    ("restarts", 13), ("tokens/s", 3), ("s/step", 10), ("loss", 2), ("sent", 11), ("up/down Mbit/s", 8),
-    ("rtt ms", 9), ("util", 12), ("seen", 4)))
+PEER_COLUMNS = tuple(
+    Column(h, rank)
+    for h, rank in (
+        ("id", 0),
+        ("name", 1),
+        ("site", 6),
+        ("state", 0),
+        ("θg hash", 0),
+        ("round", 0),
+        ("joined", 7),
+        ("missed", 5),
+        ("restarts", 13),
+        ("tokens/s", 3),
+        ("s/step", 10),
+        ("loss", 2),
+        ("sent", 11),
+        ("up/down Mbit/s", 8),
+        ("rtt ms", 9),
+        ("util", 12),
+        ("seen", 4),
+    )
+)
 
 
 def _peer_row(p: dict[str, Any]) -> list[str]:
     m = p["metrics"]
     return [
-        _shown(p["id"], ID_CHARS), _shown(p["name"]), _shown(p["site"]) or "—", _shown(p["state"], ID_CHARS),
-        _shown(m["state_hash"], ID_CHARS) or "—", str(max(m["state_round"], 0)),
-        str(p["rounds_joined"]), str(p["rounds_missed"]), str(p.get("restarts") or 0), f"{m['tokens_per_s']:,.0f}",
-        _measured(m.get("step_time_s"), "{:.3g}"), _num(m["loss"]), format_bytes(m["bytes_sent"]),
+        _shown(p["id"], ID_CHARS),
+        _shown(p["name"]),
+        _shown(p["site"]) or "—",
+        _shown(p["state"], ID_CHARS),
+        _shown(m["state_hash"], ID_CHARS) or "—",
+        str(max(m["state_round"], 0)),
+        str(p["rounds_joined"]),
+        str(p["rounds_missed"]),
+        str(p.get("restarts") or 0),
+        f"{m['tokens_per_s']:,.0f}",
+        _measured(m.get("step_time_s"), "{:.3g}"),
+        _num(m["loss"]),
+        format_bytes(m["bytes_sent"]),
         f"{_measured(m.get('upload_mbit_s'))}/{_measured(m.get('download_mbit_s'))}",
-        _measured(m.get("rtt_ms"), "{:.0f}"), f"{100 * p['compute_utilization']:.0f}%", f"{p['last_seen_s']:.0f}s ago",
+        _measured(m.get("rtt_ms"), "{:.0f}"),
+        f"{100 * p['compute_utilization']:.0f}%",
+        f"{p['last_seen_s']:.0f}s ago",
     ]
 
 
@@ -181,8 +225,10 @@ def controller_line(choice: dict[str, Any]) -> str:
     shown = ", ".join(f"{_shown(p, 12)} {s / total:.2f}" for p, s in listed[:SHARES_SHOWN]) or "equal"
     if len(listed) > SHARES_SHOWN:
         shown += f", … ({len(listed) - SHARES_SHOWN} more)"
-    return (f"round {choice['round']}: {_shown(choice['codec'])}, shares {shown}, recommended H "
-            f"{choice['inner_steps']}; {_shown(choice['reason'], 300)}")
+    return (
+        f"round {choice['round']}: {_shown(choice['codec'])}, shares {shown}, recommended H "
+        f"{choice['inner_steps']}; {_shown(choice['reason'], 300)}"
+    )
 
 
 def render_status(status: dict[str, Any], console: Console) -> None:

@@ -36,15 +36,22 @@ def print_plain(console: Console, renderables: Sequence[RenderableType]) -> None
     import io
 
     buffer = io.StringIO()
-    plain = Console(file=buffer, width=PIPED_WIDTH, color_system=None, highlight=False, emoji=False, no_color=True,
-                    soft_wrap=False)
+    plain = Console(
+        file=buffer, width=PIPED_WIDTH, color_system=None, highlight=False, emoji=False, no_color=True, soft_wrap=False
+    )
     for renderable in renderables:
         plain.print(renderable)
     console.file.write("".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines()))
 
 
-def fitted(title: Optional[str], columns: Sequence[Column], rows: Sequence[Sequence[str]], *, width: Optional[int],
-           what: str = "columns") -> RenderableType:
+def fitted(
+    title: Optional[str],
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[str]],
+    *,
+    width: Optional[int],
+    what: str = "columns",
+) -> RenderableType:
     """A table of ``rows`` for a console ``width`` columns wide (None: piped, every column in full)."""
     if width is None:
         return _table(title, columns, rows, plain=True)
@@ -62,8 +69,10 @@ def fitted(title: Optional[str], columns: Sequence[Column], rows: Sequence[Seque
         return _blocks(title, columns, rows)
     hidden = [c.header for i, c in enumerate(columns) if i not in keep]
     if hidden:
-        table.caption = (f"{len(hidden)} {what} hidden at {width} columns ({', '.join(hidden)}): widen the terminal, "
-                         "or pipe the output (| cat) for every column")
+        table.caption = (
+            f"{len(hidden)} {what} hidden at {width} columns ({', '.join(hidden)}): widen the terminal, "
+            "or pipe the output (| cat) for every column"
+        )
     return table
 
 
@@ -72,8 +81,13 @@ def _needed(console: Console, options: ConsoleOptions, table: Table) -> int:
 
 
 def _table(title: Optional[str], columns: Sequence[Column], rows: Sequence[Sequence[str]], *, plain: bool) -> Table:
-    table = Table(title=title, box=None if plain else box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
-                  title_justify="left" if plain else "center")
+    table = Table(
+        title=title,
+        box=None if plain else box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1),
+        title_justify="left" if plain else "center",
+    )
     for c in columns:
         table.add_column(c.header, justify=c.justify, no_wrap=True)
     for row in rows:

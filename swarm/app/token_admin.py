@@ -33,7 +33,9 @@ def parse_duration(text: str) -> float:
 
 def _store(state_dir: Path) -> Store:
     if not (state_dir / STORE_FILE).is_file():
-        raise ConfigError(f"{state_dir} holds no coordinator state; give the --state-dir the coordinator was started with.")
+        raise ConfigError(
+            f"{state_dir} holds no coordinator state; give the --state-dir the coordinator was started with."
+        )
     return Store(state_dir / STORE_FILE)
 
 
@@ -44,28 +46,45 @@ def _join_string(state_dir: Path, token: str) -> JoinString:
         current = JoinString.parse((state_dir / JOIN_STRING_FILE).read_text().strip())
         cert = (state_dir / tls.CERT_FILE).read_bytes()
     except OSError as e:
-        raise ConfigError(f"cannot read the coordinator's {Path(e.filename or '').name or 'files'} in {state_dir} "
-                          "(start the coordinator once to create them).") from None
+        raise ConfigError(
+            f"cannot read the coordinator's {Path(e.filename or '').name or 'files'} in {state_dir} "
+            "(start the coordinator once to create them)."
+        ) from None
     return JoinString(host=current.host, port=current.port, token=token, fingerprint=tls.fingerprint(cert))
 
 
 MAX_IDENTITIES = 10**5  # the most --max-identities takes (a run's peers are far fewer)
 
 
-def create(state_dir: Path, *, role: str = "peer", expires: Optional[str] = None, max_uses: Optional[int] = None,
-           site: str = "", max_identities: int = tokens.CREATED_MAX_IDENTITIES) -> str:
+def create(
+    state_dir: Path,
+    *,
+    role: str = "peer",
+    expires: Optional[str] = None,
+    max_uses: Optional[int] = None,
+    site: str = "",
+    max_identities: int = tokens.CREATED_MAX_IDENTITIES,
+) -> str:
     """A new token, stored; returns the join string that carries it. A peer token holds at most
     ``max_identities`` live identities at once (one machine's peer each)."""
     if max_uses is not None and max_uses < 1:
         raise ConfigError(f"--max-uses {max_uses} would admit nobody; give 1 or more, or leave it out.")
     if not 1 <= max_identities <= MAX_IDENTITIES:
-        raise ConfigError(f"--max-identities {max_identities} is not from 1 to {MAX_IDENTITIES}; give how many "
-                          "peers may hold the token at once (1 per machine you hand it to).")
+        raise ConfigError(
+            f"--max-identities {max_identities} is not from 1 to {MAX_IDENTITIES}; give how many "
+            "peers may hold the token at once (1 per machine you hand it to)."
+        )
     expires_in_s = parse_duration(expires) if expires else None
     store = _store(state_dir)
     try:
-        record, text = tokens.new_token(now=time.time(), role=role, site=site, expires_in_s=expires_in_s,
-                                        max_uses=max_uses, max_identities=max_identities if role == "peer" else None)
+        record, text = tokens.new_token(
+            now=time.time(),
+            role=role,
+            site=site,
+            expires_in_s=expires_in_s,
+            max_uses=max_uses,
+            max_identities=max_identities if role == "peer" else None,
+        )
         join = _join_string(state_dir, text)
         store.put_token(record)
     finally:

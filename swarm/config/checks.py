@@ -31,5 +31,6 @@ MAX_PATH_CHARS = 4096
 
 def check_dir(name: str, path: str) -> None:
     if "\0" in path or len(path) > MAX_PATH_CHARS or not path.strip():
-        raise ConfigError(f"[logging] {name} must be a directory path of at most {MAX_PATH_CHARS} characters,"
-                          f" got {path[:80]!r}.")
+        raise ConfigError(
+            f"[logging] {name} must be a directory path of at most {MAX_PATH_CHARS} characters, got {path[:80]!r}."
+        )

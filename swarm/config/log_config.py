@@ -23,11 +23,12 @@ class WandbConfig:
     def validate(self) -> None:
         if not self.project:
             if self.entity or self.mode != "offline" or self.dir != "wandb":
-                raise ConfigError("[logging] wandb needs a project, e.g. wandb = { project = \"my-run\" }.")
+                raise ConfigError('[logging] wandb needs a project, e.g. wandb = { project = "my-run" }.')
             return
         if not _WANDB_PROJECT.fullmatch(self.project):
-            raise ConfigError(f"[logging] wandb project must be 1 to 128 letters, digits, '.', '-' or '_',"
-                              f" got {self.project!r}.")
+            raise ConfigError(
+                f"[logging] wandb project must be 1 to 128 letters, digits, '.', '-' or '_', got {self.project!r}."
+            )
         if self.mode not in WANDB_MODES:
             raise ConfigError(f"[logging] wandb mode {self.mode!r} is unknown; choose one of {list(WANDB_MODES)}.")
         if self.entity and not _WANDB_PROJECT.fullmatch(self.entity):

@@ -41,9 +41,7 @@ class ModelConfig:
 
     def validate(self) -> None:
         if self.preset not in MODEL_PRESETS:
-            raise ConfigError(
-                f"[model] preset {self.preset!r} is unknown; choose one of {sorted(MODEL_PRESETS)}."
-            )
+            raise ConfigError(f"[model] preset {self.preset!r} is unknown; choose one of {sorted(MODEL_PRESETS)}.")
         if self.context is not None and self.context < 8:
             raise ConfigError(f"[model] context must be at least 8 bytes, got {self.context}.")
         if self.context is not None:
@@ -56,7 +54,9 @@ class ModelConfig:
             raise ConfigError("[model] factory and hf_config both name a model; keep one of them.")
         for name in ("factory", "loss"):
             if getattr(self, name) and not _HOOK.fullmatch(getattr(self, name)):
-                raise ConfigError(f"[model] {name} must look like 'package.module:function', got {getattr(self, name)!r}.")
+                raise ConfigError(
+                    f"[model] {name} must look like 'package.module:function', got {getattr(self, name)!r}."
+                )
         if self.loss and not self.factory:
             raise ConfigError("[model] loss applies to a factory model; set [model] factory too or remove loss.")
         if not isinstance(self.hf_config, (str, dict)):
@@ -64,7 +64,7 @@ class ModelConfig:
 
     @property
     def kind(self) -> str:
-        """"factory", "hf" or "preset"."""
+        """ "factory", "hf" or "preset"."""
         return "factory" if self.factory else "hf" if self.hf_config else "preset"
 
 
@@ -94,9 +94,7 @@ class DataConfig:
 
     def validate(self) -> None:
         if self.source != "stdlib" and not self.tokens and not Path(self.source).exists():
-            raise ConfigError(
-                f"[data] source {self.source!r} does not exist; give 'stdlib' or a path to text files."
-            )
+            raise ConfigError(f"[data] source {self.source!r} does not exist; give 'stdlib' or a path to text files.")
         for name in ("seq_len", "batch_size", "eval_batches", "num_shards"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"[data] {name} must be a positive integer, got {getattr(self, name)}.")
@@ -121,5 +119,5 @@ class DataConfig:
 
     @property
     def kind(self) -> str:
-        """"tokens", "tokenized" (text with a tokenizer) or "bytes"."""
+        """ "tokens", "tokenized" (text with a tokenizer) or "bytes"."""
         return "tokens" if self.tokens else "tokenized" if self.tokenizer else "bytes"

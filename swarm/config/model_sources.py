@@ -28,7 +28,7 @@ def hf_config_dict(spec: Any) -> dict[str, Any]:
         except (OSError, ValueError) as e:
             raise ConfigError(f"[model] hf_config {str(spec)!r} is not a readable config.json ({e}).") from None
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
-        raise ConfigError("[model] hf_config needs a model_type (e.g. \"llama\", \"gpt2\"); add it to the config.")
+        raise ConfigError('[model] hf_config needs a model_type (e.g. "llama", "gpt2"); add it to the config.')
     return config
 
 

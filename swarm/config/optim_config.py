@@ -23,8 +23,10 @@ def outer_optimizer_names() -> list[str]:
     import torch
 
     names = [
-        n for n in dir(torch.optim)
-        if isinstance(getattr(torch.optim, n), type) and issubclass(getattr(torch.optim, n), torch.optim.Optimizer)
+        n
+        for n in dir(torch.optim)
+        if isinstance(getattr(torch.optim, n), type)
+        and issubclass(getattr(torch.optim, n), torch.optim.Optimizer)
         and n != "Optimizer"
     ]
     return [NESTEROV] + sorted(names)
@@ -36,7 +38,11 @@ def torch_optimizer_kwargs(name: str, lr: float, options: dict[str, Any]) -> tup
     import torch
 
     cls = getattr(torch.optim, name, None)
-    if name == NESTEROV or not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)) or cls is torch.optim.Optimizer:
+    if (
+        name == NESTEROV
+        or not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer))
+        or cls is torch.optim.Optimizer
+    ):
         raise ValueError(f"outer optimizer {name!r} is unknown; choose one of {outer_optimizer_names()}.")
     kwargs: dict[str, Any] = {"lr": lr}
     kwargs.update({k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
@@ -115,8 +121,9 @@ class OuterOptConfig:
             raise ConfigError(f"[outer] name {self.name!r} is unknown; choose one of {outer_optimizer_names()}.")
         if self.name == NESTEROV:
             if self.options:
-                raise ConfigError("[outer] options apply to torch.optim optimizers; nesterov takes lr, momentum"
-                                  " and nesterov.")
+                raise ConfigError(
+                    "[outer] options apply to torch.optim optimizers; nesterov takes lr, momentum and nesterov."
+                )
             return
         import torch
 

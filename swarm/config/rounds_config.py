@@ -34,24 +34,29 @@ def check_codec_name(name: str) -> None:
         return
     base, at, density = name.partition("@")
     if not (at and (base.startswith("topk-") or base == "ternary") and base in CODEC_NAMES):
-        raise ConfigError(f"[rounds] codec {name!r} is unknown; choose one of {sorted(CODEC_NAMES)}"
-                          " (a topk codec may name its density: topk-int4@0.003; a sparse ternary one must: ternary@0.1).")
+        raise ConfigError(
+            f"[rounds] codec {name!r} is unknown; choose one of {sorted(CODEC_NAMES)}"
+            " (a topk codec may name its density: topk-int4@0.003; a sparse ternary one must: ternary@0.1)."
+        )
     try:
         fraction = float(density)
     except ValueError:
         fraction = math.nan
     if not (math.isfinite(fraction) and 0 < fraction <= 1):
-        raise ConfigError(f"[rounds] codec {name!r}: the density after '@' must be a fraction in (0, 1],"
-                          f" e.g. {base}@0.01.")
+        raise ConfigError(
+            f"[rounds] codec {name!r}: the density after '@' must be a fraction in (0, 1], e.g. {base}@0.01."
+        )
 
 
 def _check_lowrank_name(name: str) -> None:
     """ConfigError unless ``name`` is ``lowrank{r}-{values}``: rank r in 1..64, values a dense
     butterfly codec (``lowrank4-fp16``, ``lowrank8-int8``)."""
-    rank, _, values = name[len("lowrank"):].partition("-")
+    rank, _, values = name[len("lowrank") :].partition("-")
     if not (rank.isdigit() and 1 <= int(rank) <= 64 and values in LOWRANK_VALUES):
-        raise ConfigError(f"[rounds] codec {name!r}: a low-rank codec is lowrank<rank>-<values> with a rank from 1"
-                          f" to 64 and values one of {list(LOWRANK_VALUES)}, e.g. lowrank4-fp16.")
+        raise ConfigError(
+            f"[rounds] codec {name!r}: a low-rank codec is lowrank<rank>-<values> with a rank from 1"
+            f" to 64 and values one of {list(LOWRANK_VALUES)}, e.g. lowrank4-fp16."
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,9 +143,11 @@ class RoundConfig:
         simulator runs every valid config. The one place that decides it: the coordinator checks its config with
         it before it starts, and a peer's exchange the run it joined (a hand-made spec)."""
         if self.codec.startswith("lowrank"):  # a two-phase exchange, not built in swarm.net
-            raise ConfigError(f"[rounds] codec {self.codec} runs only in the simulator so far (python -m"
-                              " swarm.train.simulator.sim, scripts/bench_quality.py); a real swarm cannot exchange it"
-                              " yet: choose int4 or sign.")
+            raise ConfigError(
+                f"[rounds] codec {self.codec} runs only in the simulator so far (python -m"
+                " swarm.train.simulator.sim, scripts/bench_quality.py); a real swarm cannot exchange it"
+                " yet: choose int4 or sign."
+            )
 
     def all_gathered(self) -> bool:
         """Whether every codec's exchange is the all-gather (sparse codecs' always is)."""
@@ -155,14 +162,20 @@ class RoundConfig:
             raise ConfigError(f"[rounds] min_peers must be at least 1, got {self.min_peers}.")
         check_codec_name(self.codec)
         if self.hierarchical and self.codec.startswith("topk-"):
-            raise ConfigError(f"[rounds] codec {self.codec} is exchanged by a flat all-gather; set hierarchical = false"
-                              " or choose a dense codec.")
+            raise ConfigError(
+                f"[rounds] codec {self.codec} is exchanged by a flat all-gather; set hierarchical = false"
+                " or choose a dense codec."
+            )
         if self.codec.startswith("lowrank") and (self.hierarchical or self.aggregation_rule() != "mean"):
-            raise ConfigError(f"[rounds] codec {self.codec} averages its factors linearly in one flat group; set"
-                              " hierarchical = false and aggregation = \"mean\", or choose a dense codec.")
+            raise ConfigError(
+                f"[rounds] codec {self.codec} averages its factors linearly in one flat group; set"
+                ' hierarchical = false and aggregation = "mean", or choose a dense codec.'
+            )
         if self.hierarchical and (self.codec == "sign" or self.codec.startswith("ternary")):
-            raise ConfigError(f"[rounds] codec {self.codec} needs its slice owners' error feedback, which only the flat butterfly"
-                              " keeps; set hierarchical = false or choose int4.")
+            raise ConfigError(
+                f"[rounds] codec {self.codec} needs its slice owners' error feedback, which only the flat butterfly"
+                " keeps; set hierarchical = false or choose int4."
+            )
         if self.eval_every_rounds < 1:
             raise ConfigError("[rounds] eval_every_rounds must be at least 1.")
         for name in ("matchmaking_window_s", "exchange_timeout_s", "round_timeout_s", "report_grace_s"):
@@ -170,24 +183,35 @@ class RoundConfig:
                 raise ConfigError(f"[rounds] {name} must be positive, got {getattr(self, name)}.")
             check_range("rounds", name, getattr(self, name), 0, MAX_TIMEOUT_S)
         if not (math.isfinite(self.straggler_slack_s) and 0 <= self.straggler_slack_s <= MAX_TIMEOUT_S):
-            raise ConfigError(f"[rounds] straggler_slack_s must be a number of seconds between 0 and {MAX_TIMEOUT_S:g},"
-                              f" got {self.straggler_slack_s}.")
+            raise ConfigError(
+                f"[rounds] straggler_slack_s must be a number of seconds between 0 and {MAX_TIMEOUT_S:g},"
+                f" got {self.straggler_slack_s}."
+            )
         if not 1 <= self.fragments <= self.inner_steps:
-            raise ConfigError(f"[rounds] fragments must be between 1 and inner_steps ({self.inner_steps}),"
-                              f" got {self.fragments}.")
+            raise ConfigError(
+                f"[rounds] fragments must be between 1 and inner_steps ({self.inner_steps}), got {self.fragments}."
+            )
         if self.fragment_pattern not in FRAGMENT_PATTERNS:
-            raise ConfigError(f"[rounds] fragment_pattern {self.fragment_pattern!r} is unknown; choose one of {list(FRAGMENT_PATTERNS)}.")
+            raise ConfigError(
+                f"[rounds] fragment_pattern {self.fragment_pattern!r} is unknown; choose one of {list(FRAGMENT_PATTERNS)}."
+            )
         gap = self.inner_steps // self.fragments
         if not 0 <= self.overlap_steps <= gap:
-            raise ConfigError(f"[rounds] overlap_steps must be between 0 and inner_steps // fragments ({gap}),"
-                              f" got {self.overlap_steps}; an exchange must land before the next sync.")
+            raise ConfigError(
+                f"[rounds] overlap_steps must be between 0 and inner_steps // fragments ({gap}),"
+                f" got {self.overlap_steps}; an exchange must land before the next sync."
+            )
         if not 0.0 < self.error_feedback_decay <= 1.0:
-            raise ConfigError(f"[rounds] error_feedback_decay must be in (0, 1] (1: no decay), "
-                              f"got {self.error_feedback_decay}.")
-        if self.keep_unsent_locally and (self.overlap_steps > 0 or not self.error_feedback
-                                         or self.error_feedback_decay != 1.0):
-            raise ConfigError("[rounds] keep_unsent_locally needs θl to restart from θg when a fragment merges, with"
-                              " error feedback: overlap_steps = 0, error_feedback = true and error_feedback_decay = 1.")
+            raise ConfigError(
+                f"[rounds] error_feedback_decay must be in (0, 1] (1: no decay), got {self.error_feedback_decay}."
+            )
+        if self.keep_unsent_locally and (
+            self.overlap_steps > 0 or not self.error_feedback or self.error_feedback_decay != 1.0
+        ):
+            raise ConfigError(
+                "[rounds] keep_unsent_locally needs θl to restart from θg when a fragment merges, with"
+                " error feedback: overlap_steps = 0, error_feedback = true and error_feedback_decay = 1."
+            )
         if not 0.0 <= self.mixing_alpha < 1.0:
             raise ConfigError(f"[rounds] mixing_alpha must be in [0, 1), got {self.mixing_alpha}.")
         check_range("rounds", "inner_steps", self.inner_steps, 1, MAX_STEPS)
@@ -204,18 +228,27 @@ class RoundConfig:
         if self.exchange not in EXCHANGES:
             raise ConfigError(f"[rounds] exchange {self.exchange!r} is unknown; choose one of {list(EXCHANGES)}.")
         if self.exchange == "butterfly" and self.codec.startswith("topk-"):
-            raise ConfigError(f"[rounds] codec {self.codec} is sparse and always all-gathered; set exchange = \"auto\""
-                              " or choose a dense codec.")
+            raise ConfigError(
+                f'[rounds] codec {self.codec} is sparse and always all-gathered; set exchange = "auto"'
+                " or choose a dense codec."
+            )
         if not self.all_gathered():
             return
-        why = "admits_strangers = true makes the exchange an all-gather" if self.exchange == "auto" \
-            else "exchange = \"all_gather\""
+        why = (
+            "admits_strangers = true makes the exchange an all-gather"
+            if self.exchange == "auto"
+            else 'exchange = "all_gather"'
+        )
         if self.hierarchical:
-            raise ConfigError(f"[rounds] {why}, which averages in one flat group; set hierarchical = false"
-                              " (or exchange = \"butterfly\", which trusts each slice's owner).")
+            raise ConfigError(
+                f"[rounds] {why}, which averages in one flat group; set hierarchical = false"
+                ' (or exchange = "butterfly", which trusts each slice\'s owner).'
+            )
         if self.codec.startswith("lowrank"):
-            raise ConfigError(f"[rounds] {why}, which low-rank codecs do not support; choose a dense codec"
-                              " (or exchange = \"butterfly\", which trusts each slice's owner).")
+            raise ConfigError(
+                f"[rounds] {why}, which low-rank codecs do not support; choose a dense codec"
+                ' (or exchange = "butterfly", which trusts each slice\'s owner).'
+            )
 
     def _validate_controller(self) -> None:
         if self.controller not in CONTROLLERS:
@@ -223,25 +256,32 @@ class RoundConfig:
         dense = [c for c in CODEC_NAMES if not c.startswith("topk-")]
         unknown = [c for c in self.controller_codecs if c not in dense]
         if unknown or not self.controller_codecs:
-            raise ConfigError(f"[rounds] controller_codecs must list codecs among {dense},"
-                              f" got {list(self.controller_codecs)}.")
+            raise ConfigError(
+                f"[rounds] controller_codecs must list codecs among {dense}, got {list(self.controller_codecs)}."
+            )
         if self.controller != "off" and self.codec.startswith(("topk-", "lowrank", "ternary@")):
-            raise ConfigError(f"[rounds] codec {self.codec} is not one the controller chooses among; set"
-                              " controller = \"off\" to send it every round.")
+            raise ConfigError(
+                f"[rounds] codec {self.codec} is not one the controller chooses among; set"
+                ' controller = "off" to send it every round.'
+            )
         if not (math.isfinite(self.controller_exchange_fraction) and 0 < self.controller_exchange_fraction <= 1):
-            raise ConfigError(f"[rounds] controller_exchange_fraction must be in (0, 1],"
-                              f" got {self.controller_exchange_fraction}.")
+            raise ConfigError(
+                f"[rounds] controller_exchange_fraction must be in (0, 1], got {self.controller_exchange_fraction}."
+            )
         cap = self.controller_max_inner_steps
         if cap is not None:
             check_range("rounds", "controller_max_inner_steps", cap, self.inner_steps, MAX_STEPS)
 
     def _validate_hierarchy(self) -> None:
         if self.group_size and not self.hierarchical:
-            raise ConfigError("[rounds] group_size applies only to two-level averaging; set hierarchical = true"
-                              " or remove group_size.")
+            raise ConfigError(
+                "[rounds] group_size applies only to two-level averaging; set hierarchical = true or remove group_size."
+            )
         if not 0 <= self.group_size <= MAX_PEERS:
-            raise ConfigError(f"[rounds] group_size must be 0 (no cap) or a number of peers from 1 to {MAX_PEERS},"
-                              f" got {self.group_size}.")
+            raise ConfigError(
+                f"[rounds] group_size must be 0 (no cap) or a number of peers from 1 to {MAX_PEERS},"
+                f" got {self.group_size}."
+            )
 
     def aggregation_rule(self) -> str:
         """The rule ``aggregation`` names, "auto" resolved: one of AGGREGATIONS."""
@@ -251,12 +291,14 @@ class RoundConfig:
 
     def _validate_aggregation(self) -> None:
         if self.aggregation not in ("auto", *AGGREGATIONS):
-            raise ConfigError(f"[rounds] aggregation {self.aggregation!r} is unknown; choose one of "
-                              f"{['auto', *AGGREGATIONS]}.")
+            raise ConfigError(
+                f"[rounds] aggregation {self.aggregation!r} is unknown; choose one of {['auto', *AGGREGATIONS]}."
+            )
         if not (math.isfinite(self.clip_factor) and self.clip_factor >= 1.0):
             raise ConfigError(f"[rounds] clip_factor must be a finite number of at least 1, got {self.clip_factor}.")
         if not 0.0 <= self.trim_fraction < 0.5:
             raise ConfigError(f"[rounds] trim_fraction must be in [0, 0.5), got {self.trim_fraction}.")
         if not (math.isfinite(self.reject_factor) and (self.reject_factor == 0 or self.reject_factor >= 1.0)):
-            raise ConfigError(f"[rounds] reject_factor must be 0 (off) or a finite number of at least 1,"
-                              f" got {self.reject_factor}.")
+            raise ConfigError(
+                f"[rounds] reject_factor must be 0 (off) or a finite number of at least 1, got {self.reject_factor}."
+            )

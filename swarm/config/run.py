@@ -66,11 +66,15 @@ class RunConfig:
         for section in (self.model, self.data, self.inner, self.outer, self.rounds, self.logging):
             section.validate()
         if self.inner.schedule != "constant" and self.rounds.max_rounds is None:
-            raise ConfigError(f"[inner] schedule {self.inner.schedule!r} decays over the run's inner steps; set"
-                              " [rounds] max_rounds (or give --max-rounds), or use schedule = \"constant\".")
+            raise ConfigError(
+                f"[inner] schedule {self.inner.schedule!r} decays over the run's inner steps; set"
+                ' [rounds] max_rounds (or give --max-rounds), or use schedule = "constant".'
+            )
         if self.data.batch_size % self.inner.micro_batches:
-            raise ConfigError(f"[inner] micro_batches {self.inner.micro_batches} must divide [data] batch_size"
-                              f" {self.data.batch_size}.")
+            raise ConfigError(
+                f"[inner] micro_batches {self.inner.micro_batches} must divide [data] batch_size"
+                f" {self.data.batch_size}."
+            )
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -101,7 +105,9 @@ def load_run_config(path: str | Path, *, overrides: Optional[dict[str, dict[str,
     path = Path(path)
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"config file {str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes; give a run TOML file.")
+            raise ConfigError(
+                f"config file {str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes; give a run TOML file."
+            )
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {str(path)!r} does not exist; check the --config path.") from None
@@ -132,9 +138,7 @@ def _build(cls: type, data: Any, *, origin: str, section: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(
-            f"{origin}: unknown key {unknown[0]!r} in {where}; valid keys are {sorted(fields)}."
-        )
+        raise ConfigError(f"{origin}: unknown key {unknown[0]!r} in {where}; valid keys are {sorted(fields)}.")
     kwargs: dict[str, Any] = {}
     hints = typing.get_type_hints(cls)
     for name, value in data.items():
@@ -162,8 +166,9 @@ def _json_value(value: Any, *, name: str, origin: str, where: str) -> Any:
     try:
         return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError):
-        raise ConfigError(f"{origin}: {name} in {where} holds a value JSON cannot carry (a date, NaN);"
-                          " use strings and numbers.") from None
+        raise ConfigError(
+            f"{origin}: {name} in {where} holds a value JSON cannot carry (a date, NaN); use strings and numbers."
+        ) from None
 
 
 def _coerce(value: Any, default: Any, *, name: str, origin: str, where: str) -> Any:
@@ -205,8 +210,9 @@ def _coerce(value: Any, default: Any, *, name: str, origin: str, where: str) -> 
                 isinstance(item, (list, tuple)) and all(isinstance(x, number) and not isinstance(x, bool) for x in item)
             )
             if not isinstance(key, str) or not ok:
-                raise ConfigError(f"{origin}: {name}.{key} in {where} must be a number, a boolean or a list of"
-                                  f" numbers, got {item!r}.")
+                raise ConfigError(
+                    f"{origin}: {name}.{key} in {where} must be a number, a boolean or a list of numbers, got {item!r}."
+                )
             out[key] = list(item) if isinstance(item, (list, tuple)) else item
         return out
     raise bad

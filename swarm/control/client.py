@@ -69,16 +69,33 @@ class CoordinatorClient:
 
     # --- calls ----------------------------------------------------------------------------------
 
-    def join(self, *, key: PeerKey, libp2p: signing.Libp2pSigner, site: str = "", device: str = "", name: str = "",
-             swarm_version: Optional[str] = None, protocol: int = PROTOCOL) -> pb.JoinResponse:
+    def join(
+        self,
+        *,
+        key: PeerKey,
+        libp2p: signing.Libp2pSigner,
+        site: str = "",
+        device: str = "",
+        name: str = "",
+        swarm_version: Optional[str] = None,
+        protocol: int = PROTOCOL,
+    ) -> pb.JoinResponse:
         """Join over a fresh challenge, signed by ``key`` and ``libp2p``; every later call of this client is
         then signed by ``key`` in the session the coordinator returned."""
         version = release() if swarm_version is None else swarm_version
         for attempt in range(2):
             nonce = self._call("Challenge", pb.ChallengeRequest()).nonce
-            request = signing.signed_join(token=self.join_string.token, nonce=nonce, key=key, libp2p=libp2p,
-                                          site=site, device=device, name=name, swarm_version=version,
-                                          protocol=protocol)
+            request = signing.signed_join(
+                token=self.join_string.token,
+                nonce=nonce,
+                key=key,
+                libp2p=libp2p,
+                site=site,
+                device=device,
+                name=name,
+                swarm_version=version,
+                protocol=protocol,
+            )
             try:
                 response = self._call("Join", request)
             except CoordinatorRejected as e:
@@ -112,13 +129,16 @@ class CoordinatorClient:
 
     def get_status(self, *, page_size: int = 0, page_token: str = "") -> pb.GetStatusResponse:
         """One page of the run's status; ``next_page_token`` names the next ("" on the last)."""
-        return self._call("GetStatus", pb.GetStatusRequest(
-            token=self.join_string.token, page_size=page_size, page_token=page_token))
+        return self._call(
+            "GetStatus", pb.GetStatusRequest(token=self.join_string.token, page_size=page_size, page_token=page_token)
+        )
 
     def get_history(self, *, after_round: int = 0, max_rounds: int = 0) -> pb.GetHistoryResponse:
         """The decided rounds after ``after_round``; ``more`` says whether to ask again after the last one."""
-        return self._call("GetHistory", pb.GetHistoryRequest(
-            token=self.join_string.token, after_round=after_round, max_rounds=max_rounds))
+        return self._call(
+            "GetHistory",
+            pb.GetHistoryRequest(token=self.join_string.token, after_round=after_round, max_rounds=max_rounds),
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -148,8 +168,11 @@ class CoordinatorClient:
                 raise self._unreachable(f"{_code_words(code)}: {details}" if details else _code_words(code)) from None
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
                 # gRPC's own size limit: the request is too big, and will be too big next time too
-                raise CoordinatorRejected(f"the {method} request is too large for the coordinator ({details}); "
-                                          "shorten the names and labels it carries.", code) from None
+                raise CoordinatorRejected(
+                    f"the {method} request is too large for the coordinator ({details}); "
+                    "shorten the names and labels it carries.",
+                    code,
+                ) from None
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise CoordinatorBusy(details or "the coordinator is busy; retry later") from None
             raise CoordinatorRejected(details or f"the coordinator refused {method} ({code.name})", code) from None

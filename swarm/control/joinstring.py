@@ -47,8 +47,9 @@ class JoinString:
         if not isinstance(text, str):
             raise JoinStringError(f"a join string must be text, got {type(text).__name__}; {_COPY_HINT}.")
         if len(text) > MAX_CHARS:
-            raise JoinStringError(f"the join string is {len(text)} characters long, more than {MAX_CHARS}; "
-                                  f"{_COPY_HINT}.")
+            raise JoinStringError(
+                f"the join string is {len(text)} characters long, more than {MAX_CHARS}; {_COPY_HINT}."
+            )
         text = text.strip()
         if not text.isascii() or not text.isprintable():
             raise JoinStringError(f"the join string contains non-ASCII or control characters; {_COPY_HINT}.")
@@ -59,7 +60,7 @@ class JoinString:
         prefix = f"{SCHEME}://"
         if not text.startswith(prefix):
             raise JoinStringError(f"a join string starts with {prefix!r}, got {text[:16]!r}; {_COPY_HINT}.")
-        location, _, query_text = text[len(prefix):].partition("?")
+        location, _, query_text = text[len(prefix) :].partition("?")
         netloc, _, path = location.partition("/")
         if path or "#" in query_text:
             raise JoinStringError(f"the join string has unexpected text after the address; {_COPY_HINT}.")
@@ -75,8 +76,7 @@ class JoinString:
             raise JoinStringError(f"the join string has no certificate fingerprint (fp=...); {_COPY_HINT}.")
         if not _FINGERPRINT.fullmatch(fingerprint):
             raise JoinStringError(
-                f"the join string's fingerprint must be 64 hex digits, got {len(fingerprint)} characters; "
-                f"{_COPY_HINT}."
+                f"the join string's fingerprint must be 64 hex digits, got {len(fingerprint)} characters; {_COPY_HINT}."
             )
         return cls(host=host, port=port, token=token, fingerprint=fingerprint)
 
@@ -97,9 +97,7 @@ def _host_and_port(netloc: str) -> tuple[str, int]:
         if not sep:
             raise JoinStringError(f"the join string's address has no port (HOST:PORT); {_COPY_HINT}.")
         if ":" in host:
-            raise JoinStringError(
-                f"the join string's IPv6 address must be in brackets ([::1]:PORT); {_COPY_HINT}."
-            )
+            raise JoinStringError(f"the join string's IPv6 address must be in brackets ([::1]:PORT); {_COPY_HINT}.")
     if not host:
         raise JoinStringError(f"the join string has no host before the port; {_COPY_HINT}.")
     if not _HOST.fullmatch(host) or len(host) > MAX_HOST_CHARS or any(len(label) > 63 for label in host.split(".")):

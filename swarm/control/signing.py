@@ -57,20 +57,36 @@ class CallProof:
     message: bytes  # call_message(...) for the request as received
 
     @classmethod
-    def from_metadata(cls, method: str, metadata: Sequence[tuple[str, object]], request: Message) -> Optional["CallProof"]:
+    def from_metadata(
+        cls, method: str, metadata: Sequence[tuple[str, object]], request: Message
+    ) -> Optional["CallProof"]:
         """The proof a call carries, or None when its metadata lacks one or it is malformed."""
         values = {key: value for key, value in metadata or ()}
         peer_id, session, timestamp = values.get(PEER_ID_KEY), values.get(SESSION_KEY), values.get(TIMESTAMP_KEY)
         signature = values.get(SIGNATURE_KEY)
-        if not (isinstance(peer_id, str) and isinstance(session, str) and isinstance(timestamp, str)
-                and isinstance(signature, bytes)) or len(peer_id) > 64 or len(timestamp) > 32:
+        if (
+            not (
+                isinstance(peer_id, str)
+                and isinstance(session, str)
+                and isinstance(timestamp, str)
+                and isinstance(signature, bytes)
+            )
+            or len(peer_id) > 64
+            or len(timestamp) > 32
+        ):
             return None
         try:
             session_number = int(session)
         except ValueError:
             return None
-        return cls(method=method, peer_id=peer_id, session=session_number, timestamp=timestamp, signature=signature,
-                   message=call_message(method, peer_id, session_number, timestamp, request))
+        return cls(
+            method=method,
+            peer_id=peer_id,
+            session=session_number,
+            timestamp=timestamp,
+            signature=signature,
+            message=call_message(method, peer_id, session_number, timestamp, request),
+        )
 
     def verify(self, public_key: bytes, *, now: float) -> bool:
         """Signed by ``public_key`` and made within MAX_CLOCK_SKEW_S of ``now``."""
@@ -92,8 +108,12 @@ class CallSigner:
     def metadata(self, method: str, request: Message, *, now: Optional[float] = None) -> list[tuple[str, object]]:
         timestamp = f"{time.time() if now is None else now:.3f}"
         message = call_message(method, self.key.peer_id, self.session, timestamp, request)
-        return [(PEER_ID_KEY, self.key.peer_id), (SESSION_KEY, str(self.session)), (TIMESTAMP_KEY, timestamp),
-                (SIGNATURE_KEY, self.key.sign(CALL_PURPOSE, message))]
+        return [
+            (PEER_ID_KEY, self.key.peer_id),
+            (SESSION_KEY, str(self.session)),
+            (TIMESTAMP_KEY, timestamp),
+            (SIGNATURE_KEY, self.key.sign(CALL_PURPOSE, message)),
+        ]
 
 
 class Libp2pSigner(Protocol):
@@ -105,12 +125,31 @@ class Libp2pSigner(Protocol):
     def sign(self, message: bytes) -> bytes: ...
 
 
-def signed_join(*, token: str, nonce: bytes, key: PeerKey, libp2p: Libp2pSigner, site: str = "", device: str = "",
-                name: str = "", swarm_version: str = "", protocol: int = PROTOCOL) -> pb.JoinRequest:
+def signed_join(
+    *,
+    token: str,
+    nonce: bytes,
+    key: PeerKey,
+    libp2p: Libp2pSigner,
+    site: str = "",
+    device: str = "",
+    name: str = "",
+    swarm_version: str = "",
+    protocol: int = PROTOCOL,
+) -> pb.JoinRequest:
     """A JoinRequest over ``nonce``, signed by the peer's key and by its libp2p key."""
-    request = pb.JoinRequest(token=token, site=site, device=device, name=name, swarm_version=swarm_version,
-                             public_key=key.public_key, nonce=nonce, dht_peer_id=libp2p.peer_id,
-                             dht_public_key=libp2p.public_key, protocol=protocol)
+    request = pb.JoinRequest(
+        token=token,
+        site=site,
+        device=device,
+        name=name,
+        swarm_version=swarm_version,
+        public_key=key.public_key,
+        nonce=nonce,
+        dht_peer_id=libp2p.peer_id,
+        dht_public_key=libp2p.public_key,
+        protocol=protocol,
+    )
     message = join_message(request)
     request.signature = key.sign(JOIN_PURPOSE, message)
     request.dht_signature = libp2p.sign(message)

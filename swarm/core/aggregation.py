@@ -74,9 +74,13 @@ class Aggregation:
     def for_run(cls, run: RunConfig) -> "Aggregation":
         """The run's rule ("auto" resolved), with the weight cap every member derives from the run config alike."""
         rounds = run.rounds
-        return cls(rule=rounds.aggregation_rule(), clip_factor=rounds.clip_factor, trim_fraction=rounds.trim_fraction,
-                   reject_factor=rounds.reject_factor,
-                   max_weight=float(run.data.batch_size * longest_sync_steps(rounds)))
+        return cls(
+            rule=rounds.aggregation_rule(),
+            clip_factor=rounds.clip_factor,
+            trim_fraction=rounds.trim_fraction,
+            reject_factor=rounds.reject_factor,
+            max_weight=float(run.data.batch_size * longest_sync_steps(rounds)),
+        )
 
     def weights(self, declared: Sequence[float], members: Sequence[str]) -> list[float]:
         """The declared weights clamped to ``max_weight``; ValueError naming the first member whose weight
@@ -84,13 +88,16 @@ class Aggregation:
         out = []
         for weight, member in zip(declared, members, strict=True):
             if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
-                raise ValueError(f"member {member} declared the weight {weight!r}; a weight must be a positive,"
-                                 " finite number of samples, so this exchange is refused.")
+                raise ValueError(
+                    f"member {member} declared the weight {weight!r}; a weight must be a positive,"
+                    " finite number of samples, so this exchange is refused."
+                )
             out.append(min(float(weight), self.max_weight))
         return out
 
-    def reduce(self, slices: Sequence[torch.Tensor], weights: Sequence[float], *,
-               out: torch.Tensor | None = None) -> Reduced:
+    def reduce(
+        self, slices: Sequence[torch.Tensor], weights: Sequence[float], *, out: torch.Tensor | None = None
+    ) -> Reduced:
         """The group's slices (fp32, one shape, group order) combined by the rule (``out``: where a mean is
         written, as ``weighted_average``'s)."""
         if len(slices) != len(weights) or not slices:
@@ -102,8 +109,11 @@ class Aggregation:
         rejected = {}
         if self.reject_factor > 0 and len(slices) >= 3:
             median = lower_median(norms)
-            rejected = {i: f"slice norm {n:.3g} is over {self.reject_factor:g} x the group's median {median:.3g}:"
-                           " left out" for i, n in enumerate(norms) if n > self.reject_factor * median}
+            rejected = {
+                i: f"slice norm {n:.3g} is over {self.reject_factor:g} x the group's median {median:.3g}: left out"
+                for i, n in enumerate(norms)
+                if n > self.reject_factor * median
+            }
         kept = [i for i in range(len(slices)) if i not in rejected]
         kept_slices = [slices[i] for i in kept]
         clipped: dict[int, str] = {}
@@ -113,8 +123,9 @@ class Aggregation:
         reduced = self._combine(kept_slices, [weights[i] for i in kept], rejected, out)
         return Reduced(reduced.average, rejected, clipped)
 
-    def _combine(self, slices: list[torch.Tensor], weights: list[float], rejected: dict[int, str],
-                 out: torch.Tensor | None) -> Reduced:
+    def _combine(
+        self, slices: list[torch.Tensor], weights: list[float], rejected: dict[int, str], out: torch.Tensor | None
+    ) -> Reduced:
         if self.rule == "trimmed_mean":
             return Reduced(trimmed_mean(slices, weights, self.trim_fraction), rejected)
         return Reduced(weighted_average(slices, weights, out=out), rejected)
@@ -131,8 +142,8 @@ def slice_norm(t: torch.Tensor) -> float:
     scratch = torch.empty(min(NORM_CHUNK, flat.numel()), dtype=torch.float64)
     total = 0.0
     for start in range(0, flat.numel(), NORM_CHUNK):
-        part = scratch[:min(NORM_CHUNK, flat.numel() - start)]
-        part.copy_(flat[start:start + NORM_CHUNK])
+        part = scratch[: min(NORM_CHUNK, flat.numel() - start)]
+        part.copy_(flat[start : start + NORM_CHUNK])
         total += float(torch.dot(part, part))
     return math.sqrt(total)
 
@@ -142,8 +153,9 @@ def lower_median(values: Sequence[float]) -> float:
     return ordered[(len(ordered) - 1) // 2]
 
 
-def clip_to_median(norms: Sequence[float], slices: Sequence[torch.Tensor],
-                   factor: float) -> tuple[list[torch.Tensor], dict[int, float]]:
+def clip_to_median(
+    norms: Sequence[float], slices: Sequence[torch.Tensor], factor: float
+) -> tuple[list[torch.Tensor], dict[int, float]]:
     """Each slice longer than ``factor`` × the lower median norm scaled down to it (one fp32 multiply by
     the scale rounded once to fp32); returns the slices and {position: scale} of those it scaled. A
     median of 0 leaves every slice as it is (there is no length to clip to)."""

@@ -69,7 +69,9 @@ def check_contributions(contributions: Sequence[torch.Tensor], weights: Sequence
     shape = contributions[0].shape
     for c in contributions:
         if c.dtype != _F32 or c.shape != shape:
-            raise ValueError(f"contributions must be fp32 with one shape {tuple(shape)}, got {c.dtype} {tuple(c.shape)}.")
+            raise ValueError(
+                f"contributions must be fp32 with one shape {tuple(shape)}, got {c.dtype} {tuple(c.shape)}."
+            )
 
 
 def new_f32(shape: Sequence[int] | torch.Size) -> torch.Tensor:
@@ -81,8 +83,9 @@ def new_f32(shape: Sequence[int] | torch.Size) -> torch.Tensor:
 AVERAGE_CHUNK = 1 << 16  # elements averaged at a time: the running sum and one scratch stay in the core's cache
 
 
-def weighted_average(contributions: Sequence[torch.Tensor], weights: Sequence[float], *,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+def weighted_average(
+    contributions: Sequence[torch.Tensor], weights: Sequence[float], *, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Σ w_i c_i / Σ w_i with a fixed op order, in the order given (callers pass a canonical order).
 
     Purely elementwise, so computing it on any slice gives exactly the slice of the full result: a
@@ -110,10 +113,10 @@ def weighted_average(contributions: Sequence[torch.Tensor], weights: Sequence[fl
     beside = torch.empty(size, dtype=_F32) if len(parts) > 1 and any(_shares(flat, c) for c in parts[1:]) else None
     for start in range(0, flat.numel(), AVERAGE_CHUNK):
         end = min(flat.numel(), start + AVERAGE_CHUNK)
-        chunk = flat[start:end] if beside is None else beside[:end - start]
+        chunk = flat[start:end] if beside is None else beside[: end - start]
         torch.mul(parts[0][start:end], scales[0], out=chunk)
         for c, w in zip(parts[1:], scales[1:]):
-            scaled = scratch[:end - start]
+            scaled = scratch[: end - start]
             torch.mul(c[start:end], w, out=scaled)
             chunk.add_(scaled)
         chunk.div_(divisor)
@@ -181,8 +184,9 @@ def stripe_count(codec: Codec | str, numel: int, group_size: int) -> int:
     return max(1, min(MAX_STRIPES, per_member // STRIPE_MIN_BYTES))
 
 
-def butterfly_bounds(numel: int, group_size: int, align: int, stripes: int = 1,
-                     cut: Callable[[int], list[tuple[int, int]]] | None = None) -> list[tuple[int, int]]:
+def butterfly_bounds(
+    numel: int, group_size: int, align: int, stripes: int = 1, cut: Callable[[int], list[tuple[int, int]]] | None = None
+) -> list[tuple[int, int]]:
     """The slices [start, end) of a butterfly, ``stripes`` × ``group_size`` of them: slice i is member
     i % group_size's part of stripe i // group_size. Stripes are ``part_bounds`` of the vector; each stripe is
     cut by ``cut(stripe length)`` (default: equal parts); every boundary but the last is a multiple of

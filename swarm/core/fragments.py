@@ -137,16 +137,19 @@ def fragments(params: Sequence[ParamSpec], num_fragments: int, pattern: str = "s
         return [sorted({s.param for s in group}) for group in fragment_spans(params, num_fragments, pattern)]
     units = layer_units(params)
     if not 1 <= num_fragments <= len(units):
-        raise ValueError(f"{num_fragments} fragments need at least as many layer units; this model has"
-                         f" {len(units)}: lower [rounds] fragments.")
+        raise ValueError(
+            f"{num_fragments} fragments need at least as many layer units; this model has"
+            f" {len(units)}: lower [rounds] fragments."
+        )
     _, sizes = _describe(params)
     weight = [sum(1 if sizes[i] is None else sizes[i] for i in unit) for unit in units]  # elements per unit
     groups = _DEALS[pattern](units, weight, num_fragments)
     return [sorted(i for unit in group for i in unit) for group in groups]
 
 
-def fragment_spans(params: Sequence[ParamSpec], num_fragments: int, pattern: str = "strided", *,
-                   pieces_per_fragment: int | None = None) -> list[list[Span]]:
+def fragment_spans(
+    params: Sequence[ParamSpec], num_fragments: int, pattern: str = "strided", *, pieces_per_fragment: int | None = None
+) -> list[list[Span]]:
     """The element spans of each fragment, in model order, for parameters given as shapes or (name,
     shape) pairs: whole tensors for "strided" and "contiguous", F·m block-aligned pieces dealt strided
     for "balanced" (m = ``pieces_per_fragment``, default the layer units per fragment, at least 1)."""
@@ -165,8 +168,10 @@ def fragment_spans(params: Sequence[ParamSpec], num_fragments: int, pattern: str
 def _balanced(sizes: list[int], num_fragments: int, pieces_per_fragment: int) -> list[list[Span]]:
     total, pieces = sum(sizes), num_fragments * pieces_per_fragment
     if num_fragments < 1 or pieces_per_fragment < 1 or pieces > total:
-        raise ValueError(f"{num_fragments} fragments of {pieces_per_fragment} pieces need at least {pieces}"
-                         f" parameter elements; this model has {total}: lower [rounds] fragments.")
+        raise ValueError(
+            f"{num_fragments} fragments of {pieces_per_fragment} pieces need at least {pieces}"
+            f" parameter elements; this model has {total}: lower [rounds] fragments."
+        )
     unit = BLOCK if total // BLOCK >= pieces else 1  # tiny models: element cuts, unaligned
     units_total = total // unit
     cuts = [(2 * k * units_total + pieces) // (2 * pieces) * unit for k in range(pieces)] + [total]
@@ -204,10 +209,14 @@ def round_end_step(round_no: int, inner_steps: int, num_fragments: int) -> int:
 
 def round_steps(round_no: int, inner_steps: int, num_fragments: int) -> int:
     """Inner steps a full-speed peer runs in round ``round_no``: H // F or H // F + 1."""
-    return round_end_step(round_no, inner_steps, num_fragments) - round_end_step(round_no - 1, inner_steps, num_fragments)
+    return round_end_step(round_no, inner_steps, num_fragments) - round_end_step(
+        round_no - 1, inner_steps, num_fragments
+    )
 
 
-def merge_fragment(local: Sequence[torch.Tensor], global_new: Sequence[torch.Tensor], alpha: float) -> list[torch.Tensor]:
+def merge_fragment(
+    local: Sequence[torch.Tensor], global_new: Sequence[torch.Tensor], alpha: float
+) -> list[torch.Tensor]:
     """α·θl + (1 − α)·θg per tensor (new fp32 CPU tensors): Streaming DiLoCo's merge of a fragment whose
     global value arrived while the peer kept training. α = 0 is plain replacement (an exact copy of θg);
     otherwise two roundings per element, in this order: (θl·α) + (θg·fl32(1 − α))."""

@@ -68,7 +68,9 @@ class OuterOptimizer:
         self._layout: list[tuple[int, str, torch.Size, torch.dtype]] = []
         if self.name == NESTEROV:
             if config.options:
-                raise ValueError("[outer] options apply to torch.optim optimizers; nesterov takes lr, momentum, nesterov.")
+                raise ValueError(
+                    "[outer] options apply to torch.optim optimizers; nesterov takes lr, momentum, nesterov."
+                )
             self._layout = [(i, "momentum", s, _F32) for i, s in enumerate(self.shapes)]
         else:
             self._cls, self._kwargs = torch_optimizer_kwargs(self.name, config.lr, dict(config.options))
@@ -92,7 +94,9 @@ class OuterOptimizer:
             opt = self._cls([p], **self._kwargs)
             opt.step()
         except Exception as e:
-            raise ValueError(f"[outer] optimizer {self.name} cannot step a {tuple(shape)} fp32 CPU parameter ({e}).") from None
+            raise ValueError(
+                f"[outer] optimizer {self.name} cannot step a {tuple(shape)} fp32 CPU parameter ({e})."
+            ) from None
         found = []
         for key, value in sorted(opt.state[p].items()):
             if not isinstance(value, torch.Tensor):
@@ -120,7 +124,9 @@ class OuterOptimizer:
         out = []
         for t, (i, key, shape, dtype) in zip(tensors, self._layout):
             if t.shape != shape:
-                raise ValueError(f"outer state {key} of parameter {i}: shape {tuple(t.shape)}, expected {tuple(shape)}.")
+                raise ValueError(
+                    f"outer state {key} of parameter {i}: shape {tuple(t.shape)}, expected {tuple(shape)}."
+                )
             out.append(t.detach().to(device="cpu", dtype=dtype).contiguous())
         return out
 
@@ -145,8 +151,14 @@ class OuterOptimizer:
         new_params, new_state = list(params), list(state)
         if self.name == NESTEROV:
             cfg = self.config
-            stepped, momentum = outer_step([params[i] for i in indices], avg_delta, [state[i] for i in indices],
-                                           lr=cfg.lr, momentum_coef=cfg.momentum, nesterov=cfg.nesterov)
+            stepped, momentum = outer_step(
+                [params[i] for i in indices],
+                avg_delta,
+                [state[i] for i in indices],
+                lr=cfg.lr,
+                momentum_coef=cfg.momentum,
+                nesterov=cfg.nesterov,
+            )
             for i, p, m in zip(indices, stepped, momentum):
                 new_params[i], new_state[i] = p, m
             return new_params, new_state
@@ -177,8 +189,9 @@ class OuterOptimizer:
             new_params[i] = leaf.detach()
         return new_params, self._checked_state(new_state)
 
-    def step(self, params: Sequence[torch.Tensor], avg_delta: Sequence[torch.Tensor],
-             indices: Sequence[int] | None = None) -> list[torch.Tensor]:
+    def step(
+        self, params: Sequence[torch.Tensor], avg_delta: Sequence[torch.Tensor], indices: Sequence[int] | None = None
+    ) -> list[torch.Tensor]:
         """One step: returns the new params and keeps the new state."""
         new_params, self._state = self.tentative_step(params, avg_delta, indices)
         return new_params

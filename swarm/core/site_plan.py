@@ -98,8 +98,13 @@ def subgroup_weights(plan: SitePlan, weights: Sequence[float]) -> list[float]:
     return totals
 
 
-def two_level_reference(contributions: Sequence[torch.Tensor], weights: Sequence[float], plan: SitePlan,
-                        codec: Codec | str, reduce: Reduce = weighted_average) -> torch.Tensor:
+def two_level_reference(
+    contributions: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    plan: SitePlan,
+    codec: Codec | str,
+    reduce: Reduce = weighted_average,
+) -> torch.Tensor:
     """The average every member of a two-level exchange ends with, computed in one process.
     ``contributions`` are 1-D, in group order; ``weights`` are the capped weights; ``reduce`` is the rule
     each owner applies at both levels."""
@@ -109,8 +114,14 @@ def two_level_reference(contributions: Sequence[torch.Tensor], weights: Sequence
         if len(subgroup.positions) == 1:
             partials.append(as_cpu_f32(contributions[subgroup.representative]).reshape(-1))
         else:
-            partials.append(butterfly_reference([contributions[p] for p in subgroup.positions],
-                                                [weights[p] for p in subgroup.positions], codec, reduce=reduce))
+            partials.append(
+                butterfly_reference(
+                    [contributions[p] for p in subgroup.positions],
+                    [weights[p] for p in subgroup.positions],
+                    codec,
+                    reduce=reduce,
+                )
+            )
     if len(partials) == 1:
         return partials[0]
     return butterfly_reference(partials, subgroup_weights(plan, weights), codec, reduce=reduce)

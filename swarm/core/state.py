@@ -55,14 +55,16 @@ class GlobalState:
 # feedback.*) tensors next to these. The final model is the exception: it keeps the model's parameter
 # names, so that ``model.load_state_dict`` takes it.
 
+
 def state_tensors(state: GlobalState) -> dict[str, torch.Tensor]:
     tensors = {f"param.{i:05d}": t.contiguous() for i, t in enumerate(state.params)}
     tensors.update({f"outer.{i:05d}": t.contiguous() for i, t in enumerate(state.outer_state)})
     return tensors
 
 
-def state_from_tensors(tensors: dict[str, torch.Tensor], round_no: int, *,
-                       like: Optional[GlobalState], finite: bool = True) -> GlobalState:
+def state_from_tensors(
+    tensors: dict[str, torch.Tensor], round_no: int, *, like: Optional[GlobalState], finite: bool = True
+) -> GlobalState:
     """The state held in ``tensors`` (other names are ignored), checked against ``like``: the same tensor
     names, shapes and fp32, every value finite. Raises ValueError saying what does not fit. ``like=None``
     (a model not built yet): every ``param.*`` and ``outer.*`` tensor, numbered from 0 without a gap, each fp32;
@@ -76,14 +78,18 @@ def state_from_tensors(tensors: dict[str, torch.Tensor], round_no: int, *,
         params = [tensors[f"param.{i:05d}"] for i in range(counts[0])]
         outer = [tensors[f"outer.{i:05d}"] for i in range(counts[1])]
     except KeyError as e:
-        raise ValueError(f"the state lacks tensor {e.args[0]}: it is of another model, or of an older Swarm "
-                         "whose files this version does not read") from None
+        raise ValueError(
+            f"the state lacks tensor {e.args[0]}: it is of another model, or of an older Swarm "
+            "whose files this version does not read"
+        ) from None
     refs = like.params + like.outer_state if like is not None else [None] * len(params + outer)
     for t, ref in zip(params + outer, refs):
         shape, dtype = (ref.shape, ref.dtype) if ref is not None else (t.shape, torch.float32)
         if t.shape != shape or t.dtype != dtype:
-            raise ValueError(f"a state tensor is {t.dtype} {tuple(t.shape)} where this model has {dtype} "
-                             f"{tuple(shape)}: the state is of another model")
+            raise ValueError(
+                f"a state tensor is {t.dtype} {tuple(t.shape)} where this model has {dtype} "
+                f"{tuple(shape)}: the state is of another model"
+            )
         if finite and t.numel() and not torch.isfinite(torch.stack(torch.aminmax(t))).all():  # NaN, ±inf: one pass
             raise ValueError("the state holds values that are not finite")
     return GlobalState(round_no, params, outer)
@@ -146,10 +152,21 @@ def _version(t: torch.Tensor) -> int:
 # ``load``/``load_file`` read what is written here; what is read here is checked as strictly as they do.
 
 SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
-    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.uint16: "U16",
+    torch.uint32: "U32",
+    torch.uint64: "U64",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
 }
 _TORCH_DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
 _HEADER_SIZE = struct.Struct("<Q")
@@ -191,16 +208,21 @@ class SafetensorsLayout:
         for name, t in tensors.items():
             if t.dtype not in SAFETENSORS_DTYPES:
                 raise ValueError(f"tensor {name} is {t.dtype}, which safetensors does not store")
-        named = sorted(((name, t if isinstance(t, LazyTensor) else t.detach()) for name, t in tensors.items()),
-                       key=lambda item: (-item[1].element_size(), item[0]))
+        named = sorted(
+            ((name, t if isinstance(t, LazyTensor) else t.detach()) for name, t in tensors.items()),
+            key=lambda item: (-item[1].element_size(), item[0]),
+        )
         header: dict[str, object] = {}
         if metadata:
             header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
         offset = 0
         for name, t in named:
             nbytes = t.numel() * t.element_size()
-            header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                            "data_offsets": [offset, offset + nbytes]}
+            header[name] = {
+                "dtype": SAFETENSORS_DTYPES[t.dtype],
+                "shape": list(t.shape),
+                "data_offsets": [offset, offset + nbytes],
+            }
             offset += nbytes
         text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
         text += b" " * (-len(text) % 8)
@@ -210,7 +232,8 @@ class SafetensorsLayout:
         # a CPU tensor's view is made once (a committed state is served from these for as long as it is published)
         self._views: list[Optional[memoryview]] = [memoryview(self.header)] + [
             None if isinstance(t, LazyTensor) or t.device.type != "cpu" else tensor_bytes(t.contiguous())
-            for t in self._tensors]
+            for t in self._tensors
+        ]
         self.starts: list[int] = []
         position = 0
         for size in [len(self.header)] + [t.numel() * t.element_size() for t in self._tensors]:
@@ -227,8 +250,9 @@ class SafetensorsLayout:
         if isinstance(t, LazyTensor):
             made = t.make()
             if made.dtype != t.dtype or tuple(made.shape) != tuple(t.shape):
-                raise ValueError(f"a lazy tensor declared {t.dtype} {tuple(t.shape)} and made {made.dtype} "
-                                 f"{tuple(made.shape)}")
+                raise ValueError(
+                    f"a lazy tensor declared {t.dtype} {tuple(t.shape)} and made {made.dtype} {tuple(made.shape)}"
+                )
             t = made
         return tensor_bytes(t.detach().cpu().contiguous())
 
@@ -250,7 +274,7 @@ class SafetensorsLayout:
         index = max(0, bisect.bisect_right(self.starts, offset) - 1)
         while offset < stop and index < len(self.starts):
             start = self.starts[index]
-            piece = self.part(index)[offset - start:stop - start]
+            piece = self.part(index)[offset - start : stop - start]
             if piece.nbytes:
                 pieces.append(piece)
                 offset += piece.nbytes
@@ -262,7 +286,7 @@ class SafetensorsLayout:
         for index in range(len(self.starts)):
             part = self.part(index)
             for start in range(0, part.nbytes, block):
-                yield part[start:start + block]
+                yield part[start : start + block]
 
 
 @dataclass(frozen=True)
@@ -277,6 +301,7 @@ class _Entry:
 def _parse_header(text: bytes, data_bytes: int) -> tuple[list[_Entry], dict[str, str]]:
     """The entries of a safetensors header (in the order of their bytes) and its metadata; ValueError unless
     they describe exactly ``data_bytes`` bytes, tensor after tensor, each of its dtype's and shape's size."""
+
     def unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
         keys = [k for k, _ in pairs]
         if len(set(keys)) != len(keys):
@@ -299,8 +324,13 @@ def _parse_header(text: bytes, data_bytes: int) -> tuple[list[_Entry], dict[str,
         dtype, shape, offsets = _TORCH_DTYPES.get(info["dtype"]), info["shape"], info["data_offsets"]
         if dtype is None:
             raise ValueError(f"tensor {name!r} has dtype {info['dtype']!r}")
-        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
-                and isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
+        if not (
+            isinstance(shape, list)
+            and all(type(d) is int and d >= 0 for d in shape)
+            and isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(o) is int for o in offsets)
+        ):
             raise ValueError(f"tensor {name!r} has shape {shape!r} and offsets {offsets!r}")
         nbytes = math.prod(shape) * dtype.itemsize
         if not 0 <= offsets[0] <= offsets[1] or offsets[1] - offsets[0] != nbytes:
@@ -320,31 +350,42 @@ def _parse_header(text: bytes, data_bytes: int) -> tuple[list[_Entry], dict[str,
 def _header_length(prefix: bytes | memoryview, total: int) -> int:
     if len(prefix) < _HEADER_SIZE.size:
         raise ValueError(f"{total} bytes are too few for a header")
-    (n,) = _HEADER_SIZE.unpack(prefix[:_HEADER_SIZE.size])
+    (n,) = _HEADER_SIZE.unpack(prefix[: _HEADER_SIZE.size])
     if n > MAX_HEADER_BYTES or _HEADER_SIZE.size + n > total:
         raise ValueError(f"a header of {n} bytes does not fit in {total} bytes")
     return n
 
 
-def tensors_from_buffer(buffer: bytes | bytearray | memoryview | np.ndarray) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def tensors_from_buffer(
+    buffer: bytes | bytearray | memoryview | np.ndarray,
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(tensors, metadata) of the safetensors bytes in ``buffer``. A writable buffer's tensors are views of it
     (each one keeps it alive; one that would be misaligned is copied); a read-only one's are copies."""
-    view = memoryview(buffer).cast("B") if not isinstance(buffer, np.ndarray) else memoryview(buffer.reshape(-1).view(np.uint8))
+    view = (
+        memoryview(buffer).cast("B")
+        if not isinstance(buffer, np.ndarray)
+        else memoryview(buffer.reshape(-1).view(np.uint8))
+    )
     n = _header_length(view, view.nbytes)
     base = _HEADER_SIZE.size + n
-    entries, metadata = _parse_header(bytes(view[_HEADER_SIZE.size:base]), view.nbytes - base)
+    entries, metadata = _parse_header(bytes(view[_HEADER_SIZE.size : base]), view.nbytes - base)
     array = np.frombuffer(view, dtype=np.uint8)
     tensors = {}
     for e in entries:
-        raw = array[base + e.begin:base + e.end]
+        raw = array[base + e.begin : base + e.end]
         if view.readonly or raw.ctypes.data % e.dtype.itemsize:
             raw = raw.copy()
         tensors[e.name] = torch.from_numpy(raw).view(e.dtype).reshape(e.shape)
     return tensors, metadata
 
 
-def write_safetensors(f: BinaryIO, tensors: dict[str, torch.Tensor | LazyTensor], metadata: dict[str, str] | None = None,
-                      *, digest: bool = True) -> tuple[str | None, int]:
+def write_safetensors(
+    f: BinaryIO,
+    tensors: dict[str, torch.Tensor | LazyTensor],
+    metadata: dict[str, str] | None = None,
+    *,
+    digest: bool = True,
+) -> tuple[str | None, int]:
     """Write ``tensors`` to the open (binary, unbuffered) file ``f`` as safetensors, straight from their memory
     (another device's tensors are copied to the CPU one at a time); returns (the SHA-256 of what was written, its size),
     computed in the same pass (None for the digest with ``digest=False``)."""
@@ -369,8 +410,12 @@ def map_safetensors(path: Path | str, *, digest: bool = True) -> tuple[dict[str,
         size = os.fstat(f.fileno()).st_size
         if size < _HEADER_SIZE.size:
             raise ValueError(f"{size} bytes are too few for a header")
-        mapped = mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE,  # no MAP_POPULATE: it would copy every page
-                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        mapped = mmap.mmap(
+            f.fileno(),
+            size,
+            flags=mmap.MAP_PRIVATE,  # no MAP_POPULATE: it would copy every page
+            prot=mmap.PROT_READ | mmap.PROT_WRITE,
+        )
     sha256 = hashlib.sha256(mapped).hexdigest() if digest else ""  # releases the GIL: a vote written meanwhile goes on
     tensors, metadata = tensors_from_buffer(mapped)  # each tensor keeps the mapping alive
     return tensors, metadata, sha256

@@ -34,10 +34,18 @@ class TentativeState:
 
     CHUNK = 1 << 20  # elements stepped at a time: every op in reused buffers of 4 MB, none on fresh pages
 
-    def __init__(self, round_no: int, base: GlobalState, outer: OuterOptimizer, deltas: Sequence[torch.Tensor],
-                 spans: Sequence[Span]) -> None:
+    def __init__(
+        self,
+        round_no: int,
+        base: GlobalState,
+        outer: OuterOptimizer,
+        deltas: Sequence[torch.Tensor],
+        spans: Sequence[Span],
+    ) -> None:
         if outer.name != "nesterov":
-            raise ValueError(f"a tentative state is stepped lazily only with the nesterov outer optimizer, not {outer.name}.")
+            raise ValueError(
+                f"a tentative state is stepped lazily only with the nesterov outer optimizer, not {outer.name}."
+            )
         if len(deltas) != len(spans):
             raise ValueError(f"got {len(deltas)} averaged deltas for {len(spans)} spans.")
         self.round_no = round_no
@@ -60,10 +68,11 @@ class TentativeState:
         for a writer whose hash of the previous piece is still running)."""
         if self._scratch.numel() < max(3, which + 1) * self.CHUNK:
             self._scratch = torch.empty(max(3, which + 1) * self.CHUNK, dtype=torch.float32)
-        return self._scratch[which * self.CHUNK:which * self.CHUNK + n]
+        return self._scratch[which * self.CHUNK : which * self.CHUNK + n]
 
-    def _step_into(self, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, out_p: torch.Tensor,
-                   out_m: torch.Tensor) -> None:
+    def _step_into(
+        self, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, out_p: torch.Tensor, out_m: torch.Tensor
+    ) -> None:
         """``outer_step`` of one piece, written into ``out_p`` and ``out_m``, by the same fp32 ops in the same
         order, one rounding each: m' = (m·μ) + g; u = g + (m'·μ) (Nesterov) or m'; p' = p − (u·lr). ``out_m``
         may be ``m`` itself and ``out_p`` ``p`` itself (each element reads only itself)."""
@@ -92,7 +101,7 @@ class TentativeState:
             for lo in range(start, stop, self.CHUNK):
                 hi = min(stop, lo + self.CHUNK)
                 out_p, out_m = self._buffer(hi - lo, 0), self._buffer(hi - lo, 1)
-                self._step_into(p_flat[lo:hi], d[lo - start:hi - start], m_flat[lo:hi], out_p, out_m)
+                self._step_into(p_flat[lo:hi], d[lo - start : hi - start], m_flat[lo:hi], out_p, out_m)
                 yield out_p if group == 0 else out_m
             at = stop
         if at < base.numel():
@@ -109,7 +118,7 @@ class TentativeState:
         out = torch.empty(base.shape, dtype=torch.float32)
         flat, at = out.view(-1), 0
         for piece in self._segments(group, i):
-            flat[at:at + piece.numel()].copy_(piece)
+            flat[at : at + piece.numel()].copy_(piece)
             at += piece.numel()
         return out
 
@@ -133,8 +142,9 @@ class TentativeState:
                     h.update(arr.view(np.uint8).data)
         return h.hexdigest()[:16]
 
-    def _both(self, i: int, before_step: Callable[[int], None] = lambda slot: None
-              ) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+    def _both(
+        self, i: int, before_step: Callable[[int], None] = lambda slot: None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
         """Tensor ``i``'s θg' and outer-state values together, as consecutive 1-D pieces of equal length, each with
         its scratch slot (-1: the committed tensors' own memory): each stepped piece is stepped once for both, into
         slot 0 and 1 in turn, which the next piece but one overwrites (``before_step(slot)`` is called first)."""
@@ -149,7 +159,7 @@ class TentativeState:
                 self._slot ^= 1
                 before_step(self._slot)
                 out_p, out_m = self._buffer(hi - lo, 3 * self._slot), self._buffer(hi - lo, 3 * self._slot + 1)
-                self._step_into(p_flat[lo:hi], d[lo - start:hi - start], m_flat[lo:hi], out_p, out_m)
+                self._step_into(p_flat[lo:hi], d[lo - start : hi - start], m_flat[lo:hi], out_p, out_m)
                 yield out_p, out_m, self._slot
             at = stop
         if at < p_flat.numel():
@@ -167,9 +177,11 @@ class TentativeState:
         n = len(self.base.params)
         if len(self.base.outer_state) != n:
             raise ValueError("a nesterov state holds one momentum tensor per parameter.")
-        lazy = {f"{prefix}.{i:05d}": LazyTensor(torch.float32, tuple(t.shape), lambda: None)
-                for prefix, group in (("param", self.base.params), ("outer", self.base.outer_state))
-                for i, t in enumerate(group)}
+        lazy = {
+            f"{prefix}.{i:05d}": LazyTensor(torch.float32, tuple(t.shape), lambda: None)
+            for prefix, group in (("param", self.base.params), ("outer", self.base.outer_state))
+            for i, t in enumerate(group)
+        }
         layout = SafetensorsLayout(lazy, metadata)
         at = dict(zip(layout.names, layout.starts[1:]))
         fd = f.fileno()
@@ -182,6 +194,7 @@ class TentativeState:
         h = hashlib.sha256()
         self._buffer(0, 4)  # both pairs of outputs at once: no buffer is replaced while its hash is pending
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vote-hash") as hashing:
+
             def hashed(data: bytes | memoryview) -> concurrent.futures.Future:  # in the order submitted
                 return hashing.submit(h.update, data)
 
@@ -199,10 +212,12 @@ class TentativeState:
         self.__dict__["state_hash"] = h.hexdigest()[:16]  # cached_property's slot: the bits just written
         return layout.size
 
-    def _write_pieces(self, fd: int, i: int, p_at: int, m_at: int,
-                      hashed: Optional[Callable[[memoryview], concurrent.futures.Future]]) -> None:
+    def _write_pieces(
+        self, fd: int, i: int, p_at: int, m_at: int, hashed: Optional[Callable[[memoryview], concurrent.futures.Future]]
+    ) -> None:
         """Tensor ``i``'s θg' and outer-state pieces written at ``p_at`` and ``m_at``; θg''s bytes handed to
         ``hashed`` (None: not hashed), a slot's pending hash waited for before the slot is stepped into again."""
+
         def free(slot: int) -> None:
             pending = self._pending[slot]
             if pending is not None:
@@ -246,7 +261,7 @@ class TentativeState:
                 for lo in range(start, stop, self.CHUNK):
                     hi = min(stop, lo + self.CHUNK)
                     p, m = p_flat[lo:hi], m_flat[lo:hi]
-                    self._step_into(p, d[lo - start:hi - start], m, p, m)
+                    self._step_into(p, d[lo - start : hi - start], m, p, m)
                     if copy_into is not None:
                         copy_into[i].view(-1)[lo:hi].copy_(p)
         self._scratch = torch.empty(0, dtype=torch.float32)

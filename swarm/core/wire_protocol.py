@@ -34,6 +34,7 @@ def release() -> str:
 def mismatch(peer: int, coordinator: int, *, peer_version: str = "", fix: str = "") -> str:
     """One sentence for a peer and a coordinator of different generations (0: from before the field). The
     coordinator's release is not named: a refused caller has not shown a token yet."""
+
     def named(protocol: int) -> str:
         return f"wire protocol {protocol}" if protocol else "a release that does not say its wire protocol"
 
@@ -41,8 +42,10 @@ def mismatch(peer: int, coordinator: int, *, peer_version: str = "", fix: str = 
         runs = f"Swarm {peer_version} with {named(peer)}" if peer else f"Swarm {peer_version}, {named(peer)},"
     else:
         runs = named(peer)
-    return (f"this peer runs {runs} while the run's coordinator runs {named(coordinator)}: peers of different"
-            f" protocols cannot average together; {fix or INSTALL_THE_COORDINATORS}")
+    return (
+        f"this peer runs {runs} while the run's coordinator runs {named(coordinator)}: peers of different"
+        f" protocols cannot average together; {fix or INSTALL_THE_COORDINATORS}"
+    )
 
 
 INSTALL_THE_COORDINATORS = "install the Swarm release the coordinator runs on this machine and join again."

@@ -27,8 +27,18 @@ from swarm.net.hivemind_api import DHT, DHTID, DHTRecord, MSGPackSerializer, Rec
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-__all__ = ["EntryRejected", "EntryValidator", "guard", "read_entries", "read_signed_entries", "sign_entry",
-           "store_entry", "validator_for", "verify_entry", "verify_signed"]
+__all__ = [
+    "EntryRejected",
+    "EntryValidator",
+    "guard",
+    "read_entries",
+    "read_signed_entries",
+    "sign_entry",
+    "store_entry",
+    "validator_for",
+    "verify_entry",
+    "verify_signed",
+]
 _LOGGED_MAX = 1024  # rejections remembered so each (key, subkey, reason) is logged once
 _logged: collections.OrderedDict[tuple[str, str, str], None] = collections.OrderedDict()
 
@@ -38,16 +48,30 @@ def store_entry(dht: DHT, key: str, entry: Any, *, member: Member, ttl_s: float,
     the DHT's own process, without waiting for it)."""
     assert entry.peer_id == member.peer_id, "a member posts only its own entries"
     expires_at = get_dht_time() + ttl_s
-    dht.store(key, subkey=member.peer_id, value=sign_entry(member, key, entry, expires_at=expires_at),
-              expiration_time=expires_at, return_future=not wait)
+    dht.store(
+        key,
+        subkey=member.peer_id,
+        value=sign_entry(member, key, entry, expires_at=expires_at),
+        expiration_time=expires_at,
+        return_future=not wait,
+    )
 
 
-def verify_entry(value: Any, *, key: str, subkey: Any, cls: type[T], member: Member, now: float,
-                 expiration_time: float) -> T:
+def verify_entry(
+    value: Any, *, key: str, subkey: Any, cls: type[T], member: Member, now: float, expiration_time: float
+) -> T:
     """The entry in a DHT value held until ``expiration_time``, if it checks out; EntryRejected with the reason
     otherwise."""
-    return verify_signed(value, key=key, subkey=subkey, cls=cls, coordinator_public_key=member.coordinator_public_key,
-                         run_id=member.run_id, now=now, expiration_time=expiration_time)
+    return verify_signed(
+        value,
+        key=key,
+        subkey=subkey,
+        cls=cls,
+        coordinator_public_key=member.coordinator_public_key,
+        run_id=member.run_id,
+        now=now,
+        expiration_time=expiration_time,
+    )
 
 
 class EntryValidator(RecordValidatorBase):
@@ -66,8 +90,15 @@ class EntryValidator(RecordValidatorBase):
             key = value.get("key") if isinstance(value, dict) else None
             if not isinstance(key, str) or DHTID.generate(source=key).to_bytes() != record.key:
                 return False
-            signed_fields(value, key=key, subkey=subkey, coordinator_public_key=self.coordinator_public_key,
-                           run_id=self.run_id, now=time.time(), expiration_time=record.expiration_time)
+            signed_fields(
+                value,
+                key=key,
+                subkey=subkey,
+                coordinator_public_key=self.coordinator_public_key,
+                run_id=self.run_id,
+                now=time.time(),
+                expiration_time=record.expiration_time,
+            )
         except Exception:  # noqa: BLE001 - whatever a stranger sent, the answer is "not stored"
             return False
         return True
@@ -75,7 +106,9 @@ class EntryValidator(RecordValidatorBase):
     def merge_with(self, other: RecordValidatorBase) -> bool:
         # one per run: a second identical validator (a group rebuilt on the same DHT) is absorbed
         return isinstance(other, EntryValidator) and (other.coordinator_public_key, other.run_id) == (
-            self.coordinator_public_key, self.run_id)
+            self.coordinator_public_key,
+            self.run_id,
+        )
 
 
 def validator_for(member: Member) -> EntryValidator:
@@ -105,8 +138,18 @@ def read_signed_entries(dht: DHT, key: str, cls: type[T], *, member: Member) -> 
     for subkey, item in found.value.items():
         value = getattr(item, "value", None)
         try:
-            entries[subkey] = verify_entry(value, key=key, subkey=subkey, cls=cls, member=member, now=now,
-                                           expiration_time=getattr(item, "expiration_time", math.nan)), value
+            entries[subkey] = (
+                verify_entry(
+                    value,
+                    key=key,
+                    subkey=subkey,
+                    cls=cls,
+                    member=member,
+                    now=now,
+                    expiration_time=getattr(item, "expiration_time", math.nan),
+                ),
+                value,
+            )
         except EntryRejected as e:
             _log_once(key, subkey, str(e), cls)
     return entries

@@ -24,8 +24,7 @@ from swarm.core.trust.round_vote import MAX_SENT_VOTES, Vote, group_id, vote_key
 from swarm.net.dht_entries import read_signed_entries, store_entry
 from swarm.net.hivemind_api import DHT
 
-__all__ = ["MAX_SENT_VOTES", "Ballots", "Vote", "collect_votes", "group_decision", "group_id", "post_vote",
-           "vote_key"]
+__all__ = ["MAX_SENT_VOTES", "Ballots", "Vote", "collect_votes", "group_decision", "group_id", "post_vote", "vote_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +42,9 @@ def post_vote(dht: DHT, group_key: str, vote: Vote, *, member: Member, ttl_s: fl
     store_entry(dht, vote_key(group_key), vote, member=member, ttl_s=ttl_s)
 
 
-def collect_votes(dht: DHT, group_key: str, members: list[str], *, member: Member, timeout_s: float,
-                  poll_s: float = 0.2) -> Optional[Ballots]:
+def collect_votes(
+    dht: DHT, group_key: str, members: list[str], *, member: Member, timeout_s: float, poll_s: float = 0.2
+) -> Optional[Ballots]:
     """Every member's vote (signed by that member), or None when some are still missing after timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -65,6 +65,7 @@ def group_decision(votes: dict[str, Vote], planned: Optional[set[str]] = None) -
     group = frozenset(votes)
     standing = group | frozenset(planned or ())
     verdict = commit_rule.decide(
-        [commit_rule.Claim(peer_id, v.ok, v.state_hash, group) for peer_id, v in votes.items()], standing, standing)
+        [commit_rule.Claim(peer_id, v.ok, v.state_hash, group) for peer_id, v in votes.items()], standing, standing
+    )
     logger.info("group of %d decided by its votes: %s", len(group), verdict.reason)
     return verdict.committed_hash

@@ -37,8 +37,11 @@ def inner_adamw(params: Sequence[torch.Tensor], cfg: InnerOptConfig) -> torch.op
     skip_dynamo_import()
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+    )
 
 
 def skip_dynamo_import() -> None:
@@ -58,9 +61,12 @@ def eager_step(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
         return optimizer.step
 
     def hooked() -> bool:
-        hooks = (optimizer._optimizer_step_pre_hooks, optimizer._optimizer_step_post_hooks,
-                 getattr(torch_optimizer, "_global_optimizer_pre_hooks", None),
-                 getattr(torch_optimizer, "_global_optimizer_post_hooks", None))
+        hooks = (
+            optimizer._optimizer_step_pre_hooks,
+            optimizer._optimizer_step_post_hooks,
+            getattr(torch_optimizer, "_global_optimizer_pre_hooks", None),
+            getattr(torch_optimizer, "_global_optimizer_post_hooks", None),
+        )
         return any(h is None or h for h in hooks)
 
     def step() -> None:

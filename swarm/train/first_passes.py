@@ -55,8 +55,10 @@ def set_rng_states(device: torch.device, states: list[torch.Tensor]) -> None:
 def fitting(state: GlobalState, shapes: list[torch.Size], outer: OuterOptimizer) -> GlobalState:
     """``state`` when it is one of a model of ``shapes`` with ``outer``'s state; ValueError saying what differs."""
     if [t.shape for t in state.params] != list(shapes):
-        raise ValueError(f"the state holds {len(state.params)} parameters whose shapes are not this model's "
-                         f"{len(shapes)}; it is of another model.")
+        raise ValueError(
+            f"the state holds {len(state.params)} parameters whose shapes are not this model's "
+            f"{len(shapes)}; it is of another model."
+        )
     if [t.shape for t in state.outer_state] != outer.state_shapes():
         raise ValueError(f"the state's outer optimizer state is not this run's {outer.name} state.")
     return state

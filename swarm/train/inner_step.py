@@ -27,8 +27,16 @@ class InnerStep:
     """``step(x, y, lr)``: one optimizer step on the batch (x, y); returns its mean loss (a detached tensor
     on the device, so no step waits for the device)."""
 
-    def __init__(self, model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer, cfg: InnerOptConfig, *,
-                 device: torch.device, wrap: Optional[Callable[[nn.Module], nn.Module]] = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Callable,
+        optimizer: torch.optim.Optimizer,
+        cfg: InnerOptConfig,
+        *,
+        device: torch.device,
+        wrap: Optional[Callable[[nn.Module], nn.Module]] = None,
+    ) -> None:
         self.model = model
         self.loss_fn = loss_fn  # loss_fn(module, batch): the run model's loss (swarm.train.model.run_model)
         self.optimizer = optimizer
@@ -111,7 +119,9 @@ class InnerStep:
 def _compile_possible(device: torch.device) -> bool:
     """torch.compile's CPU backend builds C++: without a compiler it would fail at the first step."""
     if device.type == "cpu" and not any(shutil.which(cc) for cc in ("c++", "g++", "clang++", "cc")):
-        log.warning("[inner] compile = true, but this machine has no C++ compiler for torch.compile on the CPU;"
-                    " training without it (install g++ to compile).")
+        log.warning(
+            "[inner] compile = true, but this machine has no C++ compiler for torch.compile on the CPU;"
+            " training without it (install g++ to compile)."
+        )
         return False
     return True

@@ -187,12 +187,24 @@ class InlineExecutor(concurrent.futures.Executor):
 
 
 class RoundRunner:
-    def __init__(self, trainer: LocalTrainer, run: RunConfig, *, exchange: GroupExchange, votes: VoteBoard,
-                 decider: Decider, store: StateStore, executor: concurrent.futures.Executor,
-                 hooks: Optional[Hooks] = None, stopping: Callable[[], bool] = lambda: False,
-                 evaluate: bool = True, budget: Optional[Callable[[int], tuple[int, int]]] = None,
-                 left_out: Callable[[int], bool] = lambda round_no: False, merge_when_ready: bool = False,
-                 passed_over: Optional[Callable[[int], bool]] = None) -> None:
+    def __init__(
+        self,
+        trainer: LocalTrainer,
+        run: RunConfig,
+        *,
+        exchange: GroupExchange,
+        votes: VoteBoard,
+        decider: Decider,
+        store: StateStore,
+        executor: concurrent.futures.Executor,
+        hooks: Optional[Hooks] = None,
+        stopping: Callable[[], bool] = lambda: False,
+        evaluate: bool = True,
+        budget: Optional[Callable[[int], tuple[int, int]]] = None,
+        left_out: Callable[[int], bool] = lambda round_no: False,
+        merge_when_ready: bool = False,
+        passed_over: Optional[Callable[[int], bool]] = None,
+    ) -> None:
         self.trainer, self.run = trainer, run
         self.exchange, self.votes, self.decider, self.store = exchange, votes, decider, store
         self.executor = executor
@@ -317,10 +329,18 @@ class RoundRunner:
         except SyncFailed as e:
             error = str(e)
         self.hooks.at(round_no, "averaged")
-        vote = Vote(round_no=round_no, fragment=contribution.fragment, ok=tentative is not None,
-                    state_hash=tentative.state_hash if tentative is not None else "",
-                    group=averaged.group if averaged else [], contribution=contribution, train=train,
-                    averaged=averaged, error=error, vote_s=vote_s)
+        vote = Vote(
+            round_no=round_no,
+            fragment=contribution.fragment,
+            ok=tentative is not None,
+            state_hash=tentative.state_hash if tentative is not None else "",
+            group=averaged.group if averaged else [],
+            contribution=contribution,
+            train=train,
+            averaged=averaged,
+            error=error,
+            vote_s=vote_s,
+        )
         self.hooks.voted(vote)
         self.votes.post(vote)
         decision = self.decider.decide(vote)
@@ -354,13 +374,24 @@ class RoundRunner:
         if self.evaluate and (decision.finished or round_no % self.run.rounds.eval_every_rounds == 0):
             self.hooks.evaluated(round_no, self.trainer.eval_loss())
         done = time.perf_counter()
-        return RoundResult(round_no, Outcome.COMMITTED, decision, group=vote.group,
-                           overhead_s=pending.contribution_s + vote.vote_s + evaluated - started, eval_s=done - evaluated)
+        return RoundResult(
+            round_no,
+            Outcome.COMMITTED,
+            decision,
+            group=vote.group,
+            overhead_s=pending.contribution_s + vote.vote_s + evaluated - started,
+            eval_s=done - evaluated,
+        )
 
 
 def combine(parts: list[TrainStats]) -> TrainStats:
     """One TrainStats for inner steps run in several parts (before and after an overlapped merge)."""
     steps = sum(p.steps for p in parts)
     loss = sum(p.mean_loss * p.steps for p in parts if p.steps) / steps if steps else math.nan
-    return TrainStats(steps=steps, samples=sum(p.samples for p in parts), tokens=sum(p.tokens for p in parts),
-                      mean_loss=loss, inner_time_s=sum(p.inner_time_s for p in parts))
+    return TrainStats(
+        steps=steps,
+        samples=sum(p.samples for p in parts),
+        tokens=sum(p.tokens for p in parts),
+        mean_loss=loss,
+        inner_time_s=sum(p.inner_time_s for p in parts),
+    )

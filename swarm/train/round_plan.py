@@ -73,20 +73,37 @@ def plan_round(rounds: RoundConfig, round_no: int, choice: Optional[ControllerCh
     fragment = round_fragment(round_no, rounds.fragments)
     if choice is None:
         steps = round_steps(round_no, rounds.inner_steps, rounds.fragments)
-        return RoundPlan(round_no=round_no, fragment=fragment, codec=rounds.codec, inner_steps=rounds.inner_steps,
-                         steps=steps, overlap_steps=min(rounds.overlap_steps, steps))
+        return RoundPlan(
+            round_no=round_no,
+            fragment=fragment,
+            codec=rounds.codec,
+            inner_steps=rounds.inner_steps,
+            steps=steps,
+            overlap_steps=min(rounds.overlap_steps, steps),
+        )
     if choice.codec and choice.codec not in CODEC_NAMES:  # the controller chooses among these only
-        raise PlanRefused(f"the coordinator chose codec {choice.codec!r} for round {round_no}, which this peer does "
-                          "not know; run the same swarm version as the coordinator.")
+        raise PlanRefused(
+            f"the coordinator chose codec {choice.codec!r} for round {round_no}, which this peer does "
+            "not know; run the same swarm version as the coordinator."
+        )
     shares = tuple(sorted((str(p), float(s)) for p, s in choice.shares.items()))
     if not all(math.isfinite(s) and s > 0 for _, s in shares):
-        raise PlanRefused(f"the coordinator's shares for round {round_no} ({dict(shares)}) are not all positive;"
-                          " the round cannot be reduced.")
+        raise PlanRefused(
+            f"the coordinator's shares for round {round_no} ({dict(shares)}) are not all positive;"
+            " the round cannot be reduced."
+        )
     h = max(rounds.inner_steps, int(choice.inner_steps)) if choice.fragments > 0 else rounds.inner_steps
-    steps = max(round_steps(round_no, rounds.inner_steps, rounds.fragments),
-                round_steps(round_no, h, rounds.fragments))
-    return RoundPlan(round_no=round_no, fragment=fragment, codec=choice.codec or rounds.codec, inner_steps=h, steps=steps,
-                     overlap_steps=min(rounds.overlap_steps, steps), shares=shares, digest=choice_digest(choice))
+    steps = max(round_steps(round_no, rounds.inner_steps, rounds.fragments), round_steps(round_no, h, rounds.fragments))
+    return RoundPlan(
+        round_no=round_no,
+        fragment=fragment,
+        codec=choice.codec or rounds.codec,
+        inner_steps=h,
+        steps=steps,
+        overlap_steps=min(rounds.overlap_steps, steps),
+        shares=shares,
+        digest=choice_digest(choice),
+    )
 
 
 def choice_digest(choice: ControllerChoice) -> str:

@@ -32,8 +32,9 @@ class SentFeedback:
         )
         self.owner_feedback = [OwnerFeedback() for _ in numels] if rounds.error_feedback else None
         # lowrank codecs: each fragment's warm-start Q (seeded alike on every peer: swarm.core.codecs.lowrank)
-        self.lowrank = ([LowRankState(seed * 1000 + f) for f in range(len(numels))]
-                        if get_codec(rounds.codec).lowrank else None)
+        self.lowrank = (
+            [LowRankState(seed * 1000 + f) for f in range(len(numels))] if get_codec(rounds.codec).lowrank else None
+        )
         self._dropped: dict[int, DroppedInPlace] = {}  # per fragment in flight: its Δ, turned into its residual
         self._files: ResidualFiles | None = None  # where the residuals are kept when not in memory (``spill_to``)
         self._numels = list(numels)
@@ -63,8 +64,13 @@ class SentFeedback:
             self._drop(self._dropped.pop(fragment, None))  # a round left BEHIND: its residual was never installed
             spill = self._files.new(fragment, delta.numel()) if self._files is not None else None
             self._dropped[fragment] = DroppedInPlace.expect(delta, spill)
-        return Contribution(fragment=fragment, delta=delta, samples=samples, owner=owner,
-                            lowrank=self.lowrank[fragment] if self.lowrank is not None else None)
+        return Contribution(
+            fragment=fragment,
+            delta=delta,
+            samples=samples,
+            owner=owner,
+            lowrank=self.lowrank[fragment] if self.lowrank is not None else None,
+        )
 
     def returned(self, contribution: Contribution) -> None:
         """``contribution``'s round was voided: nothing it staged is kept, and its Δ is no longer expected."""
@@ -74,8 +80,9 @@ class SentFeedback:
         if contribution.lowrank is not None:
             contribution.lowrank.discard()
 
-    def record_sent(self, contribution: Contribution, codec: Codec | str | None = None,
-                    parts: int | None = None) -> None:
+    def record_sent(
+        self, contribution: Contribution, codec: Codec | str | None = None, parts: int | None = None
+    ) -> None:
         """Error feedback: remember what the codec drops from ``contribution.delta`` when it is sent as
         ``parts`` block-aligned slices (any count and sizes give the same values; default 1).  The codec is
         the round plan's (``contribution.plan``); ``codec`` names it for a contribution taken outside a round,
@@ -105,8 +112,11 @@ class SentFeedback:
             return
         # cannot happen to a round that committed; Δ is not Δ any more (or holds the exchange's result)
         if dropped is not None and (dropped.touched or contribution.delta.numel() != feedback.numel):
-            log.warning("error feedback: the sent vector of fragment %d was only partly turned into its residual;"
-                        " the residual restarts from zero", contribution.fragment)
+            log.warning(
+                "error feedback: the sent vector of fragment %d was only partly turned into its residual;"
+                " the residual restarts from zero",
+                contribution.fragment,
+            )
             feedback.reset()
             return
         bounds = average.part_bounds(contribution.delta.numel(), parts or 1, codec.block)
@@ -126,10 +136,13 @@ def sent_codec(contribution: Contribution, codec: Codec | str | None) -> Codec:
     if contribution.plan is not None:
         planned = get_codec(contribution.plan.codec)
         if codec is not None and get_codec(codec).name != planned.name:
-            raise ValueError(f"fragment {contribution.fragment} was sent with its round's codec {planned.name}, not"
-                             f" {get_codec(codec).name}; record it without naming a codec.")
+            raise ValueError(
+                f"fragment {contribution.fragment} was sent with its round's codec {planned.name}, not"
+                f" {get_codec(codec).name}; record it without naming a codec."
+            )
         return planned
     if codec is None:
-        raise ValueError(f"fragment {contribution.fragment}'s contribution has no round plan; name the codec it was"
-                         " sent with.")
+        raise ValueError(
+            f"fragment {contribution.fragment}'s contribution has no round plan; name the codec it was sent with."
+        )
     return get_codec(codec)

@@ -65,8 +65,15 @@ def probe_step_time(trainer, passes: int = PROBE_PASSES, *, keep: bool = False) 
             compute_s = pass_s + update_s
             last = i == passes or pass_s >= SLOW_PASS_S
             if keep and last:
-                kept = FirstPasses([p.grad for p in trainer._params], loss, pass_s, versions, batches_drawn, before,
-                                   rng_states(trainer.device))
+                kept = FirstPasses(
+                    [p.grad for p in trainer._params],
+                    loss,
+                    pass_s,
+                    versions,
+                    batches_drawn,
+                    before,
+                    rng_states(trainer.device),
+                )
             if keep:
                 trainer.optimizer.zero_grad(set_to_none=True)
             if trainer.throttle is not None:  # a slow device (fault injection) is slow here too
@@ -88,7 +95,9 @@ def _update_seconds(optimizer: torch.optim.Optimizer, *, cuda: bool) -> float:
         for p in group["params"]:
             total += p.numel()
             if taken < UPDATE_SAMPLE:
-                part = p.detach().flatten()[:UPDATE_SAMPLE - taken] if p.numel() > UPDATE_SAMPLE - taken else p.detach()
+                part = (
+                    p.detach().flatten()[: UPDATE_SAMPLE - taken] if p.numel() > UPDATE_SAMPLE - taken else p.detach()
+                )
                 copy = part.clone().requires_grad_(True)
                 copy.grad = torch.randn_like(copy)
                 copies.append(copy)
@@ -145,7 +154,12 @@ class StepProbe:
     def again(self) -> Optional[float]:
         """While waiting for the first round: the fastest step time yet when a new probe was due and ran (None: not
         due, or done: the peer trained, or probed ``MAX_PROBES`` times)."""
-        if self.best is None or self.trainer.inner_steps_done or self.probes >= MAX_PROBES \
-                or time.monotonic() < self._next or self.best >= SLOW_PASS_S:
+        if (
+            self.best is None
+            or self.trainer.inner_steps_done
+            or self.probes >= MAX_PROBES
+            or time.monotonic() < self._next
+            or self.best >= SLOW_PASS_S
+        ):
             return None
         return self.run()

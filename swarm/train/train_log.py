@@ -69,8 +69,9 @@ def log_dir_name(name: str) -> str:
     return cleaned or "unnamed"
 
 
-def open_train_log(config: LoggingConfig, *, name: str, group: str = "",
-                   run_config: Optional[Mapping[str, Any]] = None) -> TrainLog:
+def open_train_log(
+    config: LoggingConfig, *, name: str, group: str = "", run_config: Optional[Mapping[str, Any]] = None
+) -> TrainLog:
     """The writers ``config`` asks for, logging as ``name`` (a peer's name or id, or "coordinator") under
     their directories; ``group`` (the run id) groups a run's W&B runs."""
     writers: list[ScalarWriter] = []
@@ -103,15 +104,20 @@ def _tensorboard(log_dir: Path) -> Optional[TensorBoardWriter]:
     try:
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
     except ImportError:
-        logger.warning("[logging] tensorboard is set but the tensorboard package is not installed; install it with"
-                       " pip install 'swarm-train[tensorboard]' (no TensorBoard events are written)")
+        logger.warning(
+            "[logging] tensorboard is set but the tensorboard package is not installed; install it with"
+            " pip install 'swarm-train[tensorboard]' (no TensorBoard events are written)"
+        )
         return None
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
         return TensorBoardWriter(SummaryWriter(log_dir=str(log_dir)))
     except OSError as e:
-        logger.warning("[logging] tensorboard directory %s cannot be written (%s); no TensorBoard events are"
-                       " written", log_dir, e.strerror or e)
+        logger.warning(
+            "[logging] tensorboard directory %s cannot be written (%s); no TensorBoard events are written",
+            log_dir,
+            e.strerror or e,
+        )
         return None
 
 
@@ -126,21 +132,31 @@ class WandbWriter:
         self._run.finish()
 
 
-def _wandb(config: LoggingConfig, *, name: str, group: str,
-           run_config: Optional[Mapping[str, Any]]) -> Optional[WandbWriter]:
+def _wandb(
+    config: LoggingConfig, *, name: str, group: str, run_config: Optional[Mapping[str, Any]]
+) -> Optional[WandbWriter]:
     try:
         import wandb
     except ImportError:
-        logger.warning("[logging] wandb is set but the wandb package is not installed; install it with"
-                       " pip install 'swarm-train[wandb]' (nothing is logged to W&B)")
+        logger.warning(
+            "[logging] wandb is set but the wandb package is not installed; install it with"
+            " pip install 'swarm-train[wandb]' (nothing is logged to W&B)"
+        )
         return None
     settings = config.wandb
     run_dir = Path(settings.dir) / name
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        run = wandb.init(project=settings.project, entity=settings.entity or None, mode=settings.mode,
-                         dir=str(run_dir), name=name, group=group or None, config=dict(run_config or {}),
-                         reinit="create_new")
+        run = wandb.init(
+            project=settings.project,
+            entity=settings.entity or None,
+            mode=settings.mode,
+            dir=str(run_dir),
+            name=name,
+            group=group or None,
+            config=dict(run_config or {}),
+            reinit="create_new",
+        )
         run.define_metric(WANDB_STEP)
         run.define_metric("*", step_metric=WANDB_STEP)
     except Exception as e:  # wandb raises its own errors (no login for online mode, a bad entity)

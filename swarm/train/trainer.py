@@ -53,8 +53,15 @@ log = logging.getLogger(__name__)
 class LocalTrainer:
     """θl (model + AdamW, never reset or averaged) and the committed θg, outer state and round."""
 
-    def __init__(self, run: RunConfig, *, peer_index: int, device: str = "cpu", ranks: Optional[Ranks] = None,
-                 initial: Optional[GlobalState] = None) -> None:
+    def __init__(
+        self,
+        run: RunConfig,
+        *,
+        peer_index: int,
+        device: str = "cpu",
+        ranks: Optional[Ranks] = None,
+        initial: Optional[GlobalState] = None,
+    ) -> None:
         """``ranks``: this process's place in a multi-GPU peer (``swarm.train.multi_gpu.ranks``); every rank builds
         its trainer at the same point, rank 0 first telling the others the run and the peer index.
         ``initial``: the committed state to start from (a peer's own checkpoint or vote) instead of θ0, which is
@@ -78,15 +85,23 @@ class LocalTrainer:
         trained = self.sharded.params if fsdp else self._params  # with FSDP, self.model is θl whole, on the CPU
         self.optimizer = inner_adamw(trained, run.inner)
         self.inner_steps_done = 0  # counts toward the warmup across rounds
-        self.inner_step = InnerStep(self.sharded.module if fsdp else self.model, self.loss_fn, self.optimizer, run.inner,
-                                    device=self.device, wrap=self.ranks.wrap if self.ranks and not fsdp else None)
+        self.inner_step = InnerStep(
+            self.sharded.module if fsdp else self.model,
+            self.loss_fn,
+            self.optimizer,
+            run.inner,
+            device=self.device,
+            wrap=self.ranks.wrap if self.ranks and not fsdp else None,
+        )
         self.world_size = self.ranks.world_size if self.ranks is not None else 1
         self._steps_since_commit = 0  # with the committed round: the run position the lr decays over
         self.lockstep = RankLockstep(self.ranks, self.sharded, self._params, self.optimizer)
         shapes = [p.shape for p in self._params]
         self.outer = OuterOptimizer(run.outer, shapes)
         if initial is None:
-            self.state = initial_state(self.model, self.outer)  # the committed global state; round 0: θ0, zero outer state
+            self.state = initial_state(
+                self.model, self.outer
+            )  # the committed global state; round 0: θ0, zero outer state
         else:
             self.state = fitting(initial, shapes, self.outer)
         self._step_time_ema_s: float | None = None
@@ -112,8 +127,12 @@ class LocalTrainer:
 
     def _split_fragments(self, run: RunConfig) -> None:
         rounds = run.rounds
-        self.layout = FragmentLayout([(name, p.shape) for name, p in self.model.named_parameters()], rounds.fragments,
-                                     rounds.fragment_pattern, run.outer.name)
+        self.layout = FragmentLayout(
+            [(name, p.shape) for name, p in self.model.named_parameters()],
+            rounds.fragments,
+            rounds.fragment_pattern,
+            run.outer.name,
+        )
         self.fragment_spans, self.fragments = self.layout.spans, self.layout.params
 
     # ---- inner loop ---------------------------------------------------------------------------
@@ -142,8 +161,9 @@ class LocalTrainer:
             raise ValueError(f"steps must be non-negative, got {steps}.")
         start = time.perf_counter()
         if self.ranks is not None and steps:
-            self.lockstep.lead(steps, peer_step=self.inner_steps_done, run_step=self.run_step,
-                               batches_drawn=self.sampler.batches_drawn)
+            self.lockstep.lead(
+                steps, peer_step=self.inner_steps_done, run_step=self.run_step, batches_drawn=self.sampler.batches_drawn
+            )
         passes = self._usable_passes() if steps else None
         if passes is not None:
             log.debug("peer %d: the first step uses the passes made ahead (%.2fs)", self.peer_index, passes.seconds)
@@ -157,9 +177,21 @@ class LocalTrainer:
         samples = steps * self.run.data.batch_size * self.world_size
         self._steps_since_commit += steps
         self._samples_since_sync = [n + samples for n in self._samples_since_sync]
-        log.debug("peer %d round %d: %d steps, loss %.4f, %.2fs", self.peer_index, self.round_no + 1, steps, mean_loss, elapsed)
-        return TrainStats(steps=steps, samples=samples, tokens=samples * self.run.data.seq_len,
-                          mean_loss=mean_loss, inner_time_s=elapsed)
+        log.debug(
+            "peer %d round %d: %d steps, loss %.4f, %.2fs",
+            self.peer_index,
+            self.round_no + 1,
+            steps,
+            mean_loss,
+            elapsed,
+        )
+        return TrainStats(
+            steps=steps,
+            samples=samples,
+            tokens=samples * self.run.data.seq_len,
+            mean_loss=mean_loss,
+            inner_time_s=elapsed,
+        )
 
     def _train_steps(self, steps: int, run_step: int, passes: Optional[FirstPasses] = None) -> tuple[float, float]:
         """(mean loss, the seconds already told to ``clock``). ``passes``: the first step's, made ahead."""
@@ -211,8 +243,11 @@ class LocalTrainer:
         """Whether the next step can use the kept passes (``passes``: these): θl, the next batch and the random
         state are the ones they were made with."""
         passes = passes if passes is not None else self.first_passes
-        return passes is not None and self.ranks is None and passes.usable(self._versions(), self.sampler.batches_drawn,
-                                                                           self.device)
+        return (
+            passes is not None
+            and self.ranks is None
+            and passes.usable(self._versions(), self.sampler.batches_drawn, self.device)
+        )
 
     def follow(self, order: "TrainOrder | GatherOptimizer") -> None:
         """The other ranks: train in lockstep with rank 0 as ``order`` says (or give it their AdamW shards)."""
@@ -245,8 +280,10 @@ class LocalTrainer:
 
     def fragment_shapes(self, fragment: int | None = None) -> list[tuple[int, ...]]:
         """The shapes of ``fragment``'s flat vector in order: a whole tensor's shape, or (n,) for part of one."""
-        return [tuple(self._params[s.param].shape) if spans.is_whole(s, self._params[s.param]) else (s.numel,)
-                for s in self.layout.of(fragment)]
+        return [
+            tuple(self._params[s.param].shape) if spans.is_whole(s, self._params[s.param]) else (s.numel,)
+            for s in self.layout.of(fragment)
+        ]
 
     def fragment_numel(self, fragment: int | None = None) -> int:
         return sum(s.numel for s in self.layout.of(fragment))
@@ -263,8 +300,9 @@ class LocalTrainer:
 
     def pseudo_gradient(self, fragment: int | None = None) -> torch.Tensor:
         """Δ = θg − θl over ``fragment``'s spans (default: all), flattened to one fp32 CPU vector."""
-        return average.flat_pseudo_gradient(spans.gather(self.global_params, self.layout.of(fragment)),
-                                            self.local_params(fragment))
+        return average.flat_pseudo_gradient(
+            spans.gather(self.global_params, self.layout.of(fragment)), self.local_params(fragment)
+        )
 
     def take_contribution(self, fragment: int | None = None) -> Contribution:
         """At a sync point: Δ of ``fragment`` (None: the only one) plus its error-feedback residual, and
@@ -282,8 +320,9 @@ class LocalTrainer:
         self._samples_since_sync[contribution.fragment] += contribution.samples
         self.feedback.returned(contribution)
 
-    def record_sent(self, contribution: Contribution, codec: Codec | str | None = None,
-                    parts: int | None = None) -> None:
+    def record_sent(
+        self, contribution: Contribution, codec: Codec | str | None = None, parts: int | None = None
+    ) -> None:
         """Error feedback: remember what the round plan's codec (``codec`` for a contribution taken by hand) dropped
         from ``contribution`` once it went out (``SentFeedback.record_sent``); a no-op when error feedback is off."""
         self.feedback.record_sent(contribution, codec, parts)
@@ -298,8 +337,9 @@ class LocalTrainer:
         """Each fragment's low-rank warm start (None: not a lowrank codec)."""
         return self.feedback.lowrank
 
-    def apply(self, avg_delta_flat: torch.Tensor, fragment: int | None,
-              round_no: int) -> "GlobalState | TentativeState":
+    def apply(
+        self, avg_delta_flat: torch.Tensor, fragment: int | None, round_no: int
+    ) -> "GlobalState | TentativeState":
         """The tentative global state of round ``round_no``: an outer step of ``fragment`` (None: every
         parameter) with the averaged Δ̄ over it. The trainer is not changed, so a round that is not
         committed leaves no trace. With the Nesterov outer optimizer it is a ``TentativeState``: the step
@@ -328,11 +368,14 @@ class LocalTrainer:
         copied = False
         if isinstance(state, TentativeState):
             if state.base is not self.state:
-                raise ValueError(f"round {state.round_no}'s tentative state was stepped from another state than the committed one.")
+                raise ValueError(
+                    f"round {state.round_no}'s tentative state was stepped from another state than the committed one."
+                )
             self.layout.of(fragment)  # checks the fragment before anything changes
             # θl's spans replaced: each stepped piece is copied into θl as it is stepped, not in a pass of its own
-            copied = replaced and all(p.device.type == "cpu" and p.dtype == torch.float32 and p.is_contiguous()
-                                      for p in self._params)
+            copied = replaced and all(
+                p.device.type == "cpu" and p.dtype == torch.float32 and p.is_contiguous() for p in self._params
+            )
             state = state.commit_in_place(copy_into=self._params if copied else None)
         check_same_shapes(state.params, self.global_params)
         fragment_spans = self.layout.of(fragment)  # checks the fragment before anything changes
@@ -351,8 +394,9 @@ class LocalTrainer:
             if not copied:
                 spans.write(self._params, fragment_spans, spans.gather(self.global_params, fragment_spans))
             return
-        merged = fragments.merge_fragment(self.local_params(fragment), spans.gather(self.global_params, fragment_spans),
-                                          self.mixing_alpha)
+        merged = fragments.merge_fragment(
+            self.local_params(fragment), spans.gather(self.global_params, fragment_spans), self.mixing_alpha
+        )
         if keep_unsent:
             # θl ← θg − residual: the next Δ = θg − θl starts with what the wire has not delivered yet
             residual = average.unflatten(self.error_feedback[self.layout.index(fragment)].residual, merged)

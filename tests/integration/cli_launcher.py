@@ -39,6 +39,7 @@ def context() -> multiprocessing.context.ForkServerContext:
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(PRELOAD)
             from multiprocessing import forkserver
+
             forkserver.ensure_running()
             _context = ctx
         return _context
@@ -48,8 +49,11 @@ def launch(argv: list[str], *, stdout: Path, stderr: Path, env: dict[str, str], 
     """``python -m swarm.app.cli *argv`` with stdout and stderr appended to those files."""
     for path in (stdout, stderr):
         Path(path).touch()  # there to read before the child opens them
-    process = context().Process(target=_run_cli, args=(list(argv), str(stdout), str(stderr), dict(env), str(cwd)),
-                                name="swarm " + " ".join(argv[:1]))
+    process = context().Process(
+        target=_run_cli,
+        args=(list(argv), str(stdout), str(stderr), dict(env), str(cwd)),
+        name="swarm " + " ".join(argv[:1]),
+    )
     process.start()
     return LaunchedCli(process, ["swarm", *argv], stdout if stdout != stderr else None)
 
@@ -69,6 +73,7 @@ def _run_cli(argv: list[str], stdout: str, stderr: str, env: dict[str, str], cwd
     code: object = 1
     try:
         from swarm.app.cli import main
+
         code = main(argv)
     except SystemExit as e:
         code = e.code
@@ -82,8 +87,7 @@ def _run_cli(argv: list[str], stdout: str, stderr: str, env: dict[str, str], cwd
 class LaunchedCli:
     """A launched command, with the Popen methods the tests call (exit status: negative for a signal)."""
 
-    def __init__(self, process: multiprocessing.process.BaseProcess, args: list[str],
-                 stdout: Optional[Path]) -> None:
+    def __init__(self, process: multiprocessing.process.BaseProcess, args: list[str], stdout: Optional[Path]) -> None:
         self._process = process
         self.args = args
         self.pid = process.pid

@@ -29,8 +29,13 @@ def swarm_process(args: list[str], log: Path, *, stdout=None, cold: bool = False
     (for a test about what a start costs)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
     if cold:
-        return subprocess.Popen([sys.executable, "-m", "swarm.app.cli", *args], stdout=stdout or open(log, "ab"),
-                                stderr=open(log, "ab"), env=env, cwd=ROOT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "swarm.app.cli", *args],
+            stdout=stdout or open(log, "ab"),
+            stderr=open(log, "ab"),
+            env=env,
+            cwd=ROOT,
+        )
     out = log.with_suffix(".stdout") if stdout == subprocess.PIPE else log
     return launch(list(args), stdout=out, stderr=log, env=env, cwd=ROOT)
 
@@ -59,16 +64,28 @@ class Swarm:
     def start_coordinator(self, *args: str, timeout_s: float = 60) -> str:
         self.coordinator = swarm_process(
             ["coordinator", "--state-dir", str(self.workdir / "coordinator"), *args],
-            self.workdir / "coordinator.log", stdout=subprocess.PIPE,
+            self.workdir / "coordinator.log",
+            stdout=subprocess.PIPE,
         )
         self.join = read_join_string(self.coordinator, timeout_s=timeout_s, log=self.workdir / "coordinator.log")
         return self.join
 
     def start_peer(self, name: str, *args: str, cold: bool = False) -> LaunchedCli | subprocess.Popen:
         proc = swarm_process(
-            ["peer", "--join", self.join, "--state-dir", str(self.workdir / name), "--threads", "1",
-             "--name", name, *args],
-            self.workdir / f"{name}.log", cold=cold,
+            [
+                "peer",
+                "--join",
+                self.join,
+                "--state-dir",
+                str(self.workdir / name),
+                "--threads",
+                "1",
+                "--name",
+                name,
+                *args,
+            ],
+            self.workdir / f"{name}.log",
+            cold=cold,
         )
         self.peers[name] = proc
         return proc
@@ -82,8 +99,9 @@ class Swarm:
             return None
 
     def wait_status(self, predicate: Callable[[dict], bool], *, timeout_s: float, what: str) -> dict:
-        return poll(lambda: (lambda s: s if s and predicate(s) else None)(self.status()),
-                    timeout_s=timeout_s, what=what)
+        return poll(
+            lambda: (lambda s: s if s and predicate(s) else None)(self.status()), timeout_s=timeout_s, what=what
+        )
 
     def wait_peers(self, *, timeout_s: float) -> dict[str, int]:
         codes = {}

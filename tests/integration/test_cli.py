@@ -22,8 +22,14 @@ UNREACHABLE = "swarm://127.0.0.1:9?token=abc&fp=" + "0123456789abcdef" * 4
 
 def swarm_cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "swarm.app.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, "-m", "swarm.app.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 def user_error(result: subprocess.CompletedProcess) -> str:

@@ -18,8 +18,16 @@ from tests.integration.harness import ROOT, TWO_PEER_RUN, Swarm, poll
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
 CHROMIUM = "/usr/bin/chromium"
-LAUNCH_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+LAUNCH_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def _browser_or_skip():
@@ -49,17 +57,27 @@ def test_the_dashboard_of_a_real_run_shows_its_peers_and_loss_curve(tmp_path: Pa
         swarm.start_peer("a")
         swarm.start_peer("b")
         assert swarm.wait_peers(timeout_s=150) == {"a": 0, "b": 0}
-        history = json.loads(subprocess.run(
-            [sys.executable, "-m", "swarm.app.cli", "history", swarm.join, "--json"], cwd=ROOT,
-            capture_output=True, check=True, env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout)
+        history = json.loads(
+            subprocess.run(
+                [sys.executable, "-m", "swarm.app.cli", "history", swarm.join, "--json"],
+                cwd=ROOT,
+                capture_output=True,
+                check=True,
+                env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            ).stdout
+        )
         committed = sum(r["outcome"] == "committed" for r in history["rounds"])
         assert committed == 2
         shot = tmp_path / "dashboard.png"
         with sync_playwright() as p:
             # a new, empty profile (playwright passes it as --user-data-dir)
             browser = p.chromium.launch_persistent_context(
-                str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=LAUNCH_FLAGS,
-                viewport={"width": 1400, "height": 900})
+                str(tmp_path / "chromium-profile"),
+                executable_path=CHROMIUM,
+                headless=True,
+                args=LAUNCH_FLAGS,
+                viewport={"width": 1400, "height": 900},
+            )
             try:
                 page = browser.new_page()
                 errors: list[str] = []
@@ -68,8 +86,11 @@ def test_the_dashboard_of_a_real_run_shows_its_peers_and_loss_curve(tmp_path: Pa
                 page.goto(url, wait_until="load", timeout=30_000)
                 page.wait_for_selector("body[data-loaded='1']", timeout=30_000)
                 # the page polls: wait until it shows the finished run
-                poll(lambda: page.locator("[data-key=state] .v").inner_text() == "finished",
-                     timeout_s=30, what="the page to show the finished run")
+                poll(
+                    lambda: page.locator("[data-key=state] .v").inner_text() == "finished",
+                    timeout_s=30,
+                    what="the page to show the finished run",
+                )
                 assert page.locator("#peers tbody tr.peer").count() == 2
                 assert page.locator("#chart-loss circle[data-series=train]").count() == committed
                 rounds = int(page.locator("body").get_attribute("data-rounds"))

@@ -68,8 +68,11 @@ def test_a_peer_that_never_reports_does_not_stall_or_split_the_run(swarm, tmp_pa
     timeout is above what a round of both peers takes on a busy machine (~8 s at load 15), where shorter timed out
     every round."""
     config = tmp_path / "run.toml"
-    config.write_text(FAST_FAILURE_CONFIG.replace("min_peers = 4", "min_peers = 2").replace("max_rounds = 6", "max_rounds = 3")
-                      .replace("round_timeout_s = 30.0", "round_timeout_s = 15.0"))
+    config.write_text(
+        FAST_FAILURE_CONFIG.replace("min_peers = 4", "min_peers = 2")
+        .replace("max_rounds = 6", "max_rounds = 3")
+        .replace("round_timeout_s = 30.0", "round_timeout_s = 15.0")
+    )
     swarm.start_coordinator("--config", str(config), "--exit-grace-s", "30")
     swarm.start_peer("steady")
     swarm.start_peer("silent", "--faults", "drop@2:report")
@@ -111,7 +114,9 @@ def test_peers_keep_averaging_while_the_coordinator_is_down_and_it_confirms_thei
     from tests.integration.harness import poll
 
     config = tmp_path / "run.toml"
-    config.write_text(FAST_FAILURE_CONFIG.replace("min_peers = 4", "min_peers = 2").replace("max_rounds = 6", "max_rounds = 8"))
+    config.write_text(
+        FAST_FAILURE_CONFIG.replace("min_peers = 4", "min_peers = 2").replace("max_rounds = 6", "max_rounds = 8")
+    )
     swarm.start_coordinator("--config", str(config), "--exit-grace-s", "30")
     join = swarm.join
     swarm.start_peer("peer-0")
@@ -120,8 +125,11 @@ def test_peers_keep_averaging_while_the_coordinator_is_down_and_it_confirms_thei
     swarm.kill_coordinator()
 
     decided = "round decided by the group"
-    poll(lambda: all(swarm.log(n).count(decided) >= 2 for n in ("peer-0", "peer-1")), timeout_s=120,
-         what="both peers to commit two rounds without the coordinator")
+    poll(
+        lambda: all(swarm.log(n).count(decided) >= 2 for n in ("peer-0", "peer-1")),
+        timeout_s=120,
+        what="both peers to commit two rounds without the coordinator",
+    )
     assert swarm.start_coordinator("--config", str(config), "--exit-grace-s", "30") == join
 
     codes = swarm.wait_peers(timeout_s=180)
@@ -142,7 +150,9 @@ def test_a_peer_joining_after_a_coordinator_restart_reaches_the_peers_that_kept_
     the joiners never found a holder to download from). The joiner starts after the restart and takes part from
     about round 4 on a busy machine, round 8 on an idle one (whose rounds take ~2 s): 12 rounds leave it room."""
     config = tmp_path / "run.toml"
-    config.write_text(FAST_FAILURE_CONFIG.replace("min_peers = 4", "min_peers = 2").replace("max_rounds = 6", "max_rounds = 12"))
+    config.write_text(
+        FAST_FAILURE_CONFIG.replace("min_peers = 4", "min_peers = 2").replace("max_rounds = 6", "max_rounds = 12")
+    )
     swarm.start_coordinator("--config", str(config), "--lease-s", "6", "--exit-grace-s", "30")
     join = swarm.join
     swarm.start_peer("peer-0")

@@ -25,11 +25,15 @@ PREFIX = "swnat-"  # every namespace of this test; teardown removes only these
 
 def _nat_holds(bed: Testbed, source: str, target: str) -> bool:
     """``source`` cannot reach ``target`` at all (a refused connection would mean it can, on a closed port)."""
-    probe = (f"import socket\ns = socket.socket(); s.settimeout(2)\n"
-             f"try: s.connect(({bed.address(target)!r}, 9)); print('reached')\n"
-             f"except ConnectionRefusedError: print('reached')\nexcept OSError: print('unreachable')")
-    return bed.run(source, [sys.executable, "-c", probe], capture_output=True, text=True,
-                   timeout=20).stdout.strip() == "unreachable"
+    probe = (
+        f"import socket\ns = socket.socket(); s.settimeout(2)\n"
+        f"try: s.connect(({bed.address(target)!r}, 9)); print('reached')\n"
+        f"except ConnectionRefusedError: print('reached')\nexcept OSError: print('unreachable')"
+    )
+    return (
+        bed.run(source, [sys.executable, "-c", probe], capture_output=True, text=True, timeout=20).stdout.strip()
+        == "unreachable"
+    )
 
 
 @pytest.fixture
@@ -45,25 +49,54 @@ def test_bare_peers_behind_two_nats_commit_every_round_through_the_relay_and_end
     config = tmp_path / "run.toml"
     config.write_text(TWO_PEER_RUN.replace("min_peers = 2", f"min_peers = {len(PEERS)}"))
     # one torch thread per process: three share this machine's cores (the CLI stays the bare command)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(Path(__file__).resolve().parents[2])
+    )
     for source, target in (("h1", "nat"), ("nat", "nat1"), ("nat1", "nat")):
         assert _nat_holds(bed, source, target), f"{source} can reach {target}: the testbed's NAT is not in place"
     procs: list[subprocess.Popen] = []
     logs = {name: tmp_path / f"{name}.log" for name in ("coordinator", *PEERS)}
     try:
         with open(logs["coordinator"], "wb") as err:
-            procs.append(bed.spawn("h0", [sys.executable, "-m", "swarm.app.cli", "coordinator", "--config",
-                                          str(config), "--host", "0.0.0.0", "--announce-host", bed.address("h0"),
-                                          "--state-dir", str(tmp_path / "coordinator"), "--exit-grace-s", "0"],
-                                   cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=err))
+            procs.append(
+                bed.spawn(
+                    "h0",
+                    [
+                        sys.executable,
+                        "-m",
+                        "swarm.app.cli",
+                        "coordinator",
+                        "--config",
+                        str(config),
+                        "--host",
+                        "0.0.0.0",
+                        "--announce-host",
+                        bed.address("h0"),
+                        "--state-dir",
+                        str(tmp_path / "coordinator"),
+                        "--exit-grace-s",
+                        "0",
+                    ],
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                )
+            )
         join = read_join_string(procs[0], timeout_s=30)
         for host in PEERS:  # the README's bare command, each in a directory of its own
             (tmp_path / host).mkdir()
             with open(logs[host], "wb") as out:
-                procs.append(bed.spawn(host, [sys.executable, "-m", "swarm.app.cli", "peer", "--join", join,
-                                              "--device", "cpu"], cwd=tmp_path / host, env=env, stdout=out,
-                                       stderr=subprocess.STDOUT))
+                procs.append(
+                    bed.spawn(
+                        host,
+                        [sys.executable, "-m", "swarm.app.cli", "peer", "--join", join, "--device", "cpu"],
+                        cwd=tmp_path / host,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
         for host, proc in zip(PEERS, procs[1:]):
             try:
                 code = proc.wait(timeout=90)

@@ -24,7 +24,9 @@ def test_killed_voters_resume_from_their_votes_and_a_stopped_swarm_resumes_from_
         for name in PEERS:
             swarm.start_peer(name, "--checkpoint-every", "1", "--faults", "crash@2:reported")
         assert swarm.wait_peers(timeout_s=180) == {name: 137 for name in PEERS}
-        run = swarm.wait_status(lambda s: s["run"]["committed_round"] == 2, timeout_s=30, what="round 2 committed")["run"]
+        run = swarm.wait_status(lambda s: s["run"]["committed_round"] == 2, timeout_s=30, what="round 2 committed")[
+            "run"
+        ]
         round_two = run["committed_hash"]
 
         # No live peer holds round 2 any more, only their disks: restarted, they resume from their votes.
@@ -34,8 +36,11 @@ def test_killed_voters_resume_from_their_votes_and_a_stopped_swarm_resumes_from_
         # The first back can only resume from its vote. The other resumes from its own too, unless the
         # first has committed a newer round alone by then (a loaded machine): then it downloads that.
         resumed = f"resumed from own vote for round 2, which was committed (hash {round_two})"
-        poll(lambda: all(resumed in swarm.log(name) or "synced to round" in swarm.log(name) for name in PEERS),
-             timeout_s=120, what="both restarted peers to take up the run")
+        poll(
+            lambda: all(resumed in swarm.log(name) or "synced to round" in swarm.log(name) for name in PEERS),
+            timeout_s=120,
+            what="both restarted peers to take up the run",
+        )
         assert any(resumed in swarm.log(name) for name in PEERS), swarm.log("peer-0")[-2000:]
 
         # 2. Stop everything (SIGTERM: peers checkpoint and leave, the coordinator exits) and start again.
@@ -73,13 +78,17 @@ def test_a_peer_that_dies_is_restarted_at_once_without_its_imports_and_ends_on_t
         swarm.start_coordinator("--max-rounds", "3", "--min-peers", "2", "--inner-steps", "10")
         swarm.start_peer("steady")
         # kill -9 of its own process right after it reported round 2 (peer/faults.py): an out-of-memory kill
-        swarm.start_peer("phoenix", "--checkpoint-every", "1", "--faults", "crash@2:reported", "--max-restarts", "2",
-                         cold=True)  # a fresh interpreter, as from a shell: its first start pays the imports
+        swarm.start_peer(
+            "phoenix", "--checkpoint-every", "1", "--faults", "crash@2:reported", "--max-restarts", "2", cold=True
+        )  # a fresh interpreter, as from a shell: its first start pays the imports
         assert swarm.wait_peers(timeout_s=240) == {"steady": 0, "phoenix": 0}, swarm.log("phoenix")[-3000:]
         log = swarm.log("phoenix")
         assert "fault injection: crashing at round 2" in log
-        assert re.search(r"the peer process crashed \(exit 137\) after [\d.]+s; starting it again at once from its "
-                         r"state dir \(restart 1 of 2\)", log)
+        assert re.search(
+            r"the peer process crashed \(exit 137\) after [\d.]+s; starting it again at once from its "
+            r"state dir \(restart 1 of 2\)",
+            log,
+        )
         starts = [float(s) for s in re.findall(r"first round: training [\d.]+s after launch \(imports ([\d.]+)s", log)]
         assert len(starts) == 2, log[-3000:]
         assert starts[1] < starts[0], f"the restart paid the imports again: {starts}"  # forked with them loaded

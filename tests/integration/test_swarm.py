@@ -46,8 +46,9 @@ def swarm(tmp_path):
 def test_two_peers_commit_identical_state_that_matches_the_simulator(swarm, tmp_path):
     config = tmp_path / "run.toml"
     config.write_text("[rounds]\n" + EQUAL_BUDGETS)
-    swarm.start_coordinator("--config", str(config), "--max-rounds", "3", "--min-peers", "2", "--inner-steps", "10",
-                            "--exit-grace-s", "0")
+    swarm.start_coordinator(
+        "--config", str(config), "--max-rounds", "3", "--min-peers", "2", "--inner-steps", "10", "--exit-grace-s", "0"
+    )
     swarm.start_peer("peer-0")
     swarm.start_peer("peer-1")
     codes = swarm.wait_peers(timeout_s=180)
@@ -58,16 +59,18 @@ def test_two_peers_commit_identical_state_that_matches_the_simulator(swarm, tmp_
     assert len(digests) == 1, "the peers ended with different global parameters"
 
     run = RunConfig()
-    run = run.replace(rounds=dataclasses.replace(run.rounds, inner_steps=10, max_rounds=3, min_peers=2,
-                                                 straggler_slack_s=600.0))
+    run = run.replace(
+        rounds=dataclasses.replace(run.rounds, inner_steps=10, max_rounds=3, min_peers=2, straggler_slack_s=600.0)
+    )
     assert_matches_simulator(swarm.final_model("peer-0"), run, peers=2, rounds=3)
 
 
 def test_late_joiner_catches_up_killed_peer_is_evicted_and_stopped_peer_leaves(swarm):
     """Round 2 waits for the killed peer until its eviction, which gives the late joiner time to download: it takes
     part from round 3 on, so 5 rounds leave it two to spare."""
-    swarm.start_coordinator("--max-rounds", "5", "--min-peers", "2", "--inner-steps", "10", "--lease-s", "6",
-                           "--exit-grace-s", "30")
+    swarm.start_coordinator(
+        "--max-rounds", "5", "--min-peers", "2", "--inner-steps", "10", "--lease-s", "6", "--exit-grace-s", "30"
+    )
     swarm.start_peer("peer-0")
     swarm.start_peer("peer-1")
     swarm.start_peer("victim")
@@ -78,14 +81,18 @@ def test_late_joiner_catches_up_killed_peer_is_evicted_and_stopped_peer_leaves(s
     quitter = swarm.peers.pop("quitter")
     quitter.send_signal(signal.SIGTERM)
     assert quitter.wait(timeout=60) == 0, swarm.log("quitter")[-2000:]
-    swarm.wait_status(lambda s: any(p["name"] == "quitter" and p["state"] == "left" for p in s["peers"]),
-                      timeout_s=30, what="the stopped peer to be marked as left")
+    swarm.wait_status(
+        lambda s: any(p["name"] == "quitter" and p["state"] == "left" for p in s["peers"]),
+        timeout_s=30,
+        what="the stopped peer to be marked as left",
+    )
 
     swarm.peers["victim"].send_signal(signal.SIGKILL)
     swarm.peers.pop("victim").wait(timeout=10)
     status = swarm.wait_status(
         lambda s: any(p["name"] == "victim" and p["state"] == "evicted" for p in s["peers"]),
-        timeout_s=60, what="the killed peer to be evicted",
+        timeout_s=60,
+        what="the killed peer to be evicted",
     )
     committed_at_eviction = status["run"]["rounds_committed"]
 
@@ -149,9 +156,16 @@ keep_unsent_locally = true
 """
 
 
-@pytest.mark.parametrize("config_text, rounds", [(STREAMING_INT8, 4), (SPARSE, 3), (TERNARY, 3), (SPARSE_TERNARY, 4)],
-                         ids=["int8-streaming-overlap", "topk-all-gather", "ternary-owner-feedback-unsent-kept-locally",
-                              "sparse-ternary-variable-size-streamed-unsent-kept-locally"])
+@pytest.mark.parametrize(
+    "config_text, rounds",
+    [(STREAMING_INT8, 4), (SPARSE, 3), (TERNARY, 3), (SPARSE_TERNARY, 4)],
+    ids=[
+        "int8-streaming-overlap",
+        "topk-all-gather",
+        "ternary-owner-feedback-unsent-kept-locally",
+        "sparse-ternary-variable-size-streamed-unsent-kept-locally",
+    ],
+)
 def test_a_compressed_swarm_matches_the_simulator(swarm, tmp_path, config_text, rounds):
     """int8 with 2 balanced streaming fragments (tensors split between them) and overlap (the butterfly),
     topk-int4 (the sparse all-gather), and the 1-bit sign and the ternary codecs, whose slice owners keep the
@@ -189,8 +203,9 @@ def test_a_joiner_arriving_mid_exchange_waits_for_the_decision_and_does_not_dilu
     poll(lambda: "at round 2, phase reducing" in swarm.log("peer-0"), timeout_s=120, what="round 2's exchange to start")
 
     swarm.start_peer("late")
-    status = swarm.wait_status(lambda s: any(p["name"] == "late" for p in s["peers"]), timeout_s=60,
-                               what="the joiner to join")
+    status = swarm.wait_status(
+        lambda s: any(p["name"] == "late" for p in s["peers"]), timeout_s=60, what="the joiner to join"
+    )
     assert status["run"]["committed_round"] == 1, "round 2 was decided before the joiner arrived"
 
     codes = swarm.wait_peers(timeout_s=180)
@@ -217,10 +232,15 @@ def test_a_peer_still_downloading_when_the_run_finishes_gets_the_final_model(swa
     swarm.start_coordinator("--config", str(config), "--exit-grace-s", "30")
     swarm.start_peer("peer-0", "--faults", "delay@2:reducing=12")  # the last round ends after the joiner is in
     swarm.start_peer("peer-1")
-    poll(lambda: "at round 2, phase reducing" in swarm.log("peer-0"), timeout_s=120, what="the last round's exchange to start")
+    poll(
+        lambda: "at round 2, phase reducing" in swarm.log("peer-0"),
+        timeout_s=120,
+        what="the last round's exchange to start",
+    )
     swarm.start_peer("late", "--faults", "delay@2:syncing=6")  # a slow download of the final state
-    status = swarm.wait_status(lambda s: any(p["name"] == "late" for p in s["peers"]), timeout_s=60,
-                               what="the joiner to join")
+    status = swarm.wait_status(
+        lambda s: any(p["name"] == "late" for p in s["peers"]), timeout_s=60, what="the joiner to join"
+    )
     assert status["run"]["committed_round"] == 1, "the run finished before the joiner arrived"
 
     codes = swarm.wait_peers(timeout_s=180)

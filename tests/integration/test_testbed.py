@@ -14,8 +14,13 @@ from testbed import ROUTER_ADDRESS, Testbed, leftovers, make_topology, missing_p
 
 PREFIX = "swt-test-"  # only this test's objects: teardown never touches another testbed's namespaces
 _reason = missing_privileges()
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(30),
-              pytest.mark.skipif(_reason is not None, reason=_reason or "")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.serial,
+    pytest.mark.timeout(30),
+    pytest.mark.skipif(_reason is not None, reason=_reason or ""),
+]
 
 PYTHON = sys.executable
 
@@ -38,8 +43,7 @@ def start_server(bed: Testbed, host: str, module: str, *args: str) -> tuple[subp
 
 def probe(bed: Testbed, host: str, *args: str, nice: bool = False) -> dict:
     argv = [PYTHON, "-m", "testbed.probe", *args]
-    result = bed.run(host, ["nice", "-n", "-10", *argv] if nice else argv, capture_output=True, text=True,
-                     timeout=20)
+    result = bed.run(host, ["nice", "-n", "-10", *argv] if nice else argv, capture_output=True, text=True, timeout=20)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])
 
@@ -73,8 +77,9 @@ def send(bed: Testbed, source: str, sink_host: str, total_bytes: int) -> dict:
     return measured
 
 
-@pytest.mark.parametrize("testbed", [{"hosts": 3, "mbit": 200, "sites": ["a", "a", "b"], "cross_site_mbit": 20}],
-                         indirect=True)
+@pytest.mark.parametrize(
+    "testbed", [{"hosts": 3, "mbit": 200, "sites": ["a", "a", "b"], "cross_site_mbit": 20}], indirect=True
+)
 def test_links_between_sites_run_at_the_cross_site_rate_and_are_counted(testbed: Testbed) -> None:
     in_site = send(testbed, "h0", "h1", 5_000_000)["mbit_s"]
     upload, download = send(testbed, "h0", "h2", 3_000_000)["mbit_s"], send(testbed, "h2", "h1", 3_000_000)["mbit_s"]
@@ -102,13 +107,20 @@ def test_the_delay_proxy_adds_its_one_way_latency(testbed: Testbed) -> None:
     server, port = start_server(testbed, "h1", "testbed.probe", "echo", "--host", testbed.address("h1"))
     try:
         base = probe(testbed, "h0", "rtt", "--to", f"{testbed.address('h1')}:{port}")["median_ms"]
-        proxy, proxy_port = start_server(testbed, "h0", "testbed.delay_proxy", "--listen",
-                                         f"{testbed.address('h0')}:0", "--to", f"{testbed.address('h1')}:{port}",
-                                         "--delay-ms", "25")
+        proxy, proxy_port = start_server(
+            testbed,
+            "h0",
+            "testbed.delay_proxy",
+            "--listen",
+            f"{testbed.address('h0')}:0",
+            "--to",
+            f"{testbed.address('h1')}:{port}",
+            "--delay-ms",
+            "25",
+        )
         # the RTT meter sleeps ~50 ms per message; raised like the proxy, so a busy machine's wake-up
         # latency is not counted as the proxy's delay
-        delayed = probe(testbed, "h0", "rtt", "--to", f"{testbed.address('h0')}:{proxy_port}",
-                        nice=True)["median_ms"]
+        delayed = probe(testbed, "h0", "rtt", "--to", f"{testbed.address('h0')}:{proxy_port}", nice=True)["median_ms"]
         proxy.kill()
     finally:
         server.kill()
@@ -133,9 +145,17 @@ def test_the_nat_host_connects_out_but_cannot_be_connected_to(testbed: Testbed) 
 @pytest.mark.parametrize("testbed", [{"mbit": 20}], indirect=True)
 def test_the_delay_proxy_keeps_the_link_rate(testbed: Testbed) -> None:
     sink, port = start_server(testbed, "h1", "testbed.probe", "sink", "--host", testbed.address("h1"))
-    proxy, proxy_port = start_server(testbed, "h0", "testbed.delay_proxy", "--listen",
-                                     f"{testbed.address('h0')}:0", "--to", f"{testbed.address('h1')}:{port}",
-                                     "--delay-ms", "25")
+    proxy, proxy_port = start_server(
+        testbed,
+        "h0",
+        "testbed.delay_proxy",
+        "--listen",
+        f"{testbed.address('h0')}:0",
+        "--to",
+        f"{testbed.address('h1')}:{port}",
+        "--delay-ms",
+        "25",
+    )
     probe(testbed, "h0", "source", "--to", f"{testbed.address('h0')}:{proxy_port}", "--bytes", str(8_000_000))
     measured = json.loads(sink.communicate(timeout=15)[0])
     proxy.kill()

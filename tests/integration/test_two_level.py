@@ -68,8 +68,10 @@ def test_two_sites_commit_identical_state_that_matches_the_simulator(tmp_path) -
         assert len(digests) == 1, "the peers ended with different global parameters"
 
         coordinator_log = (tmp_path / "coordinator.log").read_text()
-        index = {name: int(i) for i, name in re.findall(r"joined as index (\d+), session \d+ \(name '(\w+)'",
-                                                        coordinator_log)}
+        index = {
+            name: int(i)
+            for i, name in re.findall(r"joined as index (\d+), session \d+ \(name '(\w+)'", coordinator_log)
+        }
         assert sorted(index) == sorted(SITES), coordinator_log[-2000:]
         sites = [SITES[name] for name in sorted(SITES, key=index.get)]
         assert_matches_simulator(swarm.final_model("a0"), load_run_config(config), sites=sites, rounds=3)

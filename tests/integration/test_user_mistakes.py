@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120
 
 PEERS = ("peer-0", "peer-1")
 
-MODEL = '''
+MODEL = """
 from torch import nn
 
 
@@ -34,7 +34,7 @@ class Tiny(nn.Module):
 
 def build(model_table):
     return Tiny(extra_norm=EXTRA_NORM)
-'''
+"""
 
 
 def _cold(args: list[str], *, pythonpath: Path, log: Path, cwd: Path) -> subprocess.Popen:
@@ -42,8 +42,9 @@ def _cold(args: list[str], *, pythonpath: Path, log: Path, cwd: Path) -> subproc
     user's machine has."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=f"{pythonpath}{os.pathsep}{ROOT}")
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "swarm.app.cli", *args], stdout=out, stderr=out, env=env,
-                                cwd=cwd)
+        return subprocess.Popen(
+            [sys.executable, "-m", "swarm.app.cli", *args], stdout=out, stderr=out, env=env, cwd=cwd
+        )
 
 
 def test_a_peer_that_builds_another_model_exits_2_with_the_coordinator_s_reason(tmp_path: Path) -> None:
@@ -51,17 +52,29 @@ def test_a_peer_that_builds_another_model_exits_2_with_the_coordinator_s_reason(
     for name, extra in (("run", False), ("mine", True)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "mymod.py").write_text(MODEL.replace("EXTRA_NORM", str(extra)))
-    (tmp_path / "run.toml").write_text('[model]\nfactory = "mymod:build"\n\n[rounds]\ninner_steps = 5\n'
-                                       'max_rounds = 2\nmin_peers = 2\n')
+    (tmp_path / "run.toml").write_text(
+        '[model]\nfactory = "mymod:build"\n\n[rounds]\ninner_steps = 5\nmax_rounds = 2\nmin_peers = 2\n'
+    )
     state = tmp_path / "coordinator"
-    coordinator = _cold(["coordinator", "--config", str(tmp_path / "run.toml"), "--state-dir", str(state)],
-                        pythonpath=tmp_path / "run", log=tmp_path / "coordinator.log", cwd=tmp_path)
+    coordinator = _cold(
+        ["coordinator", "--config", str(tmp_path / "run.toml"), "--state-dir", str(state)],
+        pythonpath=tmp_path / "run",
+        log=tmp_path / "coordinator.log",
+        cwd=tmp_path,
+    )
     peer = None
     try:
-        join = poll(lambda: (state / "join-string").exists() and (state / "join-string").read_text().strip(),
-                    timeout_s=60, what="the join string")
-        peer = _cold(["peer", "--join", join, "--state-dir", str(tmp_path / "peer"), "--threads", "1"],
-                     pythonpath=tmp_path / "mine", log=tmp_path / "peer.log", cwd=tmp_path)
+        join = poll(
+            lambda: (state / "join-string").exists() and (state / "join-string").read_text().strip(),
+            timeout_s=60,
+            what="the join string",
+        )
+        peer = _cold(
+            ["peer", "--join", join, "--state-dir", str(tmp_path / "peer"), "--threads", "1"],
+            pythonpath=tmp_path / "mine",
+            log=tmp_path / "peer.log",
+            cwd=tmp_path,
+        )
         code = peer.wait(timeout=90)
         log = (tmp_path / "peer.log").read_text()
         assert code == 2, log[-3000:]
@@ -72,8 +85,10 @@ def test_a_peer_that_builds_another_model_exits_2_with_the_coordinator_s_reason(
         assert "the coordinator rejected this peer: " in errors[0]
         # (the refusal says "model (fingerprint …)", the eviction "model fingerprint …": either names it)
         assert "builds a different model than the run" in errors[0] and "fingerprint" in errors[0]
-        assert errors[0].endswith("use the run's [model] code (the same factory module, preset or hf_config) and the "
-                                  "coordinator's Swarm release, then start the peer again.")
+        assert errors[0].endswith(
+            "use the run's [model] code (the same factory module, preset or hf_config) and the "
+            "coordinator's Swarm release, then start the peer again."
+        )
         assert "restart the peer to join again" not in log and "could not join the DHT" not in log
     finally:
         for proc in (peer, coordinator):
@@ -85,8 +100,10 @@ def test_a_peer_whose_data_differs_says_so_and_nothing_about_the_dht(tmp_path: P
     """Its start fails while its DHT starts beside the trainer build: only the data's sentence, exit 2."""
     data = tmp_path / "data.txt"
     data.write_text("".join(f"line {i} of the run's text\n" for i in range(12_000)))
-    (tmp_path / "run.toml").write_text(f'[model]\npreset = "tiny"\n\n[data]\nsource = "{data}"\n\n'
-                                       '[rounds]\ninner_steps = 5\nmax_rounds = 2\nmin_peers = 2\n')
+    (tmp_path / "run.toml").write_text(
+        f'[model]\npreset = "tiny"\n\n[data]\nsource = "{data}"\n\n'
+        "[rounds]\ninner_steps = 5\nmax_rounds = 2\nmin_peers = 2\n"
+    )
     swarm = Swarm(workdir=tmp_path)
     try:
         swarm.start_coordinator("--config", str(tmp_path / "run.toml"))

@@ -62,8 +62,7 @@ class FakeCoordinator:
     """The real engine and servicer; ``down`` makes every call fail as if the coordinator were gone."""
 
     def __init__(self, run: RunConfig, store: Optional[Store] = None) -> None:
-        self.engine = CoordinatorEngine(store or Store(":memory:"), config=run, lease_s=30.0,
-                                         heartbeat_interval_s=0.2)
+        self.engine = CoordinatorEngine(store or Store(":memory:"), config=run, lease_s=30.0, heartbeat_interval_s=0.2)
         self.servicer = CoordinatorServicer(self.engine, dht_initial_peers=[])
         self.down = threading.Event()
 
@@ -87,8 +86,10 @@ class FakeClient:
 
     def join(self, *, key, libp2p, site="", device="", name="", swarm_version=None):
         nonce = self.coordinator.call("Challenge", pb.ChallengeRequest()).nonce
-        joined = self.coordinator.call("Join", signed_join(token=self.token, nonce=nonce, key=key, libp2p=libp2p,
-                                                           site=site, device=device, name=name))
+        joined = self.coordinator.call(
+            "Join",
+            signed_join(token=self.token, nonce=nonce, key=key, libp2p=libp2p, site=site, device=device, name=name),
+        )
         self.signer = CallSigner(key, joined.session)
         return joined
 
@@ -145,8 +146,15 @@ class FakeNet:
             self.transports += 1
             return FakeTransport(peer_id)
 
-    def average(self, key: tuple, peer_id: str, index: int, contribution: Contribution,
-                planned: Callable[[], Optional[set[str]]], codec: Optional[str] = None) -> Averaged:
+    def average(
+        self,
+        key: tuple,
+        peer_id: str,
+        index: int,
+        contribution: Contribution,
+        planned: Callable[[], Optional[set[str]]],
+        codec: Optional[str] = None,
+    ) -> Averaged:
         """``codec``: the round plan's (the controller's choice), else the run's; members that disagree fail."""
         codec = codec or self.run.rounds.codec
         with self.cond:
@@ -166,16 +174,22 @@ class FakeNet:
                 parts = [self.contributions[key][m][1] for m in members]
                 if len({self.codecs[key][m] for m in members}) > 1:
                     raise SyncFailed(f"{key}: groupmates disagree on the codec {self.codecs[key]}")
-                average = butterfly_reference([c.delta for c in parts], [float(c.samples) for c in parts],
-                                              get_codec(codec))
+                average = butterfly_reference(
+                    [c.delta for c in parts], [float(c.samples) for c in parts], get_codec(codec)
+                )
                 self.groups[key] = (members, average)
                 self.cond.notify_all()
             members, average = self.groups[key]
             if peer_id not in members:
                 raise SyncFailed(f"{key}: the group formed without this peer")
             up, down = self.links(peer_id, key[0])
-            return Averaged(average=average, group=list(members), bytes_sent=4 * average.numel(), upload_mbit_s=up,
-                            download_mbit_s=down)
+            return Averaged(
+                average=average,
+                group=list(members),
+                bytes_sent=4 * average.numel(),
+                upload_mbit_s=up,
+                download_mbit_s=down,
+            )
 
     def post(self, key: tuple, peer_id: str, dht_id: str, vote: Vote, signed: Optional[dict] = None) -> None:
         with self.cond:
@@ -194,7 +208,8 @@ class FakeNet:
             votes = {p: self.votes[key][p] for p in group}  # the DHT read keeps the group's votes only
             members = frozenset(group)
             committed = commit_rule.decide(
-                [commit_rule.Claim(p, v.ok, v.state_hash, members) for p, (v, _, _) in votes.items()], members,
+                [commit_rule.Claim(p, v.ok, v.state_hash, members) for p, (v, _, _) in votes.items()],
+                members,
             ).committed_hash
             holders = [d for v, d, _ in votes.values() if v.ok and v.state_hash == committed]
             signed = {p: value for p, (_, _, value) in votes.items() if value is not None}
@@ -202,21 +217,47 @@ class FakeNet:
 
 
 class FakeGroup:
-    def __init__(self, net: FakeNet, transport: FakeTransport, *, peer_id: str, peer_index: int, planned,
-                 member=None, run_id: str = "") -> None:
-        self.net, self.transport, self.peer_id, self.peer_index, self.planned = net, transport, peer_id, peer_index, planned
+    def __init__(
+        self,
+        net: FakeNet,
+        transport: FakeTransport,
+        *,
+        peer_id: str,
+        peer_index: int,
+        planned,
+        member=None,
+        run_id: str = "",
+    ) -> None:
+        self.net, self.transport, self.peer_id, self.peer_index, self.planned = (
+            net,
+            transport,
+            peer_id,
+            peer_index,
+            planned,
+        )
         self.member, self.run_id = member, run_id  # with a member, votes are signed as in the DHT
         self.live_peers = 0
 
     def average(self, round_no: int, contribution: Contribution) -> Averaged:
-        return self.net.average((round_no, contribution.fragment), self.peer_id, self.peer_index, contribution,
-                                lambda: self.planned(round_no), codec=contribution.plan.codec)
+        return self.net.average(
+            (round_no, contribution.fragment),
+            self.peer_id,
+            self.peer_index,
+            contribution,
+            lambda: self.planned(round_no),
+            codec=contribution.plan.codec,
+        )
 
     def post(self, vote: Vote) -> None:
         signed = None
         if self.member is not None:
-            entry = DhtVote(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, ok=vote.ok,
-                            state_hash=vote.state_hash, group=group_id(vote.group) if vote.ok else "")
+            entry = DhtVote(
+                peer_id=self.peer_id,
+                dht_peer_id=self.transport.peer_id,
+                ok=vote.ok,
+                state_hash=vote.state_hash,
+                group=group_id(vote.group) if vote.ok else "",
+            )
             signed = sign_entry(self.member, vote_key(group_key(self.run_id, vote.round_no, vote.fragment)), entry)
         self.net.post((vote.round_no, vote.fragment), self.peer_id, self.transport.peer_id, vote, signed)
 
@@ -240,8 +281,9 @@ class FakeTransfer:
             for holder in holders:
                 state = self.net.published.get(holder)
                 if state is not None and state.round_no == round_no and state.state_hash == expected_hash:
-                    copy = GlobalState(round_no, [p.clone() for p in state.params],
-                                       [t.clone() for t in state.outer_state])
+                    copy = GlobalState(
+                        round_no, [p.clone() for p in state.params], [t.clone() for t in state.outer_state]
+                    )
                     return copy, 4 * sum(p.numel() for p in state.params)
         raise StateUnavailable(f"no holder serves round {round_no}")
 
@@ -276,10 +318,12 @@ class FakeParts(PeerParts):
     def transport(self, options, initial_peers, *, stop, tag, identity, member=None) -> FakeTransport:
         return self.net.transport(identity.peer_id)
 
-    def group(self, transport, run, *, run_id, peer_id, peer_index, planned, faults, member=None,
-              processes=dict) -> FakeGroup:  # the fake DHT keeps no entry of a dead process
-        return FakeGroup(self.net, transport, peer_id=peer_id, peer_index=peer_index, planned=planned,
-                         member=member, run_id=run_id)
+    def group(
+        self, transport, run, *, run_id, peer_id, peer_index, planned, faults, member=None, processes=dict
+    ) -> FakeGroup:  # the fake DHT keeps no entry of a dead process
+        return FakeGroup(
+            self.net, transport, peer_id=peer_id, peer_index=peer_index, planned=planned, member=member, run_id=run_id
+        )
 
     def state_transfer(self, transport, *, run_id, timeout_s, member=None) -> FakeTransfer:
         return FakeTransfer(self.net, transport)
@@ -301,6 +345,7 @@ class PeerThread(threading.Thread):
             if not self.states or self.states[-1] is not state:
                 self.states.append(state)
             enter(state)
+
         self.daemon_.enter = recording
 
     def run(self) -> None:
@@ -330,7 +375,9 @@ def libp2p_identity() -> Libp2pIdentity:
     return Libp2pIdentity.create(Path(tempfile.mkdtemp(prefix="swarm-p2p-")) / "p2p-identity.key")
 
 
-def member_client(join: JoinString, *, key: Optional[PeerKey] = None, **fields) -> tuple[CoordinatorClient, pb.JoinResponse]:
+def member_client(
+    join: JoinString, *, key: Optional[PeerKey] = None, **fields
+) -> tuple[CoordinatorClient, pb.JoinResponse]:
     """A real client joined as a new peer (or as ``key``): each peer has its own client, since its calls
     are signed with its own key."""
     client = CoordinatorClient(join, request_timeout_s=5, connect_timeout_s=5)

@@ -40,8 +40,10 @@ def test_mean_with_the_default_cap_is_bit_identical_to_the_weighted_average():
     reduced = rule.reduce(slices, rule.weights(weights, ["a", "b", "c", "d"]))
     assert torch.equal(reduced.average, weighted_average(slices, weights))
     assert reduced.rejected == {} and reduced.clipped == {}
-    assert torch.equal(butterfly_reference(slices, weights, "int8", reduce=lambda d, w: rule.reduce(d, w).average),
-                       butterfly_reference(slices, weights, "int8"))
+    assert torch.equal(
+        butterfly_reference(slices, weights, "int8", reduce=lambda d, w: rule.reduce(d, w).average),
+        butterfly_reference(slices, weights, "int8"),
+    )
 
 
 def test_clipped_mean_keeps_a_sign_flipped_x100_member_among_four_close_to_the_honest_mean():
@@ -58,8 +60,12 @@ def test_clipped_mean_keeps_a_sign_flipped_x100_member_among_four_close_to_the_h
 
 
 def test_trimmed_mean_drops_an_outlier_per_coordinate():
-    slices = [torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.2, 2.2, 3.2]), torch.tensor([0.8, 1.8, 2.8]),
-              torch.tensor([1e6, -1e6, 1e6])]
+    slices = [
+        torch.tensor([1.0, 2.0, 3.0]),
+        torch.tensor([1.2, 2.2, 3.2]),
+        torch.tensor([0.8, 1.8, 2.8]),
+        torch.tensor([1e6, -1e6, 1e6]),
+    ]
     reduced = Aggregation(rule="trimmed_mean", reject_factor=0).reduce(slices, [1.0] * 4)
     # per coordinate the largest and the smallest of the four are dropped: the outlier is always one of them
     torch.testing.assert_close(reduced.average, torch.tensor([1.1, 1.9, 3.1]))
@@ -129,9 +135,13 @@ def test_the_config_names_every_rule_and_refuses_bad_knobs_in_one_sentence():
     assert AGGREGATIONS == RULES
     for name in AGGREGATIONS:
         RoundConfig(aggregation=name).validate()
-    for bad, words in [(dict(aggregation="median"), "aggregation 'median' is unknown"),
-                       (dict(clip_factor=0.5), "clip_factor"), (dict(trim_fraction=0.5), "trim_fraction"),
-                       (dict(reject_factor=0.5), "reject_factor"), (dict(reject_factor=math.inf), "reject_factor")]:
+    for bad, words in [
+        (dict(aggregation="median"), "aggregation 'median' is unknown"),
+        (dict(clip_factor=0.5), "clip_factor"),
+        (dict(trim_fraction=0.5), "trim_fraction"),
+        (dict(reject_factor=0.5), "reject_factor"),
+        (dict(reject_factor=math.inf), "reject_factor"),
+    ]:
         with pytest.raises(ConfigError, match=words):
             RoundConfig(**bad).validate()
     run = RunConfig.from_dict({"rounds": {"aggregation": "trimmed_mean", "trim_fraction": 0.2}})
@@ -139,7 +149,8 @@ def test_the_config_names_every_rule_and_refuses_bad_knobs_in_one_sentence():
 
 
 SIM_RUN = RunConfig(
-    seed=0, model=ModelConfig(preset="tiny"),
+    seed=0,
+    model=ModelConfig(preset="tiny"),
     data=DataConfig(max_bytes=200_000, num_shards=4, batch_size=4, seq_len=32, eval_batches=1),
     inner=InnerOptConfig(warmup_steps=1),
     rounds=RoundConfig(inner_steps=3, aggregation="clipped_mean"),

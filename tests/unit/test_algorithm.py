@@ -138,8 +138,9 @@ def test_outer_step_is_pure_and_elementwise():
     new_p, new_m = outer_step(params, grads, momentum, lr=0.7, momentum_coef=0.9, nesterov=True)
     assert all(torch.equal(a, b) for a, b in zip(params + grads + momentum, copies))
     # One flat vector gives the same bits as per-tensor steps (so fragments may be stepped apart).
-    flat_p, flat_m = outer_step([flatten(params)], [flatten(grads)], [flatten(momentum)],
-                                lr=0.7, momentum_coef=0.9, nesterov=True)
+    flat_p, flat_m = outer_step(
+        [flatten(params)], [flatten(grads)], [flatten(momentum)], lr=0.7, momentum_coef=0.9, nesterov=True
+    )
     assert torch.equal(flat_p[0], flatten(new_p)) and torch.equal(flat_m[0], flatten(new_m))
 
 
@@ -148,8 +149,9 @@ def test_outer_step_matches_a_plain_float32_reference_bit_for_bit():
     mu, lr = np.float32(0.9), np.float32(0.7)
     m_ref = m * mu + g
     p_ref = p - (g + m_ref * mu) * lr
-    new_p, new_m = outer_step([torch.from_numpy(p)], [torch.from_numpy(g)], [torch.from_numpy(m)],
-                              lr=0.7, momentum_coef=0.9, nesterov=True)
+    new_p, new_m = outer_step(
+        [torch.from_numpy(p)], [torch.from_numpy(g)], [torch.from_numpy(m)], lr=0.7, momentum_coef=0.9, nesterov=True
+    )
     assert torch.equal(new_p[0], torch.from_numpy(p_ref)) and torch.equal(new_m[0], torch.from_numpy(m_ref))
 
 
@@ -236,8 +238,13 @@ def test_unaligned_slices_would_change_the_bits_of_a_block_codec():
     # are not aligned would not match the simulator (nor a swarm of another size).
     cs = _contributions(64 * 9 + 7)
     codec = CODECS["int8"]
-    unaligned = torch.cat([codec.decode(codec.encode(c[s:e].clone()), e - s)
-                           for c in cs[:1] for s, e in _unaligned_part_bounds(c.numel(), 3)])
+    unaligned = torch.cat(
+        [
+            codec.decode(codec.encode(c[s:e].clone()), e - s)
+            for c in cs[:1]
+            for s, e in _unaligned_part_bounds(c.numel(), 3)
+        ]
+    )
     aligned = codec.decode(codec.encode(cs[0]), cs[0].numel())
     assert not torch.equal(unaligned, aligned)
 
@@ -287,11 +294,14 @@ def test_a_step_of_some_parameters_leaves_the_others_and_their_state_alone():
         assert changed and all(opt._layout[i][0] == 1 for i in changed), config.name
 
 
-@pytest.mark.parametrize("name, options", [
-    ("SGD", {"momentum": 0.9, "nesterov": True}),
-    ("Adam", {"betas": [0.9, 0.95]}),
-    ("AdamW", {"weight_decay": 0.1}),
-])
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("SGD", {"momentum": 0.9, "nesterov": True}),
+        ("Adam", {"betas": [0.9, 0.95]}),
+        ("AdamW", {"weight_decay": 0.1}),
+    ],
+)
 def test_torch_optimizer_by_name_steps_exactly_like_torch(name, options):
     shapes, params, grads = _shapes_params_grads()
     opt = OuterOptimizer(OuterOptConfig(name=name, lr=0.05, options=options), shapes)
@@ -370,7 +380,9 @@ def test_outer_optimizer_names_and_config_errors():
         RunConfig.from_dict({"outer": {"name": "Adam", "options": {"momentum": 0.9}}})
     with pytest.raises(ConfigError, match="number, a boolean or a list"):
         RunConfig.from_dict({"outer": {"name": "Adam", "options": {"betas": "0.9"}}})
-    run = RunConfig.from_dict({"outer": {"name": "Adam", "lr": 0.001, "options": {"betas": [0.9, 0.95], "amsgrad": True}}})
+    run = RunConfig.from_dict(
+        {"outer": {"name": "Adam", "lr": 0.001, "options": {"betas": [0.9, 0.95], "amsgrad": True}}}
+    )
     assert run.outer.options == {"betas": [0.9, 0.95], "amsgrad": True}
     assert RunConfig.from_json(run.to_json()) == run
     assert RunConfig().outer.name == "nesterov" and RunConfig().outer.options == {}

@@ -13,8 +13,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_state_transfer
 
 @pytest.mark.parametrize("rate", ["0", "-5"])
 def test_a_link_rate_that_is_not_positive_is_refused_in_one_sentence(rate: str) -> None:
-    out = subprocess.run([sys.executable, str(SCRIPT), "--testbed-mbit", rate], capture_output=True, text=True,
-                         timeout=100)
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--testbed-mbit", rate], capture_output=True, text=True, timeout=100
+    )
     assert out.returncode != 0
     assert f"--testbed-mbit must be a positive rate in Mbit/s, got {float(rate)}." in out.stderr
     assert "Traceback" not in out.stderr

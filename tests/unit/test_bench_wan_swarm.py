@@ -41,8 +41,16 @@ def test_flat_has_no_group_size() -> None:
     assert "hierarchical = false" in text and "group_size" not in text
 
 
-@pytest.mark.parametrize("argv", [["--sites", "1"], ["--peers-per-site", "0"], ["--group-size", "0"],
-                                  ["--cross-site-mbit", "-5"], ["--sites", "20", "--peers-per-site", "10"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--sites", "1"],
+        ["--peers-per-site", "0"],
+        ["--group-size", "0"],
+        ["--cross-site-mbit", "-5"],
+        ["--sites", "20", "--peers-per-site", "10"],
+    ],
+)
 def test_bad_arguments_exit_2_with_a_sentence(argv: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_:
         parse_args(argv)
@@ -51,22 +59,44 @@ def test_bad_arguments_exit_2_with_a_sentence(argv: list[str], capsys: pytest.Ca
 
 
 def averaged(host: str, round_no: int, in_site: int, cross_site: int) -> str:
-    return (f"12:00:00 INFO swarm.net.exchange.group: [{host} r{round_no}] averaged fragment 0 with 4 peers in 1.20s "
-            f"(fp32, {in_site + cross_site} bytes sent: {in_site} in-site, {cross_site} cross-site)\n")
+    return (
+        f"12:00:00 INFO swarm.net.exchange.group: [{host} r{round_no}] averaged fragment 0 with 4 peers in 1.20s "
+        f"(fp32, {in_site + cross_site} bytes sent: {in_site} in-site, {cross_site} cross-site)\n"
+    )
 
 
 def history_of(outcomes: str, participants: list[int]) -> dict:
-    return {"rounds": [{"round": i + 1, "outcome": "committed" if o == "c" else "voided", "participants": p,
-                        "group_size": 4, "opened_at": 10.0 * i, "decided_at": 10.0 * i + 8, "exchange_s": 2.0}
-                       for i, (o, p) in enumerate(zip(outcomes, participants))]}
+    return {
+        "rounds": [
+            {
+                "round": i + 1,
+                "outcome": "committed" if o == "c" else "voided",
+                "participants": p,
+                "group_size": 4,
+                "opened_at": 10.0 * i,
+                "decided_at": 10.0 * i + 8,
+                "exchange_s": 2.0,
+            }
+            for i, (o, p) in enumerate(zip(outcomes, participants))
+        ]
+    }
 
 
 def test_the_report_counts_rounds_bytes_and_one_final_model() -> None:
-    logs = {"p1": averaged("p1", 1, 100, 50) + averaged("p1", 3, 100, 50), "p2": averaged("p2", 1, 100, 0)
-            + averaged("p2", 3, 100, 0)}
-    report = summarize(record=history_of("cvc", [4, 0, 4]), logs=logs, digests={"p1": "abc", "p2": "abc"},
-                       wire={"in_site": 9000, "cross_site": 700}, peaks={"peers_rss": 3 * 2**30, "peers_pss": 2**30},
-                       load=[4.0, 8.0], wall_s=61.04, finished=True)
+    logs = {
+        "p1": averaged("p1", 1, 100, 50) + averaged("p1", 3, 100, 50),
+        "p2": averaged("p2", 1, 100, 0) + averaged("p2", 3, 100, 0),
+    }
+    report = summarize(
+        record=history_of("cvc", [4, 0, 4]),
+        logs=logs,
+        digests={"p1": "abc", "p2": "abc"},
+        wire={"in_site": 9000, "cross_site": 700},
+        peaks={"peers_rss": 3 * 2**30, "peers_pss": 2**30},
+        load=[4.0, 8.0],
+        wall_s=61.04,
+        finished=True,
+    )
     assert (report["rounds_committed"], report["rounds_voided"], report["outcomes"]) == (2, 1, "cvc")
     assert report["contributors"] == [4, 4] and report["mean_contributors"] == 4
     assert (report["in_site_bytes_per_round"], report["cross_site_bytes_per_round"]) == (200, 50)

@@ -18,22 +18,25 @@ pytestmark = pytest.mark.timeout(20)
 H = 12
 
 
-@pytest.mark.parametrize("step_times, slack_s, expected_steps, expected_budget_s", [
-    # no measurement yet: everyone does H, no budget, no deadline
-    ({}, 0.0, {"a": H, "b": H}, 0.0),
-    # equal speeds: H each, the budget is the fastest's H steps
-    ({"a": 0.5, "b": 0.5}, 0.0, {"a": H, "b": H}, 6.0),
-    # a 3x slower peer does a third
-    ({"a": 0.5, "b": 1.5}, 0.0, {"a": H, "b": 4}, 6.0),
-    # ... unless it would finish within the slack of the fastest
-    ({"a": 0.5, "b": 1.5}, 12.0, {"a": H, "b": H}, 6.0),
-    # a peer not measured yet does H; the others are budgeted by the measured fastest
-    ({"a": 0.5, "c": 2.0}, 0.0, {"a": H, "b": H, "c": 3}, 6.0),
-    # floor, and never below one step
-    ({"a": 0.1, "b": 0.7, "c": 0.399}, 0.0, {"a": H, "b": 1, "c": 3}, 1.2),
-    # one peer claiming to be 1000x faster is believed down to a quarter of the lower median only
-    ({"a": 0.001, "b": 1.0, "c": 1.0, "d": 1.0}, 0.0, {"a": H, "b": 3, "c": 3, "d": 3}, 3.0),
-])
+@pytest.mark.parametrize(
+    "step_times, slack_s, expected_steps, expected_budget_s",
+    [
+        # no measurement yet: everyone does H, no budget, no deadline
+        ({}, 0.0, {"a": H, "b": H}, 0.0),
+        # equal speeds: H each, the budget is the fastest's H steps
+        ({"a": 0.5, "b": 0.5}, 0.0, {"a": H, "b": H}, 6.0),
+        # a 3x slower peer does a third
+        ({"a": 0.5, "b": 1.5}, 0.0, {"a": H, "b": 4}, 6.0),
+        # ... unless it would finish within the slack of the fastest
+        ({"a": 0.5, "b": 1.5}, 12.0, {"a": H, "b": H}, 6.0),
+        # a peer not measured yet does H; the others are budgeted by the measured fastest
+        ({"a": 0.5, "c": 2.0}, 0.0, {"a": H, "b": H, "c": 3}, 6.0),
+        # floor, and never below one step
+        ({"a": 0.1, "b": 0.7, "c": 0.399}, 0.0, {"a": H, "b": 1, "c": 3}, 1.2),
+        # one peer claiming to be 1000x faster is believed down to a quarter of the lower median only
+        ({"a": 0.001, "b": 1.0, "c": 1.0, "d": 1.0}, 0.0, {"a": H, "b": 3, "c": 3, "d": 3}, 3.0),
+    ],
+)
 def test_budgets_follow_measured_speeds(step_times, slack_s, expected_steps, expected_budget_s) -> None:
     plan = budgets.plan_budgets(sorted(expected_steps), step_times, full_steps=H, slack_s=slack_s)
     assert {p: b.inner_steps for p, b in plan.budgets.items()} == expected_steps
@@ -47,12 +50,15 @@ def test_the_fastest_peer_always_does_all_its_steps(h: int, fastest: float) -> N
     assert plan.budgets["a"].inner_steps == h and plan.budgets["b"].inner_steps == max(1, h // 3)
 
 
-@pytest.mark.parametrize("times, expected", [
-    # the demo's three equal peers, probed while the machine was busy starting them: nobody is cut
-    ({"a": 0.09, "b": 0.35, "c": 0.09}, {"a": H, "b": H, "c": H}),
-    # a device 6x slower (a CPU among GPUs would be 10-100x) is, from its first round
-    ({"a": 0.1, "b": 0.6, "c": 0.1}, {"a": H, "b": 2, "c": H}),
-])
+@pytest.mark.parametrize(
+    "times, expected",
+    [
+        # the demo's three equal peers, probed while the machine was busy starting them: nobody is cut
+        ({"a": 0.09, "b": 0.35, "c": 0.09}, {"a": H, "b": H, "c": H}),
+        # a device 6x slower (a CPU among GPUs would be 10-100x) is, from its first round
+        ({"a": 0.1, "b": 0.6, "c": 0.1}, {"a": H, "b": 2, "c": H}),
+    ],
+)
 def test_a_start_up_probe_cuts_a_peers_steps_only_when_it_is_far_slower(times, expected) -> None:
     plan = budgets.plan_budgets(sorted(times), times, full_steps=H, slack_s=0.0, probed=set(times))
     assert {p: b.inner_steps for p, b in plan.budgets.items()} == expected
@@ -69,9 +75,20 @@ def test_a_given_round_time_sets_the_budgets_but_never_more_than_the_full_steps(
 
 def planned(*participants: str, steps=(H, 4), times=(0.5, 1.5), budget_s=6.0, deadline_s=6.0) -> RoundRecord:
     row = RoundRecord(round=1, opened_at=0.0, participants=participants, outcome=OPEN)
-    return RoundRecord(round=1, opened_at=0.0, participants=participants, outcome=OPEN, budget_s=budget_s,
-                       deadline_s=deadline_s, budgets=steps[:len(participants)],
-                       step_times_s=times[:len(participants)]) if budget_s else row
+    return (
+        RoundRecord(
+            round=1,
+            opened_at=0.0,
+            participants=participants,
+            outcome=OPEN,
+            budget_s=budget_s,
+            deadline_s=deadline_s,
+            budgets=steps[: len(participants)],
+            step_times_s=times[: len(participants)],
+        )
+        if budget_s
+        else row
+    )
 
 
 def report(peer: str, *, at: float = 7.0, group=("a", "b")) -> ReportRecord:
@@ -79,19 +96,24 @@ def report(peer: str, *, at: float = 7.0, group=("a", "b")) -> ReportRecord:
 
 
 # (now, reports, exchanging) -> who is left out; the deadline is 6 s, the grace 2 s: due at 8 s
-@pytest.mark.parametrize("now, reported, exchanging, left_out, look_again", [
-    (7.9, ["a"], [], (), 8.0),  # before the deadline plus grace: nobody
-    (8.0, ["a"], [], ("b",), math.inf),  # a reported, b did not: b is left out
-    (8.0, [], ["a"], ("b",), math.inf),  # a is exchanging (waiting for b in its group): b is left out
-    (8.0, [], ["a", "b"], (), math.inf),  # both are exchanging: nobody
-    (8.0, ["a", "b"], [], (), math.inf),  # both reported
-    (9.0, [], [], (), 10.0),  # nobody ready: the round waits as before (round_timeout_s), looking again
-])
-def test_participants_not_ready_by_the_deadline_plus_grace_are_left_out(now, reported, exchanging, left_out,
-                                                                       look_again) -> None:
+@pytest.mark.parametrize(
+    "now, reported, exchanging, left_out, look_again",
+    [
+        (7.9, ["a"], [], (), 8.0),  # before the deadline plus grace: nobody
+        (8.0, ["a"], [], ("b",), math.inf),  # a reported, b did not: b is left out
+        (8.0, [], ["a"], ("b",), math.inf),  # a is exchanging (waiting for b in its group): b is left out
+        (8.0, [], ["a", "b"], (), math.inf),  # both are exchanging: nobody
+        (8.0, ["a", "b"], [], (), math.inf),  # both reported
+        (9.0, [], [], (), 10.0),  # nobody ready: the round waits as before (round_timeout_s), looking again
+    ],
+)
+def test_participants_not_ready_by_the_deadline_plus_grace_are_left_out(
+    now, reported, exchanging, left_out, look_again
+) -> None:
     row = planned("a", "b")
-    after, when = outcome.leave_out(now, row, [report(p, group=(p,)) for p in reported], set(exchanging),
-                                   report_grace_s=2.0)
+    after, when = outcome.leave_out(
+        now, row, [report(p, group=(p,)) for p in reported], set(exchanging), report_grace_s=2.0
+    )
     assert after.left_out == left_out and when == look_again
     assert after.participants == tuple(p for p in row.participants if p not in left_out)
     if not left_out:
@@ -140,8 +162,13 @@ def test_a_round_without_a_deadline_leaves_nobody_out() -> None:
 
 
 def test_the_round_commits_without_the_left_out_peer_and_ignores_its_late_report() -> None:
-    row, _ = outcome.leave_out(8.0, planned("a", "b", "c", steps=(H, H, 4), times=(0.5, 0.5, 1.5)),
-                              [report("a", group=("a", "b"))], {"b"}, report_grace_s=2.0)
+    row, _ = outcome.leave_out(
+        8.0,
+        planned("a", "b", "c", steps=(H, H, 4), times=(0.5, 0.5, 1.5)),
+        [report("a", group=("a", "b"))],
+        {"b"},
+        report_grace_s=2.0,
+    )
     assert row.participants == ("a", "b") and row.left_out == ("c",)
     late = ReportRecord(round=1, peer_id="c", reported_at=9.0, ok=True, state_hash="other", group=("a", "b", "c"))
     reports = [report("a", group=("a", "b")), report("b", group=("a", "b")), late]
@@ -167,10 +194,21 @@ def test_a_late_joiner_gets_the_budget_of_the_time_left() -> None:
 
 
 def beat(engine, peer_id: str, *, step_time_s: float = 0.0, state: int = pb.PEER_STATE_READY, round_no: int = 0):
-    return engine.heartbeat(pb.HeartbeatRequest(peer_id=peer_id, metrics=pb.PeerMetrics(
-        state=state, round=round_no, state_round=0, state_hash=engine.run.initial_hash, step_time_s=step_time_s,
-        model_fingerprint=engine.run.model_fingerprint, param_count=1000, dht_peer_id="dht-" + peer_id,
-    )))
+    return engine.heartbeat(
+        pb.HeartbeatRequest(
+            peer_id=peer_id,
+            metrics=pb.PeerMetrics(
+                state=state,
+                round=round_no,
+                state_round=0,
+                state_hash=engine.run.initial_hash,
+                step_time_s=step_time_s,
+                model_fingerprint=engine.run.model_fingerprint,
+                param_count=1000,
+                dht_peer_id="dht-" + peer_id,
+            ),
+        )
+    )
 
 
 @pytest.mark.parametrize("ready_state, ready_round", [(EXCHANGING, 1), (TRAINING, 2)])
@@ -178,6 +216,7 @@ def test_the_engine_plans_budgets_and_goes_on_without_a_straggler(ready_state, r
     """(TRAINING, 2): with overlap the ready peers already train round 2 while round 1's exchange waits in
     matchmaking for the straggler; they count as ready (they used to look late, and the round waited for it)."""
     from tests.unit.fake_swarm import engine_join
+
     clock = FakeClock()
     engine = make_engine(clock, min_peers=3, inner_steps=H, report_grace_s=2.0, straggler_slack_s=1.0)
     a, b, c = (engine_join(engine)[0].peer_id for _ in range(3))
@@ -217,7 +256,14 @@ def test_a_claimed_step_time_at_the_cap_budgets_the_round_no_longer_than_its_tim
     """Step times are what the peers say: one saying 1e10 s a step (the largest a heartbeat may carry), alone in
     its round, would otherwise set a budget and a deadline of 1e11 s, and nobody late would ever be left out."""
     config = RoundConfig(inner_steps=10, round_timeout_s=90.0)
-    liar = records.PeerRecord(peer_id="x", peer_index=0, joined_at=0.0, last_seen=0.0, lease_expiry=60.0,
-                              state=records.READY, metrics=pb.PeerMetrics(step_time_s=1e10))
+    liar = records.PeerRecord(
+        peer_id="x",
+        peer_index=0,
+        joined_at=0.0,
+        last_seen=0.0,
+        lease_expiry=60.0,
+        state=records.READY,
+        metrics=pb.PeerMetrics(step_time_s=1e10),
+    )
     planned = budgets.budgeted(RoundRecord(round=1, opened_at=0.0, participants=("x",)), {"x": liar}, config)
     assert planned.budget_s == 90.0 and planned.deadline_s <= 90.0 + config.straggler_slack_s

@@ -52,9 +52,18 @@ def trio() -> Iterator[list[Peer]]:
 
 def exchange(trio: list[Peer], key: str, group: list[Member], inputs: list[torch.Tensor]) -> list:
     """Every peer averages with ``group`` as given (no rendezvous: the members' entries are the test's)."""
-    return [r.average for r in results_of(concurrently(
-        [lambda p=p, m=m, d=d: p.exchange.average(key=key, group=group, me=m, delta=d, timeout_s=60)
-         for p, m, d in zip(trio, group, inputs)], timeout_s=90))]
+    return [
+        r.average
+        for r in results_of(
+            concurrently(
+                [
+                    lambda p=p, m=m, d=d: p.exchange.average(key=key, group=group, me=m, delta=d, timeout_s=60)
+                    for p, m, d in zip(trio, group, inputs)
+                ],
+                timeout_s=90,
+            )
+        )
+    ]
 
 
 def frames_taken(trio: list[Peer]) -> list[int]:
@@ -63,10 +72,12 @@ def frames_taken(trio: list[Peer]) -> list[int]:
 
 # ternary@0.5's payloads have sizes that depend on their values (an entropy code): the claim carries the most a
 # slice may take, its frame the length it has
-@pytest.mark.parametrize("round_number, codec, numel", [(201, "fp32", NUMEL), (202, "int4", NUMEL),
-                                                        (203, "ternary@0.5", 1_500_001)])  # ~95 KB slices
-def test_slices_over_the_bulk_channel_give_every_member_the_simulators_bits(trio: list[Peer], round_number: int,
-                                                                            codec: str, numel: int) -> None:
+@pytest.mark.parametrize(
+    "round_number, codec, numel", [(201, "fp32", NUMEL), (202, "int4", NUMEL), (203, "ternary@0.5", 1_500_001)]
+)  # ~95 KB slices
+def test_slices_over_the_bulk_channel_give_every_member_the_simulators_bits(
+    trio: list[Peer], round_number: int, codec: str, numel: int
+) -> None:
     weights = [5.0, 2.0, 1.0]
     inputs = [torch.randn(numel, generator=torch.Generator().manual_seed(round_number + i)) for i in range(3)]
     group = [p.member(weight=w, codec=codec, numel=numel) for p, w in zip(trio, weights)]
@@ -135,7 +146,8 @@ def _read(sock: socket.socket, size: int) -> bytes | None:
 
 
 def test_bytes_changed_on_the_way_are_refused_and_the_exchange_still_gives_the_simulators_bits(
-        trio: list[Peer]) -> None:
+    trio: list[Peer],
+) -> None:
     round_number, weights = 203, [1.0, 3.0, 2.0]
     inputs = [torch.randn(NUMEL, generator=torch.Generator().manual_seed(round_number + i)) for i in range(3)]
     proxy = TamperingProxy(parse_bulk_address(trio[0].exchange.bulk_address))
@@ -156,9 +168,16 @@ def test_bytes_changed_on_the_way_are_refused_and_the_exchange_still_gives_the_s
 
 
 def test_a_frame_no_member_claimed_is_refused_before_its_bytes_are_read(trio: list[Peer]) -> None:
-    head = exchange_pb2.BulkHeader(key=group_key(RUN_ID, 204), group_digest="0" * 16, phase=exchange_pb2.PHASE_CONTRIBUTION,
-                                   part=0, sender=1, tag=os.urandom(16), length=1 << 30,
-                                   ticket=os.urandom(16)).SerializeToString()
+    head = exchange_pb2.BulkHeader(
+        key=group_key(RUN_ID, 204),
+        group_digest="0" * 16,
+        phase=exchange_pb2.PHASE_CONTRIBUTION,
+        part=0,
+        sender=1,
+        tag=os.urandom(16),
+        length=1 << 30,
+        ticket=os.urandom(16),
+    ).SerializeToString()
     with socket.create_connection(parse_bulk_address(trio[0].exchange.bulk_address)) as stranger:
         stranger.sendall(PREFIX.pack(MAGIC, len(head)) + head)
         assert stranger.recv(1) == bytes([NO_CLAIM])  # answered at once: the GiB it announced was never awaited
@@ -173,24 +192,38 @@ def test_a_claim_of_several_slots_is_taken_only_from_the_member_of_every_slot(tr
     group = [p.member(weight=1.0) for p in trio]
     digest = group_digest(group)
     receiver = trio[0]
-    receiver.transport.run(receiver.exchange.inbox.expect(key, [m.dht_peer_id for m in group], digest, parts=200),
-                           timeout_s=5)
+    receiver.transport.run(
+        receiver.exchange.inbox.expect(key, [m.dht_peer_id for m in group], digest, parts=200), timeout_s=5
+    )
 
     def claim(sender: Peer, position: int, parts: list[int]) -> exchange_pb2.ChunkAck:
-        claims = [exchange_pb2.BulkClaim(phase=exchange_pb2.PHASE_CONTRIBUTION, part=part, max_bytes=1 << 20,
-                                         **dict(zip(("mac_key", "ticket"), fresh_claim_secrets()))) for part in parts]
-        message = exchange_pb2.TensorChunk(key=key, group_digest=digest, sender=position, chunk=0, num_chunks=1,
-                                           bulk_claims=claims)
+        claims = [
+            exchange_pb2.BulkClaim(
+                phase=exchange_pb2.PHASE_CONTRIBUTION,
+                part=part,
+                max_bytes=1 << 20,
+                **dict(zip(("mac_key", "ticket"), fresh_claim_secrets())),
+            )
+            for part in parts
+        ]
+        message = exchange_pb2.TensorChunk(
+            key=key, group_digest=digest, sender=position, chunk=0, num_chunks=1, bulk_claims=claims
+        )
 
         async def one():
             yield message
-        return sender.transport.run(sender.transport.p2p.call_protobuf_handler(
-            PeerID.from_base58(receiver.transport.peer_id), f"swarm_{RUN_ID}.part", one(), exchange_pb2.ChunkAck),
-            timeout_s=10)
+
+        return sender.transport.run(
+            sender.transport.p2p.call_protobuf_handler(
+                PeerID.from_base58(receiver.transport.peer_id), f"swarm_{RUN_ID}.part", one(), exchange_pb2.ChunkAck
+            ),
+            timeout_s=10,
+        )
 
     def registered() -> set[tuple[int, int]]:
         async def read():
             return {(slot[2], slot[3]) for slot in receiver.exchange.bulk._claims.get(key, {})}
+
         return receiver.transport.run(read(), timeout_s=5)
 
     try:
@@ -204,7 +237,9 @@ def test_a_claim_of_several_slots_is_taken_only_from_the_member_of_every_slot(tr
         assert claim(trio[1], 1, list(range(6, 6 + MAX_CLAIMS_PER_SENDER - 4))).ok  # two short of the cap
         over = claim(trio[1], 1, list(range(100, 105)))  # the first two fit, the third does not
         assert not over.ok and "too many bulk claims" in over.error
-        assert len(registered()) == MAX_CLAIMS_PER_SENDER - 2 and not {p for p, _ in registered()} & set(range(100, 105))
+        assert len(registered()) == MAX_CLAIMS_PER_SENDER - 2 and not {p for p, _ in registered()} & set(
+            range(100, 105)
+        )
     finally:
         receiver.transport.run(receiver.exchange.inbox.forget(key), timeout_s=5)
 
@@ -222,14 +257,21 @@ def test_a_member_claims_its_bulk_slots_before_it_encodes_a_byte(trio: list[Peer
 
     def claims_from_peer0(peer: Peer) -> list[tuple[int, int]]:
         async def read() -> list[tuple[int, int]]:  # on the loop that owns the channel
-            return sorted((slot[1], slot[2]) for slot, claim in peer.exchange.bulk._claims.get(key, {}).items()
-                          if claim.sender_id == trio[0].transport.peer_id)
+            return sorted(
+                (slot[1], slot[2])
+                for slot, claim in peer.exchange.bulk._claims.get(key, {}).items()
+                if claim.sender_id == trio[0].transport.peer_id
+            )
+
         return peer.transport.run(read(), timeout_s=5)
 
     def peer0() -> torch.Tensor:
         hold = lambda phase: (held.set(), 3.0)[1] if phase == "sending" else None  # noqa: E731
-        return trio[0].exchange.average(key=key, group=group, me=group[0], delta=inputs[0], timeout_s=60,
-                                        on_phase=hold).average
+        return (
+            trio[0]
+            .exchange.average(key=key, group=group, me=group[0], delta=inputs[0], timeout_s=60, on_phase=hold)
+            .average
+        )
 
     def watcher() -> list[list[tuple[int, int]]]:
         assert held.wait(30)
@@ -241,13 +283,17 @@ def test_a_member_claims_its_bulk_slots_before_it_encodes_a_byte(trio: list[Peer
             time.sleep(0.02)
         return [claims_from_peer0(p) for p in trio[1:]]
 
-    others = [lambda p=p, m=m, d=d: p.exchange.average(key=key, group=group, me=m, delta=d, timeout_s=60).average
-              for p, m, d in zip(trio[1:], group[1:], inputs[1:])]
+    others = [
+        lambda p=p, m=m, d=d: p.exchange.average(key=key, group=group, me=m, delta=d, timeout_s=60).average
+        for p, m, d in zip(trio[1:], group[1:], inputs[1:])
+    ]
     outcomes = results_of(concurrently([peer0, *others, watcher], timeout_s=90))
 
     contribution, averaged = exchange_pb2.PHASE_CONTRIBUTION, exchange_pb2.PHASE_AVERAGED
-    assert outcomes[-1] == [sorted([(contribution, 3 * s + j) for s in range(stripes)] +
-                                   [(averaged, 3 * s) for s in range(stripes)]) for j in (1, 2)]
+    assert outcomes[-1] == [
+        sorted([(contribution, 3 * s + j) for s in range(stripes)] + [(averaged, 3 * s) for s in range(stripes)])
+        for j in (1, 2)
+    ]
     expected = butterfly_reference(inputs, weights, "fp32")
     assert all(torch.equal(a, expected) for a in outcomes[:3])
 
@@ -295,9 +341,16 @@ def test_bytes_beyond_the_unverified_cap_are_refused_and_counted() -> None:
         return True
 
     def frame(part: int, body: bytes, ticket: bytes, mac_key: bytes, length: int = 0) -> bytes:
-        head = exchange_pb2.BulkHeader(key="k", group_digest="d", phase=exchange_pb2.PHASE_CONTRIBUTION, part=part,
-                                       sender=1, tag=tag(mac_key, body), length=length or len(body),
-                                       ticket=ticket).SerializeToString()
+        head = exchange_pb2.BulkHeader(
+            key="k",
+            group_digest="d",
+            phase=exchange_pb2.PHASE_CONTRIBUTION,
+            part=part,
+            sender=1,
+            tag=tag(mac_key, body),
+            length=length or len(body),
+            ticket=ticket,
+        ).SerializeToString()
         return PREFIX.pack(MAGIC, len(head)) + head
 
     def answer(data: bytes) -> int:
@@ -347,10 +400,17 @@ def test_paced_bulk_connections_send_no_faster_than_the_pace(trio: list[Peer], d
                 p.exchange.pace_mbit_s = pace_mbit_s
             else:
                 p.exchange.uplink_mbit_s = pace_mbit_s * 2 / 0.95
-        results = results_of(concurrently(
-            [lambda p=p, m=m, d=d: p.exchange.average(key=group_key(RUN_ID, round_number), group=group, me=m, delta=d,
-                                                      timeout_s=60) for p, m, d in zip(trio, group, inputs)],
-            timeout_s=90))
+        results = results_of(
+            concurrently(
+                [
+                    lambda p=p, m=m, d=d: p.exchange.average(
+                        key=group_key(RUN_ID, round_number), group=group, me=m, delta=d, timeout_s=60
+                    )
+                    for p, m, d in zip(trio, group, inputs)
+                ],
+                timeout_s=90,
+            )
+        )
     finally:
         for p in trio:
             p.exchange.pace_mbit_s = p.exchange.uplink_mbit_s = 0.0
@@ -358,20 +418,29 @@ def test_paced_bulk_connections_send_no_faster_than_the_pace(trio: list[Peer], d
     # per groupmate, the frames of every stripe and both phases, which take turns on one connection
     stripes = stripe_count("fp32", numel, 3)
     assert all(len(r.links.uploads) == 2 * 2 * stripes for r in results)
-    rates = [throughput_mbit_s(t for t in r.links.uploads if t.peer == peer) for r in results
-             for peer in {t.peer for t in r.links.uploads}]
+    rates = [
+        throughput_mbit_s(t for t in r.links.uploads if t.peer == peer)
+        for r in results
+        for peer in {t.peer for t in r.links.uploads}
+    ]
     # unpaced, loopback moves Gbit/s. The sender's clock stops when a frame's last byte is in the socket buffer, and
     # the gaps between frames are not counted: a buffer that drained in a gap takes the next frame's first bytes at
     # once, so under load (longer gaps) the sender reads up to ~1.4x the pace (seen in a full suite run); the
     # receiver's timing below is the tight check.
     assert len(rates) == 6 and max(rates) < 2 * pace_mbit_s, rates
     # the receiving side times them too: what the link estimates take as the download rate
-    received = [throughput_mbit_s(t for t in r.links.downloads if t.peer == peer) for r in results
-                for peer in {t.peer for t in r.links.downloads}]
+    received = [
+        throughput_mbit_s(t for t in r.links.downloads if t.peer == peer)
+        for r in results
+        for peer in {t.peer for t in r.links.downloads}
+    ]
     assert len(received) == 6 and all(0.5 * pace_mbit_s < rate < 1.25 * pace_mbit_s for rate in received), received
     # the connections run Swarm's congestion control, not the system's default (BBR on some: it overruns the
     # receivers' queues when K − 1 flows converge on a link)
     if try_congestion(CONGESTION_CONTROL) is None:  # where this process may pick it
-        in_use = {pipe.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
-                  for p in trio for pipe in p.transport.bulk_sender._pipes.values()}
+        in_use = {
+            pipe.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
+            for p in trio
+            for pipe in p.transport.bulk_sender._pipes.values()
+        }
         assert in_use == {CONGESTION_CONTROL}

@@ -76,7 +76,9 @@ def _mixed():
         "param.00000": torch.randn(33, 7, generator=g),
         "inner.00000.step": torch.tensor(12.0),  # 0-dim
         "inner.00001.count": torch.tensor(5, dtype=torch.int64),
-        "half": torch.randn(5, generator=g).to(torch.bfloat16),  # 10 bytes: the next tensor would be misaligned after it
+        "half": torch.randn(5, generator=g).to(
+            torch.bfloat16
+        ),  # 10 bytes: the next tensor would be misaligned after it
         "mask": torch.tensor([True, False, True]),
         "empty": torch.zeros(0, 4),
         "transposed": torch.randn(6, 4, generator=g).t(),  # not contiguous
@@ -118,9 +120,17 @@ def test_a_checkpoint_made_by_safetensors_itself_loads(tmp_path):
     path = tmp_path / "ckpt" / TENSORS
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
     from peer.state.checkpoint import FORMAT_VERSION
-    (tmp_path / "ckpt" / MANIFEST).write_text(json.dumps({
-        "round": 1, "format_version": FORMAT_VERSION, "tensors_bytes": path.stat().st_size,
-        "tensors_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}))
+
+    (tmp_path / "ckpt" / MANIFEST).write_text(
+        json.dumps(
+            {
+                "round": 1,
+                "format_version": FORMAT_VERSION,
+                "tensors_bytes": path.stat().st_size,
+                "tensors_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            }
+        )
+    )
     loaded, _ = load_checkpoint(tmp_path / "ckpt")
     assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
 

@@ -20,6 +20,7 @@ def messages(payload: SlicePayload) -> list:
         out = [m async for m in chunk_messages(payload, HEAD, first_byte, sizes)]
         assert first_byte and sizes == [m.ByteSize() for m in out]
         return out
+
     return asyncio.run(collect())
 
 
@@ -49,4 +50,5 @@ def test_settle_cancels_the_rest_when_one_fails():
         with pytest.raises(RuntimeError, match="a send failed"):
             await settle([waiting, fails()])
         return waiting.cancelled()
+
     assert asyncio.run(scenario())

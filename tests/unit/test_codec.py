@@ -37,11 +37,13 @@ EXPECTED_SIZE = {
 def _topk_size(value_bytes):
     """topk at 1% in one chunk (n < 4096): k = ceil(n / 100) values, positions as uint16 offsets or a
     bitmap (whichever is smaller), values as ``value_bytes(k)``."""
+
     def size(n):
         if n == 0:
             return 0
         k = math.ceil(n / 100)
         return min(2 * k, math.ceil(n / 8)) + value_bytes(k)
+
     return size
 
 
@@ -143,7 +145,7 @@ def test_integer_codecs_error_is_at_most_half_a_step_of_each_blocks_absmax(name,
     x = _values(64 * 50 + 17, seed=5)
     y = codec.decode(codec.encode(x), x.numel())
     for start in range(0, x.numel(), 64):
-        block, back = x[start:start + 64].double(), y[start:start + 64].double()
+        block, back = x[start : start + 64].double(), y[start : start + 64].double()
         bound = block.abs().max().item() / qmax / 2
         assert (back - block).abs().max().item() <= bound * (1 + 1e-6), start
 
@@ -201,11 +203,11 @@ def test_corrupt_integer_payloads_are_refused():
 def _reference_block_int(x: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray]:
     """The integer codecs' scales and codes computed the plain way, the whole vector at once."""
     blocks = np.zeros(-(-x.size // BLOCK) * BLOCK, dtype=np.float32)
-    blocks[:x.size] = x
+    blocks[: x.size] = x
     blocks = blocks.reshape(-1, BLOCK)
     scales = (np.abs(blocks).max(axis=1) / np.float32(qmax)).astype(np.float32)
     safe = np.where(scales > 0, scales, np.float32(np.inf))
-    codes = np.clip(np.rint(blocks / safe[:, None]), -qmax, qmax).astype(np.int8).reshape(-1)[:x.size]
+    codes = np.clip(np.rint(blocks / safe[:, None]), -qmax, qmax).astype(np.int8).reshape(-1)[: x.size]
     return scales, codes
 
 
@@ -215,11 +217,11 @@ def test_integer_codecs_cut_into_chunks_write_what_one_pass_would(name, qmax, nu
     """The integer codecs quantize and decode a chunk at a time: across chunk boundaries and a partial last
     block, the bytes and the decoded values are those of one pass over the whole vector."""
     x = _values(numel, seed=numel)
-    x[CHUNK - 70:CHUNK + 70] = 0  # zero blocks on both sides of the first boundary
+    x[CHUNK - 70 : CHUNK + 70] = 0  # zero blocks on both sides of the first boundary
     codec = CODECS[name]
     scales, codes = _reference_block_int(x.numpy(), qmax)
     data = codec.encode(x)
-    assert data[:4 * scales.size] == scales.astype("<f4").tobytes()
+    assert data[: 4 * scales.size] == scales.astype("<f4").tobytes()
     got = np.frombuffer(data, dtype=np.uint8, offset=4 * scales.size)
     if name == "int8":
         assert np.array_equal(got.view(np.int8), codes)
@@ -239,7 +241,7 @@ def test_a_scale_too_large_for_its_codes_is_refused_not_decoded_to_inf():
         numel = CHUNK + 100
         data = bytearray(CODECS[name].encode(torch.ones(numel)))
         block = (CHUNK + 10) // BLOCK  # a block of the second chunk
-        data[4 * block:4 * block + 4] = np.float32(3e38).tobytes()
+        data[4 * block : 4 * block + 4] = np.float32(3e38).tobytes()
         with pytest.raises(ValueError, match="non-finite"):
             CODECS[name].decode(bytes(data), numel)
 

@@ -90,12 +90,27 @@ def test_a_toml_file_with_every_section_loads(tmp_path: Path) -> None:
     assert config == RunConfig(
         seed=42,
         model=ModelConfig(preset="small", context=64, dropout=0.1),
-        data=DataConfig(source="stdlib", seq_len=64, batch_size=4, eval_fraction=0.1, eval_batches=2,
-                        num_shards=4, max_bytes=1_000_000),
+        data=DataConfig(
+            source="stdlib",
+            seq_len=64,
+            batch_size=4,
+            eval_fraction=0.1,
+            eval_batches=2,
+            num_shards=4,
+            max_bytes=1_000_000,
+        ),
         inner=InnerOptConfig(lr=1e-3, weight_decay=0.0, beta1=0.8, beta2=0.99, warmup_steps=0, grad_clip=0.5),
         outer=OuterOptConfig(lr=1.0, momentum=0.5, nesterov=False),
-        rounds=RoundConfig(inner_steps=10, max_rounds=3, min_peers=2, codec="fp16", eval_every_rounds=2,
-                           matchmaking_window_s=5.0, exchange_timeout_s=30.0, round_timeout_s=120.0),
+        rounds=RoundConfig(
+            inner_steps=10,
+            max_rounds=3,
+            min_peers=2,
+            codec="fp16",
+            eval_every_rounds=2,
+            matchmaking_window_s=5.0,
+            exchange_timeout_s=30.0,
+            round_timeout_s=120.0,
+        ),
     )
     assert isinstance(config.outer.lr, float) and isinstance(config.rounds.matchmaking_window_s, float)
 
@@ -128,20 +143,20 @@ def test_an_unknown_key_inside_a_section_is_named_with_the_section_and_valid_key
 @pytest.mark.parametrize(
     ("text", "key"),
     [
-        ("seed = \"1\"\n", "seed"),
-        ("[rounds]\ninner_steps = \"10\"\n", "inner_steps"),
+        ('seed = "1"\n', "seed"),
+        ('[rounds]\ninner_steps = "10"\n', "inner_steps"),
         ("[rounds]\ninner_steps = true\n", "inner_steps"),
         ("[rounds]\ninner_steps = 10.0\n", "inner_steps"),
         ("[rounds]\nmax_rounds = 2.5\n", "max_rounds"),
-        ("[rounds]\nmax_rounds = \"3\"\n", "max_rounds"),
+        ('[rounds]\nmax_rounds = "3"\n', "max_rounds"),
         ("[rounds]\nmin_peers = false\n", "min_peers"),
         ("[rounds]\ncodec = 16\n", "codec"),
         ("[model]\ncontext = 64.5\n", "context"),
-        ("[model]\npreset = [\"tiny\"]\n", "preset"),
-        ("[inner]\nlr = \"fast\"\n", "lr"),
+        ('[model]\npreset = ["tiny"]\n', "preset"),
+        ('[inner]\nlr = "fast"\n', "lr"),
         ("[inner]\nlr = true\n", "lr"),
         ("[outer]\nnesterov = 1\n", "nesterov"),
-        ("[outer]\nnesterov = \"yes\"\n", "nesterov"),
+        ('[outer]\nnesterov = "yes"\n', "nesterov"),
         ("[data]\nmax_bytes = 1e6\n", "max_bytes"),
         ("seed = { value = 1 }\n", "seed"),
     ],
@@ -152,7 +167,7 @@ def test_a_value_of_the_wrong_type_is_named(tmp_path: Path, text: str, key: str)
 
 
 def test_a_section_that_is_not_a_table_is_named(tmp_path: Path) -> None:
-    message = load_error(tmp_path, "model = \"tiny\"\n")
+    message = load_error(tmp_path, 'model = "tiny"\n')
     assert "[model] must be a table" in message
 
 
@@ -163,11 +178,11 @@ def test_a_section_that_is_not_a_table_is_named(tmp_path: Path) -> None:
         ("[inner]\nlr = 0\n", "[inner] lr must be positive"),
         ("[outer]\nlr = -1.0\n", "[outer] lr must be positive"),
         ("[outer]\nmomentum = 1.0\n", "[outer] momentum"),
-        ("[model]\npreset = \"huge\"\n", "preset 'huge' is unknown"),
+        ('[model]\npreset = "huge"\n', "preset 'huge' is unknown"),
         ("[model]\ncontext = 4\n", "context must be at least 8"),
         ("[model]\ndropout = 1.0\n", "dropout"),
-        ("[rounds]\ncodec = \"int3\"\n", "codec 'int3' is unknown"),
-        ("[inner]\nsharding = \"zero\"\n", "sharding 'zero' is unknown; choose one of ['ddp', 'fsdp']"),
+        ('[rounds]\ncodec = "int3"\n', "codec 'int3' is unknown"),
+        ('[inner]\nsharding = "zero"\n', "sharding 'zero' is unknown; choose one of ['ddp', 'fsdp']"),
         ("[rounds]\ninner_steps = 0\n", "inner_steps must be at least 1"),
         ("[rounds]\nmax_rounds = 0\n", "max_rounds must be at least 1"),
         ("[rounds]\nmin_peers = 0\n", "min_peers must be at least 1"),
@@ -175,7 +190,7 @@ def test_a_section_that_is_not_a_table_is_named(tmp_path: Path) -> None:
         ("[data]\nseq_len = 0\n", "seq_len must be a positive integer"),
         ("[data]\neval_fraction = 0.5\n", "eval_fraction"),
         ("[data]\nmax_bytes = 10\n", "max_bytes must be at least"),
-        ("[data]\nsource = \"/nonexistent/corpus\"\n", "does not exist"),
+        ('[data]\nsource = "/nonexistent/corpus"\n', "does not exist"),
     ],
 )
 def test_a_bad_value_is_rejected_with_what_to_fix(tmp_path: Path, text: str, words: str) -> None:
@@ -183,8 +198,8 @@ def test_a_bad_value_is_rejected_with_what_to_fix(tmp_path: Path, text: str, wor
 
 
 def test_unknown_choices_list_the_valid_ones(tmp_path: Path) -> None:
-    assert "'fp16'" in load_error(tmp_path, "[rounds]\ncodec = \"int3\"\n")
-    assert "'tiny'" in load_error(tmp_path, "[model]\npreset = \"huge\"\n")
+    assert "'fp16'" in load_error(tmp_path, '[rounds]\ncodec = "int3"\n')
+    assert "'tiny'" in load_error(tmp_path, '[model]\npreset = "huge"\n')
 
 
 def test_invalid_toml_is_a_config_error(tmp_path: Path) -> None:
@@ -254,7 +269,7 @@ def test_the_valid_names_are_the_implemented_ones() -> None:
         ("[data]\nbatch_size = 100000000\n", "[data] batch_size must be a finite number"),
         ("[data]\nseq_len = 100000000\n", "[data] seq_len must be a finite number"),
         ("[model]\ncontext = 100000000\n", "[model] context must be a finite number"),
-        ("[outer]\nname = \"AdamW\"\n[outer.options]\neps = inf\n", "[outer.options] eps must be a finite number"),
+        ('[outer]\nname = "AdamW"\n[outer.options]\neps = inf\n', "[outer.options] eps must be a finite number"),
         ("seed = -1\n", "seed must be a finite number"),
     ],
 )

@@ -51,10 +51,14 @@ def refused(call) -> CoordinatorRejected:
 def test_a_join_brings_a_credential_the_coordinator_signed(coordinator, libp2p) -> None:
     key = PeerKey.generate()
     _, response = joined(coordinator, libp2p, key)
-    credential = verify_credential(response.credential, response.coordinator_public_key, run_id=response.run_id,
-                                   now=time.time())
-    assert (credential.peer_id, credential.public_key, credential.dht_peer_id) == (key.peer_id, key.public_key,
-                                                                                 libp2p.peer_id)
+    credential = verify_credential(
+        response.credential, response.coordinator_public_key, run_id=response.run_id, now=time.time()
+    )
+    assert (credential.peer_id, credential.public_key, credential.dht_peer_id) == (
+        key.peer_id,
+        key.public_key,
+        libp2p.peer_id,
+    )
     assert response.peer_id == key.peer_id and response.session == 1
 
 
@@ -149,24 +153,44 @@ def test_the_coordinator_derives_the_run_model_and_the_first_heartbeat_decides_n
     engine = CoordinatorEngine(Store(":memory:"), config=RUN, lease_s=60)
     trainer = LocalTrainer(RUN, peer_index=0)  # what an honest peer builds from the same config
     assert (engine.run.model_fingerprint, engine.run.initial_hash, engine.run.param_count) == (
-        trainer.fingerprint, trainer.state.state_hash, trainer.param_count)
+        trainer.fingerprint,
+        trainer.state.state_hash,
+        trainer.param_count,
+    )
     liar, _ = engine_join(engine)
     honest, _ = engine_join(engine)
     with pytest.raises(StateMismatch, match=r"initial model state \(hash ffff.*\) differs from the run's"):
-        engine.heartbeat(pb.HeartbeatRequest(peer_id=liar.peer_id, metrics=pb.PeerMetrics(
-            state=pb.PEER_STATE_READY, state_round=0, state_hash="ffffffffffffffff",
-            model_fingerprint=trainer.fingerprint)))
-    engine.heartbeat(pb.HeartbeatRequest(peer_id=honest.peer_id, metrics=pb.PeerMetrics(
-        state=pb.PEER_STATE_READY, state_round=0, state_hash=trainer.state.state_hash,
-        model_fingerprint=trainer.fingerprint)))
+        engine.heartbeat(
+            pb.HeartbeatRequest(
+                peer_id=liar.peer_id,
+                metrics=pb.PeerMetrics(
+                    state=pb.PEER_STATE_READY,
+                    state_round=0,
+                    state_hash="ffffffffffffffff",
+                    model_fingerprint=trainer.fingerprint,
+                ),
+            )
+        )
+    engine.heartbeat(
+        pb.HeartbeatRequest(
+            peer_id=honest.peer_id,
+            metrics=pb.PeerMetrics(
+                state=pb.PEER_STATE_READY,
+                state_round=0,
+                state_hash=trainer.state.state_hash,
+                model_fingerprint=trainer.fingerprint,
+            ),
+        )
+    )
     states = {p.id: p.state for p in engine.status(engine.run.token).peers}
     assert states == {liar.peer_id: "evicted", honest.peer_id: "ready"}
 
 
 def test_joins_are_rate_limited_per_address_and_per_token(libp2p) -> None:
     coordinator = FakeCoordinator(RUN)
-    coordinator.servicer = CoordinatorServicer(coordinator.engine, dht_initial_peers=[],
-                                               join_limits=JoinLimits(joins_per_address=Rate(per_s=1e-3, burst=3)))
+    coordinator.servicer = CoordinatorServicer(
+        coordinator.engine, dht_initial_peers=[], join_limits=JoinLimits(joins_per_address=Rate(per_s=1e-3, burst=3))
+    )
     for _ in range(3):
         joined(coordinator, libp2p)
     flood = refused(lambda: joined(coordinator, libp2p))

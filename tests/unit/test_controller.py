@@ -29,38 +29,99 @@ OVERLAP = RoundConfig(inner_steps=50, overlap_steps=10, controller="auto")  # a 
 
 
 def links(*uploads: float, download: float | None = None, rtt_ms: float = 1.0, step_s: float = 0.1) -> list[PeerLink]:
-    return [PeerLink(f"p{i}", up, download if download is not None else up, rtt_ms, step_s)
-            for i, up in enumerate(uploads)]
+    return [
+        PeerLink(f"p{i}", up, download if download is not None else up, rtt_ms, step_s) for i, up in enumerate(uploads)
+    ]
 
 
 CASES = [
     # (what, links, rounds, previous codec, expected codec, words the reason must hold)
-    ("fast links keep fp32", links(1000, 1000, 1000, 1000), PLAIN, None, "fp32",
-     ["fp32: fp32 takes", "within the 0.5 s 10% of the round"]),
-    ("80 Mbit/s needs half the bytes", links(80, 80, 80, 80), PLAIN, None, "fp16",
-     ["fp16: fp32 would take", "80 Mbit/s", "longer than the 0.5 s 10% of the round"]),
-    ("overlap hides fp32 at 100 Mbit/s", links(100, 100, 100, 100), OVERLAP, None, "fp32",
-     ["within the 1.0 s overlap window"]),
-    ("one 8 Mbit/s uplink pushes to int4", links(100, 100, 100, 8, download=100), OVERLAP, None, "int4",
-     ["int4: int8 would take", "p3's 8.0 Mbit/s uplink", "longer than the 1.0 s overlap window"]),
-    ("nothing hides behind a 0.4 Mbit/s link: int4 and a longer round", links(100, 0.4), OVERLAP, None, "int4",
-     ["int4: even int4 would take", "p1's 0.4 Mbit/s uplink",
-      "a round of 200 inner steps (controller_max_inner_steps) comes closest"]),
-    ("a 4 Mbit/s uplink: int4 and a round long enough to hide it", links(100, 4), PLAIN, None, "int4",
-     ["int4: even int4 would take 1.1 s", "a round of 113 inner steps would hide it"]),
-    ("the round is the fastest peer's: a peer 3x slower does not widen the window",
-     [PeerLink("p0", 20, 20, 1.0, 0.1), PeerLink("p1", 20, 20, 1.0, 0.3)], PLAIN, None, "int8",
-     ["int8: fp16 would take 0.8 s", "longer than the 0.5 s 10% of the round"]),
-    ("a codec outside the allowed list is never taken", links(80, 80, 80, 80),
-     RoundConfig(inner_steps=50, controller="auto", controller_codecs=("fp32", "int8")), None, "int8",
-     ["int8: fp32 would take"]),
-    ("hysteresis: fp32 would fit, not with headroom: fp16 stays", links(110, 110, 110, 110), PLAIN, "fp16",
-     "fp16", ["fp16, kept: fp32 would take", "not within 0.35 s, the headroom it needs"]),
+    (
+        "fast links keep fp32",
+        links(1000, 1000, 1000, 1000),
+        PLAIN,
+        None,
+        "fp32",
+        ["fp32: fp32 takes", "within the 0.5 s 10% of the round"],
+    ),
+    (
+        "80 Mbit/s needs half the bytes",
+        links(80, 80, 80, 80),
+        PLAIN,
+        None,
+        "fp16",
+        ["fp16: fp32 would take", "80 Mbit/s", "longer than the 0.5 s 10% of the round"],
+    ),
+    (
+        "overlap hides fp32 at 100 Mbit/s",
+        links(100, 100, 100, 100),
+        OVERLAP,
+        None,
+        "fp32",
+        ["within the 1.0 s overlap window"],
+    ),
+    (
+        "one 8 Mbit/s uplink pushes to int4",
+        links(100, 100, 100, 8, download=100),
+        OVERLAP,
+        None,
+        "int4",
+        ["int4: int8 would take", "p3's 8.0 Mbit/s uplink", "longer than the 1.0 s overlap window"],
+    ),
+    (
+        "nothing hides behind a 0.4 Mbit/s link: int4 and a longer round",
+        links(100, 0.4),
+        OVERLAP,
+        None,
+        "int4",
+        [
+            "int4: even int4 would take",
+            "p1's 0.4 Mbit/s uplink",
+            "a round of 200 inner steps (controller_max_inner_steps) comes closest",
+        ],
+    ),
+    (
+        "a 4 Mbit/s uplink: int4 and a round long enough to hide it",
+        links(100, 4),
+        PLAIN,
+        None,
+        "int4",
+        ["int4: even int4 would take 1.1 s", "a round of 113 inner steps would hide it"],
+    ),
+    (
+        "the round is the fastest peer's: a peer 3x slower does not widen the window",
+        [PeerLink("p0", 20, 20, 1.0, 0.1), PeerLink("p1", 20, 20, 1.0, 0.3)],
+        PLAIN,
+        None,
+        "int8",
+        ["int8: fp16 would take 0.8 s", "longer than the 0.5 s 10% of the round"],
+    ),
+    (
+        "a codec outside the allowed list is never taken",
+        links(80, 80, 80, 80),
+        RoundConfig(inner_steps=50, controller="auto", controller_codecs=("fp32", "int8")),
+        None,
+        "int8",
+        ["int8: fp32 would take"],
+    ),
+    (
+        "hysteresis: fp32 would fit, not with headroom: fp16 stays",
+        links(110, 110, 110, 110),
+        PLAIN,
+        "fp16",
+        "fp16",
+        ["fp16, kept: fp32 would take", "not within 0.35 s, the headroom it needs"],
+    ),
     ("without hysteresis the same links take fp32", links(110, 110, 110, 110), PLAIN, None, "fp32", []),
-    ("no link measured yet: the run's codec", links(math.nan, math.nan), PLAIN, None, "fp32",
-     ["no link measured yet"]),
-    ("no link measured yet: the previous choice holds", links(math.nan, math.nan), PLAIN, "int8", "int8",
-     ["no link measured yet"]),
+    ("no link measured yet: the run's codec", links(math.nan, math.nan), PLAIN, None, "fp32", ["no link measured yet"]),
+    (
+        "no link measured yet: the previous choice holds",
+        links(math.nan, math.nan),
+        PLAIN,
+        "int8",
+        "int8",
+        ["no link measured yet"],
+    ),
     ("a single peer exchanges nothing", links(1), PLAIN, None, "fp32", ["a group of one peer exchanges nothing"]),
 ]
 
@@ -77,8 +138,11 @@ def test_measurements_give_the_codec_and_a_readable_reason(what, peers, rounds, 
 
 def test_a_slow_uplink_owns_a_smaller_slice() -> None:
     choice = choose(links(100, 100, 10), param_count=PARAMS, rounds=OVERLAP, round_no=1)
-    assert choice.shares == {"p0": pytest.approx(100 / 210, abs=1e-4), "p1": pytest.approx(100 / 210, abs=1e-4),
-                             "p2": pytest.approx(10 / 210, abs=1e-4)}
+    assert choice.shares == {
+        "p0": pytest.approx(100 / 210, abs=1e-4),
+        "p1": pytest.approx(100 / 210, abs=1e-4),
+        "p2": pytest.approx(10 / 210, abs=1e-4),
+    }
     equal = {p.peer_id: 1.0 for p in links(100, 100, 10)}
     # with its small slice the slow peer sends less, so the exchange is faster than with equal slices
     balanced = controller.predict(links(100, 100, 10), choice.shares, PARAMS, "fp32").seconds
@@ -146,7 +210,11 @@ def test_the_choice_survives_its_json_and_reaches_the_wire() -> None:
     choice = choose(links(100, 10), param_count=PARAMS, rounds=OVERLAP, round_no=3)
     message = controller.message(controller.to_json(choice))
     assert (message.round, message.codec, dict(message.shares), message.reason) == (
-        3, choice.codec, pytest.approx(choice.shares), choice.reason)
+        3,
+        choice.codec,
+        pytest.approx(choice.shares),
+        choice.reason,
+    )
     assert controller.message("") is None and controller.from_json("not json") is None
 
 
@@ -183,27 +251,54 @@ def test_a_link_cut_reported_with_the_round_decides_the_next_rounds_codec() -> N
     info = engine.heartbeat(ready_beat(b.peer_id, engine, upload_mbit_s=1e4, download_mbit_s=1e4, step_time_s=0.1))
     assert info.open_round == 1 and info.choice.codec == "fp32"
     group = [a.peer_id, b.peer_id]
-    engine.report(pb.ReportRoundRequest(peer_id=a.peer_id, round=1, ok=True, state_hash="h1", group=group,
-                                        upload_mbit_s=1e4, download_mbit_s=1e4, rtt_ms=1.0))
-    info = engine.report(pb.ReportRoundRequest(peer_id=b.peer_id, round=1, ok=True, state_hash="h1", group=group,
-                                               upload_mbit_s=0.1, download_mbit_s=0.1, rtt_ms=float("nan")))
+    engine.report(
+        pb.ReportRoundRequest(
+            peer_id=a.peer_id,
+            round=1,
+            ok=True,
+            state_hash="h1",
+            group=group,
+            upload_mbit_s=1e4,
+            download_mbit_s=1e4,
+            rtt_ms=1.0,
+        )
+    )
+    info = engine.report(
+        pb.ReportRoundRequest(
+            peer_id=b.peer_id,
+            round=1,
+            ok=True,
+            state_hash="h1",
+            group=group,
+            upload_mbit_s=0.1,
+            download_mbit_s=0.1,
+            rtt_ms=float("nan"),
+        )
+    )
     assert engine.round_info(a.peer_id, 1).outcome == pb.ROUND_OUTCOME_COMMITTED
     assert info.open_round == 2 and info.choice.codec == "int4", "round 2 is planned with round 1's measurement"
 
 
 def test_with_the_controller_off_rounds_carry_no_choice() -> None:
-    engine = CoordinatorEngine(Store(":memory:"), config=RunConfig(rounds=RoundConfig(min_peers=1)),
-                               clock=lambda: 1_000.0)
+    engine = CoordinatorEngine(
+        Store(":memory:"), config=RunConfig(rounds=RoundConfig(min_peers=1)), clock=lambda: 1_000.0
+    )
     a, _ = engine_join(engine)
     info = engine.heartbeat(ready_beat(a.peer_id, engine, upload_mbit_s=0.1, step_time_s=0.1))
     assert info.open_round == 1 and not info.HasField("choice")
     assert status_to_dict(engine.status(engine.run.token))["run"]["controller"] is None
 
 
-@pytest.mark.parametrize("numel, align, shares", [
-    (100_003, 1, [0.6, 0.3, 0.1]), (100_003, 64, [0.6, 0.3, 0.1]), (1000, 64, [0.999, 0.001]),
-    (130, 64, [1.0, 1.0, 1.0, 1.0]), (0, 64, [0.5, 0.5]),
-])
+@pytest.mark.parametrize(
+    "numel, align, shares",
+    [
+        (100_003, 1, [0.6, 0.3, 0.1]),
+        (100_003, 64, [0.6, 0.3, 0.1]),
+        (1000, 64, [0.999, 0.001]),
+        (130, 64, [1.0, 1.0, 1.0, 1.0]),
+        (0, 64, [0.5, 0.5]),
+    ],
+)
 def test_share_sized_slices_cover_the_vector_block_aligned(numel, align, shares) -> None:
     bounds = slice_bounds(numel, len(shares), align, shares)
     assert bounds[0][0] == 0 and bounds[-1][1] == numel

@@ -70,10 +70,19 @@ def ready(
 ) -> pb.HeartbeatResponse:
     """A ready peer's heartbeat; "h0" stands for θ0's hash, which the coordinator derives from the config."""
     return client.heartbeat(
-        peer_id, state=pb.PEER_STATE_READY, state_round=state_round,
+        peer_id,
+        state=pb.PEER_STATE_READY,
+        state_round=state_round,
         state_hash=MODEL.initial_hash if state_hash == "h0" else state_hash,
-        model_fingerprint=MODEL.model_fingerprint, param_count=1000, dht_peer_id="dht-" + peer_id,
-        tokens=640, inner_steps=5, inner_time_s=3.0, wall_time_s=4.0, bytes_sent=100, bytes_received=90,
+        model_fingerprint=MODEL.model_fingerprint,
+        param_count=1000,
+        dht_peer_id="dht-" + peer_id,
+        tokens=640,
+        inner_steps=5,
+        inner_time_s=3.0,
+        wall_time_s=4.0,
+        bytes_sent=100,
+        bytes_received=90,
     )
 
 
@@ -110,10 +119,15 @@ def test_a_peer_of_another_wire_protocol_is_refused_at_join_with_the_fix_and_hon
         with pytest.raises(CoordinatorRejected) as info:
             other.join(key=key, libp2p=libp2p_identity(), name="other", swarm_version="0.0.9", protocol=protocol)
         assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
-        shown = (f"0.0.9 with wire protocol {protocol}" if protocol
-                 else "0.0.9, a release that does not say its wire protocol,")
-        assert f"this peer runs Swarm {shown} while the run's coordinator runs wire protocol {PROTOCOL}:" \
+        shown = (
+            f"0.0.9 with wire protocol {protocol}"
+            if protocol
+            else "0.0.9, a release that does not say its wire protocol,"
+        )
+        assert (
+            f"this peer runs Swarm {shown} while the run's coordinator runs wire protocol {PROTOCOL}:"
             in info.value.details
+        )
         assert "install the Swarm release the coordinator runs on this machine and join again" in info.value.details
         assert release() not in info.value.details  # nothing about the coordinator's software before a token
         assert key.peer_id not in {p.id for p in other.get_status().peers}  # it never became a member
@@ -137,8 +151,11 @@ def test_two_ready_peers_open_round_one_and_commit_it(client: CoordinatorClient,
     assert {a.peer_id, b.peer_id} <= set(cb.get_round(b.peer_id).participants)
     group = [a.peer_id, b.peer_id]  # a report names the group it averaged with
     ca.report_round(a.peer_id, 1, ok=True, state_hash="h1", inner_steps=5, loss=3.5, samples=40, group=group)
-    cb.report_round(pb.ReportRoundRequest(  # a prebuilt request works too
-        peer_id=b.peer_id, round=1, ok=True, state_hash="h1", inner_steps=5, loss=3.5, samples=40, group=group))
+    cb.report_round(
+        pb.ReportRoundRequest(  # a prebuilt request works too
+            peer_id=b.peer_id, round=1, ok=True, state_hash="h1", inner_steps=5, loss=3.5, samples=40, group=group
+        )
+    )
     committed = ca.get_round(a.peer_id, 1)
     assert (committed.outcome, committed.committed_hash) == (pb.ROUND_OUTCOME_COMMITTED, "h1")
     # the holders are the libp2p ids proven at join, whatever a heartbeat said
@@ -255,8 +272,9 @@ def test_serve_prints_the_join_string_and_returns_when_the_run_finished(
 
 
 def _dht_id(joined: pb.JoinResponse) -> str:
-    return verify_credential(joined.credential, joined.coordinator_public_key, run_id=joined.run_id,
-                             now=time.time()).dht_peer_id
+    return verify_credential(
+        joined.credential, joined.coordinator_public_key, run_id=joined.run_id, now=time.time()
+    ).dht_peer_id
 
 
 def test_serve_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
@@ -281,8 +299,10 @@ def test_a_started_coordinator_keeps_its_token_and_key_owner_only(server: Coordi
 
     from coordinator.store.database import STORE_FILE
 
-    modes = {name: stat.S_IMODE((server._state_dir / name).stat().st_mode)
-             for name in (JOIN_STRING_FILE, STORE_FILE, tls.KEY_FILE)}
+    modes = {
+        name: stat.S_IMODE((server._state_dir / name).stat().st_mode)
+        for name in (JOIN_STRING_FILE, STORE_FILE, tls.KEY_FILE)
+    }
     assert modes == dict.fromkeys(modes, 0o600)
     assert stat.S_IMODE(server._state_dir.stat().st_mode) == 0o700
 
@@ -292,8 +312,11 @@ def test_a_status_token_made_while_the_coordinator_runs_watches_over_grpc_but_ca
 ) -> None:
     assert cli_main(["token", "create", "--state-dir", str(server._state_dir), "--role", "status"]) == 0
     watcher = JoinString.parse(capsys.readouterr().out.strip())
-    assert (watcher.host, watcher.port, watcher.fingerprint) == (server.join_string.host, server.join_string.port,
-                                                                  server.join_string.fingerprint)
+    assert (watcher.host, watcher.port, watcher.fingerprint) == (
+        server.join_string.host,
+        server.join_string.port,
+        server.join_string.fingerprint,
+    )
     with CoordinatorClient(watcher, request_timeout_s=5) as client:
         assert client.get_status().run.run_id == server.engine.run.run_id
         with pytest.raises(CoordinatorRejected) as info:

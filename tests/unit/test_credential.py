@@ -21,8 +21,16 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def _credential(key: PeerKey, **overrides) -> Credential:
-    fields = dict(run_id="run-1", peer_id=key.peer_id, public_key=key.public_key, dht_peer_id="QmX",
-                  role="peer", token_id="default", issued_at=100.0, expires_at=200.0)
+    fields = dict(
+        run_id="run-1",
+        peer_id=key.peer_id,
+        public_key=key.public_key,
+        dht_peer_id="QmX",
+        role="peer",
+        token_id="default",
+        issued_at=100.0,
+        expires_at=200.0,
+    )
     fields.update(overrides)
     return Credential(**fields)
 

@@ -22,8 +22,11 @@ def _get(url: str) -> tuple[str, str]:
 
 
 def _samples(text: str) -> dict[tuple[str, tuple], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_a_live_coordinator_serves_its_page_state_and_metrics(tmp_path: Path) -> None:
@@ -52,7 +55,9 @@ def test_a_live_coordinator_serves_its_page_state_and_metrics(tmp_path: Path) ->
     assert samples[("swarm_bytes_sent_total", ())] >= 0
     assert ("swarm_exchange_seconds", ()) in samples and ("swarm_compute_utilization_ratio", ()) in samples
     assert ("swarm_peers_evicted_total", ()) in samples and ("swarm_contributions_rejected_total", ()) in samples
-    speeds = {dict(labels)["peer"]: v for (name, labels), v in samples.items() if name == "swarm_peer_tokens_per_second"}
+    speeds = {
+        dict(labels)["peer"]: v for (name, labels), v in samples.items() if name == "swarm_peer_tokens_per_second"
+    }
     assert speeds == {peer_id: 1234.0 for peer_id in group}
 
 
@@ -79,7 +84,9 @@ def test_a_taken_http_port_is_one_sentence(tmp_path: Path) -> None:
     url = first.start()
     try:
         port = int(url.rstrip("/").rsplit(":", 1)[1])
-        with pytest.raises(OSError, match=r"cannot serve the dashboard on 127\.0\.0\.1:\d+ .*choose another --http-port"):
+        with pytest.raises(
+            OSError, match=r"cannot serve the dashboard on 127\.0\.0\.1:\d+ .*choose another --http-port"
+        ):
             DashboardServer(lambda: {}, port=port).start()
     finally:
         first.stop()

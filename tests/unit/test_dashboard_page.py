@@ -33,27 +33,78 @@ PEER_IDS = ("p-2125bedba73c1645", "p-9f0c33e1d2a47b58")
 
 def _rounds() -> list[dict]:
     cfg = InnerOptConfig(lr=6e-4, warmup_steps=20, schedule="cosine", min_lr_ratio=0.1)
-    return [{"round": r, "outcome": "committed", "participants": 2, "holders": 2, "codec": "int8", "inner_steps": 50,
-             "fragments": 1, "bytes_sent": 45_100_000 + 1000 * r, "ddp_equivalent_bytes": 4_510_000_000,
-             "exchange_s": 1.2, "inner_s": 60.0, "mean_loss": 2.0 + 3.0 * math.exp(-r / 8), "eval_loss": 2.1 + 3.0 * math.exp(-r / 8),
-             "tokens": 870_000, "utilization": 0.974 + 0.025 * (r % 3) / 2, "tokens_per_s": 14_500.0 + 37.7 * (r % 5),
-             "reason": "", "lr": lr_at(cfg, peer_step=50 * r - 1, run_step=50 * r - 1, run_steps=50 * ROUNDS)}
-            for r in range(1, ROUNDS + 1)]
+    return [
+        {
+            "round": r,
+            "outcome": "committed",
+            "participants": 2,
+            "holders": 2,
+            "codec": "int8",
+            "inner_steps": 50,
+            "fragments": 1,
+            "bytes_sent": 45_100_000 + 1000 * r,
+            "ddp_equivalent_bytes": 4_510_000_000,
+            "exchange_s": 1.2,
+            "inner_s": 60.0,
+            "mean_loss": 2.0 + 3.0 * math.exp(-r / 8),
+            "eval_loss": 2.1 + 3.0 * math.exp(-r / 8),
+            "tokens": 870_000,
+            "utilization": 0.974 + 0.025 * (r % 3) / 2,
+            "tokens_per_s": 14_500.0 + 37.7 * (r % 5),
+            "reason": "",
+            "lr": lr_at(cfg, peer_step=50 * r - 1, run_step=50 * r - 1, run_steps=50 * ROUNDS),
+        }
+        for r in range(1, ROUNDS + 1)
+    ]
 
 
 def _state() -> dict:
     return {
-        "run": {"run_id": "r-5e1d0c9a", "round": ROUNDS, "state": "finished", "finished": True,
-                "committed_round": ROUNDS, "committed_hash": "6a7a3458aa", "rounds_committed": ROUNDS,
-                "rounds_voided": 0, "peers_alive": 2, "peers_evicted": 0, "tokens": 34_800_000,
-                "bytes_sent": 1_804_000_000, "ddp_equivalent_bytes": 180_400_000_000, "utilization": 0.809,
-                "contributions_rejected": 0, "eval_loss": 2.1234, "eval_round": ROUNDS, "initial_eval_loss": 5.5},
+        "run": {
+            "run_id": "r-5e1d0c9a",
+            "round": ROUNDS,
+            "state": "finished",
+            "finished": True,
+            "committed_round": ROUNDS,
+            "committed_hash": "6a7a3458aa",
+            "rounds_committed": ROUNDS,
+            "rounds_voided": 0,
+            "peers_alive": 2,
+            "peers_evicted": 0,
+            "tokens": 34_800_000,
+            "bytes_sent": 1_804_000_000,
+            "ddp_equivalent_bytes": 180_400_000_000,
+            "utilization": 0.809,
+            "contributions_rejected": 0,
+            "eval_loss": 2.1234,
+            "eval_round": ROUNDS,
+            "initial_eval_loss": 5.5,
+        },
         "rounds": _rounds(),
-        "peers": [{"id": peer_id, "name": "vm", "site": "", "state": "ready", "alive": True, "tokens_per_s": 14_512.3,
-                   "step_time_s": 0.0141, "upload_mbit_s": 1234.5, "download_mbit_s": 987.6, "rtt_ms": 0.1234,
-                   "rounds_joined": ROUNDS, "rounds_missed": 0, "state_hash": "6a7a3458aa", "state_round": ROUNDS,
-                   "hash_matches": True, "last_seen_s": 1.23, "utilization": 0.81, "bytes_sent": 902_000_000,
-                   "loss": 2.01} for peer_id in PEER_IDS],
+        "peers": [
+            {
+                "id": peer_id,
+                "name": "vm",
+                "site": "",
+                "state": "ready",
+                "alive": True,
+                "tokens_per_s": 14_512.3,
+                "step_time_s": 0.0141,
+                "upload_mbit_s": 1234.5,
+                "download_mbit_s": 987.6,
+                "rtt_ms": 0.1234,
+                "rounds_joined": ROUNDS,
+                "rounds_missed": 0,
+                "state_hash": "6a7a3458aa",
+                "state_round": ROUNDS,
+                "hash_matches": True,
+                "last_seen_s": 1.23,
+                "utilization": 0.81,
+                "bytes_sent": 902_000_000,
+                "loss": 2.01,
+            }
+            for peer_id in PEER_IDS
+        ],
     }
 
 
@@ -108,8 +159,11 @@ def test_the_coordinator_derives_each_rounds_learning_rate_from_the_run_config(t
 
 def test_a_decaying_schedule_falls_to_its_floor_by_the_last_round() -> None:
     from coordinator.http.snapshot import _round_lr
-    run = RunConfig(rounds=RoundConfig(max_rounds=10, inner_steps=4),
-                    inner=InnerOptConfig(lr=1e-3, warmup_steps=4, schedule="cosine", min_lr_ratio=0.1))
+
+    run = RunConfig(
+        rounds=RoundConfig(max_rounds=10, inner_steps=4),
+        inner=InnerOptConfig(lr=1e-3, warmup_steps=4, schedule="cosine", min_lr_ratio=0.1),
+    )
     rate = _round_lr(run.to_json())
     assert rate(1) == lr_at(run.inner, peer_step=3, run_step=3, run_steps=40)  # the warmup's last step
     assert rate(10) == lr_at(run.inner, peer_step=39, run_step=39, run_steps=40)
@@ -127,8 +181,12 @@ def _browser_or_skip():
 
 
 def _overlap(a: dict, b: dict) -> bool:
-    return a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"] and \
-        a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"]
+    return (
+        a["x"] < b["x"] + b["width"]
+        and b["x"] < a["x"] + a["width"]
+        and a["y"] < b["y"] + b["height"]
+        and b["y"] < a["y"] + a["height"]
+    )
 
 
 @pytest.mark.timeout(120)
@@ -141,8 +199,12 @@ def test_the_page_reads_well_in_a_1400_px_window(tmp_path: Path) -> None:
             assert "e+" not in json.dumps(json.loads(response.read())["charts"])
         with sync_playwright() as p:
             browser = p.chromium.launch_persistent_context(
-                str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=LAUNCH_FLAGS,
-                viewport={"width": 1400, "height": 900})
+                str(tmp_path / "chromium-profile"),
+                executable_path=CHROMIUM,
+                headless=True,
+                args=LAUNCH_FLAGS,
+                viewport={"width": 1400, "height": 900},
+            )
             try:
                 page = browser.new_page()
                 errors: list[str] = []
@@ -150,12 +212,18 @@ def test_the_page_reads_well_in_a_1400_px_window(tmp_path: Path) -> None:
                 page.on("pageerror", lambda e: errors.append(str(e)))
                 page.goto(url, wait_until="load", timeout=30_000)
                 page.wait_for_selector("body[data-loaded='1']", timeout=30_000)
-                visible = page.evaluate("document.body.innerText + [...document.querySelectorAll('svg text')]"
-                                        ".map(t => t.textContent).join(' ')")
+                visible = page.evaluate(
+                    "document.body.innerText + [...document.querySelectorAll('svg text')]"
+                    ".map(t => t.textContent).join(' ')"
+                )
                 assert not re.search(r"\de[+-]\d", visible), visible
-                cards = {page.locator(".card .k").nth(i).inner_text(): page.locator(".card .v").nth(i).inner_text()
-                         for i in range(page.locator(".card").count())}
-                assert cards["tokens"] == "34.8M" and cards["bytes sent"] == "1.8 GB" and cards["utilization"] == "80.9%"
+                cards = {
+                    page.locator(".card .k").nth(i).inner_text(): page.locator(".card .v").nth(i).inner_text()
+                    for i in range(page.locator(".card").count())
+                }
+                assert (
+                    cards["tokens"] == "34.8M" and cards["bytes sent"] == "1.8 GB" and cards["utilization"] == "80.9%"
+                )
                 utilization_card = page.locator("[data-key=utilization]")
                 assert "whole run" in utilization_card.inner_text()
                 assert "per round" in utilization_card.get_attribute("title")
@@ -172,7 +240,13 @@ def test_the_page_reads_well_in_a_1400_px_window(tmp_path: Path) -> None:
                     assert chart.locator(".ylabel").text_content()
                 assert page.locator("#chart-utilization .ylabel").text_content() == "utilization (%)"
                 assert page.locator("#chart-tokens .ylabel").text_content() == "tokens/s"
-                assert page.locator("#chart-utilization .ytick").all_text_contents() == ["0%", "25%", "50%", "75%", "100%"]
+                assert page.locator("#chart-utilization .ytick").all_text_contents() == [
+                    "0%",
+                    "25%",
+                    "50%",
+                    "75%",
+                    "100%",
+                ]
                 assert page.locator("#chart-lr circle.pt").count() == ROUNDS
                 # no two legend entries overlap, none overlaps the title, and each lies inside its chart
                 for chart_id in ("chart-loss", "chart-bytes", "chart-choices"):
@@ -181,17 +255,20 @@ def test_the_page_reads_well_in_a_1400_px_window(tmp_path: Path) -> None:
                         " return {x: b.x, y: b.y, width: b.width, height: b.height}; };"
                         " return [[...document.querySelectorAll('#' + id + ' g.legend')].map(box),"
                         " box(document.getElementById(id)), box(document.querySelector('#' + id + ' .title'))]; }",
-                        chart_id)
+                        chart_id,
+                    )
                     assert len(boxes) >= 2 and not any(_overlap(title, b) for b in boxes), (chart_id, title, boxes)
                     for i, a in enumerate(boxes):
                         assert frame["x"] <= a["x"] and a["x"] + a["width"] <= frame["x"] + frame["width"], chart_id
-                        assert not any(_overlap(a, b) for b in boxes[i + 1:]), (chart_id, boxes)
+                        assert not any(_overlap(a, b) for b in boxes[i + 1 :]), (chart_id, boxes)
                 # the charts fill the window's width, several to a row
                 # measured in one evaluation: the page re-renders its charts every second, so a box read chart by
                 # chart can catch one between its removal and its replacement
-                boxes = page.evaluate("[...document.querySelectorAll('svg.chart')].map(c => {"
-                                      " const b = c.getBoundingClientRect();"
-                                      " return {x: b.x, y: b.y, width: b.width, height: b.height}; })")
+                boxes = page.evaluate(
+                    "[...document.querySelectorAll('svg.chart')].map(c => {"
+                    " const b = c.getBoundingClientRect();"
+                    " return {x: b.x, y: b.y, width: b.width, height: b.height}; })"
+                )
                 right = max(b["x"] + b["width"] for b in boxes)
                 assert right >= 1400 - 16 - 20, right  # the body's margin, a scroll bar
                 assert len({round(b["y"]) for b in boxes}) <= 3  # 7 charts on at most 3 rows: 3 to a row

@@ -31,8 +31,11 @@ def test_a_peer_whose_text_files_differ_from_the_coordinators_is_refused(tmp_pat
 
     (tmp_path / "corpus" / "a.txt").write_text("def g(y):\n    return -y\n" * 5_000)  # this peer's copy differs
     _load_cached.cache_clear()  # as in another process: this one read the coordinator's copy already
-    with pytest.raises(ConfigError, match=r"this peer's data \(fingerprint [0-9a-f]{16}\) differs from the run's"
-                                          r" \([0-9a-f]{16}\); give it the same files as the coordinator's"):
+    with pytest.raises(
+        ConfigError,
+        match=r"this peer's data \(fingerprint [0-9a-f]{16}\) differs from the run's"
+        r" \([0-9a-f]{16}\); give it the same files as the coordinator's",
+    ):
         load_corpus(spec.data)
 
 

@@ -31,8 +31,15 @@ class GoneClient:
 
 
 def link(client, *, stop=None, give_up_after_s=None) -> CoordinatorLink:
-    return CoordinatorLink(client, stop=stop or threading.Event(), faults=FaultPlan(), poll_s=0.01,
-                           leave_grace_s=10.0, tag=lambda r: "[p]", give_up_after_s=give_up_after_s)
+    return CoordinatorLink(
+        client,
+        stop=stop or threading.Event(),
+        faults=FaultPlan(),
+        poll_s=0.01,
+        leave_grace_s=10.0,
+        tag=lambda r: "[p]",
+        give_up_after_s=give_up_after_s,
+    )
 
 
 def test_a_coordinator_gone_after_it_said_the_run_finished_is_not_waited_for(monkeypatch):
@@ -59,8 +66,9 @@ def test_a_peer_with_nothing_to_do_gives_up_on_an_unreachable_coordinator_in_one
 def test_a_stop_ends_the_wait_for_a_decision_within_the_leave_grace_cap(monkeypatch):
     monkeypatch.setattr("peer.link.coordinator_link.STOP_DECISION_WAIT_S", 0.2)
     stop = threading.Event()
-    c = CoordinatorLink(GoneClient(), stop=stop, faults=FaultPlan(), poll_s=0.01, leave_grace_s=10.0,
-                        tag=lambda r: "[p]")
+    c = CoordinatorLink(
+        GoneClient(), stop=stop, faults=FaultPlan(), poll_s=0.01, leave_grace_s=10.0, tag=lambda r: "[p]"
+    )
     assert c.leave_grace_s == 0.2  # a leaving peer waits seconds, not the 10 s option
     stop.set()
     with pytest.raises(PeerExit) as exited:

@@ -32,8 +32,9 @@ SIGNED = sign_entry(MEMBER, KEY, ENTRY, expires_at=EXPIRES)
 
 
 def _read(value, *, subkey=MEMBER.peer_id, cls=Member, key=KEY, expiration_time=EXPIRES):
-    return verify_entry(value, key=key, subkey=subkey, cls=cls, member=READER, now=time.time(),
-                        expiration_time=expiration_time)
+    return verify_entry(
+        value, key=key, subkey=subkey, cls=cls, member=READER, now=time.time(), expiration_time=expiration_time
+    )
 
 
 def test_a_members_signed_entry_reads_back_exactly() -> None:
@@ -60,8 +61,18 @@ def test_a_reader_outside_the_dht_checks_the_signature_without_an_expiration() -
     """The coordinator checks votes a report carries, as signed, with no DHT record around them."""
     vote = Vote(peer_id=MEMBER.peer_id, dht_peer_id="QmMember", ok=True, state_hash="abc")
     signed = sign_entry(MEMBER, KEY, vote, expires_at=EXPIRES)
-    assert verify_signed(signed, key=KEY, subkey=MEMBER.peer_id, cls=Vote, coordinator_public_key=COORDINATOR.public_key,
-                         run_id=RUN_ID, now=time.time()) == vote
+    assert (
+        verify_signed(
+            signed,
+            key=KEY,
+            subkey=MEMBER.peer_id,
+            cls=Vote,
+            coordinator_public_key=COORDINATOR.public_key,
+            run_id=RUN_ID,
+            now=time.time(),
+        )
+        == vote
+    )
 
 
 def test_a_reader_of_the_previous_version_reads_an_entry_whose_new_fields_are_at_their_defaults() -> None:
@@ -89,16 +100,23 @@ def test_a_reader_of_the_previous_version_reads_an_entry_whose_new_fields_are_at
     assert _read(sign_entry(MEMBER, KEY, marked, expires_at=EXPIRES)) == marked
 
 
-@pytest.mark.parametrize("tamper, reason", [
-    (lambda v: {**v, "signature": bytes(64)}, "not signed by"),
-    (lambda v: {**v, "credential": make_member(PeerKey.generate(), RUN_ID, "QmMember").credential},
-     "not signed by this run's coordinator"),
-    (lambda v: {**v, "credential": make_member(COORDINATOR, "other-run", "QmMember").credential}, "is for run"),
-    (lambda v: {**v, "credential": make_member(COORDINATOR, RUN_ID, "QmMember", expires_in_s=-5).credential},
-     "expired"),
-    (lambda v: {**v, "body": v["body"].replace(b"12.0", b"1e30")}, "not signed by"),
-    (lambda v: {"body": v["body"]}, "not a signed entry"),
-])
+@pytest.mark.parametrize(
+    "tamper, reason",
+    [
+        (lambda v: {**v, "signature": bytes(64)}, "not signed by"),
+        (
+            lambda v: {**v, "credential": make_member(PeerKey.generate(), RUN_ID, "QmMember").credential},
+            "not signed by this run's coordinator",
+        ),
+        (lambda v: {**v, "credential": make_member(COORDINATOR, "other-run", "QmMember").credential}, "is for run"),
+        (
+            lambda v: {**v, "credential": make_member(COORDINATOR, RUN_ID, "QmMember", expires_in_s=-5).credential},
+            "expired",
+        ),
+        (lambda v: {**v, "body": v["body"].replace(b"12.0", b"1e30")}, "not signed by"),
+        (lambda v: {"body": v["body"]}, "not a signed entry"),
+    ],
+)
 def test_a_tampered_entry_is_rejected_with_its_reason(tamper, reason: str) -> None:
     with pytest.raises(EntryRejected, match=reason):
         _read(tamper(SIGNED))
@@ -112,15 +130,23 @@ def test_an_entry_whose_fields_have_the_wrong_type_or_are_not_finite_is_rejected
 
 
 values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats() | st.text(max_size=20) | st.binary(max_size=80),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats()
+    | st.text(max_size=20)
+    | st.binary(max_size=80),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=5),
     max_leaves=12,
 )
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(value=values, subkey=st.text(max_size=20) | st.integers(-2**63, 2**63 - 1), fields=st.dictionaries(
-    st.sampled_from(["key", "body", "credential", "signature"]), values, max_size=4))
+@given(
+    value=values,
+    subkey=st.text(max_size=20) | st.integers(-(2**63), 2**63 - 1),
+    fields=st.dictionaries(st.sampled_from(["key", "body", "credential", "signature"]), values, max_size=4),
+)
 def test_no_value_a_stranger_stores_is_believed_or_crashes_a_reader_or_a_node(value, subkey, fields) -> None:
     for candidate in (value, {**SIGNED, **fields} if fields else {}):
         for cls in (Member, Vote):
@@ -131,5 +157,9 @@ def test_no_value_a_stranger_stores_is_believed_or_crashes_a_reader_or_a_node(va
 
 def _record(key: str, subkey, value, expiration_time: float) -> DHTRecord:
     """The record a DHT node validates when it is asked to store ``value`` until ``expiration_time``."""
-    return DHTRecord(DHTID.generate(source=key).to_bytes(), MSGPackSerializer.dumps(subkey),
-                     MSGPackSerializer.dumps(value), expiration_time)
+    return DHTRecord(
+        DHTID.generate(source=key).to_bytes(),
+        MSGPackSerializer.dumps(subkey),
+        MSGPackSerializer.dumps(value),
+        expiration_time,
+    )

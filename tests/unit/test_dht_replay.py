@@ -58,14 +58,28 @@ def test_a_replayed_older_entry_with_a_later_expiration_does_not_displace_the_ne
     # signed expiration is not the record's); stored again as it was signed, it is older than the newer one.
     # Each node is asked on its own: DHT.store answers only whichever node answered last.
     for expiration_time in (get_dht_time() + 600, captured.expiration_time):
-        answers = stranger.dht.run_coroutine(functools.partial(
-            store_at_each_node, key=key, subkey=older.peer_id, value=captured.value, expiration_time=expiration_time,
-            skip=[]))
+        answers = stranger.dht.run_coroutine(
+            functools.partial(
+                store_at_each_node,
+                key=key,
+                subkey=older.peer_id,
+                value=captured.value,
+                expiration_time=expiration_time,
+                skip=[],
+            )
+        )
         assert answers == {str(a.peer_id): False, str(b.peer_id): False}
     # the same replay, asked of every node but a member's own: the one node without a validator takes it
-    answers = a.dht.run_coroutine(functools.partial(
-        store_at_each_node, key=key, subkey=older.peer_id, value=captured.value, expiration_time=get_dht_time() + 600,
-        skip=[]))
+    answers = a.dht.run_coroutine(
+        functools.partial(
+            store_at_each_node,
+            key=key,
+            subkey=older.peer_id,
+            value=captured.value,
+            expiration_time=get_dht_time() + 600,
+            skip=[],
+        )
+    )
     assert answers == {str(b.peer_id): False, str(stranger.peer_id): True}
 
     for reader, member in ((b, members[1]), (a, members[0])):

@@ -78,9 +78,15 @@ def test_a_real_int4_butterfly_leaves_each_members_residual_in_its_sent_vector()
         originals = [d.clone() for d in inputs]
         expected = butterfly_reference(originals, weights, "int4")
         entries = [DroppedInPlace.expect(d) for d in inputs]
-        results = results_of(concurrently(
-            [lambda p=p, m=m, d=d: p.average(group_key(RUN_ID, 41), m, {q.name for q in peers}, d)
-             for p, m, d in zip(peers, members, inputs)], timeout_s=60))
+        results = results_of(
+            concurrently(
+                [
+                    lambda p=p, m=m, d=d: p.average(group_key(RUN_ID, 41), m, {q.name for q in peers}, d)
+                    for p, m, d in zip(peers, members, inputs)
+                ],
+                timeout_s=60,
+            )
+        )
         assert all(torch.equal(result.average, expected) for _, result in results)  # the average is untouched
         codec = get_codec("int4")
         for entry, sent, original in zip(entries, inputs, originals):

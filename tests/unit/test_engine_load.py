@@ -24,8 +24,12 @@ class CountingStore(Store):
 
 
 def beat(engine: CoordinatorEngine, peer_id: str, state: int = pb.PEER_STATE_JOINING, tokens: int = 0) -> pb.RoundInfo:
-    return engine.heartbeat(pb.HeartbeatRequest(peer_id=peer_id, metrics=pb.PeerMetrics(
-        state=state, state_round=-1, tokens=tokens, dht_peer_id="dht-" + peer_id)))
+    return engine.heartbeat(
+        pb.HeartbeatRequest(
+            peer_id=peer_id,
+            metrics=pb.PeerMetrics(state=state, state_round=-1, tokens=tokens, dht_peer_id="dht-" + peer_id),
+        )
+    )
 
 
 def test_heartbeats_write_a_peer_only_on_a_change_or_every_few_seconds(tmp_path) -> None:

@@ -78,8 +78,9 @@ def test_with_decay_the_peers_and_the_simulator_end_on_the_same_bits():
         for t in trainers:
             t.train(run.rounds.inner_steps)
         contributions = [t.take_contribution() for t in trainers]
-        average = gather_reference([c.delta for c in contributions], [float(c.samples) for c in contributions],
-                                   run.rounds.codec)
+        average = gather_reference(
+            [c.delta for c in contributions], [float(c.samples) for c in contributions], run.rounds.codec
+        )
         states = [t.apply(average, None, round_no) for t in trainers]
         assert states[0].state_hash == states[1].state_hash
         for t, c, s in zip(trainers, contributions, states):

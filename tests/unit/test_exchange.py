@@ -57,24 +57,58 @@ class Peer:
 
     def member(self, *, weight: float, codec: str = "fp32", numel: int = NUMEL, bulk: bool = True) -> Member:
         """``bulk``: announce this peer's bulk channel (its slices then come over it), as a peer does."""
-        return Member(peer_id=self.name, dht_peer_id=self.transport.peer_id, index=self.index,
-                      weight=weight, numel=numel, codec=codec, bulk=self.exchange.bulk_address if bulk else "")
+        return Member(
+            peer_id=self.name,
+            dht_peer_id=self.transport.peer_id,
+            index=self.index,
+            weight=weight,
+            numel=numel,
+            codec=codec,
+            bulk=self.exchange.bulk_address if bulk else "",
+        )
 
-    def group(self, key: str, me: Member, planned: set[str] | Callable[[], set[str]], *, window_s: float = 20.0,
-              processes: dict[str, str] | None = None, plan_holds: bool = False, hold_s: float | None = None,
-              ttl_s: float = 60.0) -> list[Member]:
+    def group(
+        self,
+        key: str,
+        me: Member,
+        planned: set[str] | Callable[[], set[str]],
+        *,
+        window_s: float = 20.0,
+        processes: dict[str, str] | None = None,
+        plan_holds: bool = False,
+        hold_s: float | None = None,
+        ttl_s: float = 60.0,
+    ) -> list[Member]:
         plan = planned if callable(planned) else (lambda: planned)
-        return rendezvous(self.transport.dht, key=key, me=me, member=self.credential, planned=plan, window_s=window_s,
-                          ttl_s=ttl_s, poll_s=0.05, processes=lambda: processes or {}, plan_holds=lambda: plan_holds,
-                          hold_s=hold_s)
+        return rendezvous(
+            self.transport.dht,
+            key=key,
+            me=me,
+            member=self.credential,
+            planned=plan,
+            window_s=window_s,
+            ttl_s=ttl_s,
+            poll_s=0.05,
+            processes=lambda: processes or {},
+            plan_holds=lambda: plan_holds,
+            hold_s=hold_s,
+        )
 
-    def average(self, key: str, me: Member, planned: set[str], delta: torch.Tensor, *,
-                window_s: float = 20.0, timeout_s: float = 30.0, owner: OwnerFeedback | None = None,
-                processes: dict[str, str] | None = None) -> tuple[list[Member], ExchangeResult]:
+    def average(
+        self,
+        key: str,
+        me: Member,
+        planned: set[str],
+        delta: torch.Tensor,
+        *,
+        window_s: float = 20.0,
+        timeout_s: float = 30.0,
+        owner: OwnerFeedback | None = None,
+        processes: dict[str, str] | None = None,
+    ) -> tuple[list[Member], ExchangeResult]:
         """The group this peer found and the exchange's result."""
         group = self.group(key, me, planned, window_s=window_s, processes=processes)
-        return group, self.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=timeout_s,
-                                            owner=owner)
+        return group, self.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=timeout_s, owner=owner)
 
 
 def three_peers(run_id: str = RUN_ID) -> Iterator[list[Peer]]:
@@ -134,10 +168,12 @@ def test_three_peers_get_the_bit_identical_weighted_average(peers: list[Peer]) -
     planned = {p.name for p in peers}
     members = [p.member(weight=w) for p, w in zip(peers, weights)]
 
-    results = results_of(concurrently(
-        [lambda p=p, m=m, d=d: p.average(key, m, planned, d) for p, m, d in zip(peers, members, inputs)],
-        timeout_s=60,
-    ))
+    results = results_of(
+        concurrently(
+            [lambda p=p, m=m, d=d: p.average(key, m, planned, d) for p, m, d in zip(peers, members, inputs)],
+            timeout_s=60,
+        )
+    )
 
     expected = weighted_average(inputs, weights)
     for group, result in results:
@@ -157,10 +193,15 @@ def test_fp16_average_is_bit_identical_on_every_peer_and_close_to_fp32(peers: li
     planned = {p.name for p in peers}
     members = [p.member(weight=w, codec="fp16") for p, w in zip(peers, weights)]
 
-    results = [result for _, result in results_of(concurrently(
-        [lambda p=p, m=m, d=d: p.average(key, m, planned, d) for p, m, d in zip(peers, members, inputs)],
-        timeout_s=60,
-    ))]
+    results = [
+        result
+        for _, result in results_of(
+            concurrently(
+                [lambda p=p, m=m, d=d: p.average(key, m, planned, d) for p, m, d in zip(peers, members, inputs)],
+                timeout_s=60,
+            )
+        )
+    ]
 
     for result in results[1:]:
         assert torch.equal(result.average, results[0].average)
@@ -179,7 +220,8 @@ def test_fp16_average_is_bit_identical_on_every_peer_and_close_to_fp32(peers: li
 @pytest.mark.parametrize("stripe_min_bytes", [None, 1024])  # None: one stripe at this size; 1024: several
 @pytest.mark.parametrize("codec", ["sign", "ternary@0.01"])  # ternary@0.01: variable-size, blocks of 4,096
 def test_owners_keep_their_residual_across_rounds_as_the_simulator_does(
-        peers: list[Peer], codec: str, stripe_min_bytes: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    peers: list[Peer], codec: str, stripe_min_bytes: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """1-bit and sparse ternary codecs: each owner adds what re-encoding its averaged slices (one per stripe) lost
     last round, exactly as ``butterfly_reference`` (the simulator) does with its owners' residuals."""
     if stripe_min_bytes:
@@ -192,11 +234,18 @@ def test_owners_keep_their_residual_across_rounds_as_the_simulator_does(
     members = [p.member(weight=w, codec=codec) for p, w in zip(peers, weights)]
     for round_no in (20, 21):
         inputs = deltas(round_no, 3)
-        results = [result for _, result in results_of(concurrently(
-            [lambda p=p, m=m, d=d, o=o: p.average(group_key(RUN_ID, round_no), m, planned, d, owner=o)
-             for p, m, d, o in zip(peers, members, inputs, owners)],
-            timeout_s=60,
-        ))]
+        results = [
+            result
+            for _, result in results_of(
+                concurrently(
+                    [
+                        lambda p=p, m=m, d=d, o=o: p.average(group_key(RUN_ID, round_no), m, planned, d, owner=o)
+                        for p, m, d, o in zip(peers, members, inputs, owners)
+                    ],
+                    timeout_s=60,
+                )
+            )
+        ]
         expected = butterfly_reference(inputs, weights, codec, owners=reference_owners)
         for result in results:
             assert torch.equal(result.average, expected)
@@ -208,7 +257,8 @@ def test_owners_keep_their_residual_across_rounds_as_the_simulator_does(
 
 
 def test_an_entry_left_by_a_replaced_process_is_not_its_peers_and_the_others_average_without_it(
-        peers: list[Peer]) -> None:
+    peers: list[Peer],
+) -> None:
     # the third peer posted, then died and was restarted: the coordinator now lists its new process's libp2p id,
     # and the entry under the old one (here another node's id: nothing of that peer answers there) is stale
     key = group_key(RUN_ID, 4)
@@ -221,11 +271,15 @@ def test_an_entry_left_by_a_replaced_process_is_not_its_peers_and_the_others_ave
     weights, inputs = [2.0, 3.0], deltas(4, 2)
     members = [p.member(weight=w) for p, w in zip(present, weights)]
 
-    results = results_of(concurrently(
-        [lambda p=p, m=m, d=d: p.average(key, m, {q.name for q in peers}, d, window_s=2.0, processes=processes)
-         for p, m, d in zip(present, members, inputs)],
-        timeout_s=60,
-    ))
+    results = results_of(
+        concurrently(
+            [
+                lambda p=p, m=m, d=d: p.average(key, m, {q.name for q in peers}, d, window_s=2.0, processes=processes)
+                for p, m, d in zip(present, members, inputs)
+            ],
+            timeout_s=60,
+        )
+    )
 
     for group, result in results:
         assert [m.peer_id for m in group] == [p.name for p in present]
@@ -242,11 +296,15 @@ def test_a_planned_peer_that_never_shows_up_is_left_out_after_the_window(peers: 
     window_s = 2.0
 
     started = time.monotonic()
-    results = results_of(concurrently(
-        [lambda p=p, m=m, d=d: p.average(key, m, planned, d, window_s=window_s)
-         for p, m, d in zip(present, members, inputs)],
-        timeout_s=60,
-    ))
+    results = results_of(
+        concurrently(
+            [
+                lambda p=p, m=m, d=d: p.average(key, m, planned, d, window_s=window_s)
+                for p, m, d in zip(present, members, inputs)
+            ],
+            timeout_s=60,
+        )
+    )
 
     assert time.monotonic() - started >= window_s  # they waited the window out for p2
     expected = weighted_average(inputs, weights)
@@ -262,10 +320,15 @@ def test_a_planned_peer_that_posts_after_the_group_formed_fails_at_once(peers: l
     present, late = peers[:2], peers[2]
     planned = {p.name for p in peers}
     inputs = deltas(23, 2)
-    results = results_of(concurrently(
-        [lambda p=p, d=d: p.average(key, p.member(weight=1.0), planned, d, window_s=1.0) for p, d in zip(present, inputs)],
-        timeout_s=60,
-    ))
+    results = results_of(
+        concurrently(
+            [
+                lambda p=p, d=d: p.average(key, p.member(weight=1.0), planned, d, window_s=1.0)
+                for p, d in zip(present, inputs)
+            ],
+            timeout_s=60,
+        )
+    )
     assert all([m.peer_id for m in group] == [p.name for p in present] for group, _ in results)
 
     started = time.monotonic()
@@ -285,9 +348,16 @@ def test_while_the_coordinator_still_plans_a_late_peer_the_window_waits_for_it(p
         time.sleep(window_s + 0.5)  # the scenario: it posts after the others' window, before twice it
         return peers[2].group(key, peers[2].member(weight=1.0), planned, window_s=window_s, plan_holds=True)
 
-    groups = results_of(concurrently(
-        [lambda p=p: p.group(key, p.member(weight=1.0), planned, window_s=window_s, plan_holds=True)
-         for p in peers[:2]] + [late], timeout_s=60))
+    groups = results_of(
+        concurrently(
+            [
+                lambda p=p: p.group(key, p.member(weight=1.0), planned, window_s=window_s, plan_holds=True)
+                for p in peers[:2]
+            ]
+            + [late],
+            timeout_s=60,
+        )
+    )
     assert all([m.peer_id for m in g] == [p.name for p in peers] for g in groups)  # one group, on every member
 
 
@@ -303,11 +373,14 @@ def test_a_peer_that_posts_long_before_its_planned_groupmates_waits_for_them(pee
 
     def late(peer: Peer) -> list[Member]:
         time.sleep(6 * window_s)  # past twice the window, and past the early peer's first entry's ttl
-        return peer.group(key, peer.member(weight=1.0), planned, window_s=window_s, plan_holds=True, hold_s=30.0,
-                          ttl_s=ttl_s)
+        return peer.group(
+            key, peer.member(weight=1.0), planned, window_s=window_s, plan_holds=True, hold_s=30.0, ttl_s=ttl_s
+        )
 
-    early = lambda: peers[0].group(key, peers[0].member(weight=1.0), planned, window_s=window_s,  # noqa: E731
-                                   plan_holds=True, hold_s=30.0, ttl_s=ttl_s)
+    def early():
+        member = peers[0].member(weight=1.0)
+        return peers[0].group(key, member, planned, window_s=window_s, plan_holds=True, hold_s=30.0, ttl_s=ttl_s)
+
     groups = results_of(concurrently([early, lambda: late(peers[1]), lambda: late(peers[2])], timeout_s=60))
     assert all([m.peer_id for m in g] == [p.name for p in peers] for g in groups)  # one group, on every member
 
@@ -317,9 +390,12 @@ def test_when_the_coordinator_drops_a_planned_peer_the_window_closes_on_its_new_
     present = peers[:2]
     started = time.monotonic()
     plan = lambda: {p.name for p in (peers if time.monotonic() - started < 2.5 else present)}  # noqa: E731
-    groups = results_of(concurrently(
-        [lambda p=p: p.group(key, p.member(weight=1.0), plan, window_s=2.0, plan_holds=True) for p in present],
-        timeout_s=60))
+    groups = results_of(
+        concurrently(
+            [lambda p=p: p.group(key, p.member(weight=1.0), plan, window_s=2.0, plan_holds=True) for p in present],
+            timeout_s=60,
+        )
+    )
     assert 2.5 <= time.monotonic() - started < 3.8  # past the window, closed on the new plan (refreshed each second)
     assert all([m.peer_id for m in g] == [p.name for p in present] for g in groups)
 
@@ -333,9 +409,12 @@ def test_members_that_formed_different_groups_all_fail_at_once(peers: list[Peer]
     inputs = deltas(25, 3)
     started = time.monotonic()
     outcomes = concurrently(
-        [lambda p=p, g=g, d=d: p.exchange.average(key=key, group=g, me=g[[m.peer_id for m in g].index(p.name)],
-                                                  delta=d, timeout_s=30.0)
-         for p, g, d in zip(peers, views, inputs)],
+        [
+            lambda p=p, g=g, d=d: p.exchange.average(
+                key=key, group=g, me=g[[m.peer_id for m in g].index(p.name)], delta=d, timeout_s=30.0
+            )
+            for p, g, d in zip(peers, views, inputs)
+        ],
         timeout_s=60,
     )
     assert time.monotonic() - started < 10.0  # nobody waited out the 30 s timeout
@@ -361,8 +440,9 @@ def test_a_member_that_posts_but_never_exchanges_fails_the_others(peers: list[Pe
         assert len(group) == 3
         started = time.monotonic()
         try:
-            return peers[i].exchange.average(key=key, group=group, me=members[i], delta=inputs[i],
-                                             timeout_s=timeout_s), time.monotonic() - started
+            return peers[i].exchange.average(
+                key=key, group=group, me=members[i], delta=inputs[i], timeout_s=timeout_s
+            ), time.monotonic() - started
         except ExchangeFailed as e:
             return e, time.monotonic() - started
 
@@ -396,8 +476,9 @@ def test_a_member_that_fails_tells_the_others_who_fail_at_once(peers: list[Peer]
 
         started = time.monotonic()
         try:
-            return peers[i].exchange.average(key=key, group=group, me=members[i], delta=inputs[i],
-                                             timeout_s=timeout_s, on_phase=on_phase), time.monotonic() - started
+            return peers[i].exchange.average(
+                key=key, group=group, me=members[i], delta=inputs[i], timeout_s=timeout_s, on_phase=on_phase
+            ), time.monotonic() - started
         except ExchangeFailed as e:
             return e, time.monotonic() - started
 
@@ -419,26 +500,40 @@ def test_forged_group_entries_are_ignored_and_the_honest_group_still_forms(peers
     other_run = make_member(PeerKey.generate(), RUN_ID, attacker.transport.peer_id)  # another coordinator's
 
     def entry(peer_id: str, weight: float = 1e30) -> Member:
-        return Member(peer_id=peer_id, dht_peer_id=attacker.transport.peer_id, index=0, weight=weight,
-                      numel=NUMEL, codec="fp32")
+        return Member(
+            peer_id=peer_id, dht_peer_id=attacker.transport.peer_id, index=0, weight=weight, numel=NUMEL, codec="fp32"
+        )
 
     # no credential at all: the entry a bare DHT node could always store
     dht.store(key, subkey=stranger.peer_id, value=vars(entry(stranger.peer_id)), expiration_time=expires)
     # a well-signed entry, but under another coordinator's credential
-    dht.store(key, subkey=other_run.peer_id, expiration_time=expires,
-              value=sign_entry(other_run, key, entry(other_run.peer_id), expires_at=expires))
+    dht.store(
+        key,
+        subkey=other_run.peer_id,
+        expiration_time=expires,
+        value=sign_entry(other_run, key, entry(other_run.peer_id), expires_at=expires),
+    )
     # a member of this run (the attacker's own credential) speaking for someone else
-    dht.store(key, subkey=victim.peer_id, expiration_time=expires,
-              value=sign_entry(attacker.credential, key, entry(victim.peer_id), expires_at=expires))
+    dht.store(
+        key,
+        subkey=victim.peer_id,
+        expiration_time=expires,
+        value=sign_entry(attacker.credential, key, entry(victim.peer_id), expires_at=expires),
+    )
     planned = {a.name, b.name, victim.peer_id, stranger.peer_id, other_run.peer_id}
     weights = [2.0, 3.0]
     inputs = deltas(901, 2)
     members = [a.member(weight=weights[0]), b.member(weight=weights[1])]
 
-    results = results_of(concurrently(
-        [lambda p=p, m=m, d=d: p.average(key, m, planned, d, window_s=2.0) for p, m, d in zip([a, b], members, inputs)],
-        timeout_s=60,
-    ))
+    results = results_of(
+        concurrently(
+            [
+                lambda p=p, m=m, d=d: p.average(key, m, planned, d, window_s=2.0)
+                for p, m, d in zip([a, b], members, inputs)
+            ],
+            timeout_s=60,
+        )
+    )
 
     for group, result in results:
         assert [m.peer_id for m in group] == [a.name, b.name]
@@ -452,10 +547,15 @@ def test_an_entry_replayed_under_another_key_or_for_another_libp2p_id_is_ignored
     genuine = sign_entry(a.credential, earlier, a.member(weight=1.0), expires_at=expires)
     attacker.transport.dht.store(earlier, subkey=a.name, value=genuine, expiration_time=expires)
     attacker.transport.dht.store(later, subkey=a.name, value=genuine, expiration_time=expires)  # replayed
-    elsewhere = Member(peer_id=a.name, dht_peer_id=attacker.transport.peer_id, index=0, weight=1.0, numel=NUMEL,
-                       codec="fp32")  # a's own signature, but its slices would go to the attacker's node
-    attacker.transport.dht.store(later, subkey=b.name, expiration_time=expires,
-                                 value=sign_entry(a.credential, later, elsewhere, expires_at=expires))
+    elsewhere = Member(
+        peer_id=a.name, dht_peer_id=attacker.transport.peer_id, index=0, weight=1.0, numel=NUMEL, codec="fp32"
+    )  # a's own signature, but its slices would go to the attacker's node
+    attacker.transport.dht.store(
+        later,
+        subkey=b.name,
+        expiration_time=expires,
+        value=sign_entry(a.credential, later, elsewhere, expires_at=expires),
+    )
 
     assert set(read_entries(b.transport.dht, earlier, Member, member=b.credential)) == {a.name}
     assert read_entries(b.transport.dht, later, Member, member=b.credential) == {}
@@ -468,29 +568,42 @@ def test_votes_forged_for_another_peer_are_ignored(peers: list[Peer]) -> None:
     post_vote(b.transport.dht, key, honest, member=b.credential, ttl_s=60)
     forged = Vote(peer_id=a.name, dht_peer_id=attacker.transport.peer_id, ok=True, state_hash="h-forged")
     expires = get_dht_time() + 60
-    attacker.transport.dht.store(vote_key(key), subkey=a.name, expiration_time=expires,
-                                 value=sign_entry(attacker.credential, vote_key(key), forged, expires_at=expires))
+    attacker.transport.dht.store(
+        vote_key(key),
+        subkey=a.name,
+        expiration_time=expires,
+        value=sign_entry(attacker.credential, vote_key(key), forged, expires_at=expires),
+    )
 
     assert collect_votes(a.transport.dht, key, [b.name], member=a.credential, timeout_s=5).votes == {b.name: honest}
     assert collect_votes(a.transport.dht, key, [a.name, b.name], member=a.credential, timeout_s=0.5) is None
 
 
-def _forge(attacker: Peer, target: Peer, key: str, digest: str, phase: int, part: int, sender: int,
-           payload: bytes) -> Optional[bool]:
+def _forge(
+    attacker: Peer, target: Peer, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes
+) -> Optional[bool]:
     """Send one slice to target as if from group position ``sender``; its acknowledgement (None: none came)."""
-    message = exchange_pb2.TensorChunk(key=key, group_digest=digest, phase=phase, part=part, sender=sender, chunk=0,
-                                       num_chunks=1, data=payload)
+    message = exchange_pb2.TensorChunk(
+        key=key, group_digest=digest, phase=phase, part=part, sender=sender, chunk=0, num_chunks=1, data=payload
+    )
     try:
-        ack = attacker.transport.run(attacker.transport.p2p.call_protobuf_handler(
-            PeerID.from_base58(target.transport.peer_id), f"swarm_{RUN_ID}.part", as_aiter(message),
-            exchange_pb2.ChunkAck), timeout_s=10)
+        ack = attacker.transport.run(
+            attacker.transport.p2p.call_protobuf_handler(
+                PeerID.from_base58(target.transport.peer_id),
+                f"swarm_{RUN_ID}.part",
+                as_aiter(message),
+                exchange_pb2.ChunkAck,
+            ),
+            timeout_s=10,
+        )
     except ValueError:  # hivemind sometimes closes the stream without the handler's reply
         return None
     return ack.ok
 
 
-def _pair_exchange_while(a: Peer, b: Peer, key: str, members: list[Member], inputs: list[torch.Tensor],
-                         meanwhile: Callable[[], None]) -> list[ExchangeResult]:
+def _pair_exchange_while(
+    a: Peer, b: Peer, key: str, members: list[Member], inputs: list[torch.Tensor], meanwhile: Callable[[], None]
+) -> list[ExchangeResult]:
     """a and b average under ``key``; ``meanwhile`` runs on its own thread while a, its group known, waits 1.5 s
     before sending."""
     sending = threading.Event()
@@ -507,8 +620,9 @@ def _pair_exchange_while(a: Peer, b: Peer, key: str, members: list[Member], inpu
         hook = (lambda phase: (sending.set(), 1.5)[1] if phase == "sending" else None) if p is a else None
         return p.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=30, on_phase=hook)
 
-    results = results_of(concurrently([lambda: run(a, members[0], inputs[0]), lambda: run(b, members[1], inputs[1])],
-                                      timeout_s=60))
+    results = results_of(
+        concurrently([lambda: run(a, members[0], inputs[0]), lambda: run(b, members[1], inputs[1])], timeout_s=60)
+    )
     thread.join(10)
     return results
 
@@ -531,8 +645,10 @@ def test_slices_and_aborts_from_a_non_member_are_dropped_and_the_average_is_bit_
     acks: list[Optional[bool]] = []
 
     def during_the_exchange() -> None:
-        acks.extend(_forge(attacker, a, key, digest, phase, part, 1, payload)
-                    for phase, part, payload in ((C, 0, huge[0]), (A, 1, huge[1]), (X, 0, b"stop")))
+        acks.extend(
+            _forge(attacker, a, key, digest, phase, part, 1, payload)
+            for phase, part, payload in ((C, 0, huge[0]), (A, 1, huge[1]), (X, 0, b"stop"))
+        )
         for other in range(906, 906 + 2 * MAX_OPEN_KEYS):  # early slices of other rounds must not evict this one
             _forge(attacker, a, group_key(RUN_ID, other), digest, C, 0, 1, huge[0])
 
@@ -546,7 +662,8 @@ def test_slices_and_aborts_from_a_non_member_are_dropped_and_the_average_is_bit_
 
 
 def test_a_members_message_for_a_part_its_exchange_does_not_have_is_refused_and_the_average_still_completes(
-        peers: list[Peer]) -> None:
+    peers: list[Peer],
+) -> None:
     """A member may name only the exchange's own parts and phases: each other (phase, part) would take memory until
     the exchange ends. Such a message is refused with the reason, counted, and does not fail the exchange the way a
     member of another group does."""
@@ -560,11 +677,18 @@ def test_a_members_message_for_a_part_its_exchange_does_not_have_is_refused_and_
     refusals: list[str] = []
 
     def b_oversteps() -> None:  # b, a real member in its own position
-        for phase, part in ((exchange_pb2.PHASE_CONTRIBUTION, parts), (exchange_pb2.PHASE_AVERAGED, 10 ** 6),
-                            (7, 0), (exchange_pb2.PHASE_ABORT, 3)):
+        for phase, part in (
+            (exchange_pb2.PHASE_CONTRIBUTION, parts),
+            (exchange_pb2.PHASE_AVERAGED, 10**6),
+            (7, 0),
+            (exchange_pb2.PHASE_ABORT, 3),
+        ):
             acks.append(_forge(b, a, key, digest, phase, part, 1, b"x" * 64))
-        refusals.append(a.exchange.inbox.refusal(key, b.transport.peer_id,
-                                                 (digest, exchange_pb2.PHASE_CONTRIBUTION, parts, 1, b.transport.peer_id)))
+        refusals.append(
+            a.exchange.inbox.refusal(
+                key, b.transport.peer_id, (digest, exchange_pb2.PHASE_CONTRIBUTION, parts, 1, b.transport.peer_id)
+            )
+        )
 
     rejected_before = a.exchange.rejected_chunks
     results = _pair_exchange_while(a, b, key, members, inputs, b_oversteps)
@@ -572,16 +696,19 @@ def test_a_members_message_for_a_part_its_exchange_does_not_have_is_refused_and_
     assert all(torch.equal(r.average, expected) for r in results)
     assert acks == [False] * 4, acks
     assert a.exchange.rejected_chunks - rejected_before == 4
-    assert refusals == [f"this exchange has no phase 1 part {parts} (it has {parts} parts); the sender's exchange is"
-                        " cut otherwise, e.g. another Swarm version's"]
+    assert refusals == [
+        f"this exchange has no phase 1 part {parts} (it has {parts} parts); the sender's exchange is"
+        " cut otherwise, e.g. another Swarm version's"
+    ]
 
 
 def test_a_group_smaller_than_the_runs_live_peers_takes_a_proportionally_smaller_outer_step():
     from swarm.net.exchange.rendezvous import participation_scale
 
     def m(i: int, live: int) -> Member:
-        return Member(peer_id=f"p{i}", dht_peer_id=f"d{i}", index=i, weight=8.0, numel=10, codec="fp32",
-                      live_peers=live)
+        return Member(
+            peer_id=f"p{i}", dht_peer_id=f"d{i}", index=i, weight=8.0, numel=10, codec="fp32", live_peers=live
+        )
 
     assert participation_scale([m(0, 5)]) == 0.2  # alone among five live peers
     assert participation_scale([m(0, 4), m(1, 5)]) == 0.4  # members that heard different counts agree on the max
@@ -592,8 +719,12 @@ def test_a_group_smaller_than_the_runs_live_peers_takes_a_proportionally_smaller
 
 def _record(key: str, subkey: str, value, expiration_time: float) -> DHTRecord:
     """The record a DHT node validates when it is asked to store ``value`` (what hivemind builds)."""
-    return DHTRecord(DHTID.generate(source=key).to_bytes(), MSGPackSerializer.dumps(subkey),
-                     MSGPackSerializer.dumps(value), expiration_time)
+    return DHTRecord(
+        DHTID.generate(source=key).to_bytes(),
+        MSGPackSerializer.dumps(subkey),
+        MSGPackSerializer.dumps(value),
+        expiration_time,
+    )
 
 
 def test_a_guarded_dht_node_refuses_to_store_anything_but_a_members_signed_entry_for_that_key() -> None:
@@ -611,8 +742,9 @@ def test_a_guarded_dht_node_refuses_to_store_anything_but_a_members_signed_entry
     swapped = dict(signed, key=other_key)
     assert not validator.validate(_record(other_key, member.peer_id, swapped, expires))  # key swapped
     assert not validator.validate(_record(key, "p-0123456789abcdef", signed, expires))  # under another peer's subkey
-    forged = Member(peer_id=other_coordinators.peer_id, dht_peer_id="QmOther", index=0, weight=1e30, numel=10,
-                    codec="fp32")
+    forged = Member(
+        peer_id=other_coordinators.peer_id, dht_peer_id="QmOther", index=0, weight=1e30, numel=10, codec="fp32"
+    )
     forged_signed = sign_entry(other_coordinators, key, forged, expires_at=expires)
     assert not validator.validate(_record(key, forged.peer_id, forged_signed, expires))
     assert not validator.validate(DHTRecord(DHTID.generate(source=key).to_bytes(), b"\xc1", b"\xc1", 0.0))
@@ -642,8 +774,7 @@ def test_a_forged_entry_cannot_displace_a_members_entry_on_guarded_nodes() -> No
 
 def test_a_groupmate_of_another_exchange_protocol_fails_the_exchange_with_one_sentence() -> None:
     """A peer from before stripes cuts its slices differently: averaging with it would mix unrelated slices."""
-    me = Member(peer_id="new", dht_peer_id="d1", index=0, weight=1.0, numel=NUMEL, codec="fp32",
-                protocol=PROTOCOL)
+    me = Member(peer_id="new", dht_peer_id="d1", index=0, weight=1.0, numel=NUMEL, codec="fp32", protocol=PROTOCOL)
     old = dataclasses.replace(me, peer_id="old", dht_peer_id="d2", index=1, protocol=0)  # its entry had no field
     with pytest.raises(ExchangeFailed, match="groupmate old runs another version of the exchange.*upgrade the older"):
         check_agreement("k", [me, old], me)
@@ -661,10 +792,12 @@ def test_every_exchange_times_its_sends_receives_and_pings_per_groupmate(peers: 
     members = [p.member(weight=1.0, numel=numel, bulk=False) for p in peers]
 
     for key in (group_key(RUN_ID, 90), group_key(RUN_ID, 91)):  # the second reports the pings the first sent
-        results = results_of(concurrently(
-            [lambda p=p, m=m, d=d: p.average(key, m, planned, d) for p, m, d in zip(peers, members, inputs)],
-            timeout_s=60,
-        ))
+        results = results_of(
+            concurrently(
+                [lambda p=p, m=m, d=d: p.average(key, m, planned, d) for p, m, d in zip(peers, members, inputs)],
+                timeout_s=60,
+            )
+        )
 
     expected = weighted_average(inputs, [1.0, 1.0, 1.0])
     for peer, (_, result) in zip(peers, results):
@@ -692,25 +825,31 @@ def test_a_joining_peer_gets_a_first_rtt_estimate_from_the_run_peers_it_is_conne
     try:
         connected = peers[0].transport.run(peers[0].transport.p2p.list_peers(), timeout_s=10)
         assert stranger.peer_id in {info.peer_id.to_base58() for info in connected}
-        assert stranger.peer_id not in peers[0].transport.run(peers[0].exchange.probe.rtt_s_to_connected(), timeout_s=10)
+        assert stranger.peer_id not in peers[0].transport.run(
+            peers[0].exchange.probe.rtt_s_to_connected(), timeout_s=10
+        )
     finally:
         stranger.shutdown()
 
 
-def _with_shares(peers: list[Peer], key: str, members: list[Member], inputs: list[torch.Tensor],
-                 shares: list[float]) -> list[Any]:
+def _with_shares(
+    peers: list[Peer], key: str, members: list[Member], inputs: list[torch.Tensor], shares: list[float]
+) -> list[Any]:
     planned = {p.name for p in peers}
 
     def run(i: int) -> Any:
         group = peers[i].group(key, members[i], planned)
-        return peers[i].exchange.average(key=key, group=group, me=members[i], delta=inputs[i], timeout_s=30,
-                                         shares=shares)
+        return peers[i].exchange.average(
+            key=key, group=group, me=members[i], delta=inputs[i], timeout_s=30, shares=shares
+        )
+
     return concurrently([lambda i=i: run(i) for i in range(len(peers))], timeout_s=60)
 
 
 @pytest.mark.parametrize("codec", ["fp32", "int8"])
 def test_unequal_shares_give_every_member_the_same_average_and_a_slow_uplink_sends_less(
-        peers: list[Peer], codec: str) -> None:
+    peers: list[Peer], codec: str
+) -> None:
     """The controller's shares size the slices (a slow uplink owns a small one): the average is the same
     bits on every member and the same as with equal slices; the small owner sends less."""
     key = group_key(RUN_ID, 1101 if codec == "fp32" else 1102)
@@ -752,10 +891,13 @@ def test_an_exchange_reuses_its_result_vector_only_once_nothing_holds_it(peers: 
         inputs = deltas(round_no, 2)
 
         def run(p: Peer, me: Member, delta: torch.Tensor) -> ExchangeResult:
-            return p.exchange.average(key=key, group=p.group(key, me, {a.name, b.name}), me=me, delta=delta,
-                                      timeout_s=30)
-        results = results_of(concurrently([lambda: run(a, members[0], inputs[0]), lambda: run(b, members[1], inputs[1])],
-                                          timeout_s=60))
+            return p.exchange.average(
+                key=key, group=p.group(key, me, {a.name, b.name}), me=me, delta=delta, timeout_s=30
+            )
+
+        results = results_of(
+            concurrently([lambda: run(a, members[0], inputs[0]), lambda: run(b, members[1], inputs[1])], timeout_s=60)
+        )
         assert all(torch.equal(r.average, weighted_average(inputs, [1.0, 1.0])) for r in results)
         return results[0].average
 
@@ -771,7 +913,8 @@ def test_an_exchange_reuses_its_result_vector_only_once_nothing_holds_it(peers: 
 
 
 def test_decoded_contributions_go_into_memory_the_last_exchange_let_go_and_every_average_stays_exact(
-        peers: list[Peer]) -> None:
+    peers: list[Peer],
+) -> None:
     """An int4 butterfly decodes each contribution into memory an earlier stripe or exchange used (a first touch
     costs a page fault per page) and reduces straight into the result: the second exchange takes only such memory,
     and both averages are the simulator's, bit for bit, on every member."""
@@ -781,10 +924,17 @@ def test_decoded_contributions_go_into_memory_the_last_exchange_let_go_and_every
     def exchange(round_no: int) -> None:
         key = group_key(RUN_ID, round_no)
         inputs = deltas(round_no, 3)
-        results = results_of(concurrently(
-            [lambda p=p, me=me, d=d: p.exchange.average(key=key, group=p.group(key, me, {q.name for q in peers}), me=me,
-                                                        delta=d, timeout_s=30)
-             for p, me, d in zip(peers, members, inputs)], timeout_s=60))
+        results = results_of(
+            concurrently(
+                [
+                    lambda p=p, me=me, d=d: p.exchange.average(
+                        key=key, group=p.group(key, me, {q.name for q in peers}), me=me, delta=d, timeout_s=30
+                    )
+                    for p, me, d in zip(peers, members, inputs)
+                ],
+                timeout_s=60,
+            )
+        )
         expected = butterfly_reference(inputs, weights, "int4")
         assert all(torch.equal(r.average, expected) for r in results)
 
@@ -804,10 +954,22 @@ def test_fp32_averages_into_each_members_own_delta_bit_identically(peers: list[P
     inputs = deltas(940, 3)
     expected = butterfly_reference([d.clone() for d in inputs], weights, "fp32")
     members = [p.member(weight=w) for p, w in zip(peers, weights)]
-    results = results_of(concurrently(
-        [lambda p=p, me=me, d=d: p.exchange.average(key=key, group=p.group(key, me, {q.name for q in peers}), me=me,
-                                                    delta=d, timeout_s=30, into_delta=True)
-         for p, me, d in zip(peers, members, inputs)], timeout_s=60))
+    results = results_of(
+        concurrently(
+            [
+                lambda p=p, me=me, d=d: p.exchange.average(
+                    key=key,
+                    group=p.group(key, me, {q.name for q in peers}),
+                    me=me,
+                    delta=d,
+                    timeout_s=30,
+                    into_delta=True,
+                )
+                for p, me, d in zip(peers, members, inputs)
+            ],
+            timeout_s=60,
+        )
+    )
     assert all(r.average.data_ptr() == d.data_ptr() for r, d in zip(results, inputs))
     assert all(torch.equal(r.average, expected) for r in results)
 
@@ -840,11 +1002,13 @@ def test_a_restarted_groupmate_that_the_abort_missed_is_told_the_exchange_alread
     with pytest.raises(ExchangeFailed, match="injected"):
         a.exchange.average(key=key, group=[me_a, b_then], me=me_a, delta=inputs[0], timeout_s=10, on_phase=fail)
     _b_is_refused_at_once_and_the_next_round_is_unaffected(
-        a, b, key, inputs, f"this peer's exchange of {key} already failed (injected: cannot reach", next_round=42)
+        a, b, key, inputs, f"this peer's exchange of {key} already failed (injected: cannot reach", next_round=42
+    )
 
 
-def _b_is_refused_at_once_and_the_next_round_is_unaffected(a: Peer, b: Peer, key: str, inputs: list[torch.Tensor],
-                                                           refusal: str, *, next_round: int) -> None:
+def _b_is_refused_at_once_and_the_next_round_is_unaffected(
+    a: Peer, b: Peer, key: str, inputs: list[torch.Tensor], refusal: str, *, next_round: int
+) -> None:
     """b's restarted process starts ``key``'s exchange with a: a refuses it with ``refusal`` (not as an intruder),
     b fails at once, and the next round between the two is bit-identical."""
     me_a, me_b = a.member(weight=1.0), b.member(weight=1.0)
@@ -857,16 +1021,22 @@ def _b_is_refused_at_once_and_the_next_round_is_unaffected(a: Peer, b: Peer, key
     assert a.exchange.rejected_chunks == intruders_before  # refused with the reason, not counted as an intruder's
 
     key = group_key(RUN_ID, next_round)
-    results = results_of(concurrently(
-        [lambda: a.exchange.average(key=key, group=[me_a, me_b], me=me_a, delta=inputs[0], timeout_s=30),
-         lambda: b.exchange.average(key=key, group=[me_a, me_b], me=me_b, delta=inputs[1], timeout_s=30)],
-        timeout_s=60))
+    results = results_of(
+        concurrently(
+            [
+                lambda: a.exchange.average(key=key, group=[me_a, me_b], me=me_a, delta=inputs[0], timeout_s=30),
+                lambda: b.exchange.average(key=key, group=[me_a, me_b], me=me_b, delta=inputs[1], timeout_s=30),
+            ],
+            timeout_s=60,
+        )
+    )
     assert torch.equal(results[0].average, results[1].average)
     assert torch.equal(results[0].average, weighted_average(inputs, [1.0, 1.0]))
 
 
 def test_a_groupmate_whose_process_restarted_mid_exchange_fails_the_exchange_at_once(
-        peers: list[Peer], monkeypatch: pytest.MonkeyPatch) -> None:
+    peers: list[Peer], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # b's process died as the round's exchange began, after a had its group: a waits for the old process's slices.
     # b's restarted process posts its signed entry for the round and sends its slices: a refuses them (not that
     # member's libp2p id), but the entry shows b was restarted, so a fails now instead of after its timeout (a chaos
@@ -878,8 +1048,11 @@ def test_a_groupmate_whose_process_restarted_mid_exchange_fails_the_exchange_at_
     b_then = dataclasses.replace(old_process.member(weight=1.0), peer_id=me_b.peer_id)
     a.exchange.read_entries_as(a.credential)
     monkeypatch.setattr(restarted_groupmates, "RECHECK_S", 0.0)  # b's second try is looked up again at once
-    waiting = threading.Thread(target=lambda: outcome.append(_outcome(
-        lambda: a.exchange.average(key=key, group=[me_a, b_then], me=me_a, delta=inputs[0], timeout_s=20))))
+    waiting = threading.Thread(
+        target=lambda: outcome.append(
+            _outcome(lambda: a.exchange.average(key=key, group=[me_a, b_then], me=me_a, delta=inputs[0], timeout_s=20))
+        )
+    )
     outcome: list = []
     started = time.monotonic()
     waiting.start()
@@ -904,7 +1077,8 @@ def _outcome(call: Callable[[], Any]) -> Any:
 
 
 def test_a_restarted_process_sent_into_a_round_its_group_already_completed_is_told_so_at_once(
-        peers: list[Peer]) -> None:
+    peers: list[Peer],
+) -> None:
     # b's old process and a completed a round's exchange (while their coordinator was away, say). b's process then
     # died, and the coordinator, restarted and not yet told how far the group got, sent b's new process into that
     # round: a refuses its slices with the reason, so b fails at once instead of waiting for a's slices for its
@@ -914,10 +1088,22 @@ def test_a_restarted_process_sent_into_a_round_its_group_already_completed_is_to
     inputs = deltas(43, 2)
     me_a, me_b = a.member(weight=1.0), b.member(weight=1.0)
     b_then = dataclasses.replace(old_process.member(weight=1.0), peer_id=me_b.peer_id)
-    results_of(concurrently(
-        [lambda: a.exchange.average(key=key, group=[me_a, b_then], me=me_a, delta=inputs[0], timeout_s=30),
-         lambda: old_process.exchange.average(key=key, group=[me_a, b_then], me=b_then, delta=inputs[1], timeout_s=30)],
-        timeout_s=60))
+    results_of(
+        concurrently(
+            [
+                lambda: a.exchange.average(key=key, group=[me_a, b_then], me=me_a, delta=inputs[0], timeout_s=30),
+                lambda: old_process.exchange.average(
+                    key=key, group=[me_a, b_then], me=b_then, delta=inputs[1], timeout_s=30
+                ),
+            ],
+            timeout_s=60,
+        )
+    )
     _b_is_refused_at_once_and_the_next_round_is_unaffected(
-        a, b, key, inputs, f"this peer's exchange of {key} is over: it completed in a group without this sender",
-        next_round=44)
+        a,
+        b,
+        key,
+        inputs,
+        f"this peer's exchange of {key} is over: it completed in a group without this sender",
+        next_round=44,
+    )

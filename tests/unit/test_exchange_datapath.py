@@ -43,9 +43,15 @@ def test_multi_chunk_slices_average_to_the_reference_bits(pair: list[Peer], roun
     members = [p.member(weight=w, codec=codec, numel=NUMEL) for p, w in zip(pair, weights)]
     planned = {p.name for p in pair}
 
-    results = results_of(concurrently(
-        [lambda p=p, m=m, d=d: p.average(key, m, planned, d, timeout_s=90) for p, m, d in zip(pair, members, inputs)],
-        timeout_s=150))
+    results = results_of(
+        concurrently(
+            [
+                lambda p=p, m=m, d=d: p.average(key, m, planned, d, timeout_s=90)
+                for p, m, d in zip(pair, members, inputs)
+            ],
+            timeout_s=150,
+        )
+    )
 
     expected = butterfly_reference(inputs, weights, codec)
     for _, result in results:
@@ -53,7 +59,8 @@ def test_multi_chunk_slices_average_to_the_reference_bits(pair: list[Peer], roun
 
 
 def test_a_completed_exchange_returns_its_result_when_its_loop_is_slow_to_clear_it(
-        pair: list[Peer], monkeypatch: pytest.MonkeyPatch) -> None:
+    pair: list[Peer], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("swarm.net.exchange.allreduce.FORGET_WAIT_S", 0.0)
     key, weights = group_key(RUN_ID, 106), [1.0, 2.0]
     generator = torch.Generator().manual_seed(106)
@@ -61,9 +68,15 @@ def test_a_completed_exchange_returns_its_result_when_its_loop_is_slow_to_clear_
     members = [p.member(weight=w, numel=NUMEL) for p, w in zip(pair, weights)]
     planned = {p.name for p in pair}
 
-    results = results_of(concurrently(
-        [lambda p=p, m=m, d=d: p.average(key, m, planned, d, timeout_s=90) for p, m, d in zip(pair, members, inputs)],
-        timeout_s=150))
+    results = results_of(
+        concurrently(
+            [
+                lambda p=p, m=m, d=d: p.average(key, m, planned, d, timeout_s=90)
+                for p, m, d in zip(pair, members, inputs)
+            ],
+            timeout_s=150,
+        )
+    )
 
     expected = butterfly_reference(inputs, weights, "fp32")
     assert all(torch.equal(result.average, expected) for _, result in results)
@@ -75,7 +88,8 @@ def test_a_completed_exchange_returns_its_result_when_its_loop_is_slow_to_clear_
 
 @pytest.mark.parametrize("round_number, forget_wait_s", [(104, None), (105, 0.0)])
 def test_a_vector_that_cannot_be_encoded_fails_at_once_and_tells_its_groupmate(
-        pair: list[Peer], round_number: int, forget_wait_s: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    pair: list[Peer], round_number: int, forget_wait_s: float | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if forget_wait_s is not None:
         monkeypatch.setattr("swarm.net.exchange.allreduce.FORGET_WAIT_S", forget_wait_s)
     key = group_key(RUN_ID, round_number)

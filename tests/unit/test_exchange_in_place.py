@@ -1,5 +1,6 @@
 """The exchange's arithmetic where it saves memory: a group of one averages alone, bit for bit as the butterfly and
 the all-gather of one member (the simulator's references); a mean may be written over a contribution's memory."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,8 +32,9 @@ def test_a_group_of_one_gets_the_butterflys_and_the_all_gathers_average_bit_for_
     for gathered, reference in ((False, butterfly_reference), (True, gather_reference)):
         mine = delta(1)
         expected = reference([mine.clone()], [7.0], codec, reduce=reduce)
-        average, _ = average_alone(aggregation, get_codec(codec), mine, [7.0], "k", gathered=gathered, owner=None,
-                                   into_delta=False)
+        average, _ = average_alone(
+            aggregation, get_codec(codec), mine, [7.0], "k", gathered=gathered, owner=None, into_delta=False
+        )
         assert torch.equal(average, expected)
         assert not torch.equal(average, delta(1)) or codec == "fp32"  # a lossy codec's average is not Δ
 
@@ -40,12 +42,14 @@ def test_a_group_of_one_gets_the_butterflys_and_the_all_gathers_average_bit_for_
 def test_fp32_alone_into_delta_takes_deltas_memory_and_leaves_it_alone_otherwise() -> None:
     mine = delta(2)
     expected = butterfly_reference([mine.clone()], [3.0], "fp32")
-    average, _ = average_alone(Aggregation(), get_codec("fp32"), mine, [3.0], "k", gathered=False, owner=None,
-                               into_delta=True)
+    average, _ = average_alone(
+        Aggregation(), get_codec("fp32"), mine, [3.0], "k", gathered=False, owner=None, into_delta=True
+    )
     assert average.data_ptr() == mine.data_ptr() and torch.equal(average, expected)
     kept = delta(2)
-    average, _ = average_alone(Aggregation(), get_codec("fp32"), kept, [3.0], "k", gathered=False, owner=None,
-                               into_delta=False)
+    average, _ = average_alone(
+        Aggregation(), get_codec("fp32"), kept, [3.0], "k", gathered=False, owner=None, into_delta=False
+    )
     assert average.data_ptr() != kept.data_ptr() and torch.equal(kept, delta(2)) and torch.equal(average, expected)
 
 
@@ -65,8 +69,7 @@ def test_alone_with_owner_feedback_matches_the_butterfly_and_stages_the_same_res
         pytest.skip("no codec asks for owner feedback")
     ours, theirs = OwnerFeedback(), OwnerFeedback()
     expected = butterfly_reference([delta(4)], [2.0], codec, owners=[theirs])
-    average, _ = average_alone(Aggregation(), codec, delta(4), [2.0], "k", gathered=False, owner=ours,
-                               into_delta=False)
+    average, _ = average_alone(Aggregation(), codec, delta(4), [2.0], "k", gathered=False, owner=ours, into_delta=False)
     assert torch.equal(average, expected)
 
 

@@ -25,8 +25,14 @@ exit_within(1.0, 3)
 
 
 def test_a_peer_whose_exit_hangs_exits_with_its_code_and_shows_where_it_hung() -> None:
-    result = subprocess.run([sys.executable, "-c", HUNG_EXIT], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                            capture_output=True, text=True, timeout=50)
+    result = subprocess.run(
+        [sys.executable, "-c", HUNG_EXIT],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert result.returncode == 3
     assert "the peer is done but its process has not exited 1s later; its threads:" in result.stderr
     assert "in stuck_in_teardown" in result.stderr

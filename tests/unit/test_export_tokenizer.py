@@ -49,8 +49,12 @@ def _finished_peer(tmp_path: Path, run: RunConfig) -> Path:
 
 
 def _hf_run(tmp_path: Path, hf_config: dict, tokenizer: Path) -> RunConfig:
-    return RunConfig.from_dict({"model": {"hf_config": hf_config}, "data": {
-        **DATA, "source": str(TEXT), "tokenizer": str(tokenizer), "cache_dir": str(tmp_path / "cache")}})
+    return RunConfig.from_dict(
+        {
+            "model": {"hf_config": hf_config},
+            "data": {**DATA, "source": str(TEXT), "tokenizer": str(tokenizer), "cache_dir": str(tmp_path / "cache")},
+        }
+    )
 
 
 def _generate(out: Path) -> tuple[object, torch.Tensor]:
@@ -64,8 +68,9 @@ def _generate(out: Path) -> tuple[object, torch.Tensor]:
     return tokenizer, generated
 
 
-def test_an_hf_export_carries_the_runs_tokenizer_and_both_auto_classes_load_and_generate(tmp_path: Path,
-                                                                                       capsys) -> None:
+def test_an_hf_export_carries_the_runs_tokenizer_and_both_auto_classes_load_and_generate(
+    tmp_path: Path, capsys
+) -> None:
     pytest.importorskip("transformers")
     run = _hf_run(tmp_path, GPT2, _tokenizer(tmp_path / "tok.json"))
     peer = _finished_peer(tmp_path, run)
@@ -93,8 +98,9 @@ def test_special_tokens_the_tokenizer_and_the_config_agree_on_are_named(tmp_path
     assert tokenizer.eos_token == tokenizer.bos_token == "<|endoftext|>" and tokenizer.eos_token_id == 100
 
 
-def test_a_tokenizer_found_beside_the_state_dir_or_given_with_a_flag_is_exported(tmp_path: Path, capsys,
-                                                                               monkeypatch) -> None:
+def test_a_tokenizer_found_beside_the_state_dir_or_given_with_a_flag_is_exported(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
     pytest.importorskip("transformers")
     _tokenizer(tmp_path / "tok.json")
     monkeypatch.chdir(tmp_path)

@@ -54,8 +54,11 @@ class Coordinator:
         config = RunConfig(rounds=RoundConfig(min_peers=3, inner_steps=5, round_timeout_s=60.0, report_grace_s=5.0))
         self.engine = CoordinatorEngine(Store(path), config=config, lease_s=30.0, clock=clock)
         many = Rate(per_s=1000.0, burst=1000)
-        self.servicer = CoordinatorServicer(self.engine, dht_initial_peers=[], join_limits=JoinLimits(
-            challenges_per_address=many, joins_per_address=many, joins_per_token=many))
+        self.servicer = CoordinatorServicer(
+            self.engine,
+            dht_initial_peers=[],
+            join_limits=JoinLimits(challenges_per_address=many, joins_per_address=many, joins_per_token=many),
+        )
         self.token, self.signers, self.clock = self.engine.run.token, signers, clock
 
     def call(self, method: str, request: Any) -> Any:
@@ -77,9 +80,20 @@ class Coordinator:
 
     def beat(self, peer: str, **extreme: Any) -> Any:
         run = self.engine.run
-        return self.call("Heartbeat", pb.HeartbeatRequest(peer_id=peer, metrics=pb.PeerMetrics(
-            state=pb.PEER_STATE_READY, state_round=0, state_hash=run.initial_hash,
-            model_fingerprint=run.model_fingerprint, param_count=run.param_count, **extreme)))
+        return self.call(
+            "Heartbeat",
+            pb.HeartbeatRequest(
+                peer_id=peer,
+                metrics=pb.PeerMetrics(
+                    state=pb.PEER_STATE_READY,
+                    state_round=0,
+                    state_hash=run.initial_hash,
+                    model_fingerprint=run.model_fingerprint,
+                    param_count=run.param_count,
+                    **extreme,
+                ),
+            ),
+        )
 
     def every_rpc(self, peer: str) -> None:
         """Each of the 8 RPCs once (Leave last), none answering INTERNAL."""
@@ -100,19 +114,45 @@ class Coordinator:
 
 
 EXTREME_METRICS = dict(
-    loss=HUGE_LOSS, step_time_s=MAX_SECONDS, tokens_per_s=MAX_SECONDS, eval_loss=HUGE_LOSS, eval_round=0,
-    inner_time_s=MAX_SECONDS, wall_time_s=MAX_SECONDS, inner_steps=MAX_COUNT, tokens=MAX_COUNT, bytes_sent=MAX_COUNT,
-    bytes_received=MAX_COUNT, contributions_rejected=MAX_COUNT, contributions_clipped=MAX_COUNT,
-    foreign_messages_dropped=MAX_COUNT, upload_mbit_s=MAX_SECONDS, download_mbit_s=MAX_SECONDS, rtt_ms=MAX_SECONDS,
+    loss=HUGE_LOSS,
+    step_time_s=MAX_SECONDS,
+    tokens_per_s=MAX_SECONDS,
+    eval_loss=HUGE_LOSS,
+    eval_round=0,
+    inner_time_s=MAX_SECONDS,
+    wall_time_s=MAX_SECONDS,
+    inner_steps=MAX_COUNT,
+    tokens=MAX_COUNT,
+    bytes_sent=MAX_COUNT,
+    bytes_received=MAX_COUNT,
+    contributions_rejected=MAX_COUNT,
+    contributions_clipped=MAX_COUNT,
+    foreign_messages_dropped=MAX_COUNT,
+    upload_mbit_s=MAX_SECONDS,
+    download_mbit_s=MAX_SECONDS,
+    rtt_ms=MAX_SECONDS,
 )
 
 
 def extreme_report(peer: str, round_no: int, group: list[str]) -> pb.ReportRoundRequest:
     return pb.ReportRoundRequest(
-        peer_id=peer, round=round_no, ok=True, state_hash="0" * 64, group=group, samples=MAX_COUNT,
-        inner_steps=MAX_COUNT, inner_time_s=MAX_SECONDS, exchange_time_s=MAX_SECONDS, bytes_sent=MAX_COUNT,
-        bytes_received=MAX_COUNT, loss=HUGE_LOSS, param_count=MAX_COUNT, upload_mbit_s=MAX_SECONDS,
-        download_mbit_s=MAX_SECONDS, rtt_ms=MAX_SECONDS)
+        peer_id=peer,
+        round=round_no,
+        ok=True,
+        state_hash="0" * 64,
+        group=group,
+        samples=MAX_COUNT,
+        inner_steps=MAX_COUNT,
+        inner_time_s=MAX_SECONDS,
+        exchange_time_s=MAX_SECONDS,
+        bytes_sent=MAX_COUNT,
+        bytes_received=MAX_COUNT,
+        loss=HUGE_LOSS,
+        param_count=MAX_COUNT,
+        upload_mbit_s=MAX_SECONDS,
+        download_mbit_s=MAX_SECONDS,
+        rtt_ms=MAX_SECONDS,
+    )
 
 
 def test_reports_at_the_caps_are_cut_to_the_round_and_every_rpc_answers_before_and_after_a_restart(tmp_path) -> None:
@@ -138,10 +178,24 @@ def test_reports_at_the_caps_are_cut_to_the_round_and_every_rpc_answers_before_a
     open_round = store.latest_round()
     assert open_round is not None and open_round.outcome == OPEN
     for peer in (a, b):
-        store.replace_report(ReportRecord(
-            round=open_round.round, peer_id=peer, reported_at=clock.now, ok=True, state_hash="1" * 64, group=(a, b),
-            samples=MAX_COUNT, inner_steps=MAX_COUNT, inner_time_s=MAX_SECONDS, exchange_time_s=MAX_SECONDS,
-            bytes_sent=MAX_COUNT, bytes_received=MAX_COUNT, loss=HUGE_LOSS, param_count=MAX_COUNT))
+        store.replace_report(
+            ReportRecord(
+                round=open_round.round,
+                peer_id=peer,
+                reported_at=clock.now,
+                ok=True,
+                state_hash="1" * 64,
+                group=(a, b),
+                samples=MAX_COUNT,
+                inner_steps=MAX_COUNT,
+                inner_time_s=MAX_SECONDS,
+                exchange_time_s=MAX_SECONDS,
+                bytes_sent=MAX_COUNT,
+                bytes_received=MAX_COUNT,
+                loss=HUGE_LOSS,
+                param_count=MAX_COUNT,
+            )
+        )
     store.put_run(dataclasses.replace(store.get_run(), ddp_equivalent_bytes=2**63 - 1))
     clock.now += 100  # past the round's timeout: the restarted coordinator decides it from those reports
     restarted = Coordinator(path, clock, signers)

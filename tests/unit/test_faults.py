@@ -20,23 +20,28 @@ def test_a_delay_fires_once_at_its_round_and_phase():
     assert plan.drops(3, "report") and not plan.drops(3, "report")
 
 
-@pytest.mark.parametrize("spec, words", [
-    ("crash@x:sending", "malformed"),
-    ("crash@2:dancing", "'dancing' is not one of trained"),
-    ("drop@2:sending", "is not one of report, heartbeat"),
-    ("delay@2:reported", "a delay needs seconds"),
-    ("slow@1:compute", "a slow a factor"),
-    ("slow@1:memory=4", "'memory' is not one of compute"),
-    ("slow@1:compute=0.5", "between 1 and 1000x"),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("crash@x:sending", "malformed"),
+        ("crash@2:dancing", "'dancing' is not one of trained"),
+        ("drop@2:sending", "is not one of report, heartbeat"),
+        ("delay@2:reported", "a delay needs seconds"),
+        ("slow@1:compute", "a slow a factor"),
+        ("slow@1:memory=4", "'memory' is not one of compute"),
+        ("slow@1:compute=0.5", "between 1 and 1000x"),
+    ],
+)
 def test_a_malformed_plan_is_named(spec, words):
     with pytest.raises(FaultSpecError, match=words):
         FaultPlan.parse(spec)
 
 
 def test_a_crash_exits_at_once_with_137():
-    code = "from peer.faults import FaultPlan; p = FaultPlan.parse('crash@4:averaged'); p.at(4, 'sending'); " \
-           "print('alive', flush=True); p.at(4, 'averaged'); print('not reached')"
+    code = (
+        "from peer.faults import FaultPlan; p = FaultPlan.parse('crash@4:averaged'); p.at(4, 'sending'); "
+        "print('alive', flush=True); p.at(4, 'averaged'); print('not reached')"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert (done.returncode, done.stdout) == (137, "alive\n")
 
@@ -61,9 +66,12 @@ def test_a_slow_plan_throttles_each_inner_step_from_its_round_on():
     assert FaultPlan.parse("delay@1:trained=1").throttle(lambda: 1) is None  # nothing slowed: no hook at all
     plan = FaultPlan.parse("slow@2:compute=4")
     assert [plan.slowdown(r) for r in (1, 2, 5)] == [1.0, 4.0, 4.0]
-    run = RunConfig(seed=0, model=ModelConfig(preset="bench"),
-                    data=DataConfig(max_bytes=200_000, num_shards=1, batch_size=2, seq_len=16, eval_batches=1),
-                    rounds=RoundConfig(inner_steps=2)).validate()
+    run = RunConfig(
+        seed=0,
+        model=ModelConfig(preset="bench"),
+        data=DataConfig(max_bytes=200_000, num_shards=1, batch_size=2, seq_len=16, eval_batches=1),
+        rounds=RoundConfig(inner_steps=2),
+    ).validate()
     trainer = LocalTrainer(run, peer_index=0)
     round_now, computed = [1], []
     throttle = plan.throttle(lambda: round_now[0])

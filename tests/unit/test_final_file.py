@@ -23,8 +23,9 @@ RUN = RunConfig.from_dict({"model": {"preset": "bench"}, "rounds": {"max_rounds"
 
 def _write(path: Path, *, run: RunConfig = RUN, run_id: str | None, seed: int = 0) -> str:
     model = build_run_model(run.model, seed=seed).module
-    write_final_model(path, model, GlobalState(3, [p.detach().clone() for p in model.parameters()], []), run=run,
-                      run_id=run_id)
+    write_final_model(
+        path, model, GlobalState(3, [p.detach().clone() for p in model.parameters()], []), run=run, run_id=run_id
+    )
     return tensors_digest(path)
 
 
@@ -34,8 +35,12 @@ def test_another_runs_final_model_is_named_at_join_and_kept_when_this_run_writes
     with caplog.at_level(logging.INFO, logger="peer.state.final_file"):
         warn_if_other_run(tmp_path, "run-bbbbbbbbbbbb", RUN, "[p-1]")
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
-        (logging.WARNING, f"[p-1] {path} holds run run-aaaaaaaaaaaa's final model; it will be replaced when this run "
-                          "finishes — use another --state-dir to keep it")]
+        (
+            logging.WARNING,
+            f"[p-1] {path} holds run run-aaaaaaaaaaaa's final model; it will be replaced when this run "
+            "finishes — use another --state-dir to keep it",
+        )
+    ]
     aside = set_aside(path, "run-bbbbbbbbbbbb", RUN)
     assert aside == tmp_path / "final" / "model.run-aaaaaaaaaaaa.safetensors"
     assert not path.exists() and tensors_digest(aside) == old

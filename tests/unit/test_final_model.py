@@ -40,7 +40,9 @@ def test_a_peers_final_model_names_its_run_and_nothing_else_changes(tmp_path: Pa
     state = GlobalState(3, [p.detach().clone() for p in model.parameters()], [])
     write_final_model(tmp_path / "named.safetensors", model, state, run=run, run_id="run-0123456789ab")
     write_final_model(tmp_path / "plain.safetensors", model, state, run=run)
-    with safe_open(str(tmp_path / "named.safetensors"), "pt") as named, \
-            safe_open(str(tmp_path / "plain.safetensors"), "pt") as plain:
+    with (
+        safe_open(str(tmp_path / "named.safetensors"), "pt") as named,
+        safe_open(str(tmp_path / "plain.safetensors"), "pt") as plain,
+    ):
         assert named.metadata() == {**plain.metadata(), "run_id": "run-0123456789ab"}
     assert tensors_digest(tmp_path / "named.safetensors") == tensors_digest(tmp_path / "plain.safetensors")

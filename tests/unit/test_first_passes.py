@@ -14,8 +14,9 @@ from swarm.train.trainer import LocalTrainer
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
 
 # dropout on: the passes draw from the global random stream, as the step would
-RUN = RunConfig(model=ModelConfig(preset="bench", dropout=0.1),
-                data=DataConfig(max_bytes=200_000, batch_size=2, seq_len=16)).validate()
+RUN = RunConfig(
+    model=ModelConfig(preset="bench", dropout=0.1), data=DataConfig(max_bytes=200_000, batch_size=2, seq_len=16)
+).validate()
 
 
 def _trained(trainer: LocalTrainer, steps: int, *, between=lambda t: None) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -34,7 +34,7 @@ def _covered(groups, params):
     counts = [np.zeros(shape.numel(), dtype=int) for _, shape in params]
     for group in groups:
         for s in group:
-            counts[s.param][s.start:s.stop] += 1
+            counts[s.param][s.start : s.stop] += 1
     return counts
 
 
@@ -67,7 +67,10 @@ def test_balanced_splits_the_embeddings_that_whole_blocks_cannot():
 
 def test_balanced_on_a_model_smaller_than_its_pieces_cuts_elements_or_refuses():
     shapes = [torch.Size([50]), torch.Size([30])]  # 80 elements: fewer than 2 x 64, so unaligned cuts
-    assert fragment_spans(shapes, 2, "balanced") == [[spans.Span(0, 0, 40)], [spans.Span(0, 40, 50), spans.Span(1, 0, 30)]]
+    assert fragment_spans(shapes, 2, "balanced") == [
+        [spans.Span(0, 0, 40)],
+        [spans.Span(0, 40, 50), spans.Span(1, 0, 30)],
+    ]
     with pytest.raises(ValueError, match="lower \\[rounds\\] fragments"):
         fragment_spans([torch.Size([3])], 4, "balanced")
     with pytest.raises(ValueError, match="shapes"):
@@ -106,16 +109,21 @@ def test_part_of_a_tensor_needs_an_elementwise_outer_optimizer():
     adam = types.SimpleNamespace(name="Adam")  # refused before it is used (a real one takes seconds to build)
     with pytest.raises(ValueError, match="nesterov"):
         spans.tentative_step(adam, [torch.zeros(s) for s in shapes], [torch.ones(64)], [spans.Span(0, 0, 64)])
-    run = RUN.replace(outer=OuterOptConfig(name="Adam", lr=0.01),
-                      rounds=RoundConfig(inner_steps=4, fragments=2, fragment_pattern="balanced"))  # valid, not
+    run = RUN.replace(
+        outer=OuterOptConfig(name="Adam", lr=0.01),
+        rounds=RoundConfig(inner_steps=4, fragments=2, fragment_pattern="balanced"),
+    )  # valid, not
     # validated here: validating a torch.optim outer optimizer takes seconds
     with pytest.raises(ValueError, match="fragment_pattern = 'balanced' splits tensors"):
         LocalTrainer(run, peer_index=0)
 
 
 def test_a_balanced_commit_merges_exactly_the_fragments_elements():
-    run = RUN.replace(rounds=dataclasses.replace(RUN.rounds, inner_steps=4, fragments=2, overlap_steps=2,
-                                                 mixing_alpha=0.25, fragment_pattern="balanced")).validate()
+    run = RUN.replace(
+        rounds=dataclasses.replace(
+            RUN.rounds, inner_steps=4, fragments=2, overlap_steps=2, mixing_alpha=0.25, fragment_pattern="balanced"
+        )
+    ).validate()
     trainer = LocalTrainer(run, peer_index=0)
     group = trainer.fragment_spans[0]
     assert any(not spans.is_whole(s, trainer.global_params[s.param]) for s in group)
@@ -130,18 +138,21 @@ def test_a_balanced_commit_merges_exactly_the_fragments_elements():
     trainer.commit(tentative, fragment=0)
     inside = [torch.zeros(g.numel(), dtype=torch.bool) for g in old_global]
     for s in group:
-        inside[s.param][s.start:s.stop] = True
+        inside[s.param][s.start : s.stop] = True
     for p, new_g, l, old, mask in zip(trainer.model.parameters(), trainer.global_params, local, old_global, inside):
         p, new_g = p.detach().reshape(-1), new_g.reshape(-1)
         assert torch.equal(p[~mask], l[~mask]) and torch.equal(new_g[~mask], old[~mask])  # fragment 1: untouched
         ref = l[mask].numpy() * np.float32(0.25) + new_g[mask].numpy() * np.float32(0.75)
         assert torch.equal(p[mask], torch.from_numpy(ref))
-    assert all(not torch.equal(g.reshape(-1)[m], o[m]) for g, o, m in zip(trainer.global_params, old_global, inside) if m.any())
+    assert all(
+        not torch.equal(g.reshape(-1)[m], o[m]) for g, o, m in zip(trainer.global_params, old_global, inside) if m.any()
+    )
 
 
 def test_a_balanced_streaming_simulation_sends_equal_fragments_and_stays_consistent():
-    run = RUN.replace(rounds=dataclasses.replace(RUN.rounds, inner_steps=4, fragments=2, codec="int4",
-                                                 fragment_pattern="balanced")).validate()
+    run = RUN.replace(
+        rounds=dataclasses.replace(RUN.rounds, inner_steps=4, fragments=2, codec="int4", fragment_pattern="balanced")
+    ).validate()
     result = simulate(run, peers=2, rounds=4)
     assert result.consistent and [r.fragment for r in result.rounds] == [0, 1, 0, 1]
     assert result.rounds[-1].eval_loss < result.initial_eval_loss

@@ -24,8 +24,11 @@ def _imports_hivemind(tree: ast.AST) -> list[ast.stmt]:
 
 
 def test_only_the_adapter_imports_hivemind_in_swarm() -> None:
-    users = {p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "swarm").rglob("*.py"))
-             if _imports_hivemind(ast.parse(p.read_text()))}
+    users = {
+        p.relative_to(ROOT).as_posix()
+        for p in sorted((ROOT / "swarm").rglob("*.py"))
+        if _imports_hivemind(ast.parse(p.read_text()))
+    }
     assert users == {"swarm/net/hivemind_api.py"}
 
 

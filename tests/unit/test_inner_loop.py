@@ -74,8 +74,10 @@ def test_schedules_warm_up_then_decay_over_the_run():
 
 
 def test_the_trainer_follows_the_run_position_and_a_resumed_peer_gets_the_same_rate():
-    run = RUN.replace(inner=dataclasses.replace(RUN.inner, schedule="linear", warmup_steps=0, min_lr_ratio=0.0),
-                      rounds=dataclasses.replace(RUN.rounds, max_rounds=4)).validate()
+    run = RUN.replace(
+        inner=dataclasses.replace(RUN.inner, schedule="linear", warmup_steps=0, min_lr_ratio=0.0),
+        rounds=dataclasses.replace(RUN.rounds, max_rounds=4),
+    ).validate()
     trainer = LocalTrainer(run, peer_index=0)
     assert trainer.run_inner_steps == 12
     trainer.train(3)

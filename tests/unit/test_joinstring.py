@@ -98,8 +98,30 @@ def test_any_text_parses_or_gets_one_sentence() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    pieces = st.sampled_from(["swarm://", "h", ":", "1", "?", "token=", "t", "&", "fp=", FP, "[", "]", "%", "²", "é",
-                              "\x00", "@", "/", "#", "9" * 50])
+    pieces = st.sampled_from(
+        [
+            "swarm://",
+            "h",
+            ":",
+            "1",
+            "?",
+            "token=",
+            "t",
+            "&",
+            "fp=",
+            FP,
+            "[",
+            "]",
+            "%",
+            "²",
+            "é",
+            "\x00",
+            "@",
+            "/",
+            "#",
+            "9" * 50,
+        ]
+    )
 
     @settings(max_examples=300, deadline=None, database=None)
     @given(st.one_of(st.text(max_size=200), st.lists(pieces, max_size=16).map("".join)))

@@ -19,8 +19,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.usefixture
 
 
 def _run(keep: bool) -> RunConfig:
-    return RUN.replace(rounds=dataclasses.replace(RUN.rounds, inner_steps=3, codec="ternary",
-                                                  keep_unsent_locally=keep)).validate()
+    return RUN.replace(
+        rounds=dataclasses.replace(RUN.rounds, inner_steps=3, codec="ternary", keep_unsent_locally=keep)
+    ).validate()
 
 
 def test_the_next_pseudo_gradient_starts_with_the_residual_and_does_not_add_it_again():
@@ -30,8 +31,9 @@ def test_the_next_pseudo_gradient_starts_with_the_residual_and_does_not_add_it_a
         t.train(3)
     contributions = [t.take_contribution() for t in trainers]
     assert torch.equal(contributions[0].delta, trainers[0].pseudo_gradient())  # no residual added yet
-    average = butterfly_reference([c.delta for c in contributions], [1.0, 1.0], "ternary",
-                                  owners=[c.owner for c in contributions])
+    average = butterfly_reference(
+        [c.delta for c in contributions], [1.0, 1.0], "ternary", owners=[c.owner for c in contributions]
+    )
     for t, c in zip(trainers, contributions):
         state = t.apply(average, None, 1)
         t.record_sent(c, "ternary", parts=2)
@@ -62,8 +64,9 @@ def test_streaming_fragments_keep_each_fragments_residual_and_agree():
     for t in trainers:
         t.train(2)
     contributions = [t.take_contribution(1) for t in trainers]
-    average = butterfly_reference([c.delta for c in contributions], [1.0, 1.0], "ternary",
-                                  owners=[c.owner for c in contributions])
+    average = butterfly_reference(
+        [c.delta for c in contributions], [1.0, 1.0], "ternary", owners=[c.owner for c in contributions]
+    )
     before = trainers[0].pseudo_gradient(0)
     for t, c in zip(trainers, contributions):
         state = t.apply(average, 1, 1)

@@ -50,11 +50,7 @@ def module_name(path: Path, root: Path) -> str:
 
 def read_sources(root: Path = ROOT) -> dict[str, str]:
     """Module name -> source text of every module under swarm/, peer/ and coordinator/."""
-    return {
-        module_name(p, root): p.read_text()
-        for package in PACKAGES
-        for p in sorted((root / package).rglob("*.py"))
-    }
+    return {module_name(p, root): p.read_text() for package in PACKAGES for p in sorted((root / package).rglob("*.py"))}
 
 
 def _parse(source: str) -> ast.AST:
@@ -165,7 +161,7 @@ def _example_path(graph: dict[str, set[str]], component: set[str]) -> list[str]:
     while True:
         nxt = min(w for w in graph[path[-1]] if w in component)
         if nxt in seen:
-            return path[path.index(nxt):] + [nxt]
+            return path[path.index(nxt) :] + [nxt]
         path.append(nxt)
         seen.add(nxt)
 
@@ -187,22 +183,24 @@ def test_there_are_no_import_cycles():
 
 
 def test_the_checker_catches_upward_and_lazy_imports_and_hivemind_below_net():
-    graph = import_graph({
-        "swarm": "",
-        "swarm.core": "",
-        "swarm.core.math": "def f():\n    from swarm.net.bulk.transport import Transport\n",
-        "swarm.train": "",
-        "swarm.train.model.model": "import hivemind\nfrom ...core import math\n",
-        "swarm.net": "",
-        "swarm.net.bulk.transport": "from swarm.core.math import f\n",
-        "swarm.control": "",
-        "swarm.control.client": "from swarm.net.bulk import transport\n",
-        "peer": "",
-        "peer.daemon": "from swarm.app import cli\n",
-        "swarm.app": "",
-        "swarm.app.cli": "import peer.daemon\n",
-        "swarm.extra": "",
-    })
+    graph = import_graph(
+        {
+            "swarm": "",
+            "swarm.core": "",
+            "swarm.core.math": "def f():\n    from swarm.net.bulk.transport import Transport\n",
+            "swarm.train": "",
+            "swarm.train.model.model": "import hivemind\nfrom ...core import math\n",
+            "swarm.net": "",
+            "swarm.net.bulk.transport": "from swarm.core.math import f\n",
+            "swarm.control": "",
+            "swarm.control.client": "from swarm.net.bulk import transport\n",
+            "peer": "",
+            "peer.daemon": "from swarm.app import cli\n",
+            "swarm.app": "",
+            "swarm.app.cli": "import peer.daemon\n",
+            "swarm.extra": "",
+        }
+    )
     assert graph["swarm.train.model.model"] == {"hivemind", "swarm.core.math"}  # relative import resolved
     assert violations(graph) == [
         "peer.daemon imports swarm.app.cli (peer may not import swarm.app)",

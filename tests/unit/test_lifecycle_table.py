@@ -20,23 +20,44 @@ def info(**fields) -> pb.RoundInfo:
     return pb.RoundInfo(**fields)
 
 
-@pytest.mark.parametrize("view, event", [
-    (View(rejected=True, carrying=True, info=info(finished=True)), E.REJECTED),  # a refusal ends everything
-    (View(carrying=True, info=None), E.CARRIED),  # a round in flight trains on, reachable or not
-    (View(info=None, offline_next=3), E.GROUP_GOES_ON),
-    (View(info=None, offline_next=3, final_known=True), E.COORDINATOR_DOWN),  # the run is over: no round alone
-    (View(info=None), E.COORDINATOR_DOWN),
-    (View(info=info(last_committed_round=5, finished=True), backlog=True, held_round=1), E.BACKLOG),
-    (View(info=info(last_committed_round=2), held_round=1), E.BEHIND),
-    (View(info=info(last_committed_round=1), held_round=1, behind=True), E.BEHIND),  # its group was contradicted
-    (View(info=info(last_committed_round=4, finished=True), held_round=4), E.FINISHED),
-    (View(info=info(open_round=3, round=3, participants=["me"], last_committed_round=2), held_round=2, peer_id="me"),
-     E.PLANNED),
-    (View(info=info(open_round=3, round=3, participants=["other"], last_committed_round=2), held_round=2,
-          peer_id="me"), E.UNPLANNED),
-    (View(info=info(open_round=3, round=2, participants=["me"], last_committed_round=2), held_round=2,
-          peer_id="me"), E.UNPLANNED),  # an answer about another round than the open one
-])
+@pytest.mark.parametrize(
+    "view, event",
+    [
+        (View(rejected=True, carrying=True, info=info(finished=True)), E.REJECTED),  # a refusal ends everything
+        (View(carrying=True, info=None), E.CARRIED),  # a round in flight trains on, reachable or not
+        (View(info=None, offline_next=3), E.GROUP_GOES_ON),
+        (View(info=None, offline_next=3, final_known=True), E.COORDINATOR_DOWN),  # the run is over: no round alone
+        (View(info=None), E.COORDINATOR_DOWN),
+        (View(info=info(last_committed_round=5, finished=True), backlog=True, held_round=1), E.BACKLOG),
+        (View(info=info(last_committed_round=2), held_round=1), E.BEHIND),
+        (View(info=info(last_committed_round=1), held_round=1, behind=True), E.BEHIND),  # its group was contradicted
+        (View(info=info(last_committed_round=4, finished=True), held_round=4), E.FINISHED),
+        (
+            View(
+                info=info(open_round=3, round=3, participants=["me"], last_committed_round=2),
+                held_round=2,
+                peer_id="me",
+            ),
+            E.PLANNED,
+        ),
+        (
+            View(
+                info=info(open_round=3, round=3, participants=["other"], last_committed_round=2),
+                held_round=2,
+                peer_id="me",
+            ),
+            E.UNPLANNED,
+        ),
+        (
+            View(
+                info=info(open_round=3, round=2, participants=["me"], last_committed_round=2),
+                held_round=2,
+                peer_id="me",
+            ),
+            E.UNPLANNED,
+        ),  # an answer about another round than the open one
+    ],
+)
 def test_a_pass_runs_the_first_event_in_precedence_order(view: View, event: Event) -> None:
     assert next_event(view) is event
 
@@ -53,7 +74,11 @@ def test_a_round_goes_training_exchanging_deciding_ready_and_offline_decides_wit
     round_trip = (E.PLANNED, E.EXCHANGE, E.DECIDE, E.ROUND_ENDED)
     assert walk(S.READY, *round_trip) == [S.TRAINING, S.EXCHANGING, S.DECIDING, S.READY]
     assert walk(S.READY, E.GROUP_GOES_ON, E.EXCHANGE, E.DECIDE, E.ROUND_ENDED, offline=True) == [
-        S.TRAINING, S.EXCHANGING, S.OFFLINE_DECIDING, S.READY]
+        S.TRAINING,
+        S.EXCHANGING,
+        S.OFFLINE_DECIDING,
+        S.READY,
+    ]
     # with overlap the next round trains while the carried one is decided
     assert walk(S.EXCHANGING, E.CARRIED, E.DECIDE, E.EXCHANGE) == [S.TRAINING, S.DECIDING, S.EXCHANGING]
 
@@ -64,7 +89,9 @@ def test_joining_syncs_then_waits_and_the_end_is_finishing_or_leaving() -> None:
     assert all(after(s, E.STOP) is S.LEAVING for s in PeerState)
     assert {to for (s, _), to in TRANSITIONS.items() if s is S.LEAVING} == {S.LEAVING}  # nothing comes back
     assert {(s, e) for (s, e) in TRANSITIONS if s in (S.FINISHING, S.LEAVING)} == {
-        (S.FINISHING, E.STOP), (S.LEAVING, E.STOP)}
+        (S.FINISHING, E.STOP),
+        (S.LEAVING, E.STOP),
+    }
 
 
 def test_waiting_or_reporting_a_backlog_changes_nothing_the_coordinator_sees() -> None:
@@ -91,5 +118,6 @@ def test_every_state_but_the_ends_is_left_by_some_event_and_every_wire_state_is_
 def test_the_daemon_changes_state_only_through_the_table() -> None:
     source = inspect.getsource(daemon)
     assert "enter(PeerState." not in source and "self.state = PeerState." not in source.replace(
-        "self.state = PeerState.JOINING", "")
+        "self.state = PeerState.JOINING", ""
+    )
     assert "PeerState(" not in source  # no state made from a name

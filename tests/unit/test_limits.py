@@ -68,9 +68,11 @@ class Coordinator:
         config = RunConfig(rounds=RoundConfig(min_peers=1, inner_steps=5))
         self.engine = CoordinatorEngine(Store(":memory:"), config=config, lease_s=30.0)
         many = Rate(per_s=1000.0, burst=100_000)  # these tests join hundreds of peers from one address
-        self.servicer = CoordinatorServicer(self.engine, dht_initial_peers=[GOOD_MADDR],
-                                            join_limits=JoinLimits(challenges_per_address=many,
-                                                                   joins_per_address=many, joins_per_token=many))
+        self.servicer = CoordinatorServicer(
+            self.engine,
+            dht_initial_peers=[GOOD_MADDR],
+            join_limits=JoinLimits(challenges_per_address=many, joins_per_address=many, joins_per_token=many),
+        )
         self.token = self.engine.run.token
         self.signers: dict[str, CallSigner] = {}
 
@@ -113,15 +115,23 @@ def _malformed(peer: str, token: str) -> list[tuple[str, Any, str]]:
         ("Join", pb.JoinRequest(token=token, swarm_version="v" * 300), "swarm_version"),
         ("Join", pb.JoinRequest(token=token, dht_peer_id="p-1/../x"), "dht_peer_id may only hold"),
         ("Join", pb.JoinRequest(token="t" * 1000), "token is 1000 characters"),
-        ("Heartbeat", pb.HeartbeatRequest(peer_id=peer, metrics=metrics(dht_maddrs=["garbage-not-a-multiaddr"])),
-         "not a multiaddr ending in /p2p/<peer id>"),
-        ("Heartbeat", pb.HeartbeatRequest(peer_id=peer, metrics=metrics(dht_maddrs=["/ip4/1.2.3.4/tcp/5"])),
-         "metrics.dht_maddrs"),
-        ("Heartbeat", pb.HeartbeatRequest(peer_id=peer, metrics=metrics(dht_maddrs=[GOOD_MADDR] * 65)),
-         "65 entries"),
+        (
+            "Heartbeat",
+            pb.HeartbeatRequest(peer_id=peer, metrics=metrics(dht_maddrs=["garbage-not-a-multiaddr"])),
+            "not a multiaddr ending in /p2p/<peer id>",
+        ),
+        (
+            "Heartbeat",
+            pb.HeartbeatRequest(peer_id=peer, metrics=metrics(dht_maddrs=["/ip4/1.2.3.4/tcp/5"])),
+            "metrics.dht_maddrs",
+        ),
+        ("Heartbeat", pb.HeartbeatRequest(peer_id=peer, metrics=metrics(dht_maddrs=[GOOD_MADDR] * 65)), "65 entries"),
         ("Heartbeat", pb.HeartbeatRequest(peer_id=peer, metrics=metrics(state_hash="ab" * 100)), "state_hash is 200"),
-        ("Heartbeat", pb.HeartbeatRequest(peer_id=peer, metrics=metrics(model_fingerprint="<b>")),
-         "model_fingerprint may only hold"),
+        (
+            "Heartbeat",
+            pb.HeartbeatRequest(peer_id=peer, metrics=metrics(model_fingerprint="<b>")),
+            "model_fingerprint may only hold",
+        ),
         ("Heartbeat", pb.HeartbeatRequest(peer_id=peer, metrics=metrics(tokens=-5)), "metrics.tokens is -5"),
         ("Heartbeat", pb.HeartbeatRequest(peer_id=peer, metrics=metrics(bytes_sent=2**62)), "metrics.bytes_sent"),
         ("Heartbeat", pb.HeartbeatRequest(peer_id=peer, metrics=metrics(loss=math.inf)), "not a finite number"),
@@ -161,9 +171,18 @@ def test_every_rpc_refuses_oversized_and_malformed_fields_in_one_sentence_withou
     assert {r.getMessage().split(":")[0] for r in warnings} == {m for m, _, _ in cases}  # one line per method...
     assert len(warnings) == len({m for m, _, _ in cases})  # ...within a second: the rest are counted
     assert all(len(r.getMessage()) < 400 for r in caplog.records)  # 3 MiB names never reach the log
-    assert coordinator.call("Heartbeat", pb.HeartbeatRequest(peer_id=peer, metrics=pb.PeerMetrics(
-        state=pb.PEER_STATE_READY, state_round=0, state_hash=coordinator.engine.run.initial_hash,
-        dht_maddrs=[GOOD_MADDR])))
+    assert coordinator.call(
+        "Heartbeat",
+        pb.HeartbeatRequest(
+            peer_id=peer,
+            metrics=pb.PeerMetrics(
+                state=pb.PEER_STATE_READY,
+                state_round=0,
+                state_hash=coordinator.engine.run.initial_hash,
+                dht_maddrs=[GOOD_MADDR],
+            ),
+        ),
+    )
 
 
 def test_warnings_are_one_line_per_second_per_method_with_a_count(caplog: pytest.LogCaptureFixture) -> None:
@@ -176,8 +195,11 @@ def test_warnings_are_one_line_per_second_per_method_with_a_count(caplog: pytest
     now[0] = 1.5
     limiter.warn("Heartbeat", "bad")
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["Heartbeat: refused a malformed request: bad", "Join: refused a malformed request: bad",
-                     "Heartbeat: refused a malformed request: bad (and 99 more since the last such line)"]
+    assert lines == [
+        "Heartbeat: refused a malformed request: bad",
+        "Join: refused a malformed request: bad",
+        "Heartbeat: refused a malformed request: bad (and 99 more since the last such line)",
+    ]
 
 
 def test_a_peer_keeps_at_most_eight_dht_addresses(coordinator: Coordinator) -> None:
@@ -192,14 +214,25 @@ def test_status_is_paged_and_bounded_whatever_the_peers_send(coordinator: Coordi
     maddrs = [f"/dns/{'a' * 40}.example/tcp/4001/p2p/{PEER_ID}"] * 8
     for _ in range(MAX_PAGE_SIZE + 50):
         peer = coordinator.join(name=label, site=label, device=label)
-        coordinator.call("Heartbeat", pb.HeartbeatRequest(peer_id=peer, metrics=pb.PeerMetrics(
-            dht_maddrs=maddrs, state_round=3, state_hash="f" * 128,  # any other fingerprint is evicted
-            model_fingerprint=coordinator.engine.run.model_fingerprint, dht_peer_id="d" * 128)))
+        coordinator.call(
+            "Heartbeat",
+            pb.HeartbeatRequest(
+                peer_id=peer,
+                metrics=pb.PeerMetrics(
+                    dht_maddrs=maddrs,
+                    state_round=3,
+                    state_hash="f" * 128,  # any other fingerprint is evicted
+                    model_fingerprint=coordinator.engine.run.model_fingerprint,
+                    dht_peer_id="d" * 128,
+                ),
+            ),
+        )
     pages = []
 
     def get_page(token: str) -> pb.GetStatusResponse:
-        page = coordinator.call("GetStatus", pb.GetStatusRequest(
-            token=coordinator.token, page_size=10_000, page_token=token))
+        page = coordinator.call(
+            "GetStatus", pb.GetStatusRequest(token=coordinator.token, page_size=10_000, page_token=token)
+        )
         pages.append(page)
         return page
 
@@ -226,8 +259,11 @@ def test_peers_gone_long_ago_are_counted_not_listed(coordinator: Coordinator) ->
 
 @pytest.fixture
 def grpc_server(coordinator: Coordinator) -> Iterator[tuple[Coordinator, grpc.Channel]]:
-    server = LoopServer(LoadMonitor(), options=[("grpc.max_receive_message_length", limits.MAX_REQUEST_BYTES)],
-                        maximum_concurrent_rpcs=16)  # the coordinator's serving path, without TLS
+    server = LoopServer(
+        LoadMonitor(),
+        options=[("grpc.max_receive_message_length", limits.MAX_REQUEST_BYTES)],
+        maximum_concurrent_rpcs=16,
+    )  # the coordinator's serving path, without TLS
     server.add_handlers(SERVICE, servicer_handlers(coordinator.servicer))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -251,11 +287,16 @@ def test_bytes_that_are_not_protobuf_are_refused_in_one_sentence(
         raw(b"\x0a" + b"\xff" * 10 + b"x" * (limits.MAX_REQUEST_BYTES + 10), timeout=5)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # over the receive limit: never parsed
     assert not [r for r in caplog.records if r.exc_info]
-    challenge = channel.unary_unary("/swarm.v1.Coordinator/Challenge",
-                                    request_serializer=pb.ChallengeRequest.SerializeToString,
-                                    response_deserializer=pb.ChallengeResponse.FromString)
-    join = channel.unary_unary("/swarm.v1.Coordinator/Join", request_serializer=pb.JoinRequest.SerializeToString,
-                               response_deserializer=pb.JoinResponse.FromString)
+    challenge = channel.unary_unary(
+        "/swarm.v1.Coordinator/Challenge",
+        request_serializer=pb.ChallengeRequest.SerializeToString,
+        response_deserializer=pb.ChallengeResponse.FromString,
+    )
+    join = channel.unary_unary(
+        "/swarm.v1.Coordinator/Join",
+        request_serializer=pb.JoinRequest.SerializeToString,
+        response_deserializer=pb.JoinResponse.FromString,
+    )
     key = PeerKey.generate()
     nonce = challenge(pb.ChallengeRequest(), timeout=5).nonce
     request = signed_join(token=coordinator.token, nonce=nonce, key=key, libp2p=libp2p())
@@ -264,8 +305,15 @@ def test_bytes_that_are_not_protobuf_are_refused_in_one_sentence(
 
 # --- fuzz: any request a stranger can build -----------------------------------------------------------
 
-_METHODS = {"Challenge": pb.ChallengeRequest, "Join": pb.JoinRequest, "Heartbeat": pb.HeartbeatRequest, "Leave": pb.LeaveRequest,
-            "ReportRound": pb.ReportRoundRequest, "GetRound": pb.GetRoundRequest, "GetStatus": pb.GetStatusRequest}
+_METHODS = {
+    "Challenge": pb.ChallengeRequest,
+    "Join": pb.JoinRequest,
+    "Heartbeat": pb.HeartbeatRequest,
+    "Leave": pb.LeaveRequest,
+    "ReportRound": pb.ReportRoundRequest,
+    "GetRound": pb.GetRoundRequest,
+    "GetStatus": pb.GetStatusRequest,
+}
 _INTS = st.one_of(st.integers(-2, 10), st.integers(-(2**63), 2**63 - 1))
 _FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.just(1.0))
 _TEXT = st.one_of(st.text(max_size=20), st.text(max_size=300), st.sampled_from(["", GOOD_MADDR, "00ff", "[/oops]"]))
@@ -324,11 +372,16 @@ def test_fuzzed_requests_never_fail_internally_nor_log_a_traceback_and_honest_ca
     one()
     # the coordinator's own records: a thread another test left behind in this worker (asyncio, hivemind) may log
     # an error of its own meanwhile
-    assert not [r for r in caplog.records if r.name.split(".")[0] in ("coordinator", "swarm", "grpc")
-                and (r.exc_info or r.levelno >= logging.ERROR)]
+    assert not [
+        r
+        for r in caplog.records
+        if r.name.split(".")[0] in ("coordinator", "swarm", "grpc") and (r.exc_info or r.levelno >= logging.ERROR)
+    ]
     peer = coordinator.join(name="after the fuzz")
-    info = coordinator.call("Heartbeat", pb.HeartbeatRequest(peer_id=peer, metrics=pb.PeerMetrics(
-        state=pb.PEER_STATE_JOINING, dht_maddrs=[GOOD_MADDR])))
+    info = coordinator.call(
+        "Heartbeat",
+        pb.HeartbeatRequest(peer_id=peer, metrics=pb.PeerMetrics(state=pb.PEER_STATE_JOINING, dht_maddrs=[GOOD_MADDR])),
+    )
     assert info.round.live_peers >= 1
     status = coordinator.call("GetStatus", pb.GetStatusRequest(token=coordinator.token))
     assert peer in [p.id for p in status.peers]

@@ -46,13 +46,21 @@ def test_zero_small_and_instant_transfers_are_not_timed() -> None:
 
 def test_estimates_are_an_ewma_over_exchanges_per_groupmate() -> None:
     estimates = LinkEstimates()
-    estimates.observe(LinkTimings(uploads=[Transfer("a", 10 * MB, 0.0, 4.0)],  # 20 Mbit/s
-                                  downloads=[Transfer("b", 10 * MB, 0.0, 8.0)],  # 10 Mbit/s
-                                  rtt_s={"a": 0.040, "b": 0.100}))
+    estimates.observe(
+        LinkTimings(
+            uploads=[Transfer("a", 10 * MB, 0.0, 4.0)],  # 20 Mbit/s
+            downloads=[Transfer("b", 10 * MB, 0.0, 8.0)],  # 10 Mbit/s
+            rtt_s={"a": 0.040, "b": 0.100},
+        )
+    )
     assert estimates.upload_mbit_s == pytest.approx(20.0)
     assert estimates.download_mbit_s == pytest.approx(10.0)
-    estimates.observe(LinkTimings(uploads=[Transfer("a", 10 * MB, 0.0, 2.0)],  # 40 Mbit/s
-                                  rtt_s={"a": 0.060, "c": 0.500}))
+    estimates.observe(
+        LinkTimings(
+            uploads=[Transfer("a", 10 * MB, 0.0, 2.0)],  # 40 Mbit/s
+            rtt_s={"a": 0.060, "c": 0.500},
+        )
+    )
     assert estimates.upload_mbit_s == pytest.approx(EWMA_ALPHA * 40 + (1 - EWMA_ALPHA) * 20)
     assert estimates.download_mbit_s == pytest.approx(10.0)  # nothing timed this exchange: unchanged
     a, b = estimates.groupmate("a"), estimates.groupmate("b")

@@ -59,26 +59,30 @@ def test_the_average_is_the_weighted_mean_when_it_fits_the_rank_and_every_peer_d
     # rank 4 holds the shared rank-4 column space whole: the projection is the weighted mean
     assert torch.allclose(done.average, weighted_average(deltas, weights), atol=1e-4)
     # a peer that joined late and starts from another Q still decodes the same bytes to the same average
-    other = lowrank.lowrank_reference(deltas, weights, get_codec("lowrank4-fp32"), lay,
-                                      [lowrank.initial_q(lay, seed=8)] + qs[1:])
+    other = lowrank.lowrank_reference(
+        deltas, weights, get_codec("lowrank4-fp32"), lay, [lowrank.initial_q(lay, seed=8)] + qs[1:]
+    )
     assert torch.allclose(other.average, done.average, atol=1e-4)
 
 
 def test_the_residual_is_what_the_projection_left_out():
     lay = lowrank.layout(SHAPES, rank=2)
     deltas = _low_rank_deltas(2, rank=6, seed=2)  # rank 6 does not fit in 2: the projection drops some
-    done = lowrank.lowrank_reference(deltas, [1.0, 1.0], get_codec("lowrank2-fp32"), lay,
-                                     [lowrank.initial_q(lay, 0)] * 2)
-    hats = lowrank.p_hats(butterfly_reference([lowrank.p_vector(d, lay, lowrank.initial_q(lay, 0))
-                                                       for d in deltas], [1.0, 1.0], "fp32"), lay)
+    done = lowrank.lowrank_reference(
+        deltas, [1.0, 1.0], get_codec("lowrank2-fp32"), lay, [lowrank.initial_q(lay, 0)] * 2
+    )
+    hats = lowrank.p_hats(
+        butterfly_reference([lowrank.p_vector(d, lay, lowrank.initial_q(lay, 0)) for d in deltas], [1.0, 1.0], "fp32"),
+        lay,
+    )
     for delta, delivered in zip(deltas, done.delivered):
         residual = delta - delivered
         assert residual.norm() > 0.1 * delta.norm()  # the projection does drop a part
         for (offset, m, n), hat in zip(lay.matrices, hats):
             assert torch.allclose(hat.t() @ hat, torch.eye(2), atol=1e-5)  # orthonormal
             # the residual has nothing left along P̂: the next round sends what this one dropped
-            assert (hat.t() @ residual[offset:offset + m * n].view(m, n)).abs().max() < 1e-4
-        assert torch.equal(residual[48 * 32:48 * 32 + 32], torch.zeros(32))  # fp32 dense parts: nothing lost
+            assert (hat.t() @ residual[offset : offset + m * n].view(m, n)).abs().max() < 1e-4
+        assert torch.equal(residual[48 * 32 : 48 * 32 + 32], torch.zeros(32))  # fp32 dense parts: nothing lost
 
 
 def test_bytes_are_two_small_butterflies():
@@ -105,8 +109,13 @@ def test_the_simulated_peers_and_the_rounds_done_by_hand_end_on_the_same_bits():
         for t in trainers:
             t.train(run.rounds.inner_steps)
         contributions = [t.take_contribution() for t in trainers]
-        done = lowrank.lowrank_reference([c.delta for c in contributions], [float(c.samples) for c in contributions],
-                                         get_codec(run.rounds.codec), lay, [c.lowrank.q_for(lay) for c in contributions])
+        done = lowrank.lowrank_reference(
+            [c.delta for c in contributions],
+            [float(c.samples) for c in contributions],
+            get_codec(run.rounds.codec),
+            lay,
+            [c.lowrank.q_for(lay) for c in contributions],
+        )
         states = [t.apply(done.average, None, round_no) for t in trainers]
         assert states[0].state_hash == states[1].state_hash
         for i, (t, c, s) in enumerate(zip(trainers, contributions, states)):

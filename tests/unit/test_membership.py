@@ -80,8 +80,9 @@ def test_a_lease_sweep_evicts_nobody_while_saturated_and_then_renews_every_live_
 def test_heartbeat_records_stats_and_leaves_the_run_model_alone() -> None:
     run = run_record()
     peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=0.0, last_seen=0.0, lease_expiry=LEASE_S)
-    hb = ready_beat("p-1", loss=2.5, tokens=1000, inner_time_s=3.0, wall_time_s=4.0, dht_peer_id="Qm1",
-                    eval_loss=3.0, eval_round=0)
+    hb = ready_beat(
+        "p-1", loss=2.5, tokens=1000, inner_time_s=3.0, wall_time_s=4.0, dht_peer_id="Qm1", eval_loss=3.0, eval_round=0
+    )
     result = membership.apply_heartbeat(run, peer, hb, now=5.0, lease_s=LEASE_S)
     assert result.rejection is None
     assert (result.run.model_fingerprint, result.run.initial_hash) == ("fp", "h0")
@@ -93,12 +94,17 @@ def test_heartbeat_records_stats_and_leaves_the_run_model_alone() -> None:
 def test_a_heartbeat_without_the_peer_identity_keeps_the_known_one() -> None:
     run = run_record()
     peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=0.0, last_seen=0.0, lease_expiry=LEASE_S)
-    first = membership.apply_heartbeat(run, peer, ready_beat("p-1", dht_peer_id="Qm1", dht_maddrs=["/ip4/x"]),
-                                       now=1.0, lease_s=LEASE_S)
+    first = membership.apply_heartbeat(
+        run, peer, ready_beat("p-1", dht_peer_id="Qm1", dht_maddrs=["/ip4/x"]), now=1.0, lease_s=LEASE_S
+    )
     bare = pb.HeartbeatRequest(peer_id="p-1", metrics=pb.PeerMetrics(state=READY, loss=1.5))
     later = membership.apply_heartbeat(first.run, first.peer, bare, now=2.0, lease_s=LEASE_S).peer.metrics
     assert (later.model_fingerprint, later.param_count, later.dht_peer_id, list(later.dht_maddrs)) == (
-        "fp", 100, "Qm1", ["/ip4/x"])
+        "fp",
+        100,
+        "Qm1",
+        ["/ip4/x"],
+    )
     assert (later.loss, later.state_hash) == (1.5, "")  # the measurements are the new ones
 
 
@@ -115,8 +121,9 @@ def test_a_restarted_peers_measured_step_time_outlasts_its_start_up_probe() -> N
     probed = beat(peer, 1.0, step_time_s=0.9, step_time_probed=True)
     assert (probed.metrics.step_time_s, probed.metrics.step_time_probed) == (0.9, True)  # nothing measured yet
     measured = beat(probed, 2.0, step_time_s=0.3)
-    restarted = beat(beat(measured, 3.0, step_time_s=0.8, step_time_probed=True), 4.0, step_time_s=0.7,
-                     step_time_probed=True)
+    restarted = beat(
+        beat(measured, 3.0, step_time_s=0.8, step_time_probed=True), 4.0, step_time_s=0.7, step_time_probed=True
+    )
     assert (restarted.metrics.step_time_s, restarted.metrics.step_time_probed) == (0.3, False)
     assert beat(restarted, 5.0, step_time_s=0.35).metrics.step_time_s == 0.35  # its new rounds' measurement
 
@@ -144,13 +151,22 @@ def test_model_or_initial_state_mismatch_evicts(field: str, value: str, words: s
     assert result.peer.state == EVICTED
     assert isinstance(result.rejection, StateMismatch) and result.rejection.code == "FAILED_PRECONDITION"
     assert words in str(result.rejection)
-    assert "use the run's [model] code (the same factory module, preset or hf_config) and the coordinator's Swarm " \
-           "release, then start the peer again." in str(result.rejection)
+    assert (
+        "use the run's [model] code (the same factory module, preset or hf_config) and the coordinator's Swarm "
+        "release, then start the peer again." in str(result.rejection)
+    )
 
 
 def test_ready_means_alive_holding_the_last_committed_state() -> None:
-    base = PeerRecord(peer_id="p", peer_index=0, joined_at=0, last_seen=0, lease_expiry=9,
-                      state=READY, metrics=pb.PeerMetrics(state_round=3, state_hash="h3"))
+    base = PeerRecord(
+        peer_id="p",
+        peer_index=0,
+        joined_at=0,
+        last_seen=0,
+        lease_expiry=9,
+        state=READY,
+        metrics=pb.PeerMetrics(state_round=3, state_hash="h3"),
+    )
     assert membership.is_ready(base, 3, "h3")
     assert not membership.is_ready(base, 4, "h4")  # behind
     assert not membership.is_ready(base, 3, "other")  # diverged

@@ -74,7 +74,8 @@ def test_a_liar_naming_the_honest_members_every_round_never_stalls_the_run(clock
 
 
 def test_attackers_tying_the_honest_group_void_the_round_as_a_tie_and_the_honest_result_commits_once_they_leave(
-        clock: FakeClock) -> None:
+    clock: FakeClock,
+) -> None:
     """Two identities report the smallest hash with a group of both, as the round opens: the same support as the
     honest pair's hash. The honest pair matches without them (they reported), the round voids as a tie, and once the
     attackers leave the next round commits the honest result."""

@@ -100,14 +100,17 @@ def test_overlap_hides_an_exchange_shorter_than_compute():
     peers = make_peers(4, up_mbit=100, step_s=1.0)
     hidden = round_time("flat", params=1_000_000, codec="fp32", inner_steps=10, peers=peers, costs=NO_OVERHEAD)
     assert hidden.utilization == pytest.approx(1.0)
-    serial = round_time("flat", params=1_000_000, codec="fp32", inner_steps=10, peers=peers, costs=NO_OVERHEAD,
-                        overlap=False)
+    serial = round_time(
+        "flat", params=1_000_000, codec="fp32", inner_steps=10, peers=peers, costs=NO_OVERHEAD, overlap=False
+    )
     assert serial.utilization < 1.0
 
 
 def test_without_time_budgets_a_slow_peer_idles_the_others():
     peers = make_peers(4, up_mbit=1000, slow_every=4, slow_factor=3.0)
-    fixed = round_time("flat", params=1000, codec="fp32", inner_steps=10, peers=peers, costs=NO_OVERHEAD, budgeted=False)
+    fixed = round_time(
+        "flat", params=1000, codec="fp32", inner_steps=10, peers=peers, costs=NO_OVERHEAD, budgeted=False
+    )
     budgeted = round_time("flat", params=1000, codec="fp32", inner_steps=10, peers=peers, costs=NO_OVERHEAD)
     assert fixed.utilization == pytest.approx((3 * 10 + 30) / (4 * 30))
     assert budgeted.utilization == pytest.approx(1.0)
@@ -139,11 +142,22 @@ def test_sim_wan_prints_flat_and_two_level_rows_as_json():
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "scripts" / "sim_wan.py"
-    out = subprocess.run([sys.executable, str(script), "--json", "--peers", "16", "1024", "--sites", "0", "4"],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(script), "--json", "--peers", "16", "1024", "--sites", "0", "4"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     rows = {(r["peers"], r["sites"], r["mode"]): r for r in json.loads(out.strip().splitlines()[-1])}
-    assert set(rows) == {(16, "own", "flat"), (16, 4, "flat"), (16, 4, "two_level"), (1024, "own", "flat"),
-                         (1024, 4, "flat"), (1024, 4, "two_level")}
+    assert set(rows) == {
+        (16, "own", "flat"),
+        (16, 4, "flat"),
+        (16, 4, "two_level"),
+        (1024, "own", "flat"),
+        (1024, 4, "flat"),
+        (1024, 4, "two_level"),
+    }
     assert rows[(1024, 4, "two_level")]["cross_site_gb"] < rows[(1024, 4, "flat")]["cross_site_gb"]
     assert rows[(1024, 4, "two_level")]["p_commit"] > rows[(1024, 4, "flat")]["p_commit"]
     bad = subprocess.run([sys.executable, str(script), "--sites", "20"], capture_output=True, text=True, timeout=60)

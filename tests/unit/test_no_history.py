@@ -29,8 +29,11 @@ PATTERNS = [
     re.compile(r"\bsession[- ]s?\d+-|\bsession-\d", re.IGNORECASE),
     # "this session's code", "that session's machine", "earlier sessions" (not a peer's "next session" or
     # "its last session's measured step time")
-    re.compile(r"\b(?:this|that|earlier|previous)\s+session(?:'s)?\s+(?:code|machine|start|run)\b"
-               r"|\bearlier\s+sessions\b", re.IGNORECASE),
+    re.compile(
+        r"\b(?:this|that|earlier|previous)\s+session(?:'s)?\s+(?:code|machine|start|run)\b"
+        r"|\bearlier\s+sessions\b",
+        re.IGNORECASE,
+    ),
     # any issue number, with or without "#"
     re.compile(r"\bissues?\s+#?\d", re.IGNORECASE),
 ]
@@ -66,17 +69,34 @@ def history_lines(paths: list[Path]) -> list[str]:
 
 def test_the_patterns_tell_history_from_a_peers_join_session() -> None:
     n, m = 21, 12  # (the examples are made from templates, so that this file names no session itself)
-    history = [f"## Session {n}: low-density ternary", f"Until session {n} the check ran once", f"(sessions {m}–{n})",
-               f"the session-{m} record", "on this session's code", f"(issue {m}, part 3)", f"issue {n}'s winning row",
-               f"see issue #{m}", f"(from before session {n})"]
-    product = [f"sets ``coordinator_decided`` for session {1}.)", 'f"(session {peer.session}, this process has session',
-               "joined as index %d, session %d (name %r)", "joined.session <= 1", "its last session's measured step time",
-               "the test session", "credential.issue(key, credential.Credential(", "a TLS session", "and its next session."]
+    history = [
+        f"## Session {n}: low-density ternary",
+        f"Until session {n} the check ran once",
+        f"(sessions {m}–{n})",
+        f"the session-{m} record",
+        "on this session's code",
+        f"(issue {m}, part 3)",
+        f"issue {n}'s winning row",
+        f"see issue #{m}",
+        f"(from before session {n})",
+    ]
+    product = [
+        f"sets ``coordinator_decided`` for session {1}.)",
+        'f"(session {peer.session}, this process has session',
+        "joined as index %d, session %d (name %r)",
+        "joined.session <= 1",
+        "its last session's measured step time",
+        "the test session",
+        "credential.issue(key, credential.Credential(",
+        "a TLS session",
+        "and its next session.",
+    ]
     assert [line for line in history if not any(p.search(line) for p in PATTERNS)] == []
     assert [line for line in product if any(p.search(line) for p in PATTERNS)] == []
 
 
 def test_no_tracked_text_file_names_a_development_session_or_an_issue_number() -> None:
     found = history_lines(_tracked_text_files())
-    assert not found, ("development history in the repository (state what the code does and why, or drop it):\n"
-                       + "\n".join(found))
+    assert not found, (
+        "development history in the repository (state what the code does and why, or drop it):\n" + "\n".join(found)
+    )

@@ -48,33 +48,73 @@ def join(engine: CoordinatorEngine, name: str, *, key: PeerKey | None = None) ->
     key = key or PeerKey.generate()
     dht_id = f"dht-{name}"
     record, _ = engine_join(engine, key=key, dht_peer_id=dht_id)
-    member = Member(key=key, credential=engine.issue_credential(record.peer_id), run_id=engine.run.run_id,
-                    coordinator_public_key=engine.public_key)
+    member = Member(
+        key=key,
+        credential=engine.issue_credential(record.peer_id),
+        run_id=engine.run.run_id,
+        coordinator_public_key=engine.public_key,
+    )
     peer = Peer(key, record.peer_id, dht_id, member)
     beat(engine, peer)
     return peer
 
 
 def beat(engine: CoordinatorEngine, peer: Peer, state: int = READY) -> None:
-    engine.heartbeat(pb.HeartbeatRequest(peer_id=peer.peer_id, metrics=pb.PeerMetrics(
-        state=state, state_round=0, state_hash=engine.run.initial_hash, model_fingerprint=engine.run.model_fingerprint,
-        param_count=1000, dht_peer_id=peer.dht_id)))
+    engine.heartbeat(
+        pb.HeartbeatRequest(
+            peer_id=peer.peer_id,
+            metrics=pb.PeerMetrics(
+                state=state,
+                state_round=0,
+                state_hash=engine.run.initial_hash,
+                model_fingerprint=engine.run.model_fingerprint,
+                param_count=1000,
+                dht_peer_id=peer.dht_id,
+            ),
+        )
+    )
 
 
-def vote(engine: CoordinatorEngine, peer: Peer, round_no: int, state_hash: str, group: list[Peer], *,
-         fragment: int = 0, ok: bool = True) -> dict:
-    entry = Vote(peer_id=peer.peer_id, dht_peer_id=peer.dht_id, ok=ok, state_hash=state_hash,
-                 group=group_id([p.peer_id for p in group]) if ok else "")
+def vote(
+    engine: CoordinatorEngine,
+    peer: Peer,
+    round_no: int,
+    state_hash: str,
+    group: list[Peer],
+    *,
+    fragment: int = 0,
+    ok: bool = True,
+) -> dict:
+    entry = Vote(
+        peer_id=peer.peer_id,
+        dht_peer_id=peer.dht_id,
+        ok=ok,
+        state_hash=state_hash,
+        group=group_id([p.peer_id for p in group]) if ok else "",
+    )
     return sign_entry(peer.member, vote_key(group_key(engine.run.run_id, round_no, fragment)), entry)
 
 
-def group_report(engine: CoordinatorEngine, reporter: Peer, round_no: int, state_hash: str, group: list[Peer],
-                 votes: dict[str, dict] | None = None) -> pb.ReportRoundRequest:
+def group_report(
+    engine: CoordinatorEngine,
+    reporter: Peer,
+    round_no: int,
+    state_hash: str,
+    group: list[Peer],
+    votes: dict[str, dict] | None = None,
+) -> pb.ReportRoundRequest:
     """What a member sends for a round its group decided by these votes (by default every member's, for the hash)."""
     if votes is None:
         votes = {p.peer_id: vote(engine, p, round_no, state_hash, group) for p in group}
-    request = pb.ReportRoundRequest(peer_id=reporter.peer_id, round=round_no, ok=True, state_hash=state_hash,
-                                    group=[p.peer_id for p in group], inner_steps=10, loss=2.0)
+    request = pb.ReportRoundRequest(
+        peer_id=reporter.peer_id,
+        round=round_no,
+        ok=True,
+        state_hash=state_hash,
+        group=[p.peer_id for p in group],
+        inner_steps=10,
+        loss=2.0,
+    )
     request.group_votes.extend(signed_votes(votes))
     return request
 
@@ -88,20 +128,24 @@ def ids(peers: list[Peer]) -> set[str]:
     return {p.peer_id for p in peers}
 
 
-def test_the_groups_round_commits_with_the_votes_of_its_dead_members_and_only_the_living_hold_it(clock, tmp_path) -> None:
+def test_the_groups_round_commits_with_the_votes_of_its_dead_members_and_only_the_living_hold_it(
+    clock, tmp_path
+) -> None:
     """Five planned peers go on without the coordinator for two rounds; two die after voting. The restarted
     coordinator decides the first round with their votes and opens the next with the three alive, and the
     survivors' report of that round, carrying the five votes, takes the group back into it."""
     config = RunConfig(rounds=RoundConfig(round_timeout_s=100.0, min_peers=2, report_grace_s=10.0))
     signing_key = PeerKey.generate()
-    before = CoordinatorEngine(Store(tmp_path / "c.sqlite3"), config=config, lease_s=30.0, clock=clock,
-                               signing_key=signing_key)
+    before = CoordinatorEngine(
+        Store(tmp_path / "c.sqlite3"), config=config, lease_s=30.0, clock=clock, signing_key=signing_key
+    )
     s1, s2, s3, r1, r2 = group = [join(before, name) for name in ("s1", "s2", "s3", "r1", "r2")]
     assert set(before.round_info(s1.peer_id, 1).participants) == ids(group)
     votes = {n: {p.peer_id: vote(before, p, n, f"g{n}", group) for p in group} for n in (1, 2)}  # the DHT's
     clock.now += 5
-    engine = CoordinatorEngine(Store(tmp_path / "c.sqlite3"), config=config, lease_s=30.0, clock=clock,
-                               signing_key=signing_key)  # back; r1's and r2's processes are gone meanwhile
+    engine = CoordinatorEngine(
+        Store(tmp_path / "c.sqlite3"), config=config, lease_s=30.0, clock=clock, signing_key=signing_key
+    )  # back; r1's and r2's processes are gone meanwhile
     for _ in range(9):
         clock.now += 5
         for survivor in (s1, s2, s3):
@@ -141,10 +185,21 @@ def test_votes_of_identities_the_coordinator_did_not_plan_count_for_nothing(cloc
     engine.report(group_report(engine, x, number, "f" * 64, fakes, fake_votes))
     stored = engine._store.get_round(number)  # nobody added by the votes; x, a round of its own, out of the plan
     assert set(stored.participants) == ids([h1, h2]) and stored.left_out == (x.peer_id,)
-    assert engine.round_info(h1.peer_id, number).outcome == pb.ROUND_OUTCOME_OPEN  # x's report supports nothing: no quorum, no grace
+    assert (
+        engine.round_info(h1.peer_id, number).outcome == pb.ROUND_OUTCOME_OPEN
+    )  # x's report supports nothing: no quorum, no grace
     for honest in (h1, h2):
-        engine.report(pb.ReportRoundRequest(peer_id=honest.peer_id, round=number, ok=True, state_hash="a" * 64,
-                                            group=[h1.peer_id, h2.peer_id], inner_steps=10, loss=2.0))
+        engine.report(
+            pb.ReportRoundRequest(
+                peer_id=honest.peer_id,
+                round=number,
+                ok=True,
+                state_hash="a" * 64,
+                group=[h1.peer_id, h2.peer_id],
+                inner_steps=10,
+                loss=2.0,
+            )
+        )
     decided = engine.round_info(h1.peer_id, number)
     assert decided.outcome == pb.ROUND_OUTCOME_COMMITTED and decided.committed_hash == "a" * 64
     assert set(decided.holders) == {h1.dht_id, h2.dht_id}
@@ -156,8 +211,11 @@ def test_without_the_votes_neither_the_survivors_reports_nor_a_lone_round_commit
     engine = make_engine(clock)
     s1, r1 = join(engine, "s1"), join(engine, "r1-old")
     r1_new = join(engine, "r1-new", key=r1.key)
-    engine.report(pb.ReportRoundRequest(peer_id=r1_new.peer_id, round=1, ok=True, state_hash="lone",
-                                        group=[r1.peer_id], inner_steps=3))
+    engine.report(
+        pb.ReportRoundRequest(
+            peer_id=r1_new.peer_id, round=1, ok=True, state_hash="lone", group=[r1.peer_id], inner_steps=3
+        )
+    )
     s2, s3 = join(engine, "s2"), join(engine, "s3")
     group = [s1, s2, s3, r1]
     for survivor in (s1, s2, s3):
@@ -194,8 +252,14 @@ def test_votes_that_do_not_prove_the_report_are_refused_with_the_reason(clock) -
     a, b, c = join(engine, "a"), join(engine, "b"), join(engine, "c")
     group = [a, b, c]
     good = {p.peer_id: vote(engine, p, 1, "g", group) for p in group}
-    assert set(checked_votes(group_report(engine, a, 1, "g", group, good), run_id=engine.run.run_id,
-                             coordinator_public_key=engine.public_key, now=clock.now)) == {a.peer_id, b.peer_id, c.peer_id}
+    assert set(
+        checked_votes(
+            group_report(engine, a, 1, "g", group, good),
+            run_id=engine.run.run_id,
+            coordinator_public_key=engine.public_key,
+            now=clock.now,
+        )
+    ) == {a.peer_id, b.peer_id, c.peer_id}
 
     missing = {p: v for p, v in good.items() if p != c.peer_id}
     bad(engine, group_report(engine, a, 1, "g", group, missing), "not one from each member")
@@ -209,8 +273,13 @@ def test_votes_that_do_not_prove_the_report_are_refused_with_the_reason(clock) -
     forged = {**good, b.peer_id: {**good[b.peer_id], "signature": bytes(64)}}
     bad(engine, group_report(engine, a, 1, "g", group, forged), f"vote of {b.peer_id} does not check out")
     # a vote is signed by its voter alone: a's key cannot vote for b
-    by_a = sign_entry(a.member, vote_key(group_key(engine.run.run_id, 1, 0)),
-                      Vote(peer_id=b.peer_id, dht_peer_id=b.dht_id, ok=True, state_hash="g", group=group_id([p.peer_id for p in group])))
+    by_a = sign_entry(
+        a.member,
+        vote_key(group_key(engine.run.run_id, 1, 0)),
+        Vote(
+            peer_id=b.peer_id, dht_peer_id=b.dht_id, ok=True, state_hash="g", group=group_id([p.peer_id for p in group])
+        ),
+    )
     bad(engine, group_report(engine, a, 1, "g", group, {**good, b.peer_id: by_a}), "does not check out")
     elsewhere = {**good, b.peer_id: vote(engine, b, 1, "g", [a, b])}  # b averaged with another group
     bad(engine, group_report(engine, a, 1, "g", group, elsewhere), "voted with another group")
@@ -222,8 +291,10 @@ def test_a_refused_report_changes_nothing_and_the_round_goes_on(clock) -> None:
     engine = make_engine(clock)
     a, b = join(engine, "a"), join(engine, "b")
     group = [a, b]
-    forged = {a.peer_id: vote(engine, a, 1, "g", group), b.peer_id: {**vote(engine, b, 1, "g", group),
-                                                                     "signature": bytes(64)}}
+    forged = {
+        a.peer_id: vote(engine, a, 1, "g", group),
+        b.peer_id: {**vote(engine, b, 1, "g", group), "signature": bytes(64)},
+    }
     with pytest.raises(BadRequest):
         engine.report(group_report(engine, a, 1, "g", group, forged))
     assert engine.round_info(a.peer_id, 1).outcome == pb.ROUND_OUTCOME_OPEN
@@ -259,8 +330,14 @@ def _link(last_group: set[str], asked: list):
     from peer.faults import FaultPlan
     from peer.link.coordinator_link import CoordinatorLink
 
-    link = CoordinatorLink(client=None, stop=threading.Event(), faults=FaultPlan.parse(""), poll_s=0.01,
-                           leave_grace_s=0.0, tag=lambda r: f"[r{r}]")
+    link = CoordinatorLink(
+        client=None,
+        stop=threading.Event(),
+        faults=FaultPlan.parse(""),
+        poll_s=0.01,
+        leave_grace_s=0.0,
+        tag=lambda r: f"[r{r}]",
+    )
     link.group_decision = lambda vote: asked.append(vote) or None
     link.last_group = last_group
     return link
@@ -272,8 +349,15 @@ def _vote(round_no: int, group: list[str]):
     from swarm.train.contribution import Contribution, TrainStats
     from swarm.train.round import Vote as RoundVote
 
-    return RoundVote(round_no=round_no, fragment=0, ok=True, state_hash="h", group=group,
-                     contribution=Contribution(0, torch.zeros(1), 1), train=TrainStats(1, 1, 1, 1.0, 0.1))
+    return RoundVote(
+        round_no=round_no,
+        fragment=0,
+        ok=True,
+        state_hash="h",
+        group=group,
+        contribution=Contribution(0, torch.zeros(1), 1),
+        train=TrainStats(1, 1, 1, 1.0, 0.1),
+    )
 
 
 def _decided_alone(link, vote):
@@ -327,10 +411,19 @@ class _BehindCoordinator:
         return pb.ReportRoundResponse(round=pb.RoundInfo(round=request.round, open_round=self.open_round))
 
     def get_round(self, *, peer_id: str, round_no: int) -> pb.RoundInfo:
-        outcome = pb.ROUND_OUTCOME_COMMITTED if round_no < self.open_round else \
-            pb.ROUND_OUTCOME_VOIDED if round_no in self.voided else pb.ROUND_OUTCOME_OPEN
-        return pb.RoundInfo(round=round_no, open_round=self.open_round, outcome=outcome,
-                            committed_hash="h" if outcome == pb.ROUND_OUTCOME_COMMITTED else "")
+        outcome = (
+            pb.ROUND_OUTCOME_COMMITTED
+            if round_no < self.open_round
+            else pb.ROUND_OUTCOME_VOIDED
+            if round_no in self.voided
+            else pb.ROUND_OUTCOME_OPEN
+        )
+        return pb.RoundInfo(
+            round=round_no,
+            open_round=self.open_round,
+            outcome=outcome,
+            committed_hash="h" if outcome == pb.ROUND_OUTCOME_COMMITTED else "",
+        )
 
 
 def test_a_coordinator_back_but_behind_hears_the_groups_rounds_at_once_instead_of_after_the_votes() -> None:
@@ -363,7 +456,9 @@ def test_a_coordinator_back_but_behind_hears_the_groups_rounds_at_once_instead_o
 
 
 @pytest.mark.parametrize("failure_first", [True, False], ids=["its-failure-first", "the-votes-first"])
-def test_a_restarted_members_failure_does_not_undo_the_vote_its_old_process_gave_the_group(clock, failure_first) -> None:
+def test_a_restarted_members_failure_does_not_undo_the_vote_its_old_process_gave_the_group(
+    clock, failure_first
+) -> None:
     """A group of four decided the round by its votes while the coordinator was away; two members died and their next
     processes, sent into that round by the restarted coordinator, failed it (their groupmates refused them: the
     exchange had completed without them). Their failures must not outvote what their old processes signed: a chaos
@@ -376,15 +471,21 @@ def test_a_restarted_members_failure_does_not_undo_the_vote_its_old_process_gave
 
     def failures() -> None:
         for process in restarted:
-            engine.report(pb.ReportRoundRequest(peer_id=process.peer_id, round=1, ok=False, group=[process.peer_id],
-                                                error="this peer's exchange of the round is over: it completed in a "
-                                                      "group without this sender"))
+            engine.report(
+                pb.ReportRoundRequest(
+                    peer_id=process.peer_id,
+                    round=1,
+                    ok=False,
+                    group=[process.peer_id],
+                    error="this peer's exchange of the round is over: it completed in a group without this sender",
+                )
+            )
 
     def survivors() -> None:
         for survivor in (s1, s2):
             engine.report(group_report(engine, survivor, 1, "g", group, votes))
 
-    for reports in ((failures, survivors) if failure_first else (survivors, failures)):
+    for reports in (failures, survivors) if failure_first else (survivors, failures):
         reports()
     clock.now += 11  # past the report grace, should the round still be open
     engine.tick()

@@ -49,8 +49,9 @@ def test_a_given_announce_host_wins_over_the_route():
 
 def test_a_given_listen_address_is_the_announced_one_unless_told_otherwise():
     assert choose_p2p_address(coordinator_host="192.0.2.1", p2p_host="10.1.2.3") == P2PAddress("10.1.2.3", None)
-    assert choose_p2p_address(coordinator_host="192.0.2.1", p2p_host="0.0.0.0",
-                              announce_host="0.0.0.0") == P2PAddress("0.0.0.0", None)
+    assert choose_p2p_address(coordinator_host="192.0.2.1", p2p_host="0.0.0.0", announce_host="0.0.0.0") == P2PAddress(
+        "0.0.0.0", None
+    )
 
 
 def test_no_route_to_the_coordinator_announces_every_local_address(caplog):
@@ -65,8 +66,10 @@ def test_multiaddrs_and_the_unreachable_sentence():
     assert maddr("peer.example.org", 7100) == "/dns/peer.example.org/tcp/7100"
     assert only_loopback(["/ip4/127.0.0.1/tcp/5/p2p/Qm"]) and not only_loopback(["/ip4/10.0.0.2/tcp/5/p2p/Qm"])
     sentence = unreachable_sentence(["/ip4/127.0.0.1/tcp/5"])
-    assert sentence == ("groupmates cannot reach this peer at /ip4/127.0.0.1/tcp/5; pass --announce-host ADDRESS "
-                        "reachable from them (and open the port)")
+    assert sentence == (
+        "groupmates cannot reach this peer at /ip4/127.0.0.1/tcp/5; pass --announce-host ADDRESS "
+        "reachable from them (and open the port)"
+    )
 
 
 def test_free_port_is_bindable():

@@ -21,8 +21,14 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def beat(engine: CoordinatorEngine, peer_id: str, **metrics) -> pb.RoundInfo:
-    return engine.heartbeat(pb.HeartbeatRequest(peer_id=peer_id, metrics=pb.PeerMetrics(
-        state=pb.PEER_STATE_JOINING, state_round=-1, dht_peer_id="dht-" + peer_id, **metrics)))
+    return engine.heartbeat(
+        pb.HeartbeatRequest(
+            peer_id=peer_id,
+            metrics=pb.PeerMetrics(
+                state=pb.PEER_STATE_JOINING, state_round=-1, dht_peer_id="dht-" + peer_id, **metrics
+            ),
+        )
+    )
 
 
 def test_a_small_swarm_keeps_the_operators_interval_and_a_large_one_stays_within_the_budget() -> None:
@@ -51,8 +57,13 @@ def test_the_pace_is_logged_when_its_interval_changes_by_a_quarter(caplog: pytes
 
 def test_the_engine_stretches_the_lease_of_a_large_swarm_so_slower_heartbeats_do_not_evict() -> None:
     now = [1_000.0]
-    engine = CoordinatorEngine(Store(":memory:"), config=RunConfig(rounds=RoundConfig(min_peers=100_000)),
-                               clock=lambda: now[0], heartbeat_interval_s=1.0, lease_s=5.0)
+    engine = CoordinatorEngine(
+        Store(":memory:"),
+        config=RunConfig(rounds=RoundConfig(min_peers=100_000)),
+        clock=lambda: now[0],
+        heartbeat_interval_s=1.0,
+        lease_s=5.0,
+    )
     peers = [engine_join(engine)[0].peer_id for _ in range(300)]
     assert (engine.pace().heartbeat_interval_s, engine.lease_s) == (1.0, 5.0)  # 300 peers: as configured
     peers += [engine_join(engine)[0].peer_id for _ in range(300)]
@@ -78,8 +89,7 @@ class FakeLoad:
 
 def test_no_peer_is_evicted_for_a_lease_that_ran_out_while_the_coordinator_was_saturated() -> None:
     now, load = [1_000.0], FakeLoad()
-    engine = CoordinatorEngine(Store(":memory:"), config=RunConfig(), clock=lambda: now[0], lease_s=10.0,
-                               load=load)  # type: ignore[arg-type]
+    engine = CoordinatorEngine(Store(":memory:"), config=RunConfig(), clock=lambda: now[0], lease_s=10.0, load=load)  # type: ignore[arg-type]
     quiet, talker = engine_join(engine)[0].peer_id, engine_join(engine)[0].peer_id
     load.saturated, load.factor = True, 2.0
     assert engine.pace().heartbeat_interval_s == 4.0  # told to slow down first
@@ -151,8 +161,14 @@ def test_the_engine_answers_with_at_most_sixteen_holders_however_many_hold_the_s
     peers = [engine_join(engine)[0].peer_id for _ in range(40)]
     initial = engine.run.initial_hash
     for p in peers:
-        info = engine.heartbeat(pb.HeartbeatRequest(peer_id=p, metrics=pb.PeerMetrics(
-            state=pb.PEER_STATE_READY, state_round=0, state_hash=initial, dht_peer_id="dht-" + p)))
+        info = engine.heartbeat(
+            pb.HeartbeatRequest(
+                peer_id=p,
+                metrics=pb.PeerMetrics(
+                    state=pb.PEER_STATE_READY, state_round=0, state_hash=initial, dht_peer_id="dht-" + p
+                ),
+            )
+        )
     assert len(info.holders) == HOLDERS_SENT and info.live_peers == 40
     assert len(engine.round_info(peers[0], 0).holders) == HOLDERS_SENT
 
@@ -208,8 +224,17 @@ def test_a_heartbeats_answer_names_only_its_own_place_in_the_round_however_many_
     peers = [engine_join(engine)[0].peer_id for _ in range(40)]
 
     def ready(peer_id: str) -> pb.RoundInfo:
-        return engine.heartbeat(pb.HeartbeatRequest(peer_id=peer_id, metrics=pb.PeerMetrics(
-            state=pb.PEER_STATE_READY, state_round=0, state_hash=engine.run.initial_hash, dht_peer_id="dht-" + peer_id)))
+        return engine.heartbeat(
+            pb.HeartbeatRequest(
+                peer_id=peer_id,
+                metrics=pb.PeerMetrics(
+                    state=pb.PEER_STATE_READY,
+                    state_round=0,
+                    state_hash=engine.run.initial_hash,
+                    dht_peer_id="dht-" + peer_id,
+                ),
+            )
+        )
 
     for p in peers:
         ready(p)

@@ -63,7 +63,7 @@ def test_two_peers_run_to_the_end_with_identical_state(tmp_path):
     assert (run.rounds_committed, run.rounds_voided) == (4, 0)
     round_trip = [PeerState.TRAINING, PeerState.EXCHANGING, PeerState.DECIDING, PeerState.READY]
     first = a.states.index(PeerState.TRAINING)  # READY before it, while round 1 waits for min_peers
-    assert a.states[first:first + 4] == round_trip and a.states[-1] is PeerState.FINISHING, a.states
+    assert a.states[first : first + 4] == round_trip and a.states[-1] is PeerState.FINISHING, a.states
 
 
 def test_a_coordinator_outage_is_bridged_by_group_decisions_that_it_confirms_afterwards(tmp_path):
@@ -72,8 +72,10 @@ def test_a_coordinator_outage_is_bridged_by_group_decisions_that_it_confirms_aft
     wait_until(lambda: committed(coordinator) >= 1, what="round 1")
     coordinator.down.set()
     # the group goes on alone: rounds decided from the DHT votes pile up in each peer's backlog
-    wait_until(lambda: all(p.daemon_.link.backlog and PeerState.OFFLINE_DECIDING in p.states for p in (a, b)),
-               what="a round run and decided by the group alone")
+    wait_until(
+        lambda: all(p.daemon_.link.backlog and PeerState.OFFLINE_DECIDING in p.states for p in (a, b)),
+        what="a round run and decided by the group alone",
+    )
     # each report of such a round carries the group's signed votes (coordinator/rounds/offline_votes.py checks them)
     entry = a.daemon_.link.backlog[0]
     assert {v.peer_id for v in entry.request.group_votes} == {a.daemon_.peer_id, b.daemon_.peer_id}
@@ -85,7 +87,9 @@ def test_a_coordinator_outage_is_bridged_by_group_decisions_that_it_confirms_aft
     assert committed_hash(coordinator, 4) == a.trainer.state.state_hash
 
 
-def test_back_after_an_outage_the_coordinator_hears_the_groups_rounds_before_the_one_its_votes_could_not_decide(tmp_path):
+def test_back_after_an_outage_the_coordinator_hears_the_groups_rounds_before_the_one_its_votes_could_not_decide(
+    tmp_path,
+):
     """The group decides rounds by its votes while the coordinator is down; then a round's votes are lost, so
     the members must wait for the coordinator, which comes back behind them. They report the rounds the group
     decided first (``report_backlog_first``): the coordinator confirms those, then decides the waiting round —
@@ -97,7 +101,10 @@ def test_back_after_an_outage_the_coordinator_hears_the_groups_rounds_before_the
     coordinator.down.set()
     lost = committed(coordinator) + 3  # two rounds decided by the group, then one whose votes are lost
     parts.net.drop_votes_from = lost
-    wait_until(lambda: parts.net.dropped.get(lost) == {a.daemon_.peer_id, b.daemon_.peer_id}, what=f"both votes of round {lost} lost")
+    wait_until(
+        lambda: parts.net.dropped.get(lost) == {a.daemon_.peer_id, b.daemon_.peer_id},
+        what=f"both votes of round {lost} lost",
+    )
     # the group's rounds, not yet heard (a member that missed round 1's decision holds that one too)
     assert all(p.daemon_.link.backlog[-1].request.round == lost - 1 for p in (a, b))
     coordinator.down.clear()
@@ -160,8 +167,10 @@ def test_a_peer_that_finishes_a_second_run_in_the_same_state_dir_keeps_the_first
     with caplog.at_level(logging.INFO, logger="peer"):
         assert finish(start(parts, tmp_path, "a")) == [0]
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warned) == 1 and warned[0].endswith(f"] {final} holds run {first_id}'s final model; it will be replaced"
-                                                   " when this run finishes — use another --state-dir to keep it")
+    assert len(warned) == 1 and warned[0].endswith(
+        f"] {final} holds run {first_id}'s final model; it will be replaced"
+        " when this run finishes — use another --state-dir to keep it"
+    )
     assert tensors_digest(final.with_name(f"model.{first_id}.safetensors")) == first_digest
     assert tensors_digest(final) != first_digest and second.engine.run.run_id != first_id
 
@@ -175,12 +184,15 @@ def test_a_peer_logs_its_progress_within_a_round_that_trains_longer_than_the_int
     _, parts = swarm(RUN.replace(rounds=RoundConfig(inner_steps=4, max_rounds=1, min_peers=1)))
     with caplog.at_level(logging.INFO, logger="peer.report.progress"):
         assert finish(start(parts, tmp_path, "a")) == [0]
-    lines = [re.sub(r"^\[p-[0-9a-f]+ ", "[p ", r.getMessage()) for r in caplog.records if r.name == "peer.report.progress"]
+    lines = [
+        re.sub(r"^\[p-[0-9a-f]+ ", "[p ", r.getMessage()) for r in caplog.records if r.name == "peer.report.progress"
+    ]
     assert [line.split(",")[0] for line in lines] == [f"[p r1] training: step {n} of 4" for n in (1, 2, 3, 4)]
 
 
 def _plan(spec: str):
     from peer.faults import FaultPlan
+
     return FaultPlan.parse(spec)
 
 
@@ -213,6 +225,7 @@ class _SlowTrainer:
 
     def __new__(cls, run, *, peer_index, device, **options):
         from swarm.train.trainer import LocalTrainer
+
         trainer = LocalTrainer(run, peer_index=peer_index, device=device, **options)
         if peer_index == 2:
             fast = trainer.train
@@ -221,11 +234,13 @@ class _SlowTrainer:
             def train(steps: int):
                 import dataclasses
                 import time
+
                 trainer.trained.append((trainer.round_no + 1, steps))
                 start = time.perf_counter()
                 stats = fast(steps)
                 time.sleep(cls.STEP_S * steps)
                 return dataclasses.replace(stats, inner_time_s=time.perf_counter() - start)
+
             trainer.train = train
         return trainer
 
@@ -241,8 +256,11 @@ def test_a_slow_peer_gets_a_smaller_time_budget_and_every_peer_ends_identical(tm
     The slack (0.8 s) is below what the slow peer's 4 steps sleep beyond the others' (1.2 s), so it is always cut,
     and above what a busy machine adds to a fast peer's 4 measured steps, so those are never cut."""
     monkeypatch.setattr("peer.round_parts.LocalTrainer", _SlowTrainer)
-    run = RUN.replace(rounds=RoundConfig(inner_steps=4, max_rounds=4, min_peers=3, eval_every_rounds=100,
-                                         straggler_slack_s=0.8, report_grace_s=10.0))
+    run = RUN.replace(
+        rounds=RoundConfig(
+            inner_steps=4, max_rounds=4, min_peers=3, eval_every_rounds=100, straggler_slack_s=0.8, report_grace_s=10.0
+        )
+    )
     coordinator, parts = swarm(run)
     a, b, c = (start(parts, tmp_path, name) for name in ("a", "b", "c"))
     assert finish(a, b, c) == [0, 0, 0]
@@ -266,8 +284,11 @@ def test_a_peer_left_out_while_it_trains_stops_training_that_round(tmp_path, mon
     training that round after a part of its steps (it used to train all 16, ~5 s here, for a round already lost),
     resyncs and ends identical."""
     monkeypatch.setattr("peer.round_parts.LocalTrainer", _SlowTrainer)
-    run = RUN.replace(rounds=RoundConfig(inner_steps=16, max_rounds=2, min_peers=3, eval_every_rounds=100,
-                                         straggler_slack_s=0.2, report_grace_s=1.0))
+    run = RUN.replace(
+        rounds=RoundConfig(
+            inner_steps=16, max_rounds=2, min_peers=3, eval_every_rounds=100, straggler_slack_s=0.2, report_grace_s=1.0
+        )
+    )
     coordinator, parts = swarm(run)
     peers = [start(parts, tmp_path, name) for name in ("a", "b", "c")]
     assert finish(*peers) == [0, 0, 0]
@@ -285,8 +306,11 @@ def test_a_peer_left_out_while_it_trains_stops_training_that_round(tmp_path, mon
 def test_a_stalled_peer_is_left_out_and_the_others_commit_without_it(tmp_path):
     """A peer that stalls after its inner steps is left out of that round at the deadline plus the grace: the
     others commit without it, it is told, resyncs and ends with the same state."""
-    run = RUN.replace(rounds=RoundConfig(inner_steps=2, max_rounds=4, min_peers=3, eval_every_rounds=100,
-                                         straggler_slack_s=0.5, report_grace_s=3.0))
+    run = RUN.replace(
+        rounds=RoundConfig(
+            inner_steps=2, max_rounds=4, min_peers=3, eval_every_rounds=100, straggler_slack_s=0.5, report_grace_s=3.0
+        )
+    )
     coordinator, parts = swarm(run)
     a, b = start(parts, tmp_path, "a"), start(parts, tmp_path, "b")
     c = start(parts, tmp_path, "c", faults=_plan("delay@2:trained=8"))
@@ -297,14 +321,17 @@ def test_a_stalled_peer_is_left_out_and_the_others_commit_without_it(tmp_path):
     assert set(_reported_steps(coordinator, 2)) == {"a", "b"}
     missed = {p.name: p.rounds_missed for p in status.peers}
     assert missed["a"] == missed["b"] == 0 and missed["c"] >= 1
-    assert PeerState.SYNCING in c.states[c.states.index(PeerState.TRAINING):]
+    assert PeerState.SYNCING in c.states[c.states.index(PeerState.TRAINING) :]
 
 
 def test_a_far_slower_device_gets_a_smaller_budget_already_in_its_first_round(tmp_path):
     """Its start-up step-time probe (swarm/train/step_probe.py, throttled like its steps) says it is ~10x slower:
     round 1 budgets it too (before the probe it trained the full H there, missed its group and resynced)."""
-    run = RUN.replace(rounds=RoundConfig(inner_steps=8, max_rounds=2, min_peers=3, eval_every_rounds=100,
-                                         straggler_slack_s=0.0, report_grace_s=5.0))
+    run = RUN.replace(
+        rounds=RoundConfig(
+            inner_steps=8, max_rounds=2, min_peers=3, eval_every_rounds=100, straggler_slack_s=0.0, report_grace_s=5.0
+        )
+    )
     coordinator, parts = swarm(run)
     a, b = start(parts, tmp_path, "a"), start(parts, tmp_path, "b")
     c = start(parts, tmp_path, "c", faults=_plan("slow@1:compute=20"))
@@ -314,8 +341,9 @@ def test_a_far_slower_device_gets_a_smaller_budget_already_in_its_first_round(tm
     assert first["a"] == first["b"] == 8 and first["c"] < 8, first
 
 
-def test_a_peer_of_another_wire_protocol_than_its_coordinators_leaves_at_once_and_says_why(tmp_path, monkeypatch,
-                                                                                           caplog):
+def test_a_peer_of_another_wire_protocol_than_its_coordinators_leaves_at_once_and_says_why(
+    tmp_path, monkeypatch, caplog
+):
     """A coordinator of another release admits the peer (an older one does not check); the peer cannot average
     with that run's peers, so it says so and leaves instead of voiding their rounds."""
     import peer.link.coordinator_link

@@ -46,8 +46,9 @@ def _int4_trainer():
     from swarm.train.trainer import LocalTrainer
 
     run = RunConfig(data=DataConfig(max_bytes=200_000, batch_size=2, seq_len=16))
-    trainer = LocalTrainer(run.replace(rounds=dataclasses.replace(run.rounds, inner_steps=2, codec="int4")),
-                           peer_index=0)
+    trainer = LocalTrainer(
+        run.replace(rounds=dataclasses.replace(run.rounds, inner_steps=2, codec="int4")), peer_index=0
+    )
     trainer.train(2)
     return trainer
 
@@ -79,8 +80,9 @@ def test_a_residual_kept_in_a_file_has_the_bits_of_one_kept_in_memory_and_frees_
         in_memory.record_sent(again, "int4", parts=3)
         kept = in_file.error_feedback[0]._residual
         assert isinstance(kept, SpilledResidual)  # no model-sized vector held between rounds
-        assert torch.equal(in_file.error_feedback[0].residual.view(torch.int32),
-                           in_memory.error_feedback[0].residual.view(torch.int32))
+        assert torch.equal(
+            in_file.error_feedback[0].residual.view(torch.int32), in_memory.error_feedback[0].residual.view(torch.int32)
+        )
         assert [p.name for p in tmp_path.iterdir()] == [kept.path.name]  # the round before's file is gone
         step = before * 0.5
         in_file.commit(in_file.apply(step, 0, round_no), fragment=0)
@@ -128,8 +130,11 @@ def test_a_real_int4_butterfly_writes_the_average_into_the_sent_vector_when_the_
             group = p.group(key, m, {q.name for q in peers}, window_s=20.0)
             return p.exchange.average(key=key, group=group, me=m, delta=d, timeout_s=30.0, into_delta=True)
 
-        results = results_of(concurrently([lambda p=p, m=m, d=d: average(p, m, d)
-                                           for p, m, d in zip(peers, members, inputs)], timeout_s=60))
+        results = results_of(
+            concurrently(
+                [lambda p=p, m=m, d=d: average(p, m, d) for p, m, d in zip(peers, members, inputs)], timeout_s=60
+            )
+        )
         codec = get_codec("int4")
         for result, sent, entry, spill, original in zip(results, inputs, entries, spills, originals):
             assert result.average.data_ptr() == sent.data_ptr()  # Δ̄ in Δ's memory: no vector of its own

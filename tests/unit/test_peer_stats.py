@@ -35,7 +35,7 @@ def test_update_sets_add_accumulates_and_the_request_carries_a_copy() -> None:
 
 
 def test_a_name_that_is_not_a_metric_is_refused() -> None:
-    with pytest.raises(ValueError, match="no \"bogus\" field"):
+    with pytest.raises(ValueError, match='no "bogus" field'):
         PeerStats().update(bogus=1)
 
 
@@ -43,9 +43,18 @@ def test_what_a_peer_measures_is_what_status_shows() -> None:
     engine = CoordinatorEngine(Store(":memory:"), config=RunConfig())
     peer, _ = engine_join(engine, name="a")
     stats = PeerStats()
-    stats.update(state=pb.PEER_STATE_READY, state_hash=engine.run.initial_hash, state_round=0,
-                 model_fingerprint=engine.run.model_fingerprint, param_count=9,
-                 dht_peer_id="Qm", loss=2.5, tokens_per_s=1234.0, eval_loss=3.0, eval_round=0)
+    stats.update(
+        state=pb.PEER_STATE_READY,
+        state_hash=engine.run.initial_hash,
+        state_round=0,
+        model_fingerprint=engine.run.model_fingerprint,
+        param_count=9,
+        dht_peer_id="Qm",
+        loss=2.5,
+        tokens_per_s=1234.0,
+        eval_loss=3.0,
+        eval_round=0,
+    )
     stats.add(bytes_sent=2_000_000, inner_time_s=1.0, tokens=640)
     sent = stats.heartbeat_request(peer.peer_id)
     engine.heartbeat(sent)

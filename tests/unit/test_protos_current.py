@@ -14,8 +14,16 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_generated_code_is_current(tmp_path):
     protos = sorted((ROOT / "protos").rglob("*.proto"))
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'protos'}", f"--python_out={tmp_path}",
-         f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", *map(str, protos)],
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{ROOT / 'protos'}",
+            f"--python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            *map(str, protos),
+        ],
         check=True,
     )
     generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.py*"))

@@ -39,8 +39,16 @@ def _single_process_twin(peer_index: int, run: RunConfig) -> LocalTrainer:
     run = run.replace(data=dataclasses.replace(RUN.data, batch_size=2 * RUN.data.batch_size))
     twin = LocalTrainer(run, peer_index=peer_index)
     d = RUN.data
-    twin.sampler = _GlobalBatch(BatchSampler(twin.corpus.train, shard_index=twin.shard_index, num_shards=d.num_shards,
-                                             batch_size=d.batch_size, seq_len=d.seq_len, seed=RUN.seed))
+    twin.sampler = _GlobalBatch(
+        BatchSampler(
+            twin.corpus.train,
+            shard_index=twin.shard_index,
+            num_shards=d.num_shards,
+            batch_size=d.batch_size,
+            seq_len=d.seq_len,
+            seed=RUN.seed,
+        )
+    )
     return twin
 
 
@@ -58,7 +66,8 @@ def _assert_shards_are_rank0s_rows(peer: LocalTrainer) -> None:
 
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
 def test_a_two_rank_peer_trains_like_one_process_with_the_global_batch_and_resumes_with_another_nproc(
-        tmp_path, sharding):
+    tmp_path, sharding
+):
     run = RUN.replace(inner=dataclasses.replace(RUN.inner, sharding=sharding))
     ranks = start_ranks(2, device="cpu", threads=1)
     try:
@@ -82,8 +91,9 @@ def test_a_two_rank_peer_trains_like_one_process_with_the_global_batch_and_resum
         assert resume_trainer(tmp_path / "two", single, run_id="run", round_no=1, state_hash=peer.state.state_hash)
         assert single.sampler.batches_drawn == 2 * 5  # both ranks' batches
         _assert_same_params(single, peer)
-        for saved, kept in zip(single.optimizer.state_dict()["state"].values(),
-                               twin.optimizer.state_dict()["state"].values()):  # the whole AdamW state, in order
+        for saved, kept in zip(
+            single.optimizer.state_dict()["state"].values(), twin.optimizer.state_dict()["state"].values()
+        ):  # the whole AdamW state, in order
             for key in ("exp_avg", "exp_avg_sq", "step"):
                 torch.testing.assert_close(saved[key], kept[key], rtol=1e-4, atol=1e-6)
         # a restart with two ranks resumes a one-process checkpoint that the worker never saw

@@ -54,7 +54,9 @@ async def _scenario() -> dict:
     clients[a].via_relay.add(b.peer_id.to_base58())  # as after a failed dial: through the relay
     ack = await a.call_protobuf_handler(b.peer_id, "collect", chunks(40), exchange_pb2.ChunkAck)
     out["stream"] = (ack.error, list(seen))
-    out["unary"] = (await a.call_protobuf_handler(b.peer_id, "ping", exchange_pb2.ChunkAck(), exchange_pb2.ChunkAck)).error
+    out["unary"] = (
+        await a.call_protobuf_handler(b.peer_id, "ping", exchange_pb2.ChunkAck(), exchange_pb2.ChunkAck)
+    ).error
     out["counts"] = (server.streams, server.calls, clients[a].relayed_out, clients[b].relayed_in)
 
     clients[stranger].via_relay.add(b.peer_id.to_base58())  # not a member: the relay refuses

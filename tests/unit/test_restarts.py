@@ -52,8 +52,13 @@ sys.exit(supervise(run, max_restarts=int(sys.argv[3]), preload=()))
 def supervise(tmp_path: Path, ends: str, max_restarts: int) -> subprocess.Popen:
     trace = tmp_path / "starts"
     trace.mkdir()
-    return subprocess.Popen([sys.executable, "-c", SUPERVISED, str(trace), ends, str(max_restarts)], cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)), stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", SUPERVISED, str(trace), ends, str(max_restarts)],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _ended(pid: int) -> bool:
@@ -67,15 +72,19 @@ def starts(tmp_path: Path) -> int:
     return len([p for p in (tmp_path / "starts").iterdir() if p.name.startswith("start-")])
 
 
-@pytest.mark.parametrize("ends, max_restarts, code, started", [
-    ("kill,raise,0", 2, 0, 3),  # killed, then an uncaught exception: both restarted; then it finished
-    ("kill", 1, 1, 2),  # killed every time: one restart, then the supervisor gives up (exit 1)
-    ("2", 5, 2, 1),  # refused or misconfigured: a restart would end the same way
-    ("130", 5, 130, 1),  # interrupted
-    ("0", 5, 0, 1),
-])
+@pytest.mark.parametrize(
+    "ends, max_restarts, code, started",
+    [
+        ("kill,raise,0", 2, 0, 3),  # killed, then an uncaught exception: both restarted; then it finished
+        ("kill", 1, 1, 2),  # killed every time: one restart, then the supervisor gives up (exit 1)
+        ("2", 5, 2, 1),  # refused or misconfigured: a restart would end the same way
+        ("130", 5, 130, 1),  # interrupted
+        ("0", 5, 0, 1),
+    ],
+)
 def test_a_dead_peer_process_is_restarted_and_one_that_finished_or_was_refused_is_not(
-        tmp_path: Path, ends: str, max_restarts: int, code: int, started: int) -> None:
+    tmp_path: Path, ends: str, max_restarts: int, code: int, started: int
+) -> None:
     proc = supervise(tmp_path, ends, max_restarts)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == code, stderr
@@ -94,8 +103,11 @@ def test_a_peer_process_that_keeps_dying_at_once_is_restarted_after_growing_wait
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
     assert starts(tmp_path) == 4
-    assert [line.split("starting it again ")[1].split(" from")[0] for line in stderr.splitlines()
-            if "starting it again" in line] == ["at once", "in 1s", "in 2s"]  # peer/restarts.py backoff_s
+    assert [
+        line.split("starting it again ")[1].split(" from")[0]
+        for line in stderr.splitlines()
+        if "starting it again" in line
+    ] == ["at once", "in 1s", "in 2s"]  # peer/restarts.py backoff_s
     times = sorted((tmp_path / "starts" / f"start-{i}").stat().st_mtime for i in range(4))
     assert times[2] - times[1] >= 1.0 and times[3] - times[2] >= 2.0
 
@@ -147,9 +159,27 @@ def test_a_supervised_peer_that_cannot_start_says_why_once_and_is_not_restarted(
     join = "swarm://127.0.0.1:1?token=t&fp=" + "ab" * 32
     if torch_sees_cuda():
         pytest.skip("this machine has a CUDA device: --device cuda is not a mistake here")
-    result = subprocess.run([sys.executable, "-m", "swarm.app.cli", "peer", "--join", join, "--device", "cuda",
-                             "--max-restarts", "3", "--state-dir", str(tmp_path / "peer")], cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "swarm.app.cli",
+            "peer",
+            "--join",
+            join,
+            "--device",
+            "cuda",
+            "--max-restarts",
+            "3",
+            "--state-dir",
+            str(tmp_path / "peer"),
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("torch sees no CUDA device; use --device cpu.") == 1
     assert "starting it again" not in result.stderr and "Traceback" not in result.stderr

@@ -14,8 +14,13 @@ def test_a_vector_anything_still_shares_is_never_handed_out_again(hold: str) -> 
     first = pool.take(1000)
     first.fill_(7.0)
     address = first.data_ptr()
-    keep = {"tensor": lambda t: t, "view": lambda t: t[10:20], "numpy": lambda t: t.numpy(),
-            "storage": lambda t: t.untyped_storage(), "reshaped": lambda t: t.view(10, 100)}[hold](first)
+    keep = {
+        "tensor": lambda t: t,
+        "view": lambda t: t[10:20],
+        "numpy": lambda t: t.numpy(),
+        "storage": lambda t: t.untyped_storage(),
+        "reshaped": lambda t: t.view(10, 100),
+    }[hold](first)
     del first
     second = pool.take(1000)
     assert second.data_ptr() != address and pool.reused == 0

@@ -52,7 +52,9 @@ def test_a_stale_or_foreign_checkpoint_is_not_used(tmp_path):
     assert not resume_trainer(tmp_path / "ckpt", fresh, run_id="run-x", round_no=2, state_hash="0" * 16)
     assert not resume_trainer(tmp_path / "ckpt", fresh, run_id="run-y", round_no=1, state_hash=trainer.state.state_hash)
     assert fresh.round_no == 0
-    assert not resume_trainer(tmp_path / "missing", fresh, run_id="run-x", round_no=1, state_hash=trainer.state.state_hash)
+    assert not resume_trainer(
+        tmp_path / "missing", fresh, run_id="run-x", round_no=1, state_hash=trainer.state.state_hash
+    )
 
 
 def test_a_peer_killed_before_hearing_the_decision_resumes_from_its_vote(tmp_path):
@@ -100,14 +102,17 @@ def test_votes_are_kept_until_the_coordinator_commits_a_later_round(tmp_path):
     assert [r for r in range(3, 7) if vote_dir(tmp_path, r).exists()] == [3, 4, 5, 6]
     # the coordinator came back and voided 4: round 3 must still be there to resume from
     state_hash = trainer.state.state_hash  # the hash does not cover the round number
-    assert maybe_resume(tmp_path, LocalTrainer(_run(), peer_index=0), run_id="run-x", round_no=3,
-                        state_hash=state_hash) == 3
+    assert (
+        maybe_resume(tmp_path, LocalTrainer(_run(), peer_index=0), run_id="run-x", round_no=3, state_hash=state_hash)
+        == 3
+    )
     prune_votes(tmp_path, below=6)
     assert [r for r in range(3, 7) if vote_dir(tmp_path, r).exists()] == [6]
 
 
 def test_a_checkpoint_of_an_older_format_is_refused_with_a_message(tmp_path, caplog):
     import json
+
     trainer = LocalTrainer(_run(), peer_index=0)
     _one_round(trainer, 1)
     save_trainer(tmp_path / "ckpt", trainer, run_id="run-x")
@@ -142,12 +147,14 @@ def test_a_tentative_states_vote_is_stepped_once_as_it_is_written_and_is_the_mat
     lazy, whole = (vote_dir(tmp_path / d, 1) / TENSORS for d in ("lazy", "whole"))
     assert lazy.read_bytes() == whole.read_bytes()
     restarted = LocalTrainer(_run(), peer_index=0)
-    assert maybe_resume(tmp_path / "lazy", restarted, run_id="run-x", round_no=1,
-                        state_hash=materialised.state_hash) == 1
+    assert (
+        maybe_resume(tmp_path / "lazy", restarted, run_id="run-x", round_no=1, state_hash=materialised.state_hash) == 1
+    )
 
 
 def test_a_restarted_peer_builds_from_its_vote_without_drawing_theta0_and_trains_on_like_a_resumed_one(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     from peer.state.resume import start_trainer, step_time_record
     from swarm.train.model import model as model_module
 
@@ -185,12 +192,14 @@ def test_a_peer_without_the_committed_state_on_its_disk_starts_from_theta0(tmp_p
     save_trainer(tmp_path / "checkpoint", trainer, run_id="run-x")
     fresh = LocalTrainer(_run(), peer_index=0)
     for run_id, round_no in (("run-y", 1), ("run-x", 2)):  # another run's, or an older round than the committed one
-        started = start_trainer(_run(), tmp_path, run_id=run_id, round_no=round_no, state_hash="0" * 16,
-                                peer_index=0, device="cpu")
+        started = start_trainer(
+            _run(), tmp_path, run_id=run_id, round_no=round_no, state_hash="0" * 16, peer_index=0, device="cpu"
+        )
         assert started.resumed is None and started.known_step_time() is None
         assert started.trainer.round_no == 0 and started.trainer.state.state_hash == fresh.state.state_hash
-    started = start_trainer(_run(), tmp_path, run_id="run-x", round_no=1, state_hash=trainer.state.state_hash,
-                            peer_index=0, device="cpu")  # its own checkpoint: θl and AdamW exactly as they were
+    started = start_trainer(
+        _run(), tmp_path, run_id="run-x", round_no=1, state_hash=trainer.state.state_hash, peer_index=0, device="cpu"
+    )  # its own checkpoint: θl and AdamW exactly as they were
     assert started.resumed is not None and started.resumed.source == "checkpoint"
     for p, q in zip(trainer.model.parameters(), started.trainer.model.parameters()):
         assert torch.equal(p, q)

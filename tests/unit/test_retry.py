@@ -25,8 +25,11 @@ def test_a_call_waiting_out_its_backoff_retries_as_soon_as_the_coordinator_is_ba
         return "reported"
 
     result: list[str] = []
-    caller = threading.Thread(target=lambda: result.append(with_retry(
-        report, what="report round 3", stop=threading.Event(), first_backoff_s=20.0)))
+    caller = threading.Thread(
+        target=lambda: result.append(
+            with_retry(report, what="report round 3", stop=threading.Event(), first_backoff_s=20.0)
+        )
+    )
     started = time.monotonic()
     caller.start()
     assert tried.wait(10)  # the first try failed: the caller now waits out 20 s of backoff

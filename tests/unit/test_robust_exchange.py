@@ -55,8 +55,10 @@ def run_all(calls: list[Callable[[], Any]], timeout_s: float = 60) -> list[Any]:
 
 
 def members(exchanges: list[Exchange], weights: list[float]) -> list[Member]:
-    return [Member(peer_id=f"p{i}", dht_peer_id=e.transport.peer_id, index=i, weight=w, numel=NUMEL, codec="fp32")
-            for i, (e, w) in enumerate(zip(exchanges, weights))]
+    return [
+        Member(peer_id=f"p{i}", dht_peer_id=e.transport.peer_id, index=i, weight=w, numel=NUMEL, codec="fp32")
+        for i, (e, w) in enumerate(zip(exchanges, weights))
+    ]
 
 
 def test_a_clipped_attacker_with_a_huge_weight_gets_the_simulators_bits_on_every_member(exchanges):
@@ -66,8 +68,12 @@ def test_a_clipped_attacker_with_a_huge_weight_gets_the_simulators_bits_on_every
     group = members(exchanges, [64.0, 32.0, 1e30])
     key = group_key(RUN_ID, 1)
 
-    outcomes = run_all([lambda e=e, m=m, d=d: e.average(key=key, group=group, me=m, delta=d, timeout_s=30)
-                        for e, m, d in zip(exchanges, group, deltas)])
+    outcomes = run_all(
+        [
+            lambda e=e, m=m, d=d: e.average(key=key, group=group, me=m, delta=d, timeout_s=30)
+            for e, m, d in zip(exchanges, group, deltas)
+        ]
+    )
 
     assert not any(isinstance(o, BaseException) for o in outcomes), outcomes
     expected = butterfly_reference(deltas, [64.0, 32.0, 64.0], "fp32", reduce=lambda d, w: RULE.reduce(d, w).average)
@@ -81,7 +87,11 @@ def test_a_clipped_attacker_with_a_huge_weight_gets_the_simulators_bits_on_every
 def test_a_member_declaring_a_nan_weight_fails_the_exchange_naming_it(exchanges):
     group = members(exchanges, [8.0, float("nan"), 8.0])
     key = group_key(RUN_ID, 2)
-    outcomes = run_all([lambda e=e, m=m: e.average(key=key, group=group, me=m, delta=torch.ones(NUMEL), timeout_s=20)
-                        for e, m in zip(exchanges, group)])
+    outcomes = run_all(
+        [
+            lambda e=e, m=m: e.average(key=key, group=group, me=m, delta=torch.ones(NUMEL), timeout_s=20)
+            for e, m in zip(exchanges, group)
+        ]
+    )
     for outcome in outcomes:
         assert isinstance(outcome, ExchangeFailed) and "member p1 declared the weight nan" in str(outcome)

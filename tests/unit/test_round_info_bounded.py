@@ -22,12 +22,26 @@ def swarm(peers: int, clock=None, controller: str = "off") -> tuple[CoordinatorE
     """An engine whose round 1 opens with ``peers`` ready peers, all of them planned; their measured uplinks differ
     (10 to 100 Mbit/s), so an adaptive controller gives them different shares."""
     rounds = RoundConfig(min_peers=peers, controller=controller)
-    engine = CoordinatorEngine(Store(":memory:"), config=RunConfig(rounds=rounds), **({"clock": clock} if clock else {}))
+    engine = CoordinatorEngine(
+        Store(":memory:"), config=RunConfig(rounds=rounds), **({"clock": clock} if clock else {})
+    )
     ids = [engine_join(engine, dht_peer_id=f"dht-{i}")[0].peer_id for i in range(peers)]
     for i, p in enumerate(ids):
-        engine.heartbeat(pb.HeartbeatRequest(peer_id=p, metrics=pb.PeerMetrics(
-            state=pb.PEER_STATE_READY, state_round=0, state_hash=engine.run.initial_hash, dht_peer_id="dht-" + p,
-            upload_mbit_s=10.0 + 90.0 * i / peers, download_mbit_s=100.0, rtt_ms=20.0, step_time_s=0.5)))
+        engine.heartbeat(
+            pb.HeartbeatRequest(
+                peer_id=p,
+                metrics=pb.PeerMetrics(
+                    state=pb.PEER_STATE_READY,
+                    state_round=0,
+                    state_hash=engine.run.initial_hash,
+                    dht_peer_id="dht-" + p,
+                    upload_mbit_s=10.0 + 90.0 * i / peers,
+                    download_mbit_s=100.0,
+                    rtt_ms=20.0,
+                    step_time_s=0.5,
+                ),
+            )
+        )
     return engine, ids
 
 
@@ -48,11 +62,22 @@ def test_a_large_rounds_answer_names_the_requesters_own_entries_and_does_not_gro
         assert list(info.participant_dht_ids) == ["dht-17"]
         assert [p.peer_id for p in info.plan.peers] in ([], [me])
         assert len(info.holders) <= 16 and info.live_peers == peers
-        beat = engine.heartbeat(pb.HeartbeatRequest(peer_id=me, metrics=pb.PeerMetrics(
-            state=pb.PEER_STATE_READY, state_round=0, state_hash=engine.run.initial_hash, dht_peer_id="dht-" + me)))
+        beat = engine.heartbeat(
+            pb.HeartbeatRequest(
+                peer_id=me,
+                metrics=pb.PeerMetrics(
+                    state=pb.PEER_STATE_READY,
+                    state_round=0,
+                    state_hash=engine.run.initial_hash,
+                    dht_peer_id="dht-" + me,
+                ),
+            )
+        )
         assert list(beat.participants) == [me] and beat.participant_count == peers
         sizes.append(size)
-    assert max(sizes) < 2000 and abs(sizes[1] - sizes[0]) < 64  # twice the swarm: the same answer (a list would be 20 KB)
+    assert (
+        max(sizes) < 2000 and abs(sizes[1] - sizes[0]) < 64
+    )  # twice the swarm: the same answer (a list would be 20 KB)
 
 
 def test_a_small_rounds_answer_lists_every_participant_the_group_is_matched_by() -> None:
@@ -60,8 +85,17 @@ def test_a_small_rounds_answer_lists_every_participant_the_group_is_matched_by()
     info, _ = polled(engine, ids[3])
     assert sorted(info.participants) == sorted(ids) and info.participant_count == 30
     assert list(info.participant_dht_ids) == [f"dht-{ids.index(p)}" for p in info.participants]
-    beat = engine.heartbeat(pb.HeartbeatRequest(peer_id=ids[3], metrics=pb.PeerMetrics(
-        state=pb.PEER_STATE_READY, state_round=0, state_hash=engine.run.initial_hash, dht_peer_id="dht-" + ids[3])))
+    beat = engine.heartbeat(
+        pb.HeartbeatRequest(
+            peer_id=ids[3],
+            metrics=pb.PeerMetrics(
+                state=pb.PEER_STATE_READY,
+                state_round=0,
+                state_hash=engine.run.initial_hash,
+                dht_peer_id="dht-" + ids[3],
+            ),
+        )
+    )
     assert list(beat.participants) == [ids[3]] and beat.participant_count == 30
 
 
@@ -71,8 +105,11 @@ def test_a_peer_that_left_a_large_round_is_told_so_in_its_own_answer() -> None:
     late, reporter = ids[5], ids[6]
     group = list(polled(engine, ids[0])[0].participants)
     assert group == [ids[0]]
-    engine.report(pb.ReportRoundRequest(peer_id=reporter, round=1, ok=True, state_hash="ab" * 8, group=ids,
-                                        samples=10, inner_steps=10))
+    engine.report(
+        pb.ReportRoundRequest(
+            peer_id=reporter, round=1, ok=True, state_hash="ab" * 8, group=ids, samples=10, inner_steps=10
+        )
+    )
     now[0] += SETTLE_EVERY_S
     engine.tick()
     now[0] += SETTLE_EVERY_S
@@ -86,8 +123,11 @@ def test_a_large_round_commits_within_a_settle_interval_of_its_last_report() -> 
     engine, ids = swarm(LISTED_PARTICIPANTS + 20, clock=lambda: now[0])
     for p in ids:
         now[0] += 0.001
-        engine.report(pb.ReportRoundRequest(peer_id=p, round=1, ok=True, state_hash="cd" * 8, group=ids,
-                                            samples=10, inner_steps=10))
+        engine.report(
+            pb.ReportRoundRequest(
+                peer_id=p, round=1, ok=True, state_hash="cd" * 8, group=ids, samples=10, inner_steps=10
+            )
+        )
     now[0] += SETTLE_EVERY_S
     engine.tick()
     info, _ = polled(engine, ids[0], 1)
@@ -103,9 +143,18 @@ def test_a_large_swarms_answer_is_built_again_at_most_every_refresh_while_only_i
     monkeypatch.setattr(engine._state, "round_info", lambda number: builds.append(number) or real(number))
     for i, p in enumerate(ids[:100]):
         now[0] += 0.005
-        engine.heartbeat(pb.HeartbeatRequest(peer_id=p, metrics=pb.PeerMetrics(  # each changes the roster
-            state=pb.PEER_STATE_TRAINING, round=1, state_round=0, state_hash=engine.run.initial_hash,
-            dht_peer_id=f"dht-{p}-{i}")))
+        engine.heartbeat(
+            pb.HeartbeatRequest(
+                peer_id=p,
+                metrics=pb.PeerMetrics(  # each changes the roster
+                    state=pb.PEER_STATE_TRAINING,
+                    round=1,
+                    state_round=0,
+                    state_hash=engine.run.initial_hash,
+                    dht_peer_id=f"dht-{p}-{i}",
+                ),
+            )
+        )
         assert p in polled(engine, p)[0].participants
     assert len(builds) <= 2  # 0.5 s of calls: one build, and one more at most
 

@@ -27,8 +27,14 @@ def one_sentence(text: str) -> bool:
 def test_without_a_choice_the_plan_is_the_runs_config() -> None:
     for round_no in range(1, 6):
         plan = plan_round(STREAMING, round_no)
-        assert plan == RoundPlan(round_no=round_no, fragment=round_fragment(round_no, 2), codec="int4",
-                                 inner_steps=10, steps=round_steps(round_no, 10, 2), overlap_steps=2)
+        assert plan == RoundPlan(
+            round_no=round_no,
+            fragment=round_fragment(round_no, 2),
+            codec="int4",
+            inner_steps=10,
+            steps=round_steps(round_no, 10, 2),
+            overlap_steps=2,
+        )
         assert not plan.chosen and plan.shares_of(["a", "b"]) is None
 
 
@@ -118,12 +124,17 @@ class OneMemberGroup:
 
 
 def run_rounds(rounds: RoundConfig, choice, count: int = 2):
-    run = RunConfig(seed=0, model=ModelConfig(preset="tiny"), inner=InnerOptConfig(warmup_steps=1),
-                    data=DataConfig(max_bytes=200_000, num_shards=2, batch_size=2, seq_len=32, eval_batches=1),
-                    rounds=rounds).validate()
+    run = RunConfig(
+        seed=0,
+        model=ModelConfig(preset="tiny"),
+        inner=InnerOptConfig(warmup_steps=1),
+        data=DataConfig(max_bytes=200_000, num_shards=2, batch_size=2, seq_len=32, eval_batches=1),
+        rounds=rounds,
+    ).validate()
     trainer, group = LocalTrainer(run, peer_index=0), OneMemberGroup(choice)
-    runner = RoundRunner(trainer, run, exchange=group, votes=group, decider=group, store=group,
-                         executor=InlineExecutor(), evaluate=False)
+    runner = RoundRunner(
+        trainer, run, exchange=group, votes=group, decider=group, store=group, executor=InlineExecutor(), evaluate=False
+    )
     outcomes = [runner.run_round(r).outcome for r in range(1, count + 1)]
     return outcomes, group.plans, group.asked, trainer
 

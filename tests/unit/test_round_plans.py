@@ -18,8 +18,13 @@ def _plans() -> RoundPlans:
 
 
 def _open(round_no: int, participants: list[str], dht_ids: list[str]) -> pb.RoundInfo:
-    return pb.RoundInfo(round=round_no, open_round=round_no, outcome=pb.ROUND_OUTCOME_OPEN, participants=participants,
-                        participant_dht_ids=dht_ids)
+    return pb.RoundInfo(
+        round=round_no,
+        open_round=round_no,
+        outcome=pb.ROUND_OUTCOME_OPEN,
+        participants=participants,
+        participant_dht_ids=dht_ids,
+    )
 
 
 def test_a_rounds_first_choice_holds_and_only_the_latest_rounds_are_kept() -> None:
@@ -34,7 +39,9 @@ def test_a_rounds_first_choice_holds_and_only_the_latest_rounds_are_kept() -> No
 
 def test_a_budget_is_this_peers_share_of_the_plan_capped_at_a_full_speed_round() -> None:
     plans = _plans()
-    plan = pb.RoundPlan(peers=[pb.PlannedPeer(peer_id="p-slow", inner_steps=3), pb.PlannedPeer(peer_id="p-x", inner_steps=50)])
+    plan = pb.RoundPlan(
+        peers=[pb.PlannedPeer(peer_id="p-slow", inner_steps=3), pb.PlannedPeer(peer_id="p-x", inner_steps=50)]
+    )
     plans.remember(pb.RoundInfo(round=4, plan=plan), 4)
     assert plans.budget(4, plans.plan(4), "p-slow", (2, 10)) == (2, 3)
     assert plans.budget(4, plans.plan(4), "p-x", (2, 10)) == (2, 10)
@@ -53,7 +60,9 @@ def test_while_the_coordinator_does_not_answer_the_last_group_is_the_plan() -> N
 
 def test_the_run_finished_is_remembered_with_its_final_state() -> None:
     plans = _plans()
-    plans.heard(pb.RoundInfo(round=5, finished=True, last_committed_round=5, last_committed_hash="ab", poll_interval_s=2))
+    plans.heard(
+        pb.RoundInfo(round=5, finished=True, last_committed_round=5, last_committed_hash="ab", poll_interval_s=2)
+    )
     assert plans.final == (5, "ab") and plans.paced_poll_s == 2.0
 
 

@@ -70,8 +70,11 @@ def test_rounds_shorter_than_30_s_stay_quiet_and_each_round_counts_from_its_star
 def test_with_a_real_trainer_the_count_is_its_steps_not_its_clock_calls(caplog):
     from swarm.train.trainer import LocalTrainer
 
-    run = RunConfig(model=ModelConfig(preset="bench"), rounds=RoundConfig(inner_steps=8),
-                    data=DataConfig(max_bytes=200_000, batch_size=2, seq_len=16, eval_batches=1)).validate()
+    run = RunConfig(
+        model=ModelConfig(preset="bench"),
+        rounds=RoundConfig(inner_steps=8),
+        data=DataConfig(max_bytes=200_000, batch_size=2, seq_len=16, eval_batches=1),
+    ).validate()
     trainer = LocalTrainer(run, peer_index=0, device="cpu")
     ticks = iter(range(0, 1000, 10))  # the fake clock: 10 s later at each look
     progress = RoundProgress(trainer, tag=lambda r: f"[p-1 r{r}]", now=lambda: next(ticks))

@@ -86,10 +86,8 @@ class Recorder(Hooks):
 
 def make(run=RUN, group=None, decider=None, stopping=lambda: False):
     trainer = LocalTrainer(run, peer_index=0)
-    parts = dict(exchange=group or FakeGroup(), decider=decider or FakeDecider(), store=FakeStore(),
-                 hooks=Recorder())
-    runner = RoundRunner(trainer, run, votes=parts["exchange"], executor=InlineExecutor(), stopping=stopping,
-                         **parts)
+    parts = dict(exchange=group or FakeGroup(), decider=decider or FakeDecider(), store=FakeStore(), hooks=Recorder())
+    runner = RoundRunner(trainer, run, votes=parts["exchange"], executor=InlineExecutor(), stopping=stopping, **parts)
     return runner, parts
 
 
@@ -172,6 +170,7 @@ def test_a_group_decision_commits_provisionally():
     class GroupDecider(FakeDecider):
         def decide(self, vote):
             return dataclasses.replace(super().decide(vote), by_group=True)
+
     runner, parts = make(decider=GroupDecider())
     assert runner.run_round(1).outcome is Outcome.COMMITTED
     assert parts["store"].committed_rounds == [(1, True)]
@@ -220,8 +219,17 @@ def test_with_merge_when_ready_training_goes_on_past_tau_until_the_slow_exchange
 
     trainer.train = counting
     with concurrent.futures.ThreadPoolExecutor(1) as executor:
-        runner = RoundRunner(trainer, run, exchange=group, votes=group, decider=FakeDecider(), store=FakeStore(),
-                             executor=executor, hooks=hooks, merge_when_ready=when_ready)
+        runner = RoundRunner(
+            trainer,
+            run,
+            exchange=group,
+            votes=group,
+            decider=FakeDecider(),
+            store=FakeStore(),
+            executor=executor,
+            hooks=hooks,
+            merge_when_ready=when_ready,
+        )
         first = runner.run_round(1)
         assert first.outcome is Outcome.IN_FLIGHT
         second = runner.run_round(2, first.pending)

@@ -19,8 +19,15 @@ TIMEOUT_S = 100.0
 LEASE_S = 10.0
 
 
-def report(peer: str, state_hash: str = "h1", ok: bool = True, *, group: tuple[str, ...] = ("a", "b"),
-           at: float = 0.0, **fields: object) -> ReportRecord:
+def report(
+    peer: str,
+    state_hash: str = "h1",
+    ok: bool = True,
+    *,
+    group: tuple[str, ...] = ("a", "b"),
+    at: float = 0.0,
+    **fields: object,
+) -> ReportRecord:
     """A report of round 1 by ``peer``, which averaged with ``group`` (the reporter included)."""
     return ReportRecord(round=1, peer_id=peer, reported_at=at, ok=ok, state_hash=state_hash, group=group, **fields)
 
@@ -29,10 +36,17 @@ def open_round(*participants: str) -> RoundRecord:
     return RoundRecord(round=1, opened_at=0.0, participants=participants)
 
 
-def decide(participants: str, reports: list[ReportRecord], *, now: float = 1.0, alive: str | None = None,
-           grace_s: float = 10.0) -> outcome.Decision:
-    return outcome.decide_round(now, open_round(*participants), set(participants if alive is None else alive),
-                               reports, TIMEOUT_S, report_grace_s=grace_s)
+def decide(
+    participants: str, reports: list[ReportRecord], *, now: float = 1.0, alive: str | None = None, grace_s: float = 10.0
+) -> outcome.Decision:
+    return outcome.decide_round(
+        now,
+        open_round(*participants),
+        set(participants if alive is None else alive),
+        reports,
+        TIMEOUT_S,
+        report_grace_s=grace_s,
+    )
 
 
 # --- decide_round ---------------------------------------------------------------------------------
@@ -68,7 +82,7 @@ def test_all_failed_voids_the_round() -> None:
 def test_a_hash_commits_with_a_strict_majority_of_its_group_and_at_least_two(size: int, needed: int) -> None:
     group = tuple("abcde"[:size])
     if needed > 1:
-        short = decide(group, [report(p, group=group) for p in group[:needed - 1]], alive=group[:needed - 1])
+        short = decide(group, [report(p, group=group) for p in group[: needed - 1]], alive=group[: needed - 1])
         assert short.round.outcome == VOIDED and f"reported by {needed - 1} of {size} group members" in short.reason
     enough = decide(group, [report(p, group=group) for p in group[:needed]], alive=group[:needed])
     assert enough.round.outcome == COMMITTED and enough.round.holders == group[:needed]
@@ -107,8 +121,10 @@ def test_a_tie_voids_the_round_with_the_reason_whatever_the_hashes() -> None:
     for fake in ("0000", "ffff"):
         one = decide("ax", [report("a", group=("a", "x")), report("x", fake, group=("a", "x"))])
         assert one.round.outcome == VOIDED and "a tie" in one.reason
-        two = decide("abxy", [report(p, group=tuple("abxy")) for p in "ab"]
-                     + [report(p, fake, group=tuple("abxy")) for p in "xy"])
+        two = decide(
+            "abxy",
+            [report(p, group=tuple("abxy")) for p in "ab"] + [report(p, fake, group=tuple("abxy")) for p in "xy"],
+        )
         assert two.round.outcome == VOIDED and "a tie" in two.reason and "reported by 2 members each" in two.reason
 
 
@@ -160,7 +176,11 @@ def test_a_gone_participant_is_not_waited_for() -> None:
 
 
 def test_reports_from_non_participants_do_not_vote() -> None:
-    reports = [report("a", "h1", group=("a",)), report("x", "h2", group=("x", "y")), report("y", "h2", group=("x", "y"))]
+    reports = [
+        report("a", "h1", group=("a",)),
+        report("x", "h2", group=("x", "y")),
+        report("y", "h2", group=("x", "y")),
+    ]
     d = decide("a", reports)
     assert d.round.committed_hash == "h1"
 
@@ -169,9 +189,14 @@ def test_the_offline_rule_is_the_coordinators_rule() -> None:
     """A group deciding from its DHT votes (coordinator down) decides what the coordinator does on the
     same reports."""
     from swarm.net.votes import Vote, group_decision
+
     cases = [
-        {"a": "h1", "b": "h1", "c": "h2"}, {"a": "h1", "b": "h2"}, {"a": "h1"}, {"a": "h1", "b": ""},
-        {"a": "h1", "b": "h1", "c": "h2", "d": "h2"}, {"a": "h2", "b": "h2", "c": "h2", "d": "h1"},
+        {"a": "h1", "b": "h1", "c": "h2"},
+        {"a": "h1", "b": "h2"},
+        {"a": "h1"},
+        {"a": "h1", "b": ""},
+        {"a": "h1", "b": "h1", "c": "h2", "d": "h2"},
+        {"a": "h2", "b": "h2", "c": "h2", "d": "h1"},
         {"a": "", "b": "", "c": "h1"},
     ]
     for hashes in cases:
@@ -194,7 +219,9 @@ def test_mean_loss_of_the_round() -> None:
 def test_ddp_equivalent_bytes() -> None:
     # K = 3 holders: each inner step of data-parallel training sends 2(K-1)/K * 4 bytes per parameter.
     abc = ("a", "b", "c")
-    holders = [report(p, inner_steps=steps, param_count=300, group=abc) for p, steps in (("a", 10), ("b", 20), ("c", 30))]
+    holders = [
+        report(p, inner_steps=steps, param_count=300, group=abc) for p, steps in (("a", 10), ("b", 20), ("c", 30))
+    ]
     assert outcome.ddp_equivalent_bytes(holders) == round(60 * (4 / 3) * 4 * 300)
     assert outcome.ddp_equivalent_bytes(holders[:1]) == 0  # one peer sends nothing
     without_count = [report("a", inner_steps=5), report("b", inner_steps=5)]
@@ -248,26 +275,49 @@ def join_ready(engine: CoordinatorEngine, state_round: int = 0, state_hash: str 
 
 def beat(engine: CoordinatorEngine, peer_id: str, state_round: int = 0, state_hash: str = "h0") -> pb.RoundInfo:
     """A ready peer's heartbeat; "h0" stands for the run's θ0 hash (the coordinator derives it from the config)."""
-    return engine.heartbeat(pb.HeartbeatRequest(peer_id=peer_id, metrics=pb.PeerMetrics(
-        state=READY, state_round=state_round, state_hash=_h0(engine, state_hash),
-        model_fingerprint=engine.run.model_fingerprint, param_count=1000, dht_peer_id="dht-" + peer_id,
-    )))
+    return engine.heartbeat(
+        pb.HeartbeatRequest(
+            peer_id=peer_id,
+            metrics=pb.PeerMetrics(
+                state=READY,
+                state_round=state_round,
+                state_hash=_h0(engine, state_hash),
+                model_fingerprint=engine.run.model_fingerprint,
+                param_count=1000,
+                dht_peer_id="dht-" + peer_id,
+            ),
+        )
+    )
 
 
 def _h0(engine: CoordinatorEngine, state_hash: str) -> str:
     return engine.run.initial_hash if state_hash == "h0" else state_hash
 
 
-def send(engine: CoordinatorEngine, peer_id: str, number: int, state_hash: str = "h1", ok: bool = True,
-         group: list[str] | None = None) -> pb.RoundInfo:
+def send(
+    engine: CoordinatorEngine,
+    peer_id: str,
+    number: int,
+    state_hash: str = "h1",
+    ok: bool = True,
+    group: list[str] | None = None,
+) -> pb.RoundInfo:
     """Report round ``number``, averaged (by default) with every live participant the coordinator planned."""
     if group is None:  # the plan the group was matched by: participants that reported first have left it since
         info = engine.round_info(peer_id, number)
         reported = {r.peer_id for r in engine._state.reports.by_peer_id()}
         group = [*info.participants, *(p for p in info.plan.left_out if p in reported)]
-    return engine.report(pb.ReportRoundRequest(
-        peer_id=peer_id, round=number, ok=ok, state_hash=state_hash, inner_steps=10, loss=2.0, group=group,
-    ))
+    return engine.report(
+        pb.ReportRoundRequest(
+            peer_id=peer_id,
+            round=number,
+            ok=ok,
+            state_hash=state_hash,
+            inner_steps=10,
+            loss=2.0,
+            group=group,
+        )
+    )
 
 
 def test_round_one_opens_at_min_peers_and_admits_late_peers(clock: FakeClock) -> None:
@@ -288,9 +338,18 @@ def test_round_one_opens_at_min_peers_and_admits_late_peers(clock: FakeClock) ->
 def test_late_admission_closes_once_a_participant_exchanges(clock: FakeClock) -> None:
     engine = make_engine(clock)
     a = join_ready(engine)
-    engine.heartbeat(pb.HeartbeatRequest(peer_id=a, metrics=pb.PeerMetrics(
-        state=pb.PEER_STATE_EXCHANGING, round=1, state_round=0, state_hash=engine.run.initial_hash,
-        model_fingerprint=engine.run.model_fingerprint)))
+    engine.heartbeat(
+        pb.HeartbeatRequest(
+            peer_id=a,
+            metrics=pb.PeerMetrics(
+                state=pb.PEER_STATE_EXCHANGING,
+                round=1,
+                state_round=0,
+                state_hash=engine.run.initial_hash,
+                model_fingerprint=engine.run.model_fingerprint,
+            ),
+        )
+    )
     b = join_ready(engine)
     assert list(engine.round_info(a, 1).participants) == [a]
     assert b not in engine.round_info(b, 1).participants
@@ -363,7 +422,11 @@ def test_a_participant_reporting_a_round_of_its_own_leaves_the_plan_the_others_m
     send(engine, a, 1, group=[a, b])
     send(engine, b, 1, group=[a, b])
     info = engine.round_info(a, 1)
-    assert (info.outcome, info.committed_hash, sorted(info.holders)) == (COMMITTED, "h1", sorted(["dht-" + a, "dht-" + b]))
+    assert (info.outcome, info.committed_hash, sorted(info.holders)) == (
+        COMMITTED,
+        "h1",
+        sorted(["dht-" + a, "dht-" + b]),
+    )
     assert "2 of 2 group members (3 planned participants in the round)" in engine._store.get_round(1).reason
 
 
@@ -469,7 +532,11 @@ def test_a_fake_peer_reporting_its_own_group_is_not_committed_nor_a_holder(clock
     send(engine, a, 1, group=[a, b])
     send(engine, b, 1, group=[a, b])
     info = engine.round_info(a, 1)
-    assert (info.outcome, info.committed_hash, sorted(info.holders)) == (COMMITTED, "h1", sorted(["dht-" + a, "dht-" + b]))
+    assert (info.outcome, info.committed_hash, sorted(info.holders)) == (
+        COMMITTED,
+        "h1",
+        sorted(["dht-" + a, "dht-" + b]),
+    )
 
 
 def test_a_round_nobody_reports_is_voided_at_its_timeout_by_the_tick(clock: FakeClock) -> None:

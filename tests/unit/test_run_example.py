@@ -26,7 +26,9 @@ def test_the_example_config_names_every_key():
     text = EXAMPLE.read_text()
     written = tomllib.loads(text)
     # a key whose default TOML cannot write is a comment: "# key = value" or "# [section.key]"
-    commented = set(re.findall(r"^# ?([a-z_]+) *=", text, flags=re.M)) | set(re.findall(r"^# ?\[([a-z_.]+)\]", text, flags=re.M))
+    commented = set(re.findall(r"^# ?([a-z_]+) *=", text, flags=re.M)) | set(
+        re.findall(r"^# ?\[([a-z_.]+)\]", text, flags=re.M)
+    )
     missing = []
     for section in dataclasses.fields(RunConfig):
         value = getattr(RunConfig(), section.name)
@@ -35,7 +37,10 @@ def test_the_example_config_names_every_key():
                 missing.append(section.name)
             continue
         for key in dataclasses.fields(value):
-            if key.name not in written.get(section.name, {}) and key.name not in commented \
-                    and f"{section.name}.{key.name}" not in commented:
+            if (
+                key.name not in written.get(section.name, {})
+                and key.name not in commented
+                and f"{section.name}.{key.name}" not in commented
+            ):
                 missing.append(f"[{section.name}] {key.name}")
     assert not missing, f"docs/run.example.toml does not name {missing}; add each with its default and a comment."

@@ -113,6 +113,7 @@ def test_a_sign_run_in_the_simulator_is_consistent_and_uses_the_owners_residual(
     assert sim.rounds[0].bytes_sent == butterfly_bytes_sent(sim.param_count, 2, SIGN)
     # the owners' residual changes the bits from the second round on
     import swarm.core.codecs.sign_codec as sign_codec
+
     try:
         sign_codec.SignCodec.owner_feedback = False
         without = simulate(run, peers=2, rounds=2)

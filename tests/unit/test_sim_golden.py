@@ -38,12 +38,17 @@ SCENARIOS = {
     "diloco_fp32": (BASE, {}),
     # Streaming DiLoCo: int4 with error feedback, 2 strided fragments, 1 step of overlap.
     "streaming_int4_ef_overlap": (
-        BASE.replace(rounds=RoundConfig(inner_steps=6, codec="int4", fragments=2, overlap_steps=1)), {}),
+        BASE.replace(rounds=RoundConfig(inner_steps=6, codec="int4", fragments=2, overlap_steps=1)),
+        {},
+    ),
     # AdamW outer optimizer, int8, a half-speed peer.
     "adamw_int8_half_speed": (
-        BASE.replace(rounds=RoundConfig(inner_steps=6, codec="int8"),
-                     outer=OuterOptConfig(name="AdamW", lr=0.01, options={"betas": [0.9, 0.95]})),
-        {"speeds": [1.0, 0.5]}),
+        BASE.replace(
+            rounds=RoundConfig(inner_steps=6, codec="int8"),
+            outer=OuterOptConfig(name="AdamW", lr=0.01, options={"betas": [0.9, 0.95]}),
+        ),
+        {"speeds": [1.0, 0.5]},
+    ),
 }
 
 
@@ -60,8 +65,15 @@ def _numbers(run: RunConfig, kwargs: dict) -> dict:
         "initial_hash": result.initial_hash,
         "initial_eval_loss": result.initial_eval_loss,
         "rounds": [
-            {"round": r.round, "fragment": r.fragment, "state_hash": r.state_hash, "train_loss": r.train_loss,
-             "eval_loss": r.eval_loss, "steps": r.steps, "bytes_sent": r.bytes_sent}
+            {
+                "round": r.round,
+                "fragment": r.fragment,
+                "state_hash": r.state_hash,
+                "train_loss": r.train_loss,
+                "eval_loss": r.eval_loss,
+                "steps": r.steps,
+                "bytes_sent": r.bytes_sent,
+            }
             for r in result.rounds
         ],
     }
@@ -71,18 +83,24 @@ def _as_recorded(config: dict, recorded: dict) -> dict:
     """``config`` without the fields added after the fixture was made, where they hold their defaults
     (a field added at its default changes no bits; one set otherwise stays and fails the comparison)."""
     defaults = RunConfig().to_dict()
-    return {section: {k: v for k, v in values.items()
-                      if k in recorded.get(section, {}) or v != defaults[section].get(k, object())}
-            if isinstance(values, dict) and isinstance(recorded.get(section), dict) else values
-            for section, values in config.items()
-            if section in recorded or values != defaults.get(section)}  # a section added at its defaults
+    return {
+        section: {
+            k: v for k, v in values.items() if k in recorded.get(section, {}) or v != defaults[section].get(k, object())
+        }
+        if isinstance(values, dict) and isinstance(recorded.get(section), dict)
+        else values
+        for section, values in config.items()
+        if section in recorded or values != defaults.get(section)
+    }  # a section added at its defaults
 
 
 def test_simulated_runs_reproduce_the_golden_numbers():
     if os.environ.get("SWARM_REGEN_GOLDEN") == "1":
         GOLDEN.parent.mkdir(exist_ok=True)
-        data = {"environment": _environment(),
-                "scenarios": {name: _numbers(run, kwargs) for name, (run, kwargs) in SCENARIOS.items()}}
+        data = {
+            "environment": _environment(),
+            "scenarios": {name: _numbers(run, kwargs) for name, (run, kwargs) in SCENARIOS.items()},
+        }
         GOLDEN.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         pytest.skip(f"regenerated {GOLDEN}")
     golden = json.loads(GOLDEN.read_text())
@@ -91,8 +109,9 @@ def test_simulated_runs_reproduce_the_golden_numbers():
     assert sorted(golden["scenarios"]) == sorted(SCENARIOS)
     for name, (run, kwargs) in SCENARIOS.items():
         expected = golden["scenarios"][name]
-        assert expected["config"] == _as_recorded(run.to_dict(), expected["config"]), \
+        assert expected["config"] == _as_recorded(run.to_dict(), expected["config"]), (
             f"{name}: the scenario changed; regenerate the fixture"
+        )
         got = _numbers(run, kwargs)
         got["config"] = _as_recorded(got["config"], expected["config"])
         # JSON floats round-trip exactly, so this compares every loss to the last bit.

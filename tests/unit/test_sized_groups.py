@@ -23,15 +23,15 @@ def test_a_majority_of_a_sized_group_commits_and_a_liars_digest_is_one_vote() ->
     planned = {f"p{i}" for i in range(BIG * 2)}
     ids = sorted(planned)
     honest = sized_group(group_id(ids), len(ids))
-    claims = [Claim(p, True, "h1", honest) for p in ids[:BIG + 1]]
+    claims = [Claim(p, True, "h1", honest) for p in ids[: BIG + 1]]
     liar = sized_group("f" * 16, commit_rule.NAMED_GROUP_MAX + 1)  # says its group is as small as it may be
-    claims += [Claim(p, True, "h2", liar) for p in ids[BIG + 1:BIG + 300]]
+    claims += [Claim(p, True, "h2", liar) for p in ids[BIG + 1 : BIG + 300]]
     verdict = decide(claims, planned)
     assert verdict.committed_hash == "h1" and len(verdict.holders) == BIG + 1
     assert f"{BIG + 1} of {2 * BIG} group members" in verdict.reason
     assert group_size(honest) == 2 * BIG and group_size(frozenset(ids[:3])) == 3
     # fewer than half the planned participants: no quorum, whatever size the digest says
-    short = decide(claims[:BIG - 10], planned)
+    short = decide(claims[: BIG - 10], planned)
     assert short.committed_hash is None and "no quorum" in short.reason
     # a sized group claimed by peers not planned counts for nothing
     assert decide([Claim("stranger", True, "h3", liar)], planned).committed_hash is None
@@ -43,15 +43,34 @@ def test_a_round_too_large_to_name_its_group_commits_with_the_reporters_as_holde
     engine, ids = swarm(BIG, clock=lambda: now[0])
     digest = group_id(ids)
     with pytest.raises(BadRequest, match="name a group of up to 1024 members"):
-        engine.report(pb.ReportRoundRequest(peer_id=ids[0], round=1, ok=True, state_hash="cd" * 8,
-                                            group_digest=digest, group_size=12, samples=10, inner_steps=10))
+        engine.report(
+            pb.ReportRoundRequest(
+                peer_id=ids[0],
+                round=1,
+                ok=True,
+                state_hash="cd" * 8,
+                group_digest=digest,
+                group_size=12,
+                samples=10,
+                inner_steps=10,
+            )
+        )
     reporters, liars = ids[:-100], ids[-100:]  # the liars name another group and hash
     for p in ids:
         now[0] += 0.001
         lying = p in liars
-        engine.report(pb.ReportRoundRequest(peer_id=p, round=1, ok=True, state_hash=("ef" if lying else "cd") * 8,
-                                            group_digest="0" * 16 if lying else digest, group_size=len(ids),
-                                            samples=10, inner_steps=10))
+        engine.report(
+            pb.ReportRoundRequest(
+                peer_id=p,
+                round=1,
+                ok=True,
+                state_hash=("ef" if lying else "cd") * 8,
+                group_digest="0" * 16 if lying else digest,
+                group_size=len(ids),
+                samples=10,
+                inner_steps=10,
+            )
+        )
     now[0] += SETTLE_EVERY_S
     engine.tick()
     info, _ = polled(engine, ids[0], 1)

@@ -29,7 +29,9 @@ def inbox() -> SliceInbox:
     return SliceInbox(key_prefix=PREFIX, own_id="QmSelf", on_forget=lambda k: None)
 
 
-def test_a_key_whose_exchange_failed_refuses_late_slices_with_the_reason_and_one_that_succeeded_only_strangers() -> None:
+def test_a_key_whose_exchange_failed_refuses_late_slices_with_the_reason_and_one_that_succeeded_only_strangers() -> (
+    None
+):
     async def scenario() -> None:
         box = inbox()
         for k in (key(1), key(2)):
@@ -38,15 +40,19 @@ def test_a_key_whose_exchange_failed_refuses_late_slices_with_the_reason_and_one
         await box.forget(key(2), completed=True)
 
         assert not await late_slice(box, key(1))
-        assert box.refusal(key(1), LATE) == (f"this peer's exchange of {key(1)} already failed (cannot reach groupmate"
-                                             " b  [31m); it cannot complete")  # only printable characters
+        assert box.refusal(key(1), LATE) == (
+            f"this peer's exchange of {key(1)} already failed (cannot reach groupmate b  [31m); it cannot complete"
+        )  # only printable characters
         assert box.rejected == 0  # a late groupmate, not an intruder
         # succeeded here: a member's retried slice is still taken (early, as before), anyone else's refused
-        assert await box.deliver(key(2), "digest", exchange_pb2.PHASE_CONTRIBUTION, 0, 1, b"bytes",
-                                 sender_id="QmOldProcess")
+        assert await box.deliver(
+            key(2), "digest", exchange_pb2.PHASE_CONTRIBUTION, 0, 1, b"bytes", sender_id="QmOldProcess"
+        )
         assert not await late_slice(box, key(2))
-        assert box.refusal(key(2), LATE) == (f"this peer's exchange of {key(2)} is over: it completed in a group"
-                                             " without this sender, so the sender's exchange cannot complete")
+        assert box.refusal(key(2), LATE) == (
+            f"this peer's exchange of {key(2)} is over: it completed in a group"
+            " without this sender, so the sender's exchange cannot complete"
+        )
         assert box.rejected == 0
 
     asyncio.run(scenario())
@@ -72,6 +78,7 @@ def test_only_the_latest_failed_keys_are_kept_and_a_new_exchange_of_one_takes_sl
 def test_a_member_whose_process_is_gone_fails_the_exchange_only_while_one_of_its_slices_is_missing() -> None:
     """Its restarted process showed up (swarm.net.exchange.restarted_groupmates): slices its old process sent before it died
     still count, and only a wait for one it never sent fails at once."""
+
     async def scenario() -> None:
         box = inbox()
         k, old = key(7), "QmOldProcess"

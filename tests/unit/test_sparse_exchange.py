@@ -31,7 +31,7 @@ def test_topk_sends_the_largest_values_of_every_chunk_and_nothing_else():
     codec = get_codec("topk-fp16@0.05")
     y = codec.decode(codec.encode(x), x.numel())
     for start in range(0, x.numel(), 4096):
-        chunk, sent = x[start:start + 4096], y[start:start + 4096]
+        chunk, sent = x[start : start + 4096], y[start : start + 4096]
         k = -(-len(chunk) * 5 // 100)
         top = chunk.abs().topk(k).indices
         assert torch.equal(sent.nonzero().reshape(-1).sort().values, top.sort().values)
@@ -77,8 +77,12 @@ def test_what_topk_does_not_send_stays_in_the_residual():
 
 def test_the_run_config_names_topk_codecs_with_their_density():
     assert RunConfig.from_json('{"rounds": {"codec": "topk-int4@0.003"}}').rounds.codec == "topk-int4@0.003"
-    for bad, why in (("topk-int4@2", "fraction in"), ("topk-int3", "unknown"), ("int4@0.1", "unknown"),
-                     ("topk-int4@x", "fraction in")):
+    for bad, why in (
+        ("topk-int4@2", "fraction in"),
+        ("topk-int3", "unknown"),
+        ("int4@0.1", "unknown"),
+        ("topk-int4@x", "fraction in"),
+    ):
         with pytest.raises(ConfigError, match=why):
             RunConfig.from_json(f'{{"rounds": {{"codec": "{bad}"}}}}')
     with pytest.raises(ConfigError, match="hierarchical = false"):
@@ -94,9 +98,15 @@ def peers() -> Iterator[list[Peer]]:
 def _exchange(peers, key, codec, weights, inputs):
     planned = {p.name for p in peers}
     members = [p.member(weight=w, codec=codec) for p, w in zip(peers, weights)]
-    return [r for _, r in results_of(concurrently(
-        [lambda p=p, m=m, d=d: p.average(key, m, planned, d) for p, m, d in zip(peers, members, inputs)],
-        timeout_s=90))]
+    return [
+        r
+        for _, r in results_of(
+            concurrently(
+                [lambda p=p, m=m, d=d: p.average(key, m, planned, d) for p, m, d in zip(peers, members, inputs)],
+                timeout_s=90,
+            )
+        )
+    ]
 
 
 def test_three_peers_gather_the_simulators_bits_and_send_k_minus_1_encodings(peers):
@@ -143,7 +153,9 @@ def test_swarm_status_shows_the_topk_codec_with_its_density():
     from coordinator.store.database import Store
     from swarm.app.status import render_status, status_to_dict
 
-    engine = CoordinatorEngine(Store(":memory:"), config=RunConfig.from_json('{"rounds": {"codec": "topk-int4@0.003"}}'))
+    engine = CoordinatorEngine(
+        Store(":memory:"), config=RunConfig.from_json('{"rounds": {"codec": "topk-int4@0.003"}}')
+    )
     out = io.StringIO()
     render_status(status_to_dict(engine.status(engine.run.token)), Console(file=out, width=300, color_system=None))
     assert "codec topk-int4@0.003 (0.3% of values) with error feedback" in out.getvalue()

@@ -71,7 +71,7 @@ def test_a_payload_costs_about_the_entropy_of_the_code(density):
     # ternary's fixed layout costs 1.725 bits for about what ternary@0.55 keeps
     fixed = get_codec("ternary")
     if density == 0.55:
-        kept = [1 - float(((x - c.decode(c.encode(x), x.numel())) ** 2).sum() / (x ** 2).sum()) for c in (codec, fixed)]
+        kept = [1 - float(((x - c.decode(c.encode(x), x.numel())) ** 2).sum() / (x**2).sum()) for c in (codec, fixed)]
         assert bits < 1.6 < 8 * fixed.encoded_size(x.numel()) / x.numel() and abs(kept[0] - kept[1]) < 0.01
 
 
@@ -102,7 +102,7 @@ def test_corrupt_payloads_are_refused_with_a_reason():
     cases = {
         "more than": data + bytes(SPARSE.encoded_size(3000)),
         "shorter than its 3 block levels": data[:8],
-        "parameter is out of range": data[:levels] + bytes([99]) + data[levels + 1:],
+        "parameter is out of range": data[:levels] + bytes([99]) + data[levels + 1 :],
         "does not end right after": data + b"\x00",
         "ends before its last code": data[:-1],
         "scale is negative or not finite": np.float32(-1.0).tobytes() + data[4:],
@@ -126,7 +126,9 @@ def test_the_butterfly_counts_each_payload_it_moves():
     pairs = [[0] * 3 for _ in range(3)]
     owners = [OwnerFeedback() for _ in range(3)]
     average = butterfly_reference(deltas, [1.0, 2.0, 1.0], SPARSE, owners=owners, pair_bytes=pairs)
-    assert torch.equal(average, butterfly_reference(deltas, [1.0, 2.0, 1.0], SPARSE, owners=[OwnerFeedback() for _ in range(3)]))
+    assert torch.equal(
+        average, butterfly_reference(deltas, [1.0, 2.0, 1.0], SPARSE, owners=[OwnerFeedback() for _ in range(3)])
+    )
     bounds = part_bounds(5000, 3, 1024)
     for i in range(3):
         for j in range(3):

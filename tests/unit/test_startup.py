@@ -62,8 +62,12 @@ def test_an_identity_made_without_hivemind_is_one_hivemind_reads_and_names_the_s
     written = crypto_pb2.PrivateKey(key_type=crypto_pb2.RSA, data=RSAPrivateKey().to_bytes())
     theirs.write_bytes(written.SerializeToString())
     assert Libp2pIdentity(theirs).peer_id == PeerID.from_identity(theirs.read_bytes()).to_base58()
-    assert ours.public_key == crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=crypto_pb2.PublicKey.FromString(
-        ours.public_key).data).SerializeToString()
+    assert (
+        ours.public_key
+        == crypto_pb2.PublicKey(
+            key_type=crypto_pb2.RSA, data=crypto_pb2.PublicKey.FromString(ours.public_key).data
+        ).SerializeToString()
+    )
 
 
 def test_a_key_file_that_is_not_a_libp2p_rsa_key_is_refused(tmp_path):
@@ -81,12 +85,19 @@ def test_a_key_file_that_is_not_a_libp2p_rsa_key_is_refused(tmp_path):
 def test_a_peer_signs_its_join_before_hivemind_or_the_dht_modules_are_imported():
     # hivemind (and the scipy it imports) costs a restart ~0.5 s: the peer imports it while it builds its trainer;
     # sympy comes with torch.distributed.fsdp (~2 CPU-s), which only an FSDP peer needs
-    code = ("import sys, peer.run, peer.daemon, peer.identity, peer.link.heartbeat, peer.state.state_store, swarm.app.cli; "
-            "from swarm.net.deferred_imports import _Deferred; "
-            "loaded = {m.split('.')[0] for m, mod in list(sys.modules.items()) if not isinstance(mod, _Deferred)}; "
-            "print(sorted(loaded & {'hivemind', 'scipy', 'transformers', 'rich', 'sympy'}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    code = (
+        "import sys, peer.run, peer.daemon, peer.identity, peer.link.heartbeat, peer.state.state_store, swarm.app.cli; "
+        "from swarm.net.deferred_imports import _Deferred; "
+        "loaded = {m.split('.')[0] for m, mod in list(sys.modules.items()) if not isinstance(mod, _Deferred)}; "
+        "print(sorted(loaded & {'hivemind', 'scipy', 'transformers', 'rich', 'sympy'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", out.stdout
 
@@ -95,11 +106,18 @@ def test_a_peer_signs_its_join_before_hivemind_or_the_dht_modules_are_imported()
 def test_hivemind_imports_without_scipy_optimize_until_it_is_used():
     # hivemind imports scipy.optimize (~0.3 s of a restart) for a function Swarm never calls; the stand-in
     # swarm.net puts in its place survives torch's scan of sys.modules and loads the real module on first use
-    code = ("import sys, swarm.net, hivemind; print('scipy.optimize._optimize' in sys.modules); "
-            "from hivemind.averaging.load_balancing import load_balance_peers; "
-            "print(load_balance_peers(10, [1.0, 2.0, None]), 'scipy.optimize._optimize' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=110,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    code = (
+        "import sys, swarm.net, hivemind; print('scipy.optimize._optimize' in sys.modules); "
+        "from hivemind.averaging.load_balancing import load_balance_peers; "
+        "print(load_balance_peers(10, [1.0, 2.0, None]), 'scipy.optimize._optimize' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[:2] == ["False", "(0, 7, 3) True"], out.stdout
 
@@ -107,10 +125,17 @@ def test_hivemind_imports_without_scipy_optimize_until_it_is_used():
 @pytest.mark.timeout(120)
 def test_a_trainer_builds_trains_and_checkpoints_without_importing_dynamo():
     # torch.optim imports torch._dynamo (~1.3 CPU-s of every restart) unless the trainer keeps it away
-    code = ("import sys, torch; from swarm.config import RunConfig; from swarm.train.trainer import LocalTrainer; "
-            "t = LocalTrainer(RunConfig(), peer_index=0); t.train(2); "
-            "t.load_optimizer_state_dict(t.optimizer_state_dict()); print('torch._dynamo' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=110,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    code = (
+        "import sys, torch; from swarm.config import RunConfig; from swarm.train.trainer import LocalTrainer; "
+        "t = LocalTrainer(RunConfig(), peer_index=0); t.train(2); "
+        "t.load_optimizer_state_dict(t.optimizer_state_dict()); print('torch._dynamo' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False", "the trainer imported torch._dynamo"

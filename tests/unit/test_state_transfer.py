@@ -69,6 +69,7 @@ def test_the_hash_is_computed_from_the_data_never_taken_from_the_metadata() -> N
     from safetensors.torch import save
 
     from swarm.core.state import state_tensors
+
     state = make_state(7, seed=1)
     lying = save(state_tensors(state), metadata={"round_no": "7", "state_hash": "0" * 16})
     assert decode_state(lying, 7, like=LIKE).state_hash == state.state_hash
@@ -113,7 +114,7 @@ def test_decode_rejects_a_truncated_state() -> None:
 
 def _split(blob: bytes) -> tuple[dict, bytes]:
     (n,) = struct.unpack("<Q", blob[:8])
-    return json.loads(blob[8:8 + n]), blob[8 + n:]
+    return json.loads(blob[8 : 8 + n]), blob[8 + n :]
 
 
 def test_the_served_bytes_are_encode_states_and_safetensors_own_layout() -> None:
@@ -150,22 +151,39 @@ def _with_header(header: dict, data: bytes) -> bytes:
     return struct.pack("<Q", len(text)) + text + data
 
 
-@pytest.mark.parametrize("header, data, why", [
-    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-      "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, bytes(12), "overlap"),
-    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-      "b": {"dtype": "F32", "shape": [1], "data_offsets": [12, 16]}}, bytes(16), "gap"),
-    ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, bytes(8), "takes 12 bytes"),
-    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(12), "holds 12"),
-    ({"a": {"dtype": "X9", "shape": [2], "data_offsets": [0, 8]}}, bytes(8), "dtype"),
-    ({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, bytes(8), "shape"),
-    ({"__metadata__": {"round_no": 3}}, b"", "metadata"),
-])
+@pytest.mark.parametrize(
+    "header, data, why",
+    [
+        (
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+            },
+            bytes(12),
+            "overlap",
+        ),
+        (
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [1], "data_offsets": [12, 16]},
+            },
+            bytes(16),
+            "gap",
+        ),
+        ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, bytes(8), "takes 12 bytes"),
+        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(12), "holds 12"),
+        ({"a": {"dtype": "X9", "shape": [2], "data_offsets": [0, 8]}}, bytes(8), "dtype"),
+        ({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, bytes(8), "shape"),
+        ({"__metadata__": {"round_no": 3}}, b"", "metadata"),
+    ],
+)
 def test_a_header_that_does_not_describe_its_bytes_exactly_is_refused(header: dict, data: bytes, why: str) -> None:
     with pytest.raises(ValueError, match=why):
         tensors_from_buffer(_with_header(header, data))
-    assert len(load_safetensors(_with_header({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
-                                             bytes(8)))) == 1  # the same layout, well formed, reads
+    assert (
+        len(load_safetensors(_with_header({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(8))))
+        == 1
+    )  # the same layout, well formed, reads
 
 
 def test_a_header_longer_than_its_buffer_is_refused_before_it_is_parsed() -> None:
@@ -206,8 +224,16 @@ def test_a_published_state_downloads_intact(transports: tuple[Transport, Transpo
     blob_size = len(encode_state(state))
     assert blob_size > 2 * CHUNK_BYTES
 
-    fetched, nbytes = download_state(fetcher, member=member_of(fetcher, f"run-intact-{path}"), run_id=f"run-intact-{path}", holders=[holder.peer_id], round_no=5,
-                                     expected_hash=state.state_hash, like=LIKE, timeout_s=30)
+    fetched, nbytes = download_state(
+        fetcher,
+        member=member_of(fetcher, f"run-intact-{path}"),
+        run_id=f"run-intact-{path}",
+        holders=[holder.peer_id],
+        round_no=5,
+        expected_hash=state.state_hash,
+        like=LIKE,
+        timeout_s=30,
+    )
 
     assert_same_state(fetched, state)
     assert nbytes == blob_size
@@ -220,8 +246,16 @@ def test_the_first_holder_with_the_right_state_wins(transports: tuple[Transport,
     state = make_state(2, seed=6)
     server.publish(state)
     # the fetcher's own id is skipped, not asked
-    fetched, _ = download_state(fetcher, member=member_of(fetcher, f"run-skip-{path}"), run_id=f"run-skip-{path}", holders=[fetcher.peer_id, holder.peer_id], round_no=2,
-                                expected_hash=state.state_hash, like=LIKE, timeout_s=30)
+    fetched, _ = download_state(
+        fetcher,
+        member=member_of(fetcher, f"run-skip-{path}"),
+        run_id=f"run-skip-{path}",
+        holders=[fetcher.peer_id, holder.peer_id],
+        round_no=2,
+        expected_hash=state.state_hash,
+        like=LIKE,
+        timeout_s=30,
+    )
     assert_same_state(fetched, state)
 
 
@@ -232,8 +266,16 @@ def test_a_holder_of_another_round_is_refused(transports: tuple[Transport, Trans
     server.publish(state)
 
     with pytest.raises(StateUnavailable) as failure:
-        download_state(fetcher, member=member_of(fetcher, f"run-other-round-{path}"), run_id=f"run-other-round-{path}", holders=[holder.peer_id], round_no=4,
-                       expected_hash=state.state_hash, like=LIKE, timeout_s=30)
+        download_state(
+            fetcher,
+            member=member_of(fetcher, f"run-other-round-{path}"),
+            run_id=f"run-other-round-{path}",
+            holders=[holder.peer_id],
+            round_no=4,
+            expected_hash=state.state_hash,
+            like=LIKE,
+            timeout_s=30,
+        )
     message = str(failure.value)
     assert "round 4" in message and "holds round 3" in message
 
@@ -246,8 +288,16 @@ def test_a_state_with_another_hash_is_refused(transports: tuple[Transport, Trans
     committed = make_state(3, seed=9).state_hash  # the round committed a different state than the holder has
 
     with pytest.raises(StateUnavailable) as failure:
-        download_state(fetcher, member=member_of(fetcher, f"run-other-hash-{path}"), run_id=f"run-other-hash-{path}", holders=[holder.peer_id], round_no=3,
-                       expected_hash=committed, like=LIKE, timeout_s=30)
+        download_state(
+            fetcher,
+            member=member_of(fetcher, f"run-other-hash-{path}"),
+            run_id=f"run-other-hash-{path}",
+            holders=[holder.peer_id],
+            round_no=3,
+            expected_hash=committed,
+            like=LIKE,
+            timeout_s=30,
+        )
     message = str(failure.value)
     assert f"served hash {state.state_hash}" in message and f"committed is {committed}" in message
 
@@ -255,11 +305,21 @@ def test_a_state_with_another_hash_is_refused(transports: tuple[Transport, Trans
 def test_no_holders_is_unavailable(transports: tuple[Transport, Transport]) -> None:
     _, fetcher = transports
     with pytest.raises(StateUnavailable, match="no holders"):
-        download_state(fetcher, member=member_of(fetcher, "run-none"), run_id="run-none", holders=[fetcher.peer_id], round_no=1,
-                       expected_hash="0" * 16, like=LIKE, timeout_s=5)
+        download_state(
+            fetcher,
+            member=member_of(fetcher, "run-none"),
+            run_id="run-none",
+            holders=[fetcher.peer_id],
+            round_no=1,
+            expected_hash="0" * 16,
+            like=LIKE,
+            timeout_s=5,
+        )
 
 
-def test_download_spreads_over_holders_and_survives_a_bad_one(transports: tuple[Transport, Transport], path: str) -> None:
+def test_download_spreads_over_holders_and_survives_a_bad_one(
+    transports: tuple[Transport, Transport], path: str
+) -> None:
     holder, fetcher = transports
     third = Transport(initial_peers=holder.visible_maddrs)
     try:
@@ -271,8 +331,16 @@ def test_download_spreads_over_holders_and_survives_a_bad_one(transports: tuple[
         # The liar claims the committed hash but serves other numbers: striping fails the hash check,
         # then each holder alone is tried and the honest one wins.
         liar.publish_as(GlobalState(5, [params[0] + 1], state.outer_state), claimed_hash=state.state_hash)
-        loaded, nbytes = download_state(fetcher, member=member_of(fetcher, f"run-striped-{path}"), run_id=f"run-striped-{path}", holders=[third.peer_id, holder.peer_id],
-                                        round_no=5, expected_hash=state.state_hash, like=state, timeout_s=60)
+        loaded, nbytes = download_state(
+            fetcher,
+            member=member_of(fetcher, f"run-striped-{path}"),
+            run_id=f"run-striped-{path}",
+            holders=[third.peer_id, holder.peer_id],
+            round_no=5,
+            expected_hash=state.state_hash,
+            like=state,
+            timeout_s=60,
+        )
         assert loaded.state_hash == state.state_hash and nbytes > 2 * CHUNK_BYTES
         assert torch.equal(loaded.params[0], params[0])
     finally:
@@ -303,7 +371,8 @@ class HugeStateServer(StateServer):
 
 @pytest.mark.parametrize("announced", [1 << 62, encoded_size_bound(LIKE) + 1])
 def test_a_holder_announcing_a_huge_state_is_refused_before_anything_is_allocated(
-        transports: tuple[Transport, Transport], announced: int, monkeypatch) -> None:
+    transports: tuple[Transport, Transport], announced: int, monkeypatch
+) -> None:
     holder, fetcher = transports
     run_id = f"run-huge-{announced}"
     state = make_state(6, seed=12)
@@ -317,8 +386,16 @@ def test_a_holder_announcing_a_huge_state_is_refused_before_anything_is_allocate
     monkeypatch.setattr(state_transfer, "_allocate", allocate)  # what the download allocates its buffer with
     HugeStateServer(holder, run_id=run_id, member=member_of(holder, run_id), announced=announced).publish(state)
     with pytest.raises(StateUnavailable, match=f"announced a state of {announced} bytes"):
-        download_state(fetcher, member=member_of(fetcher, run_id), run_id=run_id, holders=[holder.peer_id], round_no=6,
-                       expected_hash=state.state_hash, like=LIKE, timeout_s=30)
+        download_state(
+            fetcher,
+            member=member_of(fetcher, run_id),
+            run_id=run_id,
+            holders=[holder.peer_id],
+            round_no=6,
+            expected_hash=state.state_hash,
+            like=LIKE,
+            timeout_s=30,
+        )
     assert announced not in allocated
 
 
@@ -334,7 +411,9 @@ class DyingStateServer(StateServer):
         return await super()._on_request(request, context)
 
 
-def test_download_resumes_on_another_holder_when_its_source_dies_mid_way(transports: tuple[Transport, Transport], path: str) -> None:
+def test_download_resumes_on_another_holder_when_its_source_dies_mid_way(
+    transports: tuple[Transport, Transport], path: str
+) -> None:
     holder, fetcher = transports
     second = Transport(initial_peers=holder.visible_maddrs)
     try:
@@ -343,8 +422,16 @@ def test_download_resumes_on_another_holder_when_its_source_dies_mid_way(transpo
         state = make_state(2, seed=11, shapes=[torch.Size([4 * CHUNK_BYTES // 8])])  # params + outer: 8 chunks
         dying.publish(state)
         healthy.publish(state)
-        loaded, _ = download_state(fetcher, member=member_of(fetcher, f"run-resume-{path}"), run_id=f"run-resume-{path}", holders=[holder.peer_id, second.peer_id], round_no=2,
-                                   expected_hash=state.state_hash, like=state, timeout_s=60)
+        loaded, _ = download_state(
+            fetcher,
+            member=member_of(fetcher, f"run-resume-{path}"),
+            run_id=f"run-resume-{path}",
+            holders=[holder.peer_id, second.peer_id],
+            round_no=2,
+            expected_hash=state.state_hash,
+            like=state,
+            timeout_s=60,
+        )
         assert loaded.state_hash == state.state_hash
         assert dying.served >= 3, "the dying holder was never asked for a chunk after it failed"
     finally:
@@ -370,7 +457,8 @@ class MisplacingStateServer(StateServer):
 
 
 def test_a_state_stepped_in_place_after_it_was_published_is_no_longer_served(
-        transports: tuple[Transport, Transport], path: str) -> None:
+    transports: tuple[Transport, Transport], path: str
+) -> None:
     """The trainer commits a Nesterov round into the committed tensors: the bytes served until the next publish
     would be the next round's under this round's name, so the holder refuses instead."""
     holder, fetcher = transports
@@ -381,12 +469,28 @@ def test_a_state_stepped_in_place_after_it_was_published_is_no_longer_served(
     with torch.no_grad():
         state.params[0].add_(1.0)  # what TentativeState.commit_in_place does to the published tensors
     with pytest.raises(StateUnavailable, match="moved on from round 4"):
-        download_state(fetcher, member=member_of(fetcher, run_id), run_id=run_id, holders=[holder.peer_id],
-                       round_no=4, expected_hash=state.state_hash, like=LIKE, timeout_s=30)
+        download_state(
+            fetcher,
+            member=member_of(fetcher, run_id),
+            run_id=run_id,
+            holders=[holder.peer_id],
+            round_no=4,
+            expected_hash=state.state_hash,
+            like=LIKE,
+            timeout_s=30,
+        )
     stepped = GlobalState(5, state.params, state.outer_state)
     server.publish(stepped)  # the next round's state, published after its commit: served again
-    loaded, _ = download_state(fetcher, member=member_of(fetcher, run_id), run_id=run_id, holders=[holder.peer_id],
-                               round_no=5, expected_hash=stepped.state_hash, like=LIKE, timeout_s=30)
+    loaded, _ = download_state(
+        fetcher,
+        member=member_of(fetcher, run_id),
+        run_id=run_id,
+        holders=[holder.peer_id],
+        round_no=5,
+        expected_hash=stepped.state_hash,
+        like=LIKE,
+        timeout_s=30,
+    )
     assert_same_state(loaded, stepped)
 
 
@@ -398,23 +502,41 @@ class SilentBulkServer(StateServer):
 
 
 def test_a_holder_that_says_it_sent_over_the_bulk_channel_and_did_not_is_refused(
-        transports: tuple[Transport, Transport], path: str) -> None:
+    transports: tuple[Transport, Transport], path: str
+) -> None:
     holder, fetcher = transports
     run_id = f"run-silent-{path}"
     state = make_state(8, seed=13)
     SilentBulkServer(holder, run_id=run_id, member=member_of(holder, run_id)).publish(state)
     if path == "libp2p":  # not asked to use the bulk channel, it serves over libp2p as usual
-        loaded, _ = download_state(fetcher, member=member_of(fetcher, run_id), run_id=run_id, holders=[holder.peer_id],
-                                   round_no=8, expected_hash=state.state_hash, like=LIKE, timeout_s=30)
+        loaded, _ = download_state(
+            fetcher,
+            member=member_of(fetcher, run_id),
+            run_id=run_id,
+            holders=[holder.peer_id],
+            round_no=8,
+            expected_hash=state.state_hash,
+            like=LIKE,
+            timeout_s=30,
+        )
         assert_same_state(loaded, state)
         return
     with pytest.raises(StateUnavailable, match="over the bulk channel, which took none"):
-        download_state(fetcher, member=member_of(fetcher, run_id), run_id=run_id, holders=[holder.peer_id],
-                       round_no=8, expected_hash=state.state_hash, like=LIKE, timeout_s=30)
+        download_state(
+            fetcher,
+            member=member_of(fetcher, run_id),
+            run_id=run_id,
+            holders=[holder.peer_id],
+            round_no=8,
+            expected_hash=state.state_hash,
+            like=LIKE,
+            timeout_s=30,
+        )
 
 
-def test_a_holder_that_cannot_reach_the_bulk_channel_serves_over_libp2p(transports: tuple[Transport, Transport],
-                                                                         monkeypatch) -> None:
+def test_a_holder_that_cannot_reach_the_bulk_channel_serves_over_libp2p(
+    transports: tuple[Transport, Transport], monkeypatch
+) -> None:
     holder, fetcher = transports
     monkeypatch.setattr(state_transfer, "BULK_FRAME_BYTES", 3 * CHUNK_BYTES)
     run_id = "run-unreachable"
@@ -426,22 +548,39 @@ def test_a_holder_that_cannot_reach_the_bulk_channel_serves_over_libp2p(transpor
         return False  # as when the requester's bulk address cannot be dialled
 
     monkeypatch.setattr(server, "_send_bulk", unreachable)
-    loaded, _ = download_state(fetcher, member=member_of(fetcher, run_id), run_id=run_id, holders=[holder.peer_id],
-                               round_no=8, expected_hash=state.state_hash, like=LIKE, timeout_s=30)
+    loaded, _ = download_state(
+        fetcher,
+        member=member_of(fetcher, run_id),
+        run_id=run_id,
+        holders=[holder.peer_id],
+        round_no=8,
+        expected_hash=state.state_hash,
+        like=LIKE,
+        timeout_s=30,
+    )
     assert_same_state(loaded, state)
 
 
 @pytest.mark.parametrize("lie", ["longer", "offset", "shorter"])
-def test_a_holder_serving_chunks_of_another_size_or_offset_is_refused(transports: tuple[Transport, Transport],
-                                                                      lie: str, monkeypatch) -> None:
+def test_a_holder_serving_chunks_of_another_size_or_offset_is_refused(
+    transports: tuple[Transport, Transport], lie: str, monkeypatch
+) -> None:
     monkeypatch.setattr(state_transfer, "USE_BULK", False)
     holder, fetcher = transports
     run_id = f"run-misplaced-{lie}"
     state = make_state(8, seed=13)
     MisplacingStateServer(holder, run_id=run_id, member=member_of(holder, run_id), lie=lie).publish(state)
     with pytest.raises(StateUnavailable, match=r"asked for \d+ bytes at \d+, it sent \d+ at \d+"):
-        download_state(fetcher, member=member_of(fetcher, run_id), run_id=run_id, holders=[holder.peer_id],
-                       round_no=8, expected_hash=state.state_hash, like=LIKE, timeout_s=30)
+        download_state(
+            fetcher,
+            member=member_of(fetcher, run_id),
+            run_id=run_id,
+            holders=[holder.peer_id],
+            round_no=8,
+            expected_hash=state.state_hash,
+            like=LIKE,
+            timeout_s=30,
+        )
 
 
 def _no_credential(fetcher: Transport, holder: Transport, run_id: str) -> Member:
@@ -465,8 +604,9 @@ def _someone_elses(fetcher: Transport, holder: Transport, run_id: str) -> Member
 
 
 @pytest.mark.parametrize("requester", [_no_credential, _another_coordinators, _expired, _another_runs, _someone_elses])
-def test_a_state_request_without_a_valid_credential_gets_no_bytes(transports: tuple[Transport, Transport],
-                                                                 requester) -> None:
+def test_a_state_request_without_a_valid_credential_gets_no_bytes(
+    transports: tuple[Transport, Transport], requester
+) -> None:
     holder, fetcher = transports
     run_id = f"run-members-only{requester.__name__}"
     server = StateServer(holder, run_id=run_id, member=member_of(holder, run_id))
@@ -474,11 +614,24 @@ def test_a_state_request_without_a_valid_credential_gets_no_bytes(transports: tu
     server.publish(state)
     stranger = requester(fetcher, holder, run_id)
 
-    answer = fetcher.run(fetcher.p2p.call_protobuf_handler(
-        PeerID.from_base58(holder.peer_id), server.handler_name,
-        exchange_pb2.StateRequest(round=9, offset=0, length=CHUNK_BYTES, credential=stranger.credential),
-        exchange_pb2.StateChunk), timeout_s=10)
+    answer = fetcher.run(
+        fetcher.p2p.call_protobuf_handler(
+            PeerID.from_base58(holder.peer_id),
+            server.handler_name,
+            exchange_pb2.StateRequest(round=9, offset=0, length=CHUNK_BYTES, credential=stranger.credential),
+            exchange_pb2.StateChunk,
+        ),
+        timeout_s=10,
+    )
     assert answer.error.startswith("refused:") and not answer.data and not answer.total_bytes and not answer.state_hash
     with pytest.raises(StateUnavailable, match="refused: "):
-        download_state(fetcher, member=stranger, run_id=run_id, holders=[holder.peer_id], round_no=9,
-                       expected_hash=state.state_hash, like=LIKE, timeout_s=30)
+        download_state(
+            fetcher,
+            member=stranger,
+            run_id=run_id,
+            holders=[holder.peer_id],
+            round_no=9,
+            expected_hash=state.state_hash,
+            like=LIKE,
+            timeout_s=30,
+        )

@@ -52,8 +52,14 @@ def test_an_hf_config_run_is_shown_as_its_model_type_with_its_size(tmp_path: Pat
 
 
 def test_a_factory_run_is_shown_as_its_factory_spec(tmp_path: Path) -> None:
-    run = _status(tmp_path, {"factory": "examples.my_model:build", "loss": "examples.my_model:loss",
-                             "options": {"width": 16, "layers": 1, "heads": 2, "context": 32}})["run"]
+    run = _status(
+        tmp_path,
+        {
+            "factory": "examples.my_model:build",
+            "loss": "examples.my_model:loss",
+            "options": {"width": 16, "layers": 1, "heads": 2, "context": 32},
+        },
+    )["run"]
     assert (run["model"], run["model_source"], run["model_preset"]) == ("examples.my_model:build", "factory", "")
     assert model_line(run) == f"examples.my_model:build (factory, {run['param_count']:,} parameters)"
 

@@ -17,16 +17,30 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_status_pages_walk_every_listed_peer_once_with_totals_kept_as_peers_change() -> None:
     now = [1_000.0]
-    engine = CoordinatorEngine(Store(":memory:"), config=RunConfig(rounds=RoundConfig(min_peers=100_000)),
-                               clock=lambda: now[0])
+    engine = CoordinatorEngine(
+        Store(":memory:"), config=RunConfig(rounds=RoundConfig(min_peers=100_000)), clock=lambda: now[0]
+    )
     peers = [engine_join(engine)[0].peer_id for _ in range(250)]
     for i, p in enumerate(peers):
-        engine.heartbeat(pb.HeartbeatRequest(peer_id=p, metrics=pb.PeerMetrics(
-            state=pb.PEER_STATE_JOINING, state_round=-1, tokens=1000 + i, bytes_sent=7, inner_time_s=1.0,
-            wall_time_s=2.0)))
+        engine.heartbeat(
+            pb.HeartbeatRequest(
+                peer_id=p,
+                metrics=pb.PeerMetrics(
+                    state=pb.PEER_STATE_JOINING,
+                    state_round=-1,
+                    tokens=1000 + i,
+                    bytes_sent=7,
+                    inner_time_s=1.0,
+                    wall_time_s=2.0,
+                ),
+            )
+        )
     engine.leave(peers[3], "bye")  # gone lately: still listed
-    engine.heartbeat(pb.HeartbeatRequest(peer_id=peers[5], metrics=pb.PeerMetrics(tokens=5000, bytes_sent=7,
-                                                                                 inner_time_s=1.0, wall_time_s=2.0)))
+    engine.heartbeat(
+        pb.HeartbeatRequest(
+            peer_id=peers[5], metrics=pb.PeerMetrics(tokens=5000, bytes_sent=7, inner_time_s=1.0, wall_time_s=2.0)
+        )
+    )
     token = engine.run.token
     sizes = []
 
@@ -53,9 +67,18 @@ def test_status_pages_walk_every_listed_peer_once_with_totals_kept_as_peers_chan
 
 
 def test_metrics_export_the_coordinators_load() -> None:
-    state = {"run": None, "load": {"refused": {"Join": 3}, "slowdowns": 2, "eviction_pauses": 1, "slowdown": 4.0,
-                                   "overloaded": True, "max_wait_s": 1.5,
-                                   "pace": {"heartbeat_interval_s": 6.7, "lease_s": 50.0, "poll_interval_s": 6.7}}}
+    state = {
+        "run": None,
+        "load": {
+            "refused": {"Join": 3},
+            "slowdowns": 2,
+            "eviction_pauses": 1,
+            "slowdown": 4.0,
+            "overloaded": True,
+            "max_wait_s": 1.5,
+            "pace": {"heartbeat_interval_s": 6.7, "lease_s": 50.0, "poll_interval_s": 6.7},
+        },
+    }
     text = metrics_text(state).decode()
     assert 'swarm_coordinator_calls_refused_total{method="Join"} 3.0' in text
     assert "swarm_coordinator_heartbeat_interval_seconds 6.7" in text

@@ -32,9 +32,19 @@ def _status() -> tuple[dict, list[str]]:
     for name, site in (("gpu-box-in-the-basement", "lab-a"), ("b", "datacenter-east-1")):
         peer_id = engine_join(engine, name=name, site=site)[0].peer_id
         metrics = PeerStats().metrics()
-        metrics.MergeFrom(pb.PeerMetrics(state=pb.PEER_STATE_TRAINING, state_round=12, state_hash=HASH,
-                                         upload_mbit_s=18.7, download_mbit_s=19.2, rtt_ms=42.0, step_time_s=0.35,
-                                         tokens_per_s=123456.0, loss=2.5))
+        metrics.MergeFrom(
+            pb.PeerMetrics(
+                state=pb.PEER_STATE_TRAINING,
+                state_round=12,
+                state_hash=HASH,
+                upload_mbit_s=18.7,
+                download_mbit_s=19.2,
+                rtt_ms=42.0,
+                step_time_s=0.35,
+                tokens_per_s=123456.0,
+                loss=2.5,
+            )
+        )
         engine.heartbeat(pb.HeartbeatRequest(peer_id=peer_id, metrics=metrics))
         ids.append(peer_id)
     return status_to_dict(engine.status(engine.run.token)), ids
@@ -83,11 +93,28 @@ def test_piped_status_prints_every_column_of_each_peer_on_one_line() -> None:
 
 
 def _history() -> dict:
-    rounds = [pb.RoundHistory(round=r, outcome=pb.ROUND_OUTCOME_COMMITTED, participants=12, holders=12, group_size=4,
-                              codec="int4", inner_steps=500, fragments=1, bytes_sent=123_456_789_012,
-                              ddp_equivalent_bytes=98_765_432_109_876, exchange_s=12.345, inner_s=456.7,
-                              mean_loss=3.21, eval_loss=3.3, tokens=1_234_567_890, utilization=0.97,
-                              committed_hash=HASH) for r in (1, 2)]
+    rounds = [
+        pb.RoundHistory(
+            round=r,
+            outcome=pb.ROUND_OUTCOME_COMMITTED,
+            participants=12,
+            holders=12,
+            group_size=4,
+            codec="int4",
+            inner_steps=500,
+            fragments=1,
+            bytes_sent=123_456_789_012,
+            ddp_equivalent_bytes=98_765_432_109_876,
+            exchange_s=12.345,
+            inner_s=456.7,
+            mean_loss=3.21,
+            eval_loss=3.3,
+            tokens=1_234_567_890,
+            utilization=0.97,
+            committed_hash=HASH,
+        )
+        for r in (1, 2)
+    ]
     rounds.append(pb.RoundHistory(round=3, outcome=pb.ROUND_OUTCOME_VOIDED, codec="int4"))
     return history_to_dict(pb.GetHistoryResponse(rounds=rounds))
 

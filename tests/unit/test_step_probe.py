@@ -14,8 +14,10 @@ from swarm.train.trainer import LocalTrainer
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
 
-RUN = RunConfig(model=ModelConfig(preset="bench"), data=DataConfig(max_bytes=200_000, batch_size=2, seq_len=16),
-                ).validate()
+RUN = RunConfig(
+    model=ModelConfig(preset="bench"),
+    data=DataConfig(max_bytes=200_000, batch_size=2, seq_len=16),
+).validate()
 
 
 def test_a_probed_trainer_trains_the_same_bits_from_the_same_batches() -> None:

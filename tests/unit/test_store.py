@@ -20,10 +20,12 @@ def test_records_survive_close_and_reopen(tmp_path: Path) -> None:
     store = Store.in_dir(tmp_path)
     run = RunRecord(run_id="run-1", token="t", run_spec_json="{}", created_at=1.0, ddp_equivalent_bytes=42)
     metrics = pb.PeerMetrics(state=READY, state_hash="h0", loss=float("nan"), dht_maddrs=["/ip4/1.2.3.4/tcp/5"])
-    peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=1.0, last_seen=2.0, lease_expiry=3.0, state=READY,
-                      metrics=metrics)
-    committed = RoundRecord(round=1, opened_at=1.0, participants=("p-1",), outcome=COMMITTED,
-                            committed_hash="h1", holders=("p-1",))
+    peer = PeerRecord(
+        peer_id="p-1", peer_index=0, joined_at=1.0, last_seen=2.0, lease_expiry=3.0, state=READY, metrics=metrics
+    )
+    committed = RoundRecord(
+        round=1, opened_at=1.0, participants=("p-1",), outcome=COMMITTED, committed_hash="h1", holders=("p-1",)
+    )
     with store.transaction():
         store.put_run(run)
         store.put_peer(peer)
@@ -57,10 +59,22 @@ def test_failed_transaction_writes_nothing() -> None:
 
 
 def _beat(engine: CoordinatorEngine, peer_id: str, state_round: int, state_hash: str) -> None:
-    engine.heartbeat(pb.HeartbeatRequest(peer_id=peer_id, metrics=pb.PeerMetrics(
-        state=READY, state_round=state_round, state_hash=engine.run.initial_hash if state_hash == "h0" else state_hash,
-        model_fingerprint=engine.run.model_fingerprint, param_count=1000, tokens=500, bytes_sent=7, wall_time_s=2.0, inner_time_s=1.0,
-    )))
+    engine.heartbeat(
+        pb.HeartbeatRequest(
+            peer_id=peer_id,
+            metrics=pb.PeerMetrics(
+                state=READY,
+                state_round=state_round,
+                state_hash=engine.run.initial_hash if state_hash == "h0" else state_hash,
+                model_fingerprint=engine.run.model_fingerprint,
+                param_count=1000,
+                tokens=500,
+                bytes_sent=7,
+                wall_time_s=2.0,
+                inner_time_s=1.0,
+            ),
+        )
+    )
 
 
 def test_restarted_coordinator_continues_where_it_stopped(tmp_path: Path) -> None:
@@ -76,8 +90,11 @@ def test_restarted_coordinator_continues_where_it_stopped(tmp_path: Path) -> Non
     for p in (a, b):
         _beat(first, p.peer_id, 0, "h0")
     for p in (a, b):
-        first.report(pb.ReportRoundRequest(peer_id=p.peer_id, round=1, ok=True, state_hash="h1", inner_steps=3,
-                                               group=[a.peer_id, b.peer_id]))
+        first.report(
+            pb.ReportRoundRequest(
+                peer_id=p.peer_id, round=1, ok=True, state_hash="h1", inner_steps=3, group=[a.peer_id, b.peer_id]
+            )
+        )
     before = first.status(first.run.token)
     assert before.run.open_round == 2
     first._store.close()
@@ -93,8 +110,9 @@ def test_restarted_coordinator_continues_where_it_stopped(tmp_path: Path) -> Non
     c, _ = engine_join(second)
     assert c.peer_index == 2  # indices are not reused after a restart
     for p in (a, b):
-        second.report(pb.ReportRoundRequest(peer_id=p.peer_id, round=2, ok=True, state_hash="h2",
-                                            group=[a.peer_id, b.peer_id]))
+        second.report(
+            pb.ReportRoundRequest(peer_id=p.peer_id, round=2, ok=True, state_hash="h2", group=[a.peer_id, b.peer_id])
+        )
     assert second.status(second.run.token).run.open_round == 3
 
 
@@ -118,7 +136,9 @@ def test_a_restart_may_send_the_logs_elsewhere(tmp_path: Path) -> None:
     moved = RunConfig().replace(logging=LoggingConfig(tensorboard=str(tmp_path / "tb")))
     restarted = CoordinatorEngine(Store.in_dir(tmp_path), config=moved)
     assert restarted.config.logging.tensorboard == str(tmp_path / "tb")
-    assert restarted.run.run_spec_json == with_data_fingerprint(moved).to_json(), "peers that join now are told the new log dir"
+    assert restarted.run.run_spec_json == with_data_fingerprint(moved).to_json(), (
+        "peers that join now are told the new log dir"
+    )
     restarted._store.close()
 
 
@@ -145,8 +165,11 @@ def test_a_store_of_another_schema_version_is_refused_in_one_sentence(tmp_path: 
     db.execute("CREATE TABLE peers (peer_id TEXT PRIMARY KEY, peer_index INTEGER NOT NULL UNIQUE, data TEXT NOT NULL)")
     db.commit()
     db.close()
-    with pytest.raises(ConfigError, match=r"holds a run written by another swarm version \(store schema 0, this "
-                       rf"version reads {SCHEMA_VERSION}\); .* or use a new --state-dir\.$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"holds a run written by another swarm version \(store schema 0, this "
+        rf"version reads {SCHEMA_VERSION}\); .* or use a new --state-dir\.$",
+    ):
         Store.in_dir(tmp_path)
     Store.in_dir(tmp_path / "new").close()
     Store.in_dir(tmp_path / "new").close()  # a file this version wrote opens again

@@ -52,9 +52,15 @@ def peers() -> Iterator[list[Peer]]:
 def _exchange(peers, key, codec, weights, inputs):
     planned = {p.name for p in peers}
     members = [p.member(weight=w, codec=codec) for p, w in zip(peers, weights)]
-    return [r for _, r in results_of(concurrently(
-        [lambda p=p, m=m, d=d: p.average(key, m, planned, d) for p, m, d in zip(peers, members, inputs)],
-        timeout_s=90))]
+    return [
+        r
+        for _, r in results_of(
+            concurrently(
+                [lambda p=p, m=m, d=d: p.average(key, m, planned, d) for p, m, d in zip(peers, members, inputs)],
+                timeout_s=90,
+            )
+        )
+    ]
 
 
 @pytest.mark.slow
@@ -77,12 +83,20 @@ def test_fp32_all_gathers_into_each_members_own_delta_to_the_simulators_bits(pee
     expected = gather_reference([d.clone() for d in inputs], weights, "fp32")
     key, planned = group_key(RUN_ID, 4), {p.name for p in peers}
     members = [p.member(weight=w, codec="fp32") for p, w in zip(peers, weights)]
-    results = results_of(concurrently(
-        [lambda p=p, m=m, d=d: p.exchange.average(key=key, group=p.group(key, m, planned), me=m, delta=d, timeout_s=30,
-                                                  into_delta=True) for p, m, d in zip(peers, members, inputs)],
-        timeout_s=90))
-    assert all(r.average.data_ptr() == d.data_ptr() and torch.equal(r.average, expected)
-               for r, d in zip(results, inputs))
+    results = results_of(
+        concurrently(
+            [
+                lambda p=p, m=m, d=d: p.exchange.average(
+                    key=key, group=p.group(key, m, planned), me=m, delta=d, timeout_s=30, into_delta=True
+                )
+                for p, m, d in zip(peers, members, inputs)
+            ],
+            timeout_s=90,
+        )
+    )
+    assert all(
+        r.average.data_ptr() == d.data_ptr() and torch.equal(r.average, expected) for r, d in zip(results, inputs)
+    )
 
 
 @pytest.mark.slow
@@ -138,7 +152,11 @@ def test_the_benchmark_reports_the_all_gathers_bytes_and_attacks_only_the_attack
     assert attacker.owned(2, 1, honest) is None and torch.equal(attacker.owned(3, 1, honest), -100 * honest)
     jobs = bench_byzantine.plan(bench_byzantine.Grid(), slice_owner_only=True)
     assert {(j.workers, j.attackers, j.exchange) for j in jobs if j.attack == "slice_owner"} == {
-        (4, 1, "butterfly"), (4, 1, "all_gather"), (8, 2, "butterfly"), (8, 2, "all_gather")}
+        (4, 1, "butterfly"),
+        (4, 1, "all_gather"),
+        (8, 2, "butterfly"),
+        (8, 2, "all_gather"),
+    }
 
 
 def test_the_controller_picks_a_codec_for_the_all_gathers_bytes_in_a_run_that_admits_strangers():
@@ -159,5 +177,5 @@ def test_the_simulator_counts_a_variable_size_codecs_all_gather_from_its_encodin
     pairs = [[0] * 3 for _ in range(3)]
     gather_reference(inputs, [1.0] * 3, codec, pair_bytes=pairs)
     for i, row in enumerate(pairs):
-        assert row[i] == 0 and len(set(row[:i] + row[i + 1:])) == 1
+        assert row[i] == 0 and len(set(row[:i] + row[i + 1 :])) == 1
         assert row[(i + 1) % 3] == len(codec.encode(inputs[i])) < codec.encoded_size(20_000)

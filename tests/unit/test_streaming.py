@@ -39,7 +39,9 @@ def test_layer_units_are_transformer_blocks_with_embeddings_and_final_norm_attac
     assert layer_units([torch.Size([3]), torch.Size([2, 2])]) == [[0], [1]]  # shapes only: one unit each
 
 
-@pytest.mark.parametrize("pattern", [p for p in PATTERNS if p != "balanced"])  # balanced splits tensors: test_fragments.py
+@pytest.mark.parametrize(
+    "pattern", [p for p in PATTERNS if p != "balanced"]
+)  # balanced splits tensors: test_fragments.py
 @pytest.mark.parametrize("num_fragments", [1, 2, 3, 4, 6])
 def test_every_parameter_is_in_exactly_one_fragment(pattern, num_fragments):
     params = _gpt_params("small")
@@ -81,7 +83,7 @@ def test_each_fragment_syncs_exactly_once_in_every_window_of_h_steps(h, f):
     assert len(fragment_after) == 4 * f and max(fragment_after) == 4 * h
     synced = [fragment_after.get(step) for step in range(1, 4 * h + 1)]
     for start in range(0, 3 * h + 1):
-        window = [x for x in synced[start:start + h] if x is not None]
+        window = [x for x in synced[start : start + h] if x is not None]
         assert sorted(window) == list(range(f)), (start, window)
     assert sum(round_steps(r, h, f) for r in range(1, f + 1)) == h
     assert {round_steps(r, h, f) for r in range(1, f + 1)} <= {h // f, h // f + 1}
@@ -129,6 +131,16 @@ def test_round_config_checks_the_streaming_settings():
         with pytest.raises(ConfigError, match=match):
             dataclasses.replace(base, **bad).validate()
     dataclasses.replace(base, inner_steps=10, fragments=3, overlap_steps=3).validate()
-    run = RunConfig.from_dict({"rounds": {"fragments": 2, "overlap_steps": 5, "mixing_alpha": 0.25,
-                                          "fragment_pattern": "contiguous", "codec": "int4", "error_feedback": False}})
+    run = RunConfig.from_dict(
+        {
+            "rounds": {
+                "fragments": 2,
+                "overlap_steps": 5,
+                "mixing_alpha": 0.25,
+                "fragment_pattern": "contiguous",
+                "codec": "int4",
+                "error_feedback": False,
+            }
+        }
+    )
     assert RunConfig.from_json(run.to_json()) == run

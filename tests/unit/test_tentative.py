@@ -29,8 +29,13 @@ def _state(seed: int) -> tuple[GlobalState, OuterOptimizer]:
 SPAN_SETS = {
     "every tensor whole": lambda: spans.whole([torch.Size(s) for s in SHAPES], range(len(SHAPES))),
     "some tensors whole": lambda: spans.whole([torch.Size(s) for s in SHAPES], [0, 2]),
-    "parts of tensors": lambda: [spans.Span(0, 3, 17), spans.Span(1, 0, 7), spans.Span(2, 0, 5), spans.Span(2, 20, 24),
-                                 spans.Span(3, 4, 11)],
+    "parts of tensors": lambda: [
+        spans.Span(0, 3, 17),
+        spans.Span(1, 0, 7),
+        spans.Span(2, 0, 5),
+        spans.Span(2, 20, 24),
+        spans.Span(3, 4, 11),
+    ],
 }
 
 
@@ -95,8 +100,11 @@ def test_a_plain_commit_copies_each_stepped_piece_into_the_local_model_with_no_p
     from swarm.train.trainer import LocalTrainer
 
     base = RunConfig(data=DataConfig(max_bytes=200_000, batch_size=2, seq_len=16))
-    run = base.replace(rounds=dataclasses.replace(base.rounds, inner_steps=2, fragments=fragments,
-                                                  fragment_pattern="balanced" if fragments > 1 else "strided"))
+    run = base.replace(
+        rounds=dataclasses.replace(
+            base.rounds, inner_steps=2, fragments=fragments, fragment_pattern="balanced" if fragments > 1 else "strided"
+        )
+    )
     trainer = LocalTrainer(run, peer_index=0)
     trainer.train(2)
     fragment = fragments - 1
@@ -109,7 +117,7 @@ def test_a_plain_commit_copies_each_stepped_piece_into_the_local_model_with_no_p
     assert trainer.state.state_hash == stepped.state_hash
     mask = [torch.zeros(p.numel(), dtype=torch.bool) for p in local_before]
     for s in trainer.fragment_spans[fragment]:
-        mask[s.param][s.start:s.stop] = True
+        mask[s.param][s.start : s.stop] = True
     for p, g, before, inside in zip(trainer.model.parameters(), stepped.params, local_before, mask):
         flat, g_flat, before_flat = p.detach().reshape(-1), g.reshape(-1), before.reshape(-1)
         assert torch.equal(flat[inside], g_flat[inside])  # the round's spans: θg's bits

@@ -25,7 +25,7 @@ def test_bytes_are_fp32_levels_then_five_codes_per_byte():
     x = torch.tensor([4.0, -4.0, 0.5, 4.0, -0.0, -4.0, 1.0])  # mean |x| 2.5: |x| <= 1.875 sends 0
     data = TERNARY.encode(x)
     codes = [1, 2, 0, 1, 0, 2, 0]  # 1: +level, 2: -level
-    packed = [sum(c * 3 ** i for i, c in enumerate(codes[:5])), sum(c * 3 ** i for i, c in enumerate(codes[5:]))]
+    packed = [sum(c * 3**i for i, c in enumerate(codes[:5])), sum(c * 3**i for i, c in enumerate(codes[5:]))]
     assert data == np.float32(4.0).tobytes() + bytes(packed)
     assert TERNARY.decode(data, 7).tolist() == [4.0, -4.0, 0.0, 4.0, 0.0, -4.0, 0.0]
     assert TERNARY.encoded_size(256 * 3 + 1) == 4 * 4 + 154  # 1.725 bits per element at whole blocks
@@ -41,7 +41,9 @@ def test_each_block_keeps_its_large_values_at_their_mean_magnitude():
         assert torch.equal(torch.sign(y[s:e][kept]), torch.sign(x[s:e][kept]))
         assert torch.allclose(y[s:e][kept].abs(), x[s:e][kept].abs().mean().expand(int(kept.sum())), rtol=1e-5)
     gaussian = torch.randn(256 * 40, generator=g)
-    kept_energy = 1 - ((gaussian - TERNARY.decode(TERNARY.encode(gaussian), gaussian.numel())) ** 2).sum() / (gaussian ** 2).sum()
+    kept_energy = (
+        1 - ((gaussian - TERNARY.decode(TERNARY.encode(gaussian), gaussian.numel())) ** 2).sum() / (gaussian**2).sum()
+    )
     assert kept_energy > 0.79  # a sign code keeps 2/pi = 0.64
 
 

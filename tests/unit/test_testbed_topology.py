@@ -28,11 +28,14 @@ def test_each_nat_host_sits_behind_a_router_of_its_own() -> None:
     ]
 
 
-@pytest.mark.parametrize(("kwargs", "sentence"), [
-    ({"hosts": 0}, "--hosts must be between 1 and 200, got 0"),
-    ({"hosts": 2, "mbit": -5}, "mbit must be a positive rate in Mbit/s, got -5"),
-    ({"hosts": 2, "nat_hosts": 9}, "--nat-hosts must be between 0 and 8, got 9"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "sentence"),
+    [
+        ({"hosts": 0}, "--hosts must be between 1 and 200, got 0"),
+        ({"hosts": 2, "mbit": -5}, "mbit must be a positive rate in Mbit/s, got -5"),
+        ({"hosts": 2, "nat_hosts": 9}, "--nat-hosts must be between 0 and 8, got 9"),
+    ],
+)
 def test_a_bad_request_is_named(kwargs: dict, sentence: str) -> None:
     with pytest.raises(ValueError, match=sentence):
         make_topology(**kwargs)
@@ -56,11 +59,14 @@ def test_sites_pick_the_hosts_whose_traffic_crosses_sites() -> None:
     assert make_topology(hosts=2, sites=["a", "b"]).other_sites("h0") == []  # no cross-site rate: uniform
 
 
-@pytest.mark.parametrize(("kwargs", "sentence"), [
-    ({"hosts": 3, "sites": ["a", "b"]}, "--sites needs one label per host \\(3\\), got 2: a,b"),
-    ({"hosts": 2, "sites": ["a", "a"], "cross_site_mbit": 20}, "needs hosts in at least two sites"),
-    ({"hosts": 2, "sites": ["a", "b"], "cross_site_mbit": 0}, "cross_site_mbit must be a positive rate"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "sentence"),
+    [
+        ({"hosts": 3, "sites": ["a", "b"]}, "--sites needs one label per host \\(3\\), got 2: a,b"),
+        ({"hosts": 2, "sites": ["a", "a"], "cross_site_mbit": 20}, "needs hosts in at least two sites"),
+        ({"hosts": 2, "sites": ["a", "b"], "cross_site_mbit": 0}, "cross_site_mbit must be a positive rate"),
+    ],
+)
 def test_bad_sites_are_named(kwargs: dict, sentence: str) -> None:
     with pytest.raises(ValueError, match=sentence):
         make_topology(**kwargs)

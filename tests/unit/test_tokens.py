@@ -37,7 +37,9 @@ def running(tmp_path):
     """A coordinator on tmp_path (engine and servicer, no network), with the files `swarm token` reads."""
     coordinator = FakeCoordinator(RUN, Store.in_dir(tmp_path))
     cert, _ = tls.ensure_certificate(tmp_path)
-    join = JoinString(host="127.0.0.1", port=7000, token=coordinator.engine.run.token, fingerprint=tls.fingerprint(cert))
+    join = JoinString(
+        host="127.0.0.1", port=7000, token=coordinator.engine.run.token, fingerprint=tls.fingerprint(cert)
+    )
     (tmp_path / JOIN_STRING_FILE).write_text(f"{join}\n")
     return coordinator, tmp_path
 
@@ -67,7 +69,9 @@ def test_a_created_token_joins_once_pins_its_site_and_revoking_it_ends_its_peers
     client, peer = join_with(coordinator, join.token, libp2p, site="claimed-elsewhere")
     assert {p.id: p.site for p in coordinator.status().peers} == {peer.peer_id: "lab-b"}
     used_up = refusal(lambda: join_with(coordinator, join.token, libp2p))
-    assert used_up.code == grpc.StatusCode.PERMISSION_DENIED and f"token {token_id} was already used 1 times" in str(used_up)
+    assert used_up.code == grpc.StatusCode.PERMISSION_DENIED and f"token {token_id} was already used 1 times" in str(
+        used_up
+    )
     assert join.token not in (state_dir / "coordinator.sqlite3").read_bytes().decode(errors="replace")
 
     listed = swarm_token(capsys, "list", "--state-dir", str(state_dir))
@@ -88,8 +92,10 @@ def test_a_status_token_watches_but_cannot_join(running, libp2p, capsys) -> None
     token_id = token.split(".")[0]
     refused = refusal(lambda: join_with(coordinator, token, libp2p))
     assert refused.code == grpc.StatusCode.PERMISSION_DENIED
-    assert str(refused) == (f"token {token_id} is a status token: it can watch this run but not join it; "
-                            "ask the operator for a peer join string.")
+    assert str(refused) == (
+        f"token {token_id} is a status token: it can watch this run but not join it; "
+        "ask the operator for a peer join string."
+    )
     assert coordinator.engine.status(token).run.run_id == coordinator.engine.run.run_id
     assert not coordinator.status().peers
 
@@ -102,7 +108,9 @@ def test_wrong_unknown_and_expired_tokens_are_refused(running, libp2p) -> None:
     assert expired.code == grpc.StatusCode.PERMISSION_DENIED and f"token {record.id} expired" in str(expired)
     for wrong in (record.id + ".not-its-secret", "t-00000000.guess", "guessed-default-secret"):
         error = refusal(lambda: join_with(coordinator, wrong, libp2p))
-        assert error.code == grpc.StatusCode.UNAUTHENTICATED and "ask the operator for the current join string" in str(error)
+        assert error.code == grpc.StatusCode.UNAUTHENTICATED and "ask the operator for the current join string" in str(
+            error
+        )
     join_with(coordinator, coordinator.engine.run.token, libp2p)  # the first join string still works
 
 
@@ -131,7 +139,8 @@ def test_a_created_token_holds_one_live_identity_and_the_same_key_rejoins(runnin
     assert str(second) == (
         f"token {token_id} holds at most 1 identity at once and 1 is live; stop one of its peers (or wait for one "
         "to leave), or ask the operator for a join string whose token holds more (swarm token create "
-        "--max-identities N).")
+        "--max-identities N)."
+    )
     assert f"{token_id:<12} peer" in (listed := swarm_token(capsys, "list", "--state-dir", str(state_dir)))
     assert "identities 1/1" in listed
 
@@ -142,11 +151,11 @@ def test_a_created_token_holds_one_live_identity_and_the_same_key_rejoins(runnin
     assert "identities 1/1" in swarm_token(capsys, "list", "--state-dir", str(state_dir))
 
 
-def test_max_identities_sets_a_tokens_limit_and_the_first_join_string_holds_any_number(running, libp2p,
-                                                                                       capsys) -> None:
+def test_max_identities_sets_a_tokens_limit_and_the_first_join_string_holds_any_number(running, libp2p, capsys) -> None:
     coordinator, state_dir = running
-    token = JoinString.parse(swarm_token(capsys, "create", "--state-dir", str(state_dir),
-                                         "--max-identities", "2")).token
+    token = JoinString.parse(
+        swarm_token(capsys, "create", "--state-dir", str(state_dir), "--max-identities", "2")
+    ).token
     for _ in range(2):
         join_with(coordinator, token, libp2p)
     assert "at most 2 identities at once and 2 are live" in str(refusal(lambda: join_with(coordinator, token, libp2p)))
@@ -157,7 +166,8 @@ def test_max_identities_sets_a_tokens_limit_and_the_first_join_string_holds_any_
     assert main(["token", "create", "--state-dir", str(state_dir), "--max-identities", "0"]) == 2
     assert capsys.readouterr().err.strip() == (
         "swarm token: --max-identities 0 is not from 1 to 100000; give how many peers may hold the token at once "
-        "(1 per machine you hand it to).")
+        "(1 per machine you hand it to)."
+    )
 
 
 def test_a_token_stored_without_an_identity_limit_holds_any_number(running, libp2p) -> None:

@@ -60,7 +60,7 @@ def test_the_logging_section_loads_and_bad_values_get_one_sentence(tmp_path: Pat
         ('wandb = { mode = "online" }', "wandb needs a project"),
         ('wandb = { project = "a b/c" }', "wandb project must be"),
         ('wandb = { project = "p", colour = 1 }', "unknown key 'colour' in [logging.wandb]"),
-        ('tensorboard = 3', "tensorboard in [logging] has the wrong type"),
+        ("tensorboard = 3", "tensorboard in [logging] has the wrong type"),
         ('tensorboard = " "', "[logging] tensorboard must be a directory path"),
     ]:
         path.write_text(f"[logging]\n{text}\n")
@@ -141,11 +141,31 @@ def _int8_chosen(round_no: int) -> RoundPlan:
 
 def _vote(round_no: int, *, ok: bool = True) -> Vote:
     train = TrainStats(steps=50, samples=400, tokens=51_200, mean_loss=2.3456, inner_time_s=4.0)
-    averaged = Averaged(average=None, group=["a", "b"], bytes_sent=1_500_000, bytes_received=1_400_000,
-                        seconds=0.84, upload_mbit_s=90.0, download_mbit_s=math.nan, rtt_ms=12.0) if ok else None
-    return Vote(round_no=round_no, fragment=0, ok=ok, state_hash="ab12" if ok else "", group=["a", "b"],
-                contribution=Contribution(fragment=0, delta=None, samples=400, plan=_int8_chosen(round_no)), train=train,
-                averaged=averaged, error="" if ok else "round 3: the group did not form")
+    averaged = (
+        Averaged(
+            average=None,
+            group=["a", "b"],
+            bytes_sent=1_500_000,
+            bytes_received=1_400_000,
+            seconds=0.84,
+            upload_mbit_s=90.0,
+            download_mbit_s=math.nan,
+            rtt_ms=12.0,
+        )
+        if ok
+        else None
+    )
+    return Vote(
+        round_no=round_no,
+        fragment=0,
+        ok=ok,
+        state_hash="ab12" if ok else "",
+        group=["a", "b"],
+        contribution=Contribution(fragment=0, delta=None, samples=400, plan=_int8_chosen(round_no)),
+        train=train,
+        averaged=averaged,
+        error="" if ok else "round 3: the group did not form",
+    )
 
 
 def test_a_peer_logs_one_readable_line_per_round_and_its_scalars(caplog) -> None:
@@ -159,8 +179,15 @@ def test_a_peer_logs_one_readable_line_per_round_and_its_scalars(caplog) -> None
             if ok:
                 log.evaluated(round_no, 2.1)
             outcome = Outcome.COMMITTED if ok else Outcome.VOIDED
-            log.decided(RoundResult(round_no, outcome, Decision(round_no, "ab12" if ok else None),
-                                    overhead_s=1.25 if ok else 0.0, eval_s=0.5 if ok else 0.0))
+            log.decided(
+                RoundResult(
+                    round_no,
+                    outcome,
+                    Decision(round_no, "ab12" if ok else None),
+                    overhead_s=1.25 if ok else 0.0,
+                    eval_s=0.5 if ok else 0.0,
+                )
+            )
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
         "[peer-a r2] committed, hash ab12: 50 steps, loss 2.3456, 12,800 tokens/s; sent 1.5 MB, received 1.4 MB,"
@@ -170,10 +197,22 @@ def test_a_peer_logs_one_readable_line_per_round_and_its_scalars(caplog) -> None
     ]
     assert caplog.records[1].levelno == logging.WARNING
     steps = {step: values for step, values in recorder.written if "round/committed" in values}
-    assert steps[2] == {"round/committed": 1.0, "round/waited_s": 0.0, "train/lr": 3e-3, "train/loss": 2.3456, "train/steps": 50.0,
-                        "train/tokens_per_s": 12_800.0, "train/step_time_s": 0.08, "exchange/bytes_sent": 1.5e6,
-                        "exchange/bytes_received": 1.4e6, "exchange/seconds": 0.84, "link/upload_mbit_s": 90.0,
-                        "link/rtt_ms": 12.0, "round/overhead_s": 1.25, "round/eval_s": 0.5}
+    assert steps[2] == {
+        "round/committed": 1.0,
+        "round/waited_s": 0.0,
+        "train/lr": 3e-3,
+        "train/loss": 2.3456,
+        "train/steps": 50.0,
+        "train/tokens_per_s": 12_800.0,
+        "train/step_time_s": 0.08,
+        "exchange/bytes_sent": 1.5e6,
+        "exchange/bytes_received": 1.4e6,
+        "exchange/seconds": 0.84,
+        "link/upload_mbit_s": 90.0,
+        "link/rtt_ms": 12.0,
+        "round/overhead_s": 1.25,
+        "round/eval_s": 0.5,
+    }
     assert steps[3]["round/committed"] == 0.0 and "exchange/seconds" not in steps[3]
     assert (2, {"eval/loss": 2.1}) in recorder.written
 
@@ -193,10 +232,16 @@ def test_the_coordinator_writes_one_eval_point_per_round_once_its_holders_evalua
     history = run_log.history(_Store())
     config = RunConfig()
     for number, outcome in ((6, COMMITTED), (7, VOIDED), (8, COMMITTED)):
-        row = RoundRecord(round=number, opened_at=0.0, outcome=outcome, participants=("a", "b"),
-                          holders=("a", "b") if outcome == COMMITTED else (), decided_at=1.0,
-                          committed_hash="h" if outcome == COMMITTED else "",
-                          choice='{"codec": "int4", "shares": {}}')
+        row = RoundRecord(
+            round=number,
+            opened_at=0.0,
+            outcome=outcome,
+            participants=("a", "b"),
+            holders=("a", "b") if outcome == COMMITTED else (),
+            decided_at=1.0,
+            committed_hash="h" if outcome == COMMITTED else "",
+            choice='{"codec": "int4", "shares": {}}',
+        )
         history.record_round(row, [], {}, config, ddp_equivalent_bytes=10)
         if number == 6:
             history.record_eval("a", 6, 2.0)
@@ -208,7 +253,10 @@ def test_the_coordinator_writes_one_eval_point_per_round_once_its_holders_evalua
     run_log.close()
     rounds = {step: v for step, v in recorder.written if "rounds/committed_total" in v}
     assert [(s, v["rounds/committed_total"], v["rounds/voided_total"]) for s, v in rounds.items()] == [
-        (6, 5.0, 1.0), (7, 5.0, 2.0), (8, 6.0, 2.0)]
+        (6, 5.0, 1.0),
+        (7, 5.0, 2.0),
+        (8, 6.0, 2.0),
+    ]
     assert rounds[7]["controller/codec_bits"] == 4.0 and rounds[6]["round/participants"] == 2.0
     evals = [(step, v["eval/loss"], v["eval/peers"]) for step, v in recorder.written if "eval/loss" in v]
     assert evals == [(6, 2.5, 2.0), (8, 1.0, 1.0)] and recorder.closed
@@ -221,8 +269,9 @@ def test_the_coordinator_writes_one_eval_point_per_round_once_its_holders_evalua
 def test_a_run_with_tensorboard_on_leaves_curves_for_every_peer_and_the_coordinator(tmp_path: Path, caplog) -> None:
     pytest.importorskip("tensorboard")
     tb = tmp_path / "tb"
-    run = dataclasses.replace(RUN, rounds=dataclasses.replace(RUN.rounds, eval_every_rounds=1),
-                              logging=LoggingConfig(tensorboard=str(tb)))
+    run = dataclasses.replace(
+        RUN, rounds=dataclasses.replace(RUN.rounds, eval_every_rounds=1), logging=LoggingConfig(tensorboard=str(tb))
+    )
     coordinator, parts = swarm(run)
     with caplog.at_level(logging.INFO, logger="peer.round_hooks"):
         a, b = start(parts, tmp_path, "a"), start(parts, tmp_path, "b")
@@ -233,7 +282,11 @@ def test_a_run_with_tensorboard_on_leaves_curves_for_every_peer_and_the_coordina
         assert [step for step, _ in peer["train/loss"]] == [1, 2, 3, 4], peer.keys()
         assert [step for step, _ in peer["eval/loss"]] == [0, 1, 2, 3, 4]
         assert {"train/lr", "train/tokens_per_s", "train/step_time_s", "exchange/bytes_sent"} <= set(peer)
-        round_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"[{_peer_id(a if name == 'a' else b)} r")]
+        round_lines = [
+            r.getMessage()
+            for r in caplog.records
+            if r.getMessage().startswith(f"[{_peer_id(a if name == 'a' else b)} r")
+        ]
         assert len([line for line in round_lines if "committed, hash" in line]) == 4, round_lines
     run_curves = scalars(tb / "coordinator")
     assert run_curves["rounds/committed_total"][-1] == (4, 4.0)

@@ -33,8 +33,9 @@ def test_the_trainer_learns():
     d = RUN.data
     before = trainer.eval_loss()
     stats = trainer.train(60)
-    after_local = eval_loss(trainer.model, trainer.corpus, batch_size=d.batch_size, seq_len=d.seq_len,
-                            num_batches=d.eval_batches)
+    after_local = eval_loss(
+        trainer.model, trainer.corpus, batch_size=d.batch_size, seq_len=d.seq_len, num_batches=d.eval_batches
+    )
     assert (stats.steps, stats.samples, stats.tokens) == (60, 480, 480 * 64)
     assert before > 4.5 and after_local < before - 1.5, (before, after_local)
     assert stats.mean_loss < before
@@ -106,7 +107,9 @@ def test_simulation_is_deterministic():
     a = simulate(run, peers=2, rounds=2, steps_per_peer=[5, 3])
     b = simulate(run, peers=2, rounds=2, steps_per_peer=[5, 3])
     assert [r.state_hash for r in a.rounds] == [r.state_hash for r in b.rounds]
-    assert all(torch.equal(x, y) for x, y in zip(a.final_params + a.final_outer_state, b.final_params + b.final_outer_state))
+    assert all(
+        torch.equal(x, y) for x, y in zip(a.final_params + a.final_outer_state, b.final_params + b.final_outer_state)
+    )
     assert [r.eval_loss for r in a.rounds] == [r.eval_loss for r in b.rounds]
 
 
@@ -149,6 +152,7 @@ def test_sim_cli_prints_a_json_summary(capsys, tmp_path):
 
 # ---- codecs, error feedback, fragments, overlap, heterogeneous peers, outer optimizers ------------
 
+
 def _run(inner_steps=4, **rounds):
     return RUN.replace(rounds=dataclasses.replace(RUN.rounds, inner_steps=inner_steps, **rounds))
 
@@ -163,7 +167,9 @@ def test_contributions_carry_samples_and_error_feedback():
     trainer.record_sent(first, "int4", parts=2)
     residual = trainer.error_feedback[0].residual
     assert residual.abs().max() > 0
-    assert torch.equal(residual, first.delta - CODECS["int4"].decode(CODECS["int4"].encode(first.delta), first.delta.numel()))
+    assert torch.equal(
+        residual, first.delta - CODECS["int4"].decode(CODECS["int4"].encode(first.delta), first.delta.numel())
+    )
     trainer.commit(trainer.apply(first.delta, None, 1))
     trainer.train(2)
     second = trainer.take_contribution()
@@ -179,7 +185,9 @@ def test_streaming_trainer_keeps_training_and_merges_one_fragment_with_the_mixin
     frag0, frag1 = trainer.fragments
     trainer.train(2)
     contribution = trainer.take_contribution(0)
-    assert contribution.delta.numel() == trainer.fragment_numel(0) == sum(trainer.global_params[i].numel() for i in frag0)
+    assert (
+        contribution.delta.numel() == trainer.fragment_numel(0) == sum(trainer.global_params[i].numel() for i in frag0)
+    )
     trainer.train(2)  # the exchange is "in flight": training goes on, θl is not reset
     assert trainer.samples_since_sync(0) == 16 and trainer.samples_since_sync(1) == 32
     local = [p.detach().clone() for p in trainer.model.parameters()]
@@ -249,8 +257,10 @@ def test_a_third_speed_peer_does_a_third_of_the_steps_and_weighs_its_samples():
 
 
 def test_outer_optimizer_by_name_in_the_simulator_and_its_state_in_the_hash():
-    run = RUN.replace(rounds=dataclasses.replace(RUN.rounds, inner_steps=3),
-                      outer=OuterOptConfig(name="AdamW", lr=0.01, options={"betas": [0.9, 0.95]}))
+    run = RUN.replace(
+        rounds=dataclasses.replace(RUN.rounds, inner_steps=3),
+        outer=OuterOptConfig(name="AdamW", lr=0.01, options={"betas": [0.9, 0.95]}),
+    )
     result = simulate(run, peers=2, rounds=2)
     assert result.consistent and result.outer == "AdamW"
     assert len(result.final_outer_state) == 4 * len(result.final_params)  # flag, exp_avg, exp_avg_sq, step

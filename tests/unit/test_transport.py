@@ -50,8 +50,10 @@ def _running(pid: int) -> bool:
 
 def test_the_dht_process_and_its_p2pd_end_when_the_process_that_started_them_is_killed():
     """A kill -9 of a peer or coordinator must not leave its DHT node answering in the overlay."""
-    code = ("import time; from swarm.net.bulk.transport import Transport; t = Transport(initial_peers=[]); "
-            "print(t.dht.pid, flush=True); time.sleep(120)")
+    code = (
+        "import time; from swarm.net.bulk.transport import Transport; t = Transport(initial_peers=[]); "
+        "print(t.dht.pid, flush=True); time.sleep(120)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         dht_pid = int(proc.stdout.readline())
@@ -70,30 +72,34 @@ def test_a_dht_process_that_never_hands_over_its_p2p_is_a_start_to_retry_and_the
     """On a loaded machine the DHT process once started but did not answer for its p2p daemon within the start
     timeout: the TimeoutError escaped, the peer did not retry, and it never exited (the interpreter waited for the
     DHT process, which waits for its parent to end)."""
-    code = ("import asyncio, hivemind\n"
-            "async def never(self): await asyncio.sleep(3600)\n"
-            "hivemind.DHT.replicate_p2p = never\n"
-            "from swarm.net.bulk.transport import Transport, TransportStartFailed\n"
-            "try:\n"
-            "    Transport(initial_peers=[], start_timeout_s=15)\n"
-            "except TransportStartFailed as e:\n"
-            "    print('refused:', e, flush=True)\n")
+    code = (
+        "import asyncio, hivemind\n"
+        "async def never(self): await asyncio.sleep(3600)\n"
+        "hivemind.DHT.replicate_p2p = never\n"
+        "from swarm.net.bulk.transport import Transport, TransportStartFailed\n"
+        "try:\n"
+        "    Transport(initial_peers=[], start_timeout_s=15)\n"
+        "except TransportStartFailed as e:\n"
+        "    print('refused:', e, flush=True)\n"
+    )
     _refused_and_exited(code)
 
 
 def test_a_dht_process_that_ignores_its_shutdown_is_killed_and_the_process_still_exits():
     """A chaos soak: a restarted peer's DHT process did not hand over its p2p daemon, and outlived both its shutdown
     and SIGTERM; the peer finished its run but its process never exited (the interpreter joins its children)."""
-    code = ("import signal, time, hivemind\n"
-            "async def stuck(dht, node):\n"
-            "    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # runs in the DHT process, whose loop it then blocks\n"
-            "    time.sleep(3600)\n"
-            "hivemind.DHT._get_p2p_daemon_listen_maddr = staticmethod(stuck)\n"
-            "from swarm.net.bulk.transport import Transport, TransportStartFailed\n"
-            "try:\n"
-            "    Transport(initial_peers=[], start_timeout_s=5)\n"
-            "except TransportStartFailed as e:\n"
-            "    print('refused:', e, flush=True)\n")
+    code = (
+        "import signal, time, hivemind\n"
+        "async def stuck(dht, node):\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # runs in the DHT process, whose loop it then blocks\n"
+        "    time.sleep(3600)\n"
+        "hivemind.DHT._get_p2p_daemon_listen_maddr = staticmethod(stuck)\n"
+        "from swarm.net.bulk.transport import Transport, TransportStartFailed\n"
+        "try:\n"
+        "    Transport(initial_peers=[], start_timeout_s=5)\n"
+        "except TransportStartFailed as e:\n"
+        "    print('refused:', e, flush=True)\n"
+    )
     assert "did not end when asked; killing it" in _refused_and_exited(code).stderr
 
 

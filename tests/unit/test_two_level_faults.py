@@ -38,8 +38,15 @@ class Peer:
 
 
 def member_at(transport: Transport, index: int, weight: float) -> Member:
-    return Member(peer_id=f"peer{index}", dht_peer_id=transport.peer_id, index=index, weight=weight, numel=NUMEL,
-                  codec="fp32", site=SITES[index])
+    return Member(
+        peer_id=f"peer{index}",
+        dht_peer_id=transport.peer_id,
+        index=index,
+        weight=weight,
+        numel=NUMEL,
+        codec="fp32",
+        site=SITES[index],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +64,12 @@ def peers() -> Iterator[list[Peer]]:
 
 def failing_at(phase: str) -> Callable[[str], Optional[float]]:
     """An ``on_phase`` hook whose member fails its exchange when it reaches ``phase``."""
+
     def hook(reached: str) -> Optional[float]:
         if reached == phase:
             raise ExchangeFailed(f"fault injected at {phase}")
         return None
+
     return hook
 
 
@@ -74,10 +83,15 @@ def test_a_member_failing_mid_exchange_leaves_the_other_subgroups_one_average_we
     deltas = [torch.randn(NUMEL, generator=generator) for _ in peers]
     hooks = [None, None, None, None, None, failing_at("sending")]
     started = time.monotonic()
-    outcomes = concurrently([
-        lambda p=p, m=m, d=d, h=h: p.two_level.average(key=key, group=group, me=m, delta=d, timeout_s=TIMEOUT_S,
-                                                       on_phase=h)
-        for p, m, d, h in zip(peers, group, deltas, hooks)], timeout_s=3 * TIMEOUT_S)
+    outcomes = concurrently(
+        [
+            lambda p=p, m=m, d=d, h=h: p.two_level.average(
+                key=key, group=group, me=m, delta=d, timeout_s=TIMEOUT_S, on_phase=h
+            )
+            for p, m, d, h in zip(peers, group, deltas, hooks)
+        ],
+        timeout_s=3 * TIMEOUT_S,
+    )
     elapsed = time.monotonic() - started
     failed = [o for o in outcomes if isinstance(o, BaseException)]
     assert not failed, failed
@@ -105,9 +119,13 @@ def test_a_withdrawn_member_of_a_flat_exchange_leaves_the_others_average(peers, 
     generator = torch.Generator().manual_seed(4)
     deltas: list[Optional[torch.Tensor]] = [torch.randn(NUMEL, generator=generator) for _ in members]
     deltas[1] = None
-    outcomes = concurrently([
-        lambda p=p, m=m, d=d: p.two_level.in_site.average(key=key, group=group, me=m, delta=d, timeout_s=TIMEOUT_S)
-        for p, m, d in zip(members, group, deltas)], timeout_s=3 * TIMEOUT_S)
+    outcomes = concurrently(
+        [
+            lambda p=p, m=m, d=d: p.two_level.in_site.average(key=key, group=group, me=m, delta=d, timeout_s=TIMEOUT_S)
+            for p, m, d in zip(members, group, deltas)
+        ],
+        timeout_s=3 * TIMEOUT_S,
+    )
     for p in members:
         p.two_level.in_site.gather_all = False
     failed = [o for o in outcomes if isinstance(o, BaseException)]
@@ -120,9 +138,13 @@ def test_a_group_whose_every_member_withdraws_fails(peers) -> None:
     members = peers[:2]
     group = [p.member(1.0) for p in members]
     key = group_key(RUN_ID, 4)
-    outcomes = concurrently([
-        lambda p=p, m=m: p.two_level.in_site.average(key=key, group=group, me=m, delta=None, timeout_s=TIMEOUT_S)
-        for p, m in zip(members, group)], timeout_s=3 * TIMEOUT_S)
+    outcomes = concurrently(
+        [
+            lambda p=p, m=m: p.two_level.in_site.average(key=key, group=group, me=m, delta=None, timeout_s=TIMEOUT_S)
+            for p, m in zip(members, group)
+        ],
+        timeout_s=3 * TIMEOUT_S,
+    )
     assert all(isinstance(o, ExchangeFailed) and "withdrew" in str(o) for o in outcomes), outcomes
 
 
@@ -141,10 +163,15 @@ def test_a_dead_representative_costs_one_failed_send_and_the_others_go_on_withou
     generator = torch.Generator().manual_seed(8)
     deltas = [torch.randn(NUMEL, generator=generator) for _ in peers]
     started = time.monotonic()
-    outcomes = concurrently([
-        lambda p=p: p.two_level.average(key=key, group=group, me=group[p.index], delta=deltas[p.index],
-                                        timeout_s=TIMEOUT_S)
-        for p in live], timeout_s=3 * TIMEOUT_S)
+    outcomes = concurrently(
+        [
+            lambda p=p: p.two_level.average(
+                key=key, group=group, me=group[p.index], delta=deltas[p.index], timeout_s=TIMEOUT_S
+            )
+            for p in live
+        ],
+        timeout_s=3 * TIMEOUT_S,
+    )
     elapsed = time.monotonic() - started
     *averaged, orphan = outcomes
     failed = [o for o in averaged if isinstance(o, BaseException)]
@@ -166,13 +193,19 @@ def test_a_strangers_withdrawal_of_a_member_is_not_believed(peers) -> None:
     group = [p.member(w) for p, w in zip(members, weights)]
     key = group_key(RUN_ID, 5)
     dropped = members[0].two_level.in_site.rejected_chunks
-    stranger.transport.run(stranger._send(group[0], key, group_digest(group), exchange_pb2.PHASE_CONTRIBUTION, 0, 1,
-                                          WITHDRAWN), timeout_s=30)
+    stranger.transport.run(
+        stranger._send(group[0], key, group_digest(group), exchange_pb2.PHASE_CONTRIBUTION, 0, 1, WITHDRAWN),
+        timeout_s=30,
+    )
     generator = torch.Generator().manual_seed(6)
     deltas = [torch.randn(NUMEL, generator=generator) for _ in members]
-    outcomes = concurrently([
-        lambda p=p, m=m, d=d: p.two_level.in_site.average(key=key, group=group, me=m, delta=d, timeout_s=TIMEOUT_S)
-        for p, m, d in zip(members, group, deltas)], timeout_s=3 * TIMEOUT_S)
+    outcomes = concurrently(
+        [
+            lambda p=p, m=m, d=d: p.two_level.in_site.average(key=key, group=group, me=m, delta=d, timeout_s=TIMEOUT_S)
+            for p, m, d in zip(members, group, deltas)
+        ],
+        timeout_s=3 * TIMEOUT_S,
+    )
     failed = [o for o in outcomes if isinstance(o, BaseException)]
     assert not failed, failed
     assert all(torch.equal(o.average, butterfly_reference(deltas, weights, "fp32")) for o in outcomes)

@@ -27,8 +27,9 @@ def misannounced() -> Iterator[tuple[list[Transport], list[Exchange]]]:
     try:
         started.append(Transport(initial_peers=[]))
         for _ in range(2):
-            started.append(Transport(initial_peers=started[0].visible_maddrs, host="127.0.0.1",
-                                     announce_host="127.0.0.2"))
+            started.append(
+                Transport(initial_peers=started[0].visible_maddrs, host="127.0.0.1", announce_host="127.0.0.2")
+            )
         yield started[1:], [Exchange(t, run_id=RUN_ID) for t in started[1:]]
     finally:
         for t in reversed(started):
@@ -38,26 +39,39 @@ def misannounced() -> Iterator[tuple[list[Transport], list[Exchange]]]:
 def test_each_peer_names_the_groupmate_it_cannot_reach_and_tells_how_to_fix_its_own_address(misannounced, caplog):
     transports, exchanges = misannounced
     assert all(e.own_maddrs.startswith("/ip4/127.0.0.2/tcp/") for e in exchanges)
-    group = [Member(peer_id=f"p{i}", dht_peer_id=t.peer_id, index=i, weight=1.0, numel=1000, codec="fp32",
-                    maddrs=e.own_maddrs) for i, (t, e) in enumerate(zip(transports, exchanges))]
+    group = [
+        Member(
+            peer_id=f"p{i}", dht_peer_id=t.peer_id, index=i, weight=1.0, numel=1000, codec="fp32", maddrs=e.own_maddrs
+        )
+        for i, (t, e) in enumerate(zip(transports, exchanges))
+    ]
     key = group_key(RUN_ID, 1)
-    outcomes = concurrently([
-        lambda i=i: exchanges[i].average(key=key, group=group, me=group[i], delta=torch.ones(1000), timeout_s=20)
-        for i in range(2)
-    ], timeout_s=60)
+    outcomes = concurrently(
+        [
+            lambda i=i: exchanges[i].average(key=key, group=group, me=group[i], delta=torch.ones(1000), timeout_s=20)
+            for i in range(2)
+        ],
+        timeout_s=60,
+    )
     for i, outcome in enumerate(outcomes):
         assert isinstance(outcome, ExchangeFailed), outcome
         other = group[1 - i]
         assert f"cannot reach groupmate {other.peer_id} at {other.maddrs} (" in str(outcome)
-        assert (f"groupmates cannot reach this peer at {group[i].maddrs}; pass --announce-host ADDRESS reachable "
-                "from them (and open the port)") in str(outcome)
+        assert (
+            f"groupmates cannot reach this peer at {group[i].maddrs}; pass --announce-host ADDRESS reachable "
+            "from them (and open the port)"
+        ) in str(outcome)
     assert caplog.text.count("groupmates cannot reach this peer") == 2  # once per peer
 
-    again = concurrently([  # the next round fails the same way, and the peers do not log the fix again
-        lambda i=i: exchanges[i].average(key=group_key(RUN_ID, 2), group=group, me=group[i], delta=torch.ones(1000),
-                                         timeout_s=20)
-        for i in range(2)
-    ], timeout_s=60)
+    again = concurrently(
+        [  # the next round fails the same way, and the peers do not log the fix again
+            lambda i=i: exchanges[i].average(
+                key=group_key(RUN_ID, 2), group=group, me=group[i], delta=torch.ones(1000), timeout_s=20
+            )
+            for i in range(2)
+        ],
+        timeout_s=60,
+    )
     assert all(isinstance(o, ExchangeFailed) and "cannot reach groupmate" in str(o) for o in again)
     assert caplog.text.count("groupmates cannot reach this peer") == 2
 
@@ -69,6 +83,8 @@ def test_dial_failures_are_told_apart_and_shown_bounded():
     shown = shown_maddrs([f"/ip4/10.0.0.{i}/tcp/7100/p2p/QmPeer" for i in range(9)])
     assert shown == " ".join(f"/ip4/10.0.0.{i}/tcp/7100" for i in range(3))
     reason = unreachable_groupmate("k", "p-1", "bad\x1b[31m", RuntimeError("routing: not found"))
-    assert reason == ("k: cannot reach groupmate p-1 at no announced address (routing: not found); it may have "
-                      "stopped, or if it runs, it must pass --announce-host ADDRESS reachable from its groupmates (and"
-                      " open the port)")
+    assert reason == (
+        "k: cannot reach groupmate p-1 at no announced address (routing: not found); it may have "
+        "stopped, or if it runs, it must pass --announce-host ADDRESS reachable from its groupmates (and"
+        " open the port)"
+    )

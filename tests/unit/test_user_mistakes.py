@@ -41,13 +41,16 @@ def test_a_wrong_coordinator_port_retries_with_one_clean_sentence(caplog) -> Non
     client = CoordinatorClient(JoinString.parse(f"swarm://127.0.0.1:{port}?token=t&fp={FP}"), connect_timeout_s=5)
     caplog.set_level(logging.INFO, logger="peer.link.retry")
     try:  # two tries half a second apart, then it gives up: one retry line
-        assert with_retry(lambda: client.get_round("p"), what="join", stop=threading.Event(),
-                          give_up_after_s=0.1) is None
+        assert (
+            with_retry(lambda: client.get_round("p"), what="join", stop=threading.Event(), give_up_after_s=0.1) is None
+        )
     finally:
         client.close()
     lines = [r.getMessage() for r in caplog.records if r.name == "peer.link.retry"]
-    assert lines == [f"join: cannot reach the coordinator at 127.0.0.1:{port} (connection refused); check the "
-                     "address and that the coordinator is running; retrying in 0.5s"]
+    assert lines == [
+        f"join: cannot reach the coordinator at 127.0.0.1:{port} (connection refused); check the "
+        "address and that the coordinator is running; retrying in 0.5s"
+    ]
 
 
 def test_a_stopped_peer_does_not_announce_a_retry(caplog) -> None:
@@ -72,7 +75,8 @@ def test_a_device_torch_cannot_train_on_is_one_sentence_listing_the_forms(device
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1] == (
         f"swarm: error: --device {device!r} is not a device torch can train on; give cpu, cuda (the first GPU), "
-        "cuda:N (GPU N), mps (Apple silicon) or xpu[:N] (Intel GPUs).")
+        "cuda:N (GPU N), mps (Apple silicon) or xpu[:N] (Intel GPUs)."
+    )
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1", "mps", "xpu:0"])
@@ -88,12 +92,21 @@ def test_command_line_overrides_count_before_the_config_is_checked(tmp_path: Pat
     config = tmp_path / "run.toml"
     config.write_text('[inner]\nschedule = "cosine"\n\n[rounds]\ninner_steps = 7\n')
     parser = build_parser()
-    run = _run_config(parser.parse_args(["coordinator", "--config", str(config), "--max-rounds", "8",
-                                         "--min-peers", "3", "--preset", "small"]))
-    assert (run.inner.schedule, run.rounds.max_rounds, run.rounds.min_peers, run.rounds.inner_steps,
-            run.model.preset) == ("cosine", 8, 3, 7, "small")
+    run = _run_config(
+        parser.parse_args(
+            ["coordinator", "--config", str(config), "--max-rounds", "8", "--min-peers", "3", "--preset", "small"]
+        )
+    )
+    assert (
+        run.inner.schedule,
+        run.rounds.max_rounds,
+        run.rounds.min_peers,
+        run.rounds.inner_steps,
+        run.model.preset,
+    ) == ("cosine", 8, 3, 7, "small")
     assert _run_config(parser.parse_args(["coordinator", "--max-rounds", "4"])) == RunConfig(
-        rounds=RoundConfig(max_rounds=4))
+        rounds=RoundConfig(max_rounds=4)
+    )
     # without it the sentence names both ways to give it
     assert main(["coordinator", "--config", str(config), "--state-dir", str(tmp_path / "c")]) == 2
     assert "set [rounds] max_rounds (or give --max-rounds)" in capsys.readouterr().err
@@ -119,7 +132,9 @@ def _subcommands(parser: argparse.ArgumentParser, prefix: str = ""):
 
 def test_every_subcommand_s_help_shows_its_defaults_and_explains_every_option() -> None:
     subcommands = dict(_subcommands(build_parser()))
-    assert {"coordinator", "peer", "demo", "status", "history", "dashboard", "export", "token create"} <= set(subcommands)
+    assert {"coordinator", "peer", "demo", "status", "history", "dashboard", "export", "token create"} <= set(
+        subcommands
+    )
     for name, parser in subcommands.items():
         text = " ".join(parser.format_help().split())
         for action in parser._actions:
@@ -128,8 +143,9 @@ def test_every_subcommand_s_help_shows_its_defaults_and_explains_every_option() 
             assert action.help, f"swarm {name} {action.option_strings[0]} has no help text"
             default = action.default
             if default is not None and default is not False and default != "":
-                assert "default" in " ".join(parser.formatter_class("swarm")._get_help_string(action).split()), \
+                assert "default" in " ".join(parser.formatter_class("swarm")._get_help_string(action).split()), (
                     f"swarm {name} --help does not show the default of {action.option_strings[0]}"
+                )
         if name == "peer":
             assert "(default: cpu)" in text and "(default: 120.0)" in text
         if name == "demo":
@@ -144,8 +160,9 @@ class _WaitingClient:
         self.live = 1
 
     def join(self, **kwargs) -> pb.JoinResponse:
-        return pb.JoinResponse(peer_id="p-1", run_id="r", run_spec_json=self.run.to_json(), protocol=PROTOCOL,
-                               session=1)
+        return pb.JoinResponse(
+            peer_id="p-1", run_id="r", run_spec_json=self.run.to_json(), protocol=PROTOCOL, session=1
+        )
 
     def get_round(self, peer_id: str, round_no: int = 0) -> pb.RoundInfo:
         return pb.RoundInfo(round=0, live_peers=self.live)
@@ -153,10 +170,17 @@ class _WaitingClient:
 
 def test_a_lone_peer_says_once_how_many_more_peers_round_1_waits_for(caplog) -> None:
     client = _WaitingClient(RunConfig(rounds=RoundConfig(min_peers=3)).validate())
-    link = CoordinatorLink(client, stop=threading.Event(), faults=FaultPlan(), poll_s=0.1, leave_grace_s=1.0,
-                           tag=lambda round_no=None: "[p-1]")
-    options = SimpleNamespace(site="", device="cpu", name="n", join_timeout_s=5.0,
-                              join=SimpleNamespace(address="127.0.0.1:1"))
+    link = CoordinatorLink(
+        client,
+        stop=threading.Event(),
+        faults=FaultPlan(),
+        poll_s=0.1,
+        leave_grace_s=1.0,
+        tag=lambda round_no=None: "[p-1]",
+    )
+    options = SimpleNamespace(
+        site="", device="cpu", name="n", join_timeout_s=5.0, join=SimpleNamespace(address="127.0.0.1:1")
+    )
     link.join(options, key=PeerKey.generate(), libp2p=None)
     caplog.set_level(logging.INFO, logger="peer.link.round_plans")
     for live in (1, 1, 1, 2, 2, 3):
@@ -215,8 +239,11 @@ def test_a_restart_may_not_change_more_than_max_rounds_nor_go_below_the_committe
     other = config.replace(rounds=RoundConfig(max_rounds=5, min_peers=2))
     with pytest.raises(ConfigError, match=r"different config \(rounds.min_peers differs\)"):
         _engine(tmp_path, other)
-    with pytest.raises(ConfigError, match=r"has committed 3 rounds already, more than max_rounds 2; give "
-                                          r"--max-rounds 3 or more \(more extends the run\)\."):
+    with pytest.raises(
+        ConfigError,
+        match=r"has committed 3 rounds already, more than max_rounds 2; give "
+        r"--max-rounds 3 or more \(more extends the run\)\.",
+    ):
         _engine(tmp_path, config.replace(rounds=RoundConfig(max_rounds=2)))
     engine = _engine(tmp_path, None)
     assert engine.config.rounds.max_rounds == 3 and engine.run.finished  # nothing changed
@@ -228,8 +255,9 @@ def test_a_peer_evicted_for_another_model_is_told_to_use_the_run_s_model_code_no
     from coordinator.api.errors import PeerGone, StateMismatch
     from coordinator.store.records import PeerRecord, RunRecord
 
-    run = RunRecord(run_id="r", token="t", run_spec_json="{}", created_at=0.0, model_fingerprint="fp",
-                    initial_hash="h0")
+    run = RunRecord(
+        run_id="r", token="t", run_spec_json="{}", created_at=0.0, model_fingerprint="fp", initial_hash="h0"
+    )
     peer = PeerRecord(peer_id="p-1", peer_index=0, joined_at=0.0, last_seen=0.0, lease_expiry=10.0)
     beat = pb.HeartbeatRequest(peer_id="p-1", metrics=pb.PeerMetrics(model_fingerprint="other"))
     result = membership.apply_heartbeat(run, peer, beat, now=1.0, lease_s=10.0)
@@ -237,10 +265,12 @@ def test_a_peer_evicted_for_another_model_is_told_to_use_the_run_s_model_code_no
     assert str(result.rejection) == (
         "this peer's model (fingerprint other) does not match the run's (fp): this peer builds a different model "
         "than the run; use the run's [model] code (the same factory module, preset or hf_config) and the "
-        "coordinator's Swarm release, then start the peer again.")
+        "coordinator's Swarm release, then start the peer again."
+    )
     with pytest.raises(PeerGone) as later:  # its next call
         membership.check_member("p-1", result.peer)
     assert str(later.value) == (
         "peer p-1 was evicted (it builds a different model than the run: model fingerprint other, the run's fp); use "
         "the run's [model] code (the same factory module, preset or hf_config) and the coordinator's Swarm release, "
-        "then start the peer again.")
+        "then start the peer again."
+    )

@@ -35,8 +35,11 @@ def _round(round_no: int, seed: int, which: str = "whole") -> tuple[TentativeSta
     outer = OuterOptimizer(RunConfig().outer, [torch.Size(s) for s in SHAPES])
     outer.load_state_tensors([torch.randn(s, generator=g) for s in SHAPES])
     base = GlobalState(round_no - 1, [torch.randn(s, generator=g) for s in SHAPES], outer.state_tensors())
-    chosen = (spans.whole([torch.Size(s) for s in SHAPES], range(len(SHAPES))) if which == "whole" else
-              [spans.Span(0, 5, 1000), spans.Span(2, 0, 17), spans.Span(3, 60, 130)])
+    chosen = (
+        spans.whole([torch.Size(s) for s in SHAPES], range(len(SHAPES)))
+        if which == "whole"
+        else [spans.Span(0, 5, 1000), spans.Span(2, 0, 17), spans.Span(3, 60, 130)]
+    )
     deltas = [torch.randn(spans.gather(base.params, [s])[0].shape, generator=g) for s in chosen]
     params, momentum = spans.tentative_step(outer, base.params, deltas, chosen)
     return TentativeState(round_no, base, outer, deltas, chosen), GlobalState(round_no, params, momentum)
@@ -59,16 +62,17 @@ def test_a_vote_written_over_a_pruned_ones_file_is_the_committed_state(tmp_path,
     tentative, materialised = _round(2, seed=1, which=which)
     save_vote(tmp_path, tentative, run_id="run-x")
     assert not spare_vote(tmp_path).exists(), "the pruned vote's file was not the one written over"
-    assert tentative.state_hash == materialised.state_hash == state_hash(materialised.params,
-                                                                         materialised.outer_state)
+    assert tentative.state_hash == materialised.state_hash == state_hash(materialised.params, materialised.outer_state)
     save_vote(tmp_path / "fresh", materialised, run_id="run-x")
     assert (vote_dir(tmp_path, 2) / TENSORS).read_bytes() == (vote_dir(tmp_path / "fresh", 2) / TENSORS).read_bytes()
 
     found = committed_on_disk(tmp_path, run_id="run-x", round_no=2, state_hash=tentative.state_hash, like=_like())
     committed = tentative.commit_in_place()
     assert found is not None and found.source == "vote"
-    assert all(torch.equal(a, b) for a, b in zip(found.state.params + found.state.outer_state,
-                                                 committed.params + committed.outer_state))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(found.state.params + found.state.outer_state, committed.params + committed.outer_state)
+    )
 
 
 def _truncated(path):
@@ -89,8 +93,11 @@ def _tensors_missing(path):
     os.unlink(path / TENSORS)
 
 
-@pytest.mark.parametrize("damage", [_truncated, _zeroed, _manifest_empty, _tensors_missing],
-                         ids=["truncated", "zeroed", "empty manifest", "no tensor file"])
+@pytest.mark.parametrize(
+    "damage",
+    [_truncated, _zeroed, _manifest_empty, _tensors_missing],
+    ids=["truncated", "zeroed", "empty manifest", "no tensor file"],
+)
 def test_a_vote_a_machine_crash_left_torn_is_refused_and_the_peer_downloads(tmp_path, caplog, damage):
     tentative, _ = _round(1, seed=2)
     save_vote(tmp_path, tentative, run_id="run-x")
@@ -144,5 +151,7 @@ def test_a_hash_that_lags_behind_the_writing_hashes_the_bytes_written(tmp_path, 
     tentative, materialised = _round(1, seed=4)
     save_vote(tmp_path, tentative, run_id="run-x")
     assert tentative.state_hash == materialised.state_hash
-    assert committed_on_disk(tmp_path, run_id="run-x", round_no=1, state_hash=materialised.state_hash,
-                             like=_like()) is not None
+    assert (
+        committed_on_disk(tmp_path, run_id="run-x", round_no=1, state_hash=materialised.state_hash, like=_like())
+        is not None
+    )

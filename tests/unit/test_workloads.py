@@ -27,8 +27,16 @@ from tests.unit.fake_swarm import engine_join
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 ROOT = Path(__file__).resolve().parents[2]
 
-LLAMA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 64}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 100,
+    "max_position_embeddings": 64,
+}
 ROUNDS = {"inner_steps": 4, "max_rounds": 2}
 SMALL_DATA = {"seq_len": 32, "batch_size": 4, "eval_batches": 2, "num_shards": 2}
 
@@ -40,15 +48,23 @@ def write_tokens(path: Path, tokens: np.ndarray, dtype: str = "uint16") -> Path:
 
 def token_run(tmp_path: Path, **model) -> RunConfig:
     tokens = write_tokens(tmp_path / "train.bin", np.arange(20_000) * 7 % 100)  # learnable: next = previous + 7
-    return RunConfig.from_dict({"model": model or {"hf_config": LLAMA}, "rounds": ROUNDS,
-                                "data": {**SMALL_DATA, "tokens": str(tokens)}})
+    return RunConfig.from_dict(
+        {"model": model or {"hf_config": LLAMA}, "rounds": ROUNDS, "data": {**SMALL_DATA, "tokens": str(tokens)}}
+    )
 
 
 def test_a_factory_model_trains_in_a_two_peer_run_and_ends_identical() -> None:
-    run = RunConfig.from_dict({
-        "model": {"factory": "tests.unit.test_workloads:_factory", "loss": "examples.my_model:loss",
-                  "options": {"width": 16, "layers": 1, "heads": 2, "context": 32}},
-        "data": {**SMALL_DATA, "max_bytes": 200_000}, "rounds": ROUNDS})
+    run = RunConfig.from_dict(
+        {
+            "model": {
+                "factory": "tests.unit.test_workloads:_factory",
+                "loss": "examples.my_model:loss",
+                "options": {"width": 16, "layers": 1, "heads": 2, "context": 32},
+            },
+            "data": {**SMALL_DATA, "max_bytes": 200_000},
+            "rounds": ROUNDS,
+        }
+    )
     result = simulate(run, peers=2, rounds=2)
     assert result.consistent
     assert result.final_eval_loss < result.initial_eval_loss
@@ -67,7 +83,9 @@ def test_token_files_shard_disjointly_resume_and_read_across_files(tmp_path: Pat
     write_tokens(tmp_path / "part-0.bin", tokens[:3_333])
     write_tokens(tmp_path / "part-1.bin", tokens[3_333:])
     one = load_corpus(RunConfig.from_dict({"data": {"tokens": str(whole), "eval_fraction": 0.1}}).data)
-    two = load_corpus(RunConfig.from_dict({"data": {"tokens": str(tmp_path / "part-*.bin"), "eval_fraction": 0.1}}).data)
+    two = load_corpus(
+        RunConfig.from_dict({"data": {"tokens": str(tmp_path / "part-*.bin"), "eval_fraction": 0.1}}).data
+    )
     assert (one.train.numel(), one.eval.numel()) == (9_000, 1_000)
     every = torch.arange(one.train.numel())
     assert torch.equal(one.train[every], two.train[every])  # a glob reads as one stream, windows cross files
@@ -105,7 +123,9 @@ def test_text_is_tokenized_once_into_a_cache_keyed_by_text_and_tokenizer(tmp_pat
     other = _tokenizer(tmp_path, vocab=120, name="other.json")
     load_corpus(dataclasses.replace(run.data, tokenizer=str(other)))
     assert len(list((tmp_path / "cache").iterdir())) == 2
-    with pytest.raises(ConfigError, match=r"model's vocabulary \(64 ids\) is smaller than the data's tokenizer's \(100\)"):
+    with pytest.raises(
+        ConfigError, match=r"model's vocabulary \(64 ids\) is smaller than the data's tokenizer's \(100\)"
+    ):
         LocalTrainer(RunConfig.from_dict({"model": {"vocab_size": 64}, "data": data}), peer_index=0)
 
 
@@ -117,8 +137,9 @@ def test_a_hugging_face_run_exports_a_directory_from_pretrained_loads_with_the_f
     result = simulate(run, peers=2, rounds=2)
     assert result.consistent and result.final_eval_loss < result.initial_eval_loss
     model = build_run_model(run.model, seed=run.seed).module
-    write_final_model(tmp_path / "peer" / "final" / "model.safetensors", model,
-                      GlobalState(2, result.final_params, []), run=run)
+    write_final_model(
+        tmp_path / "peer" / "final" / "model.safetensors", model, GlobalState(2, result.final_params, []), run=run
+    )
     assert cli_main(["export", str(tmp_path / "peer"), str(tmp_path / "hf")]) == 0
     loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
     names = [name for name, _ in model.named_parameters()]
@@ -142,8 +163,14 @@ def test_a_peer_with_another_model_or_other_data_is_refused_with_a_sentence(tmp_
     from swarm.train.model.model import model_fingerprint
 
     with pytest.raises(StateMismatch, match=r"this peer's model \(fingerprint [^)]+\) does not match the run's"):
-        engine.heartbeat(pb.HeartbeatRequest(peer_id=peer.peer_id, metrics=pb.PeerMetrics(
-            state=pb.PEER_STATE_READY, state_round=0, model_fingerprint=model_fingerprint(wider.module))))
+        engine.heartbeat(
+            pb.HeartbeatRequest(
+                peer_id=peer.peer_id,
+                metrics=pb.PeerMetrics(
+                    state=pb.PEER_STATE_READY, state_round=0, model_fingerprint=model_fingerprint(wider.module)
+                ),
+            )
+        )
 
 
 def test_init_from_starts_every_peer_from_the_given_weights_and_other_weights_are_refused(tmp_path: Path) -> None:
@@ -161,6 +188,14 @@ def test_init_from_starts_every_peer_from_the_given_weights_and_other_weights_ar
     peer, _ = engine_join(engine)
     cold = LocalTrainer(base, peer_index=1)  # a peer that ignored init_from
     with pytest.raises(StateMismatch, match=r"initial model state \(hash [^)]+\) differs from the run's"):
-        engine.heartbeat(pb.HeartbeatRequest(peer_id=peer.peer_id, metrics=pb.PeerMetrics(
-            state=pb.PEER_STATE_READY, state_round=0, state_hash=cold.state.state_hash,
-            model_fingerprint=cold.fingerprint)))
+        engine.heartbeat(
+            pb.HeartbeatRequest(
+                peer_id=peer.peer_id,
+                metrics=pb.PeerMetrics(
+                    state=pb.PEER_STATE_READY,
+                    state_round=0,
+                    state_hash=cold.state.state_hash,
+                    model_fingerprint=cold.fingerprint,
+                ),
+            )
+        )

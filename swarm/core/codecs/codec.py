@@ -103,7 +103,7 @@ class BFloat16Codec(Codec):
 
 
 # The least exact value that rounds to fp32 infinity: FLT_MAX plus half its ulp (round to nearest even goes up there)
-FP32_OVERFLOW = float(np.finfo(np.float32).max) + 2.0 ** 103
+FP32_OVERFLOW = float(np.finfo(np.float32).max) + 2.0**103
 CHUNK = 1 << 18  # elements the integer codecs code at a time (a multiple of BLOCK): 1 MiB of fp32 scratch, a core's L2
 
 
@@ -150,20 +150,25 @@ class BlockIntCodec(Codec):
         scratch = _EncodeScratch.mine(min(full, CHUNK))
         for start in range(0, full, CHUNK):  # a chunk's temporaries stay in the core's cache
             end = min(full, start + CHUNK)
-            self._encode_blocks(values[start:end], scales[start // self.block:end // self.block],
-                                codes[start // per_code:end // per_code], scratch)
+            self._encode_blocks(
+                values[start:end],
+                scales[start // self.block : end // self.block],
+                codes[start // per_code : end // per_code],
+                scratch,
+            )
         if full < n:  # the last, partial block: zero-padded (so an odd int4 count pads with the code of 0)
             tail = torch.zeros(self.block, dtype=torch.float32)
-            tail[:n - full] = values[full:]
+            tail[: n - full] = values[full:]
             tail_codes = torch.empty(self.block // per_code, dtype=torch.uint8)
             self._encode_blocks(tail, scales[-1:], tail_codes, _EncodeScratch(self.block))
-            codes[full // per_code:] = tail_codes[:codes.numel() - full // per_code]
+            codes[full // per_code :] = tail_codes[: codes.numel() - full // per_code]
         if sys.byteorder != "little":
             scales.numpy().byteswap(inplace=True)
         return payload.tobytes()
 
-    def _encode_blocks(self, x: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor,
-                       scratch: "_EncodeScratch") -> None:
+    def _encode_blocks(
+        self, x: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor, scratch: "_EncodeScratch"
+    ) -> None:
         """Fill ``scales`` (one per ``block`` elements of ``x``, a whole number of blocks) and ``codes`` (int8
         one per byte, int4 ``q + 8`` two per byte, low nibble first) from ``x``, in ``scratch``.
 
@@ -171,7 +176,7 @@ class BlockIntCodec(Codec):
         2.5-4x faster there. Every step is exact or one IEEE rounding (division, round half to even), so
         the bytes do not depend on the library or the CPU's vector width."""
         blocks = x.view(-1, self.block)
-        scaled = scratch.work[:x.numel()].view(-1, self.block)
+        scaled = scratch.work[: x.numel()].view(-1, self.block)
         torch.abs(blocks, out=scaled)
         torch.amax(scaled, dim=1, out=scales)  # exact, and nan propagates
         scales.div_(self._qmax)  # CPU kernels divide (inputs are CPU-only: _check_input); no reciprocal
@@ -191,7 +196,7 @@ class BlockIntCodec(Codec):
             codes.view(torch.int8).copy_(scaled.view(-1))
             return
         pairs = scaled.add_(8).view(-1, 2)  # codes 1..15; lo + 16·hi is exact in fp32
-        packed = scratch.packed[:pairs.shape[0]]
+        packed = scratch.packed[: pairs.shape[0]]
         torch.add(pairs[:, 0], pairs[:, 1], alpha=16, out=packed)
         codes.copy_(packed)
 
@@ -209,8 +214,9 @@ class BlockIntCodec(Codec):
         # so every value is finite iff qmax × the largest scale (exact in fp64) rounds to a finite fp32, i.e. is
         # below FLT_MAX + half its ulp. One check of the scales instead of one of every value.
         if scales.size and float(scales.max()) * self.qmax >= FP32_OVERFLOW:
-            raise ValueError(f"codec {self.name}: the payload decodes to non-finite values, which encode never"
-                             " produces.")
+            raise ValueError(
+                f"codec {self.name}: the payload decodes to non-finite values, which encode never produces."
+            )
         raw = np.frombuffer(data, dtype=np.uint8, offset=4 * scales.size)
         scratch = _DecodeScratch(min(numel, CHUNK), self.bits)
         for start in range(0, numel, CHUNK):  # a chunk's temporaries stay in the core's cache
@@ -225,8 +231,8 @@ class BlockIntCodec(Codec):
             if (q == -128).any():
                 raise ValueError("codec int8: the payload holds code -128, which encode never produces.")
             return q
-        src = raw[start // 2:(end + 1) // 2]
-        wide, high = scratch.wide[:src.size], scratch.high[:src.size]
+        src = raw[start // 2 : (end + 1) // 2]
+        wide, high = scratch.wide[: src.size], scratch.high[: src.size]
         np.copyto(wide, src)  # byte b -> (b & 0x0F) | (b >> 4) << 8: the two nibbles, low first
         np.bitwise_and(wide, 0xF0, out=high)
         high <<= 4
@@ -235,8 +241,8 @@ class BlockIntCodec(Codec):
         nibbles = (wide if sys.byteorder == "little" else wide.byteswap()).view(np.uint8)
         if (nibbles == 0).any() or (end == numel and numel % 2 and nibbles[end - start] != 8):
             raise ValueError("codec int4: the payload holds codes that encode never produces.")
-        q = scratch.q[:end - start]
-        np.subtract(nibbles[:end - start].view(np.int8), np.int8(8), out=q)
+        q = scratch.q[: end - start]
+        np.subtract(nibbles[: end - start].view(np.int8), np.int8(8), out=q)
         return q
 
     def _scale_into(self, q: np.ndarray, scales: np.ndarray, start: int, end: int, numel: int, out: np.ndarray) -> None:
@@ -245,10 +251,14 @@ class BlockIntCodec(Codec):
         b0, b1 = start // self.block, full // self.block
         with np.errstate(over="ignore"):  # a crafted scale's overflow is refused by the caller's check
             if full > start:
-                np.multiply(q[:full - start].reshape(-1, self.block), scales[b0:b1, None],
-                            out=out[start:full].reshape(-1, self.block), dtype=np.float32)
+                np.multiply(
+                    q[: full - start].reshape(-1, self.block),
+                    scales[b0:b1, None],
+                    out=out[start:full].reshape(-1, self.block),
+                    dtype=np.float32,
+                )
             if full < end:  # the last, partial block
-                np.multiply(q[full - start:], scales[-1:], out=out[full:end], dtype=np.float32)
+                np.multiply(q[full - start :], scales[-1:], out=out[full:end], dtype=np.float32)
 
 
 _THREAD = threading.local()  # each thread's encode buffers: encodes run on several threads at once
@@ -324,9 +334,11 @@ def get_codec(name: str | Codec) -> Codec:
         return name
     codec = CODECS.get(name) or parse_topk(name) or parse_sparse_ternary(name) or parse_lowrank(name, CODECS)
     if codec is None:
-        raise ValueError(f"codec {name!r} is unknown; choose one of {sorted(CODECS)}"
-                         " (topk codecs take a density: topk-int4@0.003, and so does a sparse ternary one:"
-                         " ternary@0.1; low-rank ones a rank and values: lowrank4-fp16).")
+        raise ValueError(
+            f"codec {name!r} is unknown; choose one of {sorted(CODECS)}"
+            " (topk codecs take a density: topk-int4@0.003, and so does a sparse ternary one:"
+            " ternary@0.1; low-rank ones a rank and values: lowrank4-fp16)."
+        )
     return codec
 
 

@@ -20,8 +20,8 @@ def all_finite(values: np.ndarray, scratch: np.ndarray | None = None) -> bool:
         return bool(np.isfinite(values).all())
     scratch = scratch if scratch is not None else np.empty(FINITE_CHUNK, dtype=bool)
     for start in range(0, values.size, scratch.size):
-        part = values[start:start + scratch.size]
-        finite = scratch[:part.size]
+        part = values[start : start + scratch.size]
+        finite = scratch[: part.size]
         np.isfinite(part, out=finite)
         if not finite.all():
             return False

@@ -244,8 +244,8 @@ class ErrorFeedback:
             delta = delta.clone()
         buffer = torch.empty(min(PIECE, self._numel), dtype=torch.float32) if spilled else None
         for start in range(0, self._numel, PIECE):  # the same fp32 products and sums as above
-            part, end = delta[start:start + PIECE], min(start + PIECE, self._numel)
-            piece = residual.read(start, buffer[:end - start]) if spilled else residual[start:end]
+            part, end = delta[start : start + PIECE], min(start + PIECE, self._numel)
+            piece = residual.read(start, buffer[: end - start]) if spilled else residual[start:end]
             part.add_(piece if self.decay == 1.0 else self.decay * piece)
         return delta
 

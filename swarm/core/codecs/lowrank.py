@@ -104,7 +104,7 @@ def outer_sum(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """P Qᵀ (m×r · r×n) as r rank-one products added in order, one rounding per op (no BLAS, no FMA)."""
     acc = p[:, 0:1] * q[:, 0].unsqueeze(0)
     for k in range(1, p.shape[1]):
-        acc = acc + p[:, k:k + 1] * q[:, k].unsqueeze(0)
+        acc = acc + p[:, k : k + 1] * q[:, k].unsqueeze(0)
     return acc
 
 
@@ -130,11 +130,11 @@ def p_vector(delta: torch.Tensor, lay: Layout, q: torch.Tensor) -> torch.Tensor:
     """A peer's first message: M Q for every matrix (flat, in order), then the dense parts."""
     parts, q_at = [], 0
     for offset, m, n in lay.matrices:
-        mat = delta[offset:offset + m * n].view(m, n)
-        qm = _unit_columns(_columns(q[q_at:q_at + n * lay.rank], n, lay.rank))
+        mat = delta[offset : offset + m * n].view(m, n)
+        qm = _unit_columns(_columns(q[q_at : q_at + n * lay.rank], n, lay.rank))
         parts.append(_flat_columns(mat @ qm))
         q_at += n * lay.rank
-    parts += [delta[offset:offset + n] for offset, n in lay.dense]
+    parts += [delta[offset : offset + n] for offset, n in lay.dense]
     return torch.cat(parts) if parts else delta.new_zeros(0)
 
 
@@ -142,15 +142,17 @@ def p_hats(p_avg: torch.Tensor, lay: Layout) -> list[torch.Tensor]:
     """The orthonormalized P̂ of every matrix, from the averaged (decoded) first message."""
     out, at = [], 0
     for _, m, _ in lay.matrices:
-        out.append(orthonormalize(_columns(p_avg[at:at + m * lay.rank], m, lay.rank)))
+        out.append(orthonormalize(_columns(p_avg[at : at + m * lay.rank], m, lay.rank)))
         at += m * lay.rank
     return out
 
 
 def q_vector(delta: torch.Tensor, lay: Layout, hats: Sequence[torch.Tensor]) -> torch.Tensor:
     """A peer's second message: Mᵀ P̂ for every matrix, flat."""
-    parts = [_flat_columns(delta[offset:offset + m * n].view(m, n).t() @ hat)
-             for (offset, m, n), hat in zip(lay.matrices, hats)]
+    parts = [
+        _flat_columns(delta[offset : offset + m * n].view(m, n).t() @ hat)
+        for (offset, m, n), hat in zip(lay.matrices, hats)
+    ]
     return torch.cat(parts) if parts else delta.new_zeros(0)
 
 
@@ -159,11 +161,11 @@ def assemble(lay: Layout, hats: Sequence[torch.Tensor], q: torch.Tensor, p_dense
     out = torch.empty(lay.numel, dtype=torch.float32)
     q_at = 0
     for (offset, m, n), hat in zip(lay.matrices, hats):
-        out[offset:offset + m * n] = outer_sum(hat, _columns(q[q_at:q_at + n * lay.rank], n, lay.rank)).reshape(-1)
+        out[offset : offset + m * n] = outer_sum(hat, _columns(q[q_at : q_at + n * lay.rank], n, lay.rank)).reshape(-1)
         q_at += n * lay.rank
     dense_at = sum(m * lay.rank for _, m, _ in lay.matrices)
     for offset, n in lay.dense:
-        out[offset:offset + n] = p_dense[dense_at:dense_at + n]
+        out[offset : offset + n] = p_dense[dense_at : dense_at + n]
         dense_at += n
     return out
 
@@ -171,8 +173,11 @@ def assemble(lay: Layout, hats: Sequence[torch.Tensor], q: torch.Tensor, p_dense
 def round_trip(flat: torch.Tensor, codec: Codec, parts: int) -> torch.Tensor:
     """What the group receives of ``flat`` sent as ``parts`` butterfly slices (each encoded on its own)."""
     bounds = part_bounds(flat.numel(), parts, codec.block)
-    return torch.cat([codec.decode(codec.encode(flat[s:e].contiguous()), e - s) for s, e in bounds]) \
-        if flat.numel() else flat
+    return (
+        torch.cat([codec.decode(codec.encode(flat[s:e].contiguous()), e - s) for s, e in bounds])
+        if flat.numel()
+        else flat
+    )
 
 
 @dataclass
@@ -203,8 +208,9 @@ def lowrank_reference(
     q_msgs = [q_vector(d, lay, hats) for d in deltas]
     q_avg = butterfly_reference(q_msgs, weights, values, reduce=reduce)
     average = assemble(lay, hats, q_avg, p_avg)
-    delivered = [assemble(lay, hats, round_trip(qm, values, k), round_trip(pm, values, k))
-                 for pm, qm in zip(p_msgs, q_msgs)]
+    delivered = [
+        assemble(lay, hats, round_trip(qm, values, k), round_trip(pm, values, k)) for pm, qm in zip(p_msgs, q_msgs)
+    ]
     return LowRankRound(average, delivered, q_avg)
 
 

@@ -40,8 +40,11 @@ def encode(gaps: np.ndarray, extra: np.ndarray) -> bytes:
     quotients = gaps >> r
     unary = np.ones(int(quotients.sum()) + count, dtype=np.uint8)
     unary[np.cumsum(quotients + 1) - 1] = 0  # each code's terminating 0
-    return (bytes([r]) + np.packbits(fixed.reshape(-1), bitorder="little").tobytes()
-            + np.packbits(unary, bitorder="little").tobytes())
+    return (
+        bytes([r])
+        + np.packbits(fixed.reshape(-1), bitorder="little").tobytes()
+        + np.packbits(unary, bitorder="little").tobytes()
+    )
 
 
 def decode(data: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -59,9 +62,9 @@ def decode(data: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError("rice: the payload is shorter than its fixed-width codes.")
     raw = np.frombuffer(data, dtype=np.uint8, offset=1)
     fixed = np.unpackbits(raw[:fixed_bytes], bitorder="little")
-    if fixed[count * (r + 1):].any():
+    if fixed[count * (r + 1) :].any():
         raise ValueError("rice: the padding after the fixed-width codes is not zero.")
-    fixed = fixed[:count * (r + 1)].reshape(count, r + 1).astype(np.int64)
+    fixed = fixed[: count * (r + 1)].reshape(count, r + 1).astype(np.int64)
     unary = np.unpackbits(raw[fixed_bytes:], bitorder="little")
     ends = np.flatnonzero(unary == 0)
     if ends.size < count:

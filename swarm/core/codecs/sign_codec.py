@@ -63,7 +63,9 @@ class SignCodec(Codec):
         packed = np.frombuffer(data, dtype=np.uint8, offset=4 * nb)
         bits = np.unpackbits(packed, bitorder="little")
         if bits[numel:].any():
-            raise ValueError(f"codec {self.name}: the padding bits after the last element are set, which encode"
-                             " never does; the payload is corrupt.")
+            raise ValueError(
+                f"codec {self.name}: the padding bits after the last element are set, which encode"
+                " never does; the payload is corrupt."
+            )
         magnitude = np.repeat(scales.astype(np.float32), self.block)[:numel]
         return torch.from_numpy(np.where(bits[:numel].astype(bool), -magnitude, magnitude))

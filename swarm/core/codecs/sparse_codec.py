@@ -79,7 +79,7 @@ class TopKCodec(Codec):
         out = []
         for start, chunks, length in self._sections(values.size):
             if chunks:
-                out.append(self._encode_section(values[start:start + chunks * length].reshape(chunks, length)))
+                out.append(self._encode_section(values[start : start + chunks * length].reshape(chunks, length)))
         return b"".join(out)
 
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
@@ -89,8 +89,8 @@ class TopKCodec(Codec):
         for start, chunks, length in self._sections(numel):
             size = self._section_bytes(chunks, length)
             if chunks:
-                section = self._decode_section(data[offset:offset + size], chunks, length)
-                out[start:start + chunks * length] = section.reshape(-1)
+                section = self._decode_section(data[offset : offset + size], chunks, length)
+                out[start : start + chunks * length] = section.reshape(-1)
             offset += size
         return torch.from_numpy(out)
 
@@ -136,8 +136,9 @@ class TopKCodec(Codec):
         k = self.k(length)
         if self._bitmap(length):
             size = chunks * -(-length // 8)
-            bits = np.unpackbits(np.frombuffer(data, np.uint8, count=size).reshape(chunks, -1), axis=1,
-                                 bitorder="little")
+            bits = np.unpackbits(
+                np.frombuffer(data, np.uint8, count=size).reshape(chunks, -1), axis=1, bitorder="little"
+            )
             if bits[:, length:].any() or (bits.sum(axis=1) != k).any():
                 raise ValueError(f"codec {self.name}: a chunk's bitmap does not mark exactly {k} of its values.")
             picked = np.nonzero(bits[:, :length])[1].reshape(chunks, k)
@@ -170,7 +171,7 @@ class TopKCodec(Codec):
             nibbles[0::2], nibbles[1::2] = raw & 0x0F, raw >> 4
             if (nibbles == 0).any() or (nibbles.size > chunks * k and nibbles[-1] != 8):
                 raise ValueError(f"codec {self.name}: the payload holds codes that encode never produces.")
-            q = nibbles[:chunks * k].astype(np.int8) - np.int8(8)
+            q = nibbles[: chunks * k].astype(np.int8) - np.int8(8)
         per_value = np.repeat(scales, BLOCK, axis=1)[:, :k]
         return q.reshape(chunks, k).astype(np.float32) * per_value
 
@@ -188,7 +189,7 @@ def parse_topk(name: str) -> TopKCodec | None:
     """The TopKCodec a name like ``topk-int4`` or ``topk-int4@0.003`` stands for; None when it is not one."""
     if not name.startswith("topk-"):
         return None
-    values, _, density = name[len("topk-"):].partition("@")
+    values, _, density = name[len("topk-") :].partition("@")
     try:
         return TopKCodec(values, float(density) if density else DEFAULT_DENSITY)
     except ValueError:

@@ -92,8 +92,11 @@ class SparseTernaryCodec(Codec):
         for first, last, length in self._sections(lengths):
             k = self.k(length)
             part = rows[first:last]
-            chosen = np.argpartition(-part, k - 1, axis=1)[:, :k] if k < self.block else np.broadcast_to(
-                np.arange(self.block), (last - first, self.block))
+            chosen = (
+                np.argpartition(-part, k - 1, axis=1)[:, :k]
+                if k < self.block
+                else np.broadcast_to(np.arange(self.block), (last - first, self.block))
+            )
             np.put_along_axis(picked[first:last], chosen, True, axis=1)
         kept = np.where(picked, rows, np.float32(0)) * self._shrink  # exact above the subnormals
         counts = picked.sum(axis=1).astype(np.float32)
@@ -101,8 +104,9 @@ class SparseTernaryCodec(Codec):
         with np.errstate(over="ignore"):
             levels = ((sums * np.float32(self.block)) / counts).astype("<f4")
         if not np.isfinite(levels).all():  # kept values whose sum passes FLT_MAX (each near it): divide first
-            levels = np.where(np.isfinite(levels), levels,
-                              np.minimum((sums / counts) * np.float32(self.block), _FLT_MAX)).astype("<f4")
+            levels = np.where(
+                np.isfinite(levels), levels, np.minimum((sums / counts) * np.float32(self.block), _FLT_MAX)
+            ).astype("<f4")
         positions = np.flatnonzero(picked.reshape(-1))
         gaps = np.diff(positions, prepend=-1) - 1
         signs = (values[positions] < 0).astype(np.uint8)
@@ -118,8 +122,10 @@ class SparseTernaryCodec(Codec):
 
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
         if numel < 0 or len(data) > self.encoded_size(numel):
-            raise ValueError(f"codec {self.name}: got {len(data)} bytes for {numel} elements, more than the"
-                             f" {self.encoded_size(max(numel, 0))} encode writes at most; the payload is corrupt.")
+            raise ValueError(
+                f"codec {self.name}: got {len(data)} bytes for {numel} elements, more than the"
+                f" {self.encoded_size(max(numel, 0))} encode writes at most; the payload is corrupt."
+            )
         if numel == 0:
             if data:
                 raise ValueError(f"codec {self.name}: a payload of no elements must be empty.")
@@ -130,7 +136,7 @@ class SparseTernaryCodec(Codec):
             raise ValueError(f"codec {self.name}: the payload is shorter than its {nb} block levels.")
         levels = self._block_scales(data, numel)
         try:
-            gaps, signs = rice.decode(data[4 * nb:], int(counts.sum()))
+            gaps, signs = rice.decode(data[4 * nb :], int(counts.sum()))
         except ValueError as e:
             raise ValueError(f"codec {self.name}: {e}") from None
         positions = np.cumsum(gaps + 1) - 1
@@ -149,6 +155,6 @@ def parse_sparse_ternary(name: str) -> Optional[SparseTernaryCodec]:
     if not name.startswith(PREFIX):
         return None
     try:
-        return SparseTernaryCodec(float(name[len(PREFIX):]))
+        return SparseTernaryCodec(float(name[len(PREFIX) :]))
     except ValueError:
         return None

@@ -62,8 +62,9 @@ class TernaryCodec(Codec):
         keep = rows > threshold[:, None]
         counts = keep.sum(axis=1)
         kept = tree_sums(np.where(keep, rows, np.float32(0)))
-        levels = np.where(counts > 0, (kept * np.float32(self.block)) / np.maximum(counts, 1).astype(np.float32),
-                          np.float32(0)).astype("<f4")
+        levels = np.where(
+            counts > 0, (kept * np.float32(self.block)) / np.maximum(counts, 1).astype(np.float32), np.float32(0)
+        ).astype("<f4")
         trits = np.zeros(-(-n // 5) * 5, dtype=np.uint8)
         flat_keep = keep.reshape(-1)[:n]
         trits[:n][flat_keep] = 1
@@ -80,8 +81,10 @@ class TernaryCodec(Codec):
         trits = (packed[:, None] // _POWERS) % 3
         trits = trits.reshape(-1)
         if trits[numel:].any():
-            raise ValueError(f"codec {self.name}: the padding after the last element is not zero, which encode"
-                             " never writes; the payload is corrupt.")
+            raise ValueError(
+                f"codec {self.name}: the padding after the last element is not zero, which encode"
+                " never writes; the payload is corrupt."
+            )
         magnitude = np.repeat(levels.astype(np.float32), self.block)[:numel]
         codes = trits[:numel]
         out = np.where(codes == 1, magnitude, np.where(codes == 2, -magnitude, np.float32(0)))

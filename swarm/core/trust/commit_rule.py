@@ -91,8 +91,9 @@ def counted(claims: Iterable[Claim], participants: AbstractSet[str]) -> list[Cla
     found = []
     for claim in claims:
         sized = is_sized(claim.group)
-        if not (claim.ok and claim.state_hash and (sized or claim.peer_id in claim.group)
-                and claim.peer_id in participants):
+        if not (
+            claim.ok and claim.state_hash and (sized or claim.peer_id in claim.group) and claim.peer_id in participants
+        ):
             continue
         if claim.group not in planned:
             planned[claim.group] = sized or claim.group <= participants
@@ -101,8 +102,9 @@ def counted(claims: Iterable[Claim], participants: AbstractSet[str]) -> list[Cla
     return found
 
 
-def candidates(claims: Iterable[Claim], participants: AbstractSet[str],
-               standing: Optional[AbstractSet[str]] = None) -> list[Candidate]:
+def candidates(
+    claims: Iterable[Claim], participants: AbstractSet[str], standing: Optional[AbstractSet[str]] = None
+) -> list[Candidate]:
     """Every (hash, group) some counted claim names, best first: with a quorum, then by supporters, then
     the smallest hash (and group), so that every reader of the same claims ranks them the same (``decide``
     voids a tie at the top, so the order among equals never picks a winner). ``standing``: the planned
@@ -115,15 +117,19 @@ def candidates(claims: Iterable[Claim], participants: AbstractSet[str],
     return sorted(found, key=lambda c: (not c.has_quorum, -len(c.supporters), c.state_hash, c.group))
 
 
-def decide(claims: Iterable[Claim], participants: AbstractSet[str],
-           standing: Optional[AbstractSet[str]] = None) -> Verdict:
+def decide(
+    claims: Iterable[Claim], participants: AbstractSet[str], standing: Optional[AbstractSet[str]] = None
+) -> Verdict:
     """The round's verdict on ``claims`` from peers planned as ``participants``, of whom ``standing`` (default:
     all) are still in the round: the quorum is a majority of those."""
     claims = list(claims)
     ranked = candidates(claims, participants, standing)
     ignored = sum(1 for c in claims if c.ok and c.state_hash) - len(counted(claims, participants))
-    aside = f"; {ignored} reports ignored: their group lacked the reporter or named peers not in the round" \
-        if ignored else ""
+    aside = (
+        f"; {ignored} reports ignored: their group lacked the reporter or named peers not in the round"
+        if ignored
+        else ""
+    )
     if not ranked:
         return Verdict(None, (), f"voided: no participant reported a successful exchange{aside}")
     best = ranked[0]
@@ -132,15 +138,21 @@ def decide(claims: Iterable[Claim], participants: AbstractSet[str],
         of += f" ({best.planned} planned participants in the round)"
     if len(ranked) > 1 and len(ranked[1].supporters) == len(best.supporters):
         tied = [c for c in ranked if len(c.supporters) == len(best.supporters)]
-        return Verdict(None, (), f"voided: a tie: {len(tied)} hashes or groups reported by {len(best.supporters)} "
-                                 f"members each ({', '.join(_short(c.state_hash) for c in tied[:4])}){aside}")
+        return Verdict(
+            None,
+            (),
+            f"voided: a tie: {len(tied)} hashes or groups reported by {len(best.supporters)} "
+            f"members each ({', '.join(_short(c.state_hash) for c in tied[:4])}){aside}",
+        )
     if not best.has_quorum:
-        return Verdict(None, (), f"voided: hash {_short(best.state_hash)} reported by {of}, "
-                                 f"no quorum (needs {best.needed}){aside}")
+        return Verdict(
+            None, (), f"voided: hash {_short(best.state_hash)} reported by {of}, no quorum (needs {best.needed}){aside}"
+        )
     others = sum(len(c.supporters) for c in ranked[1:])
     dissent = f"; {others} reported other hashes or groups" if others else ""
-    return Verdict(best.state_hash, best.supporters,
-                   f"committed: {of} agree on {_short(best.state_hash)}{dissent}{aside}")
+    return Verdict(
+        best.state_hash, best.supporters, f"committed: {of} agree on {_short(best.state_hash)}{dissent}{aside}"
+    )
 
 
 def _short(digest: str) -> str:

@@ -71,8 +71,9 @@ class PeerKey:
                     f"{path} is not a readable private key ({type(e).__name__}); move it away to start as a new peer."
                 ) from None
             if not isinstance(private, Ed25519PrivateKey):
-                raise CredentialError(f"{path} holds a {type(private).__name__}, not an Ed25519 key; "
-                                      "move it away to start as a new peer.")
+                raise CredentialError(
+                    f"{path} holds a {type(private).__name__}, not an Ed25519 key; move it away to start as a new peer."
+                )
             os.chmod(path, 0o600)
             return cls(private)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -44,8 +44,11 @@ OMITTED_AT_DEFAULT = ("closed", "protocol")
 def entry_body(entry: Any, *, expires_at: Optional[float] = None) -> bytes:
     """The bytes ``sign_entry`` signs for ``entry`` (a reader refuses more than MAX_BODY_BYTES without the
     expiration)."""
-    body = {f.name: getattr(entry, f.name) for f in fields(entry)
-            if not (f.name in OMITTED_AT_DEFAULT and getattr(entry, f.name) == f.default)}
+    body = {
+        f.name: getattr(entry, f.name)
+        for f in fields(entry)
+        if not (f.name in OMITTED_AT_DEFAULT and getattr(entry, f.name) == f.default)
+    }
     if expires_at is not None:
         body[EXPIRES_AT] = float(expires_at)
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
@@ -57,17 +60,37 @@ def sign_entry(member: Member, key: str, entry: Any, *, expires_at: Optional[flo
     outside the DHT only, such as the coordinator checking a vote). The key travels in clear too: DHT nodes
     see only its hash, and their ``EntryValidator`` checks the signature with it."""
     body = entry_body(entry, expires_at=expires_at)
-    return {"key": key, "body": body, "credential": bytes(member.credential),
-            "signature": member.key.sign(ENTRY_PURPOSE, _signed_message(key, body))}
+    return {
+        "key": key,
+        "body": body,
+        "credential": bytes(member.credential),
+        "signature": member.key.sign(ENTRY_PURPOSE, _signed_message(key, body)),
+    }
 
 
-def verify_signed(value: Any, *, key: str, subkey: Any, cls: type[T], coordinator_public_key: bytes, run_id: str,
-                  now: float, expiration_time: Optional[float] = None) -> T:
+def verify_signed(
+    value: Any,
+    *,
+    key: str,
+    subkey: Any,
+    cls: type[T],
+    coordinator_public_key: bytes,
+    run_id: str,
+    now: float,
+    expiration_time: Optional[float] = None,
+) -> T:
     """The entry of type ``cls`` in a signed value posted under ``key`` and ``subkey`` (and, when given, held in
     the DHT until ``expiration_time``), if it checks out against the run's coordinator key; EntryRejected with
     the reason otherwise."""
-    signed = signed_fields(value, key=key, subkey=subkey, coordinator_public_key=coordinator_public_key,
-                           run_id=run_id, now=now, expiration_time=expiration_time)
+    signed = signed_fields(
+        value,
+        key=key,
+        subkey=subkey,
+        coordinator_public_key=coordinator_public_key,
+        run_id=run_id,
+        now=now,
+        expiration_time=expiration_time,
+    )
     signed.pop(EXPIRES_AT, None)
     try:
         return cls(**_typed_fields(signed, cls))
@@ -75,12 +98,22 @@ def verify_signed(value: Any, *, key: str, subkey: Any, cls: type[T], coordinato
         raise EntryRejected(f"malformed {cls.__name__} ({e})") from None
 
 
-def signed_fields(value: Any, *, key: str, subkey: Any, coordinator_public_key: bytes, run_id: str,
-                  now: float, expiration_time: Optional[float] = None) -> dict[str, Any]:
+def signed_fields(
+    value: Any,
+    *,
+    key: str,
+    subkey: Any,
+    coordinator_public_key: bytes,
+    run_id: str,
+    now: float,
+    expiration_time: Optional[float] = None,
+) -> dict[str, Any]:
     """The fields of a signed entry for ``key`` under ``subkey`` whose poster's credential is current and
     names the same peer and libp2p id as the entry, and, when ``expiration_time`` is given (the entry came from
     the DHT), was signed with that very expiration; EntryRejected with the reason otherwise."""
-    if not isinstance(value, dict) or not all(isinstance(value.get(f), bytes) for f in ("body", "credential", "signature")):
+    if not isinstance(value, dict) or not all(
+        isinstance(value.get(f), bytes) for f in ("body", "credential", "signature")
+    ):
         raise EntryRejected("not a signed entry")
     body = value["body"]
     if len(body) > MAX_BODY_BYTES + _EXPIRES_AT_BYTES:
@@ -98,8 +131,10 @@ def signed_fields(value: Any, *, key: str, subkey: Any, coordinator_public_key: 
     if not isinstance(signed, dict):
         raise EntryRejected("body is not an object")
     if not credential.peer_id == subkey == signed.get("peer_id"):
-        raise EntryRejected(f"credential of {credential.peer_id} on an entry of {str(signed.get('peer_id'))[:64]!r} "
-                            f"under subkey {str(subkey)[:64]!r}")
+        raise EntryRejected(
+            f"credential of {credential.peer_id} on an entry of {str(signed.get('peer_id'))[:64]!r} "
+            f"under subkey {str(subkey)[:64]!r}"
+        )
     if signed.get("dht_peer_id") != credential.dht_peer_id:
         raise EntryRejected(f"libp2p id {str(signed.get('dht_peer_id'))[:64]!r} is not the credential's")
     if "site" in signed and signed["site"] != credential.site:
@@ -107,8 +142,10 @@ def signed_fields(value: Any, *, key: str, subkey: Any, coordinator_public_key: 
     if expiration_time is not None and signed.get(EXPIRES_AT) != expiration_time:
         # the DHT keeps the value of latest expiration: an entry stored again with a later one than its poster
         # signed would pass for the poster's newest
-        raise EntryRejected(f"held until {expiration_time!r} in the DHT but signed for "
-                            f"{str(signed.get(EXPIRES_AT))[:32]}: a replay, not what its poster stored")
+        raise EntryRejected(
+            f"held until {expiration_time!r} in the DHT but signed for "
+            f"{str(signed.get(EXPIRES_AT))[:32]}: a replay, not what its poster stored"
+        )
     return signed
 
 

@@ -55,9 +55,14 @@ MIN_BULK_BYTES = 1 << 16  # smaller slices go over libp2p: one message there cos
 
 # The status byte after a frame. Anything but OK: the sender sends the slice over libp2p instead.
 OK, NO_CLAIM, BUSY, OVER_CAP, MISMATCH, BAD_FRAME, UNDELIVERED = range(7)
-STATUS_WORDS = {NO_CLAIM: "no claim for that slot", BUSY: "another connection is reading that slot",
-                OVER_CAP: "too many unverified bulk bytes held", MISMATCH: "bytes differ from the claimed tag",
-                BAD_FRAME: "malformed frame", UNDELIVERED: "the exchange refused the slice"}
+STATUS_WORDS = {
+    NO_CLAIM: "no claim for that slot",
+    BUSY: "another connection is reading that slot",
+    OVER_CAP: "too many unverified bulk bytes held",
+    MISMATCH: "bytes differ from the claimed tag",
+    BAD_FRAME: "malformed frame",
+    UNDELIVERED: "the exchange refused the slice",
+}
 
 Slot = tuple[str, int, int, int, bytes]  # (group digest, phase, part, sender position, ticket)
 MAC_KEY_BYTES, TAG_BYTES, TICKET_BYTES = 32, 16, 16
@@ -132,8 +137,12 @@ class BulkChannel:
         """Listen on ``listen_host`` (port 0); announce ``announce_host`` (else the listen address when it
         is one address; else nothing, and groupmates send over libp2p)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Reader(self), host=listen_host, port=0,
-                                                family=socket.AF_INET6 if ":" in listen_host else socket.AF_INET)
+        self._server = await loop.create_server(
+            lambda: _Reader(self),
+            host=listen_host,
+            port=0,
+            family=socket.AF_INET6 if ":" in listen_host else socket.AF_INET,
+        )
         port = self._server.sockets[0].getsockname()[1]
         host = announce_host or (None if is_wildcard(listen_host) else listen_host)
         self.address = bulk_address(host, port) if host else ""
@@ -149,8 +158,10 @@ class BulkChannel:
         everyone has too many claims open (the sender then sends over libp2p). A repeated claim replaces the
         earlier (a resend)."""
         claims = self._claims.setdefault(key, {})
-        if slot not in claims and (sum(map(len, self._claims.values())) >= MAX_CLAIMS or sum(
-                c.sender_id == sender_id for c in claims.values()) >= MAX_CLAIMS_PER_SENDER):
+        if slot not in claims and (
+            sum(map(len, self._claims.values())) >= MAX_CLAIMS
+            or sum(c.sender_id == sender_id for c in claims.values()) >= MAX_CLAIMS_PER_SENDER
+        ):
             return False
         claims[slot] = Claim(deliver, mac_key, max_bytes, sender_id)
         return True
@@ -228,11 +239,11 @@ class _Reader(asyncio.BufferedProtocol):
             self.transport.abort()
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return memoryview(self._buffer)[self._got:]  # the body's bytes go straight where they stay
+        return memoryview(self._buffer)[self._got :]  # the body's bytes go straight where they stay
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._stage == "body":
-            self._mac.update(self._buffer[self._got:self._got + nbytes])
+            self._mac.update(self._buffer[self._got : self._got + nbytes])
             self._sizes.append(nbytes)
             self._arrivals.append(time.perf_counter())
         self._got += nbytes

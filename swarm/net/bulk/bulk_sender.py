@@ -62,8 +62,15 @@ class BulkSender:
         self._closed = False  # under _lock: after close() no thread starts a send (one racing it used to block exit)
         self._skip_until: dict[Address, float] = {}  # the loop's: addresses that could not be dialled
 
-    async def send(self, address: Address, header: exchange_pb2.BulkHeader, data: bytes | memoryview, *,
-                   pace_bytes_per_s: int = 0, on_written: Optional[Callable[[], None]] = None) -> Optional[float]:
+    async def send(
+        self,
+        address: Address,
+        header: exchange_pb2.BulkHeader,
+        data: bytes | memoryview,
+        *,
+        pace_bytes_per_s: int = 0,
+        on_written: Optional[Callable[[], None]] = None,
+    ) -> Optional[float]:
         """Send one frame, at most ``pace_bytes_per_s`` (the kernel's TCP pacing, SO_MAX_PACING_RATE; 0:
         unpaced); ``on_written()`` is called on the loop once its bytes are written (the next frame to the address
         may go). When the receiver took it, the ``time.perf_counter`` at which its first byte went, else None (not
@@ -85,23 +92,41 @@ class BulkSender:
         in_use: list[_Pipe] = []  # the connection the thread is using, to cut it on cancellation
         try:
             started, status = await loop.run_in_executor(
-                self._pool, self._send_frame, address, PREFIX.pack(MAGIC, len(head)) + head, data, pace_bytes_per_s,
-                written, in_use)
+                self._pool,
+                self._send_frame,
+                address,
+                PREFIX.pack(MAGIC, len(head)) + head,
+                data,
+                pace_bytes_per_s,
+                written,
+                in_use,
+            )
         except asyncio.CancelledError:
             for pipe in in_use:
                 self._break(address, pipe)  # unblocks the thread's sendall or recv
             raise
         if status == "unreachable":
             self._skip_until[address] = time.monotonic() + UNREACHABLE_RETRY_S
-            logger.info("bulk address %s:%d cannot be dialled; its slices go over libp2p for %.0fs", *address,
-                        UNREACHABLE_RETRY_S)
+            logger.info(
+                "bulk address %s:%d cannot be dialled; its slices go over libp2p for %.0fs",
+                *address,
+                UNREACHABLE_RETRY_S,
+            )
         elif status != OK:
-            logger.debug("bulk send to %s:%d not taken (%s); sending over libp2p", *address,
-                         STATUS_WORDS.get(status, status))
+            logger.debug(
+                "bulk send to %s:%d not taken (%s); sending over libp2p", *address, STATUS_WORDS.get(status, status)
+            )
         return started if status == OK else None
 
-    def _send_frame(self, address: Address, head: bytes, data: bytes | memoryview, pace_bytes_per_s: int,
-                    written: Callable[[], None], in_use: list[_Pipe]) -> tuple[float, object]:
+    def _send_frame(
+        self,
+        address: Address,
+        head: bytes,
+        data: bytes | memoryview,
+        pace_bytes_per_s: int,
+        written: Callable[[], None],
+        in_use: list[_Pipe],
+    ) -> tuple[float, object]:
         try:
             for attempt in range(2):
                 pipe, reused = self._pipe(address)

@@ -59,31 +59,47 @@ class Reservation:
 
 
 class BulkSlices:
-    def __init__(self, transport: Transport, channel: BulkChannel, *, handler_name: str, inbox: SliceInbox,
-                 on_sent: OnSent, on_received: OnReceived) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        channel: BulkChannel,
+        *,
+        handler_name: str,
+        inbox: SliceInbox,
+        on_sent: OnSent,
+        on_received: OnReceived,
+    ) -> None:
         self.transport, self.channel, self.handler_name, self.inbox = transport, channel, handler_name, inbox
         self.on_sent, self.on_received = on_sent, on_received
 
-    def reserve_all(self, member: Member, key: str, digest: str, sender: int,
-                    slots: list[tuple[int, int, int]]) -> dict[tuple[int, int], Reservation]:
+    def reserve_all(
+        self, member: Member, key: str, digest: str, sender: int, slots: list[tuple[int, int, int]]
+    ) -> dict[tuple[int, int], Reservation]:
         """Claim ``slots`` ((phase, part, the most bytes the slice may take)) on ``member``'s bulk channel in one
         message, its round trip started now; by (phase, part), those claimed (a slice so small that a claim and
         a frame cost more than one libp2p message goes over libp2p, as every slot does without a usable address)."""
         address = parse_bulk_address(member.bulk)
-        claims = [exchange_pb2.BulkClaim(phase=phase, part=part, max_bytes=max_bytes,
-                                         **dict(zip(("mac_key", "ticket"), fresh_claim_secrets())))
-                  for phase, part, max_bytes in slots if max_bytes >= MIN_BULK_BYTES]
+        claims = [
+            exchange_pb2.BulkClaim(
+                phase=phase, part=part, max_bytes=max_bytes, **dict(zip(("mac_key", "ticket"), fresh_claim_secrets()))
+            )
+            for phase, part, max_bytes in slots
+            if max_bytes >= MIN_BULK_BYTES
+        ]
         if address is None or not claims:
             return {}
-        message = exchange_pb2.TensorChunk(key=key, group_digest=digest, sender=sender, chunk=0, num_chunks=1,
-                                           bulk_claims=claims)
+        message = exchange_pb2.TensorChunk(
+            key=key, group_digest=digest, sender=sender, chunk=0, num_chunks=1, bulk_claims=claims
+        )
         answer = asyncio.ensure_future(self._claim(member, key, message))
         share = -(-message.ByteSize() // len(claims))  # each slice's part of the claim's bytes
-        return {(c.phase, c.part): Reservation(address, c.mac_key, c.ticket, c.max_bytes, share, answer)
-                for c in claims}
+        return {
+            (c.phase, c.part): Reservation(address, c.mac_key, c.ticket, c.max_bytes, share, answer) for c in claims
+        }
 
-    def reserve_butterfly(self, key: str, group: list[Member], digest: str, position: int,
-                          bounds: list[tuple[int, int]], codec) -> dict[tuple[int, int, int], Reservation]:
+    def reserve_butterfly(
+        self, key: str, group: list[Member], digest: str, position: int, bounds: list[tuple[int, int]], codec
+    ) -> dict[tuple[int, int, int], Reservation]:
         """This peer's slots of a butterfly exchange, claimed before anything is encoded (so the claims' round trips
         overlap the encoding), one claim message per groupmate: by (phase, slice, group position sent to), its
         contribution to the owner of every slice (slice i is position i % K's:
@@ -97,29 +113,43 @@ class BulkSlices:
             else:
                 for to in slots:
                     slots[to].append((exchange_pb2.PHASE_AVERAGED, part, size))
-        return {(phase, part, to): reservation for to, wanted in slots.items()
-                for (phase, part), reservation in self.reserve_all(group[to], key, digest, position, wanted).items()}
+        return {
+            (phase, part, to): reservation
+            for to, wanted in slots.items()
+            for (phase, part), reservation in self.reserve_all(group[to], key, digest, position, wanted).items()
+        }
 
     async def _claim(self, member: Member, key: str, claim: exchange_pb2.TensorChunk) -> bool:
         for attempt in range(CLAIM_ATTEMPTS):
             try:
                 ack = await self.transport.p2p.call_protobuf_handler(
-                    PeerID.from_base58(member.dht_peer_id), self.handler_name, _one(claim), exchange_pb2.ChunkAck)
+                    PeerID.from_base58(member.dht_peer_id), self.handler_name, _one(claim), exchange_pb2.ChunkAck
+                )
                 return ack.ok
             except Exception as e:  # after the last try, any failure to claim: the libp2p path tries and reports it
                 logger.debug("%s: no bulk claim with %s (attempt %d: %r)", key, member.peer_id, attempt + 1, e)
         return False
 
-    async def send(self, member: Member, key: str, head: dict, payload: SlicePayload,
-                   reservation: Optional[Reservation], frame_tag: Optional[bytes], turn: Turn, *,
-                   pace_mbit_s: float = 0.0) -> Optional[int]:
+    async def send(
+        self,
+        member: Member,
+        key: str,
+        head: dict,
+        payload: SlicePayload,
+        reservation: Optional[Reservation],
+        frame_tag: Optional[bytes],
+        turn: Turn,
+        *,
+        pace_mbit_s: float = 0.0,
+    ) -> Optional[int]:
         """Send the bytes in ``reservation``'s slot (made now when None) once its claim is taken and ``turn``
         comes (``frame_tag``: the bytes' tag under its key, made now when None), which ends once the bytes are
         written (the next frame goes behind them while this one waits for its answer); the bytes sent, or None
         when the slice must go over libp2p (a refusal there is then the libp2p path's to report)."""
         slot = (head["phase"], head["part"])
-        reservation = reservation or self.reserve_all(member, key, head["group_digest"], head["sender"],
-                                                      [(*slot, payload.size)]).get(slot)
+        reservation = reservation or self.reserve_all(
+            member, key, head["group_digest"], head["sender"], [(*slot, payload.size)]
+        ).get(slot)
         if reservation is None or payload.size > reservation.max_bytes:
             return None
         data = await payload.whole()
@@ -129,8 +159,11 @@ class BulkSlices:
         await turn.wait()
         first_byte = await self.transport.bulk_sender.send(
             reservation.address,
-            exchange_pb2.BulkHeader(**head, tag=frame_tag, length=len(data), ticket=reservation.ticket), data,
-            pace_bytes_per_s=int(pace_mbit_s * 1e6 / 8), on_written=turn.done)  # the next frame may follow it
+            exchange_pb2.BulkHeader(**head, tag=frame_tag, length=len(data), ticket=reservation.ticket),
+            data,
+            pace_bytes_per_s=int(pace_mbit_s * 1e6 / 8),
+            on_written=turn.done,
+        )  # the next frame may follow it
         if first_byte is None:
             return None
         sent = len(data) + reservation.claim_bytes
@@ -141,8 +174,11 @@ class BulkSlices:
         """A groupmate's claim of its slots (``bulk_claims``; ``remote``: its libp2p id, authenticated): take each
         slot's bytes from the bulk channel once they carry a valid tag."""
         claims = list(head.bulk_claims)
-        if head.data or len(claims) > MAX_CLAIMS_PER_SENDER or any(
-                len(c.mac_key) != MAC_KEY_BYTES or len(c.ticket) != TICKET_BYTES or c.max_bytes <= 0 for c in claims):
+        if (
+            head.data
+            or len(claims) > MAX_CLAIMS_PER_SENDER
+            or any(len(c.mac_key) != MAC_KEY_BYTES or len(c.ticket) != TICKET_BYTES or c.max_bytes <= 0 for c in claims)
+        ):
             return exchange_pb2.ChunkAck(ok=False, error="a malformed bulk claim")
         key = head.key
         slots = [(head.group_digest, c.phase, c.part, head.sender, remote) for c in claims]
@@ -153,8 +189,14 @@ class BulkSlices:
                 return exchange_pb2.ChunkAck(ok=False, error=self.inbox.refusal(key, remote, refused))
         registered = []  # all or none: a claim refused part way leaves nothing behind
         for slot, claim in zip(slots, claims):
-            if not self.channel.claim(key, (*slot[:4], claim.ticket), claim.max_bytes, claim.mac_key, remote,
-                                      self._deliverer(key, slot, remote)):
+            if not self.channel.claim(
+                key,
+                (*slot[:4], claim.ticket),
+                claim.max_bytes,
+                claim.mac_key,
+                remote,
+                self._deliverer(key, slot, remote),
+            ):
                 for done in registered:
                     self.channel.unclaim(key, done)
                 return exchange_pb2.ChunkAck(ok=False, error="too many bulk claims open here; send the slice itself")
@@ -163,11 +205,13 @@ class BulkSlices:
 
     def _deliverer(self, key: str, slot: tuple, remote: str):
         """What the channel calls with a claimed slot's verified bytes: into the inbox, counted as received."""
+
         async def deliver(payload: memoryview, sizes: list[int], arrivals: list[float]) -> bool:
             if not await self.inbox.deliver(key, *slot[:4], payload, sender_id=remote):
                 return False
             self.on_received(key, remote, sizes, arrivals)
             return True
+
         return deliver
 
 

@@ -46,21 +46,27 @@ class SlicePayload:
 
     def lossless_view(self) -> Optional[memoryview]:
         """fp32 values' encoding without a copy: a view of their memory (on a little-endian machine)."""
-        if self.values is None or not self.codec.lossless or sys.byteorder != "little" or not self.values.is_contiguous():
+        if (
+            self.values is None
+            or not self.codec.lossless
+            or sys.byteorder != "little"
+            or not self.values.is_contiguous()
+        ):
             return None
         return memoryview(self.values.numpy()).cast("B")
 
     async def chunk(self, i: int) -> bytes:
         if isinstance(self._whole, bytes):  # given, or encoded for the bulk channel already
-            return self._whole[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES]
-        part = self.values[i * self._per_chunk:(i + 1) * self._per_chunk]
+            return self._whole[i * CHUNK_BYTES : (i + 1) * CHUNK_BYTES]
+        part = self.values[i * self._per_chunk : (i + 1) * self._per_chunk]
         if self.codec.lossless:  # a plain copy of the fp32 bytes: cheaper than a hop to a thread
             return self.codec.encode(part)
         return await asyncio.to_thread(self.codec.encode, part)  # off the loop, which serves other streams
 
 
-async def chunk_messages(payload: SlicePayload, head: dict, first_byte: list[float],
-                         sizes: list[int]) -> AsyncIterator[exchange_pb2.TensorChunk]:
+async def chunk_messages(
+    payload: SlicePayload, head: dict, first_byte: list[float], sizes: list[int]
+) -> AsyncIterator[exchange_pb2.TensorChunk]:
     """The slice's messages (``head``: its key, digest, phase, part, sender), each made when taken; notes
     in ``first_byte`` when the first is taken (the stream is open) and each message's size in ``sizes``."""
     num_chunks = payload.num_chunks

@@ -27,15 +27,23 @@ OnChunksReceived = Callable[[str, str, list[int], list[float], Optional[float]],
 
 
 class Libp2pSlices:
-    def __init__(self, transport: Transport, *, handler_name: str, inbox: SliceInbox, on_sent: OnSent,
-                 on_received: OnChunksReceived) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        handler_name: str,
+        inbox: SliceInbox,
+        on_sent: OnSent,
+        on_received: OnChunksReceived,
+    ) -> None:
         self.transport, self.handler_name, self.inbox = transport, handler_name, inbox
         self.on_sent, self.on_received = on_sent, on_received
         self.bulk: Optional[BulkSlices] = None  # where claims go, once this peer has a bulk channel
 
     async def start(self) -> None:
-        await self.transport.p2p.add_protobuf_handler(self.handler_name, self._on_chunks, exchange_pb2.TensorChunk,
-                                                      stream_input=True)
+        await self.transport.p2p.add_protobuf_handler(
+            self.handler_name, self._on_chunks, exchange_pb2.TensorChunk, stream_input=True
+        )
 
     async def send(self, member: Member, key: str, head: dict, payload: SlicePayload) -> int:
         """Send one slice (``head``: its key, digest, phase, part, sender) as a stream of messages, once more if the
@@ -45,8 +53,10 @@ class Libp2pSlices:
             first_byte, sizes = [], []  # when the stream opened (the first chunk went); each message's size
             try:
                 ack = await self.transport.p2p.call_protobuf_handler(
-                    PeerID.from_base58(member.dht_peer_id), self.handler_name,
-                    chunk_messages(payload, head, first_byte, sizes), exchange_pb2.ChunkAck,
+                    PeerID.from_base58(member.dht_peer_id),
+                    self.handler_name,
+                    chunk_messages(payload, head, first_byte, sizes),
+                    exchange_pb2.ChunkAck,
                 )
             except ValueError:
                 # hivemind's stream sometimes closes without the handler's reply although the data arrived
@@ -59,8 +69,9 @@ class Libp2pSlices:
                 if attempt == 0:
                     continue  # delivery is idempotent: a repeated slice replaces the same inbox entry
                 if is_dial_failure(e):
-                    raise ExchangeFailed(unreachable_groupmate(key, member.peer_id, member.maddrs, e),
-                                         unreachable=True) from None
+                    raise ExchangeFailed(
+                        unreachable_groupmate(key, member.peer_id, member.maddrs, e), unreachable=True
+                    ) from None
                 raise ExchangeFailed(f"{key}: could not send to {member.peer_id} ({e!r})") from None
             if not ack.ok:
                 raise ExchangeFailed(f"{key}: {member.peer_id} refused a slice: {ack.error}")
@@ -80,8 +91,9 @@ class Libp2pSlices:
             return exchange_pb2.ChunkAck(ok=False, error="empty stream")
         head = chunks[0]
         slot = (head.key, head.group_digest, head.phase, head.part, head.sender)
-        if len(chunks) != head.num_chunks or any((c.key, c.group_digest, c.phase, c.part, c.sender, c.chunk)
-                                                 != (*slot, i) for i, c in enumerate(chunks)):
+        if len(chunks) != head.num_chunks or any(
+            (c.key, c.group_digest, c.phase, c.part, c.sender, c.chunk) != (*slot, i) for i, c in enumerate(chunks)
+        ):
             return exchange_pb2.ChunkAck(ok=False, error="chunks of one slice arrived inconsistent or incomplete")
         remote = context.remote_id.to_base58()
         if head.bulk_claims:  # a claim of bulk slots instead of a slice
@@ -89,10 +101,15 @@ class Libp2pSlices:
                 return exchange_pb2.ChunkAck(ok=False, error="no bulk channel here; send the slice itself")
             return await self.bulk.on_claim(head, remote)
         payload = b"".join(c.data for c in chunks)
-        if not await self.inbox.deliver(head.key, head.group_digest, head.phase, head.part, head.sender, payload,
-                                        sender_id=remote):
-            return exchange_pb2.ChunkAck(ok=False, error=self.inbox.refusal(
-                head.key, remote, (head.group_digest, head.phase, head.part, head.sender, remote)))
+        if not await self.inbox.deliver(
+            head.key, head.group_digest, head.phase, head.part, head.sender, payload, sender_id=remote
+        ):
+            return exchange_pb2.ChunkAck(
+                ok=False,
+                error=self.inbox.refusal(
+                    head.key, remote, (head.group_digest, head.phase, head.part, head.sender, remote)
+                ),
+            )
         sizes = [c.ByteSize() for c in chunks]  # not free at 1 MiB: once each
         self.on_received(head.key, remote, sizes, arrivals, opened)
         return exchange_pb2.ChunkAck(ok=True)

@@ -69,7 +69,9 @@ class StateServer:
 
     def __init__(self, transport: Transport, *, run_id: str, member: Member):
         if member is None:
-            raise ValueError("a state server needs this peer's credential (a credential.Member) to tell members from strangers.")
+            raise ValueError(
+                "a state server needs this peer's credential (a credential.Member) to tell members from strangers."
+            )
         self.transport, self.member = transport, member
         self.handler_name = f"swarm_{run_id}.state"
         self._lock = threading.Lock()
@@ -97,11 +99,14 @@ class StateServer:
         if served is None or round_no != request.round:
             return exchange_pb2.StateChunk(round=round_no, error=f"this peer holds round {round_no}")
         if not 0 <= request.offset <= served.size or request.length < 0:
-            return exchange_pb2.StateChunk(round=round_no, error=f"offset {request.offset} or length {request.length} "
-                                                                 f"is outside the state's {served.size} bytes")
+            return exchange_pb2.StateChunk(
+                round=round_no,
+                error=f"offset {request.offset} or length {request.length} is outside the state's {served.size} bytes",
+            )
         if request.bulk_address and await self._send_bulk(request, served):
-            return exchange_pb2.StateChunk(round=round_no, state_hash=state_hash, total_bytes=served.size,
-                                           offset=request.offset, bulk=True)
+            return exchange_pb2.StateChunk(
+                round=round_no, state_hash=state_hash, total_bytes=served.size, offset=request.offset, bulk=True
+            )
         data = served.read(request.offset, min(request.length, MAX_CHUNK_BYTES))  # the one copy: protobuf's bytes
         if served.changed():
             return self._moved_on(served)
@@ -123,20 +128,33 @@ class StateServer:
         frame is tagged under the one-time key it sent over this authenticated stream."""
         address = parse_bulk_address(request.bulk_address)
         length = min(request.length, MAX_BULK_FRAME_BYTES, served.size - request.offset)
-        if (address is None or length < MIN_BULK_BYTES or len(request.bulk_mac_key) != MAC_KEY_BYTES
-                or len(request.bulk_ticket) != TICKET_BYTES or not request.bulk_key):
+        if (
+            address is None
+            or length < MIN_BULK_BYTES
+            or len(request.bulk_mac_key) != MAC_KEY_BYTES
+            or len(request.bulk_ticket) != TICKET_BYTES
+            or not request.bulk_key
+        ):
             return False
         try:
             await self.transport.open_bulk()  # its sender; the exchange opens it too
             loop = asyncio.get_running_loop()
             # a view of one tensor's bytes, or a copy of the frame's bytes where it spans several; tagged off the loop
-            data, frame_tag = await loop.run_in_executor(None, _frame, served, request.offset, length,
-                                                         request.bulk_mac_key)
+            data, frame_tag = await loop.run_in_executor(
+                None, _frame, served, request.offset, length, request.bulk_mac_key
+            )
             if served.changed():  # bytes of a later state may be in it: its frame would not be taken anyway
                 return False
-            header = exchange_pb2.BulkHeader(key=request.bulk_key, group_digest=BULK_GROUP,
-                                             phase=exchange_pb2.PHASE_UNSPECIFIED, part=request.bulk_part, sender=0,
-                                             ticket=request.bulk_ticket, length=length, tag=frame_tag)
+            header = exchange_pb2.BulkHeader(
+                key=request.bulk_key,
+                group_digest=BULK_GROUP,
+                phase=exchange_pb2.PHASE_UNSPECIFIED,
+                part=request.bulk_part,
+                sender=0,
+                ticket=request.bulk_ticket,
+                length=length,
+                tag=frame_tag,
+            )
             return await self.transport.bulk_sender.send(address, header, data) is not None
         except Exception as e:  # the bytes go over libp2p instead
             logger.debug("state frame over the bulk channel failed: %r", e)
@@ -180,7 +198,9 @@ def download_state(
     holder cannot stop a peer from joining.
     """
     if member is None:
-        raise ValueError("downloading the state needs this peer's credential (a credential.Member): holders serve members only.")
+        raise ValueError(
+            "downloading the state needs this peer's credential (a credential.Member): holders serve members only."
+        )
     handler = f"swarm_{run_id}.state"
     sources = [h for h in holders if h != transport.peer_id]
     if not sources:
@@ -193,9 +213,19 @@ def download_state(
             break
         names = "+".join(h[-8:] for h in attempt)
         try:
-            buffer = transport.run(_fetch(transport, attempt, handler, round_no, expected_hash, errors,
-                                          credential=member.credential, max_bytes=encoded_size_bound(like)),
-                                   timeout_s=remaining)
+            buffer = transport.run(
+                _fetch(
+                    transport,
+                    attempt,
+                    handler,
+                    round_no,
+                    expected_hash,
+                    errors,
+                    credential=member.credential,
+                    max_bytes=encoded_size_bound(like),
+                ),
+                timeout_s=remaining,
+            )
             nbytes = buffer.nbytes
             state = decode_state(buffer, round_no, like=like)  # views of the buffer: it lives as long as they do
         except Exception as e:
@@ -212,18 +242,37 @@ def download_state(
     raise StateUnavailable(f"no holder served round {round_no} with hash {expected_hash} ({'; '.join(errors)})")
 
 
-async def _fetch(transport: Transport, holders: Sequence[str], handler: str, round_no: int, expected_hash: str,
-                 errors: list[str], *, credential: bytes, max_bytes: int) -> np.ndarray:
-    return await _Download(transport, handler, round_no, expected_hash, errors, credential=credential,
-                           max_bytes=max_bytes).run(holders)
+async def _fetch(
+    transport: Transport,
+    holders: Sequence[str],
+    handler: str,
+    round_no: int,
+    expected_hash: str,
+    errors: list[str],
+    *,
+    credential: bytes,
+    max_bytes: int,
+) -> np.ndarray:
+    return await _Download(
+        transport, handler, round_no, expected_hash, errors, credential=credential, max_bytes=max_bytes
+    ).run(holders)
 
 
 class _Download:
     """One download of a state: ranges of it taken by ``WINDOW`` workers per holder, each landing in one buffer
     (over the bulk channel when the holder can reach it, else in libp2p chunks). Runs on the transport's loop."""
 
-    def __init__(self, transport: Transport, handler: str, round_no: int, expected_hash: str, errors: list[str], *,
-                 credential: bytes, max_bytes: int) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        handler: str,
+        round_no: int,
+        expected_hash: str,
+        errors: list[str],
+        *,
+        credential: bytes,
+        max_bytes: int,
+    ) -> None:
         self.transport, self.handler, self.round_no, self.expected_hash = transport, handler, round_no, expected_hash
         self.errors, self.credential, self.max_bytes = errors, credential, max_bytes
         self.key = f"state/{round_no}/{os.urandom(8).hex()}"  # this download's claims on the bulk channel
@@ -236,9 +285,11 @@ class _Download:
 
     async def request(self, holder: str, offset: int, length: int, **bulk) -> exchange_pb2.StateChunk:
         chunk = await self.transport.p2p.call_protobuf_handler(
-            PeerID.from_base58(holder), self.handler,
-            exchange_pb2.StateRequest(round=self.round_no, offset=offset, length=length, credential=self.credential,
-                                      **bulk),
+            PeerID.from_base58(holder),
+            self.handler,
+            exchange_pb2.StateRequest(
+                round=self.round_no, offset=offset, length=length, credential=self.credential, **bulk
+            ),
             exchange_pb2.StateChunk,
         )
         if chunk.error:
@@ -288,13 +339,22 @@ class _Download:
             async def deliver(payload: memoryview, _sizes: list[int], _arrivals: list[float]) -> bool:
                 if self.done or landed or payload.nbytes != length:
                     return False
-                buffer[offset:offset + length] = np.frombuffer(payload, dtype=np.uint8)
+                buffer[offset : offset + length] = np.frombuffer(payload, dtype=np.uint8)
                 landed.append(True)
                 return True
 
             bulk = channel.claim(self.key, slot, length, mac_key, holder, deliver)  # False: no slot (asked over libp2p)
-        fields = dict(bulk_address=channel.address, bulk_key=self.key, bulk_part=slot[2], bulk_ticket=ticket,
-                      bulk_mac_key=mac_key) if bulk else {}
+        fields = (
+            dict(
+                bulk_address=channel.address,
+                bulk_key=self.key,
+                bulk_part=slot[2],
+                bulk_ticket=ticket,
+                bulk_mac_key=mac_key,
+            )
+            if bulk
+            else {}
+        )
         asked = length if bulk else min(length, CHUNK_BYTES)
         try:
             chunk = await self.request(holder, offset, asked, **fields)
@@ -305,13 +365,14 @@ class _Download:
             raise RuntimeError("its state changed during the download")
         if chunk.bulk:
             if not (bulk and landed and chunk.offset == offset):
-                raise RuntimeError(f"it said it sent {length} bytes at {chunk.offset} over the bulk channel, "
-                                   "which took none")
+                raise RuntimeError(
+                    f"it said it sent {length} bytes at {chunk.offset} over the bulk channel, which took none"
+                )
             return length
         got = len(chunk.data)
         if chunk.offset != offset or not min(asked, MIN_CHUNK_BYTES) <= got <= asked:
             raise RuntimeError(f"asked for {asked} bytes at {offset}, it sent {got} at {chunk.offset}")
-        buffer[offset:offset + got] = np.frombuffer(chunk.data, dtype=np.uint8)
+        buffer[offset : offset + got] = np.frombuffer(chunk.data, dtype=np.uint8)
         return got
 
     async def worker(self, holder: str, failed: list[bool], bulk: list[bool]) -> None:

@@ -49,19 +49,25 @@ def congestion_problem(name: str) -> Optional[str]:
     if name == SYSTEM:
         return None
     if not hasattr(socket, "TCP_CONGESTION"):
-        return f"--tcp-congestion {name}: this system does not let a connection choose its congestion control; " \
-               f"leave the option out or give '{SYSTEM}'."
+        return (
+            f"--tcp-congestion {name}: this system does not let a connection choose its congestion control; "
+            f"leave the option out or give '{SYSTEM}'."
+        )
     error = try_congestion(name)
     if error is None:
         return None
     if error.errno == errno.EPERM:
-        return f"--tcp-congestion {name}: this system has it but lets this process use only the controls in " \
-               f"net.ipv4.tcp_allowed_congestion_control; add {name} there (as root), run with CAP_NET_ADMIN, " \
-               f"or give '{SYSTEM}'."
+        return (
+            f"--tcp-congestion {name}: this system has it but lets this process use only the controls in "
+            f"net.ipv4.tcp_allowed_congestion_control; add {name} there (as root), run with CAP_NET_ADMIN, "
+            f"or give '{SYSTEM}'."
+        )
     offered = congestion_controls()
     listed = f" ({' '.join(offered)})" if offered else ""
-    return f"--tcp-congestion {name}: not one of this system's TCP congestion controls{listed}; " \
-           f"give one of them, or '{SYSTEM}' for the system's default."
+    return (
+        f"--tcp-congestion {name}: not one of this system's TCP congestion controls{listed}; "
+        f"give one of them, or '{SYSTEM}' for the system's default."
+    )
 
 
 _warned: set[str] = set()  # the controls a connection could not pick, warned about once each
@@ -76,6 +82,10 @@ def set_congestion(sock: socket.socket, name: str) -> None:
     error = _pick(sock, name)
     if error is not None and name not in _warned:
         _warned.add(name)
-        logger.warning("bulk connections keep the system's TCP congestion control: this process may not pick "
-                       "%s (%s); to use it, add it to net.ipv4.tcp_allowed_congestion_control as root, or give "
-                       "swarm peer --tcp-congestion system to silence this", name, error.strerror or error)
+        logger.warning(
+            "bulk connections keep the system's TCP congestion control: this process may not pick "
+            "%s (%s); to use it, add it to net.ipv4.tcp_allowed_congestion_control as root, or give "
+            "swarm peer --tcp-congestion system to silence this",
+            name,
+            error.strerror or error,
+        )

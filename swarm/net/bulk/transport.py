@@ -129,8 +129,10 @@ class Transport:
         """Stop the DHT process of a start that failed (left running, it would keep this process from exiting:
         the interpreter waits for it, and it waits for this process to end) and say why, as a start to retry."""
         self._stop_dht()
-        return TransportStartFailed(f"the DHT did not start through {list(initial_peers) or 'no peers'}: "
-                                    f"{str(error).strip() or type(error).__name__}")
+        return TransportStartFailed(
+            f"the DHT did not start through {list(initial_peers) or 'no peers'}: "
+            f"{str(error).strip() or type(error).__name__}"
+        )
 
     def _stop_dht(self) -> None:
         """Shut the DHT process down; kill it if it is still there after hivemind's grace period and SIGTERM (a chaos

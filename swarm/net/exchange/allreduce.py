@@ -70,9 +70,18 @@ FORGET_WAIT_S = 5.0  # how long an exchange's end waits for the loop to clear it
 
 
 class Exchange:
-    def __init__(self, transport: Transport, *, run_id: str, aggregation: Aggregation = Aggregation(),
-                 bulk: bool = True, send_in_turn: bool = False, pace_mbit_s: float = 0.0, uplink_mbit_s: float = 0.0,
-                 gather_all: bool = False):
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        run_id: str,
+        aggregation: Aggregation = Aggregation(),
+        bulk: bool = True,
+        send_in_turn: bool = False,
+        pace_mbit_s: float = 0.0,
+        uplink_mbit_s: float = 0.0,
+        gather_all: bool = False,
+    ):
         """``bulk``: slices go over the transport's bulk channel to members that announce one
         (``swarm.net.bulk.bulk_channel``), else over libp2p. ``send_in_turn``: each phase sends to one groupmate at
         a time, position p's i-th send to position p + i (so each link carries one flow at a time), instead of
@@ -111,14 +120,25 @@ class Exchange:
         self.inbox = SliceInbox(key_prefix=self._key_prefix, own_id=self.transport.peer_id, on_forget=self._forgotten)
         self.restarts.inbox = self.inbox
         self.inbox.on_stranger = self.restarts.stranger
-        self._libp2p = Libp2pSlices(self.transport, handler_name=self._handler_name, inbox=self.inbox,
-                                    on_sent=self._sent, on_received=self._received)
+        self._libp2p = Libp2pSlices(
+            self.transport,
+            handler_name=self._handler_name,
+            inbox=self.inbox,
+            on_sent=self._sent,
+            on_received=self._received,
+        )
         await self._libp2p.start()
         await self.probe.start()
         if self._use_bulk:
             self.bulk = await self.transport.open_bulk()
-            self._bulk_slices = BulkSlices(self.transport, self.bulk, handler_name=self._handler_name, inbox=self.inbox,
-                                           on_sent=self._sent, on_received=self._received)
+            self._bulk_slices = BulkSlices(
+                self.transport,
+                self.bulk,
+                handler_name=self._handler_name,
+                inbox=self.inbox,
+                on_sent=self._sent,
+                on_received=self._received,
+            )
             self._libp2p.bulk = self._bulk_slices
 
     @property
@@ -143,9 +163,17 @@ class Exchange:
         return self.bulk.address if self.bulk is not None else ""
 
     def average(
-        self, *, key: str, group: list[Member], me: Member, delta: Optional[torch.Tensor], timeout_s: float,
-        on_phase: Optional[Callable[[str], Optional[float]]] = None, shares: Optional[Sequence[float]] = None,
-        owner: Optional[OwnerFeedback] = None, into_delta: bool = False,
+        self,
+        *,
+        key: str,
+        group: list[Member],
+        me: Member,
+        delta: Optional[torch.Tensor],
+        timeout_s: float,
+        on_phase: Optional[Callable[[str], Optional[float]]] = None,
+        shares: Optional[Sequence[float]] = None,
+        owner: Optional[OwnerFeedback] = None,
+        into_delta: bool = False,
     ) -> ExchangeResult:
         """Average delta with the group; raises ExchangeFailed unless every slice arrived intact.
 
@@ -164,9 +192,10 @@ class Exchange:
         on_phase = on_phase or (lambda phase: None)
         failed, completed = "", False
         try:
-            result = self.transport.run(self._average_or_abort(key, group, me, delta, on_phase, timeout_s, shares,
-                                                               owner, into_delta),
-                                        timeout_s=timeout_s + ABORT_TIMEOUT_S + 5)
+            result = self.transport.run(
+                self._average_or_abort(key, group, me, delta, on_phase, timeout_s, shares, owner, into_delta),
+                timeout_s=timeout_s + ABORT_TIMEOUT_S + 5,
+            )
             completed = True
             return result
         except (asyncio.TimeoutError, TimeoutError):
@@ -182,23 +211,37 @@ class Exchange:
         """The inbox forgets ``key``'s exchange, on the loop. A loop that a saturated machine keeps from getting to
         it within FORGET_WAIT_S does it when it gets there (before anything asked of it later), and the exchange
         ends with its own outcome, its result or its ExchangeFailed, not with a timeout of this bookkeeping."""
-        forgotten = asyncio.run_coroutine_threadsafe(self.inbox.forget(key, failed=failed, completed=completed),
-                                                     self._loop)
+        forgotten = asyncio.run_coroutine_threadsafe(
+            self.inbox.forget(key, failed=failed, completed=completed), self._loop
+        )
         try:
             forgotten.result(timeout=FORGET_WAIT_S)
         except TimeoutError:
-            logger.warning("%s: this peer's transport loop was busy for %.0fs; it clears the exchange's buffers when it"
-                           " gets to it", key, FORGET_WAIT_S)
+            logger.warning(
+                "%s: this peer's transport loop was busy for %.0fs; it clears the exchange's buffers when it"
+                " gets to it",
+                key,
+                FORGET_WAIT_S,
+            )
 
-    async def _average_or_abort(self, key: str, group: list[Member], me: Member, delta: torch.Tensor,
-                                on_phase: Callable[[str], Optional[float]], timeout_s: float,
-                                shares: Optional[Sequence[float]] = None, owner: Optional[OwnerFeedback] = None,
-                                into_delta: bool = False) -> ExchangeResult:
+    async def _average_or_abort(
+        self,
+        key: str,
+        group: list[Member],
+        me: Member,
+        delta: torch.Tensor,
+        on_phase: Callable[[str], Optional[float]],
+        timeout_s: float,
+        shares: Optional[Sequence[float]] = None,
+        owner: Optional[OwnerFeedback] = None,
+        into_delta: bool = False,
+    ) -> ExchangeResult:
         """_average within timeout_s; on failure tell every groupmate at once (PHASE_ABORT), so they fail
         now instead of waiting out their own timeout for slices that will never come."""
         try:
-            return await asyncio.wait_for(self._average(key, group, me, delta, on_phase, shares, owner, into_delta),
-                                          timeout_s)
+            return await asyncio.wait_for(
+                self._average(key, group, me, delta, on_phase, shares, owner, into_delta), timeout_s
+            )
         except (ExchangeFailed, asyncio.TimeoutError, TimeoutError) as e:
             if not isinstance(e, ExchangeFailed) or not e.from_groupmate:
                 reason = str(e) if isinstance(e, ExchangeFailed) else f"no complete exchange within {timeout_s:.0f}s"
@@ -232,8 +275,15 @@ class Exchange:
             pass
 
     async def _average(
-        self, key: str, group: list[Member], me: Member, delta: torch.Tensor, on_phase: Callable[[str], None],
-        shares: Optional[Sequence[float]] = None, owner: Optional[OwnerFeedback] = None, into_delta: bool = False,
+        self,
+        key: str,
+        group: list[Member],
+        me: Member,
+        delta: torch.Tensor,
+        on_phase: Callable[[str], None],
+        shares: Optional[Sequence[float]] = None,
+        owner: Optional[OwnerFeedback] = None,
+        into_delta: bool = False,
     ) -> ExchangeResult:
         started = time.perf_counter()
         codec = get_codec(me.codec)
@@ -249,28 +299,70 @@ class Exchange:
             present(key, [flat])  # a withdrawal alone: nothing to average
             for phase in ("sending", "reducing"):
                 await _pause(on_phase(phase))
-            average, reduced = await asyncio.to_thread(average_alone, self.aggregation, codec, flat, weights, key,
-                                                       gathered=gathered, owner=owner, into_delta=into_delta)
+            average, reduced = await asyncio.to_thread(
+                average_alone,
+                self.aggregation,
+                codec,
+                flat,
+                weights,
+                key,
+                gathered=gathered,
+                owner=owner,
+                into_delta=into_delta,
+            )
             return self._result(key, group, 0, average, 0, [reduced], started)
         self.restarts.averaging(key, group)
         await self.inbox.expect(key, [m.dht_peer_id for m in group], group_digest(group), max(1, len(bounds)))
         position, digest = [m.peer_id for m in group].index(me.peer_id), group_digest(group)
-        if gathered:  # all-gather (its one part): every member reduces the whole vector (swarm.net.exchange.sparse_gather)
-            reduced, sent = await gather_average(self, key, group, me, flat, codec, weights,
-                                                 lambda phase: _pause(on_phase(phase)), into_delta=into_delta)
+        if (
+            gathered
+        ):  # all-gather (its one part): every member reduces the whole vector (swarm.net.exchange.sparse_gather)
+            reduced, sent = await gather_average(
+                self, key, group, me, flat, codec, weights, lambda phase: _pause(on_phase(phase)), into_delta=into_delta
+            )
             return self._result(key, group, position, reduced.average, sent, [reduced], started)
-        reserved = {} if self._bulk_slices is None else self._bulk_slices.reserve_butterfly(  # claimed now
-            key, group, digest, position, bounds, codec)
+        reserved = (
+            {}
+            if self._bulk_slices is None
+            else self._bulk_slices.reserve_butterfly(  # claimed now
+                key, group, digest, position, bounds, codec
+            )
+        )
         try:
-            return await self._butterfly(key, group, position, digest, bounds, reserved, flat, codec, weights,
-                                         on_phase, owner, started, into_delta)
+            return await self._butterfly(
+                key,
+                group,
+                position,
+                digest,
+                bounds,
+                reserved,
+                flat,
+                codec,
+                weights,
+                on_phase,
+                owner,
+                started,
+                into_delta,
+            )
         finally:
             await cancel_all([r.answer for r in reserved.values() if not r.answer.done()])
 
-    async def _butterfly(self, key: str, group: list[Member], position: int, digest: str,
-                         bounds: list[tuple[int, int]], reserved: dict[tuple[int, int, int], Reservation],
-                         flat: torch.Tensor, codec, weights: list[float], on_phase: Callable[[str], Optional[float]],
-                         owner: Optional[OwnerFeedback], started: float, into_delta: bool) -> ExchangeResult:
+    async def _butterfly(
+        self,
+        key: str,
+        group: list[Member],
+        position: int,
+        digest: str,
+        bounds: list[tuple[int, int]],
+        reserved: dict[tuple[int, int, int], Reservation],
+        flat: torch.Tensor,
+        codec,
+        weights: list[float],
+        on_phase: Callable[[str], Optional[float]],
+        owner: Optional[OwnerFeedback],
+        started: float,
+        into_delta: bool,
+    ) -> ExchangeResult:
         """Phase 1 sends every slice to its owner (``_contribute``). Each slice this peer owns (one per stripe) is
         reduced in the group's order once the group's contributions to it are here, and the same encoded bytes go
         to every member, while the later stripes' contributions still arrive: the phases overlap. Phase 2 decodes
@@ -288,28 +380,51 @@ class Exchange:
             phases_s[point] = time.perf_counter() - started
 
         sent_parts = {part: asyncio.Event() for part in range(len(bounds)) if part % k != position}
-        average = flat if into_delta else self._results.take(bounds[-1][1])  # written once, by the reductions and decodes
+        average = (
+            flat if into_delta else self._results.take(bounds[-1][1])
+        )  # written once, by the reductions and decodes
 
         async def contributed() -> int:
-            sent = await (send_withdrawal(self, key, group, digest, position, len(bounds), links, reserved)
-                          if flat is None else send_contributions(self, key, group, digest, position, bounds, flat,
-                                                                  codec, reserved, links, sent_parts))
+            sent = await (
+                send_withdrawal(self, key, group, digest, position, len(bounds), links, reserved)
+                if flat is None
+                else send_contributions(
+                    self, key, group, digest, position, bounds, flat, codec, reserved, links, sent_parts
+                )
+            )
             passed("contributed")
             return sent
 
         async def reduced(stripe: int) -> int:
             part = stripe * k + position
             start, end = bounds[part]
-            decoded = await settle(received_slice(self.inbox, self._scratch, key, group, codec,
-                                                  (digest, exchange_pb2.PHASE_CONTRIBUTION, part, sender), end - start)
-                                   for sender in range(k))
+            decoded = await settle(
+                received_slice(
+                    self.inbox,
+                    self._scratch,
+                    key,
+                    group,
+                    codec,
+                    (digest, exchange_pb2.PHASE_CONTRIBUTION, part, sender),
+                    end - start,
+                )
+                for sender in range(k)
+            )
             passed("contributions_here")
             if not hook:
                 hook.append(asyncio.ensure_future(_pause(on_phase("reducing"))))
             await hook[0]
             payload, reduction = await asyncio.to_thread(
-                reduce_owned, self.aggregation, codec, decoded, weights, key, owner=owner, bounds=(start, end),
-                out=average[start:end])
+                reduce_owned,
+                self.aggregation,
+                codec,
+                decoded,
+                weights,
+                key,
+                owner=owner,
+                bounds=(start, end),
+                out=average[start:end],
+            )
             reductions[stripe] = Reduced(_NOTHING, reduction.rejected, reduction.clipped)
             del decoded, reduction
             passed("reduced")
@@ -318,48 +433,94 @@ class Exchange:
             return sent
 
         async def collected() -> int:
-            await averaged_into(self.inbox, average, key, group, codec, digest, bounds, position,
-                                sent_parts if into_delta else None)
+            await averaged_into(
+                self.inbox, average, key, group, codec, digest, bounds, position, sent_parts if into_delta else None
+            )
             passed("all_here")
             return 0
 
         await _pause(on_phase("sending"))
         sent = sum(await settle([contributed(), collected(), *(reduced(stripe) for stripe in range(stripes))]))
-        return self._result(key, group, position, average, sent, [reductions[s] for s in range(stripes)], started,
-                            phases_s)
+        return self._result(
+            key, group, position, average, sent, [reductions[s] for s in range(stripes)], started, phases_s
+        )
 
-    async def _send_averaged(self, key: str, group: list[Member], digest: str, part: int, position: int, payload,
-                             others: list[int], links: dict[int, asyncio.Lock],
-                             reserved: dict[tuple[int, int, int], Reservation]) -> list[int]:
+    async def _send_averaged(
+        self,
+        key: str,
+        group: list[Member],
+        digest: str,
+        part: int,
+        position: int,
+        payload,
+        others: list[int],
+        links: dict[int, asyncio.Lock],
+        reserved: dict[tuple[int, int, int], Reservation],
+    ) -> list[int]:
         """The reduced slice ``part``, the same encoded bytes to every other member: the bytes sent to each."""
-        return await settle(self._send(
-            group[to], key, digest, exchange_pb2.PHASE_AVERAGED, part, position, payload, turn=Turn(link=links[to]),
-            reservation=reserved.get((exchange_pb2.PHASE_AVERAGED, part, to))) for to in others)
+        return await settle(
+            self._send(
+                group[to],
+                key,
+                digest,
+                exchange_pb2.PHASE_AVERAGED,
+                part,
+                position,
+                payload,
+                turn=Turn(link=links[to]),
+                reservation=reserved.get((exchange_pb2.PHASE_AVERAGED, part, to)),
+            )
+            for to in others
+        )
 
-    def _result(self, key: str, group: list[Member], position: int, average: torch.Tensor, sent: int,
-                reductions: list[Reduced], started: float,
-                phases_s: Optional[dict[str, float]] = None) -> ExchangeResult:
+    def _result(
+        self,
+        key: str,
+        group: list[Member],
+        position: int,
+        average: torch.Tensor,
+        sent: int,
+        reductions: list[Reduced],
+        started: float,
+        phases_s: Optional[dict[str, float]] = None,
+    ) -> ExchangeResult:
         """The exchange's result, with what this peer's reductions did to whom and what its links measured (and
         a ping of each groupmate, on links now idle, for the next exchange's RTT)."""
         rejected, clipped = judged(key, group, *reductions)
-        rtt_s = self.probe.ping_for_next(group[:position] + group[position + 1:])
+        rtt_s = self.probe.ping_for_next(group[:position] + group[position + 1 :])
         return ExchangeResult(
-            average=average, bytes_sent=sent, bytes_received=self._received_bytes.get(key, 0),
-            seconds=time.perf_counter() - started, rejected=rejected, clipped=clipped,
+            average=average,
+            bytes_sent=sent,
+            bytes_received=self._received_bytes.get(key, 0),
+            seconds=time.perf_counter() - started,
+            rejected=rejected,
+            clipped=clipped,
             links=self._transfers.timings(key, rtt_s=rtt_s, group=group),
             phases_s={name: round(seconds, 4) for name, seconds in (phases_s or {}).items()},
         )
 
-    async def _send(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int,
-                    payload: SlicePayload | bytes, *, reservation: Optional[Reservation] = None,
-                    frame_tag: Optional[bytes] = None, turn: Optional[Turn] = None) -> int:
+    async def _send(
+        self,
+        member: Member,
+        key: str,
+        digest: str,
+        phase: int,
+        part: int,
+        sender: int,
+        payload: SlicePayload | bytes,
+        *,
+        reservation: Optional[Reservation] = None,
+        frame_tag: Optional[bytes] = None,
+        turn: Optional[Turn] = None,
+    ) -> int:
         """Send one slice: over ``member``'s bulk channel if it has one (``reservation``: the slot claimed for
         it, made now when None; ``frame_tag``: the bytes' tag under its key), else, or if that fails, over
         libp2p; its bytes go on ``turn``. The bytes sent."""
         turn = turn or Turn()
         try:
-            return await self._send_on_turn(member, key, digest, phase, part, sender, payload, reservation, frame_tag,
-                                            turn)
+            return await self._send_on_turn(
+                member, key, digest, phase, part, sender, payload, reservation, frame_tag, turn
+            )
         finally:
             turn.done()
 
@@ -369,14 +530,25 @@ class Exchange:
             return self.pace_mbit_s
         return uplink_pace(self.uplink_mbit_s, self.inbox.group_size(key))
 
-    async def _send_on_turn(self, member: Member, key: str, digest: str, phase: int, part: int, sender: int,
-                            payload: SlicePayload | bytes, reservation: Optional[Reservation],
-                            frame_tag: Optional[bytes], turn: Turn) -> int:
+    async def _send_on_turn(
+        self,
+        member: Member,
+        key: str,
+        digest: str,
+        phase: int,
+        part: int,
+        sender: int,
+        payload: SlicePayload | bytes,
+        reservation: Optional[Reservation],
+        frame_tag: Optional[bytes],
+        turn: Turn,
+    ) -> int:
         payload = SlicePayload(payload) if isinstance(payload, bytes) else payload
         head = dict(key=key, group_digest=digest, phase=phase, part=part, sender=sender)
         if phase != exchange_pb2.PHASE_ABORT and self._bulk_slices is not None:
-            bulk_sent = await self._bulk_slices.send(member, key, head, payload, reservation, frame_tag, turn,
-                                                     pace_mbit_s=self._pace(key))
+            bulk_sent = await self._bulk_slices.send(
+                member, key, head, payload, reservation, frame_tag, turn, pace_mbit_s=self._pace(key)
+            )
             if bulk_sent is not None:
                 return bulk_sent
         await turn.wait()
@@ -386,8 +558,9 @@ class Exchange:
         if self.inbox.averaging(key):  # an exchange in progress, not a late abort
             self._transfers.sent(key, libp2p_id, size, first_byte)
 
-    def _received(self, key: str, libp2p_id: str, sizes: list[int], arrivals: list[float],
-                  opened: Optional[float] = None) -> None:
+    def _received(
+        self, key: str, libp2p_id: str, sizes: list[int], arrivals: list[float], opened: Optional[float] = None
+    ) -> None:
         self._received_bytes[key] = self._received_bytes.get(key, 0) + sum(sizes)
         self._transfers.received(key, libp2p_id, sizes, arrivals, opened=opened)
 

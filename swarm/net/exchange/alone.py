@@ -22,8 +22,17 @@ from swarm.net.exchange.contributions import encode_own
 from swarm.net.exchange.slice_reduction import decode_slice, encode_slice, raw_fp32, reduce_owned
 
 
-def average_alone(aggregation: Aggregation, codec, flat: torch.Tensor, weights: list[float], key: str, *,
-                  gathered: bool, owner: Optional[OwnerFeedback], into_delta: bool) -> tuple[torch.Tensor, Reduced]:
+def average_alone(
+    aggregation: Aggregation,
+    codec,
+    flat: torch.Tensor,
+    weights: list[float],
+    key: str,
+    *,
+    gathered: bool,
+    owner: Optional[OwnerFeedback],
+    into_delta: bool,
+) -> tuple[torch.Tensor, Reduced]:
     """The average and its reduction for a group of one whose contribution is ``flat`` (1-D contiguous fp32).
     ``gathered``: the run's exchange is the all-gather (the mean is not re-encoded); ``owner``: this peer's
     residual as its slice's owner; ``into_delta``: the result may take ``flat``'s memory (a lossless codec's Δ,

@@ -17,10 +17,19 @@ from swarm.net.exchange.slice_reduction import check_sendable, encode_slice
 from swarm.v1 import exchange_pb2
 
 
-async def send_contributions(exchange: Any, key: str, group: list[Member], digest: str, position: int,
-                             bounds: list[tuple[int, int]], flat: torch.Tensor, codec,
-                             reserved: dict[tuple[int, int, int], Reservation], links: dict[int, asyncio.Lock],
-                             sent: Optional[dict[int, asyncio.Event]] = None) -> int:
+async def send_contributions(
+    exchange: Any,
+    key: str,
+    group: list[Member],
+    digest: str,
+    position: int,
+    bounds: list[tuple[int, int]],
+    flat: torch.Tensor,
+    codec,
+    reserved: dict[tuple[int, int, int], Reservation],
+    links: dict[int, asyncio.Lock],
+    sent: Optional[dict[int, asyncio.Event]] = None,
+) -> int:
     """``exchange`` (a ``swarm.net.exchange.allreduce.Exchange``) sends every slice to its owner, stripe by stripe, owners
     from the next position on. The slices are encoded (and tagged for their bulk slot) one after another in that
     order, each stripe's own slice last, each sent as soon as it is ready and its link (one of ``links``) is free:
@@ -62,8 +71,18 @@ async def send_contributions(exchange: Any, key: str, group: list[Member], diges
         except BaseException:
             turn.done()  # the sends after it are called off too; none waits for this one meanwhile
             raise
-        size = await exchange._send(group[to], key, digest, exchange_pb2.PHASE_CONTRIBUTION, part, position, payload,
-                                    reservation=reservation, frame_tag=frame_tag, turn=turn)
+        size = await exchange._send(
+            group[to],
+            key,
+            digest,
+            exchange_pb2.PHASE_CONTRIBUTION,
+            part,
+            position,
+            payload,
+            reservation=reservation,
+            frame_tag=frame_tag,
+            turn=turn,
+        )
         if sent is not None and part in sent:
             sent[part].set()
         return size
@@ -72,8 +91,9 @@ async def send_contributions(exchange: Any, key: str, group: list[Member], diges
     return sum(await settle(own(i) if to == position else send(i) for i, (_, to) in enumerate(order)))
 
 
-async def tagged_slice(codec, flat: torch.Tensor, start: int, end: int, key: str,
-                       reservation: Optional[Reservation]) -> tuple[SlicePayload, Optional[bytes]]:
+async def tagged_slice(
+    codec, flat: torch.Tensor, start: int, end: int, key: str, reservation: Optional[Reservation]
+) -> tuple[SlicePayload, Optional[bytes]]:
     """The slice ``flat[start:end]`` to send, and its tag for ``reservation`` (its bulk slot, if any)."""
     payload = SlicePayload.lazy(codec, flat[start:end])
     if payload is None:  # off the event loop, which keeps serving the other peers' streams

@@ -56,12 +56,24 @@ class DhtGroup:
     the codec it is sent with, the shares of the reduction and the digest its group entry carries. It refuses a run
     a real swarm cannot exchange (``RoundConfig.check_real_swarm``)."""
 
-    def __init__(self, transport: Transport, run: RunConfig, *, run_id: str, peer_id: str, peer_index: int,
-                 planned: Callable[[int], Optional[set[str]]], faults: RoundFaults,
-                 member: Optional[credential.Member], processes: Callable[[], Mapping[str, str]] = dict) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        run: RunConfig,
+        *,
+        run_id: str,
+        peer_id: str,
+        peer_index: int,
+        planned: Callable[[int], Optional[set[str]]],
+        faults: RoundFaults,
+        member: Optional[credential.Member],
+        processes: Callable[[], Mapping[str, str]] = dict,
+    ) -> None:
         if member is None:
-            raise ValueError("the round's group needs this peer's credential (CoordinatorLink.member after the join) "
-                             "to sign its entries and check its groupmates'.")
+            raise ValueError(
+                "the round's group needs this peer's credential (CoordinatorLink.member after the join) "
+                "to sign its entries and check its groupmates'."
+            )
         if member.peer_id != peer_id:
             raise ValueError(f"the credential is for {member.peer_id}, not this peer ({peer_id}); rejoin to get one.")
         run.rounds.check_real_swarm()
@@ -73,11 +85,17 @@ class DhtGroup:
         self.processes = processes  # the planned peers' current libp2p ids, as of the last planned() answer
         self.plan_holds: Callable[[], bool] = lambda: False  # the last planned() answer is the coordinator's (the link)
         self.faults = faults
-        self.exchange = Exchange(transport, run_id=run_id, aggregation=Aggregation.for_run(run),
-                                 gather_all=run.rounds.all_gathered())  # a run that admits strangers: no slice owners
-        self.exchange.read_entries_as(member)  # a groupmate's restarted process then fails its old one's exchange at once
-        self.two_level = TwoLevelExchange(self.exchange, transport, run_id=run_id, group_size=run.rounds.group_size) \
-            if run.rounds.hierarchical else None  # [rounds] hierarchical: by site, then across sites
+        self.exchange = Exchange(
+            transport, run_id=run_id, aggregation=Aggregation.for_run(run), gather_all=run.rounds.all_gathered()
+        )  # a run that admits strangers: no slice owners
+        self.exchange.read_entries_as(
+            member
+        )  # a groupmate's restarted process then fails its old one's exchange at once
+        self.two_level = (
+            TwoLevelExchange(self.exchange, transport, run_id=run_id, group_size=run.rounds.group_size)
+            if run.rounds.hierarchical
+            else None
+        )  # [rounds] hierarchical: by site, then across sites
         self.live_peers = 0  # the run's live peers as last heard from the coordinator (0: not yet)
         self.links = LinkEstimates()  # from every exchange's timings
         self.plans: dict[int, set[str]] = {}  # round -> the plan its group was matched by (the last 8 rounds)
@@ -97,24 +115,42 @@ class DhtGroup:
         delta, weight = contribution.delta, float(contribution.samples)
         plan = contribution.plan
         if plan is None or plan.round_no != round_no:
-            raise ValueError(f"round {round_no}: the contribution carries no plan of the round; the round runner"
-                             " makes it (RoundRunner.start).")
+            raise ValueError(
+                f"round {round_no}: the contribution carries no plan of the round; the round runner"
+                " makes it (RoundRunner.start)."
+            )
         codec = plan.codec
         if self.faults.scale(round_no, "delta") != 1.0 or self.faults.scale(round_no, "weight") != 1.0:
             delta = delta * self.faults.scale(round_no, "delta")  # a Byzantine peer (attack soaks only)
             weight *= self.faults.scale(round_no, "weight")
-        me = Member(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, index=self.peer_index,
-                    weight=weight, numel=contribution.delta.numel(), codec=codec, plan=plan.digest,
-                    live_peers=self.live_peers if rounds.scale_by_participation else 0,
-                    maddrs=self.exchange.own_maddrs, site=self.member.site, bulk=self.exchange.bulk_address,
-                    protocol=PROTOCOL)
+        me = Member(
+            peer_id=self.peer_id,
+            dht_peer_id=self.transport.peer_id,
+            index=self.peer_index,
+            weight=weight,
+            numel=contribution.delta.numel(),
+            codec=codec,
+            plan=plan.digest,
+            live_peers=self.live_peers if rounds.scale_by_participation else 0,
+            maddrs=self.exchange.own_maddrs,
+            site=self.member.site,
+            bulk=self.exchange.bulk_address,
+            protocol=PROTOCOL,
+        )
         key = self.key(round_no, contribution.fragment)
         try:
             group = rendezvous(
-                self.transport.dht, key=key, me=me, member=self.member, planned=lambda: self._plan(round_no),
-                window_s=rounds.matchmaking_window_s, ttl_s=2 * rounds.matchmaking_window_s + rounds.exchange_timeout_s,
-                plan_holds=self.plan_holds, hold_s=rounds.round_timeout_s,
-                on_posted=lambda: self.faults.at(round_no, "matchmaking"), processes=self.processes,
+                self.transport.dht,
+                key=key,
+                me=me,
+                member=self.member,
+                planned=lambda: self._plan(round_no),
+                window_s=rounds.matchmaking_window_s,
+                ttl_s=2 * rounds.matchmaking_window_s + rounds.exchange_timeout_s,
+                plan_holds=self.plan_holds,
+                hold_s=rounds.round_timeout_s,
+                on_posted=lambda: self.faults.at(round_no, "matchmaking"),
+                processes=self.processes,
             )
             dropped_before = self.exchange.rejected_chunks
             # this peer reads Δ no more once sent: the exchange writes Δ̄ into its memory where the codec lets it (a
@@ -128,33 +164,70 @@ class DhtGroup:
         scale = participation_scale(group)
         average = result.average if scale == 1.0 else result.average.mul_(scale)  # in place: no second Δ̄
         in_site, cross_site = bytes_by_site(result, group, me)
-        if into_delta and lossless:  # Δ's memory is Δ̄'s now (or, in two levels, freed before the outer step and the vote)
+        if (
+            into_delta and lossless
+        ):  # Δ's memory is Δ̄'s now (or, in two levels, freed before the outer step and the vote)
             contribution.delta = SENT
         release_free_memory()
-        logger.info("[%s r%d] averaged fragment %d with %d peers in %.2fs (%s, %d bytes sent: %d in-site, %d "
-                    "cross-site)%s", self.peer_id, round_no, contribution.fragment, len(group), result.seconds, codec,
-                    result.bytes_sent, in_site, cross_site,
-                    f", outer step scaled by {scale:.2f} ({len(group)} of {max(m.live_peers for m in group)} "
-                    "live peers)" if scale != 1.0 else "")
-        return Averaged(average=average, group=[m.peer_id for m in group], bytes_sent=result.bytes_sent,
-                        bytes_received=result.bytes_received, seconds=result.seconds,
-                        contributions_rejected=len(result.rejected), contributions_clipped=len(result.clipped),
-                        foreign_messages_dropped=self.exchange.rejected_chunks - dropped_before,
-                        upload_mbit_s=self.links.upload_mbit_s, download_mbit_s=self.links.download_mbit_s,
-                        rtt_ms=self.links.rtt_ms)
+        logger.info(
+            "[%s r%d] averaged fragment %d with %d peers in %.2fs (%s, %d bytes sent: %d in-site, %d cross-site)%s",
+            self.peer_id,
+            round_no,
+            contribution.fragment,
+            len(group),
+            result.seconds,
+            codec,
+            result.bytes_sent,
+            in_site,
+            cross_site,
+            f", outer step scaled by {scale:.2f} ({len(group)} of {max(m.live_peers for m in group)} live peers)"
+            if scale != 1.0
+            else "",
+        )
+        return Averaged(
+            average=average,
+            group=[m.peer_id for m in group],
+            bytes_sent=result.bytes_sent,
+            bytes_received=result.bytes_received,
+            seconds=result.seconds,
+            contributions_rejected=len(result.rejected),
+            contributions_clipped=len(result.clipped),
+            foreign_messages_dropped=self.exchange.rejected_chunks - dropped_before,
+            upload_mbit_s=self.links.upload_mbit_s,
+            download_mbit_s=self.links.download_mbit_s,
+            rtt_ms=self.links.rtt_ms,
+        )
 
-    def _reduce(self, round_no: int, key: str, group: list, me: Member, delta, plan: RoundPlan,
-                owner=None, into_delta: bool = False):
+    def _reduce(
+        self,
+        round_no: int,
+        key: str,
+        group: list,
+        me: Member,
+        delta,
+        plan: RoundPlan,
+        owner=None,
+        into_delta: bool = False,
+    ):
         """The all-reduce: flat with the plan's shares (the controller's), or in two levels (whose sub-groups cut equal slices:
         the shares size a flat group's slices). ``into_delta``: the flat one may write Δ̄ into Δ's memory."""
         on_phase = lambda phase: self.faults.fire(round_no, phase)  # noqa: E731
         timeout_s = self.run.rounds.exchange_timeout_s
         if self.two_level is not None:
-            return self.two_level.average(key=key, group=group, me=me, delta=delta, timeout_s=timeout_s,
-                                          on_phase=on_phase)
-        return self.exchange.average(key=key, group=group, me=me, delta=delta, timeout_s=timeout_s,
-                                     shares=plan.shares_of([m.peer_id for m in group]), on_phase=on_phase, owner=owner,
-                                     into_delta=into_delta)
+            return self.two_level.average(
+                key=key, group=group, me=me, delta=delta, timeout_s=timeout_s, on_phase=on_phase
+            )
+        return self.exchange.average(
+            key=key,
+            group=group,
+            me=me,
+            delta=delta,
+            timeout_s=timeout_s,
+            shares=plan.shares_of([m.peer_id for m in group]),
+            on_phase=on_phase,
+            owner=owner,
+            into_delta=into_delta,
+        )
 
     def _plan(self, round_no: int) -> Optional[set[str]]:
         """``planned``, kept as the plan this peer matched its group by: a decision by the group's votes counts its
@@ -166,23 +239,38 @@ class DhtGroup:
         return plan
 
     def post(self, vote: Vote) -> None:
-        post_vote(self.transport.dht, self.key(vote.round_no, vote.fragment),
-                  DhtVote(peer_id=self.peer_id, dht_peer_id=self.transport.peer_id, ok=vote.ok,
-                          state_hash=vote.state_hash, group=group_id(vote.group) if vote.ok else ""),
-                  member=self.member, ttl_s=VOTE_TTL_S)
+        post_vote(
+            self.transport.dht,
+            self.key(vote.round_no, vote.fragment),
+            DhtVote(
+                peer_id=self.peer_id,
+                dht_peer_id=self.transport.peer_id,
+                ok=vote.ok,
+                state_hash=vote.state_hash,
+                group=group_id(vote.group) if vote.ok else "",
+            ),
+            member=self.member,
+            ttl_s=VOTE_TTL_S,
+        )
 
     def group_decision(self, vote: Vote) -> Optional[GroupDecided]:
         """The group's own decision on ``vote``'s round by the commit rule, once every groupmate's vote is
         in the DHT; None when some are missing."""
         if not vote.group:
             return None
-        ballots = collect_votes(self.transport.dht, self.key(vote.round_no, vote.fragment), vote.group,
-                                member=self.member, timeout_s=self.run.rounds.exchange_timeout_s)
+        ballots = collect_votes(
+            self.transport.dht,
+            self.key(vote.round_no, vote.fragment),
+            vote.group,
+            member=self.member,
+            timeout_s=self.run.rounds.exchange_timeout_s,
+        )
         if ballots is None:
             return None
         committed = group_decision(ballots.votes, self.plans.get(vote.round_no))
-        holders = [v.dht_peer_id for v in ballots.votes.values() if v.ok and v.state_hash == committed] \
-            if committed else []
+        holders = (
+            [v.dht_peer_id for v in ballots.votes.values() if v.ok and v.state_hash == committed] if committed else []
+        )
         return GroupDecided(committed, holders, signed_votes(ballots.signed))
 
 
@@ -191,5 +279,13 @@ def signed_votes(signed: Mapping[str, dict]) -> list[pb.SignedVote]:
     (none for a group too large to send them all: the coordinator then counts its members' own reports only)."""
     if len(signed) > MAX_SENT_VOTES:
         return []
-    return [pb.SignedVote(peer_id=peer_id, key=value["key"], body=value["body"], credential=value["credential"],
-                          signature=value["signature"]) for peer_id, value in sorted(signed.items())]
+    return [
+        pb.SignedVote(
+            peer_id=peer_id,
+            key=value["key"],
+            body=value["body"],
+            credential=value["credential"],
+            signature=value["signature"],
+        )
+        for peer_id, value in sorted(signed.items())
+    ]

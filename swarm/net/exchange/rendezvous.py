@@ -50,10 +50,14 @@ class Member:
 
 
 def group_digest(members: list[Member]) -> str:
-    text = "|".join(f"{m.peer_id},{m.dht_peer_id},{m.index},{m.weight!r},{m.numel},{m.codec},{m.live_peers}"
-                    + (f",{m.site!r}" if m.site else "") + (f",{m.plan}" if m.plan else "")
-                    + (f",bulk={m.bulk!r}" if m.bulk else "") + (f",protocol={m.protocol}" if m.protocol else "")
-                    for m in members)
+    text = "|".join(
+        f"{m.peer_id},{m.dht_peer_id},{m.index},{m.weight!r},{m.numel},{m.codec},{m.live_peers}"
+        + (f",{m.site!r}" if m.site else "")
+        + (f",{m.plan}" if m.plan else "")
+        + (f",bulk={m.bulk!r}" if m.bulk else "")
+        + (f",protocol={m.protocol}" if m.protocol else "")
+        for m in members
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -103,8 +107,12 @@ def rendezvous(
         if expected is not None and expected <= set(posted):
             break
         if time.monotonic() >= deadline and not (expected is not None and plan_holds() and time.monotonic() < longest):
-            logger.info("%s: matchmaking window closed with %d of %s planned peers", key, len(posted),
-                        "?" if expected is None else len(expected))
+            logger.info(
+                "%s: matchmaking window closed with %d of %s planned peers",
+                key,
+                len(posted),
+                "?" if expected is None else len(expected),
+            )
             break
         if time.monotonic() >= next_plan_at:
             expected = planned() or expected
@@ -113,24 +121,29 @@ def rendezvous(
             store_entry(dht, key, me, member=member, ttl_s=ttl_s, wait=False)
             posted_at = time.monotonic()
         time.sleep(poll_s)  # polling the DHT: there is no change notification to await
-    members = sorted((m for pid, m in posted.items() if expected is None or pid in expected or pid == me.peer_id),
-                     key=lambda m: (m.index, m.peer_id))
+    members = sorted(
+        (m for pid, m in posted.items() if expected is None or pid in expected or pid == me.peer_id),
+        key=lambda m: (m.index, m.peer_id),
+    )
     _mark_closed(dht, key, me, members, member=member, ttl_s=ttl_s)
     return members
 
 
-def _posted(dht: DHT, key: str, me: Member, member: credential.Member,
-            current: Mapping[str, str]) -> dict[str, Member]:
+def _posted(dht: DHT, key: str, me: Member, member: credential.Member, current: Mapping[str, str]) -> dict[str, Member]:
     """The entries under ``key`` by peer id, this peer's own included; an entry under a libp2p id other than the
     one the coordinator gave for its peer's current process (``current``) was left by a replaced process."""
-    posted = {pid: m for pid, m in read_entries(dht, key, Member, member=member).items()
-              if current.get(pid, m.dht_peer_id) == m.dht_peer_id}
+    posted = {
+        pid: m
+        for pid, m in read_entries(dht, key, Member, member=member).items()
+        if current.get(pid, m.dht_peer_id) == m.dht_peer_id
+    }
     posted[me.peer_id] = me
     return posted
 
 
-def _mark_closed(dht: DHT, key: str, me: Member, members: list[Member], *, member: credential.Member,
-                 ttl_s: float) -> None:
+def _mark_closed(
+    dht: DHT, key: str, me: Member, members: list[Member], *, member: credential.Member, ttl_s: float
+) -> None:
     """Post this peer's entry again with its formed group's indexes (``Member.closed``), without waiting (a dead DHT
     node must not delay the exchange); a larger group (~150) is not marked, and a late peer then times out."""
     marked = replace(me, closed=",".join(str(m.index) for m in members))
@@ -141,14 +154,17 @@ def _mark_closed(dht: DHT, key: str, me: Member, members: list[Member], *, membe
 def _check_not_left_behind(key: str, me: Member, posted: Mapping[str, Member], expected: Optional[set[str]]) -> None:
     """ExchangeFailed if a planned groupmate has already formed its group without this peer."""
     mine = str(me.index)
-    gone = sorted(m.peer_id for pid, m in posted.items()
-                  if pid != me.peer_id and m.closed and (expected is None or pid in expected)
-                  and mine not in m.closed.split(","))
+    gone = sorted(
+        m.peer_id
+        for pid, m in posted.items()
+        if pid != me.peer_id and m.closed and (expected is None or pid in expected) and mine not in m.closed.split(",")
+    )
     if gone:
         raise ExchangeFailed(
             f"{key}: the group averaged without this peer ({', '.join(gone)} closed matchmaking before it posted: "
             "it finished its inner steps after the matchmaking window); it takes the committed state and goes on "
-            "with the next round")
+            "with the next round"
+        )
 
 
 def participation_scale(group: list[Member]) -> float:

@@ -51,9 +51,14 @@ class RestartedGroupmates:
         """A message for ``key``'s exchange in progress from ``sender_id``, outside its group: look it up (bounded)."""
         group, checks = self._groups.get(key), self._checks.setdefault(key, [])
         now = time.monotonic()
-        if (self.reader is None or self.inbox is None or group is None or key in self._looking
-                or len(checks) >= CHECKS_PER_MEMBER * len(group)
-                or any(sender == sender_id and now - at < RECHECK_S for sender, at in checks)):
+        if (
+            self.reader is None
+            or self.inbox is None
+            or group is None
+            or key in self._looking
+            or len(checks) >= CHECKS_PER_MEMBER * len(group)
+            or any(sender == sender_id and now - at < RECHECK_S for sender, at in checks)
+        ):
             return
         checks.append((sender_id, now))
         self._looking.add(key)
@@ -71,7 +76,11 @@ class RestartedGroupmates:
         for m in group:
             entry = entries.get(m.peer_id)
             if entry is not None and entry.dht_peer_id == sender_id != m.dht_peer_id:
-                await self.inbox.member_gone(key, m.dht_peer_id, f"groupmate {m.peer_id} restarted: its new process "
-                                                                 "sent this round's slices, so its old process's will "
-                                                                 "never come")
+                await self.inbox.member_gone(
+                    key,
+                    m.dht_peer_id,
+                    f"groupmate {m.peer_id} restarted: its new process "
+                    "sent this round's slices, so its old process's will "
+                    "never come",
+                )
                 return

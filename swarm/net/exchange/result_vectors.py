@@ -56,5 +56,5 @@ class ResultVectors:
                 return torch.from_numpy(self._arrays[i])
         array = np.empty(numel, dtype=np.float32)  # numpy asks for huge pages for large arrays (average.new_f32)
         if 4 * numel <= KEEP_MAX_BYTES:
-            self._arrays = [array, *self._arrays][:self.keep]
+            self._arrays = [array, *self._arrays][: self.keep]
         return torch.from_numpy(array)

@@ -44,22 +44,27 @@ class SiteBroadcast:
     async def _start(self) -> None:
         self._cond = asyncio.Condition()
         await self.transport.p2p.add_protobuf_handler(
-            self._handler_name, self._on_chunks, exchange_pb2.TensorChunk, stream_input=True)
+            self._handler_name, self._on_chunks, exchange_pb2.TensorChunk, stream_input=True
+        )
 
     def expect(self, key: str, *, digest: str, representative: Member, numel: int) -> None:
         """From now on accept the average for ``key`` from ``representative`` (until ``receive`` or ``forget``)."""
+
         async def expect() -> None:
             async with self._cond:
                 self._expected[key] = (digest, representative.dht_peer_id, numel)
                 self._arrived.pop(key, None)
+
         self.transport.run(expect(), timeout_s=5)
 
     def receive(self, key: str, *, timeout_s: float) -> torch.Tensor:
         """The representative's average for ``key``; ExchangeFailed when it aborts or does not come in time."""
+
         async def wait() -> tuple[int, bytes]:
             async with self._cond:
                 await asyncio.wait_for(self._cond.wait_for(lambda: key in self._arrived), timeout_s)
                 return self._arrived[key]
+
         try:
             phase, payload = self.transport.run(wait(), timeout_s=timeout_s + 5)
         except (asyncio.TimeoutError, TimeoutError):
@@ -67,8 +72,9 @@ class SiteBroadcast:
         finally:
             self.forget(key)
         if phase == exchange_pb2.PHASE_ABORT:
-            raise ExchangeFailed(f"{key}: the site's representative gave up ({payload.decode(errors='replace')})",
-                                 from_groupmate=True)
+            raise ExchangeFailed(
+                f"{key}: the site's representative gave up ({payload.decode(errors='replace')})", from_groupmate=True
+            )
         average = torch.frombuffer(bytearray(payload), dtype=torch.float32)
         if not torch.isfinite(average).all():
             raise ExchangeFailed(f"{key}: the site's representative sent non-finite values")
@@ -79,6 +85,7 @@ class SiteBroadcast:
             async with self._cond:
                 self._expected.pop(key, None)
                 self._arrived.pop(key, None)
+
         self.transport.run(forget(), timeout_s=5)
 
     def send(self, key: str, *, digest: str, members: list[Member], average: torch.Tensor, timeout_s: float) -> int:
@@ -91,9 +98,12 @@ class SiteBroadcast:
         """Tell ``members`` that this representative has no average for them (best effort)."""
         self._to_all(key, digest, members, exchange_pb2.PHASE_ABORT, reason.encode()[:MAX_REASON_BYTES], timeout_s)
 
-    def _to_all(self, key: str, digest: str, members: list[Member], phase: int, payload: bytes, timeout_s: float) -> int:
+    def _to_all(
+        self, key: str, digest: str, members: list[Member], phase: int, payload: bytes, timeout_s: float
+    ) -> int:
         async def all_sends() -> list[int]:
             return await asyncio.gather(*(self._send(m, key, digest, phase, payload) for m in members))
+
         try:
             return sum(self.transport.run(asyncio.wait_for(all_sends(), timeout_s), timeout_s=timeout_s + 5))
         except (asyncio.TimeoutError, TimeoutError):
@@ -102,14 +112,25 @@ class SiteBroadcast:
 
     async def _send(self, member: Member, key: str, digest: str, phase: int, payload: bytes) -> int:
         num_chunks = max(1, -(-len(payload) // CHUNK_BYTES))
-        messages = [exchange_pb2.TensorChunk(key=key, group_digest=digest, phase=phase, chunk=i, num_chunks=num_chunks,
-                                             data=payload[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES])
-                    for i in range(num_chunks)]
+        messages = [
+            exchange_pb2.TensorChunk(
+                key=key,
+                group_digest=digest,
+                phase=phase,
+                chunk=i,
+                num_chunks=num_chunks,
+                data=payload[i * CHUNK_BYTES : (i + 1) * CHUNK_BYTES],
+            )
+            for i in range(num_chunks)
+        ]
         for attempt in range(SEND_ATTEMPTS):
             try:
                 ack = await self.transport.p2p.call_protobuf_handler(
-                    PeerID.from_base58(member.dht_peer_id), self._handler_name, as_aiter(*messages),
-                    exchange_pb2.ChunkAck)
+                    PeerID.from_base58(member.dht_peer_id),
+                    self._handler_name,
+                    as_aiter(*messages),
+                    exchange_pb2.ChunkAck,
+                )
             except Exception as e:  # noqa: BLE001 - logged; the member's own exchange fails without it
                 if attempt + 1 < SEND_ATTEMPTS:
                     continue
@@ -141,8 +162,9 @@ class SiteBroadcast:
             return exchange_pb2.ChunkAck(ok=False, error="empty stream")
         head = chunks[0]
         if len(chunks) != head.num_chunks or any(
-                (c.key, c.group_digest, c.phase, c.chunk) != (head.key, head.group_digest, head.phase, i)
-                for i, c in enumerate(chunks)):
+            (c.key, c.group_digest, c.phase, c.chunk) != (head.key, head.group_digest, head.phase, i)
+            for i, c in enumerate(chunks)
+        ):
             return exchange_pb2.ChunkAck(ok=False, error="chunks arrived inconsistent or incomplete")
         payload = b"".join(c.data for c in chunks)
         if head.phase == exchange_pb2.PHASE_AVERAGED and len(payload) != 4 * numel:

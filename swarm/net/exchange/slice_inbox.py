@@ -58,8 +58,17 @@ class SliceInbox:
         self.on_stranger: Callable[[str, str], None] = lambda key, sender_id: None
         self.cond = asyncio.Condition()  # made on the loop (an Exchange's start)
 
-    async def deliver(self, key: str, digest: str, phase: int, part: int, sender: int, payload: bytes | memoryview,
-                      *, sender_id: Optional[str] = None) -> bool:
+    async def deliver(
+        self,
+        key: str,
+        digest: str,
+        phase: int,
+        part: int,
+        sender: int,
+        payload: bytes | memoryview,
+        *,
+        sender_id: Optional[str] = None,
+    ) -> bool:
         """Buffer a slice from ``sender_id`` (this peer's own when None); False when it was dropped: this
         key's group is known and ``sender_id`` is not the libp2p id of position ``sender`` in it, or the
         group is not known yet and the slice cannot be an early one of this run's members."""
@@ -117,7 +126,7 @@ class SliceInbox:
         excess = len(self._slots) + 1 - MAX_OPEN_KEYS
         if excess > len(idle) and not force:
             return False
-        for stale in idle[:max(0, excess)]:
+        for stale in idle[: max(0, excess)]:
             self._slots.pop(stale)
             self.on_forget(stale)
         self._slots[key] = {}
@@ -148,11 +157,15 @@ class SliceInbox:
         if key in self._failed:
             return f"this peer's exchange of {key} already failed ({self._failed[key]}); it cannot complete"
         if self._completed_without(key, sender_id):
-            return (f"this peer's exchange of {key} is over: it completed in a group without this sender, so the"
-                    " sender's exchange cannot complete")
+            return (
+                f"this peer's exchange of {key} is over: it completed in a group without this sender, so the"
+                " sender's exchange cannot complete"
+            )
         if slot is not None and self._out_of_range(key, slot):
-            return (f"this exchange has no phase {slot[1]} part {slot[2]} (it has {self._parts.get(key, 0)} parts);"
-                    " the sender's exchange is cut otherwise, e.g. another Swarm version's")
+            return (
+                f"this exchange has no phase {slot[1]} part {slot[2]} (it has {self._parts.get(key, 0)} parts);"
+                " the sender's exchange is cut otherwise, e.g. another Swarm version's"
+            )
         if sender_id in self._groups.get(key, ()):
             return "this peer averages this round in another group (its matchmaking saw other entries)"
         return "this slice's sender is not that member of the group"
@@ -175,10 +188,19 @@ class SliceInbox:
             self.on_stranger(key, sender_id)
         self.rejected += 1
         if self.rejected & (self.rejected - 1) == 0:  # the 1st, 2nd, 4th, 8th...: never a flood
-            why = (f"phase {slot[1]} part {slot[2]}, which this exchange does not have" if out_of_range else
-                   "not that member's libp2p id, or more than a member sends")
-            logger.warning("%s: dropped a message from %s claiming group position %d: %s (%d dropped so far)",
-                           key, sender_id, sender, why, self.rejected)
+            why = (
+                f"phase {slot[1]} part {slot[2]}, which this exchange does not have"
+                if out_of_range
+                else "not that member's libp2p id, or more than a member sends"
+            )
+            logger.warning(
+                "%s: dropped a message from %s claiming group position %d: %s (%d dropped so far)",
+                key,
+                sender_id,
+                sender,
+                why,
+                self.rejected,
+            )
 
     async def wait_for(self, key: str, wanted: list[Slot], group: list[Member]) -> list[bytes | memoryview]:
         """The wanted slices once all are here; ExchangeFailed as soon as a groupmate aborts (only a member
@@ -192,12 +214,19 @@ class SliceInbox:
             return None
 
         async with self.cond:
+
             def never_coming() -> bool:  # a wanted slice from a member whose process is gone, not here
                 gone = self._gone.get(key)
                 return gone is not None and any(w[4] == gone[0] and w not in self._slots.get(key, {}) for w in wanted)
 
-            await self.cond.wait_for(lambda: aborted() or key in self._disagreed or never_coming()
-                                     or all(w in self._slots.get(key, {}) for w in wanted))
+            await self.cond.wait_for(
+                lambda: (
+                    aborted()
+                    or key in self._disagreed
+                    or never_coming()
+                    or all(w in self._slots.get(key, {}) for w in wanted)
+                )
+            )
             if key in self._disagreed:
                 raise self._disagreement(key, group)
             if never_coming():
@@ -206,8 +235,9 @@ class SliceInbox:
             if abort is not None:
                 sender, why = abort
                 who = group[sender].peer_id
-                raise ExchangeFailed(f"{key}: groupmate {who} gave up ({why.decode(errors='replace')})",
-                                     from_groupmate=True)
+                raise ExchangeFailed(
+                    f"{key}: groupmate {who} gave up ({why.decode(errors='replace')})", from_groupmate=True
+                )
             return [self._slots[key][w] for w in wanted]
 
     def let_go(self, key: str, slot: Slot) -> None:
@@ -218,8 +248,10 @@ class SliceInbox:
     def _disagreement(self, key: str, group: list[Member]) -> ExchangeFailed:
         """The error for a groupmate whose message named another group (its peer id when ``group`` has it)."""
         who = next((m.peer_id for m in group if m.dht_peer_id == self._disagreed[key]), self._disagreed[key])
-        return ExchangeFailed(f"{key}: groupmate {who} averages in another group (its matchmaking window closed on "
-                              "other entries, e.g. a late peer's); this round's exchange cannot complete")
+        return ExchangeFailed(
+            f"{key}: groupmate {who} averages in another group (its matchmaking window closed on "
+            "other entries, e.g. a late peer's); this round's exchange cannot complete"
+        )
 
     async def member_gone(self, key: str, sender_id: str, why: str) -> None:
         """The member of ``key``'s exchange in progress at libp2p id ``sender_id`` will never send again (``why``): the
@@ -239,8 +271,9 @@ class SliceInbox:
         members' late messages are still taken, anyone else's refused)."""
         async with self.cond:
             if failed:  # told to whoever sends for the key later: printable characters, bounded
-                _remember(self._failed, key, "".join(c if c.isprintable() else " " for c in failed[:300]),
-                          MAX_FAILED_KEYS)
+                _remember(
+                    self._failed, key, "".join(c if c.isprintable() else " " for c in failed[:300]), MAX_FAILED_KEYS
+                )
             elif completed and key in self._groups:
                 _remember(self._completed, key, frozenset(self._groups[key]), MAX_COMPLETED_KEYS)
             self._slots.pop(key, None)

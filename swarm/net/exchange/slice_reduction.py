@@ -26,8 +26,9 @@ from swarm.v1 import exchange_pb2
 logger = logging.getLogger("swarm.net.exchange.allreduce")  # the exchange's log, where these lines always were
 
 
-def slice_bounds(numel: int, parts: int, align: int, shares: Optional[Sequence[float]] = None,
-                 stripes: int = 1) -> list[tuple[int, int]]:
+def slice_bounds(
+    numel: int, parts: int, align: int, shares: Optional[Sequence[float]] = None, stripes: int = 1
+) -> list[tuple[int, int]]:
     """The butterfly's slices [start, end) of ``numel`` elements (``butterfly_bounds``): in each of ``stripes``
     stripes one per group position, equal (``part_bounds``) without ``shares``, else as near ``shares`` (one
     positive weight per position) as whole blocks of ``align`` allow; slice i is position i % parts's.
@@ -54,8 +55,9 @@ def _cut(numel: int, parts: int, align: int, shares: Optional[Sequence[float]]) 
     return bounds
 
 
-def group_bounds(key: str, numel: int, parts: int, align: int, shares: Optional[Sequence[float]],
-                 stripes: int = 1) -> list[tuple[int, int]]:
+def group_bounds(
+    key: str, numel: int, parts: int, align: int, shares: Optional[Sequence[float]], stripes: int = 1
+) -> list[tuple[int, int]]:
     """``slice_bounds``, its ValueError an ExchangeFailed."""
     try:
         return slice_bounds(numel, parts, align, shares, stripes)
@@ -68,14 +70,18 @@ def check_agreement(key: str, group: list[Member], me: Member) -> None:
     choice."""
     other = next((m for m in group if m.protocol != me.protocol), None)
     if other is not None:
-        raise ExchangeFailed(f"{key}: groupmate {other.peer_id} runs another version of the exchange (protocol "
-                             f"{other.protocol or 'unset: an older release'}, this peer {me.protocol}): every peer of a "
-                             "run must run the same Swarm release; upgrade the older one")
+        raise ExchangeFailed(
+            f"{key}: groupmate {other.peer_id} runs another version of the exchange (protocol "
+            f"{other.protocol or 'unset: an older release'}, this peer {me.protocol}): every peer of a "
+            "run must run the same Swarm release; upgrade the older one"
+        )
     if any(m.numel != me.numel or m.codec != me.codec for m in group):
         raise ExchangeFailed(f"{key}: groupmates disagree on the vector size or codec")
     if any(m.plan != me.plan for m in group):
-        raise ExchangeFailed(f"{key}: groupmates hold different controller choices for this round (codec or "
-                             "shares); each must take the coordinator's choice for the round")
+        raise ExchangeFailed(
+            f"{key}: groupmates hold different controller choices for this round (codec or "
+            "shares); each must take the coordinator's choice for the round"
+        )
 
 
 def capped_weights(aggregation: Aggregation, group: list[Member], key: str) -> list[float]:
@@ -86,17 +92,27 @@ def capped_weights(aggregation: Aggregation, group: list[Member], key: str) -> l
         raise ExchangeFailed(f"{key}: {e}") from None
 
 
-def reduce_slice(aggregation: Aggregation, codec, contributions: list[bytes], weights: list[float], numel: int,
-                 key: str) -> tuple[bytes, Reduced]:
+def reduce_slice(
+    aggregation: Aggregation, codec, contributions: list[bytes], weights: list[float], numel: int, key: str
+) -> tuple[bytes, Reduced]:
     """Decode every contribution to this peer's slice, reduce them by the run's rule in the group's
     order, encode."""
-    return reduce_decoded(aggregation, codec, [decode_slice(codec, data, numel, key) for data in contributions],
-                          weights, key)
+    return reduce_decoded(
+        aggregation, codec, [decode_slice(codec, data, numel, key) for data in contributions], weights, key
+    )
 
 
-def reduce_decoded(aggregation: Aggregation, codec, decoded: list[torch.Tensor], weights: list[float],
-                   key: str, *, owner: Optional[OwnerFeedback] = None, bounds: Optional[tuple[int, int]] = None,
-                   out: Optional[torch.Tensor] = None) -> tuple[bytes, Reduced]:
+def reduce_decoded(
+    aggregation: Aggregation,
+    codec,
+    decoded: list[torch.Tensor],
+    weights: list[float],
+    key: str,
+    *,
+    owner: Optional[OwnerFeedback] = None,
+    bounds: Optional[tuple[int, int]] = None,
+    out: Optional[torch.Tensor] = None,
+) -> tuple[bytes, Reduced]:
     """``reduce_slice`` on contributions already decoded (each as it arrived). With ``owner`` (this
     peer's residual for its slice ``bounds``) and a codec that asks for owner feedback, the residual is
     added before encoding and the new one staged (``average.owner_encode``). ``out``: where a mean is
@@ -108,9 +124,17 @@ def reduce_decoded(aggregation: Aggregation, codec, decoded: list[torch.Tensor],
         raise ExchangeFailed(f"{key}: cannot encode this slice ({e})") from None
 
 
-def reduce_owned(aggregation: Aggregation, codec, decoded: list[Optional[torch.Tensor]], weights: list[float], key: str,
-                 *, owner: Optional[OwnerFeedback], bounds: tuple[int, int],
-                 out: torch.Tensor) -> tuple[SlicePayload, Reduced]:
+def reduce_owned(
+    aggregation: Aggregation,
+    codec,
+    decoded: list[Optional[torch.Tensor]],
+    weights: list[float],
+    key: str,
+    *,
+    owner: Optional[OwnerFeedback],
+    bounds: tuple[int, int],
+    out: torch.Tensor,
+) -> tuple[SlicePayload, Reduced]:
     """An owner's slice ``bounds`` reduced (``reduce_decoded``) into ``out``, its place in the result (it may be
     one of ``decoded``: this peer's own contribution, whose memory the result takes), which then holds what every
     member decodes of it; and what the owner sends. fp32 without owner feedback sends ``out``'s own bytes (its
@@ -119,8 +143,16 @@ def reduce_owned(aggregation: Aggregation, codec, decoded: list[Optional[torch.T
     the reduction is over the others, with their weights."""
     kept = present(key, decoded)
     if len(kept) < len(decoded):
-        payload, reduced = reduce_owned(aggregation, codec, [decoded[i] for i in kept], [weights[i] for i in kept],
-                                        key, owner=owner, bounds=bounds, out=out)
+        payload, reduced = reduce_owned(
+            aggregation,
+            codec,
+            [decoded[i] for i in kept],
+            [weights[i] for i in kept],
+            key,
+            owner=owner,
+            bounds=bounds,
+            out=out,
+        )
         return payload, renumbered(reduced, kept)
     if not (_raw_fp32(codec) and (owner is None or not codec.owner_feedback)):
         data, reduced = reduce_decoded(aggregation, codec, decoded, weights, key, owner=owner, bounds=bounds, out=out)
@@ -188,6 +220,7 @@ def decode_into(codec, data: bytes | memoryview, out: torch.Tensor, key: str) ->
     def into() -> np.ndarray:
         codec.decode_into(data, values)
         return values
+
     _checked(codec, key, into)
 
 
@@ -217,8 +250,9 @@ def _raw_fp32(codec) -> bool:
     return getattr(codec, "element_bytes", 0) == 4 and codec.lossless
 
 
-async def received_slice(inbox: Any, scratch: Any, key: str, group: list[Member], codec, slot: tuple,
-                         numel: int) -> Optional[torch.Tensor]:
+async def received_slice(
+    inbox: Any, scratch: Any, key: str, group: list[Member], codec, slot: tuple, numel: int
+) -> Optional[torch.Tensor]:
     """The slice ``slot`` (digest, phase, part, sender position) once ``inbox`` (the exchange's ``SliceInbox``) has
     it, decoded: read where it lies when it can be, else into memory from ``scratch`` (a ``ResultVectors``: what the
     last stripe's decodes let go, no page faults); None when its sender withdrew (``swarm.net.exchange.withdrawal``)."""
@@ -232,8 +266,15 @@ async def received_slice(inbox: Any, scratch: Any, key: str, group: list[Member]
     return out
 
 
-async def received_into(inbox: Any, key: str, group: list[Member], codec, slot: tuple, out: torch.Tensor,
-                        free: Optional[asyncio.Event] = None) -> None:
+async def received_into(
+    inbox: Any,
+    key: str,
+    group: list[Member],
+    codec,
+    slot: tuple,
+    out: torch.Tensor,
+    free: Optional[asyncio.Event] = None,
+) -> None:
     """The slice ``slot`` (digest, phase, part, sender position) decoded into ``out`` once ``inbox`` has it (and
     ``free`` is set: nothing reads ``out``'s values any more)."""
     (data,) = await _taken(inbox, key, group, slot)
@@ -242,15 +283,33 @@ async def received_into(inbox: Any, key: str, group: list[Member], codec, slot: 
     await asyncio.to_thread(decode_into, codec, data, out, key)
 
 
-async def averaged_into(inbox: Any, average: torch.Tensor, key: str, group: list[Member], codec, digest: str,
-                        bounds: list[tuple[int, int]], position: int,
-                        sent_parts: Optional[dict[int, asyncio.Event]]) -> None:
+async def averaged_into(
+    inbox: Any,
+    average: torch.Tensor,
+    key: str,
+    group: list[Member],
+    codec,
+    digest: str,
+    bounds: list[tuple[int, int]],
+    position: int,
+    sent_parts: Optional[dict[int, asyncio.Event]],
+) -> None:
     """Every other owner's averaged slice of a butterfly exchange, decoded into its place in ``average`` as it
     arrives; with ``sent_parts``, each once that slice's event is set (this peer's contribution to it is sent)."""
     k = len(group)
-    await settle(received_into(inbox, key, group, codec, (digest, exchange_pb2.PHASE_AVERAGED, part, part % k),
-                               average[s:e], sent_parts[part] if sent_parts is not None else None)
-                 for part, (s, e) in enumerate(bounds) if part % k != position)
+    await settle(
+        received_into(
+            inbox,
+            key,
+            group,
+            codec,
+            (digest, exchange_pb2.PHASE_AVERAGED, part, part % k),
+            average[s:e],
+            sent_parts[part] if sent_parts is not None else None,
+        )
+        for part, (s, e) in enumerate(bounds)
+        if part % k != position
+    )
 
 
 async def _taken(inbox: Any, key: str, group: list[Member], slot: tuple) -> list[bytes | memoryview]:

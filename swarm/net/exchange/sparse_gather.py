@@ -39,9 +39,18 @@ from swarm.v1 import exchange_pb2
 _PART = 0  # the whole vector: every contribution is message part 0 of PHASE_CONTRIBUTION
 
 
-async def gather_average(exchange: Any, key: str, group: list[Member], me: Member, flat: Optional[torch.Tensor],
-                         codec: Codec, weights: list[float],
-                         pause: Callable[[str], Awaitable[None]], *, into_delta: bool = False) -> tuple[Reduced, int]:
+async def gather_average(
+    exchange: Any,
+    key: str,
+    group: list[Member],
+    me: Member,
+    flat: Optional[torch.Tensor],
+    codec: Codec,
+    weights: list[float],
+    pause: Callable[[str], Awaitable[None]],
+    *,
+    into_delta: bool = False,
+) -> tuple[Reduced, int]:
     """Send this member's encoded ``flat`` to every groupmate, wait for all of theirs, and reduce them:
     the reduction and the bytes sent. ``exchange`` is the ``swarm.net.exchange.allreduce.Exchange`` whose
     transport, inbox and sender checks carry the messages; ``pause(phase)`` is its fault-injection hook.
@@ -59,20 +68,28 @@ async def gather_average(exchange: Any, key: str, group: list[Member], me: Membe
     else:
         payload = own = await asyncio.to_thread(encode_slice, codec, flat, key)
     await exchange.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, position, own or payload)
-    sends = [exchange._send(m, key, digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, position, payload)
-             for i, m in enumerate(group) if i != position]
+    sends = [
+        exchange._send(m, key, digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, position, payload)
+        for i, m in enumerate(group)
+        if i != position
+    ]
     sent = sum(await asyncio.gather(*sends))
-    contributions = await exchange.inbox.wait_for(key, [
-        (digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, sender, group[sender].dht_peer_id)
-        for sender in range(len(group))
-    ], group)
+    contributions = await exchange.inbox.wait_for(
+        key,
+        [
+            (digest, exchange_pb2.PHASE_CONTRIBUTION, _PART, sender, group[sender].dht_peer_id)
+            for sender in range(len(group))
+        ],
+        group,
+    )
     await pause("reducing")
 
     def reduce() -> Reduced:
         decoded = [None if withdrawn(data) else decode_slice(codec, data, me.numel, key) for data in contributions]
         kept = present(key, decoded)
-        reduced = exchange.aggregation.reduce([decoded[i] for i in kept], [weights[i] for i in kept],
-                                              out=flat if into_delta and codec.lossless else None)
+        reduced = exchange.aggregation.reduce(
+            [decoded[i] for i in kept], [weights[i] for i in kept], out=flat if into_delta and codec.lossless else None
+        )
         return renumbered(reduced, kept)
 
     return await asyncio.to_thread(reduce), sent

@@ -71,15 +71,24 @@ class TwoLevelExchange:
         aggregation = in_site.aggregation
         # Level-2 weights are sums of at most group_size capped weights (any number with no cap).
         cap = aggregation.max_weight * group_size if group_size else float("inf")
-        self.cross_site = Exchange(transport, run_id=f"{run_id}.{CROSS_SITE}",
-                                   aggregation=dataclasses.replace(aggregation, max_weight=cap))
+        self.cross_site = Exchange(
+            transport, run_id=f"{run_id}.{CROSS_SITE}", aggregation=dataclasses.replace(aggregation, max_weight=cap)
+        )
         self.broadcast = SiteBroadcast(transport, run_id=run_id)
 
     def plan(self, group: list[Member]) -> SitePlan:
         return plan_sites([m.site for m in group], self.group_size)
 
-    def average(self, *, key: str, group: list[Member], me: Member, delta: torch.Tensor, timeout_s: float,
-                on_phase: Optional[Callable[[str], Optional[float]]] = None) -> TwoLevelResult:
+    def average(
+        self,
+        *,
+        key: str,
+        group: list[Member],
+        me: Member,
+        delta: torch.Tensor,
+        timeout_s: float,
+        on_phase: Optional[Callable[[str], Optional[float]]] = None,
+    ) -> TwoLevelResult:
         """Average ``delta`` with the group in two levels; ExchangeFailed unless this peer holds the final
         average. ``on_phase`` reaches the sub-group's exchange (fault injection)."""
         started = time.perf_counter()
@@ -102,44 +111,67 @@ class TwoLevelExchange:
             if represents:
                 results.append(self._across_sites(key, group, plan, digest, tag, members, partial, timeout_s))
                 average = results[-1].average
-                handed_bytes = self.broadcast.send(tag, digest=digest, members=members[1:], average=average,
-                                                   timeout_s=timeout_s)
+                handed_bytes = self.broadcast.send(
+                    tag, digest=digest, members=members[1:], average=average, timeout_s=timeout_s
+                )
             elif cross:
                 average = self.broadcast.receive(tag, timeout_s=2 * timeout_s)
             else:
                 average = partial
         finally:
             self.broadcast.forget(tag)
-        links = LinkTimings(uploads=[t for r in results for t in r.links.uploads],
-                            downloads=[t for r in results for t in r.links.downloads],
-                            rtt_s={k: v for r in results for k, v in r.links.rtt_s.items()})
+        links = LinkTimings(
+            uploads=[t for r in results for t in r.links.uploads],
+            downloads=[t for r in results for t in r.links.downloads],
+            rtt_s={k: v for r in results for k, v in r.links.rtt_s.items()},
+        )
         sent = sum(r.bytes_sent for r in results) + handed_bytes
         to_other_sites = cross_site_bytes(links, group, me)
         return TwoLevelResult(
-            average=average, bytes_sent=sent, bytes_received=sum(r.bytes_received for r in results),
+            average=average,
+            bytes_sent=sent,
+            bytes_received=sum(r.bytes_received for r in results),
             seconds=time.perf_counter() - started,
             rejected={k: v for r in results for k, v in r.rejected.items()},
             clipped={k: v for r in results for k, v in r.clipped.items()},
-            links=links, in_site_bytes_sent=sent - to_other_sites, cross_site_bytes_sent=to_other_sites,
-            representative=represents, subgroups=len(plan.subgroups), withdrawn=partial is None,
+            links=links,
+            in_site_bytes_sent=sent - to_other_sites,
+            cross_site_bytes_sent=to_other_sites,
+            representative=represents,
+            subgroups=len(plan.subgroups),
+            withdrawn=partial is None,
         )
 
-    def _in_site(self, tag: str, members: list[Member], me: Member, delta: torch.Tensor, timeout_s: float,
-                 on_phase: Optional[Callable[[str], Optional[float]]], results: list[ExchangeResult], cross: bool,
-                 represents: bool) -> Optional[torch.Tensor]:
+    def _in_site(
+        self,
+        tag: str,
+        members: list[Member],
+        me: Member,
+        delta: torch.Tensor,
+        timeout_s: float,
+        on_phase: Optional[Callable[[str], Optional[float]]],
+        results: list[ExchangeResult],
+        cross: bool,
+        represents: bool,
+    ) -> Optional[torch.Tensor]:
         """The sub-group's average (its result appended to ``results``). None when the sub-group's exchange failed
         and the other sub-groups go on without it: its representative withdraws it from level 2, and a member whose
         representative answers waits for the level-2 average as usual (one whose representative is gone fails now:
         nobody would hand it one)."""
         try:
-            results.append(self.in_site.average(key=tag, group=members, me=me, delta=delta, timeout_s=timeout_s,
-                                                on_phase=on_phase))
+            results.append(
+                self.in_site.average(key=tag, group=members, me=me, delta=delta, timeout_s=timeout_s, on_phase=on_phase)
+            )
             return results[-1].average
         except ExchangeFailed as e:
             if not cross or not (represents or self._answering(members[:1])):
                 raise
-            logger.warning("%s: this sub-group's exchange failed (%s); it is withdrawn from the cross-site average, "
-                           "which this peer still takes", tag, e)
+            logger.warning(
+                "%s: this sub-group's exchange failed (%s); it is withdrawn from the cross-site average, "
+                "which this peer still takes",
+                tag,
+                e,
+            )
             return None
 
     def _answering(self, peers: list[Member]) -> set[str]:
@@ -152,8 +184,17 @@ class TwoLevelExchange:
             answered |= set(self.in_site.transport.run(self.in_site.probe.rtt_s(missing), timeout_s=PING_TIMEOUT_S + 5))
         return answered
 
-    def _across_sites(self, key: str, group: list[Member], plan: SitePlan, digest: str, tag: str,
-                      members: list[Member], partial: Optional[torch.Tensor], timeout_s: float) -> ExchangeResult:
+    def _across_sites(
+        self,
+        key: str,
+        group: list[Member],
+        plan: SitePlan,
+        digest: str,
+        tag: str,
+        members: list[Member],
+        partial: Optional[torch.Tensor],
+        timeout_s: float,
+    ) -> ExchangeResult:
         """This representative's sub-group average exchanged with the other representatives (``partial`` None: its
         sub-group failed and is withdrawn, ``swarm.net.exchange.withdrawal``); on failure its sub-group is told at once."""
         self.cross_site.gather_all = self.in_site.gather_all  # a run that admits strangers: no slice owners here either
@@ -167,8 +208,15 @@ class TwoLevelExchange:
             self.broadcast.abort(tag, digest=digest, members=members[1:], reason=str(e))
             raise
 
-    def _without_the_gone(self, cross_key: str, reps: list[Member], me: Member, partial: Optional[torch.Tensor],
-                          timeout_s: float, failure: ExchangeFailed) -> ExchangeResult:
+    def _without_the_gone(
+        self,
+        cross_key: str,
+        reps: list[Member],
+        me: Member,
+        partial: Optional[torch.Tensor],
+        timeout_s: float,
+        failure: ExchangeFailed,
+    ) -> ExchangeResult:
         """The cross-site exchange once more, among the representatives that answer a ping, when some do not (their
         process is gone, so is their sub-group's average): under its own key, which names them, so representatives
         that disagree on who is gone are never merged. ``failure`` is raised when every representative answers (the
@@ -177,19 +225,26 @@ class TwoLevelExchange:
         live = [r for r in reps if r.peer_id == me.peer_id or r.peer_id in answering]
         if len(live) == len(reps) or len(live) < 2:
             raise failure
-        logger.warning("%s: %s; going on with the %d of %d representatives that answer a ping", cross_key,
-                       str(failure).removeprefix(f"{cross_key}: "), len(live), len(reps))
-        return self.cross_site.average(key=f"{cross_key}.among{group_digest(live)}", group=live, me=me,
-                                       delta=partial, timeout_s=timeout_s)
+        logger.warning(
+            "%s: %s; going on with the %d of %d representatives that answer a ping",
+            cross_key,
+            str(failure).removeprefix(f"{cross_key}: "),
+            len(live),
+            len(reps),
+        )
+        return self.cross_site.average(
+            key=f"{cross_key}.among{group_digest(live)}", group=live, me=me, delta=partial, timeout_s=timeout_s
+        )
 
-    def _level_two(self, key: str, group: list[Member], plan: SitePlan, digest: str,
-                   representative: Member) -> tuple[str, list[Member], Member]:
+    def _level_two(
+        self, key: str, group: list[Member], plan: SitePlan, digest: str, representative: Member
+    ) -> tuple[str, list[Member], Member]:
         """The cross-site exchange's key, its group (the representatives, each weighted by its sub-group's summed
         capped weights, derived from the signed entries) and ``representative``'s entry in it."""
         weights = subgroup_weights(plan, capped_weights(self.in_site.aggregation, group, key))
         reps = [dataclasses.replace(group[r], weight=w) for r, w in zip(plan.representatives, weights)]
         me = next(r for r in reps if r.peer_id == representative.peer_id)
-        return f"{self.run_id}.{CROSS_SITE}.{key[len(self.run_id) + 1:]}.plan{digest}", reps, me
+        return f"{self.run_id}.{CROSS_SITE}.{key[len(self.run_id) + 1 :]}.plan{digest}", reps, me
 
 
 def flat_f32(delta: torch.Tensor) -> torch.Tensor:

@@ -45,12 +45,23 @@ def present(key: str, decoded: Sequence[Optional[torch.Tensor]]) -> list[int]:
 
 def renumbered(reduced: Reduced, kept: list[int]) -> Reduced:
     """A reduction over the members ``kept`` (by their group positions), its verdicts by group position."""
-    return Reduced(reduced.average, {kept[i]: why for i, why in reduced.rejected.items()},
-                   {kept[i]: why for i, why in reduced.clipped.items()})
+    return Reduced(
+        reduced.average,
+        {kept[i]: why for i, why in reduced.rejected.items()},
+        {kept[i]: why for i, why in reduced.clipped.items()},
+    )
 
 
-async def send_withdrawal(exchange: Any, key: str, group: list[Member], digest: str, position: int,
-                          parts: int, links: dict[int, asyncio.Lock], reserved: dict[tuple[int, int, int], Any]) -> int:
+async def send_withdrawal(
+    exchange: Any,
+    key: str,
+    group: list[Member],
+    digest: str,
+    position: int,
+    parts: int,
+    links: dict[int, asyncio.Lock],
+    reserved: dict[tuple[int, int, int], Any],
+) -> int:
     """``exchange`` (a ``swarm.net.exchange.allreduce.Exchange``) withdraws this member from every one of the
     ``parts`` slices of a butterfly exchange: the withdrawal to each slice's owner (in ``reserved``'s bulk slot if it
     has one; its own slices into its inbox).
@@ -62,8 +73,16 @@ async def send_withdrawal(exchange: Any, key: str, group: list[Member], digest: 
         if owner == position:
             await exchange.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, part, position, WITHDRAWN)
             return 0
-        return await exchange._send(group[owner], key, digest, exchange_pb2.PHASE_CONTRIBUTION, part, position,
-                                    WITHDRAWN, turn=Turn(link=links[owner]),
-                                    reservation=reserved.get((exchange_pb2.PHASE_CONTRIBUTION, part, owner)))
+        return await exchange._send(
+            group[owner],
+            key,
+            digest,
+            exchange_pb2.PHASE_CONTRIBUTION,
+            part,
+            position,
+            WITHDRAWN,
+            turn=Turn(link=links[owner]),
+            reservation=reserved.get((exchange_pb2.PHASE_CONTRIBUTION, part, owner)),
+        )
 
     return sum(await settle(withdraw(part) for part in range(parts)))

@@ -64,7 +64,7 @@ def _varint(value: int) -> bytes:
 
 def _read_field(message: bytes, at: int, *, tag: int) -> tuple[int, int]:
     """The varint after ``tag`` at ``at`` (a field number and wire type), and where it ends."""
-    if message[at:at + 1] != bytes([tag]):
+    if message[at : at + 1] != bytes([tag]):
         raise KeyDecodeError(f"expected protobuf tag {tag:#x} at byte {at}")
     value, shift, at = 0, 0, at + 1
     while at < len(message) and shift < 64:
@@ -84,9 +84,11 @@ def _encoded_public_key(public_key: rsa.RSAPublicKey) -> bytes:
 def generate_identity(path: str | Path) -> None:
     """A new RSA libp2p identity at ``path``, as ``hivemind.P2P.generate_identity`` makes one (read-only)."""
     private = rsa.generate_private_key(public_exponent=65537, key_size=RSA_BITS)
-    der = private.private_bytes(encoding=serialization.Encoding.DER,
-                                format=serialization.PrivateFormat.TraditionalOpenSSL,
-                                encryption_algorithm=serialization.NoEncryption())
+    der = private.private_bytes(
+        encoding=serialization.Encoding.DER,
+        format=serialization.PrivateFormat.TraditionalOpenSSL,
+        encryption_algorithm=serialization.NoEncryption(),
+    )
     Path(path).write_bytes(encode_key(KEY_TYPE_RSA, der))
     os.chmod(path, 0o400)
 

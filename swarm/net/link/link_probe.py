@@ -52,9 +52,12 @@ class LinkProbe:
     async def _ping(self, name: str, libp2p_id: str) -> Optional[float]:
         started = time.perf_counter()
         try:
-            await asyncio.wait_for(self.p2p.call_protobuf_handler(
-                PeerID.from_base58(libp2p_id), self._name, exchange_pb2.ChunkAck(ok=True), exchange_pb2.ChunkAck),
-                PING_TIMEOUT_S)
+            await asyncio.wait_for(
+                self.p2p.call_protobuf_handler(
+                    PeerID.from_base58(libp2p_id), self._name, exchange_pb2.ChunkAck(ok=True), exchange_pb2.ChunkAck
+                ),
+                PING_TIMEOUT_S,
+            )
         except Exception as e:  # a measurement, never a reason to fail what it accompanies
             logger.debug("no ping answer from %s (%r)", name, e)
             return None

@@ -50,8 +50,9 @@ class LinkTimings:
     rtt_s: dict[str, float] = field(default_factory=dict)  # a tiny request and its reply, per (earlier) groupmate
 
     @classmethod
-    def named(cls, uploads: list[Transfer], downloads: list[Transfer], *, rtt_s: dict[str, float],
-              group: Sequence[Any]) -> "LinkTimings":
+    def named(
+        cls, uploads: list[Transfer], downloads: list[Transfer], *, rtt_s: dict[str, float], group: Sequence[Any]
+    ) -> "LinkTimings":
         """Transfers recorded by libp2p id, renamed to the group's peer ids; those with anyone else dropped."""
         names = {m.dht_peer_id: m.peer_id for m in group}
         return cls(
@@ -84,8 +85,9 @@ class TransferLog:
         """A send of ``size`` bytes whose first byte went at ``first_byte`` was acknowledged just now."""
         self._by_key.setdefault(key, ([], []))[0].append(Transfer(libp2p_id, size, first_byte, time.perf_counter()))
 
-    def received(self, key: str, libp2p_id: str, chunk_sizes: list[int], arrivals: list[float], *,
-                 opened: Optional[float] = None) -> None:
+    def received(
+        self, key: str, libp2p_id: str, chunk_sizes: list[int], arrivals: list[float], *, opened: Optional[float] = None
+    ) -> None:
         """A slice's chunks and when each arrived: timed from ``opened`` (its stream opened, before the first
         byte came) or else from the first's arrival on, so that chunk's bytes don't count."""
         if opened is None:

@@ -54,8 +54,9 @@ def is_wildcard(host: str) -> bool:
     return host in ("0.0.0.0", "::", "")
 
 
-def choose_p2p_address(*, coordinator_host: str, p2p_host: Optional[str] = None,
-                       announce_host: Optional[str] = None) -> P2PAddress:
+def choose_p2p_address(
+    *, coordinator_host: str, p2p_host: Optional[str] = None, announce_host: Optional[str] = None
+) -> P2PAddress:
     """The node's listen and announce addresses: ``p2p_host`` when given, else all interfaces (only the
     loopback address it announces when that is loopback); ``announce_host`` when given, else the address it listens
     on when that is one address, else the route's source address towards the coordinator. No announce
@@ -65,8 +66,11 @@ def choose_p2p_address(*, coordinator_host: str, p2p_host: Optional[str] = None,
     else:
         announce = route_source_address(coordinator_host)
     if announce is None:
-        logger.warning("no route to the coordinator's host %s to learn this machine's address from; groupmates "
-                       "will be told every local address (pass --announce-host to choose one)", coordinator_host)
+        logger.warning(
+            "no route to the coordinator's host %s to learn this machine's address from; groupmates "
+            "will be told every local address (pass --announce-host to choose one)",
+            coordinator_host,
+        )
     if p2p_host:
         listen = p2p_host
     elif announce is not None and is_loopback(announce):
@@ -100,8 +104,10 @@ def free_port(host: str) -> int:
 def unreachable_sentence(own_maddrs: list[str]) -> str:
     """What a peer its groupmates cannot reach tells its user."""
     shown = ", ".join(own_maddrs) or "no announced address"
-    return (f"groupmates cannot reach this peer at {shown}; pass --announce-host ADDRESS reachable from them "
-            "(and open the port)")
+    return (
+        f"groupmates cannot reach this peer at {shown}; pass --announce-host ADDRESS reachable from them "
+        "(and open the port)"
+    )
 
 
 def only_loopback(maddrs: list[str]) -> bool:

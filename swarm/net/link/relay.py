@@ -58,7 +58,7 @@ def _split_frame(data: bytes) -> tuple[dict[str, str], bytes]:
     (size,) = struct.unpack(">I", data[:4])
     if size > MAX_HEADER_BYTES or len(data) < 4 + size:
         raise ValueError("a relayed call's header is malformed")
-    return _parse_header(data[4:4 + size]), data[4 + size:]
+    return _parse_header(data[4 : 4 + size]), data[4 + size :]
 
 
 async def _read_header(reader: asyncio.StreamReader) -> dict[str, str]:
@@ -86,8 +86,9 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         pass
 
 
-async def _splice(a: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-                  b: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
+async def _splice(
+    a: tuple[asyncio.StreamReader, asyncio.StreamWriter], b: tuple[asyncio.StreamReader, asyncio.StreamWriter]
+) -> None:
     """Copy both ways until both ends are done, then close both."""
     try:
         await asyncio.gather(_pipe(a[0], b[1]), _pipe(b[0], a[1]))
@@ -142,7 +143,8 @@ class RelayServer:
             raise
         self.calls += 1
         return await self.p2p._client.call_unary_handler(
-            target, RELAYED_UNARY, _frame({"from": sender.to_base58(), "handler": header["handler"]}) + data)
+            target, RELAYED_UNARY, _frame({"from": sender.to_base58(), "handler": header["handler"]}) + data
+        )
 
 
 class RelayClient:
@@ -163,12 +165,14 @@ class RelayClient:
         self.p2p._client.call_unary_handler = self.call_unary  # type: ignore[method-assign]
 
     async def open_stream(self, peer_id: PeerID, handler: str) -> tuple[StreamInfo, Any, Any]:
-        return await self._either(peer_id, lambda: self._direct_stream(peer_id, handler),
-                                  lambda: self._relayed_stream(peer_id, handler))
+        return await self._either(
+            peer_id, lambda: self._direct_stream(peer_id, handler), lambda: self._relayed_stream(peer_id, handler)
+        )
 
     async def call_unary(self, peer_id: PeerID, handler: str, data: bytes) -> bytes:
         relayed = lambda: self._direct_unary(  # noqa: E731
-            self.relay, RELAY_UNARY, _frame({"to": peer_id.to_base58(), "handler": handler}) + data)
+            self.relay, RELAY_UNARY, _frame({"to": peer_id.to_base58(), "handler": handler}) + data
+        )
         return await self._either(peer_id, lambda: self._direct_unary(peer_id, handler, data), relayed)
 
     async def _either(self, peer_id: PeerID, direct, relayed):
@@ -187,8 +191,11 @@ class RelayClient:
             except Exception as relay_error:  # the direct failure says what the user must fix
                 logger.debug("relay to %s failed too: %r", target, relay_error)
                 raise e from None
-            logger.info("groupmate %s cannot be dialled (%s); reaching it through the coordinator's relay",
-                        target, str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__)
+            logger.info(
+                "groupmate %s cannot be dialled (%s); reaching it through the coordinator's relay",
+                target,
+                str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__,
+            )
             self.via_relay.add(target)
             return result
 
@@ -204,8 +211,9 @@ class RelayClient:
         self.relayed_out += 1
         return StreamInfo(peer_id=peer_id, addr=info.addr, proto=handler), reader, writer
 
-    async def _on_relayed_stream(self, info: StreamInfo, reader: asyncio.StreamReader,
-                                 writer: asyncio.StreamWriter) -> None:
+    async def _on_relayed_stream(
+        self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         if info.peer_id != self.relay:  # only the coordinator may say who a stream is from
             writer.close()
             return

@@ -50,10 +50,14 @@ def _load_cached(source: str, max_bytes: Optional[int], eval_fraction: float) ->
         raise ValueError(f"data source {source!r} holds no bytes; point it at non-empty text files.")
     data = torch.frombuffer(buf, dtype=torch.uint8).clone()
     n_eval = max(1, round(len(data) * eval_fraction))
-    corpus = ByteCorpus(train=data[: len(data) - n_eval], eval=data[len(data) - n_eval :],
-                        digest=hashlib.sha256(buf).hexdigest())
+    corpus = ByteCorpus(
+        train=data[: len(data) - n_eval], eval=data[len(data) - n_eval :], digest=hashlib.sha256(buf).hexdigest()
+    )
     log.info(
         "corpus %s: %d files read, %d train bytes, %d eval bytes",
-        source, files_read, corpus.train.numel(), corpus.eval.numel(),
+        source,
+        files_read,
+        corpus.train.numel(),
+        corpus.eval.numel(),
     )
     return corpus

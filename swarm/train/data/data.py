@@ -32,8 +32,9 @@ def load_corpus(cfg: DataConfig) -> "ByteCorpus | TokenCorpus":
         from swarm.train.data.tokenized_text import tokenized_file
 
         path, dtype, vocab = tokenized_file(cfg)
-        return load_token_corpus(dataclasses.replace(cfg, token_dtype=dtype, eval_tokens=""), tokens=str(path),
-                                 vocab_size=vocab)
+        return load_token_corpus(
+            dataclasses.replace(cfg, token_dtype=dtype, eval_tokens=""), tokens=str(path), vocab_size=vocab
+        )
     return ByteCorpus.load(cfg)
 
 
@@ -42,11 +43,15 @@ def check_vocab(model_vocab: int | None, corpus: "ByteCorpus | TokenCorpus") -> 
     if model_vocab is None:
         return
     if corpus.vocab_size is not None and model_vocab < corpus.vocab_size:
-        raise ConfigError(f"the model's vocabulary ({model_vocab} ids) is smaller than the data's tokenizer's"
-                          f" ({corpus.vocab_size}); set the model's vocab_size to at least {corpus.vocab_size}.")
+        raise ConfigError(
+            f"the model's vocabulary ({model_vocab} ids) is smaller than the data's tokenizer's"
+            f" ({corpus.vocab_size}); set the model's vocab_size to at least {corpus.vocab_size}."
+        )
     if model_vocab < corpus.min_vocab_size:
-        raise ConfigError(f"the data holds token id {corpus.min_vocab_size - 1}, beyond the model's vocabulary of"
-                          f" {model_vocab} ids; set the model's vocab_size to at least {corpus.min_vocab_size}.")
+        raise ConfigError(
+            f"the data holds token id {corpus.min_vocab_size - 1}, beyond the model's vocabulary of"
+            f" {model_vocab} ids; set the model's vocab_size to at least {corpus.min_vocab_size}."
+        )
 
 
 def data_vocab_size(cfg: DataConfig) -> int | None:
@@ -139,8 +144,15 @@ def eval_windows(split: torch.Tensor, *, batch_size: int, seq_len: int, num_batc
 
 
 @torch.no_grad()
-def eval_loss(model: nn.Module, corpus: "ByteCorpus | TokenCorpus", *, batch_size: int, seq_len: int,
-              num_batches: int, loss: Optional[Callable] = None) -> float:
+def eval_loss(
+    model: nn.Module,
+    corpus: "ByteCorpus | TokenCorpus",
+    *,
+    batch_size: int,
+    seq_len: int,
+    num_batches: int,
+    loss: Optional[Callable] = None,
+) -> float:
     """Mean loss (nats per token) over fixed windows of the eval split; the model's train/eval mode is
     restored afterwards. ``loss(model, (x, y))`` defaults to the built-in GPT's ``model(x, y)[1]``."""
     starts = torch.tensor(eval_windows(corpus.eval, batch_size=batch_size, seq_len=seq_len, num_batches=num_batches))

@@ -69,15 +69,24 @@ def check_fingerprint(cfg: DataConfig) -> None:
         return
     mine = data_fingerprint(cfg)
     if mine != cfg.fingerprint and cfg.kind == "bytes" and cfg.source == "stdlib":
-        logger.warning("this peer's built-in corpus (the standard library of Python %s) differs from the run's"
-                       " (fingerprint %s, the run's %s): it trains on other shards and its eval losses are not"
-                       " comparable; for an exact run give every machine the same text files ([data] source = PATH).",
-                       platform.python_version(), mine[:16], cfg.fingerprint[:16])
+        logger.warning(
+            "this peer's built-in corpus (the standard library of Python %s) differs from the run's"
+            " (fingerprint %s, the run's %s): it trains on other shards and its eval losses are not"
+            " comparable; for an exact run give every machine the same text files ([data] source = PATH).",
+            platform.python_version(),
+            mine[:16],
+            cfg.fingerprint[:16],
+        )
     elif mine != cfg.fingerprint:
-        what = (f"[data] tokens {cfg.tokens!r}" if cfg.kind == "tokens" else f"[data] source {cfg.source!r}"
-                + (f" with tokenizer {cfg.tokenizer!r}" if cfg.tokenizer else ""))
-        raise ConfigError(f"this peer's data (fingerprint {mine[:16]}) differs from the run's ({cfg.fingerprint[:16]});"
-                          f" give it the same files as the coordinator's ({what}).")
+        what = (
+            f"[data] tokens {cfg.tokens!r}"
+            if cfg.kind == "tokens"
+            else f"[data] source {cfg.source!r}" + (f" with tokenizer {cfg.tokenizer!r}" if cfg.tokenizer else "")
+        )
+        raise ConfigError(
+            f"this peer's data (fingerprint {mine[:16]}) differs from the run's ({cfg.fingerprint[:16]});"
+            f" give it the same files as the coordinator's ({what})."
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

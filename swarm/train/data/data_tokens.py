@@ -73,7 +73,9 @@ def token_files(pattern: str) -> list[Path]:
     matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
     files = [Path(m) for m in matches if Path(m).is_file()]
     if not files:
-        raise ConfigError(f"[data] tokens {pattern!r} names no files; give a token file or a glob such as 'data/*.bin'.")
+        raise ConfigError(
+            f"[data] tokens {pattern!r} names no files; give a token file or a glob such as 'data/*.bin'."
+        )
     return files
 
 
@@ -95,15 +97,20 @@ def load_token_corpus(cfg: DataConfig, *, tokens: str | None = None, vocab_size:
 
 
 @functools.lru_cache(maxsize=4)
-def _load_cached(tokens: str, dtype: str, eval_tokens: str, eval_fraction: float,
-                 vocab_size: int | None) -> TokenCorpus:
+def _load_cached(
+    tokens: str, dtype: str, eval_tokens: str, eval_fraction: float, vocab_size: int | None
+) -> TokenCorpus:
     every = open_tokens(token_files(tokens), dtype)
     if eval_tokens:
         train, held_out = every, open_tokens(token_files(eval_tokens), dtype)
     else:
         n_eval = max(1, round(every.numel() * eval_fraction))
         train, held_out = every[: every.numel() - n_eval], every[every.numel() - n_eval :]
-    corpus = TokenCorpus(train=train, eval=held_out, vocab_size=vocab_size,
-                         min_vocab_size=max(train.max_id(VOCAB_PROBE_TOKENS), held_out.max_id(VOCAB_PROBE_TOKENS)) + 1)
+    corpus = TokenCorpus(
+        train=train,
+        eval=held_out,
+        vocab_size=vocab_size,
+        min_vocab_size=max(train.max_id(VOCAB_PROBE_TOKENS), held_out.max_id(VOCAB_PROBE_TOKENS)) + 1,
+    )
     log.info("tokens %s: %d train tokens, %d eval tokens", tokens, train.numel(), held_out.numel())
     return corpus

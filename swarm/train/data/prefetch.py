@@ -16,8 +16,9 @@ import torch
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def batches(draw: Callable[[], Batch], count: int, device: torch.device, *, prefetch: bool = True,
-            depth: int = 2) -> Iterator[Batch]:
+def batches(
+    draw: Callable[[], Batch], count: int, device: torch.device, *, prefetch: bool = True, depth: int = 2
+) -> Iterator[Batch]:
     """``count`` batches from ``draw`` on ``device``; with ``prefetch``, drawn ``depth`` ahead on a
     thread. Stop early and the thread finishes the batches it was asked for, then exits."""
     pin = device.type == "cuda"

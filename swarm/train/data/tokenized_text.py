@@ -27,12 +27,15 @@ def load_tokenizer(path: str):
     except ImportError:
         raise ConfigError(TOKENIZERS_MISSING) from None
     if not Path(path).is_file():
-        raise ConfigError(f"[data] tokenizer {path!r} does not exist; give a tokenizer.json (scripts/train_tokenizer.py"
-                          " makes one).")
+        raise ConfigError(
+            f"[data] tokenizer {path!r} does not exist; give a tokenizer.json (scripts/train_tokenizer.py makes one)."
+        )
     try:
         return Tokenizer.from_file(path)
     except Exception as e:  # the Rust library raises plain Exception for a malformed file
-        raise ConfigError(f"[data] tokenizer {path!r} is not a tokenizer.json Hugging Face tokenizers reads ({e}).") from None
+        raise ConfigError(
+            f"[data] tokenizer {path!r} is not a tokenizer.json Hugging Face tokenizers reads ({e})."
+        ) from None
 
 
 def text_chunks(cfg: DataConfig) -> list[bytes]:

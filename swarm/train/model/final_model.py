@@ -27,12 +27,15 @@ RUN_ID_KEY = "run_id"  # the coordinator's id of the run (a peer's final model):
 def final_tensors(model: nn.Module, state: GlobalState) -> dict[str, torch.Tensor]:
     """``model.state_dict()`` with θg in place of the parameters: the tensors themselves (CPU), no copies."""
     global_by_param = {id(p): g for p, g in zip(model.parameters(), state.params)}
-    return {name: global_by_param.get(id(value), value.detach()).detach().to("cpu")
-            for name, value in model.state_dict(keep_vars=True).items()}
+    return {
+        name: global_by_param.get(id(value), value.detach()).detach().to("cpu")
+        for name, value in model.state_dict(keep_vars=True).items()
+    }
 
 
-def write_final_model(path: Path, model: nn.Module, state: GlobalState, *, run: RunConfig | None = None,
-                      run_id: str | None = None) -> None:
+def write_final_model(
+    path: Path, model: nn.Module, state: GlobalState, *, run: RunConfig | None = None, run_id: str | None = None
+) -> None:
     """θg under the model's state_dict names (``model.load_state_dict`` takes it), written atomically, straight
     from the tensors' memory (``swarm.core.state.write_safetensors``: no copy of the model is made). The header
     lists the tensors and the metadata in a fixed order, so peers holding the same θg write the same bytes."""
@@ -79,5 +82,11 @@ def final_eval_loss(path: Path, run: RunConfig) -> float:
 
     built = build_run_model(run.model, seed=run.seed)
     load_weights(built.module, path)
-    return eval_loss(built.module, load_corpus(run.data), batch_size=run.data.batch_size,
-                     seq_len=run.data.seq_len, num_batches=run.data.eval_batches, loss=built.loss)
+    return eval_loss(
+        built.module,
+        load_corpus(run.data),
+        batch_size=run.data.batch_size,
+        seq_len=run.data.seq_len,
+        num_batches=run.data.eval_batches,
+        loss=built.loss,
+    )

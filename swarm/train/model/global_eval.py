@@ -17,8 +17,14 @@ if TYPE_CHECKING:
     from swarm.train.data.data_tokens import TokenCorpus
 
 
-def global_eval_loss(model: nn.Module, params: list[torch.Tensor], global_params: list[torch.Tensor],
-                     corpus: "ByteCorpus | TokenCorpus", data: DataConfig, loss: LossFn) -> float:
+def global_eval_loss(
+    model: nn.Module,
+    params: list[torch.Tensor],
+    global_params: list[torch.Tensor],
+    corpus: "ByteCorpus | TokenCorpus",
+    data: DataConfig,
+    loss: LossFn,
+) -> float:
     """Held-out loss of ``global_params`` in ``model`` (whose parameters are ``params``, θl): on the CPU θg's own
     memory, no copy; on another device a copy there."""
     local = [p.data for p in params]
@@ -26,8 +32,14 @@ def global_eval_loss(model: nn.Module, params: list[torch.Tensor], global_params
         try:
             for p, g in zip(params, global_params):
                 p.data = g.to(p.device)
-            return eval_loss(model, corpus, batch_size=data.batch_size,
-                             seq_len=data.seq_len, num_batches=data.eval_batches, loss=loss)
+            return eval_loss(
+                model,
+                corpus,
+                batch_size=data.batch_size,
+                seq_len=data.seq_len,
+                num_batches=data.eval_batches,
+                loss=loss,
+            )
         finally:
             for p, t in zip(params, local):
                 p.data = t

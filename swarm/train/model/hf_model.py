@@ -40,8 +40,10 @@ def hf_auto_config(spec: Any):
     config = hf_config_dict(spec)
     kwargs = {k: v for k, v in config.items() if k != "model_type"}
     if config["model_type"] not in transformers.CONFIG_MAPPING:  # its error lists every one of ~800 names
-        raise ConfigError(f"[model] hf_config model_type {config['model_type']!r} is not one transformers"
-                          f" {transformers.__version__} knows; check its spelling (e.g. \"llama\", \"gpt2\").")
+        raise ConfigError(
+            f"[model] hf_config model_type {config['model_type']!r} is not one transformers"
+            f' {transformers.__version__} knows; check its spelling (e.g. "llama", "gpt2").'
+        )
     try:
         return transformers.AutoConfig.for_model(config["model_type"], **kwargs)
     except (ValueError, KeyError, TypeError) as e:
@@ -65,9 +67,11 @@ def special_ids_outside_vocab(hf_config: Any) -> str | None:
             bad.append(f"{name} {value}")
     if not bad:
         return None
-    return (f"the model's {' and '.join(bad)} {'lie' if len(bad) > 1 else 'lies'} outside its vocabulary of {vocab}"
-            f" ids, so generate() cannot use {'them' if len(bad) > 1 else 'it'}: set {'them' if len(bad) > 1 else 'it'}"
-            f" in [model] hf_config to ids below {vocab} (your tokenizer's special tokens).")
+    return (
+        f"the model's {' and '.join(bad)} {'lie' if len(bad) > 1 else 'lies'} outside its vocabulary of {vocab}"
+        f" ids, so generate() cannot use {'them' if len(bad) > 1 else 'it'}: set {'them' if len(bad) > 1 else 'it'}"
+        f" in [model] hf_config to ids below {vocab} (your tokenizer's special tokens)."
+    )
 
 
 def build_hf_model(spec: Any, *, seed: int, draw: bool = True) -> nn.Module:
@@ -91,7 +95,9 @@ def build_hf_model(spec: Any, *, seed: int, draw: bool = True) -> nn.Module:
         try:
             model = transformers.AutoModelForCausalLM.from_config(hf_config, torch_dtype=torch.float32)
         except (ValueError, KeyError) as e:
-            raise ConfigError(f"[model] hf_config does not describe a causal LM transformers can build ({e}).") from None
+            raise ConfigError(
+                f"[model] hf_config does not describe a causal LM transformers can build ({e})."
+            ) from None
     if draw:
         std = float(getattr(hf_config, "initializer_range", 0.02))
         with torch.no_grad():  # a constant init (ones, zeros) is already the same everywhere
@@ -111,8 +117,17 @@ def _varies(flat: torch.Tensor) -> bool:
 
 
 # torch.nn.init's functions that draw random numbers (the constant and copying ones still run: buffers use them)
-RANDOM_INITS = ("uniform_", "normal_", "trunc_normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
-                "kaiming_normal_", "orthogonal_", "sparse_")
+RANDOM_INITS = (
+    "uniform_",
+    "normal_",
+    "trunc_normal_",
+    "xavier_uniform_",
+    "xavier_normal_",
+    "kaiming_uniform_",
+    "kaiming_normal_",
+    "orthogonal_",
+    "sparse_",
+)
 
 
 @contextlib.contextmanager
@@ -136,6 +151,7 @@ def _random_init_replaced(transformers, *, mark: bool):
                 with torch.no_grad():
                     torch.arange(tensor.numel(), dtype=tensor.dtype, out=tensor.view(-1))
             return tensor
+
         return init
 
     try:

@@ -34,5 +34,9 @@ def run_identity(run: RunConfig) -> RunIdentity:
     built = build_run_model(run.model, seed=run.seed)
     model = built.module
     outer = OuterOptimizer(run.outer, [p.shape for p in model.parameters()])
-    return RunIdentity(model_fingerprint=model_fingerprint(model), initial_hash=initial_state(model, outer).state_hash,
-                       param_count=sum(p.numel() for p in model.parameters()), vocab_size=built.vocab_size)
+    return RunIdentity(
+        model_fingerprint=model_fingerprint(model),
+        initial_hash=initial_state(model, outer).state_hash,
+        param_count=sum(p.numel() for p in model.parameters()),
+        vocab_size=built.vocab_size,
+    )

@@ -50,9 +50,7 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
 
 
@@ -198,7 +196,7 @@ class PortableNormals:
             for i in range(threads):
                 lo, hi = max(bounds[i], offset), min(bounds[i + 1], offset + flat.size)
                 if lo < hi:
-                    stretches[i].append(flat[lo - offset:hi - offset])
+                    stretches[i].append(flat[lo - offset : hi - offset])
             offset += flat.size
         streams = []
         for i in range(threads):
@@ -232,7 +230,7 @@ class PortableNormals:
             np.add(s, fields[:, 2], out=s)
             np.add(s, fields[:, 3], out=s)
             s -= 2 * (n - 1)  # |s| < 2**17: exact in fp32
-            np.multiply(s, twice_scale, out=flat[start:start + k], dtype=np.float32, casting="unsafe")
+            np.multiply(s, twice_scale, out=flat[start : start + k], dtype=np.float32, casting="unsafe")
 
 
 def model_fingerprint(model: nn.Module) -> str:

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
     from swarm.train.multi_gpu.sharding import ShardedModel
 
 
-def build_peer_model(run: RunConfig, device: torch.device, *, fsdp: bool,
-                     draw: bool) -> tuple[RunModel, Optional[ShardedModel]]:
+def build_peer_model(
+    run: RunConfig, device: torch.device, *, fsdp: bool, draw: bool
+) -> tuple[RunModel, Optional[ShardedModel]]:
     """The run's model (θ0 drawn when ``draw``, the same on every peer) on ``device`` and, with ``fsdp``, the
     shards the ranks train (the model itself then stays on the CPU). ValueError when the data's sequences are
     longer than the model's context."""
@@ -26,6 +27,7 @@ def build_peer_model(run: RunConfig, device: torch.device, *, fsdp: bool,
     sharded: Optional[ShardedModel] = None
     if fsdp:  # torch.distributed.fsdp costs every peer ~2 CPU-s of imports: only the FSDP ones pay it
         from swarm.train.multi_gpu import sharding
+
         sharded = sharding.ShardedModel(built.module, device)
     if built.context is not None and run.data.seq_len > built.context:
         raise ValueError(

@@ -67,12 +67,18 @@ def _factory_model(cfg: ModelConfig, seed: int) -> RunModel:
         torch.manual_seed(seed)
         module = build(dataclasses.asdict(cfg))
     if not isinstance(module, nn.Module):
-        raise ConfigError(f"[model] factory {cfg.factory!r} returned {type(module).__name__}, not a torch.nn.Module;"
-                          " return the model.")
+        raise ConfigError(
+            f"[model] factory {cfg.factory!r} returned {type(module).__name__}, not a torch.nn.Module;"
+            " return the model."
+        )
     loss = import_hook(cfg.loss, "loss") if cfg.loss else logits_loss
     embedding = next((m for m in module.modules() if isinstance(m, nn.Embedding)), None)
-    return RunModel(module=module.float(), loss=loss, context=None,
-                    vocab_size=embedding.num_embeddings if embedding is not None else None)
+    return RunModel(
+        module=module.float(),
+        loss=loss,
+        context=None,
+        vocab_size=embedding.num_embeddings if embedding is not None else None,
+    )
 
 
 def checked_vocab_size(cfg: ModelConfig) -> int | None:
@@ -97,8 +103,12 @@ def build_run_model(cfg: ModelConfig, *, seed: int, draw: bool = True) -> RunMod
         built = _factory_model(cfg, seed)
     elif cfg.kind == "hf":
         module = hf_model.build_hf_model(cfg.hf_config, seed=seed, draw=draw)
-        built = RunModel(module=module, loss=hf_model.hf_causal_loss, context=hf_model.hf_context(module),
-                         vocab_size=int(module.config.vocab_size))
+        built = RunModel(
+            module=module,
+            loss=hf_model.hf_causal_loss,
+            context=hf_model.hf_context(module),
+            vocab_size=int(module.config.vocab_size),
+        )
     else:
         gpt: GPT = build_model(cfg, seed=seed, draw=draw)
         built = RunModel(module=gpt, loss=gpt_loss, context=gpt.cfg.context, vocab_size=gpt.cfg.vocab_size)
@@ -112,8 +122,10 @@ def init_from_file(init_from: str) -> Path:
     if path.is_dir():
         path = path / "model.safetensors"
     if not path.is_file():
-        raise ConfigError(f"[model] init_from {init_from!r} holds no model.safetensors; give a .safetensors file"
-                          " or a directory with one.")
+        raise ConfigError(
+            f"[model] init_from {init_from!r} holds no model.safetensors; give a .safetensors file"
+            " or a directory with one."
+        )
     return path
 
 
@@ -123,11 +135,16 @@ def load_weights(module: nn.Module, path: Path) -> None:
     tensors = load_file(str(path))
     params = dict(module.named_parameters())
     known = set(module.state_dict())
-    odd = sorted(set(params) - set(tensors)) or sorted(set(tensors) - known) or [
-        name for name, p in params.items() if tensors[name].shape != p.shape]
+    odd = (
+        sorted(set(params) - set(tensors))
+        or sorted(set(tensors) - known)
+        or [name for name, p in params.items() if tensors[name].shape != p.shape]
+    )
     if odd:
-        raise ConfigError(f"{path} holds other parameters than the run's model (first: {odd[0]!r}); check that it"
-                          " comes from a run with the same [model] settings.")
+        raise ConfigError(
+            f"{path} holds other parameters than the run's model (first: {odd[0]!r}); check that it"
+            " comes from a run with the same [model] settings."
+        )
     with torch.no_grad():
         for name, param in params.items():
             param.copy_(tensors[name])

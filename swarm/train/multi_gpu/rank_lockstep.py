@@ -22,16 +22,27 @@ class RankLockstep:
     """The ranks' view of one trainer's θl (``params``) and inner optimizer. A one-GPU peer's trainer uses only
     its ``optimizer_state_dict`` and ``load_optimizer_state_dict``, which are then the optimizer's own."""
 
-    def __init__(self, ranks: Optional[Ranks], sharded: Optional[ShardedModel], params: list[torch.Tensor],
-                 optimizer: torch.optim.Optimizer) -> None:
+    def __init__(
+        self,
+        ranks: Optional[Ranks],
+        sharded: Optional[ShardedModel],
+        params: list[torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+    ) -> None:
         self.ranks, self.sharded, self.params, self.optimizer = ranks, sharded, params, optimizer
         self.params_changed = False  # rank 0: θl changed outside train(); the other ranks need it
         self.peer_step = 0  # rank 0: the trainer's inner steps when the ranks last trained together
 
     def lead(self, steps: int, *, peer_step: int, run_step: int, batches_drawn: int) -> None:
         """Rank 0, before training ``steps`` steps from its ``peer_step``-th: start the other ranks on them."""
-        order = TrainOrder(steps=steps, peer_step=peer_step, run_step=run_step, batches_drawn=batches_drawn,
-                           params_changed=self.params_changed, optimizer_changed=peer_step != self.peer_step)
+        order = TrainOrder(
+            steps=steps,
+            peer_step=peer_step,
+            run_step=run_step,
+            batches_drawn=batches_drawn,
+            params_changed=self.params_changed,
+            optimizer_changed=peer_step != self.peer_step,
+        )
         self.ranks.send(order)
         self.sync(order)
         self.params_changed = False

@@ -67,8 +67,11 @@ class Ranks:
         ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = nn.parallel.DistributedDataParallel
         # buffers are synced once, at init (a model's buffers do not train); newer torch names it differently
-        quiet = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters
-                 else "broadcast_buffers")
+        quiet = (
+            "forward_sync_buffers"
+            if "forward_sync_buffers" in inspect.signature(ddp).parameters
+            else "broadcast_buffers"
+        )
         return ddp(model, device_ids=ids, **{quiet: False})
 
     def broadcast_params(self, params: list[torch.Tensor]) -> None:
@@ -79,9 +82,20 @@ class Ranks:
     def broadcast_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Rank 0's AdamW state to every rank (a resumed rank 0 has state the others never built)."""
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        layout = self.send([{k: (tuple(v.shape), v.dtype, v.device.type) for k, v in optimizer.state[p].items()
-                             if torch.is_tensor(v)} if p in optimizer.state else None for p in params]
-                           if self.leader else None)
+        layout = self.send(
+            [
+                {
+                    k: (tuple(v.shape), v.dtype, v.device.type)
+                    for k, v in optimizer.state[p].items()
+                    if torch.is_tensor(v)
+                }
+                if p in optimizer.state
+                else None
+                for p in params
+            ]
+            if self.leader
+            else None
+        )
         for p, keys in zip(params, layout):
             if keys is None:
                 optimizer.state.pop(p, None)
@@ -142,14 +156,27 @@ def join_ranks(*, rank: int, world_size: int, device: str, store_path: Optional[
     else:
         backend, rank_device = "gloo", torch.device(device)
     store = dist.FileStore(store_path, world_size) if store_path is not None else None
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=WAIT_FOR_RANK0,
-                            **({} if store is not None else {"init_method": "env://"}))
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=WAIT_FOR_RANK0,
+        **({} if store is not None else {"init_method": "env://"}),
+    )
     return Ranks(rank=rank, world_size=world_size, device=rank_device)
 
 
-def peer_sampler(split: torch.Tensor, data: Any, shard_index: int, seed: int,
-                 ranks: Optional["Ranks"]) -> "BatchSampler | RankSampler":
+def peer_sampler(
+    split: torch.Tensor, data: Any, shard_index: int, seed: int, ranks: Optional["Ranks"]
+) -> "BatchSampler | RankSampler":
     """A peer's batches (``data``: the run's DataConfig); the ranks of a multi-GPU peer take turns drawing them."""
-    sampler = BatchSampler(split, shard_index=shard_index, num_shards=data.num_shards, batch_size=data.batch_size,
-                           seq_len=data.seq_len, seed=seed)
+    sampler = BatchSampler(
+        split,
+        shard_index=shard_index,
+        num_shards=data.num_shards,
+        batch_size=data.batch_size,
+        seq_len=data.seq_len,
+        seed=seed,
+    )
     return sampler if ranks is None else RankSampler(sampler, rank=ranks.rank, world_size=ranks.world_size)

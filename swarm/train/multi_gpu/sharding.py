@@ -110,7 +110,8 @@ class ShardedModel:
                 if value.shape == p.shape and value.dim() > 0:
                     local = self._part(value, p).clone()
                     optimizer.state.setdefault(p, {})[key] = DTensor.from_local(
-                        local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+                        local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
+                    )
                 else:  # AdamW's step count: a plain tensor every rank holds whole
                     box = value.to(p.device).clone()
                     dist.broadcast(box, src=0)
@@ -118,8 +119,9 @@ class ShardedModel:
 
     @staticmethod
     def _part(value: torch.Tensor, like: DTensor) -> torch.Tensor:
-        return distribute_tensor(value.detach().to(like.device, like.dtype), like.device_mesh, like.placements,
-                                 src_data_rank=0).to_local()
+        return distribute_tensor(
+            value.detach().to(like.device, like.dtype), like.device_mesh, like.placements, src_data_rank=0
+        ).to_local()
 
 
 def _numbered(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -111,12 +111,18 @@ def butterfly(payload_bytes: float, peers: list[Peer], costs: Costs) -> Exchange
     seconds = 2 * _phase_s(slice_bytes, peers, costs) + costs.codec_s_per_byte * payload_bytes
     per_site = Counter(p.site for p in peers)
     cross = sum(2 * (k - per_site[p.site]) * slice_bytes for p in peers)
-    return Exchange(seconds=seconds, bytes_per_peer=2 * (k - 1) * slice_bytes, cross_site_bytes=cross,
-                    must_complete=k, largest_subgroup=k)
+    return Exchange(
+        seconds=seconds,
+        bytes_per_peer=2 * (k - 1) * slice_bytes,
+        cross_site_bytes=cross,
+        must_complete=k,
+        largest_subgroup=k,
+    )
 
 
-def two_level(payload_bytes: float, peers: list[Peer], costs: Costs, group_size: int = 0,
-              result_bytes: float | None = None) -> Exchange:
+def two_level(
+    payload_bytes: float, peers: list[Peer], costs: Costs, group_size: int = 0, result_bytes: float | None = None
+) -> Exchange:
     """Butterfly inside each sub-group (a site's LAN), butterfly of one representative per sub-group, then each
     representative sends the result (``result_bytes``: the fp32 vector; default ``payload_bytes``) to each other
     member of its sub-group over the LAN. The sub-groups are the exchange's own plan (``plan_sites``) of
@@ -127,11 +133,17 @@ def two_level(payload_bytes: float, peers: list[Peer], costs: Costs, group_size:
     across = butterfly(payload_bytes, representatives, costs)
     handed = (payload_bytes if result_bytes is None else result_bytes) * (max(len(m) for m in subgroups) - 1)
     share_s = max(handed / _rate(costs.lan_mbit, costs), handed * costs.transport_s_per_byte) + (
-        2 * costs.lan_one_way_ms / 1000 if handed else 0.0)
+        2 * costs.lan_one_way_ms / 1000 if handed else 0.0
+    )
     seconds = max(e.seconds for e in inside) + across.seconds + share_s
     rep_bytes = max(e.bytes_per_peer for e in inside) + across.bytes_per_peer + handed
-    return Exchange(seconds=seconds, bytes_per_peer=rep_bytes, cross_site_bytes=across.cross_site_bytes,
-                    must_complete=len(subgroups), largest_subgroup=max(len(m) for m in subgroups))
+    return Exchange(
+        seconds=seconds,
+        bytes_per_peer=rep_bytes,
+        cross_site_bytes=across.cross_site_bytes,
+        must_complete=len(subgroups),
+        largest_subgroup=max(len(m) for m in subgroups),
+    )
 
 
 def _subgroups(peers: list[Peer], group_size: int) -> list[list[Peer]]:
@@ -147,8 +159,14 @@ def _subgroups(peers: list[Peer], group_size: int) -> list[list[Peer]]:
     return [[peers[i] for i in s.positions] for s in plan_sites([str(p.site) for p in peers], group_size).subgroups]
 
 
-def exchange(mode: str, payload_bytes: float, peers: list[Peer], costs: Costs, group_size: int = 0,
-             result_bytes: float | None = None) -> Exchange:
+def exchange(
+    mode: str,
+    payload_bytes: float,
+    peers: list[Peer],
+    costs: Costs,
+    group_size: int = 0,
+    result_bytes: float | None = None,
+) -> Exchange:
     if mode == "flat":
         return butterfly(payload_bytes, peers, costs)
     if mode == "two_level":
@@ -156,8 +174,19 @@ def exchange(mode: str, payload_bytes: float, peers: list[Peer], costs: Costs, g
     raise ValueError(f"mode must be 'flat' or 'two_level', got {mode!r}")
 
 
-def round_time(mode: str, *, params: int, codec: str, inner_steps: int, peers: list[Peer], costs: Costs,
-               overlap: bool = True, budgeted: bool = True, reason: str = "", group_size: int = 0) -> Round:
+def round_time(
+    mode: str,
+    *,
+    params: int,
+    codec: str,
+    inner_steps: int,
+    peers: list[Peer],
+    costs: Costs,
+    overlap: bool = True,
+    budgeted: bool = True,
+    reason: str = "",
+    group_size: int = 0,
+) -> Round:
     """One round: ``inner_steps`` at the slowest peer's pace make the time budget (``budgeted``: every peer
     trains until then, as time-budgeted rounds do; otherwise each does ``inner_steps`` and waits). With
     ``overlap`` the exchange runs behind the next round's compute, so a round takes the longer of the two."""
@@ -168,12 +197,28 @@ def round_time(mode: str, *, params: int, codec: str, inner_steps: int, peers: l
     round_s = max(compute_s, ex.seconds) if overlap else compute_s + ex.seconds
     busy = [compute_s if budgeted else inner_steps * p.step_s for p in peers]
     utilization = sum(busy) / (len(peers) * round_s) if round_s > 0 else 1.0
-    return Round(mode=mode, codec=codec, inner_steps=inner_steps, compute_s=compute_s, exchange=ex,
-                 round_s=round_s, utilization=utilization, reason=reason)
+    return Round(
+        mode=mode,
+        codec=codec,
+        inner_steps=inner_steps,
+        compute_s=compute_s,
+        exchange=ex,
+        round_s=round_s,
+        utilization=utilization,
+        reason=reason,
+    )
 
 
-def controlled_round(mode: str, *, params: int, inner_steps: int, peers: list[Peer], costs: Costs,
-                     codecs: tuple[str, ...] = ("fp32", "fp16", "int8", "int4"), group_size: int = 0) -> Round:
+def controlled_round(
+    mode: str,
+    *,
+    params: int,
+    inner_steps: int,
+    peers: list[Peer],
+    costs: Costs,
+    codecs: tuple[str, ...] = ("fp32", "fp16", "int8", "int4"),
+    group_size: int = 0,
+) -> Round:
     """The controller's rule: the least lossy codec whose exchange hides behind the round's compute; when none
     does, the smallest codec and enough more inner steps that it does."""
     ordered = [c for c in LOSSLESS_FIRST if c in codecs]
@@ -181,29 +226,51 @@ def controlled_round(mode: str, *, params: int, inner_steps: int, peers: list[Pe
         raise ValueError(f"codecs must name some of {LOSSLESS_FIRST}, got {codecs}")
     compute_s = inner_steps * max(p.step_s for p in peers)
     for codec in ordered:
-        r = round_time(mode, params=params, codec=codec, inner_steps=inner_steps, peers=peers, costs=costs,
-                       group_size=group_size)
+        r = round_time(
+            mode, params=params, codec=codec, inner_steps=inner_steps, peers=peers, costs=costs, group_size=group_size
+        )
         if r.exchange.seconds <= compute_s:
-            return replace(r, reason=f"{codec}: exchange {r.exchange.seconds:.1f}s hides behind {compute_s:.1f}s "
-                                     f"of compute")
+            return replace(
+                r, reason=f"{codec}: exchange {r.exchange.seconds:.1f}s hides behind {compute_s:.1f}s of compute"
+            )
     smallest = ordered[-1]
-    slow = round_time(mode, params=params, codec=smallest, inner_steps=inner_steps, peers=peers, costs=costs,
-                      group_size=group_size)
+    slow = round_time(
+        mode, params=params, codec=smallest, inner_steps=inner_steps, peers=peers, costs=costs, group_size=group_size
+    )
     steps = math.ceil(slow.exchange.seconds / max(p.step_s for p in peers))
-    r = round_time(mode, params=params, codec=smallest, inner_steps=steps, peers=peers, costs=costs,
-                   group_size=group_size)
-    return replace(r, reason=f"{smallest} takes {slow.exchange.seconds:.1f}s > {compute_s:.1f}s of compute: "
-                             f"H raised from {inner_steps} to {steps}")
+    r = round_time(
+        mode, params=params, codec=smallest, inner_steps=steps, peers=peers, costs=costs, group_size=group_size
+    )
+    return replace(
+        r,
+        reason=f"{smallest} takes {slow.exchange.seconds:.1f}s > {compute_s:.1f}s of compute: "
+        f"H raised from {inner_steps} to {steps}",
+    )
 
 
-def make_peers(count: int, *, sites: int | None = None, up_mbit: float, down_mbit: float | None = None,
-               one_way_ms: float = 0.0, step_s: float = 1.0, slow_every: int = 0, slow_factor: float = 1.0) -> list[Peer]:
+def make_peers(
+    count: int,
+    *,
+    sites: int | None = None,
+    up_mbit: float,
+    down_mbit: float | None = None,
+    one_way_ms: float = 0.0,
+    step_s: float = 1.0,
+    slow_every: int = 0,
+    slow_factor: float = 1.0,
+) -> list[Peer]:
     """``count`` peers spread evenly (round-robin) over ``sites`` (None: each peer a site of its own); every ``slow_every``-th one
     ``slow_factor`` times slower to compute (0: none)."""
     sites = count if sites is None else sites
     if count < 1 or not 1 <= sites <= count:
         raise ValueError(f"need at least one peer and 1 to {count} sites, got {count} peers in {sites} sites")
-    return [Peer(up_mbit=up_mbit, down_mbit=down_mbit if down_mbit is not None else up_mbit, one_way_ms=one_way_ms,
-                 step_s=step_s * (slow_factor if slow_every and i % slow_every == slow_every - 1 else 1.0),
-                 site=i % sites)
-            for i in range(count)]
+    return [
+        Peer(
+            up_mbit=up_mbit,
+            down_mbit=down_mbit if down_mbit is not None else up_mbit,
+            one_way_ms=one_way_ms,
+            step_s=step_s * (slow_factor if slow_every and i % slow_every == slow_every - 1 else 1.0),
+            site=i % sites,
+        )
+        for i in range(count)
+    ]

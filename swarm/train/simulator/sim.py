@@ -89,24 +89,30 @@ class SimResult:
 
     def to_dict(self) -> dict:
         """JSON-ready summary (no tensors)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in
-               ("rounds", "final_params", "final_outer_state")}
+        out = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("rounds", "final_params", "final_outer_state")
+        }
         out["final_hash"] = self.final_hash
         out["consistent"] = self.consistent
         out["rounds"] = [dataclasses.asdict(r) | {"consistent": r.consistent} for r in self.rounds]
         return out
 
 
-def _rates(run: RunConfig, peers: int, steps_per_peer: Sequence[int] | None,
-           speeds: Sequence[float] | None) -> list[Fraction]:
+def _rates(
+    run: RunConfig, peers: int, steps_per_peer: Sequence[int] | None, speeds: Sequence[float] | None
+) -> list[Fraction]:
     """Inner steps per nominal step for each peer (exact fractions, so step counts never drift)."""
     h = run.rounds.inner_steps
     if steps_per_peer is not None and speeds is not None:
         raise ValueError("give steps_per_peer or speeds, not both.")
     if speeds is not None:
         if len(speeds) != peers or any(not (math.isfinite(s) and s * h >= 1) for s in speeds):
-            raise ValueError(f"speeds must give every one of the {peers} peers a finite speed of at least"
-                             f" 1/inner_steps = {1 / h:.4g}.")
+            raise ValueError(
+                f"speeds must give every one of the {peers} peers a finite speed of at least"
+                f" 1/inner_steps = {1 / h:.4g}."
+            )
         return [Fraction(s).limit_denominator(1_000_000) for s in speeds]
     if steps_per_peer is None:
         steps_per_peer = [h] * peers
@@ -117,7 +123,7 @@ def _rates(run: RunConfig, peers: int, steps_per_peer: Sequence[int] | None,
 
 def _sites(sites: Sequence[str] | None, peers: int) -> list[str] | None:
     if sites is not None and (len(sites) != peers or not all(isinstance(s, str) for s in sites)):
-        raise ValueError(f"sites must name one site (or \"\") for each of the {peers} peers, got {list(sites)!r}.")
+        raise ValueError(f'sites must name one site (or "") for each of the {peers} peers, got {list(sites)!r}.')
     return None if sites is None else list(sites)
 
 
@@ -141,18 +147,34 @@ def _records(peers: list[VirtualPeer], run: RunConfig, rounds: int) -> list[SimR
         hashes = [p.hashes[r] for p in peers]
         if len(set(hashes)) != 1:
             log.error("sim round %d: peers disagree on the global state: %s", r, hashes)
-        out.append(SimRound(
-            round=r, state_hash=hashes[0], peer_hashes=hashes,
-            train_loss=sum(s.mean_loss * s.samples for s in per_peer if s.samples) / samples if samples else float("nan"),
-            eval_loss=peers[0].evals.get(r), samples=samples, tokens=sum(s.tokens for s in per_peer),
-            inner_time_s=max(s.inner_time_s for s in per_peer), fragment=round_fragment(r, run.rounds.fragments),
-            steps=[s.steps for s in per_peer], group=list(range(len(peers))),
-            bytes_sent=[p.bytes_sent[r] for p in peers],
-            cross_site_bytes=[p.board.cross_site_bytes[r][p.index] for p in peers],
-        ))
+        out.append(
+            SimRound(
+                round=r,
+                state_hash=hashes[0],
+                peer_hashes=hashes,
+                train_loss=sum(s.mean_loss * s.samples for s in per_peer if s.samples) / samples
+                if samples
+                else float("nan"),
+                eval_loss=peers[0].evals.get(r),
+                samples=samples,
+                tokens=sum(s.tokens for s in per_peer),
+                inner_time_s=max(s.inner_time_s for s in per_peer),
+                fragment=round_fragment(r, run.rounds.fragments),
+                steps=[s.steps for s in per_peer],
+                group=list(range(len(peers))),
+                bytes_sent=[p.bytes_sent[r] for p in peers],
+                cross_site_bytes=[p.board.cross_site_bytes[r][p.index] for p in peers],
+            )
+        )
         last = out[-1]
-        log.info("sim round %d (fragment %d): train loss %.4f, eval loss %s, hash %s", last.round, last.fragment,
-                 last.train_loss, "-" if last.eval_loss is None else f"{last.eval_loss:.4f}", last.state_hash)
+        log.info(
+            "sim round %d (fragment %d): train loss %.4f, eval loss %s, hash %s",
+            last.round,
+            last.fragment,
+            last.train_loss,
+            "-" if last.eval_loss is None else f"{last.eval_loss:.4f}",
+            last.state_hash,
+        )
     return out
 
 
@@ -210,9 +232,18 @@ def simulate(
     """
     if peers < 1 or rounds < 0:
         raise ValueError(f"need at least one peer and a non-negative number of rounds, got {peers} and {rounds}.")
-    run = _with_overrides(run, outer, codec=codec, error_feedback=error_feedback, fragments=fragments,
-                          overlap_steps=overlap_steps, mixing_alpha=mixing_alpha, aggregation=aggregation,
-                          hierarchical=hierarchical, group_size=group_size)
+    run = _with_overrides(
+        run,
+        outer,
+        codec=codec,
+        error_feedback=error_feedback,
+        fragments=fragments,
+        overlap_steps=overlap_steps,
+        mixing_alpha=mixing_alpha,
+        aggregation=aggregation,
+        hierarchical=hierarchical,
+        group_size=group_size,
+    )
     rc = run.rounds
     wire = get_codec(rc.codec)
     rates = _rates(run, peers, steps_per_peer, speeds)
@@ -220,13 +251,27 @@ def simulate(
     fragment_numel = [trainers[0].fragment_numel(f) for f in range(rc.fragments)]
     full_group = [sum(butterfly_bytes_sent(n, peers, wire)) / peers for n in fragment_numel]
     result = SimResult(
-        peers=peers, codec=wire.name, param_count=trainers[0].param_count, initial_hash=trainers[0].state.state_hash,
-        initial_eval_loss=trainers[0].eval_loss(), bytes_per_peer_per_round=sum(full_group) / rc.fragments,
-        fragments=rc.fragments, overlap_steps=rc.overlap_steps, error_feedback=rc.error_feedback and not wire.lossless,
-        outer=run.outer.name, bytes_sent_per_peer=[0] * peers,
+        peers=peers,
+        codec=wire.name,
+        param_count=trainers[0].param_count,
+        initial_hash=trainers[0].state.state_hash,
+        initial_eval_loss=trainers[0].eval_loss(),
+        bytes_per_peer_per_round=sum(full_group) / rc.fragments,
+        fragments=rc.fragments,
+        overlap_steps=rc.overlap_steps,
+        error_feedback=rc.error_feedback and not wire.lossless,
+        outer=run.outer.name,
+        bytes_sent_per_peer=[0] * peers,
     )
-    log.info("sim: %d peers, %d parameters, codec %s, %d fragments, overlap %d, initial eval loss %.4f",
-             peers, result.param_count, wire.name, rc.fragments, rc.overlap_steps, result.initial_eval_loss)
+    log.info(
+        "sim: %d peers, %d parameters, codec %s, %d fragments, overlap %d, initial eval loss %.4f",
+        peers,
+        result.param_count,
+        wire.name,
+        rc.fragments,
+        rc.overlap_steps,
+        result.initial_eval_loss,
+    )
     virtual = run_peers(run, trainers, rates, rounds, tamper, sites=_sites(sites, peers), owner_tamper=owner_tamper)
     result.rounds = _records(virtual, run, rounds)
     _tally_bytes(result)
@@ -242,7 +287,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="number of outer rounds")
     parser.add_argument("--steps", type=int, help="inner steps per round (default: the run's inner_steps)")
     parser.add_argument("--preset", help="model preset, overriding the config")
-    parser.add_argument("--codec", help="wire codec (fp32, fp16, bf16, int8, int4, sign, ternary, ternary@0.5, topk-int4, topk-int4@0.003, lowrank16-int4, ...), overriding the config")
+    parser.add_argument(
+        "--codec",
+        help="wire codec (fp32, fp16, bf16, int8, int4, sign, ternary, ternary@0.5, topk-int4, topk-int4@0.003, lowrank16-int4, ...), overriding the config",
+    )
     parser.add_argument("--no-error-feedback", action="store_true", help="send lossy codecs without error feedback")
     parser.add_argument("--fragments", type=int, help="Streaming DiLoCo fragments F, overriding the config")
     parser.add_argument("--overlap", type=int, help="inner steps an exchange overlaps (tau), overriding the config")
@@ -270,11 +318,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             run = run.replace(rounds=dataclasses.replace(run.rounds, codec=args.codec))
         run.validate()
         speeds = [float(x) for x in args.speeds.split(",")] if args.speeds else None
-        result = simulate(run, peers=args.peers, rounds=args.rounds, speeds=speeds,
-                          error_feedback=False if args.no_error_feedback else None, fragments=args.fragments,
-                          overlap_steps=args.overlap, mixing_alpha=args.alpha, outer=args.outer,
-                          aggregation=args.aggregation, sites=args.sites.split(",") if args.sites else None,
-                          hierarchical=True if args.hierarchical else None, group_size=args.group_size)
+        result = simulate(
+            run,
+            peers=args.peers,
+            rounds=args.rounds,
+            speeds=speeds,
+            error_feedback=False if args.no_error_feedback else None,
+            fragments=args.fragments,
+            overlap_steps=args.overlap,
+            mixing_alpha=args.alpha,
+            outer=args.outer,
+            aggregation=args.aggregation,
+            sites=args.sites.split(",") if args.sites else None,
+            hierarchical=True if args.hierarchical else None,
+            group_size=args.group_size,
+        )
     except ValueError as e:  # ConfigError and the other user mistakes: one sentence, no traceback
         sys.stderr.write(f"error: {e}\n")
         return 2
@@ -289,11 +347,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for r in result.rounds:
             ev = "-" if r.eval_loss is None else f"{r.eval_loss:.4f}"
-            sys.stdout.write(f"round {r.round}: train loss {r.train_loss:.4f} eval loss {ev}"
-                             f" hash {r.state_hash}{'' if r.consistent else ' INCONSISTENT'}\n")
+            sys.stdout.write(
+                f"round {r.round}: train loss {r.train_loss:.4f} eval loss {ev}"
+                f" hash {r.state_hash}{'' if r.consistent else ' INCONSISTENT'}\n"
+            )
         cross = [sum(r.cross_site_bytes[i] for r in result.rounds) for i in range(result.peers)]
-        sys.stdout.write(f"bytes sent per peer {result.bytes_sent_per_peer} (to other sites {cross}),"
-                         f" peak per sync {result.peak_bytes_per_sync}\n")
+        sys.stdout.write(
+            f"bytes sent per peer {result.bytes_sent_per_peer} (to other sites {cross}),"
+            f" peak per sync {result.peak_bytes_per_sync}\n"
+        )
     return 0 if result.consistent else 1
 
 

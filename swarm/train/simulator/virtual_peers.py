@@ -43,10 +43,20 @@ class Board:
     peer computes at a time (the bits and the inner-step timings are those of a sequential run), and
     the round runner blocks exactly where a real peer would."""
 
-    def __init__(self, peers: int, rounds: int, wire: Codec, aggregation: Aggregation = Aggregation(), *,
-                 sites: Optional[list[str]] = None, hierarchical: bool = False, group_size: int = 0,
-                 shapes: Optional[list[list[tuple[int, ...]]]] = None, gather_all: bool = False,
-                 owner_tamper: Optional[OwnerTamper] = None) -> None:
+    def __init__(
+        self,
+        peers: int,
+        rounds: int,
+        wire: Codec,
+        aggregation: Aggregation = Aggregation(),
+        *,
+        sites: Optional[list[str]] = None,
+        hierarchical: bool = False,
+        group_size: int = 0,
+        shapes: Optional[list[list[tuple[int, ...]]]] = None,
+        gather_all: bool = False,
+        owner_tamper: Optional[OwnerTamper] = None,
+    ) -> None:
         self.peers, self.rounds, self.wire = peers, rounds, wire
         self.gathered = wire.gathered or gather_all  # every peer decodes all contributions (swarm.core.all_gather)
         self.owner_tamper = owner_tamper
@@ -94,9 +104,11 @@ class Board:
             else:
                 owners = [c.owner for c in ordered]  # peer i owns slice i
                 pairs = [[0] * self.peers for _ in range(self.peers)] if self.wire.variable_size else None
-                self.averages[round_no] = butterfly_reference(
-                    deltas, weights, self.wire, reduce=reduce, owners=owners, pair_bytes=pairs) \
-                    if self.plan is None else two_level_reference(deltas, weights, self.plan, self.wire, reduce=reduce)
+                self.averages[round_no] = (
+                    butterfly_reference(deltas, weights, self.wire, reduce=reduce, owners=owners, pair_bytes=pairs)
+                    if self.plan is None
+                    else two_level_reference(deltas, weights, self.plan, self.wire, reduce=reduce)
+                )
                 if pairs is not None:
                     self.pair_bytes[round_no] = pairs
                 if self.owner_tamper is not None and self.plan is None:
@@ -109,8 +121,9 @@ class Board:
         else:
             in_site, cross_site = self.bytes_sent(contribution.delta.numel(), contribution.fragment)[index]
         self.cross_site_bytes.setdefault(round_no, {})[index] = cross_site
-        return Averaged(average=self.averages[round_no], group=[str(i) for i in range(self.peers)],
-                        bytes_sent=in_site + cross_site)
+        return Averaged(
+            average=self.averages[round_no], group=[str(i) for i in range(self.peers)], bytes_sent=in_site + cross_site
+        )
 
     def _tamper_owned(self, round_no: int, average: torch.Tensor) -> None:
         """What malicious owners send instead of their slices' averages, encoded and decoded as every member would
@@ -120,7 +133,9 @@ class Board:
         for part, (start, end) in enumerate(bounds):
             sent = self.owner_tamper(part % k, round_no, average[start:end].clone())
             if sent is not None:
-                average[start:end] = self.wire.decode(self.wire.encode(sent.to(torch.float32).contiguous()), end - start)
+                average[start:end] = self.wire.decode(
+                    self.wire.encode(sent.to(torch.float32).contiguous()), end - start
+                )
 
     def bytes_sent(self, numel: int, fragment: int = 0) -> list[tuple[int, int]]:
         """(in-site, cross-site) payload bytes each virtual peer sends in one exchange of ``numel`` elements."""
@@ -219,23 +234,46 @@ def drive(runner: RoundRunner, peer: VirtualPeer, rounds: int) -> None:
             raise
 
 
-def run_peers(run: RunConfig, trainers: list[LocalTrainer], rates: list[Fraction], rounds: int,
-              tamper: Optional[Tamper] = None, sites: Optional[list[str]] = None,
-              owner_tamper: Optional[OwnerTamper] = None) -> list[VirtualPeer]:
+def run_peers(
+    run: RunConfig,
+    trainers: list[LocalTrainer],
+    rates: list[Fraction],
+    rounds: int,
+    tamper: Optional[Tamper] = None,
+    sites: Optional[list[str]] = None,
+    owner_tamper: Optional[OwnerTamper] = None,
+) -> list[VirtualPeer]:
     """Every virtual peer runs its rounds through the round runner, on its own thread. ``tamper``
     (benchmarks and tests) replaces what the peers send, see ``Tamper``, and ``owner_tamper`` what butterfly slice
     owners send, see ``OwnerTamper``; ``sites`` are the peers' sites."""
-    board = Board(len(trainers), rounds, get_codec(run.rounds.codec), Aggregation.for_run(run), sites=sites,
-                  hierarchical=run.rounds.hierarchical, group_size=run.rounds.group_size,
-                  shapes=[trainers[0].fragment_shapes(f) for f in range(run.rounds.fragments)],
-                  gather_all=run.rounds.all_gathered(), owner_tamper=owner_tamper)
+    board = Board(
+        len(trainers),
+        rounds,
+        get_codec(run.rounds.codec),
+        Aggregation.for_run(run),
+        sites=sites,
+        hierarchical=run.rounds.hierarchical,
+        group_size=run.rounds.group_size,
+        shapes=[trainers[0].fragment_shapes(f) for f in range(run.rounds.fragments)],
+        gather_all=run.rounds.all_gathered(),
+        owner_tamper=owner_tamper,
+    )
     peers, threads, errors = [], [], []
     for i, (trainer, rate) in enumerate(zip(trainers, rates)):
         peer = VirtualPeer(i, board, tamper=tamper)
-        runner = RoundRunner(trainer, run, exchange=peer, votes=peer, decider=peer, store=peer, hooks=peer,
-                             executor=InlineExecutor(), evaluate=i == 0, budget=budget(rate, run))
-        threads.append(threading.Thread(target=guard, args=(errors, drive, runner, peer, rounds),
-                                        name=f"sim-peer-{i}"))
+        runner = RoundRunner(
+            trainer,
+            run,
+            exchange=peer,
+            votes=peer,
+            decider=peer,
+            store=peer,
+            hooks=peer,
+            executor=InlineExecutor(),
+            evaluate=i == 0,
+            budget=budget(rate, run),
+        )
+        threads.append(threading.Thread(target=guard, args=(errors, drive, runner, peer, rounds), name=f"sim-peer-{i}"))
         peers.append(peer)
     for t in threads:
         t.start()
@@ -254,6 +292,7 @@ def budget(rate: Fraction, run: RunConfig):
     def steps(round_no: int) -> tuple[int, int]:
         start, end = round_end_step(round_no - 1, h, num_fragments), round_end_step(round_no, h, num_fragments)
         return steps_between(rate, start, start + overlap), steps_between(rate, start, end)
+
     return steps
 
 
