@@ -205,7 +205,7 @@ def main() -> None:
     from testbed.members import make_member
 
     from peer.state.checkpoint import load_checkpoint
-    from peer.state.resume import save_vote, vote_dir
+    from peer.state.votes import save_vote, vote_dir
     from swarm.core.state import state_from_tensors
     from swarm.core.trust.credential import PeerKey
     from swarm.net.bulk import state_transfer

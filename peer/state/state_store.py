@@ -10,7 +10,8 @@ from typing import Callable, Optional
 
 from peer.faults import FaultPlan
 from peer.report.stats import PeerStats
-from peer.state.resume import checkpoint_dir, maybe_resume, prune_votes, save_trainer, save_vote, step_time_record
+from peer.state.resume import checkpoint_dir, maybe_resume, save_trainer, step_time_record
+from peer.state.votes import prune_votes, save_vote
 from swarm.core.state import GlobalState
 from swarm.train.trainer import LocalTrainer
 from swarm.v1 import coordinator_pb2 as pb

@@ -5,7 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from peer.state.resume import maybe_resume, prune_votes, resume_trainer, save_trainer, save_vote, vote_dir
+from peer.state.resume import maybe_resume, resume_trainer, save_trainer
+from peer.state.votes import prune_votes, save_vote, vote_dir
 from swarm.config import DataConfig, RunConfig
 from swarm.core.state import GlobalState
 from swarm.train.trainer import LocalTrainer

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from peer.state.checkpoint import MANIFEST, TENSORS
-from peer.state.resume import committed_on_disk, prune_votes, save_vote, spare_vote, vote_dir
+from peer.state.resume import committed_on_disk
+from peer.state.votes import prune_votes, save_vote, spare_vote, vote_dir
 from swarm.config import RunConfig
 from swarm.core import spans
 from swarm.core import tentative as tentative_module
@@ -116,7 +117,7 @@ def test_a_vote_written_by_a_process_killed_right_after_is_whole(tmp_path):
         sys.path.insert(0, {str(ROOT)!r})
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_vote_on_disk import _round
-        from peer.state.resume import save_vote
+        from peer.state.votes import save_vote
         tentative, _ = _round(1, seed=3)
         save_vote({str(tmp_path)!r}, tentative, run_id="run-x")
         print(tentative.state_hash, flush=True)
