@@ -6,7 +6,7 @@ tensor file, so a truncated or corrupted checkpoint is detected and refused with
 instead of being loaded half. Nothing is pickled.
 
 The tensor file is safetensors (``safetensors.torch.load_file`` reads it), written straight from the tensors'
-memory with its SHA-256 computed in the same pass (``swarm.core.state.write_safetensors``), and mapped back
+memory with its SHA-256 computed in the same pass (``swarm.core.safetensors_io.write_safetensors``), and mapped back
 (``map_safetensors``): one pass over the file for its hash, and the tensors are views of a private,
 copy-on-write mapping. No copy of the whole state is made either way, and the file is not read twice.
 """
@@ -23,7 +23,7 @@ from typing import Any, BinaryIO, Callable, Optional
 
 import torch
 
-from swarm.core.state import map_safetensors, write_safetensors
+from swarm.core.safetensors_io import map_safetensors, write_safetensors
 
 logger = logging.getLogger(__name__)
 

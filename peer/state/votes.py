@@ -12,7 +12,8 @@ from typing import Any, Optional
 import torch
 
 from peer.state.checkpoint import TENSORS, save_checkpoint
-from swarm.core.state import GlobalState, LazyTensor, state_tensors
+from swarm.core.safetensors_io import LazyTensor
+from swarm.core.state import GlobalState, state_tensors
 from swarm.core.tentative import TentativeState
 
 

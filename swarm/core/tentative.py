@@ -23,8 +23,9 @@ import torch
 
 from swarm.core.average import _f32, as_cpu_f32
 from swarm.core.outer import OuterOptimizer
+from swarm.core.safetensors_io import IO_BLOCK, LazyTensor, SafetensorsLayout, tensor_bytes
 from swarm.core.spans import Span
-from swarm.core.state import IO_BLOCK, GlobalState, LazyTensor, SafetensorsLayout, tensor_bytes
+from swarm.core.state import GlobalState
 
 
 class TentativeState:

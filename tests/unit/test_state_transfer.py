@@ -15,6 +15,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from testbed.members import make_member
 
+from swarm.core.safetensors_io import tensors_from_buffer
 from swarm.core.state import (
     EncodedState,
     GlobalState,
@@ -22,7 +23,6 @@ from swarm.core.state import (
     encode_state,
     encoded_size_bound,
     state_tensors,
-    tensors_from_buffer,
 )
 from swarm.core.trust.credential import Member, PeerKey
 from swarm.net.bulk import state_transfer

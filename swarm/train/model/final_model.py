@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from swarm.config import RunConfig
-from swarm.core.state import GlobalState, write_safetensors
+from swarm.core.safetensors_io import write_safetensors
+from swarm.core.state import GlobalState
 
 HF_CONFIG_KEY = "hf_config"
 RUN_SPEC_KEY = "run_spec"
@@ -37,7 +38,7 @@ def write_final_model(
     path: Path, model: nn.Module, state: GlobalState, *, run: RunConfig | None = None, run_id: str | None = None
 ) -> None:
     """θg under the model's state_dict names (``model.load_state_dict`` takes it), written atomically, straight
-    from the tensors' memory (``swarm.core.state.write_safetensors``: no copy of the model is made). The header
+    from the tensors' memory (``swarm.core.safetensors_io.write_safetensors``: no copy of the model is made). The header
     lists the tensors and the metadata in a fixed order, so peers holding the same θg write the same bytes."""
     metadata = {"round_no": str(state.round_no), "state_hash": state.state_hash}
     if run is not None:
