@@ -10,9 +10,9 @@ from typing import Callable, Optional
 from peer.faults import FaultPlan
 from peer.report.round_log import RoundLog
 from peer.report.stats import PeerStats
+from swarm.train.contribution import TrainStats
 from swarm.train.round import Hooks, RoundResult, Vote
 from swarm.train.train_log import TrainLog
-from swarm.train.trainer import TrainStats
 
 logger = logging.getLogger(__name__)
 

@@ -46,8 +46,8 @@ from swarm.config import AGGREGATIONS, DataConfig, InnerOptConfig, ModelConfig, 
 from swarm.core.all_gather import gather_bytes_by_site
 from swarm.core.average import butterfly_bytes_sent
 from swarm.core.codecs.codec import get_codec
+from swarm.train.contribution import Contribution
 from swarm.train.simulator.sim import simulate
-from swarm.train.trainer import Contribution
 
 log = logging.getLogger("bench_byzantine")
 

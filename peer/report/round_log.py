@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from swarm.config import RunConfig
+from swarm.train.contribution import TrainStats
 from swarm.train.round import Outcome, RoundResult, Vote
 from swarm.train.train_log import TrainLog, open_train_log
-from swarm.train.trainer import TrainStats
 
 logger = logging.getLogger("peer.round_hooks")  # the peer's round lines, where operators already look for them
 

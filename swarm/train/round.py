@@ -39,8 +39,9 @@ import torch
 
 from swarm.config import RunConfig
 from swarm.core.state import GlobalState
+from swarm.train.contribution import Contribution, TrainStats
 from swarm.train.round_plan import ControllerChoice, PlanRefused, RoundPlan, plan_round
-from swarm.train.trainer import Contribution, LocalTrainer, TrainStats
+from swarm.train.trainer import LocalTrainer
 
 
 class SyncFailed(RuntimeError):

@@ -37,8 +37,8 @@ from swarm.net.exchange.rendezvous import group_key
 from swarm.net.link.libp2p_identity import Libp2pIdentity
 from swarm.net.votes import Vote as DhtVote
 from swarm.net.votes import group_id, vote_key
+from swarm.train.contribution import Contribution
 from swarm.train.round import Averaged, SyncFailed, Vote
-from swarm.train.trainer import Contribution
 from swarm.v1 import coordinator_pb2 as pb
 
 JOIN = JoinString.parse("swarm://127.0.0.1:7000?token=t&fp=" + "0" * 64)

@@ -15,8 +15,8 @@ from swarm.core.average import butterfly_reference, weighted_average
 from swarm.core.codecs.codec import CODECS
 from swarm.net.exchange.allreduce import ExchangeFailed
 from swarm.net.exchange.slice_reduction import decode_slice, reduce_slice
+from swarm.train.contribution import Contribution
 from swarm.train.simulator.sim import simulate
-from swarm.train.trainer import Contribution
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]
 

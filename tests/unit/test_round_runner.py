@@ -10,8 +10,9 @@ import torch
 
 from swarm.config import DataConfig, ModelConfig, RoundConfig, RunConfig
 from swarm.core.state import GlobalState
+from swarm.train.contribution import Contribution
 from swarm.train.round import Averaged, Decision, Hooks, InlineExecutor, Outcome, RoundRunner, SyncFailed, Vote
-from swarm.train.trainer import Contribution, LocalTrainer
+from swarm.train.trainer import LocalTrainer
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]
 

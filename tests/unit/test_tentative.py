@@ -96,7 +96,7 @@ def test_plain_momentum_steps_the_same_bits():
 @pytest.mark.parametrize("fragments", [1, 2])
 def test_a_plain_commit_copies_each_stepped_piece_into_the_local_model_with_no_pass_of_its_own(fragments, monkeypatch):
     from swarm.config import DataConfig
-    from swarm.train import trainer as trainer_module
+    from swarm.train import outer_sync
     from swarm.train.trainer import LocalTrainer
 
     base = RunConfig(data=DataConfig(max_bytes=200_000, batch_size=2, seq_len=16))
@@ -112,7 +112,7 @@ def test_a_plain_commit_copies_each_stepped_piece_into_the_local_model_with_no_p
     tentative = trainer.apply(trainer.take_contribution(fragment).delta * 0.5, fragment, 1)
     stepped = GlobalState(1, tentative.params, tentative.outer_state)
     with monkeypatch.context() as m:
-        m.setattr(trainer_module.spans, "write", lambda *a: pytest.fail("θl was written in a pass of its own"))
+        m.setattr(outer_sync.spans, "write", lambda *a: pytest.fail("θl was written in a pass of its own"))
         trainer.commit(tentative, fragment=fragment)
     assert trainer.state.state_hash == stepped.state_hash
     mask = [torch.zeros(p.numel(), dtype=torch.bool) for p in local_before]

@@ -17,10 +17,10 @@ from coordinator.store.records import COMMITTED, VOIDED, RoundRecord
 from coordinator.store.run_log import RunLog
 from peer.report.round_log import RoundLog
 from swarm.config import ConfigError, LoggingConfig, RoundConfig, RunConfig, WandbConfig, load_run_config
+from swarm.train.contribution import Contribution, TrainStats
 from swarm.train.round import Averaged, Decision, Outcome, RoundResult, Vote
 from swarm.train.round_plan import RoundPlan, plan_round
 from swarm.train.train_log import TrainLog, log_dir_name, open_train_log
-from swarm.train.trainer import Contribution, TrainStats
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.test_peer_lifecycle import RUN, finish, start, swarm
 

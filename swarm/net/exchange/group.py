@@ -25,10 +25,10 @@ from swarm.net.link.link_probe import PING_TIMEOUT_S
 from swarm.net.link.link_stats import LinkEstimates
 from swarm.net.votes import MAX_SENT_VOTES, collect_votes, group_decision, group_id, post_vote
 from swarm.net.votes import Vote as DhtVote
+from swarm.train.contribution import Contribution
 from swarm.train.host_memory import release_free_memory
 from swarm.train.round import Averaged, SyncFailed, Vote
 from swarm.train.round_plan import RoundPlan
-from swarm.train.trainer import Contribution
 from swarm.v1 import coordinator_pb2 as pb
 
 SENT = torch.empty(0)  # a contribution's Δ once the exchange sent it and nothing reads it again

@@ -21,8 +21,9 @@ from swarm.core.fragments import round_end_step
 from swarm.core.site_plan import butterfly_bytes_by_site, plan_sites, two_level_bytes_sent, two_level_reference
 from swarm.core.state import GlobalState
 from swarm.core.trust import commit_rule
+from swarm.train.contribution import Contribution, TrainStats
 from swarm.train.round import Averaged, Decision, Hooks, InlineExecutor, Outcome, RoundRunner, Vote
-from swarm.train.trainer import Contribution, LocalTrainer, TrainStats
+from swarm.train.trainer import LocalTrainer
 
 # (peer index, round, its honest contribution) -> what it sends: a Byzantine peer in a benchmark or test.
 Tamper = Callable[[int, int, Contribution], Contribution]
