@@ -39,7 +39,7 @@ class HivemindStateTransfer:
     showing ``member``'s credential."""
 
     def __init__(self, transport: Transport, *, run_id: str, timeout_s: float, member: credential.Member) -> None:
-        from swarm.net.bulk.state_transfer import StateServer
+        from swarm.net.bulk.state_server import StateServer
 
         self.transport, self.run_id, self.timeout_s, self.member = transport, run_id, timeout_s, member
         self.server = StateServer(transport, run_id=run_id, member=member)

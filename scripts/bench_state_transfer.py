@@ -146,7 +146,7 @@ def serve(args: argparse.Namespace) -> None:
     from testbed.members import make_member
 
     from swarm.core.trust.credential import PeerKey
-    from swarm.net.bulk.state_transfer import StateServer
+    from swarm.net.bulk.state_server import StateServer
     from swarm.net.bulk.transport import Transport
 
     coordinator = PeerKey.load_or_create(args.coordinator_key)

@@ -26,7 +26,8 @@ from swarm.core.state import (
 )
 from swarm.core.trust.credential import Member, PeerKey
 from swarm.net.bulk import state_transfer
-from swarm.net.bulk.state_transfer import StateServer, StateUnavailable, download_state
+from swarm.net.bulk.state_server import StateServer
+from swarm.net.bulk.state_transfer import StateUnavailable, download_state
 from swarm.net.bulk.transport import CHUNK_BYTES, Transport
 from swarm.v1 import exchange_pb2
 
