@@ -34,12 +34,12 @@ from swarm.core.codecs.error_feedback import DroppedInPlace
 from swarm.core.codecs.owner_feedback import OwnerFeedback
 from swarm.core.trust import credential
 from swarm.net.bulk.bulk_channel import BulkChannel
-from swarm.net.bulk.bulk_slices import BulkSlices, Reservation
-from swarm.net.bulk.chunk_stream import SlicePayload, Turn, cancel_all, settle
+from swarm.net.bulk.bulk_slices import BulkSlices
+from swarm.net.bulk.chunk_stream import cancel_all
 from swarm.net.bulk.libp2p_slices import Libp2pSlices
 from swarm.net.bulk.transport import Transport
 from swarm.net.exchange.alone import average_alone
-from swarm.net.exchange.contributions import exchange_links, send_contributions, uplink_pace
+from swarm.net.exchange.butterfly import butterfly, pause
 from swarm.net.exchange.exchange_result import ExchangeResult
 from swarm.net.exchange.rendezvous import Member, group_digest
 from swarm.net.exchange.restarted_groupmates import RestartedGroupmates
@@ -47,16 +47,14 @@ from swarm.net.exchange.result_vectors import ResultVectors
 from swarm.net.exchange.slice_inbox import SliceInbox
 from swarm.net.exchange.slice_reduction import (
     ExchangeFailed,
-    averaged_into,
     capped_weights,
     check_agreement,
     group_bounds,
     judged,
-    received_slice,
-    reduce_owned,
 )
+from swarm.net.exchange.slice_sending import SliceSending
 from swarm.net.exchange.sparse_gather import gather_average
-from swarm.net.exchange.withdrawal import present, send_withdrawal
+from swarm.net.exchange.withdrawal import present
 from swarm.net.link.link_probe import LinkProbe
 from swarm.net.link.link_stats import TransferLog
 from swarm.net.link.p2p_address import unreachable_sentence
@@ -69,7 +67,7 @@ ABORT_TIMEOUT_S = 2.0  # how long a failing member spends telling its groupmates
 FORGET_WAIT_S = 5.0  # how long an exchange's end waits for the loop to clear its buffers (a busy loop does it later)
 
 
-class Exchange:
+class Exchange(SliceSending):
     def __init__(
         self,
         transport: Transport,
@@ -298,7 +296,7 @@ class Exchange:
         if len(group) == 1:  # nobody to send to: the exchange's arithmetic alone
             present(key, [flat])  # a withdrawal alone: nothing to average
             for phase in ("sending", "reducing"):
-                await _pause(on_phase(phase))
+                await pause(on_phase(phase))
             average, reduced = await asyncio.to_thread(
                 average_alone,
                 self.aggregation,
@@ -318,7 +316,7 @@ class Exchange:
             gathered
         ):  # all-gather (its one part): every member reduces the whole vector (swarm.net.exchange.sparse_gather)
             reduced, sent = await gather_average(
-                self, key, group, me, flat, codec, weights, lambda phase: _pause(on_phase(phase)), into_delta=into_delta
+                self, key, group, me, flat, codec, weights, lambda phase: pause(on_phase(phase)), into_delta=into_delta
             )
             return self._result(key, group, position, reduced.average, sent, [reduced], started)
         reserved = (
@@ -329,7 +327,8 @@ class Exchange:
             )
         )
         try:
-            return await self._butterfly(
+            return await butterfly(
+                self,
                 key,
                 group,
                 position,
@@ -346,132 +345,6 @@ class Exchange:
             )
         finally:
             await cancel_all([r.answer for r in reserved.values() if not r.answer.done()])
-
-    async def _butterfly(
-        self,
-        key: str,
-        group: list[Member],
-        position: int,
-        digest: str,
-        bounds: list[tuple[int, int]],
-        reserved: dict[tuple[int, int, int], Reservation],
-        flat: torch.Tensor,
-        codec,
-        weights: list[float],
-        on_phase: Callable[[str], Optional[float]],
-        owner: Optional[OwnerFeedback],
-        started: float,
-        into_delta: bool,
-    ) -> ExchangeResult:
-        """Phase 1 sends every slice to its owner (``_contribute``). Each slice this peer owns (one per stripe) is
-        reduced in the group's order once the group's contributions to it are here, and the same encoded bytes go
-        to every member, while the later stripes' contributions still arrive: the phases overlap. Phase 2 decodes
-        every owner's averaged slices into the result as they arrive: with ``into_delta``, into ``flat``'s own memory,
-        each slice once this peer's contribution to it is sent (its own slices are reduced in place)."""
-        k, stripes = len(group), len(bounds) // len(group)
-        others = [(position + i) % k for i in range(1, k)]
-        phases_s: dict[str, float] = {}
-        reductions: dict[int, Reduced] = {}
-        hook: list[asyncio.Future] = []  # on_phase("reducing"), called once, before the first reduction
-        links = exchange_links(others, self.send_in_turn)
-        self._scratch.keep = 2 * k  # a stripe's K decoded contributions, and the next stripe's
-
-        def passed(point: str) -> None:  # the last time the exchange passes each point
-            phases_s[point] = time.perf_counter() - started
-
-        sent_parts = {part: asyncio.Event() for part in range(len(bounds)) if part % k != position}
-        average = (
-            flat if into_delta else self._results.take(bounds[-1][1])
-        )  # written once, by the reductions and decodes
-
-        async def contributed() -> int:
-            sent = await (
-                send_withdrawal(self, key, group, digest, position, len(bounds), links, reserved)
-                if flat is None
-                else send_contributions(
-                    self, key, group, digest, position, bounds, flat, codec, reserved, links, sent_parts
-                )
-            )
-            passed("contributed")
-            return sent
-
-        async def reduced(stripe: int) -> int:
-            part = stripe * k + position
-            start, end = bounds[part]
-            decoded = await settle(
-                received_slice(
-                    self.inbox,
-                    self._scratch,
-                    key,
-                    group,
-                    codec,
-                    (digest, exchange_pb2.PHASE_CONTRIBUTION, part, sender),
-                    end - start,
-                )
-                for sender in range(k)
-            )
-            passed("contributions_here")
-            if not hook:
-                hook.append(asyncio.ensure_future(_pause(on_phase("reducing"))))
-            await hook[0]
-            payload, reduction = await asyncio.to_thread(
-                reduce_owned,
-                self.aggregation,
-                codec,
-                decoded,
-                weights,
-                key,
-                owner=owner,
-                bounds=(start, end),
-                out=average[start:end],
-            )
-            reductions[stripe] = Reduced(_NOTHING, reduction.rejected, reduction.clipped)
-            del decoded, reduction
-            passed("reduced")
-            sent = sum(await self._send_averaged(key, group, digest, part, position, payload, others, links, reserved))
-            passed("averaged_sent")
-            return sent
-
-        async def collected() -> int:
-            await averaged_into(
-                self.inbox, average, key, group, codec, digest, bounds, position, sent_parts if into_delta else None
-            )
-            passed("all_here")
-            return 0
-
-        await _pause(on_phase("sending"))
-        sent = sum(await settle([contributed(), collected(), *(reduced(stripe) for stripe in range(stripes))]))
-        return self._result(
-            key, group, position, average, sent, [reductions[s] for s in range(stripes)], started, phases_s
-        )
-
-    async def _send_averaged(
-        self,
-        key: str,
-        group: list[Member],
-        digest: str,
-        part: int,
-        position: int,
-        payload,
-        others: list[int],
-        links: dict[int, asyncio.Lock],
-        reserved: dict[tuple[int, int, int], Reservation],
-    ) -> list[int]:
-        """The reduced slice ``part``, the same encoded bytes to every other member: the bytes sent to each."""
-        return await settle(
-            self._send(
-                group[to],
-                key,
-                digest,
-                exchange_pb2.PHASE_AVERAGED,
-                part,
-                position,
-                payload,
-                turn=Turn(link=links[to]),
-                reservation=reserved.get((exchange_pb2.PHASE_AVERAGED, part, to)),
-            )
-            for to in others
-        )
 
     def _result(
         self,
@@ -498,76 +371,3 @@ class Exchange:
             links=self._transfers.timings(key, rtt_s=rtt_s, group=group),
             phases_s={name: round(seconds, 4) for name, seconds in (phases_s or {}).items()},
         )
-
-    async def _send(
-        self,
-        member: Member,
-        key: str,
-        digest: str,
-        phase: int,
-        part: int,
-        sender: int,
-        payload: SlicePayload | bytes,
-        *,
-        reservation: Optional[Reservation] = None,
-        frame_tag: Optional[bytes] = None,
-        turn: Optional[Turn] = None,
-    ) -> int:
-        """Send one slice: over ``member``'s bulk channel if it has one (``reservation``: the slot claimed for
-        it, made now when None; ``frame_tag``: the bytes' tag under its key), else, or if that fails, over
-        libp2p; its bytes go on ``turn``. The bytes sent."""
-        turn = turn or Turn()
-        try:
-            return await self._send_on_turn(
-                member, key, digest, phase, part, sender, payload, reservation, frame_tag, turn
-            )
-        finally:
-            turn.done()
-
-    def _pace(self, key: str) -> float:
-        """Each bulk connection's pace in Mbit/s for ``key``'s exchange (0: unpaced)."""
-        if self.pace_mbit_s or not self.uplink_mbit_s or self.inbox is None:
-            return self.pace_mbit_s
-        return uplink_pace(self.uplink_mbit_s, self.inbox.group_size(key))
-
-    async def _send_on_turn(
-        self,
-        member: Member,
-        key: str,
-        digest: str,
-        phase: int,
-        part: int,
-        sender: int,
-        payload: SlicePayload | bytes,
-        reservation: Optional[Reservation],
-        frame_tag: Optional[bytes],
-        turn: Turn,
-    ) -> int:
-        payload = SlicePayload(payload) if isinstance(payload, bytes) else payload
-        head = dict(key=key, group_digest=digest, phase=phase, part=part, sender=sender)
-        if phase != exchange_pb2.PHASE_ABORT and self._bulk_slices is not None:
-            bulk_sent = await self._bulk_slices.send(
-                member, key, head, payload, reservation, frame_tag, turn, pace_mbit_s=self._pace(key)
-            )
-            if bulk_sent is not None:
-                return bulk_sent
-        await turn.wait()
-        return await self._libp2p.send(member, key, head, payload)
-
-    def _sent(self, key: str, libp2p_id: str, size: int, first_byte: float) -> None:
-        if self.inbox.averaging(key):  # an exchange in progress, not a late abort
-            self._transfers.sent(key, libp2p_id, size, first_byte)
-
-    def _received(
-        self, key: str, libp2p_id: str, sizes: list[int], arrivals: list[float], opened: Optional[float] = None
-    ) -> None:
-        self._received_bytes[key] = self._received_bytes.get(key, 0) + sum(sizes)
-        self._transfers.received(key, libp2p_id, sizes, arrivals, opened=opened)
-
-
-_NOTHING = torch.empty(0)  # a kept reduction's average: the bytes sent are what counts
-
-
-async def _pause(seconds: Optional[float]) -> None:
-    if seconds:
-        await asyncio.sleep(seconds)
