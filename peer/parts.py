@@ -133,17 +133,7 @@ class PeerParts:
         from swarm.net.link.relay import use_relay
 
         transport.relay = transport.run(use_relay(transport.p2p, initial_peers), timeout_s=30)
-        visible = transport.visible_maddrs
-        logger.info("%s listening on %s, reachable for groupmates at %s", tag, address.listen_host, ", ".join(visible))
-        if only_loopback(visible) and not is_loopback(options.join.host):
-            logger.warning(
-                "%s %s%s",
-                tag,
-                unreachable_sentence(visible),
-                f", and listen there (--p2p-host {address.listen_host} listens on this machine only)"
-                if is_loopback(address.listen_host)
-                else "",
-            )
+        _say_where_reachable(transport, address, options, tag)
         return transport
 
     def group(
@@ -180,3 +170,18 @@ class PeerParts:
     ) -> HivemindStateTransfer:
         """``member``: the peer's key and credential after the join (``CoordinatorLink.member``)."""
         return HivemindStateTransfer(transport, run_id=run_id, timeout_s=timeout_s, member=member)
+
+
+def _say_where_reachable(transport, address, options, tag: str) -> None:
+    """Log where groupmates reach this peer; warn when only this machine can while the coordinator is elsewhere."""
+    visible = transport.visible_maddrs
+    logger.info("%s listening on %s, reachable for groupmates at %s", tag, address.listen_host, ", ".join(visible))
+    if only_loopback(visible) and not is_loopback(options.join.host):
+        logger.warning(
+            "%s %s%s",
+            tag,
+            unreachable_sentence(visible),
+            f", and listen there (--p2p-host {address.listen_host} listens on this machine only)"
+            if is_loopback(address.listen_host)
+            else "",
+        )

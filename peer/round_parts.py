@@ -124,20 +124,7 @@ def build_round(
     """The round runner and what it runs rounds with, wired to the coordinator link: the link decides with the
     group's votes, and plans each round's budget and who is left out or passed over."""
     o, trainer, run_id = options, built.trainer, joined.run_id
-    group = parts.group(
-        transport,
-        run,
-        run_id=run_id,
-        peer_id=joined.peer_id,
-        peer_index=joined.peer_index,
-        planned=link.planned,
-        faults=o.faults,
-        member=link.member,
-        processes=link.current_processes,
-    )
-    link.group_decision, group.plan_holds = group.group_decision, lambda: link.plan_open
-    if o.uplink_mbit > 0:
-        group.exchange.uplink_mbit_s = o.uplink_mbit  # --uplink-mbit: the bulk sends are paced under it
+    group = _linked_group(parts, transport, run, joined=joined, options=o, link=link)
     link.param_count = trainer.param_count
     transfer = parts.state_transfer(transport, run_id=run_id, timeout_s=o.state_timeout_s, member=link.member)
     store = PeerStateStore(
@@ -187,6 +174,33 @@ def build_round(
         trainer, hooks, due=joined.round.last_committed_round == 0, beat_now=heartbeat.beat_now
     )
     return RoundParts(group, store, hooks, executor, runner, evaluate_initial)
+
+
+def _linked_group(
+    parts: PeerParts,
+    transport: Any,
+    run: RunConfig,
+    *,
+    joined: pb.JoinResponse,
+    options: PeerOptions,
+    link: CoordinatorLink,
+):
+    """The peer's exchange group, deciding with the coordinator link and paced under ``--uplink-mbit``."""
+    group = parts.group(
+        transport,
+        run,
+        run_id=joined.run_id,
+        peer_id=joined.peer_id,
+        peer_index=joined.peer_index,
+        planned=link.planned,
+        faults=options.faults,
+        member=link.member,
+        processes=link.current_processes,
+    )
+    link.group_decision, group.plan_holds = group.group_decision, lambda: link.plan_open
+    if options.uplink_mbit > 0:
+        group.exchange.uplink_mbit_s = options.uplink_mbit  # --uplink-mbit: the bulk sends are paced under it
+    return group
 
 
 def drain(executor: Optional[concurrent.futures.ThreadPoolExecutor], wait_s: float = LEAVE_ROUND_WAIT_S) -> bool:

@@ -90,6 +90,11 @@ def save_checkpoint(
             os.fsync(f.fileno())
     if durable:
         _fsync_directory(staging)
+    _swap_in(staging, directory, durable=durable)
+
+
+def _swap_in(staging: Path, directory: Path, *, durable: bool) -> None:
+    """Put the complete ``staging`` directory in ``directory``'s place, the old one kept aside until then."""
     previous = directory.with_name(directory.name + ".old")
     if previous.exists():
         shutil.rmtree(previous)

@@ -183,6 +183,11 @@ def _add_peer_parser(sub) -> None:
         default=120.0,
         help="give up (exit 2) when the coordinator stays unreachable this long at start",
     )
+    _add_peer_state_args(p)
+
+
+def _add_peer_state_args(p) -> None:
+    """The peer's state on disk, its end and restarts, and what it shows: checkpoints, votes, the final serve."""
     p.add_argument(
         "--checkpoint-every",
         type=int,

@@ -123,18 +123,7 @@ def status_tables(status: dict[str, Any], *, width: Optional[int] = None) -> lis
     )
     table.add_row("train loss", _num(run["loss"]))
     table.add_row("model", model_line(run))
-    fragments = run.get("fragments") or 1
-    plan = f"H = {run['inner_steps']} inner steps, codec {_shown(run['codec'])}{density_note(str(run['codec']))}"
-    if run.get("error_feedback") and run["codec"] not in ("fp32", ""):
-        plan += " with error feedback"
-    if fragments > 1:
-        plan += f", {fragments} fragments synced in turn"
-    if run.get("overlap_steps"):
-        plan += f", exchanges overlap {run['overlap_steps']} steps"
-    plan += f", outer {_shown(run.get('outer_optimizer') or 'nesterov')}"
-    if run.get("aggregation") not in (None, "", "mean"):
-        plan += f", aggregation {_shown(run['aggregation'])}"
-    table.add_row("plan", plan)
+    table.add_row("plan", plan_line(run))
     if run.get("controller"):
         table.add_row("controller", controller_line(run["controller"]))
     ddp = totals["ddp_equivalent_bytes"]
@@ -160,6 +149,22 @@ def status_tables(status: dict[str, Any], *, width: Optional[int] = None) -> lis
 
     rows = [_peer_row(p) for p in status["peers"]]
     return [table, fitted("peers", PEER_COLUMNS, rows, width=width)]
+
+
+def plan_line(run: dict[str, Any]) -> str:
+    """The run's plan in words: H, the codec, fragments, overlap, the outer optimizer and the aggregation."""
+    fragments = run.get("fragments") or 1
+    plan = f"H = {run['inner_steps']} inner steps, codec {_shown(run['codec'])}{density_note(str(run['codec']))}"
+    if run.get("error_feedback") and run["codec"] not in ("fp32", ""):
+        plan += " with error feedback"
+    if fragments > 1:
+        plan += f", {fragments} fragments synced in turn"
+    if run.get("overlap_steps"):
+        plan += f", exchanges overlap {run['overlap_steps']} steps"
+    plan += f", outer {_shown(run.get('outer_optimizer') or 'nesterov')}"
+    if run.get("aggregation") not in (None, "", "mean"):
+        plan += f", aggregation {_shown(run['aggregation'])}"
+    return plan
 
 
 # The peers table's columns; a terminal too narrow for all of them drops the highest ranks first (0: always shown).

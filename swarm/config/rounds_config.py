@@ -160,22 +160,7 @@ class RoundConfig:
             raise ConfigError(f"[rounds] max_rounds must be at least 1, got {self.max_rounds}.")
         if self.min_peers < 1:
             raise ConfigError(f"[rounds] min_peers must be at least 1, got {self.min_peers}.")
-        check_codec_name(self.codec)
-        if self.hierarchical and self.codec.startswith("topk-"):
-            raise ConfigError(
-                f"[rounds] codec {self.codec} is exchanged by a flat all-gather; set hierarchical = false"
-                " or choose a dense codec."
-            )
-        if self.codec.startswith("lowrank") and (self.hierarchical or self.aggregation_rule() != "mean"):
-            raise ConfigError(
-                f"[rounds] codec {self.codec} averages its factors linearly in one flat group; set"
-                ' hierarchical = false and aggregation = "mean", or choose a dense codec.'
-            )
-        if self.hierarchical and (self.codec == "sign" or self.codec.startswith("ternary")):
-            raise ConfigError(
-                f"[rounds] codec {self.codec} needs its slice owners' error feedback, which only the flat butterfly"
-                " keeps; set hierarchical = false or choose int4."
-            )
+        self._validate_codec()
         if self.eval_every_rounds < 1:
             raise ConfigError("[rounds] eval_every_rounds must be at least 1.")
         for name in ("matchmaking_window_s", "exchange_timeout_s", "round_timeout_s", "report_grace_s"):
@@ -223,6 +208,25 @@ class RoundConfig:
         self._validate_controller()
         self._validate_hierarchy()
         self._validate_exchange()
+
+    def _validate_codec(self) -> None:
+        """The codec exists and can run with the run's hierarchy and aggregation."""
+        check_codec_name(self.codec)
+        if self.hierarchical and self.codec.startswith("topk-"):
+            raise ConfigError(
+                f"[rounds] codec {self.codec} is exchanged by a flat all-gather; set hierarchical = false"
+                " or choose a dense codec."
+            )
+        if self.codec.startswith("lowrank") and (self.hierarchical or self.aggregation_rule() != "mean"):
+            raise ConfigError(
+                f"[rounds] codec {self.codec} averages its factors linearly in one flat group; set"
+                ' hierarchical = false and aggregation = "mean", or choose a dense codec.'
+            )
+        if self.hierarchical and (self.codec == "sign" or self.codec.startswith("ternary")):
+            raise ConfigError(
+                f"[rounds] codec {self.codec} needs its slice owners' error feedback, which only the flat butterfly"
+                " keeps; set hierarchical = false or choose int4."
+            )
 
     def _validate_exchange(self) -> None:
         if self.exchange not in EXCHANGES:

@@ -244,10 +244,21 @@ def simulate(
         hierarchical=hierarchical,
         group_size=group_size,
     )
-    rc = run.rounds
-    wire = get_codec(rc.codec)
     rates = _rates(run, peers, steps_per_peer, speeds)
     trainers = _trainers(run, peers, initial_params)
+    result = _started(run, trainers)
+    virtual = run_peers(run, trainers, rates, rounds, tamper, sites=_sites(sites, peers), owner_tamper=owner_tamper)
+    result.rounds = _records(virtual, run, rounds)
+    _tally_bytes(result)
+    result.final_params = trainers[0].global_params
+    result.final_outer_state = trainers[0].state.outer_state
+    return result
+
+
+def _started(run: RunConfig, trainers: list) -> SimResult:
+    """The result of a run about to start: its settings, θ0's hash and eval loss, a full group's bytes a round."""
+    rc, peers = run.rounds, len(trainers)
+    wire = get_codec(rc.codec)
     fragment_numel = [trainers[0].fragment_numel(f) for f in range(rc.fragments)]
     full_group = [sum(butterfly_bytes_sent(n, peers, wire)) / peers for n in fragment_numel]
     result = SimResult(
@@ -272,15 +283,10 @@ def simulate(
         rc.overlap_steps,
         result.initial_eval_loss,
     )
-    virtual = run_peers(run, trainers, rates, rounds, tamper, sites=_sites(sites, peers), owner_tamper=owner_tamper)
-    result.rounds = _records(virtual, run, rounds)
-    _tally_bytes(result)
-    result.final_params = trainers[0].global_params
-    result.final_outer_state = trainers[0].state.outer_state
     return result
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m swarm.train.simulator.sim", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="run TOML file (default: the built-in defaults)")
     parser.add_argument("--peers", type=int, default=2, help="number of virtual peers")
@@ -303,7 +309,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, help="with --hierarchical: at most this many peers per sub-group")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _print_summary(result: SimResult) -> None:
+    sys.stdout.write(
+        f"{result.peers} peers, {result.param_count} parameters, codec {result.codec}"
+        f"{' + error feedback' if result.error_feedback else ''}, {result.fragments} fragments,"
+        f" overlap {result.overlap_steps}, outer {result.outer}\n"
+        f"round 0: eval loss {result.initial_eval_loss:.4f} hash {result.initial_hash}\n"
+    )
+    for r in result.rounds:
+        ev = "-" if r.eval_loss is None else f"{r.eval_loss:.4f}"
+        sys.stdout.write(
+            f"round {r.round}: train loss {r.train_loss:.4f} eval loss {ev}"
+            f" hash {r.state_hash}{'' if r.consistent else ' INCONSISTENT'}\n"
+        )
+    cross = [sum(r.cross_site_bytes[i] for r in result.rounds) for i in range(result.peers)]
+    sys.stdout.write(
+        f"bytes sent per peer {result.bytes_sent_per_peer} (to other sites {cross}),"
+        f" peak per sync {result.peak_bytes_per_sync}\n"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
 
     logging.basicConfig(level=logging.WARNING if args.json else logging.INFO, format="%(message)s")
     if args.threads:
@@ -339,23 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
     else:
-        sys.stdout.write(
-            f"{result.peers} peers, {result.param_count} parameters, codec {result.codec}"
-            f"{' + error feedback' if result.error_feedback else ''}, {result.fragments} fragments,"
-            f" overlap {result.overlap_steps}, outer {result.outer}\n"
-            f"round 0: eval loss {result.initial_eval_loss:.4f} hash {result.initial_hash}\n"
-        )
-        for r in result.rounds:
-            ev = "-" if r.eval_loss is None else f"{r.eval_loss:.4f}"
-            sys.stdout.write(
-                f"round {r.round}: train loss {r.train_loss:.4f} eval loss {ev}"
-                f" hash {r.state_hash}{'' if r.consistent else ' INCONSISTENT'}\n"
-            )
-        cross = [sum(r.cross_site_bytes[i] for r in result.rounds) for i in range(result.peers)]
-        sys.stdout.write(
-            f"bytes sent per peer {result.bytes_sent_per_peer} (to other sites {cross}),"
-            f" peak per sync {result.peak_bytes_per_sync}\n"
-        )
+        _print_summary(result)
     return 0 if result.consistent else 1
 
 
