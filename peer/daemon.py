@@ -3,7 +3,7 @@
 Run it with ``swarm peer --join 'swarm://...'``. The rounds themselves run in ``swarm.train.round``
 (the same runner the simulator uses); this module is the peer's lifecycle around them: each pass of its loop
 runs the one event ``peer.lifecycle.next_event`` picks, and every state change is a row of
-``peer.lifecycle.TRANSITIONS``.
+``peer.lifecycle.TRANSITIONS``. Its first transition, the start, is ``peer.joining``.
 
 Threads: the main thread runs the lifecycle and owns every field here and the trainer; the heartbeat
 thread reads ``stats``; the round runner's executor runs one exchange and decision at a time.
@@ -16,9 +16,7 @@ import logging
 import threading
 from typing import Callable, Optional
 
-import torch
-
-from peer import identity
+from peer.joining import PeerJoin
 from peer.lifecycle import WIRE_STATES, Event, PeerState, View, after, next_event
 from peer.link.backlog import report_backlog
 from peer.link.coordinator_link import CoordinatorLink, Departed, PeerExit
@@ -27,17 +25,14 @@ from peer.link.offline_decider import next_offline_round
 from peer.options import PeerOptions
 from peer.parts import PeerParts
 from peer.report.stats import PeerStats
-from peer.round_parts import build_round, build_trainer, drain
+from peer.round_parts import drain
 from peer.startup import StartupClock, result_or_none
-from peer.state.final_file import warn_if_other_run
 from peer.state.run_end import holds_final, stranded, write_final
 from peer.state.state_store import PeerStateStore
 from peer.stoppable import unless_stopped
-from swarm.config import RunConfig
 from swarm.control.client import CoordinatorRejected, CoordinatorUnreachable
 from swarm.train.multi_gpu.ranks import Ranks
 from swarm.train.round import Outcome, Pending, RoundResult, RoundRunner
-from swarm.train.step_probe import SLOW_PASS_S
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -45,7 +40,7 @@ logger = logging.getLogger(__name__)
 STOP_CHECK_S = 0.1  # how often the main thread, waiting on a download, looks at the stop event
 
 
-class PeerDaemon:
+class PeerDaemon(PeerJoin):
     def __init__(self, options: PeerOptions, parts: Optional[PeerParts] = None, ranks: Optional[Ranks] = None):
         self.options = options
         self.ranks = ranks  # rank 0 of a multi-GPU peer: the trainer leads the other ranks
@@ -172,79 +167,6 @@ class PeerDaemon:
             self.stats.update(state=WIRE_STATES[state])
 
     # ---- transitions ---------------------------------------------------------------------------------
-    def join(self) -> None:
-        """JOINING: join the run, start heartbeats, build the trainer and the network parts."""
-        o = self.options
-        if o.threads:
-            torch.set_num_threads(o.threads)
-        libp2p = self.parts.libp2p_identity(o.state_dir)  # fresh each start; the DHT starts with it
-        # the next start's identity and the trainer build's slow imports, while the join waits on the network
-        self.clock.warm(lambda: self.parts.spare_libp2p_identity(o.state_dir))
-        joined = self.link.join(o, key=identity.peer_key(o.state_dir), libp2p=libp2p)
-        self.peer_id = joined.peer_id
-        self.run_id, self.run_config = joined.run_id, RunConfig.from_json(joined.run_spec_json)
-        logger.info(
-            "%s joined run %s as peer index %d%s",
-            self.tag(),
-            joined.run_id,
-            joined.peer_index,
-            f" (restarted: session {joined.session})" if joined.session > 1 else "",
-        )
-        warn_if_other_run(o.state_dir, self.run_id, self.run_config, self.tag())  # its final model is replaced
-        # heartbeats start now: building the model and the transport takes longer than a short lease
-        self.heartbeat = HeartbeatThread(
-            self.client,
-            self.peer_id,
-            self.stats,
-            self.stop,
-            interval_s=joined.heartbeat_interval_s,
-            faults=o.faults,
-            renewed=self.link.renew,
-        )
-        self.heartbeat.start()
-        self.clock.mark("join")
-        # the DHT starts (hivemind's import, its process, p2pd) as the trainer builds: no gRPC call here meanwhile
-        peers = list(joined.dht_initial_peers)
-        self._network = self.clock.overlap(
-            lambda: self.parts.transport(
-                o, peers, stop=self.stop, tag=self.tag(), identity=libp2p, member=self.link.member
-            )
-        )
-        built = build_trainer(
-            self.run_config, o, joined, ranks=self.ranks, stats=self.stats, clock=self.clock, tag=self.tag
-        )
-        self.progress, self.probe = built.progress, built.probe
-        self.transport = self._network.result()  # PeerExit when it could not start
-        r = build_round(
-            self.parts,
-            self.transport,
-            built,
-            run=self.run_config,
-            joined=joined,
-            options=o,
-            link=self.link,
-            stats=self.stats,
-            heartbeat=self.heartbeat,
-            stop_requested=self.stop.is_set,
-            on_state=self.round_state,
-            on_decided=self.on_decided,
-            tag=self.tag,
-        )
-        self.group, self.store, self.hooks, self._executor, self.runner = (
-            r.group,
-            r.store,
-            r.hooks,
-            r.executor,
-            r.runner,
-        )
-        self.evaluate_initial = r.evaluate_initial  # due unless a joiner of a run under way: it syncs first
-        self.clock.overlap(lambda: self.stats.update(rtt_ms=r.group.probe_rtt_ms()), name="swarm-rtt-probe")
-        self.clock.mark("DHT")
-        self.store.start(resumed=built.resumed)
-        if self.probe.best is not None and self.probe.best < SLOW_PASS_S:
-            self.evaluate_initial()  # a small model's takes a moment: at once, before its first round
-        self.heartbeat.beat_now()
-
     def train_round(self, round_no: int, event: Event, *, offline: bool = False) -> None:
         """TRAINING → EXCHANGING → DECIDING (OFFLINE_DECIDING while the coordinator is unreachable): one
         round through the runner, which first finishes the carried one."""
