@@ -150,6 +150,8 @@ class Exchange(SliceSending):
 
     def _forgotten(self, key: str) -> None:
         self.restarts.forget(key)
+        if not self.inbox.busy:  # the decoded slices' pool, at a real model's size, is not held between rounds
+            self._scratch.shrink()
         self._received_bytes.pop(key, None)
         self._transfers.forget(key)
         if self.bulk is not None:

@@ -13,7 +13,8 @@ memory holds a reference to that array — the result tensor's storage, every vi
 it. So an array whose only references are the pool's own is read and written by no one, and is handed out again;
 one that is still held (a round's vote that keeps its average, an exchange that failed while a decode still
 writes into it) is left alone and a fresh one is made. The pool keeps at most ``keep`` arrays: the memory it
-holds beyond what its callers hold is at most that many vectors.
+holds beyond what its callers hold is at most that many vectors, and between exchanges at most KEEP_MAX_BYTES in all
+(``shrink``: a real model's decoded slices are not held through the inner steps).
 """
 
 from __future__ import annotations
@@ -58,3 +59,10 @@ class ResultVectors:
         if 4 * numel <= KEEP_MAX_BYTES:
             self._arrays = [array, *self._arrays][: self.keep]
         return torch.from_numpy(array)
+
+    def shrink(self) -> None:
+        """Between exchanges: the kept vectors go unless they hold at most KEEP_MAX_BYTES together. A real model's
+        decoded slices (``keep`` = 2K of them, a quarter of its fp32 bytes) are not held through the inner steps
+        that follow, where they would add to training's peak; a small model's stay for the next exchange."""
+        if sum(a.nbytes for a in self._arrays) > KEEP_MAX_BYTES:
+            self._arrays = []

@@ -288,6 +288,11 @@ class SliceInbox:
         """Whether ``key``'s exchange is in progress here."""
         return key in self._groups
 
+    @property
+    def busy(self) -> bool:
+        """Whether any exchange is in progress here."""
+        return bool(self._groups)
+
     def group_size(self, key: str) -> int:
         """The members of ``key``'s exchange in progress here (0: none)."""
         return len(self._groups.get(key, ()))
