@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
@@ -148,15 +146,3 @@ def encoded_size_bound(like: GlobalState) -> int:
     a downloader refuses a holder that announces more."""
     tensors = like.params + like.outer_state
     return sum(4 * t.numel() for t in tensors) + 256 * len(tensors) + 4096
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``: a crash leaves the old file or the new one, never part of one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
