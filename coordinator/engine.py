@@ -30,7 +30,6 @@ from coordinator.api.views import listed_in_status, page_request, status_respons
 from coordinator.pace import Pace, PaceConfig, Pacer
 from coordinator.rounds import offline_votes
 from coordinator.rounds.info_cache import RoundInfoCache
-from coordinator.rounds.reports import report_record
 from coordinator.rounds.run_state import RunState
 from coordinator.rounds.settling import RoundSettler
 from coordinator.store.database import Store
@@ -93,7 +92,7 @@ class CoordinatorEngine:
 
     def _load(self) -> None:
         self._state = RunState(self._store)
-        self._info_cache = RoundInfoCache(self._state.roster)
+        self._info_cache = RoundInfoCache(self._state)
         self._history = self.run_log.history(self._store)
         self._settler = RoundSettler(self._state, self.config, self._history, started_at=self.started_at)
 
@@ -272,26 +271,7 @@ class CoordinatorEngine:
             self._state.save_peer(membership.with_links(membership.touch(peer, now, self.lease_s), req))
             if self._state.open is None or req.round != self._state.open.round:
                 return self._info(req.round, req.peer_id, now)  # late or early: nothing to decide, say how it stands
-            report = report_record(req, now, self._state.report_bounds(req.peer_id, self.config, now=now))
-            adopted = self._state.reports.adopt(
-                self._state.open,
-                votes,
-                reporter=req.peer_id,
-                peers=self._state.peers,
-                now=now,
-                outage=self._outage_group,
-            )
-            if adopted is not self._state.open:  # the group decided this round during an outage, with other members
-                self._state.save_round(adopted)
-            if self._state.reports.add(report):
-                log = logger.info if req.ok else logger.warning
-                log(
-                    "peer %s: round %d: reported %s%s",
-                    req.peer_id,
-                    req.round,
-                    f"hash {report.state_hash[:12]}" if req.ok else "failure",
-                    f" ({req.error})" if req.error else "",
-                )
+            self._state.take_report(req, votes, config=self.config, now=now, outage=self._outage_group)
             self._settler.settle(now)
             return self._current_info(req.peer_id, now)
 
@@ -311,13 +291,7 @@ class CoordinatorEngine:
             if number < 0:
                 raise BadRequest(f"round {number} does not exist; ask for round 0 (the current one) or later.")
             return self._info_cache.encoded(
-                self._state.versions()[:2],
-                number,
-                lambda: self._state.round_info(number),
-                requester=peer_id,
-                poll_interval_s=self._paced().poll_interval_s,
-                now=now,
-                facts=self._facts(),
+                number, requester=peer_id, poll_interval_s=self._paced().poll_interval_s, now=now
             )
 
     def status(self, token: str, *, page_size: Optional[int] = None, page_token: str = "") -> pb.GetStatusResponse:
@@ -407,43 +381,13 @@ class CoordinatorEngine:
 
     def _current_info(self, requester: str, now: float, *, own_only: bool = False) -> pb.RoundInfo:
         """The open round, or the latest decided one when none is open (round 0 before any), as ``requester`` (a
-        peer id) gets it: a bounded sample of the holders (``views.holder_sample``) and the pace of polls; a heartbeat's
-        answer (``own_only``), or any answer about a large round, names only the requester of the participants
-        (``RoundInfoCache``)."""
-        versions = self._state.versions()[:2]  # reports do not change it
-        row = self._state.open or self._state.latest
-        info = self._info_cache.current(
-            versions,
-            row,
-            self._state.position,
-            self._state.peers,
-            requester=requester,
-            own_only=own_only,
-            now=now,
-            facts=self._facts(),
-        )
+        peer id) gets it (``RoundInfoCache.current``), with the pace of polls."""
+        info = self._info_cache.current(requester=requester, own_only=own_only, now=now)
         info.poll_interval_s = self.pace().poll_interval_s
         return info
 
     def _info(self, number: int, requester: str, now: float) -> pb.RoundInfo:
         """Round ``number`` (from 1) as ``requester`` gets it."""
-        info = self._info_cache.of_round(
-            self._state.versions()[:2],
-            number,
-            lambda: self._state.round_info(number),
-            requester=requester,
-            now=now,
-            facts=self._facts(),
-        )
+        info = self._info_cache.of_round(number, requester=requester, now=now)
         info.poll_interval_s = self.pace().poll_interval_s
         return info
-
-    def _facts(self) -> tuple:
-        """What a peer acts on as soon as it changes: a cached RoundInfo is built again at once when it did, however
-        large the swarm (``RoundInfoCache``): the latest round and its outcome, the last commit, the run's end."""
-        latest = self._state.latest
-        return (
-            (latest.round, latest.outcome) if latest is not None else None,
-            self._state.last_committed_state()[0],
-            self._state.run.finished,
-        )

@@ -88,6 +88,12 @@ class Roster:
         elif old is None or old.alive != peer.alive or old.metrics.dht_peer_id != peer.metrics.dht_peer_id:
             self.version += 1
 
+    def recount(self, peers: Iterable[PeerRecord]) -> None:
+        """Keep ``peers``, each the same as its record here but for its rounds counters (``membership.counted_rounds``),
+        which nothing else here indexes or depends on."""
+        for peer in peers:
+            self.peers[peer.peer_id] = peer
+
     def gone_before(self, when: float) -> int:
         """How many peers are gone and were last seen before ``when``."""
         return bisect.bisect_left(self._gone, (when, ""))

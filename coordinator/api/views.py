@@ -36,7 +36,12 @@ class RunPosition:
 
 
 def round_info(
-    number: int, round_row: Optional[RoundRecord], position: RunPosition, peers: Mapping[str, PeerRecord]
+    number: int,
+    round_row: Optional[RoundRecord],
+    position: RunPosition,
+    peers: Mapping[str, PeerRecord],
+    *,
+    listed: bool = True,
 ) -> pb.RoundInfo:
     """Describe round ``number`` (its record may be missing: round 0, or a round not opened yet).
 
@@ -44,7 +49,9 @@ def round_info(
     holders (for the last committed round, also the live peers that synced or resumed it since);
     for round 0 and for rounds without a committed state of their own (open, voided, not yet
     opened), the live peers that hold the run's last committed state.  ``live_peers`` and
-    ``behind_peers`` are left to the caller, which keeps them counted.
+    ``behind_peers`` are left to the caller, which keeps them counted. ``listed=False``: without the
+    per-participant lists (participants, their libp2p ids, the plan's peers and left-out ones), which the
+    caller adds a requester's own entries of (``coordinator.rounds.info_cache``).
     """
     info = pb.RoundInfo(
         round=number,
@@ -59,10 +66,11 @@ def round_info(
         if choice is not None:
             info.choice.CopyFrom(choice)
         if round_row.budgets or round_row.left_out:
-            info.plan.CopyFrom(round_plan(round_row))
-        if round_row.outcome == COMMITTED or round_row.outcome == pb.ROUND_OUTCOME_VOIDED:
+            info.plan.CopyFrom(round_plan(round_row, listed=listed))
+        decided = round_row.outcome == COMMITTED or round_row.outcome == pb.ROUND_OUTCOME_VOIDED
+        if listed and decided:
             info.participants.extend(round_row.participants)
-        else:  # an open round: only the live ones, so groupmates stop waiting for a peer that left
+        elif listed:  # an open round: only the live ones, so groupmates stop waiting for a peer that left
             info.participants.extend(p for p in round_row.participants if p in peers and peers[p].alive)
             info.participant_dht_ids.extend(peers[p].dht_peer_id for p in info.participants)
         if round_row.outcome == COMMITTED:
@@ -93,9 +101,13 @@ def holder_sample(holders: Sequence[str], requester: str, *, round_no: int, k: i
     return [holders[(start + i) % len(holders)] for i in range(k)]
 
 
-def round_plan(round_row: RoundRecord) -> pb.RoundPlan:
-    """The round's time budget as peers read it (``coordinator.rounds.budgets``)."""
-    plan = pb.RoundPlan(budget_s=round_row.budget_s, deadline_s=round_row.deadline_s, left_out=round_row.left_out)
+def round_plan(round_row: RoundRecord, *, listed: bool = True) -> pb.RoundPlan:
+    """The round's time budget as peers read it (``coordinator.rounds.budgets``); ``listed=False``: without its
+    per-participant lists."""
+    plan = pb.RoundPlan(budget_s=round_row.budget_s, deadline_s=round_row.deadline_s)
+    if not listed:
+        return plan
+    plan.left_out.extend(round_row.left_out)
     if len(round_row.budgets) == len(round_row.participants):
         plan.peers.extend(
             pb.PlannedPeer(peer_id=p, inner_steps=steps, step_time_s=t)

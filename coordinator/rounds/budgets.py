@@ -65,7 +65,8 @@ def plan_budgets(
     """
     reference = reference_step_s([step_times.get(p, 0.0) for p in participants])
     if reference is None:
-        return Plan(0.0, 0.0, {p: Budget(full_steps, 0.0) for p in participants})
+        full = Budget(full_steps, 0.0)  # frozen: one for every participant
+        return Plan(0.0, 0.0, dict.fromkeys(participants, full))
     if budget_s is None:
         budget_s = full_steps * reference
     times = {
@@ -169,7 +170,7 @@ def budget_of(round_row: RoundRecord, peer_id: str) -> Optional[Budget]:
 def budgeted(round_row: RoundRecord, peers: Mapping[str, PeerRecord], config: RoundConfig) -> RoundRecord:
     """The newly opened ``round_row`` (carrying the controller's choice, if any) with its participants'
     budgets from their latest heartbeats: the round's full steps × the reference step time."""
-    times = step_times(peers)
+    times = step_times(peers, round_row.participants)
     full = round_full_steps(round_row, config)
     reference = reference_step_s([times.get(p, 0.0) for p in round_row.participants])
     probed = {p for p in round_row.participants if p in peers and peers[p].metrics.step_time_probed}
@@ -190,7 +191,8 @@ def budget_newcomers(
     before: RoundRecord, after: RoundRecord, peers: Mapping[str, PeerRecord], config: RoundConfig, *, now: float
 ) -> RoundRecord:
     """``with_newcomers`` from the peers' latest heartbeats."""
-    return with_newcomers(before, after, step_times(peers), now=now, full_steps=round_full_steps(before, config))
+    times = step_times(peers, after.participants[len(before.participants) :])
+    return with_newcomers(before, after, times, now=now, full_steps=round_full_steps(before, config))
 
 
 def exchanging(round_row: RoundRecord, peers: Mapping[str, PeerRecord]) -> set[str]:
@@ -209,8 +211,9 @@ def exchanging(round_row: RoundRecord, peers: Mapping[str, PeerRecord]) -> set[s
     }
 
 
-def step_times(peers: Mapping[str, PeerRecord]) -> dict[str, float]:
-    return {p.peer_id: p.metrics.step_time_s for p in peers.values() if p.alive}
+def step_times(peers: Mapping[str, PeerRecord], of: Sequence[str]) -> dict[str, float]:
+    """The step times the live peers ``of`` say."""
+    return {p: peers[p].metrics.step_time_s for p in of if p in peers and peers[p].alive}
 
 
 def full_steps(round_number: int, config: RoundConfig) -> int:

@@ -81,12 +81,12 @@ def leave_out_late(
     reports: Sequence[ReportRecord],
     *,
     peers: Mapping[str, PeerRecord],
+    alive: Collection[str],
     config: RunConfig,
     started_at: float = 0.0,
 ) -> tuple[RoundRecord, float]:
     """``open_round`` without the participants not ready by its deadline (the same object when none is left
-    out), and when to look again."""
-    alive = {p for p in open_round.participants if p in peers and peers[p].alive}
+    out), and when to look again. ``alive``: the ids of the peers not gone."""
     row = outcome.without_reporters(open_round, reports, alive)
     if row is not open_round:
         logger.info(
@@ -99,7 +99,7 @@ def leave_out_late(
         now,
         open_round,
         reports,
-        budgets.exchanging(open_round, peers),
+        budgets.exchanging(open_round, peers) if open_round.deadline_s > 0 else (),  # () unread without a deadline
         report_grace_s=config.rounds.report_grace_s,
         not_before=started_at,
     )

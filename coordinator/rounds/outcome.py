@@ -88,11 +88,13 @@ def decide_round(
         claims = {r.peer_id: claim_of(r, {}) for r in counted}
     claims = [claims[r.peer_id] for r in counted]
     standing = standing_participants(participants, participants_alive, counted)
-    quorum_at = _quorum_at(commit_rule.candidates(claims, members, standing), counted)
+    pending, restarting = _pending(now, participants, participants_alive, counted, report_grace_s)
+    # when none is pending the quorum's time changes nothing (a large round is not ranked twice)
+    quorum_at = _quorum_at(commit_rule.candidates(claims, members, standing), counted) if pending else None
     deadline = round_row.opened_at + round_timeout_s
     if quorum_at is not None:
         deadline = min(deadline, quorum_at + report_grace_s)
-    pending, until = _pending(now, participants, participants_alive, counted, deadline, report_grace_s)
+    until = deadline if restarting is None else min(deadline, restarting)
     if pending and now < until:
         return Decision(
             round=round_row,
@@ -269,11 +271,11 @@ def _pending(
     participants: Sequence[str],
     alive: Collection[str],
     counted: Sequence[ReportRecord],
-    deadline: float,
     report_grace_s: float,
-) -> tuple[list[str], float]:
-    """The live participants the round still waits for, and until when. A restart's placeholder stands for
-    its peer only ``report_grace_s`` after the restart: its new process may still report."""
+) -> tuple[list[str], Optional[float]]:
+    """The live participants the round still waits for, and, when each of them is a restart's placeholder, until
+    when (None: until its deadline). A restart's placeholder stands for its peer only ``report_grace_s`` after the
+    restart: its new process may still report."""
     restarting = {
         r.peer_id: r.reported_at + report_grace_s
         for r in counted
@@ -282,8 +284,8 @@ def _pending(
     reported = {r.peer_id for r in counted} - set(restarting)
     pending = [p for p in participants if p in alive and p not in reported]
     if any(p not in restarting for p in pending):
-        return pending, deadline
-    return pending, min(deadline, max((restarting[p] for p in pending), default=now))
+        return pending, None
+    return pending, max((restarting[p] for p in pending), default=now)
 
 
 def ddp_equivalent_bytes(holder_reports: Sequence[ReportRecord], *, param_count: int = 0) -> int:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Optional, Sequence
+from typing import AbstractSet, Mapping, Optional, Sequence
 
 from coordinator import membership
-from coordinator.api.views import GONE_LISTED_S, RunPosition, round_info
+from coordinator.api.views import GONE_LISTED_S, RunPosition
 from coordinator.roster import Roster
 from coordinator.rounds import outcome
-from coordinator.rounds.reports import ReportBounds, RoundReports, report_bounds
+from coordinator.rounds.reports import ReportBounds, RoundReports, report_bounds, report_record
 from coordinator.store.database import Store
 from coordinator.store.history import int64
 from coordinator.store.peer_writes import PeerWrites
@@ -29,6 +29,7 @@ from coordinator.store.records import (
     to_json,
 )
 from swarm.config import RunConfig
+from swarm.core.trust.round_vote import Vote
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -76,13 +77,12 @@ class RunState:
             state_holders=tuple(dict.fromkeys(self.carried() + self.roster.ready_ids())) if holders else (),
         )
 
-    def round_info(self, number: int) -> pb.RoundInfo:
-        """Round ``number``'s RoundInfo with every holder (0: the open round, or the latest decided one when
-        none is open, which is round 0 before any); the engine's ``RoundInfoCache`` keeps it."""
-        if number == 0:
-            row = self.open or self.latest
-            return round_info(row.round if row else 0, row, self.position(), self.peers)
-        return round_info(number, self._store.get_round(number), self.position(), self.peers)
+    def round_row(self, number: int) -> Optional[RoundRecord]:
+        """Round ``number``'s record (None: not opened yet); the open and the latest round from memory."""
+        for row in (self.open, self.latest):
+            if row is not None and row.round == number:
+                return row
+        return self._store.get_round(number)
 
     def report_bounds(self, peer_id: str, config: RunConfig, *, now: float) -> ReportBounds:
         """What the open round asked of ``peer_id``: its report's figures are cut to it."""
@@ -95,6 +95,31 @@ class RunState:
             param_count=self.run.param_count,
             rounds_covered=self.open.round - last_committed,
         )
+
+    def take_report(
+        self,
+        req: pb.ReportRoundRequest,
+        votes: Mapping[str, Vote],
+        *,
+        config: RunConfig,
+        now: float,
+        outage: AbstractSet[str],
+    ) -> None:
+        """Keep ``req``, a report of the open round received at ``now``, its figures cut to what the round asked
+        (``report_bounds``), with the members' offline ``votes`` it carries (``RoundReports.adopt``)."""
+        report = report_record(req, now, self.report_bounds(req.peer_id, config, now=now))
+        adopted = self.reports.adopt(self.open, votes, reporter=req.peer_id, peers=self.peers, now=now, outage=outage)
+        if adopted is not self.open:  # the group decided this round during an outage, with other members
+            self.save_round(adopted)
+        if self.reports.add(report):
+            log = logger.info if req.ok else logger.warning
+            log(
+                "peer %s: round %d: reported %s%s",
+                req.peer_id,
+                req.round,
+                f"hash {report.state_hash[:12]}" if req.ok else "failure",
+                f" ({req.error})" if req.error else "",
+            )
 
     def status_facts(self, page: list[PeerRecord], next_index: int, *, now: float) -> dict:
         """What a status page shows besides the run's config and start (``views.status_response``'s arguments):
@@ -164,8 +189,7 @@ class RunState:
         decision in a swarm of thousands holds the engine's lock for one statement, not a write per participant."""
         counted = membership.counted_rounds(self.peers, joined=joined, missed=missed)
         self._store.count_rounds_of([p for p in joined if p in self.peers], [p for p in missed if p in self.peers])
-        for peer in counted:
-            self.roster.put(peer)
+        self.roster.recount(counted)
 
     def save_round(self, row: RoundRecord) -> None:
         self._store.put_round(row)

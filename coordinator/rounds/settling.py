@@ -63,6 +63,7 @@ class RoundSettler:
                 self._state.open,
                 reports,
                 peers=self._state.peers,
+                alive=alive,
                 config=self._config,
                 started_at=self._started_at,
             )

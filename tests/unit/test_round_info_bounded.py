@@ -139,8 +139,10 @@ def test_a_large_swarms_answer_is_built_again_at_most_every_refresh_while_only_i
     now = [1_000.0]
     engine, ids = swarm(LISTED_PARTICIPANTS + 20, clock=lambda: now[0])
     builds = []
-    real = engine._state.round_info
-    monkeypatch.setattr(engine._state, "round_info", lambda number: builds.append(number) or real(number))
+    real = engine._info_cache._build
+    monkeypatch.setattr(
+        engine._info_cache, "_build", lambda number, *rest: builds.append(number) or real(number, *rest)
+    )
     for i, p in enumerate(ids[:100]):
         now[0] += 0.005
         engine.heartbeat(

@@ -87,17 +87,16 @@ def counted(claims: Iterable[Claim], participants: AbstractSet[str]) -> list[Cla
     any, from a planned reporter).
 
     Each distinct group is checked against ``participants`` once: claims sharing one group cost O(1) each."""
-    planned: dict[frozenset[str], bool] = {}
+    planned: dict[frozenset[str], tuple[bool, bool]] = {}  # group -> (sized, only planned members)
     found = []
     for claim in claims:
-        sized = is_sized(claim.group)
-        if not (
-            claim.ok and claim.state_hash and (sized or claim.peer_id in claim.group) and claim.peer_id in participants
-        ):
+        if not (claim.ok and claim.state_hash and claim.peer_id in participants):
             continue
-        if claim.group not in planned:
-            planned[claim.group] = sized or claim.group <= participants
-        if planned[claim.group]:
+        judged = planned.get(claim.group)
+        if judged is None:
+            sized = is_sized(claim.group)
+            judged = planned[claim.group] = (sized, sized or claim.group <= participants)
+        if judged[1] and (judged[0] or claim.peer_id in claim.group):
             found.append(claim)
     return found
 
