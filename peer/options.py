@@ -20,9 +20,8 @@ class PeerOptions:
     site: str = ""
     name: str = ""
     threads: Optional[int] = None  # torch intra-op threads; None keeps torch's default
-    p2p_host: Optional[str] = (
-        None  # None: all interfaces, or loopback when the coordinator is (swarm.net.link.p2p_address)
-    )
+    # None: all interfaces, or loopback when the coordinator is (swarm.net.link.p2p_address)
+    p2p_host: Optional[str] = None
     p2p_port: int = 0
     announce_host: Optional[str] = None  # None: the address of the route to the coordinator
     uplink_mbit: float = 0.0  # the operator's word for this machine's uplink: paces the bulk sends (0: unpaced)

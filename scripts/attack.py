@@ -612,11 +612,8 @@ def soak(args: argparse.Namespace, base: Path) -> dict:
     attacked = Run(args, base / "attacked", attacked=True)
     result = attacked.run()
     calm = {} if args.skip_calm else Run(args, base / "calm", attacked=False).run()
-    for indirect in (
-        "fake_report",
-        "forged_dht_entry",
-        "unplanned_votes",
-    ):  # accepted on the wire; what counts is that they change nothing
+    # accepted on the wire; what counts is that they change nothing
+    for indirect in ("fake_report", "forged_dht_entry", "unplanned_votes"):
         row = attacked.tally.rows[indirect]
         row["refused"] = row["tries"] - row["breaches"]
     breaches = sum(row["breaches"] for row in attacked.tally.rows.values())

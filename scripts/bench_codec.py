@@ -47,10 +47,8 @@ def host_row(name: str, values: torch.Tensor, members: int, repeats: int) -> dic
     codec, numel = CODECS[name], values.numel()
     stripes = stripe_count(codec, numel, members)
     bounds = butterfly_bounds(numel, members, codec.block, stripes)
-    results, scratch = (
-        ResultVectors(),
-        ResultVectors(keep=2 * members + 2),
-    )  # as swarm.net.exchange.allreduce.Exchange's
+    # as swarm.net.exchange.allreduce.Exchange's
+    results, scratch = ResultVectors(), ResultVectors(keep=2 * members + 2)
     weights = [float(i + 1) for i in range(members)]
     steps = dict.fromkeys(["check", "encode", "decode", "reduce", "decode_result"], 0.0)
     averaged = [encode_slice(codec, values[s:e], "bench") for s, e in bounds]  # what the owners send back

@@ -297,9 +297,8 @@ def start_from(trainer: LocalTrainer, weights: Optional[list[torch.Tensor]]) -> 
     """Make ``weights`` the trainer's committed θg (and θl), with zero outer momentum."""
     if weights is None:
         return
-    trainer.commit(
-        GlobalState(0, [w.clone() for w in weights], trainer.state.outer_state)
-    )  # outer state: still zeros; θl ← θg
+    # outer state: still zeros; θl ← θg
+    trainer.commit(GlobalState(0, [w.clone() for w in weights], trainer.state.outer_state))
 
 
 def _model_eval_loss(trainer: LocalTrainer) -> float:

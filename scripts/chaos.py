@@ -299,9 +299,10 @@ class Soak:
         pending_restarts: list[tuple[float, str]] = []
         status: Optional[dict] = None
         deadline = started + self.args.timeout_s
+        # on stderr: stdout keeps only the summary
         progress = RunProgress(
             self.args.rounds, what=f"{self.workdir.name}: rounds committed", console=Console(stderr=True)
-        ).start()  # stdout keeps only the summary
+        ).start()
         while time.monotonic() < deadline:
             self.sample_resources()
             status = self.status(client) or status

@@ -23,8 +23,9 @@ class PeerStats:
         self._started = time.monotonic()
         self._metrics = pb.PeerMetrics(
             state=pb.PEER_STATE_JOINING,
+            # NaN: none yet
             loss=math.nan,
-            eval_loss=math.nan,  # NaN: none yet
+            eval_loss=math.nan,
             upload_mbit_s=math.nan,
             download_mbit_s=math.nan,
             rtt_ms=math.nan,

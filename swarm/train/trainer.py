@@ -97,7 +97,8 @@ class LocalTrainer(OuterSync):
         self.lockstep = RankLockstep(self.ranks, self.sharded, self._params, self.optimizer)
         shapes = [p.shape for p in self._params]
         self.outer = OuterOptimizer(run.outer, shapes)
-        if initial is None:  # the committed global state; round 0: θ0, zero outer state
+        # the committed global state; round 0: θ0, zero outer state
+        if initial is None:
             self.state = initial_state(self.model, self.outer)
         else:
             self.state = fitting(initial, shapes, self.outer)

@@ -162,8 +162,8 @@ class BulkSlices:
             exchange_pb2.BulkHeader(**head, tag=frame_tag, length=len(data), ticket=reservation.ticket),
             data,
             pace_bytes_per_s=int(pace_mbit_s * 1e6 / 8),
-            on_written=turn.done,
-        )  # the next frame may follow it
+            on_written=turn.done,  # the next frame may follow it
+        )
         if first_byte is None:
             return None
         sent = len(data) + reservation.claim_bytes
