@@ -77,10 +77,11 @@ def test_a_peer_that_dies_is_restarted_at_once_without_its_imports_and_ends_on_t
     try:
         swarm.start_coordinator("--max-rounds", "3", "--min-peers", "2", "--inner-steps", "10")
         swarm.start_peer("steady")
-        # kill -9 of its own process right after it reported round 2 (peer/faults.py): an out-of-memory kill
+        # kill -9 of its own process right after it reported round 2 (peer/faults.py): an out-of-memory kill;
+        # cold: a fresh interpreter, as from a shell: its first start pays the imports
         swarm.start_peer(
             "phoenix", "--checkpoint-every", "1", "--faults", "crash@2:reported", "--max-restarts", "2", cold=True
-        )  # a fresh interpreter, as from a shell: its first start pays the imports
+        )
         assert swarm.wait_peers(timeout_s=240) == {"steady": 0, "phoenix": 0}, swarm.log("phoenix")[-3000:]
         log = swarm.log("phoenix")
         assert "fault injection: crashing at round 2" in log

@@ -318,9 +318,10 @@ class FakeParts(PeerParts):
     def transport(self, options, initial_peers, *, stop, tag, identity, member=None) -> FakeTransport:
         return self.net.transport(identity.peer_id)
 
+    # processes=dict: the fake DHT keeps no entry of a dead process
     def group(
         self, transport, run, *, run_id, peer_id, peer_index, planned, faults, member=None, processes=dict
-    ) -> FakeGroup:  # the fake DHT keeps no entry of a dead process
+    ) -> FakeGroup:
         return FakeGroup(
             self.net, transport, peer_id=peer_id, peer_index=peer_index, planned=planned, member=member, run_id=run_id
         )

@@ -76,9 +76,8 @@ def _mixed():
         "param.00000": torch.randn(33, 7, generator=g),
         "inner.00000.step": torch.tensor(12.0),  # 0-dim
         "inner.00001.count": torch.tensor(5, dtype=torch.int64),
-        "half": torch.randn(5, generator=g).to(
-            torch.bfloat16
-        ),  # 10 bytes: the next tensor would be misaligned after it
+        # 10 bytes: the next tensor would be misaligned after it
+        "half": torch.randn(5, generator=g).to(torch.bfloat16),
         "mask": torch.tensor([True, False, True]),
         "empty": torch.zeros(0, 4),
         "transposed": torch.randn(6, 4, generator=g).t(),  # not contiguous

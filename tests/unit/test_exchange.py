@@ -547,9 +547,10 @@ def test_an_entry_replayed_under_another_key_or_for_another_libp2p_id_is_ignored
     genuine = sign_entry(a.credential, earlier, a.member(weight=1.0), expires_at=expires)
     attacker.transport.dht.store(earlier, subkey=a.name, value=genuine, expiration_time=expires)
     attacker.transport.dht.store(later, subkey=a.name, value=genuine, expiration_time=expires)  # replayed
+    # a's own signature, but its slices would go to the attacker's node
     elsewhere = Member(
         peer_id=a.name, dht_peer_id=attacker.transport.peer_id, index=0, weight=1.0, numel=NUMEL, codec="fp32"
-    )  # a's own signature, but its slices would go to the attacker's node
+    )
     attacker.transport.dht.store(
         later,
         subkey=b.name,

@@ -109,11 +109,11 @@ def test_part_of_a_tensor_needs_an_elementwise_outer_optimizer():
     adam = types.SimpleNamespace(name="Adam")  # refused before it is used (a real one takes seconds to build)
     with pytest.raises(ValueError, match="nesterov"):
         spans.tentative_step(adam, [torch.zeros(s) for s in shapes], [torch.ones(64)], [spans.Span(0, 0, 64)])
+    # valid, not validated here: validating a torch.optim outer optimizer takes seconds
     run = RUN.replace(
         outer=OuterOptConfig(name="Adam", lr=0.01),
         rounds=RoundConfig(inner_steps=4, fragments=2, fragment_pattern="balanced"),
-    )  # valid, not
-    # validated here: validating a torch.optim outer optimizer takes seconds
+    )
     with pytest.raises(ValueError, match="fragment_pattern = 'balanced' splits tensors"):
         LocalTrainer(run, peer_index=0)
 

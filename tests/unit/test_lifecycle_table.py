@@ -48,6 +48,7 @@ def info(**fields) -> pb.RoundInfo:
             ),
             E.UNPLANNED,
         ),
+        # an answer about another round than the open one
         (
             View(
                 info=info(open_round=3, round=2, participants=["me"], last_committed_round=2),
@@ -55,7 +56,7 @@ def info(**fields) -> pb.RoundInfo:
                 peer_id="me",
             ),
             E.UNPLANNED,
-        ),  # an answer about another round than the open one
+        ),
     ],
 )
 def test_a_pass_runs_the_first_event_in_precedence_order(view: View, event: Event) -> None:

@@ -221,8 +221,8 @@ def test_status_is_paged_and_bounded_whatever_the_peers_send(coordinator: Coordi
                 metrics=pb.PeerMetrics(
                     dht_maddrs=maddrs,
                     state_round=3,
-                    state_hash="f" * 128,  # any other fingerprint is evicted
-                    model_fingerprint=coordinator.engine.run.model_fingerprint,
+                    state_hash="f" * 128,
+                    model_fingerprint=coordinator.engine.run.model_fingerprint,  # any other fingerprint is evicted
                     dht_peer_id="d" * 128,
                 ),
             ),
@@ -259,11 +259,12 @@ def test_peers_gone_long_ago_are_counted_not_listed(coordinator: Coordinator) ->
 
 @pytest.fixture
 def grpc_server(coordinator: Coordinator) -> Iterator[tuple[Coordinator, grpc.Channel]]:
+    # the coordinator's serving path, without TLS
     server = LoopServer(
         LoadMonitor(),
         options=[("grpc.max_receive_message_length", limits.MAX_REQUEST_BYTES)],
         maximum_concurrent_rpcs=16,
-    )  # the coordinator's serving path, without TLS
+    )
     server.add_handlers(SERVICE, servicer_handlers(coordinator.servicer))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()

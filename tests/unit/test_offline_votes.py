@@ -143,9 +143,10 @@ def test_the_groups_round_commits_with_the_votes_of_its_dead_members_and_only_th
     assert set(before.round_info(s1.peer_id, 1).participants) == ids(group)
     votes = {n: {p.peer_id: vote(before, p, n, f"g{n}", group) for p in group} for n in (1, 2)}  # the DHT's
     clock.now += 5
+    # back; r1's and r2's processes are gone meanwhile
     engine = CoordinatorEngine(
         Store(tmp_path / "c.sqlite3"), config=config, lease_s=30.0, clock=clock, signing_key=signing_key
-    )  # back; r1's and r2's processes are gone meanwhile
+    )
     for _ in range(9):
         clock.now += 5
         for survivor in (s1, s2, s3):
@@ -185,9 +186,8 @@ def test_votes_of_identities_the_coordinator_did_not_plan_count_for_nothing(cloc
     engine.report(group_report(engine, x, number, "f" * 64, fakes, fake_votes))
     stored = engine._store.get_round(number)  # nobody added by the votes; x, a round of its own, out of the plan
     assert set(stored.participants) == ids([h1, h2]) and stored.left_out == (x.peer_id,)
-    assert (
-        engine.round_info(h1.peer_id, number).outcome == pb.ROUND_OUTCOME_OPEN
-    )  # x's report supports nothing: no quorum, no grace
+    # x's report supports nothing: no quorum, no grace
+    assert engine.round_info(h1.peer_id, number).outcome == pb.ROUND_OUTCOME_OPEN
     for honest in (h1, h2):
         engine.report(
             pb.ReportRoundRequest(

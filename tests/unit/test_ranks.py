@@ -91,9 +91,10 @@ def test_a_two_rank_peer_trains_like_one_process_with_the_global_batch_and_resum
         assert resume_trainer(tmp_path / "two", single, run_id="run", round_no=1, state_hash=peer.state.state_hash)
         assert single.sampler.batches_drawn == 2 * 5  # both ranks' batches
         _assert_same_params(single, peer)
+        # the whole AdamW state, in order
         for saved, kept in zip(
             single.optimizer.state_dict()["state"].values(), twin.optimizer.state_dict()["state"].values()
-        ):  # the whole AdamW state, in order
+        ):
             for key in ("exp_avg", "exp_avg_sq", "step"):
                 torch.testing.assert_close(saved[key], kept[key], rtol=1e-4, atol=1e-6)
         # a restart with two ranks resumes a one-process checkpoint that the worker never saw

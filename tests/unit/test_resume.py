@@ -198,9 +198,10 @@ def test_a_peer_without_the_committed_state_on_its_disk_starts_from_theta0(tmp_p
         )
         assert started.resumed is None and started.known_step_time() is None
         assert started.trainer.round_no == 0 and started.trainer.state.state_hash == fresh.state.state_hash
+    # its own checkpoint: θl and AdamW exactly as they were
     started = start_trainer(
         _run(), tmp_path, run_id="run-x", round_no=1, state_hash=trainer.state.state_hash, peer_index=0, device="cpu"
-    )  # its own checkpoint: θl and AdamW exactly as they were
+    )
     assert started.resumed is not None and started.resumed.source == "checkpoint"
     for p, q in zip(trainer.model.parameters(), started.trainer.model.parameters()):
         assert torch.equal(p, q)

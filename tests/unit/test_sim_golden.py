@@ -90,8 +90,8 @@ def _as_recorded(config: dict, recorded: dict) -> dict:
         if isinstance(values, dict) and isinstance(recorded.get(section), dict)
         else values
         for section, values in config.items()
-        if section in recorded or values != defaults.get(section)
-    }  # a section added at its defaults
+        if section in recorded or values != defaults.get(section)  # a section added at its defaults
+    }
 
 
 def test_simulated_runs_reproduce_the_golden_numbers():

@@ -40,9 +40,10 @@ def test_a_key_whose_exchange_failed_refuses_late_slices_with_the_reason_and_one
         await box.forget(key(2), completed=True)
 
         assert not await late_slice(box, key(1))
+        # only printable characters
         assert box.refusal(key(1), LATE) == (
             f"this peer's exchange of {key(1)} already failed (cannot reach groupmate b  [31m); it cannot complete"
-        )  # only printable characters
+        )
         assert box.rejected == 0  # a late groupmate, not an intruder
         # succeeded here: a member's retried slice is still taken (early, as before), anyone else's refused
         assert await box.deliver(

@@ -181,10 +181,11 @@ def _with_header(header: dict, data: bytes) -> bytes:
 def test_a_header_that_does_not_describe_its_bytes_exactly_is_refused(header: dict, data: bytes, why: str) -> None:
     with pytest.raises(ValueError, match=why):
         tensors_from_buffer(_with_header(header, data))
+    # the same layout, well formed, reads
     assert (
         len(load_safetensors(_with_header({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(8))))
         == 1
-    )  # the same layout, well formed, reads
+    )
 
 
 def test_a_header_longer_than_its_buffer_is_refused_before_it_is_parsed() -> None:

@@ -39,9 +39,8 @@ def test_layer_units_are_transformer_blocks_with_embeddings_and_final_norm_attac
     assert layer_units([torch.Size([3]), torch.Size([2, 2])]) == [[0], [1]]  # shapes only: one unit each
 
 
-@pytest.mark.parametrize(
-    "pattern", [p for p in PATTERNS if p != "balanced"]
-)  # balanced splits tensors: test_fragments.py
+# balanced splits tensors: test_fragments.py
+@pytest.mark.parametrize("pattern", [p for p in PATTERNS if p != "balanced"])
 @pytest.mark.parametrize("num_fragments", [1, 2, 3, 4, 6])
 def test_every_parameter_is_in_exactly_one_fragment(pattern, num_fragments):
     params = _gpt_params("small")

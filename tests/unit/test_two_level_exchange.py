@@ -151,8 +151,8 @@ def test_a_member_posting_another_site_than_its_credential_is_not_believed(peers
         weight=1.0,
         numel=NUMEL,
         codec="fp32",
-        site="b",
-    )  # its credential says "a"
+        site="b",  # its credential says "a"
+    )
     peer.transport.dht.store(
         key,
         subkey=peer.credential.peer_id,

@@ -63,8 +63,9 @@ def test_each_peer_names_the_groupmate_it_cannot_reach_and_tells_how_to_fix_its_
         ) in str(outcome)
     assert caplog.text.count("groupmates cannot reach this peer") == 2  # once per peer
 
+    # the next round fails the same way, and the peers do not log the fix again
     again = concurrently(
-        [  # the next round fails the same way, and the peers do not log the fix again
+        [
             lambda i=i: exchanges[i].average(
                 key=group_key(RUN_ID, 2), group=group, me=group[i], delta=torch.ones(1000), timeout_s=20
             )
