@@ -208,8 +208,7 @@ class FakeNet:
             votes = {p: self.votes[key][p] for p in group}  # the DHT read keeps the group's votes only
             members = frozenset(group)
             committed = commit_rule.decide(
-                [commit_rule.Claim(p, v.ok, v.state_hash, members) for p, (v, _, _) in votes.items()],
-                members,
+                [commit_rule.Claim(p, v.ok, v.state_hash, members) for p, (v, _, _) in votes.items()], members
             ).committed_hash
             holders = [d for v, d, _ in votes.values() if v.ok and v.state_hash == committed]
             signed = {p: value for p, (_, _, value) in votes.items() if value is not None}

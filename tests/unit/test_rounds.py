@@ -309,13 +309,7 @@ def send(
         group = [*info.participants, *(p for p in info.plan.left_out if p in reported)]
     return engine.report(
         pb.ReportRoundRequest(
-            peer_id=peer_id,
-            round=number,
-            ok=ok,
-            state_hash=state_hash,
-            inner_steps=10,
-            loss=2.0,
-            group=group,
+            peer_id=peer_id, round=number, ok=ok, state_hash=state_hash, inner_steps=10, loss=2.0, group=group
         )
     )
 

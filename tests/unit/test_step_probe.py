@@ -15,8 +15,7 @@ from swarm.train.trainer import LocalTrainer
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
 
 RUN = RunConfig(
-    model=ModelConfig(preset="bench"),
-    data=DataConfig(max_bytes=200_000, batch_size=2, seq_len=16),
+    model=ModelConfig(preset="bench"), data=DataConfig(max_bytes=200_000, batch_size=2, seq_len=16)
 ).validate()
 
 
