@@ -39,7 +39,7 @@ from swarm.net.bulk.chunk_stream import cancel_all
 from swarm.net.bulk.libp2p_slices import Libp2pSlices
 from swarm.net.bulk.transport import Transport
 from swarm.net.exchange.alone import average_alone
-from swarm.net.exchange.butterfly import butterfly, pause
+from swarm.net.exchange.butterfly import Butterfly, pause
 from swarm.net.exchange.exchange_result import ExchangeResult
 from swarm.net.exchange.rendezvous import Member, group_digest
 from swarm.net.exchange.restarted_groupmates import RestartedGroupmates
@@ -329,7 +329,7 @@ class Exchange(SliceSending):
             )
         )
         try:
-            return await butterfly(
+            return await Butterfly(
                 self,
                 key,
                 group,
@@ -344,7 +344,7 @@ class Exchange(SliceSending):
                 owner,
                 started,
                 into_delta,
-            )
+            ).run()
         finally:
             await cancel_all([r.answer for r in reserved.values() if not r.answer.done()])
 

@@ -30,53 +30,90 @@ async def pause(seconds: Optional[float]) -> None:
         await asyncio.sleep(seconds)
 
 
-async def butterfly(
-    ex: Any,
-    key: str,
-    group: list[Member],
-    position: int,
-    digest: str,
-    bounds: list[tuple[int, int]],
-    reserved: dict[tuple[int, int, int], Reservation],
-    flat: Optional[torch.Tensor],
-    codec,
-    weights: list[float],
-    on_phase: Callable[[str], Optional[float]],
-    owner: Optional[OwnerFeedback],
-    started: float,
-    into_delta: bool,
-) -> ExchangeResult:
-    """``ex``'s butterfly (an ``Exchange``). Phase 1 sends every slice to its owner (``send_contributions``; ``flat`` None: a withdrawal). Each slice this
-    peer owns (one per stripe) is reduced in the group's order once the group's contributions to it are here, and the
-    same encoded bytes go to every member, while the later stripes' contributions still arrive: the phases overlap.
-    Phase 2 decodes every owner's averaged slices into the result as they arrive: with ``into_delta``, into ``flat``'s
-    own memory, each slice once this peer's contribution to it is sent (its own slices are reduced in place)."""
-    k, stripes = len(group), len(bounds) // len(group)
-    others = [(position + i) % k for i in range(1, k)]
-    phases_s: dict[str, float] = {}
-    reductions: dict[int, Reduced] = {}
-    hook: list[asyncio.Future] = []  # on_phase("reducing"), called once, before the first reduction
-    links = exchange_links(others, ex.send_in_turn)
-    ex._scratch.keep = 2 * k  # a stripe's K decoded contributions, and the next stripe's
+class Butterfly:
+    """``ex``'s butterfly (an ``Exchange``) of one exchange. Phase 1 sends every slice to its owner
+    (``send_contributions``; ``flat`` None: a withdrawal). Each slice this peer owns (one per stripe) is reduced in the
+    group's order once the group's contributions to it are here, and the same encoded bytes go to every member, while
+    the later stripes' contributions still arrive: the phases overlap. Phase 2 decodes every owner's averaged slices
+    into the result as they arrive: with ``into_delta``, into ``flat``'s own memory, each slice once this peer's
+    contribution to it is sent (its own slices are reduced in place)."""
 
-    def passed(point: str) -> None:  # the last time the exchange passes each point
-        phases_s[point] = time.perf_counter() - started
+    def __init__(
+        self,
+        ex: Any,
+        key: str,
+        group: list[Member],
+        position: int,
+        digest: str,
+        bounds: list[tuple[int, int]],
+        reserved: dict[tuple[int, int, int], Reservation],
+        flat: Optional[torch.Tensor],
+        codec,
+        weights: list[float],
+        on_phase: Callable[[str], Optional[float]],
+        owner: Optional[OwnerFeedback],
+        started: float,
+        into_delta: bool,
+    ) -> None:
+        self.ex, self.key, self.group, self.position, self.digest = ex, key, group, position, digest
+        self.bounds, self.reserved, self.flat, self.codec, self.weights = bounds, reserved, flat, codec, weights
+        self.on_phase, self.owner, self.started, self.into_delta = on_phase, owner, started, into_delta
+        self.k, self.stripes = len(group), len(bounds) // len(group)
+        self.others = [(position + i) % self.k for i in range(1, self.k)]
+        self.phases_s: dict[str, float] = {}
+        self.reductions: dict[int, Reduced] = {}
+        self.hook: list[asyncio.Future] = []  # on_phase("reducing"), called once, before the first reduction
+        self.links = exchange_links(self.others, ex.send_in_turn)
+        ex._scratch.keep = 2 * self.k  # a stripe's K decoded contributions, and the next stripe's
+        self.sent_parts = {part: asyncio.Event() for part in range(len(bounds)) if part % self.k != position}
+        # written once, by the reductions and decodes
+        self.average = flat if into_delta else ex._results.take(bounds[-1][1])
 
-    sent_parts = {part: asyncio.Event() for part in range(len(bounds)) if part % k != position}
-    average = flat if into_delta else ex._results.take(bounds[-1][1])  # written once, by the reductions and decodes
-
-    async def contributed() -> int:
-        sent = await (
-            send_withdrawal(ex, key, group, digest, position, len(bounds), links, reserved)
-            if flat is None
-            else send_contributions(ex, key, group, digest, position, bounds, flat, codec, reserved, links, sent_parts)
+    async def run(self) -> ExchangeResult:
+        await pause(self.on_phase("sending"))
+        parts = [self._contributed(), self._collected(), *(self._reduced(stripe) for stripe in range(self.stripes))]
+        sent = sum(await settle(parts))
+        reductions = [self.reductions[s] for s in range(self.stripes)]
+        return self.ex._result(
+            self.key, self.group, self.position, self.average, sent, reductions, self.started, self.phases_s
         )
-        passed("contributed")
+
+    def _passed(self, point: str) -> None:  # the last time the exchange passes each point
+        self.phases_s[point] = time.perf_counter() - self.started
+
+    async def _contributed(self) -> int:
+        ex, key, group, digest, position, bounds = (
+            self.ex,
+            self.key,
+            self.group,
+            self.digest,
+            self.position,
+            self.bounds,
+        )
+        sent = await (
+            send_withdrawal(ex, key, group, digest, position, len(bounds), self.links, self.reserved)
+            if self.flat is None
+            else send_contributions(
+                ex,
+                key,
+                group,
+                digest,
+                position,
+                bounds,
+                self.flat,
+                self.codec,
+                self.reserved,
+                self.links,
+                self.sent_parts,
+            )
+        )
+        self._passed("contributed")
         return sent
 
-    async def reduced(stripe: int) -> int:
-        part = stripe * k + position
-        start, end = bounds[part]
+    async def _reduced(self, stripe: int) -> int:
+        ex, key, group, codec = self.ex, self.key, self.group, self.codec
+        part = stripe * self.k + self.position
+        start, end = self.bounds[part]
         decoded = await settle(
             received_slice(
                 ex.inbox,
@@ -84,43 +121,49 @@ async def butterfly(
                 key,
                 group,
                 codec,
-                (digest, exchange_pb2.PHASE_CONTRIBUTION, part, sender),
+                (self.digest, exchange_pb2.PHASE_CONTRIBUTION, part, sender),
                 end - start,
             )
-            for sender in range(k)
+            for sender in range(self.k)
         )
-        passed("contributions_here")
-        if not hook:
-            hook.append(asyncio.ensure_future(pause(on_phase("reducing"))))
-        await hook[0]
+        self._passed("contributions_here")
+        if not self.hook:
+            self.hook.append(asyncio.ensure_future(pause(self.on_phase("reducing"))))
+        await self.hook[0]
         payload, reduction = await asyncio.to_thread(
             reduce_owned,
             ex.aggregation,
             codec,
             decoded,
-            weights,
+            self.weights,
             key,
-            owner=owner,
+            owner=self.owner,
             bounds=(start, end),
-            out=average[start:end],
+            out=self.average[start:end],
         )
-        reductions[stripe] = Reduced(_NOTHING, reduction.rejected, reduction.clipped)
+        self.reductions[stripe] = Reduced(_NOTHING, reduction.rejected, reduction.clipped)
         del decoded, reduction
-        passed("reduced")
-        sent = sum(await send_averaged(ex, key, group, digest, part, position, payload, others, links, reserved))
-        passed("averaged_sent")
-        return sent
-
-    async def collected() -> int:
-        await averaged_into(
-            ex.inbox, average, key, group, codec, digest, bounds, position, sent_parts if into_delta else None
+        self._passed("reduced")
+        sent = await send_averaged(
+            ex, key, group, self.digest, part, self.position, payload, self.others, self.links, self.reserved
         )
-        passed("all_here")
-        return 0
+        self._passed("averaged_sent")
+        return sum(sent)
 
-    await pause(on_phase("sending"))
-    sent = sum(await settle([contributed(), collected(), *(reduced(stripe) for stripe in range(stripes))]))
-    return ex._result(key, group, position, average, sent, [reductions[s] for s in range(stripes)], started, phases_s)
+    async def _collected(self) -> int:
+        await averaged_into(
+            self.ex.inbox,
+            self.average,
+            self.key,
+            self.group,
+            self.codec,
+            self.digest,
+            self.bounds,
+            self.position,
+            self.sent_parts if self.into_delta else None,
+        )
+        self._passed("all_here")
+        return 0
 
 
 async def send_averaged(
