@@ -296,27 +296,12 @@ class Exchange(SliceSending):
         # a lossy codec's Δ becomes error feedback's residual, unless that goes to a file as each slice is encoded
         into_delta = into_delta and flat is not None and (codec.lossless or DroppedInPlace.spills(flat, codec))
         if len(group) == 1:  # nobody to send to: the exchange's arithmetic alone
-            present(key, [flat])  # a withdrawal alone: nothing to average
-            for phase in ("sending", "reducing"):
-                await pause(on_phase(phase))
-            average, reduced = await asyncio.to_thread(
-                average_alone,
-                self.aggregation,
-                codec,
-                flat,
-                weights,
-                key,
-                gathered=gathered,
-                owner=owner,
-                into_delta=into_delta,
-            )
-            return self._result(key, group, 0, average, 0, [reduced], started)
+            return await self._alone(key, group, flat, codec, weights, on_phase, gathered, owner, into_delta, started)
         self.restarts.averaging(key, group)
         await self.inbox.expect(key, [m.dht_peer_id for m in group], group_digest(group), max(1, len(bounds)))
         position, digest = [m.peer_id for m in group].index(me.peer_id), group_digest(group)
-        if (
-            gathered
-        ):  # all-gather (its one part): every member reduces the whole vector (swarm.net.exchange.sparse_gather)
+        # all-gather (its one part): every member reduces the whole vector (swarm.net.exchange.sparse_gather)
+        if gathered:
             reduced, sent = await gather_average(
                 self, key, group, me, flat, codec, weights, lambda phase: pause(on_phase(phase)), into_delta=into_delta
             )
@@ -347,6 +332,36 @@ class Exchange(SliceSending):
             ).run()
         finally:
             await cancel_all([r.answer for r in reserved.values() if not r.answer.done()])
+
+    async def _alone(
+        self,
+        key: str,
+        group: list[Member],
+        flat: Optional[torch.Tensor],
+        codec,
+        weights: list[float],
+        on_phase: Callable[[str], Optional[float]],
+        gathered: bool,
+        owner: Optional[OwnerFeedback],
+        into_delta: bool,
+        started: float,
+    ) -> ExchangeResult:
+        """A group of one: its average computed as the exchange would (``swarm.net.exchange.alone``); nothing sent."""
+        present(key, [flat])  # a withdrawal alone: nothing to average
+        for phase in ("sending", "reducing"):
+            await pause(on_phase(phase))
+        average, reduced = await asyncio.to_thread(
+            average_alone,
+            self.aggregation,
+            codec,
+            flat,
+            weights,
+            key,
+            gathered=gathered,
+            owner=owner,
+            into_delta=into_delta,
+        )
+        return self._result(key, group, 0, average, 0, [reduced], started)
 
     def _result(
         self,
