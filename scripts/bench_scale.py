@@ -407,7 +407,11 @@ def main() -> int:
     parser.add_argument("--baseline-steps", type=int, default=3)
     parser.add_argument("--timeout-s", type=float, default=1200)
     parser.add_argument("--rss-timeline", action="store_true", help="add each peer's resident memory every 0.2 s")
-    parser.add_argument("--work-dir", help="keep the run's files and logs here (default: a temporary directory)")
+    parser.add_argument(
+        "--work-dir",
+        help="keep the run's files and logs here (default: a temporary directory, removed at the end); the peers' state"
+        " directories stay too: votes, checkpoints, residuals and the final model, about 6 GB per 124M peer",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--baseline-of", help=argparse.SUPPRESS)  # the baseline's own process
     args = parser.parse_args()
