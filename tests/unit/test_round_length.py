@@ -40,7 +40,7 @@ def _row(choice_h: int) -> RoundRecord:
 
 def test_the_time_budget_follows_the_controllers_h_and_slower_peers_get_their_share(monkeypatch):
     rounds = RoundConfig(inner_steps=4, controller="auto", controller_max_inner_steps=12, straggler_slack_s=0.0)
-    monkeypatch.setattr(budgets, "step_times", lambda peers: {"a": 0.5, "b": 1.5})
+    monkeypatch.setattr(budgets, "step_times", lambda peers, of: {"a": 0.5, "b": 1.5})
     planned = budgets.budgeted(_row(12), {}, rounds)
     assert (planned.budget_s, planned.budgets) == (6.0, (12, 4))  # 12 steps of the fastest's 0.5 s
     assert budgets.budgeted(_row(100), {}, rounds).budgets == (12, 4)  # a stored H over the cap is capped
