@@ -28,7 +28,7 @@ from swarm.core.aggregation import Aggregation  # noqa: E402
 from swarm.core.average import butterfly_bounds, stripe_count  # noqa: E402
 from swarm.core.codecs.codec import CODECS  # noqa: E402
 from swarm.net.exchange.result_vectors import ResultVectors  # noqa: E402
-from swarm.net.exchange.slice_reduction import check_sendable, decode_into, encode_slice, reduce_decoded  # noqa: E402
+from swarm.net.exchange.slices.reduction import check_sendable, decode_into, encode_slice, reduce_decoded  # noqa: E402
 
 DENSE = ["fp32", "fp16", "bf16", "int8", "int4"]
 

@@ -279,7 +279,7 @@ def codec_cpu_s_per_byte(codec: str, numel: int = 4_000_000, peers: int = 4) -> 
     import torch
 
     from swarm.core.aggregation import Aggregation
-    from swarm.net.exchange.slice_reduction import reduce_slice
+    from swarm.net.exchange.slices.reduction import reduce_slice
 
     torch.set_num_threads(1)
     c, flat = CODECS[codec], torch.randn(numel)

@@ -14,7 +14,7 @@ from swarm.core.aggregation import RULES, Aggregation, trim_count
 from swarm.core.average import butterfly_reference, weighted_average
 from swarm.core.codecs.codec import CODECS
 from swarm.net.exchange.allreduce import ExchangeFailed
-from swarm.net.exchange.slice_reduction import decode_slice, reduce_slice
+from swarm.net.exchange.slices.reduction import decode_slice, reduce_slice
 from swarm.train.contribution import Contribution
 from swarm.train.simulator.sim import simulate
 

@@ -15,7 +15,7 @@ from coordinator.store.database import Store
 from swarm.app.status import status_tables, status_to_dict
 from swarm.config import RoundConfig, RunConfig
 from swarm.core.average import part_bounds
-from swarm.net.exchange.slice_reduction import slice_bounds
+from swarm.net.exchange.slices.reduction import slice_bounds
 from swarm.v1 import coordinator_pb2 as pb
 from tests.unit.fake_swarm import engine_join
 from tests.unit.test_membership import ready_beat

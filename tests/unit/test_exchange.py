@@ -32,8 +32,8 @@ from swarm.net.dht_entries import EntryValidator, guard, read_entries, sign_entr
 from swarm.net.exchange import restarted_groupmates
 from swarm.net.exchange.allreduce import Exchange, ExchangeFailed, ExchangeResult
 from swarm.net.exchange.rendezvous import Member, group_digest, group_key, rendezvous
-from swarm.net.exchange.slice_inbox import MAX_OPEN_KEYS
-from swarm.net.exchange.slice_reduction import check_agreement
+from swarm.net.exchange.slices.inbox import MAX_OPEN_KEYS
+from swarm.net.exchange.slices.reduction import check_agreement
 from swarm.net.link.link_stats import LinkEstimates
 from swarm.net.votes import Vote, collect_votes, post_vote, vote_key
 from swarm.v1 import exchange_pb2

@@ -13,7 +13,7 @@ from swarm.core.codecs.codec import get_codec
 from swarm.core.codecs.error_feedback import DroppedInPlace
 from swarm.core.codecs.owner_feedback import OwnerFeedback
 from swarm.net.exchange.alone import average_alone
-from swarm.net.exchange.slice_reduction import ExchangeFailed
+from swarm.net.exchange.slices.reduction import ExchangeFailed
 
 pytestmark = [pytest.mark.timeout(60)]
 

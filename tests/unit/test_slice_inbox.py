@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from swarm.net.exchange.exchange_failed import ExchangeFailed
-from swarm.net.exchange.slice_inbox import MAX_FAILED_KEYS, SliceInbox
+from swarm.net.exchange.slices.inbox import MAX_FAILED_KEYS, SliceInbox
 from swarm.v1 import exchange_pb2
 
 pytestmark = pytest.mark.timeout(30)

@@ -18,7 +18,7 @@ from swarm.net.bulk.transport import Transport
 from swarm.net.dht_entries import read_entries, sign_entry
 from swarm.net.exchange.allreduce import Exchange
 from swarm.net.exchange.rendezvous import Member, group_key, rendezvous
-from swarm.net.exchange.slice_reduction import ExchangeFailed
+from swarm.net.exchange.slices.reduction import ExchangeFailed
 from swarm.net.exchange.two_level import TwoLevelExchange
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]

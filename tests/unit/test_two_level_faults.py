@@ -14,7 +14,7 @@ from swarm.core.average import butterfly_reference
 from swarm.net.bulk.transport import Transport
 from swarm.net.exchange.allreduce import Exchange
 from swarm.net.exchange.rendezvous import Member, group_digest, group_key
-from swarm.net.exchange.slice_reduction import ExchangeFailed
+from swarm.net.exchange.slices.reduction import ExchangeFailed
 from swarm.net.exchange.two_level import TwoLevelExchange
 from swarm.net.exchange.withdrawal import WITHDRAWN
 from swarm.v1 import exchange_pb2

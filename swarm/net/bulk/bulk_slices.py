@@ -26,7 +26,7 @@ from swarm.net.bulk.bulk_sender import Address
 from swarm.net.bulk.chunk_stream import SlicePayload, Turn
 from swarm.net.bulk.transport import Transport
 from swarm.net.exchange.rendezvous import Member
-from swarm.net.exchange.slice_inbox import SliceInbox
+from swarm.net.exchange.slices.inbox import SliceInbox
 from swarm.net.hivemind_api import PeerID
 from swarm.v1 import exchange_pb2
 

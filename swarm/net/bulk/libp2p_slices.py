@@ -15,7 +15,7 @@ from swarm.net.bulk.chunk_stream import SlicePayload, chunk_messages
 from swarm.net.bulk.transport import Transport
 from swarm.net.exchange.exchange_failed import ExchangeFailed
 from swarm.net.exchange.rendezvous import Member
-from swarm.net.exchange.slice_inbox import SliceInbox
+from swarm.net.exchange.slices.inbox import SliceInbox
 from swarm.net.hivemind_api import P2PContext, PeerID
 from swarm.net.link.reachability import is_dial_failure, unreachable_groupmate
 from swarm.v1 import exchange_pb2

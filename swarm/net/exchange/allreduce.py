@@ -44,15 +44,15 @@ from swarm.net.exchange.exchange_result import ExchangeResult
 from swarm.net.exchange.rendezvous import Member, group_digest
 from swarm.net.exchange.restarted_groupmates import RestartedGroupmates
 from swarm.net.exchange.result_vectors import ResultVectors
-from swarm.net.exchange.slice_inbox import SliceInbox
-from swarm.net.exchange.slice_reduction import (
+from swarm.net.exchange.slices.inbox import SliceInbox
+from swarm.net.exchange.slices.reduction import (
     ExchangeFailed,
     capped_weights,
     check_agreement,
     group_bounds,
     judged,
 )
-from swarm.net.exchange.slice_sending import SliceSending
+from swarm.net.exchange.slices.sending import SliceSending
 from swarm.net.exchange.sparse_gather import gather_average
 from swarm.net.exchange.withdrawal import present
 from swarm.net.link.link_probe import LinkProbe

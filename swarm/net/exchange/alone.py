@@ -19,7 +19,7 @@ from swarm.core.aggregation import Aggregation, Reduced
 from swarm.core.average import new_f32
 from swarm.core.codecs.owner_feedback import OwnerFeedback
 from swarm.net.exchange.contributions import encode_own
-from swarm.net.exchange.slice_reduction import decode_slice, encode_slice, raw_fp32, reduce_owned
+from swarm.net.exchange.slices.reduction import decode_slice, encode_slice, raw_fp32, reduce_owned
 
 
 def average_alone(

@@ -18,7 +18,7 @@ from swarm.net.bulk.chunk_stream import Turn, settle
 from swarm.net.exchange.contributions import exchange_links, send_contributions
 from swarm.net.exchange.exchange_result import ExchangeResult
 from swarm.net.exchange.rendezvous import Member
-from swarm.net.exchange.slice_reduction import averaged_into, received_slice, reduce_owned
+from swarm.net.exchange.slices.reduction import averaged_into, received_slice, reduce_owned
 from swarm.net.exchange.withdrawal import send_withdrawal
 from swarm.v1 import exchange_pb2
 

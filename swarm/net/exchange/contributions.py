@@ -13,7 +13,7 @@ from swarm.core.codecs.error_feedback import DroppedInPlace
 from swarm.net.bulk.bulk_slices import Reservation
 from swarm.net.bulk.chunk_stream import SlicePayload, Turn, settle
 from swarm.net.exchange.rendezvous import Member
-from swarm.net.exchange.slice_reduction import check_sendable, encode_slice
+from swarm.net.exchange.slices.reduction import check_sendable, encode_slice
 from swarm.v1 import exchange_pb2
 
 

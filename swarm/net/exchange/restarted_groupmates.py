@@ -3,7 +3,7 @@
 A peer killed as a round's exchange begins leaves its groupmates waiting for slices its old process will never send,
 until their exchange timeout (a chaos soak: 8 s of three peers). Its restarted process, meanwhile, posts its signed
 entry for the same round and sends its own slices, which the groupmates refuse: they do not come from the libp2p id
-the group lists for that member (``swarm.net.exchange.slice_inbox``). Such a refused sender is looked up in the round's
+the group lists for that member (``swarm.net.exchange.slices.inbox``). Such a refused sender is looked up in the round's
 signed group entries; when a groupmate's entry now names it, that groupmate's old process is gone and the exchange
 fails at once (``SliceInbox.member_gone``). Only the holder of that member's key can post such an entry, and a
 member could abort the group anyway; a stranger can make a peer read the DHT at most once a second per sender
@@ -22,7 +22,7 @@ from typing import Optional
 from swarm.core.trust import credential
 from swarm.net.dht_entries import read_entries
 from swarm.net.exchange.rendezvous import Member
-from swarm.net.exchange.slice_inbox import SliceInbox
+from swarm.net.exchange.slices.inbox import SliceInbox
 
 logger = logging.getLogger("swarm.net.exchange.allreduce")
 

@@ -32,7 +32,7 @@ from swarm.core.aggregation import Reduced
 from swarm.core.codecs.codec import Codec
 from swarm.net.bulk.chunk_stream import SlicePayload
 from swarm.net.exchange.rendezvous import Member, group_digest
-from swarm.net.exchange.slice_reduction import check_sendable, decode_slice, encode_slice, raw_fp32
+from swarm.net.exchange.slices.reduction import check_sendable, decode_slice, encode_slice, raw_fp32
 from swarm.net.exchange.withdrawal import WITHDRAWN, present, renumbered, withdrawn
 from swarm.v1 import exchange_pb2
 

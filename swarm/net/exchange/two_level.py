@@ -43,7 +43,7 @@ from swarm.net.exchange.allreduce import Exchange, ExchangeResult
 from swarm.net.exchange.exchange_failed import ExchangeFailed
 from swarm.net.exchange.rendezvous import Member, group_digest
 from swarm.net.exchange.site_broadcast import SiteBroadcast
-from swarm.net.exchange.slice_reduction import capped_weights
+from swarm.net.exchange.slices.reduction import capped_weights
 from swarm.net.link.link_probe import PING_TIMEOUT_S
 from swarm.net.link.link_stats import LinkTimings
 

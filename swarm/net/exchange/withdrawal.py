@@ -6,7 +6,7 @@ sub-groups still finish (``swarm.net.exchange.two_level``).
 
 A withdrawal is a fixed message in place of each of the member's contributions, sent to every owner (in an
 all-gather, to every member). It counts, like any contribution, only from the libp2p id the signed group entry of
-its position lists (``swarm.net.exchange.slice_inbox``), so nobody can withdraw another member; and it can only
+its position lists (``swarm.net.exchange.slices.inbox``), so nobody can withdraw another member; and it can only
 take a member's weight out of a reduction, never raise anyone's. An honest withdrawing member sends it for every
 slice, so every owner leaves the same member out; a dishonest one that withdraws from some slices only changes
 nothing a dishonest member could not already do to its own slices (every member still receives the same bytes of

@@ -10,7 +10,7 @@ from swarm.net.bulk.chunk_stream import SlicePayload, Turn
 from swarm.net.bulk.libp2p_slices import Libp2pSlices
 from swarm.net.exchange.contributions import uplink_pace
 from swarm.net.exchange.rendezvous import Member
-from swarm.net.exchange.slice_inbox import SliceInbox
+from swarm.net.exchange.slices.inbox import SliceInbox
 from swarm.net.link.link_stats import TransferLog
 from swarm.v1 import exchange_pb2
 
