@@ -134,7 +134,8 @@ class Load:
         self.stop = asyncio.Event()
         self.reports = 0
         self.posted: dict[int, list[str]] = {}  # round -> the peers that saw themselves planned, in that order
-        self.groups: dict[int, tuple[list[str], frozenset[str]]] = {}  # round -> the group its reports name
+        # round -> the group its reports name: its members, as a set and, for a group too large to name, its digest
+        self.groups: dict[int, tuple[list[str], frozenset[str], str]] = {}
 
     async def timed(
         self, method: str, request: Any, signer: Optional[signing.CallSigner] = None, *, peer: int = 0
@@ -206,7 +207,7 @@ class Load:
                 reported, training = training[0], None
                 group = self.group(reported)
                 ok = peer_id in group[1]
-                named = len(group[0]) <= MAX_GROUP
+                named = len(group[0]) <= MAX_GROUP  # a larger group goes as its digest (each peer computes its own)
                 await self.timed(
                     "ReportRound",
                     pb.ReportRoundRequest(
@@ -216,7 +217,7 @@ class Load:
                         state_hash=f"h{reported}" if ok else "",
                         error="" if ok else "the group averaged without this peer",
                         group=group[0] if ok and named else [],
-                        group_digest=group_id(group[0]) if ok and not named else "",
+                        group_digest=group[2] if ok and not named else "",
                         group_size=len(group[0]) if ok and not named else 0,
                         inner_steps=10,
                         samples=10,
@@ -267,11 +268,13 @@ class Load:
                 training = info.open_round, loop.time() + self.train_s
                 self.posted.setdefault(info.open_round, []).append(peer_id)  # its group entry, as it were
 
-    def group(self, round_no: int) -> tuple[list[str], frozenset[str]]:
-        """The group of ``round_no``: closed as its first report goes out (matchmaking is over then)."""
+    def group(self, round_no: int) -> tuple[list[str], frozenset[str], str]:
+        """The group of ``round_no``: closed as its first report goes out (matchmaking is over then). Its digest is
+        computed once here for all the simulated peers (each real peer hashes its group on its own machine: sorting
+        thousands of ids for every report would stall this one process's loop and every latency it measures)."""
         if round_no not in self.groups:
             members = list(self.posted.get(round_no, []))
-            self.groups[round_no] = members, frozenset(members)
+            self.groups[round_no] = members, frozenset(members), group_id(members) if len(members) > MAX_GROUP else ""
         return self.groups[round_no]
 
     async def status(self) -> None:

@@ -98,13 +98,23 @@ class ReportBounds:
 
 
 def report_bounds(
-    round_row: RoundRecord, peer_id: str, config: RunConfig, *, now: float, param_count: int, rounds_covered: int
+    round_row: RoundRecord,
+    peer_id: str,
+    config: RunConfig,
+    *,
+    now: float,
+    param_count: int,
+    rounds_covered: int,
+    places: Optional[Mapping[str, int]] = None,
 ) -> ReportBounds:
     """The bounds of ``peer_id``'s report of ``round_row``: ``rounds_covered`` is how many rounds its
-    contribution may carry (a voided round's work goes into the next one)."""
+    contribution may carry (a voided round's work goes into the next one). ``places``: each participant's place in
+    ``round_row.participants``, when the caller keeps them."""
     budgets = round_row.budgets
-    if len(budgets) == len(round_row.participants) and peer_id in round_row.participants:
-        steps = budgets[round_row.participants.index(peer_id)]
+    if places is None:
+        places = {peer_id: round_row.participants.index(peer_id)} if peer_id in round_row.participants else {}
+    if len(budgets) == len(round_row.participants) and peer_id in places:
+        steps = budgets[places[peer_id]]
     else:  # admitted by its group's votes, or a plan without budgets: the round's largest
         steps = max(budgets, default=0)
     steps = max(steps, config.rounds.inner_steps if not budgets else 1) + config.rounds.overlap_steps

@@ -50,6 +50,7 @@ class RunState:
         self._writes = PeerWrites()
         self.reports = RoundReports(store, self.open.round if self.open is not None else None)
         self.rounds_version = 0  # bumped by every change of a round or of the run
+        self._places: tuple[Optional[RoundRecord], dict[str, int]] = (None, {})  # a row, its participants' places
 
     def versions(self) -> tuple[int, int, int]:
         """The versions of the roster, the rounds (and the run) and the open round's reports."""
@@ -87,6 +88,8 @@ class RunState:
     def report_bounds(self, peer_id: str, config: RunConfig, *, now: float) -> ReportBounds:
         """What the open round asked of ``peer_id``: its report's figures are cut to it."""
         last_committed = self.last_committed.round if self.last_committed is not None else 0
+        if self._places[0] is not self.open:  # each participant's place, kept while the open round's row stays
+            self._places = (self.open, {p: i for i, p in enumerate(self.open.participants)})
         return report_bounds(
             self.open,
             peer_id,
@@ -94,6 +97,7 @@ class RunState:
             now=now,
             param_count=self.run.param_count,
             rounds_covered=self.open.round - last_committed,
+            places=self._places[1],
         )
 
     def take_report(

@@ -9,6 +9,7 @@ per peer and round, and averaged when the history is read.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Mapping, Optional, Protocol, Sequence
 
 from coordinator.api.errors import BadRequest
@@ -52,8 +53,8 @@ def round_history(
     participants = set(decided.participants)
     counted = [r for r in reports if r.peer_id in participants]
     choice = controller.from_json(decided.choice)  # the controller's codec, when it chose one for this round
-    inner = sum(max(r.inner_time_s, 0.0) for r in counted if finite(r.inner_time_s))
-    exchange = sum(max(r.exchange_time_s, 0.0) for r in counted if finite(r.exchange_time_s))
+    totals = _Totals.of(counted)
+    inner, exchange = totals.inner_s, totals.exchange_s
     return pb.RoundHistory(
         round=int64(decided.round),
         outcome=decided.outcome,
@@ -62,14 +63,14 @@ def round_history(
         participants=len(decided.participants),
         reported=len(counted),
         holders=len(decided.holders),
-        group_size=max((commit_rule.group_size(r.group) for r in counted), default=0),
+        group_size=totals.group_size,
         codec=choice.codec if choice is not None else config.rounds.codec,
         inner_steps=int64(max(decided.budgets, default=config.rounds.inner_steps)),
         fragments=config.rounds.fragments,
-        bytes_sent=int64(sum(int64(r.bytes_sent) for r in counted)),
-        bytes_received=int64(sum(int64(r.bytes_received) for r in counted)),
+        bytes_sent=int64(totals.bytes_sent),
+        bytes_received=int64(totals.bytes_received),
         ddp_equivalent_bytes=int64(ddp_equivalent_bytes),
-        exchange_s=seconds(max((r.exchange_time_s for r in counted if finite(r.exchange_time_s)), default=0.0)),
+        exchange_s=seconds(totals.longest_exchange_s),
         inner_s=seconds(inner / len(counted)) if counted else 0.0,
         mean_loss=seconds(decided.mean_loss),
         eval_loss=math.nan,
@@ -78,6 +79,35 @@ def round_history(
         committed_hash=decided.committed_hash if decided.outcome == COMMITTED else "",
         reason=decided.reason,
     )
+
+
+@dataclass
+class _Totals:
+    """What a round's history row adds up over its reports, in one pass (a round of thousands is recorded at
+    once): seconds over the finite ones, counts each within an int64."""
+
+    inner_s: float = 0
+    exchange_s: float = 0
+    longest_exchange_s: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    group_size: int = 0
+
+    @classmethod
+    def of(cls, reports: Sequence[ReportRecord]) -> "_Totals":
+        totals = cls()
+        longest: Optional[float] = None
+        for r in reports:
+            if finite(r.inner_time_s):
+                totals.inner_s += max(r.inner_time_s, 0.0)
+            if finite(r.exchange_time_s):
+                totals.exchange_s += max(r.exchange_time_s, 0.0)
+                longest = r.exchange_time_s if longest is None else max(longest, r.exchange_time_s)
+            totals.bytes_sent += int64(r.bytes_sent)
+            totals.bytes_received += int64(r.bytes_received)
+            totals.group_size = max(totals.group_size, commit_rule.group_size(r.group))
+        totals.longest_exchange_s = longest if longest is not None else 0.0
+        return totals
 
 
 def _in_state(decided: RoundRecord, reports: Sequence[ReportRecord]) -> list[ReportRecord]:
