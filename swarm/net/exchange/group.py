@@ -18,6 +18,7 @@ from swarm.core.wire_protocol import PROTOCOL
 from swarm.net.bulk.transport import Transport
 from swarm.net.dht_entries import guard
 from swarm.net.exchange.allreduce import Exchange, ExchangeFailed
+from swarm.net.exchange.exchange_result import ExchangeResult
 from swarm.net.exchange.rendezvous import Member, group_key, participation_scale, rendezvous
 from swarm.net.exchange.two_level import TwoLevelExchange, bytes_by_site
 from swarm.net.group_decided import GroupDecided
@@ -86,11 +87,13 @@ class DhtGroup:
         self.plan_holds: Callable[[], bool] = lambda: False  # the last planned() answer is the coordinator's (the link)
         self.faults = faults
         self.exchange = Exchange(
-            transport, run_id=run_id, aggregation=Aggregation.for_run(run), gather_all=run.rounds.all_gathered()
-        )  # a run that admits strangers: no slice owners
-        self.exchange.read_entries_as(
-            member
-        )  # a groupmate's restarted process then fails its old one's exchange at once
+            transport,
+            run_id=run_id,
+            aggregation=Aggregation.for_run(run),
+            gather_all=run.rounds.all_gathered(),  # a run that admits strangers: no slice owners
+        )
+        # a groupmate's restarted process then fails its old one's exchange at once
+        self.exchange.read_entries_as(member)
         self.two_level = (
             TwoLevelExchange(self.exchange, transport, run_id=run_id, group_size=run.rounds.group_size)
             if run.rounds.hierarchical
@@ -111,7 +114,6 @@ class DhtGroup:
         return group_key(self.run_id, round_no, fragment)
 
     def average(self, round_no: int, contribution: Contribution) -> Averaged:
-        rounds = self.run.rounds
         delta, weight = contribution.delta, float(contribution.samples)
         plan = contribution.plan
         if plan is None or plan.round_no != round_no:
@@ -123,35 +125,10 @@ class DhtGroup:
         if self.faults.scale(round_no, "delta") != 1.0 or self.faults.scale(round_no, "weight") != 1.0:
             delta = delta * self.faults.scale(round_no, "delta")  # a Byzantine peer (attack soaks only)
             weight *= self.faults.scale(round_no, "weight")
-        me = Member(
-            peer_id=self.peer_id,
-            dht_peer_id=self.transport.peer_id,
-            index=self.peer_index,
-            weight=weight,
-            numel=contribution.delta.numel(),
-            codec=codec,
-            plan=plan.digest,
-            live_peers=self.live_peers if rounds.scale_by_participation else 0,
-            maddrs=self.exchange.own_maddrs,
-            site=self.member.site,
-            bulk=self.exchange.bulk_address,
-            protocol=PROTOCOL,
-        )
+        me = self._me(contribution, plan, weight)
         key = self.key(round_no, contribution.fragment)
         try:
-            group = rendezvous(
-                self.transport.dht,
-                key=key,
-                me=me,
-                member=self.member,
-                planned=lambda: self._plan(round_no),
-                window_s=rounds.matchmaking_window_s,
-                ttl_s=2 * rounds.matchmaking_window_s + rounds.exchange_timeout_s,
-                plan_holds=self.plan_holds,
-                hold_s=rounds.round_timeout_s,
-                on_posted=lambda: self.faults.at(round_no, "matchmaking"),
-                processes=self.processes,
-            )
+            group = self._rendezvous(round_no, key, me)
             dropped_before = self.exchange.rejected_chunks
             # this peer reads Δ no more once sent: the exchange writes Δ̄ into its memory where the codec lets it (a
             # lossless one, or a lossy one whose residual goes to a file, swarm.train.sent_feedback)
@@ -164,9 +141,8 @@ class DhtGroup:
         scale = participation_scale(group)
         average = result.average if scale == 1.0 else result.average.mul_(scale)  # in place: no second Δ̄
         in_site, cross_site = bytes_by_site(result, group, me)
-        if (
-            into_delta and lossless
-        ):  # Δ's memory is Δ̄'s now (or, in two levels, freed before the outer step and the vote)
+        # Δ's memory is Δ̄'s now (or, in two levels, freed before the outer step and the vote)
+        if into_delta and lossless:
             contribution.delta = SENT
         release_free_memory()
         logger.info(
@@ -184,6 +160,46 @@ class DhtGroup:
             if scale != 1.0
             else "",
         )
+        return self._averaged(average, group, result, dropped_before)
+
+    def _me(self, contribution: Contribution, plan: RoundPlan, weight: float) -> Member:
+        """This peer's entry in the group's rendezvous: its contribution's weight, size, codec and plan."""
+        return Member(
+            peer_id=self.peer_id,
+            dht_peer_id=self.transport.peer_id,
+            index=self.peer_index,
+            weight=weight,
+            numel=contribution.delta.numel(),
+            codec=plan.codec,
+            plan=plan.digest,
+            live_peers=self.live_peers if self.run.rounds.scale_by_participation else 0,
+            maddrs=self.exchange.own_maddrs,
+            site=self.member.site,
+            bulk=self.exchange.bulk_address,
+            protocol=PROTOCOL,
+        )
+
+    def _rendezvous(self, round_no: int, key: str, me: Member) -> list[Member]:
+        """The group ``me`` is matched into under ``key`` by the rendezvous in the DHT."""
+        rounds = self.run.rounds
+        return rendezvous(
+            self.transport.dht,
+            key=key,
+            me=me,
+            member=self.member,
+            planned=lambda: self._plan(round_no),
+            window_s=rounds.matchmaking_window_s,
+            ttl_s=2 * rounds.matchmaking_window_s + rounds.exchange_timeout_s,
+            plan_holds=self.plan_holds,
+            hold_s=rounds.round_timeout_s,
+            on_posted=lambda: self.faults.at(round_no, "matchmaking"),
+            processes=self.processes,
+        )
+
+    def _averaged(
+        self, average: torch.Tensor, group: list[Member], result: ExchangeResult, dropped_before: int
+    ) -> Averaged:
+        """The round runner's account of one averaged fragment."""
         return Averaged(
             average=average,
             group=[m.peer_id for m in group],
