@@ -309,9 +309,7 @@ class Exchange(SliceSending):
         reserved = (
             {}
             if self._bulk_slices is None
-            else self._bulk_slices.reserve_butterfly(  # claimed now
-                key, group, digest, position, bounds, codec
-            )
+            else self._bulk_slices.reserve_butterfly(key, group, digest, position, bounds, codec)  # claimed now
         )
         try:
             return await Butterfly(
