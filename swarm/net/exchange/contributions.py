@@ -5,7 +5,7 @@ is free, its own slice of each stripe put straight into its inbox."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import Any, Awaitable, Optional
 
 import torch
 
@@ -42,32 +42,16 @@ async def send_contributions(
     order = [(stripe, to) for stripe in range(stripes) for to in [*others, position]]
     encoding = Turn.chain(len(order))  # the i-th slice's encoding, after the one before it
 
-    async def prepared(i: int, reservation: Optional[Reservation]) -> tuple[SlicePayload, Optional[bytes]]:
-        """The i-th slice, and its tag for ``reservation`` (its bulk slot, if any)."""
-        start, end = bounds[order[i][0] * k + order[i][1]]
-        await encoding[i].wait()
-        try:
-            return await tagged_slice(codec, flat, start, end, key, reservation)
-        finally:
-            encoding[i].done()
-
-    async def own(i: int) -> int:
+    def own(i: int) -> Awaitable[int]:
         part = order[i][0] * k + position
-        start, end = bounds[part]
-        await encoding[i].wait()
-        try:
-            data = await own_slice_bytes(codec, flat, start, end, key)
-        finally:
-            encoding[i].done()
-        await exchange.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, part, position, data)
-        return 0
+        return deliver_own(exchange, key, digest, part, position, bounds, codec, flat, encoding[i])
 
     async def send(i: int) -> int:
         stripe, to = order[i]
         part, turn = stripe * k + to, Turn(link=links[to])
         reservation = reserved.get((exchange_pb2.PHASE_CONTRIBUTION, part, to))
         try:
-            payload, frame_tag = await prepared(i, reservation)
+            payload, frame_tag = await tagged_in_turn(encoding[i], codec, flat, bounds[part], key, reservation)
         except BaseException:
             turn.done()  # the sends after it are called off too; none waits for this one meanwhile
             raise
@@ -89,6 +73,42 @@ async def send_contributions(
 
     # an encoding or a send that fails calls off the rest
     return sum(await settle(own(i) if to == position else send(i) for i, (_, to) in enumerate(order)))
+
+
+async def tagged_in_turn(
+    turn: Turn, codec, flat: torch.Tensor, span: tuple[int, int], key: str, reservation: Optional[Reservation]
+) -> tuple[SlicePayload, Optional[bytes]]:
+    """The slice ``flat[span]`` encoded in its ``turn`` (after the slice before it), and its tag for ``reservation``
+    (its bulk slot, if any)."""
+    start, end = span
+    await turn.wait()
+    try:
+        return await tagged_slice(codec, flat, start, end, key, reservation)
+    finally:
+        turn.done()
+
+
+async def deliver_own(
+    exchange: Any,
+    key: str,
+    digest: str,
+    part: int,
+    position: int,
+    bounds: list[tuple[int, int]],
+    codec,
+    flat: torch.Tensor,
+    turn: Turn,
+) -> int:
+    """This member's own slice ``part`` of ``flat``, encoded in its ``turn``, put straight into its inbox (0 bytes
+    sent)."""
+    start, end = bounds[part]
+    await turn.wait()
+    try:
+        data = await own_slice_bytes(codec, flat, start, end, key)
+    finally:
+        turn.done()
+    await exchange.inbox.deliver(key, digest, exchange_pb2.PHASE_CONTRIBUTION, part, position, data)
+    return 0
 
 
 async def tagged_slice(
