@@ -107,12 +107,8 @@ def rendezvous(
         if expected is not None and expected <= set(posted):
             break
         if time.monotonic() >= deadline and not (expected is not None and plan_holds() and time.monotonic() < longest):
-            logger.info(
-                "%s: matchmaking window closed with %d of %s planned peers",
-                key,
-                len(posted),
-                "?" if expected is None else len(expected),
-            )
+            planned_count = "?" if expected is None else len(expected)
+            logger.info("%s: matchmaking window closed with %d of %s planned peers", key, len(posted), planned_count)
             break
         if time.monotonic() >= next_plan_at:
             expected = planned() or expected
@@ -121,12 +117,18 @@ def rendezvous(
             store_entry(dht, key, me, member=member, ttl_s=ttl_s, wait=False)
             posted_at = time.monotonic()
         time.sleep(poll_s)  # polling the DHT: there is no change notification to await
-    members = sorted(
+    members = _group(posted, expected, me)
+    _mark_closed(dht, key, me, members, member=member, ttl_s=ttl_s)
+    return members
+
+
+def _group(posted: Mapping[str, Member], expected: Optional[set[str]], me: Member) -> list[Member]:
+    """The group: the posted entries of planned participants (of everyone when the plan is unknown) and this
+    peer's own, ordered by peer index."""
+    return sorted(
         (m for pid, m in posted.items() if expected is None or pid in expected or pid == me.peer_id),
         key=lambda m: (m.index, m.peer_id),
     )
-    _mark_closed(dht, key, me, members, member=member, ttl_s=ttl_s)
-    return members
 
 
 def _posted(dht: DHT, key: str, me: Member, member: credential.Member, current: Mapping[str, str]) -> dict[str, Member]:
