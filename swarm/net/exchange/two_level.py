@@ -120,11 +120,7 @@ class TwoLevelExchange:
                 average = partial
         finally:
             self.broadcast.forget(tag)
-        links = LinkTimings(
-            uploads=[t for r in results for t in r.links.uploads],
-            downloads=[t for r in results for t in r.links.downloads],
-            rtt_s={k: v for r in results for k, v in r.links.rtt_s.items()},
-        )
+        links = merged_links(results)
         sent = sum(r.bytes_sent for r in results) + handed_bytes
         to_other_sites = cross_site_bytes(links, group, me)
         return TwoLevelResult(
@@ -250,6 +246,15 @@ class TwoLevelExchange:
 def flat_f32(delta: torch.Tensor) -> torch.Tensor:
     """``delta`` as the exchange takes it: one fp32 vector (a copy, so the caller's tensor stays its own)."""
     return delta.detach().reshape(-1).to(torch.float32).clone()
+
+
+def merged_links(results: list[ExchangeResult]) -> LinkTimings:
+    """The link timings of this peer's exchanges at both levels, as one exchange's."""
+    return LinkTimings(
+        uploads=[t for r in results for t in r.links.uploads],
+        downloads=[t for r in results for t in r.links.downloads],
+        rtt_s={k: v for r in results for k, v in r.links.rtt_s.items()},
+    )
 
 
 def cross_site_bytes(links: LinkTimings, group: list[Member], me: Member) -> int:
