@@ -76,10 +76,7 @@ class LocalTrainer(OuterSync):
         built, self.sharded = build_peer_model(run, self.device, fsdp=fsdp, draw=initial is None)
         self.model, self.loss_fn = built.module, built.loss
         self._split_fragments(run)  # before loading the data: a pattern the run cannot use fails at once
-        self.corpus = load_corpus(run.data)
-        check_vocab(built.vocab_size, self.corpus)
-        self.shard_index = shard_index_for_peer(peer_index, run.data.num_shards)
-        self.sampler = peer_sampler(self.corpus.train, run.data, self.shard_index, run.seed, self.ranks)
+        self._init_data(run, built.vocab_size)
         self._params = list(self.model.parameters())
         trained = self.sharded.params if fsdp else self._params  # with FSDP, self.model is θl whole, on the CPU
         self.optimizer = inner_adamw(trained, run.inner)
@@ -108,6 +105,21 @@ class LocalTrainer(OuterSync):
         self.throttle: Optional[Callable[[float], None]] = None  # after each step, with its compute seconds
         self.clock: Callable[[float], None] = lambda seconds: None  # told inner seconds as they pass (live utilization)
 
+        self._init_streaming(run)
+        if initial is not None:
+            self.commit(initial)  # θl ← θg, the outer state installed
+        else:
+            self._global_versions = self._versions()  # θg was cloned from θl
+
+    def _init_data(self, run: RunConfig, vocab_size: int) -> None:
+        """The corpus (refused unless the model's vocabulary covers it) and this peer's shard sampler."""
+        self.corpus = load_corpus(run.data)
+        check_vocab(vocab_size, self.corpus)
+        self.shard_index = shard_index_for_peer(self.peer_index, run.data.num_shards)
+        self.sampler = peer_sampler(self.corpus.train, run.data, self.shard_index, run.seed, self.ranks)
+
+    def _init_streaming(self, run: RunConfig) -> None:
+        """How a round's global fragment meets θl, and each fragment's error feedback and samples since its sync."""
         rounds = run.rounds
         # Plain DiLoCo (one fragment, no overlap) restarts every round from θg; streaming peers keep
         # training and replace or mix one fragment at a time when its global value arrives.
@@ -118,10 +130,6 @@ class LocalTrainer(OuterSync):
         # error feedback, the slice owners' residuals and low-rank warm starts of each fragment
         self.feedback = SentFeedback(rounds, run.seed, [self.fragment_numel(f) for f in range(len(self.fragments))])
         self._samples_since_sync = [0] * len(self.fragments)
-        if initial is not None:
-            self.commit(initial)  # θl ← θg, the outer state installed
-        else:
-            self._global_versions = self._versions()  # θg was cloned from θl
 
     def _split_fragments(self, run: RunConfig) -> None:
         rounds = run.rounds
