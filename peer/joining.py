@@ -17,7 +17,7 @@ from peer.link.heartbeat import HeartbeatThread
 from peer.options import PeerOptions
 from peer.parts import PeerParts
 from peer.report.stats import PeerStats
-from peer.round_parts import build_round, build_trainer
+from peer.round_parts import PeerTrainer, RoundParts, build_round, build_trainer
 from peer.startup import StartupClock
 from peer.state.final_file import warn_if_other_run
 from peer.state.state_store import PeerStateStore
@@ -26,6 +26,7 @@ from swarm.control.client import CoordinatorClient
 from swarm.train.multi_gpu.ranks import Ranks
 from swarm.train.round import RoundRunner
 from swarm.train.step_probe import SLOW_PASS_S
+from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger("peer.daemon")  # the peer's lifecycle lines, where operators already look for them
 
@@ -72,16 +73,7 @@ class PeerJoin:
         )
         warn_if_other_run(o.state_dir, self.run_id, self.run_config, self.tag())  # its final model is replaced
         # heartbeats start now: building the model and the transport takes longer than a short lease
-        self.heartbeat = HeartbeatThread(
-            self.client,
-            self.peer_id,
-            self.stats,
-            self.stop,
-            interval_s=joined.heartbeat_interval_s,
-            faults=o.faults,
-            renewed=self.link.renew,
-        )
-        self.heartbeat.start()
+        self._start_heartbeat(joined)
         self.clock.mark("join")
         # the DHT starts (hivemind's import, its process, p2pd) as the trainer builds: no gRPC call here meanwhile
         peers = list(joined.dht_initial_peers)
@@ -95,21 +87,7 @@ class PeerJoin:
         )
         self.progress, self.probe = built.progress, built.probe
         self.transport = self._network.result()  # PeerExit when it could not start
-        r = build_round(
-            self.parts,
-            self.transport,
-            built,
-            run=self.run_config,
-            joined=joined,
-            options=o,
-            link=self.link,
-            stats=self.stats,
-            heartbeat=self.heartbeat,
-            stop_requested=self.stop.is_set,
-            on_state=self.round_state,
-            on_decided=self.on_decided,
-            tag=self.tag,
-        )
+        r = self._build_round(built, joined)
         self.group, self.store, self.hooks, self._executor, self.runner = (
             r.group,
             r.store,
@@ -124,3 +102,34 @@ class PeerJoin:
         if self.probe.best is not None and self.probe.best < SLOW_PASS_S:
             self.evaluate_initial()  # a small model's takes a moment: at once, before its first round
         self.heartbeat.beat_now()
+
+    def _start_heartbeat(self, joined: pb.JoinResponse) -> None:
+        """This peer's heartbeats to the coordinator, at the interval the join gave."""
+        self.heartbeat = HeartbeatThread(
+            self.client,
+            self.peer_id,
+            self.stats,
+            self.stop,
+            interval_s=joined.heartbeat_interval_s,
+            faults=self.options.faults,
+            renewed=self.link.renew,
+        )
+        self.heartbeat.start()
+
+    def _build_round(self, built: PeerTrainer, joined: pb.JoinResponse) -> RoundParts:
+        """The round runner and the parts around it (``peer.round_parts.build_round``), on the started transport."""
+        return build_round(
+            self.parts,
+            self.transport,
+            built,
+            run=self.run_config,
+            joined=joined,
+            options=self.options,
+            link=self.link,
+            stats=self.stats,
+            heartbeat=self.heartbeat,
+            stop_requested=self.stop.is_set,
+            on_state=self.round_state,
+            on_decided=self.on_decided,
+            tag=self.tag,
+        )
