@@ -126,17 +126,8 @@ def build_round(
     o, trainer, run_id = options, built.trainer, joined.run_id
     group = _linked_group(parts, transport, run, joined=joined, options=o, link=link)
     link.param_count = trainer.param_count
-    transfer = parts.state_transfer(transport, run_id=run_id, timeout_s=o.state_timeout_s, member=link.member)
-    store = PeerStateStore(
-        trainer,
-        transfer,
-        run_id=run_id,
-        state_dir=o.state_dir,
-        checkpoint_every_rounds=o.checkpoint_every_rounds,
-        stats=stats,
-        faults=o.faults,
-        announce=heartbeat.beat_now,
-        tag=tag,
+    store = _state_store(
+        parts, transport, trainer, run_id=run_id, options=o, link=link, stats=stats, heartbeat=heartbeat, tag=tag
     )
     hooks = PeerHooks(
         stats,
@@ -174,6 +165,34 @@ def build_round(
         trainer, hooks, due=joined.round.last_committed_round == 0, beat_now=heartbeat.beat_now
     )
     return RoundParts(group, store, hooks, executor, runner, evaluate_initial)
+
+
+def _state_store(
+    parts: PeerParts,
+    transport: Any,
+    trainer: LocalTrainer,
+    *,
+    run_id: str,
+    options: PeerOptions,
+    link: CoordinatorLink,
+    stats: PeerStats,
+    heartbeat: HeartbeatThread,
+    tag: Tag,
+) -> PeerStateStore:
+    """Where the peer's global states go (``peer.state.state_store``): its votes and checkpoints on disk, and the
+    state transfer over ``transport`` that joiners download from."""
+    transfer = parts.state_transfer(transport, run_id=run_id, timeout_s=options.state_timeout_s, member=link.member)
+    return PeerStateStore(
+        trainer,
+        transfer,
+        run_id=run_id,
+        state_dir=options.state_dir,
+        checkpoint_every_rounds=options.checkpoint_every_rounds,
+        stats=stats,
+        faults=options.faults,
+        announce=heartbeat.beat_now,
+        tag=tag,
+    )
 
 
 def _linked_group(
