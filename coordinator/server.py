@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
-import os
 import signal
 import sys
 import threading
@@ -30,6 +29,7 @@ from coordinator.engine import CoordinatorEngine
 from coordinator.http.server import DashboardServer, write_dashboard_url
 from coordinator.http.snapshot import snapshot
 from coordinator.store.database import STORE_FILE, Store
+from coordinator.store.private_files import JOIN_STRING_FILE, private_dir, private_files, write_private
 from swarm.config import RunConfig
 from swarm.control import tls
 from swarm.control.joinstring import JoinString
@@ -39,7 +39,6 @@ from swarm.v1 import coordinator_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
-JOIN_STRING_FILE = "join-string"
 SIGNING_KEY_FILE = "coordinator-signing-key.pem"  # Ed25519: signs the members' credentials
 # after the run finishes, how long at most to wait for the last peers to say goodbye: the final round's participants
 # serve its state for up to 30 s (a peer's --final-serve-s) while peers behind download it, and those then leave
@@ -108,9 +107,9 @@ class CoordinatorServer:
         self.join_string: Optional[JoinString] = None
 
     def start(self) -> JoinString:
-        _private_dir(self._state_dir)
+        private_dir(self._state_dir)
         try:
-            _private_files(self._state_dir)
+            private_files(self._state_dir)
             self._store = Store.in_dir(self._state_dir)
             signing_key = PeerKey.load_or_create(self._state_dir / SIGNING_KEY_FILE)
             self.engine = CoordinatorEngine(
@@ -125,20 +124,7 @@ class CoordinatorServer:
                 load=self.load,
             )
             cert_pem, key_pem = tls.ensure_certificate(self._state_dir)
-            # A restart keeps the DHT port (the peers' address for this node) and dials the peers it knew.
-            self._dht = DHTNode(
-                state_dir=self._state_dir,
-                host=self._host,
-                port=self._dht_port,
-                announce_host=self._announce_host,
-                previous_port=self.engine.run.dht_port,
-                # the run's DHT holds members' signed entries only: a stranger cannot store through this node
-                record_validators=[
-                    EntryValidator(coordinator_public_key=signing_key.public_key, run_id=self.engine.run.run_id)
-                ],
-            )
-            initial_peers = self._dht.start(bootstrap=self.engine.peer_dht_addresses())
-            self._dht.start_relay(self.engine.is_live_member)  # for members behind NAT on both ends
+            initial_peers = self._start_dht(signing_key)
             servicer = CoordinatorServicer(
                 self.engine,
                 dht_initial_peers=initial_peers,
@@ -165,12 +151,30 @@ class CoordinatorServer:
         self.join_string = JoinString(
             host=self._public_host(), port=port, token=self.engine.run.token, fingerprint=tls.fingerprint(cert_pem)
         )
-        _write_private(self._state_dir / JOIN_STRING_FILE, f"{self.join_string}\n")  # it holds the token
+        write_private(self._state_dir / JOIN_STRING_FILE, f"{self.join_string}\n")  # it holds the token
         if self._http is not None:
             self._start_dashboard(*self._http)
         logger.info("run %s: coordinator listening on %s:%d", self.engine.run.run_id, self._host, port)
         _freeze_the_heap()
         return self.join_string
+
+    def _start_dht(self, signing_key: PeerKey) -> list[str]:
+        """Start the run's DHT node and its relay; returns the addresses peers bootstrap from."""
+        # A restart keeps the DHT port (the peers' address for this node) and dials the peers it knew.
+        self._dht = DHTNode(
+            state_dir=self._state_dir,
+            host=self._host,
+            port=self._dht_port,
+            announce_host=self._announce_host,
+            previous_port=self.engine.run.dht_port,
+            # the run's DHT holds members' signed entries only: a stranger cannot store through this node
+            record_validators=[
+                EntryValidator(coordinator_public_key=signing_key.public_key, run_id=self.engine.run.run_id)
+            ],
+        )
+        initial_peers = self._dht.start(bootstrap=self.engine.peer_dht_addresses())
+        self._dht.start_relay(self.engine.is_live_member)  # for members behind NAT on both ends
+        return initial_peers
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until the run finished and its last peers left (or lingered too long); False on timeout."""
@@ -298,37 +302,6 @@ def servicer_handlers(servicer: CoordinatorServicer) -> dict[str, grpc.RpcMethod
     return handlers
 
 
-def _private_dir(path: Path) -> None:
-    """The state dir holds the join token and the TLS key: only its owner may enter it."""
-    if path.exists() and not path.is_dir():
-        raise NotADirectoryError(f"the state dir {path} is a file; give --state-dir a directory.")
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path, 0o700)
-
-
-def _private_files(state_dir: Path) -> None:
-    """The store holds the join token: create it owner-only (SQLite gives its -wal and -shm files the
-    database file's mode) and tighten files an older version left readable."""
-    database = state_dir / STORE_FILE
-    os.close(os.open(database, os.O_WRONLY | os.O_CREAT, 0o600))
-    for path in (
-        database,
-        state_dir / f"{STORE_FILE}-wal",
-        state_dir / f"{STORE_FILE}-shm",
-        state_dir / JOIN_STRING_FILE,
-        state_dir / tls.KEY_FILE,
-    ):
-        if path.exists():
-            os.chmod(path, 0o600)
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a file that already existed
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
 def serve(
     run: Optional[RunConfig],
     state_dir: Path,
@@ -348,12 +321,10 @@ def serve(
 ) -> int:
     """Run a coordinator until its run finishes or it is interrupted (Ctrl-C, SIGTERM); returns 0.
 
-    Prints one line, ``join: swarm://...``, to stdout.  Raises ConfigError (a different config for
-    an existing state dir) or OSError (the port is taken) before printing it.  ``max_rounds``
-    overrides the run's; ``config_given=False`` says ``run`` is a default that a kept run overrides.
-    With ``http_port`` it also prints ``dashboard: http://...`` and, once the run finished, keeps serving
-    for ``linger_s`` more seconds so the finished run's page can still be looked at.
-    """
+    Prints one line, ``join: swarm://...``, to stdout. Raises ConfigError (a different config for an existing state
+    dir) or OSError (the port is taken) before printing it. ``max_rounds`` overrides the run's; ``config_given=False``
+    says ``run`` is a default that a kept run overrides. With ``http_port`` it also prints ``dashboard: http://...``
+    and, once the run finished, keeps serving for ``linger_s`` more seconds so the finished run's page can be seen."""
     if max_rounds is not None and run is not None:
         run = run.replace(rounds=dataclasses.replace(run.rounds, max_rounds=max_rounds))
     server = CoordinatorServer(
@@ -381,13 +352,7 @@ def serve(
         if server.dashboard is not None:
             print(f"dashboard: {server.dashboard.url}", flush=True)
         logger.info(first_join_string_note(str(state_dir)))
-        while not terminated.is_set():
-            if server.wait(timeout=0.5):
-                if server.dashboard is not None and linger_s > 0:
-                    logger.info("run finished; the dashboard stays up for %.0fs", linger_s)
-                    terminated.wait(linger_s)
-                logger.info("run finished; shutting down")
-                break
+        _until_finished(server, terminated, linger_s)
     except KeyboardInterrupt:
         logger.info("interrupted; shutting down")
     finally:
@@ -396,3 +361,14 @@ def serve(
             signal.signal(signal.SIGTERM, previous_handler)
         sys.stdout.flush()
     return 0
+
+
+def _until_finished(server: CoordinatorServer, terminated: threading.Event, linger_s: float) -> None:
+    """Wait until the run finished (then linger ``linger_s`` for the dashboard) or ``terminated`` is set."""
+    while not terminated.is_set():
+        if server.wait(timeout=0.5):
+            if server.dashboard is not None and linger_s > 0:
+                logger.info("run finished; the dashboard stays up for %.0fs", linger_s)
+                terminated.wait(linger_s)
+            logger.info("run finished; shutting down")
+            return

@@ -140,6 +140,13 @@ def line_chart(
             f'<text x="{LEFT + plot_w / 2:.1f}" y="{mid:.1f}" text-anchor="middle" class="empty">no data yet</text>'
         )
         return "".join(parts) + "</svg>"
+    parts.extend(_lines(series, sx, sy))
+    return "".join(parts) + "</svg>"
+
+
+def _lines(series: dict[str, Sequence[Point]], sx: Callable[[float], float], sy: Callable[[float], float]) -> list[str]:
+    """Each series' polyline and point markers (class ``pt``), in plot coordinates."""
+    parts = []
     for i, (name, values) in enumerate(series.items()):
         color = COLORS[i % len(COLORS)]
         shown = [(sx(x), sy(y)) for x, y in values if _finite(y)]  # type: ignore[arg-type]
@@ -152,7 +159,7 @@ def line_chart(
             f'r="{radius}" fill="{color}"/>'
             for x, y in shown
         )
-    return "".join(parts) + "</svg>"
+    return parts
 
 
 def _legend(names: list[str]) -> tuple[list[tuple[int, str]], int]:

@@ -110,11 +110,10 @@ def adopt(
     outage: AbstractSet[str] = frozenset(),
 ) -> tuple[RoundRecord, list[ReportRecord]]:
     """The open round with the voters as participants (the group decided the round with them), and a stand-in
-        report for each voter whose process is gone (it is not alive, or it runs under another libp2p id now) and
-        who has not reported itself, or whose next process reported a failure. Members alive in the same process
-        report themselves. Only voters the coordinator planned count: participants of the round (or left out of it), or
-    of ``outage``
-        (``outage_group``); the others' votes are ignored, and the round without them keeps its quorum."""
+    report for each voter whose process is gone (it is not alive, or it runs under another libp2p id now) and who
+    has not reported itself, or whose next process reported a failure. Members alive in the same process report
+    themselves. Only voters the coordinator planned count: participants of the round (or left out of it), or of
+    ``outage`` (``outage_group``); the others' votes are ignored, and the round without them keeps its quorum."""
     if round_row.outcome != OPEN:
         return round_row, []
     planned = set(round_row.participants) | set(round_row.left_out) | set(outage)
@@ -129,25 +128,44 @@ def adopt(
     members = [p for p in sorted(votes) if p in peers and p in planned]
     added = tuple(p for p in members if p not in round_row.participants)
     if added:
-        # the plan lists a budget per participant: they trained before the coordinator was back, so theirs is the
-        # round's largest, their step time unknown
-        aligned = len(round_row.budgets) == len(round_row.participants)
-        budgets, times = round_row.budgets, round_row.step_times_s
-        if aligned:
-            budgets, times = budgets + (max(budgets, default=0),) * len(added), times + (0.0,) * len(added)
-        round_row = dataclasses.replace(
-            round_row,
-            participants=round_row.participants + added,
-            budgets=budgets,
-            step_times_s=times,
-            left_out=tuple(p for p in round_row.left_out if p not in added),
-        )
-        logger.info(
-            "round %d: taken with the group that decided it while the coordinator was away (%d more participants: %s)",
-            round_row.round,
-            len(added),
-            ", ".join(added),
-        )
+        round_row = _with_participants(round_row, added)
+    return round_row, _stand_ins(round_row, reports, votes, members, reporter=reporter, peers=peers, now=now)
+
+
+def _with_participants(round_row: RoundRecord, added: tuple[str, ...]) -> RoundRecord:
+    """``round_row`` with the voters it had not planned (``added``) as participants."""
+    # the plan lists a budget per participant: they trained before the coordinator was back, so theirs is the
+    # round's largest, their step time unknown
+    aligned = len(round_row.budgets) == len(round_row.participants)
+    budgets, times = round_row.budgets, round_row.step_times_s
+    if aligned:
+        budgets, times = budgets + (max(budgets, default=0),) * len(added), times + (0.0,) * len(added)
+    logger.info(
+        "round %d: taken with the group that decided it while the coordinator was away (%d more participants: %s)",
+        round_row.round,
+        len(added),
+        ", ".join(added),
+    )
+    return dataclasses.replace(
+        round_row,
+        participants=round_row.participants + added,
+        budgets=budgets,
+        step_times_s=times,
+        left_out=tuple(p for p in round_row.left_out if p not in added),
+    )
+
+
+def _stand_ins(
+    round_row: RoundRecord,
+    reports: Mapping[str, ReportRecord],
+    votes: Mapping[str, Vote],
+    members: list[str],
+    *,
+    reporter: str,
+    peers: Mapping[str, PeerRecord],
+    now: float,
+) -> list[ReportRecord]:
+    """A report standing in for each member whose process is gone, from its signed vote (``adopt``)."""
     group = tuple(sorted(votes))
     stand_ins = []
     for peer_id in members:
@@ -163,9 +181,8 @@ def adopt(
             group=group,
             error=outcome.BY_VOTE,
         )
-        if earlier is None or outcome.supersedes(
-            stand_in, earlier
-        ):  # none, its placeholder, its next process's failure
+        # none, its placeholder, its next process's failure
+        if earlier is None or outcome.supersedes(stand_in, earlier):
             stand_ins.append(stand_in)
             logger.info(
                 "peer %s: round %d: its process is gone; its signed vote counts (%s)",
@@ -173,4 +190,4 @@ def adopt(
                 round_row.round,
                 f"hash {vote.state_hash[:12]}" if vote.ok else "failure",
             )
-    return round_row, stand_ins
+    return stand_ins

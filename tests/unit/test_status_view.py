@@ -13,8 +13,8 @@ from rich.console import Console
 from coordinator.api.errors import BadRequest
 from coordinator.api.limits import check_request
 from coordinator.engine import CoordinatorEngine
-from coordinator.server import _private_dir, _private_files, _write_private
 from coordinator.store.database import STORE_FILE, Store
+from coordinator.store.private_files import private_dir, private_files, write_private
 from peer.report.stats import PeerStats
 from swarm.app.status import render_status, status_to_dict
 from swarm.config import RunConfig
@@ -53,17 +53,17 @@ def test_the_state_dir_and_the_files_holding_the_token_are_owner_only(tmp_path: 
     state_dir.mkdir(mode=0o755)
     (state_dir / "join-string").write_text("old")
     (state_dir / "join-string").chmod(0o644)
-    _private_dir(state_dir)
-    _private_files(state_dir)
+    private_dir(state_dir)
+    private_files(state_dir)
     store = Store.in_dir(state_dir)
     CoordinatorEngine(store, config=RunConfig())  # writes: WAL and shared-memory files appear
-    _write_private(state_dir / "join-string", "swarm://...")
+    write_private(state_dir / "join-string", "swarm://...")
     assert _mode(state_dir) == 0o700
     for name in (STORE_FILE, f"{STORE_FILE}-wal", f"{STORE_FILE}-shm", "join-string"):
         assert _mode(state_dir / name) == 0o600, name
     store.close()
     with pytest.raises(NotADirectoryError, match="is a file; give --state-dir a directory"):
-        _private_dir(state_dir / "join-string")
+        private_dir(state_dir / "join-string")
 
 
 def test_status_shows_each_peers_link_speeds_rtt_and_step_time_and_json_carries_them() -> None:
