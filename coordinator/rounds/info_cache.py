@@ -112,8 +112,8 @@ class _Built:
             self.listed.own_entries(requester, into)
             return
         info = self.info
-        if requester in info.participants:
-            place = list(info.participants).index(requester)
+        place = next((i for i, p in enumerate(info.participants) if p == requester), None)
+        if place is not None:
             into.participants.append(requester)
             if place < len(info.participant_dht_ids):
                 into.participant_dht_ids.append(info.participant_dht_ids[place])
