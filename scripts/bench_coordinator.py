@@ -65,6 +65,8 @@ SETTLE_MAX_S = 30.0  # after the joins, the longest wait before measuring
 # its HTTP/2 streams whenever many are in flight at once, which no coordinator sees
 PEERS_PER_CONNECTION = 100
 OWN_POLL_S = 0.2  # a real peer's own poll interval (peer.options), which the coordinator's pace may lengthen
+SLOW_MS = 100.0  # a call slower than the target p99
+LAG_TICK_S = 0.01  # the load generator measures its own loop every so often
 UNLIMITED = 1_000_000  # joins per second and burst: no join of this benchmark waits for a rate limit
 MAX_GROUP = commit_rule.NAMED_GROUP_MAX  # peer ids a report names; a larger group: its digest and size
 
@@ -124,6 +126,9 @@ class Load:
     ) -> None:
         self.stubs, self.join, self.libp2p, self.rounds, self.train_s = stubs, join, libp2p, rounds, train_s
         self.latencies_ms: list[float] = []
+        self.slow_at: list[float] = []  # when (s into the measurement) each call over SLOW_MS started
+        self.loop_lag_ms: list[float] = []  # how late this process's own loop woke a LAG_TICK_S sleep
+        self.measure_started = 0.0
         self.sign_ms: list[float] = []  # the client's signing of each measured call, included in its latency
         self.by_method: dict[str, list[float]] = {}
         self.errors: dict[str, int] = {}
@@ -157,10 +162,20 @@ class Load:
             return None
         if self.measuring:
             self.latencies_ms.append((time.perf_counter() - started) * 1000)
+            if self.latencies_ms[-1] > SLOW_MS:
+                self.slow_at.append(started - self.measure_started)
             self.by_method.setdefault(method, []).append(self.latencies_ms[-1])
             if signer is not None:
                 self.sign_ms.append((signed - started) * 1000)
         return response
+
+    async def loop_lag(self) -> None:
+        """The load generator's own delay: a latency measured here includes it, so it is reported beside them."""
+        while not self.stop.is_set():
+            asked = time.perf_counter()
+            await asyncio.sleep(LAG_TICK_S)
+            if self.measuring:
+                self.loop_lag_ms.append((time.perf_counter() - asked - LAG_TICK_S) * 1000)
 
     async def join_as(self, index: int) -> Optional[tuple[pb.JoinResponse, signing.CallSigner]]:
         """Join as a new peer (retrying until it is in or the load stops): the answer and its call signer."""
@@ -308,12 +323,14 @@ async def run_load(
         await joined.get()
     join_s = time.perf_counter() - join_started
     tasks.append(asyncio.create_task(load.status()))
+    tasks.append(asyncio.create_task(load.loop_lag()))
 
     # most peers heard the swarm's pace (a join burst may have slowed them down for a while: not waited out)
     await asyncio.sleep(min(SETTLE_MAX_S, max(load.intervals_s)) if load.intervals_s else 2.0)
     me = psutil.Process()
     loadavg_before = os.getloadavg()[0]
     cpu_before, load_cpu_before = sum(child.cpu_times()[:2]), sum(me.cpu_times()[:2])
+    load.measure_started = time.perf_counter()
     load.measuring = True
     await asyncio.sleep(seconds)
     load.measuring = False
@@ -350,6 +367,9 @@ async def run_load(
         "coordinator_cores": round(cpu_s / seconds, 3),
         "coordinator_cpu_ms_per_rpc": round(1000 * cpu_s / max(1, len(latencies)), 3),
         "load_generator_cpu_s": round(load_cpu_s, 2),
+        "load_generator_loop_lag_p99_ms": round(_percentile(sorted(load.loop_lag_ms), 99), 2),
+        "slow_calls": len(load.slow_at),  # over SLOW_MS
+        "slow_calls_by_10s": _by_window(load.slow_at, seconds, 10.0),
         "join_s": round(join_s, 2),
         "reports": load.reports,
         "rounds_committed": final.rounds_committed,
@@ -360,6 +380,14 @@ async def run_load(
         "loadavg_1m": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),
     }
+
+
+def _by_window(times: list[float], seconds: float, window: float) -> list[int]:
+    """How many of ``times`` fall in each ``window`` of the measurement: when the slow calls came."""
+    counts = [0] * max(1, math.ceil(seconds / window))
+    for t in times:
+        counts[min(len(counts) - 1, max(0, int(t // window)))] += 1
+    return counts
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
