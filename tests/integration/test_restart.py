@@ -75,7 +75,7 @@ def test_killed_voters_resume_from_their_votes_and_a_stopped_swarm_resumes_from_
 def test_a_peer_that_dies_is_restarted_at_once_without_its_imports_and_ends_on_the_run_s_model(tmp_path):
     swarm = Swarm(workdir=tmp_path)
     try:
-        swarm.start_coordinator("--max-rounds", "3", "--min-peers", "2", "--inner-steps", "10")
+        swarm.start_coordinator("--max-rounds", "3", "--min-peers", "2", "--inner-steps", "10", "--exit-grace-s", "60")
         swarm.start_peer("steady")
         # kill -9 of its own process right after it reported round 2 (peer/faults.py): an out-of-memory kill;
         # cold: a fresh interpreter, as from a shell: its first start pays the imports
