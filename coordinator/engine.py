@@ -1,16 +1,15 @@
 """The coordinator's logic in one place: membership and round decisions applied to the store.
 
-Every public method takes one lock, reads the injected clock once, evicts expired peers, does its
-work with the pure functions of ``admission``, ``membership`` and ``rounds``, retries the round
-decision, and saves the result in one SQLite transaction.  Refusals are ``coordinator.api.errors.Rejection``s.
+Every public method takes one lock, reads the injected clock once, evicts expired peers, does its work with the
+pure functions of ``admission``, ``membership`` and ``rounds``, retries the round decision, and saves the result in
+one SQLite transaction. Refusals are ``coordinator.api.errors.Rejection``s. What memory holds of the run is a
+``RunState``, saved through it.
 
-What memory holds of the run (its record, rounds, peers and the open round's reports) is a ``RunState``, saved
-through it. A heartbeat's cost does not grow with the number of peers: expiries come off a heap (``Roster``), the
-round is decided again only when something it depends on changed or its deadline passed (its reports'
-claims kept made by ``RoundReports``), the RoundInfo answer is rebuilt only when the round or the peers
-it lists changed (``RoundInfoCache``), and a peer record whose only news is its lease and its counters
-is written only every few seconds (``PeerWrites``). ``RoundSettler`` decides and opens the rounds; in a large round it
-decides again at most once a second on account of reports, so a report's cost does not grow with the reports before it.
+A call's cost does not grow with the number of peers: expiries come off a heap (``Roster``); ``RoundSettler``
+decides again only when something the round depends on changed or its deadline passed, in a large round at most once
+a second on account of reports; the RoundInfo answer is rebuilt only when the round or the peers it lists changed
+(``RoundInfoCache``); a peer record whose only news is its lease and its counters is written every few seconds
+(``PeerWrites``); a large decided round's history is written a part per call (``RoundRecorder``).
 """
 
 from __future__ import annotations
@@ -18,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
+import operator
 import threading
 import time
 from typing import Callable, Iterator, Optional
@@ -30,6 +31,7 @@ from coordinator.api.views import listed_in_status, page_request, status_respons
 from coordinator.pace import Pace, PaceConfig, Pacer
 from coordinator.rounds import offline_votes
 from coordinator.rounds.info_cache import RoundInfoCache
+from coordinator.rounds.recording import RoundRecorder
 from coordinator.rounds.run_state import RunState
 from coordinator.rounds.settling import RoundSettler
 from coordinator.store.database import Store
@@ -44,6 +46,7 @@ from swarm.core.trust.credential import peer_id_for
 from swarm.v1 import coordinator_pb2 as pb
 
 logger = logging.getLogger(__name__)
+_JOINED = operator.attrgetter("peer_id", "peer_index", "session", "name", "site", "device")  # a join's log line
 
 
 class CoordinatorEngine:
@@ -94,7 +97,9 @@ class CoordinatorEngine:
         self._state = RunState(self._store)
         self._info_cache = RoundInfoCache(self._state)
         self._history = self.run_log.history(self._store)
-        self._settler = RoundSettler(self._state, self.config, self._history, started_at=self.started_at)
+        self._recorder = RoundRecorder(self._history, self._store, self._state.peers, self.config)
+        self._recorder.resume(param_count=self._state.run.param_count)
+        self._settler = RoundSettler(self._state, self.config, self._recorder, started_at=self.started_at)
 
     def serving(self) -> None:
         """Every live peer's lease runs from now (``membership.RESTART_GRACE_S`` more): call it as the server starts
@@ -163,15 +168,7 @@ class CoordinatorEngine:
             )
             self._state.save_run(run)
             self._state.save_peer(peer)
-            logger.info(
-                "peer %s: joined as index %d, session %d (name %r, site %r, device %r)",
-                peer.peer_id,
-                peer.peer_index,
-                peer.session,
-                peer.name,
-                peer.site,
-                peer.device,
-            )
+            logger.info("peer %s: joined as index %d, session %d (name %r, site %r, device %r)", *_JOINED(peer))
             if previous is not None:
                 self._retire_from_open_round(peer.peer_id, now)
             return peer, self._current_info(peer.peer_id, now)
@@ -308,12 +305,19 @@ class CoordinatorEngine:
     def history(self, token: str, *, after_round: int = 0, max_rounds: int = 0) -> pb.GetHistoryResponse:
         with self._session() as now:
             tokens.check_watcher(self._store, token, now=now)
+            self._recorder.write(math.inf)  # every decided round's rows, before they are read
         return history_page(self._store, after_round=after_round, max_rounds=max_rounds)
 
     def tick(self) -> None:
         """Evict expired peers and decide rounds that timed out; call it every fraction of a second."""
         with self._session():
             pass
+
+    def close(self) -> None:
+        """Write what is still unwritten of the decided rounds and close the run's training log; call it last."""
+        with self._lock, self._store.transaction():
+            self._recorder.write(math.inf)
+        self.run_log.close()
 
     def done(self, *, linger_s: float = 20.0) -> bool:
         """The run finished, the final round's participants left and no live peer is still behind, downloading
@@ -349,6 +353,7 @@ class CoordinatorEngine:
                 with self._store.transaction():
                     self._evict_expired(now)
                     self._settler.settle(now)
+                    self._recorder.write()  # a part of a large decided round's rows
                     try:
                         yield now
                     except Rejection as e:

@@ -220,6 +220,8 @@ class CoordinatorServer:
             self._dht.stop()
             self._dht = None
         if self._store is not None:
+            if self.engine is not None:
+                self.engine.close()
             self._store.close()
             self._store = None
 

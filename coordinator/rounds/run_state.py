@@ -188,12 +188,13 @@ class RunState:
             self._store.put_peer(peer)
         self.roster.put(peer)
 
-    def count_rounds(self, *, joined: Sequence[str], missed: Sequence[str]) -> None:
-        """A decided round counted for its participants (``membership.counted_rounds``), written in one go: a
-        decision in a swarm of thousands holds the engine's lock for one statement, not a write per participant."""
+    def count_rounds(self, *, joined: Sequence[str], missed: Sequence[str]) -> list[str]:
+        """A decided round counted for its participants (``membership.counted_rounds``) in memory; returns the
+        peers counted, whose records the caller writes (``RoundRecorder``: a decision in a swarm of thousands does
+        not write them all at once)."""
         counted = membership.counted_rounds(self.peers, joined=joined, missed=missed)
-        self._store.count_rounds_of([p for p in joined if p in self.peers], [p for p in missed if p in self.peers])
         self.roster.recount(counted)
+        return [p.peer_id for p in counted]
 
     def save_round(self, row: RoundRecord) -> None:
         self._store.put_round(row)

@@ -13,6 +13,7 @@ from typing import Optional
 
 from coordinator.api.limits import LISTED_PARTICIPANTS
 from coordinator.rounds import opening, outcome
+from coordinator.rounds.recording import RoundRecorder
 from coordinator.rounds.run_state import RunState
 from swarm.config import RunConfig
 
@@ -24,8 +25,8 @@ SETTLE_EVERY_S = 1.0  # a large open round is decided again on new reports and p
 class RoundSettler:
     """The open round's decision and the next round's opening, applied to the run's state and history."""
 
-    def __init__(self, state: RunState, config: RunConfig, history, *, started_at: float) -> None:
-        self._state, self._config, self._history, self._started_at = state, config, history, started_at
+    def __init__(self, state: RunState, config: RunConfig, recorder: RoundRecorder, *, started_at: float) -> None:
+        self._state, self._config, self._recorder, self._started_at = state, config, recorder, started_at
         self._settled: Optional[tuple[int, int, int]] = None  # roster, rounds and reports versions last settled
         self._settled_at = -float("inf")  # when
         self._wait_until = float("inf")  # when the open round is decided even if nothing else happens
@@ -114,13 +115,12 @@ class RoundSettler:
     def _apply(self, decision: outcome.Decision, now: float) -> None:
         decided = decision.round
         self._state.save_round(decided)
-        self._history.record_round(
+        counted = self._state.count_rounds(joined=decision.joined, missed=decision.missed)
+        self._recorder.decided(
             decided,
             self._state.reports.by_peer_id(),
-            self._state.peers,
-            self._config,
             ddp_equivalent_bytes=decision.ddp_equivalent_bytes,
+            counted=counted,
         )
-        self._state.count_rounds(joined=decision.joined, missed=decision.missed)
         self._state.save_run(self._state.run_after(decision, now=now, max_rounds=self._config.rounds.max_rounds))
         logger.info("round %d: %s", decided.round, decided.reason)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import sqlite3
 import threading
@@ -22,6 +21,7 @@ from typing import Iterator, Optional, Sequence
 from coordinator.store.records import (
     COMMITTED,
     GONE_STATES,
+    OPEN,
     PeerRecord,
     ReportRecord,
     RoundRecord,
@@ -153,23 +153,14 @@ class Store:
         ]
 
     def put_peer(self, peer: PeerRecord) -> None:
-        self._write(
-            "INSERT OR REPLACE INTO peers (peer_id, peer_index, data, metrics) VALUES (?, ?, ?, ?)",
-            (peer.peer_id, peer.peer_index, to_json(peer), peer.metrics.SerializeToString()),
-        )
+        self.put_peers([peer])
 
-    def count_rounds_of(self, joined: Sequence[str], missed: Sequence[str]) -> None:
-        """Add a round to the ``rounds_joined`` of the peers ``joined`` and the ``rounds_missed`` of ``missed``, in
-        the stored records as they are: two statements, however many took part (a decision in a swarm of
-        thousands)."""
+    def put_peers(self, peers: Sequence[PeerRecord]) -> None:
         with self.transaction():
-            for name, ids in (("rounds_joined", joined), ("rounds_missed", missed)):
-                if ids:
-                    self._db.execute(
-                        f"UPDATE peers SET data = json_set(data, '$.{name}', coalesce(json_extract(data, '$.{name}'), 0)"
-                        " + 1) WHERE peer_id IN (SELECT value FROM json_each(?))",
-                        (json.dumps(list(ids)),),
-                    )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO peers (peer_id, peer_index, data, metrics) VALUES (?, ?, ?, ?)",
+                [(p.peer_id, p.peer_index, to_json(p), p.metrics.SerializeToString()) for p in peers],
+            )
 
     # rounds
     def get_round(self, round_number: int) -> Optional[RoundRecord]:
@@ -261,10 +252,24 @@ class Store:
             self._db.execute(
                 "INSERT OR REPLACE INTO history (round, data) VALUES (?, ?)", (row.round, row.SerializeToString())
             )
-            self._db.executemany(
-                "INSERT OR REPLACE INTO peer_history (round, peer_id, data) VALUES (?, ?, ?)",
-                [(p.round, p.peer_id, p.SerializeToString()) for p in peer_rows],
-            )
+            self.put_peer_history(peer_rows)
+
+    def put_peer_history(self, peer_rows: Sequence[pb.PeerRoundHistory]) -> None:
+        if peer_rows:
+            with self.transaction():
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO peer_history (round, peer_id, data) VALUES (?, ?, ?)",
+                    [(p.round, p.peer_id, p.SerializeToString()) for p in peer_rows],
+                )
+
+    def rounds_without_history(self) -> list[int]:
+        """The decided rounds whose history row is not kept yet (a large round's is written over several calls)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT round FROM rounds WHERE outcome != ? AND round NOT IN (SELECT round FROM history) ORDER BY round",
+                (OPEN,),
+            ).fetchall()
+        return [r[0] for r in rows]
 
     def add_eval(self, round_number: int, peer_id: str, loss: float) -> None:
         self._write(

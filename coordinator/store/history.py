@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Optional, Protocol, Sequence
+from typing import AbstractSet, Mapping, Optional, Protocol, Sequence
 
 from coordinator.api.errors import BadRequest
 from coordinator.rounds import controller
@@ -25,6 +25,8 @@ MAX_HISTORY_ROUNDS = 5000  # a round and its participants' rows are small; a pag
 
 class HistoryStore(Protocol):
     def put_history(self, row: pb.RoundHistory, peer_rows: Sequence[pb.PeerRoundHistory]) -> None: ...
+
+    def put_peer_history(self, peer_rows: Sequence[pb.PeerRoundHistory]) -> None: ...
 
     def add_eval(self, round_number: int, peer_id: str, loss: float) -> None: ...
 
@@ -51,63 +53,68 @@ def round_history(
     """The history row of the round ``decided`` (committed or voided) from its participants' reports; total over
     any stored values (``int64``)."""
     participants = set(decided.participants)
-    counted = [r for r in reports if r.peer_id in participants]
-    choice = controller.from_json(decided.choice)  # the controller's codec, when it chose one for this round
-    totals = _Totals.of(counted)
-    inner, exchange = totals.inner_s, totals.exchange_s
-    return pb.RoundHistory(
-        round=int64(decided.round),
-        outcome=decided.outcome,
-        opened_at=seconds(decided.opened_at),
-        decided_at=seconds(decided.decided_at or 0.0),
-        participants=len(decided.participants),
-        reported=len(counted),
-        holders=len(decided.holders),
-        group_size=totals.group_size,
-        codec=choice.codec if choice is not None else config.rounds.codec,
-        inner_steps=int64(max(decided.budgets, default=config.rounds.inner_steps)),
-        fragments=config.rounds.fragments,
-        bytes_sent=int64(totals.bytes_sent),
-        bytes_received=int64(totals.bytes_received),
-        ddp_equivalent_bytes=int64(ddp_equivalent_bytes),
-        exchange_s=seconds(totals.longest_exchange_s),
-        inner_s=seconds(inner / len(counted)) if counted else 0.0,
-        mean_loss=seconds(decided.mean_loss),
-        eval_loss=math.nan,
-        tokens=int64(sum(int64(r.samples) for r in _in_state(decided, counted)) * config.data.seq_len),
-        utilization=seconds(inner / (inner + exchange)) if inner + exchange > 0 else 0.0,
-        committed_hash=decided.committed_hash if decided.outcome == COMMITTED else "",
-        reason=decided.reason,
-    )
+    totals = RoundTotals()
+    totals.add(decided, [r for r in reports if r.peer_id in participants])
+    return totals.row(decided, config, ddp_equivalent_bytes=ddp_equivalent_bytes)
 
 
 @dataclass
-class _Totals:
-    """What a round's history row adds up over its reports, in one pass (a round of thousands is recorded at
-    once): seconds over the finite ones, counts each within an int64."""
+class RoundTotals:
+    """What a round's history row adds up over its participants' reports, added to a part at a time (a round of
+    thousands is recorded over several calls): seconds over the finite ones, counts each within an int64."""
 
+    reported: int = 0
     inner_s: float = 0
     exchange_s: float = 0
-    longest_exchange_s: float = 0.0
+    longest_exchange_s: Optional[float] = None
     bytes_sent: int = 0
     bytes_received: int = 0
     group_size: int = 0
+    samples_in_state: int = 0  # of the reports whose samples are in the committed state (``_in_state``)
 
-    @classmethod
-    def of(cls, reports: Sequence[ReportRecord]) -> "_Totals":
-        totals = cls()
-        longest: Optional[float] = None
+    def add(self, decided: RoundRecord, reports: Sequence[ReportRecord]) -> None:
+        """Count ``reports``, participants' reports of ``decided`` not counted before."""
         for r in reports:
+            self.reported += 1
             if finite(r.inner_time_s):
-                totals.inner_s += max(r.inner_time_s, 0.0)
+                self.inner_s += max(r.inner_time_s, 0.0)
             if finite(r.exchange_time_s):
-                totals.exchange_s += max(r.exchange_time_s, 0.0)
-                longest = r.exchange_time_s if longest is None else max(longest, r.exchange_time_s)
-            totals.bytes_sent += int64(r.bytes_sent)
-            totals.bytes_received += int64(r.bytes_received)
-            totals.group_size = max(totals.group_size, commit_rule.group_size(r.group))
-        totals.longest_exchange_s = longest if longest is not None else 0.0
-        return totals
+                self.exchange_s += max(r.exchange_time_s, 0.0)
+                longest = self.longest_exchange_s
+                self.longest_exchange_s = r.exchange_time_s if longest is None else max(longest, r.exchange_time_s)
+            self.bytes_sent += int64(r.bytes_sent)
+            self.bytes_received += int64(r.bytes_received)
+            self.group_size = max(self.group_size, commit_rule.group_size(r.group))
+        self.samples_in_state += sum(int64(r.samples) for r in _in_state(decided, reports))
+
+    def row(self, decided: RoundRecord, config: RunConfig, *, ddp_equivalent_bytes: int) -> pb.RoundHistory:
+        """The history row of ``decided`` once every participant's report was added."""
+        choice = controller.from_json(decided.choice)  # the controller's codec, when it chose one for this round
+        inner, exchange = self.inner_s, self.exchange_s
+        return pb.RoundHistory(
+            round=int64(decided.round),
+            outcome=decided.outcome,
+            opened_at=seconds(decided.opened_at),
+            decided_at=seconds(decided.decided_at or 0.0),
+            participants=len(decided.participants),
+            reported=self.reported,
+            holders=len(decided.holders),
+            group_size=self.group_size,
+            codec=choice.codec if choice is not None else config.rounds.codec,
+            inner_steps=int64(max(decided.budgets, default=config.rounds.inner_steps)),
+            fragments=config.rounds.fragments,
+            bytes_sent=int64(self.bytes_sent),
+            bytes_received=int64(self.bytes_received),
+            ddp_equivalent_bytes=int64(ddp_equivalent_bytes),
+            exchange_s=seconds(self.longest_exchange_s if self.longest_exchange_s is not None else 0.0),
+            inner_s=seconds(inner / self.reported) if self.reported else 0.0,
+            mean_loss=seconds(decided.mean_loss),
+            eval_loss=math.nan,
+            tokens=int64(self.samples_in_state * config.data.seq_len),
+            utilization=seconds(inner / (inner + exchange)) if inner + exchange > 0 else 0.0,
+            committed_hash=decided.committed_hash if decided.outcome == COMMITTED else "",
+            reason=decided.reason,
+        )
 
 
 def _in_state(decided: RoundRecord, reports: Sequence[ReportRecord]) -> list[ReportRecord]:
@@ -119,13 +126,20 @@ def _in_state(decided: RoundRecord, reports: Sequence[ReportRecord]) -> list[Rep
 
 
 def peer_round_history(
-    decided: RoundRecord, reports: Sequence[ReportRecord], peers: Mapping[str, PeerRecord]
+    decided: RoundRecord,
+    reports: Sequence[ReportRecord] | Mapping[str, ReportRecord],
+    peers: Mapping[str, PeerRecord],
+    *,
+    participants: Optional[Sequence[str]] = None,
+    holders: AbstractSet[str] = frozenset(),
 ) -> list[pb.PeerRoundHistory]:
-    """One row per participant of ``decided``: its report (if any) and its latest heartbeat's figures."""
-    by_peer = {r.peer_id: r for r in reports}
-    holders = set(decided.holders)
+    """One row per participant of ``decided`` (or of ``participants``, some of them, with ``holders`` the round's
+    holders as a set): its report (if any, ``reports`` a list or by peer id) and its latest heartbeat's figures."""
+    by_peer = reports if isinstance(reports, Mapping) else {r.peer_id: r for r in reports}
+    if participants is None:
+        participants, holders = decided.participants, set(decided.holders)
     rows = []
-    for peer_id in decided.participants:
+    for peer_id in participants:
         report: Optional[ReportRecord] = by_peer.get(peer_id)
         peer = peers.get(peer_id)
         metrics = peer.metrics if peer is not None else pb.PeerMetrics()
@@ -171,10 +185,16 @@ class History:
         *,
         ddp_equivalent_bytes: int,
     ) -> None:
-        self._store.put_history(
-            round_history(decided, reports, config, ddp_equivalent_bytes=ddp_equivalent_bytes),
-            peer_round_history(decided, reports, peers),
-        )
+        self._store.put_peer_history(peer_round_history(decided, reports, peers))
+        self.record_decided(decided, round_history(decided, reports, config, ddp_equivalent_bytes=ddp_equivalent_bytes))
+
+    def record_participants(self, rows: Sequence[pb.PeerRoundHistory]) -> None:
+        """Keep some participants' rows of a round whose own row comes later (``record_decided``)."""
+        self._store.put_peer_history(rows)
+
+    def record_decided(self, decided: RoundRecord, row: pb.RoundHistory) -> None:
+        """Keep ``decided``'s row, once its participants' rows are kept: a round read back has all of them."""
+        self._store.put_history(row, ())
 
     def record_eval(self, peer_id: str, eval_round: int, loss: float) -> None:
         """Keep ``peer_id``'s evaluation of round ``eval_round``'s state (round 0: the initial state)."""

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Mapping, Sequence
 
 from coordinator.store.database import Store
-from coordinator.store.history import History, HistoryStore, round_history
-from coordinator.store.records import COMMITTED, VOIDED, PeerRecord, ReportRecord, RoundRecord
+from coordinator.store.history import History, HistoryStore
+from coordinator.store.records import COMMITTED, VOIDED, RoundRecord
 from swarm.config import RunConfig
 from swarm.train.train_log import COORDINATOR_NAME, TrainLog, open_train_log
 from swarm.v1 import coordinator_pb2 as pb
@@ -82,19 +81,9 @@ class LoggedHistory(History):
         super().__init__(store)
         self.run_log = run_log
 
-    def record_round(
-        self,
-        decided: RoundRecord,
-        reports: Sequence[ReportRecord],
-        peers: Mapping[str, PeerRecord],
-        config: RunConfig,
-        *,
-        ddp_equivalent_bytes: int,
-    ) -> None:
-        super().record_round(decided, reports, peers, config, ddp_equivalent_bytes=ddp_equivalent_bytes)
-        self.run_log.decided(
-            decided, round_history(decided, reports, config, ddp_equivalent_bytes=ddp_equivalent_bytes)
-        )
+    def record_decided(self, decided: RoundRecord, row: pb.RoundHistory) -> None:
+        super().record_decided(decided, row)
+        self.run_log.decided(decided, row)
 
     def record_eval(self, peer_id: str, eval_round: int, loss: float) -> None:
         before = self._last_eval.get(peer_id)
