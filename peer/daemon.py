@@ -265,6 +265,8 @@ class PeerDaemon(PeerJoin):
             and not (in_flight or self._busy_thread or self._checkpointed)
         ):
             self.store.checkpoint()  # a restarted peer resumes here if the run has not moved on
+        if self.store is not None:
+            self.store.finisher.wait()  # a round's checkpoint still being finished is in place before the exit
         if self.runner is not None:
             self.hooks.close()  # the training logs' last round
         if self.heartbeat is not None:

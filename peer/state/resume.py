@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from peer.state.checkpoint import CheckpointError, load_checkpoint, read_manifest, save_checkpoint
+from peer.state.checkpoint import CheckpointError, StagedCheckpoint, load_checkpoint, read_manifest, stage_checkpoint
 from peer.state.votes import vote_dir
 from swarm.config import RunConfig
 from swarm.core.state import GlobalState, state_from_tensors, state_tensors
@@ -31,9 +31,20 @@ from swarm.train.trainer import LocalTrainer
 
 logger = logging.getLogger(__name__)
 
+GLOBAL_PREFIXES = ("param.", "outer.")  # the committed state's tensors in ``state_tensors``
+
 
 def save_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str) -> None:
     """The trainer's committed state (in the one state layout) and its local training state."""
+    stage_trainer(directory, trainer, run_id=run_id).finish()
+
+
+def stage_trainer(
+    directory: Path, trainer: LocalTrainer, *, run_id: str, spare: Optional[Path] = None, global_later: bool = False
+) -> StagedCheckpoint:
+    """``save_trainer``'s tensor file written (``stage_checkpoint``; ``spare``: the file written over): the trainer
+    may train on once it returns, and ``finish`` puts the checkpoint in place. ``global_later``: the committed state's
+    tensors (θg and the outer state) are written by ``finish``, and no commit may change them before it has."""
     tensors = state_tensors(trainer.state)
     for i, p in enumerate(trainer.model.parameters()):
         tensors[f"local.{i:05d}"] = p.detach()
@@ -55,7 +66,8 @@ def save_trainer(directory: Path, trainer: LocalTrainer, *, run_id: str) -> None
         "inner_param_groups": _jsonable(inner["param_groups"]),
         **step_time_record(trainer),
     }
-    save_checkpoint(directory, tensors=tensors, manifest=manifest)
+    later = (lambda name: name.startswith(GLOBAL_PREFIXES)) if global_later else (lambda name: False)
+    return stage_checkpoint(directory, tensors=tensors, manifest=manifest, spare=spare, later=later)
 
 
 def step_time_record(trainer: LocalTrainer) -> dict[str, Any]:
@@ -245,6 +257,11 @@ def _jsonable(value: Any) -> Any:
 
 def checkpoint_dir(state_dir: Path) -> Path:
     return Path(state_dir) / "checkpoint"
+
+
+def checkpoint_spare(state_dir: Path) -> Path:
+    """The tensor file of a replaced checkpoint, kept for the next one to be written over (never read as one)."""
+    return Path(state_dir) / "checkpoint.spare.safetensors"
 
 
 def maybe_resume(

@@ -5,12 +5,14 @@ the peer's sync (resume from its own disk, or download from a holder)."""
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
 from peer.faults import FaultPlan
 from peer.report.stats import PeerStats
-from peer.state.resume import checkpoint_dir, maybe_resume, save_trainer, step_time_record
+from peer.state.checkpoint import CheckpointFinisher
+from peer.state.resume import checkpoint_dir, checkpoint_spare, maybe_resume, stage_trainer, step_time_record
 from peer.state.votes import prune_votes, save_vote
 from swarm.core.state import GlobalState
 from swarm.train.trainer import LocalTrainer
@@ -21,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 class PeerStateStore:
     """Owned by the main thread, except ``save_vote``, which the round runner's executor calls (it only
-    writes a vote directory of its own round)."""
+    writes a vote directory of its own round), and the checkpoint ``finisher``'s thread."""
 
     def __init__(
         self,
@@ -43,11 +45,14 @@ class PeerStateStore:
         self.tag = tag
         self.provisional = False  # the state is a round the group decided without the coordinator
         self.disk_tried: Optional[int] = None  # the committed round last looked for on this peer's disk
+        self.finisher = CheckpointFinisher(self._not_written)  # a round's checkpoint: hashed, fsynced and renamed
 
     # ---- the round runner's StateStore ---------------------------------------------------------------
     def save_vote(self, state: GlobalState) -> None:
         """The tentative state, on disk before its hash is reported: should every peer whose vote counts
-        die before hearing the decision, the committed round still survives on their disks."""
+        die before hearing the decision, the committed round still survives on their disks. First the checkpoint
+        being finished is in place: it writes θg and the outer state, which the round's commit changes."""
+        self.finisher.wait()
         if self.every <= 0:
             return
         try:
@@ -64,7 +69,7 @@ class PeerStateStore:
             return
         self.prune(below=state.round_no)
         if state.round_no > 0 and self.every > 0 and state.round_no % self.every == 0:
-            self.checkpoint()
+            self.checkpoint(wait=False)
 
     def voided(self, round_no: int, *, provisional: bool) -> None:
         if not provisional:
@@ -87,6 +92,7 @@ class PeerStateStore:
 
     def install(self, state: GlobalState) -> None:
         """A state from outside a round (θ0, a download): θl restarts from it."""
+        self.finisher.wait()  # it writes the state being replaced
         self.trainer.commit(state)
         self.committed(state, provisional=False)
 
@@ -94,7 +100,7 @@ class PeerStateStore:
         """The coordinator confirmed the provisional rounds: the state is safe to resume from."""
         self.provisional = False
         if checkpoint and self.every > 0:
-            self.checkpoint()
+            self.checkpoint(wait=False)
 
     def publish(self) -> None:
         state = self.trainer.state
@@ -103,11 +109,41 @@ class PeerStateStore:
         # at once: the next round admits late peers only until its first participant starts exchanging
         self.announce()
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, *, wait: bool = True) -> None:
+        """The trainer's state as a checkpoint (``save_trainer``'s). Its local training state is written now, from
+        the trainer's tensors as they are (the next inner step changes θl and the AdamW state). ``wait=False`` (a
+        round's): θg and the outer state, which only the next commit changes, are written on the finisher's thread,
+        and the file hashed, fsynced and put in place there, while the peer trains on; a crash meanwhile leaves the
+        checkpoint before. The next vote, install or checkpoint waits for it. ``wait=True`` (leaving): in place
+        when it returns, and one still being finished is given up, as this one replaces it."""
+        started = time.perf_counter()
+        self.finisher.wait(cancel=wait)
         try:
-            save_trainer(checkpoint_dir(self.state_dir), self.trainer, run_id=self.run_id)
-        except OSError as e:  # a full disk must not stop training; the next checkpoint may succeed
-            logger.warning("%s could not write a checkpoint: %s", self.tag(None), e)
+            staged = stage_trainer(
+                checkpoint_dir(self.state_dir),
+                self.trainer,
+                run_id=self.run_id,
+                spare=checkpoint_spare(self.state_dir),
+                global_later=not wait,
+            )
+            written = time.perf_counter()
+            if wait:
+                staged.finish()
+            else:
+                self.finisher.start(staged)
+        except OSError as e:
+            self._not_written(e)
+            return
+        logger.info(
+            "%s checkpoint's tensor file (%d bytes) written in %.2f s%s",
+            self.tag(None),
+            staged.size,
+            written - started,
+            f", in place {time.perf_counter() - written:.2f} s later" if wait else "",
+        )
+
+    def _not_written(self, error: OSError) -> None:  # a full disk must not stop training; the next one may succeed
+        logger.warning("%s could not write a checkpoint: %s", self.tag(None), error)
 
     def sync(self, info: pb.RoundInfo, holders: Callable[[int], list[str]]) -> bool:
         """Resume the newest committed state from this peer's own disk (a checkpoint or its vote), or else
@@ -117,6 +153,7 @@ class PeerStateStore:
         target = info.last_committed_round
         if self.disk_tried != target:
             self.disk_tried = target
+            self.finisher.wait()  # the checkpoint being finished is on disk before the disk is read
             if (
                 maybe_resume(
                     self.state_dir,

@@ -270,6 +270,21 @@ def write_safetensors(
     return (hasher.hexdigest() if hasher is not None else None), layout.size
 
 
+def write_parts(f: BinaryIO, layout: SafetensorsLayout, indices: list[int]) -> None:
+    """Write ``layout``'s parts ``indices`` (0: the header, i: the i-th tensor) at their offsets in the open file
+    ``f``, straight from their memory: a file written in two goes, the rest of it before or after (a checkpoint's
+    tensors that change soon at once, those that stay put later, peer/state/checkpoint.py)."""
+    fd = f.fileno()
+    for index in indices:
+        part, offset = layout.part(index), layout.starts[index]
+        for start in range(0, part.nbytes, IO_BLOCK):
+            block = part[start : start + IO_BLOCK]
+            position = offset + start
+            while block.nbytes:
+                written = os.pwrite(fd, block, position)
+                block, position = block[written:], position + written
+
+
 def map_safetensors(path: Path | str, *, digest: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, str], str]:
     """(tensors, metadata, SHA-256 of the file) of a safetensors file, mapped rather than read: one pass over
     its bytes (the hash), and the tensors are views of a private copy-on-write mapping (writable; a write
