@@ -7,7 +7,6 @@ finishes or it is interrupted.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import signal
 import sys
@@ -26,6 +25,7 @@ from coordinator.api.serving import LoopServer
 from coordinator.api.tokens import first_join_string_note
 from coordinator.dht_node import DHTNode
 from coordinator.engine import CoordinatorEngine
+from coordinator.heap import HeapKeeper
 from coordinator.http.server import DashboardServer, write_dashboard_url
 from coordinator.http.snapshot import snapshot
 from coordinator.store.database import STORE_FILE, Store
@@ -155,7 +155,6 @@ class CoordinatorServer:
         if self._http is not None:
             self._start_dashboard(*self._http)
         logger.info("run %s: coordinator listening on %s:%d", self.engine.run.run_id, self._host, port)
-        _freeze_the_heap()
         return self.join_string
 
     def _start_dht(self, signing_key: PeerKey) -> list[str]:
@@ -257,8 +256,11 @@ class CoordinatorServer:
     def _tick_loop(self) -> None:
         assert self.engine is not None
         done_since: Optional[float] = None
+        # its first tick leaves what was made while starting (torch, hivemind) out of the collector's full passes
+        heap = HeapKeeper()
         while not self._stopping.wait(self._tick_interval_s):
             try:
+                heap.tick()
                 self.engine.tick()
                 if done_since is None and self.engine.done(linger_s=FINISH_LINGER_S):
                     done_since = time.monotonic()
@@ -267,14 +269,6 @@ class CoordinatorServer:
                     self._done.set()
             except Exception:
                 logger.exception("coordinator tick failed")
-
-
-def _freeze_the_heap() -> None:
-    """Leave what was made while starting (torch and hivemind are imported: ~200,000 objects) out of the cyclic
-    garbage collector's full passes, which otherwise stop every thread for 100–200 ms each time the peers' records
-    have changed enough (``gc.freeze``). Garbage made later is collected as before."""
-    gc.collect()
-    gc.freeze()
 
 
 def servicer_handlers(servicer: CoordinatorServicer) -> dict[str, grpc.RpcMethodHandler]:

@@ -100,4 +100,4 @@ class RoundRecorder:
             part.totals.add(part.decided, [part.reports[p] for p in ids if p in part.reports])
         counted = [self._peers[p] for p in part.counted[start:end] if p in self._peers]
         if counted:
-            self._store.put_peers(counted)
+            self._store.put_counters(counted)

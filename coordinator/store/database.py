@@ -155,6 +155,15 @@ class Store:
     def put_peer(self, peer: PeerRecord) -> None:
         self.put_peers([peer])
 
+    def put_counters(self, peers: Sequence[PeerRecord]) -> None:
+        """Write the round counters of ``peers`` (``rounds_joined``, ``rounds_missed``) into their stored records, as
+        memory holds them: cheaper than the whole record, for a decided round's thousands of participants."""
+        with self.transaction():
+            self._db.executemany(
+                "UPDATE peers SET data = json_set(data, '$.rounds_joined', ?, '$.rounds_missed', ?) WHERE peer_id = ?",
+                [(p.rounds_joined, p.rounds_missed, p.peer_id) for p in peers],
+            )
+
     def put_peers(self, peers: Sequence[PeerRecord]) -> None:
         with self.transaction():
             self._db.executemany(
