@@ -99,12 +99,16 @@ def _one_round(trainer: LocalTrainer, round_no: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_torch_thread")
-def test_a_checkpoint_finished_while_the_peer_trains_on_resumes_bit_for_bit_where_it_was_taken(tmp_path):
+@pytest.mark.parametrize("steps_after_commit", [0, 1])
+def test_a_checkpoint_finished_while_the_peer_trains_on_resumes_bit_for_bit_where_it_was_taken(
+    tmp_path, steps_after_commit
+):
     original, twin = LocalTrainer(_run(), peer_index=1), LocalTrainer(_run(), peer_index=1)
     for trainer in (original, twin):
         for r in (1, 2):
             _one_round(trainer, r)
-        trainer.train(1)
+        if steps_after_commit:
+            trainer.train(steps_after_commit)
     staged = stage_trainer(
         tmp_path / "checkpoint", original, run_id="run-x", spare=checkpoint_spare(tmp_path), global_later=True
     )
@@ -112,6 +116,12 @@ def test_a_checkpoint_finished_while_the_peer_trains_on_resumes_bit_for_bit_wher
     finisher.start(staged)
     original.train(2)  # θl, AdamW and the data position move on while θg and the outer state are written
     finisher.wait()  # before the next commit changes θg
+
+    loaded, manifest = load_checkpoint(tmp_path / "checkpoint")
+    # right after a commit θl is θg's bits: the checkpoint holds them once
+    assert manifest["local_is_global"] is (steps_after_commit == 0)
+    assert any(name.startswith("local.") for name in loaded) is (steps_after_commit > 0)
+    del loaded
 
     resumed = LocalTrainer(_run(), peer_index=1)
     assert resume_trainer(
