@@ -2,7 +2,7 @@
 between a waiting peer's polls, grown with the number of live peers so that its load stays within a budget.
 
 The operator's interval and lease hold for small swarms. Past ``heartbeats_per_s × heartbeat_interval_s``
-live peers (600 with the defaults) both stretch by ``live / (heartbeats_per_s × interval)``, so the peers'
+live peers (300 with the defaults) both stretch by ``live / (heartbeats_per_s × interval)``, so the peers'
 heartbeats add up to ``heartbeats_per_s`` whatever the swarm's size, and a lease stays the same number of
 intervals long. Polls (a peer waiting for a round or a decision asks GetRound) are bounded the same way. A
 saturated coordinator multiplies all three by its slow-down factor (``coordinator.api.load``) before it
@@ -15,8 +15,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-HEARTBEATS_PER_S = 300.0  # ~1.2 ms of CPU per signed call: ~0.36 of a core for every swarm's heartbeats
-POLLS_PER_S = 300.0
+# ~1.6 ms of CPU per signed call on one serving thread: 150 heartbeats and 150 polls a second, and the reports that
+# come as fast as the polls, keep it about half busy, so a decision's stall drains in a fraction of a second (at 300
+# and 300 the reports of a round of 10,000 pushed it past 0.8 of a core, and some calls waited for seconds)
+HEARTBEATS_PER_S = 150.0
+POLLS_PER_S = 150.0
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import pytest
 from coordinator.api.load import MAX_IN_FLIGHT, REFUSE_WAIT_S, SLOW_DOWN_AT, LoadMonitor
 from coordinator.api.views import HOLDERS_SENT, holder_sample
 from coordinator.engine import CoordinatorEngine
-from coordinator.pace import HEARTBEATS_PER_S, PaceConfig, Pacer, pace_for
+from coordinator.pace import HEARTBEATS_PER_S, POLLS_PER_S, PaceConfig, Pacer, pace_for
 from coordinator.store.database import Store
 from peer.link.heartbeat import HeartbeatThread
 from swarm.config import RoundConfig, RunConfig
@@ -33,26 +33,28 @@ def beat(engine: CoordinatorEngine, peer_id: str, **metrics) -> pb.RoundInfo:
 
 def test_a_small_swarm_keeps_the_operators_interval_and_a_large_one_stays_within_the_budget() -> None:
     config = PaceConfig(heartbeat_interval_s=2.0, lease_s=15.0)
-    for peers in (0, 5, 600):
+    most = int(HEARTBEATS_PER_S * 2.0)  # the most peers that heartbeat every 2 s within the budget
+    for peers in (0, 5, most):
         assert (pace_for(config, peers).heartbeat_interval_s, pace_for(config, peers).lease_s) == (2.0, 15.0)
-    assert pace_for(config, 60).poll_interval_s <= 0.2  # below a peer's own poll interval: no change
-    for peers in (601, 2_000, 10_000, 100_000):
+    assert pace_for(config, int(POLLS_PER_S * 0.2)).poll_interval_s <= 0.2  # a peer's own poll interval: no change
+    for peers in (most + 1, 2_000, 10_000, 100_000):
         pace = pace_for(config, peers)
         assert peers / pace.heartbeat_interval_s <= HEARTBEATS_PER_S * 1.001
         assert pace.lease_s / pace.heartbeat_interval_s == pytest.approx(15.0 / 2.0, rel=1e-3)  # beats per lease
     slowed = pace_for(config, 10_000, slowdown=4.0)
     assert slowed.heartbeat_interval_s == pytest.approx(4 * pace_for(config, 10_000).heartbeat_interval_s, rel=1e-3)
     assert slowed.lease_s == pytest.approx(4 * pace_for(config, 10_000).lease_s, rel=1e-3)
-    assert pace_for(config, 10_000).poll_interval_s == pytest.approx(10_000 / 300, rel=1e-3)
+    assert pace_for(config, 10_000).poll_interval_s == pytest.approx(10_000 / POLLS_PER_S, rel=1e-3)
 
 
 def test_the_pace_is_logged_when_its_interval_changes_by_a_quarter(caplog: pytest.LogCaptureFixture) -> None:
     pacer = Pacer(PaceConfig(heartbeat_interval_s=2.0, lease_s=15.0))
+    k = HEARTBEATS_PER_S / 300  # the swarm sizes below are a budget of 300 a second's
     with caplog.at_level("INFO", logger="coordinator.pace"):
         for live in (10, 600, 700, 900, 1000):  # intervals 2, 2, 2.33 (+17%), 3 (+50%), 3.33 (+11% of 3)
-            pacer.pace(live)
-    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["pace for 900 live peers"]
-    assert pacer.last == pace_for(PaceConfig(heartbeat_interval_s=2.0, lease_s=15.0), 1000)
+            pacer.pace(round(live * k))
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [f"pace for {round(900 * k)} live peers"]
+    assert pacer.last == pace_for(PaceConfig(heartbeat_interval_s=2.0, lease_s=15.0), round(1000 * k))
 
 
 def test_the_engine_stretches_the_lease_of_a_large_swarm_so_slower_heartbeats_do_not_evict() -> None:
@@ -64,16 +66,17 @@ def test_the_engine_stretches_the_lease_of_a_large_swarm_so_slower_heartbeats_do
         heartbeat_interval_s=1.0,
         lease_s=5.0,
     )
-    peers = [engine_join(engine)[0].peer_id for _ in range(300)]
-    assert (engine.pace().heartbeat_interval_s, engine.lease_s) == (1.0, 5.0)  # 300 peers: as configured
-    peers += [engine_join(engine)[0].peer_id for _ in range(300)]
+    n = int(HEARTBEATS_PER_S)  # the most peers that heartbeat every second within the budget
+    peers = [engine_join(engine)[0].peer_id for _ in range(n)]
+    assert (engine.pace().heartbeat_interval_s, engine.lease_s) == (1.0, 5.0)  # as configured
+    peers += [engine_join(engine)[0].peer_id for _ in range(n)]
     pace = engine.pace()
     assert pace.heartbeat_interval_s == pytest.approx(2.0) and pace.lease_s == pytest.approx(10.0)
     for p in peers:
         info = beat(engine, p)
-    assert info.poll_interval_s == pytest.approx(2.0)  # 600 waiting peers poll 300 times a second at most
+    assert info.poll_interval_s == pytest.approx(2 * n / POLLS_PER_S)  # the waiting peers' polls within the budget
     now[0] += 8.0  # longer than the configured lease, within the stretched one
-    assert beat(engine, peers[0]).live_peers == 600
+    assert beat(engine, peers[0]).live_peers == 2 * n
 
 
 class FakeLoad:
