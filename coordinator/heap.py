@@ -31,7 +31,8 @@ class HeapKeeper:
         """Freeze the survivors when ``FREEZE_EVERY_S`` passed, collect everything when ``FULL_EVERY_S`` did."""
         now = self._clock()
         if now - self._full_at >= FULL_EVERY_S:
-            gc.unfreeze()
+            if self._full_at > -float("inf"):  # not the first: what this process froze before is looked at again
+                gc.unfreeze()
             gc.collect()
             gc.freeze()
             self._full_at = self._frozen_at = now
