@@ -410,7 +410,7 @@ def main() -> int:
     parser.add_argument(
         "--work-dir",
         help="keep the run's files and logs here (default: a temporary directory, removed at the end); the peers' state"
-        " directories stay too: votes, checkpoints, residuals and the final model, about 6 GB per 124M peer",
+        " directories stay too: votes, checkpoints, residuals and the final model, about 8 GB per 124M peer",
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--baseline-of", help=argparse.SUPPRESS)  # the baseline's own process
