@@ -63,18 +63,14 @@ class RoundRecorder:
         self.write()
 
     def resume(self, *, param_count: int) -> None:
-        """Write again the history of the rounds decided before a stop that cut their writing short."""
+        """Write again the history of the rounds decided before a stop that cut their writing short (and of those a
+        store of schema 3, which kept no history, decided)."""
         for number in self._store.rounds_without_history():
             decided = self._store.get_round(number)
             reports = {r.peer_id: r for r in self._store.reports(number)}
             holding = [reports[p] for p in decided.holders if p in reports]
             ddp = outcome.ddp_equivalent_bytes(holding, param_count=param_count)
             self._unwritten.append(_Unwritten(decided, reports, ddp, (), frozenset(decided.holders)))
-
-    @property
-    def pending(self) -> int:
-        """Decided rounds whose history is not all written yet."""
-        return len(self._unwritten)
 
     def write(self, budget: float = PART) -> None:
         """Write up to ``budget`` participants' rows and records, oldest round first (``math.inf``: all of them)."""
