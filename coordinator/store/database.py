@@ -153,7 +153,10 @@ class Store:
         ]
 
     def put_peer(self, peer: PeerRecord) -> None:
-        self.put_peers([peer])
+        self._write(
+            "INSERT OR REPLACE INTO peers (peer_id, peer_index, data, metrics) VALUES (?, ?, ?, ?)",
+            (peer.peer_id, peer.peer_index, to_json(peer), peer.metrics.SerializeToString()),
+        )
 
     def put_counters(self, peers: Sequence[PeerRecord]) -> None:
         """Write the round counters of ``peers`` (``rounds_joined``, ``rounds_missed``) into their stored records, as
@@ -162,13 +165,6 @@ class Store:
             self._db.executemany(
                 "UPDATE peers SET data = json_set(data, '$.rounds_joined', ?, '$.rounds_missed', ?) WHERE peer_id = ?",
                 [(p.rounds_joined, p.rounds_missed, p.peer_id) for p in peers],
-            )
-
-    def put_peers(self, peers: Sequence[PeerRecord]) -> None:
-        with self.transaction():
-            self._db.executemany(
-                "INSERT OR REPLACE INTO peers (peer_id, peer_index, data, metrics) VALUES (?, ?, ?, ?)",
-                [(p.peer_id, p.peer_index, to_json(p), p.metrics.SerializeToString()) for p in peers],
             )
 
     # rounds
